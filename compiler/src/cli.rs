@@ -1,0 +1,235 @@
+//! The `edgeform` command line. Parses flags, runs one command, returns
+//! the process exit code (SPEC §3): 0 success / nothing to do, 1 error or
+//! invalid, 2 changes pending (`diff`).
+
+use std::io::{IsTerminal, Write};
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use anyhow::{Context, Result};
+use clap::{Parser, Subcommand};
+
+use crate::load::{self, Repo};
+use crate::report::{self, CheckFormat, DiffFormat};
+use crate::{Checked, compile, diff};
+
+/// GitOps control plane for a self-run CDN: validate, compile, diff and push
+/// the config repository (sites, zones, nodes) to every edge's own Redis.
+#[derive(Debug, Parser)]
+#[command(name = "edgeform", version = version(), about, long_about = None)]
+pub struct Cli {
+    /// The config repository (folder with cluster.yaml, sites/, zones/, nodes/).
+    #[arg(long, global = true, default_value = ".", value_name = "DIR")]
+    pub repo: PathBuf,
+    /// Read this git revision (through git2, without a checkout) instead of
+    /// the working tree.
+    #[arg(long, global = true, value_name = "REV")]
+    pub rev: Option<String>,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Validate the repository: schemas and every semantic rule. Exit 0
+    /// valid (warnings allowed), 1 invalid.
+    Check {
+        #[arg(long, value_enum, default_value = "human")]
+        format: CheckFormat,
+        /// With `--format github`: the config repo's path inside the
+        /// checked-out repository, prefixed to annotation file names.
+        #[arg(long, default_value = "", value_name = "PATH")]
+        path_prefix: String,
+    },
+    /// Compile to files: DIR/<node>.json per target (Redis key → value) and
+    /// DIR/<router>.nginx.conf per router. Exit 0, or 1 when invalid.
+    Build {
+        #[arg(long, value_name = "DIR")]
+        out: PathBuf,
+    },
+    /// Compare the compiled output of two revisions, per target (no live
+    /// state needed). Exit 0 no changes, 2 changes, 1 error.
+    Diff {
+        /// The revision to compare against (e.g. origin/main).
+        #[arg(long, value_name = "REV")]
+        base: String,
+        /// The revision to compare; default: the working tree (or --rev).
+        #[arg(long, value_name = "REV")]
+        head: Option<String>,
+        #[arg(long, value_enum, default_value = "human")]
+        format: DiffFormat,
+    },
+}
+
+fn version() -> &'static str {
+    concat!(env!("CARGO_PKG_VERSION"), " (", env!("EDGEFORM_COMMIT"), ")")
+}
+
+/// Whether to color output on stderr: a terminal, and `NO_COLOR` unset.
+fn color() -> bool {
+    std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty()) && std::io::stderr().is_terminal()
+}
+
+/// Parse the process arguments and run.
+#[must_use]
+pub fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match run(&cli) {
+        Ok(code) => ExitCode::from(code),
+        Err(err) => {
+            // A closed pipe (e.g. `| head`) is not a failure.
+            if err
+                .chain()
+                .any(|e| e.downcast_ref::<std::io::Error>().is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe))
+            {
+                return ExitCode::SUCCESS;
+            }
+            let mut msg = format!("error: {err}");
+            for cause in err.chain().skip(1) {
+                msg.push_str(&format!("\n  caused by: {cause}"));
+            }
+            eprintln!("{msg}");
+            ExitCode::from(1)
+        }
+    }
+}
+
+/// Run one command.
+///
+/// # Errors
+/// I/O and git failures; invalid configuration is not an error here but
+/// an exit code with diagnostics.
+pub fn run(cli: &Cli) -> Result<u8> {
+    match &cli.command {
+        Command::Check { format, path_prefix } => {
+            let repo = load::load(&cli.repo, cli.rev.as_deref())?;
+            let checked = crate::check(&repo);
+            let mut stdout = std::io::stdout().lock();
+            match format {
+                CheckFormat::Human => {
+                    let text = report::diagnostics_human(&checked.diagnostics, &repo, color());
+                    eprint!("{text}");
+                    let verdict = if checked.is_valid() { "valid" } else { "invalid" };
+                    eprintln!("{}: {verdict} ({})", cli.repo.display(), report::summary(&checked.diagnostics, repo.sources.len()));
+                }
+                CheckFormat::Json => stdout.write_all(report::diagnostics_json(&checked.diagnostics).as_bytes())?,
+                CheckFormat::Github => {
+                    let prefix = if path_prefix.is_empty() || path_prefix.ends_with('/') {
+                        path_prefix.clone()
+                    } else {
+                        format!("{path_prefix}/")
+                    };
+                    stdout.write_all(report::diagnostics_github(&checked.diagnostics, &prefix).as_bytes())?;
+                }
+            }
+            Ok(u8::from(!checked.is_valid()))
+        }
+        Command::Build { out } => {
+            let repo = load::load(&cli.repo, cli.rev.as_deref())?;
+            let checked = crate::check(&repo);
+            let Some(config) = valid_or_report(&checked, &repo, &cli.repo) else { return Ok(1) };
+            let compiled = compile::compile(config);
+            let written = write_build(out, &compiled)?;
+            eprintln!(
+                "wrote {} target(s) and {} router snippet(s) to {} ({written} files){}",
+                compiled.targets.len(),
+                compiled.nginx.len(),
+                out.display(),
+                repo.commit.as_deref().map(|c| format!(" from {}", &c[..12.min(c.len())])).unwrap_or_default()
+            );
+            Ok(0)
+        }
+        Command::Diff { base, head, format } => {
+            let head_rev = head.as_deref().or(cli.rev.as_deref());
+            let base_repo = load::from_rev(&cli.repo, base)?;
+            let head_repo = load::load(&cli.repo, head_rev)?;
+            let base_checked = crate::check(&base_repo);
+            let head_checked = crate::check(&head_repo);
+            let base_label = short(base, base_repo.commit.as_deref());
+            let head_label = match head_rev {
+                Some(r) => short(r, head_repo.commit.as_deref()),
+                None => "working tree".to_owned(),
+            };
+            let Some(head_config) = valid_or_report(&head_checked, &head_repo, &cli.repo) else {
+                return Ok(1);
+            };
+            // An invalid base compiles to nothing: every key shows as added.
+            let base_compiled = match &base_checked.config {
+                Some(c) => compile::compile(c),
+                None => {
+                    eprintln!("warning: base {base_label} does not pass `check`; diffing against an empty compilation");
+                    compile::Compiled::default()
+                }
+            };
+            let head_compiled = compile::compile(head_config);
+            let d = diff::diff(&base_compiled, &head_compiled);
+            let text = match format {
+                DiffFormat::Human => report::diff_human(&d, &base_label, &head_label),
+                DiffFormat::Json => report::diff_json(&d, &base_label, &head_label),
+                DiffFormat::Markdown => report::diff_markdown(&d, &base_label, &head_label),
+            };
+            std::io::stdout().lock().write_all(text.as_bytes())?;
+            Ok(if d.has_changes() { 2 } else { 0 })
+        }
+    }
+}
+
+fn short(rev: &str, commit: Option<&str>) -> String {
+    match commit {
+        Some(c) if c.starts_with(rev) || rev.len() >= 40 => c[..12.min(c.len())].to_owned(),
+        Some(c) => format!("{rev} ({})", &c[..12.min(c.len())]),
+        None => rev.to_owned(),
+    }
+}
+
+/// The config when valid; otherwise print the diagnostics and `None`.
+fn valid_or_report<'a>(checked: &'a Checked, repo: &Repo, root: &Path) -> Option<&'a crate::Config> {
+    if checked.config.is_none() || !checked.diagnostics.is_empty() {
+        eprint!("{}", report::diagnostics_human(&checked.diagnostics, repo, color()));
+    }
+    if checked.config.is_none() {
+        eprintln!(
+            "{}: invalid ({}); nothing was compiled",
+            root.display(),
+            report::summary(&checked.diagnostics, repo.sources.len())
+        );
+    }
+    checked.config.as_ref()
+}
+
+/// The list of files a build wrote, kept in the output folder so the next
+/// build removes what it no longer writes (and nothing else).
+const BUILD_LIST: &str = ".edgeform-build";
+
+fn write_build(out: &Path, compiled: &compile::Compiled) -> Result<usize> {
+    std::fs::create_dir_all(out).with_context(|| format!("creating {}", out.display()))?;
+    let mut names = Vec::new();
+    for (name, target) in &compiled.targets {
+        let file = format!("{name}.json");
+        write_atomic(&out.join(&file), target.to_json().as_bytes())?;
+        names.push(file);
+    }
+    for (router, text) in &compiled.nginx {
+        let file = format!("{router}.nginx.conf");
+        write_atomic(&out.join(&file), text.as_bytes())?;
+        names.push(file);
+    }
+    let list_path = out.join(BUILD_LIST);
+    if let Ok(previous) = std::fs::read_to_string(&list_path) {
+        for old in previous.lines() {
+            let stale = !names.iter().any(|n| n == old);
+            if stale && !old.contains('/') && !old.is_empty() {
+                let _ = std::fs::remove_file(out.join(old));
+            }
+        }
+    }
+    write_atomic(&list_path, format!("{}\n", names.join("\n")).as_bytes())?;
+    Ok(names.len())
+}
+
+fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
+    let tmp = path.with_extension("tmp~");
+    std::fs::write(&tmp, bytes).with_context(|| format!("writing {}", tmp.display()))?;
+    std::fs::rename(&tmp, path).with_context(|| format!("writing {}", path.display()))?;
+    Ok(())
+}

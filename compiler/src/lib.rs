@@ -1,0 +1,59 @@
+//! edgeform's compiler: validate a config repository, compile it into what
+//! every edge holds in its own Redis, and diff two compilations.
+//!
+//! # Layout
+//! - [`load`]: the only reader of files and git (working tree or `--rev`).
+//! - [`yaml`]: a spanned YAML tree, so every diagnostic has a position.
+//! - [`parse`]: per file, YAML → JSON Schema ([`schema`]) → [`model::raw`].
+//! - [`validate`]: the semantic rules → [`model::resolved::Config`].
+//! - [`compile`]: `Config` → per-target Redis key/values and router
+//!   nginx snippets. Deterministic.
+//! - [`diff`]: two compilations → per-target added/changed/removed keys.
+//! - [`report`]: rendering diagnostics and diffs (human, json, github,
+//!   markdown).
+//! - [`cli`]: the `edgeform` command line; `main.rs` only calls [`cli::main`].
+//!
+//! Everything but `load` (and the CLI's writing of results) is pure.
+
+pub mod cli;
+pub mod compile;
+pub mod country;
+pub mod diagnostic;
+pub mod diff;
+pub mod load;
+pub mod model;
+pub mod parse;
+pub mod report;
+pub mod schema;
+pub mod validate;
+pub mod yaml;
+
+use rayon::prelude::*;
+
+pub use diagnostic::{Diagnostic, Severity};
+pub use model::resolved::Config;
+
+/// The outcome of checking a repository.
+#[derive(Debug)]
+pub struct Checked {
+    /// Present exactly when there is no error.
+    pub config: Option<Config>,
+    /// Errors and warnings, sorted by file and position.
+    pub diagnostics: Vec<Diagnostic>,
+}
+
+impl Checked {
+    #[must_use]
+    pub fn is_valid(&self) -> bool {
+        self.config.is_some()
+    }
+}
+
+/// Parse and validate a loaded repository. Pure; files are parsed in
+/// parallel.
+#[must_use]
+pub fn check(repo: &load::Repo) -> Checked {
+    let files: Vec<parse::ParsedFile> = repo.sources.par_iter().map(parse::parse_file).collect();
+    let (config, diagnostics) = validate::validate(&files);
+    Checked { config, diagnostics }
+}

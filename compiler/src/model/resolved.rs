@@ -1,0 +1,128 @@
+//! The validated configuration: defaults applied, networks and addresses
+//! parsed, references known to resolve. Built only by
+//! [`crate::validate`]; read by [`crate::compile`].
+
+use std::collections::BTreeSet;
+use std::net::IpAddr;
+use std::sync::Arc;
+
+use edgestate::routing::{GeoSettings, Location};
+use edgestate::site::SiteDoc;
+use ipnet::IpNet;
+
+pub use super::raw::Role;
+
+/// A whole repository, valid.
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub cluster: Cluster,
+    /// In path order.
+    pub sites: Vec<Site>,
+    /// In path order.
+    pub zones: Vec<Zone>,
+    /// In path order.
+    pub nodes: Vec<Node>,
+}
+
+#[derive(Debug, Clone)]
+pub struct Cluster {
+    pub name: String,
+    pub trusted_proxies: Vec<IpNet>,
+    pub mqtt: Option<Mqtt>,
+    pub apply: Thresholds,
+    pub geo: GeoSettings,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Mqtt {
+    pub url: String,
+    pub topic_prefix: String,
+}
+
+/// `apply` safety thresholds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Thresholds {
+    pub max_delete_percent: u32,
+    pub max_change_percent: u32,
+    pub min_keys: u64,
+}
+
+impl Default for Thresholds {
+    fn default() -> Self {
+        Thresholds { max_delete_percent: 25, max_change_percent: 50, min_keys: 10 }
+    }
+}
+
+/// A site with its compiled document.
+#[derive(Debug, Clone)]
+pub struct Site {
+    pub file: Arc<str>,
+    pub host: String,
+    pub aliases: Vec<String>,
+    pub suspended: bool,
+    /// `None`: every region.
+    pub regions: Option<BTreeSet<String>>,
+    /// The canonical JSON of the document (shared by host and aliases).
+    pub doc: SiteDoc,
+}
+
+#[derive(Debug, Clone)]
+pub struct Zone {
+    pub file: Arc<str>,
+    pub name: String,
+    pub routes: Vec<IpNet>,
+    pub fallback: Option<String>,
+}
+
+#[derive(Debug, Clone)]
+pub struct Node {
+    pub file: Arc<str>,
+    pub name: String,
+    pub roles: BTreeSet<Role>,
+    pub region: String,
+    pub zone: Option<String>,
+    pub public_url: Option<String>,
+    pub location: Option<Location>,
+    pub addresses: Vec<IpAddr>,
+    pub redis: Option<RedisTarget>,
+    pub playback_session_limit: Option<u64>,
+    pub playback_bandwidth_kbit: Option<u64>,
+    pub network_bandwidth_kbit: Option<u64>,
+    pub cache: CacheSettings,
+}
+
+impl Node {
+    #[must_use]
+    pub fn has(&self, role: Role) -> bool {
+        self.roles.contains(&role)
+    }
+}
+
+/// How to reach a node's own Redis master.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RedisTarget {
+    Url { url: String, password_env: Option<String> },
+    Sentinel { sentinels: Vec<String>, master: String, password_env: Option<String> },
+}
+
+/// The nginx cache the purge worker cleans.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CacheSettings {
+    pub dirs: Vec<String>,
+    pub levels: String,
+    pub key: String,
+}
+
+impl Default for CacheSettings {
+    /// The seed's layout.
+    fn default() -> Self {
+        CacheSettings {
+            dirs: ["static", "dynamic", "api", "perma"]
+                .iter()
+                .map(|d| format!("/var/cache/nginx/{d}"))
+                .collect(),
+            levels: "1:2".into(),
+            key: "$scheme$host$request_uri".into(),
+        }
+    }
+}

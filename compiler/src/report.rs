@@ -1,0 +1,379 @@
+//! Rendering: diagnostics (human via miette, json, GitHub annotations) and
+//! diffs (human, json, markdown). Pure: every function returns a `String`.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+
+use miette::{GraphicalReportHandler, GraphicalTheme, LabeledSpan, NamedSource};
+use serde_json::json;
+
+use crate::diagnostic::{Diagnostic, Severity};
+use crate::diff::{ChangeKind, Diff, TargetDiff, TargetStatus, change_diff, pretty, unified};
+use crate::load::Repo;
+
+/// Output formats of `check`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum CheckFormat {
+    Human,
+    Json,
+    Github,
+}
+
+/// Output formats of `diff`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum DiffFormat {
+    Human,
+    Json,
+    Markdown,
+}
+
+/// A diagnostic with its file's text, as miette wants it.
+#[derive(Debug)]
+struct Report<'a> {
+    d: &'a Diagnostic,
+    source: NamedSource<String>,
+}
+
+impl std::fmt::Display for Report<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.d.message)
+    }
+}
+
+impl std::error::Error for Report<'_> {}
+
+impl miette::Diagnostic for Report<'_> {
+    fn code<'b>(&'b self) -> Option<Box<dyn std::fmt::Display + 'b>> {
+        Some(Box::new(self.d.code))
+    }
+
+    fn severity(&self) -> Option<miette::Severity> {
+        Some(match self.d.severity {
+            Severity::Error => miette::Severity::Error,
+            Severity::Warning => miette::Severity::Warning,
+        })
+    }
+
+    fn help<'b>(&'b self) -> Option<Box<dyn std::fmt::Display + 'b>> {
+        self.d.help.as_ref().map(|h| Box::new(h) as Box<dyn std::fmt::Display>)
+    }
+
+    fn source_code(&self) -> Option<&dyn miette::SourceCode> {
+        Some(&self.source)
+    }
+
+    fn labels(&self) -> Option<Box<dyn Iterator<Item = LabeledSpan> + '_>> {
+        let span = self.d.span;
+        let len = span.end.saturating_sub(span.start);
+        Some(Box::new(std::iter::once(LabeledSpan::new_primary_with_span(
+            Some("here".into()),
+            (span.start, len),
+        ))))
+    }
+}
+
+/// Human rendering with snippets; `color` adds ANSI styles.
+#[must_use]
+pub fn diagnostics_human(diagnostics: &[Diagnostic], repo: &Repo, color: bool) -> String {
+    let texts: BTreeMap<&str, &str> = repo
+        .sources
+        .iter()
+        .filter_map(|s| s.text.as_ref().ok().map(|t| (&*s.path, t.as_str())))
+        .collect();
+    let theme = if color { GraphicalTheme::unicode() } else { GraphicalTheme::unicode_nocolor() };
+    let handler = GraphicalReportHandler::new_themed(theme).with_context_lines(2);
+    let mut out = String::new();
+    for d in diagnostics {
+        let text = texts.get(&*d.file).copied().unwrap_or_default();
+        // miette names the file in the snippet header as name:line:col.
+        let report = Report { d, source: NamedSource::new(&*d.file, text.to_owned()) };
+        if handler.render_report(&mut out, &report).is_err() {
+            let _ = writeln!(out, "{}: {}[{}]: {}", d.location(), d.severity.as_str(), d.code, d.message);
+        }
+    }
+    out
+}
+
+/// `N errors, M warnings`.
+#[must_use]
+pub fn summary(diagnostics: &[Diagnostic], files: usize) -> String {
+    let errors = diagnostics.iter().filter(|d| d.severity == Severity::Error).count();
+    let warnings = diagnostics.len() - errors;
+    let plural = |n: usize, w: &str| format!("{n} {w}{}", if n == 1 { "" } else { "s" });
+    format!("{}, {} in {}", plural(errors, "error"), plural(warnings, "warning"), plural(files, "file"))
+}
+
+/// `{"diagnostics":[{"severity","code","message","file","line","column"}]}`.
+#[must_use]
+pub fn diagnostics_json(diagnostics: &[Diagnostic]) -> String {
+    let list: Vec<serde_json::Value> = diagnostics
+        .iter()
+        .map(|d| {
+            json!({
+                "severity": d.severity.as_str(),
+                "code": d.code,
+                "message": d.message,
+                "file": &*d.file,
+                "line": d.span.line,
+                "column": d.span.column,
+            })
+        })
+        .collect();
+    let mut s = serde_json::to_string(&json!({ "diagnostics": list })).unwrap_or_default();
+    s.push('\n');
+    s
+}
+
+fn escape_data(s: &str) -> String {
+    s.replace('%', "%25").replace('\r', "%0D").replace('\n', "%0A")
+}
+
+fn escape_property(s: &str) -> String {
+    escape_data(s).replace(':', "%3A").replace(',', "%2C")
+}
+
+/// GitHub Actions workflow commands: one annotation per diagnostic.
+/// `prefix` is the config repo's path inside the checked-out repository
+/// (empty when they are the same), so annotations land on the right file.
+#[must_use]
+pub fn diagnostics_github(diagnostics: &[Diagnostic], prefix: &str) -> String {
+    let mut out = String::new();
+    for d in diagnostics {
+        let level = match d.severity {
+            Severity::Error => "error",
+            Severity::Warning => "warning",
+        };
+        let mut message = d.message.clone();
+        if let Some(h) = &d.help {
+            message.push_str("\nhelp: ");
+            message.push_str(h);
+        }
+        let _ = writeln!(
+            out,
+            "::{level} file={},line={},col={},title={}::{}",
+            escape_property(&format!("{prefix}{}", d.file)),
+            d.span.line,
+            d.span.column,
+            escape_property(&format!("edgeform {}", d.code)),
+            escape_data(&message)
+        );
+    }
+    out
+}
+
+/// Targets with identical change sets, grouped (first appearance order).
+fn groups(diff: &Diff) -> Vec<Vec<&TargetDiff>> {
+    let mut order: Vec<u64> = Vec::new();
+    let mut by: BTreeMap<u64, Vec<&TargetDiff>> = BTreeMap::new();
+    for t in &diff.targets {
+        if t.changes.is_empty() && t.status == TargetStatus::Kept {
+            continue;
+        }
+        let sig = t.signature() ^ (t.status as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        if !by.contains_key(&sig) {
+            order.push(sig);
+        }
+        by.entry(sig).or_default().push(t);
+    }
+    order.into_iter().filter_map(|s| by.remove(&s)).collect()
+}
+
+fn group_title(group: &[&TargetDiff]) -> String {
+    let names: Vec<&str> = group.iter().map(|t| t.node.as_str()).collect();
+    let mut regions: Vec<&str> = group.iter().map(|t| t.region.as_str()).collect();
+    regions.dedup();
+    let status = match group[0].status {
+        TargetStatus::New => " (new target)",
+        TargetStatus::Gone => " (target removed)",
+        TargetStatus::Kept => "",
+    };
+    format!("{} [{}]{status}", names.join(", "), regions.join(", "))
+}
+
+fn counts(t: &TargetDiff) -> (usize, usize, usize) {
+    (t.count(ChangeKind::Added), t.count(ChangeKind::Changed), t.count(ChangeKind::Removed))
+}
+
+/// Human diff: grouped targets, each key with a unified diff of its value.
+#[must_use]
+pub fn diff_human(diff: &Diff, base: &str, head: &str) -> String {
+    let mut out = String::new();
+    if !diff.has_changes() {
+        let _ = writeln!(out, "No changes between {base} and {head}.");
+        return out;
+    }
+    let _ = writeln!(out, "Changes from {base} to {head}:\n");
+    for group in groups(diff) {
+        let (a, c, r) = counts(group[0]);
+        let _ = writeln!(out, "{}: {a} added, {c} changed, {r} removed", group_title(&group));
+        for change in &group[0].changes {
+            let sign = match change.kind {
+                ChangeKind::Added => '+',
+                ChangeKind::Changed => '~',
+                ChangeKind::Removed => '-',
+            };
+            let _ = writeln!(out, "  {sign} {}", change.key);
+            if change.kind == ChangeKind::Changed {
+                for line in change_diff(change).lines() {
+                    let _ = writeln!(out, "      {line}");
+                }
+            }
+        }
+        out.push('\n');
+    }
+    for f in &diff.nginx {
+        let _ = writeln!(out, "{}.nginx.conf:", f.router);
+        let text = unified(
+            &format!("{}.nginx.conf", f.router),
+            f.before.as_deref().unwrap_or_default(),
+            f.after.as_deref().unwrap_or_default(),
+        );
+        for line in text.lines() {
+            let _ = writeln!(out, "      {line}");
+        }
+    }
+    out
+}
+
+/// Machine diff: every target, its status and its changes.
+#[must_use]
+pub fn diff_json(diff: &Diff, base: &str, head: &str) -> String {
+    let targets: Vec<serde_json::Value> = diff
+        .targets
+        .iter()
+        .map(|t| {
+            let of = |kind: ChangeKind| -> Vec<serde_json::Value> {
+                t.changes
+                    .iter()
+                    .filter(|c| c.kind == kind)
+                    .map(|c| match kind {
+                        ChangeKind::Added => json!({"key": &*c.key, "value": c.after.as_deref()}),
+                        ChangeKind::Removed => json!({"key": &*c.key, "value": c.before.as_deref()}),
+                        ChangeKind::Changed => json!({
+                            "key": &*c.key,
+                            "before": c.before.as_deref(),
+                            "after": c.after.as_deref(),
+                            "diff": change_diff(c),
+                        }),
+                    })
+                    .collect()
+            };
+            json!({
+                "node": t.node,
+                "region": t.region,
+                "status": match t.status {
+                    TargetStatus::New => "new",
+                    TargetStatus::Gone => "gone",
+                    TargetStatus::Kept => "kept",
+                },
+                "added": of(ChangeKind::Added),
+                "changed": of(ChangeKind::Changed),
+                "removed": of(ChangeKind::Removed),
+            })
+        })
+        .collect();
+    let nginx: Vec<serde_json::Value> = diff
+        .nginx
+        .iter()
+        .map(|f| {
+            json!({
+                "router": f.router,
+                "diff": unified(
+                    &format!("{}.nginx.conf", f.router),
+                    f.before.as_deref().unwrap_or_default(),
+                    f.after.as_deref().unwrap_or_default(),
+                ),
+            })
+        })
+        .collect();
+    let mut s = serde_json::to_string(&json!({
+        "base": base,
+        "head": head,
+        "changes": diff.has_changes(),
+        "targets": targets,
+        "nginx": nginx,
+    }))
+    .unwrap_or_default();
+    s.push('\n');
+    s
+}
+
+/// GitHub's limit on a comment body is 65,536 characters.
+const MARKDOWN_BUDGET: usize = 60_000;
+
+/// A PR comment: summary table, then each group's diff in a collapsed
+/// block, truncated to fit a comment.
+#[must_use]
+pub fn diff_markdown(diff: &Diff, base: &str, head: &str) -> String {
+    let mut out = String::new();
+    let _ = writeln!(out, "<!-- edgeform-diff -->\n### edgeform diff `{base}` → `{head}`\n");
+    if !diff.has_changes() {
+        let _ = writeln!(out, "No edge receives a change.");
+        return out;
+    }
+    let changed: Vec<&TargetDiff> =
+        diff.targets.iter().filter(|t| !t.changes.is_empty() || t.status != TargetStatus::Kept).collect();
+    let total = |k: ChangeKind| changed.iter().map(|t| t.count(k)).sum::<usize>();
+    let _ = writeln!(
+        out,
+        "**{} of {} targets change** · {} keys added · {} changed · {} removed (summed over targets)\n",
+        changed.len(),
+        diff.targets.len(),
+        total(ChangeKind::Added),
+        total(ChangeKind::Changed),
+        total(ChangeKind::Removed)
+    );
+    let groups = groups(diff);
+    let _ = writeln!(out, "| targets | added | changed | removed |\n|---|---:|---:|---:|");
+    for group in &groups {
+        let (a, c, r) = counts(group[0]);
+        let _ = writeln!(out, "| {} | {a} | {c} | {r} |", group_title(group).replace('|', "\\|"));
+    }
+    out.push('\n');
+    let mut omitted = 0usize;
+    for group in &groups {
+        let mut block = String::new();
+        let (a, c, r) = counts(group[0]);
+        let _ = writeln!(block, "<details><summary>{} — +{a} ~{c} −{r}</summary>\n\n```diff", group_title(group));
+        for change in &group[0].changes {
+            match change.kind {
+                ChangeKind::Changed => block.push_str(&change_diff(change)),
+                ChangeKind::Added => {
+                    let _ = writeln!(block, "+++ {} (added)", change.key);
+                    for l in pretty(change.after.as_deref().unwrap_or_default()).lines() {
+                        let _ = writeln!(block, "+{l}");
+                    }
+                }
+                ChangeKind::Removed => {
+                    let _ = writeln!(block, "--- {} (removed)", change.key);
+                }
+            }
+        }
+        let _ = writeln!(block, "```\n\n</details>\n");
+        if out.len() + block.len() > MARKDOWN_BUDGET {
+            omitted += group.len();
+            continue;
+        }
+        out.push_str(&block);
+    }
+    for f in &diff.nginx {
+        let text = unified(
+            &format!("{}.nginx.conf", f.router),
+            f.before.as_deref().unwrap_or_default(),
+            f.after.as_deref().unwrap_or_default(),
+        );
+        let block = format!("<details><summary>{}.nginx.conf</summary>\n\n```diff\n{text}```\n\n</details>\n\n", f.router);
+        if out.len() + block.len() > MARKDOWN_BUDGET {
+            omitted += 1;
+            continue;
+        }
+        out.push_str(&block);
+    }
+    if omitted > 0 {
+        let _ = writeln!(
+            out,
+            "_{omitted} more target diffs left out to fit a comment; run `edgeform diff --base {base}` locally for all of them._"
+        );
+    }
+    out
+}

@@ -1,0 +1,150 @@
+//! The JSON Schemas of the config files.
+//!
+//! The schemas are generated from [`crate::model::raw`] by `schemars` and
+//! committed in `schemas/` (for editors: yaml-language-server reads the
+//! `$schema` modeline). The committed files are embedded in the binary and
+//! enforced; a test regenerates them and fails when they differ, so the
+//! schemas and the model cannot drift (`EDGEFORM_BLESS=1 cargo test`
+//! rewrites them).
+
+use std::sync::OnceLock;
+
+use jsonschema::{PatternOptions, Validator};
+use serde_json::Value;
+
+use crate::load::Kind;
+use crate::model::raw;
+
+/// Where the schema of each kind is published, relative to the repo root.
+#[must_use]
+pub fn file_name(kind: Kind) -> &'static str {
+    match kind {
+        Kind::Cluster => "cluster.schema.json",
+        Kind::Site => "site.schema.json",
+        Kind::Zone => "zone.schema.json",
+        Kind::Node => "node.schema.json",
+    }
+}
+
+/// The committed schema text, embedded at build time.
+#[must_use]
+pub fn embedded(kind: Kind) -> &'static str {
+    match kind {
+        Kind::Cluster => include_str!("../../schemas/cluster.schema.json"),
+        Kind::Site => include_str!("../../schemas/site.schema.json"),
+        Kind::Zone => include_str!("../../schemas/zone.schema.json"),
+        Kind::Node => include_str!("../../schemas/node.schema.json"),
+    }
+}
+
+/// Generate the schema of `kind` from the raw model.
+#[must_use]
+pub fn generate(kind: Kind) -> Value {
+    let mut schema = match kind {
+        Kind::Cluster => schemars::schema_for!(raw::Cluster),
+        Kind::Site => schemars::schema_for!(raw::Site),
+        Kind::Zone => schemars::schema_for!(raw::Zone),
+        Kind::Node => schemars::schema_for!(raw::Node),
+    }
+    .to_value();
+    simplify(&mut schema);
+    if let Value::Object(map) = &mut schema {
+        map.insert(
+            "$id".into(),
+            Value::String(format!("https://edgeform.dev/schemas/{}", file_name(kind))),
+        );
+    }
+    schema
+}
+
+/// Make schemars' output friendlier to validators and editors:
+/// - a `oneOf` of `const`s (a documented enum) becomes an `enum`, so an
+///   error names the allowed values instead of "no alternative matched";
+/// - an optional block (`anyOf: [{$ref}, {type: null}]`) becomes the
+///   `$ref`, so errors inside it keep their exact path;
+/// - schemars' integer `format`s (`uint32`) and `default: null` go.
+fn simplify(value: &mut Value) {
+    match value {
+        Value::Object(map) => {
+            if let Some(Value::Array(alternatives)) = map.get("oneOf")
+                && !alternatives.is_empty()
+                && alternatives.iter().all(|a| a.get("const").is_some())
+            {
+                let consts: Vec<Value> =
+                    alternatives.iter().filter_map(|a| a.get("const").cloned()).collect();
+                let docs: Vec<String> = alternatives
+                    .iter()
+                    .filter_map(|a| {
+                        let c = a.get("const")?.as_str()?;
+                        let d = a.get("description")?.as_str()?;
+                        Some(format!("`{c}`: {d}"))
+                    })
+                    .collect();
+                map.remove("oneOf");
+                map.insert("type".into(), Value::String("string".into()));
+                map.insert("enum".into(), Value::Array(consts));
+                if !docs.is_empty() {
+                    let head = map.get("description").and_then(Value::as_str).unwrap_or_default();
+                    let text = format!("{head}\n\n{}", docs.join("\n")).trim().to_owned();
+                    map.insert("description".into(), Value::String(text));
+                }
+            }
+            if let Some(Value::Array(alternatives)) = map.get("anyOf")
+                && alternatives.len() == 2
+                && alternatives[1] == serde_json::json!({"type": "null"})
+                && let Value::Object(inner) = alternatives[0].clone()
+            {
+                map.remove("anyOf");
+                for (k, v) in inner {
+                    map.entry(k).or_insert(v);
+                }
+            }
+            if map.get("format").and_then(Value::as_str).is_some_and(|f| {
+                f.starts_with("uint") || f.starts_with("int") || f == "double" || f == "float"
+            }) {
+                map.remove("format");
+            }
+            if map.get("default") == Some(&Value::Null) {
+                map.remove("default");
+            }
+            for v in map.values_mut() {
+                simplify(v);
+            }
+        }
+        Value::Array(items) => items.iter_mut().for_each(simplify),
+        _ => {}
+    }
+}
+
+/// The generated schema as committed: pretty JSON with a final newline.
+#[must_use]
+pub fn generate_text(kind: Kind) -> String {
+    let mut text = serde_json::to_string_pretty(&generate(kind)).unwrap_or_default();
+    text.push('\n');
+    text
+}
+
+/// The compiled validator of `kind` (built once per process).
+///
+/// # Panics
+/// If an embedded schema is invalid: a build defect caught by the
+/// schema tests, never by user input.
+pub fn validator(kind: Kind) -> &'static Validator {
+    static CELLS: [OnceLock<Validator>; 4] =
+        [OnceLock::new(), OnceLock::new(), OnceLock::new(), OnceLock::new()];
+    let index = match kind {
+        Kind::Cluster => 0,
+        Kind::Site => 1,
+        Kind::Zone => 2,
+        Kind::Node => 3,
+    };
+    CELLS[index].get_or_init(|| {
+        let schema: Value =
+            serde_json::from_str(embedded(kind)).expect("embedded schema is valid JSON");
+        jsonschema::draft202012::options()
+            .should_validate_formats(true)
+            .with_pattern_options(PatternOptions::regex())
+            .build(&schema)
+            .expect("embedded schema compiles")
+    })
+}

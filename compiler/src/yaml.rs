@@ -1,0 +1,435 @@
+//! A YAML tree that remembers where every value came from.
+//!
+//! Diagnostics must point at the offending value for semantic errors too
+//! (a duplicate host, an unknown fallback zone), so we keep a span on every
+//! node. The tree is built from `granit-parser`'s spanned events (the
+//! parser under serde-saphyr) and converted to a `serde_json::Value` for
+//! JSON Schema validation and typed deserialization; a JSON pointer from
+//! either of those finds its way back to a span with [`Node::locate`].
+//!
+//! Scalars resolve by the YAML 1.2 core schema: `off`, `no` and `NO` are
+//! strings (no "Norway problem"), `~`/`null`/empty are null. Anchors and
+//! aliases work; their expansion is capped so a "billion laughs" file is an
+//! error, not an out-of-memory. Duplicate keys, non-scalar keys and several
+//! documents in one file are errors.
+
+use granit_parser::{Event, Options, Parser, ScalarStyle, Span as PSpan};
+
+/// A region of one source file. Lines and columns are 1-based (columns
+/// count characters); `start`/`end` are byte offsets for snippets.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Span {
+    pub start: usize,
+    pub end: usize,
+    pub line: u32,
+    pub column: u32,
+}
+
+/// A YAML value with its span.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Node {
+    pub value: Value,
+    pub span: Span,
+}
+
+/// A mapping key: always a scalar, kept as its text.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Key {
+    pub text: String,
+    pub span: Span,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum Value {
+    Null,
+    Bool(bool),
+    Int(i64),
+    Float(f64),
+    Str(String),
+    Seq(Vec<Node>),
+    Map(Vec<(Key, Node)>),
+}
+
+/// Why a file is not acceptable YAML for edgeform.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Error {
+    pub kind: ErrorKind,
+    pub message: String,
+    pub span: Span,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ErrorKind {
+    Syntax,
+    DuplicateKey,
+    ComplexKey,
+    MultipleDocuments,
+    UnsupportedTag,
+    TooLarge,
+}
+
+impl ErrorKind {
+    /// The diagnostic code for this kind.
+    #[must_use]
+    pub fn code(self) -> &'static str {
+        match self {
+            ErrorKind::Syntax => "yaml-syntax",
+            ErrorKind::DuplicateKey => "yaml-duplicate-key",
+            ErrorKind::ComplexKey => "yaml-complex-key",
+            ErrorKind::MultipleDocuments => "yaml-multiple-documents",
+            ErrorKind::UnsupportedTag => "yaml-unsupported-tag",
+            ErrorKind::TooLarge => "yaml-too-large",
+        }
+    }
+}
+
+/// Cap on nodes in one document, aliases expanded (billion-laughs guard).
+/// A site file has tens of nodes; a zone with 100k routes has 100k.
+const MAX_NODES: usize = 4_000_000;
+/// Nesting deeper than this is hostile, not configuration.
+const MAX_DEPTH: usize = 64;
+
+fn span_of(s: &PSpan) -> Span {
+    let start = s.start.byte_offset().unwrap_or(0);
+    let end = s.end.byte_offset().unwrap_or(start).max(start);
+    Span {
+        start,
+        end,
+        line: u32::try_from(s.start.line()).unwrap_or(u32::MAX).max(1),
+        column: u32::try_from(s.start.col() + 1).unwrap_or(u32::MAX),
+    }
+}
+
+enum Frame {
+    Seq { items: Vec<Node>, span: Span, anchor: usize },
+    Map { entries: Vec<(Key, Node)>, pending: Option<Key>, span: Span, anchor: usize },
+}
+
+/// Parse one YAML document. `Ok(None)` for a file with no document (empty
+/// or only comments).
+///
+/// # Errors
+/// Syntax errors and the structural refusals listed in [`ErrorKind`], each
+/// with the span where it was found.
+pub fn parse(text: &str) -> Result<Option<Node>, Error> {
+    let mut options = Options::default();
+    options.emit_comments = false;
+    options.block_nesting_limit = MAX_DEPTH;
+    options.flow_nesting_limit = MAX_DEPTH;
+    let mut parser = Parser::new_from_str_with_options(text, options);
+    let mut stack: Vec<Frame> = Vec::new();
+    let mut anchors: Vec<Option<Node>> = Vec::new();
+    let mut root: Option<Node> = None;
+    let mut documents = 0usize;
+    let mut nodes = 0usize;
+
+    while let Some(next) = parser.next_event() {
+        let (event, pspan) = next.map_err(|e| {
+            let m = e.marker();
+            let byte = m.byte_offset().unwrap_or(0);
+            Error {
+                kind: ErrorKind::Syntax,
+                message: e.info(),
+                span: Span {
+                    start: byte,
+                    end: byte,
+                    line: u32::try_from(m.line()).unwrap_or(u32::MAX).max(1),
+                    column: u32::try_from(m.col() + 1).unwrap_or(u32::MAX),
+                },
+            }
+        })?;
+        let span = span_of(&pspan);
+        let complete: Node = match event {
+            Event::DocumentStart(..) => {
+                documents += 1;
+                if documents > 1 {
+                    return Err(Error {
+                        kind: ErrorKind::MultipleDocuments,
+                        message: "more than one YAML document in this file; edgeform reads one \
+                                  per file"
+                            .into(),
+                        span,
+                    });
+                }
+                continue;
+            }
+            Event::Scalar(text, style, anchor, tag) => {
+                let value = match tag.as_deref() {
+                    None => resolve_scalar(&text, style),
+                    Some(t) if t.is_yaml_core_schema_tag("str") => Value::Str(text.into_owned()),
+                    Some(t) if t.is_yaml_core_schema() => resolve_scalar(&text, ScalarStyle::Plain),
+                    Some(t) => {
+                        return Err(Error {
+                            kind: ErrorKind::UnsupportedTag,
+                            message: format!("unsupported YAML tag `{}`", t.original()),
+                            span,
+                        });
+                    }
+                };
+                let node = Node { value, span };
+                remember(&mut anchors, anchor, &node);
+                node
+            }
+            Event::SequenceStart(_, anchor, _) => {
+                if stack.len() >= MAX_DEPTH {
+                    return Err(too_deep(span));
+                }
+                stack.push(Frame::Seq { items: Vec::new(), span, anchor });
+                continue;
+            }
+            Event::MappingStart(_, anchor, _) => {
+                if stack.len() >= MAX_DEPTH {
+                    return Err(too_deep(span));
+                }
+                stack.push(Frame::Map { entries: Vec::new(), pending: None, span, anchor });
+                continue;
+            }
+            Event::SequenceEnd => match stack.pop() {
+                Some(Frame::Seq { items, span, anchor }) => {
+                    let node = Node { value: Value::Seq(items), span };
+                    remember(&mut anchors, anchor, &node);
+                    node
+                }
+                _ => continue,
+            },
+            Event::MappingEnd => match stack.pop() {
+                Some(Frame::Map { entries, span, anchor, .. }) => {
+                    let node = Node { value: Value::Map(entries), span };
+                    remember(&mut anchors, anchor, &node);
+                    node
+                }
+                _ => continue,
+            },
+            Event::Alias(id) => {
+                let Some(Some(target)) = anchors.get(id) else {
+                    return Err(Error {
+                        kind: ErrorKind::Syntax,
+                        message: "alias to an unknown or unfinished anchor".into(),
+                        span,
+                    });
+                };
+                nodes += count(target);
+                if nodes > MAX_NODES {
+                    return Err(too_large(span));
+                }
+                let mut node = target.clone();
+                node.span = span;
+                node
+            }
+            _ => continue,
+        };
+        nodes += 1;
+        if nodes > MAX_NODES {
+            return Err(too_large(span));
+        }
+        attach(&mut stack, &mut root, complete)?;
+    }
+    Ok(root)
+}
+
+fn too_deep(span: Span) -> Error {
+    Error {
+        kind: ErrorKind::TooLarge,
+        message: format!("nesting deeper than {MAX_DEPTH} levels"),
+        span,
+    }
+}
+
+fn too_large(span: Span) -> Error {
+    Error {
+        kind: ErrorKind::TooLarge,
+        message: format!("document expands to more than {MAX_NODES} values (aliases included)"),
+        span,
+    }
+}
+
+fn remember(anchors: &mut Vec<Option<Node>>, anchor: usize, node: &Node) {
+    if anchor == 0 {
+        return;
+    }
+    if anchors.len() <= anchor {
+        anchors.resize(anchor + 1, None);
+    }
+    anchors[anchor] = Some(node.clone());
+}
+
+fn count(node: &Node) -> usize {
+    match &node.value {
+        Value::Seq(items) => 1 + items.iter().map(count).sum::<usize>(),
+        Value::Map(entries) => 1 + entries.iter().map(|(_, v)| 1 + count(v)).sum::<usize>(),
+        _ => 1,
+    }
+}
+
+/// Put a finished node where it belongs: a sequence item, a mapping key or
+/// value, or the document root.
+fn attach(stack: &mut [Frame], root: &mut Option<Node>, node: Node) -> Result<(), Error> {
+    match stack.last_mut() {
+        None => *root = Some(node),
+        Some(Frame::Seq { items, .. }) => items.push(node),
+        Some(Frame::Map { entries, pending, .. }) => match pending.take() {
+            Some(key) => entries.push((key, node)),
+            None => {
+                let text = match node.value {
+                    Value::Str(s) => s,
+                    Value::Null => String::new(),
+                    Value::Bool(b) => b.to_string(),
+                    Value::Int(i) => i.to_string(),
+                    Value::Float(f) => f.to_string(),
+                    Value::Seq(_) | Value::Map(_) => {
+                        return Err(Error {
+                            kind: ErrorKind::ComplexKey,
+                            message: "a mapping key must be a plain scalar".into(),
+                            span: node.span,
+                        });
+                    }
+                };
+                if let Some((first, _)) = entries.iter().find(|(k, _)| k.text == text) {
+                    return Err(Error {
+                        kind: ErrorKind::DuplicateKey,
+                        message: format!(
+                            "duplicate key `{text}` (first at line {}:{})",
+                            first.span.line, first.span.column
+                        ),
+                        span: node.span,
+                    });
+                }
+                *pending = Some(Key { text, span: node.span });
+            }
+        },
+    }
+    Ok(())
+}
+
+/// YAML 1.2 core schema resolution of a scalar.
+fn resolve_scalar(text: &str, style: ScalarStyle) -> Value {
+    if style != ScalarStyle::Plain {
+        return Value::Str(text.to_owned());
+    }
+    match text {
+        "" | "~" | "null" | "Null" | "NULL" => return Value::Null,
+        "true" | "True" | "TRUE" => return Value::Bool(true),
+        "false" | "False" | "FALSE" => return Value::Bool(false),
+        ".inf" | ".Inf" | ".INF" | "+.inf" | "+.Inf" | "+.INF" => {
+            return Value::Float(f64::INFINITY);
+        }
+        "-.inf" | "-.Inf" | "-.INF" => return Value::Float(f64::NEG_INFINITY),
+        ".nan" | ".NaN" | ".NAN" => return Value::Float(f64::NAN),
+        _ => {}
+    }
+    let bytes = text.as_bytes();
+    let first = bytes[0];
+    if !(first.is_ascii_digit() || matches!(first, b'-' | b'+' | b'.')) {
+        return Value::Str(text.to_owned());
+    }
+    if let Some(hex) = text.strip_prefix("0x") {
+        if let Ok(i) = i64::from_str_radix(hex, 16) {
+            return Value::Int(i);
+        }
+    } else if let Some(oct) = text.strip_prefix("0o") {
+        if let Ok(i) = i64::from_str_radix(oct, 8) {
+            return Value::Int(i);
+        }
+    } else if is_core_int(text) {
+        return text
+            .parse::<i64>()
+            .map_or_else(|_| Value::Float(text.parse().unwrap_or(f64::NAN)), Value::Int);
+    } else if is_core_float(text) {
+        if let Ok(f) = text.parse::<f64>() {
+            return Value::Float(f);
+        }
+    }
+    Value::Str(text.to_owned())
+}
+
+fn is_core_int(text: &str) -> bool {
+    let digits = text.strip_prefix(['-', '+']).unwrap_or(text);
+    !digits.is_empty() && digits.bytes().all(|b| b.is_ascii_digit())
+}
+
+/// `[-+]?(\.[0-9]+|[0-9]+(\.[0-9]*)?)([eE][-+]?[0-9]+)?`
+fn is_core_float(text: &str) -> bool {
+    let s = text.strip_prefix(['-', '+']).unwrap_or(text);
+    let (mantissa, exponent) = match s.find(['e', 'E']) {
+        Some(i) => (&s[..i], Some(&s[i + 1..])),
+        None => (s, None),
+    };
+    let (int, frac) = match mantissa.split_once('.') {
+        Some((i, f)) => (i, Some(f)),
+        None => (mantissa, None),
+    };
+    let all_digits = |p: &str| p.bytes().all(|b| b.is_ascii_digit());
+    let mantissa_ok = match frac {
+        None => !int.is_empty() && all_digits(int),
+        Some(f) => all_digits(int) && all_digits(f) && !(int.is_empty() && f.is_empty()),
+    };
+    let exponent_ok = exponent.is_none_or(|e| {
+        let e = e.strip_prefix(['-', '+']).unwrap_or(e);
+        !e.is_empty() && all_digits(e)
+    });
+    mantissa_ok && exponent_ok
+}
+
+impl Node {
+    /// The plain JSON value of this tree (for schema validation and typed
+    /// deserialization). Non-finite floats become null: JSON has none, and
+    /// no edgeform field takes one.
+    #[must_use]
+    pub fn to_json(&self) -> serde_json::Value {
+        use serde_json::Value as J;
+        match &self.value {
+            Value::Null => J::Null,
+            Value::Bool(b) => J::Bool(*b),
+            Value::Int(i) => J::from(*i),
+            Value::Float(f) => serde_json::Number::from_f64(*f).map_or(J::Null, J::Number),
+            Value::Str(s) => J::String(s.clone()),
+            Value::Seq(items) => J::Array(items.iter().map(Node::to_json).collect()),
+            Value::Map(entries) => {
+                J::Object(entries.iter().map(|(k, v)| (k.text.clone(), v.to_json())).collect())
+            }
+        }
+    }
+
+    /// The node at a JSON pointer (`/cache_rules/0/ttl`), if present.
+    #[must_use]
+    pub fn pointer(&self, pointer: &str) -> Option<&Node> {
+        let mut node = self;
+        for token in pointer.split('/').skip(1) {
+            let token = token.replace("~1", "/").replace("~0", "~");
+            node = match &node.value {
+                Value::Map(entries) => entries.iter().find(|(k, _)| k.text == token).map(|e| &e.1)?,
+                Value::Seq(items) => items.get(token.parse::<usize>().ok()?)?,
+                _ => return None,
+            };
+        }
+        Some(node)
+    }
+
+    /// The span of the key `name` in this mapping, if present.
+    #[must_use]
+    pub fn key_span(&self, name: &str) -> Option<Span> {
+        match &self.value {
+            Value::Map(entries) => entries.iter().find(|(k, _)| k.text == name).map(|e| e.0.span),
+            _ => None,
+        }
+    }
+
+    /// The best span for a JSON pointer: the value there, else the deepest
+    /// ancestor that exists (a missing key points at its mapping).
+    #[must_use]
+    pub fn locate(&self, pointer: &str) -> Span {
+        let mut p = pointer;
+        loop {
+            if let Some(node) = self.pointer(p) {
+                return node.span;
+            }
+            match p.rfind('/') {
+                Some(i) => p = &p[..i],
+                None => return self.span,
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;
