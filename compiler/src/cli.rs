@@ -62,7 +62,12 @@ pub enum Command {
 }
 
 fn version() -> &'static str {
-    concat!(env!("CARGO_PKG_VERSION"), " (", env!("EDGEFORM_COMMIT"), ")")
+    concat!(
+        env!("CARGO_PKG_VERSION"),
+        " (",
+        env!("EDGEFORM_COMMIT"),
+        ")"
+    )
 }
 
 /// Whether to color output on stderr: a terminal, and `NO_COLOR` unset.
@@ -78,10 +83,10 @@ pub fn main() -> ExitCode {
         Ok(code) => ExitCode::from(code),
         Err(err) => {
             // A closed pipe (e.g. `| head`) is not a failure.
-            if err
-                .chain()
-                .any(|e| e.downcast_ref::<std::io::Error>().is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe))
-            {
+            if err.chain().any(|e| {
+                e.downcast_ref::<std::io::Error>()
+                    .is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
+            }) {
                 return ExitCode::SUCCESS;
             }
             let mut msg = format!("error: {err}");
@@ -101,7 +106,10 @@ pub fn main() -> ExitCode {
 /// an exit code with diagnostics.
 pub fn run(cli: &Cli) -> Result<u8> {
     match &cli.command {
-        Command::Check { format, path_prefix } => {
+        Command::Check {
+            format,
+            path_prefix,
+        } => {
             let repo = load::load(&cli.repo, cli.rev.as_deref())?;
             let checked = crate::check(&repo);
             let mut stdout = std::io::stdout().lock();
@@ -109,17 +117,29 @@ pub fn run(cli: &Cli) -> Result<u8> {
                 CheckFormat::Human => {
                     let text = report::diagnostics_human(&checked.diagnostics, &repo, color());
                     eprint!("{text}");
-                    let verdict = if checked.is_valid() { "valid" } else { "invalid" };
-                    eprintln!("{}: {verdict} ({})", cli.repo.display(), report::summary(&checked.diagnostics, repo.sources.len()));
+                    let verdict = if checked.is_valid() {
+                        "valid"
+                    } else {
+                        "invalid"
+                    };
+                    eprintln!(
+                        "{}: {verdict} ({})",
+                        cli.repo.display(),
+                        report::summary(&checked.diagnostics, repo.sources.len())
+                    );
                 }
-                CheckFormat::Json => stdout.write_all(report::diagnostics_json(&checked.diagnostics).as_bytes())?,
+                CheckFormat::Json => {
+                    stdout.write_all(report::diagnostics_json(&checked.diagnostics).as_bytes())?
+                }
                 CheckFormat::Github => {
                     let prefix = if path_prefix.is_empty() || path_prefix.ends_with('/') {
                         path_prefix.clone()
                     } else {
                         format!("{path_prefix}/")
                     };
-                    stdout.write_all(report::diagnostics_github(&checked.diagnostics, &prefix).as_bytes())?;
+                    stdout.write_all(
+                        report::diagnostics_github(&checked.diagnostics, &prefix).as_bytes(),
+                    )?;
                 }
             }
             Ok(u8::from(!checked.is_valid()))
@@ -127,7 +147,9 @@ pub fn run(cli: &Cli) -> Result<u8> {
         Command::Build { out } => {
             let repo = load::load(&cli.repo, cli.rev.as_deref())?;
             let checked = crate::check(&repo);
-            let Some(config) = valid_or_report(&checked, &repo, &cli.repo) else { return Ok(1) };
+            let Some(config) = valid_or_report(&checked, &repo, &cli.repo) else {
+                return Ok(1);
+            };
             let compiled = compile::compile(config);
             let written = write_build(out, &compiled)?;
             eprintln!(
@@ -135,7 +157,10 @@ pub fn run(cli: &Cli) -> Result<u8> {
                 compiled.targets.len(),
                 compiled.nginx.len(),
                 out.display(),
-                repo.commit.as_deref().map(|c| format!(" from {}", &c[..12.min(c.len())])).unwrap_or_default()
+                repo.commit
+                    .as_deref()
+                    .map(|c| format!(" from {}", &c[..12.min(c.len())]))
+                    .unwrap_or_default()
             );
             Ok(0)
         }
@@ -157,7 +182,9 @@ pub fn run(cli: &Cli) -> Result<u8> {
             let base_compiled = match &base_checked.config {
                 Some(c) => compile::compile(c),
                 None => {
-                    eprintln!("warning: base {base_label} does not pass `check`; diffing against an empty compilation");
+                    eprintln!(
+                        "warning: base {base_label} does not pass `check`; diffing against an empty compilation"
+                    );
                     compile::Compiled::default()
                 }
             };
@@ -183,9 +210,16 @@ fn short(rev: &str, commit: Option<&str>) -> String {
 }
 
 /// The config when valid; otherwise print the diagnostics and `None`.
-fn valid_or_report<'a>(checked: &'a Checked, repo: &Repo, root: &Path) -> Option<&'a crate::Config> {
+fn valid_or_report<'a>(
+    checked: &'a Checked,
+    repo: &Repo,
+    root: &Path,
+) -> Option<&'a crate::Config> {
     if checked.config.is_none() || !checked.diagnostics.is_empty() {
-        eprint!("{}", report::diagnostics_human(&checked.diagnostics, repo, color()));
+        eprint!(
+            "{}",
+            report::diagnostics_human(&checked.diagnostics, repo, color())
+        );
     }
     if checked.config.is_none() {
         eprintln!(

@@ -57,7 +57,13 @@ impl Target {
     /// value, one entry per line, with a final newline.
     #[must_use]
     pub fn to_json(&self) -> String {
-        let mut out = String::with_capacity(64 + self.sites.iter().map(|(k, v)| k.len() + v.len() + 16).sum::<usize>());
+        let mut out = String::with_capacity(
+            64 + self
+                .sites
+                .iter()
+                .map(|(k, v)| k.len() + v.len() + 16)
+                .sum::<usize>(),
+        );
         out.push_str("{\n");
         for (i, (k, v)) in self.entries().enumerate() {
             if i > 0 {
@@ -82,11 +88,14 @@ pub struct Compiled {
     pub nginx: BTreeMap<String, String>,
 }
 
+/// A key, its value, and the regions it is limited to (`None`: all).
+type Placed<'a> = (Arc<str>, Arc<str>, Option<&'a BTreeSet<String>>);
+
 /// Compile. Pure and deterministic.
 #[must_use]
 pub fn compile(config: &Config) -> Compiled {
     // Every site document once, host and aliases sharing the text.
-    let mut all: Vec<(Arc<str>, Arc<str>, Option<&BTreeSet<String>>)> = config
+    let mut all: Vec<Placed<'_>> = config
         .sites
         .par_iter()
         .flat_map_iter(|site| {
@@ -97,7 +106,11 @@ pub fn compile(config: &Config) -> Compiled {
             for host in hosts {
                 out.push((Arc::from(keys::site(host)), doc.clone(), regions));
                 if site.suspended {
-                    out.push((Arc::from(keys::suspended(host)), Arc::from(keys::SUSPENDED_VALUE), regions));
+                    out.push((
+                        Arc::from(keys::suspended(host)),
+                        Arc::from(keys::SUSPENDED_VALUE),
+                        regions,
+                    ));
                 }
             }
             out
@@ -133,13 +146,21 @@ pub fn compile(config: &Config) -> Compiled {
             base_text.clone()
         };
         let sites = if node.has(Role::Edge) {
-            per_region.get(node.region.as_str()).cloned().unwrap_or_else(|| empty.clone())
+            per_region
+                .get(node.region.as_str())
+                .cloned()
+                .unwrap_or_else(|| empty.clone())
         } else {
             empty.clone()
         };
         targets.insert(
             node.name.clone(),
-            Target { node: node.name.clone(), region: node.region.clone(), routing, sites },
+            Target {
+                node: node.name.clone(),
+                region: node.region.clone(),
+                routing,
+                sites,
+            },
         );
     }
 
@@ -171,7 +192,12 @@ pub fn routing_table(config: &Config) -> RoutingTable {
     RoutingTable {
         format: FORMAT_VERSION,
         cluster: config.cluster.name.clone(),
-        trusted_proxies: config.cluster.trusted_proxies.iter().map(ToString::to_string).collect(),
+        trusted_proxies: config
+            .cluster
+            .trusted_proxies
+            .iter()
+            .map(ToString::to_string)
+            .collect(),
         geo: config.cluster.geo.clone(),
         zones: config
             .zones
@@ -214,7 +240,9 @@ pub fn routing_table(config: &Config) -> RoutingTable {
 /// bucket, nearest first (ties by name).
 #[must_use]
 pub fn pool(config: &Config, router: &Node) -> Vec<PoolMember> {
-    let Some(from) = router.location else { return Vec::new() };
+    let Some(from) = router.location else {
+        return Vec::new();
+    };
     let geo = &config.cluster.geo;
     let mut members: Vec<PoolMember> = config
         .nodes
@@ -231,7 +259,11 @@ pub fn pool(config: &Config, router: &Node) -> Vec<PoolMember> {
             })
         })
         .collect();
-    members.sort_by(|a, b| a.distance_km.total_cmp(&b.distance_km).then_with(|| a.node.cmp(&b.node)));
+    members.sort_by(|a, b| {
+        a.distance_km
+            .total_cmp(&b.distance_km)
+            .then_with(|| a.node.cmp(&b.node))
+    });
     members
 }
 
@@ -240,16 +272,29 @@ pub fn pool(config: &Config, router: &Node) -> Vec<PoolMember> {
 pub fn nginx_upstream(config: &Config, router: &Node, pool: &[PoolMember]) -> String {
     let geo = &config.cluster.geo;
     let mut out = String::new();
-    let _ = writeln!(out, "# edgeform: TLS passthrough pool of router `{}` (cluster `{}`).", router.name, config.cluster.name);
-    let _ = writeln!(out, "# Generated from the config repository; do not edit. Include it in `stream {{}}`.");
+    let _ = writeln!(
+        out,
+        "# edgeform: TLS passthrough pool of router `{}` (cluster `{}`).",
+        router.name, config.cluster.name
+    );
+    let _ = writeln!(
+        out,
+        "# Generated from the config repository; do not edit. Include it in `stream {{}}`."
+    );
     if pool.is_empty() {
-        let _ = writeln!(out, "# No edge with an address and a location: no upstream is defined.");
+        let _ = writeln!(
+            out,
+            "# No edge with an address and a location: no upstream is defined."
+        );
         return out;
     }
     let _ = writeln!(out, "upstream edgeform_edges_443 {{");
     let _ = writeln!(out, "    least_conn;");
     for m in pool {
-        let addr: std::net::IpAddr = m.address.parse().unwrap_or(std::net::IpAddr::from([0, 0, 0, 0]));
+        let addr: std::net::IpAddr = m
+            .address
+            .parse()
+            .unwrap_or(std::net::IpAddr::from([0, 0, 0, 0]));
         let host = match addr {
             std::net::IpAddr::V4(a) => a.to_string(),
             std::net::IpAddr::V6(a) => format!("[{a}]"),

@@ -42,7 +42,14 @@ pub struct Diagnostic {
 impl Diagnostic {
     #[must_use]
     pub fn error(code: &'static str, file: &Arc<str>, span: Span, message: String) -> Self {
-        Diagnostic { severity: Severity::Error, code, message, file: file.clone(), span, help: None }
+        Diagnostic {
+            severity: Severity::Error,
+            code,
+            message,
+            file: file.clone(),
+            span,
+            help: None,
+        }
     }
 
     #[must_use]
@@ -73,14 +80,22 @@ impl Diagnostic {
 /// Sort for output: by file, position, then code; stable across runs.
 pub fn sort(diagnostics: &mut [Diagnostic]) {
     diagnostics.sort_by(|a, b| {
-        (&a.file, a.span.line, a.span.column, a.severity, a.code, &a.message).cmp(&(
-            &b.file,
-            b.span.line,
-            b.span.column,
-            b.severity,
-            b.code,
-            &b.message,
-        ))
+        (
+            &a.file,
+            a.span.line,
+            a.span.column,
+            a.severity,
+            a.code,
+            &a.message,
+        )
+            .cmp(&(
+                &b.file,
+                b.span.line,
+                b.span.column,
+                b.severity,
+                b.code,
+                &b.message,
+            ))
     });
 }
 

@@ -88,7 +88,9 @@ pub struct Diff {
 impl Diff {
     #[must_use]
     pub fn has_changes(&self) -> bool {
-        self.targets.iter().any(|t| !t.changes.is_empty() || t.status != TargetStatus::Kept)
+        self.targets
+            .iter()
+            .any(|t| !t.changes.is_empty() || t.status != TargetStatus::Kept)
             || !self.nginx.is_empty()
     }
 }
@@ -112,11 +114,21 @@ pub fn diff_entries<'a>(
         match order {
             std::cmp::Ordering::Less => {
                 let (k, v) = a.next().expect("peeked");
-                out.push(Change { kind: ChangeKind::Removed, key: k.into(), before: Some(v.into()), after: None });
+                out.push(Change {
+                    kind: ChangeKind::Removed,
+                    key: k.into(),
+                    before: Some(v.into()),
+                    after: None,
+                });
             }
             std::cmp::Ordering::Greater => {
                 let (k, v) = b.next().expect("peeked");
-                out.push(Change { kind: ChangeKind::Added, key: k.into(), before: None, after: Some(v.into()) });
+                out.push(Change {
+                    kind: ChangeKind::Added,
+                    key: k.into(),
+                    before: None,
+                    after: Some(v.into()),
+                });
             }
             std::cmp::Ordering::Equal => {
                 let (k, va) = a.next().expect("peeked");
@@ -137,7 +149,9 @@ pub fn diff_entries<'a>(
 
 fn target_changes(before: Option<&Target>, after: Option<&Target>) -> Vec<Change> {
     match (before, after) {
-        (Some(a), Some(b)) if Arc::ptr_eq(&a.sites, &b.sites) && a.routing == b.routing => Vec::new(),
+        (Some(a), Some(b)) if Arc::ptr_eq(&a.sites, &b.sites) && a.routing == b.routing => {
+            Vec::new()
+        }
         (a, b) => diff_entries(
             a.into_iter().flat_map(Target::entries),
             b.into_iter().flat_map(Target::entries),
@@ -159,7 +173,12 @@ pub fn diff(base: &Compiled, head: &Compiled) -> Diff {
                 _ => TargetStatus::Kept,
             };
             let region = b.or(a).map(|t| t.region.clone()).unwrap_or_default();
-            TargetDiff { node: name.clone(), region, status, changes: target_changes(a, b) }
+            TargetDiff {
+                node: name.clone(),
+                region,
+                status,
+                changes: target_changes(a, b),
+            }
         })
         .collect();
     let routers: BTreeSet<&String> = base.nginx.keys().chain(head.nginx.keys()).collect();
@@ -167,7 +186,11 @@ pub fn diff(base: &Compiled, head: &Compiled) -> Diff {
         .into_iter()
         .filter_map(|r| {
             let (a, b) = (base.nginx.get(r), head.nginx.get(r));
-            (a != b).then(|| FileChange { router: r.clone(), before: a.cloned(), after: b.cloned() })
+            (a != b).then(|| FileChange {
+                router: r.clone(),
+                before: a.cloned(),
+                after: b.cloned(),
+            })
         })
         .collect();
     Diff { targets, nginx }
@@ -216,7 +239,11 @@ mod tests {
         let kinds: Vec<(ChangeKind, &str)> = changes.iter().map(|c| (c.kind, &*c.key)).collect();
         assert_eq!(
             kinds,
-            [(ChangeKind::Removed, "a"), (ChangeKind::Added, "c"), (ChangeKind::Changed, "d")]
+            [
+                (ChangeKind::Removed, "a"),
+                (ChangeKind::Added, "c"),
+                (ChangeKind::Changed, "d")
+            ]
         );
     }
 

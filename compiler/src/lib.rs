@@ -55,5 +55,8 @@ impl Checked {
 pub fn check(repo: &load::Repo) -> Checked {
     let files: Vec<parse::ParsedFile> = repo.sources.par_iter().map(parse::parse_file).collect();
     let (config, diagnostics) = validate::validate(&files);
-    Checked { config, diagnostics }
+    Checked {
+        config,
+        diagnostics,
+    }
 }

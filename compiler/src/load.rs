@@ -22,8 +22,11 @@ pub enum Kind {
 
 impl Kind {
     /// The folder a kind lives in (`cluster.yaml` lives at the root).
-    pub const FOLDERS: [(&'static str, Kind); 3] =
-        [("sites", Kind::Site), ("zones", Kind::Zone), ("nodes", Kind::Node)];
+    pub const FOLDERS: [(&'static str, Kind); 3] = [
+        ("sites", Kind::Site),
+        ("zones", Kind::Zone),
+        ("nodes", Kind::Node),
+    ];
     pub const CLUSTER_FILE: &'static str = "cluster.yaml";
 }
 
@@ -50,11 +53,14 @@ pub struct Repo {
 
 fn is_config_file(name: &str) -> bool {
     !name.starts_with('.')
-        && (Path::new(name).extension().is_some_and(|e| e == "yaml" || e == "yml"))
+        && (Path::new(name)
+            .extension()
+            .is_some_and(|e| e == "yaml" || e == "yml"))
 }
 
 fn utf8(bytes: Vec<u8>) -> Result<String, String> {
-    String::from_utf8(bytes).map_err(|e| format!("not valid UTF-8 (at byte {})", e.utf8_error().valid_up_to()))
+    String::from_utf8(bytes)
+        .map_err(|e| format!("not valid UTF-8 (at byte {})", e.utf8_error().valid_up_to()))
 }
 
 /// Load the working tree at `root`.
@@ -82,7 +88,11 @@ pub fn from_dir(root: &Path) -> Result<Repo> {
         .map(|(kind, rel, path)| {
             let bytes =
                 std::fs::read(&path).with_context(|| format!("reading {}", path.display()))?;
-            Ok(Source { kind, path: rel.into(), text: utf8(bytes) })
+            Ok(Source {
+                kind,
+                path: rel.into(),
+                text: utf8(bytes),
+            })
         })
         .collect::<Result<Vec<_>>>()?;
     let commit = head_commit(root);
@@ -172,8 +182,12 @@ pub fn from_rev(root: &Path, rev: &str) -> Result<Repo> {
         });
     }
     for (folder, kind) in Kind::FOLDERS {
-        let Some(entry) = tree.get_name(folder) else { continue };
-        let Ok(sub) = repo.find_tree(entry.id()) else { continue };
+        let Some(entry) = tree.get_name(folder) else {
+            continue;
+        };
+        let Ok(sub) = repo.find_tree(entry.id()) else {
+            continue;
+        };
         let mut blobs: Vec<(String, git2::Oid)> = Vec::new();
         sub.walk(git2::TreeWalkMode::PreOrder, |dir, entry| {
             if let Ok(name) = entry.name()
@@ -188,11 +202,18 @@ pub fn from_rev(root: &Path, rev: &str) -> Result<Repo> {
         })?;
         for (path, id) in blobs {
             let blob = repo.find_blob(id)?;
-            sources.push(Source { kind, path: path.into(), text: utf8(blob.content().to_vec()) });
+            sources.push(Source {
+                kind,
+                path: path.into(),
+                text: utf8(blob.content().to_vec()),
+            });
         }
     }
     sources.sort_by(|a, b| a.path.cmp(&b.path));
-    Ok(Repo { sources, commit: Some(commit.id().to_string()) })
+    Ok(Repo {
+        sources,
+        commit: Some(commit.id().to_string()),
+    })
 }
 
 /// Load the working tree, or `rev` when given.

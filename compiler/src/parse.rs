@@ -42,7 +42,9 @@ impl ParsedFile {
     /// tree is missing).
     #[must_use]
     pub fn locate(&self, pointer: &str) -> yaml::Span {
-        self.tree.as_ref().map_or_else(yaml::Span::default, |t| t.locate(pointer))
+        self.tree
+            .as_ref()
+            .map_or_else(yaml::Span::default, |t| t.locate(pointer))
     }
 }
 
@@ -56,7 +58,12 @@ fn kind_noun(kind: Kind) -> &'static str {
 }
 
 fn file_start() -> yaml::Span {
-    yaml::Span { start: 0, end: 0, line: 1, column: 1 }
+    yaml::Span {
+        start: 0,
+        end: 0,
+        line: 1,
+        column: 1,
+    }
 }
 
 /// Parse and schema-check one file.
@@ -100,7 +107,12 @@ pub fn parse_file(source: &Source) -> ParsedFile {
             return out;
         }
         Err(e) => {
-            out.diagnostics.push(Diagnostic::error(e.kind.code(), &out.path, e.span, e.message));
+            out.diagnostics.push(Diagnostic::error(
+                e.kind.code(),
+                &out.path,
+                e.span,
+                e.message,
+            ));
             return out;
         }
     };
@@ -153,9 +165,17 @@ fn deserialize(kind: Kind, json: Json) -> Result<Raw, serde_json::Error> {
 /// Keys that look like an attempt to write a secret into the repository.
 fn looks_like_secret(key: &str) -> bool {
     let key = key.to_ascii_lowercase();
-    ["password", "passwd", "secret", "token", "api_key", "apikey", "private_key"]
-        .iter()
-        .any(|s| key.contains(s))
+    [
+        "password",
+        "passwd",
+        "secret",
+        "token",
+        "api_key",
+        "apikey",
+        "private_key",
+    ]
+    .iter()
+    .any(|s| key.contains(s))
         && !key.ends_with("_env")
 }
 
@@ -228,8 +248,11 @@ fn expected_name(kind: &TypeKind) -> String {
     match kind {
         TypeKind::Single(t) => one(t),
         TypeKind::Multiple(set) => {
-            let names: Vec<String> =
-                set.iter().filter(|t| t.to_string() != "null").map(|t| one(&t)).collect();
+            let names: Vec<String> = set
+                .iter()
+                .filter(|t| t.to_string() != "null")
+                .map(|t| one(&t))
+                .collect();
             names.join(" or ")
         }
     }
@@ -244,16 +267,15 @@ fn pattern_message(kind: Kind, pointer: &str, value: &str) -> (String, Option<&'
     match field {
         "host" | "aliases" => (
             format!("`{value}` is not a valid lower-case hostname"),
-            Some("letters a-z, digits and `-`, labels separated by dots; `*.` may start a wildcard"),
+            Some(
+                "letters a-z, digits and `-`, labels separated by dots; `*.` may start a wildcard",
+            ),
         ),
         "geo_codes" => (
             format!("`{value}` is not an ISO 3166-1 alpha-2 country code"),
             Some("two upper-case letters, e.g. `DE`, `US`"),
         ),
-        "origin" | "public_url" => (
-            format!("`{value}` is not an http:// or https:// URL"),
-            None,
-        ),
+        "origin" | "public_url" => (format!("`{value}` is not an http:// or https:// URL"), None),
         "url" if kind == Kind::Node => (format!("`{value}` is not a redis:// URL"), None),
         "url" => (format!("`{value}` is not an mqtt:// or mqtts:// URL"), None),
         "name" | "region" | "regions" => (
@@ -268,7 +290,10 @@ fn pattern_message(kind: Kind, pointer: &str, value: &str) -> (String, Option<&'
             format!("`{value}` is not a duration"),
             Some("a number with a unit: `500ms`, `30s`, `5m`, `1h`"),
         ),
-        "password_env" => (format!("`{value}` is not an environment variable name"), None),
+        "password_env" => (
+            format!("`{value}` is not an environment variable name"),
+            None,
+        ),
         "dirs" => (format!("`{value}` is not an absolute path"), None),
         _ => (format!("`{value}` has an invalid form for `{field}`"), None),
     }
@@ -283,7 +308,10 @@ fn schema_diagnostic(
     fallback: &str,
 ) -> Diagnostic {
     let at = tree.locate(pointer);
-    let value = tree.pointer(pointer).map(Node::to_json).unwrap_or(Json::Null);
+    let value = tree
+        .pointer(pointer)
+        .map(Node::to_json)
+        .unwrap_or(Json::Null);
     let noun = kind_noun(kind);
     match error {
         ValidationErrorKind::AdditionalProperties { unexpected } => {
@@ -331,13 +359,20 @@ fn schema_diagnostic(
                 span,
                 format!(
                     "missing required key `{property}`{}",
-                    if pointer.is_empty() { format!(" in {noun}") } else { format!(" in `{}`", display_pointer(pointer)) }
+                    if pointer.is_empty() {
+                        format!(" in {noun}")
+                    } else {
+                        format!(" in `{}`", display_pointer(pointer))
+                    }
                 ),
             )
         }
         ValidationErrorKind::Type { kind: expected } => {
             let what = if pointer.is_empty() {
-                format!("a {noun} file must be a mapping, found {}", type_name(&value))
+                format!(
+                    "a {noun} file must be a mapping, found {}",
+                    type_name(&value)
+                )
             } else {
                 format!(
                     "`{}` must be {}, found {}",
@@ -351,7 +386,12 @@ fn schema_diagnostic(
         ValidationErrorKind::Enum { options } => {
             let allowed: Vec<String> = options
                 .as_array()
-                .map(|a| a.iter().filter(|v| !v.is_null()).map(|v| v.to_string().trim_matches('"').to_owned()).collect())
+                .map(|a| {
+                    a.iter()
+                        .filter(|v| !v.is_null())
+                        .map(|v| v.to_string().trim_matches('"').to_owned())
+                        .collect()
+                })
                 .unwrap_or_default();
             Diagnostic::error(
                 "invalid-value",
@@ -379,20 +419,31 @@ fn schema_diagnostic(
             "out-of-range",
             path,
             at,
-            format!("`{}` is {}, below the minimum {limit}", display_pointer(pointer), show(&value)),
+            format!(
+                "`{}` is {}, below the minimum {limit}",
+                display_pointer(pointer),
+                show(&value)
+            ),
         ),
         ValidationErrorKind::Maximum { limit }
         | ValidationErrorKind::ExclusiveMaximum { limit } => Diagnostic::error(
             "out-of-range",
             path,
             at,
-            format!("`{}` is {}, above the maximum {limit}", display_pointer(pointer), show(&value)),
+            format!(
+                "`{}` is {}, above the maximum {limit}",
+                display_pointer(pointer),
+                show(&value)
+            ),
         ),
         ValidationErrorKind::MinItems { limit } => Diagnostic::error(
             "invalid-value",
             path,
             at,
-            format!("`{}` needs at least {limit} item(s)", display_pointer(pointer)),
+            format!(
+                "`{}` needs at least {limit} item(s)",
+                display_pointer(pointer)
+            ),
         ),
         ValidationErrorKind::MinLength { .. } => Diagnostic::error(
             "invalid-value",
@@ -404,7 +455,10 @@ fn schema_diagnostic(
             "invalid-value",
             path,
             at,
-            format!("`{}` is longer than {limit} characters", display_pointer(pointer)),
+            format!(
+                "`{}` is longer than {limit} characters",
+                display_pointer(pointer)
+            ),
         ),
         _ => Diagnostic::error("invalid-value", path, at, fallback.to_owned()),
     }
@@ -418,7 +472,11 @@ fn show(value: &Json) -> String {
 }
 
 fn quote_list(items: &[String]) -> String {
-    items.iter().map(|i| format!("`{i}`")).collect::<Vec<_>>().join(", ")
+    items
+        .iter()
+        .map(|i| format!("`{i}`"))
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 /// `/cache_rules/0/ttl` → `cache_rules[0].ttl`.

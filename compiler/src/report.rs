@@ -55,7 +55,10 @@ impl miette::Diagnostic for Report<'_> {
     }
 
     fn help<'b>(&'b self) -> Option<Box<dyn std::fmt::Display + 'b>> {
-        self.d.help.as_ref().map(|h| Box::new(h) as Box<dyn std::fmt::Display>)
+        self.d
+            .help
+            .as_ref()
+            .map(|h| Box::new(h) as Box<dyn std::fmt::Display>)
     }
 
     fn source_code(&self) -> Option<&dyn miette::SourceCode> {
@@ -65,10 +68,9 @@ impl miette::Diagnostic for Report<'_> {
     fn labels(&self) -> Option<Box<dyn Iterator<Item = LabeledSpan> + '_>> {
         let span = self.d.span;
         let len = span.end.saturating_sub(span.start);
-        Some(Box::new(std::iter::once(LabeledSpan::new_primary_with_span(
-            Some("here".into()),
-            (span.start, len),
-        ))))
+        Some(Box::new(std::iter::once(
+            LabeledSpan::new_primary_with_span(Some("here".into()), (span.start, len)),
+        )))
     }
 }
 
@@ -80,15 +82,29 @@ pub fn diagnostics_human(diagnostics: &[Diagnostic], repo: &Repo, color: bool) -
         .iter()
         .filter_map(|s| s.text.as_ref().ok().map(|t| (&*s.path, t.as_str())))
         .collect();
-    let theme = if color { GraphicalTheme::unicode() } else { GraphicalTheme::unicode_nocolor() };
+    let theme = if color {
+        GraphicalTheme::unicode()
+    } else {
+        GraphicalTheme::unicode_nocolor()
+    };
     let handler = GraphicalReportHandler::new_themed(theme).with_context_lines(2);
     let mut out = String::new();
     for d in diagnostics {
         let text = texts.get(&*d.file).copied().unwrap_or_default();
         // miette names the file in the snippet header as name:line:col.
-        let report = Report { d, source: NamedSource::new(&*d.file, text.to_owned()) };
+        let report = Report {
+            d,
+            source: NamedSource::new(&*d.file, text.to_owned()),
+        };
         if handler.render_report(&mut out, &report).is_err() {
-            let _ = writeln!(out, "{}: {}[{}]: {}", d.location(), d.severity.as_str(), d.code, d.message);
+            let _ = writeln!(
+                out,
+                "{}: {}[{}]: {}",
+                d.location(),
+                d.severity.as_str(),
+                d.code,
+                d.message
+            );
         }
     }
     out
@@ -97,10 +113,18 @@ pub fn diagnostics_human(diagnostics: &[Diagnostic], repo: &Repo, color: bool) -
 /// `N errors, M warnings`.
 #[must_use]
 pub fn summary(diagnostics: &[Diagnostic], files: usize) -> String {
-    let errors = diagnostics.iter().filter(|d| d.severity == Severity::Error).count();
+    let errors = diagnostics
+        .iter()
+        .filter(|d| d.severity == Severity::Error)
+        .count();
     let warnings = diagnostics.len() - errors;
     let plural = |n: usize, w: &str| format!("{n} {w}{}", if n == 1 { "" } else { "s" });
-    format!("{}, {} in {}", plural(errors, "error"), plural(warnings, "warning"), plural(files, "file"))
+    format!(
+        "{}, {} in {}",
+        plural(errors, "error"),
+        plural(warnings, "warning"),
+        plural(files, "file")
+    )
 }
 
 /// `{"diagnostics":[{"severity","code","message","file","line","column"}]}`.
@@ -125,7 +149,9 @@ pub fn diagnostics_json(diagnostics: &[Diagnostic]) -> String {
 }
 
 fn escape_data(s: &str) -> String {
-    s.replace('%', "%25").replace('\r', "%0D").replace('\n', "%0A")
+    s.replace('%', "%25")
+        .replace('\r', "%0D")
+        .replace('\n', "%0A")
 }
 
 fn escape_property(s: &str) -> String {
@@ -191,7 +217,11 @@ fn group_title(group: &[&TargetDiff]) -> String {
 }
 
 fn counts(t: &TargetDiff) -> (usize, usize, usize) {
-    (t.count(ChangeKind::Added), t.count(ChangeKind::Changed), t.count(ChangeKind::Removed))
+    (
+        t.count(ChangeKind::Added),
+        t.count(ChangeKind::Changed),
+        t.count(ChangeKind::Removed),
+    )
 }
 
 /// Human diff: grouped targets, each key with a unified diff of its value.
@@ -205,7 +235,11 @@ pub fn diff_human(diff: &Diff, base: &str, head: &str) -> String {
     let _ = writeln!(out, "Changes from {base} to {head}:\n");
     for group in groups(diff) {
         let (a, c, r) = counts(group[0]);
-        let _ = writeln!(out, "{}: {a} added, {c} changed, {r} removed", group_title(&group));
+        let _ = writeln!(
+            out,
+            "{}: {a} added, {c} changed, {r} removed",
+            group_title(&group)
+        );
         for change in &group[0].changes {
             let sign = match change.kind {
                 ChangeKind::Added => '+',
@@ -248,7 +282,9 @@ pub fn diff_json(diff: &Diff, base: &str, head: &str) -> String {
                     .filter(|c| c.kind == kind)
                     .map(|c| match kind {
                         ChangeKind::Added => json!({"key": &*c.key, "value": c.after.as_deref()}),
-                        ChangeKind::Removed => json!({"key": &*c.key, "value": c.before.as_deref()}),
+                        ChangeKind::Removed => {
+                            json!({"key": &*c.key, "value": c.before.as_deref()})
+                        }
                         ChangeKind::Changed => json!({
                             "key": &*c.key,
                             "before": c.before.as_deref(),
@@ -306,13 +342,19 @@ const MARKDOWN_BUDGET: usize = 60_000;
 #[must_use]
 pub fn diff_markdown(diff: &Diff, base: &str, head: &str) -> String {
     let mut out = String::new();
-    let _ = writeln!(out, "<!-- edgeform-diff -->\n### edgeform diff `{base}` → `{head}`\n");
+    let _ = writeln!(
+        out,
+        "<!-- edgeform-diff -->\n### edgeform diff `{base}` → `{head}`\n"
+    );
     if !diff.has_changes() {
         let _ = writeln!(out, "No edge receives a change.");
         return out;
     }
-    let changed: Vec<&TargetDiff> =
-        diff.targets.iter().filter(|t| !t.changes.is_empty() || t.status != TargetStatus::Kept).collect();
+    let changed: Vec<&TargetDiff> = diff
+        .targets
+        .iter()
+        .filter(|t| !t.changes.is_empty() || t.status != TargetStatus::Kept)
+        .collect();
     let total = |k: ChangeKind| changed.iter().map(|t| t.count(k)).sum::<usize>();
     let _ = writeln!(
         out,
@@ -324,17 +366,28 @@ pub fn diff_markdown(diff: &Diff, base: &str, head: &str) -> String {
         total(ChangeKind::Removed)
     );
     let groups = groups(diff);
-    let _ = writeln!(out, "| targets | added | changed | removed |\n|---|---:|---:|---:|");
+    let _ = writeln!(
+        out,
+        "| targets | added | changed | removed |\n|---|---:|---:|---:|"
+    );
     for group in &groups {
         let (a, c, r) = counts(group[0]);
-        let _ = writeln!(out, "| {} | {a} | {c} | {r} |", group_title(group).replace('|', "\\|"));
+        let _ = writeln!(
+            out,
+            "| {} | {a} | {c} | {r} |",
+            group_title(group).replace('|', "\\|")
+        );
     }
     out.push('\n');
     let mut omitted = 0usize;
     for group in &groups {
         let mut block = String::new();
         let (a, c, r) = counts(group[0]);
-        let _ = writeln!(block, "<details><summary>{} — +{a} ~{c} −{r}</summary>\n\n```diff", group_title(group));
+        let _ = writeln!(
+            block,
+            "<details><summary>{} — +{a} ~{c} −{r}</summary>\n\n```diff",
+            group_title(group)
+        );
         for change in &group[0].changes {
             match change.kind {
                 ChangeKind::Changed => block.push_str(&change_diff(change)),
@@ -362,7 +415,10 @@ pub fn diff_markdown(diff: &Diff, base: &str, head: &str) -> String {
             f.before.as_deref().unwrap_or_default(),
             f.after.as_deref().unwrap_or_default(),
         );
-        let block = format!("<details><summary>{}.nginx.conf</summary>\n\n```diff\n{text}```\n\n</details>\n\n", f.router);
+        let block = format!(
+            "<details><summary>{}.nginx.conf</summary>\n\n```diff\n{text}```\n\n</details>\n\n",
+            f.router
+        );
         if out.len() + block.len() > MARKDOWN_BUDGET {
             omitted += 1;
             continue;

@@ -70,8 +70,10 @@ fn simplify(value: &mut Value) {
                 && !alternatives.is_empty()
                 && alternatives.iter().all(|a| a.get("const").is_some())
             {
-                let consts: Vec<Value> =
-                    alternatives.iter().filter_map(|a| a.get("const").cloned()).collect();
+                let consts: Vec<Value> = alternatives
+                    .iter()
+                    .filter_map(|a| a.get("const").cloned())
+                    .collect();
                 let docs: Vec<String> = alternatives
                     .iter()
                     .filter_map(|a| {
@@ -84,7 +86,10 @@ fn simplify(value: &mut Value) {
                 map.insert("type".into(), Value::String("string".into()));
                 map.insert("enum".into(), Value::Array(consts));
                 if !docs.is_empty() {
-                    let head = map.get("description").and_then(Value::as_str).unwrap_or_default();
+                    let head = map
+                        .get("description")
+                        .and_then(Value::as_str)
+                        .unwrap_or_default();
                     let text = format!("{head}\n\n{}", docs.join("\n")).trim().to_owned();
                     map.insert("description".into(), Value::String(text));
                 }
@@ -130,8 +135,12 @@ pub fn generate_text(kind: Kind) -> String {
 /// If an embedded schema is invalid: a build defect caught by the
 /// schema tests, never by user input.
 pub fn validator(kind: Kind) -> &'static Validator {
-    static CELLS: [OnceLock<Validator>; 4] =
-        [OnceLock::new(), OnceLock::new(), OnceLock::new(), OnceLock::new()];
+    static CELLS: [OnceLock<Validator>; 4] = [
+        OnceLock::new(),
+        OnceLock::new(),
+        OnceLock::new(),
+        OnceLock::new(),
+    ];
     let index = match kind {
         Kind::Cluster => 0,
         Kind::Site => 1,

@@ -33,23 +33,24 @@ struct Ctx<'a> {
 
 impl<'a> Ctx<'a> {
     fn new(file: &'a ParsedFile) -> Self {
-        Ctx { file, out: Vec::new() }
+        Ctx {
+            file,
+            out: Vec::new(),
+        }
     }
 
     fn error(&mut self, code: &'static str, pointer: &str, message: String) -> &mut Diagnostic {
         let span = self.file.locate(pointer);
-        self.out.push(Diagnostic::error(code, &self.file.path, span, message));
+        self.out
+            .push(Diagnostic::error(code, &self.file.path, span, message));
         self.out.last_mut().expect("just pushed")
     }
 
     fn warning(&mut self, code: &'static str, pointer: &str, message: String) -> &mut Diagnostic {
         let span = self.file.locate(pointer);
-        self.out.push(Diagnostic::warning(code, &self.file.path, span, message));
+        self.out
+            .push(Diagnostic::warning(code, &self.file.path, span, message));
         self.out.last_mut().expect("just pushed")
-    }
-
-    fn failed(&self) -> bool {
-        crate::diagnostic::has_errors(&self.out)
     }
 }
 
@@ -60,103 +61,80 @@ fn help(d: &mut Diagnostic, text: impl Into<String>) {
 /// Validate every parsed file together.
 #[must_use]
 pub fn validate(files: &[ParsedFile]) -> (Option<Config>, Vec<Diagnostic>) {
-    let mut diagnostics: Vec<Diagnostic> = Vec::new();
-    let mut schema_failed = false;
-    for f in files {
-        schema_failed |= crate::diagnostic::has_errors(&f.diagnostics);
-        diagnostics.extend(f.diagnostics.iter().cloned());
-    }
+    let mut diagnostics: Vec<Diagnostic> = files
+        .iter()
+        .flat_map(|f| f.diagnostics.iter().cloned())
+        .collect();
 
-    // Per-file rules, in parallel.
-    let cluster_file = files.iter().find(|f| matches!(f.raw, Some(Raw::Cluster(_))));
-    let cluster = match cluster_file {
-        Some(f) => {
-            let Some(Raw::Cluster(raw)) = &f.raw else { unreachable!("matched above") };
-            let mut ctx = Ctx::new(f);
-            let c = cluster(&mut ctx, raw);
-            diagnostics.append(&mut ctx.out);
-            c
-        }
-        None => Some(cluster_defaults()),
-    };
-
-    let sites: Vec<(Option<Site>, Vec<Diagnostic>, &ParsedFile)> = files
+    // Per-file rules (sites in parallel: there may be 100,000 of them).
+    let cluster = files
+        .iter()
+        .find_map(|f| match &f.raw {
+            Some(Raw::Cluster(raw)) => Some(per_file(f, raw, cluster, &mut diagnostics).0),
+            _ => None,
+        })
+        .unwrap_or_else(cluster_defaults);
+    let sites: Vec<(Site, Vec<Diagnostic>, &ParsedFile)> = files
         .par_iter()
         .filter_map(|f| match &f.raw {
             Some(Raw::Site(raw)) => {
                 let mut ctx = Ctx::new(f);
-                let s = site(&mut ctx, raw);
-                Some((s, ctx.out, f))
+                Some((site(&mut ctx, raw), ctx.out, f))
             }
             _ => None,
         })
         .collect();
-    let zones: Vec<(Option<Zone>, Vec<Diagnostic>, &ParsedFile)> = files
+    let sites: Vec<(Site, &ParsedFile)> = sites
+        .into_iter()
+        .map(|(s, mut d, f)| {
+            diagnostics.append(&mut d);
+            (s, f)
+        })
+        .collect();
+    let zones: Vec<(Zone, &ParsedFile)> = files
         .iter()
         .filter_map(|f| match &f.raw {
-            Some(Raw::Zone(raw)) => {
-                let mut ctx = Ctx::new(f);
-                let z = zone(&mut ctx, raw);
-                Some((z, ctx.out, f))
-            }
+            Some(Raw::Zone(raw)) => Some(per_file(f, raw, zone, &mut diagnostics)),
             _ => None,
         })
         .collect();
-    let nodes: Vec<(Option<Node>, Vec<Diagnostic>, &ParsedFile)> = files
+    let nodes: Vec<(Node, &ParsedFile)> = files
         .iter()
         .filter_map(|f| match &f.raw {
-            Some(Raw::Node(raw)) => {
-                let mut ctx = Ctx::new(f);
-                let n = node(&mut ctx, raw);
-                Some((n, ctx.out, f))
-            }
+            Some(Raw::Node(raw)) => Some(per_file(f, raw, node, &mut diagnostics)),
             _ => None,
         })
         .collect();
 
-    let mut ok = !schema_failed && cluster.is_some();
-    let sites = split(sites, &mut diagnostics, &mut ok);
-    let zones = split(zones, &mut diagnostics, &mut ok);
-    let nodes = split(nodes, &mut diagnostics, &mut ok);
-
-    // Cross-file rules.
-    let mut cross = Vec::new();
-    unique_hosts(&sites, &mut cross);
-    let zone_names = unique_zones(&zones, &mut cross);
-    unique_nodes(&nodes, &mut cross);
-    references(&sites, &zones, &nodes, &zone_names, &mut cross);
-    routes(&zones, &nodes, &mut cross);
-    ok &= !crate::diagnostic::has_errors(&cross);
-    diagnostics.append(&mut cross);
+    // Cross-file rules. Files with per-file errors take part too, so one
+    // run reports a duplicate host even in a file with a bad origin.
+    unique_hosts(&sites, &mut diagnostics);
+    let zone_names = unique_zones(&zones, &mut diagnostics);
+    unique_nodes(&nodes, &mut diagnostics);
+    references(&sites, &zones, &nodes, &zone_names, &mut diagnostics);
+    routes(&zones, &nodes, &mut diagnostics);
 
     crate::diagnostic::sort(&mut diagnostics);
-    let config = match cluster {
-        Some(cluster) if ok => Some(Config {
-            cluster,
-            sites: sites.into_iter().map(|(s, _)| s).collect(),
-            zones: zones.into_iter().map(|(z, _)| z).collect(),
-            nodes: nodes.into_iter().map(|(n, _)| n).collect(),
-        }),
-        _ => None,
-    };
+    let config = (!crate::diagnostic::has_errors(&diagnostics)).then(|| Config {
+        cluster,
+        sites: sites.into_iter().map(|(s, _)| s).collect(),
+        zones: zones.into_iter().map(|(z, _)| z).collect(),
+        nodes: nodes.into_iter().map(|(n, _)| n).collect(),
+    });
     (config, diagnostics)
 }
 
-/// Keep the items that resolved; move their diagnostics out.
-fn split<'a, T>(
-    items: Vec<(Option<T>, Vec<Diagnostic>, &'a ParsedFile)>,
-    diagnostics: &mut Vec<Diagnostic>,
-    ok: &mut bool,
-) -> Vec<(T, &'a ParsedFile)> {
-    let mut kept = Vec::with_capacity(items.len());
-    for (item, mut diags, file) in items {
-        diagnostics.append(&mut diags);
-        match item {
-            Some(i) => kept.push((i, file)),
-            None => *ok = false,
-        }
-    }
-    kept
+/// Run one per-file rule set, moving its diagnostics into `out`.
+fn per_file<'a, R, T>(
+    file: &'a ParsedFile,
+    raw: &R,
+    rule: fn(&mut Ctx<'_>, &R) -> T,
+    out: &mut Vec<Diagnostic>,
+) -> (T, &'a ParsedFile) {
+    let mut ctx = Ctx::new(file);
+    let value = rule(&mut ctx, raw);
+    out.append(&mut ctx.out);
+    (value, file)
 }
 
 // ---------------------------------------------------------------- networks
@@ -175,7 +153,11 @@ fn parse_net(text: &str) -> Result<IpNet, NetError> {
             Err(_) => return Err(NetError::Invalid),
         },
     };
-    if net.trunc() == net { Ok(net) } else { Err(NetError::HostBits(net.trunc())) }
+    if net.trunc() == net {
+        Ok(net)
+    } else {
+        Err(NetError::HostBits(net.trunc()))
+    }
 }
 
 fn check_nets(ctx: &mut Ctx<'_>, field: &str, list: &[String]) -> Vec<IpNet> {
@@ -187,7 +169,11 @@ fn check_nets(ctx: &mut Ctx<'_>, field: &str, list: &[String]) -> Vec<IpNet> {
             Ok(net) => {
                 if let Some(first) = seen.insert(net, i) {
                     ctx.error(
-                        if field == "routes" { "duplicate-route" } else { "duplicate-value" },
+                        if field == "routes" {
+                            "duplicate-route"
+                        } else {
+                            "duplicate-value"
+                        },
                         &pointer,
                         format!("`{net}` is listed twice in `{field}` (also item {first})"),
                     );
@@ -200,7 +186,10 @@ fn check_nets(ctx: &mut Ctx<'_>, field: &str, list: &[String]) -> Vec<IpNet> {
                     &pointer,
                     format!("`{text}` is not an IPv4 or IPv6 network"),
                 );
-                help(d, "write a CIDR such as `198.51.100.0/24` or `2001:db8::/32`");
+                help(
+                    d,
+                    "write a CIDR such as `198.51.100.0/24` or `2001:db8::/32`",
+                );
             }
             Err(NetError::HostBits(network)) => {
                 let d = ctx.error(
@@ -208,7 +197,10 @@ fn check_nets(ctx: &mut Ctx<'_>, field: &str, list: &[String]) -> Vec<IpNet> {
                     &pointer,
                     format!("`{text}` has host bits set; the network is `{network}`"),
                 );
-                help(d, format!("write `{network}`, or a longer prefix if you meant a host"));
+                help(
+                    d,
+                    format!("write `{network}`, or a longer prefix if you meant a host"),
+                );
             }
         }
     }
@@ -222,7 +214,11 @@ fn check_url(ctx: &mut Ctx<'_>, pointer: &str, text: &str, schemes: &[&str], bar
     let url = match url::Url::parse(text) {
         Ok(u) => u,
         Err(e) => {
-            ctx.error("invalid-url", pointer, format!("`{text}` is not a valid URL: {e}"));
+            ctx.error(
+                "invalid-url",
+                pointer,
+                format!("`{text}` is not a valid URL: {e}"),
+            );
             return;
         }
     };
@@ -238,9 +234,15 @@ fn check_url(ctx: &mut Ctx<'_>, pointer: &str, text: &str, schemes: &[&str], bar
         let d = ctx.error(
             "inline-secret",
             pointer,
-            format!("`{}` carries credentials; secrets never live in the repository", redact(&url)),
+            format!(
+                "`{}` carries credentials; secrets never live in the repository",
+                redact(&url)
+            ),
         );
-        help(d, "remove them from the URL and name an environment variable in `password_env`");
+        help(
+            d,
+            "remove them from the URL and name an environment variable in `password_env`",
+        );
         return;
     }
     if url.host_str().is_none_or(str::is_empty) {
@@ -255,9 +257,15 @@ fn check_url(ctx: &mut Ctx<'_>, pointer: &str, text: &str, schemes: &[&str], bar
             let d = ctx.error(
                 "invalid-url",
                 pointer,
-                format!("`{text}` has a path, query or fragment (`{}`)", &after_scheme[i..]),
+                format!(
+                    "`{text}` has a path, query or fragment (`{}`)",
+                    &after_scheme[i..]
+                ),
             );
-            help(d, "an origin is scheme://host[:port] only; the request path is appended");
+            help(
+                d,
+                "an origin is scheme://host[:port] only; the request path is appended",
+            );
         }
     }
 }
@@ -271,7 +279,7 @@ fn redact(url: &url::Url) -> String {
 
 // ------------------------------------------------------------------ sites
 
-fn site(ctx: &mut Ctx<'_>, raw: &raw::Site) -> Option<Site> {
+fn site(ctx: &mut Ctx<'_>, raw: &raw::Site) -> Site {
     check_url(ctx, "/origin", &raw.origin, &["http", "https"], true);
 
     let mut geo_codes = Vec::with_capacity(raw.geo_codes.len());
@@ -299,7 +307,10 @@ fn site(ctx: &mut Ctx<'_>, raw: &raw::Site) -> Option<Site> {
         let d = ctx.error(
             "missing-list",
             "/geo_mode",
-            format!("`geo_mode: {}` needs a non-empty `geo_codes`", mode_name(raw.geo_mode)),
+            format!(
+                "`geo_mode: {}` needs a non-empty `geo_codes`",
+                mode_name(raw.geo_mode)
+            ),
         );
         help(d, "list the countries, or set `geo_mode: off`");
     }
@@ -316,7 +327,10 @@ fn site(ctx: &mut Ctx<'_>, raw: &raw::Site) -> Option<Site> {
         let d = ctx.error(
             "missing-list",
             "/ip_mode",
-            format!("`ip_mode: {}` needs a non-empty `ip_list`", mode_name(raw.ip_mode)),
+            format!(
+                "`ip_mode: {}` needs a non-empty `ip_list`",
+                mode_name(raw.ip_mode)
+            ),
         );
         help(d, "list the networks, or set `ip_mode: off`");
     }
@@ -358,7 +372,11 @@ fn site(ctx: &mut Ctx<'_>, raw: &raw::Site) -> Option<Site> {
             .into(),
             match_type: match_name(rule.match_type).into(),
             match_value: rule.match_value.clone(),
-            ttl: if rule.action == CacheAction::Ttl { rule.ttl } else { None },
+            ttl: if rule.action == CacheAction::Ttl {
+                rule.ttl
+            } else {
+                None
+            },
         });
     }
 
@@ -395,7 +413,11 @@ fn site(ctx: &mut Ctx<'_>, raw: &raw::Site) -> Option<Site> {
             match_type: match_name(rule.match_type).into(),
             match_value: rule.match_value.clone(),
             redirect_status: if redirect { rule.redirect_status } else { None },
-            redirect_to: if redirect { rule.redirect_to.clone() } else { None },
+            redirect_to: if redirect {
+                rule.redirect_to.clone()
+            } else {
+                None
+            },
         });
     }
 
@@ -411,20 +433,23 @@ fn site(ctx: &mut Ctx<'_>, raw: &raw::Site) -> Option<Site> {
         }
     }
 
-    let regions = raw.regions.as_ref().map(|r| r.iter().cloned().collect::<BTreeSet<_>>());
+    let regions = raw
+        .regions
+        .as_ref()
+        .map(|r| r.iter().cloned().collect::<BTreeSet<_>>());
     if raw.regions.as_ref().is_some_and(Vec::is_empty) {
         let d = ctx.error(
             "invalid-value",
             "/regions",
             "`regions: []` sends the site to no edge".into(),
         );
-        help(d, "remove `regions` to serve the site everywhere, or set `suspended: true`");
+        help(
+            d,
+            "remove `regions` to serve the site everywhere, or set `suspended: true`",
+        );
     }
 
-    if ctx.failed() {
-        return None;
-    }
-    Some(Site {
+    Site {
         file: ctx.file.path.clone(),
         host: raw.host.clone(),
         aliases: raw.aliases.clone(),
@@ -436,7 +461,11 @@ fn site(ctx: &mut Ctx<'_>, raw: &raw::Site) -> Option<Site> {
             geo_mode: mode_name(raw.geo_mode).into(),
             geo_codes: geo_codes.join(","),
             ip_mode: mode_name(raw.ip_mode).into(),
-            ip_list: nets.iter().map(ToString::to_string).collect::<Vec<_>>().join(","),
+            ip_list: nets
+                .iter()
+                .map(ToString::to_string)
+                .collect::<Vec<_>>()
+                .join(","),
             rate_mode: serde_name(&raw.rate_mode),
             waf_mode: serde_name(&raw.waf_mode),
             cors_mode: serde_name(&raw.cors_mode),
@@ -444,7 +473,7 @@ fn site(ctx: &mut Ctx<'_>, raw: &raw::Site) -> Option<Site> {
             cache_rules,
             edge_rules,
         },
-    })
+    }
 }
 
 fn mode_name(mode: AccessMode) -> &'static str {
@@ -475,9 +504,12 @@ fn check_match(ctx: &mut Ctx<'_>, base: &str, kind: MatchType, value: &str) {
         MatchType::Regex => {
             if let Err(e) = regex::Regex::new(value) {
                 let message = match e {
-                    regex::Error::Syntax(s) => {
-                        s.lines().last().unwrap_or_default().trim_start_matches("error: ").to_owned()
-                    }
+                    regex::Error::Syntax(s) => s
+                        .lines()
+                        .last()
+                        .unwrap_or_default()
+                        .trim_start_matches("error: ")
+                        .to_owned(),
                     other => other.to_string(),
                 };
                 let d = ctx.error(
@@ -496,7 +528,10 @@ fn check_match(ctx: &mut Ctx<'_>, base: &str, kind: MatchType, value: &str) {
             let d = ctx.error(
                 "invalid-match-value",
                 &pointer,
-                format!("a `{}` match is a path and must start with `/`", match_name(kind)),
+                format!(
+                    "a `{}` match is a path and must start with `/`",
+                    match_name(kind)
+                ),
             );
             help(d, format!("write `/{value}`"));
         }
@@ -514,7 +549,7 @@ fn check_match(ctx: &mut Ctx<'_>, base: &str, kind: MatchType, value: &str) {
 
 // ------------------------------------------------------------------ zones
 
-fn zone(ctx: &mut Ctx<'_>, raw: &raw::Zone) -> Option<Zone> {
+fn zone(ctx: &mut Ctx<'_>, raw: &raw::Zone) -> Zone {
     let routes = check_nets(ctx, "routes", &raw.routes);
     let fallback = match raw.fallback.as_deref() {
         None | Some("none") => None,
@@ -524,18 +559,23 @@ fn zone(ctx: &mut Ctx<'_>, raw: &raw::Zone) -> Option<Zone> {
         ctx.warning(
             "fallback-to-self",
             "/fallback",
-            format!("zone `{}` falls back to itself; the chain ends there", raw.name),
+            format!(
+                "zone `{}` falls back to itself; the chain ends there",
+                raw.name
+            ),
         );
     }
-    if ctx.failed() {
-        return None;
+    Zone {
+        file: ctx.file.path.clone(),
+        name: raw.name.clone(),
+        routes,
+        fallback,
     }
-    Some(Zone { file: ctx.file.path.clone(), name: raw.name.clone(), routes, fallback })
 }
 
 // ------------------------------------------------------------------ nodes
 
-fn node(ctx: &mut Ctx<'_>, raw: &raw::Node) -> Option<Node> {
+fn node(ctx: &mut Ctx<'_>, raw: &raw::Node) -> Node {
     let mut roles = BTreeSet::new();
     for (i, role) in raw.roles.iter().enumerate() {
         if !roles.insert(*role) {
@@ -551,9 +591,15 @@ fn node(ctx: &mut Ctx<'_>, raw: &raw::Node) -> Option<Node> {
         let d = ctx.error(
             "missing-location",
             "",
-            format!("node `{}` is an edge or router and needs `location`", raw.name),
+            format!(
+                "node `{}` is an edge or router and needs `location`",
+                raw.name
+            ),
         );
-        help(d, "add `location: {lat: 52.37, lon: 4.90}`: geo routing measures from it");
+        help(
+            d,
+            "add `location: {lat: 52.37, lon: 4.90}`: geo routing measures from it",
+        );
     }
     let mut addresses = Vec::new();
     for (i, text) in raw.addresses.iter().enumerate() {
@@ -588,33 +634,40 @@ fn node(ctx: &mut Ctx<'_>, raw: &raw::Node) -> Option<Node> {
         }
     });
     if cache.dirs.is_empty() {
-        ctx.error("invalid-value", "/cache/dirs", "`cache.dirs` must not be empty".into());
+        ctx.error(
+            "invalid-value",
+            "/cache/dirs",
+            "`cache.dirs` must not be empty".into(),
+        );
     }
-    if ctx.failed() {
-        return None;
-    }
-    Some(Node {
+    Node {
         file: ctx.file.path.clone(),
         name: raw.name.clone(),
         roles,
         region: raw.region.clone(),
         zone: raw.zone.clone(),
         public_url: raw.public_url.clone(),
-        location: raw.location.map(|l| Location { lat: l.lat, lon: l.lon }),
+        location: raw.location.map(|l| Location {
+            lat: l.lat,
+            lon: l.lon,
+        }),
         addresses,
         redis,
         playback_session_limit: raw.playback_session_limit,
         playback_bandwidth_kbit: raw.playback_bandwidth_kbit,
         network_bandwidth_kbit: raw.network_bandwidth_kbit,
         cache,
-    })
+    }
 }
 
 fn redis(ctx: &mut Ctx<'_>, raw: &raw::Redis) -> Option<RedisTarget> {
     match (&raw.url, &raw.sentinels, &raw.master) {
         (Some(url), None, None) => {
             check_url(ctx, "/redis/url", url, &["redis", "rediss"], false);
-            Some(RedisTarget::Url { url: url.clone(), password_env: raw.password_env.clone() })
+            Some(RedisTarget::Url {
+                url: url.clone(),
+                password_env: raw.password_env.clone(),
+            })
         }
         (None, Some(sentinels), Some(master)) => {
             if sentinels.is_empty() {
@@ -670,9 +723,18 @@ fn default_geo() -> GeoSettings {
     GeoSettings {
         tie_km: 100.0,
         buckets: vec![
-            Bucket { below_km: 500.0, weight: 10 },
-            Bucket { below_km: 2000.0, weight: 7 },
-            Bucket { below_km: 5000.0, weight: 4 },
+            Bucket {
+                below_km: 500.0,
+                weight: 10,
+            },
+            Bucket {
+                below_km: 2000.0,
+                weight: 7,
+            },
+            Bucket {
+                below_km: 5000.0,
+                weight: 4,
+            },
         ],
         default_weight: 1,
         max_fails: 3,
@@ -696,7 +758,7 @@ pub fn parse_duration_ms(text: &str) -> Option<u64> {
     n.checked_mul(factor)
 }
 
-fn cluster(ctx: &mut Ctx<'_>, raw: &raw::Cluster) -> Option<Cluster> {
+fn cluster(ctx: &mut Ctx<'_>, raw: &raw::Cluster) -> Cluster {
     let trusted_proxies = check_nets(ctx, "trusted_proxies", &raw.trusted_proxies);
     let mqtt = raw.mqtt.as_ref().map(|m| {
         check_url(ctx, "/mqtt/url", &m.url, &["mqtt", "mqtts"], true);
@@ -725,8 +787,13 @@ fn cluster(ctx: &mut Ctx<'_>, raw: &raw::Cluster) -> Option<Cluster> {
                 );
                 help(d, "e.g. below_km 500, 2000, 5000");
             }
-            geo.buckets =
-                buckets.iter().map(|b| Bucket { below_km: b.below_km, weight: b.weight }).collect();
+            geo.buckets = buckets
+                .iter()
+                .map(|b| Bucket {
+                    below_km: b.below_km,
+                    weight: b.weight,
+                })
+                .collect();
         }
         if let Some(w) = g.default_weight {
             geo.default_weight = w;
@@ -747,16 +814,13 @@ fn cluster(ctx: &mut Ctx<'_>, raw: &raw::Cluster) -> Option<Cluster> {
             }
         }
     }
-    if ctx.failed() {
-        return None;
-    }
-    Some(Cluster {
+    Cluster {
         name: raw.name.clone().unwrap_or_else(|| "edgeform".into()),
         trusted_proxies,
         mqtt,
         apply,
         geo,
-    })
+    }
 }
 
 // ----------------------------------------------------------- cross-file
@@ -770,7 +834,10 @@ fn unique_hosts(sites: &[(Site, &ParsedFile)], out: &mut Vec<Diagnostic>) {
     let mut seen: HashMap<&str, (&ParsedFile, String)> = HashMap::with_capacity(sites.len());
     for (site, file) in sites {
         let names = std::iter::once(("/host".to_owned(), site.host.as_str())).chain(
-            site.aliases.iter().enumerate().map(|(i, a)| (format!("/aliases/{i}"), a.as_str())),
+            site.aliases
+                .iter()
+                .enumerate()
+                .map(|(i, a)| (format!("/aliases/{i}"), a.as_str())),
         );
         for (pointer, name) in names {
             if let Some((first, first_pointer)) = seen.get(name) {
@@ -796,7 +863,10 @@ fn unique_hosts(sites: &[(Site, &ParsedFile)], out: &mut Vec<Diagnostic>) {
     }
 }
 
-fn unique_zones<'a>(zones: &'a [(Zone, &ParsedFile)], out: &mut Vec<Diagnostic>) -> BTreeSet<&'a str> {
+fn unique_zones<'a>(
+    zones: &'a [(Zone, &ParsedFile)],
+    out: &mut Vec<Diagnostic>,
+) -> BTreeSet<&'a str> {
     let mut seen: BTreeMap<&str, &ParsedFile> = BTreeMap::new();
     for (zone, file) in zones {
         if let Some(first) = seen.get(zone.name.as_str()) {
@@ -804,7 +874,11 @@ fn unique_zones<'a>(zones: &'a [(Zone, &ParsedFile)], out: &mut Vec<Diagnostic>)
                 "duplicate-zone",
                 &file.path,
                 file.locate("/name"),
-                format!("zone `{}` is already defined in {}", zone.name, located(first, "/name")),
+                format!(
+                    "zone `{}` is already defined in {}",
+                    zone.name,
+                    located(first, "/name")
+                ),
             ));
         } else {
             seen.insert(&zone.name, file);
@@ -822,7 +896,11 @@ fn unique_nodes(nodes: &[(Node, &ParsedFile)], out: &mut Vec<Diagnostic>) {
                 "duplicate-node",
                 &file.path,
                 file.locate("/name"),
-                format!("node `{}` is already defined in {}", node.name, located(first, "/name")),
+                format!(
+                    "node `{}` is already defined in {}",
+                    node.name,
+                    located(first, "/name")
+                ),
             ));
         } else {
             seen.insert(&node.name, file);
@@ -883,7 +961,9 @@ fn references(
         }
     }
     for (site, file) in sites {
-        let Some(wanted) = &site.regions else { continue };
+        let Some(wanted) = &site.regions else {
+            continue;
+        };
         for (i, region) in wanted.iter().enumerate() {
             if !regions.contains(region.as_str()) {
                 let known: Vec<&str> = regions.iter().copied().collect();
@@ -910,7 +990,10 @@ fn references(
                     "edge-without-redis",
                     &file.path,
                     file.locate("/name"),
-                    format!("edge `{}` has no `redis` block, so it receives no sites", node.name),
+                    format!(
+                        "edge `{}` has no `redis` block, so it receives no sites",
+                        node.name
+                    ),
                 )
                 .with_help("every edge reads its sites from its own Redis; add `redis`"),
             );
@@ -920,7 +1003,10 @@ fn references(
                 "edge-without-address",
                 &file.path,
                 file.locate("/name"),
-                format!("edge `{}` has no `addresses`, so no router pool includes it", node.name),
+                format!(
+                    "edge `{}` has no `addresses`, so no router pool includes it",
+                    node.name
+                ),
             ));
         }
     }
@@ -937,7 +1023,11 @@ fn crate_suggest<'a>(unknown: &str, known: &[&'a str]) -> Option<&'a str> {
 
 /// Whether the union of `nets` covers its whole address family.
 fn covers_all(nets: &[IpNet], v4: bool) -> bool {
-    let family: Vec<IpNet> = nets.iter().filter(|n| matches!(n, IpNet::V4(_)) == v4).copied().collect();
+    let family: Vec<IpNet> = nets
+        .iter()
+        .filter(|n| matches!(n, IpNet::V4(_)) == v4)
+        .copied()
+        .collect();
     if family.iter().any(|n| n.prefix_len() == 0) {
         return true;
     }
@@ -972,7 +1062,10 @@ fn routes(zones: &[(Zone, &ParsedFile)], nodes: &[(Node, &ParsedFile)], out: &mu
     if all.is_empty() {
         return; // unrestricted routing: no coverage rules apply
     }
-    let first_route_file = zones.iter().find(|(z, _)| !z.routes.is_empty()).map(|(_, f)| *f);
+    let first_route_file = zones
+        .iter()
+        .find(|(z, _)| !z.routes.is_empty())
+        .map(|(_, f)| *f);
     for (v4, all_net) in [(true, "0.0.0.0/0"), (false, "::/0")] {
         if !covers_all(&all, v4) {
             let file = first_route_file.expect("routes exist");
@@ -991,7 +1084,10 @@ fn routes(zones: &[(Zone, &ParsedFile)], nodes: &[(Node, &ParsedFile)], out: &mu
             );
         }
     }
-    let zoned: BTreeSet<&str> = nodes.iter().filter_map(|(n, _)| n.zone.as_deref()).collect();
+    let zoned: BTreeSet<&str> = nodes
+        .iter()
+        .filter_map(|(n, _)| n.zone.as_deref())
+        .collect();
     for (zone, file) in zones {
         if !zone.routes.is_empty() && !zoned.contains(zone.name.as_str()) {
             out.push(
@@ -1006,7 +1102,9 @@ fn routes(zones: &[(Zone, &ParsedFile)], nodes: &[(Node, &ParsedFile)], out: &mu
         }
     }
     for (node, file) in nodes {
-        let plays = [Role::Edge, Role::Ingest, Role::Origin].iter().any(|r| node.has(*r));
+        let plays = [Role::Edge, Role::Ingest, Role::Origin]
+            .iter()
+            .any(|r| node.has(*r));
         if plays && node.zone.is_none() {
             out.push(
                 Diagnostic::warning(

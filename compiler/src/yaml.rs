@@ -101,8 +101,17 @@ fn span_of(s: &PSpan) -> Span {
 }
 
 enum Frame {
-    Seq { items: Vec<Node>, span: Span, anchor: usize },
-    Map { entries: Vec<(Key, Node)>, pending: Option<Key>, span: Span, anchor: usize },
+    Seq {
+        items: Vec<Node>,
+        span: Span,
+        anchor: usize,
+    },
+    Map {
+        entries: Vec<(Key, Node)>,
+        pending: Option<Key>,
+        span: Span,
+        anchor: usize,
+    },
 }
 
 /// Parse one YAML document. `Ok(None)` for a file with no document (empty
@@ -174,27 +183,51 @@ pub fn parse(text: &str) -> Result<Option<Node>, Error> {
                 if stack.len() >= MAX_DEPTH {
                     return Err(too_deep(span));
                 }
-                stack.push(Frame::Seq { items: Vec::new(), span, anchor });
+                stack.push(Frame::Seq {
+                    items: Vec::new(),
+                    span,
+                    anchor,
+                });
                 continue;
             }
             Event::MappingStart(_, anchor, _) => {
                 if stack.len() >= MAX_DEPTH {
                     return Err(too_deep(span));
                 }
-                stack.push(Frame::Map { entries: Vec::new(), pending: None, span, anchor });
+                stack.push(Frame::Map {
+                    entries: Vec::new(),
+                    pending: None,
+                    span,
+                    anchor,
+                });
                 continue;
             }
             Event::SequenceEnd => match stack.pop() {
-                Some(Frame::Seq { items, span, anchor }) => {
-                    let node = Node { value: Value::Seq(items), span };
+                Some(Frame::Seq {
+                    items,
+                    span,
+                    anchor,
+                }) => {
+                    let node = Node {
+                        value: Value::Seq(items),
+                        span,
+                    };
                     remember(&mut anchors, anchor, &node);
                     node
                 }
                 _ => continue,
             },
             Event::MappingEnd => match stack.pop() {
-                Some(Frame::Map { entries, span, anchor, .. }) => {
-                    let node = Node { value: Value::Map(entries), span };
+                Some(Frame::Map {
+                    entries,
+                    span,
+                    anchor,
+                    ..
+                }) => {
+                    let node = Node {
+                        value: Value::Map(entries),
+                        span,
+                    };
                     remember(&mut anchors, anchor, &node);
                     node
                 }
@@ -267,7 +300,9 @@ fn attach(stack: &mut [Frame], root: &mut Option<Node>, node: Node) -> Result<()
     match stack.last_mut() {
         None => *root = Some(node),
         Some(Frame::Seq { items, .. }) => items.push(node),
-        Some(Frame::Map { entries, pending, .. }) => match pending.take() {
+        Some(Frame::Map {
+            entries, pending, ..
+        }) => match pending.take() {
             Some(key) => entries.push((key, node)),
             None => {
                 let text = match node.value {
@@ -294,7 +329,10 @@ fn attach(stack: &mut [Frame], root: &mut Option<Node>, node: Node) -> Result<()
                         span: node.span,
                     });
                 }
-                *pending = Some(Key { text, span: node.span });
+                *pending = Some(Key {
+                    text,
+                    span: node.span,
+                });
             }
         },
     }
@@ -331,13 +369,14 @@ fn resolve_scalar(text: &str, style: ScalarStyle) -> Value {
             return Value::Int(i);
         }
     } else if is_core_int(text) {
-        return text
-            .parse::<i64>()
-            .map_or_else(|_| Value::Float(text.parse().unwrap_or(f64::NAN)), Value::Int);
-    } else if is_core_float(text) {
-        if let Ok(f) = text.parse::<f64>() {
-            return Value::Float(f);
-        }
+        return text.parse::<i64>().map_or_else(
+            |_| Value::Float(text.parse().unwrap_or(f64::NAN)),
+            Value::Int,
+        );
+    } else if is_core_float(text)
+        && let Ok(f) = text.parse::<f64>()
+    {
+        return Value::Float(f);
     }
     Value::Str(text.to_owned())
 }
@@ -384,9 +423,12 @@ impl Node {
             Value::Float(f) => serde_json::Number::from_f64(*f).map_or(J::Null, J::Number),
             Value::Str(s) => J::String(s.clone()),
             Value::Seq(items) => J::Array(items.iter().map(Node::to_json).collect()),
-            Value::Map(entries) => {
-                J::Object(entries.iter().map(|(k, v)| (k.text.clone(), v.to_json())).collect())
-            }
+            Value::Map(entries) => J::Object(
+                entries
+                    .iter()
+                    .map(|(k, v)| (k.text.clone(), v.to_json()))
+                    .collect(),
+            ),
         }
     }
 
@@ -397,7 +439,10 @@ impl Node {
         for token in pointer.split('/').skip(1) {
             let token = token.replace("~1", "/").replace("~0", "~");
             node = match &node.value {
-                Value::Map(entries) => entries.iter().find(|(k, _)| k.text == token).map(|e| &e.1)?,
+                Value::Map(entries) => entries
+                    .iter()
+                    .find(|(k, _)| k.text == token)
+                    .map(|e| &e.1)?,
                 Value::Seq(items) => items.get(token.parse::<usize>().ok()?)?,
                 _ => return None,
             };
@@ -409,7 +454,10 @@ impl Node {
     #[must_use]
     pub fn key_span(&self, name: &str) -> Option<Span> {
         match &self.value {
-            Value::Map(entries) => entries.iter().find(|(k, _)| k.text == name).map(|e| e.0.span),
+            Value::Map(entries) => entries
+                .iter()
+                .find(|(k, _)| k.text == name)
+                .map(|e| e.0.span),
             _ => None,
         }
     }

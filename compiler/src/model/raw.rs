@@ -12,7 +12,8 @@ use schemars::JsonSchema;
 use serde::Deserialize;
 
 /// Hostname pattern: lower-case DNS name, optional `*.` wildcard label.
-pub const HOST_PATTERN: &str = r"^(\*\.)?([a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?\.)+[a-z]([a-z0-9-]{0,61}[a-z0-9])?$";
+pub const HOST_PATTERN: &str =
+    r"^(\*\.)?([a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?\.)+[a-z]([a-z0-9-]{0,61}[a-z0-9])?$";
 /// Names of zones, nodes, regions and clusters.
 pub const NAME_PATTERN: &str = r"^[a-z0-9][a-z0-9-]*$";
 /// Durations: `500ms`, `5s`, `15m`, `1h`.
@@ -226,9 +227,7 @@ pub struct Zone {
 }
 
 /// A role a node plays.
-#[derive(
-    Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Deserialize, JsonSchema,
-)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Deserialize, JsonSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum Role {
     /// Caching edge / edge streamer: receives sites, serves playback.

@@ -49,7 +49,11 @@ pub struct Thresholds {
 
 impl Default for Thresholds {
     fn default() -> Self {
-        Thresholds { max_delete_percent: 25, max_change_percent: 50, min_keys: 10 }
+        Thresholds {
+            max_delete_percent: 25,
+            max_change_percent: 50,
+            min_keys: 10,
+        }
     }
 }
 
@@ -101,8 +105,15 @@ impl Node {
 /// How to reach a node's own Redis master.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum RedisTarget {
-    Url { url: String, password_env: Option<String> },
-    Sentinel { sentinels: Vec<String>, master: String, password_env: Option<String> },
+    Url {
+        url: String,
+        password_env: Option<String>,
+    },
+    Sentinel {
+        sentinels: Vec<String>,
+        master: String,
+        password_env: Option<String>,
+    },
 }
 
 /// The nginx cache the purge worker cleans.

@@ -1,1 +1,227 @@
-//! placeholder
+//! CLI behaviour: `--rev`, `build` determinism and cleanliness, `diff`
+//! exit codes and formats.
+
+use crate::util::{Fixture, edgeform, stderr, stdout};
+
+#[test]
+fn rev_reads_a_revision_that_differs_from_the_working_tree() {
+    let f = Fixture::with(&[]);
+    let first = f.commit("one site");
+    // The working tree is now broken, but the revision is not.
+    f.write("sites/a.yaml", b"host: a.example.com\n");
+    assert_eq!(edgeform(f.path(), &["check"]).status.code(), Some(1));
+    assert_eq!(
+        edgeform(f.path(), &["check", "--rev", "HEAD"])
+            .status
+            .code(),
+        Some(0)
+    );
+    assert_eq!(
+        edgeform(f.path(), &["check", "--rev", &first[..8]])
+            .status
+            .code(),
+        Some(0)
+    );
+    // And the other way round: a broken revision, a fixed tree.
+    crate::util::git(f.path(), &["commit", "-qam", "broken"]);
+    f.write(
+        "sites/a.yaml",
+        b"host: a.example.com\norigin: http://192.0.2.9\n",
+    );
+    assert_eq!(edgeform(f.path(), &["check"]).status.code(), Some(0));
+    let out = edgeform(f.path(), &["check", "--rev", "HEAD", "--format", "json"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(stdout(&out).contains("missing-key"));
+    // Unknown revision: a clear error, exit 1.
+    let out = edgeform(f.path(), &["check", "--rev", "no-such-branch"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(stderr(&out).contains("no-such-branch"), "{}", stderr(&out));
+}
+
+#[test]
+fn rev_in_a_subfolder_of_the_git_repository() {
+    let f = Fixture::empty();
+    f.write_all(&[
+        (
+            "cdn/sites/a.yaml",
+            "host: a.example.com\norigin: http://192.0.2.1\n",
+        ),
+        (
+            "cdn/nodes/e.yaml",
+            "name: e\nroles: [ingest]\nregion: eu\nredis: {url: \"redis://127.0.0.1:1\"}\n",
+        ),
+    ]);
+    f.commit("nested");
+    let out = edgeform(
+        &f.path().join("cdn"),
+        &["build", "--rev", "HEAD", "--out", "../out"],
+    );
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert!(f.path().join("out/e.json").is_file());
+}
+
+#[test]
+fn build_is_byte_identical_and_removes_stale_outputs() {
+    let f = Fixture::with(&[(
+        "nodes/r.yaml",
+        "name: r\nroles: [router]\nregion: eu\nlocation: {lat: 50, lon: 5}\nredis: {url: \"redis://127.0.0.1:2\"}\n",
+    )]);
+    let a = f.path().join("out-a");
+    let b = f.path().join("out-b");
+    for dir in [&a, &b] {
+        let out = edgeform(f.path(), &["build", "--out", dir.to_str().unwrap()]);
+        assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    }
+    for name in ["edge-1.json", "r.json", "r.nginx.conf"] {
+        let x = std::fs::read(a.join(name)).unwrap();
+        let y = std::fs::read(b.join(name)).unwrap();
+        assert_eq!(x, y, "{name}");
+    }
+    // Every file is a sorted JSON object of string → string.
+    let v: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(a.join("edge-1.json")).unwrap()).unwrap();
+    let keys: Vec<&String> = v.as_object().unwrap().keys().collect();
+    let mut sorted = keys.clone();
+    sorted.sort();
+    assert_eq!(keys, sorted);
+    assert!(
+        v.as_object()
+            .unwrap()
+            .values()
+            .all(serde_json::Value::is_string)
+    );
+    // Remove the router: its outputs go, a stranger's file stays.
+    std::fs::write(a.join("notes.txt"), "mine").unwrap();
+    f.write("nodes/r.yaml", b"");
+    let out = edgeform(f.path(), &["build", "--out", a.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(0));
+    assert!(!a.join("r.json").exists() && !a.join("r.nginx.conf").exists());
+    assert!(a.join("notes.txt").exists() && a.join("edge-1.json").exists());
+}
+
+#[test]
+fn build_of_an_invalid_repo_writes_nothing() {
+    let f = Fixture::with(&[("sites/a.yaml", "host: a.example.com\n")]);
+    let out_dir = f.path().join("out");
+    let out = edgeform(f.path(), &["build", "--out", out_dir.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(!out_dir.exists());
+    assert!(
+        stderr(&out).contains("nothing was compiled"),
+        "{}",
+        stderr(&out)
+    );
+}
+
+#[test]
+fn diff_exit_codes_and_formats() {
+    let f = Fixture::with(&[]);
+    f.commit("base");
+    // No change: exit 0.
+    let out = edgeform(f.path(), &["diff", "--base", "HEAD"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert!(stdout(&out).contains("No changes"));
+
+    // Change one site, add one, suspend it: exit 2 with details.
+    f.write(
+        "sites/a.yaml",
+        b"host: a.example.com\norigin: http://192.0.2.1\ncached: false\n",
+    );
+    f.write(
+        "sites/b.yaml",
+        b"host: b.example.com\norigin: http://192.0.2.2\nsuspended: true\n",
+    );
+    let out = edgeform(f.path(), &["diff", "--base", "HEAD"]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    let text = stdout(&out);
+    assert!(
+        text.contains("edge-1 [eu]: 2 added, 1 changed, 0 removed"),
+        "{text}"
+    );
+    assert!(
+        text.contains("+ site:b.example.com") && text.contains("+ suspended:b.example.com"),
+        "{text}"
+    );
+    assert!(
+        text.contains("-  \"cached\": true,") && text.contains("+  \"cached\": false,"),
+        "{text}"
+    );
+
+    let out = edgeform(f.path(), &["diff", "--base", "HEAD", "--format", "json"]);
+    assert_eq!(out.status.code(), Some(2));
+    let v: serde_json::Value = serde_json::from_str(&stdout(&out)).unwrap();
+    let t = &v["targets"][0];
+    assert_eq!(t["node"], "edge-1");
+    assert_eq!(t["added"].as_array().unwrap().len(), 2);
+    assert_eq!(t["changed"][0]["key"], "site:a.example.com");
+    assert_eq!(t["removed"].as_array().unwrap().len(), 0);
+
+    // Between two revisions, --head.
+    crate::util::git(f.path(), &["add", "-A"]);
+    crate::util::git(f.path(), &["commit", "-qm", "head"]);
+    let out = edgeform(
+        f.path(),
+        &[
+            "diff", "--base", "HEAD~1", "--head", "HEAD", "--format", "markdown",
+        ],
+    );
+    assert_eq!(out.status.code(), Some(2));
+    let md = stdout(&out);
+    assert!(
+        md.contains("<!-- edgeform-diff -->") && md.contains("```diff"),
+        "{md}"
+    );
+    let out = edgeform(f.path(), &["diff", "--base", "HEAD", "--head", "HEAD"]);
+    assert_eq!(out.status.code(), Some(0));
+
+    // Removing the site shows removals; an invalid head is exit 1.
+    f.write("sites/b.yaml", b"");
+    let out = edgeform(f.path(), &["diff", "--base", "HEAD", "--format", "json"]);
+    assert_eq!(out.status.code(), Some(2));
+    let v: serde_json::Value = serde_json::from_str(&stdout(&out)).unwrap();
+    assert_eq!(v["targets"][0]["removed"].as_array().unwrap().len(), 2);
+    f.write("sites/a.yaml", b"host: a.example.com\n");
+    assert_eq!(
+        edgeform(f.path(), &["diff", "--base", "HEAD"])
+            .status
+            .code(),
+        Some(1)
+    );
+    // An unknown base is exit 1 too.
+    assert_eq!(
+        edgeform(f.path(), &["diff", "--base", "nope"])
+            .status
+            .code(),
+        Some(1)
+    );
+}
+
+#[test]
+fn diff_groups_targets_with_identical_changes() {
+    let second = "name: edge-2\nroles: [edge]\nregion: eu\nlocation: {lat: 52.0, lon: 4.1}\n\
+                  addresses: [198.51.100.2]\nredis: {url: \"redis://127.0.0.1:6380\"}\n";
+    let f = Fixture::with(&[("nodes/edge-2.yaml", second)]);
+    f.commit("two edges");
+    f.write(
+        "sites/a.yaml",
+        b"host: a.example.com\norigin: http://192.0.2.7\n",
+    );
+    let out = edgeform(f.path(), &["diff", "--base", "HEAD"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        stdout(&out).contains("edge-1, edge-2 [eu]: 0 added, 1 changed, 0 removed"),
+        "{}",
+        stdout(&out)
+    );
+}
+
+#[test]
+fn version_names_the_commit() {
+    let out = edgeform(std::path::Path::new("."), &["--version"]);
+    assert_eq!(out.status.code(), Some(0));
+    assert!(
+        stdout(&out).starts_with("edgeform 0.0.0 ("),
+        "{}",
+        stdout(&out)
+    );
+}

@@ -22,7 +22,11 @@ fn committed_schemas_match_the_model() {
         }
         // The embedded copy is the committed one (rebuild after blessing).
         if !bless {
-            assert_eq!(schema::embedded(kind), committed, "{kind:?}: rebuild to embed");
+            assert_eq!(
+                schema::embedded(kind),
+                committed,
+                "{kind:?}: rebuild to embed"
+            );
         }
     }
     assert!(

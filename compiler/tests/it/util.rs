@@ -1,1 +1,126 @@
-//! placeholder
+//! Shared helpers: miniature repositories in temp dirs, and running the
+//! `edgeform` binary.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use compiler::Checked;
+
+/// A minimal valid repository: one edge and one site.
+pub const BASE: &[(&str, &str)] = &[
+    (
+        "sites/a.yaml",
+        "host: a.example.com\norigin: http://192.0.2.1\n",
+    ),
+    (
+        "nodes/edge-1.yaml",
+        "name: edge-1\nroles: [edge]\nregion: eu\nlocation: {lat: 52.0, lon: 4.0}\n\
+         addresses: [198.51.100.1]\nredis: {url: \"redis://127.0.0.1:6379\"}\n",
+    ),
+];
+
+/// A temp dir holding a config repository.
+pub struct Fixture {
+    pub dir: tempfile::TempDir,
+}
+
+impl Fixture {
+    /// `BASE` with `files` written over it (an empty text deletes a file).
+    pub fn with(files: &[(&str, &str)]) -> Fixture {
+        let f = Fixture::empty();
+        f.write_all(BASE);
+        f.write_all(files);
+        f
+    }
+
+    pub fn empty() -> Fixture {
+        Fixture {
+            dir: tempfile::tempdir().unwrap(),
+        }
+    }
+
+    pub fn path(&self) -> &Path {
+        self.dir.path()
+    }
+
+    pub fn write_all(&self, files: &[(&str, &str)]) {
+        for (name, text) in files {
+            self.write(name, text.as_bytes());
+        }
+    }
+
+    pub fn write(&self, name: &str, bytes: &[u8]) {
+        let path = self.path().join(name);
+        if bytes.is_empty() {
+            let _ = std::fs::remove_file(&path);
+            return;
+        }
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(path, bytes).unwrap();
+    }
+
+    pub fn check(&self) -> Checked {
+        let repo = compiler::load::from_dir(self.path()).unwrap();
+        compiler::check(&repo)
+    }
+
+    /// `git init` and commit everything; returns the commit id.
+    pub fn commit(&self, message: &str) -> String {
+        git(self.path(), &["init", "-q", "-b", "main"]);
+        git(self.path(), &["add", "-A"]);
+        git(
+            self.path(),
+            &["commit", "-q", "--allow-empty", "-m", message],
+        );
+        let out = git(self.path(), &["rev-parse", "HEAD"]);
+        String::from_utf8(out.stdout).unwrap().trim().to_owned()
+    }
+}
+
+pub fn git(dir: &Path, args: &[&str]) -> Output {
+    let out = Command::new("git")
+        .args([
+            "-c",
+            "user.name=t",
+            "-c",
+            "user.email=t@example.com",
+            "-c",
+            "commit.gpgsign=false",
+        ])
+        .args(args)
+        .current_dir(dir)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "git {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
+/// Run `edgeform` with `args` in `dir`; `NO_COLOR` set.
+pub fn edgeform(dir: &Path, args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_edgeform"))
+        .args(args)
+        .current_dir(dir)
+        .env("NO_COLOR", "1")
+        .output()
+        .unwrap()
+}
+
+pub fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+pub fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+/// The project's own example repository (the workspace root).
+pub fn example_repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("..")
+        .canonicalize()
+        .unwrap()
+}
