@@ -417,7 +417,8 @@ def make_zones(rng: random.Random, n_zones: int, n_routes: int, used_names: set[
             plen = weighted(rng, V4_LEN_WEIGHTS)
             if office and plen < 20:
                 plen = 24
-            block = blocks4[k % len(blocks4)]
+            slot = k % len(blocks4)
+            block = blocks4[slot]
             k += 1
             start = None
             for want in (plen, 24, 28):
@@ -426,8 +427,8 @@ def make_zones(rng: random.Random, n_zones: int, n_routes: int, used_names: set[
                     plen = want
                     break
             if start is None:
-                # Crowded block: open another one.
-                blocks4.append(Block(v4_pool[v4_next], 16, 32))
+                # Crowded block: retire it and take a fresh one.
+                blocks4[slot] = Block(v4_pool[v4_next], 16, 32)
                 v4_next += 1
                 continue
             if add(v4(start, plen)):
@@ -987,7 +988,8 @@ def generate(out: Path, seed: int, n_sites: int, n_zones: int, n_routes: int, n_
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--out", type=Path, default=Path(".bench/synthetic"), help="output folder (replaced)")
+    ap.add_argument("--out", type=Path, default=Path(__file__).resolve().parent.parent / ".bench" / "synthetic",
+                    help="output folder, replaced if it holds an earlier output (default .bench/synthetic)")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--sites", type=int, default=100_000)
     ap.add_argument("--zones", type=int, default=1_000)

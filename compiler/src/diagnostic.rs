@@ -77,8 +77,22 @@ impl Diagnostic {
     }
 }
 
-/// Sort for output: by file, position, then code; stable across runs.
-pub fn sort(diagnostics: &mut [Diagnostic]) {
+/// Sort for output (by file, position, severity, code) and keep one
+/// diagnostic per place and severity: the schema and a semantic rule may
+/// both object to the same value, and the first (the schema's, sorted by
+/// insertion) says it well enough.
+pub fn sort(diagnostics: &mut Vec<Diagnostic>) {
+    let mut seen = std::collections::HashSet::new();
+    diagnostics.retain(|d| {
+        // Warnings are distinct rules even at one place; errors at one
+        // place are the same complaint said twice.
+        let what = if d.severity == Severity::Warning { d.message.as_str() } else { "" };
+        seen.insert((d.file.clone(), d.span.line, d.span.column, d.severity, what.to_owned()))
+    });
+    sort_only(diagnostics);
+}
+
+fn sort_only(diagnostics: &mut [Diagnostic]) {
     diagnostics.sort_by(|a, b| {
         (
             &a.file,

@@ -129,6 +129,13 @@ pub fn parse_file(source: &Source) -> ParsedFile {
             )),
         }
     } else {
+        // Still type the file when its shape allows, so the semantic rules
+        // report their problems in the same run (a bad host pattern should
+        // not hide a bad origin). Values the schema refused but serde took
+        // are then checked again; `diagnostic::sort` keeps one per place.
+        if let Ok(raw) = deserialize(source.kind, json.clone()) {
+            out.raw = Some(raw);
+        }
         for error in validator.iter_errors(&json) {
             out.diagnostics.push(schema_diagnostic(
                 source.kind,

@@ -36,17 +36,13 @@ struct Report<'a> {
 
 impl std::fmt::Display for Report<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.d.message)
+        write!(f, "{}: {}", self.d.code, self.d.message)
     }
 }
 
 impl std::error::Error for Report<'_> {}
 
 impl miette::Diagnostic for Report<'_> {
-    fn code<'b>(&'b self) -> Option<Box<dyn std::fmt::Display + 'b>> {
-        Some(Box::new(self.d.code))
-    }
-
     fn severity(&self) -> Option<miette::Severity> {
         Some(match self.d.severity {
             Severity::Error => miette::Severity::Error,
@@ -96,6 +92,9 @@ pub fn diagnostics_human(diagnostics: &[Diagnostic], repo: &Repo, color: bool) -
             d,
             source: NamedSource::new(&*d.file, text.to_owned()),
         };
+        if !out.is_empty() {
+            out.push('\n');
+        }
         if handler.render_report(&mut out, &report).is_err() {
             let _ = writeln!(
                 out,

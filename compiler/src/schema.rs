@@ -157,3 +157,115 @@ pub fn validator(kind: Kind) -> &'static Validator {
             .expect("embedded schema compiles")
     })
 }
+
+/// The configuration reference (`docs/configuration.md`), generated from
+/// the schemas so the two cannot drift (checked by a test like the
+/// schemas themselves).
+#[must_use]
+pub fn reference_markdown() -> String {
+    use std::fmt::Write as _;
+    let mut out = String::from(
+        "# Configuration reference\n\n\
+         Generated from `schemas/*.schema.json` (themselves generated from the compiler's \
+         raw model); do not edit by hand. `EDGEFORM_BLESS=1 cargo test` regenerates it.\n\n\
+         Editors: put a yaml-language-server modeline on the first line of each file, e.g. \
+         `# yaml-language-server: $schema=../schemas/site.schema.json` in `sites/*.yaml` \
+         (`schemas/cluster.schema.json` for `cluster.yaml`).\n",
+    );
+    for (kind, title, place) in [
+        (Kind::Site, "Site", "`sites/<anything>.yaml`, one site per file"),
+        (Kind::Zone, "Zone", "`zones/<anything>.yaml`, one zone per file"),
+        (Kind::Node, "Node", "`nodes/<anything>.yaml`, one node per file"),
+        (Kind::Cluster, "Cluster", "`cluster.yaml` (optional)"),
+    ] {
+        let schema = generate(kind);
+        let _ = writeln!(out, "\n## {title}: {place}\n");
+        if let Some(d) = schema.get("description").and_then(Value::as_str) {
+            let _ = writeln!(out, "{}\n", d.replace('\n', " "));
+        }
+        table(&mut out, &schema, &schema, "");
+    }
+    out
+}
+
+fn table(out: &mut String, root: &Value, object: &Value, prefix: &str) {
+    use std::fmt::Write as _;
+    let required: Vec<&str> = object
+        .get("required")
+        .and_then(Value::as_array)
+        .map(|r| r.iter().filter_map(Value::as_str).collect())
+        .unwrap_or_default();
+    let Some(props) = object.get("properties").and_then(Value::as_object) else { return };
+    if prefix.is_empty() {
+        let _ = writeln!(out, "| key | type | required | description |\n|---|---|---|---|");
+    }
+    let mut nested = Vec::new();
+    for (name, prop) in props {
+        let resolved = deref(root, prop);
+        let ty = type_text(root, prop);
+        let desc = prop
+            .get("description")
+            .or_else(|| resolved.get("description"))
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .replace('\n', " ")
+            .replace('|', "\\|");
+        let _ = writeln!(
+            out,
+            "| `{prefix}{name}` | {ty} | {} | {desc} |",
+            if required.contains(&name.as_str()) { "yes" } else { "" }
+        );
+        if resolved.get("properties").is_some() {
+            nested.push((format!("{prefix}{name}."), resolved));
+        }
+        if let Some(items) = resolved.get("items") {
+            let items = deref(root, items);
+            if items.get("properties").is_some() {
+                nested.push((format!("{prefix}{name}[]."), items));
+            }
+        }
+    }
+    for (p, o) in nested {
+        table(out, root, o, &p);
+    }
+}
+
+fn deref<'a>(root: &'a Value, v: &'a Value) -> &'a Value {
+    v.get("$ref")
+        .and_then(Value::as_str)
+        .and_then(|r| r.strip_prefix('#'))
+        .and_then(|p| root.pointer(p))
+        .unwrap_or(v)
+}
+
+fn type_text(root: &Value, prop: &Value) -> String {
+    let v = deref(root, prop);
+    if let Some(e) = v.get("enum").and_then(Value::as_array) {
+        let names: Vec<String> = e
+            .iter()
+            .filter(|x| !x.is_null())
+            .map(|x| format!("`{}`", x.to_string().trim_matches('"')))
+            .collect();
+        return names.join(" \\| ");
+    }
+    let base = match v.get("type") {
+        Some(Value::String(t)) => t.clone(),
+        Some(Value::Array(ts)) => ts
+            .iter()
+            .filter_map(Value::as_str)
+            .filter(|t| *t != "null")
+            .collect::<Vec<_>>()
+            .join(" or "),
+        _ => "value".into(),
+    };
+    if base == "array"
+        && let Some(items) = v.get("items")
+    {
+        return format!("list of {}", type_text(root, items));
+    }
+    match base.as_str() {
+        "object" => "mapping".into(),
+        "boolean" => "bool".into(),
+        other => other.to_owned(),
+    }
+}

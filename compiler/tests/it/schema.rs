@@ -43,3 +43,17 @@ fn schemas_are_draft_2020_12_and_compile() {
         let _ = schema::validator(kind);
     }
 }
+
+#[test]
+fn configuration_reference_is_generated_from_the_schemas() {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/configuration.md");
+    let generated = schema::reference_markdown();
+    if std::env::var_os("EDGEFORM_BLESS").is_some() {
+        std::fs::write(&path, &generated).unwrap();
+    }
+    let committed = std::fs::read_to_string(&path).unwrap_or_default();
+    assert!(
+        committed == generated,
+        "docs/configuration.md is stale; run `EDGEFORM_BLESS=1 cargo test` and commit"
+    );
+}
