@@ -86,8 +86,18 @@ pub fn sort(diagnostics: &mut Vec<Diagnostic>) {
     diagnostics.retain(|d| {
         // Warnings are distinct rules even at one place; errors at one
         // place are the same complaint said twice.
-        let what = if d.severity == Severity::Warning { d.message.as_str() } else { "" };
-        seen.insert((d.file.clone(), d.span.line, d.span.column, d.severity, what.to_owned()))
+        let what = if d.severity == Severity::Warning {
+            d.message.as_str()
+        } else {
+            ""
+        };
+        seen.insert((
+            d.file.clone(),
+            d.span.line,
+            d.span.column,
+            d.severity,
+            what.to_owned(),
+        ))
     });
     sort_only(diagnostics);
 }

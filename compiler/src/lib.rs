@@ -23,6 +23,7 @@ pub mod diff;
 pub mod load;
 pub mod model;
 pub mod parse;
+pub mod push;
 pub mod report;
 pub mod schema;
 pub mod validate;

@@ -122,6 +122,49 @@ fn walk(dir: &Path, rel: &str, kind: Kind, out: &mut Vec<(Kind, String, PathBuf)
     Ok(())
 }
 
+/// What a working tree's content is, for `edgeform:meta`: HEAD's commit id,
+/// with `+dirty` when a config file differs from it (modified, added or
+/// deleted under `cluster.yaml`, `sites/`, `zones/`, `nodes/`), or
+/// `worktree` outside git.
+#[must_use]
+pub fn worktree_commit(root: &Path) -> String {
+    let Ok(repo) = git2::Repository::discover(root) else {
+        return "worktree".into();
+    };
+    let Some(head) = repo.head().ok().and_then(|h| h.peel_to_commit().ok()) else {
+        return "worktree".into();
+    };
+    let prefix = match (
+        repo.workdir().and_then(|w| w.canonicalize().ok()),
+        root.canonicalize().ok(),
+    ) {
+        (Some(w), Some(r)) => r
+            .strip_prefix(&w)
+            .map(Path::to_path_buf)
+            .unwrap_or_default(),
+        _ => PathBuf::new(),
+    };
+    let mut options = git2::StatusOptions::new();
+    options
+        .include_untracked(true)
+        .recurse_untracked_dirs(true)
+        .include_ignored(false);
+    for part in [Kind::CLUSTER_FILE, "sites", "zones", "nodes"] {
+        options.pathspec(prefix.join(part));
+    }
+    let dirty = repo.statuses(Some(&mut options)).map_or(true, |s| {
+        s.iter().any(|e| {
+            e.path().is_ok_and(|p| {
+                Path::new(p)
+                    .extension()
+                    .is_some_and(|x| x == "yaml" || x == "yml")
+            })
+        })
+    });
+    let id = head.id().to_string();
+    if dirty { format!("{id}+dirty") } else { id }
+}
+
 /// HEAD's commit id of the git repository containing `root`, if any.
 fn head_commit(root: &Path) -> Option<String> {
     let repo = git2::Repository::discover(root).ok()?;

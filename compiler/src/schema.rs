@@ -173,9 +173,21 @@ pub fn reference_markdown() -> String {
          (`schemas/cluster.schema.json` for `cluster.yaml`).\n",
     );
     for (kind, title, place) in [
-        (Kind::Site, "Site", "`sites/<anything>.yaml`, one site per file"),
-        (Kind::Zone, "Zone", "`zones/<anything>.yaml`, one zone per file"),
-        (Kind::Node, "Node", "`nodes/<anything>.yaml`, one node per file"),
+        (
+            Kind::Site,
+            "Site",
+            "`sites/<anything>.yaml`, one site per file",
+        ),
+        (
+            Kind::Zone,
+            "Zone",
+            "`zones/<anything>.yaml`, one zone per file",
+        ),
+        (
+            Kind::Node,
+            "Node",
+            "`nodes/<anything>.yaml`, one node per file",
+        ),
         (Kind::Cluster, "Cluster", "`cluster.yaml` (optional)"),
     ] {
         let schema = generate(kind);
@@ -195,9 +207,14 @@ fn table(out: &mut String, root: &Value, object: &Value, prefix: &str) {
         .and_then(Value::as_array)
         .map(|r| r.iter().filter_map(Value::as_str).collect())
         .unwrap_or_default();
-    let Some(props) = object.get("properties").and_then(Value::as_object) else { return };
+    let Some(props) = object.get("properties").and_then(Value::as_object) else {
+        return;
+    };
     if prefix.is_empty() {
-        let _ = writeln!(out, "| key | type | required | description |\n|---|---|---|---|");
+        let _ = writeln!(
+            out,
+            "| key | type | required | description |\n|---|---|---|---|"
+        );
     }
     let mut nested = Vec::new();
     for (name, prop) in props {
@@ -213,7 +230,11 @@ fn table(out: &mut String, root: &Value, object: &Value, prefix: &str) {
         let _ = writeln!(
             out,
             "| `{prefix}{name}` | {ty} | {} | {desc} |",
-            if required.contains(&name.as_str()) { "yes" } else { "" }
+            if required.contains(&name.as_str()) {
+                "yes"
+            } else {
+                ""
+            }
         );
         if resolved.get("properties").is_some() {
             nested.push((format!("{prefix}{name}."), resolved));

@@ -3,5 +3,6 @@
 mod cli;
 mod example;
 mod malformed;
+mod push;
 mod schema;
 mod util;

@@ -13,6 +13,8 @@ use crate::load::{self, Repo};
 use crate::report::{self, CheckFormat, DiffFormat};
 use crate::{Checked, compile, diff};
 
+pub mod push;
+
 /// GitOps control plane for a self-run CDN: validate, compile, diff and push
 /// the config repository (sites, zones, nodes) to every edge's own Redis.
 #[derive(Debug, Parser)]
@@ -59,6 +61,74 @@ pub enum Command {
         #[arg(long, value_enum, default_value = "human")]
         format: DiffFormat,
     },
+    /// Compare desired state with each target's live Redis (reads only
+    /// the manifest). Exit 0, or 1 when a target failed; with
+    /// --detailed-exitcode, 2 when there are changes.
+    Plan {
+        /// Only these targets (repeatable).
+        #[arg(long = "node", value_name = "NODE")]
+        nodes: Vec<String>,
+        /// Save the plan, to apply exactly it later with `apply --plan`.
+        #[arg(long, value_name = "FILE")]
+        out: Option<PathBuf>,
+        #[arg(long, value_enum, default_value = "human")]
+        format: push::PlanFormat,
+        /// Exit 2 when there are changes.
+        #[arg(long)]
+        detailed_exitcode: bool,
+        #[arg(long, default_value_t = 16, value_name = "N")]
+        parallel: usize,
+    },
+    /// Push desired state to each target: per target a lock and one atomic
+    /// transaction (documents, prune, manifest, meta). Exit 0 when every
+    /// target is done, 1 when any failed (the others are still applied).
+    Apply {
+        /// Apply a saved plan; refused when a target moved since.
+        #[arg(long, value_name = "FILE")]
+        plan: Option<PathBuf>,
+        /// Only these targets (repeatable).
+        #[arg(long = "node", value_name = "NODE")]
+        nodes: Vec<String>,
+        /// Do not ask (required when stdin is not a terminal).
+        #[arg(long)]
+        yes: bool,
+        #[command(flatten)]
+        flags: push::PushFlags,
+    },
+    /// The scheduled jobs: sync re-pushes desired state, heal compares the
+    /// full live content and repairs drift. Runs until SIGTERM, or once.
+    Reconcile {
+        #[arg(long, default_value = "15m", value_name = "DURATION", value_parser = push::duration)]
+        sync_every: std::time::Duration,
+        #[arg(long, default_value = "5m", value_name = "DURATION", value_parser = push::duration)]
+        heal_every: std::time::Duration,
+        /// Run one job and exit (for cron or systemd timers): exit 0, or 1
+        /// when a target failed.
+        #[arg(long, value_enum, value_name = "JOB")]
+        once: Option<push::Once>,
+        /// Fetch REMOTE/BRANCH through git2 before each run and push that.
+        #[arg(long, value_name = "REMOTE/BRANCH")]
+        pull: Option<String>,
+        #[command(flatten)]
+        flags: push::PushFlags,
+    },
+}
+
+fn runtime() -> Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("starting the async runtime")
+}
+
+fn init_tracing() {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("EDGEFORM_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(color())
+        .try_init();
 }
 
 fn version() -> &'static str {
@@ -197,6 +267,55 @@ pub fn run(cli: &Cli) -> Result<u8> {
             };
             std::io::stdout().lock().write_all(text.as_bytes())?;
             Ok(if d.has_changes() { 2 } else { 0 })
+        }
+        Command::Plan {
+            nodes,
+            out,
+            format,
+            detailed_exitcode,
+            parallel,
+        } => {
+            let source = push::source(&cli.repo, cli.rev.as_deref(), color())?;
+            runtime()?.block_on(push::plan(
+                &source,
+                nodes,
+                *format,
+                out.as_deref(),
+                *detailed_exitcode,
+                *parallel,
+            ))
+        }
+        Command::Apply {
+            plan,
+            nodes,
+            yes,
+            flags,
+        } => runtime()?.block_on(push::apply_cmd(
+            &cli.repo,
+            cli.rev.as_deref(),
+            nodes,
+            plan.as_deref(),
+            *yes,
+            flags,
+            color(),
+        )),
+        Command::Reconcile {
+            sync_every,
+            heal_every,
+            once,
+            pull,
+            flags,
+        } => {
+            init_tracing();
+            runtime()?.block_on(push::reconcile(
+                cli.repo.clone(),
+                cli.rev.clone(),
+                pull.clone(),
+                *sync_every,
+                *heal_every,
+                *once,
+                flags.clone(),
+            ))
         }
     }
 }

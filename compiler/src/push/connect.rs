@@ -1,0 +1,116 @@
+//! Reaching a target's Redis master.
+//!
+//! By URL, or through the node's own Sentinels: the master is resolved
+//! anew for every connection, so a run after a failover lands on the new
+//! master. The password comes only from the environment variable the node
+//! names (`redis.password_env`), never from the repository.
+//!
+//! Connections are dedicated (never shared between tasks, so WATCH state is
+//! ours) and have no response timeout: the redis crate's default 500 ms
+//! would fail a 100,000-key MULTI/EXEC client-side while the server still
+//! applies it. A connect timeout bounds unreachable targets instead.
+
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail};
+use redis::aio::MultiplexedConnection;
+use redis::sentinel::{Sentinel, SentinelNodeConnectionInfo};
+use redis::{AsyncConnectionConfig, Client, IntoConnectionInfo, RedisConnectionInfo};
+
+use crate::model::resolved::{Node, RedisTarget};
+
+/// How long to wait for a TCP connection (per attempt).
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
+
+fn password(env: Option<&str>, node: &str) -> Result<Option<String>> {
+    match env {
+        None => Ok(None),
+        Some(var) => match std::env::var(var) {
+            Ok(p) if !p.is_empty() => Ok(Some(p)),
+            _ => bail!("environment variable {var} is not set (node {node}'s redis.password_env)"),
+        },
+    }
+}
+
+fn config() -> AsyncConnectionConfig {
+    AsyncConnectionConfig::new()
+        .set_connection_timeout(Some(CONNECT_TIMEOUT))
+        .set_response_timeout(None)
+}
+
+/// Where a target's master is, for messages: `redis://host:port` or
+/// `sentinel master <name> at <host:port>`.
+#[must_use]
+pub fn describe(node: &Node) -> String {
+    match &node.redis {
+        Some(RedisTarget::Url { url, .. }) => url.clone(),
+        Some(RedisTarget::Sentinel {
+            sentinels, master, ..
+        }) => {
+            format!("master `{master}` via sentinel {}", sentinels.join(","))
+        }
+        None => "no redis".into(),
+    }
+}
+
+/// A dedicated connection to the node's current master.
+///
+/// # Errors
+/// Missing password variable, unreachable server or sentinels, a sentinel
+/// that does not know the master, or a "master" that is a replica.
+pub async fn master(node: &Node) -> Result<MultiplexedConnection> {
+    let target = node.redis.as_ref().context("node has no redis block")?;
+    let connect = async {
+        match target {
+            RedisTarget::Url { url, password_env } => {
+                let mut info = url.as_str().into_connection_info()?;
+                if let Some(p) = password(password_env.as_deref(), &node.name)? {
+                    let redis = info.redis_settings().clone().set_password(p);
+                    info = info.set_redis_settings(redis);
+                }
+                let client = Client::open(info)?;
+                let con = client
+                    .get_multiplexed_async_connection_with_config(&config())
+                    .await?;
+                Ok::<_, anyhow::Error>(con)
+            }
+            RedisTarget::Sentinel {
+                sentinels,
+                master,
+                password_env,
+            } => {
+                let urls: Vec<String> = sentinels.iter().map(|s| format!("redis://{s}")).collect();
+                let mut sentinel = Sentinel::build(urls)?;
+                let mut settings = RedisConnectionInfo::default();
+                if let Some(p) = password(password_env.as_deref(), &node.name)? {
+                    settings = settings.set_password(p);
+                }
+                let info =
+                    SentinelNodeConnectionInfo::default().set_redis_connection_info(settings);
+                let client = sentinel
+                    .async_master_for(master, Some(&info))
+                    .await
+                    .with_context(|| {
+                        format!(
+                            "resolving master `{master}` through {}",
+                            sentinels.join(",")
+                        )
+                    })?;
+                let con = client
+                    .get_multiplexed_async_connection_with_config(&config())
+                    .await?;
+                Ok(con)
+            }
+        }
+    };
+    let mut con = tokio::time::timeout(CONNECT_TIMEOUT * 3, connect)
+        .await
+        .map_err(|_| anyhow::anyhow!("timed out connecting"))??;
+    // Writing to a replica would fail later and less clearly; check now.
+    let role: Vec<redis::Value> = redis::cmd("ROLE").query_async(&mut con).await?;
+    match role.first() {
+        Some(redis::Value::BulkString(r)) if r == b"master" => Ok(con),
+        Some(redis::Value::SimpleString(r)) if r == "master" => Ok(con),
+        _ => bail!("{} is not a master (ROLE says otherwise)", describe(node)),
+    }
+}

@@ -1,0 +1,64 @@
+//! The pusher: desired state (compiled from git) into every target's own
+//! Redis master. **Only this module writes to Redis.**
+//!
+//! - [`connect`]: reach a target's master by URL or through its Sentinels,
+//!   password from the environment variable the node names.
+//! - [`state`]: what a target holds: `edgeform:manifest` (key → content
+//!   hash) and `edgeform:meta`; desired content hashes.
+//! - [`plan`]: pure: desired vs live → added/changed/removed, and the
+//!   safety checks (rollback, empty, thresholds).
+//! - [`apply`]: lease lock, then one WATCH/MULTI/EXEC per target.
+//! - [`heal`]: full live-content comparison and repair.
+//! - [`run`]: every target concurrently (bounded), each outcome reported,
+//!   one failing target never stopping the others.
+
+pub mod apply;
+pub mod connect;
+pub mod heal;
+pub mod plan;
+pub mod run;
+pub mod state;
+
+use std::sync::Arc;
+
+use crate::compile::Target;
+use crate::model::resolved::Node;
+
+/// One target to work on: its node (how to connect) and what it must hold.
+#[derive(Debug, Clone)]
+pub struct Job {
+    pub node: Arc<Node>,
+    pub desired: Arc<state::Desired>,
+}
+
+/// What the desired state came from, written to `edgeform:meta`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Origin {
+    /// Commit id (`+dirty` when the working tree differs from it), or
+    /// `worktree` outside git.
+    pub commit: String,
+}
+
+/// Build the jobs for the compiled targets, hashing each distinct value
+/// list once (edges of a region share one list).
+#[must_use]
+pub fn jobs(
+    config: &crate::Config,
+    compiled: &crate::compile::Compiled,
+    only: &[String],
+) -> Vec<Job> {
+    let mut cache = state::HashCache::default();
+    config
+        .nodes
+        .iter()
+        .filter(|n| n.redis.is_some())
+        .filter(|n| only.is_empty() || only.iter().any(|o| o == &n.name))
+        .filter_map(|n| {
+            let target: &Target = compiled.targets.get(&n.name)?;
+            Some(Job {
+                node: Arc::new(n.clone()),
+                desired: Arc::new(cache.desired(target, n)),
+            })
+        })
+        .collect()
+}

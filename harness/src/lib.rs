@@ -1,0 +1,293 @@
+//! One shared test harness for real servers: `redis-server`, Redis
+//! Sentinel (`redis-server --sentinel`) and `mosquitto`, each started on a
+//! free loopback port in its own temp dir, waited for until it answers,
+//! and stopped by pid when dropped. Never a mock.
+//!
+//! Tests need the Debian packages `redis-server` and `mosquitto`;
+//! `scripts/test` installs them.
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// A free TCP port on 127.0.0.1 (bound then released; servers retry on a
+/// collision).
+///
+/// # Panics
+/// When no port can be bound.
+#[must_use]
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("bind")
+}
+
+fn find(binary: &str) -> PathBuf {
+    for dir in ["/usr/bin", "/usr/sbin", "/usr/local/bin", "/usr/local/sbin"] {
+        let p = Path::new(dir).join(binary);
+        if p.is_file() {
+            return p;
+        }
+    }
+    panic!(
+        "`{binary}` not found: install it (scripts/test does: apt-get install redis-server mosquitto)"
+    );
+}
+
+/// Send one inline command and return the raw reply (for readiness checks
+/// and for poking servers without a client library).
+///
+/// # Errors
+/// Connection or I/O failures.
+pub fn raw_command(port: u16, command: &str) -> std::io::Result<String> {
+    let mut s = TcpStream::connect_timeout(
+        &SocketAddr::from(([127, 0, 0, 1], port)),
+        Duration::from_millis(500),
+    )?;
+    s.set_read_timeout(Some(Duration::from_millis(1000)))?;
+    s.write_all(format!("{command}\r\n").as_bytes())?;
+    let mut buf = [0u8; 4096];
+    let n = s.read(&mut buf)?;
+    Ok(String::from_utf8_lossy(&buf[..n]).into_owned())
+}
+
+/// A running server process, killed (and waited for) on drop.
+pub struct Process {
+    child: Option<Child>,
+    pub port: u16,
+    pub dir: tempfile::TempDir,
+    log: PathBuf,
+}
+
+impl Process {
+    #[must_use]
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().map_or(0, Child::id)
+    }
+
+    /// The server's log, for failure messages.
+    #[must_use]
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Stop now with SIGKILL (a crash, not a shutdown).
+    pub fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// Stop with SIGTERM and wait.
+    pub fn stop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = Command::new("kill")
+                .arg("-TERM")
+                .arg(c.id().to_string())
+                .status();
+            let deadline = Instant::now() + Duration::from_secs(5);
+            while Instant::now() < deadline {
+                if let Ok(Some(_)) = c.try_wait() {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+impl Drop for Process {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+fn spawn(binary: &str, args: &[String], dir: &Path, log: &Path) -> std::io::Result<Child> {
+    let log_file = std::fs::File::create(log)?;
+    Command::new(find(binary))
+        .args(args)
+        .current_dir(dir)
+        .stdin(Stdio::null())
+        .stdout(log_file.try_clone()?)
+        .stderr(log_file)
+        .spawn()
+}
+
+fn wait_ready(p: &mut Process, ready: impl Fn(u16) -> bool) -> bool {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while Instant::now() < deadline {
+        if let Some(c) = p.child.as_mut()
+            && let Ok(Some(_)) = c.try_wait()
+        {
+            return false; // exited (port taken?)
+        }
+        if ready(p.port) {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(15));
+    }
+    false
+}
+
+/// Start a Redis server on a free port (`extra` are more config lines,
+/// e.g. `requirepass secret`).
+///
+/// # Panics
+/// When it does not come up after a few attempts (the log is shown).
+#[must_use]
+pub fn redis(extra: &[&str]) -> Process {
+    start_redis(extra, None)
+}
+
+/// Start a Redis server on a given port (to restart one "in place").
+#[must_use]
+pub fn redis_on(port: u16, extra: &[&str]) -> Process {
+    start_redis(extra, Some(port))
+}
+
+fn start_redis(extra: &[&str], fixed: Option<u16>) -> Process {
+    let mut last = String::new();
+    for _ in 0..5 {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let port = fixed.unwrap_or_else(free_port);
+        let log = dir.path().join("redis.log");
+        let mut conf = format!(
+            "port {port}\nbind 127.0.0.1\nsave \"\"\nappendonly no\ndaemonize no\n\
+             dir {}\nprotected-mode no\n",
+            dir.path().display()
+        );
+        for line in extra {
+            conf.push_str(line);
+            conf.push('\n');
+        }
+        let conf_path = dir.path().join("redis.conf");
+        std::fs::write(&conf_path, conf).expect("write conf");
+        let child = spawn(
+            "redis-server",
+            &[conf_path.display().to_string()],
+            dir.path(),
+            &log,
+        )
+        .expect("spawn redis-server");
+        let mut p = Process {
+            child: Some(child),
+            port,
+            dir,
+            log,
+        };
+        let auth = extra
+            .iter()
+            .find_map(|l| l.strip_prefix("requirepass "))
+            .map(str::to_owned);
+        let ok = wait_ready(&mut p, |port| {
+            let cmd = match &auth {
+                Some(pw) => format!("AUTH {pw}\r\nPING"),
+                None => "PING".to_owned(),
+            };
+            raw_command(port, &cmd).is_ok_and(|r| r.contains("PONG") || r.starts_with("+OK"))
+        });
+        if ok {
+            return p;
+        }
+        last = p.log();
+    }
+    panic!("redis-server did not start:\n{last}");
+}
+
+/// Start a Sentinel monitoring `master_name` at 127.0.0.1:`master_port`,
+/// with fast failover settings for tests (quorum 1).
+///
+/// # Panics
+/// When it does not come up.
+#[must_use]
+pub fn sentinel(master_name: &str, master_port: u16) -> Process {
+    let mut last = String::new();
+    for _ in 0..5 {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let port = free_port();
+        let log = dir.path().join("sentinel.log");
+        let conf = format!(
+            "port {port}\nbind 127.0.0.1\ndaemonize no\ndir {}\nprotected-mode no\n\
+             sentinel monitor {master_name} 127.0.0.1 {master_port} 1\n\
+             sentinel down-after-milliseconds {master_name} 500\n\
+             sentinel failover-timeout {master_name} 2000\n\
+             sentinel parallel-syncs {master_name} 1\n",
+            dir.path().display()
+        );
+        let conf_path = dir.path().join("sentinel.conf");
+        std::fs::write(&conf_path, conf).expect("write conf");
+        let args = [conf_path.display().to_string(), "--sentinel".to_owned()];
+        let child = spawn("redis-server", &args, dir.path(), &log).expect("spawn sentinel");
+        let mut p = Process {
+            child: Some(child),
+            port,
+            dir,
+            log,
+        };
+        let name = master_name.to_owned();
+        if wait_ready(&mut p, |port| {
+            raw_command(port, &format!("SENTINEL get-master-addr-by-name {name}"))
+                .is_ok_and(|r| r.starts_with('*'))
+        }) {
+            return p;
+        }
+        last = p.log();
+    }
+    panic!("sentinel did not start:\n{last}");
+}
+
+/// Start mosquitto on a free loopback port (anonymous access, persistence
+/// in its temp dir so a restart keeps sessions).
+///
+/// # Panics
+/// When it does not come up.
+#[must_use]
+pub fn mosquitto() -> Process {
+    mosquitto_with(None, tempfile::tempdir().expect("tempdir"))
+}
+
+/// Restart mosquitto on the same port with the same persistence folder.
+#[must_use]
+pub fn mosquitto_restart(port: u16, dir: tempfile::TempDir) -> Process {
+    mosquitto_with(Some(port), dir)
+}
+
+fn mosquitto_with(fixed: Option<u16>, dir: tempfile::TempDir) -> Process {
+    let mut dir = Some(dir);
+    let mut last = String::new();
+    for _ in 0..5 {
+        let d = dir
+            .take()
+            .unwrap_or_else(|| tempfile::tempdir().expect("tempdir"));
+        let port = fixed.unwrap_or_else(free_port);
+        let log = d.path().join("mosquitto.log");
+        let conf = format!(
+            "listener {port} 127.0.0.1\nallow_anonymous true\npersistence true\n\
+             persistence_location {}/\nautosave_interval 1\n",
+            d.path().display()
+        );
+        let conf_path = d.path().join("mosquitto.conf");
+        std::fs::write(&conf_path, conf).expect("write conf");
+        let args = ["-c".to_owned(), conf_path.display().to_string()];
+        let child = spawn("mosquitto", &args, d.path(), &log).expect("spawn mosquitto");
+        let mut p = Process {
+            child: Some(child),
+            port,
+            dir: d,
+            log,
+        };
+        if wait_ready(&mut p, |port| {
+            TcpStream::connect(("127.0.0.1", port)).is_ok()
+        }) {
+            return p;
+        }
+        last = p.log();
+    }
+    panic!("mosquitto did not start:\n{last}");
+}
