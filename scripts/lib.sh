@@ -23,3 +23,48 @@ need_packages() {
   $sudo apt-get update -qq
   $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 }
+
+# Servers started by the demo, stopped by pid on exit.
+SERVER_PIDS=()
+SERVER_DIR="${SERVER_DIR:-$(mktemp -d)}"
+stop_servers() {
+  for pid in "${SERVER_PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done
+  for pid in "${SERVER_PIDS[@]}"; do wait "$pid" 2>/dev/null || true; done
+  SERVER_PIDS=()
+}
+
+port_free() { ! (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+
+wait_port() {
+  for _ in $(seq 1 200); do
+    port_free "$1" || return 0
+    sleep 0.05
+  done
+  echo "nothing answers on 127.0.0.1:$1" >&2
+  return 1
+}
+
+# start_redis PORT [redis.conf lines...]: a throwaway redis-server on loopback.
+start_redis() {
+  local port=$1; shift
+  port_free "$port" || { echo "port $port is taken; stop what runs there first" >&2; return 1; }
+  local dir="$SERVER_DIR/redis-$port"
+  mkdir -p "$dir"
+  { echo "port $port"; echo "bind 127.0.0.1"; echo "save \"\""; echo "dir $dir"; printf '%s\n' "$@"; } > "$dir/redis.conf"
+  redis-server "$dir/redis.conf" > "$dir/log" 2>&1 &
+  SERVER_PIDS+=($!)
+  wait_port "$port"
+}
+
+# start_sentinel PORT MASTER_NAME MASTER_PORT
+start_sentinel() {
+  local port=$1 name=$2 master=$3
+  port_free "$port" || { echo "port $port is taken; stop what runs there first" >&2; return 1; }
+  local dir="$SERVER_DIR/sentinel-$port"
+  mkdir -p "$dir"
+  printf 'port %s\nbind 127.0.0.1\ndir %s\nsentinel monitor %s 127.0.0.1 %s 1\nsentinel down-after-milliseconds %s 1000\n' \
+    "$port" "$dir" "$name" "$master" "$name" > "$dir/sentinel.conf"
+  redis-server "$dir/sentinel.conf" --sentinel > "$dir/log" 2>&1 &
+  SERVER_PIDS+=($!)
+  wait_port "$port"
+}

@@ -128,6 +128,7 @@ fn init_tracing() {
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
         .with_ansi(color())
+        .with_target(false)
         .try_init();
 }
 
