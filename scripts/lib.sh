@@ -2,18 +2,16 @@
 
 step() { printf '\n\033[1m==> %s\033[0m\n' "$*" >&2; }
 
-# need_packages PKG...: install the Debian packages whose commands are
-# missing (apt-get update first, once). Needs root, as on a fresh machine.
+# need_packages PKG...: install the Debian packages that are missing
+# (apt-get update first). Needs root, as on a fresh machine.
 need_packages() {
   local missing=()
   for pkg in "$@"; do
-    local cmd="$pkg"
     case "$pkg" in
-      redis-server) cmd=redis-server ;;
-      redis-sentinel) cmd=redis-sentinel ;;
-      mosquitto) cmd=mosquitto ;;
+      redis-server) command -v redis-server >/dev/null 2>&1 || missing+=("$pkg") ;;
+      mosquitto) [ -x /usr/sbin/mosquitto ] || command -v mosquitto >/dev/null 2>&1 || missing+=("$pkg") ;;
+      *) dpkg -s "$pkg" >/dev/null 2>&1 || missing+=("$pkg") ;;
     esac
-    command -v "$cmd" >/dev/null 2>&1 || [ -x "/usr/sbin/$cmd" ] || missing+=("$pkg")
   done
   [ ${#missing[@]} -eq 0 ] && return 0
   step "installing ${missing[*]}"
@@ -23,6 +21,10 @@ need_packages() {
   $sudo apt-get update -qq
   $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 }
+
+# What building edgeform needs beyond the Rust toolchain (git2 with https
+# and ssh fetches links OpenSSL).
+BUILD_PACKAGES=(git pkg-config libssl-dev)
 
 # Servers started by the demo, stopped by pid on exit.
 SERVER_PIDS=()
