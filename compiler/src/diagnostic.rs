@@ -8,7 +8,7 @@
 
 use std::sync::Arc;
 
-use crate::yaml::Span;
+use yamlspan::Span;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Severity {

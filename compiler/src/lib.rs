@@ -3,7 +3,7 @@
 //!
 //! # Layout
 //! - [`load`]: the only reader of files and git (working tree or `--rev`).
-//! - [`yaml`]: a spanned YAML tree, so every diagnostic has a position.
+//! - `yamlspan` (crate): a spanned YAML tree, so every diagnostic has a position.
 //! - [`parse`]: per file, YAML → JSON Schema ([`schema`]) → [`model::raw`].
 //! - [`validate`]: the semantic rules → [`model::resolved::Config`].
 //! - [`compile`]: `Config` → per-target Redis key/values and router
@@ -27,7 +27,6 @@ pub mod push;
 pub mod report;
 pub mod schema;
 pub mod validate;
-pub mod yaml;
 
 use rayon::prelude::*;
 

@@ -14,7 +14,7 @@ use crate::diagnostic::Diagnostic;
 use crate::load::{Kind, Source};
 use crate::model::raw;
 use crate::schema;
-use crate::yaml::{self, Node};
+use yamlspan::{self as yaml, Node};
 
 /// A file's typed content.
 #[derive(Debug, Clone)]

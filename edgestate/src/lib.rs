@@ -14,6 +14,7 @@
 //! byte-identical `build` output depend on it.
 
 pub mod keys;
+pub mod purge;
 pub mod routing;
 pub mod site;
 

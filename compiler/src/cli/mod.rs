@@ -13,6 +13,7 @@ use crate::load::{self, Repo};
 use crate::report::{self, CheckFormat, DiffFormat};
 use crate::{Checked, compile, diff};
 
+pub mod purge;
 pub mod push;
 
 /// GitOps control plane for a self-run CDN: validate, compile, diff and push
@@ -94,6 +95,22 @@ pub enum Command {
         yes: bool,
         #[command(flatten)]
         flags: push::PushFlags,
+    },
+    /// Purge cached objects of a site: one job on every targeted node's own
+    /// queue (default: every edge carrying the site). Prints the job id.
+    Purge {
+        /// The site (host or alias).
+        #[arg(long, value_name = "HOST")]
+        site: String,
+        #[command(flatten)]
+        what: purge::What,
+        /// Only these nodes (repeatable).
+        #[arg(long = "node", value_name = "NODE")]
+        nodes: Vec<String>,
+        /// Wait up to SECS for every node's result and print the counts;
+        /// exit 1 on timeout, naming the nodes still pending.
+        #[arg(long, value_name = "SECS")]
+        wait: Option<u64>,
     },
     /// The scheduled jobs: sync re-pushes desired state, heal compares the
     /// full live content and repairs drift. Runs until SIGTERM, or once.
@@ -300,6 +317,15 @@ pub fn run(cli: &Cli) -> Result<u8> {
             flags,
             color(),
         )),
+        Command::Purge {
+            site,
+            what,
+            nodes,
+            wait,
+        } => {
+            let source = push::source(&cli.repo, cli.rev.as_deref(), color())?;
+            runtime()?.block_on(purge::purge(&source, site, what, nodes, *wait))
+        }
         Command::Reconcile {
             sync_every,
             heal_every,

@@ -16,7 +16,7 @@ use crate::push::apply::{self, Expect, Options, Outcome};
 use crate::push::plan::{self, Changes, Overrides};
 use crate::push::run::{Ancestor, each};
 use crate::push::state::{Live, manifest_digest};
-use crate::push::{self, Job, connect, heal};
+use crate::push::{self, Job, heal};
 use crate::{Config, report};
 
 /// What every push command loads: the checked, compiled repository.
@@ -121,7 +121,7 @@ pub fn desired_digest(desired: &push::state::Desired) -> String {
 }
 
 async fn plan_target(job: Job, show_diffs: bool) -> Result<TargetPlan> {
-    let mut con = connect::master(&job.node).await?;
+    let mut con = job.node.redis_master().await?;
     let live: Live = apply::read_live(&mut con).await?;
     let changes = plan::changes(&job.desired, &live.manifest);
     let mut diffs = Vec::new();
@@ -187,7 +187,7 @@ pub async fn plan(
                     changed += 1;
                 }
                 if human {
-                    render_plan(&mut text, p, &connect::describe(&job.node));
+                    render_plan(&mut text, p, &job.node.redis_at());
                 }
                 json_targets.push(serde_json::json!({
                     "node": p.node, "status": "ok", "generation": p.generation,
@@ -205,7 +205,7 @@ pub async fn plan(
                         text,
                         "{}: ERROR ({}): {e:#}",
                         job.node.name,
-                        connect::describe(&job.node)
+                        job.node.redis_at()
                     );
                 }
                 json_targets.push(serde_json::json!({"node": job.node.name, "status": "error", "error": format!("{e:#}")}));
@@ -386,7 +386,7 @@ pub async fn apply_all(
                     }
                     None => None,
                 };
-                let mut con = connect::master(&job.node).await?;
+                let mut con = job.node.redis_master().await?;
                 let relate = |live: Option<&str>| ancestor.relate(live);
                 apply::apply(&mut con, &job.desired, &options, e.as_ref(), &relate).await
             }
@@ -441,11 +441,7 @@ pub fn report_applied(results: &[Applied]) -> usize {
             }
             Err(e) => {
                 failed += 1;
-                let _ = writeln!(
-                    out,
-                    "{name}: FAILED ({}): {e:#}",
-                    connect::describe(&job.node)
-                );
+                let _ = writeln!(out, "{name}: FAILED ({}): {e:#}", job.node.redis_at());
             }
         }
     }
@@ -542,7 +538,7 @@ pub async fn heal_all(source: &Source, jobs: Vec<Job>, flags: &PushFlags, root: 
         let options = options.clone();
         let ancestor = ancestor.clone();
         async move {
-            let mut con = connect::master(&job.node).await?;
+            let mut con = job.node.redis_master().await?;
             let relate = |live: Option<&str>| ancestor.relate(live);
             heal::heal(&mut con, &job.desired, &options, &relate).await
         }
@@ -562,7 +558,7 @@ pub async fn heal_all(source: &Source, jobs: Vec<Job>, flags: &PushFlags, root: 
             }
             Err(e) => {
                 failed += 1;
-                tracing::error!(target = %job.node.name, at = %connect::describe(&job.node), cause = %format!("{e:#}"), "heal failed");
+                tracing::error!(target = %job.node.name, at = %job.node.redis_at(), cause = %format!("{e:#}"), "heal failed");
             }
         }
     }
@@ -595,7 +591,7 @@ pub async fn sync_all(source: &Source, jobs: Vec<Job>, flags: &PushFlags, root: 
             }
             Err(e) => {
                 failed += 1;
-                tracing::error!(target = %job.node.name, at = %connect::describe(&job.node), cause = %format!("{e:#}"), "sync failed");
+                tracing::error!(target = %job.node.name, at = %job.node.redis_at(), cause = %format!("{e:#}"), "sync failed");
             }
         }
     }

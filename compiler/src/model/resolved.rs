@@ -100,21 +100,29 @@ impl Node {
     pub fn has(&self, role: Role) -> bool {
         self.roles.contains(&role)
     }
+
+    /// A dedicated connection to this node's Redis master.
+    ///
+    /// # Errors
+    /// No `redis` block, or see [`edgeredis::master`].
+    pub async fn redis_master(&self) -> anyhow::Result<redis::aio::MultiplexedConnection> {
+        let target = self
+            .redis
+            .as_ref()
+            .ok_or_else(|| anyhow::anyhow!("node {} has no redis block", self.name))?;
+        edgeredis::master(target, &self.name).await
+    }
+
+    /// Where this node's Redis is, for messages.
+    #[must_use]
+    pub fn redis_at(&self) -> String {
+        self.redis
+            .as_ref()
+            .map_or_else(|| "no redis".into(), edgeredis::describe)
+    }
 }
 
-/// How to reach a node's own Redis master.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum RedisTarget {
-    Url {
-        url: String,
-        password_env: Option<String>,
-    },
-    Sentinel {
-        sentinels: Vec<String>,
-        master: String,
-        password_env: Option<String>,
-    },
-}
+pub use edgeredis::RedisTarget;
 
 /// The nginx cache the purge worker cleans.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -127,13 +135,11 @@ pub struct CacheSettings {
 impl Default for CacheSettings {
     /// The seed's layout.
     fn default() -> Self {
+        let d = edgestate::purge::CacheDefaults::default();
         CacheSettings {
-            dirs: ["static", "dynamic", "api", "perma"]
-                .iter()
-                .map(|d| format!("/var/cache/nginx/{d}"))
-                .collect(),
-            levels: "1:2".into(),
-            key: "$scheme$host$request_uri".into(),
+            dirs: d.dirs.iter().map(|s| (*s).to_owned()).collect(),
+            levels: d.levels.into(),
+            key: d.key.into(),
         }
     }
 }

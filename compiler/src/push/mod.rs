@@ -1,8 +1,8 @@
 //! The pusher: desired state (compiled from git) into every target's own
 //! Redis master. **Only this module writes to Redis.**
 //!
-//! - [`connect`]: reach a target's master by URL or through its Sentinels,
-//!   password from the environment variable the node names.
+//! - `edgeredis` (crate): reach a target's master by URL or through its
+//!   Sentinels, password from the environment variable the node names.
 //! - [`state`]: what a target holds: `edgeform:manifest` (key → content
 //!   hash) and `edgeform:meta`; desired content hashes.
 //! - [`plan`]: pure: desired vs live → added/changed/removed, and the
@@ -13,7 +13,6 @@
 //!   one failing target never stopping the others.
 
 pub mod apply;
-pub mod connect;
 pub mod heal;
 pub mod plan;
 pub mod run;

@@ -623,17 +623,39 @@ fn reconcile_pulls_the_branch_first() {
     upstream.commit("two");
     let clone = tempfile::tempdir().unwrap();
     let dst = clone.path().join("work");
-    git(clone.path(), &["clone", "-q", upstream.path().to_str().unwrap(), dst.to_str().unwrap()]);
+    git(
+        clone.path(),
+        &[
+            "clone",
+            "-q",
+            upstream.path().to_str().unwrap(),
+            dst.to_str().unwrap(),
+        ],
+    );
     // Upstream moves on after the clone; the clone's working tree does not.
     upstream.write("sites/s00000.yaml", site(0, "http://192.0.2.11").as_bytes());
     git(upstream.path(), &["commit", "-qam", "new origin"]);
-    let out = edgeform(&dst, &["reconcile", "--once", "sync", "--pull", "origin/main"]);
+    let out = edgeform(
+        &dst,
+        &["reconcile", "--once", "sync", "--pull", "origin/main"],
+    );
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
-    assert!(get(r.port, "site:s00000.example.com").unwrap().contains("192.0.2.11"));
+    assert!(
+        get(r.port, "site:s00000.example.com")
+            .unwrap()
+            .contains("192.0.2.11")
+    );
     let head = String::from_utf8(git(upstream.path(), &["rev-parse", "HEAD"]).stdout).unwrap();
     assert_eq!(meta(r.port)["commit"], head.trim());
     // A bad remote is a logged failure, exit 1, nothing pushed.
-    let out = edgeform(&dst, &["reconcile", "--once", "sync", "--pull", "nope/main"]);
+    let out = edgeform(
+        &dst,
+        &["reconcile", "--once", "sync", "--pull", "nope/main"],
+    );
     assert_eq!(out.status.code(), Some(1));
-    assert!(stderr(&out).contains("no remote `nope`"), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("no remote `nope`"),
+        "{}",
+        stderr(&out)
+    );
 }

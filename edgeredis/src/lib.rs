@@ -1,4 +1,5 @@
-//! Reaching a target's Redis master.
+//! Reaching a node's own Redis master: the compiler's pusher and the agent
+//! both connect through here.
 //!
 //! By URL, or through the node's own Sentinels: the master is resolved
 //! anew for every connection, so a run after a failover lands on the new
@@ -17,12 +18,25 @@ use redis::aio::MultiplexedConnection;
 use redis::sentinel::{Sentinel, SentinelNodeConnectionInfo};
 use redis::{AsyncConnectionConfig, Client, IntoConnectionInfo, RedisConnectionInfo};
 
-use crate::model::resolved::{Node, RedisTarget};
+/// How to reach a node's own Redis master.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RedisTarget {
+    Url {
+        url: String,
+        password_env: Option<String>,
+    },
+    Sentinel {
+        sentinels: Vec<String>,
+        master: String,
+        password_env: Option<String>,
+    },
+}
 
 /// How long to wait for a TCP connection (per attempt).
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
 
 fn password(env: Option<&str>, node: &str) -> Result<Option<String>> {
+    // `node` names whose setting this is, for the message.
     match env {
         None => Ok(None),
         Some(var) => match std::env::var(var) {
@@ -38,33 +52,32 @@ fn config() -> AsyncConnectionConfig {
         .set_response_timeout(None)
 }
 
-/// Where a target's master is, for messages: `redis://host:port` or
-/// `sentinel master <name> at <host:port>`.
+/// Where a master is, for messages: `redis://host:port` or
+/// ``master `name` via sentinel host:port``.
 #[must_use]
-pub fn describe(node: &Node) -> String {
-    match &node.redis {
-        Some(RedisTarget::Url { url, .. }) => url.clone(),
-        Some(RedisTarget::Sentinel {
+pub fn describe(target: &RedisTarget) -> String {
+    match target {
+        RedisTarget::Url { url, .. } => url.clone(),
+        RedisTarget::Sentinel {
             sentinels, master, ..
-        }) => {
+        } => {
             format!("master `{master}` via sentinel {}", sentinels.join(","))
         }
-        None => "no redis".into(),
     }
 }
 
-/// A dedicated connection to the node's current master.
+/// A dedicated connection to the current master of `target`; `node` names
+/// the node in messages.
 ///
 /// # Errors
 /// Missing password variable, unreachable server or sentinels, a sentinel
 /// that does not know the master, or a "master" that is a replica.
-pub async fn master(node: &Node) -> Result<MultiplexedConnection> {
-    let target = node.redis.as_ref().context("node has no redis block")?;
+pub async fn master(target: &RedisTarget, node: &str) -> Result<MultiplexedConnection> {
     let connect = async {
         match target {
             RedisTarget::Url { url, password_env } => {
                 let mut info = url.as_str().into_connection_info()?;
-                if let Some(p) = password(password_env.as_deref(), &node.name)? {
+                if let Some(p) = password(password_env.as_deref(), node)? {
                     let redis = info.redis_settings().clone().set_password(p);
                     info = info.set_redis_settings(redis);
                 }
@@ -82,7 +95,7 @@ pub async fn master(node: &Node) -> Result<MultiplexedConnection> {
                 let urls: Vec<String> = sentinels.iter().map(|s| format!("redis://{s}")).collect();
                 let mut sentinel = Sentinel::build(urls)?;
                 let mut settings = RedisConnectionInfo::default();
-                if let Some(p) = password(password_env.as_deref(), &node.name)? {
+                if let Some(p) = password(password_env.as_deref(), node)? {
                     settings = settings.set_password(p);
                 }
                 let info =
@@ -111,6 +124,6 @@ pub async fn master(node: &Node) -> Result<MultiplexedConnection> {
     match role.first() {
         Some(redis::Value::BulkString(r)) if r == b"master" => Ok(con),
         Some(redis::Value::SimpleString(r)) if r == "master" => Ok(con),
-        _ => bail!("{} is not a master (ROLE says otherwise)", describe(node)),
+        _ => bail!("{} is not a master (ROLE says otherwise)", describe(target)),
     }
 }
