@@ -3,6 +3,7 @@
 mod cli;
 mod example;
 mod malformed;
+mod purge;
 mod push;
 mod schema;
 mod util;
