@@ -14,7 +14,9 @@
 //! byte-identical `build` output depend on it.
 
 pub mod keys;
+pub mod lpm;
 pub mod purge;
+pub mod route;
 pub mod routing;
 pub mod site;
 

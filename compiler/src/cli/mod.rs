@@ -15,6 +15,7 @@ use crate::{Checked, compile, diff};
 
 pub mod purge;
 pub mod push;
+pub mod route;
 
 /// GitOps control plane for a self-run CDN: validate, compile, diff and push
 /// the config repository (sites, zones, nodes) to every edge's own Redis.
@@ -112,6 +113,10 @@ pub enum Command {
         #[arg(long, value_name = "SECS")]
         wait: Option<u64>,
     },
+    /// Explain a routing decision offline: the playback decision for a
+    /// stream (and with --geo the nearest edge) from the compiled table and
+    /// a health snapshot, step by step. Exit 0.
+    Route(route::RouteArgs),
     /// The scheduled jobs: sync re-pushes desired state, heal compares the
     /// full live content and repairs drift. Runs until SIGTERM, or once.
     Reconcile {
@@ -325,6 +330,14 @@ pub fn run(cli: &Cli) -> Result<u8> {
         } => {
             let source = push::source(&cli.repo, cli.rev.as_deref(), color())?;
             runtime()?.block_on(purge::purge(&source, site, what, nodes, *wait))
+        }
+        Command::Route(args) => {
+            let repo = load::load(&cli.repo, cli.rev.as_deref())?;
+            let checked = crate::check(&repo);
+            let Some(config) = valid_or_report(&checked, &repo, &cli.repo) else {
+                return Ok(1);
+            };
+            route::route(config, args)
         }
         Command::Reconcile {
             sync_every,

@@ -225,3 +225,92 @@ fn version_names_the_commit() {
         stdout(&out)
     );
 }
+
+#[test]
+fn route_explains_the_decision_as_json() {
+    let repo = crate::util::example_repo();
+    let dir = tempfile::tempdir().unwrap();
+    let health = dir.path().join("health.json");
+    // office-2's streamer is down: its viewers fall back to office-1, then origin-pool.
+    std::fs::write(
+        &health,
+        r#"{"nodes":{
+            "streamer-office-2":{"online":false,"play_sessions":0,"out_kbit":0,"streams":["cam1"]},
+            "ingest-office-1":{"online":true,"play_sessions":0,"out_kbit":0,"streams":["cam1"]},
+            "origin-1":{"online":true,"play_sessions":3,"out_kbit":100,"streams":["cam1"]}}}"#,
+    )
+    .unwrap();
+    let h = health.to_str().unwrap();
+    let run = |args: &[&str]| {
+        let mut a = vec![
+            "--repo",
+            repo.to_str().unwrap(),
+            "route",
+            "--format",
+            "json",
+            "--health",
+            h,
+        ];
+        a.extend_from_slice(args);
+        let out = edgeform(&repo, &a);
+        assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+        serde_json::from_str::<serde_json::Value>(&stdout(&out)).unwrap()
+    };
+    let v = run(&["--ip", "10.2.77.9", "--stream", "cam1"]);
+    assert_eq!(v["status"], 302);
+    assert_eq!(v["zone"], "origin-pool", "{v}");
+    assert_eq!(v["node"], "origin-1");
+    assert_eq!(
+        v["chain"],
+        serde_json::json!(["office-2", "office-1", "origin-pool"])
+    );
+    assert_eq!(v["location"], "https://origin-1.example.net/cam1");
+    assert_eq!(v["client_ip"], "10.2.77.9");
+    let reasons = v["reasons"].as_array().unwrap();
+    assert!(
+        reasons.iter().any(|r| r
+            .as_str()
+            .unwrap()
+            .contains("streamer-office-2 excluded: offline")),
+        "{v}"
+    );
+    assert!(
+        reasons.iter().any(|r| r
+            .as_str()
+            .unwrap()
+            .contains("ingest-office-1 excluded: playback_session_limit is 0")),
+        "{v}"
+    );
+    // Through the trusted proxy: the last X-Forwarded-For entry is the client.
+    let v = run(&[
+        "--peer",
+        "192.0.2.10",
+        "--xff",
+        "10.9.9.9, 10.2.0.1",
+        "--stream",
+        "cam1",
+    ]);
+    assert_eq!(v["client_ip"], "10.2.0.1");
+    // Unknown stream: 404.
+    assert_eq!(
+        run(&["--ip", "10.2.0.1", "--stream", "nope"])["status"],
+        404
+    );
+    // Geo: London's test address goes to Amsterdam, strictly nearest online edge.
+    let db = repo.join("testdata/geoip/GeoLite2-City-Test.mmdb");
+    let out = edgeform(
+        &repo,
+        &[
+            "route",
+            "--ip",
+            "81.2.69.142",
+            "--geo",
+            "--geoip",
+            db.to_str().unwrap(),
+            "--format",
+            "json",
+        ],
+    );
+    let v: serde_json::Value = serde_json::from_str(&stdout(&out)).unwrap();
+    assert_eq!(v["geo"]["decision"]["node"], "edge-ams-1", "{v}");
+}

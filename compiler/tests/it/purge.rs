@@ -11,20 +11,43 @@ fn edge(name: &str, region: &str, port: u16, key: &str) -> String {
 }
 
 fn con(port: u16) -> redis::Connection {
-    redis::Client::open(format!("redis://127.0.0.1:{port}")).unwrap().get_connection().unwrap()
+    redis::Client::open(format!("redis://127.0.0.1:{port}"))
+        .unwrap()
+        .get_connection()
+        .unwrap()
 }
 
 fn queued(port: u16, queue: &str) -> Vec<serde_json::Value> {
-    let items: Vec<String> = redis::cmd("LRANGE").arg(queue).arg(0).arg(-1).query(&mut con(port)).unwrap();
-    items.iter().map(|s| serde_json::from_str(s).unwrap()).collect()
+    let items: Vec<String> = redis::cmd("LRANGE")
+        .arg(queue)
+        .arg(0)
+        .arg(-1)
+        .query(&mut con(port))
+        .unwrap();
+    items
+        .iter()
+        .map(|s| serde_json::from_str(s).unwrap())
+        .collect()
 }
 
 fn setup(eu: u16, us: u16) -> Fixture {
     Fixture::with(&[
-        ("nodes/edge-1.yaml", &*edge("edge-1", "eu", eu, "$scheme$host$request_uri")),
-        ("nodes/edge-2.yaml", &*edge("edge-2", "us", us, "$host$uri$is_args$args")),
-        ("sites/a.yaml", "host: a.example.com\naliases: [www.a.example.com]\norigin: http://192.0.2.1\n"),
-        ("sites/eu.yaml", "host: eu.example.com\norigin: http://192.0.2.2\nregions: [eu]\n"),
+        (
+            "nodes/edge-1.yaml",
+            &*edge("edge-1", "eu", eu, "$scheme$host$request_uri"),
+        ),
+        (
+            "nodes/edge-2.yaml",
+            &*edge("edge-2", "us", us, "$host$uri$is_args$args"),
+        ),
+        (
+            "sites/a.yaml",
+            "host: a.example.com\naliases: [www.a.example.com]\norigin: http://192.0.2.1\n",
+        ),
+        (
+            "sites/eu.yaml",
+            "host: eu.example.com\norigin: http://192.0.2.2\nregions: [eu]\n",
+        ),
     ])
 }
 
@@ -32,7 +55,10 @@ fn setup(eu: u16, us: u16) -> Fixture {
 fn jobs_land_on_every_carrier_with_its_own_key_template() {
     let (r1, r2) = (harness::redis(&[]), harness::redis(&[]));
     let f = setup(r1.port, r2.port);
-    let out = edgeform(f.path(), &["purge", "--site", "a.example.com", "--url", "/v/a.mp4?x=1"]);
+    let out = edgeform(
+        f.path(),
+        &["purge", "--site", "a.example.com", "--url", "/v/a.mp4?x=1"],
+    );
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
     let id = stdout(&out).trim().to_owned();
     let j1 = &queued(r1.port, "cdn:purge:eu:edge-1")[0];
@@ -41,7 +67,12 @@ fn jobs_land_on_every_carrier_with_its_own_key_template() {
     assert_eq!(j2["id"], id.as_str());
     assert_eq!(j1["site"], "a.example.com");
     // Both schemes, host and alias, each node's template.
-    let k1: Vec<&str> = j1["keys"].as_array().unwrap().iter().map(|k| k.as_str().unwrap()).collect();
+    let k1: Vec<&str> = j1["keys"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|k| k.as_str().unwrap())
+        .collect();
     assert_eq!(
         k1,
         [
@@ -51,18 +82,38 @@ fn jobs_land_on_every_carrier_with_its_own_key_template() {
             "httpswww.a.example.com/v/a.mp4?x=1"
         ]
     );
-    assert!(j2["keys"].as_array().unwrap().contains(&serde_json::json!("a.example.com/v/a.mp4?x=1")));
+    assert!(
+        j2["keys"]
+            .as_array()
+            .unwrap()
+            .contains(&serde_json::json!("a.example.com/v/a.mp4?x=1"))
+    );
 
     // A full URL: that scheme and host only.
-    let out = edgeform(f.path(), &["purge", "--site", "a.example.com", "--url", "https://www.a.example.com/b"]);
+    let out = edgeform(
+        f.path(),
+        &[
+            "purge",
+            "--site",
+            "a.example.com",
+            "--url",
+            "https://www.a.example.com/b",
+        ],
+    );
     assert_eq!(out.status.code(), Some(0));
     let j = &queued(r1.port, "cdn:purge:eu:edge-1")[1];
     assert_eq!(j["keys"], serde_json::json!(["httpswww.a.example.com/b"]));
 
     // A prefix: a grep job over the KEY line, checked by the agent's engine.
-    let out = edgeform(f.path(), &["purge", "--site", "a.example.com", "--prefix", "/img/"]);
+    let out = edgeform(
+        f.path(),
+        &["purge", "--site", "a.example.com", "--prefix", "/img/"],
+    );
     assert_eq!(out.status.code(), Some(0));
-    let grep = queued(r1.port, "cdn:purge:eu:edge-1")[2]["grep"].as_str().unwrap().to_owned();
+    let grep = queued(r1.port, "cdn:purge:eu:edge-1")[2]["grep"]
+        .as_str()
+        .unwrap()
+        .to_owned();
     let re = edgestate::purge::matcher(&grep).unwrap();
     assert!(re.is_match(b"KEY: httpswww.a.example.com/img/x.png"));
     assert!(!re.is_match(b"KEY: httpa.example.com/css/x.css"));
@@ -79,12 +130,35 @@ fn bad_requests_queue_nothing() {
     let (r1, r2) = (harness::redis(&[]), harness::redis(&[]));
     let f = setup(r1.port, r2.port);
     for (args, says) in [
-        (vec!["--site", "a.example.com", "--regex", "(?=lookahead)"], "refuses"),
-        (vec!["--site", "a.example.com", "--regex", "(a)\\1"], "refuses"),
-        (vec!["--site", "nope.example.com", "--all"], "no site has the hostname"),
-        (vec!["--site", "a.example.com", "--url", "https://other.example.com/x"], "not a hostname of site"),
-        (vec!["--site", "a.example.com", "--prefix", "img/"], "must start with `/`"),
-        (vec!["--site", "eu.example.com", "--all", "--node", "edge-2"], "not an edge"),
+        (
+            vec!["--site", "a.example.com", "--regex", "(?=lookahead)"],
+            "refuses",
+        ),
+        (
+            vec!["--site", "a.example.com", "--regex", "(a)\\1"],
+            "refuses",
+        ),
+        (
+            vec!["--site", "nope.example.com", "--all"],
+            "no site has the hostname",
+        ),
+        (
+            vec![
+                "--site",
+                "a.example.com",
+                "--url",
+                "https://other.example.com/x",
+            ],
+            "not a hostname of site",
+        ),
+        (
+            vec!["--site", "a.example.com", "--prefix", "img/"],
+            "must start with `/`",
+        ),
+        (
+            vec!["--site", "eu.example.com", "--all", "--node", "edge-2"],
+            "not an edge",
+        ),
     ] {
         let mut a = vec!["purge"];
         a.extend(args.iter().copied());
@@ -93,7 +167,17 @@ fn bad_requests_queue_nothing() {
         assert!(stderr(&out).contains(says), "{args:?}: {}", stderr(&out));
     }
     // Two patterns at once is a usage error (exit 2 from clap).
-    let out = edgeform(f.path(), &["purge", "--site", "a.example.com", "--all", "--prefix", "/x"]);
+    let out = edgeform(
+        f.path(),
+        &[
+            "purge",
+            "--site",
+            "a.example.com",
+            "--all",
+            "--prefix",
+            "/x",
+        ],
+    );
     assert_eq!(out.status.code(), Some(2));
     assert!(queued(r1.port, "cdn:purge:eu:edge-1").is_empty());
     assert!(queued(r2.port, "cdn:purge:us:edge-2").is_empty());
@@ -107,30 +191,77 @@ fn wait_reports_each_node_and_names_the_pending_on_timeout() {
     let port = r1.port;
     let worker = std::thread::spawn(move || {
         let mut c = con(port);
-        let job: Option<(String, String)> =
-            redis::cmd("BLPOP").arg("cdn:purge:eu:edge-1").arg(10).query(&mut c).unwrap();
+        let job: Option<(String, String)> = redis::cmd("BLPOP")
+            .arg("cdn:purge:eu:edge-1")
+            .arg(10)
+            .query(&mut c)
+            .unwrap();
         let v: serde_json::Value = serde_json::from_str(&job.unwrap().1).unwrap();
         let id = v["id"].as_str().unwrap().to_owned();
-        redis::cmd("HSET").arg(format!("cdn:purge:done:{id}")).arg("edge-1").arg("3").exec(&mut c).unwrap();
+        redis::cmd("HSET")
+            .arg(format!("cdn:purge:done:{id}"))
+            .arg("edge-1")
+            .arg("3")
+            .exec(&mut c)
+            .unwrap();
     });
-    let out = edgeform(f.path(), &["purge", "--site", "a.example.com", "--all", "--wait", "2"]);
+    let out = edgeform(
+        f.path(),
+        &["purge", "--site", "a.example.com", "--all", "--wait", "2"],
+    );
     worker.join().unwrap();
     assert_eq!(out.status.code(), Some(1));
-    assert!(stdout(&out).contains("edge-1: 3 file(s) removed"), "{}", stdout(&out));
-    assert!(stderr(&out).contains("still pending: edge-2"), "{}", stderr(&out));
+    assert!(
+        stdout(&out).contains("edge-1: 3 file(s) removed"),
+        "{}",
+        stdout(&out)
+    );
+    assert!(
+        stderr(&out).contains("still pending: edge-2"),
+        "{}",
+        stderr(&out)
+    );
     // Failed results are shown and exit 1.
-    redis::cmd("DEL").arg("cdn:purge:us:edge-2").exec(&mut con(r2.port)).unwrap();
+    redis::cmd("DEL")
+        .arg("cdn:purge:us:edge-2")
+        .exec(&mut con(r2.port))
+        .unwrap();
     let port = r2.port;
     let worker = std::thread::spawn(move || {
         let mut c = con(port);
-                let job: Option<(String, String)> =
-            redis::cmd("BRPOP").arg("cdn:purge:us:edge-2").arg(10).query(&mut c).unwrap();
+        let job: Option<(String, String)> = redis::cmd("BRPOP")
+            .arg("cdn:purge:us:edge-2")
+            .arg(10)
+            .query(&mut c)
+            .unwrap();
         let v: serde_json::Value = serde_json::from_str(&job.unwrap().1).unwrap();
         let id = v["id"].as_str().unwrap().to_owned();
-        redis::cmd("HSET").arg(format!("cdn:purge:done:{id}")).arg("edge-2").arg("failed: disk on fire").exec(&mut c).unwrap();
+        redis::cmd("HSET")
+            .arg(format!("cdn:purge:done:{id}"))
+            .arg("edge-2")
+            .arg("failed: disk on fire")
+            .exec(&mut c)
+            .unwrap();
     });
-    let out = edgeform(f.path(), &["purge", "--site", "a.example.com", "--all", "--node", "edge-2", "--wait", "5"]);
+    let out = edgeform(
+        f.path(),
+        &[
+            "purge",
+            "--site",
+            "a.example.com",
+            "--all",
+            "--node",
+            "edge-2",
+            "--wait",
+            "5",
+        ],
+    );
     worker.join().unwrap();
     assert_eq!(out.status.code(), Some(1));
-    assert!(stdout(&out).contains("edge-2: failed: disk on fire"), "{}{}", stdout(&out), stderr(&out));
+    assert!(
+        stdout(&out).contains("edge-2: failed: disk on fire"),
+        "{}{}",
+        stdout(&out),
+        stderr(&out)
+    );
 }

@@ -1,0 +1,357 @@
+//! Longest-prefix match: which route covers a viewer's address most
+//! specifically (seed 002, CDN zones; SPEC §5 "Restricted").
+//!
+//! [`Lpm`] maps IPv4 and IPv6 [`Prefix`]es to values (a zone index, say)
+//! and answers [`Lpm::lookup`] with the value of the longest prefix that
+//! contains the address. It is built once from the whole route list and
+//! then only read, so it can be shared between threads without locks; a
+//! changed route list means a new table.
+//!
+//! # Semantics
+//!
+//! - **Longest wins**, across all values: `10.2.77.5` against `10.0.0.0/8`,
+//!   `10.2.0.0/16` and `10.2.77.0/24` gets the `/24`'s value.
+//! - **`/0` routes** (`0.0.0.0/0`, `::/0`) are ordinary routes: they match
+//!   every address of their family, as the seed's "general route" needs.
+//! - **Families stay apart**: an IPv4 route never matches an IPv6 address
+//!   and the other way round — except for IPv4-mapped IPv6 addresses
+//!   (`::ffff:a.b.c.d`), which are the IPv4 client `a.b.c.d` seen through a
+//!   dual-stack socket and are looked up as IPv4 (against IPv4 routes
+//!   only; `::/0` does not match them). For the same reason an IPv6 route
+//!   inside `::ffff:0:0/96` is stored as the equivalent IPv4 route.
+//! - **Duplicate prefixes are an error** ([`LpmError::DuplicatePrefix`],
+//!   with both input positions): two zones claiming one network is a
+//!   configuration conflict, and letting input order pick the winner would
+//!   make routing depend on file order.
+//! - Prefixes must be canonical (host bits clear): [`Prefix::new`] refuses
+//!   `10.0.0.1/8`.
+//!
+//! # Structure
+//!
+//! Prefixes nest or are disjoint, so a route list cuts each family's address
+//! space into at most `2n + 1` intervals on which the answer is constant.
+//! Lookup is then "which interval holds the address", a search in a sorted
+//! array — with no per-bit walk, no pointer chasing, and no prefix
+//! expansion (DIR-24-8-style tables expand every `/25`–`/32` route into a
+//! 256-entry chunk, hundreds of MiB for a million random routes). This is
+//! the DXR scheme (Zec, Rizzo, Mikuc 2012):
+//!
+//! - a **directory** indexed by the top bits of the address holds, per
+//!   slot, the offset of the slot's run of intervals (module `ranges`);
+//! - a **binary search** over the run, a few entries long, finds the
+//!   interval; each entry is (first address, route index), 8 bytes for
+//!   IPv4, so a run is usually one cache line.
+//!
+//! The directory's width follows the number of intervals (about four per
+//! slot, at most 2^20 slots), so memory is linear in the routes: an empty
+//! or ten-route table is a few hundred bytes, with no fixed 2^16 or 2^24
+//! array.
+//!
+//! IPv6 uses the same tables over the **top 64 bits**: every route up to
+//! `/64` starts and ends on a `/64` boundary, so the top table answers
+//! those in one search. A `/64` block in which a longer route starts or
+//! ends gets its own table over the low 64 bits; the top table's interval
+//! for that block refers to it (a flag bit in the answer), which costs a
+//! second search only for addresses in such blocks.
+//!
+//! # Cost
+//!
+//! Lookup: one or two directory reads (two neighbouring offsets), then
+//! ⌈log2 run⌉ comparisons in one or two cache lines, plus a second such
+//! search for addresses in IPv6 `/64`s with longer routes. Every branch in
+//! the search is data-independent (see `Ranges::find`). Build: one sort
+//! of the routes, then linear passes. Measured by `cargo bench -p
+//! edgestate --bench lpm` with 1M random IPv4 prefixes (`/8`–`/32`) plus
+//! 100k random IPv6 prefixes (`/16`–`/64`), against `prefix-trie`: see
+//! that benchmark's header for the figures.
+
+mod prefix;
+mod ranges;
+#[cfg(test)]
+mod tests;
+
+use std::fmt;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+
+pub use prefix::{LpmError, Prefix};
+use prefix::{mask4, mask6};
+use ranges::{Ranges, Span, boundaries, set_bound};
+
+/// Flag in an IPv6 top-table answer: the rest is the index of the
+/// sub-table for the low 64 bits.
+const SUB: u32 = 1 << 31;
+
+/// The answer "no route". Above every route index (see
+/// [`Lpm::MAX_ROUTES`]), so `values.get(NONE)` is `None` without a branch
+/// of its own, and without the [`SUB`] bit.
+const NONE: u32 = SUB - 1;
+
+/// A longest-prefix-match table from IPv4 and IPv6 prefixes to values.
+///
+/// See the [module documentation](self) for the matching rules and the
+/// structure.
+///
+/// ```
+/// use edgestate::lpm::{Lpm, Prefix};
+///
+/// let zones = Lpm::new([
+///     ("10.0.0.0/8".parse::<Prefix>()?, "eu"),
+///     ("10.2.0.0/16".parse()?, "nyc"),
+///     ("::/0".parse()?, "v6"),
+/// ])?;
+/// assert_eq!(zones.lookup("10.2.3.4".parse()?), Some(&"nyc"));
+/// assert_eq!(zones.lookup("10.9.3.4".parse()?), Some(&"eu"));
+/// assert_eq!(zones.lookup("::ffff:10.9.3.4".parse()?), Some(&"eu"));
+/// assert_eq!(zones.lookup("2001:db8::1".parse()?), Some(&"v6"));
+/// assert_eq!(zones.lookup("192.0.2.1".parse()?), None);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Clone)]
+pub struct Lpm<V> {
+    /// The routes' values in input order; answers index into it.
+    values: Vec<V>,
+    /// One table over IPv4 addresses.
+    v4: Ranges<u32>,
+    /// Table 0 over the top 64 bits of IPv6 addresses, then one table over
+    /// the low 64 bits per `/64` block that holds longer routes.
+    v6: Ranges<u64>,
+}
+
+impl<V> Lpm<V> {
+    /// The most routes one table takes: 2^28, far beyond any routing
+    /// table, and small enough that every internal offset fits in `u32`.
+    pub const MAX_ROUTES: usize = 1 << 28;
+
+    /// Builds the table from `(prefix, value)` routes, IPv4 and IPv6 in any
+    /// order.
+    ///
+    /// # Errors
+    ///
+    /// [`LpmError::DuplicatePrefix`] if a prefix occurs twice (an
+    /// IPv4-mapped IPv6 prefix and its IPv4 equivalent count as the same),
+    /// [`LpmError::TooManyRoutes`] beyond [`Lpm::MAX_ROUTES`].
+    pub fn new<I>(routes: I) -> Result<Self, LpmError>
+    where
+        I: IntoIterator<Item = (Prefix, V)>,
+    {
+        let routes = routes.into_iter();
+        let hint = routes.size_hint().0.min(Self::MAX_ROUTES);
+        let mut values = Vec::with_capacity(hint);
+        // (network as a number, length, route index), per family.
+        let mut v4: Vec<(u128, u8, u32)> = Vec::new();
+        let mut v6: Vec<(u128, u8, u32)> = Vec::new();
+        for (index, (prefix, value)) in routes.enumerate() {
+            let index = u32::try_from(index)
+                .ok()
+                .filter(|&i| (i as usize) < Self::MAX_ROUTES)
+                .ok_or(LpmError::TooManyRoutes {
+                    max: Self::MAX_ROUTES,
+                })?;
+            let prefix = prefix.unmapped();
+            let len = prefix.prefix_len();
+            match prefix.addr() {
+                IpAddr::V4(a) => v4.push((u128::from(u32::from(a)), len, index)),
+                IpAddr::V6(a) => v6.push((u128::from(a), len, index)),
+            }
+            values.push(value);
+        }
+        values.shrink_to_fit();
+
+        let v4 = spans(
+            v4,
+            |start, len| start | u128::from(!mask4(len)),
+            |start, len| {
+                let addr = Ipv4Addr::from(u32::try_from(start).unwrap_or(u32::MAX));
+                Prefix::truncate(addr, len)
+            },
+        )?;
+        let v6 = spans(
+            v6,
+            |start, len| start | !mask6(len),
+            |start, len| Prefix::truncate(Ipv6Addr::from(start), len),
+        )?;
+
+        let v4 = build_v4(&boundaries(&v4, u128::from(u32::MAX), NONE));
+        let v6 = build_v6(&boundaries(&v6, u128::MAX, NONE));
+        Ok(Self { values, v4, v6 })
+    }
+
+    /// The value of the longest prefix containing `addr`, if any.
+    /// IPv4-mapped IPv6 addresses are looked up as IPv4 (see the module
+    /// documentation).
+    #[inline]
+    #[must_use]
+    pub fn lookup(&self, addr: IpAddr) -> Option<&V> {
+        match addr {
+            IpAddr::V4(a) => self.lookup_v4(a),
+            IpAddr::V6(a) => self.lookup_v6(a),
+        }
+    }
+
+    /// [`Lpm::lookup`] for an IPv4 address.
+    #[inline]
+    #[must_use]
+    pub fn lookup_v4(&self, addr: Ipv4Addr) -> Option<&V> {
+        self.values.get(self.v4.find(0, u32::from(addr)) as usize)
+    }
+
+    /// [`Lpm::lookup`] for an IPv6 address; an IPv4-mapped one
+    /// (`::ffff:a.b.c.d`) is looked up as the IPv4 address.
+    #[inline]
+    #[must_use]
+    pub fn lookup_v6(&self, addr: Ipv6Addr) -> Option<&V> {
+        let bits = u128::from(addr);
+        // The casts split the address; dropping the upper bits is the point.
+        #[allow(clippy::cast_possible_truncation)]
+        let (high, low, embedded_v4) = ((bits >> 64) as u64, bits as u64, bits as u32);
+        if bits >> 32 == 0xffff {
+            return self.lookup_v4(Ipv4Addr::from(embedded_v4));
+        }
+        let mut answer = self.v6.find(0, high);
+        if answer & SUB != 0 {
+            answer = self.v6.find((answer & !SUB) as usize, low);
+        }
+        self.values.get(answer as usize)
+    }
+
+    /// Number of routes.
+    #[must_use]
+    pub fn len(&self) -> usize {
+        self.values.len()
+    }
+
+    /// Whether the table has no routes (every lookup answers `None`).
+    #[must_use]
+    pub fn is_empty(&self) -> bool {
+        self.values.is_empty()
+    }
+
+    /// Heap bytes held by the table: the index plus the values array
+    /// (`len() * size_of::<V>()`), not counting what the values themselves
+    /// own on the heap.
+    #[must_use]
+    pub fn heap_bytes(&self) -> usize {
+        self.values.capacity() * size_of::<V>() + self.v4.heap_bytes() + self.v6.heap_bytes()
+    }
+}
+
+impl<V> Default for Lpm<V> {
+    /// The table without routes.
+    fn default() -> Self {
+        Self {
+            values: Vec::new(),
+            v4: build_v4(&[(0, NONE)]),
+            v6: build_v6(&[(0, NONE)]),
+        }
+    }
+}
+
+impl<V> fmt::Debug for Lpm<V> {
+    /// A summary: a big table's contents are no use in a log line.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Lpm")
+            .field("routes", &self.len())
+            .field("heap_bytes", &self.heap_bytes())
+            .finish_non_exhaustive()
+    }
+}
+
+/// Sorts one family's prefixes, outer first for equal starts, refuses
+/// duplicates and returns them as key intervals. `end(start, len)` is the
+/// last key a prefix covers, `prefix(start, len)` the prefix itself (for
+/// the error).
+fn spans(
+    mut prefixes: Vec<(u128, u8, u32)>,
+    end: impl Fn(u128, u8) -> u128,
+    prefix: impl Fn(u128, u8) -> Result<Prefix, LpmError>,
+) -> Result<Vec<Span>, LpmError> {
+    prefixes.sort_unstable_by_key(|&(start, len, _)| (start, len));
+    if let Some(w) = prefixes
+        .windows(2)
+        .find(|w| (w[0].0, w[0].1) == (w[1].0, w[1].1))
+    {
+        let (start, len) = (w[0].0, w[0].1);
+        let (first, second) = (w[0].2.min(w[1].2), w[0].2.max(w[1].2));
+        return Err(LpmError::DuplicatePrefix {
+            prefix: prefix(start, len)?,
+            first: first as usize,
+            second: second as usize,
+        });
+    }
+    Ok(prefixes
+        .into_iter()
+        .map(|(start, len, val)| Span {
+            start,
+            end: end(start, len),
+            val,
+        })
+        .collect())
+}
+
+/// The IPv4 table from its intervals (keys below 2^32).
+fn build_v4(bounds: &[(u128, u32)]) -> Ranges<u32> {
+    let bounds: Vec<(u32, u32)> = bounds
+        .iter()
+        .map(|&(key, val)| (u32::try_from(key).unwrap_or(u32::MAX), val))
+        .collect();
+    let mut ranges = Ranges::default();
+    ranges.push_table(&bounds);
+    ranges.shrink_to_fit();
+    ranges
+}
+
+/// The IPv6 tables from the intervals over the whole 128-bit space: a top
+/// table over the high 64 bits, and a table over the low 64 bits for each
+/// `/64` block that an interval starts inside of.
+fn build_v6(bounds: &[(u128, u32)]) -> Ranges<u64> {
+    #[allow(clippy::cast_possible_truncation)] // the point: split in halves
+    let split = |key: u128| ((key >> 64) as u64, key as u64);
+    let mut top: Vec<(u64, u32)> = Vec::new();
+    // The sub-tables' intervals back to back, and where each one starts.
+    let mut sub_bounds: Vec<(u64, u32)> = Vec::new();
+    let mut sub_starts: Vec<usize> = Vec::new();
+    // The answer in effect just before the block being looked at.
+    let mut before = NONE;
+    let mut rest = bounds;
+    while let Some(&(first, _)) = rest.first() {
+        let high = split(first).0;
+        let n = rest.iter().take_while(|b| split(b.0).0 == high).count();
+        let (block, tail) = rest.split_at(n);
+        rest = tail;
+        let last = block[n - 1].1;
+        if n == 1 && split(first).1 == 0 {
+            // Constant over the whole /64 and beyond: an ordinary interval.
+            set_bound(&mut top, high, last);
+        } else {
+            // Something changes inside this /64: the top table sends its
+            // addresses to a table of their own over the low 64 bits.
+            sub_starts.push(sub_bounds.len());
+            if split(first).1 != 0 {
+                sub_bounds.push((0, before));
+            }
+            sub_bounds.extend(block.iter().map(|&(key, val)| (split(key).1, val)));
+            // At most one sub-table per IPv6 route end point, far below
+            // 2^31 (`Lpm::MAX_ROUTES`): the cast is lossless.
+            #[allow(clippy::cast_possible_truncation)]
+            let table = sub_starts.len() as u32;
+            set_bound(&mut top, high, SUB | table);
+            // The block's last answer carries on at the next /64, unless
+            // the next block starts with an interval of its own there.
+            if let Some(next) = high.checked_add(1) {
+                top.push((next, last));
+            }
+        }
+        before = last;
+    }
+    // Sub-table references are unique, so only plain answers can merge.
+    top.dedup_by(|next, prev| next.1 == prev.1);
+
+    let mut ranges = Ranges::default();
+    ranges.push_table(&top);
+    sub_starts.push(sub_bounds.len());
+    for w in sub_starts.windows(2) {
+        ranges.push_table(&sub_bounds[w[0]..w[1]]);
+    }
+    ranges.shrink_to_fit();
+    ranges
+}

@@ -1,0 +1,294 @@
+//! Range tables: the address space cut into intervals with one answer each,
+//! found through a direct index on the top bits plus a short binary search.
+//!
+//! A set of prefixes splits the key space into at most `2n + 1` maximal
+//! intervals on which the longest match does not change ([`boundaries`]).
+//! A table stores each interval as an [`Entry`] (its first key and the
+//! answer), sorted. To avoid a binary search over all of them, the top
+//! `bits` of the key index a directory of offsets (CSR style: slot `s` owns
+//! `entries[dir[s]..dir[s + 1]]`); each slot's run begins with the interval
+//! in effect at the slot's first key, so the search inside a run never
+//! needs to look left of it. `bits` is chosen from the number of
+//! intervals, so a slot holds a handful of entries on average (one or two
+//! cache lines) and a ten-route table has a directory of one or two slots.
+//!
+//! Several tables can share one [`Ranges`] (the IPv6 table keeps one top
+//! table plus one per `/64` that holds longer routes), each named by the
+//! index of its [`Header`]; sharing the vectors keeps the number of
+//! allocations constant however many tables there are.
+
+/// A key type: `u32` for IPv4 addresses, `u64` for either half of an IPv6
+/// address.
+pub(super) trait Key: Copy + Ord + Default {
+    /// The largest key, the key of the padding after a table.
+    const MAX: Self;
+    /// How many entries a lookup compares at once (see [`Ranges::find`]).
+    const WINDOW: usize;
+    /// Average number of interval starts per directory slot that the
+    /// sizing aims at (see [`dir_bits`]).
+    const PER_SLOT: usize;
+    /// The top `bits` bits (`bits` ≤ [`MAX_DIR_BITS`]) as a slot number.
+    fn slot(self, bits: u32) -> usize;
+    /// The first key of slot `slot` in a directory of `bits` bits.
+    fn slot_start(slot: usize, bits: u32) -> Self;
+}
+
+macro_rules! impl_key {
+    ($t:ty, window: $w:expr, per_slot: $p:expr) => {
+        impl Key for $t {
+            const MAX: Self = <$t>::MAX;
+            const WINDOW: usize = $w;
+            const PER_SLOT: usize = $p;
+
+            #[inline]
+            fn slot(self, bits: u32) -> usize {
+                // Two shifts rather than `>> (BITS - bits)`: for `bits == 0`
+                // that would shift by the full width (an overflow); this way
+                // no branch is needed on the lookup path. The result has at
+                // most MAX_DIR_BITS bits, so the cast cannot truncate.
+                ((self >> 1) >> (<$t>::BITS - 1 - bits)) as usize
+            }
+
+            fn slot_start(slot: usize, bits: u32) -> Self {
+                if bits == 0 {
+                    0
+                } else {
+                    (slot as $t) << (<$t>::BITS - bits)
+                }
+            }
+        }
+    };
+}
+// IPv4: 8-byte entries, so a window is 64 bytes (one or two cache lines).
+impl_key!(u32, window: 8, per_slot: 2);
+// IPv6 halves: 16-byte entries; a smaller window keeps it at 64 bytes, and
+// a sparser directory keeps runs within it.
+impl_key!(u64, window: 4, per_slot: 1);
+
+/// The most directory bits a table gets: 2^20 slots are 4 MiB of offsets.
+/// Bigger tables get longer runs instead, and more of them take the
+/// slower path ([`LONG`]).
+pub(super) const MAX_DIR_BITS: u32 = 20;
+
+/// Flag in a directory entry: the slot's run is longer than the window,
+/// search it with a binary search instead.
+const LONG: u32 = 1 << 31;
+
+/// One interval of a table: from `key` up to the next entry's key, the
+/// answer is `val`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) struct Entry<K> {
+    /// First key of the interval.
+    key: K,
+    /// The answer: a route index, [`super::NONE`], or for the IPv6 top
+    /// table a sub-table reference ([`super::SUB`]).
+    val: u32,
+}
+
+/// Where one table lives inside a [`Ranges`].
+#[derive(Clone, Copy, Debug)]
+struct Header {
+    /// Directory width: the top `bits` of a key pick the slot.
+    bits: u32,
+    /// Index of the table's first directory slot in [`Ranges::dir`].
+    dir: u32,
+}
+
+/// Storage for one or more range tables over keys `K`.
+#[derive(Clone, Debug, Default)]
+pub(super) struct Ranges<K> {
+    /// Per table, `2^bits + 1` entries: for each slot, the index (in
+    /// `entries`) of the interval in effect at the slot's first key, with
+    /// [`LONG`] set if more than a window of intervals meet the slot; then
+    /// the index of the table's last interval (the end of the last run).
+    dir: Vec<u32>,
+    /// Every table's intervals, sorted, each table followed by
+    /// `WINDOW - 1` padding entries ([`Key::MAX`], last answer) so that a
+    /// window never reads past its table.
+    entries: Vec<Entry<K>>,
+    /// The tables, by the index [`Ranges::push_table`] returned.
+    headers: Vec<Header>,
+}
+
+impl<K: Key> Ranges<K> {
+    /// Adds a table and returns its index for [`Ranges::find`].
+    ///
+    /// `bounds` lists the intervals as (first key, answer), sorted by key
+    /// with no key twice, and starts at key 0 (so every key has an answer;
+    /// "no route" is an answer too).
+    pub(super) fn push_table(&mut self, bounds: &[(K, u32)]) -> usize {
+        debug_assert!(bounds.first().is_some_and(|b| b.0 == K::default()));
+        debug_assert!(bounds.windows(2).all(|w| w[0].0 < w[1].0));
+        let bits = dir_bits::<K>(bounds.len());
+        let slots = 1usize << bits;
+        self.headers.push(Header {
+            bits,
+            dir: offset(self.dir.len()),
+        });
+        let base = self.entries.len();
+        let last = bounds.last().map_or(super::NONE, |b| b.1);
+        self.entries.reserve(bounds.len() + K::WINDOW - 1);
+        self.entries
+            .extend(bounds.iter().map(|&(key, val)| Entry { key, val }));
+        self.entries.extend(
+            std::iter::repeat_n(Entry { key: K::MAX, val: last }, K::WINDOW - 1),
+        );
+        self.dir.reserve(slots + 1);
+        // `first`: the last bound at or before the slot's start; `end`: the
+        // first bound at or after the next slot's start.
+        let mut first = 0;
+        let mut end = 0;
+        for slot in 0..slots {
+            let start = K::slot_start(slot, bits);
+            while first + 1 < bounds.len() && bounds[first + 1].0 <= start {
+                first += 1;
+            }
+            end = end.max(first + 1);
+            while end < bounds.len() && bounds[end].0.slot(bits) == slot {
+                end += 1;
+            }
+            let long = if end - first > K::WINDOW { LONG } else { 0 };
+            self.dir.push(offset(base + first) | long);
+        }
+        self.dir.push(offset(base + bounds.len() - 1));
+        self.headers.len() - 1
+    }
+
+    /// Gives back spare capacity once every table is in.
+    pub(super) fn shrink_to_fit(&mut self) {
+        self.dir.shrink_to_fit();
+        self.entries.shrink_to_fit();
+        self.headers.shrink_to_fit();
+    }
+
+    /// The answer of table `table` for `key`.
+    ///
+    /// One directory read gives the interval in effect at the start of the
+    /// key's slot; the answer is among the next `WINDOW` entries, which
+    /// are compared all at once: the count of those starting at or before
+    /// `key` is the offset of its interval. The work is the same for every
+    /// key — no branch depends on the data, so the processor overlaps
+    /// consecutive lookups instead of stalling on a mispredicted
+    /// comparison, and each lookup costs two dependent memory reads (the
+    /// directory slot, then one 64-byte window). Only runs longer than the
+    /// window, rare when the directory is sized by [`dir_bits`], take a
+    /// binary search ([`Ranges::find_long`]).
+    #[inline]
+    pub(super) fn find(&self, table: usize, key: K) -> u32 {
+        let header = self.headers[table];
+        let slot = header.dir as usize + key.slot(header.bits);
+        let first = self.dir[slot];
+        if first & LONG != 0 {
+            return self.find_long(slot, key);
+        }
+        let first = first as usize;
+        let window = &self.entries[first..first + K::WINDOW];
+        let at_or_before: usize = window.iter().map(|e| usize::from(e.key <= key)).sum();
+        // At least 1: the window starts with the interval in effect at the
+        // slot's start, which is at or before `key`.
+        window[at_or_before - 1].val
+    }
+
+    /// [`Ranges::find`] for a slot whose run exceeds the window.
+    #[cold]
+    #[inline(never)]
+    fn find_long(&self, slot: usize, key: K) -> u32 {
+        let first = (self.dir[slot] & !LONG) as usize;
+        // Up to the next slot's first interval, inclusive: that one starts
+        // at or after the next slot's start, so after `key`.
+        let end = (self.dir[slot + 1] & !LONG) as usize + 1;
+        let run = &self.entries[first..end];
+        let at_or_before = run.partition_point(|e| e.key <= key);
+        run[at_or_before - 1].val
+    }
+
+    /// Bytes allocated on the heap.
+    pub(super) fn heap_bytes(&self) -> usize {
+        self.dir.capacity() * size_of::<u32>()
+            + self.entries.capacity() * size_of::<Entry<K>>()
+            + self.headers.capacity() * size_of::<Header>()
+    }
+}
+
+/// Directory width for a table of `intervals` intervals: about
+/// [`Key::PER_SLOT`] per slot (rounded so the average is at most that),
+/// at most [`MAX_DIR_BITS`].
+fn dir_bits<K: Key>(intervals: usize) -> u32 {
+    let slots = intervals.div_ceil(K::PER_SLOT);
+    // ceil(log2(slots)); 0 bits (one slot) for a single one.
+    slots.next_power_of_two().trailing_zeros().min(MAX_DIR_BITS)
+}
+
+/// An offset into `entries` or `dir` as stored. The route limit
+/// (`Lpm::MAX_ROUTES`) keeps every table small enough for `u32` without
+/// the [`LONG`] bit.
+fn offset(n: usize) -> u32 {
+    let n = u32::try_from(n).expect("route limit keeps offsets below 2^31");
+    debug_assert!(n & LONG == 0);
+    n
+}
+
+/// A prefix as the closed key interval `[start, end]` it covers, with the
+/// route index it answers.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Span {
+    /// First key covered.
+    pub(super) start: u128,
+    /// Last key covered.
+    pub(super) end: u128,
+    /// Route index.
+    pub(super) val: u32,
+}
+
+/// Cuts `[0, max]` into the maximal intervals on which the longest match
+/// is constant: (first key, route index or `none`), sorted, starting at 0,
+/// no two neighbours with the same answer.
+///
+/// `spans` must be prefixes (any two are nested or disjoint), all within
+/// `[0, max]`, sorted by start and, for equal starts, outer (longer span)
+/// first, without duplicates. A sweep with a stack of the prefixes that
+/// cover the current key then emits an interval start wherever a prefix
+/// begins (its answer) or ends (the enclosing prefix's answer, or `none`).
+/// Linear after the sort.
+pub(super) fn boundaries(spans: &[Span], max: u128, none: u32) -> Vec<(u128, u32)> {
+    let mut out = Vec::with_capacity(2 * spans.len() + 1);
+    out.push((0, none));
+    // The open prefixes, outermost first; each is nested in the one below.
+    let mut open: Vec<(u128, u32)> = Vec::new();
+    let close_until = |open: &mut Vec<(u128, u32)>, out: &mut Vec<(u128, u32)>, key: u128| {
+        while let Some(&(end, _)) = open.last() {
+            if end >= key {
+                break;
+            }
+            open.pop();
+            let outer = open.last().map_or(none, |o| o.1);
+            // `end < key <= max`, so `end + 1` cannot overflow.
+            set_bound(out, end + 1, outer);
+        }
+    };
+    for span in spans {
+        close_until(&mut open, &mut out, span.start);
+        set_bound(&mut out, span.start, span.val);
+        open.push((span.end, span.val));
+    }
+    // Close what is left; a prefix ending at `max` has no interval after it.
+    while let Some((end, _)) = open.pop() {
+        if end < max {
+            let outer = open.last().map_or(none, |o| o.1);
+            set_bound(&mut out, end + 1, outer);
+        }
+    }
+    out.dedup_by(|next, prev| next.1 == prev.1);
+    out
+}
+
+/// Appends an interval start, or, if the last one starts at the same key,
+/// overrides its answer: of several events at one key the last is right
+/// (a prefix starting where others end; several nested prefixes ending
+/// together, innermost closed first).
+pub(super) fn set_bound<T: PartialEq>(out: &mut Vec<(T, u32)>, key: T, val: u32) {
+    match out.last_mut() {
+        Some(last) if last.0 == key => last.1 = val,
+        _ => out.push((key, val)),
+    }
+}

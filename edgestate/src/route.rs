@@ -1,0 +1,650 @@
+//! Routing decisions: pure functions of the compiled routing table, a
+//! health snapshot and the request (SPEC §5). No I/O, no runtime: the
+//! agent's `/route` and `edgeform route` call the same code, so `route`
+//! explains the very choice the agent makes.
+//!
+//! **Playback (seed 002).** The client IP is the socket peer, or — when the
+//! peer is a trusted proxy — the last address of a well-formed
+//! `X-Forwarded-For`. With no route in any zone, routing is *unrestricted*:
+//! eligible edges first, then ingest nodes carrying the stream. Once any
+//! route exists it is *restricted*: the longest prefix over all zones picks
+//! the zone (no match, or no client IP: 403), and only the nodes of the
+//! zone chain (zone, fallback, … stopping at none, a missing or a repeated
+//! zone) may serve. In a zone, edge and ingest are equal: the eligible node
+//! with the fewest play sessions wins; ties go to the highest rendezvous
+//! hash of (client IP, node), spreading clients evenly and statelessly.
+//! Nothing eligible anywhere: 503 + Retry-After. A stream no report
+//! mentions: 404.
+//!
+//! **Geo (seed 000).** Strictly nearest online edge by haversine distance
+//! from the client's location; edges within `tie_km` of the nearest are
+//! tied and chosen by rendezvous hash of the client IP, so a client stays
+//! put when another tied edge goes away.
+
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+
+use serde::{Deserialize, Serialize};
+
+use crate::lpm::{Lpm, Prefix};
+use crate::routing::{Location, Node, RoutingTable, haversine_km};
+
+/// One node's last health report (the fields routing needs).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodeHealth {
+    #[serde(default)]
+    pub online: Option<bool>,
+    #[serde(default)]
+    pub play_sessions: Option<u64>,
+    #[serde(default)]
+    pub out_kbit: Option<u64>,
+    #[serde(default)]
+    pub streams: Option<Vec<String>>,
+    /// The report is the last one known while its source is unreachable.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub stale: bool,
+}
+
+/// A health snapshot: `{"nodes": {"<name>": {...}}}`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Health {
+    #[serde(default)]
+    pub nodes: BTreeMap<String, NodeHealth>,
+}
+
+/// Seconds a 503 asks the player to wait.
+pub const RETRY_AFTER_SECS: u32 = 5;
+
+/// How a chosen node delivers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Mode {
+    /// 302 to the node's payload URL.
+    Redirect,
+    /// No payload URL: the router proxies the media from the node.
+    Proxy,
+}
+
+/// One node as listed in a decision (JSON view), with why it was or was
+/// not eligible.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Candidate {
+    pub node: String,
+    pub play_sessions: Option<u64>,
+    pub eligible: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    /// Public addresses only (private ones are left out).
+    pub addresses: Vec<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub public_url: Option<String>,
+}
+
+/// One zone of the chain with its nodes by increasing load.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ZoneListing {
+    pub zone: String,
+    pub nodes: Vec<Candidate>,
+}
+
+/// A playback decision, with every reason.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Decision {
+    /// 302, 403, 404 or 503.
+    pub status: u16,
+    pub node: Option<String>,
+    pub zone: Option<String>,
+    /// Zone names in chain order (empty when unrestricted).
+    pub chain: Vec<String>,
+    /// Redirect target (payload URL + stream) when `mode` is redirect.
+    pub location: Option<String>,
+    pub mode: Option<Mode>,
+    pub client_ip: Option<String>,
+    /// Each step, and why each node was excluded.
+    pub reasons: Vec<String>,
+    /// The chain's zones (or the unrestricted tiers) with their nodes.
+    pub zones: Vec<ZoneListing>,
+}
+
+/// A prepared table: zones indexed for longest-prefix match.
+#[derive(Debug, Clone)]
+pub struct Router {
+    table: RoutingTable,
+    zone_names: Vec<String>,
+    lpm: Lpm<u32>,
+    restricted: bool,
+    trusted: Vec<Prefix>,
+}
+
+/// IPv4-mapped IPv6 addresses are IPv4 clients.
+fn canonical(ip: IpAddr) -> IpAddr {
+    match ip {
+        IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(ip, IpAddr::V4),
+        v4 @ IpAddr::V4(_) => v4,
+    }
+}
+
+/// A stable 64-bit hash (FNV-1a, then a SplitMix finalizer): the same on
+/// every node and every version, unlike std's hasher.
+#[must_use]
+pub fn stable_hash(parts: &[&[u8]]) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for part in parts {
+        for b in *part {
+            h ^= u64::from(*b);
+            h = h.wrapping_mul(0x0100_0000_01b3);
+        }
+        h ^= 0xff;
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    h ^= h >> 30;
+    h = h.wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    h ^= h >> 27;
+    h = h.wrapping_mul(0x94d0_49bb_1331_11eb);
+    h ^ (h >> 31)
+}
+
+/// Rendezvous (highest random weight) choice of one name for a client.
+fn rendezvous<'a>(client: Option<IpAddr>, names: impl Iterator<Item = &'a str>) -> Option<&'a str> {
+    let key = client.map(|c| c.to_string()).unwrap_or_default();
+    names.max_by_key(|n| (stable_hash(&[key.as_bytes(), n.as_bytes()]), *n))
+}
+
+fn is_private(ip: IpAddr) -> bool {
+    match ip {
+        IpAddr::V4(a) => {
+            a.is_private()
+                || a.is_loopback()
+                || a.is_link_local()
+                || a.is_unspecified()
+                || a.octets()[0] == 100 && (a.octets()[1] & 0xc0) == 64
+        }
+        IpAddr::V6(a) => {
+            a.is_loopback()
+                || a.is_unspecified()
+                || (a.segments()[0] & 0xfe00) == 0xfc00
+                || (a.segments()[0] & 0xffc0) == 0xfe80
+        }
+    }
+}
+
+const PLAYBACK_ROLES: [&str; 3] = ["edge", "ingest", "origin"];
+
+fn has_role(node: &Node, role: &str) -> bool {
+    node.roles.iter().any(|r| r == role)
+}
+
+impl Router {
+    /// Prepare `table` (build the prefix index).
+    ///
+    /// # Errors
+    /// A route or trusted proxy that does not parse (the compiler never
+    /// writes one; a hand-edited table might).
+    pub fn new(table: RoutingTable) -> Result<Router, String> {
+        let zone_names: Vec<String> = table.zones.keys().cloned().collect();
+        let mut prefixes = Vec::new();
+        for (i, (name, zone)) in table.zones.iter().enumerate() {
+            for r in &zone.routes {
+                let p: Prefix = r
+                    .parse()
+                    .map_err(|e| format!("zone {name}: bad route `{r}`: {e}"))?;
+                prefixes.push((p, u32::try_from(i).unwrap_or(u32::MAX)));
+            }
+        }
+        let restricted = !prefixes.is_empty();
+        let lpm = Lpm::new(prefixes).map_err(|e| format!("zone routes: {e}"))?;
+        let trusted = table
+            .trusted_proxies
+            .iter()
+            .map(|t| {
+                t.parse::<Prefix>()
+                    .map_err(|e| format!("bad trusted proxy `{t}`: {e}"))
+            })
+            .collect::<Result<_, _>>()?;
+        Ok(Router {
+            table,
+            zone_names,
+            lpm,
+            restricted,
+            trusted,
+        })
+    }
+
+    #[must_use]
+    pub fn table(&self) -> &RoutingTable {
+        &self.table
+    }
+
+    /// Whether any zone has a route.
+    #[must_use]
+    pub fn restricted(&self) -> bool {
+        self.restricted
+    }
+
+    /// The zone whose route is the longest prefix containing `ip`.
+    #[must_use]
+    pub fn zone_of(&self, ip: IpAddr) -> Option<&str> {
+        self.lpm
+            .lookup(canonical(ip))
+            .map(|i| self.zone_names[*i as usize].as_str())
+    }
+
+    /// The client address: the peer, or the last `X-Forwarded-For` entry
+    /// when the peer is a trusted proxy and the header is well formed.
+    #[must_use]
+    pub fn client_ip(&self, peer: IpAddr, xff: Option<&str>, reasons: &mut Vec<String>) -> IpAddr {
+        let peer = canonical(peer);
+        if !self.trusted.iter().any(|t| t.contains(peer)) {
+            if xff.is_some() {
+                reasons.push(format!(
+                    "peer {peer} is not a trusted proxy: X-Forwarded-For ignored"
+                ));
+            }
+            return peer;
+        }
+        let Some(header) = xff else {
+            reasons.push(format!(
+                "trusted proxy {peer} sent no X-Forwarded-For: using the peer"
+            ));
+            return peer;
+        };
+        let parsed: Option<Vec<IpAddr>> = header
+            .split(',')
+            .map(|p| p.trim().parse::<IpAddr>().ok())
+            .collect();
+        match parsed.as_deref().and_then(<[IpAddr]>::last) {
+            Some(last) => {
+                reasons.push(format!(
+                    "trusted proxy {peer}: client is the last X-Forwarded-For entry {last}"
+                ));
+                canonical(*last)
+            }
+            None => {
+                reasons.push(format!("trusted proxy {peer} sent a malformed X-Forwarded-For `{header}`: using the peer"));
+                peer
+            }
+        }
+    }
+
+    /// The zone chain from `start`: its fallbacks, stopping at none, a
+    /// missing or a repeated zone.
+    #[must_use]
+    pub fn chain(&self, start: &str, reasons: &mut Vec<String>) -> Vec<String> {
+        let mut chain: Vec<String> = Vec::new();
+        let mut next = Some(start.to_owned());
+        while let Some(z) = next {
+            if chain.contains(&z) {
+                reasons.push(format!("chain stops: zone {z} repeats"));
+                break;
+            }
+            let Some(zone) = self.table.zones.get(&z) else {
+                reasons.push(format!("chain stops: zone {z} does not exist"));
+                break;
+            };
+            chain.push(z);
+            next = zone.fallback.clone();
+        }
+        chain
+    }
+
+    /// Why `node` may not serve `stream` now (`None`: eligible).
+    fn exclusion(&self, name: &str, node: &Node, stream: &str, health: &Health) -> Option<String> {
+        let Some(h) = health.nodes.get(name) else {
+            return Some("no health report".into());
+        };
+        if h.online != Some(true) {
+            return Some(if h.online.is_none() {
+                "online missing".into()
+            } else {
+                "offline".into()
+            });
+        }
+        let carries = has_role(node, "edge")
+            || h.streams
+                .as_ref()
+                .is_some_and(|s| s.iter().any(|x| x == stream));
+        if !carries {
+            return Some(format!("does not carry {stream}"));
+        }
+        let Some(sessions) = h.play_sessions else {
+            return Some("play_sessions missing".into());
+        };
+        match node.playback_session_limit {
+            Some(0) => return Some("playback_session_limit is 0".into()),
+            Some(limit) if sessions >= limit => {
+                return Some(format!("at session limit ({sessions} >= {limit})"));
+            }
+            _ => {}
+        }
+        match (node.playback_bandwidth_kbit, h.out_kbit) {
+            (Some(0), _) => return Some("playback_bandwidth_kbit is 0".into()),
+            (Some(_), None) => {
+                return Some("out_kbit missing (needed for playback_bandwidth_kbit)".into());
+            }
+            (Some(limit), Some(out)) if out >= limit => {
+                return Some(format!("at bandwidth limit ({out} >= {limit} kbit/s)"));
+            }
+            _ => {}
+        }
+        None
+    }
+
+    /// List `names`, by increasing load, and pick the winner.
+    fn pick<'a>(
+        &self,
+        names: &[&'a str],
+        stream: &str,
+        health: &Health,
+        client: Option<IpAddr>,
+        reasons: &mut Vec<String>,
+        label: &str,
+    ) -> (Option<&'a str>, Vec<Candidate>) {
+        let mut candidates: Vec<Candidate> = Vec::new();
+        let mut eligible: Vec<(&'a str, u64)> = Vec::new();
+        for name in names {
+            let node = &self.table.nodes[*name];
+            let why = self.exclusion(name, node, stream, health);
+            let sessions = health.nodes.get(*name).and_then(|h| h.play_sessions);
+            match &why {
+                Some(w) => reasons.push(format!("{label}: {name} excluded: {w}")),
+                None => eligible.push((name, sessions.unwrap_or(0))),
+            }
+            candidates.push(Candidate {
+                node: (*name).to_owned(),
+                play_sessions: sessions,
+                eligible: why.is_none(),
+                reason: why,
+                addresses: node
+                    .addresses
+                    .iter()
+                    .filter(|a| a.parse::<IpAddr>().is_ok_and(|ip| !is_private(ip)))
+                    .cloned()
+                    .collect(),
+                public_url: node.public_url.clone(),
+            });
+        }
+        candidates.sort_by(|a, b| {
+            (!a.eligible, a.play_sessions.unwrap_or(u64::MAX), &a.node).cmp(&(
+                !b.eligible,
+                b.play_sessions.unwrap_or(u64::MAX),
+                &b.node,
+            ))
+        });
+        let least = eligible.iter().map(|(_, s)| *s).min();
+        let winner = least.and_then(|least| {
+            let tied: Vec<&'a str> = eligible
+                .iter()
+                .filter(|(_, s)| *s == least)
+                .map(|(n, _)| *n)
+                .collect();
+            if tied.len() > 1 {
+                reasons.push(format!(
+                    "{label}: {} tied at {least} sessions: {}",
+                    tied.len(),
+                    tied.join(", ")
+                ));
+            }
+            rendezvous(client, tied.into_iter())
+        });
+        (winner, candidates)
+    }
+
+    /// The playback decision for `stream`.
+    #[must_use]
+    pub fn decide(
+        &self,
+        peer: Option<IpAddr>,
+        xff: Option<&str>,
+        stream: &str,
+        health: &Health,
+    ) -> Decision {
+        let mut reasons = Vec::new();
+        let client = peer.map(|p| self.client_ip(p, xff, &mut reasons));
+        let mut d = Decision {
+            status: 503,
+            node: None,
+            zone: None,
+            chain: Vec::new(),
+            location: None,
+            mode: None,
+            client_ip: client.map(|c| c.to_string()),
+            reasons: Vec::new(),
+            zones: Vec::new(),
+        };
+        let known = health.nodes.values().any(|h| {
+            h.streams
+                .as_ref()
+                .is_some_and(|s| s.iter().any(|x| x == stream))
+        });
+        if !known {
+            reasons.push(format!("no node reports stream {stream}"));
+            d.status = 404;
+            d.reasons = reasons;
+            return d;
+        }
+        let plays = |n: &Node| PLAYBACK_ROLES.iter().any(|r| has_role(n, r));
+        let winner: Option<(String, Option<String>)> = if self.restricted {
+            let Some(client) = client else {
+                reasons.push("routing is restricted and there is no client IP: refused".into());
+                d.status = 403;
+                d.reasons = reasons;
+                return d;
+            };
+            let Some(zone) = self.zone_of(client) else {
+                reasons.push(format!(
+                    "routing is restricted and no zone route contains {client}: refused"
+                ));
+                d.status = 403;
+                d.reasons = reasons;
+                return d;
+            };
+            reasons.push(format!("{client} matches zone {zone} (longest prefix)"));
+            d.chain = self.chain(zone, &mut reasons);
+            let mut found = None;
+            for z in &d.chain {
+                let names: Vec<&str> = self
+                    .table
+                    .nodes
+                    .iter()
+                    .filter(|(_, n)| n.zone.as_deref() == Some(z.as_str()) && plays(n))
+                    .map(|(k, _)| k.as_str())
+                    .collect();
+                if names.is_empty() {
+                    reasons.push(format!("zone {z}: no playback nodes"));
+                }
+                let (w, list) = self.pick(
+                    &names,
+                    stream,
+                    health,
+                    Some(client),
+                    &mut reasons,
+                    &format!("zone {z}"),
+                );
+                d.zones.push(ZoneListing {
+                    zone: z.clone(),
+                    nodes: list,
+                });
+                if let Some(w) = w {
+                    if found.is_none() {
+                        found = Some((w.to_owned(), Some(z.clone())));
+                    }
+                } else if found.is_none() {
+                    reasons.push(format!("zone {z}: nothing eligible, next in chain"));
+                }
+            }
+            found
+        } else {
+            reasons.push("no zone has a route: unrestricted (edges first, then ingest)".into());
+            let edges: Vec<&str> = self
+                .table
+                .nodes
+                .iter()
+                .filter(|(_, n)| has_role(n, "edge"))
+                .map(|(k, _)| k.as_str())
+                .collect();
+            let (w, list) = self.pick(&edges, stream, health, client, &mut reasons, "edges");
+            d.zones.push(ZoneListing {
+                zone: "edges".into(),
+                nodes: list,
+            });
+            match w {
+                Some(w) => Some((w.to_owned(), None)),
+                None => {
+                    let ingest: Vec<&str> = self
+                        .table
+                        .nodes
+                        .iter()
+                        .filter(|(_, n)| has_role(n, "ingest") && !has_role(n, "edge"))
+                        .map(|(k, _)| k.as_str())
+                        .collect();
+                    let (w, list) =
+                        self.pick(&ingest, stream, health, client, &mut reasons, "ingest");
+                    d.zones.push(ZoneListing {
+                        zone: "ingest".into(),
+                        nodes: list,
+                    });
+                    w.map(|w| (w.to_owned(), None))
+                }
+            }
+        };
+        match winner {
+            Some((node, zone)) => {
+                let n = &self.table.nodes[&node];
+                d.status = 302;
+                match &n.public_url {
+                    Some(url) => {
+                        d.mode = Some(Mode::Redirect);
+                        d.location = Some(format!("{}/{stream}", url.trim_end_matches('/')));
+                        reasons.push(format!("chose {node}: redirect to its payload URL"));
+                    }
+                    None => {
+                        d.mode = Some(Mode::Proxy);
+                        reasons.push(format!("chose {node}: no payload URL, the router proxies"));
+                    }
+                }
+                d.node = Some(node);
+                d.zone = zone;
+            }
+            None => {
+                d.status = 503;
+                reasons.push(format!(
+                    "nothing eligible: 503, Retry-After {RETRY_AFTER_SECS}"
+                ));
+            }
+        }
+        d.reasons = reasons;
+        d
+    }
+
+    /// Geo routing: the strictly nearest online edge to `client_location`;
+    /// edges within `tie_km` of the nearest are tied and chosen by
+    /// rendezvous hash of the client IP.
+    #[must_use]
+    pub fn nearest(
+        &self,
+        client: IpAddr,
+        client_location: Location,
+        health: &Health,
+    ) -> GeoDecision {
+        let mut reasons = Vec::new();
+        let mut distances: Vec<(String, f64)> = Vec::new();
+        for (name, node) in &self.table.nodes {
+            if !has_role(node, "edge") {
+                continue;
+            }
+            let Some(loc) = node.location else { continue };
+            if health.nodes.get(name).and_then(|h| h.online) != Some(true) {
+                reasons.push(format!("{name} excluded: not online"));
+                continue;
+            }
+            distances.push((name.clone(), haversine_km(client_location, loc)));
+        }
+        distances.sort_by(|a, b| a.1.total_cmp(&b.1).then_with(|| a.0.cmp(&b.0)));
+        let Some(nearest) = distances.first().map(|d| d.1) else {
+            reasons.push("no online edge".into());
+            return GeoDecision {
+                node: None,
+                distance_km: None,
+                tied: Vec::new(),
+                reasons,
+            };
+        };
+        let tie = self.table.geo.tie_km;
+        let tied: Vec<(String, f64)> = distances
+            .iter()
+            .filter(|(_, d)| *d - nearest <= tie)
+            .cloned()
+            .collect();
+        let chosen =
+            rendezvous(Some(client), tied.iter().map(|(n, _)| n.as_str())).map(str::to_owned);
+        if tied.len() > 1 {
+            reasons.push(format!(
+                "{} edges within {tie} km of the nearest: rendezvous hash of {client}",
+                tied.len()
+            ));
+        }
+        let distance_km = chosen
+            .as_ref()
+            .and_then(|c| tied.iter().find(|(n, _)| n == c))
+            .map(|(_, d)| *d);
+        GeoDecision {
+            node: chosen,
+            distance_km,
+            tied,
+            reasons,
+        }
+    }
+}
+
+/// A geo decision.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct GeoDecision {
+    pub node: Option<String>,
+    pub distance_km: Option<f64>,
+    /// The edges tied with the nearest, with their distances.
+    pub tied: Vec<(String, f64)>,
+    pub reasons: Vec<String>,
+}
+
+/// A VOD placement: a copy of an asset on a node.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Placement {
+    pub node: String,
+    pub revision: u64,
+}
+
+/// Seed 002's VOD rule: among placements on nodes of the allowed zones
+/// (`chain`, in order), the highest revision first, then the zone's place
+/// in the chain, then the lower load. A newer forbidden replica cannot
+/// exclude an older permitted one.
+#[must_use]
+pub fn choose_placement<'a>(
+    placements: &'a [Placement],
+    chain: &[String],
+    nodes: &BTreeMap<String, Node>,
+    health: &Health,
+) -> Option<&'a Placement> {
+    placements
+        .iter()
+        .filter_map(|p| {
+            let zone = nodes.get(&p.node)?.zone.as_ref()?;
+            let rank = chain.iter().position(|z| z == zone)?;
+            let load = health
+                .nodes
+                .get(&p.node)
+                .and_then(|h| h.play_sessions)
+                .unwrap_or(u64::MAX);
+            Some((p, rank, load))
+        })
+        .min_by(|a, b| {
+            b.0.revision
+                .cmp(&a.0.revision)
+                .then(a.1.cmp(&b.1))
+                .then(a.2.cmp(&b.2))
+                .then(a.0.node.cmp(&b.0.node))
+        })
+        .map(|(p, _, _)| p)
+}
+
+#[cfg(test)]
+mod tests;
