@@ -742,21 +742,7 @@ fn default_geo() -> GeoSettings {
     }
 }
 
-/// `500ms`, `30s`, `15m`, `1h` → milliseconds.
-#[must_use]
-pub fn parse_duration_ms(text: &str) -> Option<u64> {
-    let split = text.find(|c: char| !c.is_ascii_digit())?;
-    let (n, unit) = text.split_at(split);
-    let n: u64 = n.parse().ok()?;
-    let factor = match unit {
-        "ms" => 1,
-        "s" => 1000,
-        "m" => 60_000,
-        "h" => 3_600_000,
-        _ => return None,
-    };
-    n.checked_mul(factor)
-}
+pub use edgestate::parse_duration_ms;
 
 fn cluster(ctx: &mut Ctx<'_>, raw: &raw::Cluster) -> Cluster {
     let trusted_proxies = check_nets(ctx, "trusted_proxies", &raw.trusted_proxies);

@@ -23,3 +23,20 @@ pub mod site;
 /// Version of the compiled format, written to `edgeform:meta` as `format`
 /// and into the routing table. Bump it when a reader must change.
 pub const FORMAT_VERSION: u32 = 1;
+
+/// `500ms`, `5s`, `15m`, `1h` → milliseconds: durations as every edgeform
+/// file and flag writes them.
+#[must_use]
+pub fn parse_duration_ms(text: &str) -> Option<u64> {
+    let split = text.find(|c: char| !c.is_ascii_digit())?;
+    let (n, unit) = text.split_at(split);
+    let n: u64 = n.parse().ok()?;
+    let factor = match unit {
+        "ms" => 1,
+        "s" => 1000,
+        "m" => 60_000,
+        "h" => 3_600_000,
+        _ => return None,
+    };
+    n.checked_mul(factor)
+}

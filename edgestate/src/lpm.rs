@@ -81,12 +81,19 @@ use ranges::{Ranges, Span, boundaries, set_bound};
 /// sub-table for the low 64 bits.
 const SUB: u32 = 1 << 31;
 
-/// The answer "no route". Above every route index (see
-/// [`Lpm::MAX_ROUTES`]), so `values.get(NONE)` is `None` without a branch
-/// of its own, and without the [`SUB`] bit.
+/// The answer "no route": the one answer below [`SUB`] that is not a
+/// value ([`Lpm::MAX_VALUE`] is one less).
 const NONE: u32 = SUB - 1;
 
-/// A longest-prefix-match table from IPv4 and IPv6 prefixes to values.
+/// A longest-prefix-match table from IPv4 and IPv6 prefixes to `u32`
+/// values, such as zone indices.
+///
+/// The values live inside the table's intervals, so the lookup's last
+/// memory read already holds the answer, in 8 bytes per IPv4 interval.
+/// A generic value type would need either a value array indexed by route
+/// (a third dependent cache miss per lookup on big tables) or wider
+/// entries (an `Option<V>` beside each key); map the value to anything
+/// else with a slice (`&zones[value as usize]`).
 ///
 /// See the [module documentation](self) for the matching rules and the
 /// structure.
@@ -94,33 +101,40 @@ const NONE: u32 = SUB - 1;
 /// ```
 /// use edgestate::lpm::{Lpm, Prefix};
 ///
-/// let zones = Lpm::new([
-///     ("10.0.0.0/8".parse::<Prefix>()?, "eu"),
-///     ("10.2.0.0/16".parse()?, "nyc"),
-///     ("::/0".parse()?, "v6"),
+/// let zones = ["eu", "nyc", "v6"];
+/// let table = Lpm::new([
+///     ("10.0.0.0/8".parse::<Prefix>()?, 0),
+///     ("10.2.0.0/16".parse()?, 1),
+///     ("::/0".parse()?, 2),
 /// ])?;
-/// assert_eq!(zones.lookup("10.2.3.4".parse()?), Some(&"nyc"));
-/// assert_eq!(zones.lookup("10.9.3.4".parse()?), Some(&"eu"));
-/// assert_eq!(zones.lookup("::ffff:10.9.3.4".parse()?), Some(&"eu"));
-/// assert_eq!(zones.lookup("2001:db8::1".parse()?), Some(&"v6"));
-/// assert_eq!(zones.lookup("192.0.2.1".parse()?), None);
-/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// let zone = |ip: &str| table.lookup(ip.parse().unwrap()).map(|z| zones[z as usize]);
+/// assert_eq!(zone("10.2.3.4"), Some("nyc"));
+/// assert_eq!(zone("10.9.3.4"), Some("eu"));
+/// assert_eq!(zone("::ffff:10.9.3.4"), Some("eu"));
+/// assert_eq!(zone("2001:db8::1"), Some("v6"));
+/// assert_eq!(zone("192.0.2.1"), None);
+/// # Ok::<(), edgestate::lpm::LpmError>(())
 /// ```
 #[derive(Clone)]
-pub struct Lpm<V> {
-    /// The routes' values in input order; answers index into it.
-    values: Vec<V>,
-    /// One table over IPv4 addresses.
-    v4: Ranges<u32>,
+pub struct Lpm {
+    /// Number of routes the table was built from.
+    routes: usize,
+    /// One table over IPv4 addresses; answers are values or [`NONE`].
+    v4: Ranges<u32, u32>,
     /// Table 0 over the top 64 bits of IPv6 addresses, then one table over
-    /// the low 64 bits per `/64` block that holds longer routes.
-    v6: Ranges<u64>,
+    /// the low 64 bits per `/64` block that holds longer routes; answers
+    /// are values, [`NONE`], or (table 0 only) [`SUB`] and a table index.
+    v6: Ranges<u64, u32>,
 }
 
-impl<V> Lpm<V> {
+impl Lpm {
     /// The most routes one table takes: 2^28, far beyond any routing
-    /// table, and small enough that every internal offset fits in `u32`.
+    /// table, and small enough that every internal index fits in 31 bits.
     pub const MAX_ROUTES: usize = 1 << 28;
+
+    /// The largest value a route may carry, `2^31 - 2`: the table keeps
+    /// one bit and one value for itself.
+    pub const MAX_VALUE: u32 = NONE - 1;
 
     /// Builds the table from `(prefix, value)` routes, IPv4 and IPv6 in any
     /// order.
@@ -129,36 +143,40 @@ impl<V> Lpm<V> {
     ///
     /// [`LpmError::DuplicatePrefix`] if a prefix occurs twice (an
     /// IPv4-mapped IPv6 prefix and its IPv4 equivalent count as the same),
+    /// [`LpmError::ValueTooLarge`] for a value above [`Lpm::MAX_VALUE`],
     /// [`LpmError::TooManyRoutes`] beyond [`Lpm::MAX_ROUTES`].
     pub fn new<I>(routes: I) -> Result<Self, LpmError>
     where
-        I: IntoIterator<Item = (Prefix, V)>,
+        I: IntoIterator<Item = (Prefix, u32)>,
     {
-        let routes = routes.into_iter();
-        let hint = routes.size_hint().0.min(Self::MAX_ROUTES);
-        let mut values = Vec::with_capacity(hint);
-        // (network as a number, length, route index), per family.
+        // (network as a number, length, position in the input), per family.
         let mut v4: Vec<(u128, u8, u32)> = Vec::new();
         let mut v6: Vec<(u128, u8, u32)> = Vec::new();
-        for (index, (prefix, value)) in routes.enumerate() {
-            let index = u32::try_from(index)
-                .ok()
-                .filter(|&i| (i as usize) < Self::MAX_ROUTES)
-                .ok_or(LpmError::TooManyRoutes {
+        let mut values: Vec<u32> = Vec::new();
+        for (position, (prefix, value)) in routes.into_iter().enumerate() {
+            if position >= Self::MAX_ROUTES {
+                return Err(LpmError::TooManyRoutes {
                     max: Self::MAX_ROUTES,
-                })?;
+                });
+            }
+            if value > Self::MAX_VALUE {
+                return Err(LpmError::ValueTooLarge { position, value });
+            }
+            // Below MAX_ROUTES (2^28), so the cast is lossless.
+            #[allow(clippy::cast_possible_truncation)]
+            let position = position as u32;
             let prefix = prefix.unmapped();
             let len = prefix.prefix_len();
             match prefix.addr() {
-                IpAddr::V4(a) => v4.push((u128::from(u32::from(a)), len, index)),
-                IpAddr::V6(a) => v6.push((u128::from(a), len, index)),
+                IpAddr::V4(a) => v4.push((u128::from(u32::from(a)), len, position)),
+                IpAddr::V6(a) => v6.push((u128::from(a), len, position)),
             }
             values.push(value);
         }
-        values.shrink_to_fit();
 
         let v4 = spans(
             v4,
+            &values,
             |start, len| start | u128::from(!mask4(len)),
             |start, len| {
                 let addr = Ipv4Addr::from(u32::try_from(start).unwrap_or(u32::MAX));
@@ -167,13 +185,16 @@ impl<V> Lpm<V> {
         )?;
         let v6 = spans(
             v6,
+            &values,
             |start, len| start | !mask6(len),
             |start, len| Prefix::truncate(Ipv6Addr::from(start), len),
         )?;
 
-        let v4 = build_v4(&boundaries(&v4, u128::from(u32::MAX), NONE));
-        let v6 = build_v6(&boundaries(&v6, u128::MAX, NONE));
-        Ok(Self { values, v4, v6 })
+        Ok(Self {
+            routes: values.len(),
+            v4: build_v4(&boundaries(&v4, u128::from(u32::MAX), NONE)),
+            v6: build_v6(&boundaries(&v6, u128::MAX, NONE)),
+        })
     }
 
     /// The value of the longest prefix containing `addr`, if any.
@@ -181,7 +202,7 @@ impl<V> Lpm<V> {
     /// documentation).
     #[inline]
     #[must_use]
-    pub fn lookup(&self, addr: IpAddr) -> Option<&V> {
+    pub fn lookup(&self, addr: IpAddr) -> Option<u32> {
         match addr {
             IpAddr::V4(a) => self.lookup_v4(a),
             IpAddr::V6(a) => self.lookup_v6(a),
@@ -191,15 +212,15 @@ impl<V> Lpm<V> {
     /// [`Lpm::lookup`] for an IPv4 address.
     #[inline]
     #[must_use]
-    pub fn lookup_v4(&self, addr: Ipv4Addr) -> Option<&V> {
-        self.values.get(self.v4.find(0, u32::from(addr)) as usize)
+    pub fn lookup_v4(&self, addr: Ipv4Addr) -> Option<u32> {
+        value(*self.v4.find(0, u32::from(addr)))
     }
 
     /// [`Lpm::lookup`] for an IPv6 address; an IPv4-mapped one
     /// (`::ffff:a.b.c.d`) is looked up as the IPv4 address.
     #[inline]
     #[must_use]
-    pub fn lookup_v6(&self, addr: Ipv6Addr) -> Option<&V> {
+    pub fn lookup_v6(&self, addr: Ipv6Addr) -> Option<u32> {
         let bits = u128::from(addr);
         // The casts split the address; dropping the upper bits is the point.
         #[allow(clippy::cast_possible_truncation)]
@@ -207,46 +228,50 @@ impl<V> Lpm<V> {
         if bits >> 32 == 0xffff {
             return self.lookup_v4(Ipv4Addr::from(embedded_v4));
         }
-        let mut answer = self.v6.find(0, high);
+        let mut answer = *self.v6.find(0, high);
         if answer & SUB != 0 {
-            answer = self.v6.find((answer & !SUB) as usize, low);
+            answer = *self.v6.find((answer & !SUB) as usize, low);
         }
-        self.values.get(answer as usize)
+        value(answer)
     }
 
     /// Number of routes.
     #[must_use]
     pub fn len(&self) -> usize {
-        self.values.len()
+        self.routes
     }
 
     /// Whether the table has no routes (every lookup answers `None`).
     #[must_use]
     pub fn is_empty(&self) -> bool {
-        self.values.is_empty()
+        self.routes == 0
     }
 
-    /// Heap bytes held by the table: the index plus the values array
-    /// (`len() * size_of::<V>()`), not counting what the values themselves
-    /// own on the heap.
+    /// Heap bytes held by the table.
     #[must_use]
     pub fn heap_bytes(&self) -> usize {
-        self.values.capacity() * size_of::<V>() + self.v4.heap_bytes() + self.v6.heap_bytes()
+        self.v4.heap_bytes() + self.v6.heap_bytes()
     }
 }
 
-impl<V> Default for Lpm<V> {
+/// A final answer (never a [`SUB`] reference) as the caller sees it.
+#[inline]
+fn value(answer: u32) -> Option<u32> {
+    (answer != NONE).then_some(answer)
+}
+
+impl Default for Lpm {
     /// The table without routes.
     fn default() -> Self {
         Self {
-            values: Vec::new(),
+            routes: 0,
             v4: build_v4(&[(0, NONE)]),
             v6: build_v6(&[(0, NONE)]),
         }
     }
 }
 
-impl<V> fmt::Debug for Lpm<V> {
+impl fmt::Debug for Lpm {
     /// A summary: a big table's contents are no use in a log line.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Lpm")
@@ -257,14 +282,15 @@ impl<V> fmt::Debug for Lpm<V> {
 }
 
 /// Sorts one family's prefixes, outer first for equal starts, refuses
-/// duplicates and returns them as key intervals. `end(start, len)` is the
-/// last key a prefix covers, `prefix(start, len)` the prefix itself (for
-/// the error).
+/// duplicates and returns them as key intervals with their values.
+/// `end(start, len)` is the last key a prefix covers, `prefix(start, len)`
+/// the prefix itself (for the error).
 fn spans(
     mut prefixes: Vec<(u128, u8, u32)>,
+    values: &[u32],
     end: impl Fn(u128, u8) -> u128,
     prefix: impl Fn(u128, u8) -> Result<Prefix, LpmError>,
-) -> Result<Vec<Span>, LpmError> {
+) -> Result<Vec<Span<u32>>, LpmError> {
     prefixes.sort_unstable_by_key(|&(start, len, _)| (start, len));
     if let Some(w) = prefixes
         .windows(2)
@@ -280,19 +306,19 @@ fn spans(
     }
     Ok(prefixes
         .into_iter()
-        .map(|(start, len, val)| Span {
+        .map(|(start, len, position)| Span {
             start,
             end: end(start, len),
-            val,
+            answer: values[position as usize],
         })
         .collect())
 }
 
 /// The IPv4 table from its intervals (keys below 2^32).
-fn build_v4(bounds: &[(u128, u32)]) -> Ranges<u32> {
+fn build_v4(bounds: &[(u128, u32)]) -> Ranges<u32, u32> {
     let bounds: Vec<(u32, u32)> = bounds
         .iter()
-        .map(|&(key, val)| (u32::try_from(key).unwrap_or(u32::MAX), val))
+        .map(|&(key, answer)| (u32::try_from(key).unwrap_or(u32::MAX), answer))
         .collect();
     let mut ranges = Ranges::default();
     ranges.push_table(&bounds);
@@ -303,7 +329,7 @@ fn build_v4(bounds: &[(u128, u32)]) -> Ranges<u32> {
 /// The IPv6 tables from the intervals over the whole 128-bit space: a top
 /// table over the high 64 bits, and a table over the low 64 bits for each
 /// `/64` block that an interval starts inside of.
-fn build_v6(bounds: &[(u128, u32)]) -> Ranges<u64> {
+fn build_v6(bounds: &[(u128, u32)]) -> Ranges<u64, u32> {
     #[allow(clippy::cast_possible_truncation)] // the point: split in halves
     let split = |key: u128| ((key >> 64) as u64, key as u64);
     let mut top: Vec<(u64, u32)> = Vec::new();
@@ -329,9 +355,9 @@ fn build_v6(bounds: &[(u128, u32)]) -> Ranges<u64> {
             if split(first).1 != 0 {
                 sub_bounds.push((0, before));
             }
-            sub_bounds.extend(block.iter().map(|&(key, val)| (split(key).1, val)));
-            // At most one sub-table per IPv6 route end point, far below
-            // 2^31 (`Lpm::MAX_ROUTES`): the cast is lossless.
+            sub_bounds.extend(block.iter().map(|&(key, v)| (split(key).1, v)));
+            // At most one sub-table per IPv6 route end point, below 2^29
+            // (`Lpm::MAX_ROUTES`): the cast is lossless.
             #[allow(clippy::cast_possible_truncation)]
             let table = sub_starts.len() as u32;
             set_bound(&mut top, high, SUB | table);

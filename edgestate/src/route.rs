@@ -111,7 +111,7 @@ pub struct Decision {
 pub struct Router {
     table: RoutingTable,
     zone_names: Vec<String>,
-    lpm: Lpm<u32>,
+    lpm: Lpm,
     restricted: bool,
     trusted: Vec<Prefix>,
 }
@@ -226,7 +226,8 @@ impl Router {
     pub fn zone_of(&self, ip: IpAddr) -> Option<&str> {
         self.lpm
             .lookup(canonical(ip))
-            .map(|i| self.zone_names[*i as usize].as_str())
+            .and_then(|i| self.zone_names.get(i as usize))
+            .map(String::as_str)
     }
 
     /// The client address: the peer, or the last `X-Forwarded-For` entry

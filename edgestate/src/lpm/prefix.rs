@@ -179,6 +179,13 @@ pub enum LpmError {
         /// Position of the later occurrence in the input.
         second: usize,
     },
+    /// A value above [`crate::lpm::Lpm::MAX_VALUE`].
+    ValueTooLarge {
+        /// Position of the route in the input.
+        position: usize,
+        /// The value as given.
+        value: u32,
+    },
     /// More routes than [`crate::lpm::Lpm::MAX_ROUTES`].
     TooManyRoutes {
         /// The limit that was exceeded.
@@ -211,6 +218,11 @@ impl fmt::Display for LpmError {
             } => write!(
                 f,
                 "duplicate prefix {prefix} (routes #{first} and #{second})"
+            ),
+            Self::ValueTooLarge { position, value } => write!(
+                f,
+                "route #{position}: value {value} exceeds {}",
+                crate::lpm::Lpm::MAX_VALUE
             ),
             Self::TooManyRoutes { max } => write!(f, "more than {max} routes in one table"),
         }

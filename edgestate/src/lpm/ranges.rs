@@ -1,16 +1,16 @@
-//! Range tables: the address space cut into intervals with one answer each,
-//! found through a direct index on the top bits plus a short binary search.
+//! Range tables: the key space cut into intervals with one answer each,
+//! found through a directory on the top bits and one fixed-size window.
 //!
 //! A set of prefixes splits the key space into at most `2n + 1` maximal
 //! intervals on which the longest match does not change ([`boundaries`]).
 //! A table stores each interval as an [`Entry`] (its first key and the
-//! answer), sorted. To avoid a binary search over all of them, the top
-//! `bits` of the key index a directory of offsets (CSR style: slot `s` owns
-//! `entries[dir[s]..dir[s + 1]]`); each slot's run begins with the interval
-//! in effect at the slot's first key, so the search inside a run never
-//! needs to look left of it. `bits` is chosen from the number of
-//! intervals, so a slot holds a handful of entries on average (one or two
-//! cache lines) and a ten-route table has a directory of one or two slots.
+//! answer), sorted. The top `bits` of a key index a directory whose slot
+//! holds the position of the interval in effect at the slot's first key;
+//! the key's own interval is that one or one of the next few, so a lookup
+//! compares the key with a fixed window of entries from there
+//! ([`Ranges::find`]). `bits` grows with the number of intervals, so that
+//! few slots see more intervals than a window holds; those few are marked
+//! and searched by bisection instead.
 //!
 //! Several tables can share one [`Ranges`] (the IPv6 table keeps one top
 //! table plus one per `/64` that holds longer routes), each named by the
@@ -24,8 +24,8 @@ pub(super) trait Key: Copy + Ord + Default {
     const MAX: Self;
     /// How many entries a lookup compares at once (see [`Ranges::find`]).
     const WINDOW: usize;
-    /// Average number of interval starts per directory slot that the
-    /// sizing aims at (see [`dir_bits`]).
+    /// Average number of intervals per directory slot that the sizing aims
+    /// at (see [`dir_bits`]).
     const PER_SLOT: usize;
     /// The top `bits` bits (`bits` ≤ [`MAX_DIR_BITS`]) as a slot number.
     fn slot(self, bits: u32) -> usize;
@@ -49,6 +49,8 @@ macro_rules! impl_key {
                 ((self >> 1) >> (<$t>::BITS - 1 - bits)) as usize
             }
 
+            // `slot < 2^MAX_DIR_BITS` fits every key type.
+            #[allow(clippy::cast_possible_truncation)]
             fn slot_start(slot: usize, bits: u32) -> Self {
                 if bits == 0 {
                     0
@@ -59,30 +61,28 @@ macro_rules! impl_key {
         }
     };
 }
-// IPv4: 8-byte entries, so a window is 64 bytes (one or two cache lines).
+// The window sizes and densities were tuned with `cargo bench --bench
+// lpm`; see the module documentation of `lpm` for the figures.
 impl_key!(u32, window: 8, per_slot: 2);
-// IPv6 halves: 16-byte entries; a smaller window keeps it at 64 bytes, and
-// a sparser directory keeps runs within it.
 impl_key!(u64, window: 4, per_slot: 1);
 
-/// The most directory bits a table gets: 2^20 slots are 4 MiB of offsets.
-/// Bigger tables get longer runs instead, and more of them take the
+/// The most directory bits a table gets: 2^20 slots are 4 MiB. Bigger
+/// tables get more intervals per slot instead, and more slots take the
 /// slower path ([`LONG`]).
 pub(super) const MAX_DIR_BITS: u32 = 20;
 
-/// Flag in a directory entry: the slot's run is longer than the window,
-/// search it with a binary search instead.
+/// Flag in a directory entry: more intervals meet the slot than a window
+/// holds, bisect them instead.
 const LONG: u32 = 1 << 31;
 
 /// One interval of a table: from `key` up to the next entry's key, the
-/// answer is `val`.
+/// answer is `answer`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) struct Entry<K> {
+struct Entry<K, A> {
     /// First key of the interval.
     key: K,
-    /// The answer: a route index, [`super::NONE`], or for the IPv6 top
-    /// table a sub-table reference ([`super::SUB`]).
-    val: u32,
+    /// What a lookup of a key in the interval returns.
+    answer: A,
 }
 
 /// Where one table lives inside a [`Ranges`].
@@ -94,29 +94,39 @@ struct Header {
     dir: u32,
 }
 
-/// Storage for one or more range tables over keys `K`.
-#[derive(Clone, Debug, Default)]
-pub(super) struct Ranges<K> {
+/// Storage for one or more range tables over keys `K` with answers `A`.
+#[derive(Clone, Debug)]
+pub(super) struct Ranges<K, A> {
     /// Per table, `2^bits + 1` entries: for each slot, the index (in
     /// `entries`) of the interval in effect at the slot's first key, with
     /// [`LONG`] set if more than a window of intervals meet the slot; then
-    /// the index of the table's last interval (the end of the last run).
+    /// the index of the table's last interval (where the last run ends).
     dir: Vec<u32>,
     /// Every table's intervals, sorted, each table followed by
     /// `WINDOW - 1` padding entries ([`Key::MAX`], last answer) so that a
     /// window never reads past its table.
-    entries: Vec<Entry<K>>,
+    entries: Vec<Entry<K, A>>,
     /// The tables, by the index [`Ranges::push_table`] returned.
     headers: Vec<Header>,
 }
 
-impl<K: Key> Ranges<K> {
+impl<K, A> Default for Ranges<K, A> {
+    fn default() -> Self {
+        Self {
+            dir: Vec::new(),
+            entries: Vec::new(),
+            headers: Vec::new(),
+        }
+    }
+}
+
+impl<K: Key, A: Copy> Ranges<K, A> {
     /// Adds a table and returns its index for [`Ranges::find`].
     ///
     /// `bounds` lists the intervals as (first key, answer), sorted by key
-    /// with no key twice, and starts at key 0 (so every key has an answer;
-    /// "no route" is an answer too).
-    pub(super) fn push_table(&mut self, bounds: &[(K, u32)]) -> usize {
+    /// with no key twice; it starts at key 0, so that every key has an
+    /// answer ("no route" is an answer too), and so is not empty.
+    pub(super) fn push_table(&mut self, bounds: &[(K, A)]) -> usize {
         debug_assert!(bounds.first().is_some_and(|b| b.0 == K::default()));
         debug_assert!(bounds.windows(2).all(|w| w[0].0 < w[1].0));
         let bits = dir_bits::<K>(bounds.len());
@@ -126,16 +136,20 @@ impl<K: Key> Ranges<K> {
             dir: offset(self.dir.len()),
         });
         let base = self.entries.len();
-        let last = bounds.last().map_or(super::NONE, |b| b.1);
         self.entries.reserve(bounds.len() + K::WINDOW - 1);
         self.entries
-            .extend(bounds.iter().map(|&(key, val)| Entry { key, val }));
-        self.entries.extend(
-            std::iter::repeat_n(Entry { key: K::MAX, val: last }, K::WINDOW - 1),
-        );
+            .extend(bounds.iter().map(|&(key, answer)| Entry { key, answer }));
+        if let Some(&(_, last)) = bounds.last() {
+            let padding = Entry {
+                key: K::MAX,
+                answer: last,
+            };
+            self.entries
+                .extend(std::iter::repeat_n(padding, K::WINDOW - 1));
+        }
         self.dir.reserve(slots + 1);
         // `first`: the last bound at or before the slot's start; `end`: the
-        // first bound at or after the next slot's start.
+        // first bound in a later slot.
         let mut first = 0;
         let mut end = 0;
         for slot in 0..slots {
@@ -150,7 +164,7 @@ impl<K: Key> Ranges<K> {
             let long = if end - first > K::WINDOW { LONG } else { 0 };
             self.dir.push(offset(base + first) | long);
         }
-        self.dir.push(offset(base + bounds.len() - 1));
+        self.dir.push(offset(base + bounds.len().saturating_sub(1)));
         self.headers.len() - 1
     }
 
@@ -164,17 +178,17 @@ impl<K: Key> Ranges<K> {
     /// The answer of table `table` for `key`.
     ///
     /// One directory read gives the interval in effect at the start of the
-    /// key's slot; the answer is among the next `WINDOW` entries, which
-    /// are compared all at once: the count of those starting at or before
-    /// `key` is the offset of its interval. The work is the same for every
-    /// key — no branch depends on the data, so the processor overlaps
-    /// consecutive lookups instead of stalling on a mispredicted
-    /// comparison, and each lookup costs two dependent memory reads (the
-    /// directory slot, then one 64-byte window). Only runs longer than the
-    /// window, rare when the directory is sized by [`dir_bits`], take a
-    /// binary search ([`Ranges::find_long`]).
+    /// key's slot; the key's interval is among it and the next
+    /// `WINDOW - 1`, and the number of those starting at or before the key
+    /// is its position. Counting compares the whole window, so the work is
+    /// the same for every key and no branch depends on the data: the
+    /// processor overlaps consecutive lookups instead of stalling on a
+    /// mispredicted comparison (a bisection's branches are coin flips),
+    /// and each lookup costs two dependent memory reads, the directory slot
+    /// and the window. Only slots marked [`LONG`], rare when the directory
+    /// is sized by [`dir_bits`], bisect ([`Ranges::find_long`]).
     #[inline]
-    pub(super) fn find(&self, table: usize, key: K) -> u32 {
+    pub(super) fn find(&self, table: usize, key: K) -> &A {
         let header = self.headers[table];
         let slot = header.dir as usize + key.slot(header.bits);
         let first = self.dir[slot];
@@ -186,63 +200,62 @@ impl<K: Key> Ranges<K> {
         let at_or_before: usize = window.iter().map(|e| usize::from(e.key <= key)).sum();
         // At least 1: the window starts with the interval in effect at the
         // slot's start, which is at or before `key`.
-        window[at_or_before - 1].val
+        &window[at_or_before - 1].answer
     }
 
     /// [`Ranges::find`] for a slot whose run exceeds the window.
     #[cold]
     #[inline(never)]
-    fn find_long(&self, slot: usize, key: K) -> u32 {
+    fn find_long(&self, slot: usize, key: K) -> &A {
         let first = (self.dir[slot] & !LONG) as usize;
         // Up to the next slot's first interval, inclusive: that one starts
         // at or after the next slot's start, so after `key`.
         let end = (self.dir[slot + 1] & !LONG) as usize + 1;
         let run = &self.entries[first..end];
         let at_or_before = run.partition_point(|e| e.key <= key);
-        run[at_or_before - 1].val
+        &run[at_or_before - 1].answer
     }
 
     /// Bytes allocated on the heap.
     pub(super) fn heap_bytes(&self) -> usize {
         self.dir.capacity() * size_of::<u32>()
-            + self.entries.capacity() * size_of::<Entry<K>>()
+            + self.entries.capacity() * size_of::<Entry<K, A>>()
             + self.headers.capacity() * size_of::<Header>()
     }
 }
 
-/// Directory width for a table of `intervals` intervals: about
-/// [`Key::PER_SLOT`] per slot (rounded so the average is at most that),
-/// at most [`MAX_DIR_BITS`].
+/// Directory width for a table of `intervals` intervals: at most
+/// [`Key::PER_SLOT`] per slot on average, at most [`MAX_DIR_BITS`].
 fn dir_bits<K: Key>(intervals: usize) -> u32 {
     let slots = intervals.div_ceil(K::PER_SLOT);
     // ceil(log2(slots)); 0 bits (one slot) for a single one.
     slots.next_power_of_two().trailing_zeros().min(MAX_DIR_BITS)
 }
 
-/// An offset into `entries` or `dir` as stored. The route limit
+/// An index into `entries` or `dir` as stored. The route limit
 /// (`Lpm::MAX_ROUTES`) keeps every table small enough for `u32` without
 /// the [`LONG`] bit.
 fn offset(n: usize) -> u32 {
-    let n = u32::try_from(n).expect("route limit keeps offsets below 2^31");
+    let n = u32::try_from(n).expect("the route limit keeps offsets below 2^31");
     debug_assert!(n & LONG == 0);
     n
 }
 
 /// A prefix as the closed key interval `[start, end]` it covers, with the
-/// route index it answers.
+/// answer it gives.
 #[derive(Clone, Copy, Debug)]
-pub(super) struct Span {
+pub(super) struct Span<A> {
     /// First key covered.
     pub(super) start: u128,
     /// Last key covered.
     pub(super) end: u128,
-    /// Route index.
-    pub(super) val: u32,
+    /// The prefix's answer.
+    pub(super) answer: A,
 }
 
 /// Cuts `[0, max]` into the maximal intervals on which the longest match
-/// is constant: (first key, route index or `none`), sorted, starting at 0,
-/// no two neighbours with the same answer.
+/// is constant: (first key, answer), sorted, starting at 0, no two
+/// neighbours with equal answers.
 ///
 /// `spans` must be prefixes (any two are nested or disjoint), all within
 /// `[0, max]`, sorted by start and, for equal starts, outer (longer span)
@@ -250,26 +263,28 @@ pub(super) struct Span {
 /// cover the current key then emits an interval start wherever a prefix
 /// begins (its answer) or ends (the enclosing prefix's answer, or `none`).
 /// Linear after the sort.
-pub(super) fn boundaries(spans: &[Span], max: u128, none: u32) -> Vec<(u128, u32)> {
+pub(super) fn boundaries<A: Copy + PartialEq>(
+    spans: &[Span<A>],
+    max: u128,
+    none: A,
+) -> Vec<(u128, A)> {
     let mut out = Vec::with_capacity(2 * spans.len() + 1);
     out.push((0, none));
-    // The open prefixes, outermost first; each is nested in the one below.
-    let mut open: Vec<(u128, u32)> = Vec::new();
-    let close_until = |open: &mut Vec<(u128, u32)>, out: &mut Vec<(u128, u32)>, key: u128| {
+    // The open prefixes (end, answer), outermost first; each is nested in
+    // the one below it.
+    let mut open: Vec<(u128, A)> = Vec::new();
+    for span in spans {
         while let Some(&(end, _)) = open.last() {
-            if end >= key {
+            if end >= span.start {
                 break;
             }
             open.pop();
             let outer = open.last().map_or(none, |o| o.1);
-            // `end < key <= max`, so `end + 1` cannot overflow.
-            set_bound(out, end + 1, outer);
+            // `end < span.start <= max`, so `end + 1` cannot overflow.
+            set_bound(&mut out, end + 1, outer);
         }
-    };
-    for span in spans {
-        close_until(&mut open, &mut out, span.start);
-        set_bound(&mut out, span.start, span.val);
-        open.push((span.end, span.val));
+        set_bound(&mut out, span.start, span.answer);
+        open.push((span.end, span.answer));
     }
     // Close what is left; a prefix ending at `max` has no interval after it.
     while let Some((end, _)) = open.pop() {
@@ -286,9 +301,9 @@ pub(super) fn boundaries(spans: &[Span], max: u128, none: u32) -> Vec<(u128, u32
 /// overrides its answer: of several events at one key the last is right
 /// (a prefix starting where others end; several nested prefixes ending
 /// together, innermost closed first).
-pub(super) fn set_bound<T: PartialEq>(out: &mut Vec<(T, u32)>, key: T, val: u32) {
+pub(super) fn set_bound<T: PartialEq, A>(out: &mut Vec<(T, A)>, key: T, answer: A) {
     match out.last_mut() {
-        Some(last) if last.0 == key => last.1 = val,
-        _ => out.push((key, val)),
+        Some(last) if last.0 == key => last.1 = answer,
+        _ => out.push((key, answer)),
     }
 }

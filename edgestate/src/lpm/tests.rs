@@ -17,14 +17,14 @@ fn ip(s: &str) -> IpAddr {
 }
 
 /// Builds a table whose values are the route positions.
-fn table(routes: &[&str]) -> Lpm<usize> {
-    Lpm::new(routes.iter().enumerate().map(|(i, s)| (p(s), i))).unwrap()
+fn table(routes: &[&str]) -> Lpm {
+    Lpm::new(routes.iter().zip(0..).map(|(s, i)| (p(s), i))).unwrap()
 }
 
 /// The answer by definition: among the routes containing the address, the
 /// longest; IPv4-mapped addresses and routes compare as IPv4. Written
 /// without the table's helpers so that a shared mistake cannot hide.
-fn naive<V>(routes: &[(Prefix, V)], addr: IpAddr) -> Option<&V> {
+fn naive(routes: &[(Prefix, u32)], addr: IpAddr) -> Option<u32> {
     fn canonical(p: Prefix) -> (IpAddr, u8) {
         match p.addr() {
             IpAddr::V6(a) if p.prefix_len() >= 96 && a.to_ipv4_mapped().is_some() => {
@@ -47,7 +47,7 @@ fn naive<V>(routes: &[(Prefix, V)], addr: IpAddr) -> Option<&V> {
                 }
                 _ => false,
             };
-            inside.then_some((len, v))
+            inside.then_some((len, *v))
         })
         .max_by_key(|&(len, _)| len)
         .map(|(_, v)| v)
@@ -56,7 +56,7 @@ fn naive<V>(routes: &[(Prefix, V)], addr: IpAddr) -> Option<&V> {
 /// Each case: routes (value = position), then (address, expected route
 /// position or `None`).
 #[allow(clippy::type_complexity)]
-const CASES: &[(&str, &[&str], &[(&str, Option<usize>)])] = &[
+const CASES: &[(&str, &[&str], &[(&str, Option<u32>)])] = &[
     (
         "empty table",
         &[],
@@ -211,17 +211,13 @@ const CASES: &[(&str, &[&str], &[(&str, Option<usize>)])] = &[
 fn hand_picked_cases() {
     for (name, routes, queries) in CASES {
         let lpm = table(routes);
-        let reference: Vec<(Prefix, usize)> =
-            routes.iter().enumerate().map(|(i, s)| (p(s), i)).collect();
+        let reference: Vec<(Prefix, u32)> =
+            routes.iter().zip(0..).map(|(s, i)| (p(s), i)).collect();
         for &(addr, expected) in *queries {
             let addr = ip(addr);
-            assert_eq!(lpm.lookup(addr).copied(), expected, "{name}: {addr}");
+            assert_eq!(lpm.lookup(addr), expected, "{name}: {addr}");
             // The cases double as a check of the reference itself.
-            assert_eq!(
-                naive(&reference, addr).copied(),
-                expected,
-                "{name}: naive {addr}"
-            );
+            assert_eq!(naive(&reference, addr), expected, "{name}: naive {addr}");
         }
     }
 }
@@ -229,9 +225,9 @@ fn hand_picked_cases() {
 #[test]
 fn duplicates_are_refused_with_both_positions() {
     let err = Lpm::new([
-        (p("10.0.0.0/8"), 'a'),
-        (p("10.2.0.0/16"), 'b'),
-        (p("10.0.0.0/8"), 'c'),
+        (p("10.0.0.0/8"), 7),
+        (p("10.2.0.0/16"), 8),
+        (p("10.0.0.0/8"), 9),
     ])
     .unwrap_err();
     assert_eq!(
@@ -256,6 +252,34 @@ fn duplicates_are_refused_with_both_positions() {
 
     // Same length, other family, or other length: not duplicates.
     assert!(Lpm::new([(p("0.0.0.0/0"), 1), (p("::/0"), 2), (p("0.0.0.0/1"), 3)]).is_ok());
+}
+
+#[test]
+fn values_are_checked_and_merged() {
+    let err = Lpm::new([(p("10.0.0.0/8"), 1), (p("::/0"), Lpm::MAX_VALUE + 1)]).unwrap_err();
+    assert_eq!(
+        err,
+        LpmError::ValueTooLarge {
+            position: 1,
+            value: Lpm::MAX_VALUE + 1
+        }
+    );
+    let max = Lpm::new([(p("::/0"), Lpm::MAX_VALUE), (p("0.0.0.0/0"), 0)]).unwrap();
+    assert_eq!(max.lookup(ip("::1")), Some(Lpm::MAX_VALUE));
+    assert_eq!(max.lookup(ip("1.1.1.1")), Some(0));
+
+    // Nested and adjacent routes of one zone need no intervals of their
+    // own: this table is as small as the one with only the /8.
+    let one_zone = Lpm::new([
+        (p("10.0.0.0/8"), 3),
+        (p("10.2.0.0/16"), 3),
+        (p("11.0.0.0/8"), 3),
+    ])
+    .unwrap();
+    let single = Lpm::new([(p("10.0.0.0/7"), 3)]).unwrap();
+    assert_eq!(one_zone.heap_bytes(), single.heap_bytes());
+    assert_eq!(one_zone.lookup(ip("11.1.1.1")), Some(3));
+    assert_eq!(one_zone.lookup(ip("12.0.0.0")), None);
 }
 
 #[test]
@@ -328,14 +352,11 @@ fn contains_keeps_families_apart() {
 
 #[test]
 fn small_tables_stay_small() {
-    let empty: Lpm<u32> = Lpm::default();
+    let empty = Lpm::default();
     assert!(empty.is_empty());
     assert_eq!(empty.lookup(ip("1.2.3.4")), None);
     assert!(empty.heap_bytes() < 256, "{}", empty.heap_bytes());
-    assert_eq!(
-        Lpm::<u32>::new([]).unwrap().heap_bytes(),
-        empty.heap_bytes()
-    );
+    assert_eq!(Lpm::new([]).unwrap().heap_bytes(), empty.heap_bytes());
 
     let ten = table(&[
         "10.0.0.0/8",
@@ -376,7 +397,7 @@ impl Generator {
         }
     }
 
-    fn prefix(&mut self, earlier: &[(Prefix, usize)], crowded: bool) -> Prefix {
+    fn prefix(&mut self, earlier: &[(Prefix, u32)], crowded: bool) -> Prefix {
         let rng = &mut self.rng;
         // From an earlier one: a sub-prefix, a super-prefix or a sibling.
         if !earlier.is_empty() && rng.u8(0..3) != 0 {
@@ -456,7 +477,7 @@ fn merge(net: IpAddr, rest: IpAddr, len: u8) -> IpAddr {
 /// Addresses to ask about: each route's first and last address and their
 /// outside neighbours, a random one inside, IPv4 ones also in mapped form,
 /// uniform random ones and the ends of both spaces.
-fn queries(g: &mut Generator, routes: &[(Prefix, usize)], uniform: usize) -> Vec<IpAddr> {
+fn queries(g: &mut Generator, routes: &[(Prefix, u32)], uniform: usize) -> Vec<IpAddr> {
     let mut out = vec![
         ip("0.0.0.0"),
         ip("255.255.255.255"),
@@ -508,6 +529,17 @@ fn queries(g: &mut Generator, routes: &[(Prefix, usize)], uniform: usize) -> Vec
     out
 }
 
+/// A route's value: its position, or one of three "zones", so that both
+/// distinct answers and neighbours with the same answer (merged intervals)
+/// occur.
+fn value(rng: &mut fastrand::Rng, position: usize) -> u32 {
+    if rng.bool() {
+        u32::try_from(position).unwrap()
+    } else {
+        rng.u32(0..3)
+    }
+}
+
 /// Builds `cases` random tables of up to `max_routes` routes and compares
 /// every query with the reference. Routes that repeat an earlier prefix are
 /// dropped, except in one table in ten, which keeps one to check the error.
@@ -518,7 +550,7 @@ fn random_tables(seed: u64, cases: usize, max_routes: usize, uniform: usize) {
     for case in 0..cases {
         let n = g.rng.usize(0..=max_routes);
         let crowded = g.rng.bool();
-        let mut routes: Vec<(Prefix, usize)> = Vec::with_capacity(n);
+        let mut routes: Vec<(Prefix, u32)> = Vec::with_capacity(n);
         let mut seen = BTreeSet::new();
         // One table in ten keeps one repeated prefix, to check the error.
         let mut want_duplicate = g.rng.u8(0..10) == 0;
@@ -529,11 +561,11 @@ fn random_tables(seed: u64, cases: usize, max_routes: usize, uniform: usize) {
                 if want_duplicate {
                     want_duplicate = false;
                     duplicate = Some(routes.len());
-                    routes.push((prefix, routes.len()));
+                    routes.push((prefix, value(&mut g.rng, routes.len())));
                 }
                 continue;
             }
-            routes.push((prefix, routes.len()));
+            routes.push((prefix, value(&mut g.rng, routes.len())));
         }
         let built = Lpm::new(routes.iter().copied());
         if let Some(second) = duplicate {
@@ -583,7 +615,7 @@ fn crowded_ipv6_block_gets_a_full_sub_table() {
             Ipv6Addr::from(0x2001_0db8_0000_0000_0000_0000_0000_0000 | u128::from(rng.u64(..)));
         let prefix = Prefix::truncate(addr, rng.u8(65..=128)).unwrap();
         if seen.insert(prefix) {
-            routes.push((prefix, routes.len()));
+            routes.push((prefix, value(&mut rng, routes.len())));
         }
     }
     let lpm = Lpm::new(routes.iter().copied()).unwrap();

@@ -1,0 +1,116 @@
+//! The agent's HTTP listener: `GET /route/<stream>` (the playback
+//! decision), `GET /healthz`.
+//!
+//! `/route` answers `302` + `Location` (the node's payload URL, or the
+//! proxy URL when it has none), `503` + `Retry-After`, `404` or `403`.
+//! With `?format=json` or `Accept: application/json` it answers the whole
+//! decision: the zone chain with each zone's nodes by increasing load and
+//! why each was or was not eligible.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use axum::Router as Http;
+use axum::extract::{ConnectInfo, Path, Query, State as Extract};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use edgestate::route::{Mode, RETRY_AFTER_SECS};
+
+use crate::routing::State;
+
+/// Settings the handlers need.
+pub struct App {
+    pub state: Arc<State>,
+    /// `{node}` and `{stream}` are replaced.
+    pub proxy_url: String,
+}
+
+/// The routes.
+pub fn app(app: Arc<App>) -> Http {
+    Http::new()
+        .route("/route/{stream}", get(route))
+        .route("/healthz", get(healthz))
+        .with_state(app)
+}
+
+#[derive(serde::Deserialize)]
+struct Params {
+    format: Option<String>,
+}
+
+fn wants_json(params: &Params, headers: &HeaderMap) -> bool {
+    params.format.as_deref() == Some("json")
+        || headers
+            .get(header::ACCEPT)
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|a| a.contains("application/json"))
+}
+
+async fn route(
+    Extract(app): Extract<Arc<App>>,
+    ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    Path(stream): Path<String>,
+    Query(params): Query<Params>,
+    headers: HeaderMap,
+) -> Response {
+    let Some(router) = app.state.router() else {
+        let mut r = (StatusCode::SERVICE_UNAVAILABLE, "no routing table yet\n").into_response();
+        r.headers_mut()
+            .insert(header::RETRY_AFTER, HeaderValue::from(RETRY_AFTER_SECS));
+        return r;
+    };
+    let health = app.state.health();
+    let xff = headers.get("x-forwarded-for").and_then(|v| v.to_str().ok());
+    let d = router.decide(Some(peer.ip()), xff, &stream, &health);
+    let location = match (d.mode, &d.location, &d.node) {
+        (Some(Mode::Redirect), Some(l), _) => Some(l.clone()),
+        (Some(Mode::Proxy), _, Some(node)) => Some(
+            app.proxy_url
+                .replace("{node}", node)
+                .replace("{stream}", &stream),
+        ),
+        _ => None,
+    };
+    let status = StatusCode::from_u16(d.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    let mut response = if wants_json(&params, &headers) {
+        let mut v = serde_json::to_value(&d).unwrap_or_default();
+        if let Some(l) = &location {
+            v["location"] = serde_json::Value::String(l.clone());
+        }
+        v["generation"] = serde_json::json!(app.state.generation());
+        v["stale_health"] = serde_json::json!(health.nodes.values().any(|h| h.stale));
+        (status, axum::Json(v)).into_response()
+    } else {
+        (
+            status,
+            format!("{}\n", status.canonical_reason().unwrap_or("")),
+        )
+            .into_response()
+    };
+    if let Some(l) = location
+        && let Ok(v) = HeaderValue::from_str(&l)
+    {
+        response.headers_mut().insert(header::LOCATION, v);
+    }
+    if d.status == 503 {
+        response
+            .headers_mut()
+            .insert(header::RETRY_AFTER, HeaderValue::from(RETRY_AFTER_SECS));
+    }
+    response
+        .headers_mut()
+        .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    response
+}
+
+async fn healthz(Extract(app): Extract<Arc<App>>) -> Response {
+    let generation = app.state.generation();
+    let body = serde_json::json!({"routing_table": generation.is_some(), "generation": generation});
+    let status = if generation.is_some() {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    };
+    (status, axum::Json(body)).into_response()
+}

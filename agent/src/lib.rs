@@ -1,0 +1,84 @@
+//! edgeform-agent: one process per node, needing only the node's own Redis.
+//!
+//! # Layout
+//! - [`config`]: `agent.yaml`, with file:line errors.
+//! - [`cache`]: the nginx proxy-cache file format, key → path, scanning.
+//! - [`purge`]: the purge worker: a reliable queue on local Redis.
+//! - [`routing`]: the routing table and health, refreshed in the background.
+//! - [`http`]: `/route/<stream>` and `/healthz`.
+//! - [`shutdown`]: SIGTERM/SIGINT → every task stops cleanly.
+
+pub mod cache;
+pub mod config;
+pub mod http;
+pub mod purge;
+pub mod routing;
+pub mod shutdown;
+
+use std::sync::Arc;
+
+/// Run the agent until `signal` resolves, then stop every task cleanly.
+///
+/// # Errors
+/// Setup errors (an invalid cache layout, a listen address in use);
+/// runtime errors are logged and retried by each task.
+pub async fn run(
+    config: Arc<config::Config>,
+    signal: impl std::future::Future<Output = ()>,
+) -> anyhow::Result<()> {
+    let listener = match &config.http {
+        Some(h) => Some(
+            tokio::net::TcpListener::bind(h.listen)
+                .await
+                .map_err(|e| anyhow::anyhow!("binding {}: {e}", h.listen))?,
+        ),
+        None => None,
+    };
+    run_with(config, listener, signal).await
+}
+
+/// [`run`] with an already bound listener (tests bind `127.0.0.1:0`).
+///
+/// # Errors
+/// See [`run`].
+pub async fn run_with(
+    config: Arc<config::Config>,
+    listener: Option<tokio::net::TcpListener>,
+    signal: impl std::future::Future<Output = ()>,
+) -> anyhow::Result<()> {
+    let (trigger, shutdown) = shutdown::channel();
+    let worker = purge::Worker::new(config.clone())?;
+    tracing::info!(node = %config.node, queue = %config.purge_queue(), "edgeform-agent starting");
+    let mut tasks = tokio::task::JoinSet::new();
+    tasks.spawn(worker.run(shutdown.clone()));
+    let state = Arc::new(routing::State::default());
+    tasks.spawn(routing::refresh(
+        config.clone(),
+        state.clone(),
+        shutdown.clone(),
+    ));
+    if let Some(listener) = listener {
+        let addr = listener.local_addr()?;
+        tracing::info!(%addr, "http listening");
+        let proxy_url = config
+            .http
+            .as_ref()
+            .map_or_else(String::new, |h| h.proxy_url.clone());
+        let app = http::app(Arc::new(http::App { state, proxy_url }))
+            .into_make_service_with_connect_info::<std::net::SocketAddr>();
+        let mut stop = shutdown.clone();
+        tasks.spawn(async move {
+            let served = axum::serve(listener, app)
+                .with_graceful_shutdown(async move { stop.wait().await })
+                .await;
+            if let Err(e) = served {
+                tracing::error!(cause = %e, "http server failed");
+            }
+        });
+    }
+    signal.await;
+    tracing::info!("shutting down");
+    trigger.fire();
+    while tasks.join_next().await.is_some() {}
+    Ok(())
+}

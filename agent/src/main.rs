@@ -1,0 +1,64 @@
+//! `edgeform-agent --config agent.yaml`: see the library.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use clap::Parser;
+
+/// The edgeform node agent: durable cache purges from the node's own Redis.
+#[derive(Debug, Parser)]
+#[command(name = "edgeform-agent", version = concat!(env!("CARGO_PKG_VERSION")), about)]
+struct Args {
+    /// The agent's configuration file.
+    #[arg(long, value_name = "FILE", default_value = "/etc/edgeform/agent.yaml")]
+    config: PathBuf,
+    /// Only check the configuration and exit (0 valid, 1 invalid).
+    #[arg(long)]
+    check_config: bool,
+}
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    let filter = tracing_subscriber::EnvFilter::try_from_env("EDGEFORM_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .with_target(false)
+        .init();
+    let config = match agent::config::load(&args.config) {
+        Ok(c) => Arc::new(c),
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    if args.check_config {
+        eprintln!(
+            "{}: valid (node {}, queue {})",
+            args.config.display(),
+            config.node,
+            config.purge_queue()
+        );
+        return ExitCode::SUCCESS;
+    }
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("error: starting the runtime: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    match runtime.block_on(agent::run(config, agent::shutdown::signal())) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::from(1)
+        }
+    }
+}

@@ -1,0 +1,274 @@
+//! The purge worker: the node's own queue `cdn:purge:<region>:<node>` on
+//! its own Redis, consumed in order with the reliable-queue pattern.
+//!
+//! `BLMOVE queue processing LEFT RIGHT` takes the oldest job into a
+//! processing list; the job is removed from it only once done and its
+//! result recorded. A crash at any point leaves the job in the processing
+//! list, and the next start runs it again first — purging is idempotent, so
+//! nothing is lost and nothing is harmed. A Redis restart is survived:
+//! errors reconnect with backoff, and a result not yet recorded is kept
+//! in memory and written first.
+//!
+//! The blocking BLMOVE runs on a connection without a response timeout
+//! (the redis crate's default 500 ms would fail client-side while the
+//! server still moved a job: see DEPENDENCIES.md); its own 1 s timeout
+//! bounds it, so shutdown is noticed within a second.
+//!
+//! A malformed job (not JSON, unknown shape, a regex the engine refuses)
+//! is recorded as failed — in `cdn:purge:done:<id>` when it has an id, and
+//! with the raw text in `<queue>:failed` — and the worker goes on.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+use edgestate::purge::{self, Action, Job};
+use redis::aio::MultiplexedConnection;
+
+use crate::cache::Layout;
+use crate::config::Config;
+use crate::shutdown::Shutdown;
+
+/// How long one BLMOVE waits on the server before looping.
+const BLOCK_SECS: f64 = 1.0;
+/// Failed jobs kept in `<queue>:failed`.
+const FAILED_KEEP: isize = 1000;
+
+/// What running one job gave.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outcome {
+    Removed(u64),
+    Failed(String),
+}
+
+/// Run one job's text against the cache. Pure of Redis; blocking I/O.
+#[must_use]
+pub fn execute(layout: &Layout, text: &str) -> (Option<String>, Outcome) {
+    let job = match Job::parse(text) {
+        Ok(j) => j,
+        Err(e) => {
+            // Keep the id when the text had one, so --wait learns of it.
+            let id = serde_json::from_str::<serde_json::Value>(text)
+                .ok()
+                .and_then(|v| v.get("id").and_then(|i| i.as_str()).map(str::to_owned));
+            return (id, Outcome::Failed(e));
+        }
+    };
+    let outcome = match job.action() {
+        Ok(Action::Grep(pattern)) => match purge::matcher(pattern) {
+            Ok(re) => match layout.purge_matching(|line: &[u8]| re.is_match(line)) {
+                Ok(stats) => Outcome::Removed(stats.removed),
+                Err(e) => Outcome::Failed(format!("scan failed: {e}")),
+            },
+            Err(e) => Outcome::Failed(format!("the regex engine refuses `{pattern}`: {e}")),
+        },
+        Ok(Action::Keys(keys)) => match layout.purge_keys(&keys) {
+            Ok(stats) => Outcome::Removed(stats.removed),
+            Err(e) => Outcome::Failed(format!("purge failed: {e}")),
+        },
+        Err(e) => Outcome::Failed(e),
+    };
+    (job.id, outcome)
+}
+
+/// The worker: owns its Redis connection and the cache layout.
+pub struct Worker {
+    config: Arc<Config>,
+    layout: Arc<Layout>,
+    queue: String,
+    processing: String,
+    /// A finished job whose result is not yet recorded (Redis was down).
+    pending: Option<(String, Option<String>, Outcome)>,
+}
+
+impl Worker {
+    /// # Errors
+    /// Invalid cache `levels`.
+    pub fn new(config: Arc<Config>) -> Result<Worker> {
+        let layout = Layout::new(
+            config.cache.dirs.clone(),
+            crate::cache::Levels::parse(&config.cache.levels)?,
+        );
+        let queue = config.purge_queue();
+        let processing = purge::processing_key(&queue);
+        Ok(Worker {
+            config,
+            layout: Arc::new(layout),
+            queue,
+            processing,
+            pending: None,
+        })
+    }
+
+    /// Consume the queue until `shutdown` fires. Never returns early on a
+    /// Redis or job error: it logs, backs off and goes on.
+    pub async fn run(mut self, mut shutdown: Shutdown) {
+        let mut backoff = Duration::from_millis(100);
+        while !shutdown.is_fired() {
+            let con = tokio::select! {
+                c = edgeredis::master(&self.config.redis, &self.config.node) => c,
+                () = shutdown.wait() => break,
+            };
+            let mut con = match con {
+                Ok(c) => {
+                    tracing::info!(queue = %self.queue, "purge worker connected");
+                    backoff = Duration::from_millis(100);
+                    c
+                }
+                Err(e) => {
+                    tracing::warn!(cause = %format!("{e:#}"), retry_in = ?backoff, "purge worker: redis unreachable");
+                    tokio::select! {
+                        () = tokio::time::sleep(backoff) => {}
+                        () = shutdown.wait() => break,
+                    }
+                    backoff = (backoff * 2).min(Duration::from_secs(5));
+                    continue;
+                }
+            };
+            if let Err(e) = self.serve(&mut con, &mut shutdown).await {
+                tracing::warn!(cause = %format!("{e:#}"), "purge worker: connection lost; reconnecting");
+            }
+        }
+        tracing::info!("purge worker stopped");
+    }
+
+    /// Work on one connection until it fails or shutdown fires.
+    async fn serve(
+        &mut self,
+        con: &mut MultiplexedConnection,
+        shutdown: &mut Shutdown,
+    ) -> Result<()> {
+        if let Some((text, id, outcome)) = self.pending.take() {
+            self.finish(con, &text, id.as_deref(), &outcome)
+                .await
+                .inspect_err(|_| {
+                    self.pending = Some((text.clone(), id.clone(), outcome.clone()));
+                })?;
+        }
+        // Jobs a previous run took but did not finish: run them again, in order.
+        let left: Vec<String> = redis::cmd("LRANGE")
+            .arg(&self.processing)
+            .arg(0)
+            .arg(-1)
+            .query_async(con)
+            .await?;
+        if !left.is_empty() {
+            tracing::info!(
+                jobs = left.len(),
+                "re-running jobs left in processing by a previous run"
+            );
+        }
+        for text in left {
+            self.handle(con, text).await?;
+        }
+        loop {
+            if shutdown.is_fired() {
+                return Ok(());
+            }
+            let mut blmove = redis::cmd("BLMOVE");
+            blmove
+                .arg(&self.queue)
+                .arg(&self.processing)
+                .arg("LEFT")
+                .arg("RIGHT")
+                .arg(BLOCK_SECS);
+            let next: Option<String> = tokio::select! {
+                r = blmove.query_async(con) => r.context("BLMOVE")?,
+                // Dropping a BLMOVE in flight is safe: a job it moved
+                // stays in processing and is run at the next start.
+                () = shutdown.wait() => return Ok(()),
+            };
+            if let Some(text) = next {
+                self.handle(con, text).await?;
+            }
+        }
+    }
+
+    /// Run one job and record it; on a Redis error the result is kept.
+    async fn handle(&mut self, con: &mut MultiplexedConnection, text: String) -> Result<()> {
+        let start = Instant::now();
+        let layout = self.layout.clone();
+        let job_text = text.clone();
+        let (id, outcome) = tokio::task::spawn_blocking(move || execute(&layout, &job_text))
+            .await
+            .unwrap_or_else(|e| (None, Outcome::Failed(format!("purge task panicked: {e}"))));
+        match &outcome {
+            Outcome::Removed(n) => {
+                tracing::info!(id = id.as_deref().unwrap_or("-"), removed = n, elapsed = ?start.elapsed(), "purge done");
+            }
+            Outcome::Failed(why) => {
+                tracing::warn!(id = id.as_deref().unwrap_or("-"), reason = %why, job = %truncate(&text), "purge job failed");
+            }
+        }
+        if let Err(e) = self.finish(con, &text, id.as_deref(), &outcome).await {
+            self.pending = Some((text, id, outcome));
+            return Err(e);
+        }
+        Ok(())
+    }
+
+    /// Record the result and take the job out of processing, atomically.
+    async fn finish(
+        &self,
+        con: &mut MultiplexedConnection,
+        text: &str,
+        id: Option<&str>,
+        outcome: &Outcome,
+    ) -> Result<()> {
+        let mut pipe = redis::pipe();
+        pipe.atomic();
+        if let Some(id) = id {
+            let key = purge::done_key(id);
+            let value = match outcome {
+                Outcome::Removed(n) => n.to_string(),
+                Outcome::Failed(why) => format!("{}{why}", purge::FAILED_PREFIX),
+            };
+            pipe.cmd("HSET")
+                .arg(&key)
+                .arg(&self.config.node)
+                .arg(value)
+                .ignore();
+            pipe.cmd("EXPIRE")
+                .arg(&key)
+                .arg(purge::DONE_TTL_SECS)
+                .ignore();
+        }
+        if let Outcome::Failed(why) = outcome {
+            let failed = purge::failed_key(&self.queue);
+            let entry =
+                serde_json::json!({"job": text, "reason": why, "at": unix_now()}).to_string();
+            pipe.cmd("RPUSH").arg(&failed).arg(entry).ignore();
+            pipe.cmd("LTRIM")
+                .arg(&failed)
+                .arg(-FAILED_KEEP)
+                .arg(-1)
+                .ignore();
+        }
+        pipe.cmd("LREM")
+            .arg(&self.processing)
+            .arg(1)
+            .arg(text)
+            .ignore();
+        pipe.query_async::<()>(con)
+            .await
+            .context("recording the purge result")?;
+        Ok(())
+    }
+}
+
+fn unix_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+fn truncate(text: &str) -> String {
+    if text.len() <= 200 {
+        return text.to_owned();
+    }
+    let mut end = 200;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}…", &text[..end])
+}

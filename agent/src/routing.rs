@@ -1,0 +1,159 @@
+//! The agent's view of routing: the compiled table from local Redis and the
+//! cluster's health, both refreshed in the background and swapped in whole,
+//! so a request never waits on I/O and never sees half an update.
+//!
+//! The table is re-read when `edgeform:meta` `generation` changes (a new
+//! apply), so a push takes effect within a second without a restart. With
+//! Redis unreachable, the last good table keeps answering. Health comes
+//! from a file (same format as `edgeform route --health`), re-read when
+//! its modification time changes.
+
+use std::path::PathBuf;
+use std::sync::{Arc, RwLock};
+use std::time::{Duration, SystemTime};
+
+use edgestate::route::{Health, Router};
+use edgestate::routing::RoutingTable;
+
+use crate::config::Config;
+use crate::shutdown::Shutdown;
+
+/// What the HTTP handlers read. Cheap to clone (`Arc`s inside).
+#[derive(Default)]
+pub struct State {
+    router: RwLock<Option<Arc<Router>>>,
+    health: RwLock<Arc<Health>>,
+    generation: RwLock<Option<u64>>,
+}
+
+impl State {
+    /// The current router (None until a table was read once).
+    #[must_use]
+    pub fn router(&self) -> Option<Arc<Router>> {
+        self.router
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
+
+    #[must_use]
+    pub fn health(&self) -> Arc<Health> {
+        self.health
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
+
+    /// The generation of the table in use.
+    #[must_use]
+    pub fn generation(&self) -> Option<u64> {
+        *self
+            .generation
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    pub fn set_router(&self, router: Router, generation: u64) {
+        *self
+            .router
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(Arc::new(router));
+        *self
+            .generation
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(generation);
+    }
+
+    pub fn set_health(&self, health: Health) {
+        *self
+            .health
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Arc::new(health);
+    }
+}
+
+/// Keep `state` current until shutdown.
+pub async fn refresh(config: Arc<Config>, state: Arc<State>, mut shutdown: Shutdown) {
+    let every = config.routing.refresh;
+    let mut con: Option<redis::aio::MultiplexedConnection> = None;
+    let mut health_mtime: Option<SystemTime> = None;
+    let mut warned_redis = false;
+    loop {
+        if let Some(path) = &config.routing.health_file {
+            refresh_health(path, &mut health_mtime, &state);
+        }
+        match refresh_table(&config, &state, &mut con).await {
+            Ok(()) => warned_redis = false,
+            Err(e) => {
+                con = None;
+                if !warned_redis {
+                    tracing::warn!(cause = %format!("{e:#}"), "routing: cannot read the table from redis; keeping the last good one");
+                    warned_redis = true;
+                }
+            }
+        }
+        tokio::select! {
+            () = tokio::time::sleep(every) => {}
+            () = shutdown.wait() => return,
+        }
+    }
+}
+
+async fn refresh_table(
+    config: &Config,
+    state: &State,
+    con: &mut Option<redis::aio::MultiplexedConnection>,
+) -> anyhow::Result<()> {
+    if con.is_none() {
+        *con = Some(edgeredis::master(&config.redis, &config.node).await?);
+    }
+    let c = con.as_mut().expect("just set");
+    let generation: Option<u64> = redis::cmd("HGET")
+        .arg(edgestate::keys::META)
+        .arg("generation")
+        .query_async(c)
+        .await?;
+    let generation = generation.unwrap_or(0);
+    if state.router().is_some() && state.generation() == Some(generation) {
+        return Ok(());
+    }
+    let text: Option<String> = redis::cmd("GET")
+        .arg(edgestate::keys::ROUTING)
+        .query_async(c)
+        .await?;
+    let Some(text) = text else {
+        anyhow::bail!(
+            "no {} in redis yet (nothing applied to this node)",
+            edgestate::keys::ROUTING
+        );
+    };
+    let table: RoutingTable = serde_json::from_str(&text)?;
+    let router = Router::new(table).map_err(|e| anyhow::anyhow!("{e}"))?;
+    state.set_router(router, generation);
+    tracing::info!(generation, "routing: table loaded");
+    Ok(())
+}
+
+fn refresh_health(path: &PathBuf, mtime: &mut Option<SystemTime>, state: &State) {
+    let Ok(modified) = std::fs::metadata(path).and_then(|m| m.modified()) else {
+        return;
+    };
+    if *mtime == Some(modified) {
+        return;
+    }
+    match std::fs::read_to_string(path)
+        .map_err(|e| e.to_string())
+        .and_then(|t| serde_json::from_str::<Health>(&t).map_err(|e| e.to_string()))
+    {
+        Ok(h) => {
+            state.set_health(h);
+            *mtime = Some(modified);
+        }
+        Err(e) => {
+            tracing::warn!(file = %path.display(), cause = %e, "routing: bad health file; keeping the last one")
+        }
+    }
+}
+
+/// How often the table and health are checked (the default).
+pub const DEFAULT_REFRESH: Duration = Duration::from_secs(1);

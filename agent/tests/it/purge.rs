@@ -1,0 +1,234 @@
+//! The purge worker end to end: real agent, real Redis, nginx-format files.
+
+use std::time::{Duration, Instant};
+
+use crate::util::{Agent, Cache, QUEUE, con, exists, push_job, wait_done};
+
+#[test]
+fn each_job_shape_removes_exactly_what_it_names() {
+    let r = harness::redis(&[]);
+    let cache = Cache::new();
+    let a_mp4 = cache.put("static", "httpexample.com/a.mp4");
+    let a_mp4_s = cache.put("dynamic", "httpsexample.com/a.mp4");
+    let img1 = cache.put("static", "httpexample.com/img/1.png");
+    let img2 = cache.put("dynamic", "httpswww.example.com/img/2.png");
+    let css = cache.put("static", "httpexample.com/css/site.css?v=3");
+    let js = cache.put("static", "httpexample.com/js/app.js");
+    let other = cache.put("static", "httpother.org/img/1.png");
+    let lookalike = cache.put("static", "httpnotexample.com/a.mp4");
+    let agent = Agent::start(r.port, &cache.dirs());
+
+    // The seed's job, exactly as it is: no id, grep over the KEY line.
+    push_job(r.port, r#"{"grep": "KEY:.*other\\.org"}"#);
+    // Exact key: O(1), no scan.
+    push_job(
+        r.port,
+        r#"{"id":"exact","site":"example.com","key":"httpexample.com/a.mp4"}"#,
+    );
+    assert_eq!(wait_done(r.port, "exact", &agent), "1");
+    assert!(!exists(&other), "the seed-shaped job ran first");
+    assert!(!exists(&a_mp4) && exists(&a_mp4_s));
+    // Prefix (what `edgeform purge --prefix /img/` builds).
+    push_job(
+        r.port,
+        r#"{"id":"prefix","site":"example.com","grep":"^KEY: (?:http|https)(?:example\\.com|www\\.example\\.com)(?:/img/)"}"#,
+    );
+    assert_eq!(wait_done(r.port, "prefix", &agent), "2");
+    assert!(!exists(&img1) && !exists(&img2));
+    // Regex on the path.
+    push_job(
+        r.port,
+        r#"{"id":"regex","site":"example.com","grep":"^KEY: (?:http|https)(?:example\\.com)(?:/.*?(?:\\.css))"}"#,
+    );
+    assert_eq!(wait_done(r.port, "regex", &agent), "1");
+    assert!(!exists(&css) && exists(&js));
+    // The whole site.
+    push_job(
+        r.port,
+        r#"{"id":"all","site":"example.com","grep":"^KEY: (?:http|https)(?:example\\.com|www\\.example\\.com)(?:/)"}"#,
+    );
+    assert_eq!(wait_done(r.port, "all", &agent), "2");
+    assert!(!exists(&js) && !exists(&a_mp4_s));
+    // Untouched: another host, and a host that merely ends the same way.
+    assert!(exists(&lookalike));
+}
+
+#[test]
+fn nothing_outside_the_cache_dirs_is_touched() {
+    let r = harness::redis(&[]);
+    let cache = Cache::new();
+    let outside = tempfile::tempdir().unwrap();
+    // A valid cache file outside the dirs, reachable through symlinks inside.
+    let levels = agent::cache::Levels::parse("1:2").unwrap();
+    let foreign =
+        agent::cache::write_cache_file(outside.path(), &levels, "httpexample.com/secret", b"x")
+            .unwrap();
+    let link_dir = cache.dir("static").join("0");
+    std::fs::create_dir_all(&link_dir).unwrap();
+    std::os::unix::fs::symlink(&foreign, link_dir.join("link-to-file")).unwrap();
+    std::os::unix::fs::symlink(outside.path(), cache.dir("static").join("link-to-dir")).unwrap();
+    // The exact path of the key, replaced by a symlink to the outside file.
+    let exact = levels.path_for(&cache.dir("dynamic"), "httpexample.com/secret");
+    std::fs::create_dir_all(exact.parent().unwrap()).unwrap();
+    std::os::unix::fs::symlink(&foreign, &exact).unwrap();
+    let inside = cache.put("static", "httpexample.com/inside");
+    let agent = Agent::start(r.port, &cache.dirs());
+    push_job(r.port, r#"{"id":"all","grep":"KEY: .*example\\.com"}"#);
+    assert_eq!(wait_done(r.port, "all", &agent), "1");
+    push_job(r.port, r#"{"id":"exact","key":"httpexample.com/secret"}"#);
+    assert_eq!(wait_done(r.port, "exact", &agent), "0");
+    assert!(!exists(&inside));
+    assert!(
+        exists(&foreign),
+        "a file outside the cache dirs was removed"
+    );
+    assert!(
+        exists(&link_dir.join("link-to-file")) && exists(&exact),
+        "symlinks are left alone"
+    );
+}
+
+#[test]
+fn malformed_jobs_are_recorded_as_failed_and_the_next_job_runs() {
+    let r = harness::redis(&[]);
+    let cache = Cache::new();
+    let f = cache.put("static", "httpexample.com/a");
+    let agent = Agent::start(r.port, &cache.dirs());
+    push_job(r.port, "this is not json");
+    push_job(r.port, r#"{"id":"shape","purge":"everything"}"#);
+    push_job(r.port, r#"{"id":"lookaround","grep":"KEY: (?=x)"}"#);
+    push_job(r.port, r#"{"id":"backref","grep":"(a)\\1"}"#);
+    push_job(r.port, r#"{"id":"ok","key":"httpexample.com/a"}"#);
+    assert_eq!(wait_done(r.port, "ok", &agent), "1");
+    assert!(!exists(&f));
+    for id in ["shape", "lookaround", "backref"] {
+        let v = wait_done(r.port, id, &agent);
+        assert!(v.starts_with("failed: "), "{id}: {v}");
+    }
+    let failed: Vec<String> = redis::cmd("LRANGE")
+        .arg(format!("{QUEUE}:failed"))
+        .arg(0)
+        .arg(-1)
+        .query(&mut con(r.port))
+        .unwrap();
+    assert_eq!(failed.len(), 4, "{failed:?}");
+    assert!(failed[0].contains("this is not json"));
+    let processing: i64 = redis::cmd("LLEN")
+        .arg(format!("{QUEUE}:processing"))
+        .query(&mut con(r.port))
+        .unwrap();
+    assert_eq!(processing, 0);
+}
+
+/// 10,000 jobs queued while the agent is down drain in order, none dropped;
+/// a kill -9 in the middle of the backlog loses nothing either.
+#[test]
+fn backlog_drains_in_order_through_a_kill_9() {
+    let r = harness::redis(&[]);
+    let cache = Cache::new();
+    let n = 10_000;
+    let mut pipe = redis::pipe();
+    for i in 0..n {
+        pipe.cmd("RPUSH")
+            .arg(QUEUE)
+            .arg(format!(r#"{{"id":"j{i:05}","key":"httpexample.com/{i}"}}"#))
+            .ignore();
+    }
+    pipe.exec(&mut con(r.port)).unwrap();
+    let mut files = Vec::new();
+    for i in (0..n).step_by(100) {
+        files.push(cache.put("static", &format!("httpexample.com/{i}")));
+    }
+    let mut agent = Agent::start(r.port, &cache.dirs());
+    let mut c = con(r.port);
+    let done = |c: &mut redis::Connection, i: usize| -> bool {
+        redis::cmd("EXISTS")
+            .arg(format!("cdn:purge:done:j{i:05}"))
+            .query::<i64>(c)
+            .unwrap()
+            == 1
+    };
+    // While it drains, completion is always a prefix of the queue order:
+    // one atomic server-side snapshot of the queue length and two results.
+    let snapshot = redis::Script::new(
+        r"local left = redis.call('LLEN', KEYS[1])
+          local taken = tonumber(ARGV[1]) - left
+          local before, after = 1, 0
+          if taken >= 2 then before = redis.call('EXISTS', string.format('cdn:purge:done:j%05d', taken - 2)) end
+          if taken < tonumber(ARGV[1]) then after = redis.call('EXISTS', string.format('cdn:purge:done:j%05d', taken)) end
+          return {left, before, after}",
+    );
+    let mut killed = false;
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let (left, before, after): (usize, i64, i64) =
+            snapshot.key(QUEUE).arg(n).invoke(&mut c).unwrap();
+        let taken = n - left;
+        assert_eq!(
+            before,
+            1,
+            "job {} not done while {taken} were taken",
+            taken.saturating_sub(2)
+        );
+        assert_eq!(after, 0, "job {taken} done before it was taken");
+        if !killed && taken > n / 3 {
+            agent.kill9();
+            killed = true;
+            std::thread::sleep(Duration::from_millis(200));
+            agent.spawn();
+        }
+        if left == 0 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "backlog did not drain:\n{}",
+            agent.log()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // The last one finishes, and every job has its result.
+    crate::util::wait_done(r.port, &format!("j{:05}", n - 1), &agent);
+    let mut missing = Vec::new();
+    for i in 0..n {
+        if !done(&mut c, i) {
+            missing.push(i);
+        }
+    }
+    assert!(
+        missing.is_empty(),
+        "{} jobs lost, first {:?}",
+        missing.len(),
+        &missing[..missing.len().min(5)]
+    );
+    assert!(files.iter().all(|f| !exists(f)));
+    assert!(agent.log().contains("re-running jobs left in processing") || killed);
+    // Clean shutdown on SIGTERM.
+    let status = agent.terminate().unwrap();
+    assert!(status.success(), "{status:?}\n{}", agent.log());
+}
+
+#[test]
+fn redis_restarted_under_a_waiting_agent() {
+    let mut r = harness::redis(&[]);
+    let port = r.port;
+    let cache = Cache::new();
+    let f = cache.put("static", "httpexample.com/after-restart");
+    let agent = Agent::start(port, &cache.dirs());
+    push_job(port, r#"{"id":"before","key":"httpexample.com/nothing"}"#);
+    assert_eq!(wait_done(port, "before", &agent), "0");
+    r.kill();
+    std::thread::sleep(Duration::from_millis(700));
+    let _r2 = harness::redis_on(port, &[]);
+    push_job(
+        port,
+        r#"{"id":"after","key":"httpexample.com/after-restart"}"#,
+    );
+    assert_eq!(wait_done(port, "after", &agent), "1");
+    assert!(!exists(&f));
+    assert!(
+        agent.log().contains("reconnecting") || agent.log().contains("unreachable"),
+        "{}",
+        agent.log()
+    );
+}

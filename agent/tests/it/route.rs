@@ -1,0 +1,205 @@
+//! `GET /route/<stream>` over real HTTP, the table from a real Redis.
+
+use std::collections::BTreeMap;
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::time::{Duration, Instant};
+
+use edgestate::routing::{GeoSettings, Node, RoutingTable, Zone};
+
+use crate::util::con;
+
+fn table(url: &str) -> RoutingTable {
+    let node = |zone: &str, public_url: Option<&str>| Node {
+        roles: vec!["edge".into()],
+        region: "eu".into(),
+        zone: Some(zone.into()),
+        public_url: public_url.map(str::to_owned),
+        location: None,
+        addresses: vec!["198.51.100.7".into(), "10.0.0.7".into()],
+        playback_session_limit: Some(100),
+        playback_bandwidth_kbit: None,
+        network_bandwidth_kbit: None,
+    };
+    let mut zones = BTreeMap::new();
+    zones.insert(
+        "eu".into(),
+        Zone {
+            routes: vec!["192.0.2.0/24".into(), "127.0.0.0/8".into()],
+            fallback: Some("backup".into()),
+        },
+    );
+    zones.insert(
+        "backup".into(),
+        Zone {
+            routes: vec![],
+            fallback: None,
+        },
+    );
+    let mut nodes = BTreeMap::new();
+    nodes.insert("edge-a".into(), node("eu", Some(url)));
+    nodes.insert("edge-b".into(), node("backup", None));
+    RoutingTable {
+        format: 1,
+        cluster: "t".into(),
+        trusted_proxies: vec![],
+        geo: GeoSettings {
+            tie_km: 100.0,
+            buckets: vec![],
+            default_weight: 1,
+            max_fails: 3,
+            fail_timeout_s: 30,
+        },
+        zones,
+        nodes,
+        router_pool: None,
+    }
+}
+
+fn publish(port: u16, t: &RoutingTable, generation: u64) {
+    let mut c = con(port);
+    redis::cmd("SET")
+        .arg("edgeform:routing")
+        .arg(serde_json::to_string(t).unwrap())
+        .exec(&mut c)
+        .unwrap();
+    redis::cmd("HSET")
+        .arg("edgeform:meta")
+        .arg("generation")
+        .arg(generation)
+        .exec(&mut c)
+        .unwrap();
+}
+
+/// A raw HTTP/1.1 GET; returns (status, headers lower-cased, body).
+fn get(port: u16, path: &str, extra: &str) -> (u16, String, String) {
+    let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n{extra}\r\n"
+    )
+    .unwrap();
+    let mut raw = String::new();
+    s.read_to_string(&mut raw).unwrap();
+    let (head, body) = raw.split_once("\r\n\r\n").unwrap_or((&raw, ""));
+    let status = head.split(' ').nth(1).unwrap().parse().unwrap();
+    (status, head.to_ascii_lowercase(), body.to_owned())
+}
+
+fn write_health(path: &std::path::Path, a_online: bool, b_online: bool) {
+    let h = serde_json::json!({"nodes": {
+        "edge-a": {"online": a_online, "play_sessions": 3, "out_kbit": 10, "streams": ["cam1"]},
+        "edge-b": {"online": b_online, "play_sessions": 1, "out_kbit": 10, "streams": []},
+    }});
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, h.to_string()).unwrap();
+    std::fs::rename(&tmp, path).unwrap();
+}
+
+fn wait_for(mut f: impl FnMut() -> bool, what: &str, log: &dyn Fn() -> String) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !f() {
+        assert!(Instant::now() < deadline, "{what}\n{}", log());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn route_over_http_with_real_redis() {
+    let mut r = harness::redis(&[]);
+    let dir = tempfile::tempdir().unwrap();
+    let health = dir.path().join("health.json");
+    write_health(&health, true, true);
+    publish(r.port, &table("https://a.example.net"), 1);
+    let http = harness::free_port();
+    let agent = crate::util::Agent::start_with(
+        r.port,
+        &[dir.path().join("cache")],
+        &format!(
+            "http:\n  listen: 127.0.0.1:{http}\n  proxy_url: https://router.example.net/proxy/{{node}}/{{stream}}\n\
+             routing:\n  health_file: {}\n  refresh: 100ms\n",
+            health.display()
+        ),
+    );
+    let log = || agent.log();
+    wait_for(
+        || {
+            std::net::TcpStream::connect(("127.0.0.1", http)).is_ok()
+                && get(http, "/healthz", "").0 == 200
+        },
+        "agent up",
+        &log,
+    );
+
+    // The client is 127.0.0.1: zone eu, edge-a, redirect to its payload URL.
+    let (status, head, _) = get(http, "/route/cam1", "");
+    assert_eq!(status, 302, "{head}");
+    assert!(
+        head.contains("location: https://a.example.net/cam1"),
+        "{head}"
+    );
+    // JSON, by query or by Accept: the chain, nodes by load, private addresses left out.
+    for (path, extra) in [
+        ("/route/cam1?format=json", ""),
+        ("/route/cam1", "Accept: application/json\r\n"),
+    ] {
+        let (status, _, body) = get(http, path, extra);
+        assert_eq!(status, 302);
+        let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+        assert_eq!(v["node"], "edge-a");
+        assert_eq!(v["chain"], serde_json::json!(["eu", "backup"]));
+        assert_eq!(
+            v["zones"][0]["nodes"][0]["addresses"],
+            serde_json::json!(["198.51.100.7"])
+        );
+        assert_eq!(v["generation"], 1);
+    }
+    // Unknown stream: 404.
+    assert_eq!(get(http, "/route/nope", "").0, 404);
+    // edge-a goes offline (health file rewritten): fallback to backup, proxied.
+    write_health(&health, false, true);
+    wait_for(
+        || {
+            get(http, "/route/cam1", "")
+                .1
+                .contains("location: https://router.example.net/proxy/edge-b/cam1")
+        },
+        "proxy",
+        &log,
+    );
+    // Everything offline: 503 with Retry-After.
+    write_health(&health, false, false);
+    wait_for(|| get(http, "/route/cam1", "").0 == 503, "503", &log);
+    assert!(get(http, "/route/cam1", "").1.contains("retry-after: 5"));
+    // A new generation is picked up without a restart.
+    write_health(&health, true, true);
+    publish(r.port, &table("https://a2.example.net"), 2);
+    wait_for(
+        || {
+            get(http, "/route/cam1", "")
+                .1
+                .contains("location: https://a2.example.net/cam1")
+        },
+        "new generation",
+        &log,
+    );
+    // Redis goes away: the last good table keeps answering.
+    r.kill();
+    std::thread::sleep(Duration::from_millis(400));
+    for _ in 0..5 {
+        let (status, head, _) = get(http, "/route/cam1", "");
+        assert_eq!(status, 302, "{head}");
+    }
+    // Outside every route (restricted): 403. Through a fresh table whose
+    // routes exclude 127.0.0.0/8, published to a new Redis on the same port.
+    let r2 = harness::redis_on(r.port, &[]);
+    let mut t = table("https://a2.example.net");
+    t.zones.get_mut("eu").unwrap().routes = vec!["192.0.2.0/24".into()];
+    publish(r2.port, &t, 3);
+    wait_for(
+        || get(http, "/route/cam1", "").0 == 403,
+        "403 outside routes",
+        &log,
+    );
+}

@@ -1,0 +1,183 @@
+//! Helpers: an agent process with its config, cache files, Redis access.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use agent::cache::Levels;
+
+pub const HOST: &str = "example.com";
+
+/// A temp cache with `static` and `dynamic` dirs, levels 1:2.
+pub struct Cache {
+    pub root: tempfile::TempDir,
+    pub levels: Levels,
+}
+
+impl Cache {
+    pub fn new() -> Cache {
+        let root = tempfile::tempdir().unwrap();
+        for d in ["static", "dynamic"] {
+            std::fs::create_dir_all(root.path().join(d)).unwrap();
+        }
+        Cache {
+            root,
+            levels: Levels::parse("1:2").unwrap(),
+        }
+    }
+
+    pub fn dir(&self, name: &str) -> PathBuf {
+        self.root.path().join(name)
+    }
+
+    pub fn dirs(&self) -> Vec<PathBuf> {
+        vec![self.dir("static"), self.dir("dynamic")]
+    }
+
+    /// Cache `key` in `dir` with a small body; returns the file.
+    pub fn put(&self, dir: &str, key: &str) -> PathBuf {
+        agent::cache::write_cache_file(
+            &self.dir(dir),
+            &self.levels,
+            key,
+            format!("body of {key}").as_bytes(),
+        )
+        .unwrap()
+    }
+}
+
+/// A running agent, killed on drop.
+pub struct Agent {
+    pub child: Option<Child>,
+    pub config: PathBuf,
+    pub log: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl Agent {
+    pub fn start(redis_port: u16, dirs: &[PathBuf]) -> Agent {
+        Agent::start_with(redis_port, dirs, "")
+    }
+
+    /// With more `agent.yaml` text appended.
+    pub fn start_with(redis_port: u16, dirs: &[PathBuf], extra: &str) -> Agent {
+        let dir = tempfile::tempdir().unwrap();
+        let config = dir.path().join("agent.yaml");
+        let list: Vec<String> = dirs
+            .iter()
+            .map(|d| format!("    - {}", d.display()))
+            .collect();
+        std::fs::write(
+            &config,
+            format!(
+                "node: edge-1\nregion: eu\nredis:\n  url: redis://127.0.0.1:{redis_port}\ncache:\n  dirs:\n{}\n  levels: \"1:2\"\n{extra}",
+                list.join("\n")
+            ),
+        )
+        .unwrap();
+        let log = dir.path().join("agent.log");
+        let mut a = Agent {
+            child: None,
+            config,
+            log,
+            _dir: dir,
+        };
+        a.spawn();
+        a
+    }
+
+    pub fn spawn(&mut self) {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.log)
+            .unwrap();
+        let child = Command::new(env!("CARGO_BIN_EXE_edgeform-agent"))
+            .arg("--config")
+            .arg(&self.config)
+            .env("EDGEFORM_LOG", "info")
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .unwrap();
+        self.child = Some(child);
+    }
+
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    pub fn kill9(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// SIGTERM; returns the exit status.
+    pub fn terminate(&mut self) -> Option<std::process::ExitStatus> {
+        let mut c = self.child.take()?;
+        Command::new("kill")
+            .arg("-TERM")
+            .arg(c.id().to_string())
+            .status()
+            .unwrap();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < deadline {
+            if let Ok(Some(s)) = c.try_wait() {
+                return Some(s);
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = c.kill();
+        c.wait().ok()
+    }
+}
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        self.kill9();
+    }
+}
+
+pub fn con(port: u16) -> redis::Connection {
+    redis::Client::open(format!("redis://127.0.0.1:{port}"))
+        .unwrap()
+        .get_connection()
+        .unwrap()
+}
+
+pub const QUEUE: &str = "cdn:purge:eu:edge-1";
+
+pub fn push_job(port: u16, job: &str) {
+    redis::cmd("RPUSH")
+        .arg(QUEUE)
+        .arg(job)
+        .exec(&mut con(port))
+        .unwrap();
+}
+
+/// Wait for `cdn:purge:done:<id>`'s edge-1 field.
+pub fn wait_done(port: u16, id: &str, agent: &Agent) -> String {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let v: Option<String> = redis::cmd("HGET")
+            .arg(format!("cdn:purge:done:{id}"))
+            .arg("edge-1")
+            .query(&mut con(port))
+            .unwrap();
+        if let Some(v) = v {
+            return v;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "job {id} not done; agent log:\n{}",
+            agent.log()
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+pub fn exists(p: &Path) -> bool {
+    p.symlink_metadata().is_ok()
+}
