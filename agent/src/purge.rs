@@ -25,7 +25,7 @@ use anyhow::{Context, Result};
 use edgestate::purge::{self, Action, Job};
 use redis::aio::MultiplexedConnection;
 
-use crate::cache::Layout;
+use crate::cache::{Index, Layout};
 use crate::config::Config;
 use crate::shutdown::Shutdown;
 
@@ -41,9 +41,62 @@ pub enum Outcome {
     Failed(String),
 }
 
+/// How pattern purges find files: the key index (kept current by inotify,
+/// drained before every purge), or a scan of the cache dirs when the index
+/// could not be built.
+pub enum Engine {
+    Index(Index),
+    Scan(Layout),
+}
+
+impl Engine {
+    /// Build the index over `layout`; on failure (e.g. inotify limits),
+    /// log and scan instead. Blocking.
+    #[must_use]
+    pub fn start(layout: Layout) -> Engine {
+        let started = Instant::now();
+        match Index::build(layout.clone()) {
+            Ok(index) => {
+                let stats = index.stats();
+                tracing::info!(files = stats.files, dirs = stats.dirs, elapsed = ?started.elapsed(), "cache key index built");
+                Engine::Index(index)
+            }
+            Err(e) => {
+                tracing::warn!(cause = %e, "cache key index unavailable; pattern purges scan the cache dirs");
+                Engine::Scan(layout)
+            }
+        }
+    }
+
+    fn purge_matching(
+        &self,
+        matches: impl Fn(&[u8]) -> bool + Sync,
+    ) -> std::io::Result<crate::cache::PurgeStats> {
+        match self {
+            Engine::Index(i) => i.purge_matching(matches),
+            Engine::Scan(l) => l.purge_matching(matches),
+        }
+    }
+
+    fn purge_keys(&self, keys: &[&str]) -> std::io::Result<crate::cache::PurgeStats> {
+        match self {
+            Engine::Index(i) => i.purge_keys(keys),
+            Engine::Scan(l) => l.purge_keys(keys),
+        }
+    }
+
+    /// Apply pending cache changes to the index (keeps the inotify queue
+    /// short between purges). Blocking.
+    pub fn refresh(&self) {
+        if let Engine::Index(i) = self {
+            i.refresh();
+        }
+    }
+}
+
 /// Run one job's text against the cache. Pure of Redis; blocking I/O.
 #[must_use]
-pub fn execute(layout: &Layout, text: &str) -> (Option<String>, Outcome) {
+pub fn execute(layout: &Engine, text: &str) -> (Option<String>, Outcome) {
     let job = match Job::parse(text) {
         Ok(j) => j,
         Err(e) => {
@@ -74,7 +127,9 @@ pub fn execute(layout: &Layout, text: &str) -> (Option<String>, Outcome) {
 /// The worker: owns its Redis connection and the cache layout.
 pub struct Worker {
     config: Arc<Config>,
-    layout: Arc<Layout>,
+    layout: Layout,
+    /// Built at the start of `run` (it scans the cache).
+    engine: Option<Arc<Engine>>,
     queue: String,
     processing: String,
     /// A finished job whose result is not yet recorded (Redis was down).
@@ -93,7 +148,8 @@ impl Worker {
         let processing = purge::processing_key(&queue);
         Ok(Worker {
             config,
-            layout: Arc::new(layout),
+            layout,
+            engine: None,
             queue,
             processing,
             pending: None,
@@ -103,6 +159,24 @@ impl Worker {
     /// Consume the queue until `shutdown` fires. Never returns early on a
     /// Redis or job error: it logs, backs off and goes on.
     pub async fn run(mut self, mut shutdown: Shutdown) {
+        let layout = self.layout.clone();
+        let engine = match tokio::task::spawn_blocking(move || Engine::start(layout)).await {
+            Ok(e) => Arc::new(e),
+            Err(_) => Arc::new(Engine::Scan(self.layout.clone())),
+        };
+        self.engine = Some(engine.clone());
+        // Keep the index's event queue short between purges.
+        let mut stop = shutdown.clone();
+        let refresher = tokio::spawn(async move {
+            loop {
+                tokio::select! {
+                    () = tokio::time::sleep(Duration::from_secs(1)) => {}
+                    () = stop.wait() => return,
+                }
+                let e = engine.clone();
+                let _ = tokio::task::spawn_blocking(move || e.refresh()).await;
+            }
+        });
         let mut backoff = Duration::from_millis(100);
         while !shutdown.is_fired() {
             let con = tokio::select! {
@@ -129,6 +203,7 @@ impl Worker {
                 tracing::warn!(cause = %format!("{e:#}"), "purge worker: connection lost; reconnecting");
             }
         }
+        let _ = refresher.await;
         tracing::info!("purge worker stopped");
     }
 
@@ -187,9 +262,12 @@ impl Worker {
     /// Run one job and record it; on a Redis error the result is kept.
     async fn handle(&mut self, con: &mut MultiplexedConnection, text: String) -> Result<()> {
         let start = Instant::now();
-        let layout = self.layout.clone();
+        let engine = self
+            .engine
+            .clone()
+            .unwrap_or_else(|| Arc::new(Engine::Scan(self.layout.clone())));
         let job_text = text.clone();
-        let (id, outcome) = tokio::task::spawn_blocking(move || execute(&layout, &job_text))
+        let (id, outcome) = tokio::task::spawn_blocking(move || execute(&engine, &job_text))
             .await
             .unwrap_or_else(|e| (None, Outcome::Failed(format!("purge task panicked: {e}"))));
         match &outcome {

@@ -1,11 +1,11 @@
 //! Longest-prefix match: which route covers a viewer's address most
 //! specifically (seed 002, CDN zones; SPEC §5 "Restricted").
 //!
-//! [`Lpm`] maps IPv4 and IPv6 [`Prefix`]es to values (a zone index, say)
-//! and answers [`Lpm::lookup`] with the value of the longest prefix that
-//! contains the address. It is built once from the whole route list and
-//! then only read, so it can be shared between threads without locks; a
-//! changed route list means a new table.
+//! [`Lpm`] maps IPv4 and IPv6 [`Prefix`]es to `u32` values (zone
+//! indices) and answers [`Lpm::lookup`] with the value of the longest
+//! prefix that contains the address. It is built once from the whole route
+//! list and then only read, so threads can share it without locks; a
+//! changed route list means a new table. Only std is used.
 //!
 //! # Semantics
 //!
@@ -19,51 +19,56 @@
 //!   dual-stack socket and are looked up as IPv4 (against IPv4 routes
 //!   only; `::/0` does not match them). For the same reason an IPv6 route
 //!   inside `::ffff:0:0/96` is stored as the equivalent IPv4 route.
+//!   IPv4-compatible addresses (`::a.b.c.d`, deprecated) are plain IPv6.
 //! - **Duplicate prefixes are an error** ([`LpmError::DuplicatePrefix`],
-//!   with both input positions): two zones claiming one network is a
-//!   configuration conflict, and letting input order pick the winner would
-//!   make routing depend on file order.
-//! - Prefixes must be canonical (host bits clear): [`Prefix::new`] refuses
+//!   with both input positions), even with equal values: two zones
+//!   claiming one network is a configuration conflict, and letting input
+//!   order pick the winner would make routing depend on file order.
+//! - Prefixes are canonical (host bits clear): [`Prefix::new`] refuses
 //!   `10.0.0.1/8`.
 //!
 //! # Structure
 //!
-//! Prefixes nest or are disjoint, so a route list cuts each family's address
-//! space into at most `2n + 1` intervals on which the answer is constant.
-//! Lookup is then "which interval holds the address", a search in a sorted
-//! array — with no per-bit walk, no pointer chasing, and no prefix
-//! expansion (DIR-24-8-style tables expand every `/25`–`/32` route into a
-//! 256-entry chunk, hundreds of MiB for a million random routes). This is
-//! the DXR scheme (Zec, Rizzo, Mikuc 2012):
-//!
-//! - a **directory** indexed by the top bits of the address holds, per
-//!   slot, the offset of the slot's run of intervals (module `ranges`);
-//! - a **binary search** over the run, a few entries long, finds the
-//!   interval; each entry is (first address, route index), 8 bytes for
-//!   IPv4, so a run is usually one cache line.
+//! Prefixes nest or are disjoint, so a route list cuts each family's
+//! address space into at most `2n + 1` intervals on which the answer is
+//! constant (fewer: neighbours with equal values merge). A lookup is then
+//! "which interval holds the address", a search in a sorted array of
+//! (first address, value) entries — with no per-bit walk, no pointer
+//! chasing, and no prefix expansion (a DIR-24-8 table expands every
+//! `/25`–`/32` route into a 256-entry chunk: over 300 MiB for a million
+//! random routes). The search is made short the way DXR (Zec, Rizzo,
+//! Mikuc 2012) does it, with a **directory** indexed by the top bits of
+//! the address: a slot holds the position of the interval in effect at
+//! the slot's first address, and the address's own interval is that one
+//! or one of the next few. A lookup reads the slot, then compares the
+//! address with a fixed **window** of 8 entries (64 bytes) from there and
+//! counts those that start at or before it — the same work for every
+//! address and no branch on the data, so the processor overlaps
+//! consecutive lookups instead of stalling on mispredicted comparisons.
+//! That is two dependent memory reads per lookup. The few slots that more
+//! intervals meet than a window holds are flagged and bisected instead.
+//! (Module `ranges`.)
 //!
 //! The directory's width follows the number of intervals (about four per
-//! slot, at most 2^20 slots), so memory is linear in the routes: an empty
-//! or ten-route table is a few hundred bytes, with no fixed 2^16 or 2^24
-//! array.
+//! slot, at most 2^20 slots), so memory is linear in the routes: 12 bytes
+//! or less per IPv4 interval and 20 per IPv6 one, and an empty or
+//! ten-route table takes a few hundred bytes, with no fixed-size array.
 //!
 //! IPv6 uses the same tables over the **top 64 bits**: every route up to
 //! `/64` starts and ends on a `/64` boundary, so the top table answers
-//! those in one search. A `/64` block in which a longer route starts or
-//! ends gets its own table over the low 64 bits; the top table's interval
-//! for that block refers to it (a flag bit in the answer), which costs a
-//! second search only for addresses in such blocks.
+//! those alone. A `/64` block in which a longer route starts or ends gets
+//! a table of its own over the low 64 bits, and the top table's interval
+//! for that block refers to it (a flag bit in the answer), which costs a second
+//! search only for addresses in such blocks.
 //!
 //! # Cost
 //!
-//! Lookup: one or two directory reads (two neighbouring offsets), then
-//! ⌈log2 run⌉ comparisons in one or two cache lines, plus a second such
-//! search for addresses in IPv6 `/64`s with longer routes. Every branch in
-//! the search is data-independent (see `Ranges::find`). Build: one sort
-//! of the routes, then linear passes. Measured by `cargo bench -p
-//! edgestate --bench lpm` with 1M random IPv4 prefixes (`/8`–`/32`) plus
-//! 100k random IPv6 prefixes (`/16`–`/64`), against `prefix-trie`: see
-//! that benchmark's header for the figures.
+//! Build: one sort of the routes, then linear passes. Measured by
+//! `cargo bench -p edgestate --bench lpm` (1M random IPv4 prefixes
+//! `/8`–`/32` plus 100k random IPv6 prefixes `/16`–`/64`, against
+//! `prefix-trie` in the same run; 2-core AMD EPYC VM):
+//!
+//! FIGURES
 
 mod prefix;
 mod ranges;

@@ -106,6 +106,53 @@ pub struct Decision {
     pub zones: Vec<ZoneListing>,
 }
 
+/// Why a node is not eligible (formatted only when a decision is
+/// explained, so the hot path does not allocate).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Why {
+    NoReport,
+    OnlineMissing,
+    Offline,
+    NotCarried,
+    SessionsMissing,
+    SessionLimitZero,
+    AtSessionLimit(u64, u64),
+    BandwidthZero,
+    OutMissing,
+    AtBandwidth(u64, u64),
+}
+
+impl Why {
+    fn text(self, stream: &str) -> String {
+        match self {
+            Why::NoReport => "no health report".into(),
+            Why::OnlineMissing => "online missing".into(),
+            Why::Offline => "offline".into(),
+            Why::NotCarried => format!("does not carry {stream}"),
+            Why::SessionsMissing => "play_sessions missing".into(),
+            Why::SessionLimitZero => "playback_session_limit is 0".into(),
+            Why::AtSessionLimit(s, l) => format!("at session limit ({s} >= {l})"),
+            Why::BandwidthZero => "playback_bandwidth_kbit is 0".into(),
+            Why::OutMissing => "out_kbit missing (needed for playback_bandwidth_kbit)".into(),
+            Why::AtBandwidth(o, l) => format!("at bandwidth limit ({o} >= {l} kbit/s)"),
+        }
+    }
+}
+
+/// Reasons, collected only when asked for.
+struct Notes {
+    on: bool,
+    list: Vec<String>,
+}
+
+impl Notes {
+    fn add(&mut self, f: impl FnOnce() -> String) {
+        if self.on {
+            self.list.push(f());
+        }
+    }
+}
+
 /// A prepared table: zones indexed for longest-prefix match.
 #[derive(Debug, Clone)]
 pub struct Router {
@@ -114,6 +161,11 @@ pub struct Router {
     lpm: Lpm,
     restricted: bool,
     trusted: Vec<Prefix>,
+    /// Playback nodes of each zone, by name.
+    zone_nodes: BTreeMap<String, Vec<String>>,
+    /// Unrestricted tiers: edges, then ingest nodes that are not edges.
+    edges: Vec<String>,
+    ingest: Vec<String>,
 }
 
 /// IPv4-mapped IPv6 addresses are IPv4 clients.
@@ -201,12 +253,35 @@ impl Router {
                     .map_err(|e| format!("bad trusted proxy `{t}`: {e}"))
             })
             .collect::<Result<_, _>>()?;
+        let mut zone_nodes: BTreeMap<String, Vec<String>> = BTreeMap::new();
+        for (name, n) in &table.nodes {
+            if let Some(z) = &n.zone
+                && PLAYBACK_ROLES.iter().any(|r| has_role(n, r))
+            {
+                zone_nodes.entry(z.clone()).or_default().push(name.clone());
+            }
+        }
+        let edges = table
+            .nodes
+            .iter()
+            .filter(|(_, n)| has_role(n, "edge"))
+            .map(|(k, _)| k.clone())
+            .collect();
+        let ingest = table
+            .nodes
+            .iter()
+            .filter(|(_, n)| has_role(n, "ingest") && !has_role(n, "edge"))
+            .map(|(k, _)| k.clone())
+            .collect();
         Ok(Router {
             table,
             zone_names,
             lpm,
             restricted,
             trusted,
+            zone_nodes,
+            edges,
+            ingest,
         })
     }
 
@@ -234,34 +309,47 @@ impl Router {
     /// when the peer is a trusted proxy and the header is well formed.
     #[must_use]
     pub fn client_ip(&self, peer: IpAddr, xff: Option<&str>, reasons: &mut Vec<String>) -> IpAddr {
+        let mut notes = Notes {
+            on: true,
+            list: std::mem::take(reasons),
+        };
+        let ip = self.client(peer, xff, &mut notes);
+        *reasons = notes.list;
+        ip
+    }
+
+    fn client(&self, peer: IpAddr, xff: Option<&str>, notes: &mut Notes) -> IpAddr {
         let peer = canonical(peer);
         if !self.trusted.iter().any(|t| t.contains(peer)) {
             if xff.is_some() {
-                reasons.push(format!(
-                    "peer {peer} is not a trusted proxy: X-Forwarded-For ignored"
-                ));
+                notes
+                    .add(|| format!("peer {peer} is not a trusted proxy: X-Forwarded-For ignored"));
             }
             return peer;
         }
         let Some(header) = xff else {
-            reasons.push(format!(
-                "trusted proxy {peer} sent no X-Forwarded-For: using the peer"
-            ));
+            notes.add(|| format!("trusted proxy {peer} sent no X-Forwarded-For: using the peer"));
             return peer;
         };
-        let parsed: Option<Vec<IpAddr>> = header
-            .split(',')
-            .map(|p| p.trim().parse::<IpAddr>().ok())
-            .collect();
-        match parsed.as_deref().and_then(<[IpAddr]>::last) {
+        let mut last = None;
+        for part in header.split(',') {
+            match part.trim().parse::<IpAddr>() {
+                Ok(ip) => last = Some(ip),
+                Err(_) => {
+                    last = None;
+                    break;
+                }
+            }
+        }
+        match last {
             Some(last) => {
-                reasons.push(format!(
-                    "trusted proxy {peer}: client is the last X-Forwarded-For entry {last}"
-                ));
-                canonical(*last)
+                notes.add(|| {
+                    format!("trusted proxy {peer}: client is the last X-Forwarded-For entry {last}")
+                });
+                canonical(last)
             }
             None => {
-                reasons.push(format!("trusted proxy {peer} sent a malformed X-Forwarded-For `{header}`: using the peer"));
+                notes.add(|| format!("trusted proxy {peer} sent a malformed X-Forwarded-For `{header}`: using the peer"));
                 peer
             }
         }
@@ -271,33 +359,47 @@ impl Router {
     /// missing or a repeated zone.
     #[must_use]
     pub fn chain(&self, start: &str, reasons: &mut Vec<String>) -> Vec<String> {
-        let mut chain: Vec<String> = Vec::new();
-        let mut next = Some(start.to_owned());
+        let mut notes = Notes {
+            on: true,
+            list: std::mem::take(reasons),
+        };
+        let chain = self
+            .chain_of(start, &mut notes)
+            .into_iter()
+            .map(str::to_owned)
+            .collect();
+        *reasons = notes.list;
+        chain
+    }
+
+    fn chain_of<'a>(&'a self, start: &'a str, notes: &mut Notes) -> Vec<&'a str> {
+        let mut chain: Vec<&'a str> = Vec::new();
+        let mut next = Some(start);
         while let Some(z) = next {
             if chain.contains(&z) {
-                reasons.push(format!("chain stops: zone {z} repeats"));
+                notes.add(|| format!("chain stops: zone {z} repeats"));
                 break;
             }
-            let Some(zone) = self.table.zones.get(&z) else {
-                reasons.push(format!("chain stops: zone {z} does not exist"));
+            let Some((name, zone)) = self.table.zones.get_key_value(z) else {
+                notes.add(|| format!("chain stops: zone {z} does not exist"));
                 break;
             };
-            chain.push(z);
-            next = zone.fallback.clone();
+            chain.push(name.as_str());
+            next = zone.fallback.as_deref();
         }
         chain
     }
 
     /// Why `node` may not serve `stream` now (`None`: eligible).
-    fn exclusion(&self, name: &str, node: &Node, stream: &str, health: &Health) -> Option<String> {
+    fn exclusion(name: &str, node: &Node, stream: &str, health: &Health) -> Option<Why> {
         let Some(h) = health.nodes.get(name) else {
-            return Some("no health report".into());
+            return Some(Why::NoReport);
         };
         if h.online != Some(true) {
             return Some(if h.online.is_none() {
-                "online missing".into()
+                Why::OnlineMissing
             } else {
-                "offline".into()
+                Why::Offline
             });
         }
         let carries = has_role(node, "edge")
@@ -305,64 +407,73 @@ impl Router {
                 .as_ref()
                 .is_some_and(|s| s.iter().any(|x| x == stream));
         if !carries {
-            return Some(format!("does not carry {stream}"));
+            return Some(Why::NotCarried);
         }
         let Some(sessions) = h.play_sessions else {
-            return Some("play_sessions missing".into());
+            return Some(Why::SessionsMissing);
         };
         match node.playback_session_limit {
-            Some(0) => return Some("playback_session_limit is 0".into()),
-            Some(limit) if sessions >= limit => {
-                return Some(format!("at session limit ({sessions} >= {limit})"));
-            }
+            Some(0) => return Some(Why::SessionLimitZero),
+            Some(limit) if sessions >= limit => return Some(Why::AtSessionLimit(sessions, limit)),
             _ => {}
         }
         match (node.playback_bandwidth_kbit, h.out_kbit) {
-            (Some(0), _) => return Some("playback_bandwidth_kbit is 0".into()),
-            (Some(_), None) => {
-                return Some("out_kbit missing (needed for playback_bandwidth_kbit)".into());
-            }
-            (Some(limit), Some(out)) if out >= limit => {
-                return Some(format!("at bandwidth limit ({out} >= {limit} kbit/s)"));
-            }
+            (Some(0), _) => return Some(Why::BandwidthZero),
+            (Some(_), None) => return Some(Why::OutMissing),
+            (Some(limit), Some(out)) if out >= limit => return Some(Why::AtBandwidth(out, limit)),
             _ => {}
         }
         None
     }
 
-    /// List `names`, by increasing load, and pick the winner.
+    /// The winner among `names` (fewest sessions, ties by rendezvous hash)
+    /// and, when explaining, the listing by increasing load.
     fn pick<'a>(
         &self,
-        names: &[&'a str],
+        names: &'a [String],
         stream: &str,
         health: &Health,
         client: Option<IpAddr>,
-        reasons: &mut Vec<String>,
+        notes: &mut Notes,
         label: &str,
     ) -> (Option<&'a str>, Vec<Candidate>) {
         let mut candidates: Vec<Candidate> = Vec::new();
-        let mut eligible: Vec<(&'a str, u64)> = Vec::new();
+        let mut least: Option<u64> = None;
+        let mut tied: Vec<&'a str> = Vec::new();
         for name in names {
-            let node = &self.table.nodes[*name];
-            let why = self.exclusion(name, node, stream, health);
-            let sessions = health.nodes.get(*name).and_then(|h| h.play_sessions);
-            match &why {
-                Some(w) => reasons.push(format!("{label}: {name} excluded: {w}")),
-                None => eligible.push((name, sessions.unwrap_or(0))),
+            let node = &self.table.nodes[name];
+            let why = Self::exclusion(name, node, stream, health);
+            let sessions = health.nodes.get(name).and_then(|h| h.play_sessions);
+            match why {
+                Some(w) => notes.add(|| format!("{label}: {name} excluded: {}", w.text(stream))),
+                None => {
+                    let s = sessions.unwrap_or(0);
+                    match least {
+                        Some(l) if s > l => {}
+                        Some(l) if s == l => tied.push(name),
+                        _ => {
+                            least = Some(s);
+                            tied.clear();
+                            tied.push(name);
+                        }
+                    }
+                }
             }
-            candidates.push(Candidate {
-                node: (*name).to_owned(),
-                play_sessions: sessions,
-                eligible: why.is_none(),
-                reason: why,
-                addresses: node
-                    .addresses
-                    .iter()
-                    .filter(|a| a.parse::<IpAddr>().is_ok_and(|ip| !is_private(ip)))
-                    .cloned()
-                    .collect(),
-                public_url: node.public_url.clone(),
-            });
+            if notes.on {
+                candidates.push(Candidate {
+                    node: name.clone(),
+                    play_sessions: sessions,
+                    eligible: why.is_none(),
+                    reason: why.map(|w| w.text(stream)),
+                    addresses: node
+                        .addresses
+                        .iter()
+                        .filter(|a| a.parse::<IpAddr>().is_ok_and(|ip| !is_private(ip)))
+                        .cloned()
+                        .collect(),
+                    public_url: node.public_url.clone(),
+                });
+            }
         }
         candidates.sort_by(|a, b| {
             (!a.eligible, a.play_sessions.unwrap_or(u64::MAX), &a.node).cmp(&(
@@ -371,26 +482,21 @@ impl Router {
                 &b.node,
             ))
         });
-        let least = eligible.iter().map(|(_, s)| *s).min();
-        let winner = least.and_then(|least| {
-            let tied: Vec<&'a str> = eligible
-                .iter()
-                .filter(|(_, s)| *s == least)
-                .map(|(n, _)| *n)
-                .collect();
-            if tied.len() > 1 {
-                reasons.push(format!(
-                    "{label}: {} tied at {least} sessions: {}",
+        if tied.len() > 1 {
+            notes.add(|| {
+                format!(
+                    "{label}: {} tied at {} sessions: {}",
                     tied.len(),
+                    least.unwrap_or(0),
                     tied.join(", ")
-                ));
-            }
-            rendezvous(client, tied.into_iter())
-        });
-        (winner, candidates)
+                )
+            });
+        }
+        (rendezvous(client, tied.into_iter()), candidates)
     }
 
-    /// The playback decision for `stream`.
+    /// The playback decision for `stream`, explained: every step's reason
+    /// and the chain's zones with their nodes.
     #[must_use]
     pub fn decide(
         &self,
@@ -399,8 +505,35 @@ impl Router {
         stream: &str,
         health: &Health,
     ) -> Decision {
-        let mut reasons = Vec::new();
-        let client = peer.map(|p| self.client_ip(p, xff, &mut reasons));
+        self.decide_with(peer, xff, stream, health, true)
+    }
+
+    /// The same decision without reasons or listings (the agent's
+    /// redirect path): the chosen node, zone and status are identical.
+    #[must_use]
+    pub fn decide_quick(
+        &self,
+        peer: Option<IpAddr>,
+        xff: Option<&str>,
+        stream: &str,
+        health: &Health,
+    ) -> Decision {
+        self.decide_with(peer, xff, stream, health, false)
+    }
+
+    fn decide_with(
+        &self,
+        peer: Option<IpAddr>,
+        xff: Option<&str>,
+        stream: &str,
+        health: &Health,
+        explain: bool,
+    ) -> Decision {
+        let mut notes = Notes {
+            on: explain,
+            list: Vec::new(),
+        };
+        let client = peer.map(|p| self.client(p, xff, &mut notes));
         let mut d = Decision {
             status: 503,
             node: None,
@@ -418,122 +551,111 @@ impl Router {
                 .is_some_and(|s| s.iter().any(|x| x == stream))
         });
         if !known {
-            reasons.push(format!("no node reports stream {stream}"));
+            notes.add(|| format!("no node reports stream {stream}"));
             d.status = 404;
-            d.reasons = reasons;
+            d.reasons = notes.list;
             return d;
         }
-        let plays = |n: &Node| PLAYBACK_ROLES.iter().any(|r| has_role(n, r));
-        let winner: Option<(String, Option<String>)> = if self.restricted {
+        let winner: Option<(&str, Option<&str>)> = if self.restricted {
             let Some(client) = client else {
-                reasons.push("routing is restricted and there is no client IP: refused".into());
+                notes.add(|| "routing is restricted and there is no client IP: refused".into());
                 d.status = 403;
-                d.reasons = reasons;
+                d.reasons = notes.list;
                 return d;
             };
             let Some(zone) = self.zone_of(client) else {
-                reasons.push(format!(
-                    "routing is restricted and no zone route contains {client}: refused"
-                ));
+                notes.add(|| {
+                    format!("routing is restricted and no zone route contains {client}: refused")
+                });
                 d.status = 403;
-                d.reasons = reasons;
+                d.reasons = notes.list;
                 return d;
             };
-            reasons.push(format!("{client} matches zone {zone} (longest prefix)"));
-            d.chain = self.chain(zone, &mut reasons);
+            notes.add(|| format!("{client} matches zone {zone} (longest prefix)"));
+            let chain = self.chain_of(zone, &mut notes);
             let mut found = None;
-            for z in &d.chain {
-                let names: Vec<&str> = self
-                    .table
-                    .nodes
-                    .iter()
-                    .filter(|(_, n)| n.zone.as_deref() == Some(z.as_str()) && plays(n))
-                    .map(|(k, _)| k.as_str())
-                    .collect();
+            for z in &chain {
+                let names = self.zone_nodes.get(*z).map_or(&[][..], Vec::as_slice);
                 if names.is_empty() {
-                    reasons.push(format!("zone {z}: no playback nodes"));
+                    notes.add(|| format!("zone {z}: no playback nodes"));
                 }
                 let (w, list) = self.pick(
-                    &names,
+                    names,
                     stream,
                     health,
                     Some(client),
-                    &mut reasons,
+                    &mut notes,
                     &format!("zone {z}"),
                 );
-                d.zones.push(ZoneListing {
-                    zone: z.clone(),
-                    nodes: list,
-                });
-                if let Some(w) = w {
-                    if found.is_none() {
-                        found = Some((w.to_owned(), Some(z.clone())));
-                    }
-                } else if found.is_none() {
-                    reasons.push(format!("zone {z}: nothing eligible, next in chain"));
-                }
-            }
-            found
-        } else {
-            reasons.push("no zone has a route: unrestricted (edges first, then ingest)".into());
-            let edges: Vec<&str> = self
-                .table
-                .nodes
-                .iter()
-                .filter(|(_, n)| has_role(n, "edge"))
-                .map(|(k, _)| k.as_str())
-                .collect();
-            let (w, list) = self.pick(&edges, stream, health, client, &mut reasons, "edges");
-            d.zones.push(ZoneListing {
-                zone: "edges".into(),
-                nodes: list,
-            });
-            match w {
-                Some(w) => Some((w.to_owned(), None)),
-                None => {
-                    let ingest: Vec<&str> = self
-                        .table
-                        .nodes
-                        .iter()
-                        .filter(|(_, n)| has_role(n, "ingest") && !has_role(n, "edge"))
-                        .map(|(k, _)| k.as_str())
-                        .collect();
-                    let (w, list) =
-                        self.pick(&ingest, stream, health, client, &mut reasons, "ingest");
+                if explain {
                     d.zones.push(ZoneListing {
-                        zone: "ingest".into(),
+                        zone: (*z).to_owned(),
                         nodes: list,
                     });
-                    w.map(|w| (w.to_owned(), None))
+                }
+                match w {
+                    Some(w) if found.is_none() => {
+                        found = Some((w, Some(*z)));
+                        if !explain {
+                            break;
+                        }
+                    }
+                    None if found.is_none() => {
+                        notes.add(|| format!("zone {z}: nothing eligible, next in chain"))
+                    }
+                    _ => {}
+                }
+            }
+            d.chain = chain.iter().map(|z| (*z).to_owned()).collect();
+            found
+        } else {
+            notes.add(|| "no zone has a route: unrestricted (edges first, then ingest)".into());
+            let (w, list) = self.pick(&self.edges, stream, health, client, &mut notes, "edges");
+            if explain {
+                d.zones.push(ZoneListing {
+                    zone: "edges".into(),
+                    nodes: list,
+                });
+            }
+            match w {
+                Some(w) => Some((w, None)),
+                None => {
+                    let (w, list) =
+                        self.pick(&self.ingest, stream, health, client, &mut notes, "ingest");
+                    if explain {
+                        d.zones.push(ZoneListing {
+                            zone: "ingest".into(),
+                            nodes: list,
+                        });
+                    }
+                    w.map(|w| (w, None))
                 }
             }
         };
         match winner {
             Some((node, zone)) => {
-                let n = &self.table.nodes[&node];
+                let n = &self.table.nodes[node];
                 d.status = 302;
                 match &n.public_url {
                     Some(url) => {
                         d.mode = Some(Mode::Redirect);
                         d.location = Some(format!("{}/{stream}", url.trim_end_matches('/')));
-                        reasons.push(format!("chose {node}: redirect to its payload URL"));
+                        notes.add(|| format!("chose {node}: redirect to its payload URL"));
                     }
                     None => {
                         d.mode = Some(Mode::Proxy);
-                        reasons.push(format!("chose {node}: no payload URL, the router proxies"));
+                        notes.add(|| format!("chose {node}: no payload URL, the router proxies"));
                     }
                 }
-                d.node = Some(node);
-                d.zone = zone;
+                d.node = Some(node.to_owned());
+                d.zone = zone.map(str::to_owned);
             }
             None => {
                 d.status = 503;
-                reasons.push(format!(
-                    "nothing eligible: 503, Retry-After {RETRY_AFTER_SECS}"
-                ));
+                notes.add(|| format!("nothing eligible: 503, Retry-After {RETRY_AFTER_SECS}"));
             }
         }
-        d.reasons = reasons;
+        d.reasons = notes.list;
         d
     }
 

@@ -31,9 +31,9 @@ pub const HEADER_LEN: usize = 336;
 /// What follows the binary header.
 pub const KEY_MARKER: &[u8; 6] = b"\nKEY: ";
 /// Offset of the key itself.
-pub const KEY_START: usize = HEADER_LEN + KEY_MARKER.len();
+pub(crate) const KEY_START: usize = HEADER_LEN + KEY_MARKER.len();
 /// Offset of the line grep sees, `KEY: <key>` (just past the marker's `\n`).
-pub const LINE_START: usize = HEADER_LEN + 1;
+pub(crate) const LINE_START: usize = HEADER_LEN + 1;
 
 /// Offsets of the header fields this module reads or writes.
 const CRC32_AT: usize = 48;
@@ -41,6 +41,9 @@ const HEADER_START_AT: usize = 54;
 const BODY_START_AT: usize = 56;
 const ETAG_LEN_AT: usize = 58;
 const ETAG_MAX: usize = 128;
+
+/// Numbers temporary files, so parallel writers never share one.
+static TEMP_SEQ: AtomicU64 = AtomicU64::new(0);
 
 /// The first read of a file. One page holds the header and any key of
 /// reasonable length; a longer key costs a second read, never a failure.
@@ -180,12 +183,10 @@ pub fn write_cache_file(
     let bytes = header(key.as_bytes(), body.len(), unix_now())?;
     let parent = path.parent().unwrap_or(dir);
     fs::create_dir_all(parent).map_err(|e| with_path(parent, &e))?;
-    // Unique per process and call, so parallel writers never share a temp.
-    static SEQ: AtomicU64 = AtomicU64::new(0);
     let tmp = path.with_extension(format!(
         "{}.{}.tmp",
         std::process::id(),
-        SEQ.fetch_add(1, Ordering::Relaxed)
+        TEMP_SEQ.fetch_add(1, Ordering::Relaxed)
     ));
     let write = || -> io::Result<()> {
         let mut file = File::create(&tmp)?;
@@ -205,7 +206,7 @@ pub fn write_cache_file(
 /// status line and headers.
 pub(crate) fn header(key: &[u8], body_len: usize, now: i64) -> io::Result<Vec<u8>> {
     let crc = crc32(key);
-    let etag = format!("\"{:x}-{body_len:x}\"", crc);
+    let etag = format!("\"{crc:x}-{body_len:x}\"");
     let http = format!(
         "HTTP/1.1 200 OK\r\nServer: nginx\r\nDate: {date}\r\nContent-Type: {ctype}\r\n\
          Content-Length: {body_len}\r\nLast-Modified: {modified}\r\nConnection: close\r\n\

@@ -17,7 +17,7 @@ use md5::{Digest, Md5};
 const MAX_LEVELS: usize = 3;
 
 /// Length of a cache file's name: the hex md5 of the key.
-pub const NAME_LEN: usize = 32;
+pub(crate) const NAME_LEN: usize = 32;
 
 /// A parsed nginx `levels` value such as `1:2`: one to three directory
 /// levels, each named by one or two hex characters.
@@ -138,8 +138,12 @@ impl HexName {
 
 /// The file name nginx gives `key`: its md5 in lower-case hex.
 pub(crate) fn hashed_name(key: &[u8]) -> HexName {
+    hex_name(&Md5::digest(key).into())
+}
+
+/// The lower-case hex of an md5 digest.
+pub(crate) fn hex_name(digest: &[u8; 16]) -> HexName {
     const HEX: &[u8; 16] = b"0123456789abcdef";
-    let digest = Md5::digest(key);
     let mut out = [0; NAME_LEN + 1];
     for (i, byte) in digest.iter().enumerate() {
         out[2 * i] = HEX[usize::from(byte >> 4)];

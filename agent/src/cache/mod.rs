@@ -102,7 +102,7 @@ pub(crate) struct Failures {
 
 impl Failures {
     pub(crate) fn record(&self, path: &Path, err: &io::Error) {
-        tracing::warn!(path = %path.display(), error = %err, "cache purge: cannot examine or remove");
+        tracing::warn!(path = %path.display(), error = %err, "cache: cannot read or remove an entry");
         self.count.fetch_add(1, Ordering::Relaxed);
         let mut first = self
             .first

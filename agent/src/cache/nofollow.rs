@@ -210,7 +210,12 @@ pub(crate) fn list(dir: OwnedFd) -> io::Result<Listing> {
     let mut entries = RawDir::new(dir.as_fd(), &mut buf);
     let (mut files, mut subdirs) = (Vec::new(), Vec::new());
     while let Some(entry) = entries.next() {
-        let entry = entry?;
+        let entry = match entry {
+            Ok(entry) => entry,
+            // The directory was removed while being listed: it is empty.
+            Err(Errno::NOENT) => break,
+            Err(e) => return Err(e.into()),
+        };
         let name = entry.file_name();
         if name == c"." || name == c".." {
             continue;

@@ -4,6 +4,7 @@ use std::collections::BTreeSet;
 use std::fs;
 use std::os::unix::fs::symlink;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 
 /// SplitMix64: a tiny deterministic generator, so failures reproduce.
 pub(crate) struct Rng(u64);
@@ -32,10 +33,6 @@ impl Rng {
 
     pub(crate) fn byte(&mut self) -> u8 {
         self.next_u64() as u8
-    }
-
-    pub(crate) fn chance(&mut self, percent: usize) -> bool {
-        self.below(100) < percent
     }
 }
 
@@ -78,5 +75,16 @@ pub(crate) fn copy_tree(from: &Path, to: &Path) {
         } else {
             fs::write(&dst, fs::read(&src).unwrap()).unwrap();
         }
+    }
+}
+
+/// Sets the flag when dropped, also while a panic unwinds: a test whose
+/// checks fail must still stop its background writer, or `thread::scope`
+/// waits for it forever.
+pub(crate) struct SetOnDrop<'a>(pub(crate) &'a AtomicBool);
+
+impl Drop for SetOnDrop<'_> {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::Relaxed);
     }
 }

@@ -232,3 +232,25 @@ fn redis_restarted_under_a_waiting_agent() {
         agent.log()
     );
 }
+
+/// The agent keeps an index of cache keys; a file cached after the index
+/// was built, in a level directory that did not exist yet, is still purged.
+#[test]
+fn files_cached_after_start_are_purged_too() {
+    let r = harness::redis(&[]);
+    let cache = Cache::new();
+    let before = cache.put("static", "httpexample.com/before");
+    let agent = Agent::start(r.port, &cache.dirs());
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !agent.log().contains("cache key index built") {
+        assert!(Instant::now() < deadline, "{}", agent.log());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let after: Vec<_> = (0..50)
+        .map(|i| cache.put("dynamic", &format!("httpexample.com/after/{i}")))
+        .collect();
+    let other = cache.put("dynamic", "httpother.org/after");
+    push_job(r.port, r#"{"id":"p","grep":"^KEY: httpexample\\.com/"}"#);
+    assert_eq!(wait_done(r.port, "p", &agent), "51");
+    assert!(!exists(&before) && after.iter().all(|f| !exists(f)) && exists(&other));
+}

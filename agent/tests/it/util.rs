@@ -6,8 +6,6 @@ use std::time::{Duration, Instant};
 
 use agent::cache::Levels;
 
-pub const HOST: &str = "example.com";
-
 /// A temp cache with `static` and `dynamic` dirs, levels 1:2.
 pub struct Cache {
     pub root: tempfile::TempDir,

@@ -602,3 +602,38 @@ fn geo_strictly_nearest_and_ties_by_rendezvous() {
         Some("fra")
     );
 }
+
+#[test]
+fn the_quick_decision_is_the_explained_one() {
+    // Every scenario above, every client: same status, node, zone, location.
+    let routers = [
+        offices(None),
+        offices(Some("office-1")),
+        offices(Some("origin-pool")),
+        geo_router(),
+        limited(Some(5), Some(1000)),
+    ];
+    let healths = [
+        all_up_but_office2(),
+        health(&[
+            ("e", true, Some(4), Some(999), &["s"]),
+            ("ams", true, Some(0), None, &["cam"]),
+        ]),
+    ];
+    for r in &routers {
+        for h in &healths {
+            for i in 0..300u32 {
+                let c = IpAddr::from(std::net::Ipv4Addr::from(0x0a02_0000 + i * 977));
+                for stream in ["cam", "s", "none"] {
+                    let a = r.decide(Some(c), None, stream, h);
+                    let b = r.decide_quick(Some(c), None, stream, h);
+                    assert_eq!(
+                        (a.status, &a.node, &a.zone, &a.location, a.mode),
+                        (b.status, &b.node, &b.zone, &b.location, b.mode)
+                    );
+                    assert!(b.reasons.is_empty() && b.zones.is_empty());
+                }
+            }
+        }
+    }
+}

@@ -7,7 +7,7 @@ use regex::bytes::Regex;
 
 use super::*;
 use crate::cache::file::{header, read_key, write_cache_file};
-use crate::cache::testutil::{Rng, copy_tree, tree};
+use crate::cache::testutil::{Rng, SetOnDrop, copy_tree, tree};
 use crate::cache::{Levels, PurgeStats};
 
 fn levels() -> Levels {
@@ -443,4 +443,62 @@ fn random_workload(seed: u64) {
 
 fn layout_of(base: &Path, levels: Levels) -> Layout {
     layout(base, levels)
+}
+
+/// What the index cannot vouch for (here a configured dir that is a file),
+/// it leaves to the scan: same removals, same error.
+#[test]
+fn incomplete_index_falls_back_to_the_scan() {
+    let tmp = tempfile::tempdir().unwrap();
+    let file = tmp.path().join("not-a-dir");
+    fs::write(&file, b"").unwrap();
+    let good = tmp.path().join("good");
+    let a = write_cache_file(&good, &levels(), "httpa.com/1", b"x").unwrap();
+    let index = Index::build(Layout::new(vec![file.clone(), good], levels())).unwrap();
+    assert!(!index.stats().complete);
+    let err = index.purge_matching(host(r"a\.com/")).unwrap_err();
+    assert!(err.to_string().contains(file.to_str().unwrap()), "{err}");
+    assert!(!a.exists());
+}
+
+/// Purging while nginx-like writers and deleters run: no error, no panic,
+/// and afterwards the index agrees with the disk.
+#[test]
+fn concurrent_churn() {
+    let tmp = tempfile::tempdir_in("/dev/shm")
+        .or_else(|_| tempfile::tempdir())
+        .unwrap();
+    let layout = layout(tmp.path(), levels());
+    let index = Index::build(layout.clone()).unwrap();
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            let mut i = 0u64;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let key = format!("httph{}.com/{}", i % 3, i % 400);
+                let dir = &layout.dirs[(i % 2) as usize];
+                if let (Ok(path), 0) = (write_cache_file(dir, &levels(), &key, b"x"), i % 5) {
+                    let _ = fs::remove_file(path);
+                }
+                if i.is_multiple_of(300) {
+                    let _ = fs::remove_dir_all(dir.join(format!("{:x}", i % 16)));
+                }
+                i += 1;
+            }
+        });
+        let _stop = SetOnDrop(&stop);
+        for i in 0..20 {
+            index
+                .purge_matching(host(&format!(r"h{}\.com/", i % 3)))
+                .unwrap();
+            if i % 4 == 0 {
+                index.refresh();
+            }
+        }
+    });
+    // Quiet now: one more purge must leave no matching file behind.
+    index.purge_matching(host(r"h1\.com/")).unwrap();
+    let scan = layout.purge_matching(host(r"h1\.com/")).unwrap();
+    assert_eq!(scan.removed, 0);
+    assert!(index.stats().complete);
 }

@@ -5,7 +5,7 @@ use regex::bytes::Regex;
 
 use super::*;
 use crate::cache::file::{read_key, write_cache_file};
-use crate::cache::testutil::tree;
+use crate::cache::testutil::{SetOnDrop, tree};
 
 fn levels() -> Levels {
     Levels::parse("1:2").unwrap()
@@ -197,7 +197,7 @@ fn pattern_purge_stays_inside() {
     fs::write(dir.join("notes.txt"), b"KEY: example.com\n").unwrap();
     rustix::fs::mknodat(
         rustix::fs::CWD,
-        &dir.join("fifo"),
+        dir.join("fifo"),
         rustix::fs::FileType::Fifo,
         rustix::fs::Mode::RUSR,
         0,
@@ -290,18 +290,18 @@ fn concurrent_churn() {
                 if let (Ok(path), 0) = (written, i % 3) {
                     let _ = fs::remove_file(path);
                 }
-                if i % 200 == 0 {
+                if i.is_multiple_of(200) {
                     let _ = fs::remove_dir_all(layout.dirs[1].join(format!("{:x}", i % 16)));
                 }
                 i += 1;
             }
         });
+        let _stop = SetOnDrop(&stop);
         for _ in 0..30 {
             layout.purge_matching(seed_regex("example.com")).unwrap();
             layout
                 .purge_keys(&["httpexample.com/1", "httpexample.com/2"])
                 .unwrap();
         }
-        stop.store(true, std::sync::atomic::Ordering::Relaxed);
     });
 }
