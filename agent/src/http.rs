@@ -62,7 +62,13 @@ async fn route(
     };
     let health = app.state.health();
     let xff = headers.get("x-forwarded-for").and_then(|v| v.to_str().ok());
-    let d = router.decide(Some(peer.ip()), xff, &stream, &health);
+    let json = wants_json(&params, &headers);
+    // The redirect path skips the explanation; the choice is the same.
+    let d = if json {
+        router.decide(Some(peer.ip()), xff, &stream, &health)
+    } else {
+        router.decide_quick(Some(peer.ip()), xff, &stream, &health)
+    };
     let location = match (d.mode, &d.location, &d.node) {
         (Some(Mode::Redirect), Some(l), _) => Some(l.clone()),
         (Some(Mode::Proxy), _, Some(node)) => Some(
@@ -73,7 +79,7 @@ async fn route(
         _ => None,
     };
     let status = StatusCode::from_u16(d.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-    let mut response = if wants_json(&params, &headers) {
+    let mut response = if json {
         let mut v = serde_json::to_value(&d).unwrap_or_default();
         if let Some(l) = &location {
             v["location"] = serde_json::Value::String(l.clone());
