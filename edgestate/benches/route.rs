@@ -27,7 +27,7 @@ fn main() {
     let mut zones = BTreeMap::new();
     let mut nodes = BTreeMap::new();
     let mut health = Health::default();
-    // Zone z owns 100 disjoint /24s under 10.z/16 (+ 172.16.0.0/12 spread).
+    // Zone z owns 100 disjoint /24s under 11.0.0.0/8; zone 0 also 0.0.0.0/0.
     for z in 0..1000u32 {
         let name = format!("zone-{z:04}");
         let routes = (0..100u32)
@@ -36,7 +36,9 @@ fn main() {
                 format!("{}/24", Ipv4Addr::from(base))
             })
             .collect();
-        let fallback = Some(format!("zone-{:04}", (z + 1) % 1000));
+        // Each zone falls back to its group's head (100 zones a group),
+        // whose own fallback ends the chain: chains of one to two zones.
+        let fallback = (z % 100 != 0).then(|| format!("zone-{:04}", z / 100 * 100));
         zones.insert(name, Zone { routes, fallback });
     }
     zones

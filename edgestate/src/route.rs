@@ -153,6 +153,51 @@ impl Notes {
     }
 }
 
+/// Walking a zone chain: zone, fallback, … stopping at none, a missing
+/// or a repeated zone (repeats found in O(1) for long chains).
+struct Walk<'a> {
+    chain: Vec<&'a str>,
+    seen: Option<std::collections::HashSet<&'a str>>,
+    next: Option<&'a str>,
+}
+
+impl<'a> Walk<'a> {
+    fn new(start: &'a str) -> Walk<'a> {
+        Walk {
+            chain: Vec::new(),
+            seen: None,
+            next: Some(start),
+        }
+    }
+
+    /// The next zone of the chain, if the chain goes on.
+    fn step(&mut self, router: &'a Router, notes: &mut Notes) -> Option<&'a str> {
+        let z = self.next.take()?;
+        let repeated = match &mut self.seen {
+            Some(seen) => seen.contains(z),
+            None if self.chain.len() >= 8 => {
+                self.seen = Some(self.chain.iter().copied().collect());
+                self.chain.contains(&z)
+            }
+            None => self.chain.contains(&z),
+        };
+        if repeated {
+            notes.add(|| format!("chain stops: zone {z} repeats"));
+            return None;
+        }
+        let Some((name, zone)) = router.table.zones.get_key_value(z) else {
+            notes.add(|| format!("chain stops: zone {z} does not exist"));
+            return None;
+        };
+        self.chain.push(name.as_str());
+        if let Some(seen) = &mut self.seen {
+            seen.insert(name.as_str());
+        }
+        self.next = zone.fallback.as_deref();
+        Some(name.as_str())
+    }
+}
+
 /// A prepared table: zones indexed for longest-prefix match.
 #[derive(Debug, Clone)]
 pub struct Router {
@@ -373,21 +418,9 @@ impl Router {
     }
 
     fn chain_of<'a>(&'a self, start: &'a str, notes: &mut Notes) -> Vec<&'a str> {
-        let mut chain: Vec<&'a str> = Vec::new();
-        let mut next = Some(start);
-        while let Some(z) = next {
-            if chain.contains(&z) {
-                notes.add(|| format!("chain stops: zone {z} repeats"));
-                break;
-            }
-            let Some((name, zone)) = self.table.zones.get_key_value(z) else {
-                notes.add(|| format!("chain stops: zone {z} does not exist"));
-                break;
-            };
-            chain.push(name.as_str());
-            next = zone.fallback.as_deref();
-        }
-        chain
+        let mut walk = Walk::new(start);
+        while walk.step(self, notes).is_some() {}
+        walk.chain
     }
 
     /// Why `node` may not serve `stream` now (`None`: eligible).
@@ -435,8 +468,9 @@ impl Router {
         health: &Health,
         client: Option<IpAddr>,
         notes: &mut Notes,
-        label: &str,
+        label: (&str, &str),
     ) -> (Option<&'a str>, Vec<Candidate>) {
+        let (kind, place) = label;
         let mut candidates: Vec<Candidate> = Vec::new();
         let mut least: Option<u64> = None;
         let mut tied: Vec<&'a str> = Vec::new();
@@ -445,7 +479,9 @@ impl Router {
             let why = Self::exclusion(name, node, stream, health);
             let sessions = health.nodes.get(name).and_then(|h| h.play_sessions);
             match why {
-                Some(w) => notes.add(|| format!("{label}: {name} excluded: {}", w.text(stream))),
+                Some(w) => {
+                    notes.add(|| format!("{kind}{place}: {name} excluded: {}", w.text(stream)))
+                }
                 None => {
                     let s = sessions.unwrap_or(0);
                     match least {
@@ -485,7 +521,7 @@ impl Router {
         if tied.len() > 1 {
             notes.add(|| {
                 format!(
-                    "{label}: {} tied at {} sessions: {}",
+                    "{kind}{place}: {} tied at {} sessions: {}",
                     tied.len(),
                     least.unwrap_or(0),
                     tied.join(", ")
@@ -572,10 +608,15 @@ impl Router {
                 return d;
             };
             notes.add(|| format!("{client} matches zone {zone} (longest prefix)"));
-            let chain = self.chain_of(zone, &mut notes);
+            // Walk the chain; the quick path stops at the first zone with
+            // a winner, the explained one lists the whole chain.
+            let mut walk = Walk::new(zone);
             let mut found = None;
-            for z in &chain {
-                let names = self.zone_nodes.get(*z).map_or(&[][..], Vec::as_slice);
+            while let Some(z) = walk.step(self, &mut notes) {
+                if found.is_some() && !explain {
+                    break;
+                }
+                let names = self.zone_nodes.get(z).map_or(&[][..], Vec::as_slice);
                 if names.is_empty() {
                     notes.add(|| format!("zone {z}: no playback nodes"));
                 }
@@ -585,32 +626,35 @@ impl Router {
                     health,
                     Some(client),
                     &mut notes,
-                    &format!("zone {z}"),
+                    ("zone ", z),
                 );
                 if explain {
                     d.zones.push(ZoneListing {
-                        zone: (*z).to_owned(),
+                        zone: z.to_owned(),
                         nodes: list,
                     });
                 }
                 match w {
-                    Some(w) if found.is_none() => {
-                        found = Some((w, Some(*z)));
-                        if !explain {
-                            break;
-                        }
-                    }
+                    Some(w) if found.is_none() => found = Some((w, Some(z))),
                     None if found.is_none() => {
                         notes.add(|| format!("zone {z}: nothing eligible, next in chain"))
                     }
                     _ => {}
                 }
             }
+            let chain = walk.chain;
             d.chain = chain.iter().map(|z| (*z).to_owned()).collect();
             found
         } else {
             notes.add(|| "no zone has a route: unrestricted (edges first, then ingest)".into());
-            let (w, list) = self.pick(&self.edges, stream, health, client, &mut notes, "edges");
+            let (w, list) = self.pick(
+                &self.edges,
+                stream,
+                health,
+                client,
+                &mut notes,
+                ("", "edges"),
+            );
             if explain {
                 d.zones.push(ZoneListing {
                     zone: "edges".into(),
@@ -620,8 +664,14 @@ impl Router {
             match w {
                 Some(w) => Some((w, None)),
                 None => {
-                    let (w, list) =
-                        self.pick(&self.ingest, stream, health, client, &mut notes, "ingest");
+                    let (w, list) = self.pick(
+                        &self.ingest,
+                        stream,
+                        health,
+                        client,
+                        &mut notes,
+                        ("", "ingest"),
+                    );
                     if explain {
                         d.zones.push(ZoneListing {
                             zone: "ingest".into(),
