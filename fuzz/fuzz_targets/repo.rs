@@ -12,7 +12,15 @@ fuzz_target!(|data: &[u8]| {
     let repo = edgeform_fuzz::split_repo(data);
     let checked = check(&repo);
     edgeform_fuzz::assert_spans(&checked.diagnostics, &repo);
-    let _ = report::diagnostics_human(&checked.diagnostics, &repo, false);
+    let human = report::diagnostics_human(&checked.diagnostics, &repo, false);
+    if edgeform_fuzz::verbose() {
+        // EDGEFORM_FUZZ_VERBOSE=1 with a single input: see what check made of it.
+        eprintln!(
+            "{} files, valid: {}\n{human}",
+            repo.sources.len(),
+            checked.is_valid()
+        );
+    }
     let _ = report::summary(&checked.diagnostics, repo.sources.len());
     if let Some(config) = &checked.config {
         let a = compile::compile(config);

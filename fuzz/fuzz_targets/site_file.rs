@@ -15,9 +15,16 @@ fuzz_target!(|data: &[u8]| {
     let text = edgeform_fuzz::text_of(data);
     for kind in edgeform_fuzz::KINDS {
         let path: Arc<str> = "sites/fuzz.yaml".into();
-        let source = Source { kind, path, text: text.clone() };
+        let source = Source {
+            kind,
+            path,
+            text: text.clone(),
+        };
         let parsed = parse_file(&source);
-        let repo = Repo { sources: vec![source], commit: None };
+        let repo = Repo {
+            sources: vec![source],
+            commit: None,
+        };
         edgeform_fuzz::assert_spans(&parsed.diagnostics, &repo);
         let _ = report::diagnostics_human(&parsed.diagnostics, &repo, false);
         let _ = report::diagnostics_json(&parsed.diagnostics);

@@ -109,10 +109,16 @@ enum Frame {
     Map {
         entries: Vec<(Key, Node)>,
         pending: Option<Key>,
+        /// Key text → entry, built once a mapping grows past a few keys,
+        /// so duplicate detection stays linear on hostile 100k-key maps.
+        index: Option<std::collections::HashMap<String, usize>>,
         span: Span,
         anchor: usize,
     },
 }
+
+/// Mappings up to this many keys are checked for duplicates by a scan.
+const SCAN_KEYS: usize = 16;
 
 /// Parse one YAML document. `Ok(None)` for a file with no document (empty
 /// or only comments).
@@ -197,6 +203,7 @@ pub fn parse(text: &str) -> Result<Option<Node>, Error> {
                 stack.push(Frame::Map {
                     entries: Vec::new(),
                     pending: None,
+                    index: None,
                     span,
                     anchor,
                 });
@@ -301,9 +308,25 @@ fn attach(stack: &mut [Frame], root: &mut Option<Node>, node: Node) -> Result<()
         None => *root = Some(node),
         Some(Frame::Seq { items, .. }) => items.push(node),
         Some(Frame::Map {
-            entries, pending, ..
+            entries,
+            pending,
+            index,
+            ..
         }) => match pending.take() {
-            Some(key) => entries.push((key, node)),
+            Some(key) => {
+                if let Some(index) = index {
+                    index.insert(key.text.clone(), entries.len());
+                } else if entries.len() + 1 > SCAN_KEYS {
+                    let mut built: std::collections::HashMap<String, usize> = entries
+                        .iter()
+                        .enumerate()
+                        .map(|(i, (k, _))| (k.text.clone(), i))
+                        .collect();
+                    built.insert(key.text.clone(), entries.len());
+                    *index = Some(built);
+                }
+                entries.push((key, node));
+            }
             None => {
                 let text = match node.value {
                     Value::Str(s) => s,
@@ -319,7 +342,11 @@ fn attach(stack: &mut [Frame], root: &mut Option<Node>, node: Node) -> Result<()
                         });
                     }
                 };
-                if let Some((first, _)) = entries.iter().find(|(k, _)| k.text == text) {
+                let first = match index {
+                    Some(index) => index.get(&text).map(|i| &entries[*i]),
+                    None => entries.iter().find(|(k, _)| k.text == text),
+                };
+                if let Some((first, _)) = first {
                     return Err(Error {
                         kind: ErrorKind::DuplicateKey,
                         message: format!(

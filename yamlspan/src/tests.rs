@@ -75,3 +75,23 @@ fn deep_nesting_is_refused() {
     let text = format!("{}{}", "[".repeat(200), "]".repeat(200));
     assert!(parse(&text).is_err());
 }
+
+#[test]
+fn many_keys_stay_linear_and_duplicates_are_still_found() {
+    use std::fmt::Write as _;
+    let mut text = String::new();
+    for i in 0..100_000 {
+        let _ = writeln!(text, "k{i}: {i}");
+    }
+    let start = std::time::Instant::now();
+    assert!(parse(&text).is_ok());
+    assert!(
+        start.elapsed() < std::time::Duration::from_secs(10),
+        "{:?}",
+        start.elapsed()
+    );
+    text.push_str("k5000: again\n");
+    let e = parse(&text).unwrap_err();
+    assert_eq!((e.kind, e.span.line), (ErrorKind::DuplicateKey, 100_001));
+    assert!(e.message.contains("first at line 5001:1"), "{}", e.message);
+}

@@ -2,6 +2,7 @@
 
 mod cli;
 mod example;
+mod hostile;
 mod malformed;
 mod purge;
 mod push;
