@@ -45,7 +45,7 @@ pub enum Outcome {
 /// drained before every purge), or a scan of the cache dirs when the index
 /// could not be built.
 pub enum Engine {
-    Index(Index),
+    Index(Box<Index>),
     Scan(Layout),
 }
 
@@ -59,7 +59,7 @@ impl Engine {
             Ok(index) => {
                 let stats = index.stats();
                 tracing::info!(files = stats.files, dirs = stats.dirs, elapsed = ?started.elapsed(), "cache key index built");
-                Engine::Index(index)
+                Engine::Index(Box::new(index))
             }
             Err(e) => {
                 tracing::warn!(cause = %e, "cache key index unavailable; pattern purges scan the cache dirs");
