@@ -477,11 +477,24 @@ class NodeSpec:
         self.name, self.roles, self.region, self.zone, self.city = name, roles, region, zone, city
 
 
+def routers_for(n_nodes: int) -> int:
+    """Unzoned router nodes: about 1 in 25, at least one per region."""
+    return max(len(REGIONS), n_nodes // 25) if n_nodes >= 2 * len(REGIONS) else min(1, n_nodes)
+
+
+def nodes_needed(routed_zones: int) -> int:
+    """The fewest nodes that give every routed zone a node."""
+    n = routed_zones
+    while n - routers_for(n) < routed_zones:
+        n += 1
+    return n
+
+
 def plan_nodes(rng: random.Random, n_nodes: int, zones: list[Zone], used_names: set[str]):
     """Roles, region and zone of every node: one per routed zone first."""
     specs: list[NodeSpec] = []
     city_count: dict[str, int] = {}
-    n_routers = max(len(REGIONS), n_nodes // 25) if n_nodes >= 2 * len(REGIONS) else min(1, n_nodes)
+    n_routers = routers_for(n_nodes)
     n_zoned = n_nodes - n_routers
 
     def name_for(prefix: str, city: str) -> str:
@@ -981,7 +994,7 @@ def generate(out: Path, seed: int, n_sites: int, n_zones: int, n_routes: int, n_
               file=sys.stderr)
         if empty_zones:
             print(f"note: {empty_zones} zone(s) with routes have no node (a node serves one zone; "
-                  f"use --nodes >= {len([z for z in zones if z.routes]) + max(len(REGIONS), n_nodes // 25)}); "
+                  f"use --nodes >= {nodes_needed(sum(1 for z in zones if z.routes))}); "
                   f"`edgeform check` will print as many `empty-zone` warnings", file=sys.stderr)
     return stamp
 

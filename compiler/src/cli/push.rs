@@ -416,7 +416,7 @@ fn progress(len: usize) -> indicatif::ProgressBar {
 
 /// Print apply outcomes; returns the number of failures.
 #[must_use]
-pub fn report_applied(results: &[Applied]) -> usize {
+pub fn report_applied(results: &[Applied], took: Duration) -> usize {
     let mut failed = 0;
     let mut applied = 0;
     let mut out = String::new();
@@ -447,8 +447,9 @@ pub fn report_applied(results: &[Applied]) -> usize {
     }
     let _ = writeln!(
         out,
-        "Apply: {applied} applied, {} unchanged, {failed} failed.",
-        results.len() - applied - failed
+        "Apply: {applied} applied, {} unchanged, {failed} failed (push {:.3} s).",
+        results.len() - applied - failed,
+        took.as_secs_f64()
     );
     let _ = std::io::stdout().lock().write_all(out.as_bytes());
     failed
@@ -517,8 +518,9 @@ pub async fn apply_cmd(
             return Ok(1);
         }
     }
+    let started = Instant::now();
     let results = apply_all(&source, jobs, flags, saved.as_ref(), root).await;
-    Ok(u8::from(report_applied(&results) > 0))
+    Ok(u8::from(report_applied(&results, started.elapsed()) > 0))
 }
 
 // ------------------------------------------------------------- reconcile
