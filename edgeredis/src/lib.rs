@@ -127,3 +127,21 @@ pub async fn master(target: &RedisTarget, node: &str) -> Result<MultiplexedConne
         _ => bail!("{} is not a master (ROLE says otherwise)", describe(target)),
     }
 }
+
+/// An error and its causes on one line, each cause said once (the redis
+/// crate repeats its I/O cause in its own message).
+#[must_use]
+pub fn one_line(err: &anyhow::Error) -> String {
+    let mut out = String::new();
+    for cause in err.chain() {
+        let text = cause.to_string();
+        if out.contains(&text) {
+            continue;
+        }
+        if !out.is_empty() {
+            out.push_str(": ");
+        }
+        out.push_str(&text);
+    }
+    out
+}

@@ -188,7 +188,12 @@ pub async fn purge(
             Ok(()) => queued.push(*node),
             Err(e) => {
                 failed += 1;
-                eprintln!("{}: NOT QUEUED ({}): {e:#}", node.name, node.redis_at());
+                eprintln!(
+                    "{}: NOT QUEUED ({}): {}",
+                    node.name,
+                    node.redis_at(),
+                    edgeredis::one_line(&e)
+                );
             }
         }
     }

@@ -203,12 +203,13 @@ pub async fn plan(
                 if human {
                     let _ = writeln!(
                         text,
-                        "{}: ERROR ({}): {e:#}",
+                        "{}: ERROR ({}): {}",
                         job.node.name,
-                        job.node.redis_at()
+                        job.node.redis_at(),
+                        edgeredis::one_line(e)
                     );
                 }
-                json_targets.push(serde_json::json!({"node": job.node.name, "status": "error", "error": format!("{e:#}")}));
+                json_targets.push(serde_json::json!({"node": job.node.name, "status": "error", "error": edgeredis::one_line(e)}));
             }
         }
     }
@@ -441,7 +442,12 @@ pub fn report_applied(results: &[Applied], took: Duration) -> usize {
             }
             Err(e) => {
                 failed += 1;
-                let _ = writeln!(out, "{name}: FAILED ({}): {e:#}", job.node.redis_at());
+                let _ = writeln!(
+                    out,
+                    "{name}: FAILED ({}): {}",
+                    job.node.redis_at(),
+                    edgeredis::one_line(e)
+                );
             }
         }
     }
@@ -560,7 +566,7 @@ pub async fn heal_all(source: &Source, jobs: Vec<Job>, flags: &PushFlags, root: 
             }
             Err(e) => {
                 failed += 1;
-                tracing::error!(target = %job.node.name, at = %job.node.redis_at(), cause = %format!("{e:#}"), "heal failed");
+                tracing::error!(target = %job.node.name, at = %job.node.redis_at(), cause = %edgeredis::one_line(&e), "heal failed");
             }
         }
     }
@@ -593,7 +599,7 @@ pub async fn sync_all(source: &Source, jobs: Vec<Job>, flags: &PushFlags, root: 
             }
             Err(e) => {
                 failed += 1;
-                tracing::error!(target = %job.node.name, at = %job.node.redis_at(), cause = %format!("{e:#}"), "sync failed");
+                tracing::error!(target = %job.node.name, at = %job.node.redis_at(), cause = %edgeredis::one_line(&e), "sync failed");
             }
         }
     }
@@ -652,7 +658,7 @@ pub async fn reconcile(
             let source = match source {
                 Ok(s) => s,
                 Err(e) => {
-                    tracing::error!(cause = %format!("{e:#}"), "reconcile: nothing pushed");
+                    tracing::error!(cause = %edgeredis::one_line(&e), "reconcile: nothing pushed");
                     return 1;
                 }
             };

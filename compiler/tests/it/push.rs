@@ -382,7 +382,7 @@ fn a_target_down_fails_alone_and_a_later_sync_heals_it() {
         "{text}"
     );
     assert!(
-        text.contains("Apply: 1 applied, 0 unchanged, 1 failed."),
+        text.contains("Apply: 1 applied, 0 unchanged, 1 failed (push "),
         "{text}"
     );
     // The plan reports the unreachable target, exit 1.
