@@ -46,20 +46,21 @@
 //! address and no branch on the data, so the processor overlaps
 //! consecutive lookups instead of stalling on mispredicted comparisons.
 //! That is two dependent memory reads per lookup. The few slots that more
-//! intervals meet than a window holds are flagged and bisected instead.
-//! (Module `ranges`.)
+//! intervals meet than a window holds are flagged; their runs are halved
+//! down to two windows, then counted. (Module `ranges`.)
 //!
 //! The directory's width follows the number of intervals (about four per
-//! slot, at most 2^20 slots), so memory is linear in the routes: 12 bytes
-//! or less per IPv4 interval and 20 per IPv6 one, and an empty or
-//! ten-route table takes a few hundred bytes, with no fixed-size array.
+//! slot for IPv4, one for IPv6; at most 2^20 slots), so memory is linear
+//! in the routes: about 9 bytes per IPv4 interval and 20 per IPv6 one, and
+//! an empty or ten-route table takes a few hundred bytes, with no
+//! fixed-size array.
 //!
 //! IPv6 uses the same tables over the **top 64 bits**: every route up to
 //! `/64` starts and ends on a `/64` boundary, so the top table answers
 //! those alone. A `/64` block in which a longer route starts or ends gets
 //! a table of its own over the low 64 bits, and the top table's interval
-//! for that block refers to it (a flag bit in the answer), which costs a second
-//! search only for addresses in such blocks.
+//! for that block refers to it (a flag bit in the answer), which costs a
+//! second search only for addresses in such blocks.
 //!
 //! # Cost
 //!
@@ -68,7 +69,16 @@
 //! `/8`–`/32` plus 100k random IPv6 prefixes `/16`–`/64`, against
 //! `prefix-trie` in the same run; 2-core AMD EPYC VM):
 //!
-//! FIGURES
+//! | | build | memory | v4 uniform | v4 in-prefix | v6 uniform | v6 in-prefix |
+//! |---|---|---|---|---|---|---|
+//! | `Lpm` | 0.08 s | 18.7 MiB | ~40 ns | ~45 ns | ~14 ns | ~18 ns |
+//! | `prefix-trie` 0.10 | 0.2 s | ~42 MiB | ~140 ns | ~370 ns | ~37 ns | ~300 ns |
+//!
+//! (Median time per lookup in a stream of independent lookups.) The IPv4
+//! part is 14.6 MiB (1.65M intervals, 2 MiB of it directory), the IPv6
+//! part 4.0 MiB. While building, the heap peaks at about three times the
+//! final size. A table of ten routes takes under 400 bytes and answers
+//! in about 5 ns.
 
 mod prefix;
 mod ranges;
@@ -80,7 +90,7 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 pub use prefix::{LpmError, Prefix};
 use prefix::{mask4, mask6};
-use ranges::{Ranges, Span, boundaries, set_bound};
+use ranges::{Point, Ranges, Span, boundaries, set_bound};
 
 /// Flag in an IPv6 top-table answer: the rest is the index of the
 /// sub-table for the low 64 bits.
@@ -155,7 +165,7 @@ impl Lpm {
         I: IntoIterator<Item = (Prefix, u32)>,
     {
         // (network as a number, length, position in the input), per family.
-        let mut v4: Vec<(u128, u8, u32)> = Vec::new();
+        let mut v4: Vec<(u32, u8, u32)> = Vec::new();
         let mut v6: Vec<(u128, u8, u32)> = Vec::new();
         let mut values: Vec<u32> = Vec::new();
         for (position, (prefix, value)) in routes.into_iter().enumerate() {
@@ -173,7 +183,7 @@ impl Lpm {
             let prefix = prefix.unmapped();
             let len = prefix.prefix_len();
             match prefix.addr() {
-                IpAddr::V4(a) => v4.push((u128::from(u32::from(a)), len, position)),
+                IpAddr::V4(a) => v4.push((u32::from(a), len, position)),
                 IpAddr::V6(a) => v6.push((u128::from(a), len, position)),
             }
             values.push(value);
@@ -182,11 +192,8 @@ impl Lpm {
         let v4 = spans(
             v4,
             &values,
-            |start, len| start | u128::from(!mask4(len)),
-            |start, len| {
-                let addr = Ipv4Addr::from(u32::try_from(start).unwrap_or(u32::MAX));
-                Prefix::truncate(addr, len)
-            },
+            |start, len| start | !mask4(len),
+            |start, len| Prefix::truncate(Ipv4Addr::from(start), len),
         )?;
         let v6 = spans(
             v6,
@@ -197,8 +204,8 @@ impl Lpm {
 
         Ok(Self {
             routes: values.len(),
-            v4: build_v4(&boundaries(&v4, u128::from(u32::MAX), NONE)),
-            v6: build_v6(&boundaries(&v6, u128::MAX, NONE)),
+            v4: build_v4(&boundaries(&v4, NONE)),
+            v6: build_v6(&boundaries(&v6, NONE)),
         })
     }
 
@@ -290,12 +297,12 @@ impl fmt::Debug for Lpm {
 /// duplicates and returns them as key intervals with their values.
 /// `end(start, len)` is the last key a prefix covers, `prefix(start, len)`
 /// the prefix itself (for the error).
-fn spans(
-    mut prefixes: Vec<(u128, u8, u32)>,
+fn spans<P: Point>(
+    mut prefixes: Vec<(P, u8, u32)>,
     values: &[u32],
-    end: impl Fn(u128, u8) -> u128,
-    prefix: impl Fn(u128, u8) -> Result<Prefix, LpmError>,
-) -> Result<Vec<Span<u32>>, LpmError> {
+    end: impl Fn(P, u8) -> P,
+    prefix: impl Fn(P, u8) -> Result<Prefix, LpmError>,
+) -> Result<Vec<Span<P, u32>>, LpmError> {
     prefixes.sort_unstable_by_key(|&(start, len, _)| (start, len));
     if let Some(w) = prefixes
         .windows(2)
@@ -319,14 +326,10 @@ fn spans(
         .collect())
 }
 
-/// The IPv4 table from its intervals (keys below 2^32).
-fn build_v4(bounds: &[(u128, u32)]) -> Ranges<u32, u32> {
-    let bounds: Vec<(u32, u32)> = bounds
-        .iter()
-        .map(|&(key, answer)| (u32::try_from(key).unwrap_or(u32::MAX), answer))
-        .collect();
+/// The IPv4 table from its intervals.
+fn build_v4(bounds: &[(u32, u32)]) -> Ranges<u32, u32> {
     let mut ranges = Ranges::default();
-    ranges.push_table(&bounds);
+    ranges.push_table(bounds);
     ranges.shrink_to_fit();
     ranges
 }

@@ -258,18 +258,24 @@ fn transaction_pipe(
         .collect();
     let mut pipe = redis::pipe();
     pipe.atomic();
+    // MSET and HSET in batches: a thousand writes per queued command keeps
+    // the transaction's queue (and EXEC's reply) small.
+    let mut docs: Vec<(&str, &str)> = Vec::with_capacity(BATCH);
     let mut fields: Vec<(&str, &str)> = Vec::with_capacity(BATCH);
     for (key, value, hash) in desired.iter() {
         if write.contains(key) {
-            pipe.cmd("SET").arg(key).arg(value).ignore();
+            docs.push((key, value));
             fields.push((key, hash));
             if fields.len() == BATCH {
+                pipe.cmd("MSET").arg(&docs).ignore();
                 pipe.cmd("HSET").arg(keys::MANIFEST).arg(&fields).ignore();
+                docs.clear();
                 fields.clear();
             }
         }
     }
     if !fields.is_empty() {
+        pipe.cmd("MSET").arg(&docs).ignore();
         pipe.cmd("HSET").arg(keys::MANIFEST).arg(&fields).ignore();
     }
     for chunk in changes.removed.chunks(BATCH) {

@@ -171,8 +171,8 @@ async fn heal_locked(
 
         let mut pipe = redis::pipe();
         pipe.atomic();
-        for (k, v) in &fixes {
-            pipe.cmd("SET").arg(*k).arg(*v).ignore();
+        for chunk in fixes.chunks(1000) {
+            pipe.cmd("MSET").arg(chunk).ignore();
         }
         let remove: Vec<String> = remove.into_iter().collect();
         for chunk in remove.chunks(1000) {

@@ -10,7 +10,7 @@
 //! compares the key with a fixed window of entries from there
 //! ([`Ranges::find`]). `bits` grows with the number of intervals, so that
 //! few slots see more intervals than a window holds; those few are marked
-//! and searched by bisection instead.
+//! and their runs halved down to two windows before counting.
 //!
 //! Several tables can share one [`Ranges`] (the IPv6 table keeps one top
 //! table plus one per `/64` that holds longer routes), each named by the
@@ -61,9 +61,14 @@ macro_rules! impl_key {
         }
     };
 }
-// The window sizes and densities were tuned with `cargo bench --bench
-// lpm`; see the module documentation of `lpm` for the figures.
-impl_key!(u32, window: 8, per_slot: 2);
+// Tuned with `cargo bench -p edgestate --bench lpm` (1M IPv4 routes give
+// 1.65M intervals). IPv4: 8-byte entries, so a window is 64 bytes; four
+// intervals per slot keep the directory at 2 MiB, and about 1% of slots
+// overflow the window. Two per slot (a 4 MiB directory) was slower: the
+// directory competes with the entries for cache. Eight per slot was no
+// faster, with a third of the slots overflowing. IPv6: 16-byte entries,
+// so a window of 4 is again 64 bytes.
+impl_key!(u32, window: 8, per_slot: 4);
 impl_key!(u64, window: 4, per_slot: 1);
 
 /// The most directory bits a table gets: 2^20 slots are 4 MiB. Bigger
@@ -72,7 +77,7 @@ impl_key!(u64, window: 4, per_slot: 1);
 pub(super) const MAX_DIR_BITS: u32 = 20;
 
 /// Flag in a directory entry: more intervals meet the slot than a window
-/// holds, bisect them instead.
+/// holds (see [`Ranges::find_long`]).
 const LONG: u32 = 1 << 31;
 
 /// One interval of a table: from `key` up to the next entry's key, the
@@ -185,8 +190,8 @@ impl<K: Key, A: Copy> Ranges<K, A> {
     /// processor overlaps consecutive lookups instead of stalling on a
     /// mispredicted comparison (a bisection's branches are coin flips),
     /// and each lookup costs two dependent memory reads, the directory slot
-    /// and the window. Only slots marked [`LONG`], rare when the directory
-    /// is sized by [`dir_bits`], bisect ([`Ranges::find_long`]).
+    /// and the window. Slots marked [`LONG`], a few percent when the
+    /// directory is sized by [`dir_bits`], take [`Ranges::find_long`].
     #[inline]
     pub(super) fn find(&self, table: usize, key: K) -> &A {
         let header = self.headers[table];
@@ -203,7 +208,10 @@ impl<K: Key, A: Copy> Ranges<K, A> {
         &window[at_or_before - 1].answer
     }
 
-    /// [`Ranges::find`] for a slot whose run exceeds the window.
+    /// [`Ranges::find`] for a slot whose run exceeds the window: halve the
+    /// run down to two windows, then count as `find` does. The counting
+    /// avoids the last, least predictable bisection steps; on random
+    /// tables most long runs are that short to begin with.
     #[cold]
     #[inline(never)]
     fn find_long(&self, slot: usize, key: K) -> &A {
@@ -211,8 +219,17 @@ impl<K: Key, A: Copy> Ranges<K, A> {
         // Up to the next slot's first interval, inclusive: that one starts
         // at or after the next slot's start, so after `key`.
         let end = (self.dir[slot + 1] & !LONG) as usize + 1;
-        let run = &self.entries[first..end];
-        let at_or_before = run.partition_point(|e| e.key <= key);
+        // Invariant: run[0].key <= key, and key's interval is in run.
+        let mut run = &self.entries[first..end];
+        while run.len() > 2 * K::WINDOW {
+            let mid = run.len() / 2;
+            run = if run[mid].key <= key {
+                &run[mid..]
+            } else {
+                &run[..mid]
+            };
+        }
+        let at_or_before: usize = run.iter().map(|e| usize::from(e.key <= key)).sum();
         &run[at_or_before - 1].answer
     }
 
@@ -241,38 +258,61 @@ fn offset(n: usize) -> u32 {
     n
 }
 
-/// A prefix as the closed key interval `[start, end]` it covers, with the
-/// answer it gives.
+/// An address as a number while a table is built: `u32` for IPv4, `u128`
+/// for IPv6 (split into halves only afterwards). The narrow type keeps the
+/// build's temporary vectors small for big IPv4 tables.
+pub(super) trait Point: Copy + Ord + Default {
+    /// The last address.
+    const LAST: Self;
+    /// The next address; only called below [`Point::LAST`].
+    fn next(self) -> Self;
+}
+
+impl Point for u32 {
+    const LAST: Self = u32::MAX;
+    fn next(self) -> Self {
+        self + 1
+    }
+}
+
+impl Point for u128 {
+    const LAST: Self = u128::MAX;
+    fn next(self) -> Self {
+        self + 1
+    }
+}
+
+/// A prefix as the closed interval `[start, end]` of addresses it covers,
+/// with the answer it gives.
 #[derive(Clone, Copy, Debug)]
-pub(super) struct Span<A> {
-    /// First key covered.
-    pub(super) start: u128,
-    /// Last key covered.
-    pub(super) end: u128,
+pub(super) struct Span<P, A> {
+    /// First address covered.
+    pub(super) start: P,
+    /// Last address covered.
+    pub(super) end: P,
     /// The prefix's answer.
     pub(super) answer: A,
 }
 
-/// Cuts `[0, max]` into the maximal intervals on which the longest match
-/// is constant: (first key, answer), sorted, starting at 0, no two
-/// neighbours with equal answers.
+/// Cuts the address space into the maximal intervals on which the longest
+/// match is constant: (first address, answer), sorted, starting at 0, no
+/// two neighbours with equal answers.
 ///
-/// `spans` must be prefixes (any two are nested or disjoint), all within
-/// `[0, max]`, sorted by start and, for equal starts, outer (longer span)
-/// first, without duplicates. A sweep with a stack of the prefixes that
-/// cover the current key then emits an interval start wherever a prefix
-/// begins (its answer) or ends (the enclosing prefix's answer, or `none`).
-/// Linear after the sort.
-pub(super) fn boundaries<A: Copy + PartialEq>(
-    spans: &[Span<A>],
-    max: u128,
+/// `spans` must be prefixes (any two are nested or disjoint), sorted by
+/// start and, for equal starts, outer (longer span) first, without
+/// duplicates. A sweep with a stack of the prefixes that cover the current
+/// address then emits an interval start wherever a prefix begins (its
+/// answer) or ends (the enclosing prefix's answer, or `none`). Linear
+/// after the sort.
+pub(super) fn boundaries<P: Point, A: Copy + PartialEq>(
+    spans: &[Span<P, A>],
     none: A,
-) -> Vec<(u128, A)> {
+) -> Vec<(P, A)> {
     let mut out = Vec::with_capacity(2 * spans.len() + 1);
-    out.push((0, none));
+    out.push((P::default(), none));
     // The open prefixes (end, answer), outermost first; each is nested in
     // the one below it.
-    let mut open: Vec<(u128, A)> = Vec::new();
+    let mut open: Vec<(P, A)> = Vec::new();
     for span in spans {
         while let Some(&(end, _)) = open.last() {
             if end >= span.start {
@@ -280,20 +320,22 @@ pub(super) fn boundaries<A: Copy + PartialEq>(
             }
             open.pop();
             let outer = open.last().map_or(none, |o| o.1);
-            // `end < span.start <= max`, so `end + 1` cannot overflow.
-            set_bound(&mut out, end + 1, outer);
+            // `end < span.start`, so `end` is not the last address.
+            set_bound(&mut out, end.next(), outer);
         }
         set_bound(&mut out, span.start, span.answer);
         open.push((span.end, span.answer));
     }
-    // Close what is left; a prefix ending at `max` has no interval after it.
+    // Close what is left; a prefix ending at the last address has no
+    // interval after it.
     while let Some((end, _)) = open.pop() {
-        if end < max {
+        if end < P::LAST {
             let outer = open.last().map_or(none, |o| o.1);
-            set_bound(&mut out, end + 1, outer);
+            set_bound(&mut out, end.next(), outer);
         }
     }
     out.dedup_by(|next, prev| next.1 == prev.1);
+    out.shrink_to_fit();
     out
 }
 
