@@ -721,26 +721,7 @@ fn cluster_defaults() -> Cluster {
 }
 
 fn default_geo() -> GeoSettings {
-    GeoSettings {
-        tie_km: 100.0,
-        buckets: vec![
-            Bucket {
-                below_km: 500.0,
-                weight: 10,
-            },
-            Bucket {
-                below_km: 2000.0,
-                weight: 7,
-            },
-            Bucket {
-                below_km: 5000.0,
-                weight: 4,
-            },
-        ],
-        default_weight: 1,
-        max_fails: 3,
-        fail_timeout_s: 30,
-    }
+    GeoSettings::default()
 }
 
 pub use edgestate::parse_duration_ms;

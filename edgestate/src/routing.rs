@@ -95,6 +95,33 @@ pub struct Bucket {
     pub weight: u32,
 }
 
+impl Default for GeoSettings {
+    /// The seed's router: ties within 100 km; `<500 km → 10, <2000 → 7,
+    /// <5000 → 4, else 1`; `max_fails=3 fail_timeout=30s`.
+    fn default() -> Self {
+        GeoSettings {
+            tie_km: 100.0,
+            buckets: vec![
+                Bucket {
+                    below_km: 500.0,
+                    weight: 10,
+                },
+                Bucket {
+                    below_km: 2000.0,
+                    weight: 7,
+                },
+                Bucket {
+                    below_km: 5000.0,
+                    weight: 4,
+                },
+            ],
+            default_weight: 1,
+            max_fails: 3,
+            fail_timeout_s: 30,
+        }
+    }
+}
+
 impl GeoSettings {
     /// The 443 pool weight of an edge at `km` from the router.
     #[must_use]
@@ -133,26 +160,7 @@ mod tests {
     use super::*;
 
     fn geo() -> GeoSettings {
-        GeoSettings {
-            tie_km: 100.0,
-            buckets: vec![
-                Bucket {
-                    below_km: 500.0,
-                    weight: 10,
-                },
-                Bucket {
-                    below_km: 2000.0,
-                    weight: 7,
-                },
-                Bucket {
-                    below_km: 5000.0,
-                    weight: 4,
-                },
-            ],
-            default_weight: 1,
-            max_fails: 3,
-            fail_timeout_s: 30,
-        }
+        GeoSettings::default()
     }
 
     #[test]
