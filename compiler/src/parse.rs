@@ -187,7 +187,7 @@ fn looks_like_secret(key: &str) -> bool {
 }
 
 /// The closest known key to a misspelt one, if close enough.
-fn suggest<'a>(unknown: &str, known: impl Iterator<Item = &'a str>) -> Option<&'a str> {
+pub(crate) fn suggest<'a>(unknown: &str, known: impl Iterator<Item = &'a str>) -> Option<&'a str> {
     known
         .map(|k| (strsim::levenshtein(unknown, k), k))
         .filter(|(d, k)| *d <= 2.max(k.len() / 4))

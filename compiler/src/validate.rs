@@ -906,7 +906,7 @@ fn references(
             format!("{what} `{name}` names no zone"),
         );
         let known: Vec<&str> = zone_names.iter().copied().collect();
-        d.help = Some(match crate_suggest(name, &known) {
+        d.help = Some(match crate::parse::suggest(name, known.iter().copied()) {
             Some(s) => format!("did you mean `{s}`?"),
             None if known.is_empty() => "no zones are defined (zones/*.yaml)".into(),
             None => format!("known zones: {}", known.join(", ")),
@@ -941,7 +941,7 @@ fn references(
                     file.locate(&format!("/regions/{i}")),
                     format!("region `{region}` has no node"),
                 );
-                d.help = Some(match crate_suggest(region, &known) {
+                d.help = Some(match crate::parse::suggest(region, known.iter().copied()) {
                     Some(s) => format!("did you mean `{s}`?"),
                     None => format!("regions with nodes: {}", known.join(", ")),
                 });
@@ -978,15 +978,6 @@ fn references(
             ));
         }
     }
-}
-
-fn crate_suggest<'a>(unknown: &str, known: &[&'a str]) -> Option<&'a str> {
-    known
-        .iter()
-        .map(|k| (strsim::levenshtein(unknown, k), *k))
-        .filter(|(d, k)| *d <= 2.max(k.len() / 4))
-        .min()
-        .map(|(_, k)| k)
 }
 
 /// Whether the union of `nets` covers its whole address family.
