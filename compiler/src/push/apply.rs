@@ -282,6 +282,14 @@ fn transaction_pipe(
         pipe.cmd("DEL").arg(chunk).ignore();
         pipe.cmd("HDEL").arg(keys::MANIFEST).arg(chunk).ignore();
     }
+    set_meta(&mut pipe, commit, generation);
+    pipe
+}
+
+/// Append the `edgeform:meta` update that ends every write transaction.
+/// Its reply is the one kept: EXEC's nil (a WATCH conflict) then reads as
+/// `None`, success as `Some`.
+pub(crate) fn set_meta(pipe: &mut redis::Pipeline, commit: &str, generation: u64) {
     pipe.cmd("HSET")
         .arg(keys::META)
         .arg("commit")
@@ -292,7 +300,4 @@ fn transaction_pipe(
         .arg(now_rfc3339())
         .arg("format")
         .arg(edgestate::FORMAT_VERSION);
-    // The last reply is kept: EXEC's nil (a WATCH conflict) then reads as
-    // `None`, success as `Some`.
-    pipe
 }

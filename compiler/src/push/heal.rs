@@ -10,9 +10,9 @@ use anyhow::{Context, Result};
 use edgestate::keys;
 use redis::aio::MultiplexedConnection;
 
-use super::apply::{Lock, Options, get_values, read_live};
+use super::apply::{Lock, Options, get_values, read_live, set_meta};
 use super::plan::Ancestry;
-use super::state::{Desired, now_rfc3339};
+use super::state::Desired;
 
 /// What kind of drift a key had.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, serde::Serialize)]
@@ -185,16 +185,7 @@ async fn heal_locked(
         for chunk in fields.chunks(1000) {
             pipe.cmd("HSET").arg(keys::MANIFEST).arg(chunk).ignore();
         }
-        pipe.cmd("HSET")
-            .arg(keys::META)
-            .arg("commit")
-            .arg(&options.commit)
-            .arg("generation")
-            .arg(live.meta.generation + 1)
-            .arg("applied_at")
-            .arg(now_rfc3339())
-            .arg("format")
-            .arg(edgestate::FORMAT_VERSION);
+        set_meta(&mut pipe, &options.commit, live.meta.generation + 1);
         let done: Option<redis::Value> = pipe.query_async(con).await.context("MULTI/EXEC")?;
         if done.is_some() {
             drift.sort_by(|a, b| (a.kind, &a.key).cmp(&(b.kind, &b.key)));
