@@ -647,40 +647,22 @@ impl Router {
             found
         } else {
             notes.add(|| "no zone has a route: unrestricted (edges first, then ingest)".into());
-            let (w, list) = self.pick(
-                &self.edges,
-                stream,
-                health,
-                client,
-                &mut notes,
-                ("", "edges"),
-            );
-            if explain {
-                d.zones.push(ZoneListing {
-                    zone: "edges".into(),
-                    nodes: list,
-                });
-            }
-            match w {
-                Some(w) => Some((w, None)),
-                None => {
-                    let (w, list) = self.pick(
-                        &self.ingest,
-                        stream,
-                        health,
-                        client,
-                        &mut notes,
-                        ("", "ingest"),
-                    );
-                    if explain {
-                        d.zones.push(ZoneListing {
-                            zone: "ingest".into(),
-                            nodes: list,
-                        });
-                    }
-                    w.map(|w| (w, None))
+            // Edges first; ingest nodes only when no edge is eligible.
+            let mut found = None;
+            for (tier, names) in [("edges", &self.edges), ("ingest", &self.ingest)] {
+                let (w, list) = self.pick(names, stream, health, client, &mut notes, ("", tier));
+                if explain {
+                    d.zones.push(ZoneListing {
+                        zone: tier.into(),
+                        nodes: list,
+                    });
+                }
+                if let Some(w) = w {
+                    found = Some((w, None));
+                    break;
                 }
             }
+            found
         };
         match winner {
             Some((node, zone)) => {
