@@ -11,6 +11,8 @@
 //! - [`diff`]: two compilations → per-target added/changed/removed keys.
 //! - [`report`]: rendering diagnostics and diffs (human, json, github,
 //!   markdown).
+//! - [`fmt`]: canonical YAML of config files (`edgeform fmt`, `import`).
+//! - [`import`]: site documents read from an edge → `sites/*.yaml`.
 //! - [`cli`]: the `edgeform` command line; `main.rs` only calls [`cli::main`].
 //!
 //! Everything but `load` (and the CLI's writing of results) is pure.
@@ -20,6 +22,8 @@ pub mod compile;
 pub mod country;
 pub mod diagnostic;
 pub mod diff;
+pub mod fmt;
+pub mod import;
 pub mod load;
 pub mod model;
 pub mod parse;

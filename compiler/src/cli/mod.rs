@@ -13,6 +13,7 @@ use crate::load::{self, Repo};
 use crate::report::{self, CheckFormat, DiffFormat};
 use crate::{Checked, compile, diff};
 
+pub mod ops;
 pub mod purge;
 pub mod push;
 pub mod route;
@@ -117,6 +118,47 @@ pub enum Command {
     /// stream (and with --geo the nearest edge) from the compiled table and
     /// a health snapshot, step by step. Exit 0.
     Route(route::RouteArgs),
+    /// Format config files canonically: keys in the model's order, one
+    /// layout (see docs/operations.md). Comments are kept at the top of a
+    /// file and above top-level keys; a file with any other comment is
+    /// refused (file:line) and left alone. Exit 0, or 1 when --check finds
+    /// files to change or a file was refused.
+    Fmt {
+        /// Change nothing: list the files that would change, exit 1 if any.
+        #[arg(long)]
+        check: bool,
+        /// Only these files (default: every config file of --repo).
+        #[arg(value_name = "FILE")]
+        files: Vec<PathBuf>,
+    },
+    /// Read a live edge's site documents (site:*, suspended:*) from its
+    /// Redis and write the equivalent sites/*.yaml into DIR, so a running
+    /// system moves to git in one step. The node comes from --repo's
+    /// nodes/. Values the model cannot express are reported (with their key)
+    /// and nothing is written, unless --allow-lossy. Exit 0 or 1.
+    Import {
+        /// The node to read (must have a `redis` block).
+        #[arg(long, value_name = "NODE")]
+        node: String,
+        /// Where to write sites/*.yaml (existing files are never overwritten
+        /// with other content).
+        #[arg(long, value_name = "DIR")]
+        out: PathBuf,
+        /// Write what can be imported even when some values cannot be
+        /// expressed exactly (they are still reported).
+        #[arg(long)]
+        allow_lossy: bool,
+        /// One file per host: do not merge hosts with identical documents
+        /// into one site with aliases.
+        #[arg(long)]
+        no_aliases: bool,
+    },
+    /// Print a shell completion script, e.g.
+    /// `edgeform completions bash > /etc/bash_completion.d/edgeform`.
+    Completions {
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
+    },
     /// The scheduled jobs: sync re-pushes desired state, heal compares the
     /// full live content and repairs drift. Runs until SIGTERM, or once.
     Reconcile {
@@ -348,6 +390,31 @@ pub fn run(cli: &Cli) -> Result<u8> {
             };
             route::route(config, args)
         }
+        Command::Fmt { check, files } => {
+            if cli.rev.is_some() {
+                anyhow::bail!("fmt works on the working tree; --rev is not supported");
+            }
+            ops::fmt_cmd(&cli.repo, *check, files)
+        }
+        Command::Import {
+            node,
+            out,
+            allow_lossy,
+            no_aliases,
+        } => {
+            if cli.rev.is_some() {
+                anyhow::bail!("import reads the working tree's nodes; --rev is not supported");
+            }
+            runtime()?.block_on(ops::import_cmd(
+                &cli.repo,
+                node,
+                out,
+                *allow_lossy,
+                !*no_aliases,
+                color(),
+            ))
+        }
+        Command::Completions { shell } => Ok(ops::completions(*shell)),
         Command::Reconcile {
             sync_every,
             heal_every,

@@ -47,7 +47,7 @@ pub struct Drift {
 }
 
 /// Every `site:*` and `suspended:*` key on the target.
-async fn document_keys(con: &mut MultiplexedConnection) -> Result<BTreeSet<String>> {
+pub async fn document_keys(con: &mut MultiplexedConnection) -> Result<BTreeSet<String>> {
     let mut out = BTreeSet::new();
     for pattern in [
         format!("{}*", keys::SITE_PREFIX),
