@@ -228,6 +228,7 @@ pub fn routing_table(config: &Config) -> RoutingTable {
                         playback_session_limit: n.playback_session_limit,
                         playback_bandwidth_kbit: n.playback_bandwidth_kbit,
                         network_bandwidth_kbit: n.network_bandwidth_kbit,
+                        drain: n.drain,
                     },
                 )
             })
@@ -256,6 +257,7 @@ pub fn pool(config: &Config, router: &Node) -> Vec<PoolMember> {
                 address: address.to_string(),
                 distance_km: (km * 10.0).round() / 10.0,
                 weight: geo.weight_for(km),
+                down: edge.drain,
             })
         })
         .collect();
@@ -299,9 +301,14 @@ pub fn nginx_upstream(config: &Config, router: &Node, pool: &[PoolMember]) -> St
             std::net::IpAddr::V4(a) => a.to_string(),
             std::net::IpAddr::V6(a) => format!("[{a}]"),
         };
+        let (down, note) = if m.down {
+            (" down", ", drained")
+        } else {
+            ("", "")
+        };
         let _ = writeln!(
             out,
-            "    server {host}:443 weight={} max_fails={} fail_timeout={}s;  # {} {:.1} km",
+            "    server {host}:443 weight={} max_fails={} fail_timeout={}s{down};  # {} {:.1} km{note}",
             m.weight, geo.max_fails, geo.fail_timeout_s, m.node, m.distance_km
         );
     }

@@ -657,6 +657,7 @@ fn node(ctx: &mut Ctx<'_>, raw: &raw::Node) -> Node {
         playback_session_limit: raw.playback_session_limit,
         playback_bandwidth_kbit: raw.playback_bandwidth_kbit,
         network_bandwidth_kbit: raw.network_bandwidth_kbit,
+        drain: raw.drain,
         cache,
     }
 }

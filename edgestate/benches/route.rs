@@ -68,6 +68,7 @@ fn main() {
                 playback_session_limit: Some(1000),
                 playback_bandwidth_kbit: Some(10_000_000),
                 network_bandwidth_kbit: None,
+                drain: false,
             },
         );
         health.nodes.insert(

@@ -110,6 +110,7 @@ pub struct Decision {
 /// explained, so the hot path does not allocate).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Why {
+    Drained,
     NoReport,
     OnlineMissing,
     Offline,
@@ -125,6 +126,7 @@ enum Why {
 impl Why {
     fn text(self, stream: &str) -> String {
         match self {
+            Why::Drained => "drained".into(),
             Why::NoReport => "no health report".into(),
             Why::OnlineMissing => "online missing".into(),
             Why::Offline => "offline".into(),
@@ -425,6 +427,9 @@ impl Router {
 
     /// Why `node` may not serve `stream` now (`None`: eligible).
     fn exclusion(name: &str, node: &Node, stream: &str, health: &Health) -> Option<Why> {
+        if node.drain {
+            return Some(Why::Drained);
+        }
         let Some(h) = health.nodes.get(name) else {
             return Some(Why::NoReport);
         };
@@ -708,6 +713,10 @@ impl Router {
                 continue;
             }
             let Some(loc) = node.location else { continue };
+            if node.drain {
+                reasons.push(format!("{name} excluded: drained"));
+                continue;
+            }
             if health.nodes.get(name).and_then(|h| h.online) != Some(true) {
                 reasons.push(format!("{name} excluded: not online"));
                 continue;
@@ -771,7 +780,7 @@ pub struct Placement {
 /// Seed 002's VOD rule: among placements on nodes of the allowed zones
 /// (`chain`, in order), the highest revision first, then the zone's place
 /// in the chain, then the lower load. A newer forbidden replica cannot
-/// exclude an older permitted one.
+/// exclude an older permitted one. Drained nodes are never chosen.
 #[must_use]
 pub fn choose_placement<'a>(
     placements: &'a [Placement],
@@ -782,7 +791,8 @@ pub fn choose_placement<'a>(
     placements
         .iter()
         .filter_map(|p| {
-            let zone = nodes.get(&p.node)?.zone.as_ref()?;
+            let node = nodes.get(&p.node).filter(|n| !n.drain)?;
+            let zone = node.zone.as_ref()?;
             let rank = chain.iter().position(|z| z == zone)?;
             let load = health
                 .nodes

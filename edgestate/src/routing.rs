@@ -62,6 +62,12 @@ pub struct Node {
     pub playback_bandwidth_kbit: Option<u64>,
     /// Placement budget (RX+TX); informational for routing.
     pub network_bandwidth_kbit: Option<u64>,
+    /// Drained (`drain: true`, the anchors' ADMIN_DOWN): kept in the table
+    /// but never chosen for a new viewer (playback, geo, VOD placement) and
+    /// `down` in routers' 443 pools. Absent from the JSON when false, so
+    /// tables without drained nodes are unchanged.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub drain: bool,
 }
 
 /// A point on the globe, in degrees.
@@ -142,6 +148,9 @@ pub struct PoolMember {
     /// Great-circle distance from the router, km (rounded to 0.1).
     pub distance_km: f64,
     pub weight: u32,
+    /// The edge is drained: nginx `down`, no new connections.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub down: bool,
 }
 
 /// Great-circle distance in km (haversine, mean Earth radius).

@@ -20,6 +20,7 @@ fn table(url: &str) -> RoutingTable {
         playback_session_limit: Some(100),
         playback_bandwidth_kbit: None,
         network_bandwidth_kbit: None,
+        drain: false,
     };
     let mut zones = BTreeMap::new();
     zones.insert(

@@ -258,6 +258,12 @@ pub struct Node {
     /// The CDN zone this node serves playback in.
     #[serde(default)]
     pub zone: Option<String>,
+    /// `true` drains the node (ADMIN_DOWN): it stays in the configuration,
+    /// keeps its sites and purges, but no new viewer is routed to it
+    /// (playback, geo, VOD placement; reason `drained`) and routers mark it
+    /// `down` in their 443 pool. Viewers already on it are not moved.
+    #[serde(default)]
+    pub drain: bool,
     /// Payload URL viewers are redirected to. Absent: the router proxies.
     #[serde(default)]
     #[schemars(regex(pattern = r"^https?://"))]

@@ -92,6 +92,8 @@ pub struct Node {
     pub playback_session_limit: Option<u64>,
     pub playback_bandwidth_kbit: Option<u64>,
     pub network_bandwidth_kbit: Option<u64>,
+    /// Excluded from new routing decisions, kept in the config.
+    pub drain: bool,
     pub cache: CacheSettings,
 }
 

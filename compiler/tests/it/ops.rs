@@ -275,7 +275,13 @@ fn import_reports_what_the_model_cannot_express() {
 #[test]
 fn fmt_example_is_canonical_and_idempotent() {
     let out = edgeform(&example_repo(), &["fmt", "--check"]);
-    assert_eq!(out.status.code(), Some(0), "{}{}", stdout(&out), stderr(&out));
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}{}",
+        stdout(&out),
+        stderr(&out)
+    );
     let repo = compiler::load::from_dir(&example_repo()).unwrap();
     for s in &repo.sources {
         let text = s.text.as_ref().unwrap();
@@ -314,7 +320,10 @@ fn fmt_check_rewrite_and_refusal() {
          host: a.example.com\naliases: [www.a.example.com]\norigin: http://192.0.2.1\n"
     );
     assert_eq!(read("sites/b.yaml"), trailing);
-    f.write("sites/b.yaml", b"host: b.example.com\norigin: http://192.0.2.2\n");
+    f.write(
+        "sites/b.yaml",
+        b"host: b.example.com\norigin: http://192.0.2.2\n",
+    );
     assert_eq!(edgeform(f.path(), &["fmt"]).status.code(), Some(0));
     let out = edgeform(f.path(), &["fmt", "--check"]);
     assert_eq!(out.status.code(), Some(0), "{}", stdout(&out));
@@ -386,5 +395,98 @@ fn completions_generate_for_each_shell() {
     }
     let out = edgeform(&example_repo(), &["--version"]);
     let v = stdout(&out);
-    assert!(v.starts_with("edgeform 0.0.0 (") && v.trim_end().ends_with(')'), "{v}");
+    assert!(
+        v.starts_with("edgeform 0.0.0 (") && v.trim_end().ends_with(')'),
+        "{v}"
+    );
+}
+
+/// `drain: true` on edge-ams-1 of the example: the routing table carries
+/// it, routers mark it `down` in their 443 pool, `edgeform route` explains
+/// it as `drained` and geo sends London to the next nearest edge.
+#[test]
+fn drain_reaches_the_table_the_routers_and_route() {
+    let f = Fixture::empty();
+    copy_example(f.path(), true);
+    let path = f.path().join("nodes/edge-ams-1.yaml");
+    let text = std::fs::read_to_string(&path).unwrap();
+    std::fs::write(&path, text.replace("zone: eu\n", "zone: eu\ndrain: true\n")).unwrap();
+    let out = edgeform(f.path(), &["check"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let out = edgeform(f.path(), &["fmt", "--check"]);
+    assert_eq!(out.status.code(), Some(0), "drain's place is canonical");
+
+    let out = edgeform(f.path(), &["build", "--out", "out"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let nginx = std::fs::read_to_string(f.path().join("out/router-ams.nginx.conf")).unwrap();
+    let line = nginx.lines().find(|l| l.contains("edge-ams-1")).unwrap();
+    assert!(
+        line.contains(" down;") && line.ends_with("drained"),
+        "{nginx}"
+    );
+    assert!(
+        nginx
+            .lines()
+            .filter(|l| l.contains("server "))
+            .filter(|l| l.contains(" down;"))
+            .count()
+            == 1,
+        "{nginx}"
+    );
+    let target: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(f.path().join("out/router-ams.json")).unwrap(),
+    )
+    .unwrap();
+    let table: serde_json::Value =
+        serde_json::from_str(target["edgeform:routing"].as_str().unwrap()).unwrap();
+    assert_eq!(table["nodes"]["edge-ams-1"]["drain"], true);
+    assert!(
+        table["nodes"]["edge-fra-1"].get("drain").is_none(),
+        "absent when false"
+    );
+    let pool = table["router_pool"].as_array().unwrap();
+    assert!(
+        pool.iter()
+            .any(|m| m["node"] == "edge-ams-1" && m["down"] == true)
+    );
+
+    let db = example_repo().join("testdata/geoip/GeoLite2-City-Test.mmdb");
+    let out = edgeform(
+        f.path(),
+        &[
+            "route",
+            "--ip",
+            "81.2.69.142",
+            "--geo",
+            "--geoip",
+            db.to_str().unwrap(),
+            "--format",
+            "json",
+        ],
+    );
+    let v: serde_json::Value = serde_json::from_str(&stdout(&out)).unwrap();
+    assert_eq!(v["geo"]["decision"]["node"], "edge-fra-1", "{v}");
+    let health = f.path().join("health.json");
+    std::fs::write(
+        &health,
+        r#"{"nodes":{
+            "edge-ams-1":{"online":true,"play_sessions":0,"out_kbit":0,"streams":["cam1"]},
+            "edge-fra-1":{"online":true,"play_sessions":5,"out_kbit":0,"streams":["cam1"]}}}"#,
+    )
+    .unwrap();
+    let out = edgeform(
+        f.path(),
+        &[
+            "route",
+            "--ip",
+            "81.2.69.142",
+            "--stream",
+            "cam1",
+            "--health",
+            health.to_str().unwrap(),
+        ],
+    );
+    let text = stdout(&out);
+    assert!(text.contains("edge-ams-1 excluded: drained"), "{text}");
+    assert!(text.contains("edge-fra-1"), "{text}");
 }

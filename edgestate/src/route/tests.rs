@@ -21,6 +21,7 @@ fn node(roles: &[&str], zone: Option<&str>) -> Node {
         playback_session_limit: None,
         playback_bandwidth_kbit: None,
         network_bandwidth_kbit: None,
+        drain: false,
     }
 }
 
@@ -636,4 +637,95 @@ fn the_quick_decision_is_the_explained_one() {
             }
         }
     }
+}
+
+/// `drain: true` (ADMIN_DOWN): a drained node is listed with the reason
+/// `drained` and never chosen — playback in its zone falls to the next
+/// eligible node or down the chain, geo skips it, VOD placement skips it —
+/// while healthy and otherwise eligible; quick and explained agree.
+#[test]
+fn drained_nodes_are_never_chosen() {
+    let drained = |roles: &[&str], zone: &str| {
+        let mut n = node(roles, Some(zone));
+        n.drain = true;
+        n
+    };
+    let r = T::new()
+        .zone("office-1", &["10.1.0.0/16"], Some("world"))
+        .zone("world", &["0.0.0.0/0", "::/0"], None)
+        .node("o1-a", drained(&["edge"], "office-1"))
+        .node("o1-b", node(&["edge"], Some("office-1")))
+        .node("w", node(&["edge"], Some("world")))
+        .router();
+    let all_up = health(&[
+        ("o1-a", true, Some(0), None, &["cam"]),
+        ("o1-b", true, Some(50), None, &["cam"]),
+        ("w", true, Some(0), None, &["cam"]),
+    ]);
+    // Table: (health, expected node, expected zone).
+    let only_drained_up = health(&[
+        ("o1-a", true, Some(0), None, &[]),
+        ("o1-b", false, Some(0), None, &["cam"]),
+        ("w", true, Some(9), None, &["cam"]),
+    ]);
+    for (h, node, zone) in [
+        (&all_up, "o1-b", "office-1"),
+        (&only_drained_up, "w", "world"),
+    ] {
+        let d = r.decide(Some(ip("10.1.2.3")), None, "cam", h);
+        assert_eq!(d.node.as_deref(), Some(node), "{:#?}", d.reasons);
+        assert_eq!(d.zone.as_deref(), Some(zone), "{:#?}", d.reasons);
+        assert!(
+            d.reasons
+                .iter()
+                .any(|r| r.contains("o1-a excluded: drained")),
+            "{:#?}",
+            d.reasons
+        );
+        let q = r.decide_quick(Some(ip("10.1.2.3")), None, "cam", h);
+        assert_eq!(q.node, d.node);
+        let listed = d
+            .zones
+            .iter()
+            .flat_map(|z| &z.nodes)
+            .find(|c| c.node == "o1-a")
+            .unwrap();
+        assert!(!listed.eligible && listed.reason.as_deref() == Some("drained"));
+    }
+
+    // Geo: the drained nearest edge is skipped for the next one.
+    let mut t = T::new();
+    for (name, lat, lon, drain) in [("ams", 52.37, 4.90, true), ("fra", 50.11, 8.68, false)] {
+        let mut n = node(&["edge"], None);
+        n.location = Some(Location { lat, lon });
+        n.drain = drain;
+        t = t.node(name, n);
+    }
+    let g = t.router();
+    let up = health(&[
+        ("ams", true, Some(0), None, &[]),
+        ("fra", true, Some(0), None, &[]),
+    ]);
+    let london = Location {
+        lat: 51.5142,
+        lon: -0.0931,
+    };
+    let d = g.nearest(ip("81.2.69.142"), london, &up);
+    assert_eq!(d.node.as_deref(), Some("fra"));
+    assert!(d.reasons.iter().any(|r| r == "ams excluded: drained"));
+
+    // VOD: the newest replica sits on a drained node: the next one wins.
+    let placements = [
+        Placement {
+            node: "o1-a".into(),
+            revision: 9,
+        },
+        Placement {
+            node: "o1-b".into(),
+            revision: 3,
+        },
+    ];
+    let chain = vec!["office-1".to_owned(), "world".to_owned()];
+    let p = choose_placement(&placements, &chain, &r.table().nodes, &all_up).unwrap();
+    assert_eq!(p.node, "o1-b");
 }
