@@ -1,6 +1,16 @@
 //! Records the git commit the binary was built from, for `--version`.
 
 fn main() {
+    // A tarball without .git: the packager may pass the commit in
+    // EDGEFORM_COMMIT; otherwise "unknown commit".
+    println!("cargo:rerun-if-env-changed=EDGEFORM_COMMIT");
+    if let Some(commit) = std::env::var("EDGEFORM_COMMIT")
+        .ok()
+        .filter(|c| !c.trim().is_empty())
+    {
+        println!("cargo:rustc-env=EDGEFORM_COMMIT={}", commit.trim());
+        return;
+    }
     let commit = std::process::Command::new("git")
         .args(["rev-parse", "--short=12", "HEAD"])
         .output()

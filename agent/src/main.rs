@@ -8,7 +8,7 @@ use clap::Parser;
 
 /// The edgeform node agent: durable cache purges from the node's own Redis.
 #[derive(Debug, Parser)]
-#[command(name = "edgeform-agent", version = concat!(env!("CARGO_PKG_VERSION")), about)]
+#[command(name = "edgeform-agent", version = concat!(env!("CARGO_PKG_VERSION"), " (", env!("EDGEFORM_COMMIT"), ")"), about)]
 struct Args {
     /// The agent's configuration file.
     #[arg(long, value_name = "FILE", default_value = "/etc/edgeform/agent.yaml")]

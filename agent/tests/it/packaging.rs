@@ -1,0 +1,56 @@
+//! `packaging/agent.yaml`, the documented sample, is a valid configuration
+//! and names every key the agent knows.
+
+use std::path::Path;
+use std::process::Command;
+
+fn sample() -> std::path::PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../packaging/agent.yaml")
+}
+
+#[test]
+fn sample_agent_yaml_passes_check_config() {
+    let out = Command::new(env!("CARGO_BIN_EXE_edgeform-agent"))
+        .arg("--config")
+        .arg(sample())
+        .arg("--check-config")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(
+        err.contains("valid (node edge-ams-1, queue cdn:purge:eu:edge-ams-1)"),
+        "{err}"
+    );
+}
+
+/// Every key of the sample is set (not only in comments), so a key the
+/// agent stops accepting fails the check above; and the sentinel form is
+/// documented in comments.
+#[test]
+fn sample_agent_yaml_sets_every_key() {
+    let text = std::fs::read_to_string(sample()).unwrap();
+    let c = agent::config::parse("agent.yaml", &text).unwrap();
+    assert!(c.http.is_some() && c.routing.health_file.is_some());
+    for key in [
+        "\nnode:",
+        "\nregion:",
+        "\nredis:",
+        "\n  url:",
+        "\n  # sentinels:",
+        "\n  # master:",
+        "\n  password_env:",
+        "\ncache:",
+        "\n  dirs:",
+        "\n  levels:",
+        "\n  key:",
+        "\nhttp:",
+        "\n  listen:",
+        "\n  proxy_url:",
+        "\nrouting:",
+        "\n  health_file:",
+        "\n  refresh:",
+    ] {
+        assert!(text.contains(key), "{key:?} is not in packaging/agent.yaml");
+    }
+}
