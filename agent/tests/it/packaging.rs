@@ -14,6 +14,7 @@ fn sample_agent_yaml_passes_check_config() {
         .arg("--config")
         .arg(sample())
         .arg("--check-config")
+        .env("EDGEFORM_COMMAND_KEY", "test-key")
         .output()
         .unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
@@ -30,8 +31,22 @@ fn sample_agent_yaml_passes_check_config() {
 #[test]
 fn sample_agent_yaml_sets_every_key() {
     let text = std::fs::read_to_string(sample()).unwrap();
-    let c = agent::config::parse("agent.yaml", &text).unwrap();
-    assert!(c.http.is_some() && c.routing.health_file.is_some());
+    // The sample names a command signing key variable: without it in the
+    // environment the check fails, naming it.
+    if std::env::var_os("EDGEFORM_COMMAND_KEY").is_none() {
+        let out = Command::new(env!("CARGO_BIN_EXE_edgeform-agent"))
+            .arg("--config")
+            .arg(sample())
+            .arg("--check-config")
+            .env_remove("EDGEFORM_COMMAND_KEY")
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            !out.status.success() && err.contains("EDGEFORM_COMMAND_KEY"),
+            "a missing signing key is an error naming the variable: {err}"
+        );
+    }
     for key in [
         "\nnode:",
         "\nregion:",
@@ -48,8 +63,21 @@ fn sample_agent_yaml_sets_every_key() {
         "\n  listen:",
         "\n  proxy_url:",
         "\nrouting:",
-        "\n  health_file:",
+        "\n  # health_file:",
         "\n  refresh:",
+        "\nmqtt:",
+        "\n  topic_prefix:",
+        "\n  username:",
+        "\n  ca_file:",
+        "\n  command_key_env:",
+        "\nhealth:",
+        "\n  interval:",
+        "\n  play_sessions:",
+        "\n  streams:",
+        "\nactions:",
+        "\n    argv:",
+        "\n    args:",
+        "\n    timeout:",
     ] {
         assert!(text.contains(key), "{key:?} is not in packaging/agent.yaml");
     }
