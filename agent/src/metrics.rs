@@ -26,6 +26,7 @@ pub struct Metrics {
     pub health_reports: Counter,
     pub mqtt_connected: Gauge,
     pub cluster_nodes_reporting: Gauge,
+    pub health_messages: Counter,
     pub routing_generation: Gauge,
     pub play_sessions: Gauge,
     pub out_kbit: Gauge,
@@ -44,6 +45,7 @@ impl Default for Metrics {
             health_reports: Counter::default(),
             mqtt_connected: Gauge::default(),
             cluster_nodes_reporting: Gauge::default(),
+            health_messages: Counter::default(),
             routing_generation: Gauge::default(),
             play_sessions: Gauge::default(),
             out_kbit: Gauge::default(),
@@ -87,6 +89,11 @@ impl Default for Metrics {
             "cluster_nodes_reporting",
             "Nodes whose health this agent knows (routing input)",
             m.cluster_nodes_reporting.clone(),
+        );
+        registry.register(
+            "health_messages",
+            "Health and status messages received from the broker",
+            m.health_messages.clone(),
         );
         registry.register(
             "routing_generation",

@@ -25,6 +25,9 @@ use crate::metrics::{Metrics, gauge_value};
 use crate::routing::State;
 use crate::shutdown::Shutdown;
 
+/// The most a health change waits before routing sees it.
+pub const FLUSH: Duration = Duration::from_millis(200);
+
 /// How long a command id is remembered at least.
 pub const ID_TTL_SECS: u64 = 7 * 24 * 3600;
 
@@ -175,9 +178,24 @@ pub async fn run(
     let mut book = Book::default();
     let mut backoff = Duration::from_millis(250);
     let mut down_since: Option<std::time::Instant> = None;
+    // Health changes are handed to routing at most every FLUSH, so a burst
+    // of reports (hundreds of nodes reconnecting) costs one snapshot, not
+    // one per message.
+    let mut flush = tokio::time::interval(FLUSH);
+    flush.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut dirty = false;
     loop {
         let event = tokio::select! {
             e = events.poll() => e,
+            _ = flush.tick(), if dirty => {
+                let health = book.health();
+                metrics
+                    .cluster_nodes_reporting
+                    .set(gauge_value(health.nodes.len() as u64));
+                state.set_health(health);
+                dirty = false;
+                continue;
+            }
             () = shutdown.wait() => break,
         };
         match event {
@@ -218,11 +236,8 @@ pub async fn run(
                 }
                 match book.take(&prefix, &p.topic, &p.payload) {
                     Ok(true) => {
-                        let health = book.health();
-                        metrics
-                            .cluster_nodes_reporting
-                            .set(gauge_value(health.nodes.len() as u64));
-                        state.set_health(health);
+                        metrics.health_messages.inc();
+                        dirty = true;
                     }
                     Ok(false) => {}
                     Err(e) => tracing::debug!(problem = %e, "mqtt: message ignored"),
