@@ -22,7 +22,7 @@ pub mod route;
 /// GitOps control plane for a self-run CDN: validate, compile, diff and push
 /// the config repository (sites, zones, nodes) to every edge's own Redis.
 #[derive(Debug, Parser)]
-#[command(name = "edgeform", version = version(), about, long_about = None)]
+#[command(name = "edgeform", version = version(), about, long_about = None, after_help = AFTER_HELP)]
 pub struct Cli {
     /// The config repository (folder with cluster.yaml, sites/, zones/, nodes/).
     #[arg(long, global = true, default_value = ".", value_name = "DIR")]
@@ -209,6 +209,21 @@ pub enum Command {
         broker: mqtt::BrokerFlags,
     },
 }
+
+/// The part of `--help` that is not about one command.
+const AFTER_HELP: &str = "\
+Exit codes: 0 valid / done / no changes; 1 invalid, refused or an error;
+2 changes pending (diff, plan --detailed-exitcode).
+
+A typical change: edgeform fmt && edgeform check && edgeform diff --base origin/main,
+then after merge edgeform plan && edgeform apply --yes (or the reconciler).
+
+Environment: NO_COLOR (plain output), EDGEFORM_LOG (log filter, e.g. debug),
+the variables nodes/*.yaml name in `password_env` (Redis passwords),
+EDGEFORM_COMMAND_KEY (signing key for exec).
+
+Every file key: docs/configuration.md. Operating it: docs/operations.md.
+`edgeform <command> --help` explains a command's flags.";
 
 fn runtime() -> Result<tokio::runtime::Runtime> {
     tokio::runtime::Builder::new_multi_thread()

@@ -157,6 +157,29 @@ pub async fn import_cmd(
     }
 
     let dir = out.join("sites");
+    // Other site files beside the imported ones would serve the same hosts
+    // twice: import into a repository without sites.
+    if let Ok(entries) = std::fs::read_dir(&dir) {
+        let mut others: Vec<String> = entries
+            .filter_map(|e| e.ok())
+            .map(|e| format!("sites/{}", e.file_name().to_string_lossy()))
+            .filter(|p| p.ends_with(".yaml") || p.ends_with(".yml"))
+            .filter(|p| !imported.files.contains_key(p))
+            .collect();
+        others.sort();
+        if let Some(first) = others.first() {
+            bail!(
+                "{} already holds other site files ({first}{}); import into a repository \
+                 without sites/ (nothing was written)",
+                dir.display(),
+                if others.len() > 1 {
+                    format!(" and {} more", others.len() - 1)
+                } else {
+                    String::new()
+                }
+            );
+        }
+    }
     for (path, text) in &imported.files {
         let file = out.join(path);
         if let Ok(existing) = std::fs::read_to_string(&file)

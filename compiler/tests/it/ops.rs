@@ -180,12 +180,23 @@ fn import_round_trip_against_a_live_edge() {
         let out = edgeform(dst.path(), &["fmt", "--check", &rel]);
         assert_eq!(out.status.code(), Some(0), "{rel}: {}", stderr(&out));
     }
-    // Importing again over the same files is fine (same content).
+    // Importing again over the same files is fine (same content); into a
+    // repository with other site files it is refused.
     let out = edgeform(
         dst.path(),
         &["import", "--node", "edge-nyc-1", "--out", "."],
     );
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let out = edgeform(
+        src.path(),
+        &["import", "--node", "edge-nyc-1", "--out", "."],
+    );
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        stderr(&out).contains("already holds other site files (sites/static.example.org.yaml"),
+        "{}",
+        stderr(&out)
+    );
 }
 
 /// A seed-style edge, written by hand: pretty-printed JSON (a note, not a
