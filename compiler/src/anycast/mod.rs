@@ -460,7 +460,7 @@ fn prefix_report(
             }
         })
         .collect();
-    other.sort_by(|a, b| b.vantage_points.cmp(&a.vantage_points));
+    other.sort_by_key(|o| std::cmp::Reverse(o.vantage_points));
 
     let mut flags = Vec::new();
     let expected: Vec<&UpstreamStats> = upstreams.iter().filter(|u| u.expected).collect();
@@ -570,8 +570,10 @@ pub fn render_human(report: &Report) -> String {
         }
         let _ = writeln!(
             out,
-            "  {} vantage point(s)     share  paths  AS-path length min/median/max",
-            p.vantage_points
+            "  {:<22} {:>5}  {:>5}  AS-path length min/median/max",
+            format!("{} vantage point(s)", p.vantage_points),
+            "share",
+            "peers"
         );
         for u in &p.upstreams {
             let _ = writeln!(
