@@ -70,3 +70,17 @@ start_sentinel() {
   SERVER_PIDS+=($!)
   wait_port "$port"
 }
+
+# start_mosquitto PORT: a throwaway MQTT broker on loopback (anonymous,
+# loopback only).
+start_mosquitto() {
+  local port=$1
+  port_free "$port" || { echo "port $port is taken (a system mosquitto?); stop what runs there first" >&2; return 1; }
+  local dir="$SERVER_DIR/mosquitto-$port" bin
+  bin="$(command -v mosquitto || echo /usr/sbin/mosquitto)"
+  mkdir -p "$dir"
+  printf 'listener %s 127.0.0.1\nallow_anonymous true\npersistence true\npersistence_location %s/\n' "$port" "$dir" > "$dir/mosquitto.conf"
+  "$bin" -c "$dir/mosquitto.conf" > "$dir/log" 2>&1 &
+  SERVER_PIDS+=($!)
+  wait_port "$port"
+}

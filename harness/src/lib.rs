@@ -60,6 +60,9 @@ pub struct Process {
     pub port: u16,
     pub dir: tempfile::TempDir,
     log: PathBuf,
+    /// How it was started, for [`Process::restart`].
+    binary: &'static str,
+    args: Vec<String>,
 }
 
 impl Process {
@@ -99,6 +102,35 @@ impl Process {
             let _ = c.kill();
             let _ = c.wait();
         }
+    }
+}
+
+impl Process {
+    /// Start it again after [`Process::kill`] or [`Process::stop`] (or
+    /// stop it first): same binary, configuration, folder and port — for
+    /// mosquitto, the persisted sessions survive.
+    ///
+    /// # Panics
+    /// When it does not come back within 10 s.
+    pub fn restart(&mut self) {
+        self.stop();
+        let mut last = String::new();
+        for _ in 0..50 {
+            let child =
+                spawn(self.binary, &self.args, self.dir.path(), &self.log).expect("respawn");
+            self.child = Some(child);
+            if wait_ready(self, |port| TcpStream::connect(("127.0.0.1", port)).is_ok()) {
+                return;
+            }
+            // The port may still be in TIME_WAIT or the old process lingering.
+            last = self.log();
+            self.kill();
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        panic!(
+            "{} did not restart on port {}:\n{last}",
+            self.binary, self.port
+        );
     }
 }
 
@@ -168,18 +200,15 @@ fn start_redis(extra: &[&str], fixed: Option<u16>) -> Process {
         }
         let conf_path = dir.path().join("redis.conf");
         std::fs::write(&conf_path, conf).expect("write conf");
-        let child = spawn(
-            "redis-server",
-            &[conf_path.display().to_string()],
-            dir.path(),
-            &log,
-        )
-        .expect("spawn redis-server");
+        let args = vec![conf_path.display().to_string()];
+        let child = spawn("redis-server", &args, dir.path(), &log).expect("spawn redis-server");
         let mut p = Process {
             child: Some(child),
             port,
             dir,
             log,
+            binary: "redis-server",
+            args,
         };
         let auth = extra
             .iter()
@@ -222,13 +251,15 @@ pub fn sentinel(master_name: &str, master_port: u16) -> Process {
         );
         let conf_path = dir.path().join("sentinel.conf");
         std::fs::write(&conf_path, conf).expect("write conf");
-        let args = [conf_path.display().to_string(), "--sentinel".to_owned()];
+        let args = vec![conf_path.display().to_string(), "--sentinel".to_owned()];
         let child = spawn("redis-server", &args, dir.path(), &log).expect("spawn sentinel");
         let mut p = Process {
             child: Some(child),
             port,
             dir,
             log,
+            binary: "redis-server",
+            args,
         };
         let name = master_name.to_owned();
         if wait_ready(&mut p, |port| {
@@ -274,13 +305,15 @@ fn mosquitto_with(fixed: Option<u16>, dir: tempfile::TempDir) -> Process {
         );
         let conf_path = d.path().join("mosquitto.conf");
         std::fs::write(&conf_path, conf).expect("write conf");
-        let args = ["-c".to_owned(), conf_path.display().to_string()];
+        let args = vec!["-c".to_owned(), conf_path.display().to_string()];
         let child = spawn("mosquitto", &args, d.path(), &log).expect("spawn mosquitto");
         let mut p = Process {
             child: Some(child),
             port,
             dir: d,
             log,
+            binary: "mosquitto",
+            args,
         };
         if wait_ready(&mut p, |port| {
             TcpStream::connect(("127.0.0.1", port)).is_ok()
