@@ -8,6 +8,7 @@ need_packages() {
   local missing=()
   for pkg in "$@"; do
     case "$pkg" in
+      openssl) command -v openssl >/dev/null 2>&1 || missing+=("$pkg") ;;
       redis-server) command -v redis-server >/dev/null 2>&1 || missing+=("$pkg") ;;
       mosquitto) [ -x /usr/sbin/mosquitto ] || command -v mosquitto >/dev/null 2>&1 || missing+=("$pkg") ;;
       *) dpkg -s "$pkg" >/dev/null 2>&1 || missing+=("$pkg") ;;

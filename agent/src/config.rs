@@ -445,11 +445,19 @@ pub fn parse(file: &str, text: &str) -> Result<Config, Error> {
                     }
                 },
             };
-            if m.password_env.is_some() && m.username.is_none() {
-                return Err(at(
-                    tree.locate("/mqtt/password_env"),
-                    "`password_env` needs a `username`".into(),
-                ));
+            if let Some(var) = &m.password_env {
+                if m.username.is_none() {
+                    return Err(at(
+                        tree.locate("/mqtt/password_env"),
+                        "`password_env` needs a `username`".into(),
+                    ));
+                }
+                if std::env::var_os(var).is_none() {
+                    return Err(at(
+                        tree.locate("/mqtt/password_env"),
+                        format!("the MQTT password variable `{var}` is not set in the environment"),
+                    ));
+                }
             }
             if m.ca_file.is_some() && !m.url.starts_with("mqtts://") {
                 return Err(at(
@@ -724,7 +732,7 @@ mod tests {
             "agent.yaml",
             &format!(
                 "{base}mqtt:\n  url: mqtts://broker.example:8884\n  topic_prefix: cdn/prod\n  \
-                 username: edge\n  password_env: MQTT_PW\n  ca_file: /etc/edgeform/ca.pem\n\
+                 username: edge\n  password_env: PATH\n  ca_file: /etc/edgeform/ca.pem\n\
                  health:\n  interval: 2s\n  play_sessions: {{url: \"http://127.0.0.1:8080/stats\", field: /server/sessions}}\n  \
                  streams: {{file: /run/streams.json, field: live}}\n\
                  actions:\n  reload:\n    argv: [/usr/sbin/nginx, -s, reload]\n  \
@@ -734,7 +742,7 @@ mod tests {
         .unwrap();
         let m = c.mqtt.unwrap();
         assert_eq!(m.topic_prefix, "cdn/prod");
-        assert_eq!(m.broker.password_env.as_deref(), Some("MQTT_PW"));
+        assert_eq!(m.broker.password_env.as_deref(), Some("PATH"));
         assert!(m.command_key.is_none());
         assert_eq!(c.health.interval, Duration::from_secs(2));
         assert_eq!(
@@ -762,6 +770,11 @@ mod tests {
                 "not set",
             ),
             ("mqtt:\n  url: mqtt://x\n  password_env: P\n", 6, "username"),
+            (
+                "mqtt:\n  url: mqtt://x\n  username: u\n  password_env: EDGEFORM_SURELY_UNSET_PW\n",
+                7,
+                "not set",
+            ),
             ("mqtt:\n  url: mqtt://x\n  ca_file: /ca.pem\n", 6, "mqtts"),
             (
                 "mqtt: {url: \"mqtt://x\"}\nrouting: {health_file: /h.json}\n",

@@ -83,7 +83,7 @@ pub fn order(kind: Kind, path: &[&str]) -> &'static [&'static str] {
         (Kind::Node, ["location"]) => &["lat", "lon"],
         (Kind::Node, ["redis"]) => &["url", "sentinels", "master", "password_env"],
         (Kind::Node, ["cache"]) => &["dirs", "levels", "key"],
-        (Kind::Cluster, []) => &["name", "trusted_proxies", "mqtt", "apply", "geo"],
+        (Kind::Cluster, []) => &["name", "trusted_proxies", "mqtt", "apply", "geo", "anycast"],
         (Kind::Cluster, ["mqtt"]) => &["url", "topic_prefix"],
         (Kind::Cluster, ["apply"]) => &["max_delete_percent", "max_change_percent", "min_keys"],
         (Kind::Cluster, ["geo"]) => &[
@@ -94,6 +94,15 @@ pub fn order(kind: Kind, path: &[&str]) -> &'static [&'static str] {
             "fail_timeout",
         ],
         (Kind::Cluster, ["geo", "buckets"]) => &["below_km", "weight"],
+        (Kind::Cluster, ["anycast"]) => &[
+            "origin_asns",
+            "prefixes",
+            "upstreams",
+            "lopsided_share",
+            "longer_path_hops",
+        ],
+        (Kind::Cluster, ["anycast", "prefixes"]) => &["prefix", "name", "upstreams"],
+        (Kind::Cluster, ["anycast", "upstreams"]) => &["name", "asn"],
         _ => &[],
     }
 }
@@ -113,6 +122,9 @@ pub const ORDERED_PATHS: &[(Kind, &[&str])] = &[
     (Kind::Cluster, &["apply"]),
     (Kind::Cluster, &["geo"]),
     (Kind::Cluster, &["geo", "buckets"]),
+    (Kind::Cluster, &["anycast"]),
+    (Kind::Cluster, &["anycast", "prefixes"]),
+    (Kind::Cluster, &["anycast", "upstreams"]),
 ];
 
 /// A mapping's entries in canonical order.

@@ -289,7 +289,101 @@ pub fn mosquitto_restart(port: u16, dir: tempfile::TempDir) -> Process {
     mosquitto_with(Some(port), dir)
 }
 
+/// A mosquitto with TLS (a CA and a server certificate for 127.0.0.1
+/// made with `openssl`) and one user; anonymous access refused. Returns
+/// the server and the CA file clients must trust.
+///
+/// # Panics
+/// When `openssl` or `mosquitto_passwd` fail, or it does not come up.
+#[must_use]
+pub fn mosquitto_tls(user: &str, password: &str) -> (Process, PathBuf) {
+    let d = tempfile::tempdir().expect("tempdir");
+    let p = d.path();
+    let run = |program: &str, args: &[&str]| {
+        let out = Command::new(find(program))
+            .args(args)
+            .current_dir(p)
+            .output()
+            .unwrap_or_else(|e| panic!("{program}: {e}"));
+        assert!(
+            out.status.success(),
+            "{program} {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    run(
+        "openssl",
+        &[
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-days",
+            "2",
+            "-subj",
+            "/CN=edgeform test CA",
+            "-keyout",
+            "ca.key",
+            "-out",
+            "ca.pem",
+        ],
+    );
+    run(
+        "openssl",
+        &[
+            "req",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-subj",
+            "/CN=127.0.0.1",
+            "-keyout",
+            "server.key",
+            "-out",
+            "server.csr",
+        ],
+    );
+    std::fs::write(
+        p.join("san.ext"),
+        "subjectAltName=IP:127.0.0.1,DNS:localhost\n",
+    )
+    .expect("write san");
+    run(
+        "openssl",
+        &[
+            "x509",
+            "-req",
+            "-in",
+            "server.csr",
+            "-CA",
+            "ca.pem",
+            "-CAkey",
+            "ca.key",
+            "-CAcreateserial",
+            "-days",
+            "2",
+            "-extfile",
+            "san.ext",
+            "-out",
+            "server.pem",
+        ],
+    );
+    run("mosquitto_passwd", &["-c", "-b", "passwd", user, password]);
+    let ca = p.join("ca.pem");
+    let extra = format!(
+        "user root\nallow_anonymous false\npassword_file {dir}/passwd\ncafile {dir}/ca.pem\n\
+         certfile {dir}/server.pem\nkeyfile {dir}/server.key\n",
+        dir = p.display()
+    );
+    (mosquitto_conf(None, d, &extra), ca)
+}
+
 fn mosquitto_with(fixed: Option<u16>, dir: tempfile::TempDir) -> Process {
+    mosquitto_conf(fixed, dir, "allow_anonymous true\n")
+}
+
+fn mosquitto_conf(fixed: Option<u16>, dir: tempfile::TempDir, listener: &str) -> Process {
     let mut dir = Some(dir);
     let mut last = String::new();
     for _ in 0..5 {
@@ -299,7 +393,7 @@ fn mosquitto_with(fixed: Option<u16>, dir: tempfile::TempDir) -> Process {
         let port = fixed.unwrap_or_else(free_port);
         let log = d.path().join("mosquitto.log");
         let conf = format!(
-            "listener {port} 127.0.0.1\nallow_anonymous true\npersistence true\n\
+            "per_listener_settings false\nlistener {port} 127.0.0.1\n{listener}persistence true\n\
              persistence_location {}/\nautosave_interval 1\n",
             d.path().display()
         );

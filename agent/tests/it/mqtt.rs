@@ -482,3 +482,86 @@ fn routing_health_from_mqtt_survives_the_broker() {
     );
     assert_eq!(res.status, Outcome::Ok, "{res:?}");
 }
+
+#[test]
+fn tls_and_credentials() {
+    let r = harness::redis(&[]);
+    let (broker, ca) = harness::mosquitto_tls("edge-1", "right-password");
+    let dir = tempfile::tempdir().unwrap();
+    let yaml = |password_env: &str| {
+        format!(
+            "mqtt:\n  url: mqtts://127.0.0.1:{}\n  username: edge-1\n  password_env: {password_env}\n  \
+             ca_file: {}\nhealth:\n  interval: 500ms\n",
+            broker.port,
+            ca.display()
+        )
+    };
+    // The right password over TLS: reports arrive.
+    let agent = Agent::start_env(
+        r.port,
+        &[dir.path().join("cache")],
+        &yaml("TEST_MQTT_PW"),
+        &[("TEST_MQTT_PW", "right-password")],
+    );
+    let watcher = {
+        let mut o = rumqttc::MqttOptions::new("tls-watcher", "127.0.0.1", broker.port);
+        o.set_credentials("edge-1", "right-password");
+        o.set_transport(rumqttc::Transport::tls_with_config(
+            rumqttc::TlsConfiguration::SimpleNative {
+                ca: std::fs::read(&ca).unwrap(),
+                client_auth: None,
+            },
+        ));
+        o
+    };
+    let (client, mut connection) = rumqttc::Client::new(watcher, 16);
+    client
+        .subscribe("edgeform/health/edge-1", rumqttc::QoS::AtLeastOnce)
+        .unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    let mut got = false;
+    while std::time::Instant::now() < deadline && !got {
+        if let Ok(Ok(rumqttc::Event::Incoming(rumqttc::Packet::Publish(p)))) =
+            connection.recv_timeout(Duration::from_millis(500))
+        {
+            got = serde_json::from_slice::<HealthReport>(&p.payload).is_ok();
+        }
+    }
+    assert!(
+        got,
+        "no report over TLS:\n{}\n{}",
+        agent.log(),
+        broker.log()
+    );
+    drop(agent);
+    // A wrong password: refused by the broker, said in the log, the agent
+    // keeps running (and retrying).
+    let mut wrong = Agent::start_env(
+        r.port,
+        &[dir.path().join("cache")],
+        &yaml("TEST_MQTT_PW"),
+        &[("TEST_MQTT_PW", "wrong")],
+    );
+    wait_for(
+        || wrong.log().contains("broker refused the connection"),
+        "refusal logged",
+        &|| wrong.log(),
+    );
+    assert!(
+        wrong.child.as_mut().unwrap().try_wait().unwrap().is_none(),
+        "still running"
+    );
+    // The password variable missing: the agent says which, at start.
+    let mut unset = Agent::start_with(
+        r.port,
+        &[dir.path().join("cache")],
+        &yaml("TEST_MQTT_PW_UNSET"),
+    );
+    let status = unset.child.as_mut().unwrap().wait().unwrap();
+    assert_eq!(status.code(), Some(1), "{}", unset.log());
+    assert!(
+        unset.log().contains("TEST_MQTT_PW_UNSET"),
+        "{}",
+        unset.log()
+    );
+}
