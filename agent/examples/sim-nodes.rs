@@ -65,6 +65,7 @@ fn table(n: usize) -> RoutingTable {
                     playback_session_limit: Some(400),
                     playback_bandwidth_kbit: None,
                     network_bandwidth_kbit: None,
+                    drain: false,
                 },
             )
         })

@@ -174,13 +174,20 @@ fn string(s: &str) -> String {
         && !s.starts_with(['-', ':'])
         && !s.ends_with(':')
         && !s.contains(": ")
-        // YAML 1.1 tools read `1:2` as a base-60 number: quote it for them.
-        && !(s.contains(':') && s.chars().all(|c| c.is_ascii_digit() || c == ':' || c == '_'));
+        && !looks_sexagesimal(s);
     if plain_chars && reads_back_as(s) {
         s.to_owned()
     } else {
         serde_json::to_string(s).unwrap_or_default()
     }
+}
+
+/// YAML 1.1 tools read `1:2` as a base-60 number: such strings are quoted
+/// for them, although edgeform (YAML 1.2) reads them as strings.
+fn looks_sexagesimal(s: &str) -> bool {
+    s.contains(':')
+        && s.chars()
+            .all(|c| c.is_ascii_digit() || c == ':' || c == '_')
 }
 
 /// Whether `text`, as a plain scalar in flow context, is the string `text`.
