@@ -15,6 +15,7 @@ fn sample_agent_yaml_passes_check_config() {
         .arg(sample())
         .arg("--check-config")
         .env("EDGEFORM_COMMAND_KEY", "test-key")
+        .env("EDGEFORM_MQTT_PASSWORD", "test-password")
         .output()
         .unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
@@ -39,6 +40,7 @@ fn sample_agent_yaml_sets_every_key() {
             .arg(sample())
             .arg("--check-config")
             .env_remove("EDGEFORM_COMMAND_KEY")
+            .env("EDGEFORM_MQTT_PASSWORD", "test-password")
             .output()
             .unwrap();
         let err = String::from_utf8_lossy(&out.stderr);
