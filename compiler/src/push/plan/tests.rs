@@ -1,8 +1,7 @@
-use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use super::*;
-use crate::push::state::{Desired, Meta, content_hash};
+use crate::push::state::{Desired, Manifest, Meta, content_hash};
 
 fn desired(keys: &[(&str, &str)], is_edge: bool) -> Desired {
     let sites: Vec<(Arc<str>, Arc<str>)> = keys
@@ -17,16 +16,17 @@ fn desired(keys: &[(&str, &str)], is_edge: bool) -> Desired {
         routing_hash: content_hash("{}"),
         sites: Arc::new(sites),
         site_hashes: Arc::new(hashes),
+        digest: Arc::default(),
     }
 }
 
-fn manifest(d: &Desired) -> BTreeMap<String, String> {
+fn manifest(d: &Desired) -> Manifest {
     d.iter()
         .map(|(k, _, h)| (k.to_owned(), h.to_owned()))
         .collect()
 }
 
-fn live(m: BTreeMap<String, String>) -> Live {
+fn live(m: Manifest) -> Live {
     Live {
         manifest: m,
         meta: Meta::default(),
@@ -124,7 +124,7 @@ fn empty_rollback_and_unknown() {
     let t = Thresholds::default();
     let ok = Overrides::default();
     let empty_edge = desired(&[], true);
-    let l = live(BTreeMap::new());
+    let l = live(Manifest::new());
     let c = changes(&empty_edge, &l.manifest);
     assert_eq!(
         allowed("x", &empty_edge, &l, &c, Ancestry::Forward, t, ok),
