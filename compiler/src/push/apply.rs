@@ -2,6 +2,8 @@
 //! changed keys, deletes managed keys no longer desired (prune), and updates
 //! `edgeform:manifest` and `edgeform:meta` together. A reader never sees
 //! half an apply: the documents and the new generation appear at once.
+//! The transaction's body is streamed in chunks (encoding the next while
+//! the server queues the last), never encoded whole.
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -333,19 +335,24 @@ const CHUNK_BYTES: usize = 1 << 21;
 /// # Errors
 /// Redis errors; a command the server refused to queue (the transaction
 /// is discarded).
-pub(crate) async fn multi_exec(con: &mut MultiplexedConnection, mut body: Body<'_>) -> Result<bool> {
+pub(crate) async fn multi_exec(
+    con: &mut MultiplexedConnection,
+    mut body: Body<'_>,
+) -> Result<bool> {
     redis::cmd("MULTI").exec_async(con).await?;
     let mut next = body.chunk();
     while let Some(chunk) = next.take() {
-        let (sent, following) = tokio::join!(
-            con.send_packed_commands(&chunk, 0, chunk.len()),
-            async { body.chunk() }
-        );
+        let (sent, following) =
+            tokio::join!(con.send_packed_commands(&chunk, 0, chunk.len()), async {
+                body.chunk()
+            });
         let refused = match sent {
             Ok(replies) => replies.into_iter().find_map(|r| match r {
                 redis::Value::SimpleString(s) if s == "QUEUED" => None,
                 redis::Value::Okay => None,
-                other => Some(anyhow::anyhow!("the server refused a queued command: {other:?}")),
+                other => Some(anyhow::anyhow!(
+                    "the server refused a queued command: {other:?}"
+                )),
             }),
             Err(e) => Some(anyhow::Error::from(e)),
         };
@@ -391,9 +398,8 @@ impl<'a> Body<'a> {
     ) -> Body<'a> {
         // `added` and `changed` are disjoint and each in desired order:
         // merged, they are the desired keys to write, in order.
-        let mut writes: Box<dyn Iterator<Item = &'a str> + Send + 'a> = Box::new(
-            merge_sorted(&changes.added, &changes.changed),
-        );
+        let mut writes: Box<dyn Iterator<Item = &'a str> + Send + 'a> =
+            Box::new(merge_sorted(&changes.added, &changes.changed));
         let next_write = writes.next();
         Body {
             entries: Box::new(desired.iter()),

@@ -87,10 +87,7 @@ impl Desired {
     #[must_use]
     pub fn contains(&self, key: &str) -> bool {
         key == edgestate::keys::ROUTING
-            || self
-                .sites
-                .binary_search_by(|(k, _)| (**k).cmp(key))
-                .is_ok()
+            || self.sites.binary_search_by(|(k, _)| (**k).cmp(key)).is_ok()
     }
 
     /// The digest of the manifest this state gives (what a plan was made
