@@ -8,6 +8,7 @@ need_packages() {
   local missing=()
   for pkg in "$@"; do
     case "$pkg" in
+      openssl) command -v openssl >/dev/null 2>&1 || missing+=("$pkg") ;;
       redis-server) command -v redis-server >/dev/null 2>&1 || missing+=("$pkg") ;;
       mosquitto) [ -x /usr/sbin/mosquitto ] || command -v mosquitto >/dev/null 2>&1 || missing+=("$pkg") ;;
       *) dpkg -s "$pkg" >/dev/null 2>&1 || missing+=("$pkg") ;;
@@ -67,6 +68,20 @@ start_sentinel() {
   printf 'port %s\nbind 127.0.0.1\ndir %s\nsentinel monitor %s 127.0.0.1 %s 1\nsentinel down-after-milliseconds %s 1000\n' \
     "$port" "$dir" "$name" "$master" "$name" > "$dir/sentinel.conf"
   redis-server "$dir/sentinel.conf" --sentinel > "$dir/log" 2>&1 &
+  SERVER_PIDS+=($!)
+  wait_port "$port"
+}
+
+# start_mosquitto PORT: a throwaway MQTT broker on loopback (anonymous,
+# loopback only).
+start_mosquitto() {
+  local port=$1
+  port_free "$port" || { echo "port $port is taken (a system mosquitto?); stop what runs there first" >&2; return 1; }
+  local dir="$SERVER_DIR/mosquitto-$port" bin
+  bin="$(command -v mosquitto || echo /usr/sbin/mosquitto)"
+  mkdir -p "$dir"
+  printf 'listener %s 127.0.0.1\nallow_anonymous true\npersistence true\npersistence_location %s/\n' "$port" "$dir" > "$dir/mosquitto.conf"
+  "$bin" -c "$dir/mosquitto.conf" > "$dir/log" 2>&1 &
   SERVER_PIDS+=($!)
   wait_port "$port"
 }

@@ -1,6 +1,8 @@
 //! The agent's HTTP listener: `GET /route/<stream>` (the playback
 //! decision), `GET /healthz`.
 //!
+//! `GET /metrics` is the Prometheus text format.
+//!
 //! `/route` answers `302` + `Location` (the node's payload URL, or the
 //! proxy URL when it has none), `503` + `Retry-After`, `404` or `403`.
 //! With `?format=json` or `Accept: application/json` it answers the whole
@@ -24,6 +26,7 @@ pub struct App {
     pub state: Arc<State>,
     /// `{node}` and `{stream}` are replaced.
     pub proxy_url: String,
+    pub metrics: Arc<crate::metrics::Metrics>,
 }
 
 /// The routes.
@@ -31,6 +34,7 @@ pub fn app(app: Arc<App>) -> Http {
     Http::new()
         .route("/route/{stream}", get(route))
         .route("/healthz", get(healthz))
+        .route("/metrics", get(metrics))
         .with_state(app)
 }
 
@@ -55,6 +59,7 @@ async fn route(
     headers: HeaderMap,
 ) -> Response {
     let Some(router) = app.state.router() else {
+        crate::metrics::Metrics::count(&app.metrics.route_requests, "503");
         let mut r = (StatusCode::SERVICE_UNAVAILABLE, "no routing table yet\n").into_response();
         r.headers_mut()
             .insert(header::RETRY_AFTER, HeaderValue::from(RETRY_AFTER_SECS));
@@ -79,6 +84,7 @@ async fn route(
         _ => None,
     };
     let status = StatusCode::from_u16(d.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    crate::metrics::Metrics::count(&app.metrics.route_requests, status.as_str());
     let mut response = if json {
         let mut v = serde_json::to_value(&d).unwrap_or_default();
         if let Some(l) = &location {
@@ -108,6 +114,17 @@ async fn route(
         .headers_mut()
         .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
     response
+}
+
+async fn metrics(Extract(app): Extract<Arc<App>>) -> Response {
+    (
+        [(
+            header::CONTENT_TYPE,
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        )],
+        app.metrics.encode(),
+    )
+        .into_response()
 }
 
 async fn healthz(Extract(app): Extract<Arc<App>>) -> Response {

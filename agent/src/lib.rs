@@ -5,12 +5,19 @@
 //! - [`cache`]: the nginx proxy-cache file format, key → path, scanning.
 //! - [`purge`]: the purge worker: a reliable queue on local Redis.
 //! - [`routing`]: the routing table and health, refreshed in the background.
-//! - [`http`]: `/route/<stream>` and `/healthz`.
+//! - [`http`]: `/route/<stream>`, `/healthz`, `/metrics`.
+//! - [`mqtt`]: the broker session: status, cluster health for routing,
+//!   commands; [`health`] builds the report, [`commands`] checks and runs
+//!   one-shot actions; [`metrics`] counts everything for Prometheus.
 //! - [`shutdown`]: SIGTERM/SIGINT → every task stops cleanly.
 
 pub mod cache;
+pub mod commands;
 pub mod config;
+pub mod health;
 pub mod http;
+pub mod metrics;
+pub mod mqtt;
 pub mod purge;
 pub mod routing;
 pub mod shutdown;
@@ -47,7 +54,8 @@ pub async fn run_with(
     signal: impl std::future::Future<Output = ()>,
 ) -> anyhow::Result<()> {
     let (trigger, shutdown) = shutdown::channel();
-    let worker = purge::Worker::new(config.clone())?;
+    let metrics = Arc::new(metrics::Metrics::default());
+    let worker = purge::Worker::new(config.clone(), metrics.clone())?;
     tracing::info!(node = %config.node, queue = %config.purge_queue(), "edgeform-agent starting");
     let mut tasks = tokio::task::JoinSet::new();
     tasks.spawn(worker.run(shutdown.clone()));
@@ -55,8 +63,23 @@ pub async fn run_with(
     tasks.spawn(routing::refresh(
         config.clone(),
         state.clone(),
+        metrics.clone(),
         shutdown.clone(),
     ));
+    if let Some(m) = &config.mqtt {
+        let channel = mqtt::run(
+            config.clone(),
+            m.clone(),
+            state.clone(),
+            metrics.clone(),
+            shutdown.clone(),
+        );
+        tasks.spawn(async move {
+            if let Err(e) = channel.await {
+                tracing::error!(cause = %format!("{e:#}"), "mqtt: cannot start; no health reports or commands");
+            }
+        });
+    }
     if let Some(listener) = listener {
         let addr = listener.local_addr()?;
         tracing::info!(%addr, "http listening");
@@ -64,8 +87,12 @@ pub async fn run_with(
             .http
             .as_ref()
             .map_or_else(String::new, |h| h.proxy_url.clone());
-        let app = http::app(Arc::new(http::App { state, proxy_url }))
-            .into_make_service_with_connect_info::<std::net::SocketAddr>();
+        let app = http::app(Arc::new(http::App {
+            state,
+            proxy_url,
+            metrics,
+        }))
+        .into_make_service_with_connect_info::<std::net::SocketAddr>();
         let mut stop = shutdown.clone();
         tasks.spawn(async move {
             let served = axum::serve(listener, app)

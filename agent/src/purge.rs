@@ -134,12 +134,13 @@ pub struct Worker {
     processing: String,
     /// A finished job whose result is not yet recorded (Redis was down).
     pending: Option<(String, Option<String>, Outcome)>,
+    metrics: Arc<crate::metrics::Metrics>,
 }
 
 impl Worker {
     /// # Errors
     /// Invalid cache `levels`.
-    pub fn new(config: Arc<Config>) -> Result<Worker> {
+    pub fn new(config: Arc<Config>, metrics: Arc<crate::metrics::Metrics>) -> Result<Worker> {
         let layout = Layout::new(
             config.cache.dirs.clone(),
             crate::cache::Levels::parse(&config.cache.levels)?,
@@ -153,6 +154,7 @@ impl Worker {
             queue,
             processing,
             pending: None,
+            metrics,
         })
     }
 
@@ -272,9 +274,12 @@ impl Worker {
             .unwrap_or_else(|e| (None, Outcome::Failed(format!("purge task panicked: {e}"))));
         match &outcome {
             Outcome::Removed(n) => {
+                crate::metrics::Metrics::count(&self.metrics.purge_jobs, "done");
+                self.metrics.purge_files_removed.inc_by(*n);
                 tracing::info!(id = id.as_deref().unwrap_or("-"), removed = n, elapsed = ?start.elapsed(), "purge done");
             }
             Outcome::Failed(why) => {
+                crate::metrics::Metrics::count(&self.metrics.purge_jobs, "failed");
                 tracing::warn!(id = id.as_deref().unwrap_or("-"), reason = %why, job = %truncate(&text), "purge job failed");
             }
         }

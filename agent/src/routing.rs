@@ -6,7 +6,8 @@
 //! apply), so a push takes effect within a second without a restart. With
 //! Redis unreachable, the last good table keeps answering. Health comes
 //! from a file (same format as `edgeform route --health`), re-read when
-//! its modification time changes.
+//! its modification time changes — or, with a broker configured, from
+//! MQTT ([`crate::mqtt`] sets it).
 
 use std::path::PathBuf;
 use std::sync::{Arc, RwLock};
@@ -73,7 +74,12 @@ impl State {
 }
 
 /// Keep `state` current until shutdown.
-pub async fn refresh(config: Arc<Config>, state: Arc<State>, mut shutdown: Shutdown) {
+pub async fn refresh(
+    config: Arc<Config>,
+    state: Arc<State>,
+    metrics: Arc<crate::metrics::Metrics>,
+    mut shutdown: Shutdown,
+) {
     let every = config.routing.refresh;
     let mut con: Option<redis::aio::MultiplexedConnection> = None;
     let mut health_mtime: Option<SystemTime> = None;
@@ -83,7 +89,14 @@ pub async fn refresh(config: Arc<Config>, state: Arc<State>, mut shutdown: Shutd
             refresh_health(path, &mut health_mtime, &state);
         }
         match refresh_table(&config, &state, &mut con).await {
-            Ok(()) => warned_redis = false,
+            Ok(()) => {
+                warned_redis = false;
+                if let Some(g) = state.generation() {
+                    metrics
+                        .routing_generation
+                        .set(crate::metrics::gauge_value(g));
+                }
+            }
             Err(e) => {
                 con = None;
                 if !warned_redis {

@@ -41,6 +41,14 @@ pub fn is_document(key: &str) -> bool {
     key == ROUTING || key.starts_with(SITE_PREFIX) || key.starts_with(SUSPENDED_PREFIX)
 }
 
+/// `edgeform:cmd:<id>`: an MQTT command the agent has taken (its result
+/// once finished), so a duplicate id never runs twice — not even after a
+/// restart. Written by the agent only, with a TTL.
+#[must_use]
+pub fn command(id: &str) -> String {
+    format!("edgeform:cmd:{id}")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

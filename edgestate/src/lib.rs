@@ -6,7 +6,8 @@
 //! - [`keys`]: every Redis key name edgeform reads or writes;
 //! - [`site`]: the per-hostname document (`site:<host>`), with exactly the
 //!   fields the seed's `cdn_router.lua` reads;
-//! - [`routing`]: the compiled routing table (`edgeform:routing`).
+//! - [`routing`]: the compiled routing table (`edgeform:routing`);
+//! - [`mqtt`]: the MQTT channel's topics, health report, commands, results.
 //!
 //! **Architecture invariant:** this crate does no I/O and needs no runtime.
 //! Every type here serializes deterministically (structs with fixed field
@@ -15,6 +16,7 @@
 
 pub mod keys;
 pub mod lpm;
+pub mod mqtt;
 pub mod purge;
 pub mod route;
 pub mod routing;

@@ -78,6 +78,9 @@ pub struct Candidate {
     pub addresses: Vec<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub public_url: Option<String>,
+    /// Its health is the last known while the source is unreachable.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub stale: bool,
 }
 
 /// One zone of the chain with its nodes by increasing load.
@@ -508,6 +511,7 @@ impl Router {
                         .cloned()
                         .collect(),
                     public_url: node.public_url.clone(),
+                    stale: health.nodes.get(name).is_some_and(|h| h.stale),
                 });
             }
         }

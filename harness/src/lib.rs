@@ -60,6 +60,9 @@ pub struct Process {
     pub port: u16,
     pub dir: tempfile::TempDir,
     log: PathBuf,
+    /// How it was started, for [`Process::restart`].
+    binary: &'static str,
+    args: Vec<String>,
 }
 
 impl Process {
@@ -99,6 +102,35 @@ impl Process {
             let _ = c.kill();
             let _ = c.wait();
         }
+    }
+}
+
+impl Process {
+    /// Start it again after [`Process::kill`] or [`Process::stop`] (or
+    /// stop it first): same binary, configuration, folder and port — for
+    /// mosquitto, the persisted sessions survive.
+    ///
+    /// # Panics
+    /// When it does not come back within 10 s.
+    pub fn restart(&mut self) {
+        self.stop();
+        let mut last = String::new();
+        for _ in 0..50 {
+            let child =
+                spawn(self.binary, &self.args, self.dir.path(), &self.log).expect("respawn");
+            self.child = Some(child);
+            if wait_ready(self, |port| TcpStream::connect(("127.0.0.1", port)).is_ok()) {
+                return;
+            }
+            // The port may still be in TIME_WAIT or the old process lingering.
+            last = self.log();
+            self.kill();
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        panic!(
+            "{} did not restart on port {}:\n{last}",
+            self.binary, self.port
+        );
     }
 }
 
@@ -168,18 +200,15 @@ fn start_redis(extra: &[&str], fixed: Option<u16>) -> Process {
         }
         let conf_path = dir.path().join("redis.conf");
         std::fs::write(&conf_path, conf).expect("write conf");
-        let child = spawn(
-            "redis-server",
-            &[conf_path.display().to_string()],
-            dir.path(),
-            &log,
-        )
-        .expect("spawn redis-server");
+        let args = vec![conf_path.display().to_string()];
+        let child = spawn("redis-server", &args, dir.path(), &log).expect("spawn redis-server");
         let mut p = Process {
             child: Some(child),
             port,
             dir,
             log,
+            binary: "redis-server",
+            args,
         };
         let auth = extra
             .iter()
@@ -222,13 +251,15 @@ pub fn sentinel(master_name: &str, master_port: u16) -> Process {
         );
         let conf_path = dir.path().join("sentinel.conf");
         std::fs::write(&conf_path, conf).expect("write conf");
-        let args = [conf_path.display().to_string(), "--sentinel".to_owned()];
+        let args = vec![conf_path.display().to_string(), "--sentinel".to_owned()];
         let child = spawn("redis-server", &args, dir.path(), &log).expect("spawn sentinel");
         let mut p = Process {
             child: Some(child),
             port,
             dir,
             log,
+            binary: "redis-server",
+            args,
         };
         let name = master_name.to_owned();
         if wait_ready(&mut p, |port| {
@@ -258,7 +289,101 @@ pub fn mosquitto_restart(port: u16, dir: tempfile::TempDir) -> Process {
     mosquitto_with(Some(port), dir)
 }
 
+/// A mosquitto with TLS (a CA and a server certificate for 127.0.0.1
+/// made with `openssl`) and one user; anonymous access refused. Returns
+/// the server and the CA file clients must trust.
+///
+/// # Panics
+/// When `openssl` or `mosquitto_passwd` fail, or it does not come up.
+#[must_use]
+pub fn mosquitto_tls(user: &str, password: &str) -> (Process, PathBuf) {
+    let d = tempfile::tempdir().expect("tempdir");
+    let p = d.path();
+    let run = |program: &str, args: &[&str]| {
+        let out = Command::new(find(program))
+            .args(args)
+            .current_dir(p)
+            .output()
+            .unwrap_or_else(|e| panic!("{program}: {e}"));
+        assert!(
+            out.status.success(),
+            "{program} {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    run(
+        "openssl",
+        &[
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-days",
+            "2",
+            "-subj",
+            "/CN=edgeform test CA",
+            "-keyout",
+            "ca.key",
+            "-out",
+            "ca.pem",
+        ],
+    );
+    run(
+        "openssl",
+        &[
+            "req",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-subj",
+            "/CN=127.0.0.1",
+            "-keyout",
+            "server.key",
+            "-out",
+            "server.csr",
+        ],
+    );
+    std::fs::write(
+        p.join("san.ext"),
+        "subjectAltName=IP:127.0.0.1,DNS:localhost\n",
+    )
+    .expect("write san");
+    run(
+        "openssl",
+        &[
+            "x509",
+            "-req",
+            "-in",
+            "server.csr",
+            "-CA",
+            "ca.pem",
+            "-CAkey",
+            "ca.key",
+            "-CAcreateserial",
+            "-days",
+            "2",
+            "-extfile",
+            "san.ext",
+            "-out",
+            "server.pem",
+        ],
+    );
+    run("mosquitto_passwd", &["-c", "-b", "passwd", user, password]);
+    let ca = p.join("ca.pem");
+    let extra = format!(
+        "user root\nallow_anonymous false\npassword_file {dir}/passwd\ncafile {dir}/ca.pem\n\
+         certfile {dir}/server.pem\nkeyfile {dir}/server.key\n",
+        dir = p.display()
+    );
+    (mosquitto_conf(None, d, &extra), ca)
+}
+
 fn mosquitto_with(fixed: Option<u16>, dir: tempfile::TempDir) -> Process {
+    mosquitto_conf(fixed, dir, "allow_anonymous true\n")
+}
+
+fn mosquitto_conf(fixed: Option<u16>, dir: tempfile::TempDir, listener: &str) -> Process {
     let mut dir = Some(dir);
     let mut last = String::new();
     for _ in 0..5 {
@@ -268,19 +393,21 @@ fn mosquitto_with(fixed: Option<u16>, dir: tempfile::TempDir) -> Process {
         let port = fixed.unwrap_or_else(free_port);
         let log = d.path().join("mosquitto.log");
         let conf = format!(
-            "listener {port} 127.0.0.1\nallow_anonymous true\npersistence true\n\
+            "per_listener_settings false\nlistener {port} 127.0.0.1\n{listener}persistence true\n\
              persistence_location {}/\nautosave_interval 1\n",
             d.path().display()
         );
         let conf_path = d.path().join("mosquitto.conf");
         std::fs::write(&conf_path, conf).expect("write conf");
-        let args = ["-c".to_owned(), conf_path.display().to_string()];
+        let args = vec!["-c".to_owned(), conf_path.display().to_string()];
         let child = spawn("mosquitto", &args, d.path(), &log).expect("spawn mosquitto");
         let mut p = Process {
             child: Some(child),
             port,
             dir: d,
             log,
+            binary: "mosquitto",
+            args,
         };
         if wait_ready(&mut p, |port| {
             TcpStream::connect(("127.0.0.1", port)).is_ok()

@@ -1,6 +1,8 @@
 //! The agent's one integration-test binary: the real `edgeform-agent`
-//! process against real `redis-server`s and real nginx-format cache files.
+//! process against real `redis-server`s, a real mosquitto and real
+//! nginx-format cache files.
 
+mod mqtt;
 mod purge;
 mod route;
 mod util;

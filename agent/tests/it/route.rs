@@ -9,7 +9,7 @@ use edgestate::routing::{GeoSettings, Node, RoutingTable, Zone};
 
 use crate::util::con;
 
-fn table(url: &str) -> RoutingTable {
+pub fn table(url: &str) -> RoutingTable {
     let node = |zone: &str, public_url: Option<&str>| Node {
         roles: vec!["edge".into()],
         region: "eu".into(),
@@ -56,7 +56,7 @@ fn table(url: &str) -> RoutingTable {
     }
 }
 
-fn publish(port: u16, t: &RoutingTable, generation: u64) {
+pub fn publish(port: u16, t: &RoutingTable, generation: u64) {
     let mut c = con(port);
     redis::cmd("SET")
         .arg("edgeform:routing")
@@ -72,7 +72,7 @@ fn publish(port: u16, t: &RoutingTable, generation: u64) {
 }
 
 /// A raw HTTP/1.1 GET; returns (status, headers lower-cased, body).
-fn get(port: u16, path: &str, extra: &str) -> (u16, String, String) {
+pub fn get(port: u16, path: &str, extra: &str) -> (u16, String, String) {
     let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
     s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
     write!(
@@ -97,7 +97,7 @@ fn write_health(path: &std::path::Path, a_online: bool, b_online: bool) {
     std::fs::rename(&tmp, path).unwrap();
 }
 
-fn wait_for(mut f: impl FnMut() -> bool, what: &str, log: &dyn Fn() -> String) {
+pub fn wait_for(mut f: impl FnMut() -> bool, what: &str, log: &dyn Fn() -> String) {
     let deadline = Instant::now() + Duration::from_secs(10);
     while !f() {
         assert!(Instant::now() < deadline, "{what}\n{}", log());

@@ -49,6 +49,8 @@ pub struct Agent {
     pub child: Option<Child>,
     pub config: PathBuf,
     pub log: PathBuf,
+    /// Extra environment for the process.
+    pub env: Vec<(String, String)>,
     _dir: tempfile::TempDir,
 }
 
@@ -59,6 +61,16 @@ impl Agent {
 
     /// With more `agent.yaml` text appended.
     pub fn start_with(redis_port: u16, dirs: &[PathBuf], extra: &str) -> Agent {
+        Agent::start_env(redis_port, dirs, extra, &[])
+    }
+
+    /// With more `agent.yaml` text and environment variables.
+    pub fn start_env(
+        redis_port: u16,
+        dirs: &[PathBuf],
+        extra: &str,
+        env: &[(&str, &str)],
+    ) -> Agent {
         let dir = tempfile::tempdir().unwrap();
         let config = dir.path().join("agent.yaml");
         let list: Vec<String> = dirs
@@ -78,6 +90,10 @@ impl Agent {
             child: None,
             config,
             log,
+            env: env
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                .collect(),
             _dir: dir,
         };
         a.spawn();
@@ -94,6 +110,7 @@ impl Agent {
             .arg("--config")
             .arg(&self.config)
             .env("EDGEFORM_LOG", "info")
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
             .stdout(Stdio::null())
             .stderr(log)
             .spawn()
@@ -178,4 +195,92 @@ pub fn wait_done(port: u16, id: &str, agent: &Agent) -> String {
 
 pub fn exists(p: &Path) -> bool {
     p.symlink_metadata().is_ok()
+}
+
+/// A test MQTT client (clean session): publishes, and collects every
+/// message of its subscriptions on a channel.
+pub struct Mqtt {
+    pub client: rumqttc::Client,
+    rx: std::sync::mpsc::Receiver<rumqttc::Publish>,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl Mqtt {
+    pub fn connect(port: u16) -> Mqtt {
+        static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let id = format!(
+            "test-{}-{}",
+            std::process::id(),
+            N.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+        );
+        let mut o = rumqttc::MqttOptions::new(id, "127.0.0.1", port);
+        o.set_keep_alive(Duration::from_secs(5));
+        let (client, mut connection) = rumqttc::Client::new(o, 64);
+        let (tx, rx) = std::sync::mpsc::channel();
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let stopped = stop.clone();
+        std::thread::spawn(move || {
+            for event in connection.iter() {
+                if stopped.load(std::sync::atomic::Ordering::Relaxed) {
+                    return;
+                }
+                match event {
+                    Ok(rumqttc::Event::Incoming(rumqttc::Packet::Publish(p))) => {
+                        if tx.send(p).is_err() {
+                            return;
+                        }
+                    }
+                    Ok(_) => {}
+                    Err(_) => std::thread::sleep(Duration::from_millis(100)),
+                }
+            }
+        });
+        Mqtt { client, rx, stop }
+    }
+
+    /// Subscribe and give the broker a moment to deliver retained messages.
+    pub fn subscribe(&self, topic: &str) {
+        self.client
+            .subscribe(topic, rumqttc::QoS::AtLeastOnce)
+            .unwrap();
+        std::thread::sleep(Duration::from_millis(200));
+    }
+
+    pub fn publish(&self, topic: &str, payload: impl Into<Vec<u8>>, retain: bool) {
+        self.client
+            .publish(topic, rumqttc::QoS::AtLeastOnce, retain, payload.into())
+            .unwrap();
+    }
+
+    /// The next message on `topic` passing `accept`, within `secs`.
+    pub fn wait(
+        &self,
+        topic: &str,
+        secs: u64,
+        mut accept: impl FnMut(&[u8]) -> bool,
+    ) -> Option<Vec<u8>> {
+        let deadline = Instant::now() + Duration::from_secs(secs);
+        while let Some(left) = deadline.checked_duration_since(Instant::now()) {
+            match self.rx.recv_timeout(left) {
+                Ok(p) if p.topic == topic && accept(&p.payload) => return Some(p.payload.to_vec()),
+                Ok(_) => {}
+                Err(_) => return None,
+            }
+        }
+        None
+    }
+}
+
+impl Drop for Mqtt {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        let _ = self.client.disconnect();
+    }
+}
+
+pub fn unix_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs()
 }

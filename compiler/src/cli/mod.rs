@@ -13,6 +13,7 @@ use crate::load::{self, Repo};
 use crate::report::{self, CheckFormat, DiffFormat};
 use crate::{Checked, compile, diff};
 
+pub mod mqtt;
 pub mod purge;
 pub mod push;
 pub mod route;
@@ -133,6 +134,37 @@ pub enum Command {
         pull: Option<String>,
         #[command(flatten)]
         flags: push::PushFlags,
+    },
+    /// Every node's last health report over MQTT: online/offline, report
+    /// age, applied vs desired commit (this repo, compiled), purge queue,
+    /// play sessions, kbit/s. Exit 0 (1 when the broker is unreachable).
+    Status {
+        #[arg(long, value_enum, default_value = "human")]
+        format: mqtt::Format,
+        #[command(flatten)]
+        broker: mqtt::BrokerFlags,
+    },
+    /// Send one command to a node's agent over MQTT (only actions its
+    /// agent.yaml allows run). Signed when EDGEFORM_COMMAND_KEY is set.
+    /// Exit 0 sent (with --wait: ran ok), 1 otherwise.
+    Exec {
+        #[arg(long, value_name = "NODE")]
+        node: String,
+        #[arg(long, value_name = "ACTION")]
+        action: String,
+        /// An argument for the action (repeatable).
+        #[arg(long = "arg", value_name = "NAME=VALUE")]
+        args: Vec<String>,
+        /// Wait up to SECS for the result and print it.
+        #[arg(long, value_name = "SECS")]
+        wait: Option<u64>,
+        /// The command expires (is refused by the agent) after this long.
+        #[arg(long, default_value = "5m", value_name = "DURATION", value_parser = push::duration)]
+        ttl: std::time::Duration,
+        #[arg(long, value_enum, default_value = "human")]
+        format: mqtt::Format,
+        #[command(flatten)]
+        broker: mqtt::BrokerFlags,
     },
 }
 
@@ -351,6 +383,30 @@ pub fn run(cli: &Cli) -> Result<u8> {
                 return Ok(1);
             };
             route::route(config, args)
+        }
+        Command::Status { format, broker } => {
+            let source = push::source(&cli.repo, cli.rev.as_deref(), color())?;
+            runtime()?.block_on(mqtt::status(&source, broker, *format))
+        }
+        Command::Exec {
+            node,
+            action,
+            args,
+            wait,
+            ttl,
+            format,
+            broker,
+        } => {
+            let source = push::source(&cli.repo, cli.rev.as_deref(), color())?;
+            let exec = mqtt::Exec {
+                node,
+                action,
+                args,
+                wait: *wait,
+                ttl: *ttl,
+                format: *format,
+            };
+            runtime()?.block_on(mqtt::exec(&source, broker, &exec))
         }
         Command::Reconcile {
             sync_every,

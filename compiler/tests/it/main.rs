@@ -4,6 +4,7 @@ mod cli;
 mod example;
 mod hostile;
 mod malformed;
+mod mqtt;
 mod purge;
 mod push;
 mod schema;

@@ -1,0 +1,407 @@
+//! The health report (SPEC §4): every `health.interval`, a retained JSON
+//! report on `<prefix>/health/<node>`.
+//!
+//! Each metric is read from where it lives — transmit bytes from
+//! `/proc/net/dev`, sessions and streams from the configured source, the
+//! applied commit and queue depth from local Redis — and a metric that
+//! cannot be read is `null`, never a guess: routing treats a missing
+//! metric as "not eligible" where a limit needs it, which is the safe
+//! side.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime};
+
+use edgestate::mqtt::{ConfigState, HealthReport, PurgeState, RedisState};
+use rumqttc::{AsyncClient, QoS};
+use serde_json::Value;
+
+use crate::config::{Config, Source, SourceFrom};
+use crate::metrics::{Metrics, gauge_value};
+use crate::shutdown::Shutdown;
+
+/// The agent's version as reports carry it.
+pub const VERSION: &str = env!("CARGO_PKG_VERSION");
+
+/// Total transmit bytes over every non-loopback interface in the text of
+/// `/proc/net/dev`; `None` when the text is not in that format.
+#[must_use]
+pub fn transmit_bytes(net_dev: &str) -> Option<u64> {
+    let mut total = 0u64;
+    let mut seen_header = false;
+    for line in net_dev.lines() {
+        let Some((name, counters)) = line.split_once(':') else {
+            seen_header |= line.contains('|');
+            continue;
+        };
+        let name = name.trim();
+        let fields: Vec<&str> = counters.split_whitespace().collect();
+        // 8 receive counters, then transmit bytes.
+        let tx: u64 = fields.get(8)?.parse().ok()?;
+        if name != "lo" {
+            total = total.wrapping_add(tx);
+        }
+    }
+    seen_header.then_some(total)
+}
+
+/// kbit/s between two samples of a byte counter; `None` across a counter
+/// reset or a zero interval.
+#[must_use]
+pub fn kbit_per_sec(before: (u64, Instant), after: (u64, Instant)) -> Option<u64> {
+    let bytes = after.0.checked_sub(before.0)?;
+    let secs = after.1.checked_duration_since(before.1)?.as_secs_f64();
+    if secs <= 0.0 {
+        return None;
+    }
+    #[allow(
+        clippy::cast_possible_truncation,
+        clippy::cast_sign_loss,
+        clippy::cast_precision_loss
+    )]
+    Some((bytes as f64 * 8.0 / 1000.0 / secs).round() as u64)
+}
+
+/// The value of `field` in `doc`: a JSON pointer when it starts with `/`,
+/// else a top-level key.
+#[must_use]
+pub fn field<'a>(doc: &'a Value, field: &str) -> Option<&'a Value> {
+    if field.starts_with('/') {
+        doc.pointer(field)
+    } else {
+        doc.get(field)
+    }
+}
+
+/// A session count: a non-negative integer (a float is rounded).
+#[must_use]
+pub fn as_count(v: &Value) -> Option<u64> {
+    v.as_u64().or_else(|| {
+        v.as_f64().filter(|f| f.is_finite() && *f >= 0.0).map(|f| {
+            #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+            let n = f.round() as u64;
+            n
+        })
+    })
+}
+
+/// A stream list: an array of names, or an object whose keys are names.
+#[must_use]
+pub fn as_streams(v: &Value) -> Option<Vec<String>> {
+    let mut names: Vec<String> = match v {
+        Value::Array(items) => items
+            .iter()
+            .map(|i| i.as_str().map(str::to_owned))
+            .collect::<Option<_>>()?,
+        Value::Object(map) => map.keys().cloned().collect(),
+        _ => return None,
+    };
+    names.sort();
+    names.dedup();
+    Some(names)
+}
+
+/// Reads the configured sources (each distinct document once per report).
+pub struct Sources {
+    http: reqwest::Client,
+}
+
+impl Default for Sources {
+    fn default() -> Sources {
+        Sources {
+            http: reqwest::Client::builder()
+                .timeout(Duration::from_secs(2))
+                .build()
+                .unwrap_or_default(),
+        }
+    }
+}
+
+impl Sources {
+    async fn document(&self, from: &SourceFrom) -> Result<Value, String> {
+        let text = match from {
+            SourceFrom::File(path) => tokio::fs::read_to_string(path)
+                .await
+                .map_err(|e| format!("{}: {e}", path.display()))?,
+            SourceFrom::Url(url) => {
+                let r = self
+                    .http
+                    .get(url)
+                    .send()
+                    .await
+                    .map_err(|e| format!("{url}: {e}"))?;
+                if !r.status().is_success() {
+                    return Err(format!("{url}: HTTP {}", r.status()));
+                }
+                r.text().await.map_err(|e| format!("{url}: {e}"))?
+            }
+        };
+        serde_json::from_str(&text).map_err(|e| format!("{from:?}: not JSON: {e}"))
+    }
+
+    /// Read `play_sessions` and `streams` (`None` each when unconfigured
+    /// or unreadable; the reason is returned for logging).
+    pub async fn read(
+        &self,
+        play: Option<&Source>,
+        streams: Option<&Source>,
+    ) -> (Option<u64>, Option<Vec<String>>, Vec<String>) {
+        let mut problems = Vec::new();
+        let mut cache: Vec<(&SourceFrom, Result<Value, String>)> = Vec::new();
+        for s in [play, streams].into_iter().flatten() {
+            if !cache.iter().any(|(f, _)| *f == &s.from) {
+                let doc = self.document(&s.from).await;
+                cache.push((&s.from, doc));
+            }
+        }
+        let mut get = |s: Option<&Source>, what: &str, convert: &dyn Fn(&Value) -> bool| {
+            let s = s?;
+            let doc = cache.iter().find(|(f, _)| *f == &s.from).map(|(_, d)| d)?;
+            match doc {
+                Err(e) => {
+                    problems.push(format!("{what}: {e}"));
+                    None
+                }
+                Ok(doc) => match field(doc, &s.field) {
+                    Some(v) if convert(v) => Some(v.clone()),
+                    Some(_) => {
+                        problems.push(format!("{what}: field `{}` has the wrong type", s.field));
+                        None
+                    }
+                    None => {
+                        problems.push(format!("{what}: no field `{}`", s.field));
+                        None
+                    }
+                },
+            }
+        };
+        let p = get(play, "play_sessions", &|v| as_count(v).is_some());
+        let st = get(streams, "streams", &|v| as_streams(v).is_some());
+        (
+            p.as_ref().and_then(as_count),
+            st.as_ref().and_then(as_streams),
+            problems,
+        )
+    }
+}
+
+/// Read the local Redis' part of the report.
+async fn redis_state(
+    config: &Config,
+    con: &mut Option<redis::aio::MultiplexedConnection>,
+) -> (ConfigState, PurgeState, RedisState) {
+    let read = async {
+        if con.is_none() {
+            *con = Some(edgeredis::master(&config.redis, &config.node).await?);
+        }
+        let c = con.as_mut().expect("just set");
+        let queue = config.purge_queue();
+        let mut pipe = redis::pipe();
+        pipe.cmd("HMGET")
+            .arg(edgestate::keys::META)
+            .arg("commit")
+            .arg("generation")
+            .cmd("LLEN")
+            .arg(&queue)
+            .cmd("LLEN")
+            .arg(edgestate::purge::processing_key(&queue))
+            .cmd("ROLE");
+        let (meta, q, p, role): ((Option<String>, Option<u64>), u64, u64, redis::Value) =
+            tokio::time::timeout(Duration::from_secs(2), pipe.query_async(c))
+                .await
+                .map_err(|_| anyhow::anyhow!("redis did not answer within 2s"))??;
+        let role = match role {
+            redis::Value::Array(items) => match items.first() {
+                Some(redis::Value::BulkString(b)) => Some(String::from_utf8_lossy(b).into_owned()),
+                Some(redis::Value::SimpleString(s)) => Some(s.clone()),
+                _ => None,
+            },
+            _ => None,
+        };
+        anyhow::Ok((
+            ConfigState {
+                commit: meta.0,
+                generation: meta.1,
+            },
+            PurgeState {
+                queue: Some(q),
+                processing: Some(p),
+            },
+            RedisState { ok: true, role },
+        ))
+    };
+    match read.await {
+        Ok(r) => r,
+        Err(e) => {
+            *con = None;
+            tracing::debug!(cause = %format!("{e:#}"), "health: redis unreadable");
+            (
+                ConfigState::default(),
+                PurgeState::default(),
+                RedisState {
+                    ok: false,
+                    role: None,
+                },
+            )
+        }
+    }
+}
+
+fn unix_now() -> u64 {
+    SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+fn sample_net() -> Option<(u64, Instant)> {
+    let text = std::fs::read_to_string("/proc/net/dev").ok()?;
+    Some((transmit_bytes(&text)?, Instant::now()))
+}
+
+/// Publish a report every interval until shutdown. The first one goes out
+/// a second after start (so `out_kbit` has a rate), the rest every
+/// `health.interval`.
+pub async fn report(
+    config: Arc<Config>,
+    client: AsyncClient,
+    topic: String,
+    metrics: Arc<Metrics>,
+    mut shutdown: Shutdown,
+) {
+    let sources = Sources::default();
+    let mut con = None;
+    let mut net = sample_net();
+    let mut warned: Vec<String> = Vec::new();
+    let mut wait = config.health.interval.min(Duration::from_secs(1));
+    loop {
+        tokio::select! {
+            () = tokio::time::sleep(wait) => {}
+            () = shutdown.wait() => return,
+        }
+        wait = config.health.interval;
+        let (play_sessions, streams, problems) = sources
+            .read(
+                config.health.play_sessions.as_ref(),
+                config.health.streams.as_ref(),
+            )
+            .await;
+        // Log a source problem when it starts, not every interval.
+        for p in &problems {
+            if !warned.contains(p) {
+                tracing::warn!(problem = %p, "health: metric unavailable; reported as null");
+            }
+        }
+        warned = problems;
+        let now_net = sample_net();
+        let out_kbit = match (net, now_net) {
+            (Some(a), Some(b)) => kbit_per_sec(a, b),
+            _ => None,
+        };
+        net = now_net;
+        let (cfg, purge, redis) = redis_state(&config, &mut con).await;
+        let report = HealthReport {
+            node: config.node.clone(),
+            ts: unix_now(),
+            interval_ms: u64::try_from(config.health.interval.as_millis()).ok(),
+            play_sessions,
+            out_kbit,
+            streams,
+            config: cfg,
+            purge,
+            redis,
+            version: VERSION.to_owned(),
+        };
+        if let Some(q) = report.purge.queue {
+            metrics.purge_queue.set(gauge_value(q));
+        }
+        if let Some(p) = report.play_sessions {
+            metrics.play_sessions.set(gauge_value(p));
+        }
+        if let Some(k) = report.out_kbit {
+            metrics.out_kbit.set(gauge_value(k));
+        }
+        let payload = serde_json::to_vec(&report).unwrap_or_default();
+        // Never block on a broker that is away: the next report replaces
+        // this one anyway.
+        match client.try_publish(&topic, QoS::AtLeastOnce, true, payload) {
+            Ok(()) => {
+                metrics.health_reports.inc();
+            }
+            Err(e) => tracing::debug!(cause = %e, "health: report not queued"),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const NET_DEV: &str = "\
+Inter-|   Receive                                                |  Transmit
+ face |bytes    packets errs drop fifo frame compressed multicast|bytes    packets errs drop fifo colls carrier compressed
+    lo: 9999999    1000    0    0    0     0          0         0  9999999    1000    0    0    0     0       0          0
+  eth0: 1000     10    0    0    0     0          0         0     5000      20    0    0    0     0       0          0
+  eth1:2000     10    0    0    0     0          0         0     7000      20    0    0    0     0       0          0
+";
+
+    #[test]
+    fn transmit_over_non_loopback() {
+        assert_eq!(transmit_bytes(NET_DEV), Some(12_000));
+        assert_eq!(transmit_bytes("garbage"), None);
+        assert_eq!(transmit_bytes("eth0: 1 2"), None);
+        let t = Instant::now();
+        assert_eq!(
+            kbit_per_sec((0, t), (125_000, t + Duration::from_secs(1))),
+            Some(1000)
+        );
+        assert_eq!(
+            kbit_per_sec((10, t), (5, t + Duration::from_secs(1))),
+            None,
+            "reset"
+        );
+        assert_eq!(kbit_per_sec((0, t), (5, t)), None);
+    }
+
+    #[test]
+    fn fields_and_conversions() {
+        let doc: Value = serde_json::json!({"sessions": 12, "server": {"live": {"a": {}, "b": {}}}, "list": ["x", "y", "x"], "neg": -1, "f": 2.6});
+        assert_eq!(field(&doc, "sessions").and_then(as_count), Some(12));
+        assert_eq!(field(&doc, "f").and_then(as_count), Some(3));
+        assert_eq!(field(&doc, "neg").and_then(as_count), None);
+        assert_eq!(
+            field(&doc, "/server/live").and_then(as_streams),
+            Some(vec!["a".into(), "b".into()])
+        );
+        assert_eq!(
+            field(&doc, "list").and_then(as_streams),
+            Some(vec!["x".into(), "y".into()])
+        );
+        assert_eq!(field(&doc, "sessions").and_then(as_streams), None);
+        assert_eq!(field(&doc, "missing"), None);
+    }
+
+    #[tokio::test]
+    async fn sources_read_once_and_report_problems() {
+        let dir = tempfile::tempdir().unwrap();
+        let f = dir.path().join("stats.json");
+        std::fs::write(&f, r#"{"sessions": 4, "streams": ["s1"]}"#).unwrap();
+        let src = |field: &str| Source {
+            from: SourceFrom::File(f.clone()),
+            field: field.into(),
+        };
+        let s = Sources::default();
+        let (p, st, problems) = s.read(Some(&src("sessions")), Some(&src("streams"))).await;
+        assert_eq!(
+            (p, st, problems.len()),
+            (Some(4), Some(vec!["s1".into()]), 0)
+        );
+        let (p, st, problems) = s.read(Some(&src("streams")), Some(&src("nope"))).await;
+        assert_eq!((p, st), (None, None));
+        assert_eq!(problems.len(), 2, "{problems:?}");
+        std::fs::write(&f, "not json").unwrap();
+        let (p, _, problems) = s.read(Some(&src("sessions")), None).await;
+        assert_eq!(p, None);
+        assert!(problems[0].contains("not JSON"), "{problems:?}");
+        let (p, st, problems) = s.read(None, None).await;
+        assert_eq!((p, st, problems.len()), (None, None, 0));
+    }
+}

@@ -1,0 +1,163 @@
+//! Prometheus metrics, served as text on the HTTP listener's `/metrics`.
+//!
+//! Counters are bumped where the work happens (purge worker, `/route`,
+//! commands, reporter); gauges are set from the last health report, so
+//! `/metrics` and `<prefix>/health/<node>` tell the same story.
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct StatusLabel {
+    pub status: String,
+}
+
+/// Every metric the agent exports.
+pub struct Metrics {
+    registry: Registry,
+    pub purge_jobs: Family<StatusLabel, Counter>,
+    pub purge_files_removed: Counter,
+    pub purge_queue: Gauge,
+    pub route_requests: Family<StatusLabel, Counter>,
+    pub commands: Family<StatusLabel, Counter>,
+    pub health_reports: Counter,
+    pub mqtt_connected: Gauge,
+    pub cluster_nodes_reporting: Gauge,
+    pub health_messages: Counter,
+    pub routing_generation: Gauge,
+    pub play_sessions: Gauge,
+    pub out_kbit: Gauge,
+}
+
+impl Default for Metrics {
+    fn default() -> Metrics {
+        let mut registry = Registry::with_prefix("edgeform_agent");
+        let m = Metrics {
+            registry: Registry::default(),
+            purge_jobs: Family::default(),
+            purge_files_removed: Counter::default(),
+            purge_queue: Gauge::default(),
+            route_requests: Family::default(),
+            commands: Family::default(),
+            health_reports: Counter::default(),
+            mqtt_connected: Gauge::default(),
+            cluster_nodes_reporting: Gauge::default(),
+            health_messages: Counter::default(),
+            routing_generation: Gauge::default(),
+            play_sessions: Gauge::default(),
+            out_kbit: Gauge::default(),
+        };
+        registry.register(
+            "purge_jobs",
+            "Purge jobs finished, by status (done, failed)",
+            m.purge_jobs.clone(),
+        );
+        registry.register(
+            "purge_files_removed",
+            "Cache files removed by purges",
+            m.purge_files_removed.clone(),
+        );
+        registry.register(
+            "purge_queue_depth",
+            "Jobs waiting in this node's purge queue (at the last report)",
+            m.purge_queue.clone(),
+        );
+        registry.register(
+            "route_requests",
+            "GET /route answers, by HTTP status",
+            m.route_requests.clone(),
+        );
+        registry.register(
+            "commands",
+            "MQTT commands handled, by result status",
+            m.commands.clone(),
+        );
+        registry.register(
+            "health_reports",
+            "Health reports published",
+            m.health_reports.clone(),
+        );
+        registry.register(
+            "mqtt_connected",
+            "1 while connected to the broker",
+            m.mqtt_connected.clone(),
+        );
+        registry.register(
+            "cluster_nodes_reporting",
+            "Nodes whose health this agent knows (routing input)",
+            m.cluster_nodes_reporting.clone(),
+        );
+        registry.register(
+            "health_messages",
+            "Health and status messages received from the broker",
+            m.health_messages.clone(),
+        );
+        registry.register(
+            "routing_generation",
+            "edgeform:meta generation of the routing table in use",
+            m.routing_generation.clone(),
+        );
+        registry.register(
+            "play_sessions",
+            "Play sessions at the last report (absent metric: not set)",
+            m.play_sessions.clone(),
+        );
+        registry.register(
+            "out_kbit",
+            "Outgoing kbit/s of the host at the last report",
+            m.out_kbit.clone(),
+        );
+        Metrics { registry, ..m }
+    }
+}
+
+impl Metrics {
+    /// The text exposition format.
+    #[must_use]
+    pub fn encode(&self) -> String {
+        let mut out = String::new();
+        // Writing to a String cannot fail.
+        let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
+        out
+    }
+
+    /// Count one event with a status label.
+    pub fn count(family: &Family<StatusLabel, Counter>, status: &str) {
+        family
+            .get_or_create(&StatusLabel {
+                status: status.to_owned(),
+            })
+            .inc();
+    }
+}
+
+/// Clamp a u64 into a gauge's i64.
+#[must_use]
+pub fn gauge_value(v: u64) -> i64 {
+    i64::try_from(v).unwrap_or(i64::MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn exposes_text() {
+        let m = Metrics::default();
+        Metrics::count(&m.purge_jobs, "done");
+        m.purge_files_removed.inc_by(3);
+        let text = m.encode();
+        assert!(
+            text.contains("edgeform_agent_purge_jobs_total{status=\"done\"} 1"),
+            "{text}"
+        );
+        assert!(
+            text.contains("edgeform_agent_purge_files_removed_total 3"),
+            "{text}"
+        );
+        assert!(text.contains("# EOF"));
+    }
+}

@@ -1,0 +1,567 @@
+//! The MQTT channel against a real mosquitto: health reports, the last
+//! will, commands (allowed, refused, expired, duplicate, sent while the
+//! agent was down, signed), a broker restart, and `/route` with the
+//! broker down.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::time::Duration;
+
+use edgestate::mqtt::{Command, CommandResult, HealthReport, Outcome};
+
+use crate::route::{get, publish, table, wait_for};
+use crate::util::{Agent, Mqtt, con, unix_now};
+
+fn mqtt_yaml(broker: u16, extra: &str) -> String {
+    format!("mqtt:\n  url: mqtt://127.0.0.1:{broker}\nhealth:\n  interval: 500ms\n{extra}")
+}
+
+/// Actions the command tests use; `dir` is where they may write.
+fn actions_yaml() -> String {
+    "actions:\n  \
+       echo:\n    argv: [/usr/bin/echo, said, \"{word}\"]\n    args: {word: \"[a-z]+\"}\n  \
+       touch:\n    argv: [/usr/bin/touch, \"{path}\"]\n    args: {path: \"/[A-Za-z0-9/._-]+\"}\n    timeout: 5s\n  \
+       mark:\n    argv: [/usr/bin/mktemp, -p, \"{dir}\"]\n    args: {dir: \"/[A-Za-z0-9/._-]+\"}\n"
+        .to_owned()
+}
+
+fn command(id: &str, action: &str, args: &[(&str, &str)]) -> Command {
+    let now = unix_now();
+    Command {
+        id: id.to_owned(),
+        action: action.to_owned(),
+        args: args
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect::<BTreeMap<_, _>>(),
+        issued_at: now,
+        expires_at: now + 60,
+        sig: None,
+    }
+}
+
+/// Send `cmd` to edge-1 and wait for its result.
+fn run(m: &Mqtt, cmd: &Command, agent: &Agent) -> CommandResult {
+    let topic = format!("edgeform/result/edge-1/{}", cmd.id);
+    m.subscribe(&topic);
+    m.publish(
+        "edgeform/cmd/edge-1",
+        serde_json::to_vec(cmd).unwrap(),
+        false,
+    );
+    let payload = m
+        .wait(&topic, 20, |_| true)
+        .unwrap_or_else(|| panic!("no result for {}; agent log:\n{}", cmd.id, agent.log()));
+    serde_json::from_slice(&payload).unwrap()
+}
+
+fn wait_online(m: &Mqtt, agent: &Agent) {
+    m.subscribe("edgeform/status/edge-1");
+    assert!(
+        m.wait("edgeform/status/edge-1", 15, |p| p == b"online")
+            .is_some(),
+        "agent never online:\n{}",
+        agent.log()
+    );
+}
+
+fn files_in(dir: &Path) -> usize {
+    std::fs::read_dir(dir).map_or(0, Iterator::count)
+}
+
+#[test]
+fn health_report_status_and_last_will() {
+    let r = harness::redis(&[]);
+    let broker = harness::mosquitto();
+    let dir = tempfile::tempdir().unwrap();
+    let stats = dir.path().join("stats.json");
+    std::fs::write(
+        &stats,
+        r#"{"sessions": 7, "live": {"cam2": {}, "cam1": {}}}"#,
+    )
+    .unwrap();
+    let mut c = con(r.port);
+    redis::cmd("HSET")
+        .arg("edgeform:meta")
+        .arg("commit")
+        .arg("abc123")
+        .arg("generation")
+        .arg(4)
+        .exec(&mut c)
+        .unwrap();
+    let m = Mqtt::connect(broker.port);
+    m.subscribe("edgeform/health/edge-1");
+    let mut agent = Agent::start_with(
+        r.port,
+        &[dir.path().join("cache")],
+        &mqtt_yaml(
+            broker.port,
+            &format!(
+                "  play_sessions: {{file: {s}, field: sessions}}\n  streams: {{file: {s}, field: /live}}\n",
+                s = stats.display()
+            ),
+        ),
+    );
+    let payload = m
+        .wait("edgeform/health/edge-1", 15, |_| true)
+        .unwrap_or_else(|| panic!("no report:\n{}", agent.log()));
+    let report: HealthReport = serde_json::from_slice(&payload).unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&payload).unwrap();
+    for field in [
+        "node",
+        "ts",
+        "play_sessions",
+        "out_kbit",
+        "streams",
+        "config",
+        "purge",
+        "redis",
+        "version",
+    ] {
+        assert!(v.get(field).is_some(), "{field} missing: {v}");
+    }
+    assert_eq!(report.node, "edge-1");
+    assert!(report.ts.abs_diff(unix_now()) < 30);
+    assert_eq!(report.play_sessions, Some(7));
+    assert_eq!(report.streams, Some(vec!["cam1".into(), "cam2".into()]));
+    assert_eq!(report.config.commit.as_deref(), Some("abc123"));
+    assert_eq!(report.config.generation, Some(4));
+    assert_eq!(
+        (report.purge.queue, report.purge.processing),
+        (Some(0), Some(0))
+    );
+    assert!(report.redis.ok);
+    assert_eq!(report.redis.role.as_deref(), Some("master"));
+    assert!(report.out_kbit.is_some(), "/proc/net/dev is readable here");
+    assert!(!report.version.is_empty());
+
+    // An unreadable source is null, never a guess; the next report says so.
+    std::fs::write(&stats, "{").unwrap();
+    let payload = m
+        .wait("edgeform/health/edge-1", 10, |p| {
+            serde_json::from_slice::<HealthReport>(p).is_ok_and(|r| r.play_sessions.is_none())
+        })
+        .unwrap_or_else(|| panic!("no report with null sessions:\n{}", agent.log()));
+    let v: serde_json::Value = serde_json::from_slice(&payload).unwrap();
+    assert!(
+        v["play_sessions"].is_null() && v["streams"].is_null(),
+        "{v}"
+    );
+
+    // Retained: a client arriving later still sees the status and report.
+    let late = Mqtt::connect(broker.port);
+    late.subscribe("edgeform/status/edge-1");
+    late.subscribe("edgeform/health/edge-1");
+    assert!(
+        late.wait("edgeform/status/edge-1", 5, |p| p == b"online")
+            .is_some()
+    );
+    assert!(late.wait("edgeform/health/edge-1", 5, |_| true).is_some());
+
+    // kill -9: the broker publishes the last will.
+    agent.kill9();
+    assert!(
+        late.wait("edgeform/status/edge-1", 30, |p| p == b"offline")
+            .is_some(),
+        "no last will after kill -9"
+    );
+}
+
+#[test]
+fn commands_run_only_as_allowed() {
+    let r = harness::redis(&[]);
+    let broker = harness::mosquitto();
+    let dir = tempfile::tempdir().unwrap();
+    let agent = Agent::start_with(
+        r.port,
+        &[dir.path().join("cache")],
+        &format!("{}{}", mqtt_yaml(broker.port, ""), actions_yaml()),
+    );
+    let m = Mqtt::connect(broker.port);
+    wait_online(&m, &agent);
+
+    // Allowed, with its argument filling one argv element.
+    let res = run(&m, &command("c1", "echo", &[("word", "hello")]), &agent);
+    assert_eq!(res.status, Outcome::Ok, "{res:?}");
+    assert_eq!(
+        (res.exit_code, res.stdout.as_str()),
+        (Some(0), "said hello\n")
+    );
+    assert!(res.reason.is_none());
+    let target = dir.path().join("ran");
+    let res = run(
+        &m,
+        &command("c2", "touch", &[("path", target.to_str().unwrap())]),
+        &agent,
+    );
+    assert_eq!(res.status, Outcome::Ok, "{res:?}");
+    assert!(target.exists(), "the action ran");
+
+    // Refused, and nothing runs.
+    let pwned = dir.path().join("pwned");
+    let cases = [
+        command("r1", "rm", &[("path", "/")]),
+        command("r2", "echo", &[("word", "HELLO")]),
+        command("r3", "echo", &[]),
+        command("r4", "echo", &[("word", "a"), ("extra", "b")]),
+        command(
+            "r5",
+            "touch",
+            &[("path", &format!("{};touch", pwned.display()))],
+        ),
+        command(
+            "r6",
+            "touch",
+            &[("path", &format!("$(touch {})", pwned.display()))],
+        ),
+        command("r7", "echo", &[("word", "a`id`")]),
+    ];
+    for cmd in &cases {
+        let res = run(&m, cmd, &agent);
+        assert_eq!(res.status, Outcome::Refused, "{cmd:?} → {res:?}");
+        assert!(res.reason.is_some() && res.exit_code.is_none(), "{res:?}");
+    }
+    assert!(!pwned.exists(), "nothing ran");
+    // Malformed JSON with an id: refused, the agent lives on.
+    m.subscribe("edgeform/result/edge-1/bad1");
+    m.publish(
+        "edgeform/cmd/edge-1",
+        r#"{"id": "bad1", "action": 3}"#,
+        false,
+    );
+    let res: CommandResult =
+        serde_json::from_slice(&m.wait("edgeform/result/edge-1/bad1", 10, |_| true).unwrap())
+            .unwrap();
+    assert_eq!(res.status, Outcome::Refused);
+    assert!(res.reason.unwrap().contains("malformed"));
+
+    // Expired: refused as expired, not run.
+    let mut old = command("x1", "touch", &[("path", pwned.to_str().unwrap())]);
+    old.issued_at -= 600;
+    old.expires_at = unix_now() - 300;
+    let res = run(&m, &old, &agent);
+    assert_eq!(res.status, Outcome::Expired, "{res:?}");
+    assert!(!pwned.exists());
+
+    // A duplicate id runs once; the second answer is the first result.
+    let marks = dir.path().join("marks");
+    std::fs::create_dir(&marks).unwrap();
+    let once = command("d1", "mark", &[("dir", marks.to_str().unwrap())]);
+    let first = run(&m, &once, &agent);
+    assert_eq!(first.status, Outcome::Ok, "{first:?}");
+    let second = run(&m, &once, &agent);
+    assert_eq!(second.status, Outcome::Ok);
+    assert!(second.reason.unwrap().contains("duplicate"));
+    assert_eq!(files_in(&marks), 1, "ran once");
+    // The id is remembered in local Redis.
+    let stored: Option<String> = redis::cmd("GET")
+        .arg("edgeform:cmd:d1")
+        .query(&mut con(r.port))
+        .unwrap();
+    assert!(stored.unwrap().contains("\"status\":\"ok\""));
+}
+
+#[test]
+fn commands_survive_agent_downtime_and_restarts() {
+    let r = harness::redis(&[]);
+    let broker = harness::mosquitto();
+    let dir = tempfile::tempdir().unwrap();
+    let marks = dir.path().join("marks");
+    std::fs::create_dir(&marks).unwrap();
+    let mut agent = Agent::start_with(
+        r.port,
+        &[dir.path().join("cache")],
+        &format!("{}{}", mqtt_yaml(broker.port, ""), actions_yaml()),
+    );
+    let m = Mqtt::connect(broker.port);
+    wait_online(&m, &agent);
+    assert_eq!(agent.terminate().map(|s| s.success()), Some(true));
+    assert!(
+        m.wait("edgeform/status/edge-1", 10, |p| p == b"offline")
+            .is_some(),
+        "a clean stop says offline"
+    );
+
+    // Sent while the agent is down: the persistent session keeps it.
+    let cmd = command("while-down", "mark", &[("dir", marks.to_str().unwrap())]);
+    let topic = "edgeform/result/edge-1/while-down";
+    m.subscribe(topic);
+    m.publish(
+        "edgeform/cmd/edge-1",
+        serde_json::to_vec(&cmd).unwrap(),
+        false,
+    );
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(files_in(&marks), 0);
+    agent.spawn();
+    let res: CommandResult = serde_json::from_slice(
+        &m.wait(topic, 20, |_| true)
+            .unwrap_or_else(|| panic!("no result after return:\n{}", agent.log())),
+    )
+    .unwrap();
+    assert_eq!(res.status, Outcome::Ok, "{res:?}");
+    assert_eq!(files_in(&marks), 1);
+
+    // After a restart the same id still does not run again.
+    agent.terminate();
+    agent.spawn();
+    wait_online(&m, &agent);
+    let again = run(&m, &cmd, &agent);
+    assert!(again.reason.unwrap().contains("duplicate"));
+    assert_eq!(files_in(&marks), 1, "not re-run after a restart");
+}
+
+#[test]
+fn signed_commands_when_a_key_is_configured() {
+    let r = harness::redis(&[]);
+    let broker = harness::mosquitto();
+    let dir = tempfile::tempdir().unwrap();
+    let agent = Agent::start_env(
+        r.port,
+        &[dir.path().join("cache")],
+        &format!(
+            "{}{}",
+            mqtt_yaml(broker.port, "")
+                .replace("mqtt:\n", "mqtt:\n  command_key_env: TEST_COMMAND_KEY\n"),
+            actions_yaml()
+        ),
+        &[("TEST_COMMAND_KEY", "s3cret")],
+    );
+    let m = Mqtt::connect(broker.port);
+    wait_online(&m, &agent);
+    let res = run(&m, &command("u1", "echo", &[("word", "hi")]), &agent);
+    assert_eq!(res.status, Outcome::Refused);
+    assert!(res.reason.unwrap().contains("unsigned"));
+    let mut wrong = command("u2", "echo", &[("word", "hi")]);
+    wrong.sign("edge-1", b"guess");
+    assert!(
+        run(&m, &wrong, &agent)
+            .reason
+            .unwrap()
+            .contains("bad signature")
+    );
+    let mut other_node = command("u3", "echo", &[("word", "hi")]);
+    other_node.sign("edge-2", b"s3cret");
+    assert_eq!(run(&m, &other_node, &agent).status, Outcome::Refused);
+    let mut good = command("u4", "echo", &[("word", "hi")]);
+    good.sign("edge-1", b"s3cret");
+    let res = run(&m, &good, &agent);
+    assert_eq!(
+        (res.status, res.stdout.as_str()),
+        (Outcome::Ok, "said hi\n")
+    );
+    // An unsigned command with the id of a refused one may still be
+    // signed and run later: refusals for authentication do not claim ids.
+    let mut retry = command("u1", "echo", &[("word", "ok")]);
+    retry.sign("edge-1", b"s3cret");
+    assert_eq!(run(&m, &retry, &agent).status, Outcome::Ok);
+}
+
+fn report_for(node: &str, sessions: u64) -> Vec<u8> {
+    serde_json::to_vec(&serde_json::json!({
+        "node": node, "ts": unix_now(), "interval_ms": 5000,
+        "play_sessions": sessions, "out_kbit": 100, "streams": ["cam1"],
+        "config": {"commit": null, "generation": null},
+        "purge": {"queue": 0, "processing": 0},
+        "redis": {"ok": true, "role": "master"}, "version": "sim",
+    }))
+    .unwrap()
+}
+
+#[test]
+fn routing_health_from_mqtt_survives_the_broker() {
+    let r = harness::redis(&[]);
+    let mut broker = harness::mosquitto();
+    let dir = tempfile::tempdir().unwrap();
+    publish(r.port, &table("https://a.example.net"), 1);
+    let http = harness::free_port();
+    let agent = Agent::start_with(
+        r.port,
+        &[dir.path().join("cache")],
+        &format!(
+            "{}{}http:\n  listen: 127.0.0.1:{http}\nrouting:\n  refresh: 100ms\n",
+            mqtt_yaml(broker.port, ""),
+            actions_yaml()
+        ),
+    );
+    let log = || agent.log();
+    let m = Mqtt::connect(broker.port);
+    // The other nodes' reports, as their agents would publish them.
+    m.publish("edgeform/health/edge-a", report_for("edge-a", 3), true);
+    m.publish("edgeform/status/edge-a", "online", true);
+    m.publish("edgeform/health/edge-b", report_for("edge-b", 1), true);
+    m.publish("edgeform/status/edge-b", "online", true);
+    wait_for(
+        || {
+            std::net::TcpStream::connect(("127.0.0.1", http)).is_ok()
+                && get(http, "/route/cam1", "").0 == 302
+        },
+        "routing from MQTT health",
+        &log,
+    );
+    assert!(
+        get(http, "/route/cam1", "")
+            .1
+            .contains("location: https://a.example.net/cam1")
+    );
+    // edge-a's last will: offline → fallback to edge-b (proxied).
+    m.publish("edgeform/status/edge-a", "offline", true);
+    wait_for(
+        || {
+            get(http, "/route/cam1", "")
+                .1
+                .contains("/proxy/edge-b/cam1")
+        },
+        "edge-a offline",
+        &log,
+    );
+    m.publish("edgeform/status/edge-a", "online", true);
+    wait_for(
+        || get(http, "/route/cam1", "").1.contains("a.example.net"),
+        "edge-a back",
+        &log,
+    );
+    // /metrics speaks Prometheus.
+    let (status, _, body) = get(http, "/metrics", "");
+    assert_eq!(status, 200);
+    assert!(
+        body.contains("edgeform_agent_route_requests_total{status=\"302\"}"),
+        "{body}"
+    );
+    assert!(body.contains("edgeform_agent_mqtt_connected 1"), "{body}");
+    assert!(
+        body.contains("edgeform_agent_cluster_nodes_reporting 3"),
+        "{body}"
+    );
+
+    // The broker goes away: /route keeps answering from the last known
+    // health, marked stale.
+    drop(m);
+    broker.kill();
+    wait_for(
+        || {
+            let (s, _, body) = get(http, "/route/cam1?format=json", "");
+            s == 302 && body.contains("\"stale_health\":true") && body.contains("\"stale\":true")
+        },
+        "stale health, still routing",
+        &log,
+    );
+    for _ in 0..20 {
+        assert_eq!(get(http, "/route/cam1", "").0, 302);
+    }
+    // The broker comes back (same port, persisted sessions): the agent
+    // reconnects, reports again and still takes commands.
+    broker.restart();
+    let m = Mqtt::connect(broker.port);
+    // The other agents report again as they do every interval.
+    m.publish("edgeform/health/edge-a", report_for("edge-a", 3), true);
+    m.publish("edgeform/health/edge-b", report_for("edge-b", 1), true);
+    m.subscribe("edgeform/health/edge-1");
+    let since = unix_now();
+    assert!(
+        m.wait("edgeform/health/edge-1", 30, |p| {
+            serde_json::from_slice::<HealthReport>(p).is_ok_and(|r| r.ts >= since)
+        })
+        .is_some(),
+        "no report after the broker restart:\n{}",
+        agent.log()
+    );
+    wait_for(
+        || {
+            !get(http, "/route/cam1?format=json", "")
+                .2
+                .contains("\"stale_health\":true")
+        },
+        "fresh health after the restart",
+        &log,
+    );
+    let res = run(
+        &m,
+        &command("after-restart", "echo", &[("word", "back")]),
+        &agent,
+    );
+    assert_eq!(res.status, Outcome::Ok, "{res:?}");
+}
+
+#[test]
+fn tls_and_credentials() {
+    let r = harness::redis(&[]);
+    let (broker, ca) = harness::mosquitto_tls("edge-1", "right-password");
+    let dir = tempfile::tempdir().unwrap();
+    let yaml = |password_env: &str| {
+        format!(
+            "mqtt:\n  url: mqtts://127.0.0.1:{}\n  username: edge-1\n  password_env: {password_env}\n  \
+             ca_file: {}\nhealth:\n  interval: 500ms\n",
+            broker.port,
+            ca.display()
+        )
+    };
+    // The right password over TLS: reports arrive.
+    let agent = Agent::start_env(
+        r.port,
+        &[dir.path().join("cache")],
+        &yaml("TEST_MQTT_PW"),
+        &[("TEST_MQTT_PW", "right-password")],
+    );
+    let watcher = {
+        let mut o = rumqttc::MqttOptions::new("tls-watcher", "127.0.0.1", broker.port);
+        o.set_credentials("edge-1", "right-password");
+        o.set_transport(rumqttc::Transport::tls_with_config(
+            rumqttc::TlsConfiguration::SimpleNative {
+                ca: std::fs::read(&ca).unwrap(),
+                client_auth: None,
+            },
+        ));
+        o
+    };
+    let (client, mut connection) = rumqttc::Client::new(watcher, 16);
+    client
+        .subscribe("edgeform/health/edge-1", rumqttc::QoS::AtLeastOnce)
+        .unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    let mut got = false;
+    while std::time::Instant::now() < deadline && !got {
+        if let Ok(Ok(rumqttc::Event::Incoming(rumqttc::Packet::Publish(p)))) =
+            connection.recv_timeout(Duration::from_millis(500))
+        {
+            got = serde_json::from_slice::<HealthReport>(&p.payload).is_ok();
+        }
+    }
+    assert!(
+        got,
+        "no report over TLS:\n{}\n{}",
+        agent.log(),
+        broker.log()
+    );
+    drop(agent);
+    // A wrong password: refused by the broker, said in the log, the agent
+    // keeps running (and retrying).
+    let mut wrong = Agent::start_env(
+        r.port,
+        &[dir.path().join("cache")],
+        &yaml("TEST_MQTT_PW"),
+        &[("TEST_MQTT_PW", "wrong")],
+    );
+    wait_for(
+        || wrong.log().contains("broker refused the connection"),
+        "refusal logged",
+        &|| wrong.log(),
+    );
+    assert!(
+        wrong.child.as_mut().unwrap().try_wait().unwrap().is_none(),
+        "still running"
+    );
+    // The password variable missing: the agent says which, at start.
+    let mut unset = Agent::start_with(
+        r.port,
+        &[dir.path().join("cache")],
+        &yaml("TEST_MQTT_PW_UNSET"),
+    );
+    let status = unset.child.as_mut().unwrap().wait().unwrap();
+    assert_eq!(status.code(), Some(1), "{}", unset.log());
+    assert!(
+        unset.log().contains("TEST_MQTT_PW_UNSET"),
+        "{}",
+        unset.log()
+    );
+}

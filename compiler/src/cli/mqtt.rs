@@ -1,0 +1,576 @@
+//! `edgeform status` and `edgeform exec`: the MQTT side of the CLI.
+//!
+//! Both read the broker from `cluster.yaml` (`mqtt.url`,
+//! `mqtt.topic_prefix`). `status` collects every node's retained health
+//! report and status; `exec` publishes one command (QoS 1) and, with
+//! `--wait`, prints its result.
+
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::time::{Duration, Instant, SystemTime};
+
+use anyhow::{Result, bail};
+use edgestate::mqtt::{self as wire, Command, CommandResult, HealthReport, Outcome, Topic};
+use rumqttc::{AsyncClient, Event, EventLoop, Packet, QoS};
+use serde::Serialize;
+
+use crate::cli::push::Source;
+
+/// How the CLI logs in to the broker (the URL is in cluster.yaml).
+#[derive(Debug, Clone, clap::Args)]
+pub struct BrokerFlags {
+    /// MQTT username; the password is read from EDGEFORM_MQTT_PASSWORD.
+    #[arg(long, env = "EDGEFORM_MQTT_USERNAME", value_name = "USER")]
+    pub mqtt_username: Option<String>,
+    /// CA certificate(s) (PEM) for an mqtts:// broker.
+    #[arg(long, env = "EDGEFORM_MQTT_CA", value_name = "FILE")]
+    pub mqtt_ca: Option<std::path::PathBuf>,
+    /// Give up reaching the broker after SECS.
+    #[arg(long, default_value_t = 5, value_name = "SECS")]
+    pub connect_timeout: u64,
+}
+
+/// The variable holding the MQTT password for the CLI.
+pub const PASSWORD_ENV: &str = "EDGEFORM_MQTT_PASSWORD";
+/// The variable holding the command signing key (when set, `exec` signs).
+pub const COMMAND_KEY_ENV: &str = "EDGEFORM_COMMAND_KEY";
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Format {
+    Human,
+    Json,
+}
+
+fn unix_now() -> u64 {
+    SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+struct Session {
+    client: AsyncClient,
+    events: EventLoop,
+    prefix: String,
+    url: String,
+}
+
+/// Connect (clean session) and wait for the broker's CONNACK.
+async fn connect(source: &Source, flags: &BrokerFlags) -> Result<Session> {
+    let Some(m) = &source.config.cluster.mqtt else {
+        bail!(
+            "cluster.yaml has no `mqtt` block (url, topic_prefix): status and exec talk to the nodes through the broker"
+        );
+    };
+    let broker = edgemqtt::Broker {
+        url: m.url.clone(),
+        username: flags.mqtt_username.clone(),
+        password_env: std::env::var_os(PASSWORD_ENV).map(|_| PASSWORD_ENV.to_owned()),
+        ca_file: flags.mqtt_ca.clone(),
+    };
+    let id = format!(
+        "edgeform-cli-{:x}-{:x}",
+        std::process::id(),
+        SystemTime::now()
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .map_or(0, |d| d.subsec_nanos())
+    );
+    let options = edgemqtt::options(&broker, &id, false)?;
+    let (client, mut events) = AsyncClient::new(options, 64);
+    let deadline = Duration::from_secs(flags.connect_timeout.max(1));
+    let connected = tokio::time::timeout(deadline, async {
+        loop {
+            match events.poll().await {
+                Ok(Event::Incoming(Packet::ConnAck(_))) => return Ok(()),
+                Ok(_) => {}
+                Err(e) => return Err(edgemqtt::describe(&e)),
+            }
+        }
+    })
+    .await;
+    match connected {
+        Ok(Ok(())) => Ok(Session {
+            client,
+            events,
+            prefix: m.topic_prefix.clone(),
+            url: m.url.clone(),
+        }),
+        Ok(Err(e)) => bail!("cannot reach the MQTT broker {}: {e}", m.url),
+        Err(_) => bail!(
+            "cannot reach the MQTT broker {}: no answer within {}s",
+            m.url,
+            deadline.as_secs()
+        ),
+    }
+}
+
+impl Session {
+    /// Poll until `done` says so or `limit` passes; `Err` on a lost connection.
+    async fn pump(&mut self, limit: Duration, mut on: impl FnMut(&Event) -> bool) -> Result<bool> {
+        let url = self.url.clone();
+        let run = async {
+            loop {
+                match self.events.poll().await {
+                    Ok(e) => {
+                        if on(&e) {
+                            return Ok(());
+                        }
+                    }
+                    Err(e) => {
+                        bail!("lost the MQTT broker {url}: {}", edgemqtt::describe(&e))
+                    }
+                }
+            }
+        };
+        match tokio::time::timeout(limit, run).await {
+            Ok(Ok(())) => Ok(true),
+            Ok(Err(e)) => Err(e),
+            Err(_) => Ok(false),
+        }
+    }
+
+    async fn close(mut self) {
+        let _ = self.client.try_disconnect();
+        let _ = self
+            .pump(Duration::from_millis(500), |e| {
+                matches!(e, Event::Outgoing(rumqttc::Outgoing::Disconnect))
+            })
+            .await;
+    }
+}
+
+/// One row of `status`.
+#[derive(Debug, Clone, Serialize)]
+pub struct Row {
+    pub node: String,
+    pub online: bool,
+    pub age_s: Option<u64>,
+    pub commit: Option<String>,
+    pub desired_commit: Option<String>,
+    pub purge_queue: Option<u64>,
+    pub play_sessions: Option<u64>,
+    pub out_kbit: Option<u64>,
+}
+
+/// What `status` heard.
+#[derive(Debug, Default)]
+pub struct Heard {
+    pub reports: BTreeMap<String, HealthReport>,
+    pub status: BTreeMap<String, bool>,
+}
+
+impl Heard {
+    fn take(&mut self, prefix: &str, topic: &str, payload: &[u8]) {
+        match wire::parse_topic(prefix, topic) {
+            Some(Topic::Health(node)) => {
+                if let Ok(r) = serde_json::from_slice::<HealthReport>(payload)
+                    && r.node == node
+                {
+                    self.reports.insert(node.to_owned(), r);
+                }
+            }
+            Some(Topic::Status(node)) => match payload {
+                b"online" => {
+                    self.status.insert(node.to_owned(), true);
+                }
+                b"offline" => {
+                    self.status.insert(node.to_owned(), false);
+                }
+                _ => {}
+            },
+            _ => {}
+        }
+    }
+}
+
+/// The rows: every node of the repo, then nodes that report but are not in
+/// it. Pure: `now` and what was heard in, rows out.
+#[must_use]
+pub fn rows(source: &Source, heard: &Heard, now: u64) -> Vec<Row> {
+    let mut names: Vec<&str> = source
+        .config
+        .nodes
+        .iter()
+        .map(|n| n.name.as_str())
+        .collect();
+    for n in heard.reports.keys().chain(heard.status.keys()) {
+        if !names.contains(&n.as_str()) {
+            names.push(n);
+        }
+    }
+    names.sort_unstable();
+    names.dedup();
+    names
+        .into_iter()
+        .map(|name| {
+            let r = heard.reports.get(name);
+            let online = heard.status.get(name).copied().unwrap_or(false);
+            Row {
+                node: name.to_owned(),
+                online,
+                age_s: r.map(|r| now.saturating_sub(r.ts)),
+                commit: r.and_then(|r| r.config.commit.clone()),
+                desired_commit: source
+                    .compiled
+                    .targets
+                    .contains_key(name)
+                    .then(|| source.commit.clone()),
+                purge_queue: r.and_then(|r| r.purge.queue),
+                play_sessions: r.and_then(|r| r.play_sessions),
+                out_kbit: r.and_then(|r| r.out_kbit),
+            }
+        })
+        .collect()
+}
+
+/// `edgeform status`.
+///
+/// # Errors
+/// No `mqtt` in cluster.yaml, the broker unreachable.
+pub async fn status(source: &Source, flags: &BrokerFlags, format: Format) -> Result<u8> {
+    let mut s = connect(source, flags).await?;
+    let prefix = s.prefix.clone();
+    s.client
+        .subscribe(format!("{prefix}/health/+"), QoS::AtMostOnce)
+        .await?;
+    s.client
+        .subscribe(format!("{prefix}/status/+"), QoS::AtMostOnce)
+        .await?;
+    // Retained messages follow the SUBACKs; stop once they have been
+    // quiet for a moment.
+    let mut heard = Heard::default();
+    let mut subacks = 0;
+    let started = Instant::now();
+    let limit = Duration::from_secs(flags.connect_timeout.max(1));
+    while started.elapsed() < limit {
+        let mut got = false;
+        let quiet = if subacks >= 2 { 300 } else { 1000 };
+        s.pump(Duration::from_millis(quiet), |e| {
+            if let Event::Incoming(p) = e {
+                match p {
+                    Packet::SubAck(_) => subacks += 1,
+                    Packet::Publish(p) => heard.take(&prefix, &p.topic, &p.payload),
+                    _ => return false,
+                }
+                got = true;
+                return true;
+            }
+            false
+        })
+        .await?;
+        if !got && subacks >= 2 {
+            break;
+        }
+    }
+    s.close().await;
+    let rows = rows(source, &heard, unix_now());
+    let mut out = std::io::stdout().lock();
+    match format {
+        Format::Json => {
+            writeln!(
+                out,
+                "{}",
+                serde_json::to_string_pretty(&serde_json::json!({ "nodes": rows }))?
+            )?;
+        }
+        Format::Human => out.write_all(table(&rows).as_bytes())?,
+    }
+    Ok(0)
+}
+
+fn short_commit(c: &str) -> String {
+    if c.len() == 40 && c.bytes().all(|b| b.is_ascii_hexdigit()) {
+        c[..12].to_owned()
+    } else {
+        c.to_owned()
+    }
+}
+
+/// The human table with a summary line.
+#[must_use]
+pub fn table(rows: &[Row]) -> String {
+    let dash = || "-".to_owned();
+    let opt = |v: Option<u64>| v.map_or_else(dash, |v| v.to_string());
+    let mut lines = vec![[
+        "NODE".to_owned(),
+        "STATE".into(),
+        "AGE".into(),
+        "COMMIT".into(),
+        "SESSIONS".into(),
+        "KBIT/S".into(),
+        "PURGE QUEUE".into(),
+    ]];
+    let (mut online, mut synced, mut targets) = (0, 0, 0);
+    for r in rows {
+        online += usize::from(r.online);
+        let commit = match (&r.commit, &r.desired_commit) {
+            _ if r.age_s.is_none() => "(no report)".to_owned(),
+            (Some(c), Some(d)) if c == d => {
+                synced += 1;
+                format!("{} (desired)", short_commit(c))
+            }
+            (Some(c), Some(d)) => format!("{} ≠ desired {}", short_commit(c), short_commit(d)),
+            (None, Some(d)) => format!("none ≠ desired {}", short_commit(d)),
+            (Some(c), None) => short_commit(c),
+            (None, None) => dash(),
+        };
+        targets += usize::from(r.desired_commit.is_some());
+        lines.push([
+            r.node.clone(),
+            if r.online { "online" } else { "offline" }.into(),
+            r.age_s.map_or_else(dash, |a| format!("{a}s")),
+            commit,
+            opt(r.play_sessions),
+            opt(r.out_kbit),
+            opt(r.purge_queue),
+        ]);
+    }
+    let widths: Vec<usize> = (0..7)
+        .map(|i| {
+            lines
+                .iter()
+                .map(|l| l[i].chars().count())
+                .max()
+                .unwrap_or(0)
+        })
+        .collect();
+    let mut out = String::new();
+    for l in &lines {
+        let cells: Vec<String> = l
+            .iter()
+            .zip(&widths)
+            .map(|(c, w)| format!("{c:<w$}"))
+            .collect();
+        out.push_str(cells.join("  ").trim_end());
+        out.push('\n');
+    }
+    out.push_str(&format!(
+        "{online}/{} online, {synced}/{targets} targets on the desired commit\n",
+        rows.len()
+    ));
+    out
+}
+
+/// `--arg k=v` pairs.
+///
+/// # Errors
+/// A pair without `=`, an empty or repeated name.
+pub fn parse_args(pairs: &[String]) -> Result<BTreeMap<String, String>> {
+    let mut args = BTreeMap::new();
+    for p in pairs {
+        let Some((k, v)) = p.split_once('=') else {
+            bail!("--arg {p}: write NAME=VALUE");
+        };
+        if k.is_empty() {
+            bail!("--arg {p}: the name is empty");
+        }
+        if args.insert(k.to_owned(), v.to_owned()).is_some() {
+            bail!("--arg {k} is given twice");
+        }
+    }
+    Ok(args)
+}
+
+/// What `exec` sends.
+pub struct Exec<'a> {
+    pub node: &'a str,
+    pub action: &'a str,
+    pub args: &'a [String],
+    pub wait: Option<u64>,
+    pub ttl: Duration,
+    pub format: Format,
+}
+
+/// `edgeform exec`.
+///
+/// # Errors
+/// No `mqtt` in cluster.yaml, an unknown node, bad `--arg`, the broker
+/// unreachable.
+pub async fn exec(source: &Source, flags: &BrokerFlags, e: &Exec<'_>) -> Result<u8> {
+    if !source.config.nodes.iter().any(|n| n.name == e.node) {
+        let names: Vec<&str> = source
+            .config
+            .nodes
+            .iter()
+            .map(|n| n.name.as_str())
+            .collect();
+        bail!(
+            "--node {}: no such node (nodes: {})",
+            e.node,
+            names.join(", ")
+        );
+    }
+    let args = parse_args(e.args)?;
+    let now = unix_now();
+    let wait = e.wait.map(Duration::from_secs);
+    let ttl = wait.map_or(e.ttl, |w| w.max(e.ttl));
+    let mut cmd = Command {
+        id: format!(
+            "{:x}-{:x}",
+            SystemTime::now()
+                .duration_since(SystemTime::UNIX_EPOCH)
+                .map_or(0, |d| d.as_nanos()),
+            std::process::id()
+        ),
+        action: e.action.to_owned(),
+        args,
+        issued_at: now,
+        expires_at: now + ttl.as_secs(),
+        sig: None,
+    };
+    if let Ok(key) = std::env::var(COMMAND_KEY_ENV)
+        && !key.is_empty()
+    {
+        cmd.sign(e.node, key.as_bytes());
+    }
+    let mut s = connect(source, flags).await?;
+    let result_topic = wire::result_topic(&s.prefix, e.node, &cmd.id);
+    if wait.is_some() {
+        s.client.subscribe(&result_topic, QoS::AtLeastOnce).await?;
+        let subscribed = s
+            .pump(Duration::from_secs(5), |ev| {
+                matches!(ev, Event::Incoming(Packet::SubAck(_)))
+            })
+            .await?;
+        if !subscribed {
+            bail!("the broker did not confirm the subscription to {result_topic}");
+        }
+    }
+    s.client
+        .publish(
+            wire::cmd_topic(&s.prefix, e.node),
+            QoS::AtLeastOnce,
+            false,
+            serde_json::to_vec(&cmd)?,
+        )
+        .await?;
+    let acked = s
+        .pump(Duration::from_secs(5), |ev| {
+            matches!(ev, Event::Incoming(Packet::PubAck(_)))
+        })
+        .await?;
+    if !acked {
+        bail!("the broker did not acknowledge the command");
+    }
+    eprintln!(
+        "sent {} to {} (id {}, expires in {}s{})",
+        cmd.action,
+        e.node,
+        cmd.id,
+        ttl.as_secs(),
+        if cmd.sig.is_some() { ", signed" } else { "" }
+    );
+    let Some(wait) = wait else {
+        s.close().await;
+        if e.format == Format::Json {
+            println!(
+                "{}",
+                serde_json::json!({"id": cmd.id, "node": e.node, "queued": true})
+            );
+        }
+        return Ok(0);
+    };
+    let mut result: Option<CommandResult> = None;
+    let got = s
+        .pump(wait, |ev| {
+            if let Event::Incoming(Packet::Publish(p)) = ev
+                && p.topic == result_topic
+                && let Ok(r) = serde_json::from_slice::<CommandResult>(&p.payload)
+            {
+                result = Some(r);
+                return true;
+            }
+            false
+        })
+        .await?;
+    s.close().await;
+    let Some(r) = result.filter(|_| got) else {
+        eprintln!(
+            "no result from {} within {}s; the command stays queued for it until it expires in {}s (is its agent running?)",
+            e.node,
+            wait.as_secs(),
+            (cmd.expires_at).saturating_sub(unix_now())
+        );
+        return Ok(1);
+    };
+    let mut out = std::io::stdout().lock();
+    match e.format {
+        Format::Json => writeln!(out, "{}", serde_json::to_string_pretty(&r)?)?,
+        Format::Human => out.write_all(describe(&r).as_bytes())?,
+    }
+    Ok(u8::from(r.status != Outcome::Ok))
+}
+
+/// A result as a few lines of text.
+#[must_use]
+pub fn describe(r: &CommandResult) -> String {
+    let status = match r.status {
+        Outcome::Ok => "ok",
+        Outcome::Failed => "failed",
+        Outcome::Refused => "refused",
+        Outcome::Expired => "expired",
+    };
+    let mut out = format!("{}: {} {status}", r.node, r.action);
+    if let Some(code) = r.exit_code {
+        out.push_str(&format!(", exit {code}"));
+    }
+    out.push_str(&format!(" in {} ms\n", r.duration_ms));
+    if let Some(reason) = &r.reason {
+        out.push_str(&format!("  reason: {reason}\n"));
+    }
+    for (name, text) in [("stdout", &r.stdout), ("stderr", &r.stderr)] {
+        if !text.is_empty() {
+            out.push_str(&format!("  {name}:\n"));
+            for line in text.lines() {
+                out.push_str(&format!("    {line}\n"));
+            }
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn args() {
+        let a = parse_args(&["zone=eu".into(), "url=http://x/?a=b".into()]).unwrap();
+        assert_eq!(a["url"], "http://x/?a=b", "split at the first =");
+        assert!(parse_args(&["novalue".into()]).is_err());
+        assert!(parse_args(&["=x".into()]).is_err());
+        assert!(parse_args(&["a=1".into(), "a=2".into()]).is_err());
+    }
+
+    #[test]
+    fn table_summarises() {
+        let rows = vec![
+            Row {
+                node: "a".into(),
+                online: true,
+                age_s: Some(2),
+                commit: Some("c1".into()),
+                desired_commit: Some("c1".into()),
+                purge_queue: Some(0),
+                play_sessions: Some(5),
+                out_kbit: Some(1200),
+            },
+            Row {
+                node: "b".into(),
+                online: false,
+                age_s: None,
+                commit: None,
+                desired_commit: Some("c1".into()),
+                purge_queue: None,
+                play_sessions: None,
+                out_kbit: None,
+            },
+        ];
+        let t = table(&rows);
+        assert!(t.contains("c1 (desired)"), "{t}");
+        assert!(t.contains("(no report)"), "{t}");
+        assert!(
+            t.ends_with("1/2 online, 1/2 targets on the desired commit\n"),
+            "{t}"
+        );
+    }
+}

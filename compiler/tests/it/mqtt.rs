@@ -1,0 +1,211 @@
+//! `edgeform status` and `edgeform exec` against a real mosquitto and a
+//! real agent (the `agent` library, in this process), with real Redis.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crate::util::{Fixture, edgeform, stderr, stdout};
+
+fn edge(name: &str, port: u16) -> String {
+    format!(
+        "name: {name}\nroles: [edge]\nregion: eu\nlocation: {{lat: 52.0, lon: 4.0}}\n\
+         redis: {{url: \"redis://127.0.0.1:{port}\"}}\n"
+    )
+}
+
+/// A running agent for edge-1, stopped on drop.
+struct Agent {
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Agent {
+    fn start(redis: u16, broker: u16, cache: &std::path::Path) -> Agent {
+        let yaml = format!(
+            "node: edge-1\nregion: eu\nredis: {{url: \"redis://127.0.0.1:{redis}\"}}\n\
+             cache: {{dirs: [{}]}}\nmqtt: {{url: \"mqtt://127.0.0.1:{broker}\"}}\n\
+             health: {{interval: 500ms}}\n\
+             actions:\n  echo:\n    argv: [/usr/bin/echo, said, \"{{word}}\"]\n    args: {{word: \"[a-z]+\"}}\n",
+            cache.display()
+        );
+        let config = Arc::new(agent::config::parse("agent.yaml", &yaml).unwrap());
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let thread = std::thread::spawn(move || {
+            let rt = tokio::runtime::Runtime::new().unwrap();
+            rt.block_on(agent::run_with(config, None, async {
+                let _ = stopped.await;
+            }))
+            .unwrap();
+        });
+        Agent {
+            stop: Some(stop),
+            thread: Some(thread),
+        }
+    }
+}
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        if let Some(s) = self.stop.take() {
+            let _ = s.send(());
+        }
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+fn status_json(f: &Fixture) -> serde_json::Value {
+    let out = edgeform(f.path(), &["status", "--format", "json"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    serde_json::from_str(&stdout(&out)).unwrap()
+}
+
+#[test]
+fn status_and_exec_through_the_broker() {
+    let (r1, r2) = (harness::redis(&[]), harness::redis(&[]));
+    let broker = harness::mosquitto();
+    let f = Fixture::with(&[
+        ("nodes/edge-1.yaml", &*edge("edge-1", r1.port)),
+        ("nodes/edge-2.yaml", &*edge("edge-2", r2.port)),
+        (
+            "cluster.yaml",
+            &format!(
+                "name: test\nmqtt:\n  url: mqtt://127.0.0.1:{}\n",
+                broker.port
+            ),
+        ),
+    ]);
+    let out = edgeform(f.path(), &["apply", "--yes", "--node", "edge-1"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let cache = tempfile::tempdir().unwrap();
+    let agent = Agent::start(r1.port, broker.port, cache.path());
+
+    // status: edge-1 reports, applied = desired; edge-2 never reported.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let v = loop {
+        let v = status_json(&f);
+        if v["nodes"][0]["online"] == true && v["nodes"][0]["commit"].is_string() {
+            break v;
+        }
+        assert!(Instant::now() < deadline, "edge-1 never reported: {v}");
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    let nodes = v["nodes"].as_array().unwrap();
+    assert_eq!(nodes.len(), 2, "{v}");
+    let e1 = &nodes[0];
+    assert_eq!(e1["node"], "edge-1");
+    assert_eq!(e1["commit"], e1["desired_commit"], "{v}");
+    assert!(e1["age_s"].as_u64().unwrap() < 30);
+    assert_eq!(e1["purge_queue"], 0);
+    for field in [
+        "node",
+        "online",
+        "age_s",
+        "commit",
+        "desired_commit",
+        "purge_queue",
+        "play_sessions",
+        "out_kbit",
+    ] {
+        assert!(e1.get(field).is_some(), "{field}: {v}");
+    }
+    assert_eq!(nodes[1]["node"], "edge-2");
+    assert_eq!(nodes[1]["online"], false);
+    assert!(nodes[1]["age_s"].is_null() && nodes[1]["commit"].is_null());
+    let out = edgeform(f.path(), &["status"]);
+    assert_eq!(out.status.code(), Some(0));
+    let text = stdout(&out);
+    assert!(
+        text.contains("(desired)") && text.contains("1/2 online"),
+        "{text}"
+    );
+
+    // exec: an allowed action with --wait prints its output, exit 0.
+    let out = edgeform(
+        f.path(),
+        &[
+            "exec", "--node", "edge-1", "--action", "echo", "--arg", "word=hi", "--wait", "15",
+        ],
+    );
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}{}",
+        stdout(&out),
+        stderr(&out)
+    );
+    assert!(stdout(&out).contains("echo ok, exit 0"), "{}", stdout(&out));
+    assert!(stdout(&out).contains("said hi"), "{}", stdout(&out));
+    // Refused by the agent: exit 1 with the reason; JSON carries the result.
+    let out = edgeform(
+        f.path(),
+        &[
+            "exec", "--node", "edge-1", "--action", "echo", "--arg", "word=a;b", "--wait", "15",
+            "--format", "json",
+        ],
+    );
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    let r: serde_json::Value = serde_json::from_str(&stdout(&out)).unwrap();
+    assert_eq!(r["status"], "refused");
+    assert!(r["reason"].as_str().unwrap().contains("never accepted"));
+    // No --wait: sent, exit 0.
+    let out = edgeform(
+        f.path(),
+        &[
+            "exec", "--node", "edge-1", "--action", "echo", "--arg", "word=x",
+        ],
+    );
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("sent echo to edge-1"),
+        "{}",
+        stderr(&out)
+    );
+    // Waiting on a node whose agent is not running: exit 1, named.
+    let out = edgeform(
+        f.path(),
+        &[
+            "exec", "--node", "edge-2", "--action", "echo", "--wait", "1",
+        ],
+    );
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        stderr(&out).contains("no result from edge-2"),
+        "{}",
+        stderr(&out)
+    );
+    // Local mistakes never reach the broker.
+    let out = edgeform(f.path(), &["exec", "--node", "edge-9", "--action", "echo"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(stderr(&out).contains("no such node"), "{}", stderr(&out));
+    let out = edgeform(
+        f.path(),
+        &[
+            "exec", "--node", "edge-1", "--action", "echo", "--arg", "word",
+        ],
+    );
+    assert!(stderr(&out).contains("NAME=VALUE"), "{}", stderr(&out));
+
+    // The agent stops cleanly: offline.
+    drop(agent);
+    let v = status_json(&f);
+    assert_eq!(v["nodes"][0]["online"], false, "{v}");
+    // The broker down: a clear one-line error, exit 1.
+    drop(broker);
+    let out = edgeform(f.path(), &["status"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        stderr(&out).contains("cannot reach the MQTT broker mqtt://127.0.0.1:"),
+        "{}",
+        stderr(&out)
+    );
+}
+
+#[test]
+fn status_needs_a_broker_in_cluster_yaml() {
+    let f = Fixture::with(&[]);
+    let out = edgeform(f.path(), &["status"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(stderr(&out).contains("no `mqtt` block"), "{}", stderr(&out));
+}
