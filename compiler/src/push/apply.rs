@@ -480,3 +480,83 @@ pub(crate) fn set_meta(pipe: &mut redis::Pipeline, commit: &str, generation: u64
         .arg("format")
         .arg(edgestate::FORMAT_VERSION);
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::push::state::content_hash;
+
+    fn names(cmd: &redis::Cmd) -> Vec<String> {
+        cmd.args_iter()
+            .map(|a| match a {
+                redis::Arg::Simple(b) => String::from_utf8_lossy(b).into_owned(),
+                _ => "<cursor>".into(),
+            })
+            .collect()
+    }
+
+    #[test]
+    fn body_writes_changes_then_prunes_then_meta_in_chunks() {
+        let sites: Vec<(Arc<str>, Arc<str>)> = (0..2500)
+            .map(|i| {
+                (
+                    Arc::from(format!("site:s{i:05}")),
+                    Arc::from("x".repeat(2100)),
+                )
+            })
+            .collect();
+        let hashes = sites.iter().map(|(_, v)| content_hash(v)).collect();
+        let desired = Desired {
+            node: "e".into(),
+            is_edge: true,
+            routing: "{}".into(),
+            routing_hash: content_hash("{}"),
+            sites: Arc::new(sites),
+            site_hashes: Arc::new(hashes),
+            digest: Arc::default(),
+        };
+        // Every other site changed, the routing table added, two to prune.
+        let changes = Changes {
+            added: vec![keys::ROUTING.to_owned()],
+            changed: (0..2500)
+                .step_by(2)
+                .map(|i| format!("site:s{i:05}"))
+                .collect(),
+            removed: vec!["site:gone".into(), "suspended:gone".into()],
+        };
+        let mut body = Body::new(&desired, &changes, "abc", 7);
+        let mut cmds = Vec::new();
+        let mut chunks = 0;
+        while let Some(chunk) = body.chunk() {
+            chunks += 1;
+            cmds.extend(chunk.cmd_iter().map(names));
+        }
+        // 1,251 writes of ~2 KB each are more than one 2 MiB chunk.
+        assert!(chunks >= 2, "{chunks} chunks");
+        let written: Vec<&str> = cmds
+            .iter()
+            .filter(|c| c[0] == "MSET")
+            .flat_map(|c| c[1..].chunks(2).map(|kv| kv[0].as_str()))
+            .collect();
+        let mut want: Vec<&str> = changes.changed.iter().map(String::as_str).collect();
+        want.insert(0, keys::ROUTING);
+        assert_eq!(written, want);
+        let fields: Vec<&str> = cmds
+            .iter()
+            .filter(|c| c[0] == "HSET" && c[1] == keys::MANIFEST)
+            .flat_map(|c| c[2..].chunks(2).map(|kv| kv[0].as_str()))
+            .collect();
+        assert_eq!(fields, want);
+        assert!(cmds.iter().all(|c| c.len() <= 2 * BATCH + 2));
+        let n = cmds.len();
+        assert_eq!(cmds[n - 3], ["DEL", "site:gone", "suspended:gone"]);
+        assert_eq!(
+            cmds[n - 2],
+            ["HDEL", keys::MANIFEST, "site:gone", "suspended:gone"]
+        );
+        assert_eq!(cmds[n - 1][..2], ["HSET".to_owned(), keys::META.to_owned()]);
+        assert!(body.chunk().is_none());
+    }
+}

@@ -147,3 +147,44 @@ fn empty_rollback_and_unknown() {
     };
     assert!(allowed("x", &d, &l, &c, Ancestry::Older, t, roll).is_ok());
 }
+
+#[test]
+fn in_sync_needs_every_hash_and_nothing_more() {
+    let d = desired(&[("site:a", "1"), ("site:b", "2")], true);
+    let hashes: Vec<String> = d.iter().map(|(_, _, h)| h.to_owned()).collect();
+    let live = |hs: &[Option<&str>]| -> Vec<Option<Vec<u8>>> {
+        hs.iter()
+            .map(|h| h.map(|h| h.as_bytes().to_vec()))
+            .collect()
+    };
+    let check = |managed: usize, hs: &[Option<Vec<u8>>]| {
+        in_sync(&d, managed, hs.iter().map(|h| h.as_deref()))
+    };
+    let all: Vec<Option<&str>> = hashes.iter().map(|h| Some(h.as_str())).collect();
+    assert!(check(3, &live(&all)));
+    // One more managed key than desired: something to prune.
+    assert!(!check(4, &live(&all)));
+    // A desired key absent, or holding another hash.
+    let mut missing = all.clone();
+    missing[1] = None;
+    assert!(!check(3, &live(&missing)));
+    let old = content_hash("old");
+    let mut changed = all.clone();
+    changed[2] = Some(old.as_str());
+    assert!(!check(3, &live(&changed)));
+    // A short reply is not "in sync".
+    assert!(!check(3, &live(&all[..2])));
+}
+
+#[test]
+fn desired_digest_is_the_digest_of_the_same_live_manifest() {
+    let d = desired(
+        &[("site:a", "1"), ("site:b", "2"), ("suspended:b", "1")],
+        true,
+    );
+    let l = live(manifest(&d));
+    assert_eq!(d.digest(), l.digest());
+    let mut m = manifest(&d);
+    m.insert("site:b".into(), content_hash("old"));
+    assert_ne!(d.digest(), live(m).digest());
+}
