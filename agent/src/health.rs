@@ -404,4 +404,45 @@ Inter-|   Receive                                                |  Transmit
         let (p, st, problems) = s.read(None, None).await;
         assert_eq!((p, st, problems.len()), (None, None, 0));
     }
+
+    #[tokio::test]
+    async fn http_source() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        tokio::spawn(async move {
+            // Two requests: a stats document, then a 500.
+            for body in [r#"{"stats": {"sessions": 9, "live": ["b", "a"]}}"#, ""] {
+                let (mut s, _) = listener.accept().await.unwrap();
+                let mut buf = [0u8; 1024];
+                let _ = s.read(&mut buf).await;
+                let head = if body.is_empty() {
+                    "HTTP/1.1 500 Internal Server Error\r\ncontent-length: 0\r\n\r\n".to_owned()
+                } else {
+                    format!(
+                        "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n",
+                        body.len()
+                    )
+                };
+                s.write_all(head.as_bytes()).await.unwrap();
+                s.write_all(body.as_bytes()).await.unwrap();
+                s.shutdown().await.unwrap();
+            }
+        });
+        let url = format!("http://127.0.0.1:{port}/stats");
+        let src = |field: &str| Source {
+            from: SourceFrom::Url(url.clone()),
+            field: field.into(),
+        };
+        let s = Sources::default();
+        // One fetch serves both metrics.
+        let (p, st, problems) = s
+            .read(Some(&src("/stats/sessions")), Some(&src("/stats/live")))
+            .await;
+        assert_eq!(problems, Vec::<String>::new());
+        assert_eq!((p, st), (Some(9), Some(vec!["a".into(), "b".into()])));
+        let (p, _, problems) = s.read(Some(&src("/stats/sessions")), None).await;
+        assert_eq!(p, None);
+        assert!(problems[0].contains("HTTP 500"), "{problems:?}");
+    }
 }

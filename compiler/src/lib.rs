@@ -11,10 +11,13 @@
 //! - [`diff`]: two compilations → per-target added/changed/removed keys.
 //! - [`report`]: rendering diagnostics and diffs (human, json, github,
 //!   markdown).
+//! - [`anycast`]: the anycast audit (pure analysis; `anycast::mrt` reads
+//!   route-collector dumps).
 //! - [`cli`]: the `edgeform` command line; `main.rs` only calls [`cli::main`].
 //!
 //! Everything but `load` (and the CLI's writing of results) is pure.
 
+pub mod anycast;
 pub mod cli;
 pub mod compile;
 pub mod country;

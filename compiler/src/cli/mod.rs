@@ -13,6 +13,7 @@ use crate::load::{self, Repo};
 use crate::report::{self, CheckFormat, DiffFormat};
 use crate::{Checked, compile, diff};
 
+pub mod anycast;
 pub mod mqtt;
 pub mod purge;
 pub mod push;
@@ -118,6 +119,11 @@ pub enum Command {
     /// stream (and with --geo the nearest edge) from the compiled table and
     /// a health snapshot, step by step. Exit 0.
     Route(route::RouteArgs),
+    /// Anycast audit from route-collector dumps (RIS bview/updates MRT):
+    /// per announced prefix, which upstream each collector peer's best
+    /// path goes through, AS-path lengths, and lopsided or longer-path
+    /// splits. Exit 0 nothing flagged, 2 a prefix flagged, 1 error.
+    Anycast(anycast::AnycastArgs),
     /// The scheduled jobs: sync re-pushes desired state, heal compares the
     /// full live content and repairs drift. Runs until SIGTERM, or once.
     Reconcile {
@@ -383,6 +389,14 @@ pub fn run(cli: &Cli) -> Result<u8> {
                 return Ok(1);
             };
             route::route(config, args)
+        }
+        Command::Anycast(args) => {
+            let repo = load::load(&cli.repo, cli.rev.as_deref())?;
+            let checked = crate::check(&repo);
+            let Some(config) = valid_or_report(&checked, &repo, &cli.repo) else {
+                return Ok(1);
+            };
+            anycast::anycast(config, args)
         }
         Command::Status { format, broker } => {
             let source = push::source(&cli.repo, cli.rev.as_deref(), color())?;

@@ -363,6 +363,70 @@ pub struct Cluster {
     /// Geo routing and the routers' 443 pool.
     #[serde(default)]
     pub geo: Option<Geo>,
+    /// The anycast audit (`edgeform anycast`): the prefixes you announce
+    /// and the transit providers you announce them through.
+    #[serde(default)]
+    pub anycast: Option<Anycast>,
+}
+
+/// The anycast audit: which upstream each route collector peer's best path
+/// to your prefixes goes through, and how long those paths are.
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Anycast {
+    /// Your own AS numbers, the origin of the announced prefixes. A path's
+    /// upstream is the configured upstream nearest to the origin. Absent:
+    /// the last AS of each path is taken as the origin.
+    #[serde(default)]
+    #[schemars(inner(range(min = 1, max = 4_294_967_295_u32)))]
+    pub origin_asns: Vec<u32>,
+    /// The prefixes you announce (e.g. one for DNS, two for the data
+    /// plane). More-specifics of them seen at a collector are reported too.
+    #[schemars(length(min = 1))]
+    pub prefixes: Vec<AnycastPrefix>,
+    /// The transit providers you buy from, each with a name.
+    #[schemars(length(min = 1))]
+    pub upstreams: Vec<Upstream>,
+    /// A prefix is flagged `lopsided` when one upstream carries more than
+    /// this share of the vantage points (default 0.8).
+    #[serde(default)]
+    #[schemars(range(min = 0.0, max = 1.0))]
+    pub lopsided_share: Option<f64>,
+    /// A prefix is flagged `longer_path` when the median AS-path length
+    /// through one upstream exceeds the shortest upstream median by at
+    /// least this many hops (default 1).
+    #[serde(default)]
+    #[schemars(range(min = 0.0))]
+    pub longer_path_hops: Option<f64>,
+}
+
+/// One announced prefix.
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct AnycastPrefix {
+    /// IPv4 or IPv6 network (CIDR, host bits clear).
+    pub prefix: String,
+    /// A label for reports, e.g. `dns`. Default: the prefix.
+    #[serde(default)]
+    #[schemars(regex(pattern = NAME_PATTERN), length(max = 63))]
+    pub name: Option<String>,
+    /// The upstreams (by name) this prefix is announced through. Absent:
+    /// all of them. With one, the split is not judged.
+    #[serde(default)]
+    #[schemars(length(min = 1))]
+    pub upstreams: Option<Vec<String>>,
+}
+
+/// A transit provider.
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Upstream {
+    /// A short name, e.g. `transit-a`.
+    #[schemars(regex(pattern = NAME_PATTERN), length(max = 63))]
+    pub name: String,
+    /// The provider's AS number (the AS you hand your routes to).
+    #[schemars(range(min = 1, max = 4_294_967_295_u32))]
+    pub asn: u32,
 }
 
 /// MQTT broker settings.

@@ -1,5 +1,6 @@
 //! The compiler's one integration-test binary (matklad's layout).
 
+mod anycast;
 mod cli;
 mod example;
 mod hostile;

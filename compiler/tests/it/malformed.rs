@@ -431,6 +431,66 @@ const CASES: &[Case] = &[
         2,
     ),
     (
+        "anycast: duplicate prefix",
+        &[(
+            "cluster.yaml",
+            "anycast:\n  upstreams: [{name: a, asn: 64500}]\n  prefixes:\n    - prefix: 192.0.2.0/24\n    - prefix: 192.0.2.0/24\n",
+        )],
+        "duplicate-value",
+        "cluster.yaml",
+        5,
+    ),
+    (
+        "anycast: reserved ASN",
+        &[(
+            "cluster.yaml",
+            "anycast:\n  prefixes: [{prefix: 192.0.2.0/24}]\n  upstreams:\n    - {name: a, asn: 64500}\n    - {name: b, asn: 23456}\n",
+        )],
+        "invalid-asn",
+        "cluster.yaml",
+        5,
+    ),
+    (
+        "anycast: ASN out of range",
+        &[(
+            "cluster.yaml",
+            "anycast:\n  prefixes: [{prefix: 192.0.2.0/24}]\n  upstreams:\n    - {name: a, asn: 4294967296}\n",
+        )],
+        "out-of-range",
+        "cluster.yaml",
+        4,
+    ),
+    (
+        "anycast: unknown upstream",
+        &[(
+            "cluster.yaml",
+            "anycast:\n  upstreams: [{name: transit-a, asn: 64500}]\n  prefixes:\n    - {prefix: 192.0.2.0/24, upstreams: [transit-b]}\n",
+        )],
+        "unknown-upstream",
+        "cluster.yaml",
+        4,
+    ),
+    (
+        "anycast: prefix host bits",
+        &[(
+            "cluster.yaml",
+            "anycast:\n  upstreams: [{name: a, asn: 64500}]\n  prefixes:\n    - prefix: 192.0.2.1/24\n",
+        )],
+        "cidr-host-bits",
+        "cluster.yaml",
+        4,
+    ),
+    (
+        "anycast: upstream is our own AS",
+        &[(
+            "cluster.yaml",
+            "anycast:\n  origin_asns: [64496]\n  upstreams: [{name: a, asn: 64496}]\n  prefixes: [{prefix: 192.0.2.0/24}]\n",
+        )],
+        "invalid-asn",
+        "cluster.yaml",
+        3,
+    ),
+    (
         "custom tag",
         &[("sites/a.yaml", "host: a.example.com\norigin: !env ORIGIN\n")],
         "yaml-unsupported-tag",
