@@ -59,6 +59,11 @@ class Redis:
         r = subprocess.run(["redis-cli", "-p", str(self.port), *args], capture_output=True, text=True)
         return r.stdout
 
+    def cpu(self) -> float:
+        """CPU seconds (user + system) the server has used so far."""
+        f = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(f[11]) + int(f[12])) / os.sysconf("SC_CLK_TCK")
+
     def stop(self):
         self.proc.terminate()
         self.proc.wait()
@@ -111,25 +116,29 @@ def main() -> int:
     ap.add_argument("--sites", type=int, default=100_000)
     ap.add_argument("--dir", type=Path, default=ROOT / ".bench" / "push")
     ap.add_argument("--no-build", action="store_true")
+    ap.add_argument("--bin", type=Path, default=EDGEFORM, help="the edgeform binary to measure")
     a = ap.parse_args()
     if not a.no_build:
         subprocess.run(["cargo", "build", "--release", "--quiet", "-p", "compiler"], cwd=ROOT, check=True)
     generate(a.dir, a.sites)
+    load_start = os.getloadavg()
     work = Path(tempfile.mkdtemp(prefix="edgeform-push-bench-"))
     servers = [Redis(work) for _ in range(4)]
     try:
         write_nodes(a.dir, servers)
-        ef = [str(EDGEFORM), "--repo", str(a.dir)]
+        ef = [str(a.bin), "--repo", str(a.dir)]
         timed(ef + ["check"], ROOT)  # warm-up
         check = [timed(ef + ["check"], ROOT) for _ in range(a.runs)]
 
-        full, push = [], []
+        full, push, push_cpu = [], [], []
         for _ in range(a.runs):
             for s in servers:
                 s.cli("FLUSHALL")
+            c0 = sum(s.cpu() for s in servers)
             t0 = time.perf_counter()
             r = subprocess.run(ef + ["apply", "--yes"], cwd=ROOT, capture_output=True, text=True)
             full.append(time.perf_counter() - t0)
+            push_cpu.append(sum(s.cpu() for s in servers) - c0)
             m = re.search(r"\(push ([0-9.]+) s\)", r.stdout)
             if r.returncode != 0 or not m:
                 raise SystemExit(f"apply failed:\n{r.stdout}\n{r.stderr}")
@@ -151,16 +160,19 @@ def main() -> int:
         finally:
             site.write_text(original)
 
-        bench = []
+        bench, bench_cpu = [], []
         for _ in range(a.runs):
             servers[3].cli("FLUSHALL")
+            c0 = servers[3].cpu()
             bench.append(timed(["redis-benchmark", "-p", str(servers[3].port), "-P", "64", "-t", "set",
                                 "-d", "400", "-n", "400000", "-q"], ROOT))
+            bench_cpu.append(servers[3].cpu() - c0)
     finally:
         for s in servers:
             s.stop()
         shutil.rmtree(work, ignore_errors=True)
 
+    load_end = os.getloadavg()
     cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), "?")
     rows = [
         ("`edgeform check` (reference)", med(check), min(check), max(check), ""),
@@ -171,9 +183,14 @@ def main() -> int:
          f"{med(push) / med(bench):.2f} x redis-benchmark (goal <= 2)"),
         ("`redis-benchmark -P 64 -t set -d 400 -n 400000`", med(bench), min(bench), max(bench), ""),
         ("one-site change applied to 4 targets", med(one), min(one), max(one), ""),
+        ("redis-server CPU time of the full apply (4 servers together)", med(push_cpu), min(push_cpu),
+         max(push_cpu), ""),
+        ("redis-server CPU time of redis-benchmark (one server)", med(bench_cpu), min(bench_cpu),
+         max(bench_cpu), ""),
     ]
     print(f"\n{a.sites} sites, 4 targets; {os.cpu_count()} cores ({cpu}); {platform.system()}; "
-          f"medians of {a.runs} runs, wall time of the whole process\n")
+          f"medians of {a.runs} runs, wall time of the whole process; load average "
+          f"{load_start[0]:.1f} at the start, {load_end[0]:.1f} at the end\n")
     print("| what | median | min | max | ratio |\n|---|---:|---:|---:|---|")
     for name, m, lo, hi, ratio in rows:
         print(f"| {name} | {m:.3f} s | {lo:.3f} s | {hi:.3f} s | {ratio} |")

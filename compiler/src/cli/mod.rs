@@ -403,14 +403,18 @@ pub fn run(cli: &Cli) -> Result<u8> {
             parallel,
         } => {
             let source = push::source(&cli.repo, cli.rev.as_deref(), color())?;
-            runtime()?.block_on(push::plan(
+            let t = std::time::Instant::now();
+            let code = runtime()?.block_on(push::plan(
                 &source,
                 nodes,
                 *format,
                 out.as_deref(),
                 *detailed_exitcode,
                 *parallel,
-            ))
+            ));
+            crate::push::timing("plan targets", t);
+            push::free_later(source);
+            code
         }
         Command::Apply {
             plan,

@@ -15,7 +15,7 @@ use crate::load;
 use crate::push::apply::{self, Expect, Options, Outcome};
 use crate::push::plan::{self, Changes, Overrides};
 use crate::push::run::{Ancestor, each};
-use crate::push::state::{Live, manifest_digest};
+use crate::push::state::Live;
 use crate::push::{self, Job, heal};
 use crate::{Config, report};
 
@@ -35,8 +35,12 @@ pub struct Source {
 /// # Errors
 /// I/O or git errors, and an invalid repository (nothing is pushed).
 pub fn source(root: &Path, rev: Option<&str>, color: bool) -> Result<Source> {
+    let t = Instant::now();
     let repo = load::load(root, rev)?;
+    push::timing("load", t);
+    let t = Instant::now();
     let checked = crate::check(&repo);
+    push::timing("check", t);
     if !checked.diagnostics.is_empty() && checked.config.is_none() {
         eprint!(
             "{}",
@@ -50,11 +54,15 @@ pub fn source(root: &Path, rev: Option<&str>, color: bool) -> Result<Source> {
             report::summary(&checked.diagnostics, repo.sources.len())
         );
     };
+    let t = Instant::now();
     let compiled = compile::compile(&config);
+    push::timing("compile", t);
+    let t = Instant::now();
     let commit = match rev {
         Some(_) => repo.commit.clone().unwrap_or_else(|| "worktree".into()),
         None => load::worktree_commit(root),
     };
+    push::timing("commit", t);
     let rev = rev.map(|_| repo.commit.clone().unwrap_or_default());
     Ok(Source {
         repo,
@@ -63,6 +71,13 @@ pub fn source(root: &Path, rev: Option<&str>, color: bool) -> Result<Source> {
         commit,
         rev,
     })
+}
+
+/// Free a loaded repository on another thread: the 100,000 parsed sites
+/// of a large repository take a while to free, and a command that is about
+/// to exit need not wait for it.
+pub fn free_later(source: Source) {
+    std::thread::spawn(move || drop(source));
 }
 
 /// The jobs for `--node` (all targets when empty).
@@ -76,7 +91,9 @@ pub fn jobs(source: &Source, only: &[String]) -> Result<Vec<Job>> {
             bail!("--node {n}: no such target (targets are nodes with a redis block: {known:?})");
         }
     }
+    let t = Instant::now();
     let jobs = push::jobs(&source.config, &source.compiled, only);
+    push::timing("jobs (hashes)", t);
     if jobs.is_empty() {
         bail!("no targets: no node has a `redis` block");
     }
@@ -113,17 +130,35 @@ pub struct SavedPlan {
 /// The digest of a target's desired manifest (what a plan was made for).
 #[must_use]
 pub fn desired_digest(desired: &push::state::Desired) -> String {
-    let m = desired
-        .iter()
-        .map(|(k, _, h)| (k.to_owned(), h.to_owned()))
-        .collect();
-    manifest_digest(&m)
+    desired.digest().to_owned()
 }
 
 async fn plan_target(job: Job, show_diffs: bool) -> Result<TargetPlan> {
+    let t = Instant::now();
     let mut con = job.node.redis_master().await?;
+    push::timing("  connect", t);
+    let t = Instant::now();
+    let (meta, in_sync) = apply::read_if_in_sync(&mut con, &job.desired).await?;
+    push::timing("  read_if_in_sync", t);
+    if in_sync {
+        // Live holds exactly the desired manifest, hence its digest too.
+        let digest = desired_digest(&job.desired);
+        return Ok(TargetPlan {
+            node: job.node.name.clone(),
+            generation: meta.generation,
+            live_commit: meta.commit,
+            manifest_digest: digest.clone(),
+            desired_digest: digest,
+            changes: Changes::default(),
+            diffs: Vec::new(),
+        });
+    }
+    let t = Instant::now();
     let live: Live = apply::read_live(&mut con).await?;
+    push::timing("  read_live", t);
+    let t = Instant::now();
     let changes = plan::changes(&job.desired, &live.manifest);
+    push::timing("  changes", t);
     let mut diffs = Vec::new();
     if show_diffs && !changes.changed.is_empty() {
         let shown: Vec<String> = changes.changed.iter().take(SHOWN).cloned().collect();
@@ -139,12 +174,22 @@ async fn plan_target(job: Job, show_diffs: bool) -> Result<TargetPlan> {
             diffs.push((key.clone(), unified(key, &b, &pretty(after))));
         }
     }
+    let t = Instant::now();
+    let desired_digest = desired_digest(&job.desired);
+    // No changes: live holds exactly the desired manifest, so it has the
+    // same digest and needs no sorting to compute it.
+    let manifest_digest = if changes.is_empty() {
+        desired_digest.clone()
+    } else {
+        live.digest()
+    };
+    push::timing("  digests", t);
     Ok(TargetPlan {
         node: job.node.name.clone(),
         generation: live.meta.generation,
         live_commit: live.meta.commit.clone(),
-        manifest_digest: live.digest(),
-        desired_digest: desired_digest(&job.desired),
+        manifest_digest,
+        desired_digest,
         changes,
         diffs,
     })
@@ -526,7 +571,9 @@ pub async fn apply_cmd(
     }
     let started = Instant::now();
     let results = apply_all(&source, jobs, flags, saved.as_ref(), root).await;
-    Ok(u8::from(report_applied(&results, started.elapsed()) > 0))
+    let failed = report_applied(&results, started.elapsed());
+    free_later(source);
+    Ok(u8::from(failed > 0))
 }
 
 // ------------------------------------------------------------- reconcile

@@ -2,8 +2,10 @@
 //! changed keys, deletes managed keys no longer desired (prune), and updates
 //! `edgeform:manifest` and `edgeform:meta` together. A reader never sees
 //! half an apply: the documents and the new generation appear at once.
+//! The transaction's body is streamed in chunks (encoding the next while
+//! the server queues the last), never encoded whole.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
@@ -11,7 +13,7 @@ use edgestate::keys;
 use redis::aio::MultiplexedConnection;
 
 use super::plan::{self, Ancestry, Changes, Overrides};
-use super::state::{Desired, Live, Meta, now_rfc3339};
+use super::state::{Desired, Live, Manifest, Meta, now_rfc3339};
 use crate::model::resolved::Thresholds;
 
 /// Fields per HSET/MGET/DEL command inside a transaction or batch.
@@ -20,9 +22,9 @@ const BATCH: usize = 1000;
 /// Read `edgeform:manifest` and `edgeform:meta`.
 ///
 /// # Errors
-/// Redis errors.
+/// Redis errors, or a manifest that is not a hash of UTF-8 strings.
 pub async fn read_live(con: &mut MultiplexedConnection) -> Result<Live> {
-    let (manifest, meta): (BTreeMap<String, String>, BTreeMap<String, String>) = redis::pipe()
+    let (manifest, meta): (redis::Value, BTreeMap<String, String>) = redis::pipe()
         .cmd("HGETALL")
         .arg(keys::MANIFEST)
         .cmd("HGETALL")
@@ -31,9 +33,71 @@ pub async fn read_live(con: &mut MultiplexedConnection) -> Result<Live> {
         .await
         .context("reading edgeform:manifest and edgeform:meta")?;
     Ok(Live {
-        manifest,
+        manifest: manifest_from(manifest)?,
         meta: Meta::from_hash(&meta),
     })
+}
+
+/// The no-op plan's fast check: is the live manifest exactly the desired
+/// one? One MULTI/EXEC reads HLEN, the meta and HMGET of the desired keys:
+/// half the reply of HGETALL and nothing to index. Returns the meta, and
+/// whether live is in sync (when not, read the whole manifest to see how).
+///
+/// # Errors
+/// Redis errors.
+pub async fn read_if_in_sync(
+    con: &mut MultiplexedConnection,
+    desired: &Desired,
+) -> Result<(Meta, bool)> {
+    let mut hmget = redis::Cmd::with_capacity(desired.len() + 2, 40 * desired.len());
+    hmget.arg("HMGET").arg(keys::MANIFEST);
+    for (key, _, _) in desired.iter() {
+        hmget.arg(key);
+    }
+    let (managed, meta, hashes): (usize, BTreeMap<String, String>, redis::Value) = redis::pipe()
+        .atomic()
+        .cmd("HLEN")
+        .arg(keys::MANIFEST)
+        .cmd("HGETALL")
+        .arg(keys::META)
+        .add_command(hmget)
+        .query_async(con)
+        .await
+        .context("reading edgeform:manifest and edgeform:meta")?;
+    let hashes = match hashes {
+        redis::Value::Array(items) => items,
+        other => bail!("HMGET {} answered {other:?}", keys::MANIFEST),
+    };
+    let live = hashes.iter().map(|v| match v {
+        redis::Value::BulkString(b) => Some(b.as_slice()),
+        _ => None,
+    });
+    let in_sync = plan::in_sync(desired, managed, live);
+    Ok((Meta::from_hash(&meta), in_sync))
+}
+
+/// HGETALL's reply as a [`Manifest`], taking the reply's strings over
+/// without copying them.
+fn manifest_from(reply: redis::Value) -> Result<Manifest> {
+    let items = match reply {
+        redis::Value::Array(items) => items,
+        redis::Value::Map(pairs) => pairs.into_iter().flat_map(|(k, v)| [k, v]).collect(),
+        redis::Value::Nil => Vec::new(),
+        other => bail!("{} is not a hash: {other:?}", keys::MANIFEST),
+    };
+    let text = |v: redis::Value| -> Result<String> {
+        match v {
+            redis::Value::BulkString(b) => String::from_utf8(b)
+                .with_context(|| format!("{} holds a non-UTF-8 string", keys::MANIFEST)),
+            other => bail!("{} holds {other:?}", keys::MANIFEST),
+        }
+    };
+    let mut manifest = Manifest::with_capacity(items.len() / 2);
+    let mut items = items.into_iter();
+    while let (Some(k), Some(v)) = (items.next(), items.next()) {
+        manifest.insert(text(k)?, text(v)?);
+    }
+    Ok(manifest)
 }
 
 /// Values of `keys` (None where absent), in batches.
@@ -183,7 +247,10 @@ async fn transaction(
             .arg(keys::META)
             .exec_async(con)
             .await?;
+        let t = Instant::now();
         let live = read_live(con).await?;
+        super::timing("  read_live", t);
+        let t = Instant::now();
         let checked = check(desired, &live, options, expect, ancestry);
         let changes = match checked {
             Ok(c) => c,
@@ -199,9 +266,12 @@ async fn transaction(
             });
         }
         let generation = live.meta.generation + 1;
-        let pipe = transaction_pipe(desired, &changes, &options.commit, generation);
-        let done: Option<redis::Value> = pipe.query_async(con).await.context("MULTI/EXEC")?;
-        if done.is_some() {
+        super::timing("  check", t);
+        let t = Instant::now();
+        let body = Body::new(desired, &changes, &options.commit, generation);
+        let done = multi_exec(con, body).await?;
+        super::timing("  MULTI/EXEC", t);
+        if done {
             return Ok(Outcome::Applied {
                 changes,
                 generation,
@@ -219,16 +289,23 @@ fn check(
     expect: Option<&Expect>,
     ancestry: &(dyn Fn(Option<&str>) -> Ancestry + Send + Sync),
 ) -> Result<Changes> {
-    if let Some(e) = expect
-        && (e.generation != live.meta.generation || e.manifest_digest != live.digest())
-    {
-        bail!(
-            "stale plan: the target moved since it was planned (generation {} then, {} now); plan again",
-            e.generation,
-            live.meta.generation
-        );
-    }
     let changes = plan::changes(desired, &live.manifest);
+    if let Some(e) = expect {
+        // Without changes live holds exactly the desired manifest, whose
+        // digest is known; otherwise the live one is sorted and hashed.
+        let digest = if changes.is_empty() {
+            desired.digest().to_owned()
+        } else {
+            live.digest()
+        };
+        if e.generation != live.meta.generation || e.manifest_digest != digest {
+            bail!(
+                "stale plan: the target moved since it was planned (generation {} then, {} now); plan again",
+                e.generation,
+                live.meta.generation
+            );
+        }
+    }
     let a = ancestry(live.meta.commit.as_deref());
     plan::allowed(
         &options.commit,
@@ -243,47 +320,149 @@ fn check(
     Ok(changes)
 }
 
-/// The MULTI/EXEC body: documents, manifest and meta together.
-fn transaction_pipe(
-    desired: &Desired,
-    changes: &Changes,
-    commit: &str,
-    generation: u64,
-) -> redis::Pipeline {
-    let write: HashSet<&str> = changes
-        .added
-        .iter()
-        .chain(&changes.changed)
-        .map(String::as_str)
-        .collect();
-    let mut pipe = redis::pipe();
-    pipe.atomic();
-    // MSET and HSET in batches: a thousand writes per queued command keeps
-    // the transaction's queue (and EXEC's reply) small.
-    let mut docs: Vec<(&str, &str)> = Vec::with_capacity(BATCH);
-    let mut fields: Vec<(&str, &str)> = Vec::with_capacity(BATCH);
-    for (key, value, hash) in desired.iter() {
-        if write.contains(key) {
-            docs.push((key, value));
-            fields.push((key, hash));
-            if fields.len() == BATCH {
-                pipe.cmd("MSET").arg(&docs).ignore();
-                pipe.cmd("HSET").arg(keys::MANIFEST).arg(&fields).ignore();
-                docs.clear();
-                fields.clear();
-            }
+/// Bytes of commands sent per round trip inside MULTI: large enough that
+/// round trips cost little, small enough that the server parses one chunk
+/// while the next is encoded.
+const CHUNK_BYTES: usize = 1 << 21;
+
+/// One transaction on a connection that has WATCHed what it read: MULTI,
+/// the body streamed in chunks (each chunk's `QUEUED` replies checked while
+/// the next chunk is encoded), EXEC. Nothing is applied before EXEC, so a
+/// reader sees all of it or none of it.
+///
+/// Returns `false` when EXEC reports a WATCH conflict (nothing applied).
+///
+/// # Errors
+/// Redis errors; a command the server refused to queue (the transaction
+/// is discarded).
+pub(crate) async fn multi_exec(
+    con: &mut MultiplexedConnection,
+    mut body: Body<'_>,
+) -> Result<bool> {
+    redis::cmd("MULTI").exec_async(con).await?;
+    let mut next = body.chunk();
+    while let Some(chunk) = next.take() {
+        let (sent, following) =
+            tokio::join!(con.send_packed_commands(&chunk, 0, chunk.len()), async {
+                body.chunk()
+            });
+        let refused = match sent {
+            Ok(replies) => replies.into_iter().find_map(|r| match r {
+                redis::Value::SimpleString(s) if s == "QUEUED" => None,
+                redis::Value::Okay => None,
+                other => Some(anyhow::anyhow!(
+                    "the server refused a queued command: {other:?}"
+                )),
+            }),
+            Err(e) => Some(anyhow::Error::from(e)),
+        };
+        if let Some(e) = refused {
+            let _: Result<(), _> = redis::cmd("DISCARD").exec_async(con).await;
+            return Err(e.context("MULTI/EXEC (discarded)"));
+        }
+        next = following;
+    }
+    let done: Option<Vec<redis::Value>> = redis::cmd("EXEC")
+        .query_async(con)
+        .await
+        .context("MULTI/EXEC")?;
+    let Some(replies) = done else {
+        return Ok(false);
+    };
+    if let Some(e) = replies.iter().find_map(|r| match r {
+        redis::Value::ServerError(e) => Some(e),
+        _ => None,
+    }) {
+        bail!("MULTI/EXEC: a command failed inside the transaction: {e:?}");
+    }
+    Ok(true)
+}
+
+/// What one transaction writes, produced chunk by chunk: every added or
+/// changed document (MSET) with its manifest field (HSET), deletions of
+/// keys no longer desired (DEL, HDEL), then the meta.
+pub(crate) struct Body<'a> {
+    entries: Box<dyn Iterator<Item = (&'a str, &'a str, &'a str)> + Send + 'a>,
+    writes: Box<dyn Iterator<Item = &'a str> + Send + 'a>,
+    next_write: Option<&'a str>,
+    removed: std::slice::Chunks<'a, String>,
+    meta: Option<(&'a str, u64)>,
+}
+
+impl<'a> Body<'a> {
+    pub(crate) fn new(
+        desired: &'a Desired,
+        changes: &'a Changes,
+        commit: &'a str,
+        generation: u64,
+    ) -> Body<'a> {
+        // `added` and `changed` are disjoint and each in desired order:
+        // merged, they are the desired keys to write, in order.
+        let mut writes: Box<dyn Iterator<Item = &'a str> + Send + 'a> =
+            Box::new(merge_sorted(&changes.added, &changes.changed));
+        let next_write = writes.next();
+        Body {
+            entries: Box::new(desired.iter()),
+            writes,
+            next_write,
+            removed: changes.removed.chunks(BATCH),
+            meta: Some((commit, generation)),
         }
     }
-    if !fields.is_empty() {
-        pipe.cmd("MSET").arg(&docs).ignore();
-        pipe.cmd("HSET").arg(keys::MANIFEST).arg(&fields).ignore();
+
+    /// The next chunk of commands, `None` when all were given.
+    pub(crate) fn chunk(&mut self) -> Option<redis::Pipeline> {
+        let mut pipe = redis::pipe();
+        let mut bytes = 0;
+        while bytes < CHUNK_BYTES {
+            let mut docs = redis::Cmd::with_capacity(2 * BATCH + 1, 1 << 20);
+            docs.arg("MSET");
+            let mut fields = redis::Cmd::with_capacity(2 * BATCH + 2, 64 * BATCH);
+            fields.arg("HSET").arg(keys::MANIFEST);
+            let mut n = 0;
+            while n < BATCH {
+                let Some(want) = self.next_write else { break };
+                let Some((key, value, hash)) = self.entries.next() else {
+                    self.next_write = None;
+                    break;
+                };
+                if key != want {
+                    continue;
+                }
+                docs.arg(key).arg(value);
+                fields.arg(key).arg(hash);
+                bytes += 2 * key.len() + value.len() + hash.len();
+                n += 1;
+                self.next_write = self.writes.next();
+            }
+            if n > 0 {
+                pipe.add_command(docs).add_command(fields);
+                continue;
+            }
+            if let Some(chunk) = self.removed.next() {
+                pipe.cmd("DEL").arg(chunk);
+                pipe.cmd("HDEL").arg(keys::MANIFEST).arg(chunk);
+                bytes += chunk.iter().map(|k| 2 * k.len()).sum::<usize>();
+                continue;
+            }
+            if let Some((commit, generation)) = self.meta.take() {
+                set_meta(&mut pipe, commit, generation);
+            }
+            break;
+        }
+        (!pipe.is_empty()).then_some(pipe)
     }
-    for chunk in changes.removed.chunks(BATCH) {
-        pipe.cmd("DEL").arg(chunk).ignore();
-        pipe.cmd("HDEL").arg(keys::MANIFEST).arg(chunk).ignore();
-    }
-    set_meta(&mut pipe, commit, generation);
-    pipe
+}
+
+/// Two sorted, disjoint lists merged in order.
+fn merge_sorted<'a>(a: &'a [String], b: &'a [String]) -> impl Iterator<Item = &'a str> + Send + 'a {
+    let mut a = a.iter().map(String::as_str).peekable();
+    let mut b = b.iter().map(String::as_str).peekable();
+    std::iter::from_fn(move || match (a.peek(), b.peek()) {
+        (Some(x), Some(y)) if y < x => b.next(),
+        (Some(_), _) => a.next(),
+        (None, _) => b.next(),
+    })
 }
 
 /// Append the `edgeform:meta` update that ends every write transaction.
@@ -300,4 +479,84 @@ pub(crate) fn set_meta(pipe: &mut redis::Pipeline, commit: &str, generation: u64
         .arg(now_rfc3339())
         .arg("format")
         .arg(edgestate::FORMAT_VERSION);
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::push::state::content_hash;
+
+    fn names(cmd: &redis::Cmd) -> Vec<String> {
+        cmd.args_iter()
+            .map(|a| match a {
+                redis::Arg::Simple(b) => String::from_utf8_lossy(b).into_owned(),
+                _ => "<cursor>".into(),
+            })
+            .collect()
+    }
+
+    #[test]
+    fn body_writes_changes_then_prunes_then_meta_in_chunks() {
+        let sites: Vec<(Arc<str>, Arc<str>)> = (0..2500)
+            .map(|i| {
+                (
+                    Arc::from(format!("site:s{i:05}")),
+                    Arc::from("x".repeat(2100)),
+                )
+            })
+            .collect();
+        let hashes = sites.iter().map(|(_, v)| content_hash(v)).collect();
+        let desired = Desired {
+            node: "e".into(),
+            is_edge: true,
+            routing: "{}".into(),
+            routing_hash: content_hash("{}"),
+            sites: Arc::new(sites),
+            site_hashes: Arc::new(hashes),
+            digest: Arc::default(),
+        };
+        // Every other site changed, the routing table added, two to prune.
+        let changes = Changes {
+            added: vec![keys::ROUTING.to_owned()],
+            changed: (0..2500)
+                .step_by(2)
+                .map(|i| format!("site:s{i:05}"))
+                .collect(),
+            removed: vec!["site:gone".into(), "suspended:gone".into()],
+        };
+        let mut body = Body::new(&desired, &changes, "abc", 7);
+        let mut cmds = Vec::new();
+        let mut chunks = 0;
+        while let Some(chunk) = body.chunk() {
+            chunks += 1;
+            cmds.extend(chunk.cmd_iter().map(names));
+        }
+        // 1,251 writes of ~2 KB each are more than one 2 MiB chunk.
+        assert!(chunks >= 2, "{chunks} chunks");
+        let written: Vec<&str> = cmds
+            .iter()
+            .filter(|c| c[0] == "MSET")
+            .flat_map(|c| c[1..].chunks(2).map(|kv| kv[0].as_str()))
+            .collect();
+        let mut want: Vec<&str> = changes.changed.iter().map(String::as_str).collect();
+        want.insert(0, keys::ROUTING);
+        assert_eq!(written, want);
+        let fields: Vec<&str> = cmds
+            .iter()
+            .filter(|c| c[0] == "HSET" && c[1] == keys::MANIFEST)
+            .flat_map(|c| c[2..].chunks(2).map(|kv| kv[0].as_str()))
+            .collect();
+        assert_eq!(fields, want);
+        assert!(cmds.iter().all(|c| c.len() <= 2 * BATCH + 2));
+        let n = cmds.len();
+        assert_eq!(cmds[n - 3], ["DEL", "site:gone", "suspended:gone"]);
+        assert_eq!(
+            cmds[n - 2],
+            ["HDEL", keys::MANIFEST, "site:gone", "suspended:gone"]
+        );
+        assert_eq!(cmds[n - 1][..2], ["HSET".to_owned(), keys::META.to_owned()]);
+        assert!(body.chunk().is_none());
+    }
 }

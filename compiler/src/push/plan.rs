@@ -1,10 +1,8 @@
 //! Pure planning: what must change on a target, and whether it is allowed.
 
-use std::collections::BTreeMap;
-
 use serde::{Deserialize, Serialize};
 
-use super::state::{Desired, Live};
+use super::state::{Desired, Live, Manifest};
 use crate::model::resolved::Thresholds;
 
 /// The keys that differ on one target.
@@ -28,32 +26,56 @@ impl Changes {
     }
 }
 
-/// Compare desired hashes with the live manifest (one merge walk).
+/// Compare desired hashes with the live manifest: one lookup per desired
+/// key; the keys to remove are looked for only when some live key was not
+/// met. Every list comes out sorted.
 #[must_use]
-pub fn changes(desired: &Desired, manifest: &BTreeMap<String, String>) -> Changes {
+pub fn changes(desired: &Desired, manifest: &Manifest) -> Changes {
     let mut out = Changes::default();
-    let mut live = manifest.iter().peekable();
+    let mut met = 0;
     for (key, _, hash) in desired.iter() {
-        while let Some((lk, _)) = live.peek() {
-            if lk.as_str() < key {
-                out.removed.push((*lk).clone());
-                live.next();
-            } else {
-                break;
-            }
-        }
-        match live.peek() {
-            Some((lk, lh)) if lk.as_str() == key => {
-                if lh.as_str() != hash {
+        match manifest.get(key) {
+            Some(live) => {
+                met += 1;
+                if live != hash {
                     out.changed.push(key.to_owned());
                 }
-                live.next();
             }
-            _ => out.added.push(key.to_owned()),
+            None => out.added.push(key.to_owned()),
         }
     }
-    out.removed.extend(live.map(|(k, _)| k.clone()));
+    if met < manifest.len() {
+        out.removed = manifest
+            .keys()
+            .filter(|k| !desired.contains(k))
+            .cloned()
+            .collect();
+        out.removed.sort_unstable();
+    }
     out
+}
+
+/// Whether the live manifest equals the desired one exactly, given its
+/// size (`managed`, HLEN) and its hashes of the desired keys in desired
+/// order (HMGET; `None` where absent). Equal sizes and every desired key
+/// present with its hash leave no room for another live key.
+#[must_use]
+pub fn in_sync<'a>(
+    desired: &Desired,
+    managed: usize,
+    live: impl IntoIterator<Item = Option<&'a [u8]>>,
+) -> bool {
+    if managed != desired.len() {
+        return false;
+    }
+    let mut seen = 0;
+    for ((_, _, hash), live) in desired.iter().zip(live) {
+        if live != Some(hash.as_bytes()) {
+            return false;
+        }
+        seen += 1;
+    }
+    seen == managed
 }
 
 /// Overrides for the safety checks.

@@ -5,7 +5,7 @@
 //! 100,000 documents. Only the heal reads full values.
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use sha2::{Digest, Sha256};
 
@@ -24,11 +24,16 @@ pub fn content_hash(value: &str) -> String {
     s
 }
 
-/// A hash over a whole manifest, to tell a saved plan's view from now.
+/// A manifest as read from a target: key → content hash. A hash map: a
+/// plan only looks keys up, so 100,000 live entries need no sorting.
+pub type Manifest = HashMap<String, String>;
+
+/// A hash over a whole manifest, given as `(key, hash)` pairs **sorted by
+/// key**, to tell a saved plan's view from now.
 #[must_use]
-pub fn manifest_digest(manifest: &BTreeMap<String, String>) -> String {
+pub fn manifest_digest<'a>(sorted: impl IntoIterator<Item = (&'a str, &'a str)>) -> String {
     let mut h = Sha256::new();
-    for (k, v) in manifest {
+    for (k, v) in sorted {
         h.update(k.as_bytes());
         h.update(b"\0");
         h.update(v.as_bytes());
@@ -47,6 +52,9 @@ pub struct Desired {
     pub routing_hash: String,
     pub sites: Arc<Entries>,
     pub site_hashes: Arc<Vec<String>>,
+    /// [`manifest_digest`] of this state, computed once when first asked
+    /// for and shared by every target that holds the same state.
+    pub digest: Arc<OnceLock<String>>,
 }
 
 impl Desired {
@@ -75,6 +83,21 @@ impl Desired {
         false
     }
 
+    /// Whether `key` is one of the desired keys (binary search).
+    #[must_use]
+    pub fn contains(&self, key: &str) -> bool {
+        key == edgestate::keys::ROUTING
+            || self.sites.binary_search_by(|(k, _)| (**k).cmp(key)).is_ok()
+    }
+
+    /// The digest of the manifest this state gives (what a plan was made
+    /// for); equal to a live manifest's digest exactly when they agree.
+    #[must_use]
+    pub fn digest(&self) -> &str {
+        self.digest
+            .get_or_init(|| manifest_digest(self.iter().map(|(k, _, h)| (k, h))))
+    }
+
     /// Number of `site:` keys.
     #[must_use]
     pub fn site_count(&self) -> usize {
@@ -85,10 +108,12 @@ impl Desired {
     }
 }
 
-/// Hashes each shared value list once.
+/// Hashes each shared value list once, and shares the digest between
+/// targets that hold the same state (edges of a region).
 #[derive(Default)]
 pub struct HashCache {
     by_list: HashMap<usize, Arc<Vec<String>>>,
+    digests: HashMap<(usize, String), Arc<OnceLock<String>>>,
 }
 
 impl HashCache {
@@ -108,13 +133,20 @@ impl HashCache {
                 )
             })
             .clone();
+        let routing_hash = content_hash(&target.routing);
+        let digest = self
+            .digests
+            .entry((ptr, routing_hash.clone()))
+            .or_default()
+            .clone();
         Desired {
             node: node.name.clone(),
             is_edge: node.has(Role::Edge),
-            routing_hash: content_hash(&target.routing),
+            routing_hash,
             routing: target.routing.clone(),
             sites: target.sites.clone(),
             site_hashes,
+            digest,
         }
     }
 }
@@ -146,14 +178,22 @@ impl Meta {
 /// What plan and apply read from a target.
 #[derive(Debug, Clone, Default)]
 pub struct Live {
-    pub manifest: BTreeMap<String, String>,
+    pub manifest: Manifest,
     pub meta: Meta,
 }
 
 impl Live {
+    /// The live manifest's digest. Sorts the manifest: callers that know it
+    /// equals a desired state use [`Desired::digest`] instead.
     #[must_use]
     pub fn digest(&self) -> String {
-        manifest_digest(&self.manifest)
+        let mut sorted: Vec<(&str, &str)> = self
+            .manifest
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.as_str()))
+            .collect();
+        sorted.sort_unstable();
+        manifest_digest(sorted)
     }
 }
 

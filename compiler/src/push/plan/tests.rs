@@ -1,8 +1,7 @@
-use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use super::*;
-use crate::push::state::{Desired, Meta, content_hash};
+use crate::push::state::{Desired, Manifest, Meta, content_hash};
 
 fn desired(keys: &[(&str, &str)], is_edge: bool) -> Desired {
     let sites: Vec<(Arc<str>, Arc<str>)> = keys
@@ -17,16 +16,17 @@ fn desired(keys: &[(&str, &str)], is_edge: bool) -> Desired {
         routing_hash: content_hash("{}"),
         sites: Arc::new(sites),
         site_hashes: Arc::new(hashes),
+        digest: Arc::default(),
     }
 }
 
-fn manifest(d: &Desired) -> BTreeMap<String, String> {
+fn manifest(d: &Desired) -> Manifest {
     d.iter()
         .map(|(k, _, h)| (k.to_owned(), h.to_owned()))
         .collect()
 }
 
-fn live(m: BTreeMap<String, String>) -> Live {
+fn live(m: Manifest) -> Live {
     Live {
         manifest: m,
         meta: Meta::default(),
@@ -124,7 +124,7 @@ fn empty_rollback_and_unknown() {
     let t = Thresholds::default();
     let ok = Overrides::default();
     let empty_edge = desired(&[], true);
-    let l = live(BTreeMap::new());
+    let l = live(Manifest::new());
     let c = changes(&empty_edge, &l.manifest);
     assert_eq!(
         allowed("x", &empty_edge, &l, &c, Ancestry::Forward, t, ok),
@@ -146,4 +146,45 @@ fn empty_rollback_and_unknown() {
         ..ok
     };
     assert!(allowed("x", &d, &l, &c, Ancestry::Older, t, roll).is_ok());
+}
+
+#[test]
+fn in_sync_needs_every_hash_and_nothing_more() {
+    let d = desired(&[("site:a", "1"), ("site:b", "2")], true);
+    let hashes: Vec<String> = d.iter().map(|(_, _, h)| h.to_owned()).collect();
+    let live = |hs: &[Option<&str>]| -> Vec<Option<Vec<u8>>> {
+        hs.iter()
+            .map(|h| h.map(|h| h.as_bytes().to_vec()))
+            .collect()
+    };
+    let check = |managed: usize, hs: &[Option<Vec<u8>>]| {
+        in_sync(&d, managed, hs.iter().map(|h| h.as_deref()))
+    };
+    let all: Vec<Option<&str>> = hashes.iter().map(|h| Some(h.as_str())).collect();
+    assert!(check(3, &live(&all)));
+    // One more managed key than desired: something to prune.
+    assert!(!check(4, &live(&all)));
+    // A desired key absent, or holding another hash.
+    let mut missing = all.clone();
+    missing[1] = None;
+    assert!(!check(3, &live(&missing)));
+    let old = content_hash("old");
+    let mut changed = all.clone();
+    changed[2] = Some(old.as_str());
+    assert!(!check(3, &live(&changed)));
+    // A short reply is not "in sync".
+    assert!(!check(3, &live(&all[..2])));
+}
+
+#[test]
+fn desired_digest_is_the_digest_of_the_same_live_manifest() {
+    let d = desired(
+        &[("site:a", "1"), ("site:b", "2"), ("suspended:b", "1")],
+        true,
+    );
+    let l = live(manifest(&d));
+    assert_eq!(d.digest(), l.digest());
+    let mut m = manifest(&d);
+    m.insert("site:b".into(), content_hash("old"));
+    assert_ne!(d.digest(), live(m).digest());
 }
