@@ -206,6 +206,7 @@ fn groups(diff: &Diff) -> Vec<Vec<&TargetDiff>> {
 fn group_title(group: &[&TargetDiff]) -> String {
     let names: Vec<&str> = group.iter().map(|t| t.node.as_str()).collect();
     let mut regions: Vec<&str> = group.iter().map(|t| t.region.as_str()).collect();
+    regions.sort_unstable();
     regions.dedup();
     let status = match group[0].status {
         TargetStatus::New => " (new target)",
