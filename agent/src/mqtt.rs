@@ -14,7 +14,7 @@
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::time::{Duration, SystemTime};
+use std::time::{Duration, Instant, SystemTime};
 
 use edgestate::mqtt::{self as wire, Command, CommandResult, HealthReport, Outcome, Topic};
 use edgestate::route::{Health, NodeHealth};
@@ -24,6 +24,11 @@ use crate::config::{Config, MqttConfig};
 use crate::metrics::{Metrics, gauge_value};
 use crate::routing::State;
 use crate::shutdown::Shutdown;
+
+/// A node silent for this many of its report intervals is offline.
+pub const SILENT_AFTER_INTERVALS: u64 = 3;
+/// … and never sooner than this.
+pub const MIN_SILENCE: Duration = Duration::from_secs(15);
 
 /// The most a health change waits before routing sees it.
 pub const FLUSH: Duration = Duration::from_millis(200);
@@ -40,6 +45,8 @@ pub struct Book {
 #[derive(Debug, Default)]
 struct Entry {
     report: Option<HealthReport>,
+    /// When the last report arrived (this host's clock: immune to skew).
+    received: Option<Instant>,
     /// From `<prefix>/status/<node>`.
     online: Option<bool>,
     stale: bool,
@@ -48,6 +55,17 @@ struct Entry {
 impl Book {
     /// Take a retained/new message; `false` when it was not ours to read.
     pub fn take(&mut self, prefix: &str, topic: &str, payload: &[u8]) -> Result<bool, String> {
+        self.take_at(prefix, topic, payload, Instant::now())
+    }
+
+    /// [`Book::take`] at `now`.
+    pub fn take_at(
+        &mut self,
+        prefix: &str,
+        topic: &str,
+        payload: &[u8],
+        now: Instant,
+    ) -> Result<bool, String> {
         match wire::parse_topic(prefix, topic) {
             Some(Topic::Health(node)) => {
                 if payload.is_empty() {
@@ -67,6 +85,7 @@ impl Book {
                 }
                 let e = self.nodes.entry(node.to_owned()).or_default();
                 e.report = Some(report);
+                e.received = Some(now);
                 e.stale = false;
                 Ok(true)
             }
@@ -98,9 +117,44 @@ impl Book {
         }
     }
 
-    /// The snapshot routing reads. A node is online when its status says
-    /// so, or — with no status heard — when it has a report; `offline`
-    /// (the last will) always wins.
+    /// Whether any node is known (nothing to re-check otherwise).
+    #[must_use]
+    pub fn is_empty(&self) -> bool {
+        self.nodes.is_empty()
+    }
+
+    /// The snapshot routing reads, at `now`. A node is online when its
+    /// status says so, or — with no status heard — when it has a report;
+    /// `offline` (the last will) always wins. While the broker is
+    /// reachable (`connected`), a node whose reports stopped for
+    /// [`SILENT_AFTER_INTERVALS`] of its own interval (at least
+    /// [`MIN_SILENCE`]) counts as offline even if no will came (a hung
+    /// agent keeps its connection); with the broker away nothing ages —
+    /// the last known values stay in use, marked stale.
+    #[must_use]
+    pub fn health_at(&self, now: Instant, connected: bool) -> Health {
+        let silent = |e: &Entry| {
+            let (Some(r), Some(at)) = (&e.report, e.received) else {
+                return false;
+            };
+            let limit = Duration::from_millis(
+                r.interval_ms
+                    .unwrap_or(5000)
+                    .saturating_mul(SILENT_AFTER_INTERVALS),
+            )
+            .max(MIN_SILENCE);
+            connected && now.saturating_duration_since(at) > limit
+        };
+        let mut h = self.health();
+        for (name, n) in &mut h.nodes {
+            if self.nodes.get(name).is_some_and(silent) {
+                n.online = Some(false);
+            }
+        }
+        h
+    }
+
+    /// [`Book::health_at`] without the silence rule (as if nothing aged).
     #[must_use]
     pub fn health(&self) -> Health {
         Health {
@@ -184,11 +238,19 @@ pub async fn run(
     let mut flush = tokio::time::interval(FLUSH);
     flush.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut dirty = false;
+    // Silence is a matter of time passing: look again every second.
+    let mut recheck = tokio::time::interval(Duration::from_secs(1));
+    recheck.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut connected = false;
     loop {
         let event = tokio::select! {
             e = events.poll() => e,
+            _ = recheck.tick(), if !book.is_empty() => {
+                dirty = true;
+                continue;
+            }
             _ = flush.tick(), if dirty => {
-                let health = book.health();
+                let health = book.health_at(Instant::now(), connected);
                 metrics
                     .cluster_nodes_reporting
                     .set(gauge_value(health.nodes.len() as u64));
@@ -201,6 +263,7 @@ pub async fn run(
         match event {
             Ok(Event::Incoming(Packet::ConnAck(ack))) => {
                 backoff = Duration::from_millis(250);
+                connected = true;
                 match down_since.take() {
                     Some(t) => {
                         tracing::info!(broker = %mqtt.broker.url, after = ?t.elapsed(), session_present = ack.session_present, "mqtt: reconnected")
@@ -246,11 +309,12 @@ pub async fn run(
             Ok(_) => {}
             Err(e) => {
                 metrics.mqtt_connected.set(0);
+                connected = false;
                 if down_since.is_none() {
                     down_since = Some(std::time::Instant::now());
                     tracing::warn!(broker = %mqtt.broker.url, cause = %edgemqtt::describe(&e), "mqtt: broker unreachable; routing keeps the last known health (stale), retrying");
                     book.mark_stale();
-                    state.set_health(book.health());
+                    state.set_health(book.health_at(Instant::now(), false));
                 }
                 tokio::select! {
                     () = tokio::time::sleep(backoff) => {}
@@ -601,5 +665,35 @@ mod tests {
         b.take("p", "p/health/a", b"").unwrap();
         b.take("p", "p/status/a", b"").unwrap();
         assert!(!b.health().nodes.contains_key("a"));
+    }
+
+    #[test]
+    fn silent_nodes_go_offline_only_while_connected() {
+        let mut b = Book::default();
+        let t0 = Instant::now();
+        b.take_at("p", "p/health/a", &report("a", 3), t0).unwrap();
+        b.take_at("p", "p/status/a", b"online", t0).unwrap();
+        b.take_at("p", "p/status/b", b"online", t0).unwrap();
+        // interval_ms 5000 → silent after 15 s.
+        let at = |s| t0 + Duration::from_secs(s);
+        assert_eq!(b.health_at(at(14), true).nodes["a"].online, Some(true));
+        assert_eq!(b.health_at(at(16), true).nodes["a"].online, Some(false));
+        assert_eq!(
+            b.health_at(at(16), true).nodes["b"].online,
+            Some(true),
+            "no report: status rules"
+        );
+        assert_eq!(
+            b.health_at(at(600), false).nodes["a"].online,
+            Some(true),
+            "with the broker away nothing ages"
+        );
+        b.take_at("p", "p/health/a", &report("a", 4), at(20))
+            .unwrap();
+        assert_eq!(
+            b.health_at(at(21), true).nodes["a"].online,
+            Some(true),
+            "reporting again"
+        );
     }
 }
