@@ -16,7 +16,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
-use edgestate::mqtt::{self as wire, Command, CommandResult, HealthReport, Outcome, Topic};
+use edgestate::mqtt::{self as wire, Command, CommandResult, HealthReport, Message, Outcome};
 use edgestate::route::{Health, NodeHealth};
 use rumqttc::{AsyncClient, Event, EventLoop, LastWill, Packet, Publish, QoS};
 
@@ -66,47 +66,28 @@ impl Book {
         payload: &[u8],
         now: Instant,
     ) -> Result<bool, String> {
-        match wire::parse_topic(prefix, topic) {
-            Some(Topic::Health(node)) => {
-                if payload.is_empty() {
-                    // A cleared retained report: the node is gone.
-                    if let Some(e) = self.nodes.get_mut(node) {
-                        e.report = None;
-                    }
-                    return Ok(true);
+        match wire::read_message(prefix, topic, payload)? {
+            Some(Message::Report(node, None)) => {
+                // A cleared retained report: the node is gone.
+                if let Some(e) = self.nodes.get_mut(node) {
+                    e.report = None;
                 }
-                let report: HealthReport = serde_json::from_slice(payload)
-                    .map_err(|e| format!("{topic}: not a health report: {e}"))?;
-                if report.node != node {
-                    return Err(format!(
-                        "{topic}: the report names node `{}`; ignored",
-                        report.node
-                    ));
-                }
+                Ok(true)
+            }
+            Some(Message::Report(node, Some(report))) => {
                 let e = self.nodes.entry(node.to_owned()).or_default();
-                e.report = Some(report);
+                e.report = Some(*report);
                 e.received = Some(now);
                 e.stale = false;
                 Ok(true)
             }
-            Some(Topic::Status(node)) => {
-                let online = match payload {
-                    b"online" => Some(true),
-                    b"offline" => Some(false),
-                    b"" => None,
-                    other => {
-                        return Err(format!(
-                            "{topic}: status `{}` is neither online nor offline",
-                            String::from_utf8_lossy(other)
-                        ));
-                    }
-                };
+            Some(Message::Status(node, online)) => {
                 let e = self.nodes.entry(node.to_owned()).or_default();
                 e.online = online;
                 e.stale = false;
                 Ok(true)
             }
-            _ => Ok(false),
+            None => Ok(false),
         }
     }
 

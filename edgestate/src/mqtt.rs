@@ -81,6 +81,59 @@ pub fn is_topic_level(s: &str) -> bool {
             .any(|c| matches!(c, '/' | '+' | '#') || c.is_control())
 }
 
+/// A health or status message, read: the node it is about and what it
+/// says; `None` is a cleared retained message (an empty payload).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Message<'a> {
+    Report(&'a str, Option<Box<HealthReport>>),
+    /// `online` → true, `offline` → false.
+    Status(&'a str, Option<bool>),
+}
+
+/// Read a message on `<prefix>/health/<node>` or `<prefix>/status/<node>`;
+/// `Ok(None)` for any other topic.
+///
+/// # Errors
+/// A report that is not JSON of the right shape or names another node, a
+/// status that is neither `online` nor `offline`.
+pub fn read_message<'a>(
+    prefix: &str,
+    topic: &'a str,
+    payload: &[u8],
+) -> Result<Option<Message<'a>>, String> {
+    match parse_topic(prefix, topic) {
+        Some(Topic::Health(node)) => {
+            if payload.is_empty() {
+                return Ok(Some(Message::Report(node, None)));
+            }
+            let report: HealthReport = serde_json::from_slice(payload)
+                .map_err(|e| format!("{topic}: not a health report: {e}"))?;
+            if report.node != node {
+                return Err(format!(
+                    "{topic}: the report names node `{}`; ignored",
+                    report.node
+                ));
+            }
+            Ok(Some(Message::Report(node, Some(Box::new(report)))))
+        }
+        Some(Topic::Status(node)) => {
+            let online = match payload {
+                b"online" => Some(true),
+                b"offline" => Some(false),
+                b"" => None,
+                other => {
+                    return Err(format!(
+                        "{topic}: status `{}` is neither online nor offline",
+                        String::from_utf8_lossy(other)
+                    ));
+                }
+            };
+            Ok(Some(Message::Status(node, online)))
+        }
+        _ => Ok(None),
+    }
+}
+
 /// The retained report on `<prefix>/health/<node>`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct HealthReport {

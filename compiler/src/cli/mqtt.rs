@@ -10,7 +10,7 @@ use std::io::Write;
 use std::time::{Duration, Instant, SystemTime};
 
 use anyhow::{Result, bail};
-use edgestate::mqtt::{self as wire, Command, CommandResult, HealthReport, Outcome, Topic};
+use edgestate::mqtt::{self as wire, Command, CommandResult, HealthReport, Message, Outcome};
 use rumqttc::{AsyncClient, Event, EventLoop, Packet, QoS};
 use serde::Serialize;
 
@@ -160,23 +160,14 @@ pub struct Heard {
 
 impl Heard {
     fn take(&mut self, prefix: &str, topic: &str, payload: &[u8]) {
-        match wire::parse_topic(prefix, topic) {
-            Some(Topic::Health(node)) => {
-                if let Ok(r) = serde_json::from_slice::<HealthReport>(payload)
-                    && r.node == node
-                {
-                    self.reports.insert(node.to_owned(), r);
-                }
+        // What cannot be read is left out (the table shows no report).
+        match wire::read_message(prefix, topic, payload) {
+            Ok(Some(Message::Report(node, Some(r)))) => {
+                self.reports.insert(node.to_owned(), *r);
             }
-            Some(Topic::Status(node)) => match payload {
-                b"online" => {
-                    self.status.insert(node.to_owned(), true);
-                }
-                b"offline" => {
-                    self.status.insert(node.to_owned(), false);
-                }
-                _ => {}
-            },
+            Ok(Some(Message::Status(node, Some(online)))) => {
+                self.status.insert(node.to_owned(), online);
+            }
             _ => {}
         }
     }
