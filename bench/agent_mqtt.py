@@ -22,39 +22,17 @@ import http.client as http_client
 import json
 import os
 import shutil
-import socket
 import subprocess
 import tempfile
 import time
 import urllib.request
 from pathlib import Path
 
+from benchlib import cpu_seconds, free_port, wait_port
+
 ROOT = Path(__file__).resolve().parent.parent
 AGENT = ROOT / "target" / "release" / "edgeform-agent"
 SIM = ROOT / "target" / "release" / "examples" / "sim-nodes"
-TICK = os.sysconf("SC_CLK_TCK")
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_port(port, timeout=10.0):
-    t = time.time() + timeout
-    while time.time() < t:
-        try:
-            socket.create_connection(("127.0.0.1", port), 0.2).close()
-            return
-        except OSError:
-            time.sleep(0.02)
-    raise SystemExit(f"nothing on {port}")
-
-
-def cpu_seconds(pid):
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / TICK
 
 
 def rss_mib(pid):
@@ -72,17 +50,14 @@ def metric(http, name):
     return 0.0
 
 
-def window(pid, secs, extra_pid=None):
+def window(pid, secs):
     c0, t0 = cpu_seconds(pid), time.time()
-    e0 = cpu_seconds(extra_pid) if extra_pid else 0
     peak = 0.0
     while time.time() - t0 < secs:
         time.sleep(1)
         peak = max(peak, rss_mib(pid))
     dt = time.time() - t0
-    cpu = (cpu_seconds(pid) - c0) / dt * 100
-    extra = (cpu_seconds(extra_pid) - e0) / dt * 100 if extra_pid else None
-    return cpu, peak, extra
+    return (cpu_seconds(pid) - c0) / dt * 100, peak
 
 
 def main():
@@ -119,7 +94,7 @@ def main():
         procs.append(agent)
         wait_port(http)
         time.sleep(5)
-        cpu, rss, _ = window(agent.pid, a.secs)
+        cpu, rss = window(agent.pid, a.secs)
         print(f"idle ({a.secs}s, health every 5s): agent CPU {cpu:.3f} % of a core, RSS {rss:.1f} MiB "
               f"(goals < 1 %, < 30 MiB)")
 
@@ -129,7 +104,7 @@ def main():
                                stderr=subprocess.DEVNULL)
         procs.append(sim)
         time.sleep(7)
-        cpu, rss, _ = window(agent.pid, a.secs)
+        cpu, rss = window(agent.pid, a.secs)
         nodes = metric(http, "edgeform_agent_cluster_nodes_reporting")
         conn = http_client.HTTPConnection("127.0.0.1", http, timeout=5)
         conn.request("GET", "/route/cam3?format=json")  # not followed: the 302 is the answer

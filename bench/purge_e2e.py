@@ -11,7 +11,6 @@ purging, polling). Goal: p50 < 150 ms (Fastly/Cloudflare publish ~150 ms).
 import argparse
 import os
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
@@ -19,27 +18,12 @@ import tempfile
 import time
 from pathlib import Path
 
+from benchlib import free_port, wait_port
+
 ROOT = Path(__file__).resolve().parent.parent
 EF = ROOT / "target" / "release" / "edgeform"
 AGENT = ROOT / "target" / "release" / "edgeform-agent"
 GEN = ROOT / "target" / "release" / "examples" / "gen-cache"
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_port(port, timeout=10.0):
-    t = time.time() + timeout
-    while time.time() < t:
-        try:
-            socket.create_connection(("127.0.0.1", port), 0.2).close()
-            return
-        except OSError:
-            time.sleep(0.02)
-    raise SystemExit(f"nothing on {port}")
 
 
 def main():

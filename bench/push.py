@@ -19,7 +19,6 @@ import platform
 import random
 import re
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
@@ -30,14 +29,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import gen_repo  # noqa: E402
+from benchlib import cpu_seconds, free_port  # noqa: E402
 
 EDGEFORM = ROOT / "target" / "release" / "edgeform"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Redis:
@@ -61,8 +55,7 @@ class Redis:
 
     def cpu(self) -> float:
         """CPU seconds (user + system) the server has used so far."""
-        f = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(f[11]) + int(f[12])) / os.sysconf("SC_CLK_TCK")
+        return cpu_seconds(self.proc.pid)
 
     def stop(self):
         self.proc.terminate()
