@@ -138,44 +138,33 @@ async fn main() -> anyhow::Result<()> {
     }
     let started = Instant::now();
     let mut sent = 0u64;
-    match burst {
-        Some(k) => {
-            for seq in 0..k {
-                for i in 0..n {
-                    let node = format!("sim-{i}");
-                    client
-                        .publish(
-                            format!("{prefix}/health/{node}"),
-                            QoS::AtMostOnce,
-                            true,
-                            report(&node, i, seq),
-                        )
-                        .await?;
-                    sent += 1;
-                }
+    // A burst sends K rounds back to back; otherwise the nodes are spread
+    // over the interval as real agents would be, until `--seconds` pass.
+    let step = match burst {
+        Some(_) => None,
+        None => Some(interval / u32::try_from(n.max(1))?),
+    };
+    let mut seq = 0;
+    while match burst {
+        Some(k) => seq < k,
+        None => started.elapsed() < Duration::from_secs(seconds),
+    } {
+        for i in 0..n {
+            let node = format!("sim-{i}");
+            client
+                .publish(
+                    format!("{prefix}/health/{node}"),
+                    QoS::AtMostOnce,
+                    true,
+                    report(&node, i, seq),
+                )
+                .await?;
+            sent += 1;
+            if let Some(step) = step {
+                tokio::time::sleep(step).await;
             }
         }
-        None => {
-            // Spread the nodes over the interval as real agents would be.
-            let step = interval / u32::try_from(n.max(1))?;
-            let mut seq = 0;
-            while started.elapsed() < Duration::from_secs(seconds) {
-                for i in 0..n {
-                    let node = format!("sim-{i}");
-                    client
-                        .publish(
-                            format!("{prefix}/health/{node}"),
-                            QoS::AtMostOnce,
-                            true,
-                            report(&node, i, seq),
-                        )
-                        .await?;
-                    sent += 1;
-                    tokio::time::sleep(step).await;
-                }
-                seq += 1;
-            }
-        }
+        seq += 1;
     }
     // Let the request queue drain.
     tokio::time::sleep(Duration::from_millis(500)).await;
