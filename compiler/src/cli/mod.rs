@@ -481,7 +481,7 @@ pub fn run(cli: &Cli) -> Result<u8> {
             anycast::anycast(config, args)
         }
         Command::Status { format, broker } => {
-            let source = push::source(&cli.repo, cli.rev.as_deref(), color())?;
+            let source = push::valid(&cli.repo, cli.rev.as_deref(), color())?;
             runtime()?.block_on(mqtt::status(&source, broker, *format))
         }
         Command::Exec {
@@ -493,7 +493,7 @@ pub fn run(cli: &Cli) -> Result<u8> {
             format,
             broker,
         } => {
-            let source = push::source(&cli.repo, cli.rev.as_deref(), color())?;
+            let source = push::valid(&cli.repo, cli.rev.as_deref(), color())?;
             let exec = mqtt::Exec {
                 node,
                 action,

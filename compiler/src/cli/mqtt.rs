@@ -14,7 +14,7 @@ use edgestate::mqtt::{self as wire, Command, CommandResult, HealthReport, Messag
 use rumqttc::{AsyncClient, Event, EventLoop, Packet, QoS};
 use serde::Serialize;
 
-use crate::cli::push::Source;
+use crate::cli::push::Valid;
 
 /// How the CLI logs in to the broker (the URL is in cluster.yaml).
 #[derive(Debug, Clone, clap::Args)]
@@ -55,7 +55,7 @@ struct Session {
 }
 
 /// Connect (clean session) and wait for the broker's CONNACK.
-async fn connect(source: &Source, flags: &BrokerFlags) -> Result<Session> {
+async fn connect(source: &Valid, flags: &BrokerFlags) -> Result<Session> {
     let Some(m) = &source.config.cluster.mqtt else {
         bail!(
             "cluster.yaml has no `mqtt` block (url, topic_prefix): status and exec talk to the nodes through the broker"
@@ -176,7 +176,7 @@ impl Heard {
 /// The rows: every node of the repo, then nodes that report but are not in
 /// it. Pure: `now` and what was heard in, rows out.
 #[must_use]
-pub fn rows(source: &Source, heard: &Heard, now: u64) -> Vec<Row> {
+pub fn rows(source: &Valid, heard: &Heard, now: u64) -> Vec<Row> {
     let mut names: Vec<&str> = source
         .config
         .nodes
@@ -200,10 +200,12 @@ pub fn rows(source: &Source, heard: &Heard, now: u64) -> Vec<Row> {
                 online,
                 age_s: r.map(|r| now.saturating_sub(r.ts)),
                 commit: r.and_then(|r| r.config.commit.clone()),
+                // Targets are the nodes with a Redis; nothing is pushed to others.
                 desired_commit: source
-                    .compiled
-                    .targets
-                    .contains_key(name)
+                    .config
+                    .nodes
+                    .iter()
+                    .any(|n| n.name == name && n.redis.is_some())
                     .then(|| source.commit.clone()),
                 purge_queue: r.and_then(|r| r.purge.queue),
                 play_sessions: r.and_then(|r| r.play_sessions),
@@ -217,7 +219,7 @@ pub fn rows(source: &Source, heard: &Heard, now: u64) -> Vec<Row> {
 ///
 /// # Errors
 /// No `mqtt` in cluster.yaml, the broker unreachable.
-pub async fn status(source: &Source, flags: &BrokerFlags, format: Format) -> Result<u8> {
+pub async fn status(source: &Valid, flags: &BrokerFlags, format: Format) -> Result<u8> {
     let mut s = connect(source, flags).await?;
     let prefix = s.prefix.clone();
     s.client
@@ -376,7 +378,7 @@ pub struct Exec<'a> {
 /// # Errors
 /// No `mqtt` in cluster.yaml, an unknown node, bad `--arg`, the broker
 /// unreachable.
-pub async fn exec(source: &Source, flags: &BrokerFlags, e: &Exec<'_>) -> Result<u8> {
+pub async fn exec(source: &Valid, flags: &BrokerFlags, e: &Exec<'_>) -> Result<u8> {
     if !source.config.nodes.iter().any(|n| n.name == e.node) {
         let names: Vec<&str> = source
             .config

@@ -30,11 +30,22 @@ pub struct Source {
     pub rev: Option<String>,
 }
 
-/// Load, check and compile; print diagnostics when invalid.
+/// A checked repository and the commit it is, not compiled: what `status`
+/// and `exec` need (they read the nodes, not the documents).
+pub struct Valid {
+    pub repo: load::Repo,
+    pub config: Config,
+    /// Written to `edgeform:meta` as `commit`.
+    pub commit: String,
+    /// The revision it was read from (`None`: the working tree).
+    pub rev: Option<String>,
+}
+
+/// Load and check; print diagnostics when invalid.
 ///
 /// # Errors
 /// I/O or git errors, and an invalid repository (nothing is pushed).
-pub fn source(root: &Path, rev: Option<&str>, color: bool) -> Result<Source> {
+pub fn valid(root: &Path, rev: Option<&str>, color: bool) -> Result<Valid> {
     let t = Instant::now();
     let repo = load::load(root, rev)?;
     push::timing("load", t);
@@ -55,15 +66,34 @@ pub fn source(root: &Path, rev: Option<&str>, color: bool) -> Result<Source> {
         );
     };
     let t = Instant::now();
-    let compiled = compile::compile(&config);
-    push::timing("compile", t);
-    let t = Instant::now();
     let commit = match rev {
         Some(_) => repo.commit.clone().unwrap_or_else(|| "worktree".into()),
         None => load::worktree_commit(root),
     };
     push::timing("commit", t);
     let rev = rev.map(|_| repo.commit.clone().unwrap_or_default());
+    Ok(Valid {
+        repo,
+        config,
+        commit,
+        rev,
+    })
+}
+
+/// Load, check and compile; print diagnostics when invalid.
+///
+/// # Errors
+/// See [`valid`].
+pub fn source(root: &Path, rev: Option<&str>, color: bool) -> Result<Source> {
+    let Valid {
+        repo,
+        config,
+        commit,
+        rev,
+    } = valid(root, rev, color)?;
+    let t = Instant::now();
+    let compiled = compile::compile(&config);
+    push::timing("compile", t);
     Ok(Source {
         repo,
         config,
