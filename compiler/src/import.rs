@@ -57,14 +57,6 @@ const FIELDS: &[&str] = &[
     "cache_rules",
     "edge_rules",
 ];
-const CACHE_RULE_FIELDS: &[&str] = &["match_type", "match_value", "action", "ttl"];
-const EDGE_RULE_FIELDS: &[&str] = &[
-    "match_type",
-    "match_value",
-    "action",
-    "redirect_status",
-    "redirect_to",
-];
 
 /// The file a site with this host is written to.
 #[must_use]
@@ -202,11 +194,8 @@ fn out_one(out: &mut Imported, names: &[&str], text: &str, suspended: bool) {
                 }
             }
             ("cache_rules" | "edge_rules", Value::Array(rules)) => {
-                let fields = if *field == "cache_rules" {
-                    CACHE_RULE_FIELDS
-                } else {
-                    EDGE_RULE_FIELDS
-                };
+                // A rule's fields, in the model's order (as `fmt` writes them).
+                let fields = crate::fmt::order(Kind::Site, &[field]);
                 let mut list = Vec::new();
                 for (i, rule) in rules.iter().enumerate() {
                     let Value::Object(rule) = rule else {
