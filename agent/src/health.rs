@@ -190,10 +190,7 @@ async fn redis_state(
     con: &mut Option<redis::aio::MultiplexedConnection>,
 ) -> (ConfigState, PurgeState, RedisState) {
     let read = async {
-        if con.is_none() {
-            *con = Some(edgeredis::master(&config.redis, &config.node).await?);
-        }
-        let c = con.as_mut().expect("just set");
+        let c = edgeredis::reuse(&config.redis, &config.node, con).await?;
         let queue = config.purge_queue();
         let mut pipe = redis::pipe();
         pipe.cmd("HMGET")

@@ -518,16 +518,6 @@ async fn handle(
     Some(out)
 }
 
-async fn connection<'a>(
-    config: &Config,
-    con: &'a mut Option<redis::aio::MultiplexedConnection>,
-) -> anyhow::Result<&'a mut redis::aio::MultiplexedConnection> {
-    if con.is_none() {
-        *con = Some(edgeredis::master(&config.redis, &config.node).await?);
-    }
-    Ok(con.as_mut().expect("just set"))
-}
-
 /// `SET key running NX EX ttl`: `None` when claimed now, else what the
 /// earlier claim holds.
 async fn claim(
@@ -538,7 +528,7 @@ async fn claim(
     now: u64,
 ) -> anyhow::Result<Option<String>> {
     let attempt = async {
-        let c = connection(config, con).await?;
+        let c = edgeredis::reuse(&config.redis, &config.node, con).await?;
         let marker = serde_json::json!({"started_at": now}).to_string();
         let (set, previous): (Option<String>, Option<String>) = redis::pipe()
             .cmd("SET")
@@ -574,7 +564,7 @@ async fn record(
     out: &CommandResult,
 ) -> anyhow::Result<()> {
     let attempt = async {
-        let c = connection(config, con).await?;
+        let c = edgeredis::reuse(&config.redis, &config.node, con).await?;
         redis::cmd("SET")
             .arg(key)
             .arg(serde_json::to_string(out)?)

@@ -117,10 +117,7 @@ async fn refresh_table(
     state: &State,
     con: &mut Option<redis::aio::MultiplexedConnection>,
 ) -> anyhow::Result<()> {
-    if con.is_none() {
-        *con = Some(edgeredis::master(&config.redis, &config.node).await?);
-    }
-    let c = con.as_mut().expect("just set");
+    let c = edgeredis::reuse(&config.redis, &config.node, con).await?;
     let generation: Option<u64> = redis::cmd("HGET")
         .arg(edgestate::keys::META)
         .arg("generation")

@@ -66,6 +66,23 @@ pub fn describe(target: &RedisTarget) -> String {
     }
 }
 
+/// The connection in `slot`, opening one to the master (see [`master`])
+/// when there is none: for tasks that keep a connection across loops and
+/// drop it (set `None`) after an error, so the next use re-resolves.
+///
+/// # Errors
+/// See [`master`].
+pub async fn reuse<'a>(
+    target: &RedisTarget,
+    node: &str,
+    slot: &'a mut Option<MultiplexedConnection>,
+) -> Result<&'a mut MultiplexedConnection> {
+    if slot.is_none() {
+        *slot = Some(master(target, node).await?);
+    }
+    Ok(slot.as_mut().expect("just set"))
+}
+
 /// A dedicated connection to the current master of `target`; `node` names
 /// the node in messages.
 ///
