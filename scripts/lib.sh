@@ -1,6 +1,13 @@
 # Shared by scripts/*: messages and installing Debian packages on demand.
 
-step() { printf '\n\033[1m==> %s\033[0m\n' "$*" >&2; }
+# Bold only on a terminal, and never with NO_COLOR set (https://no-color.org).
+step() {
+  if [ -t 2 ] && [ -z "${NO_COLOR:-}" ]; then
+    printf '\n\033[1m==> %s\033[0m\n' "$*" >&2
+  else
+    printf '\n==> %s\n' "$*" >&2
+  fi
+}
 
 # need_packages PKG...: install the Debian packages that are missing
 # (apt-get update first). Needs root, as on a fresh machine.
