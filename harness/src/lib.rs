@@ -3,8 +3,10 @@
 //! free loopback port in its own temp dir, waited for until it answers,
 //! and stopped by pid when dropped. Never a mock.
 //!
-//! Tests need the Debian packages `redis-server` and `mosquitto`;
-//! `scripts/test` installs them.
+//! Tests need the Debian packages `redis-server`, `mosquitto` and
+//! `openssh-server` (for [`sshd`]); `scripts/test` installs them.
+
+pub mod sshd;
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
