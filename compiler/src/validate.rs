@@ -210,15 +210,131 @@ fn check_nets(ctx: &mut Ctx<'_>, field: &str, list: &[String]) -> Vec<IpNet> {
 
 // ------------------------------------------------------------------- URLs
 
-/// Checks an `http(s)://` URL; with `bare`, no path/query/fragment either.
+/// Query parameters that carry a secret (`redis://h?password=…`).
+fn secret_param(name: &str) -> bool {
+    let name = name.to_ascii_lowercase();
+    ["pass", "pwd", "secret", "token", "auth", "key"]
+        .iter()
+        .any(|s| name.contains(s))
+}
+
+/// `text` for a message: control characters escaped, user-info and
+/// secret query values replaced by `…`. Works on the text as written, so
+/// nothing a lenient parser would drop or add can hide a secret.
+fn shown(text: &str) -> String {
+    let (scheme, rest) = text
+        .find("://")
+        .map_or(("", text), |i| (&text[..i + 3], &text[i + 3..]));
+    let auth_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+    let (authority, tail) = rest.split_at(auth_end);
+    let authority = match authority.rfind('@') {
+        Some(i) => format!("…@{}", &authority[i + 1..]),
+        None => authority.to_owned(),
+    };
+    let tail = match tail.split_once('?') {
+        Some((path, query)) => {
+            let (query, fragment) = query
+                .split_once('#')
+                .map_or((query, None), |(q, f)| (q, Some(f)));
+            let pairs: Vec<String> = query
+                .split('&')
+                .map(|pair| match pair.split_once('=') {
+                    Some((k, _)) if secret_param(k) => format!("{k}=…"),
+                    _ => pair.to_owned(),
+                })
+                .collect();
+            let mut t = format!("{path}?{}", pairs.join("&"));
+            if let Some(f) = fragment {
+                t.push('#');
+                t.push_str(f);
+            }
+            t
+        }
+        None => tail.to_owned(),
+    };
+    let mut out = String::new();
+    for c in format!("{scheme}{authority}{tail}").chars() {
+        if c.is_control() || c.is_whitespace() {
+            out.extend(c.escape_default());
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+/// Checks a URL as written, then as parsed: no control, whitespace or
+/// backslash characters, no user-info, no secret query parameter, a host,
+/// one of `schemes`; with `bare`, no path/query/fragment either; a Redis
+/// URL's path is a database number.
 fn check_url(ctx: &mut Ctx<'_>, pointer: &str, text: &str, schemes: &[&str], bare: bool) {
+    if let Some((i, c)) = text
+        .chars()
+        .enumerate()
+        .find(|&(_, c)| c.is_control() || c.is_whitespace() || c == '\\')
+    {
+        let what = match c {
+            '\r' => "a carriage return (CR)".to_owned(),
+            '\n' => "a line feed (LF)".to_owned(),
+            '\0' => "a NUL".to_owned(),
+            '\t' => "a tab".to_owned(),
+            '\\' => "a backslash".to_owned(),
+            ' ' => "a space".to_owned(),
+            c if c.is_control() => format!("the control character U+{:04X}", u32::from(c)),
+            c => format!("the whitespace U+{:04X}", u32::from(c)),
+        };
+        let d = ctx.error(
+            "invalid-url",
+            pointer,
+            format!(
+                "`{}` contains {what} (character {}); URLs are checked as written",
+                shown(text),
+                i + 1
+            ),
+        );
+        help(d, "remove it: it would be sent to the edge as it is");
+        return;
+    }
+    let after_scheme = &text[text.find("://").map_or(0, |i| i + 3)..];
+    let authority = &after_scheme[..after_scheme
+        .find(['/', '?', '#'])
+        .unwrap_or(after_scheme.len())];
+    let userinfo = authority.rfind('@').map(|i| &authority[..i]);
+    let query = text
+        .split_once('?')
+        .map(|(_, q)| q.split_once('#').map_or(q, |(q, _)| q));
+    let secret_value = query.and_then(|q| {
+        q.split('&').find_map(|pair| {
+            pair.split_once('=')
+                .filter(|(k, v)| secret_param(k) && !v.is_empty())
+                .map(|(_, v)| v)
+        })
+    });
+    if let Some(secret) = userinfo.or(secret_value) {
+        let d = ctx.error(
+            "inline-secret",
+            pointer,
+            format!(
+                "`{}` carries credentials; secrets never live in the repository",
+                shown(text)
+            ),
+        );
+        help(
+            d,
+            "remove them from the URL and name an environment variable in `password_env`",
+        );
+        if !secret.is_empty() {
+            d.secret = Some(secret.to_owned());
+        }
+        return;
+    }
     let url = match url::Url::parse(text) {
         Ok(u) => u,
         Err(e) => {
             ctx.error(
                 "invalid-url",
                 pointer,
-                format!("`{text}` is not a valid URL: {e}"),
+                format!("`{}` is not a valid URL: {e}", shown(text)),
             );
             return;
         }
@@ -227,55 +343,61 @@ fn check_url(ctx: &mut Ctx<'_>, pointer: &str, text: &str, schemes: &[&str], bar
         ctx.error(
             "invalid-url",
             pointer,
-            format!("`{text}`: the scheme must be {}", schemes.join(" or ")),
-        );
-        return;
-    }
-    if !url.username().is_empty() || url.password().is_some() {
-        let d = ctx.error(
-            "inline-secret",
-            pointer,
             format!(
-                "`{}` carries credentials; secrets never live in the repository",
-                redact(&url)
+                "`{}`: the scheme must be {}",
+                shown(text),
+                schemes.join(" or ")
             ),
-        );
-        help(
-            d,
-            "remove them from the URL and name an environment variable in `password_env`",
         );
         return;
     }
     if url.host_str().is_none_or(str::is_empty) {
-        ctx.error("invalid-url", pointer, format!("`{text}` has no host"));
+        ctx.error(
+            "invalid-url",
+            pointer,
+            format!("`{}` has no host", shown(text)),
+        );
         return;
     }
-    if bare {
+    let rest = &after_scheme[authority.len()..];
+    if bare && !rest.is_empty() {
         // The raw text after the authority must be empty: `url` would
         // report a path of "/" for both `http://a` and `http://a/`.
-        let after_scheme = &text[text.find("://").map_or(0, |i| i + 3)..];
-        if let Some(i) = after_scheme.find(['/', '?', '#']) {
+        let d = ctx.error(
+            "invalid-url",
+            pointer,
+            format!(
+                "`{}` has a path, query or fragment (`{}`)",
+                shown(text),
+                shown(rest)
+            ),
+        );
+        help(
+            d,
+            "an origin is scheme://host[:port] only; the request path is appended",
+        );
+        return;
+    }
+    if matches!(url.scheme(), "redis" | "rediss") {
+        let path = rest.split(['?', '#']).next().unwrap_or_default();
+        let db = path.strip_prefix('/').unwrap_or(path);
+        let number = db.len() <= 5 && db.bytes().all(|b| b.is_ascii_digit());
+        if !db.is_empty() && !number {
             let d = ctx.error(
                 "invalid-url",
                 pointer,
                 format!(
-                    "`{text}` has a path, query or fragment (`{}`)",
-                    &after_scheme[i..]
+                    "`{}`: the path must be a database number, not `{}`",
+                    shown(text),
+                    shown(db)
                 ),
             );
             help(
                 d,
-                "an origin is scheme://host[:port] only; the request path is appended",
+                "e.g. `redis://10.0.0.5:6379/0`, or no path for database 0",
             );
         }
     }
-}
-
-fn redact(url: &url::Url) -> String {
-    let mut u = url.clone();
-    let _ = u.set_password(None);
-    let _ = u.set_username("…");
-    u.to_string()
 }
 
 // ------------------------------------------------------------------ sites
@@ -681,14 +803,33 @@ fn redis(ctx: &mut Ctx<'_>, raw: &raw::Redis) -> Option<RedisTarget> {
                 );
             }
             for (i, s) in sentinels.iter().enumerate() {
+                if let Some((userinfo, host)) = s.rsplit_once('@') {
+                    let d = ctx.error(
+                        "inline-secret",
+                        &format!("/redis/sentinels/{i}"),
+                        format!(
+                            "`…@{}` carries credentials; secrets never live in the repository",
+                            shown(host)
+                        ),
+                    );
+                    help(
+                        d,
+                        "write `host:port` and name an environment variable in `password_env`",
+                    );
+                    if !userinfo.is_empty() {
+                        d.secret = Some(userinfo.to_owned());
+                    }
+                    continue;
+                }
                 let ok = s
                     .rsplit_once(':')
                     .is_some_and(|(host, port)| !host.is_empty() && port.parse::<u16>().is_ok());
+                let ok = ok && !s.contains(|c: char| c.is_control() || c.is_whitespace());
                 if !ok {
                     ctx.error(
                         "invalid-redis",
                         &format!("/redis/sentinels/{i}"),
-                        format!("`{s}` is not `host:port`"),
+                        format!("`{}` is not `host:port`", shown(s)),
                     );
                 }
             }

@@ -1,0 +1,398 @@
+//! Regression tests for #12 (hostile input), compiler side: special files
+//! and links in the repository, secrets in URLs, origins as written,
+//! capped snippets.
+
+use std::os::unix::fs::symlink;
+use std::process::Command;
+use std::time::Duration;
+
+use crate::util::{BASE, Fixture, edgeform, git, stderr, stdout};
+
+/// A value no output may contain: it is in the environment of every
+/// `edgeform` these tests run.
+const CANARY: &str = "canary-7f3e9c-not-for-output";
+
+fn run(dir: &std::path::Path, args: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_edgeform"))
+        .args(args)
+        .current_dir(dir)
+        .env("NO_COLOR", "1")
+        .env("EDGEFORM_TEST_CANARY", CANARY)
+        .output()
+        .unwrap()
+}
+
+fn all_output(o: &std::process::Output) -> String {
+    format!("{}{}", stdout(o), stderr(o))
+}
+
+fn codes_for(f: &Fixture, file: &str) -> Vec<&'static str> {
+    f.check()
+        .diagnostics
+        .iter()
+        .filter(|d| &*d.file == file)
+        .map(|d| d.code)
+        .collect()
+}
+
+// See: #12 item 1
+#[test]
+fn issue12_item1_link_to_proc_environ_is_refused_and_never_printed() {
+    let f = Fixture::with(&[]);
+    f.commit("base");
+    symlink("/proc/self/environ", f.path().join("sites/env.yaml")).unwrap();
+    let out = run(f.path(), &["check"]);
+    let text = all_output(&out);
+    assert_eq!(out.status.code(), Some(1), "{text}");
+    assert!(!text.contains(CANARY), "the environment leaked:\n{text}");
+    assert!(
+        text.contains("sites/env.yaml") && text.contains("symbolic link"),
+        "{text}"
+    );
+    for format in ["json", "github"] {
+        let out = run(f.path(), &["check", "--format", format]);
+        assert!(!all_output(&out).contains(CANARY));
+        assert!(all_output(&out).contains("not-a-file"));
+    }
+    // The PR comment of a pull request that adds the link.
+    let out = run(
+        f.path(),
+        &["diff", "--base", "HEAD", "--format", "markdown"],
+    );
+    let text = all_output(&out);
+    assert_eq!(out.status.code(), Some(1), "{text}");
+    assert!(!text.contains(CANARY), "the environment leaked:\n{text}");
+    assert!(text.contains("sites/env.yaml"), "{text}");
+}
+
+// See: #12 item 1
+#[test]
+fn issue12_item1_link_to_an_outside_valid_site_is_refused() {
+    let outside = tempfile::tempdir().unwrap();
+    std::fs::write(
+        outside.path().join("b.yaml"),
+        "host: b.example.com\norigin: http://192.0.2.2\n",
+    )
+    .unwrap();
+    let f = Fixture::with(&[]);
+    symlink(outside.path().join("b.yaml"), f.path().join("sites/b.yaml")).unwrap();
+    let checked = f.check();
+    assert!(!checked.is_valid());
+    assert_eq!(codes_for(&f, "sites/b.yaml"), ["not-a-file"]);
+    // A link to a folder inside sites/ is not followed either.
+    std::fs::remove_file(f.path().join("sites/b.yaml")).unwrap();
+    symlink(outside.path(), f.path().join("sites/more")).unwrap();
+    assert_eq!(codes_for(&f, "sites/more"), ["not-a-file"]);
+    // A linked cluster.yaml.
+    std::fs::remove_file(f.path().join("sites/more")).unwrap();
+    std::fs::write(outside.path().join("c.yaml"), "name: x\n").unwrap();
+    symlink(outside.path().join("c.yaml"), f.path().join("cluster.yaml")).unwrap();
+    assert_eq!(codes_for(&f, "cluster.yaml"), ["not-a-file"]);
+}
+
+// See: #12 item 1
+#[test]
+fn issue12_item1_symlinked_sites_folder_is_refused() {
+    let outside = tempfile::tempdir().unwrap();
+    std::fs::write(
+        outside.path().join("a.yaml"),
+        "host: a.example.com\norigin: http://192.0.2.1\n",
+    )
+    .unwrap();
+    let f = Fixture::empty();
+    f.write_all(&BASE[1..]);
+    symlink(outside.path(), f.path().join("sites")).unwrap();
+    let checked = f.check();
+    assert!(!checked.is_valid());
+    let d = checked
+        .diagnostics
+        .iter()
+        .find(|d| &*d.file == "sites")
+        .expect("the linked folder is named");
+    assert_eq!(d.code, "not-a-file");
+    let out = run(f.path(), &["check"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(all_output(&out).contains("sites"));
+}
+
+/// `check` of `f` in a thread, failing the test after 20 s (a hang).
+fn check_within(f: &Fixture) -> compiler::Checked {
+    let root = f.path().to_path_buf();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let repo = compiler::load::from_dir(&root).unwrap();
+        let _ = tx.send(compiler::check(&repo));
+    });
+    rx.recv_timeout(Duration::from_secs(20))
+        .expect("check hung on a special file")
+}
+
+// See: #12 item 1, item 9
+#[test]
+fn issue12_item9_fifo_and_dev_zero_are_refused_without_reading() {
+    let f = Fixture::with(&[]);
+    let fifo = f.path().join("sites/f.yaml");
+    let made = Command::new("mkfifo").arg(&fifo).status().unwrap();
+    assert!(made.success());
+    symlink("/dev/zero", f.path().join("sites/z.yaml")).unwrap();
+    let checked = check_within(&f);
+    assert!(!checked.is_valid());
+    let by_file = |file: &str| {
+        checked
+            .diagnostics
+            .iter()
+            .find(|d| &*d.file == file)
+            .unwrap_or_else(|| panic!("{file} not reported"))
+            .clone()
+    };
+    let d = by_file("sites/f.yaml");
+    assert_eq!(d.code, "not-a-file");
+    assert!(d.message.contains("fifo"), "{}", d.message);
+    assert_eq!(by_file("sites/z.yaml").code, "not-a-file");
+    // Also through the binary, which must exit rather than hang.
+    let mut child = Command::new(env!("CARGO_BIN_EXE_edgeform"))
+        .arg("check")
+        .current_dir(f.path())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let started = std::time::Instant::now();
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            assert_eq!(status.code(), Some(1));
+            break;
+        }
+        if started.elapsed() > Duration::from_secs(20) {
+            let _ = child.kill();
+            panic!("edgeform check hung on a fifo");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+// See: #12 item 9
+#[test]
+fn issue12_item9_a_file_over_the_size_cap_is_refused_unread() {
+    let f = Fixture::with(&[]);
+    let big = std::fs::File::create(f.path().join("sites/big.yaml")).unwrap();
+    // Sparse: nothing is written, the length is past the cap.
+    big.set_len(compiler::load::MAX_FILE_BYTES + 1).unwrap();
+    drop(big);
+    assert_eq!(codes_for(&f, "sites/big.yaml"), ["file-too-large"]);
+}
+
+// See: #12 item 1
+#[test]
+fn issue12_item1_committed_links_are_refused_with_rev() {
+    let outside = tempfile::tempdir().unwrap();
+    std::fs::write(
+        outside.path().join("b.yaml"),
+        "host: b.example.com\norigin: http://192.0.2.2\n",
+    )
+    .unwrap();
+    let f = Fixture::with(&[]);
+    symlink("/proc/self/environ", f.path().join("sites/env.yaml")).unwrap();
+    symlink(outside.path().join("b.yaml"), f.path().join("sites/b.yaml")).unwrap();
+    symlink("/dev/zero", f.path().join("nodes/z.yaml")).unwrap();
+    f.commit("links");
+    let repo = compiler::load::from_rev(f.path(), "HEAD").unwrap();
+    let checked = compiler::check(&repo);
+    assert!(!checked.is_valid());
+    for file in ["sites/env.yaml", "sites/b.yaml", "nodes/z.yaml"] {
+        let d = checked
+            .diagnostics
+            .iter()
+            .find(|d| &*d.file == file)
+            .unwrap_or_else(|| panic!("{file} not reported"));
+        assert_eq!(d.code, "not-a-file");
+    }
+    let out = run(f.path(), &["check", "--rev", "HEAD"]);
+    let text = all_output(&out);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        !text.contains(CANARY) && text.contains("symbolic link"),
+        "{text}"
+    );
+
+    // A committed link in place of the sites/ folder.
+    let g = Fixture::empty();
+    g.write_all(&BASE[1..]);
+    symlink(outside.path(), g.path().join("sites")).unwrap();
+    g.commit("linked folder");
+    let repo = compiler::load::from_rev(g.path(), "HEAD").unwrap();
+    let checked = compiler::check(&repo);
+    assert!(
+        checked
+            .diagnostics
+            .iter()
+            .any(|d| &*d.file == "sites" && d.code == "not-a-file"),
+        "{:?}",
+        checked.diagnostics
+    );
+    let _ = git;
+}
+
+// See: #12 item 13
+#[test]
+fn issue12_item13_origins_with_control_characters_are_refused_at_their_position() {
+    for (origin, what) in [
+        (r#""http://203.0.113.10\r\n""#, "carriage return"),
+        (r#""http://203.0.113.10\n""#, "line feed"),
+        (r#""http://203.0.113.10\0""#, "NUL"),
+        (r#""http://203.0.\t113.10""#, "tab"),
+        (r#""http://203.0.113.10\\x""#, "backslash"),
+        (r#""http://203.0.113.10 ""#, "space"),
+    ] {
+        let f = Fixture::with(&[(
+            "sites/a.yaml",
+            &format!("host: a.example.com\norigin: {origin}\n"),
+        )]);
+        let checked = f.check();
+        assert!(!checked.is_valid(), "{origin} passed");
+        let d = &checked.diagnostics[0];
+        assert_eq!(
+            (d.code, &*d.file, d.span.line, d.span.column),
+            ("invalid-url", "sites/a.yaml", 2, 9),
+            "{origin}: {d:?}"
+        );
+        assert!(d.message.contains(what), "{origin}: {}", d.message);
+        assert!(!d.message.contains(['\r', '\n', '\0', '\t']));
+    }
+    for origin in [
+        "http://user@203.0.113.10",
+        "http://203.0.113.10/",
+        "http://203.0.113.10?a=b",
+        "http://203.0.113.10#f",
+    ] {
+        let f = Fixture::with(&[(
+            "sites/a.yaml",
+            &format!("host: a.example.com\norigin: \"{origin}\"\n"),
+        )]);
+        assert!(!f.check().is_valid(), "{origin} passed");
+    }
+}
+
+// See: #12 item 13
+#[test]
+fn issue12_item13_redis_url_with_a_non_numeric_database_is_refused() {
+    let node = |url: &str| {
+        format!(
+            "name: edge-1\nroles: [edge]\nregion: eu\nlocation: {{lat: 52.0, lon: 4.0}}\n\
+             addresses: [198.51.100.1]\nredis: {{url: \"{url}\"}}\n"
+        )
+    };
+    for (url, ok) in [
+        ("redis://h/abc", false),
+        ("redis://h/1x", false),
+        ("redis://h/0/1", false),
+        ("redis://h/0", true),
+        ("redis://h:6379/15", true),
+        ("redis://h", true),
+        ("redis://h/", true),
+    ] {
+        let f = Fixture::with(&[("nodes/edge-1.yaml", &node(url))]);
+        let checked = f.check();
+        assert_eq!(checked.is_valid(), ok, "{url}: {:?}", checked.diagnostics);
+        if !ok {
+            assert_eq!(checked.diagnostics[0].code, "invalid-url");
+        }
+    }
+}
+
+fn node_with_redis(redis: &str) -> String {
+    format!(
+        "name: edge-1\nroles: [edge]\nregion: eu\nlocation: {{lat: 52.0, lon: 4.0}}\n\
+         addresses: [198.51.100.1]\nredis: {redis}\n"
+    )
+}
+
+// See: #12 item 5
+#[test]
+fn issue12_item5_secrets_in_redis_urls_and_sentinels_are_never_shown() {
+    let secret = "hunter2-s3cret";
+    for redis in [
+        format!("{{url: \"redis://10.0.0.5:6379?password={secret}\"}}"),
+        format!("{{url: \"redis://10.0.0.5:6379/0?db=1&Password={secret}\"}}"),
+        format!("{{url: \"redis://admin:{secret}@10.0.0.5:6379\"}}"),
+        format!("{{url: \"rediss://:{secret}@10.0.0.5\"}}"),
+        format!("{{url: \"redis://admin:{secret}@[bad\"}}"),
+        format!("{{sentinels: [\"admin:{secret}@10.0.0.5:26379\"], master: m}}"),
+        format!("{{sentinels: [\"10.0.0.6:26379\", \"{secret}@10.0.0.5:26379\"], master: m}}"),
+        format!("{{url: \"redis://10.0.0.5\", password: {secret}}}"),
+    ] {
+        let f = Fixture::with(&[("nodes/edge-1.yaml", &node_with_redis(&redis))]);
+        let checked = f.check();
+        assert!(
+            checked
+                .diagnostics
+                .iter()
+                .any(|d| d.code == "inline-secret"),
+            "{redis}: {:?}",
+            checked.diagnostics
+        );
+        for args in [
+            &["check"][..],
+            &["check", "--format", "json"],
+            &["check", "--format", "github"],
+            &["plan"],
+            &["apply", "--yes"],
+            &["build", "--out", "out"],
+        ] {
+            let out = edgeform(f.path(), args);
+            let text = all_output(&out);
+            assert_eq!(out.status.code(), Some(1), "{redis} {args:?}: {text}");
+            assert!(
+                !text.contains(secret) && !text.contains("hunter2"),
+                "{redis} {args:?} shows the secret:\n{text}"
+            );
+            if args == ["check"] {
+                assert!(text.contains("inline-secret"), "{text}");
+                assert!(text.contains("nodes/edge-1.yaml:6:"), "{text}");
+            }
+        }
+    }
+}
+
+// See: #12 item 16
+#[test]
+fn issue12_item16_snippets_of_huge_values_are_capped() {
+    let huge = "a".repeat(5 << 20);
+    for (file, at) in [
+        (
+            format!("host: a.example.com\norigin: \"http://192.0.2.1/{huge}\"\n"),
+            "sites/a.yaml:2:9",
+        ),
+        (
+            format!("host: a.example.com\norigin: http://192.0.2.1\nbogus: {huge}\n"),
+            "sites/a.yaml:3:1",
+        ),
+    ] {
+        let f = Fixture::with(&[("sites/a.yaml", &file)]);
+        for format in ["human", "json", "github"] {
+            let out = edgeform(f.path(), &["check", "--format", format]);
+            assert_eq!(out.status.code(), Some(1));
+            let n = out.stdout.len() + out.stderr.len();
+            assert!(n < 20_000, "{format}: {n} bytes of output");
+        }
+        let out = edgeform(f.path(), &["check"]);
+        let text = all_output(&out);
+        // The real position is still named.
+        assert!(text.contains(at), "{text}");
+        assert!(text.contains('…'), "{text}");
+    }
+}
+
+// See: #12 item 16
+#[test]
+fn issue12_item16_long_line_snippet_points_at_the_real_column() {
+    let pad = "x".repeat(1000);
+    let f = Fixture::with(&[(
+        "sites/a.yaml",
+        &format!("host: a.example.com\norigin: http://192.0.2.1\n# {pad}\ncached: yes\n"),
+    )]);
+    let out = edgeform(f.path(), &["check"]);
+    let text = all_output(&out);
+    assert!(text.contains("sites/a.yaml:4:9"), "{text}");
+    assert!(text.lines().all(|l| l.chars().count() < 400), "{text}");
+}
