@@ -81,7 +81,7 @@ pub enum Command {
         /// Exit 2 when there are changes.
         #[arg(long)]
         detailed_exitcode: bool,
-        #[arg(long, default_value_t = 16, value_name = "N")]
+        #[arg(long, default_value_t = 16, value_name = "N", value_parser = push::parallel())]
         parallel: usize,
     },
     /// Push desired state to each target: per target a lock and one atomic
@@ -113,7 +113,7 @@ pub enum Command {
         nodes: Vec<String>,
         /// Wait up to SECS for every node's result and print the counts;
         /// exit 1 on timeout, naming the nodes still pending.
-        #[arg(long, value_name = "SECS")]
+        #[arg(long, value_name = "SECS", value_parser = push::wait_secs())]
         wait: Option<u64>,
     },
     /// Explain a routing decision offline: the playback decision for a
@@ -169,9 +169,11 @@ pub enum Command {
     /// The scheduled jobs: sync re-pushes desired state, heal compares the
     /// full live content and repairs drift. Runs until SIGTERM, or once.
     Reconcile {
-        #[arg(long, default_value = "15m", value_name = "DURATION", value_parser = push::duration)]
+        /// 1s to 7d.
+        #[arg(long, default_value = "15m", value_name = "DURATION", value_parser = push::interval)]
         sync_every: std::time::Duration,
-        #[arg(long, default_value = "5m", value_name = "DURATION", value_parser = push::duration)]
+        /// 1s to 7d.
+        #[arg(long, default_value = "5m", value_name = "DURATION", value_parser = push::interval)]
         heal_every: std::time::Duration,
         /// Run one job and exit (for cron or systemd timers): exit 0, or 1
         /// when a target failed.
@@ -204,10 +206,11 @@ pub enum Command {
         #[arg(long = "arg", value_name = "NAME=VALUE")]
         args: Vec<String>,
         /// Wait up to SECS for the result and print it.
-        #[arg(long, value_name = "SECS")]
+        #[arg(long, value_name = "SECS", value_parser = push::wait_secs())]
         wait: Option<u64>,
-        /// The command expires (is refused by the agent) after this long.
-        #[arg(long, default_value = "5m", value_name = "DURATION", value_parser = push::duration)]
+        /// The command expires (is refused by the agent) after this long
+        /// (1s to 1d).
+        #[arg(long, default_value = "5m", value_name = "DURATION", value_parser = push::ttl)]
         ttl: std::time::Duration,
         #[arg(long, value_enum, default_value = "human")]
         format: mqtt::Format,
@@ -219,7 +222,8 @@ pub enum Command {
 /// The part of `--help` that is not about one command.
 const AFTER_HELP: &str = "\
 Exit codes: 0 valid / done / no changes; 1 invalid, refused or an error;
-2 changes pending (diff, plan --detailed-exitcode).
+2 changes pending (diff, plan --detailed-exitcode); 64 usage error (an
+unknown flag, a missing or out-of-range value: nothing was done).
 
 A typical change: edgeform fmt && edgeform check && edgeform diff --base origin/main,
 then after merge edgeform plan && edgeform apply --yes (or the reconciler).
@@ -266,7 +270,13 @@ fn color() -> bool {
 /// Parse the process arguments and run.
 #[must_use]
 pub fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => {
+            let _ = e.print();
+            return ExitCode::from(usage_exit(e.kind()));
+        }
+    };
     match run(&cli) {
         Ok(code) => ExitCode::from(code),
         Err(err) => {
@@ -286,6 +296,22 @@ pub fn main() -> ExitCode {
         }
     }
 }
+
+/// The exit code of a command line clap refused or answered itself:
+/// `--help` and `--version` succeed; anything else is a usage error,
+/// [`EX_USAGE`] (BSD `sysexits.h`), apart from every code a command
+/// returns.
+#[must_use]
+pub fn usage_exit(kind: clap::error::ErrorKind) -> u8 {
+    use clap::error::ErrorKind;
+    match kind {
+        ErrorKind::DisplayHelp | ErrorKind::DisplayVersion => 0,
+        _ => EX_USAGE,
+    }
+}
+
+/// The exit code of a usage error.
+pub const EX_USAGE: u8 = 64;
 
 /// Run one command.
 ///

@@ -395,21 +395,86 @@ pub struct PushFlags {
     #[arg(long)]
     pub allow_rollback: bool,
     /// How many targets to work on at once.
-    #[arg(long, default_value_t = 16, value_name = "N")]
+    #[arg(long, default_value_t = 16, value_name = "N", value_parser = parallel())]
     pub parallel: usize,
-    /// How long to wait for another apply's lock on a target.
-    #[arg(long, default_value = "60s", value_name = "DURATION", value_parser = duration)]
+    /// How long to wait for another apply's lock on a target (at most 1h).
+    #[arg(long, default_value = "60s", value_name = "DURATION", value_parser = lock_wait)]
     pub lock_wait: Duration,
 }
 
-/// `500ms`, `5s`, `15m`, `1h`.
+/// `500ms`, `5s`, `15m`, `1h`, at most 30 days.
 ///
 /// # Errors
 /// Anything else.
 pub fn duration(text: &str) -> Result<Duration, String> {
-    crate::validate::parse_duration_ms(text)
+    duration_in(text, Duration::ZERO, Duration::from_secs(30 * 86_400))
+}
+
+/// A duration flag between `min` and `max`, checked at parse time so no
+/// later arithmetic (deadlines, timers) can overflow.
+fn duration_in(text: &str, min: Duration, max: Duration) -> Result<Duration, String> {
+    let d = crate::validate::parse_duration_ms(text)
         .map(Duration::from_millis)
-        .ok_or_else(|| format!("`{text}` is not a duration (e.g. 500ms, 30s, 15m, 1h)"))
+        .ok_or_else(|| format!("`{text}` is not a duration (e.g. 500ms, 30s, 15m, 1h)"))?;
+    if d < min || d > max {
+        return Err(format!(
+            "`{text}` is out of range ({}..={})",
+            human(min),
+            human(max)
+        ));
+    }
+    Ok(d)
+}
+
+fn human(d: Duration) -> String {
+    let s = d.as_secs();
+    match s {
+        0 => format!("{}ms", d.as_millis()),
+        s if s % 86_400 == 0 => format!("{}d", s / 86_400),
+        s if s % 3600 == 0 => format!("{}h", s / 3600),
+        s if s % 60 == 0 => format!("{}m", s / 60),
+        s => format!("{s}s"),
+    }
+}
+
+/// `--lock-wait`: up to one hour.
+///
+/// # Errors
+/// Not a duration, or out of range.
+pub fn lock_wait(text: &str) -> Result<Duration, String> {
+    duration_in(text, Duration::ZERO, Duration::from_secs(3600))
+}
+
+/// `--sync-every`, `--heal-every`: one second to seven days.
+///
+/// # Errors
+/// Not a duration, or out of range.
+pub fn interval(text: &str) -> Result<Duration, String> {
+    duration_in(
+        text,
+        Duration::from_secs(1),
+        Duration::from_secs(7 * 86_400),
+    )
+}
+
+/// `exec --ttl`: one second to one day.
+///
+/// # Errors
+/// Not a duration, or out of range.
+pub fn ttl(text: &str) -> Result<Duration, String> {
+    duration_in(text, Duration::from_secs(1), Duration::from_secs(86_400))
+}
+
+/// `--parallel`: 1 to 1024 targets at once.
+#[must_use]
+pub fn parallel() -> clap::builder::RangedU64ValueParser<usize> {
+    clap::builder::RangedU64ValueParser::<usize>::new().range(1..=1024)
+}
+
+/// `--wait SECS`: 1 second to one day.
+#[must_use]
+pub fn wait_secs() -> clap::builder::RangedU64ValueParser<u64> {
+    clap::builder::RangedU64ValueParser::<u64>::new().range(1..=86_400)
 }
 
 fn options(source: &Source, flags: &PushFlags) -> Options {

@@ -396,3 +396,50 @@ fn issue12_item16_long_line_snippet_points_at_the_real_column() {
     assert!(text.contains("sites/a.yaml:4:9"), "{text}");
     assert!(text.lines().all(|l| l.chars().count() < 400), "{text}");
 }
+
+// See: #12 item 14 (and #19 item 5: usage errors exit 64)
+#[test]
+fn issue12_item14_huge_numeric_flags_are_usage_errors_without_a_panic() {
+    let f = Fixture::with(&[]);
+    let huge = "18446744073709551615";
+    for args in [
+        &["apply", "--yes", "--parallel", huge][..],
+        &["plan", "--parallel", huge],
+        &["reconcile", "--once", "sync", "--parallel", huge],
+        &["apply", "--yes", "--parallel", "0"],
+        &["apply", "--yes", "--parallel", "1025"],
+        &["purge", "--site", "a.example.com", "--all", "--wait", huge],
+        &["purge", "--site", "a.example.com", "--all", "--wait", "0"],
+        &["exec", "--node", "edge-1", "--action", "x", "--wait", huge],
+        &[
+            "exec",
+            "--node",
+            "edge-1",
+            "--action",
+            "x",
+            "--ttl",
+            "100000000h",
+        ],
+        &["exec", "--node", "edge-1", "--action", "x", "--ttl", "0s"],
+        &["apply", "--yes", "--lock-wait", "99999999999999999h"],
+        &["reconcile", "--sync-every", "0s"],
+        &["reconcile", "--heal-every", "400d"],
+        &["check", "--no-such-flag"],
+        &["no-such-command"],
+        &[],
+    ] {
+        let out = edgeform(f.path(), args);
+        let text = all_output(&out);
+        assert_eq!(out.status.code(), Some(64), "{args:?}: {text}");
+        assert!(!text.contains("panicked"), "{args:?}: {text}");
+        assert!(text.contains("error"), "{args:?}: {text}");
+    }
+    // Help and version are not errors; the limits are listed.
+    let out = edgeform(f.path(), &["--help"]);
+    assert_eq!(out.status.code(), Some(0));
+    assert!(stdout(&out).contains("64 usage error"));
+    assert_eq!(edgeform(f.path(), &["--version"]).status.code(), Some(0));
+    // In range still works.
+    let out = edgeform(f.path(), &["check"]);
+    assert_eq!(out.status.code(), Some(0), "{}", all_output(&out));
+}
