@@ -185,6 +185,19 @@ pub enum Command {
         #[command(flatten)]
         flags: push::PushFlags,
     },
+    /// Remove a target's apply lock (`edgeform:lock`). An apply takes over
+    /// by itself a lock whose holder is provably dead on its own host (no
+    /// such process, or the pid now belongs to a newer one); this removes
+    /// such a lock too, and with --force any lock, whoever holds it (make
+    /// sure that apply is gone). Exit 0 removed or no lock, 1 refused.
+    Unlock {
+        #[arg(long, value_name = "NODE")]
+        node: String,
+        /// Remove the lock even when its holder may be alive (another
+        /// host, or a running process).
+        #[arg(long)]
+        force: bool,
+    },
     /// Every node's last health report over MQTT: online/offline, report
     /// age, applied vs desired commit (this repo, compiled), purge queue,
     /// play sessions, kbit/s. Exit 0 (1 when the broker is unreachable).
@@ -447,13 +460,24 @@ pub fn run(cli: &Cli) -> Result<u8> {
             nodes,
             yes,
             flags,
-        } => runtime()?.block_on(push::apply_cmd(
+        } => {
+            // A taken-over lock is logged.
+            init_tracing();
+            runtime()?.block_on(push::apply_cmd(
+                &cli.repo,
+                cli.rev.as_deref(),
+                nodes,
+                plan.as_deref(),
+                *yes,
+                flags,
+                color(),
+            ))
+        }
+        Command::Unlock { node, force } => runtime()?.block_on(push::unlock_cmd(
             &cli.repo,
             cli.rev.as_deref(),
-            nodes,
-            plan.as_deref(),
-            *yes,
-            flags,
+            node,
+            *force,
             color(),
         )),
         Command::Purge {

@@ -831,3 +831,55 @@ pub async fn reconcile(
     tracing::info!("reconcile: stopped");
     Ok(0)
 }
+
+// ----------------------------------------------------------------- unlock
+
+/// `edgeform unlock --node N [--force]`.
+///
+/// # Errors
+/// Invalid repository, unknown node, Redis errors.
+pub async fn unlock_cmd(
+    root: &Path,
+    rev: Option<&str>,
+    node: &str,
+    force: bool,
+    color: bool,
+) -> Result<u8> {
+    use crate::push::lock::{self, Unlocked};
+    let valid = valid(root, rev, color)?;
+    let Some(n) = valid
+        .config
+        .nodes
+        .iter()
+        .find(|n| n.name == node && n.redis.is_some())
+    else {
+        bail!("--node {node}: no such target (targets are nodes with a redis block)");
+    };
+    let mut con = n.redis_master().await?;
+    let mut out = std::io::stdout().lock();
+    match lock::unlock(&mut con, force).await? {
+        Unlocked::NoLock => {
+            writeln!(out, "{node}: not locked")?;
+            Ok(0)
+        }
+        Unlocked::Removed { holder, dead } => {
+            match dead {
+                Some(why) => writeln!(
+                    out,
+                    "{node}: removed the lock of a dead holder ({holder}: {})",
+                    why.as_str()
+                )?,
+                None => writeln!(out, "{node}: removed the lock held by {holder} (--force)")?,
+            }
+            Ok(0)
+        }
+        Unlocked::Refused { holder, why } => {
+            eprintln!(
+                "{node}: locked by {holder}; {}, so it may be alive. Wait for its lease \
+                 (5 minutes), or rerun with --force once that apply is gone",
+                why.as_str()
+            );
+            Ok(1)
+        }
+    }
+}

@@ -12,6 +12,7 @@ use anyhow::{Context, Result, bail};
 use edgestate::keys;
 use redis::aio::MultiplexedConnection;
 
+pub use super::lock::Lock;
 use super::plan::{self, Ancestry, Changes, Overrides};
 use super::state::{Desired, Live, Manifest, Meta, now_rfc3339};
 use crate::model::resolved::Thresholds;
@@ -116,74 +117,6 @@ pub async fn get_values(
     Ok(out)
 }
 
-/// The apply lease lock on a target: `SET edgeform:lock <token> NX PX`.
-pub struct Lock {
-    token: String,
-}
-
-const RELEASE: &str = "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) else return 0 end";
-
-impl Lock {
-    /// Take the lock, waiting up to `wait` for another holder to finish.
-    ///
-    /// # Errors
-    /// Still held by someone else after `wait` (the holder is named).
-    pub async fn acquire(
-        con: &mut MultiplexedConnection,
-        lease: Duration,
-        wait: Duration,
-    ) -> Result<Lock> {
-        let token = format!(
-            "{}:{}:{}",
-            hostname(),
-            std::process::id(),
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_or(0, |d| d.as_nanos())
-        );
-        let start = Instant::now();
-        let mut pause = Duration::from_millis(20);
-        loop {
-            let ok: Option<String> = redis::cmd("SET")
-                .arg(keys::LOCK)
-                .arg(&token)
-                .arg("NX")
-                .arg("PX")
-                .arg(u64::try_from(lease.as_millis()).unwrap_or(u64::MAX))
-                .query_async(con)
-                .await?;
-            if ok.is_some() {
-                return Ok(Lock { token });
-            }
-            if start.elapsed() >= wait {
-                let holder: Option<String> =
-                    redis::cmd("GET").arg(keys::LOCK).query_async(con).await?;
-                bail!(
-                    "locked by another apply ({}) for more than {:?}",
-                    holder.unwrap_or_else(|| "unknown".into()),
-                    wait
-                );
-            }
-            tokio::time::sleep(pause).await;
-            pause = (pause * 2).min(Duration::from_millis(500));
-        }
-    }
-
-    /// Release the lock if it is still ours.
-    pub async fn release(self, con: &mut MultiplexedConnection) {
-        let _: Result<i64, _> = redis::Script::new(RELEASE)
-            .key(keys::LOCK)
-            .arg(&self.token)
-            .invoke_async(con)
-            .await;
-    }
-}
-
-fn hostname() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .map_or_else(|_| "host".into(), |h| h.trim().to_owned())
-}
-
 /// What a saved plan saw on a target; apply refuses when it moved.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Expect {
@@ -229,9 +162,22 @@ pub async fn apply(
     ancestry: &(dyn Fn(Option<&str>) -> Ancestry + Send + Sync),
 ) -> Result<Outcome> {
     let lock = Lock::acquire(con, options.lease, options.lock_wait).await?;
+    hold_for_tests().await;
     let result = transaction(con, desired, options, expect, ancestry).await;
     lock.release(con).await;
     result
+}
+
+/// `EDGEFORM_TEST_HOLD_LOCK_MS`: hold the lock this long before writing,
+/// so a test can kill an apply that holds it (#12 item 12). Unset in
+/// production.
+async fn hold_for_tests() {
+    if let Some(ms) = std::env::var("EDGEFORM_TEST_HOLD_LOCK_MS")
+        .ok()
+        .and_then(|v| v.parse::<u64>().ok())
+    {
+        tokio::time::sleep(Duration::from_millis(ms.min(600_000))).await;
+    }
 }
 
 async fn transaction(

@@ -7,6 +7,8 @@
 //!   hash) and `edgeform:meta`; desired content hashes.
 //! - [`plan`]: pure: desired vs live → added/changed/removed, and the
 //!   safety checks (rollback, empty, thresholds).
+//! - [`lock`]: the apply lease lock; who holds it, taking over a dead
+//!   holder's lock, `unlock`.
 //! - [`apply`]: lease lock, then one WATCH/MULTI/EXEC per target.
 //! - [`heal`]: full live-content comparison and repair.
 //! - [`run`]: every target concurrently (bounded), each outcome reported,
@@ -14,6 +16,7 @@
 
 pub mod apply;
 pub mod heal;
+pub mod lock;
 pub mod plan;
 pub mod run;
 pub mod state;

@@ -443,3 +443,144 @@ fn issue12_item14_huge_numeric_flags_are_usage_errors_without_a_panic() {
     let out = edgeform(f.path(), &["check"]);
     assert_eq!(out.status.code(), Some(0), "{}", all_output(&out));
 }
+
+fn redis_con(port: u16) -> redis::Connection {
+    redis::Client::open(format!("redis://127.0.0.1:{port}"))
+        .unwrap()
+        .get_connection()
+        .unwrap()
+}
+
+fn lock_of(port: u16) -> Option<String> {
+    redis::cmd("GET")
+        .arg("edgeform:lock")
+        .query(&mut redis_con(port))
+        .unwrap()
+}
+
+fn set_lock(port: u16, token: &str) {
+    redis::cmd("SET")
+        .arg("edgeform:lock")
+        .arg(token)
+        .arg("PX")
+        .arg(300_000)
+        .exec(&mut redis_con(port))
+        .unwrap();
+}
+
+fn redis_repo(port: u16) -> Fixture {
+    let f = Fixture::with(&[(
+        "nodes/edge-1.yaml",
+        &node_with_redis(&format!("{{url: \"redis://127.0.0.1:{port}\"}}")),
+    )]);
+    f.commit("base");
+    f
+}
+
+// See: #12 item 12
+#[test]
+fn issue12_item12_a_killed_applys_lock_is_taken_over_at_once() {
+    let r = harness::redis(&[]);
+    let f = redis_repo(r.port);
+    // A real apply that stops while holding the lock (test hook), killed
+    // with SIGKILL: it cannot release the lock.
+    let mut child = Command::new(env!("CARGO_BIN_EXE_edgeform"))
+        .args(["apply", "--yes"])
+        .current_dir(f.path())
+        .env("EDGEFORM_TEST_HOLD_LOCK_MS", "600000")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let token = loop {
+        if let Some(t) = lock_of(r.port) {
+            break t;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the apply never locked"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert!(token.contains(&format!(":{}:", child.id())), "{token}");
+    child.kill().unwrap();
+    // Not reaped yet: a zombie, which is dead too.
+    let start = std::time::Instant::now();
+    let out = edgeform(f.path(), &["apply", "--yes", "--lock-wait", "0s"]);
+    let took = start.elapsed();
+    let text = all_output(&out);
+    assert_eq!(out.status.code(), Some(0), "{text}");
+    assert!(text.contains("took over the apply lock"), "{text}");
+    assert!(took < Duration::from_secs(10), "{took:?}");
+    let _ = child.wait();
+    assert_eq!(lock_of(r.port), None, "released after the apply");
+    let generation: String = redis::cmd("HGET")
+        .arg("edgeform:meta")
+        .arg("generation")
+        .query(&mut redis_con(r.port))
+        .unwrap();
+    assert_eq!(generation, "1");
+
+    // The same once the killed process is reaped (no such pid).
+    let mut child = Command::new(env!("CARGO_BIN_EXE_edgeform"))
+        .args(["apply", "--yes", "--force"])
+        .current_dir(f.path())
+        .env("EDGEFORM_TEST_HOLD_LOCK_MS", "600000")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    while lock_of(r.port).is_none() {
+        assert!(std::time::Instant::now() < deadline + Duration::from_secs(30));
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let out = edgeform(f.path(), &["apply", "--yes", "--lock-wait", "0s"]);
+    assert_eq!(out.status.code(), Some(0), "{}", all_output(&out));
+}
+
+// See: #12 item 12
+#[test]
+fn issue12_item12_live_or_remote_holders_are_not_taken_over_and_unlock_needs_force() {
+    let r = harness::redis(&[]);
+    let f = redis_repo(r.port);
+    // Another host: not provable.
+    set_lock(r.port, "other-host:1:2:3:4");
+    let out = edgeform(f.path(), &["apply", "--yes", "--lock-wait", "200ms"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        all_output(&out).contains("unlock --node"),
+        "{}",
+        all_output(&out)
+    );
+    let out = edgeform(f.path(), &["unlock", "--node", "edge-1"]);
+    assert_eq!(out.status.code(), Some(1), "{}", all_output(&out));
+    assert!(stderr(&out).contains("another host"), "{}", stderr(&out));
+    assert_eq!(lock_of(r.port).as_deref(), Some("other-host:1:2:3:4"));
+    let out = edgeform(f.path(), &["unlock", "--node", "edge-1", "--force"]);
+    assert_eq!(out.status.code(), Some(0), "{}", all_output(&out));
+    assert_eq!(lock_of(r.port), None);
+    let out = edgeform(f.path(), &["unlock", "--node", "edge-1"]);
+    assert_eq!(out.status.code(), Some(0));
+    assert!(stdout(&out).contains("not locked"));
+
+    // A running process on this host (this test): alive.
+    let me = compiler::push::lock::Holder::current();
+    set_lock(r.port, &me.token(7));
+    let out = edgeform(f.path(), &["apply", "--yes", "--lock-wait", "200ms"]);
+    assert_eq!(out.status.code(), Some(1), "{}", all_output(&out));
+    let out = edgeform(f.path(), &["unlock", "--node", "edge-1"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(stderr(&out).contains("running"), "{}", stderr(&out));
+
+    // Its pid with another start time: the pid was reused, dead.
+    let mut reused = me.clone();
+    reused.start = reused.start.map(|s| s + 1);
+    set_lock(r.port, &reused.token(7));
+    let out = edgeform(f.path(), &["unlock", "--node", "edge-1"]);
+    assert_eq!(out.status.code(), Some(0), "{}", all_output(&out));
+    assert!(stdout(&out).contains("newer process"), "{}", stdout(&out));
+    assert_eq!(lock_of(r.port), None);
+}
