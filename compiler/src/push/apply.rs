@@ -25,6 +25,20 @@ const BATCH: usize = 1000;
 /// # Errors
 /// Redis errors, or a manifest that is not a hash of UTF-8 strings.
 pub async fn read_live(con: &mut MultiplexedConnection) -> Result<Live> {
+    Ok(read_live_as(con, false).await?.0)
+}
+
+/// [`read_live`] for heal, which rewrites the manifest anyway: entries
+/// that are not UTF-8 are left out, and the flag says whether there were
+/// none (false: the manifest is drift).
+///
+/// # Errors
+/// Redis errors.
+pub async fn read_live_lenient(con: &mut MultiplexedConnection) -> Result<(Live, bool)> {
+    read_live_as(con, true).await
+}
+
+async fn read_live_as(con: &mut MultiplexedConnection, lenient: bool) -> Result<(Live, bool)> {
     let (manifest, meta): (redis::Value, BTreeMap<String, String>) = redis::pipe()
         .cmd("HGETALL")
         .arg(keys::MANIFEST)
@@ -33,10 +47,14 @@ pub async fn read_live(con: &mut MultiplexedConnection) -> Result<Live> {
         .query_async(con)
         .await
         .context("reading edgeform:manifest and edgeform:meta")?;
-    Ok(Live {
-        manifest: manifest_from(manifest)?,
-        meta: Meta::from_hash(&meta),
-    })
+    let (manifest, clean) = manifest_from(manifest, lenient)?;
+    Ok((
+        Live {
+            manifest,
+            meta: Meta::from_hash(&meta),
+        },
+        clean,
+    ))
 }
 
 /// The no-op plan's fast check: is the live manifest exactly the desired
@@ -78,27 +96,56 @@ pub async fn read_if_in_sync(
 }
 
 /// HGETALL's reply as a [`Manifest`], taking the reply's strings over
-/// without copying them.
-fn manifest_from(reply: redis::Value) -> Result<Manifest> {
+/// without copying them. With `lenient`, non-UTF-8 entries are skipped
+/// (the flag returned is false) instead of failing.
+fn manifest_from(reply: redis::Value, lenient: bool) -> Result<(Manifest, bool)> {
     let items = match reply {
         redis::Value::Array(items) => items,
         redis::Value::Map(pairs) => pairs.into_iter().flat_map(|(k, v)| [k, v]).collect(),
         redis::Value::Nil => Vec::new(),
         other => bail!("{} is not a hash: {other:?}", keys::MANIFEST),
     };
-    let text = |v: redis::Value| -> Result<String> {
+    let text = |v: redis::Value| -> Result<Option<String>> {
         match v {
-            redis::Value::BulkString(b) => String::from_utf8(b)
-                .with_context(|| format!("{} holds a non-UTF-8 string", keys::MANIFEST)),
+            redis::Value::BulkString(b) => match String::from_utf8(b) {
+                Ok(s) => Ok(Some(s)),
+                Err(_) if lenient => Ok(None),
+                Err(e) => {
+                    Err(e).with_context(|| format!("{} holds a non-UTF-8 string", keys::MANIFEST))
+                }
+            },
             other => bail!("{} holds {other:?}", keys::MANIFEST),
         }
     };
     let mut manifest = Manifest::with_capacity(items.len() / 2);
+    let mut clean = true;
     let mut items = items.into_iter();
     while let (Some(k), Some(v)) = (items.next(), items.next()) {
-        manifest.insert(text(k)?, text(v)?);
+        match (text(k)?, text(v)?) {
+            (Some(k), Some(v)) => {
+                manifest.insert(k, v);
+            }
+            _ => clean = false,
+        }
     }
-    Ok(manifest)
+    Ok((manifest, clean))
+}
+
+/// Values of `keys` as bytes (None where absent), in batches: for heal
+/// and import, which must read what is there, UTF-8 or not.
+///
+/// # Errors
+/// Redis errors.
+pub async fn get_raw_values<K: redis::ToRedisArgs + Sync>(
+    con: &mut MultiplexedConnection,
+    keys: &[K],
+) -> Result<Vec<Option<Vec<u8>>>> {
+    let mut out = Vec::with_capacity(keys.len());
+    for chunk in keys.chunks(BATCH) {
+        let values: Vec<Option<Vec<u8>>> = redis::cmd("MGET").arg(chunk).query_async(con).await?;
+        out.extend(values);
+    }
+    Ok(out)
 }
 
 /// Values of `keys` (None where absent), in batches.

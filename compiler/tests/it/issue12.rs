@@ -584,3 +584,116 @@ fn issue12_item12_live_or_remote_holders_are_not_taken_over_and_unlock_needs_for
     assert!(stdout(&out).contains("newer process"), "{}", stdout(&out));
     assert_eq!(lock_of(r.port), None);
 }
+
+// See: #12 item 8
+#[test]
+fn issue12_item8_heal_repairs_binary_keys_and_values_and_the_rest_of_the_drift() {
+    let r = harness::redis(&[]);
+    let f = redis_repo(r.port);
+    f.write(
+        "sites/b.yaml",
+        b"host: b.example.com\norigin: http://192.0.2.2\n",
+    );
+    f.commit("two sites");
+    let out = edgeform(f.path(), &["apply", "--yes"]);
+    assert_eq!(out.status.code(), Some(0), "{}", all_output(&out));
+    let mut c = redis_con(r.port);
+    // A binary key nobody manages, a binary value on a managed key, a
+    // binary manifest entry, and ordinary drift beside them.
+    redis::cmd("MSET")
+        .arg(b"site:\xff\xfe.example.com".as_slice())
+        .arg(b"{}".as_slice())
+        .arg("site:a.example.com")
+        .arg(b"\xc3\x28 not utf-8".as_slice())
+        .arg("site:rogue.example.com")
+        .arg("{}")
+        .exec(&mut c)
+        .unwrap();
+    redis::cmd("DEL")
+        .arg("site:b.example.com")
+        .exec(&mut c)
+        .unwrap();
+    redis::cmd("HSET")
+        .arg("edgeform:manifest")
+        .arg(b"site:\x80".as_slice())
+        .arg(b"\x80".as_slice())
+        .exec(&mut c)
+        .unwrap();
+
+    let out = edgeform(f.path(), &["reconcile", "--once", "heal"]);
+    let log = stderr(&out);
+    assert_eq!(out.status.code(), Some(0), "{log}");
+    for (key, kind) in [
+        (r"site:\xff\xfe.example.com", "unmanaged"),
+        ("site:a.example.com", "changed"),
+        ("site:b.example.com", "missing"),
+        ("site:rogue.example.com", "unmanaged"),
+        ("edgeform:manifest", "manifest"),
+    ] {
+        assert!(
+            log.contains(&format!("key={key} kind=\"{kind}\"")),
+            "{key} {kind}:\n{log}"
+        );
+    }
+    let exists: bool = redis::cmd("EXISTS")
+        .arg(b"site:\xff\xfe.example.com".as_slice())
+        .query(&mut c)
+        .unwrap();
+    assert!(!exists, "the binary key was removed");
+    let a: String = redis::cmd("GET")
+        .arg("site:a.example.com")
+        .query(&mut c)
+        .unwrap();
+    assert!(a.contains("192.0.2.1"), "{a}");
+    let out = edgeform(f.path(), &["reconcile", "--once", "heal"]);
+    assert!(stderr(&out).contains("heal: no drift"), "{}", stderr(&out));
+    assert_eq!(
+        edgeform(f.path(), &["plan", "--detailed-exitcode"])
+            .status
+            .code(),
+        Some(0)
+    );
+}
+
+// See: #12 item 8
+#[test]
+fn issue12_item8_import_reports_binary_entries_by_key_and_goes_on_with_allow_lossy() {
+    let r = harness::redis(&[]);
+    let f = Fixture::empty();
+    f.write_all(&BASE[1..]);
+    f.write(
+        "nodes/edge-1.yaml",
+        node_with_redis(&format!("{{url: \"redis://127.0.0.1:{}\"}}", r.port)).as_bytes(),
+    );
+    let good = r#"{"origin":"http://192.0.2.7","cached":false,"geo_mode":"off","geo_codes":"","ip_mode":"off","ip_list":"","rate_mode":"off","waf_mode":"off","cors_mode":"off","hotlink_mode":"off","cache_rules":[],"edge_rules":[]}"#;
+    redis::cmd("MSET")
+        .arg("site:good.example.com")
+        .arg(good)
+        .arg(b"site:\xff.example.com".as_slice())
+        .arg(good)
+        .arg("site:bin.example.com")
+        .arg(b"{\"origin\":\"\xff\"}".as_slice())
+        .exec(&mut redis_con(r.port))
+        .unwrap();
+    let out = edgeform(f.path(), &["import", "--node", "edge-1", "--out", "."]);
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains(r"error: site:\xff.example.com: the key is not UTF-8"),
+        "{err}"
+    );
+    assert!(
+        err.contains("error: site:bin.example.com: the value is not UTF-8"),
+        "{err}"
+    );
+    assert!(!f.path().join("sites").exists(), "nothing written");
+    let out = edgeform(
+        f.path(),
+        &["import", "--node", "edge-1", "--out", ".", "--allow-lossy"],
+    );
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(0), "{err}");
+    assert!(err.contains(r"warning: site:\xff.example.com"), "{err}");
+    assert!(f.path().join("sites/good.example.com.yaml").exists());
+    assert!(!f.path().join("sites/bin.example.com.yaml").exists());
+}
