@@ -5,7 +5,8 @@
 //! - [`load`]: the only reader of files and git (working tree or `--rev`).
 //! - `yamlspan` (crate): a spanned YAML tree, so every diagnostic has a position.
 //! - [`parse`]: per file, YAML → JSON Schema ([`schema`]) → [`model::raw`].
-//! - [`validate`]: the semantic rules → [`model::resolved::Config`].
+//! - [`validate`]: the semantic rules → [`model::resolved::Config`];
+//!   [`rule_regex`]: the regex subset rules may use (PCRE on the edge).
 //! - [`compile`]: `Config` → per-target Redis key/values and router
 //!   nginx snippets. Deterministic.
 //! - [`diff`]: two compilations → per-target added/changed/removed keys.
@@ -32,6 +33,7 @@ pub mod model;
 pub mod parse;
 pub mod push;
 pub mod report;
+pub mod rule_regex;
 pub mod schema;
 pub mod validate;
 

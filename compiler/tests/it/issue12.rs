@@ -697,3 +697,36 @@ fn issue12_item8_import_reports_binary_entries_by_key_and_goes_on_with_allow_los
     assert!(f.path().join("sites/good.example.com.yaml").exists());
     assert!(!f.path().join("sites/bin.example.com.yaml").exists());
 }
+
+// See: #12 item 16
+#[test]
+fn issue12_item16_rule_regexes_pcre_would_run_badly_are_refused() {
+    for (regex, ok) in [
+        (r"^(a+)+$", false),
+        (r"(a|a)*", false),
+        (r"(?R)", false),
+        (r"(?1)", false),
+        (r"(a)\1", false),
+        (r"(?<=a)b", false),
+        (r"a{1000}{1000}", false),
+        (r"^/api/v[0-9]+/", true),
+    ] {
+        let f = Fixture::with(&[(
+            "sites/a.yaml",
+            &format!(
+                "host: a.example.com\norigin: http://192.0.2.1\ncache_rules:\n\
+                 \x20 - match_type: regex\n    match_value: '{regex}'\n    action: bypass\n"
+            ),
+        )]);
+        let checked = f.check();
+        assert_eq!(checked.is_valid(), ok, "{regex}: {:?}", checked.diagnostics);
+        if !ok {
+            let d = &checked.diagnostics[0];
+            assert_eq!(
+                (d.code, d.span.line, d.span.column),
+                ("invalid-regex", 5, 18),
+                "{regex}: {d:?}"
+            );
+        }
+    }
+}
