@@ -16,6 +16,8 @@
 //! - [`import`]: site documents read from an edge → `sites/*.yaml`.
 //! - [`anycast`]: the anycast audit (pure analysis; `anycast::mrt` reads
 //!   route-collector dumps).
+//! - [`workspace`]: the one loader: load → check → commit → compile, each
+//!   step separate; every subcommand stops at the step it needs.
 //! - [`cli`]: the `edgeform` command line; `main.rs` only calls [`cli::main`].
 //!
 //! Everything but `load` (and the CLI's writing of results) is pure.
@@ -36,6 +38,7 @@ pub mod report;
 pub mod rule_regex;
 pub mod schema;
 pub mod validate;
+pub mod workspace;
 
 use rayon::prelude::*;
 
@@ -62,17 +65,13 @@ impl Checked {
 /// parallel.
 #[must_use]
 pub fn check(repo: &load::Repo) -> Checked {
-    let timing = std::env::var_os("EDGEFORM_TIMING").is_some();
-    let t = std::time::Instant::now();
-    let files: Vec<parse::ParsedFile> = repo.sources.par_iter().map(parse::parse_file).collect();
-    let parsed = t.elapsed();
-    let (config, diagnostics) = validate::validate(&files);
-    if timing {
-        eprintln!("parse {parsed:?}, validate {:?}", t.elapsed() - parsed);
-    }
+    let files: Vec<parse::ParsedFile> = tracing::info_span!("parse")
+        .in_scope(|| repo.sources.par_iter().map(parse::parse_file).collect());
+    let (config, diagnostics) =
+        tracing::info_span!("validate").in_scope(|| validate::validate(&files));
     // 100,000 parsed trees take a while to free; the caller needs none of
     // them, so free them beside the work that follows.
-    std::thread::spawn(move || drop(files));
+    workspace::free_later(files);
     Checked {
         config,
         diagnostics,

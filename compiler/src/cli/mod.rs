@@ -11,6 +11,7 @@ use clap::{Parser, Subcommand};
 
 use crate::load::{self, Repo};
 use crate::report::{self, CheckFormat, DiffFormat};
+use crate::workspace::{self, Source, Valid};
 use crate::{Checked, compile, diff};
 
 pub mod anycast;
@@ -258,8 +259,17 @@ fn runtime() -> Result<tokio::runtime::Runtime> {
 fn init_tracing() {
     let filter = tracing_subscriber::EnvFilter::try_from_env("EDGEFORM_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    // EDGEFORM_TIMING: every phase span (load, check, parse, validate,
+    // commit, compile, jobs, per target connect, reads, MULTI/EXEC) is
+    // logged with its duration when it closes.
+    let spans = if std::env::var_os("EDGEFORM_TIMING").is_some() {
+        tracing_subscriber::fmt::format::FmtSpan::CLOSE
+    } else {
+        tracing_subscriber::fmt::format::FmtSpan::NONE
+    };
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_span_events(spans)
         .with_writer(std::io::stderr)
         .with_ansi(color())
         .with_target(false)
@@ -283,6 +293,9 @@ fn color() -> bool {
 /// Parse the process arguments and run.
 #[must_use]
 pub fn main() -> ExitCode {
+    if std::env::var_os("EDGEFORM_TIMING").is_some() {
+        init_tracing();
+    }
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
         Err(e) => {
@@ -337,12 +350,16 @@ pub fn run(cli: &Cli) -> Result<u8> {
             format,
             path_prefix,
         } => {
-            let t = std::time::Instant::now();
-            let repo = load::load(&cli.repo, cli.rev.as_deref())?;
-            if std::env::var_os("EDGEFORM_TIMING").is_some() {
-                eprintln!("load {:?}", t.elapsed());
-            }
-            let checked = crate::check(&repo);
+            let workspace::Checked {
+                repo,
+                diagnostics,
+                config,
+                ..
+            } = workspace::load(&cli.repo, cli.rev.as_deref())?.check();
+            let checked = Checked {
+                config,
+                diagnostics,
+            };
             let mut stdout = std::io::stdout().lock();
             match format {
                 CheckFormat::Human => {
@@ -376,8 +393,7 @@ pub fn run(cli: &Cli) -> Result<u8> {
             let code = u8::from(!checked.is_valid());
             // The process ends next: freeing 100,000 files' worth of
             // strings one by one would only delay the exit.
-            std::mem::forget(repo);
-            std::mem::forget(checked);
+            workspace::free_later((repo, checked));
             Ok(code)
         }
         Command::Build { out } => {
@@ -441,8 +457,7 @@ pub fn run(cli: &Cli) -> Result<u8> {
             detailed_exitcode,
             parallel,
         } => {
-            let source = push::source(&cli.repo, cli.rev.as_deref(), color())?;
-            let t = std::time::Instant::now();
+            let source = source(&cli.repo, cli.rev.as_deref(), color())?;
             let code = runtime()?.block_on(push::plan(
                 &source,
                 nodes,
@@ -451,8 +466,7 @@ pub fn run(cli: &Cli) -> Result<u8> {
                 *detailed_exitcode,
                 *parallel,
             ));
-            crate::push::timing("plan targets", t);
-            push::free_later(source);
+            workspace::free_later(source);
             code
         }
         Command::Apply {
@@ -486,8 +500,9 @@ pub fn run(cli: &Cli) -> Result<u8> {
             nodes,
             wait,
         } => {
-            let source = push::source(&cli.repo, cli.rev.as_deref(), color())?;
-            runtime()?.block_on(purge::purge(&source, site, what, nodes, *wait))
+            // Sites and nodes only: nothing is compiled.
+            let valid = valid(&cli.repo, cli.rev.as_deref(), color())?;
+            runtime()?.block_on(purge::purge(&valid.config, site, what, nodes, *wait))
         }
         Command::Route(args) => {
             let repo = load::load(&cli.repo, cli.rev.as_deref())?;
@@ -531,7 +546,7 @@ pub fn run(cli: &Cli) -> Result<u8> {
             anycast::anycast(config, args)
         }
         Command::Status { format, broker } => {
-            let source = push::valid(&cli.repo, cli.rev.as_deref(), color())?;
+            let source = valid(&cli.repo, cli.rev.as_deref(), color())?;
             runtime()?.block_on(mqtt::status(&source, broker, *format))
         }
         Command::Exec {
@@ -543,7 +558,7 @@ pub fn run(cli: &Cli) -> Result<u8> {
             format,
             broker,
         } => {
-            let source = push::valid(&cli.repo, cli.rev.as_deref(), color())?;
+            let source = valid(&cli.repo, cli.rev.as_deref(), color())?;
             let exec = mqtt::Exec {
                 node,
                 action,
@@ -581,6 +596,35 @@ fn short(rev: &str, commit: Option<&str>) -> String {
         Some(c) => format!("{rev} ({})", &c[..12.min(c.len())]),
         None => rev.to_owned(),
     }
+}
+
+/// Load and check; print the diagnostics when invalid.
+///
+/// # Errors
+/// I/O or git errors, and an invalid repository (nothing is pushed).
+pub(crate) fn valid(root: &Path, rev: Option<&str>, color: bool) -> Result<Valid> {
+    workspace::load(root, rev)?
+        .check()
+        .valid()
+        .map_err(|invalid| {
+            eprint!(
+                "{}",
+                report::diagnostics_human(&invalid.diagnostics, &invalid.repo, color)
+            );
+            anyhow::anyhow!(
+                "{} is invalid ({}); nothing was pushed",
+                invalid.root.display(),
+                invalid.summary()
+            )
+        })
+}
+
+/// [`valid`], compiled.
+///
+/// # Errors
+/// See [`valid`].
+pub(crate) fn source(root: &Path, rev: Option<&str>, color: bool) -> Result<Source> {
+    Ok(valid(root, rev, color)?.compile())
 }
 
 /// The config when valid; otherwise print the diagnostics and `None`.

@@ -84,7 +84,7 @@ pub async fn import_cmd(
     group_aliases: bool,
     color: bool,
 ) -> Result<u8> {
-    let source = super::push::source(root, None, color)?;
+    let source = super::valid(root, None, color)?;
     let Some(n) = source.config.nodes.iter().find(|n| n.name == node) else {
         bail!("--node {node}: no such node in {}", root.display());
     };

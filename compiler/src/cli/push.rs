@@ -8,107 +8,19 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use serde::{Deserialize, Serialize};
+use tracing::Instrument as _;
 
-use crate::compile::{self, Compiled};
 use crate::diff::{pretty, unified};
-use crate::load;
 use crate::push::apply::{self, Expect, Options, Outcome};
 use crate::push::plan::{self, Changes, Overrides};
 use crate::push::run::{Ancestor, each};
 use crate::push::state::Live;
 use crate::push::{self, Job, heal};
-use crate::{Config, report};
 
-/// What every push command loads: the checked, compiled repository.
-pub struct Source {
-    pub repo: load::Repo,
-    pub config: Config,
-    pub compiled: Compiled,
-    /// Written to `edgeform:meta` as `commit`.
-    pub commit: String,
-    /// The revision it was read from (`None`: the working tree).
-    pub rev: Option<String>,
-}
-
-/// A checked repository and the commit it is, not compiled: what `status`
-/// and `exec` need (they read the nodes, not the documents).
-pub struct Valid {
-    pub repo: load::Repo,
-    pub config: Config,
-    /// Written to `edgeform:meta` as `commit`.
-    pub commit: String,
-    /// The revision it was read from (`None`: the working tree).
-    pub rev: Option<String>,
-}
-
-/// Load and check; print diagnostics when invalid.
-///
-/// # Errors
-/// I/O or git errors, and an invalid repository (nothing is pushed).
-pub fn valid(root: &Path, rev: Option<&str>, color: bool) -> Result<Valid> {
-    let t = Instant::now();
-    let repo = load::load(root, rev)?;
-    push::timing("load", t);
-    let t = Instant::now();
-    let checked = crate::check(&repo);
-    push::timing("check", t);
-    if !checked.diagnostics.is_empty() && checked.config.is_none() {
-        eprint!(
-            "{}",
-            report::diagnostics_human(&checked.diagnostics, &repo, color)
-        );
-    }
-    let Some(config) = checked.config else {
-        bail!(
-            "{} is invalid ({}); nothing was pushed",
-            root.display(),
-            report::summary(&checked.diagnostics, repo.sources.len())
-        );
-    };
-    let t = Instant::now();
-    let commit = match rev {
-        Some(_) => repo.commit.clone().unwrap_or_else(|| "worktree".into()),
-        None => load::worktree_commit(root),
-    };
-    push::timing("commit", t);
-    let rev = rev.map(|_| repo.commit.clone().unwrap_or_default());
-    Ok(Valid {
-        repo,
-        config,
-        commit,
-        rev,
-    })
-}
-
-/// Load, check and compile; print diagnostics when invalid.
-///
-/// # Errors
-/// See [`valid`].
-pub fn source(root: &Path, rev: Option<&str>, color: bool) -> Result<Source> {
-    let Valid {
-        repo,
-        config,
-        commit,
-        rev,
-    } = valid(root, rev, color)?;
-    let t = Instant::now();
-    let compiled = compile::compile(&config);
-    push::timing("compile", t);
-    Ok(Source {
-        repo,
-        config,
-        compiled,
-        commit,
-        rev,
-    })
-}
-
-/// Free a loaded repository on another thread: the 100,000 parsed sites
-/// of a large repository take a while to free, and a command that is about
-/// to exit need not wait for it.
-pub fn free_later(source: Source) {
-    std::thread::spawn(move || drop(source));
-}
+// The loaders live in `crate::workspace`; `cli/mqtt.rs` names `Valid`
+// through here.
+use crate::workspace::free_later;
+pub use crate::workspace::{Source, Valid};
 
 /// The jobs for `--node` (all targets when empty).
 ///
@@ -121,9 +33,10 @@ pub fn jobs(source: &Source, only: &[String]) -> Result<Vec<Job>> {
             bail!("--node {n}: no such target (targets are nodes with a redis block: {known:?})");
         }
     }
-    let t = Instant::now();
-    let jobs = push::jobs(&source.config, &source.compiled, only);
-    push::timing("jobs (hashes)", t);
+    let jobs = {
+        let _span = tracing::info_span!("jobs (hashes)").entered();
+        push::jobs(&source.config, &source.compiled, only)
+    };
     if jobs.is_empty() {
         bail!("no targets: no node has a `redis` block");
     }
@@ -164,12 +77,14 @@ pub fn desired_digest(desired: &push::state::Desired) -> String {
 }
 
 async fn plan_target(job: Job, show_diffs: bool) -> Result<TargetPlan> {
-    let t = Instant::now();
-    let mut con = job.node.redis_master().await?;
-    push::timing("  connect", t);
-    let t = Instant::now();
-    let (meta, in_sync) = apply::read_if_in_sync(&mut con, &job.desired).await?;
-    push::timing("  read_if_in_sync", t);
+    let mut con = job
+        .node
+        .redis_master()
+        .instrument(tracing::info_span!("connect"))
+        .await?;
+    let (meta, in_sync) = apply::read_if_in_sync(&mut con, &job.desired)
+        .instrument(tracing::info_span!("read_if_in_sync"))
+        .await?;
     if in_sync {
         // Live holds exactly the desired manifest, hence its digest too.
         let digest = desired_digest(&job.desired);
@@ -183,12 +98,11 @@ async fn plan_target(job: Job, show_diffs: bool) -> Result<TargetPlan> {
             diffs: Vec::new(),
         });
     }
-    let t = Instant::now();
-    let live: Live = apply::read_live(&mut con).await?;
-    push::timing("  read_live", t);
-    let t = Instant::now();
-    let changes = plan::changes(&job.desired, &live.manifest);
-    push::timing("  changes", t);
+    let live: Live = apply::read_live(&mut con)
+        .instrument(tracing::info_span!("read_live"))
+        .await?;
+    let changes =
+        tracing::info_span!("changes").in_scope(|| plan::changes(&job.desired, &live.manifest));
     let mut diffs = Vec::new();
     if show_diffs && !changes.changed.is_empty() {
         let shown: Vec<String> = changes.changed.iter().take(SHOWN).cloned().collect();
@@ -204,7 +118,7 @@ async fn plan_target(job: Job, show_diffs: bool) -> Result<TargetPlan> {
             diffs.push((key.clone(), unified(key, &b, &pretty(after))));
         }
     }
-    let t = Instant::now();
+    let span = tracing::info_span!("digests").entered();
     let desired_digest = desired_digest(&job.desired);
     // No changes: live holds exactly the desired manifest, so it has the
     // same digest and needs no sorting to compute it.
@@ -213,7 +127,7 @@ async fn plan_target(job: Job, show_diffs: bool) -> Result<TargetPlan> {
     } else {
         live.digest()
     };
-    push::timing("  digests", t);
+    drop(span);
     Ok(TargetPlan {
         node: job.node.name.clone(),
         generation: live.meta.generation,
@@ -627,7 +541,7 @@ pub async fn apply_cmd(
     // the working tree (checked against the plan's digests below).
     let rev_owned = saved.as_ref().and_then(|p| p.rev.clone());
     let rev = rev_owned.as_deref().or(rev);
-    let source = source(root, rev, color)?;
+    let source = super::source(root, rev, color)?;
     let only: Vec<String> = match &saved {
         Some(p) if only.is_empty() => p.targets.iter().map(|t| t.node.clone()).collect(),
         _ => only.to_vec(),
@@ -790,7 +704,7 @@ pub async fn reconcile(
             Some(spec) => Some(pull(root, spec)?),
             None => rev.clone(),
         };
-        source(root, rev.as_deref(), false)
+        super::source(root, rev.as_deref(), false)
     };
     let run = |which: Once| {
         let root = root.clone();
@@ -846,7 +760,7 @@ pub async fn unlock_cmd(
     color: bool,
 ) -> Result<u8> {
     use crate::push::lock::{self, Unlocked};
-    let valid = valid(root, rev, color)?;
+    let valid = super::valid(root, rev, color)?;
     let Some(n) = valid
         .config
         .nodes

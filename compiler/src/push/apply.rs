@@ -6,11 +6,12 @@
 //! the server queues the last), never encoded whole.
 
 use std::collections::BTreeMap;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 use edgestate::keys;
 use redis::aio::MultiplexedConnection;
+use tracing::Instrument as _;
 
 pub use super::lock::Lock;
 use super::plan::{self, Ancestry, Changes, Overrides};
@@ -240,11 +241,11 @@ async fn transaction(
             .arg(keys::META)
             .exec_async(con)
             .await?;
-        let t = Instant::now();
-        let live = read_live(con).await?;
-        super::timing("  read_live", t);
-        let t = Instant::now();
-        let checked = check(desired, &live, options, expect, ancestry);
+        let live = read_live(con)
+            .instrument(tracing::info_span!("read_live"))
+            .await?;
+        let checked = tracing::info_span!("check")
+            .in_scope(|| check(desired, &live, options, expect, ancestry));
         let changes = match checked {
             Ok(c) => c,
             Err(e) => {
@@ -259,11 +260,10 @@ async fn transaction(
             });
         }
         let generation = live.meta.generation + 1;
-        super::timing("  check", t);
-        let t = Instant::now();
         let body = Body::new(desired, &changes, &options.commit, generation);
-        let done = multi_exec(con, body).await?;
-        super::timing("  MULTI/EXEC", t);
+        let done = multi_exec(con, body)
+            .instrument(tracing::info_span!("multi_exec"))
+            .await?;
         if done {
             return Ok(Outcome::Applied {
                 changes,

@@ -26,15 +26,6 @@ use std::sync::Arc;
 use crate::compile::Target;
 use crate::model::resolved::Node;
 
-/// Print `label elapsed` to stderr when `EDGEFORM_TIMING` is set (phase
-/// timings for benchmarks; see bench/README.md).
-pub fn timing(label: &str, since: std::time::Instant) {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    if *ON.get_or_init(|| std::env::var_os("EDGEFORM_TIMING").is_some()) {
-        eprintln!("{label} {:?}", since.elapsed());
-    }
-}
-
 /// One target to work on: its node (how to connect) and what it must hold.
 #[derive(Debug, Clone)]
 pub struct Job {
