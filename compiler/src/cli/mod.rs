@@ -179,7 +179,7 @@ pub enum Command {
         /// Run one job and exit (for cron or systemd timers): exit 0, or 1
         /// when a target failed.
         #[arg(long, value_enum, value_name = "JOB")]
-        once: Option<push::Once>,
+        once: Option<crate::push::reconcile::Once>,
         /// Fetch REMOTE/BRANCH through git2 before each run and push that.
         #[arg(long, value_name = "REMOTE/BRANCH")]
         pull: Option<String>,
@@ -577,14 +577,14 @@ pub fn run(cli: &Cli) -> Result<u8> {
             flags,
         } => {
             init_tracing();
-            runtime()?.block_on(push::reconcile(
+            runtime()?.block_on(crate::push::reconcile::reconcile(
                 cli.repo.clone(),
                 cli.rev.clone(),
                 pull.clone(),
                 *sync_every,
                 *heal_every,
                 *once,
-                flags.clone(),
+                flags.settings(),
             ))
         }
     }

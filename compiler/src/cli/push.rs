@@ -2,145 +2,24 @@
 
 use std::fmt::Write as _;
 use std::io::{IsTerminal, Write};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
-use serde::{Deserialize, Serialize};
-use tracing::Instrument as _;
 
-use crate::diff::{pretty, unified};
-use crate::push::apply::{self, Expect, Options, Outcome};
-use crate::push::plan::{self, Changes, Overrides};
-use crate::push::run::{Ancestor, each};
-use crate::push::state::Live;
-use crate::push::{self, Job, heal};
+use crate::push::apply::Outcome;
+use crate::push::many::{Applied, Settings, apply_all, jobs};
+use crate::push::run::each;
+use crate::push::saved::{SHOWN, SavedPlan, TargetPlan, plan_target};
+use crate::push::{self, lock};
 
 // The loaders live in `crate::workspace`; `cli/mqtt.rs` names `Valid`
 // through here.
 use crate::workspace::free_later;
 pub use crate::workspace::{Source, Valid};
 
-/// The jobs for `--node` (all targets when empty).
-///
-/// # Errors
-/// A `--node` that names no target.
-pub fn jobs(source: &Source, only: &[String]) -> Result<Vec<Job>> {
-    for n in only {
-        if !source.compiled.targets.contains_key(n) {
-            let known: Vec<&String> = source.compiled.targets.keys().collect();
-            bail!("--node {n}: no such target (targets are nodes with a redis block: {known:?})");
-        }
-    }
-    let jobs = {
-        let _span = tracing::info_span!("jobs (hashes)").entered();
-        push::jobs(&source.config, &source.compiled, only)
-    };
-    if jobs.is_empty() {
-        bail!("no targets: no node has a `redis` block");
-    }
-    Ok(jobs)
-}
-
 // ------------------------------------------------------------------ plan
-
-/// One target's plan, as shown and as saved.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct TargetPlan {
-    pub node: String,
-    pub generation: u64,
-    pub live_commit: Option<String>,
-    pub manifest_digest: String,
-    pub desired_digest: String,
-    pub changes: Changes,
-    /// Unified diffs of changed keys (live → desired), for display.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub diffs: Vec<(String, String)>,
-}
-
-/// A saved plan (`plan --out FILE`), applied with `apply --plan FILE`.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct SavedPlan {
-    pub edgeform_plan: u32,
-    pub created_at: String,
-    pub commit: String,
-    /// The commit the plan was compiled from, or `None` for the working tree.
-    pub rev: Option<String>,
-    pub targets: Vec<TargetPlan>,
-}
-
-/// The digest of a target's desired manifest (what a plan was made for).
-#[must_use]
-pub fn desired_digest(desired: &push::state::Desired) -> String {
-    desired.digest().to_owned()
-}
-
-async fn plan_target(job: Job, show_diffs: bool) -> Result<TargetPlan> {
-    let mut con = job
-        .node
-        .redis_master()
-        .instrument(tracing::info_span!("connect"))
-        .await?;
-    let (meta, in_sync) = apply::read_if_in_sync(&mut con, &job.desired)
-        .instrument(tracing::info_span!("read_if_in_sync"))
-        .await?;
-    if in_sync {
-        // Live holds exactly the desired manifest, hence its digest too.
-        let digest = desired_digest(&job.desired);
-        return Ok(TargetPlan {
-            node: job.node.name.clone(),
-            generation: meta.generation,
-            live_commit: meta.commit,
-            manifest_digest: digest.clone(),
-            desired_digest: digest,
-            changes: Changes::default(),
-            diffs: Vec::new(),
-        });
-    }
-    let live: Live = apply::read_live(&mut con)
-        .instrument(tracing::info_span!("read_live"))
-        .await?;
-    let changes =
-        tracing::info_span!("changes").in_scope(|| plan::changes(&job.desired, &live.manifest));
-    let mut diffs = Vec::new();
-    if show_diffs && !changes.changed.is_empty() {
-        let shown: Vec<String> = changes.changed.iter().take(SHOWN).cloned().collect();
-        let before = apply::get_values(&mut con, &shown).await?;
-        for (key, before) in shown.iter().zip(before) {
-            let after = job
-                .desired
-                .iter()
-                .find(|(k, _, _)| k == key)
-                .map(|(_, v, _)| v)
-                .unwrap_or_default();
-            let b = before.as_deref().map(pretty).unwrap_or_default();
-            diffs.push((key.clone(), unified(key, &b, &pretty(after))));
-        }
-    }
-    let span = tracing::info_span!("digests").entered();
-    let desired_digest = desired_digest(&job.desired);
-    // No changes: live holds exactly the desired manifest, so it has the
-    // same digest and needs no sorting to compute it.
-    let manifest_digest = if changes.is_empty() {
-        desired_digest.clone()
-    } else {
-        live.digest()
-    };
-    drop(span);
-    Ok(TargetPlan {
-        node: job.node.name.clone(),
-        generation: live.meta.generation,
-        live_commit: live.meta.commit.clone(),
-        manifest_digest,
-        desired_digest,
-        changes,
-        diffs,
-    })
-}
-
-/// Keys listed per kind and target in human output.
-const SHOWN: usize = 50;
 
 /// Output formats of `plan`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -316,6 +195,19 @@ pub struct PushFlags {
     pub lock_wait: Duration,
 }
 
+impl PushFlags {
+    /// The library's settings.
+    #[must_use]
+    pub fn settings(&self) -> Settings {
+        Settings {
+            force: self.force,
+            allow_rollback: self.allow_rollback,
+            parallel: self.parallel,
+            lock_wait: self.lock_wait,
+        }
+    }
+}
+
 /// `500ms`, `5s`, `15m`, `1h`, at most 30 days.
 ///
 /// # Errors
@@ -389,71 +281,6 @@ pub fn parallel() -> clap::builder::RangedU64ValueParser<usize> {
 #[must_use]
 pub fn wait_secs() -> clap::builder::RangedU64ValueParser<u64> {
     clap::builder::RangedU64ValueParser::<u64>::new().range(1..=86_400)
-}
-
-fn options(source: &Source, flags: &PushFlags) -> Options {
-    Options {
-        commit: source.commit.clone(),
-        thresholds: source.config.cluster.apply,
-        overrides: Overrides {
-            force: flags.force,
-            allow_rollback: flags.allow_rollback,
-        },
-        lease: Duration::from_secs(300),
-        lock_wait: flags.lock_wait,
-    }
-}
-
-/// One target's apply outcome, for reports and tests.
-pub type Applied = (Job, Result<Outcome>);
-
-/// Apply to every job; returns each outcome.
-pub async fn apply_all(
-    source: &Source,
-    jobs: Vec<Job>,
-    flags: &PushFlags,
-    expect: Option<&SavedPlan>,
-    root: &Path,
-) -> Vec<Applied> {
-    let options = Arc::new(options(source, flags));
-    let ancestor = Arc::new(Ancestor::new(root, &source.commit));
-    let expect: Option<Arc<SavedPlan>> = expect.map(|p| Arc::new(p.clone()));
-    let bar = progress(jobs.len());
-    let results = each(jobs, flags.parallel, |job| {
-        let options = options.clone();
-        let ancestor = ancestor.clone();
-        let expect = expect.clone();
-        let bar = bar.clone();
-        async move {
-            let start = Instant::now();
-            let result = async {
-                let e = match &expect {
-                    Some(p) => {
-                        let t = p
-                            .targets
-                            .iter()
-                            .find(|t| t.node == job.node.name)
-                            .context("target not in the saved plan")?;
-                        if t.desired_digest != desired_digest(&job.desired) {
-                            bail!("the repository differs from the saved plan's; plan again");
-                        }
-                        Some(Expect { generation: t.generation, manifest_digest: t.manifest_digest.clone() })
-                    }
-                    None => None,
-                };
-                let mut con = job.node.redis_master().await?;
-                let relate = |live: Option<&str>| ancestor.relate(live);
-                apply::apply(&mut con, &job.desired, &options, e.as_ref(), &relate).await
-            }
-            .await;
-            bar.inc(1);
-            tracing::debug!(node = %job.node.name, elapsed = ?start.elapsed(), ok = result.is_ok(), "apply");
-            result
-        }
-    })
-    .await;
-    bar.finish_and_clear();
-    results
 }
 
 fn progress(len: usize) -> indicatif::ProgressBar {
@@ -579,172 +406,19 @@ pub async fn apply_cmd(
         }
     }
     let started = Instant::now();
-    let results = apply_all(&source, jobs, flags, saved.as_ref(), root).await;
+    let bar = progress(jobs.len());
+    let tick = {
+        let bar = bar.clone();
+        Arc::new(move || bar.inc(1))
+    };
+    let results = apply_all(&source, jobs, &flags.settings(), saved.as_ref(), root, tick).await;
+    bar.finish_and_clear();
     let failed = report_applied(&results, started.elapsed());
     free_later(source);
     Ok(u8::from(failed > 0))
 }
 
 // ------------------------------------------------------------- reconcile
-
-/// Which scheduled job to run once.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum Once {
-    Sync,
-    Heal,
-}
-
-/// Heal every target; log every drift. Returns the number of failures.
-pub async fn heal_all(source: &Source, jobs: Vec<Job>, flags: &PushFlags, root: &Path) -> usize {
-    let options = Arc::new(options(source, flags));
-    let ancestor = Arc::new(Ancestor::new(root, &source.commit));
-    let results = each(jobs, flags.parallel, |job| {
-        let options = options.clone();
-        let ancestor = ancestor.clone();
-        async move {
-            let mut con = job.node.redis_master().await?;
-            let relate = |live: Option<&str>| ancestor.relate(live);
-            heal::heal(&mut con, &job.desired, &options, &relate).await
-        }
-    })
-    .await;
-    let mut failed = 0;
-    for (job, r) in results {
-        match r {
-            Ok(drift) if drift.is_empty() => {
-                tracing::info!(target = %job.node.name, "heal: no drift")
-            }
-            Ok(drift) => {
-                for d in &drift {
-                    tracing::warn!(target = %job.node.name, key = %d.key, kind = d.kind.as_str(), "drift repaired");
-                }
-                tracing::info!(target = %job.node.name, repaired = drift.len(), "heal: drift repaired");
-            }
-            Err(e) => {
-                failed += 1;
-                tracing::error!(target = %job.node.name, at = %job.node.redis_at(), cause = %edgeredis::one_line(&e), "heal failed");
-            }
-        }
-    }
-    failed
-}
-
-/// Sync every target (an apply with the usual safety); log outcomes.
-pub async fn sync_all(source: &Source, jobs: Vec<Job>, flags: &PushFlags, root: &Path) -> usize {
-    let results = apply_all(source, jobs, flags, None, root).await;
-    let mut failed = 0;
-    for (job, r) in results {
-        match r {
-            Ok(Outcome::Applied {
-                changes,
-                generation,
-            }) => {
-                for k in &changes.added {
-                    tracing::warn!(target = %job.node.name, key = %k, kind = "missing", "drift: pushed");
-                }
-                for k in &changes.changed {
-                    tracing::warn!(target = %job.node.name, key = %k, kind = "changed", "drift: pushed");
-                }
-                for k in &changes.removed {
-                    tracing::warn!(target = %job.node.name, key = %k, kind = "removed", "drift: pruned");
-                }
-                tracing::info!(target = %job.node.name, generation, "sync: applied");
-            }
-            Ok(Outcome::Unchanged { generation }) => {
-                tracing::info!(target = %job.node.name, generation, "sync: in sync");
-            }
-            Err(e) => {
-                failed += 1;
-                tracing::error!(target = %job.node.name, at = %job.node.redis_at(), cause = %edgeredis::one_line(&e), "sync failed");
-            }
-        }
-    }
-    failed
-}
-
-/// Fetch `remote/branch` through git2 and return the fetched commit id.
-///
-/// # Errors
-/// No such remote, fetch failure.
-pub fn pull(root: &Path, spec: &str) -> Result<String> {
-    let (remote, branch) = spec
-        .split_once('/')
-        .context("--pull takes REMOTE/BRANCH, e.g. origin/main")?;
-    let repo = git2::Repository::discover(root).context("--pull needs a git repository")?;
-    let mut r = repo
-        .find_remote(remote)
-        .with_context(|| format!("no remote `{remote}`"))?;
-    let refspec = format!("+refs/heads/{branch}:refs/remotes/{remote}/{branch}");
-    r.fetch(&[refspec.as_str()], None, None)
-        .with_context(|| format!("fetching {spec}"))?;
-    let id = repo
-        .revparse_single(spec)?
-        .peel_to_commit()?
-        .id()
-        .to_string();
-    Ok(id)
-}
-
-/// `edgeform reconcile`.
-///
-/// # Errors
-/// Only setup errors; a failing target or an invalid revision is logged
-/// and retried at the next tick.
-pub async fn reconcile(
-    root: PathBuf,
-    rev: Option<String>,
-    pull_spec: Option<String>,
-    sync_every: Duration,
-    heal_every: Duration,
-    once: Option<Once>,
-    flags: PushFlags,
-) -> Result<u8> {
-    let load_source = |root: &Path| -> Result<Source> {
-        let rev = match &pull_spec {
-            Some(spec) => Some(pull(root, spec)?),
-            None => rev.clone(),
-        };
-        super::source(root, rev.as_deref(), false)
-    };
-    let run = |which: Once| {
-        let root = root.clone();
-        let flags = flags.clone();
-        let source = load_source(&root);
-        async move {
-            let source = match source {
-                Ok(s) => s,
-                Err(e) => {
-                    tracing::error!(cause = %edgeredis::one_line(&e), "reconcile: nothing pushed");
-                    return 1;
-                }
-            };
-            let jobs = push::jobs(&source.config, &source.compiled, &[]);
-            tracing::info!(commit = %source.commit, targets = jobs.len(), job = ?which, "reconcile");
-            match which {
-                Once::Sync => sync_all(&source, jobs, &flags, &root).await,
-                Once::Heal => heal_all(&source, jobs, &flags, &root).await,
-            }
-        }
-    };
-    if let Some(which) = once {
-        return Ok(u8::from(run(which).await > 0));
-    }
-    let mut sync = tokio::time::interval(sync_every);
-    let mut heal = tokio::time::interval(heal_every);
-    sync.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    heal.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
-    loop {
-        tokio::select! {
-            _ = sync.tick() => { run(Once::Sync).await; }
-            _ = heal.tick() => { run(Once::Heal).await; }
-            _ = tokio::signal::ctrl_c() => break,
-            _ = term.recv() => break,
-        }
-    }
-    tracing::info!("reconcile: stopped");
-    Ok(0)
-}
 
 // ----------------------------------------------------------------- unlock
 
@@ -759,7 +433,7 @@ pub async fn unlock_cmd(
     force: bool,
     color: bool,
 ) -> Result<u8> {
-    use crate::push::lock::{self, Unlocked};
+    use lock::Unlocked;
     let valid = super::valid(root, rev, color)?;
     let Some(n) = valid
         .config

@@ -13,12 +13,18 @@
 //! - [`heal`]: full live-content comparison and repair.
 //! - [`run`]: every target concurrently (bounded), each outcome reported,
 //!   one failing target never stopping the others.
+//! - [`many`]: which targets, and apply/heal/sync over all of them.
+//! - [`saved`]: one target's plan and the saved-plan file format.
+//! - [`reconcile`]: the scheduled jobs, daemon loop, signals, `--pull`.
 
 pub mod apply;
 pub mod heal;
 pub mod lock;
+pub mod many;
 pub mod plan;
+pub mod reconcile;
 pub mod run;
+pub mod saved;
 pub mod state;
 
 use std::sync::Arc;
