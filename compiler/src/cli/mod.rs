@@ -9,7 +9,6 @@ use std::process::ExitCode;
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
 
-use crate::load::{self, Repo};
 use crate::report::{self, CheckFormat, DiffFormat};
 use crate::workspace::{self, Source, Valid};
 use crate::{Checked, compile, diff};
@@ -349,107 +348,9 @@ pub fn run(cli: &Cli) -> Result<u8> {
         Command::Check {
             format,
             path_prefix,
-        } => {
-            let workspace::Checked {
-                repo,
-                diagnostics,
-                config,
-                ..
-            } = workspace::load(&cli.repo, cli.rev.as_deref())?.check();
-            let checked = Checked {
-                config,
-                diagnostics,
-            };
-            let mut stdout = std::io::stdout().lock();
-            match format {
-                CheckFormat::Human => {
-                    let text = report::diagnostics_human(&checked.diagnostics, &repo, color());
-                    eprint!("{text}");
-                    let verdict = if checked.is_valid() {
-                        "valid"
-                    } else {
-                        "invalid"
-                    };
-                    eprintln!(
-                        "{}: {verdict} ({})",
-                        cli.repo.display(),
-                        report::summary(&checked.diagnostics, repo.sources.len())
-                    );
-                }
-                CheckFormat::Json => {
-                    stdout.write_all(report::diagnostics_json(&checked.diagnostics).as_bytes())?
-                }
-                CheckFormat::Github => {
-                    let prefix = if path_prefix.is_empty() || path_prefix.ends_with('/') {
-                        path_prefix.clone()
-                    } else {
-                        format!("{path_prefix}/")
-                    };
-                    stdout.write_all(
-                        report::diagnostics_github(&checked.diagnostics, &prefix).as_bytes(),
-                    )?;
-                }
-            }
-            let code = u8::from(!checked.is_valid());
-            // The process ends next: freeing 100,000 files' worth of
-            // strings one by one would only delay the exit.
-            workspace::free_later((repo, checked));
-            Ok(code)
-        }
-        Command::Build { out } => {
-            let repo = load::load(&cli.repo, cli.rev.as_deref())?;
-            let checked = crate::check(&repo);
-            let Some(config) = valid_or_report(&checked, &repo, &cli.repo) else {
-                return Ok(1);
-            };
-            let compiled = compile::compile(config);
-            let written = write_build(out, &compiled)?;
-            eprintln!(
-                "wrote {} target(s) and {} router snippet(s) to {} ({written} files){}",
-                compiled.targets.len(),
-                compiled.nginx.len(),
-                out.display(),
-                repo.commit
-                    .as_deref()
-                    .map(|c| format!(" from {}", &c[..12.min(c.len())]))
-                    .unwrap_or_default()
-            );
-            Ok(0)
-        }
-        Command::Diff { base, head, format } => {
-            let head_rev = head.as_deref().or(cli.rev.as_deref());
-            let base_repo = load::from_rev(&cli.repo, base)?;
-            let head_repo = load::load(&cli.repo, head_rev)?;
-            let base_checked = crate::check(&base_repo);
-            let head_checked = crate::check(&head_repo);
-            let base_label = short(base, base_repo.commit.as_deref());
-            let head_label = match head_rev {
-                Some(r) => short(r, head_repo.commit.as_deref()),
-                None => "working tree".to_owned(),
-            };
-            let Some(head_config) = valid_or_report(&head_checked, &head_repo, &cli.repo) else {
-                return Ok(1);
-            };
-            // An invalid base compiles to nothing: every key shows as added.
-            let base_compiled = match &base_checked.config {
-                Some(c) => compile::compile(c),
-                None => {
-                    eprintln!(
-                        "warning: base {base_label} does not pass `check`; diffing against an empty compilation"
-                    );
-                    compile::Compiled::default()
-                }
-            };
-            let head_compiled = compile::compile(head_config);
-            let d = diff::diff(&base_compiled, &head_compiled);
-            let text = match format {
-                DiffFormat::Human => report::diff_human(&d, &base_label, &head_label),
-                DiffFormat::Json => report::diff_json(&d, &base_label, &head_label),
-                DiffFormat::Markdown => report::diff_markdown(&d, &base_label, &head_label),
-            };
-            std::io::stdout().lock().write_all(text.as_bytes())?;
-            Ok(if d.has_changes() { 2 } else { 0 })
-        }
+        } => check_cmd(cli, *format, path_prefix),
+        Command::Build { out } => build_cmd(cli, out),
+        Command::Diff { base, head, format } => diff_cmd(cli, base, head.as_deref(), *format),
         Command::Plan {
             nodes,
             out,
@@ -505,9 +406,8 @@ pub fn run(cli: &Cli) -> Result<u8> {
             runtime()?.block_on(purge::purge(&valid.config, site, what, nodes, *wait))
         }
         Command::Route(args) => {
-            let repo = load::load(&cli.repo, cli.rev.as_deref())?;
-            let checked = crate::check(&repo);
-            let Some(config) = valid_or_report(&checked, &repo, &cli.repo) else {
+            let checked = workspace::load(&cli.repo, cli.rev.as_deref())?.check();
+            let Some(config) = valid_or_report(&checked) else {
                 return Ok(1);
             };
             route::route(config, args)
@@ -538,9 +438,8 @@ pub fn run(cli: &Cli) -> Result<u8> {
         }
         Command::Completions { shell } => Ok(ops::completions(*shell)),
         Command::Anycast(args) => {
-            let repo = load::load(&cli.repo, cli.rev.as_deref())?;
-            let checked = crate::check(&repo);
-            let Some(config) = valid_or_report(&checked, &repo, &cli.repo) else {
+            let checked = workspace::load(&cli.repo, cli.rev.as_deref())?.check();
+            let Some(config) = valid_or_report(&checked) else {
                 return Ok(1);
             };
             anycast::anycast(config, args)
@@ -590,6 +489,111 @@ pub fn run(cli: &Cli) -> Result<u8> {
     }
 }
 
+/// `edgeform check`.
+fn check_cmd(cli: &Cli, format: CheckFormat, path_prefix: &str) -> Result<u8> {
+    let workspace::Checked {
+        repo,
+        diagnostics,
+        config,
+        ..
+    } = workspace::load(&cli.repo, cli.rev.as_deref())?.check();
+    let checked = Checked {
+        config,
+        diagnostics,
+    };
+    let mut stdout = std::io::stdout().lock();
+    match format {
+        CheckFormat::Human => {
+            let text = report::diagnostics_human(&checked.diagnostics, &repo, color());
+            eprint!("{text}");
+            let verdict = if checked.is_valid() {
+                "valid"
+            } else {
+                "invalid"
+            };
+            eprintln!(
+                "{}: {verdict} ({})",
+                cli.repo.display(),
+                report::summary(&checked.diagnostics, repo.sources.len())
+            );
+        }
+        CheckFormat::Json => {
+            stdout.write_all(report::diagnostics_json(&checked.diagnostics).as_bytes())?
+        }
+        CheckFormat::Github => {
+            let prefix = if path_prefix.is_empty() || path_prefix.ends_with('/') {
+                path_prefix.to_owned()
+            } else {
+                format!("{path_prefix}/")
+            };
+            stdout
+                .write_all(report::diagnostics_github(&checked.diagnostics, &prefix).as_bytes())?;
+        }
+    }
+    let code = u8::from(!checked.is_valid());
+    // The process ends next: freeing 100,000 files' worth of
+    // strings one by one would only delay the exit.
+    workspace::free_later((repo, checked));
+    Ok(code)
+}
+
+/// `edgeform build`.
+fn build_cmd(cli: &Cli, out: &Path) -> Result<u8> {
+    let checked = workspace::load(&cli.repo, cli.rev.as_deref())?.check();
+    let Some(config) = valid_or_report(&checked) else {
+        return Ok(1);
+    };
+    let compiled = compile::compile(config);
+    let written = write_build(out, &compiled)?;
+    eprintln!(
+        "wrote {} target(s) and {} router snippet(s) to {} ({written} files){}",
+        compiled.targets.len(),
+        compiled.nginx.len(),
+        out.display(),
+        checked
+            .repo
+            .commit
+            .as_deref()
+            .map(|c| format!(" from {}", &c[..12.min(c.len())]))
+            .unwrap_or_default()
+    );
+    Ok(0)
+}
+
+/// `edgeform diff`.
+fn diff_cmd(cli: &Cli, base: &str, head: Option<&str>, format: DiffFormat) -> Result<u8> {
+    let head_rev = head.or(cli.rev.as_deref());
+    let base_checked = workspace::load(&cli.repo, Some(base))?.check();
+    let head_checked = workspace::load(&cli.repo, head_rev)?.check();
+    let base_label = short(base, base_checked.repo.commit.as_deref());
+    let head_label = match head_rev {
+        Some(r) => short(r, head_checked.repo.commit.as_deref()),
+        None => "working tree".to_owned(),
+    };
+    let Some(head_config) = valid_or_report(&head_checked) else {
+        return Ok(1);
+    };
+    // An invalid base compiles to nothing: every key shows as added.
+    let base_compiled = match &base_checked.config {
+        Some(c) => compile::compile(c),
+        None => {
+            eprintln!(
+                "warning: base {base_label} does not pass `check`; diffing against an empty compilation"
+            );
+            compile::Compiled::default()
+        }
+    };
+    let head_compiled = compile::compile(head_config);
+    let d = diff::diff(&base_compiled, &head_compiled);
+    let text = match format {
+        DiffFormat::Human => report::diff_human(&d, &base_label, &head_label),
+        DiffFormat::Json => report::diff_json(&d, &base_label, &head_label),
+        DiffFormat::Markdown => report::diff_markdown(&d, &base_label, &head_label),
+    };
+    std::io::stdout().lock().write_all(text.as_bytes())?;
+    Ok(if d.has_changes() { 2 } else { 0 })
+}
+
 fn short(rev: &str, commit: Option<&str>) -> String {
     match commit {
         Some(c) if c.starts_with(rev) || rev.len() >= 40 => c[..12.min(c.len())].to_owned(),
@@ -628,22 +632,18 @@ pub(crate) fn source(root: &Path, rev: Option<&str>, color: bool) -> Result<Sour
 }
 
 /// The config when valid; otherwise print the diagnostics and `None`.
-fn valid_or_report<'a>(
-    checked: &'a Checked,
-    repo: &Repo,
-    root: &Path,
-) -> Option<&'a crate::Config> {
+fn valid_or_report(checked: &workspace::Checked) -> Option<&crate::Config> {
     if checked.config.is_none() || !checked.diagnostics.is_empty() {
         eprint!(
             "{}",
-            report::diagnostics_human(&checked.diagnostics, repo, color())
+            report::diagnostics_human(&checked.diagnostics, &checked.repo, color())
         );
     }
     if checked.config.is_none() {
         eprintln!(
             "{}: invalid ({}); nothing was compiled",
-            root.display(),
-            report::summary(&checked.diagnostics, repo.sources.len())
+            checked.root.display(),
+            report::summary(&checked.diagnostics, checked.repo.sources.len())
         );
     }
     checked.config.as_ref()
