@@ -14,15 +14,14 @@
 //!   markdown).
 //! - [`fmt`]: canonical YAML of config files (`edgeform fmt`, `import`).
 //! - [`import`]: site documents read from an edge → `sites/*.yaml`.
-//! - [`anycast`]: the anycast audit (pure analysis; `anycast::mrt` reads
-//!   route-collector dumps).
+//! - `anycast` (crate): the anycast audit; [`validate`] builds its settings
+//!   from `cluster.yaml`, [`cli`] wires it.
 //! - [`workspace`]: the one loader: load → check → commit → compile, each
 //!   step separate; every subcommand stops at the step it needs.
 //! - [`cli`]: the `edgeform` command line; `main.rs` only calls [`cli::main`].
 //!
 //! Everything but `load` (and the CLI's writing of results) is pure.
 
-pub mod anycast;
 pub mod cli;
 pub mod compile;
 pub mod country;
