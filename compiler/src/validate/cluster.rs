@@ -151,29 +151,8 @@ pub(super) fn anycast(ctx: &mut Ctx<'_>, raw: &raw::Anycast) -> Anycast {
     let mut prefixes: Vec<AnycastPrefix> = Vec::with_capacity(raw.prefixes.len());
     for (i, p) in raw.prefixes.iter().enumerate() {
         let base = format!("/anycast/prefixes/{i}");
-        let prefix = match parse_net(p.prefix.trim()) {
-            Ok(net) => net,
-            Err(NetError::Invalid) => {
-                let d = ctx.error(
-                    "invalid-cidr",
-                    &format!("{base}/prefix"),
-                    format!("`{}` is not an IPv4 or IPv6 network", p.prefix),
-                );
-                help(d, "write a CIDR such as `192.0.2.0/24` or `2001:db8::/32`");
-                continue;
-            }
-            Err(NetError::HostBits(network)) => {
-                let d = ctx.error(
-                    "cidr-host-bits",
-                    &format!("{base}/prefix"),
-                    format!(
-                        "`{}` has host bits set; the network is `{network}`",
-                        p.prefix
-                    ),
-                );
-                help(d, format!("write `{network}`"));
-                continue;
-            }
+        let Some(prefix) = net_at(ctx, &format!("{base}/prefix"), &p.prefix) else {
+            continue;
         };
         if let Some(j) = raw.prefixes[..i]
             .iter()
@@ -212,14 +191,9 @@ pub(super) fn anycast(ctx: &mut Ctx<'_>, raw: &raw::Anycast) -> Anycast {
                         }
                         Some(idx) => wanted.push(idx),
                         None => {
-                            let known = || upstreams.iter().map(|u| u.name.as_str());
-                            let hint = match crate::parse::suggest(name, known()) {
-                                Some(s) => format!("did you mean `{s}`?"),
-                                None => format!(
-                                    "known upstreams: {}",
-                                    known().collect::<Vec<_>>().join(", ")
-                                ),
-                            };
+                            let known: Vec<&str> =
+                                upstreams.iter().map(|u| u.name.as_str()).collect();
+                            let hint = did_you_mean(name, &known, "known upstreams", None);
                             let d = ctx.error(
                                 "unknown-upstream",
                                 &pointer,

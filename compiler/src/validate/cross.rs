@@ -115,11 +115,12 @@ pub(super) fn references(
             format!("{what} `{name}` names no zone"),
         );
         let known: Vec<&str> = zone_names.iter().copied().collect();
-        d.help = Some(match crate::parse::suggest(name, known.iter().copied()) {
-            Some(s) => format!("did you mean `{s}`?"),
-            None if known.is_empty() => "no zones are defined (zones/*.yaml)".into(),
-            None => format!("known zones: {}", known.join(", ")),
-        });
+        d.help = Some(did_you_mean(
+            name,
+            &known,
+            "known zones",
+            Some("no zones are defined (zones/*.yaml)"),
+        ));
         d
     };
     for (zone, file) in zones {
@@ -150,10 +151,7 @@ pub(super) fn references(
                     file.locate(&format!("/regions/{i}")),
                     format!("region `{region}` has no node"),
                 );
-                d.help = Some(match crate::parse::suggest(region, known.iter().copied()) {
-                    Some(s) => format!("did you mean `{s}`?"),
-                    None => format!("regions with nodes: {}", known.join(", ")),
-                });
+                d.help = Some(did_you_mean(region, &known, "regions with nodes", None));
                 out.push(d);
             }
         }

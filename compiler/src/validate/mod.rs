@@ -75,6 +75,19 @@ impl<'a> Ctx<'a> {
     }
 }
 
+/// The help of an unknown-name error (zone, region, upstream): the
+/// closest known name, else `list: a, b, c`, or `none` when nothing is
+/// known and it is given.
+fn did_you_mean(name: &str, known: &[&str], list: &str, none: Option<&str>) -> String {
+    match crate::parse::suggest(name, known.iter().copied()) {
+        Some(s) => format!("did you mean `{s}`?"),
+        None => match none {
+            Some(none) if known.is_empty() => none.to_owned(),
+            _ => format!("{list}: {}", known.join(", ")),
+        },
+    }
+}
+
 fn help(d: &mut Diagnostic, text: impl Into<String>) {
     d.help = Some(text.into());
 }

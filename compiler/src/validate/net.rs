@@ -1,4 +1,5 @@
-//! CIDR lists: parsing (host bits clear, a bare address is a host route), one error handling for every list.
+//! Networks: parsing (host bits clear, a bare address is a host route)
+//! and the one report of a bad network, for every list and field.
 
 use super::*;
 
@@ -23,6 +24,43 @@ pub(super) fn parse_net(text: &str) -> Result<IpNet, NetError> {
     }
 }
 
+/// Parse one network, reporting a bad one at `pointer`.
+pub(super) fn net_at(ctx: &mut Ctx<'_>, pointer: &str, text: &str) -> Option<IpNet> {
+    parse_net(text.trim())
+        .map_err(|e| report(ctx, pointer, text, &e))
+        .ok()
+}
+
+/// The one report of a network that does not parse or has host bits set.
+fn report(ctx: &mut Ctx<'_>, pointer: &str, text: &str, e: &NetError) {
+    match e {
+        NetError::Invalid => {
+            let d = ctx.error(
+                "invalid-cidr",
+                pointer,
+                format!("`{text}` is not an IPv4 or IPv6 network"),
+            );
+            help(
+                d,
+                "write a CIDR such as `198.51.100.0/24` or `2001:db8::/32`",
+            );
+        }
+        NetError::HostBits(network) => {
+            let d = ctx.error(
+                "cidr-host-bits",
+                pointer,
+                format!("`{text}` has host bits set; the network is `{network}`"),
+            );
+            help(
+                d,
+                format!("write `{network}`, or a longer prefix if you meant a host"),
+            );
+        }
+    }
+}
+
+/// A list of networks (`ip_list`, `routes`, `trusted_proxies`): each
+/// parsed, bad ones and duplicates reported.
 pub(super) fn check_nets(ctx: &mut Ctx<'_>, field: &str, list: &[String]) -> Vec<IpNet> {
     let mut out = Vec::with_capacity(list.len());
     let mut seen: HashMap<IpNet, usize> = HashMap::new();
@@ -43,28 +81,7 @@ pub(super) fn check_nets(ctx: &mut Ctx<'_>, field: &str, list: &[String]) -> Vec
                 }
                 out.push(net);
             }
-            Err(NetError::Invalid) => {
-                let d = ctx.error(
-                    "invalid-cidr",
-                    &pointer,
-                    format!("`{text}` is not an IPv4 or IPv6 network"),
-                );
-                help(
-                    d,
-                    "write a CIDR such as `198.51.100.0/24` or `2001:db8::/32`",
-                );
-            }
-            Err(NetError::HostBits(network)) => {
-                let d = ctx.error(
-                    "cidr-host-bits",
-                    &pointer,
-                    format!("`{text}` has host bits set; the network is `{network}`"),
-                );
-                help(
-                    d,
-                    format!("write `{network}`, or a longer prefix if you meant a host"),
-                );
-            }
+            Err(e) => report(ctx, &pointer, text, &e),
         }
     }
     out

@@ -9,7 +9,7 @@ pub(super) fn node(ctx: &mut Ctx<'_>, raw: &raw::Node) -> Node {
             ctx.error(
                 "duplicate-value",
                 &format!("/roles/{i}"),
-                format!("role `{}` is listed twice", serde_name(role)),
+                format!("role `{}` is listed twice", role.as_str()),
             );
         }
     }

@@ -32,7 +32,7 @@ pub(super) fn site(ctx: &mut Ctx<'_>, raw: &raw::Site) -> Site {
             "/geo_mode",
             format!(
                 "`geo_mode: {}` needs a non-empty `geo_codes`",
-                mode_name(raw.geo_mode)
+                raw.geo_mode.as_str()
             ),
         );
         help(d, "list the countries, or set `geo_mode: off`");
@@ -52,7 +52,7 @@ pub(super) fn site(ctx: &mut Ctx<'_>, raw: &raw::Site) -> Site {
             "/ip_mode",
             format!(
                 "`ip_mode: {}` needs a non-empty `ip_list`",
-                mode_name(raw.ip_mode)
+                raw.ip_mode.as_str()
             ),
         );
         help(d, "list the networks, or set `ip_mode: off`");
@@ -88,12 +88,8 @@ pub(super) fn site(ctx: &mut Ctx<'_>, raw: &raw::Site) -> Site {
             _ => {}
         }
         cache_rules.push(CacheRule {
-            action: match rule.action {
-                CacheAction::Ttl => "ttl",
-                CacheAction::Bypass => "bypass",
-            }
-            .into(),
-            match_type: match_name(rule.match_type).into(),
+            action: rule.action.as_str().into(),
+            match_type: rule.match_type.as_str().into(),
             match_value: rule.match_value.clone(),
             ttl: if rule.action == CacheAction::Ttl {
                 rule.ttl
@@ -132,8 +128,8 @@ pub(super) fn site(ctx: &mut Ctx<'_>, raw: &raw::Site) -> Site {
             }
         }
         edge_rules.push(EdgeRule {
-            action: if redirect { "redirect" } else { "block" }.into(),
-            match_type: match_name(rule.match_type).into(),
+            action: rule.action.as_str().into(),
+            match_type: rule.match_type.as_str().into(),
             match_value: rule.match_value.clone(),
             redirect_status: if redirect { rule.redirect_status } else { None },
             redirect_to: if redirect {
@@ -181,44 +177,22 @@ pub(super) fn site(ctx: &mut Ctx<'_>, raw: &raw::Site) -> Site {
         doc: SiteDoc {
             origin: raw.origin.clone(),
             cached: raw.cached,
-            geo_mode: mode_name(raw.geo_mode).into(),
+            geo_mode: raw.geo_mode.as_str().into(),
             geo_codes: geo_codes.join(","),
-            ip_mode: mode_name(raw.ip_mode).into(),
+            ip_mode: raw.ip_mode.as_str().into(),
             ip_list: nets
                 .iter()
                 .map(ToString::to_string)
                 .collect::<Vec<_>>()
                 .join(","),
-            rate_mode: serde_name(&raw.rate_mode),
-            waf_mode: serde_name(&raw.waf_mode),
-            cors_mode: serde_name(&raw.cors_mode),
-            hotlink_mode: serde_name(&raw.hotlink_mode),
+            rate_mode: raw.rate_mode.as_str().to_owned(),
+            waf_mode: raw.waf_mode.as_str().to_owned(),
+            cors_mode: raw.cors_mode.as_str().to_owned(),
+            hotlink_mode: raw.hotlink_mode.as_str().to_owned(),
             cache_rules,
             edge_rules,
         },
     }
-}
-
-pub(super) fn mode_name(mode: AccessMode) -> &'static str {
-    match mode {
-        AccessMode::Off => "off",
-        AccessMode::Allow => "allow",
-        AccessMode::Block => "block",
-    }
-}
-
-pub(super) fn match_name(m: MatchType) -> &'static str {
-    match m {
-        MatchType::Ext => "ext",
-        MatchType::Prefix => "prefix",
-        MatchType::Exact => "exact",
-        MatchType::Regex => "regex",
-    }
-}
-
-/// The lower-case name serde reads for a unit enum variant.
-pub(super) fn serde_name<T: std::fmt::Debug>(value: &T) -> String {
-    format!("{value:?}").to_ascii_lowercase()
 }
 
 pub(super) fn check_match(ctx: &mut Ctx<'_>, base: &str, kind: MatchType, value: &str) {
@@ -244,7 +218,7 @@ pub(super) fn check_match(ctx: &mut Ctx<'_>, base: &str, kind: MatchType, value:
                 &pointer,
                 format!(
                     "a `{}` match is a path and must start with `/`",
-                    match_name(kind)
+                    kind.as_str()
                 ),
             );
             help(d, format!("write `/{value}`"));
