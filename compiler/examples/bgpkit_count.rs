@@ -9,7 +9,7 @@ use bgpkit_parser::BgpkitParser;
 
 fn main() -> anyhow::Result<()> {
     let path = std::env::args().nth(1).expect("usage: bgpkit_count FILE");
-    let (reader, _) = compiler::anycast::mrt::open(std::path::Path::new(&path))?;
+    let (reader, _) = anycast::mrt::open(std::path::Path::new(&path))?;
     let count = BgpkitParser::from_reader(reader).into_iter().count();
     println!("{count}");
     Ok(())

@@ -37,6 +37,9 @@ pub struct Diagnostic {
     pub file: Arc<str>,
     pub span: Span,
     pub help: Option<String>,
+    /// A secret written in the file at this diagnostic (`inline-secret`):
+    /// masked wherever the file's text is shown.
+    pub secret: Option<String>,
 }
 
 impl Diagnostic {
@@ -49,6 +52,7 @@ impl Diagnostic {
             file: file.clone(),
             span,
             help: None,
+            secret: None,
         }
     }
 
@@ -61,12 +65,20 @@ impl Diagnostic {
             file: file.clone(),
             span,
             help: None,
+            secret: None,
         }
     }
 
     #[must_use]
     pub fn with_help(mut self, help: impl Into<String>) -> Self {
         self.help = Some(help.into());
+        self
+    }
+
+    /// Mask `secret` in snippets of this diagnostic's file.
+    #[must_use]
+    pub fn with_secret(mut self, secret: impl Into<String>) -> Self {
+        self.secret = Some(secret.into());
         self
     }
 

@@ -42,6 +42,38 @@ pub struct Imported {
     pub notes: Vec<Problem>,
 }
 
+/// The entries read from an edge (key and value bytes; None: gone since
+/// listed) as text, and a problem for each key or value that is not
+/// UTF-8 (named escaped): the model holds only text, and one such entry
+/// must not stop the import of the rest.
+#[must_use]
+pub fn text_entries(
+    entries: impl IntoIterator<Item = (Vec<u8>, Option<Vec<u8>>)>,
+) -> (BTreeMap<String, String>, Vec<Problem>) {
+    let mut live = BTreeMap::new();
+    let mut problems = Vec::new();
+    for (key, value) in entries {
+        let Some(value) = value else { continue };
+        match (String::from_utf8(key), String::from_utf8(value)) {
+            (Ok(k), Ok(v)) => {
+                live.insert(k, v);
+            }
+            (Err(e), _) => problems.push(Problem {
+                key: crate::push::escape_bytes(e.as_bytes()),
+                message: "the key is not UTF-8; left out (heal removes it)".into(),
+            }),
+            (Ok(k), Err(e)) => problems.push(Problem {
+                key: crate::push::escape_bytes(k.as_bytes()),
+                message: format!(
+                    "the value is not UTF-8 (at byte {}); left out",
+                    e.utf8_error().valid_up_to()
+                ),
+            }),
+        }
+    }
+    (live, problems)
+}
+
 /// The seed's fields in the model's order, with their YAML defaults.
 const FIELDS: &[&str] = &[
     "origin",

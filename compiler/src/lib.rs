@@ -5,7 +5,8 @@
 //! - [`load`]: the only reader of files and git (working tree or `--rev`).
 //! - `yamlspan` (crate): a spanned YAML tree, so every diagnostic has a position.
 //! - [`parse`]: per file, YAML → JSON Schema ([`schema`]) → [`model::raw`].
-//! - [`validate`]: the semantic rules → [`model::resolved::Config`].
+//! - [`validate`]: the semantic rules → [`model::resolved::Config`];
+//!   [`rule_regex`]: the regex subset rules may use (PCRE on the edge).
 //! - [`compile`]: `Config` → per-target Redis key/values and router
 //!   nginx snippets. Deterministic.
 //! - [`diff`]: two compilations → per-target added/changed/removed keys.
@@ -13,13 +14,14 @@
 //!   markdown).
 //! - [`fmt`]: canonical YAML of config files (`edgeform fmt`, `import`).
 //! - [`import`]: site documents read from an edge → `sites/*.yaml`.
-//! - [`anycast`]: the anycast audit (pure analysis; `anycast::mrt` reads
-//!   route-collector dumps).
+//! - `anycast` (crate): the anycast audit; [`validate`] builds its settings
+//!   from `cluster.yaml`, [`cli`] wires it.
+//! - [`workspace`]: the one loader: load → check → commit → compile, each
+//!   step separate; every subcommand stops at the step it needs.
 //! - [`cli`]: the `edgeform` command line; `main.rs` only calls [`cli::main`].
 //!
 //! Everything but `load` (and the CLI's writing of results) is pure.
 
-pub mod anycast;
 pub mod cli;
 pub mod compile;
 pub mod country;
@@ -32,8 +34,10 @@ pub mod model;
 pub mod parse;
 pub mod push;
 pub mod report;
+pub mod rule_regex;
 pub mod schema;
 pub mod validate;
+pub mod workspace;
 
 use rayon::prelude::*;
 
@@ -60,17 +64,13 @@ impl Checked {
 /// parallel.
 #[must_use]
 pub fn check(repo: &load::Repo) -> Checked {
-    let timing = std::env::var_os("EDGEFORM_TIMING").is_some();
-    let t = std::time::Instant::now();
-    let files: Vec<parse::ParsedFile> = repo.sources.par_iter().map(parse::parse_file).collect();
-    let parsed = t.elapsed();
-    let (config, diagnostics) = validate::validate(&files);
-    if timing {
-        eprintln!("parse {parsed:?}, validate {:?}", t.elapsed() - parsed);
-    }
+    let files: Vec<parse::ParsedFile> = tracing::info_span!("parse")
+        .in_scope(|| repo.sources.par_iter().map(parse::parse_file).collect());
+    let (config, diagnostics) =
+        tracing::info_span!("validate").in_scope(|| validate::validate(&files));
     // 100,000 parsed trees take a while to free; the caller needs none of
     // them, so free them beside the work that follows.
-    std::thread::spawn(move || drop(files));
+    workspace::free_later(files);
     Checked {
         config,
         diagnostics,

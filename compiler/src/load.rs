@@ -30,14 +30,110 @@ impl Kind {
     pub const CLUSTER_FILE: &'static str = "cluster.yaml";
 }
 
+/// The largest config file read: 64 MiB. A larger file is refused without
+/// reading past the limit (a `/dev/zero` or a runaway generator must not
+/// exhaust memory).
+pub const MAX_FILE_BYTES: u64 = 64 << 20;
+
+/// Why a config file's text is not available. Refused entries are never
+/// read (links, special files) or read only up to the limit, so no content
+/// of anything that is not a config file can reach the output.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Unreadable {
+    /// The bytes are not UTF-8; the first bad byte's offset.
+    NotUtf8 { at: usize },
+    /// A symbolic link (working tree) or a git link entry (mode 120000).
+    Link,
+    /// Not a regular file: a fifo, socket or device.
+    Special(SpecialKind),
+    /// Larger than [`MAX_FILE_BYTES`].
+    TooLarge,
+    /// The file could not be opened or read.
+    Io(std::io::ErrorKind),
+}
+
+/// The kind of a non-regular file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SpecialKind {
+    Fifo,
+    Socket,
+    CharDevice,
+    BlockDevice,
+    Other,
+}
+
+impl SpecialKind {
+    fn of(ft: std::fs::FileType) -> SpecialKind {
+        use std::os::unix::fs::FileTypeExt as _;
+        if ft.is_fifo() {
+            SpecialKind::Fifo
+        } else if ft.is_socket() {
+            SpecialKind::Socket
+        } else if ft.is_char_device() {
+            SpecialKind::CharDevice
+        } else if ft.is_block_device() {
+            SpecialKind::BlockDevice
+        } else {
+            SpecialKind::Other
+        }
+    }
+
+    #[must_use]
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SpecialKind::Fifo => "a fifo",
+            SpecialKind::Socket => "a socket",
+            SpecialKind::CharDevice => "a character device",
+            SpecialKind::BlockDevice => "a block device",
+            SpecialKind::Other => "not a regular file",
+        }
+    }
+}
+
+impl Unreadable {
+    /// The diagnostic code (docs/diagnostics.md).
+    #[must_use]
+    pub fn code(&self) -> &'static str {
+        match self {
+            Unreadable::NotUtf8 { .. } => "encoding",
+            Unreadable::Link | Unreadable::Special(_) => "not-a-file",
+            Unreadable::TooLarge => "file-too-large",
+            Unreadable::Io(_) => "unreadable",
+        }
+    }
+}
+
+impl std::fmt::Display for Unreadable {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Unreadable::NotUtf8 { at } => write!(f, "not valid UTF-8 (at byte {at})"),
+            Unreadable::Link => f.write_str(
+                "a symbolic link; links are refused and never followed (commit the file itself)",
+            ),
+            Unreadable::Special(kind) => write!(
+                f,
+                "{}, not a regular file; refused and never read",
+                kind.as_str()
+            ),
+            Unreadable::TooLarge => write!(
+                f,
+                "larger than {} MiB, the limit for a config file",
+                MAX_FILE_BYTES >> 20
+            ),
+            Unreadable::Io(kind) => write!(f, "cannot be read ({kind})"),
+        }
+    }
+}
+
 /// One config file's text.
 #[derive(Debug, Clone)]
 pub struct Source {
     pub kind: Kind,
     /// Relative to the repository root, `/`-separated.
     pub path: Arc<str>,
-    /// The bytes, when they are valid UTF-8; otherwise the reason.
-    pub text: Result<String, String>,
+    /// The bytes, when they are a readable UTF-8 regular file; otherwise
+    /// why not.
+    pub text: Result<String, Unreadable>,
 }
 
 /// A loaded repository: its files in path order, and the commit they came
@@ -58,9 +154,81 @@ fn is_config_file(name: &str) -> bool {
             .is_some_and(|e| e == "yaml" || e == "yml"))
 }
 
-fn utf8(bytes: Vec<u8>) -> Result<String, String> {
-    String::from_utf8(bytes)
-        .map_err(|e| format!("not valid UTF-8 (at byte {})", e.utf8_error().valid_up_to()))
+/// A file's bytes as text, or where the first invalid UTF-8 byte is.
+///
+/// # Errors
+/// [`Unreadable::NotUtf8`].
+pub fn utf8(bytes: Vec<u8>) -> Result<String, Unreadable> {
+    String::from_utf8(bytes).map_err(|e| Unreadable::NotUtf8 {
+        at: e.utf8_error().valid_up_to(),
+    })
+}
+
+/// What a working-tree entry is, from its own metadata (never through a
+/// link).
+enum Entry {
+    Dir,
+    File,
+    Refused(Unreadable),
+    Absent,
+}
+
+fn entry_at(path: &Path) -> Entry {
+    match std::fs::symlink_metadata(path) {
+        Err(_) => Entry::Absent,
+        Ok(m) => {
+            let ft = m.file_type();
+            if ft.is_symlink() {
+                Entry::Refused(Unreadable::Link)
+            } else if ft.is_dir() {
+                Entry::Dir
+            } else if ft.is_file() {
+                Entry::File
+            } else {
+                Entry::Refused(Unreadable::Special(SpecialKind::of(ft)))
+            }
+        }
+    }
+}
+
+/// Read a regular file without following a link (`O_NOFOLLOW`), without
+/// blocking on a fifo swapped in after the walk (`O_NONBLOCK`), checking
+/// the opened descriptor is a regular file, and reading at most
+/// [`MAX_FILE_BYTES`].
+fn read_config(path: &Path) -> Result<String, Unreadable> {
+    use std::io::Read as _;
+    use std::os::unix::fs::OpenOptionsExt as _;
+    // Linux values; the walk has already refused links and special files,
+    // these close the window between the walk and the open.
+    const O_NONBLOCK: i32 = 0o4000;
+    const O_NOFOLLOW: i32 = 0o400_000;
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(O_NOFOLLOW | O_NONBLOCK)
+        .open(path)
+        .map_err(|e| {
+            // ELOOP: the final component is a link.
+            if e.raw_os_error() == Some(40) {
+                Unreadable::Link
+            } else {
+                Unreadable::Io(e.kind())
+            }
+        })?;
+    let meta = file.metadata().map_err(|e| Unreadable::Io(e.kind()))?;
+    if !meta.file_type().is_file() {
+        return Err(Unreadable::Special(SpecialKind::of(meta.file_type())));
+    }
+    if meta.len() > MAX_FILE_BYTES {
+        return Err(Unreadable::TooLarge);
+    }
+    let mut bytes = Vec::with_capacity(usize::try_from(meta.len()).unwrap_or(0));
+    file.take(MAX_FILE_BYTES + 1)
+        .read_to_end(&mut bytes)
+        .map_err(|e| Unreadable::Io(e.kind()))?;
+    if bytes.len() as u64 > MAX_FILE_BYTES {
+        return Err(Unreadable::TooLarge);
+    }
+    utf8(bytes)
 }
 
 /// Load the working tree at `root`.
@@ -71,35 +239,55 @@ pub fn from_dir(root: &Path) -> Result<Repo> {
     if !root.is_dir() {
         bail!("{} is not a directory", root.display());
     }
-    let mut files: Vec<(Kind, String, PathBuf)> = Vec::new();
-    let cluster = root.join(Kind::CLUSTER_FILE);
-    if cluster.is_file() {
-        files.push((Kind::Cluster, Kind::CLUSTER_FILE.to_owned(), cluster));
+    let mut files: Vec<(Kind, String, Walked)> = Vec::new();
+    match entry_at(&root.join(Kind::CLUSTER_FILE)) {
+        Entry::File => files.push((
+            Kind::Cluster,
+            Kind::CLUSTER_FILE.to_owned(),
+            Walked::Read(root.join(Kind::CLUSTER_FILE)),
+        )),
+        Entry::Refused(why) => files.push((
+            Kind::Cluster,
+            Kind::CLUSTER_FILE.to_owned(),
+            Walked::Refused(why),
+        )),
+        Entry::Dir | Entry::Absent => {}
     }
     for (folder, kind) in Kind::FOLDERS {
         let dir = root.join(folder);
-        if dir.is_dir() {
-            walk(&dir, folder, kind, &mut files)?;
+        match entry_at(&dir) {
+            Entry::Dir => walk(&dir, folder, kind, &mut files)?,
+            Entry::Refused(why) => files.push((kind, folder.to_owned(), Walked::Refused(why))),
+            Entry::File | Entry::Absent => {}
         }
     }
     files.sort_by(|a, b| a.1.cmp(&b.1));
     let sources = files
         .into_par_iter()
-        .map(|(kind, rel, path)| {
-            let bytes =
-                std::fs::read(&path).with_context(|| format!("reading {}", path.display()))?;
-            Ok(Source {
-                kind,
-                path: rel.into(),
-                text: utf8(bytes),
-            })
+        .map(|(kind, rel, walked)| Source {
+            kind,
+            path: rel.into(),
+            text: match walked {
+                Walked::Read(path) => read_config(&path),
+                Walked::Refused(why) => Err(why),
+            },
         })
-        .collect::<Result<Vec<_>>>()?;
+        .collect();
     let commit = head_commit(root);
     Ok(Repo { sources, commit })
 }
 
-fn walk(dir: &Path, rel: &str, kind: Kind, out: &mut Vec<(Kind, String, PathBuf)>) -> Result<()> {
+/// A config entry found by the walk: a regular file to read, or an entry
+/// refused from its metadata alone.
+enum Walked {
+    Read(PathBuf),
+    Refused(Unreadable),
+}
+
+/// Collects the config files under `dir`. Links and special files are
+/// refused whatever their name (never followed, never read); hidden
+/// entries are skipped.
+fn walk(dir: &Path, rel: &str, kind: Kind, out: &mut Vec<(Kind, String, Walked)>) -> Result<()> {
     let entries = std::fs::read_dir(dir).with_context(|| format!("reading {}", dir.display()))?;
     for entry in entries {
         let entry = entry.with_context(|| format!("reading {}", dir.display()))?;
@@ -109,14 +297,21 @@ fn walk(dir: &Path, rel: &str, kind: Kind, out: &mut Vec<(Kind, String, PathBuf)
             continue;
         }
         let child_rel = format!("{rel}/{name}");
+        // `DirEntry::file_type` does not follow links.
         let file_type = entry.file_type()?;
         let path = entry.path();
-        // Follow a symlink only to learn what it points at.
-        let is_dir = file_type.is_dir() || (file_type.is_symlink() && path.is_dir());
-        if is_dir {
+        if file_type.is_symlink() {
+            out.push((kind, child_rel, Walked::Refused(Unreadable::Link)));
+        } else if file_type.is_dir() {
             walk(&path, &child_rel, kind, out)?;
+        } else if !file_type.is_file() {
+            out.push((
+                kind,
+                child_rel,
+                Walked::Refused(Unreadable::Special(SpecialKind::of(file_type))),
+            ));
         } else if is_config_file(name) {
-            out.push((kind, child_rel, path));
+            out.push((kind, child_rel, Walked::Read(path)));
         }
     }
     Ok(())
@@ -172,20 +367,6 @@ fn head_commit(root: &Path) -> Option<String> {
     Some(head.id().to_string())
 }
 
-/// Resolve `rev` in the git repository containing `root` to a full commit id.
-///
-/// # Errors
-/// When there is no repository or the revision does not name a commit.
-pub fn resolve_rev(root: &Path, rev: &str) -> Result<String> {
-    let repo = git2::Repository::discover(root)
-        .with_context(|| format!("{} is not inside a git repository", root.display()))?;
-    let commit = repo
-        .revparse_single(rev)
-        .and_then(|o| o.peel_to_commit())
-        .with_context(|| format!("revision `{rev}` does not name a commit"))?;
-    Ok(commit.id().to_string())
-}
-
 /// Load the repository at `root` as of git revision `rev`, reading blobs
 /// from the object database (no checkout, the working tree is untouched).
 /// When `root` is a subfolder of the git repository, that subfolder of the
@@ -213,42 +394,68 @@ pub fn from_rev(root: &Path, rev: &str) -> Result<Repo> {
             tree = repo.find_tree(entry.id())?;
         }
     }
+    let odb = repo.odb()?;
+    // A blob's text, or why it is refused: a link (mode 120000) is never
+    // read, as in the working tree; a blob over the limit is refused from
+    // its header before its content is loaded.
+    let read = |mode: i32, id: git2::Oid| -> Result<Result<String, Unreadable>> {
+        if mode == LINK_MODE {
+            return Ok(Err(Unreadable::Link));
+        }
+        let (size, _) = odb.read_header(id)?;
+        if size as u64 > MAX_FILE_BYTES {
+            return Ok(Err(Unreadable::TooLarge));
+        }
+        Ok(utf8(repo.find_blob(id)?.content().to_vec()))
+    };
     let mut sources = Vec::new();
     if let Some(entry) = tree.get_name(Kind::CLUSTER_FILE)
         && entry.kind() == Some(git2::ObjectType::Blob)
     {
-        let blob = repo.find_blob(entry.id())?;
         sources.push(Source {
             kind: Kind::Cluster,
             path: Kind::CLUSTER_FILE.into(),
-            text: utf8(blob.content().to_vec()),
+            text: read(entry.filemode(), entry.id())?,
         });
     }
     for (folder, kind) in Kind::FOLDERS {
         let Some(entry) = tree.get_name(folder) else {
             continue;
         };
+        if entry.filemode() == LINK_MODE {
+            sources.push(Source {
+                kind,
+                path: folder.into(),
+                text: Err(Unreadable::Link),
+            });
+            continue;
+        }
         let Ok(sub) = repo.find_tree(entry.id()) else {
             continue;
         };
-        let mut blobs: Vec<(String, git2::Oid)> = Vec::new();
+        let mut blobs: Vec<(String, i32, git2::Oid)> = Vec::new();
         sub.walk(git2::TreeWalkMode::PreOrder, |dir, entry| {
+            if dir.split('/').any(|part| part.starts_with('.')) {
+                return git2::TreeWalkResult::Ok;
+            }
             if let Ok(name) = entry.name()
+                && !name.starts_with('.')
                 && entry.kind() == Some(git2::ObjectType::Blob)
-                && entry.filemode() != 0o120_000
-                && is_config_file(name)
-                && !dir.split('/').any(|part| part.starts_with('.'))
+                && (entry.filemode() == LINK_MODE || is_config_file(name))
             {
-                blobs.push((format!("{folder}/{dir}{name}"), entry.id()));
+                blobs.push((
+                    format!("{folder}/{dir}{name}"),
+                    entry.filemode(),
+                    entry.id(),
+                ));
             }
             git2::TreeWalkResult::Ok
         })?;
-        for (path, id) in blobs {
-            let blob = repo.find_blob(id)?;
+        for (path, mode, id) in blobs {
             sources.push(Source {
                 kind,
                 path: path.into(),
-                text: utf8(blob.content().to_vec()),
+                text: read(mode, id)?,
             });
         }
     }
@@ -258,6 +465,9 @@ pub fn from_rev(root: &Path, rev: &str) -> Result<Repo> {
         commit: Some(commit.id().to_string()),
     })
 }
+
+/// Git's file mode of a symbolic link.
+const LINK_MODE: i32 = 0o120_000;
 
 /// Load the working tree, or `rev` when given.
 ///

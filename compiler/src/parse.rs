@@ -80,7 +80,7 @@ pub fn parse_file(source: &Source) -> ParsedFile {
         Ok(text) => text,
         Err(why) => {
             out.diagnostics.push(Diagnostic::error(
-                "encoding",
+                why.code(),
                 &out.path,
                 file_start(),
                 format!("cannot read this file: {why}"),
@@ -328,7 +328,7 @@ fn schema_diagnostic(
             let object = tree.pointer(pointer);
             let span = object.and_then(|o| o.key_span(key)).unwrap_or(at);
             if looks_like_secret(key) {
-                return Diagnostic::error(
+                let d = Diagnostic::error(
                     "inline-secret",
                     path,
                     span,
@@ -338,6 +338,12 @@ fn schema_diagnostic(
                     "put the secret in an environment variable on the host and name it with \
                      `password_env`",
                 );
+                let secret = object.and_then(|o| o.pointer(&format!("/{}", escape_token(key))));
+                return match secret.map(|n| &n.value) {
+                    Some(yaml::Value::Str(s)) if !s.is_empty() => d.with_secret(s.clone()),
+                    Some(yaml::Value::Int(i)) => d.with_secret(i.to_string()),
+                    _ => d,
+                };
             }
             let mut d = Diagnostic::error(
                 "unknown-key",
@@ -503,4 +509,9 @@ pub fn display_pointer(pointer: &str) -> String {
         }
     }
     out
+}
+
+/// A key as a JSON-pointer token.
+fn escape_token(key: &str) -> String {
+    key.replace('~', "~0").replace('/', "~1")
 }

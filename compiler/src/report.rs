@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
-use miette::{GraphicalReportHandler, GraphicalTheme, LabeledSpan, NamedSource};
+use miette::{GraphicalReportHandler, GraphicalTheme, LabeledSpan};
 use serde_json::json;
 
 use crate::diagnostic::{Diagnostic, Severity};
@@ -27,17 +27,198 @@ pub enum DiffFormat {
     Markdown,
 }
 
-/// A diagnostic with its file's text, as miette wants it.
+/// A diagnostic with an excerpt of its file, as miette wants it.
 #[derive(Debug)]
 struct Report<'a> {
     d: &'a Diagnostic,
-    source: NamedSource<String>,
+    source: Excerpt,
+    /// The label's span in the excerpt.
+    span: (usize, usize),
 }
 
 impl std::fmt::Display for Report<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}: {}", self.d.code, self.d.message)
+        write!(f, "{}: {}", self.d.code, clip(&self.d.message))
     }
+}
+
+/// The longest line of a snippet, in characters; longer lines are cut
+/// around the diagnostic's position, marked with `…`.
+pub const SNIPPET_LINE_CHARS: usize = 200;
+/// The longest message or help, in characters, in any output format.
+pub const MESSAGE_CHARS: usize = 1000;
+/// Lines of context around a diagnostic, and the most lines of a
+/// multi-line span shown.
+const CONTEXT_LINES: usize = 2;
+const SPAN_LINES: usize = 10;
+
+/// `s` cut to [`MESSAGE_CHARS`] characters (with `…`), control characters
+/// escaped: messages quote values from the repository, which must neither
+/// flood the output nor drive the terminal.
+#[must_use]
+pub fn clip(s: &str) -> String {
+    let mut out = String::new();
+    for (n, c) in s.chars().enumerate() {
+        if n == MESSAGE_CHARS {
+            out.push('…');
+            break;
+        }
+        if c.is_control() {
+            out.extend(c.escape_default());
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+/// The lines of a file around a diagnostic, each cut to
+/// [`SNIPPET_LINE_CHARS`], with the diagnostic's secret masked; miette
+/// is told the real line numbers and column.
+#[derive(Debug)]
+struct Excerpt {
+    name: String,
+    text: String,
+    /// 0-based line number of the excerpt's first line in the file.
+    first_line: usize,
+    /// The primary line (in the excerpt) and how far its column moved.
+    primary: (usize, isize),
+}
+
+impl miette::SourceCode for Excerpt {
+    fn read_span<'a>(
+        &'a self,
+        span: &miette::SourceSpan,
+        before: usize,
+        after: usize,
+    ) -> Result<Box<dyn miette::SpanContents<'a> + 'a>, miette::MietteError> {
+        let c = self.text.read_span(span, before, after)?;
+        let column = if c.line() == self.primary.0 {
+            c.column().saturating_add_signed(self.primary.1)
+        } else {
+            c.column()
+        };
+        Ok(Box::new(miette::MietteSpanContents::new_named(
+            self.name.clone(),
+            c.data(),
+            *c.span(),
+            c.line() + self.first_line,
+            column,
+            c.line_count(),
+        )))
+    }
+}
+
+/// Floor `i` to a char boundary of `s`.
+fn floor(s: &str, mut i: usize) -> usize {
+    i = i.min(s.len());
+    while !s.is_char_boundary(i) {
+        i -= 1;
+    }
+    i
+}
+
+/// Builds the excerpt of `text` for `d` and the label's span in it.
+fn excerpt(d: &Diagnostic, text: &str) -> (Excerpt, (usize, usize)) {
+    let start = floor(text, d.span.start);
+    let end = floor(text, d.span.end.max(start));
+    // Every occurrence of the secret becomes `*`s (same length: spans stay
+    // valid); written with escapes, the whole span is masked.
+    let masked;
+    let text = match &d.secret {
+        Some(secret) if !secret.is_empty() => {
+            let mut bytes = text.as_bytes().to_vec();
+            let mut found = false;
+            for (i, _) in text.match_indices(secret.as_str()) {
+                bytes[i..i + secret.len()].fill(b'*');
+                found = true;
+            }
+            if !found {
+                // Written with escapes: mask the whole value.
+                bytes[start..end].fill(b'*');
+            }
+            masked = String::from_utf8(bytes).unwrap_or_default();
+            masked.as_str()
+        }
+        _ => text,
+    };
+    let line_of = |at: usize| text[..at].bytes().filter(|&b| b == b'\n').count();
+    let (l0, end_line) = (line_of(start), line_of(end));
+    let l1 = end_line.min(l0 + SPAN_LINES);
+    let first = l0.saturating_sub(CONTEXT_LINES);
+    let last = l1 + CONTEXT_LINES;
+    let mut out = String::new();
+    let mut span = (0usize, 0usize);
+    let mut primary = (l0 - first, 0isize);
+    let mut offset = text[..start].rfind('\n').map_or(0, |i| i + 1);
+    // Walk back to the first line's start.
+    for _ in first..l0 {
+        offset = text[..offset.saturating_sub(1)]
+            .rfind('\n')
+            .map_or(0, |i| i + 1);
+    }
+    for (n, line) in text[offset..].split_inclusive('\n').enumerate() {
+        let number = first + n;
+        if number > last {
+            break;
+        }
+        let (body, newline) = line.strip_suffix('\n').map_or((line, ""), |b| (b, "\n"));
+        let line_start = offset;
+        offset += line.len();
+        let out_start = out.len();
+        let (kept_from, kept_to) = if body.chars().count() <= SNIPPET_LINE_CHARS {
+            (0, body.len())
+        } else {
+            // Around the span's start on its line, else from the start.
+            let anchor = if (line_start..=line_start + body.len()).contains(&start) {
+                start - line_start
+            } else {
+                0
+            };
+            let from = floor(body, anchor.saturating_sub(40));
+            let to = body[from..]
+                .char_indices()
+                .nth(SNIPPET_LINE_CHARS)
+                .map_or(body.len(), |(i, _)| from + i);
+            (from, to)
+        };
+        let prefix = if kept_from > 0 { "…" } else { "" };
+        out.push_str(prefix);
+        out.push_str(&body[kept_from..kept_to]);
+        if kept_to < body.len() {
+            out.push('…');
+        }
+        out.push_str(newline);
+        // Where a byte of this line lands in the excerpt.
+        let map = |at: usize| -> usize {
+            let rel = at.saturating_sub(line_start).clamp(kept_from, kept_to);
+            out_start + prefix.len() + rel - kept_from
+        };
+        if number == l0 {
+            span.0 = map(start);
+            #[allow(clippy::cast_possible_wrap)]
+            {
+                primary.1 = kept_from as isize - prefix.len() as isize;
+            }
+        }
+        if number == l1 {
+            span.1 = if end_line == l1 {
+                map(end)
+            } else {
+                map(line_start + body.len())
+            };
+        }
+    }
+    let span = (span.0, span.1.max(span.0));
+    (
+        Excerpt {
+            name: d.file.to_string(),
+            text: out,
+            first_line: first,
+            primary,
+        },
+        span,
+    )
 }
 
 impl std::error::Error for Report<'_> {}
@@ -53,8 +234,8 @@ impl miette::Diagnostic for Report<'_> {
     fn help<'b>(&'b self) -> Option<Box<dyn std::fmt::Display + 'b>> {
         self.d
             .help
-            .as_ref()
-            .map(|h| Box::new(h) as Box<dyn std::fmt::Display>)
+            .as_deref()
+            .map(|h| Box::new(clip(h)) as Box<dyn std::fmt::Display>)
     }
 
     fn source_code(&self) -> Option<&dyn miette::SourceCode> {
@@ -62,10 +243,9 @@ impl miette::Diagnostic for Report<'_> {
     }
 
     fn labels(&self) -> Option<Box<dyn Iterator<Item = LabeledSpan> + '_>> {
-        let span = self.d.span;
-        let len = span.end.saturating_sub(span.start);
+        let (start, end) = self.span;
         Some(Box::new(std::iter::once(
-            LabeledSpan::new_primary_with_span(Some("here".into()), (span.start, len)),
+            LabeledSpan::new_primary_with_span(Some("here".into()), (start, end - start)),
         )))
     }
 }
@@ -88,10 +268,8 @@ pub fn diagnostics_human(diagnostics: &[Diagnostic], repo: &Repo, color: bool) -
     for d in diagnostics {
         let text = texts.get(&*d.file).copied().unwrap_or_default();
         // miette names the file in the snippet header as name:line:col.
-        let report = Report {
-            d,
-            source: NamedSource::new(&*d.file, text.to_owned()),
-        };
+        let (source, span) = excerpt(d, text);
+        let report = Report { d, source, span };
         if !out.is_empty() {
             out.push('\n');
         }
@@ -102,7 +280,7 @@ pub fn diagnostics_human(diagnostics: &[Diagnostic], repo: &Repo, color: bool) -
                 d.location(),
                 d.severity.as_str(),
                 d.code,
-                d.message
+                clip(&d.message)
             );
         }
     }
@@ -135,7 +313,7 @@ pub fn diagnostics_json(diagnostics: &[Diagnostic]) -> String {
             json!({
                 "severity": d.severity.as_str(),
                 "code": d.code,
-                "message": d.message,
+                "message": clip(&d.message),
                 "file": &*d.file,
                 "line": d.span.line,
                 "column": d.span.column,
@@ -168,10 +346,10 @@ pub fn diagnostics_github(diagnostics: &[Diagnostic], prefix: &str) -> String {
             Severity::Error => "error",
             Severity::Warning => "warning",
         };
-        let mut message = d.message.clone();
-        if let Some(h) = &d.help {
+        let mut message = clip(&d.message);
+        if let Some(h) = d.help.as_deref().map(clip) {
             message.push_str("\nhelp: ");
-            message.push_str(h);
+            message.push_str(&h);
         }
         let _ = writeln!(
             out,

@@ -197,8 +197,33 @@ pub fn reference_markdown() -> String {
         }
         table(&mut out, &schema, &schema, "");
     }
+    out.push_str(RULE_REGEXES);
     out
 }
+
+/// The accepted regex subset of rules (see `rule_regex.rs`).
+const RULE_REGEXES: &str = "
+## Rule regexes (`match_type: regex`)
+
+A rule's regex runs on the edge in nginx + Lua (`ngx.re`, PCRE, which
+backtracks), and is checked by `edgeform check` with Rust's regex syntax.
+It is accepted only when it means the same in both and cannot backtrack
+exponentially:
+
+- valid Rust `regex` syntax: no look-around, back-references, recursion
+  (`(?1)`), possessive quantifiers or atomic groups;
+- none of the Rust-only syntax that PCRE reads differently or not at all:
+  the `R` flag (`(?R)` is recursion in PCRE), the `u` flag, class set
+  operations (`[a-z&&[^aeiou]]`, `--`, `~~`), a class nested in a class
+  (`[a[bc]]`), `\\b{start}`/`\\<`/`\\>` word boundaries, `\\u`/`\\U` escapes
+  (write `\\x{…}`);
+- no unbounded repetition (`*`, `+`, `{n,}`) inside another (`^(a+)+$`,
+  `(a*)*`, also `(?:/[^/]+)*`: write `(?:/[^/]+){0,8}` or `(?:/.*)?`);
+- under an unbounded repetition, no alternation whose branches can start
+  with the same character or match empty (`(a|a)*`, `(a|ab)+`, `(a|)*`);
+- nested repetition counts multiplying to at most 1000 (`a{1000}{1000}`
+  is refused), and at most 4096 bytes.
+";
 
 fn table(out: &mut String, root: &Value, object: &Value, prefix: &str) {
     use std::fmt::Write as _;

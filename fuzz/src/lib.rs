@@ -29,9 +29,8 @@ pub const KINDS: [Kind; 4] = [Kind::Cluster, Kind::Site, Kind::Zone, Kind::Node]
 
 /// Bytes → what `load` would make of them.
 #[must_use]
-pub fn text_of(bytes: &[u8]) -> Result<String, String> {
-    String::from_utf8(bytes.to_vec())
-        .map_err(|e| format!("not valid UTF-8 (at byte {})", e.utf8_error().valid_up_to()))
+pub fn text_of(bytes: &[u8]) -> Result<String, compiler::load::Unreadable> {
+    compiler::load::utf8(bytes.to_vec())
 }
 
 /// A text with its line starts, to check many spans against it.

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use anyhow::{Result, bail};
 
 use crate::Config;
-use crate::anycast::{self, Table, Watch, mrt};
+use ::anycast::{Table, Watch, mrt};
 
 /// Output formats of `anycast`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -40,11 +40,11 @@ pub fn anycast(config: &Config, args: &AnycastArgs) -> Result<u8> {
     let watch = table.watch().clone();
     let files = mrt::read_all(&args.mrt, &watch, &mut |e| table.apply(e))?;
     let elapsed = started.elapsed();
-    let report = anycast::analyse(settings, &table);
+    let report = ::anycast::analyse(settings, &table);
     let mut stdout = std::io::stdout().lock();
     match args.format {
         AnycastFormat::Human => {
-            stdout.write_all(anycast::render_human(&report).as_bytes())?;
+            stdout.write_all(::anycast::render_human(&report).as_bytes())?;
             let records: u64 = files.iter().map(|f| f.records).sum();
             let bytes: u64 = files.iter().map(|f| f.bytes).sum();
             eprintln!(

@@ -9,8 +9,8 @@ use std::process::ExitCode;
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
 
-use crate::load::{self, Repo};
 use crate::report::{self, CheckFormat, DiffFormat};
+use crate::workspace::{self, Source, Valid};
 use crate::{Checked, compile, diff};
 
 pub mod anycast;
@@ -81,7 +81,7 @@ pub enum Command {
         /// Exit 2 when there are changes.
         #[arg(long)]
         detailed_exitcode: bool,
-        #[arg(long, default_value_t = 16, value_name = "N")]
+        #[arg(long, default_value_t = 16, value_name = "N", value_parser = push::parallel())]
         parallel: usize,
     },
     /// Push desired state to each target: per target a lock and one atomic
@@ -113,7 +113,7 @@ pub enum Command {
         nodes: Vec<String>,
         /// Wait up to SECS for every node's result and print the counts;
         /// exit 1 on timeout, naming the nodes still pending.
-        #[arg(long, value_name = "SECS")]
+        #[arg(long, value_name = "SECS", value_parser = push::wait_secs())]
         wait: Option<u64>,
     },
     /// Explain a routing decision offline: the playback decision for a
@@ -169,19 +169,34 @@ pub enum Command {
     /// The scheduled jobs: sync re-pushes desired state, heal compares the
     /// full live content and repairs drift. Runs until SIGTERM, or once.
     Reconcile {
-        #[arg(long, default_value = "15m", value_name = "DURATION", value_parser = push::duration)]
+        /// 1s to 7d.
+        #[arg(long, default_value = "15m", value_name = "DURATION", value_parser = push::interval)]
         sync_every: std::time::Duration,
-        #[arg(long, default_value = "5m", value_name = "DURATION", value_parser = push::duration)]
+        /// 1s to 7d.
+        #[arg(long, default_value = "5m", value_name = "DURATION", value_parser = push::interval)]
         heal_every: std::time::Duration,
         /// Run one job and exit (for cron or systemd timers): exit 0, or 1
         /// when a target failed.
         #[arg(long, value_enum, value_name = "JOB")]
-        once: Option<push::Once>,
+        once: Option<crate::push::reconcile::Once>,
         /// Fetch REMOTE/BRANCH through git2 before each run and push that.
         #[arg(long, value_name = "REMOTE/BRANCH")]
         pull: Option<String>,
         #[command(flatten)]
         flags: push::PushFlags,
+    },
+    /// Remove a target's apply lock (`edgeform:lock`). An apply takes over
+    /// by itself a lock whose holder is provably dead on its own host (no
+    /// such process, or the pid now belongs to a newer one); this removes
+    /// such a lock too, and with --force any lock, whoever holds it (make
+    /// sure that apply is gone). Exit 0 removed or no lock, 1 refused.
+    Unlock {
+        #[arg(long, value_name = "NODE")]
+        node: String,
+        /// Remove the lock even when its holder may be alive (another
+        /// host, or a running process).
+        #[arg(long)]
+        force: bool,
     },
     /// Every node's last health report over MQTT: online/offline, report
     /// age, applied vs desired commit (this repo, compiled), purge queue,
@@ -204,10 +219,11 @@ pub enum Command {
         #[arg(long = "arg", value_name = "NAME=VALUE")]
         args: Vec<String>,
         /// Wait up to SECS for the result and print it.
-        #[arg(long, value_name = "SECS")]
+        #[arg(long, value_name = "SECS", value_parser = push::wait_secs())]
         wait: Option<u64>,
-        /// The command expires (is refused by the agent) after this long.
-        #[arg(long, default_value = "5m", value_name = "DURATION", value_parser = push::duration)]
+        /// The command expires (is refused by the agent) after this long
+        /// (1s to 1d).
+        #[arg(long, default_value = "5m", value_name = "DURATION", value_parser = push::ttl)]
         ttl: std::time::Duration,
         #[arg(long, value_enum, default_value = "human")]
         format: mqtt::Format,
@@ -219,7 +235,8 @@ pub enum Command {
 /// The part of `--help` that is not about one command.
 const AFTER_HELP: &str = "\
 Exit codes: 0 valid / done / no changes; 1 invalid, refused or an error;
-2 changes pending (diff, plan --detailed-exitcode).
+2 changes pending (diff, plan --detailed-exitcode); 64 usage error (an
+unknown flag, a missing or out-of-range value: nothing was done).
 
 A typical change: edgeform fmt && edgeform check && edgeform diff --base origin/main,
 then after merge edgeform plan && edgeform apply --yes (or the reconciler).
@@ -241,8 +258,17 @@ fn runtime() -> Result<tokio::runtime::Runtime> {
 fn init_tracing() {
     let filter = tracing_subscriber::EnvFilter::try_from_env("EDGEFORM_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    // EDGEFORM_TIMING: every phase span (load, check, parse, validate,
+    // commit, compile, jobs, per target connect, reads, MULTI/EXEC) is
+    // logged with its duration when it closes.
+    let spans = if std::env::var_os("EDGEFORM_TIMING").is_some() {
+        tracing_subscriber::fmt::format::FmtSpan::CLOSE
+    } else {
+        tracing_subscriber::fmt::format::FmtSpan::NONE
+    };
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_span_events(spans)
         .with_writer(std::io::stderr)
         .with_ansi(color())
         .with_target(false)
@@ -266,7 +292,16 @@ fn color() -> bool {
 /// Parse the process arguments and run.
 #[must_use]
 pub fn main() -> ExitCode {
-    let cli = Cli::parse();
+    if std::env::var_os("EDGEFORM_TIMING").is_some() {
+        init_tracing();
+    }
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => {
+            let _ = e.print();
+            return ExitCode::from(usage_exit(e.kind()));
+        }
+    };
     match run(&cli) {
         Ok(code) => ExitCode::from(code),
         Err(err) => {
@@ -287,6 +322,22 @@ pub fn main() -> ExitCode {
     }
 }
 
+/// The exit code of a command line clap refused or answered itself:
+/// `--help` and `--version` succeed; anything else is a usage error,
+/// [`EX_USAGE`] (BSD `sysexits.h`), apart from every code a command
+/// returns.
+#[must_use]
+pub fn usage_exit(kind: clap::error::ErrorKind) -> u8 {
+    use clap::error::ErrorKind;
+    match kind {
+        ErrorKind::DisplayHelp | ErrorKind::DisplayVersion => 0,
+        _ => EX_USAGE,
+    }
+}
+
+/// The exit code of a usage error.
+pub const EX_USAGE: u8 = 64;
+
 /// Run one command.
 ///
 /// # Errors
@@ -297,104 +348,9 @@ pub fn run(cli: &Cli) -> Result<u8> {
         Command::Check {
             format,
             path_prefix,
-        } => {
-            let t = std::time::Instant::now();
-            let repo = load::load(&cli.repo, cli.rev.as_deref())?;
-            if std::env::var_os("EDGEFORM_TIMING").is_some() {
-                eprintln!("load {:?}", t.elapsed());
-            }
-            let checked = crate::check(&repo);
-            let mut stdout = std::io::stdout().lock();
-            match format {
-                CheckFormat::Human => {
-                    let text = report::diagnostics_human(&checked.diagnostics, &repo, color());
-                    eprint!("{text}");
-                    let verdict = if checked.is_valid() {
-                        "valid"
-                    } else {
-                        "invalid"
-                    };
-                    eprintln!(
-                        "{}: {verdict} ({})",
-                        cli.repo.display(),
-                        report::summary(&checked.diagnostics, repo.sources.len())
-                    );
-                }
-                CheckFormat::Json => {
-                    stdout.write_all(report::diagnostics_json(&checked.diagnostics).as_bytes())?
-                }
-                CheckFormat::Github => {
-                    let prefix = if path_prefix.is_empty() || path_prefix.ends_with('/') {
-                        path_prefix.clone()
-                    } else {
-                        format!("{path_prefix}/")
-                    };
-                    stdout.write_all(
-                        report::diagnostics_github(&checked.diagnostics, &prefix).as_bytes(),
-                    )?;
-                }
-            }
-            let code = u8::from(!checked.is_valid());
-            // The process ends next: freeing 100,000 files' worth of
-            // strings one by one would only delay the exit.
-            std::mem::forget(repo);
-            std::mem::forget(checked);
-            Ok(code)
-        }
-        Command::Build { out } => {
-            let repo = load::load(&cli.repo, cli.rev.as_deref())?;
-            let checked = crate::check(&repo);
-            let Some(config) = valid_or_report(&checked, &repo, &cli.repo) else {
-                return Ok(1);
-            };
-            let compiled = compile::compile(config);
-            let written = write_build(out, &compiled)?;
-            eprintln!(
-                "wrote {} target(s) and {} router snippet(s) to {} ({written} files){}",
-                compiled.targets.len(),
-                compiled.nginx.len(),
-                out.display(),
-                repo.commit
-                    .as_deref()
-                    .map(|c| format!(" from {}", &c[..12.min(c.len())]))
-                    .unwrap_or_default()
-            );
-            Ok(0)
-        }
-        Command::Diff { base, head, format } => {
-            let head_rev = head.as_deref().or(cli.rev.as_deref());
-            let base_repo = load::from_rev(&cli.repo, base)?;
-            let head_repo = load::load(&cli.repo, head_rev)?;
-            let base_checked = crate::check(&base_repo);
-            let head_checked = crate::check(&head_repo);
-            let base_label = short(base, base_repo.commit.as_deref());
-            let head_label = match head_rev {
-                Some(r) => short(r, head_repo.commit.as_deref()),
-                None => "working tree".to_owned(),
-            };
-            let Some(head_config) = valid_or_report(&head_checked, &head_repo, &cli.repo) else {
-                return Ok(1);
-            };
-            // An invalid base compiles to nothing: every key shows as added.
-            let base_compiled = match &base_checked.config {
-                Some(c) => compile::compile(c),
-                None => {
-                    eprintln!(
-                        "warning: base {base_label} does not pass `check`; diffing against an empty compilation"
-                    );
-                    compile::Compiled::default()
-                }
-            };
-            let head_compiled = compile::compile(head_config);
-            let d = diff::diff(&base_compiled, &head_compiled);
-            let text = match format {
-                DiffFormat::Human => report::diff_human(&d, &base_label, &head_label),
-                DiffFormat::Json => report::diff_json(&d, &base_label, &head_label),
-                DiffFormat::Markdown => report::diff_markdown(&d, &base_label, &head_label),
-            };
-            std::io::stdout().lock().write_all(text.as_bytes())?;
-            Ok(if d.has_changes() { 2 } else { 0 })
-        }
+        } => check_cmd(cli, *format, path_prefix),
+        Command::Build { out } => build_cmd(cli, out),
+        Command::Diff { base, head, format } => diff_cmd(cli, base, head.as_deref(), *format),
         Command::Plan {
             nodes,
             out,
@@ -402,8 +358,7 @@ pub fn run(cli: &Cli) -> Result<u8> {
             detailed_exitcode,
             parallel,
         } => {
-            let source = push::source(&cli.repo, cli.rev.as_deref(), color())?;
-            let t = std::time::Instant::now();
+            let source = source(&cli.repo, cli.rev.as_deref(), color())?;
             let code = runtime()?.block_on(push::plan(
                 &source,
                 nodes,
@@ -412,8 +367,7 @@ pub fn run(cli: &Cli) -> Result<u8> {
                 *detailed_exitcode,
                 *parallel,
             ));
-            crate::push::timing("plan targets", t);
-            push::free_later(source);
+            workspace::free_later(source);
             code
         }
         Command::Apply {
@@ -421,13 +375,24 @@ pub fn run(cli: &Cli) -> Result<u8> {
             nodes,
             yes,
             flags,
-        } => runtime()?.block_on(push::apply_cmd(
+        } => {
+            // A taken-over lock is logged.
+            init_tracing();
+            runtime()?.block_on(push::apply_cmd(
+                &cli.repo,
+                cli.rev.as_deref(),
+                nodes,
+                plan.as_deref(),
+                *yes,
+                flags,
+                color(),
+            ))
+        }
+        Command::Unlock { node, force } => runtime()?.block_on(push::unlock_cmd(
             &cli.repo,
             cli.rev.as_deref(),
-            nodes,
-            plan.as_deref(),
-            *yes,
-            flags,
+            node,
+            *force,
             color(),
         )),
         Command::Purge {
@@ -436,13 +401,13 @@ pub fn run(cli: &Cli) -> Result<u8> {
             nodes,
             wait,
         } => {
-            let source = push::source(&cli.repo, cli.rev.as_deref(), color())?;
-            runtime()?.block_on(purge::purge(&source, site, what, nodes, *wait))
+            // Sites and nodes only: nothing is compiled.
+            let valid = valid(&cli.repo, cli.rev.as_deref(), color())?;
+            runtime()?.block_on(purge::purge(&valid.config, site, what, nodes, *wait))
         }
         Command::Route(args) => {
-            let repo = load::load(&cli.repo, cli.rev.as_deref())?;
-            let checked = crate::check(&repo);
-            let Some(config) = valid_or_report(&checked, &repo, &cli.repo) else {
+            let checked = workspace::load(&cli.repo, cli.rev.as_deref())?.check();
+            let Some(config) = valid_or_report(&checked) else {
                 return Ok(1);
             };
             route::route(config, args)
@@ -473,15 +438,14 @@ pub fn run(cli: &Cli) -> Result<u8> {
         }
         Command::Completions { shell } => Ok(ops::completions(*shell)),
         Command::Anycast(args) => {
-            let repo = load::load(&cli.repo, cli.rev.as_deref())?;
-            let checked = crate::check(&repo);
-            let Some(config) = valid_or_report(&checked, &repo, &cli.repo) else {
+            let checked = workspace::load(&cli.repo, cli.rev.as_deref())?.check();
+            let Some(config) = valid_or_report(&checked) else {
                 return Ok(1);
             };
             anycast::anycast(config, args)
         }
         Command::Status { format, broker } => {
-            let source = push::valid(&cli.repo, cli.rev.as_deref(), color())?;
+            let source = valid(&cli.repo, cli.rev.as_deref(), color())?;
             runtime()?.block_on(mqtt::status(&source, broker, *format))
         }
         Command::Exec {
@@ -493,7 +457,7 @@ pub fn run(cli: &Cli) -> Result<u8> {
             format,
             broker,
         } => {
-            let source = push::valid(&cli.repo, cli.rev.as_deref(), color())?;
+            let source = valid(&cli.repo, cli.rev.as_deref(), color())?;
             let exec = mqtt::Exec {
                 node,
                 action,
@@ -512,17 +476,122 @@ pub fn run(cli: &Cli) -> Result<u8> {
             flags,
         } => {
             init_tracing();
-            runtime()?.block_on(push::reconcile(
+            runtime()?.block_on(crate::push::reconcile::reconcile(
                 cli.repo.clone(),
                 cli.rev.clone(),
                 pull.clone(),
                 *sync_every,
                 *heal_every,
                 *once,
-                flags.clone(),
+                flags.settings(),
             ))
         }
     }
+}
+
+/// `edgeform check`.
+fn check_cmd(cli: &Cli, format: CheckFormat, path_prefix: &str) -> Result<u8> {
+    let workspace::Checked {
+        repo,
+        diagnostics,
+        config,
+        ..
+    } = workspace::load(&cli.repo, cli.rev.as_deref())?.check();
+    let checked = Checked {
+        config,
+        diagnostics,
+    };
+    let mut stdout = std::io::stdout().lock();
+    match format {
+        CheckFormat::Human => {
+            let text = report::diagnostics_human(&checked.diagnostics, &repo, color());
+            eprint!("{text}");
+            let verdict = if checked.is_valid() {
+                "valid"
+            } else {
+                "invalid"
+            };
+            eprintln!(
+                "{}: {verdict} ({})",
+                cli.repo.display(),
+                report::summary(&checked.diagnostics, repo.sources.len())
+            );
+        }
+        CheckFormat::Json => {
+            stdout.write_all(report::diagnostics_json(&checked.diagnostics).as_bytes())?
+        }
+        CheckFormat::Github => {
+            let prefix = if path_prefix.is_empty() || path_prefix.ends_with('/') {
+                path_prefix.to_owned()
+            } else {
+                format!("{path_prefix}/")
+            };
+            stdout
+                .write_all(report::diagnostics_github(&checked.diagnostics, &prefix).as_bytes())?;
+        }
+    }
+    let code = u8::from(!checked.is_valid());
+    // The process ends next: freeing 100,000 files' worth of
+    // strings one by one would only delay the exit.
+    workspace::free_later((repo, checked));
+    Ok(code)
+}
+
+/// `edgeform build`.
+fn build_cmd(cli: &Cli, out: &Path) -> Result<u8> {
+    let checked = workspace::load(&cli.repo, cli.rev.as_deref())?.check();
+    let Some(config) = valid_or_report(&checked) else {
+        return Ok(1);
+    };
+    let compiled = compile::compile(config);
+    let written = write_build(out, &compiled)?;
+    eprintln!(
+        "wrote {} target(s) and {} router snippet(s) to {} ({written} files){}",
+        compiled.targets.len(),
+        compiled.nginx.len(),
+        out.display(),
+        checked
+            .repo
+            .commit
+            .as_deref()
+            .map(|c| format!(" from {}", &c[..12.min(c.len())]))
+            .unwrap_or_default()
+    );
+    Ok(0)
+}
+
+/// `edgeform diff`.
+fn diff_cmd(cli: &Cli, base: &str, head: Option<&str>, format: DiffFormat) -> Result<u8> {
+    let head_rev = head.or(cli.rev.as_deref());
+    let base_checked = workspace::load(&cli.repo, Some(base))?.check();
+    let head_checked = workspace::load(&cli.repo, head_rev)?.check();
+    let base_label = short(base, base_checked.repo.commit.as_deref());
+    let head_label = match head_rev {
+        Some(r) => short(r, head_checked.repo.commit.as_deref()),
+        None => "working tree".to_owned(),
+    };
+    let Some(head_config) = valid_or_report(&head_checked) else {
+        return Ok(1);
+    };
+    // An invalid base compiles to nothing: every key shows as added.
+    let base_compiled = match &base_checked.config {
+        Some(c) => compile::compile(c),
+        None => {
+            eprintln!(
+                "warning: base {base_label} does not pass `check`; diffing against an empty compilation"
+            );
+            compile::Compiled::default()
+        }
+    };
+    let head_compiled = compile::compile(head_config);
+    let d = diff::diff(&base_compiled, &head_compiled);
+    let text = match format {
+        DiffFormat::Human => report::diff_human(&d, &base_label, &head_label),
+        DiffFormat::Json => report::diff_json(&d, &base_label, &head_label),
+        DiffFormat::Markdown => report::diff_markdown(&d, &base_label, &head_label),
+    };
+    std::io::stdout().lock().write_all(text.as_bytes())?;
+    Ok(if d.has_changes() { 2 } else { 0 })
 }
 
 fn short(rev: &str, commit: Option<&str>) -> String {
@@ -533,23 +602,48 @@ fn short(rev: &str, commit: Option<&str>) -> String {
     }
 }
 
+/// Load and check; print the diagnostics when invalid.
+///
+/// # Errors
+/// I/O or git errors, and an invalid repository (nothing is pushed).
+pub(crate) fn valid(root: &Path, rev: Option<&str>, color: bool) -> Result<Valid> {
+    workspace::load(root, rev)?
+        .check()
+        .valid()
+        .map_err(|invalid| {
+            eprint!(
+                "{}",
+                report::diagnostics_human(&invalid.diagnostics, &invalid.repo, color)
+            );
+            anyhow::anyhow!(
+                "{} is invalid ({}); nothing was pushed",
+                invalid.root.display(),
+                invalid.summary()
+            )
+        })
+}
+
+/// [`valid`], compiled.
+///
+/// # Errors
+/// See [`valid`].
+pub(crate) fn source(root: &Path, rev: Option<&str>, color: bool) -> Result<Source> {
+    Ok(valid(root, rev, color)?.compile())
+}
+
 /// The config when valid; otherwise print the diagnostics and `None`.
-fn valid_or_report<'a>(
-    checked: &'a Checked,
-    repo: &Repo,
-    root: &Path,
-) -> Option<&'a crate::Config> {
+fn valid_or_report(checked: &workspace::Checked) -> Option<&crate::Config> {
     if checked.config.is_none() || !checked.diagnostics.is_empty() {
         eprint!(
             "{}",
-            report::diagnostics_human(&checked.diagnostics, repo, color())
+            report::diagnostics_human(&checked.diagnostics, &checked.repo, color())
         );
     }
     if checked.config.is_none() {
         eprintln!(
             "{}: invalid ({}); nothing was compiled",
-            root.display(),
-            report::summary(&checked.diagnostics, repo.sources.len())
+            checked.root.display(),
+            report::summary(&checked.diagnostics, checked.repo.sources.len())
         );
     }
     checked.config.as_ref()

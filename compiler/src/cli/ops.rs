@@ -1,6 +1,5 @@
 //! Operator commands: `fmt`, `import`, `completions`.
 
-use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -85,7 +84,7 @@ pub async fn import_cmd(
     group_aliases: bool,
     color: bool,
 ) -> Result<u8> {
-    let source = super::push::source(root, None, color)?;
+    let source = super::valid(root, None, color)?;
     let Some(n) = source.config.nodes.iter().find(|n| n.name == node) else {
         bail!("--node {node}: no such node in {}", root.display());
     };
@@ -96,18 +95,15 @@ pub async fn import_cmd(
         .redis_master()
         .await
         .with_context(|| format!("connecting to {node}'s Redis ({})", n.redis_at()))?;
-    let keys: Vec<String> = crate::push::heal::document_keys(&mut con)
+    let keys: Vec<Vec<u8>> = crate::push::heal::document_keys(&mut con)
         .await
         .with_context(|| format!("listing site:* and suspended:* on {node}"))?
         .into_iter()
         .collect();
-    let values = crate::push::apply::get_values(&mut con, &keys).await?;
-    let live: BTreeMap<String, String> = keys
-        .into_iter()
-        .zip(values)
-        .filter_map(|(k, v)| Some((k, v?)))
-        .collect();
-    let imported = import::import(&live, group_aliases);
+    let values = crate::push::apply::get_raw_values(&mut con, &keys).await?;
+    let (live, unreadable) = import::text_entries(keys.into_iter().zip(values));
+    let mut imported = import::import(&live, group_aliases);
+    imported.problems.extend(unreadable);
 
     // The imported sites with the repository's cluster, zones and nodes:
     // they must check clean and compile to what the edge holds.

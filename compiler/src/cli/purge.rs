@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail};
 use edgestate::purge::{self, Job, Request};
 
-use crate::cli::push::Source;
+use crate::Config;
 use crate::model::resolved::{Node, Role, Site};
 
 /// What to purge.
@@ -124,13 +124,12 @@ pub fn build_job(id: &str, site: &Site, node: &Node, what: &What) -> Result<Job,
 /// # Errors
 /// Unknown site or node, a refused pattern, every target unreachable.
 pub async fn purge(
-    source: &Source,
+    config: &Config,
     host: &str,
     what: &What,
     only: &[String],
     wait: Option<u64>,
 ) -> Result<u8> {
-    let config = &source.config;
     let site = find_site(&config.sites, host)
         .with_context(|| format!("no site has the hostname `{host}`"))?;
     let carriers: Vec<&Node> = config

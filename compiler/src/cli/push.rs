@@ -2,231 +2,24 @@
 
 use std::fmt::Write as _;
 use std::io::{IsTerminal, Write};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
-use serde::{Deserialize, Serialize};
 
-use crate::compile::{self, Compiled};
-use crate::diff::{pretty, unified};
-use crate::load;
-use crate::push::apply::{self, Expect, Options, Outcome};
-use crate::push::plan::{self, Changes, Overrides};
-use crate::push::run::{Ancestor, each};
-use crate::push::state::Live;
-use crate::push::{self, Job, heal};
-use crate::{Config, report};
+use crate::push::apply::Outcome;
+use crate::push::many::{Applied, Settings, apply_all, jobs};
+use crate::push::run::each;
+use crate::push::saved::{SHOWN, SavedPlan, TargetPlan, plan_target};
+use crate::push::{self, lock};
 
-/// What every push command loads: the checked, compiled repository.
-pub struct Source {
-    pub repo: load::Repo,
-    pub config: Config,
-    pub compiled: Compiled,
-    /// Written to `edgeform:meta` as `commit`.
-    pub commit: String,
-    /// The revision it was read from (`None`: the working tree).
-    pub rev: Option<String>,
-}
-
-/// A checked repository and the commit it is, not compiled: what `status`
-/// and `exec` need (they read the nodes, not the documents).
-pub struct Valid {
-    pub repo: load::Repo,
-    pub config: Config,
-    /// Written to `edgeform:meta` as `commit`.
-    pub commit: String,
-    /// The revision it was read from (`None`: the working tree).
-    pub rev: Option<String>,
-}
-
-/// Load and check; print diagnostics when invalid.
-///
-/// # Errors
-/// I/O or git errors, and an invalid repository (nothing is pushed).
-pub fn valid(root: &Path, rev: Option<&str>, color: bool) -> Result<Valid> {
-    let t = Instant::now();
-    let repo = load::load(root, rev)?;
-    push::timing("load", t);
-    let t = Instant::now();
-    let checked = crate::check(&repo);
-    push::timing("check", t);
-    if !checked.diagnostics.is_empty() && checked.config.is_none() {
-        eprint!(
-            "{}",
-            report::diagnostics_human(&checked.diagnostics, &repo, color)
-        );
-    }
-    let Some(config) = checked.config else {
-        bail!(
-            "{} is invalid ({}); nothing was pushed",
-            root.display(),
-            report::summary(&checked.diagnostics, repo.sources.len())
-        );
-    };
-    let t = Instant::now();
-    let commit = match rev {
-        Some(_) => repo.commit.clone().unwrap_or_else(|| "worktree".into()),
-        None => load::worktree_commit(root),
-    };
-    push::timing("commit", t);
-    let rev = rev.map(|_| repo.commit.clone().unwrap_or_default());
-    Ok(Valid {
-        repo,
-        config,
-        commit,
-        rev,
-    })
-}
-
-/// Load, check and compile; print diagnostics when invalid.
-///
-/// # Errors
-/// See [`valid`].
-pub fn source(root: &Path, rev: Option<&str>, color: bool) -> Result<Source> {
-    let Valid {
-        repo,
-        config,
-        commit,
-        rev,
-    } = valid(root, rev, color)?;
-    let t = Instant::now();
-    let compiled = compile::compile(&config);
-    push::timing("compile", t);
-    Ok(Source {
-        repo,
-        config,
-        compiled,
-        commit,
-        rev,
-    })
-}
-
-/// Free a loaded repository on another thread: the 100,000 parsed sites
-/// of a large repository take a while to free, and a command that is about
-/// to exit need not wait for it.
-pub fn free_later(source: Source) {
-    std::thread::spawn(move || drop(source));
-}
-
-/// The jobs for `--node` (all targets when empty).
-///
-/// # Errors
-/// A `--node` that names no target.
-pub fn jobs(source: &Source, only: &[String]) -> Result<Vec<Job>> {
-    for n in only {
-        if !source.compiled.targets.contains_key(n) {
-            let known: Vec<&String> = source.compiled.targets.keys().collect();
-            bail!("--node {n}: no such target (targets are nodes with a redis block: {known:?})");
-        }
-    }
-    let t = Instant::now();
-    let jobs = push::jobs(&source.config, &source.compiled, only);
-    push::timing("jobs (hashes)", t);
-    if jobs.is_empty() {
-        bail!("no targets: no node has a `redis` block");
-    }
-    Ok(jobs)
-}
+// The loaders live in `crate::workspace`; `cli/mqtt.rs` names `Valid`
+// through here.
+use crate::workspace::free_later;
+pub use crate::workspace::{Source, Valid};
 
 // ------------------------------------------------------------------ plan
-
-/// One target's plan, as shown and as saved.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct TargetPlan {
-    pub node: String,
-    pub generation: u64,
-    pub live_commit: Option<String>,
-    pub manifest_digest: String,
-    pub desired_digest: String,
-    pub changes: Changes,
-    /// Unified diffs of changed keys (live → desired), for display.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub diffs: Vec<(String, String)>,
-}
-
-/// A saved plan (`plan --out FILE`), applied with `apply --plan FILE`.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct SavedPlan {
-    pub edgeform_plan: u32,
-    pub created_at: String,
-    pub commit: String,
-    /// The commit the plan was compiled from, or `None` for the working tree.
-    pub rev: Option<String>,
-    pub targets: Vec<TargetPlan>,
-}
-
-/// The digest of a target's desired manifest (what a plan was made for).
-#[must_use]
-pub fn desired_digest(desired: &push::state::Desired) -> String {
-    desired.digest().to_owned()
-}
-
-async fn plan_target(job: Job, show_diffs: bool) -> Result<TargetPlan> {
-    let t = Instant::now();
-    let mut con = job.node.redis_master().await?;
-    push::timing("  connect", t);
-    let t = Instant::now();
-    let (meta, in_sync) = apply::read_if_in_sync(&mut con, &job.desired).await?;
-    push::timing("  read_if_in_sync", t);
-    if in_sync {
-        // Live holds exactly the desired manifest, hence its digest too.
-        let digest = desired_digest(&job.desired);
-        return Ok(TargetPlan {
-            node: job.node.name.clone(),
-            generation: meta.generation,
-            live_commit: meta.commit,
-            manifest_digest: digest.clone(),
-            desired_digest: digest,
-            changes: Changes::default(),
-            diffs: Vec::new(),
-        });
-    }
-    let t = Instant::now();
-    let live: Live = apply::read_live(&mut con).await?;
-    push::timing("  read_live", t);
-    let t = Instant::now();
-    let changes = plan::changes(&job.desired, &live.manifest);
-    push::timing("  changes", t);
-    let mut diffs = Vec::new();
-    if show_diffs && !changes.changed.is_empty() {
-        let shown: Vec<String> = changes.changed.iter().take(SHOWN).cloned().collect();
-        let before = apply::get_values(&mut con, &shown).await?;
-        for (key, before) in shown.iter().zip(before) {
-            let after = job
-                .desired
-                .iter()
-                .find(|(k, _, _)| k == key)
-                .map(|(_, v, _)| v)
-                .unwrap_or_default();
-            let b = before.as_deref().map(pretty).unwrap_or_default();
-            diffs.push((key.clone(), unified(key, &b, &pretty(after))));
-        }
-    }
-    let t = Instant::now();
-    let desired_digest = desired_digest(&job.desired);
-    // No changes: live holds exactly the desired manifest, so it has the
-    // same digest and needs no sorting to compute it.
-    let manifest_digest = if changes.is_empty() {
-        desired_digest.clone()
-    } else {
-        live.digest()
-    };
-    push::timing("  digests", t);
-    Ok(TargetPlan {
-        node: job.node.name.clone(),
-        generation: live.meta.generation,
-        live_commit: live.meta.commit.clone(),
-        manifest_digest,
-        desired_digest,
-        changes,
-        diffs,
-    })
-}
-
-/// Keys listed per kind and target in human output.
-const SHOWN: usize = 50;
 
 /// Output formats of `plan`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -395,86 +188,99 @@ pub struct PushFlags {
     #[arg(long)]
     pub allow_rollback: bool,
     /// How many targets to work on at once.
-    #[arg(long, default_value_t = 16, value_name = "N")]
+    #[arg(long, default_value_t = 16, value_name = "N", value_parser = parallel())]
     pub parallel: usize,
-    /// How long to wait for another apply's lock on a target.
-    #[arg(long, default_value = "60s", value_name = "DURATION", value_parser = duration)]
+    /// How long to wait for another apply's lock on a target (at most 1h).
+    #[arg(long, default_value = "60s", value_name = "DURATION", value_parser = lock_wait)]
     pub lock_wait: Duration,
 }
 
-/// `500ms`, `5s`, `15m`, `1h`.
+impl PushFlags {
+    /// The library's settings.
+    #[must_use]
+    pub fn settings(&self) -> Settings {
+        Settings {
+            force: self.force,
+            allow_rollback: self.allow_rollback,
+            parallel: self.parallel,
+            lock_wait: self.lock_wait,
+        }
+    }
+}
+
+/// `500ms`, `5s`, `15m`, `1h`, at most 30 days.
 ///
 /// # Errors
 /// Anything else.
 pub fn duration(text: &str) -> Result<Duration, String> {
-    crate::validate::parse_duration_ms(text)
-        .map(Duration::from_millis)
-        .ok_or_else(|| format!("`{text}` is not a duration (e.g. 500ms, 30s, 15m, 1h)"))
+    duration_in(text, Duration::ZERO, Duration::from_secs(30 * 86_400))
 }
 
-fn options(source: &Source, flags: &PushFlags) -> Options {
-    Options {
-        commit: source.commit.clone(),
-        thresholds: source.config.cluster.apply,
-        overrides: Overrides {
-            force: flags.force,
-            allow_rollback: flags.allow_rollback,
-        },
-        lease: Duration::from_secs(300),
-        lock_wait: flags.lock_wait,
+/// A duration flag between `min` and `max`, checked at parse time so no
+/// later arithmetic (deadlines, timers) can overflow.
+fn duration_in(text: &str, min: Duration, max: Duration) -> Result<Duration, String> {
+    let d = crate::validate::parse_duration_ms(text)
+        .map(Duration::from_millis)
+        .ok_or_else(|| format!("`{text}` is not a duration (e.g. 500ms, 30s, 15m, 1h)"))?;
+    if d < min || d > max {
+        return Err(format!(
+            "`{text}` is out of range ({}..={})",
+            human(min),
+            human(max)
+        ));
+    }
+    Ok(d)
+}
+
+fn human(d: Duration) -> String {
+    let s = d.as_secs();
+    match s {
+        0 => format!("{}ms", d.as_millis()),
+        s if s % 86_400 == 0 => format!("{}d", s / 86_400),
+        s if s % 3600 == 0 => format!("{}h", s / 3600),
+        s if s % 60 == 0 => format!("{}m", s / 60),
+        s => format!("{s}s"),
     }
 }
 
-/// One target's apply outcome, for reports and tests.
-pub type Applied = (Job, Result<Outcome>);
+/// `--lock-wait`: up to one hour.
+///
+/// # Errors
+/// Not a duration, or out of range.
+pub fn lock_wait(text: &str) -> Result<Duration, String> {
+    duration_in(text, Duration::ZERO, Duration::from_secs(3600))
+}
 
-/// Apply to every job; returns each outcome.
-pub async fn apply_all(
-    source: &Source,
-    jobs: Vec<Job>,
-    flags: &PushFlags,
-    expect: Option<&SavedPlan>,
-    root: &Path,
-) -> Vec<Applied> {
-    let options = Arc::new(options(source, flags));
-    let ancestor = Arc::new(Ancestor::new(root, &source.commit));
-    let expect: Option<Arc<SavedPlan>> = expect.map(|p| Arc::new(p.clone()));
-    let bar = progress(jobs.len());
-    let results = each(jobs, flags.parallel, |job| {
-        let options = options.clone();
-        let ancestor = ancestor.clone();
-        let expect = expect.clone();
-        let bar = bar.clone();
-        async move {
-            let start = Instant::now();
-            let result = async {
-                let e = match &expect {
-                    Some(p) => {
-                        let t = p
-                            .targets
-                            .iter()
-                            .find(|t| t.node == job.node.name)
-                            .context("target not in the saved plan")?;
-                        if t.desired_digest != desired_digest(&job.desired) {
-                            bail!("the repository differs from the saved plan's; plan again");
-                        }
-                        Some(Expect { generation: t.generation, manifest_digest: t.manifest_digest.clone() })
-                    }
-                    None => None,
-                };
-                let mut con = job.node.redis_master().await?;
-                let relate = |live: Option<&str>| ancestor.relate(live);
-                apply::apply(&mut con, &job.desired, &options, e.as_ref(), &relate).await
-            }
-            .await;
-            bar.inc(1);
-            tracing::debug!(node = %job.node.name, elapsed = ?start.elapsed(), ok = result.is_ok(), "apply");
-            result
-        }
-    })
-    .await;
-    bar.finish_and_clear();
-    results
+/// `--sync-every`, `--heal-every`: one second to seven days.
+///
+/// # Errors
+/// Not a duration, or out of range.
+pub fn interval(text: &str) -> Result<Duration, String> {
+    duration_in(
+        text,
+        Duration::from_secs(1),
+        Duration::from_secs(7 * 86_400),
+    )
+}
+
+/// `exec --ttl`: one second to one day.
+///
+/// # Errors
+/// Not a duration, or out of range.
+pub fn ttl(text: &str) -> Result<Duration, String> {
+    duration_in(text, Duration::from_secs(1), Duration::from_secs(86_400))
+}
+
+/// `--parallel`: 1 to 1024 targets at once.
+#[must_use]
+pub fn parallel() -> clap::builder::RangedU64ValueParser<usize> {
+    clap::builder::RangedU64ValueParser::<usize>::new().range(1..=1024)
+}
+
+/// `--wait SECS`: 1 second to one day.
+#[must_use]
+pub fn wait_secs() -> clap::builder::RangedU64ValueParser<u64> {
+    clap::builder::RangedU64ValueParser::<u64>::new().range(1..=86_400)
 }
 
 fn progress(len: usize) -> indicatif::ProgressBar {
@@ -562,7 +368,7 @@ pub async fn apply_cmd(
     // the working tree (checked against the plan's digests below).
     let rev_owned = saved.as_ref().and_then(|p| p.rev.clone());
     let rev = rev_owned.as_deref().or(rev);
-    let source = source(root, rev, color)?;
+    let source = super::source(root, rev, color)?;
     let only: Vec<String> = match &saved {
         Some(p) if only.is_empty() => p.targets.iter().map(|t| t.node.clone()).collect(),
         _ => only.to_vec(),
@@ -600,7 +406,13 @@ pub async fn apply_cmd(
         }
     }
     let started = Instant::now();
-    let results = apply_all(&source, jobs, flags, saved.as_ref(), root).await;
+    let bar = progress(jobs.len());
+    let tick = {
+        let bar = bar.clone();
+        Arc::new(move || bar.inc(1))
+    };
+    let results = apply_all(&source, jobs, &flags.settings(), saved.as_ref(), root, tick).await;
+    bar.finish_and_clear();
     let failed = report_applied(&results, started.elapsed());
     free_later(source);
     Ok(u8::from(failed > 0))
@@ -608,161 +420,54 @@ pub async fn apply_cmd(
 
 // ------------------------------------------------------------- reconcile
 
-/// Which scheduled job to run once.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum Once {
-    Sync,
-    Heal,
-}
+// ----------------------------------------------------------------- unlock
 
-/// Heal every target; log every drift. Returns the number of failures.
-pub async fn heal_all(source: &Source, jobs: Vec<Job>, flags: &PushFlags, root: &Path) -> usize {
-    let options = Arc::new(options(source, flags));
-    let ancestor = Arc::new(Ancestor::new(root, &source.commit));
-    let results = each(jobs, flags.parallel, |job| {
-        let options = options.clone();
-        let ancestor = ancestor.clone();
-        async move {
-            let mut con = job.node.redis_master().await?;
-            let relate = |live: Option<&str>| ancestor.relate(live);
-            heal::heal(&mut con, &job.desired, &options, &relate).await
-        }
-    })
-    .await;
-    let mut failed = 0;
-    for (job, r) in results {
-        match r {
-            Ok(drift) if drift.is_empty() => {
-                tracing::info!(target = %job.node.name, "heal: no drift")
-            }
-            Ok(drift) => {
-                for d in &drift {
-                    tracing::warn!(target = %job.node.name, key = %d.key, kind = d.kind.as_str(), "drift repaired");
-                }
-                tracing::info!(target = %job.node.name, repaired = drift.len(), "heal: drift repaired");
-            }
-            Err(e) => {
-                failed += 1;
-                tracing::error!(target = %job.node.name, at = %job.node.redis_at(), cause = %edgeredis::one_line(&e), "heal failed");
-            }
-        }
-    }
-    failed
-}
-
-/// Sync every target (an apply with the usual safety); log outcomes.
-pub async fn sync_all(source: &Source, jobs: Vec<Job>, flags: &PushFlags, root: &Path) -> usize {
-    let results = apply_all(source, jobs, flags, None, root).await;
-    let mut failed = 0;
-    for (job, r) in results {
-        match r {
-            Ok(Outcome::Applied {
-                changes,
-                generation,
-            }) => {
-                for k in &changes.added {
-                    tracing::warn!(target = %job.node.name, key = %k, kind = "missing", "drift: pushed");
-                }
-                for k in &changes.changed {
-                    tracing::warn!(target = %job.node.name, key = %k, kind = "changed", "drift: pushed");
-                }
-                for k in &changes.removed {
-                    tracing::warn!(target = %job.node.name, key = %k, kind = "removed", "drift: pruned");
-                }
-                tracing::info!(target = %job.node.name, generation, "sync: applied");
-            }
-            Ok(Outcome::Unchanged { generation }) => {
-                tracing::info!(target = %job.node.name, generation, "sync: in sync");
-            }
-            Err(e) => {
-                failed += 1;
-                tracing::error!(target = %job.node.name, at = %job.node.redis_at(), cause = %edgeredis::one_line(&e), "sync failed");
-            }
-        }
-    }
-    failed
-}
-
-/// Fetch `remote/branch` through git2 and return the fetched commit id.
+/// `edgeform unlock --node N [--force]`.
 ///
 /// # Errors
-/// No such remote, fetch failure.
-pub fn pull(root: &Path, spec: &str) -> Result<String> {
-    let (remote, branch) = spec
-        .split_once('/')
-        .context("--pull takes REMOTE/BRANCH, e.g. origin/main")?;
-    let repo = git2::Repository::discover(root).context("--pull needs a git repository")?;
-    let mut r = repo
-        .find_remote(remote)
-        .with_context(|| format!("no remote `{remote}`"))?;
-    let refspec = format!("+refs/heads/{branch}:refs/remotes/{remote}/{branch}");
-    r.fetch(&[refspec.as_str()], None, None)
-        .with_context(|| format!("fetching {spec}"))?;
-    let id = repo
-        .revparse_single(spec)?
-        .peel_to_commit()?
-        .id()
-        .to_string();
-    Ok(id)
-}
-
-/// `edgeform reconcile`.
-///
-/// # Errors
-/// Only setup errors; a failing target or an invalid revision is logged
-/// and retried at the next tick.
-pub async fn reconcile(
-    root: PathBuf,
-    rev: Option<String>,
-    pull_spec: Option<String>,
-    sync_every: Duration,
-    heal_every: Duration,
-    once: Option<Once>,
-    flags: PushFlags,
+/// Invalid repository, unknown node, Redis errors.
+pub async fn unlock_cmd(
+    root: &Path,
+    rev: Option<&str>,
+    node: &str,
+    force: bool,
+    color: bool,
 ) -> Result<u8> {
-    let load_source = |root: &Path| -> Result<Source> {
-        let rev = match &pull_spec {
-            Some(spec) => Some(pull(root, spec)?),
-            None => rev.clone(),
-        };
-        source(root, rev.as_deref(), false)
+    use lock::Unlocked;
+    let valid = super::valid(root, rev, color)?;
+    let Some(n) = valid
+        .config
+        .nodes
+        .iter()
+        .find(|n| n.name == node && n.redis.is_some())
+    else {
+        bail!("--node {node}: no such target (targets are nodes with a redis block)");
     };
-    let run = |which: Once| {
-        let root = root.clone();
-        let flags = flags.clone();
-        let source = load_source(&root);
-        async move {
-            let source = match source {
-                Ok(s) => s,
-                Err(e) => {
-                    tracing::error!(cause = %edgeredis::one_line(&e), "reconcile: nothing pushed");
-                    return 1;
-                }
-            };
-            let jobs = push::jobs(&source.config, &source.compiled, &[]);
-            tracing::info!(commit = %source.commit, targets = jobs.len(), job = ?which, "reconcile");
-            match which {
-                Once::Sync => sync_all(&source, jobs, &flags, &root).await,
-                Once::Heal => heal_all(&source, jobs, &flags, &root).await,
+    let mut con = n.redis_master().await?;
+    let mut out = std::io::stdout().lock();
+    match lock::unlock(&mut con, force).await? {
+        Unlocked::NoLock => {
+            writeln!(out, "{node}: not locked")?;
+            Ok(0)
+        }
+        Unlocked::Removed { holder, dead } => {
+            match dead {
+                Some(why) => writeln!(
+                    out,
+                    "{node}: removed the lock of a dead holder ({holder}: {})",
+                    why.as_str()
+                )?,
+                None => writeln!(out, "{node}: removed the lock held by {holder} (--force)")?,
             }
+            Ok(0)
         }
-    };
-    if let Some(which) = once {
-        return Ok(u8::from(run(which).await > 0));
-    }
-    let mut sync = tokio::time::interval(sync_every);
-    let mut heal = tokio::time::interval(heal_every);
-    sync.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    heal.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
-    loop {
-        tokio::select! {
-            _ = sync.tick() => { run(Once::Sync).await; }
-            _ = heal.tick() => { run(Once::Heal).await; }
-            _ = tokio::signal::ctrl_c() => break,
-            _ = term.recv() => break,
+        Unlocked::Refused { holder, why } => {
+            eprintln!(
+                "{node}: locked by {holder}; {}, so it may be alive. Wait for its lease \
+                 (5 minutes), or rerun with --force once that apply is gone",
+                why.as_str()
+            );
+            Ok(1)
         }
     }
-    tracing::info!("reconcile: stopped");
-    Ok(0)
 }

@@ -11,6 +11,35 @@
 use schemars::JsonSchema;
 use serde::Deserialize;
 
+/// `as_str()` (the word the YAML and the wire use, as serde reads it) and
+/// `ALL` for a unit enum; a test checks each word reads back as its variant.
+macro_rules! words {
+    ($name:ident { $($variant:ident => $word:literal),+ $(,)? }) => {
+        impl $name {
+            /// Every variant.
+            pub const ALL: &'static [$name] = &[$($name::$variant),+];
+
+            /// The word for this variant, as written in YAML.
+            #[must_use]
+            pub fn as_str(self) -> &'static str {
+                match self {
+                    $($name::$variant => $word),+
+                }
+            }
+        }
+    };
+}
+
+words!(AccessMode { Off => "off", Allow => "allow", Block => "block" });
+words!(RateMode { Off => "off", Normal => "normal", Strict => "strict" });
+words!(WafMode { Off => "off", Detect => "detect", Strict => "strict" });
+words!(CorsMode { Off => "off", Permissive => "permissive", Strict => "strict" });
+words!(HotlinkMode { Off => "off", Block => "block" });
+words!(MatchType { Ext => "ext", Prefix => "prefix", Exact => "exact", Regex => "regex" });
+words!(CacheAction { Ttl => "ttl", Bypass => "bypass" });
+words!(EdgeAction { Redirect => "redirect", Block => "block" });
+words!(Role { Edge => "edge", Ingest => "ingest", Origin => "origin", Router => "router" });
+
 /// Hostname pattern: lower-case DNS name, optional `*.` wildcard label.
 pub const HOST_PATTERN: &str =
     r"^(\*\.)?([a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?\.)+[a-z]([a-z0-9-]{0,61}[a-z0-9])?$";
@@ -502,4 +531,32 @@ pub struct Bucket {
     pub below_km: f64,
     #[schemars(range(min = 1))]
     pub weight: u32,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn reads_back<T: for<'de> Deserialize<'de> + PartialEq + std::fmt::Debug + Copy>(
+        all: &[T],
+        word: impl Fn(T) -> &'static str,
+    ) {
+        for &v in all {
+            let read: T = serde_json::from_value(serde_json::json!(word(v))).unwrap();
+            assert_eq!(read, v, "{}", word(v));
+        }
+    }
+
+    #[test]
+    fn every_word_is_the_one_serde_reads() {
+        reads_back(AccessMode::ALL, AccessMode::as_str);
+        reads_back(RateMode::ALL, RateMode::as_str);
+        reads_back(WafMode::ALL, WafMode::as_str);
+        reads_back(CorsMode::ALL, CorsMode::as_str);
+        reads_back(HotlinkMode::ALL, HotlinkMode::as_str);
+        reads_back(MatchType::ALL, MatchType::as_str);
+        reads_back(CacheAction::ALL, CacheAction::as_str);
+        reads_back(EdgeAction::ALL, EdgeAction::as_str);
+        reads_back(Role::ALL, Role::as_str);
+    }
 }

@@ -35,34 +35,9 @@ pub struct Cluster {
     pub anycast: Option<Anycast>,
 }
 
-/// The anycast audit's settings (`cluster.yaml` `anycast`).
-#[derive(Debug, Clone, PartialEq)]
-pub struct Anycast {
-    /// Empty: the last AS of a path is its origin.
-    pub origin_asns: Vec<u32>,
-    /// In file order; unique.
-    pub prefixes: Vec<AnycastPrefix>,
-    /// In file order; names and ASNs unique.
-    pub upstreams: Vec<Upstream>,
-    pub lopsided_share: f64,
-    pub longer_path_hops: f64,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct AnycastPrefix {
-    pub prefix: IpNet,
-    /// The configured name, or the prefix as text.
-    pub name: String,
-    /// Indexes into `Anycast::upstreams` it is announced through (all when
-    /// not configured), ascending.
-    pub upstreams: Vec<usize>,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Upstream {
-    pub name: String,
-    pub asn: u32,
-}
+/// The anycast audit's settings (`cluster.yaml` `anycast`): the audit's
+/// own types, built by validation.
+pub use anycast::{Prefix as AnycastPrefix, Settings as Anycast, Upstream};
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Mqtt {

@@ -6,12 +6,14 @@
 //! the server queues the last), never encoded whole.
 
 use std::collections::BTreeMap;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 use edgestate::keys;
 use redis::aio::MultiplexedConnection;
+use tracing::Instrument as _;
 
+pub use super::lock::Lock;
 use super::plan::{self, Ancestry, Changes, Overrides};
 use super::state::{Desired, Live, Manifest, Meta, now_rfc3339};
 use crate::model::resolved::Thresholds;
@@ -24,6 +26,20 @@ const BATCH: usize = 1000;
 /// # Errors
 /// Redis errors, or a manifest that is not a hash of UTF-8 strings.
 pub async fn read_live(con: &mut MultiplexedConnection) -> Result<Live> {
+    Ok(read_live_as(con, false).await?.0)
+}
+
+/// [`read_live`] for heal, which rewrites the manifest anyway: entries
+/// that are not UTF-8 are left out, and the flag says whether there were
+/// none (false: the manifest is drift).
+///
+/// # Errors
+/// Redis errors.
+pub async fn read_live_lenient(con: &mut MultiplexedConnection) -> Result<(Live, bool)> {
+    read_live_as(con, true).await
+}
+
+async fn read_live_as(con: &mut MultiplexedConnection, lenient: bool) -> Result<(Live, bool)> {
     let (manifest, meta): (redis::Value, BTreeMap<String, String>) = redis::pipe()
         .cmd("HGETALL")
         .arg(keys::MANIFEST)
@@ -32,10 +48,14 @@ pub async fn read_live(con: &mut MultiplexedConnection) -> Result<Live> {
         .query_async(con)
         .await
         .context("reading edgeform:manifest and edgeform:meta")?;
-    Ok(Live {
-        manifest: manifest_from(manifest)?,
-        meta: Meta::from_hash(&meta),
-    })
+    let (manifest, clean) = manifest_from(manifest, lenient)?;
+    Ok((
+        Live {
+            manifest,
+            meta: Meta::from_hash(&meta),
+        },
+        clean,
+    ))
 }
 
 /// The no-op plan's fast check: is the live manifest exactly the desired
@@ -77,27 +97,56 @@ pub async fn read_if_in_sync(
 }
 
 /// HGETALL's reply as a [`Manifest`], taking the reply's strings over
-/// without copying them.
-fn manifest_from(reply: redis::Value) -> Result<Manifest> {
+/// without copying them. With `lenient`, non-UTF-8 entries are skipped
+/// (the flag returned is false) instead of failing.
+fn manifest_from(reply: redis::Value, lenient: bool) -> Result<(Manifest, bool)> {
     let items = match reply {
         redis::Value::Array(items) => items,
         redis::Value::Map(pairs) => pairs.into_iter().flat_map(|(k, v)| [k, v]).collect(),
         redis::Value::Nil => Vec::new(),
         other => bail!("{} is not a hash: {other:?}", keys::MANIFEST),
     };
-    let text = |v: redis::Value| -> Result<String> {
+    let text = |v: redis::Value| -> Result<Option<String>> {
         match v {
-            redis::Value::BulkString(b) => String::from_utf8(b)
-                .with_context(|| format!("{} holds a non-UTF-8 string", keys::MANIFEST)),
+            redis::Value::BulkString(b) => match String::from_utf8(b) {
+                Ok(s) => Ok(Some(s)),
+                Err(_) if lenient => Ok(None),
+                Err(e) => {
+                    Err(e).with_context(|| format!("{} holds a non-UTF-8 string", keys::MANIFEST))
+                }
+            },
             other => bail!("{} holds {other:?}", keys::MANIFEST),
         }
     };
     let mut manifest = Manifest::with_capacity(items.len() / 2);
+    let mut clean = true;
     let mut items = items.into_iter();
     while let (Some(k), Some(v)) = (items.next(), items.next()) {
-        manifest.insert(text(k)?, text(v)?);
+        match (text(k)?, text(v)?) {
+            (Some(k), Some(v)) => {
+                manifest.insert(k, v);
+            }
+            _ => clean = false,
+        }
     }
-    Ok(manifest)
+    Ok((manifest, clean))
+}
+
+/// Values of `keys` as bytes (None where absent), in batches: for heal
+/// and import, which must read what is there, UTF-8 or not.
+///
+/// # Errors
+/// Redis errors.
+pub async fn get_raw_values<K: redis::ToRedisArgs + Sync>(
+    con: &mut MultiplexedConnection,
+    keys: &[K],
+) -> Result<Vec<Option<Vec<u8>>>> {
+    let mut out = Vec::with_capacity(keys.len());
+    for chunk in keys.chunks(BATCH) {
+        let values: Vec<Option<Vec<u8>>> = redis::cmd("MGET").arg(chunk).query_async(con).await?;
+        out.extend(values);
+    }
+    Ok(out)
 }
 
 /// Values of `keys` (None where absent), in batches.
@@ -114,74 +163,6 @@ pub async fn get_values(
         out.extend(values);
     }
     Ok(out)
-}
-
-/// The apply lease lock on a target: `SET edgeform:lock <token> NX PX`.
-pub struct Lock {
-    token: String,
-}
-
-const RELEASE: &str = "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) else return 0 end";
-
-impl Lock {
-    /// Take the lock, waiting up to `wait` for another holder to finish.
-    ///
-    /// # Errors
-    /// Still held by someone else after `wait` (the holder is named).
-    pub async fn acquire(
-        con: &mut MultiplexedConnection,
-        lease: Duration,
-        wait: Duration,
-    ) -> Result<Lock> {
-        let token = format!(
-            "{}:{}:{}",
-            hostname(),
-            std::process::id(),
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_or(0, |d| d.as_nanos())
-        );
-        let start = Instant::now();
-        let mut pause = Duration::from_millis(20);
-        loop {
-            let ok: Option<String> = redis::cmd("SET")
-                .arg(keys::LOCK)
-                .arg(&token)
-                .arg("NX")
-                .arg("PX")
-                .arg(u64::try_from(lease.as_millis()).unwrap_or(u64::MAX))
-                .query_async(con)
-                .await?;
-            if ok.is_some() {
-                return Ok(Lock { token });
-            }
-            if start.elapsed() >= wait {
-                let holder: Option<String> =
-                    redis::cmd("GET").arg(keys::LOCK).query_async(con).await?;
-                bail!(
-                    "locked by another apply ({}) for more than {:?}",
-                    holder.unwrap_or_else(|| "unknown".into()),
-                    wait
-                );
-            }
-            tokio::time::sleep(pause).await;
-            pause = (pause * 2).min(Duration::from_millis(500));
-        }
-    }
-
-    /// Release the lock if it is still ours.
-    pub async fn release(self, con: &mut MultiplexedConnection) {
-        let _: Result<i64, _> = redis::Script::new(RELEASE)
-            .key(keys::LOCK)
-            .arg(&self.token)
-            .invoke_async(con)
-            .await;
-    }
-}
-
-fn hostname() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .map_or_else(|_| "host".into(), |h| h.trim().to_owned())
 }
 
 /// What a saved plan saw on a target; apply refuses when it moved.
@@ -229,9 +210,22 @@ pub async fn apply(
     ancestry: &(dyn Fn(Option<&str>) -> Ancestry + Send + Sync),
 ) -> Result<Outcome> {
     let lock = Lock::acquire(con, options.lease, options.lock_wait).await?;
+    hold_for_tests().await;
     let result = transaction(con, desired, options, expect, ancestry).await;
     lock.release(con).await;
     result
+}
+
+/// `EDGEFORM_TEST_HOLD_LOCK_MS`: hold the lock this long before writing,
+/// so a test can kill an apply that holds it (#12 item 12). Unset in
+/// production.
+async fn hold_for_tests() {
+    if let Some(ms) = std::env::var("EDGEFORM_TEST_HOLD_LOCK_MS")
+        .ok()
+        .and_then(|v| v.parse::<u64>().ok())
+    {
+        tokio::time::sleep(Duration::from_millis(ms.min(600_000))).await;
+    }
 }
 
 async fn transaction(
@@ -247,11 +241,11 @@ async fn transaction(
             .arg(keys::META)
             .exec_async(con)
             .await?;
-        let t = Instant::now();
-        let live = read_live(con).await?;
-        super::timing("  read_live", t);
-        let t = Instant::now();
-        let checked = check(desired, &live, options, expect, ancestry);
+        let live = read_live(con)
+            .instrument(tracing::info_span!("read_live"))
+            .await?;
+        let checked = tracing::info_span!("check")
+            .in_scope(|| check(desired, &live, options, expect, ancestry));
         let changes = match checked {
             Ok(c) => c,
             Err(e) => {
@@ -266,11 +260,10 @@ async fn transaction(
             });
         }
         let generation = live.meta.generation + 1;
-        super::timing("  check", t);
-        let t = Instant::now();
         let body = Body::new(desired, &changes, &options.commit, generation);
-        let done = multi_exec(con, body).await?;
-        super::timing("  MULTI/EXEC", t);
+        let done = multi_exec(con, body)
+            .instrument(tracing::info_span!("multi_exec"))
+            .await?;
         if done {
             return Ok(Outcome::Applied {
                 changes,

@@ -10,7 +10,8 @@ use anyhow::{Context, Result};
 use edgestate::keys;
 use redis::aio::MultiplexedConnection;
 
-use super::apply::{Lock, Options, get_values, read_live, set_meta};
+use super::apply::{Lock, Options, get_raw_values, read_live_lenient, set_meta};
+use super::escape_bytes;
 use super::plan::Ancestry;
 use super::state::Desired;
 
@@ -42,12 +43,17 @@ impl DriftKind {
 
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct Drift {
+    /// The key; bytes that are not UTF-8 as `\xNN` ([`escape_bytes`]).
     pub key: String,
     pub kind: DriftKind,
 }
 
-/// Every `site:*` and `suspended:*` key on the target.
-pub async fn document_keys(con: &mut MultiplexedConnection) -> Result<BTreeSet<String>> {
+/// Every `site:*` and `suspended:*` key on the target, as bytes: a key
+/// written by hand need not be UTF-8.
+///
+/// # Errors
+/// Redis errors.
+pub async fn document_keys(con: &mut MultiplexedConnection) -> Result<BTreeSet<Vec<u8>>> {
     let mut out = BTreeSet::new();
     for pattern in [
         format!("{}*", keys::SITE_PREFIX),
@@ -55,7 +61,7 @@ pub async fn document_keys(con: &mut MultiplexedConnection) -> Result<BTreeSet<S
     ] {
         let mut cursor: u64 = 0;
         loop {
-            let (next, batch): (u64, Vec<String>) = redis::cmd("SCAN")
+            let (next, batch): (u64, Vec<Vec<u8>>) = redis::cmd("SCAN")
                 .arg(cursor)
                 .arg("MATCH")
                 .arg(&pattern)
@@ -101,7 +107,7 @@ async fn heal_locked(
             .arg(keys::META)
             .exec_async(con)
             .await?;
-        let live = read_live(con).await?;
+        let (live, manifest_clean) = read_live_lenient(con).await?;
         // Healing to an older commit would be a rollback by the back door.
         let a = ancestry(live.meta.commit.as_deref());
         if a != Ancestry::Forward && !options.overrides.allow_rollback {
@@ -113,12 +119,12 @@ async fn heal_locked(
             );
         }
         let wanted: Vec<String> = desired.iter().map(|(k, _, _)| k.to_owned()).collect();
-        let values = get_values(con, &wanted).await?;
+        let values = get_raw_values(con, &wanted).await?;
         let present = document_keys(con).await?;
 
         let mut drift = Vec::new();
         let mut fixes: Vec<(&str, &str)> = Vec::new();
-        let mut manifest_ok = live.manifest.len() == desired.len();
+        let mut manifest_ok = manifest_clean && live.manifest.len() == desired.len();
         for ((key, value, hash), actual) in desired.iter().zip(&values) {
             match actual {
                 None => {
@@ -128,7 +134,7 @@ async fn heal_locked(
                     });
                     fixes.push((key, value));
                 }
-                Some(a) if a != value => {
+                Some(a) if a.as_slice() != value.as_bytes() => {
                     drift.push(Drift {
                         key: key.to_owned(),
                         kind: DriftKind::Changed,
@@ -139,22 +145,22 @@ async fn heal_locked(
             }
             manifest_ok &= live.manifest.get(key).is_some_and(|h| h == hash);
         }
-        let desired_keys: BTreeSet<&str> = desired.iter().map(|(k, _, _)| k).collect();
+        let desired_keys: BTreeSet<&[u8]> = desired.iter().map(|(k, _, _)| k.as_bytes()).collect();
         // Keys to remove: unmanaged documents, and managed keys git dropped.
-        let mut remove: BTreeSet<String> = present
+        let mut remove: BTreeSet<Vec<u8>> = present
             .iter()
-            .filter(|k| !desired_keys.contains(k.as_str()))
+            .filter(|k| !desired_keys.contains(k.as_slice()))
             .cloned()
             .collect();
         remove.extend(
             live.manifest
                 .keys()
-                .filter(|k| !desired_keys.contains(k.as_str()))
-                .cloned(),
+                .filter(|k| !desired_keys.contains(k.as_bytes()))
+                .map(|k| k.as_bytes().to_vec()),
         );
         for k in &remove {
             drift.push(Drift {
-                key: k.clone(),
+                key: escape_bytes(k),
                 kind: DriftKind::Unmanaged,
             });
         }
@@ -174,7 +180,7 @@ async fn heal_locked(
         for chunk in fixes.chunks(1000) {
             pipe.cmd("MSET").arg(chunk).ignore();
         }
-        let remove: Vec<String> = remove.into_iter().collect();
+        let remove: Vec<Vec<u8>> = remove.into_iter().collect();
         for chunk in remove.chunks(1000) {
             pipe.cmd("DEL").arg(chunk).ignore();
         }

@@ -7,30 +7,30 @@
 //!   hash) and `edgeform:meta`; desired content hashes.
 //! - [`plan`]: pure: desired vs live → added/changed/removed, and the
 //!   safety checks (rollback, empty, thresholds).
+//! - [`lock`]: the apply lease lock; who holds it, taking over a dead
+//!   holder's lock, `unlock`.
 //! - [`apply`]: lease lock, then one WATCH/MULTI/EXEC per target.
 //! - [`heal`]: full live-content comparison and repair.
 //! - [`run`]: every target concurrently (bounded), each outcome reported,
 //!   one failing target never stopping the others.
+//! - [`many`]: which targets, and apply/heal/sync over all of them.
+//! - [`saved`]: one target's plan and the saved-plan file format.
+//! - [`reconcile`]: the scheduled jobs, daemon loop, signals, `--pull`.
 
 pub mod apply;
 pub mod heal;
+pub mod lock;
+pub mod many;
 pub mod plan;
+pub mod reconcile;
 pub mod run;
+pub mod saved;
 pub mod state;
 
 use std::sync::Arc;
 
 use crate::compile::Target;
 use crate::model::resolved::Node;
-
-/// Print `label elapsed` to stderr when `EDGEFORM_TIMING` is set (phase
-/// timings for benchmarks; see bench/README.md).
-pub fn timing(label: &str, since: std::time::Instant) {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    if *ON.get_or_init(|| std::env::var_os("EDGEFORM_TIMING").is_some()) {
-        eprintln!("{label} {:?}", since.elapsed());
-    }
-}
 
 /// One target to work on: its node (how to connect) and what it must hold.
 #[derive(Debug, Clone)]
@@ -69,4 +69,24 @@ pub fn jobs(
             })
         })
         .collect()
+}
+
+/// A Redis key or value for messages: valid UTF-8 as is (control
+/// characters escaped), any other byte as `\xNN`.
+#[must_use]
+pub fn escape_bytes(bytes: &[u8]) -> String {
+    let mut out = String::with_capacity(bytes.len());
+    for chunk in bytes.utf8_chunks() {
+        for c in chunk.valid().chars() {
+            if c.is_control() || c == '\\' {
+                out.extend(c.escape_default());
+            } else {
+                out.push(c);
+            }
+        }
+        for b in chunk.invalid() {
+            out.push_str(&format!("\\x{b:02x}"));
+        }
+    }
+    out
 }

@@ -1,7 +1,7 @@
 //! Running one operation on many targets: concurrently (bounded), each
 //! outcome kept, one failure never stopping the others.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::{Arc, Mutex};
 
 use anyhow::Result;
@@ -91,10 +91,4 @@ impl Ancestor {
             Err(_) => Ancestry::Unknown,
         }
     }
-}
-
-/// The repository root for ancestry checks.
-#[must_use]
-pub fn git_root(repo: &Path) -> PathBuf {
-    repo.to_path_buf()
 }

@@ -433,3 +433,25 @@ fn without_an_anycast_section_it_says_so() {
         stderr(&out)
     );
 }
+
+// See: #12 item 16
+#[test]
+fn issue12_item16_compressed_dump_truncated_before_its_first_record_is_an_error() {
+    let f = repo();
+    let raw = lopsided_bview();
+    let gz = gzip(&raw);
+    let bz = bzip2(&raw);
+    for (name, bytes) in [
+        ("head.gz", &gz[..10]),
+        ("short.gz", &gz[..14]),
+        ("head.bz2", &bz[..4]),
+        ("short.bz2", &bz[..12]),
+    ] {
+        let p = write(f.path(), name, bytes);
+        let out = edgeform(f.path(), &["anycast", "--mrt", p.to_str().unwrap()]);
+        let err = stderr(&out);
+        assert_eq!(out.status.code(), Some(1), "{name}: {err}{}", stdout(&out));
+        assert!(err.contains(name), "{name}: {err}");
+        assert!(!stdout(&out).contains("0 flagged"), "{name}");
+    }
+}

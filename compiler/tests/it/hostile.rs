@@ -117,9 +117,8 @@ fn examples() -> Vec<Example> {
     out
 }
 
-fn text_of(bytes: Vec<u8>) -> Result<String, String> {
-    String::from_utf8(bytes)
-        .map_err(|e| format!("not valid UTF-8 (at byte {})", e.utf8_error().valid_up_to()))
+fn text_of(bytes: Vec<u8>) -> Result<String, compiler::load::Unreadable> {
+    compiler::load::utf8(bytes)
 }
 
 /// A byte offset, biased towards line starts (where indentation matters).
@@ -528,12 +527,15 @@ fn hostile_fixed_inputs_never_panic() {
     let deep_block: String = (0..100)
         .map(|i| format!("{}- \n", "  ".repeat(i)))
         .collect();
-    let cases: Vec<(&str, Result<String, String>)> = vec![
+    let cases: Vec<(&str, Result<String, compiler::load::Unreadable>)> = vec![
         ("empty", Ok(String::new())),
         ("only a BOM", Ok("\u{feff}".into())),
         ("only a comment", Ok("# nothing".into())),
         ("nul bytes", Ok("\0\0\0".into())),
-        ("not UTF-8", Err("not valid UTF-8 (at byte 0)".into())),
+        (
+            "not UTF-8",
+            Err(compiler::load::Unreadable::NotUtf8 { at: 0 }),
+        ),
         ("tab indentation", Ok("host: a\n\torigin: b\n".into())),
         ("CR line breaks", Ok("host: a\rorigin: [\r".into())),
         ("CRLF error at end", Ok("host: a\r\norigin: [\r\n".into())),
@@ -579,7 +581,7 @@ fn hostile_fixed_inputs_never_panic() {
         ("key only", Ok("host:".into())),
     ];
     // Big inputs cost a second or so each in a debug build: one kind only.
-    let big: Vec<(&str, Result<String, String>)> = vec![
+    let big: Vec<(&str, Result<String, compiler::load::Unreadable>)> = vec![
         ("billion laughs", Ok(laughs)),
         ("long line", Ok(long_line)),
         ("many keys", Ok(many_keys)),

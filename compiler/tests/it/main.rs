@@ -4,6 +4,7 @@ mod anycast;
 mod cli;
 mod example;
 mod hostile;
+mod issue12;
 mod malformed;
 mod mqtt;
 mod ops;

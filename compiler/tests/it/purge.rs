@@ -178,7 +178,8 @@ fn bad_requests_queue_nothing() {
             "/x",
         ],
     );
-    assert_eq!(out.status.code(), Some(2));
+    // A usage error: EX_USAGE (#19 item 5), was clap's 2.
+    assert_eq!(out.status.code(), Some(64));
     assert!(queued(r1.port, "cdn:purge:eu:edge-1").is_empty());
     assert!(queued(r2.port, "cdn:purge:us:edge-2").is_empty());
 }

@@ -1,5 +1,4 @@
-//! The anycast audit (seed 000, "Anycast, and the part nobody tells you"):
-//! from route-collector dumps, which upstream each collector peer's best
+//! The anycast audit: from route-collector dumps, which upstream each collector peer's best
 //! path to an announced prefix goes through, how long those paths are,
 //! and whether the split is lopsided.
 //!
@@ -33,7 +32,42 @@ use std::net::IpAddr;
 use ipnet::IpNet;
 use serde::Serialize;
 
-use crate::model::resolved::Anycast;
+/// The audit's settings: what `cluster.yaml`'s `anycast` section says,
+/// checked and converted by the compiler.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Settings {
+    /// Empty: the last AS of a path is its origin.
+    pub origin_asns: Vec<u32>,
+    /// In file order; unique.
+    pub prefixes: Vec<Prefix>,
+    /// In file order; names and ASNs unique.
+    pub upstreams: Vec<Upstream>,
+    /// A prefix is flagged `lopsided` when one upstream carries more than
+    /// this share of the vantage points (0..1).
+    pub lopsided_share: f64,
+    /// A prefix is flagged `longer_path` when the median AS-path length
+    /// through one upstream exceeds the shortest upstream median by at
+    /// least this many hops.
+    pub longer_path_hops: f64,
+}
+
+/// One announced prefix.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Prefix {
+    pub prefix: IpNet,
+    /// The configured name, or the prefix as text.
+    pub name: String,
+    /// Indexes into [`Settings::upstreams`] it is announced through (all
+    /// when not configured), ascending.
+    pub upstreams: Vec<usize>,
+}
+
+/// One transit provider.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Upstream {
+    pub name: String,
+    pub asn: u32,
+}
 
 /// A collector peer: one vantage point.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -131,7 +165,7 @@ pub struct Watch {
 
 impl Watch {
     #[must_use]
-    pub fn new(settings: &Anycast) -> Self {
+    pub fn new(settings: &Settings) -> Self {
         let mut announced: Vec<(IpNet, usize)> = settings
             .prefixes
             .iter()
@@ -266,7 +300,7 @@ pub enum Via {
 
 /// The upstream a path goes through (see the module's decisions).
 #[must_use]
-pub fn classify(settings: &Anycast, path: &AsPath) -> Via {
+pub fn classify(settings: &Settings, path: &AsPath) -> Via {
     let upstream_in = |hop: &[u32]| settings.upstreams.iter().position(|u| hop.contains(&u.asn));
     let mut hops = path.hops_from_origin().peekable();
     let mut origin_hops = Vec::new();
@@ -414,7 +448,7 @@ fn percent(x: f64) -> String {
 
 /// The split of one prefix.
 fn prefix_report(
-    settings: &Anycast,
+    settings: &Settings,
     table: &Table,
     prefix: IpNet,
     announced: usize,
@@ -526,7 +560,7 @@ fn prefix_report(
 /// The audit of every announced prefix (in configuration order, each
 /// followed by the more-specifics of it that collectors hold).
 #[must_use]
-pub fn analyse(settings: &Anycast, table: &Table) -> Report {
+pub fn analyse(settings: &Settings, table: &Table) -> Report {
     let mut more_specifics: BTreeMap<usize, Vec<IpNet>> = BTreeMap::new();
     for prefix in table.routes.keys() {
         if let Some(i) = table.watch.covering(prefix)
@@ -623,27 +657,26 @@ pub fn render_human(report: &Report) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::resolved::{AnycastPrefix, Upstream};
 
     const A: u32 = 64500;
     const B: u32 = 64501;
     const US: u32 = 64496;
 
-    fn settings() -> Anycast {
-        Anycast {
+    fn settings() -> Settings {
+        Settings {
             origin_asns: vec![US],
             prefixes: vec![
-                AnycastPrefix {
+                Prefix {
                     prefix: "192.0.2.0/24".parse().unwrap(),
                     name: "dns".into(),
                     upstreams: vec![0, 1],
                 },
-                AnycastPrefix {
+                Prefix {
                     prefix: "2001:db8::/32".parse().unwrap(),
                     name: "v6".into(),
                     upstreams: vec![0, 1],
                 },
-                AnycastPrefix {
+                Prefix {
                     prefix: "198.51.100.0/24".parse().unwrap(),
                     name: "data-a".into(),
                     upstreams: vec![0],

@@ -112,6 +112,22 @@ pub fn open(path: &Path) -> Result<(Box<dyn Read + Send>, Compression)> {
     Ok((reader, compression))
 }
 
+/// A compressed file that decompresses to nothing was cut before its
+/// first record (the decoders end quietly when the input ends inside the
+/// header or first block): an error, never "0 records, nothing flagged".
+/// A plain empty file is an empty dump.
+fn empty_stream(path: &Path, compression: Compression) -> Result<()> {
+    let name = match compression {
+        Compression::None => return Ok(()),
+        Compression::Gzip => "gzip",
+        Compression::Bzip2 => "bzip2",
+    };
+    bail!(
+        "{}: the {name} stream holds no MRT record (truncated before its first record, or empty)",
+        path.display()
+    )
+}
+
 /// Where in a file, for messages.
 fn at(path: &Path, offset: u64, compression: Compression) -> String {
     let stream = if compression == Compression::None {
@@ -134,7 +150,10 @@ pub fn peek(path: &Path) -> Result<(Kind, u64)> {
     };
     match chunk_mrt_record(&mut reader) {
         Ok(raw) => Ok((kind_of(raw.common_header.entry_type), time_of(&raw))),
-        Err(e) if matches!(e.error, ParserError::EofExpected) => Ok((Kind::Empty, 0)),
+        Err(e) if matches!(e.error, ParserError::EofExpected) => {
+            empty_stream(path, compression)?;
+            Ok((Kind::Empty, 0))
+        }
         Err(e) => Err(framing_error(&e.error, &at(path, 0, compression))),
     }
 }
@@ -264,7 +283,12 @@ pub fn read(path: &Path, watch: &Watch, sink: &mut dyn FnMut(Event)) -> Result<F
         let offset = reader.count;
         let raw = match chunk_mrt_record(&mut reader) {
             Ok(raw) => raw,
-            Err(e) if matches!(e.error, ParserError::EofExpected) => break,
+            Err(e) if matches!(e.error, ParserError::EofExpected) => {
+                if reader.count == 0 {
+                    empty_stream(path, compression)?;
+                }
+                break;
+            }
             Err(e) => return Err(framing_error(&e.error, &at(path, offset, compression))),
         };
         stats.records += 1;

@@ -1,0 +1,373 @@
+//! The regex subset a rule (`cache_rules`/`edge_rules`, `match_type:
+//! regex`) may use. Pure.
+//!
+//! Rules run on the edge in nginx + Lua (`ngx.re`, PCRE, a backtracking
+//! engine); the compiler parses them with Rust's `regex-syntax`. A rule is
+//! accepted only when it means the same in both and cannot make PCRE
+//! backtrack exponentially:
+//! - valid `regex` crate syntax (so no look-around, back-references,
+//!   recursion `(?1)`, possessive or atomic groups);
+//! - none of the Rust-only syntax PCRE reads differently or not at all:
+//!   the `R` flag (`(?R)` is recursion in PCRE), the `u` flag, class set
+//!   operations (`&&`, `--`, `~~`), nested brackets (`[a[bc]]`), the
+//!   word-boundary forms `\b{start}`, `\<`, `\>`, and `\u`/`\U` escapes;
+//! - no unbounded repetition (`*`, `+`, `{n,}`) inside another one
+//!   (`^(a+)+$`, `(a*)*`), and no alternation inside an unbounded repetition
+//!   whose branches can start with the same character or match empty
+//!   (`(a|a)*`, `(a|ab)+`, `(a|)*`): the shapes that backtrack
+//!   exponentially;
+//! - nested repetition counts multiplying to at most [`MAX_COUNT`]
+//!   (`a{1000}{1000}` is refused), and at most [`MAX_LEN`] bytes.
+
+use regex_syntax::ast::{
+    self, Assertion, AssertionKind, Ast, ClassSet, ClassSetItem, Flag, FlagsItemKind, GroupKind,
+    HexLiteralKind, LiteralKind, RepetitionKind, RepetitionRange,
+};
+use regex_syntax::hir::{self, Hir, HirKind};
+
+/// The longest rule regex, in bytes.
+pub const MAX_LEN: usize = 4096;
+/// The largest product of nested repetition counts.
+pub const MAX_COUNT: u64 = 1000;
+
+/// Why a rule regex is refused.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Refusal {
+    /// Not valid `regex` crate syntax; the parser's message.
+    Syntax(String),
+    /// Valid in Rust, but PCRE would read it otherwise or not at all.
+    NotPortable(&'static str),
+    /// An unbounded repetition inside another one.
+    NestedRepetition,
+    /// Overlapping or empty alternatives under an unbounded repetition.
+    AmbiguousAlternation,
+    /// Repetition counts (or the length) past the limits.
+    TooLarge,
+}
+
+impl std::fmt::Display for Refusal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Refusal::Syntax(m) => write!(f, "not a valid regular expression: {m}"),
+            Refusal::NotPortable(what) => write!(
+                f,
+                "uses {what}, which the edge's PCRE reads differently or not at all"
+            ),
+            Refusal::NestedRepetition => f.write_str(
+                "an unbounded repetition inside another one (like `(a+)+`) can backtrack \
+                 exponentially on the edge",
+            ),
+            Refusal::AmbiguousAlternation => f.write_str(
+                "alternatives that can start alike or match empty inside an unbounded \
+                 repetition (like `(a|ab)*`) can backtrack exponentially on the edge",
+            ),
+            Refusal::TooLarge => write!(
+                f,
+                "too large: nested repetition counts multiply past {MAX_COUNT}, or longer \
+                 than {MAX_LEN} bytes"
+            ),
+        }
+    }
+}
+
+/// Check one rule regex.
+///
+/// # Errors
+/// The first reason it is refused.
+pub fn check(pattern: &str) -> Result<(), Refusal> {
+    if pattern.len() > MAX_LEN {
+        return Err(Refusal::TooLarge);
+    }
+    let ast = ast::parse::Parser::new()
+        .parse(pattern)
+        .map_err(|e| Refusal::Syntax(e.kind().to_string()))?;
+    // Translating catches what the AST allows but a regex does not (e.g.
+    // invalid UTF-8 classes).
+    hir::translate::Translator::new()
+        .translate(pattern, &ast)
+        .map_err(|e| Refusal::Syntax(e.kind().to_string()))?;
+    Walk { pattern }.ast(&ast, false, 1)
+}
+
+struct Walk<'a> {
+    pattern: &'a str,
+}
+
+impl Walk<'_> {
+    fn ast(&self, ast: &Ast, under_unbounded: bool, count: u64) -> Result<(), Refusal> {
+        match ast {
+            Ast::Empty(_) | Ast::Dot(_) | Ast::ClassPerl(_) | Ast::ClassUnicode(_) => Ok(()),
+            Ast::Flags(set) => flags(&set.flags),
+            Ast::Literal(lit) => literal(lit),
+            Ast::Assertion(a) => assertion(a),
+            Ast::ClassBracketed(class) => class_set(&class.kind),
+            Ast::Repetition(rep) => {
+                let (unbounded, n) = match &rep.op.kind {
+                    RepetitionKind::ZeroOrOne => (false, 1),
+                    RepetitionKind::ZeroOrMore | RepetitionKind::OneOrMore => (true, 1),
+                    RepetitionKind::Range(RepetitionRange::Exactly(n)) => (false, *n),
+                    RepetitionKind::Range(RepetitionRange::AtLeast(n)) => (true, *n),
+                    RepetitionKind::Range(RepetitionRange::Bounded(_, m)) => (false, *m),
+                };
+                if unbounded && under_unbounded {
+                    return Err(Refusal::NestedRepetition);
+                }
+                let count = count.saturating_mul(u64::from(n.max(1)));
+                if count > MAX_COUNT {
+                    return Err(Refusal::TooLarge);
+                }
+                self.ast(&rep.ast, under_unbounded || unbounded, count)
+            }
+            Ast::Group(group) => {
+                if let GroupKind::NonCapturing(f) = &group.kind {
+                    flags(f)?;
+                }
+                self.ast(&group.ast, under_unbounded, count)
+            }
+            Ast::Alternation(alt) => {
+                if under_unbounded {
+                    self.alternatives(&alt.asts)?;
+                }
+                alt.asts
+                    .iter()
+                    .try_for_each(|a| self.ast(a, under_unbounded, count))
+            }
+            Ast::Concat(concat) => concat
+                .asts
+                .iter()
+                .try_for_each(|a| self.ast(a, under_unbounded, count)),
+        }
+    }
+
+    /// Under an unbounded repetition: no branch matches empty, and no two
+    /// branches can start with the same byte.
+    fn alternatives(&self, branches: &[Ast]) -> Result<(), Refusal> {
+        let mut seen = Bytes::default();
+        for branch in branches {
+            let hir = hir::translate::Translator::new()
+                .translate(self.pattern, branch)
+                .map_err(|e| Refusal::Syntax(e.kind().to_string()))?;
+            if nullable(&hir) {
+                return Err(Refusal::AmbiguousAlternation);
+            }
+            let first = first(&hir);
+            if seen.intersects(&first) {
+                return Err(Refusal::AmbiguousAlternation);
+            }
+            seen.add(&first);
+        }
+        Ok(())
+    }
+}
+
+fn flags(f: &ast::Flags) -> Result<(), Refusal> {
+    for item in &f.items {
+        match item.kind {
+            FlagsItemKind::Flag(Flag::CRLF) => {
+                return Err(Refusal::NotPortable("the `R` flag (recursion in PCRE)"));
+            }
+            FlagsItemKind::Flag(Flag::Unicode) => {
+                return Err(Refusal::NotPortable("the `u` flag"));
+            }
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
+fn literal(lit: &ast::Literal) -> Result<(), Refusal> {
+    match lit.kind {
+        LiteralKind::HexFixed(HexLiteralKind::UnicodeShort | HexLiteralKind::UnicodeLong)
+        | LiteralKind::HexBrace(HexLiteralKind::UnicodeShort | HexLiteralKind::UnicodeLong) => Err(
+            Refusal::NotPortable("a `\\u`/`\\U` escape (write `\\x{…}`)"),
+        ),
+        _ => Ok(()),
+    }
+}
+
+fn assertion(a: &Assertion) -> Result<(), Refusal> {
+    match a.kind {
+        AssertionKind::WordBoundaryStart
+        | AssertionKind::WordBoundaryEnd
+        | AssertionKind::WordBoundaryStartAngle
+        | AssertionKind::WordBoundaryEndAngle
+        | AssertionKind::WordBoundaryStartHalf
+        | AssertionKind::WordBoundaryEndHalf => Err(Refusal::NotPortable(
+            "a `\\b{…}`, `\\<` or `\\>` word boundary",
+        )),
+        _ => Ok(()),
+    }
+}
+
+fn class_set(set: &ClassSet) -> Result<(), Refusal> {
+    match set {
+        ClassSet::BinaryOp(_) => Err(Refusal::NotPortable(
+            "a class set operation (`&&`, `--`, `~~`)",
+        )),
+        ClassSet::Item(item) => class_item(item),
+    }
+}
+
+fn class_item(item: &ClassSetItem) -> Result<(), Refusal> {
+    match item {
+        ClassSetItem::Bracketed(_) => Err(Refusal::NotPortable(
+            "a class nested in a class (`[a[bc]]`)",
+        )),
+        ClassSetItem::Union(u) => u.items.iter().try_for_each(class_item),
+        ClassSetItem::Literal(lit) => literal(lit),
+        ClassSetItem::Range(r) => literal(&r.start).and_then(|()| literal(&r.end)),
+        _ => Ok(()),
+    }
+}
+
+/// A set of bytes.
+#[derive(Default, Clone)]
+struct Bytes([u128; 2]);
+
+impl Bytes {
+    fn insert_range(&mut self, lo: u8, hi: u8) {
+        for b in lo..=hi {
+            self.0[usize::from(b >> 7)] |= 1u128 << (b & 127);
+        }
+    }
+
+    fn add(&mut self, other: &Bytes) {
+        self.0[0] |= other.0[0];
+        self.0[1] |= other.0[1];
+    }
+
+    fn intersects(&self, other: &Bytes) -> bool {
+        self.0[0] & other.0[0] != 0 || self.0[1] & other.0[1] != 0
+    }
+}
+
+fn nullable(h: &Hir) -> bool {
+    match h.kind() {
+        HirKind::Empty | HirKind::Look(_) => true,
+        HirKind::Literal(l) => l.0.is_empty(),
+        HirKind::Class(_) => false,
+        HirKind::Repetition(r) => r.min == 0 || nullable(&r.sub),
+        HirKind::Capture(c) => nullable(&c.sub),
+        HirKind::Concat(hs) => hs.iter().all(nullable),
+        HirKind::Alternation(hs) => hs.iter().any(nullable),
+    }
+}
+
+/// The bytes a match of `h` can start with (UTF-8 lead bytes for
+/// Unicode classes: encoding preserves order, so a range's lead bytes are
+/// those between its ends').
+fn first(h: &Hir) -> Bytes {
+    let mut out = Bytes::default();
+    match h.kind() {
+        HirKind::Empty | HirKind::Look(_) => {}
+        HirKind::Literal(l) => {
+            if let Some(&b) = l.0.first() {
+                out.insert_range(b, b);
+            }
+        }
+        HirKind::Class(hir::Class::Bytes(c)) => {
+            for r in c.ranges() {
+                out.insert_range(r.start(), r.end());
+            }
+        }
+        HirKind::Class(hir::Class::Unicode(c)) => {
+            let lead = |ch: char| {
+                let mut buf = [0u8; 4];
+                ch.encode_utf8(&mut buf).as_bytes()[0]
+            };
+            for r in c.ranges() {
+                out.insert_range(lead(r.start()), lead(r.end()));
+            }
+        }
+        HirKind::Repetition(r) => out = first(&r.sub),
+        HirKind::Capture(c) => out = first(&c.sub),
+        HirKind::Concat(hs) => {
+            for h in hs {
+                out.add(&first(h));
+                if !nullable(h) {
+                    break;
+                }
+            }
+        }
+        HirKind::Alternation(hs) => {
+            for h in hs {
+                out.add(&first(h));
+            }
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    // See: #12 item 16
+    #[test]
+    fn catastrophic_recursive_and_rust_only_patterns_are_refused() {
+        for (pattern, want) in [
+            (r"^(a+)+$", Refusal::NestedRepetition),
+            (r"(a*)*", Refusal::NestedRepetition),
+            (r"(?:x+y?)*z", Refusal::NestedRepetition),
+            (r"(a{2,})+", Refusal::NestedRepetition),
+            // Not exponential, but the rule is kept simple: no unbounded
+            // repetition inside another.
+            (r"(?:/[^/]+)*", Refusal::NestedRepetition),
+            // Possessive in PCRE, `(a+)+` in Rust: refused either way.
+            (r"a++", Refusal::NestedRepetition),
+            (r"(a|a)*", Refusal::AmbiguousAlternation),
+            (r"^(a|ab)+$", Refusal::AmbiguousAlternation),
+            (r"(a|)*", Refusal::AmbiguousAlternation),
+            (r"(\d|[0-5])+", Refusal::AmbiguousAlternation),
+            (r"a{1000}{1000}", Refusal::TooLarge),
+            (r"(?:a{100}){100}", Refusal::TooLarge),
+        ] {
+            assert_eq!(check(pattern), Err(want), "{pattern}");
+        }
+        for pattern in [
+            r"(?R)a",
+            r"(?R:a)",
+            r"(?u)\w",
+            r"[a-z&&[^aeiou]]",
+            r"[a-z--b]",
+            r"[a[bc]]",
+            r"\bx\b{start}",
+            r"\<word\>",
+            r"\u0041",
+            r"\U00000041",
+        ] {
+            assert!(
+                matches!(check(pattern), Err(Refusal::NotPortable(_))),
+                "{pattern}: {:?}",
+                check(pattern)
+            );
+        }
+        for pattern in [r"(?1)", r"(a)\1", r"(?=a)", r"(?<=a)b", r"(?>a)", r"a{,3}"] {
+            assert!(
+                matches!(check(pattern), Err(Refusal::Syntax(_))),
+                "{pattern}: {:?}",
+                check(pattern)
+            );
+        }
+        assert_eq!(check(&"a".repeat(MAX_LEN + 1)), Err(Refusal::TooLarge));
+    }
+
+    // See: #12 item 16
+    #[test]
+    fn ordinary_rule_patterns_pass() {
+        for pattern in [
+            r"\.(mp4|m4s|ts)$",
+            r"^/api/v[0-9]+/",
+            r"^/(?:img|css|js)/.*\.(?:png|jpe?g|gif)$",
+            r"(?i)^/static/",
+            r"^/a{1,3}/b{2}",
+            r"\d{1,3}(\.\d{1,3}){3}",
+            r"^/(foo|bar)*$",
+            r"[[:alpha:]]+\p{Greek}",
+            r"\x{41}\x42",
+            r"a{1000}",
+        ] {
+            assert_eq!(check(pattern), Ok(()), "{pattern}");
+        }
+    }
+}

@@ -1,0 +1,222 @@
+//! `cluster.yaml`: defaults, trusted proxies, MQTT, apply thresholds, geo buckets, the anycast settings.
+
+use super::*;
+
+pub(super) fn cluster_defaults() -> Cluster {
+    Cluster {
+        name: "edgeform".into(),
+        trusted_proxies: Vec::new(),
+        mqtt: None,
+        apply: Thresholds::default(),
+        geo: default_geo(),
+        anycast: None,
+    }
+}
+
+pub(super) fn default_geo() -> GeoSettings {
+    GeoSettings::default()
+}
+
+pub(super) fn cluster(ctx: &mut Ctx<'_>, raw: &raw::Cluster) -> Cluster {
+    let trusted_proxies = check_nets(ctx, "trusted_proxies", &raw.trusted_proxies);
+    let mqtt = raw.mqtt.as_ref().map(|m| {
+        check_url(ctx, "/mqtt/url", &m.url, &["mqtt", "mqtts"], true);
+        Mqtt {
+            url: m.url.clone(),
+            topic_prefix: m.topic_prefix.clone().unwrap_or_else(|| "edgeform".into()),
+        }
+    });
+    let defaults = Thresholds::default();
+    let apply = raw.apply.as_ref().map_or(defaults, |a| Thresholds {
+        max_delete_percent: a.max_delete_percent.unwrap_or(defaults.max_delete_percent),
+        max_change_percent: a.max_change_percent.unwrap_or(defaults.max_change_percent),
+        min_keys: a.min_keys.unwrap_or(defaults.min_keys),
+    });
+    let mut geo = default_geo();
+    if let Some(g) = &raw.geo {
+        if let Some(t) = g.tie_km {
+            geo.tie_km = t;
+        }
+        if let Some(buckets) = &g.buckets {
+            if buckets.windows(2).any(|w| w[0].below_km >= w[1].below_km) {
+                let d = ctx.error(
+                    "invalid-buckets",
+                    "/geo/buckets",
+                    "`geo.buckets` must be in strictly increasing `below_km`".into(),
+                );
+                help(d, "e.g. below_km 500, 2000, 5000");
+            }
+            geo.buckets = buckets
+                .iter()
+                .map(|b| Bucket {
+                    below_km: b.below_km,
+                    weight: b.weight,
+                })
+                .collect();
+        }
+        if let Some(w) = g.default_weight {
+            geo.default_weight = w;
+        }
+        if let Some(f) = g.max_fails {
+            geo.max_fails = f;
+        }
+        if let Some(t) = &g.fail_timeout {
+            match parse_duration_ms(t) {
+                Some(ms) if ms % 1000 == 0 => geo.fail_timeout_s = ms / 1000,
+                _ => {
+                    ctx.error(
+                        "invalid-value",
+                        "/geo/fail_timeout",
+                        format!("`{t}` is not a whole number of seconds (nginx `fail_timeout`)"),
+                    );
+                }
+            }
+        }
+    }
+    let anycast = raw.anycast.as_ref().map(|a| anycast(ctx, a));
+    Cluster {
+        name: raw.name.clone().unwrap_or_else(|| "edgeform".into()),
+        trusted_proxies,
+        mqtt,
+        apply,
+        geo,
+        anycast,
+    }
+}
+
+/// AS numbers that never appear as a real AS: 0 (RFC 7607), `AS_TRANS`
+/// 23456 (RFC 6793), and the last of each range, 65535 and 4294967295
+/// (RFC 7300).
+pub(super) const RESERVED_ASNS: [u32; 4] = [0, 23_456, 65_535, u32::MAX];
+
+pub(super) fn check_asn(ctx: &mut Ctx<'_>, pointer: &str, asn: u32) {
+    if RESERVED_ASNS.contains(&asn) {
+        let d = ctx.error(
+            "invalid-asn",
+            pointer,
+            format!("AS{asn} is reserved and never a real AS"),
+        );
+        help(
+            d,
+            "write the AS number you exchange routes with, e.g. 64496",
+        );
+    }
+}
+
+pub(super) fn anycast(ctx: &mut Ctx<'_>, raw: &raw::Anycast) -> Anycast {
+    for (i, &asn) in raw.origin_asns.iter().enumerate() {
+        check_asn(ctx, &format!("/anycast/origin_asns/{i}"), asn);
+        if raw.origin_asns[..i].contains(&asn) {
+            ctx.error(
+                "duplicate-value",
+                &format!("/anycast/origin_asns/{i}"),
+                format!("AS{asn} is listed twice in `origin_asns`"),
+            );
+        }
+    }
+    let mut upstreams: Vec<Upstream> = Vec::with_capacity(raw.upstreams.len());
+    for (i, u) in raw.upstreams.iter().enumerate() {
+        let base = format!("/anycast/upstreams/{i}");
+        check_asn(ctx, &format!("{base}/asn"), u.asn);
+        if let Some(j) = upstreams.iter().position(|o| o.name == u.name) {
+            ctx.error(
+                "duplicate-value",
+                &format!("{base}/name"),
+                format!("upstream `{}` is named twice (also item {j})", u.name),
+            );
+        }
+        if let Some(j) = upstreams.iter().position(|o| o.asn == u.asn) {
+            ctx.error(
+                "duplicate-value",
+                &format!("{base}/asn"),
+                format!("AS{} is listed twice in `upstreams` (also item {j})", u.asn),
+            );
+        }
+        if raw.origin_asns.contains(&u.asn) {
+            let d = ctx.error(
+                "invalid-asn",
+                &format!("{base}/asn"),
+                format!("AS{} is one of your `origin_asns`, not an upstream", u.asn),
+            );
+            help(
+                d,
+                "an upstream is the provider's AS, the one your routers peer with",
+            );
+        }
+        upstreams.push(Upstream {
+            name: u.name.clone(),
+            asn: u.asn,
+        });
+    }
+    let mut prefixes: Vec<AnycastPrefix> = Vec::with_capacity(raw.prefixes.len());
+    for (i, p) in raw.prefixes.iter().enumerate() {
+        let base = format!("/anycast/prefixes/{i}");
+        let Some(prefix) = net_at(ctx, &format!("{base}/prefix"), &p.prefix) else {
+            continue;
+        };
+        if let Some(j) = raw.prefixes[..i]
+            .iter()
+            .position(|o| parse_net(o.prefix.trim()).ok() == Some(prefix))
+        {
+            ctx.error(
+                "duplicate-value",
+                &format!("{base}/prefix"),
+                format!("`{prefix}` is listed twice in `anycast.prefixes` (also item {j})"),
+            );
+        }
+        if let Some(name) = &p.name
+            && let Some(j) = raw.prefixes[..i]
+                .iter()
+                .position(|o| o.name.as_ref() == Some(name))
+        {
+            ctx.error(
+                "duplicate-value",
+                &format!("{base}/name"),
+                format!("prefix name `{name}` is used twice (also item {j})"),
+            );
+        }
+        let mut wanted = Vec::new();
+        match &p.upstreams {
+            None => wanted.extend(0..upstreams.len()),
+            Some(names) => {
+                for (k, name) in names.iter().enumerate() {
+                    let pointer = format!("{base}/upstreams/{k}");
+                    match upstreams.iter().position(|u| &u.name == name) {
+                        Some(idx) if wanted.contains(&idx) => {
+                            ctx.error(
+                                "duplicate-value",
+                                &pointer,
+                                format!("upstream `{name}` is listed twice"),
+                            );
+                        }
+                        Some(idx) => wanted.push(idx),
+                        None => {
+                            let known: Vec<&str> =
+                                upstreams.iter().map(|u| u.name.as_str()).collect();
+                            let hint = did_you_mean(name, &known, "known upstreams", None);
+                            let d = ctx.error(
+                                "unknown-upstream",
+                                &pointer,
+                                format!("`{name}` names no entry of `anycast.upstreams`"),
+                            );
+                            help(d, hint);
+                        }
+                    }
+                }
+                wanted.sort_unstable();
+            }
+        }
+        prefixes.push(AnycastPrefix {
+            prefix,
+            name: p.name.clone().unwrap_or_else(|| prefix.to_string()),
+            upstreams: wanted,
+        });
+    }
+    Anycast {
+        origin_asns: raw.origin_asns.clone(),
+        prefixes,
+        upstreams,
+        lopsided_share: raw.lopsided_share.unwrap_or(0.8),
+        longer_path_hops: raw.longer_path_hops.unwrap_or(1.0),
+    }
+}

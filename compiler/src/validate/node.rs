@@ -1,0 +1,155 @@
+//! `nodes/*.yaml`: roles, addresses, location, Redis target, cache settings.
+
+use super::*;
+
+pub(super) fn node(ctx: &mut Ctx<'_>, raw: &raw::Node) -> Node {
+    let mut roles = BTreeSet::new();
+    for (i, role) in raw.roles.iter().enumerate() {
+        if !roles.insert(*role) {
+            ctx.error(
+                "duplicate-value",
+                &format!("/roles/{i}"),
+                format!("role `{}` is listed twice", role.as_str()),
+            );
+        }
+    }
+    let needs_location = roles.contains(&Role::Edge) || roles.contains(&Role::Router);
+    if needs_location && raw.location.is_none() {
+        let d = ctx.error(
+            "missing-location",
+            "",
+            format!(
+                "node `{}` is an edge or router and needs `location`",
+                raw.name
+            ),
+        );
+        help(
+            d,
+            "add `location: {lat: 52.37, lon: 4.90}`: geo routing measures from it",
+        );
+    }
+    let mut addresses = Vec::new();
+    for (i, text) in raw.addresses.iter().enumerate() {
+        match text.parse::<IpAddr>() {
+            Ok(a) if addresses.contains(&a) => {
+                ctx.error(
+                    "duplicate-address",
+                    &format!("/addresses/{i}"),
+                    format!("`{a}` is listed twice"),
+                );
+            }
+            Ok(a) => addresses.push(a),
+            Err(_) => {
+                ctx.error(
+                    "invalid-address",
+                    &format!("/addresses/{i}"),
+                    format!("`{text}` is not an IPv4 or IPv6 address"),
+                );
+            }
+        }
+    }
+    if let Some(url) = &raw.public_url {
+        check_url(ctx, "/public_url", url, &["http", "https"], false);
+    }
+    let redis = raw.redis.as_ref().and_then(|r| redis(ctx, r));
+    let cache = raw.cache.as_ref().map_or_else(CacheSettings::default, |c| {
+        let d = CacheSettings::default();
+        CacheSettings {
+            dirs: c.dirs.clone().unwrap_or(d.dirs),
+            levels: c.levels.clone().unwrap_or(d.levels),
+            key: c.key.clone().unwrap_or(d.key),
+        }
+    });
+    if cache.dirs.is_empty() {
+        ctx.error(
+            "invalid-value",
+            "/cache/dirs",
+            "`cache.dirs` must not be empty".into(),
+        );
+    }
+    Node {
+        file: ctx.file.path.clone(),
+        name: raw.name.clone(),
+        roles,
+        region: raw.region.clone(),
+        zone: raw.zone.clone(),
+        public_url: raw.public_url.clone(),
+        location: raw.location.map(|l| Location {
+            lat: l.lat,
+            lon: l.lon,
+        }),
+        addresses,
+        redis,
+        playback_session_limit: raw.playback_session_limit,
+        playback_bandwidth_kbit: raw.playback_bandwidth_kbit,
+        network_bandwidth_kbit: raw.network_bandwidth_kbit,
+        drain: raw.drain,
+        cache,
+    }
+}
+
+pub(super) fn redis(ctx: &mut Ctx<'_>, raw: &raw::Redis) -> Option<RedisTarget> {
+    match (&raw.url, &raw.sentinels, &raw.master) {
+        (Some(url), None, None) => {
+            check_url(ctx, "/redis/url", url, &["redis", "rediss"], false);
+            Some(RedisTarget::Url {
+                url: url.clone(),
+                password_env: raw.password_env.clone(),
+            })
+        }
+        (None, Some(sentinels), Some(master)) => {
+            if sentinels.is_empty() {
+                ctx.error(
+                    "invalid-redis",
+                    "/redis/sentinels",
+                    "`sentinels` needs at least one `host:port`".into(),
+                );
+            }
+            for (i, s) in sentinels.iter().enumerate() {
+                if let Some((userinfo, host)) = s.rsplit_once('@') {
+                    let d = ctx.error(
+                        "inline-secret",
+                        &format!("/redis/sentinels/{i}"),
+                        format!(
+                            "`…@{}` carries credentials; secrets never live in the repository",
+                            shown(host)
+                        ),
+                    );
+                    help(
+                        d,
+                        "write `host:port` and name an environment variable in `password_env`",
+                    );
+                    if !userinfo.is_empty() {
+                        d.secret = Some(userinfo.to_owned());
+                    }
+                    continue;
+                }
+                let ok = s
+                    .rsplit_once(':')
+                    .is_some_and(|(host, port)| !host.is_empty() && port.parse::<u16>().is_ok());
+                let ok = ok && !s.contains(|c: char| c.is_control() || c.is_whitespace());
+                if !ok {
+                    ctx.error(
+                        "invalid-redis",
+                        &format!("/redis/sentinels/{i}"),
+                        format!("`{}` is not `host:port`", shown(s)),
+                    );
+                }
+            }
+            Some(RedisTarget::Sentinel {
+                sentinels: sentinels.clone(),
+                master: master.clone(),
+                password_env: raw.password_env.clone(),
+            })
+        }
+        _ => {
+            let d = ctx.error(
+                "invalid-redis",
+                "/redis",
+                "`redis` needs either `url`, or `sentinels` and `master`".into(),
+            );
+            help(d, "e.g. `redis: {url: redis://10.0.0.5:6379}`");
+            None
+        }
+    }
+}

@@ -1,0 +1,236 @@
+//! `sites/*.yaml`: origin, geo and IP lists, rules (match values, rule regexes), and the wire document.
+
+use super::*;
+
+pub(super) fn site(ctx: &mut Ctx<'_>, raw: &raw::Site) -> Site {
+    check_url(ctx, "/origin", &raw.origin, &["http", "https"], true);
+
+    let mut geo_codes = Vec::with_capacity(raw.geo_codes.len());
+    for (i, code) in raw.geo_codes.iter().enumerate() {
+        if !country::is_assigned(code) {
+            let d = ctx.error(
+                "invalid-country",
+                &format!("/geo_codes/{i}"),
+                format!("`{code}` is not an assigned ISO 3166-1 alpha-2 country code"),
+            );
+            if code == "UK" {
+                help(d, "the United Kingdom is `GB`");
+            }
+        } else if geo_codes.contains(code) {
+            ctx.warning(
+                "duplicate-value",
+                &format!("/geo_codes/{i}"),
+                format!("`{code}` is listed twice"),
+            );
+        } else {
+            geo_codes.push(code.clone());
+        }
+    }
+    if raw.geo_mode != AccessMode::Off && raw.geo_codes.is_empty() {
+        let d = ctx.error(
+            "missing-list",
+            "/geo_mode",
+            format!(
+                "`geo_mode: {}` needs a non-empty `geo_codes`",
+                raw.geo_mode.as_str()
+            ),
+        );
+        help(d, "list the countries, or set `geo_mode: off`");
+    }
+    if raw.geo_mode == AccessMode::Off && !raw.geo_codes.is_empty() {
+        ctx.warning(
+            "ignored-field",
+            "/geo_codes",
+            "`geo_codes` has no effect while `geo_mode` is `off`".into(),
+        );
+    }
+
+    let nets = check_nets(ctx, "ip_list", &raw.ip_list);
+    if raw.ip_mode != AccessMode::Off && raw.ip_list.is_empty() {
+        let d = ctx.error(
+            "missing-list",
+            "/ip_mode",
+            format!(
+                "`ip_mode: {}` needs a non-empty `ip_list`",
+                raw.ip_mode.as_str()
+            ),
+        );
+        help(d, "list the networks, or set `ip_mode: off`");
+    }
+    if raw.ip_mode == AccessMode::Off && !raw.ip_list.is_empty() {
+        ctx.warning(
+            "ignored-field",
+            "/ip_list",
+            "`ip_list` has no effect while `ip_mode` is `off`".into(),
+        );
+    }
+
+    let mut cache_rules = Vec::with_capacity(raw.cache_rules.len());
+    for (i, rule) in raw.cache_rules.iter().enumerate() {
+        let base = format!("/cache_rules/{i}");
+        check_match(ctx, &base, rule.match_type, &rule.match_value);
+        match (rule.action, rule.ttl) {
+            (CacheAction::Ttl, None) => {
+                let d = ctx.error(
+                    "missing-ttl",
+                    &format!("{base}/action"),
+                    "a cache rule with `action: ttl` needs `ttl` (seconds)".into(),
+                );
+                help(d, "add e.g. `ttl: 86400`, or use `action: bypass`");
+            }
+            (CacheAction::Bypass, Some(_)) => {
+                ctx.warning(
+                    "ignored-field",
+                    &format!("{base}/ttl"),
+                    "`ttl` has no effect with `action: bypass`".into(),
+                );
+            }
+            _ => {}
+        }
+        cache_rules.push(CacheRule {
+            action: rule.action.as_str().into(),
+            match_type: rule.match_type.as_str().into(),
+            match_value: rule.match_value.clone(),
+            ttl: if rule.action == CacheAction::Ttl {
+                rule.ttl
+            } else {
+                None
+            },
+        });
+    }
+
+    let mut edge_rules = Vec::with_capacity(raw.edge_rules.len());
+    for (i, rule) in raw.edge_rules.iter().enumerate() {
+        let base = format!("/edge_rules/{i}");
+        check_match(ctx, &base, rule.match_type, &rule.match_value);
+        let redirect = rule.action == EdgeAction::Redirect;
+        if redirect && rule.redirect_status.is_none() {
+            let d = ctx.error(
+                "missing-redirect-status",
+                &format!("{base}/action"),
+                "an edge rule with `action: redirect` needs `redirect_status`".into(),
+            );
+            help(d, "one of 301, 302, 307, 308");
+        }
+        if !redirect {
+            for field in ["redirect_status", "redirect_to"] {
+                let present = match field {
+                    "redirect_status" => rule.redirect_status.is_some(),
+                    _ => rule.redirect_to.is_some(),
+                };
+                if present {
+                    ctx.warning(
+                        "ignored-field",
+                        &format!("{base}/{field}"),
+                        format!("`{field}` has no effect with `action: block`"),
+                    );
+                }
+            }
+        }
+        edge_rules.push(EdgeRule {
+            action: rule.action.as_str().into(),
+            match_type: rule.match_type.as_str().into(),
+            match_value: rule.match_value.clone(),
+            redirect_status: if redirect { rule.redirect_status } else { None },
+            redirect_to: if redirect {
+                rule.redirect_to.clone()
+            } else {
+                None
+            },
+        });
+    }
+
+    let mut seen = BTreeSet::new();
+    seen.insert(raw.host.as_str());
+    for (i, alias) in raw.aliases.iter().enumerate() {
+        if !seen.insert(alias.as_str()) {
+            ctx.error(
+                "duplicate-host",
+                &format!("/aliases/{i}"),
+                format!("`{alias}` is listed twice in this site"),
+            );
+        }
+    }
+
+    let regions = raw
+        .regions
+        .as_ref()
+        .map(|r| r.iter().cloned().collect::<BTreeSet<_>>());
+    if raw.regions.as_ref().is_some_and(Vec::is_empty) {
+        let d = ctx.error(
+            "invalid-value",
+            "/regions",
+            "`regions: []` sends the site to no edge".into(),
+        );
+        help(
+            d,
+            "remove `regions` to serve the site everywhere, or set `suspended: true`",
+        );
+    }
+
+    Site {
+        file: ctx.file.path.clone(),
+        host: raw.host.clone(),
+        aliases: raw.aliases.clone(),
+        suspended: raw.suspended,
+        regions,
+        doc: SiteDoc {
+            origin: raw.origin.clone(),
+            cached: raw.cached,
+            geo_mode: raw.geo_mode.as_str().into(),
+            geo_codes: geo_codes.join(","),
+            ip_mode: raw.ip_mode.as_str().into(),
+            ip_list: nets
+                .iter()
+                .map(ToString::to_string)
+                .collect::<Vec<_>>()
+                .join(","),
+            rate_mode: raw.rate_mode.as_str().to_owned(),
+            waf_mode: raw.waf_mode.as_str().to_owned(),
+            cors_mode: raw.cors_mode.as_str().to_owned(),
+            hotlink_mode: raw.hotlink_mode.as_str().to_owned(),
+            cache_rules,
+            edge_rules,
+        },
+    }
+}
+
+pub(super) fn check_match(ctx: &mut Ctx<'_>, base: &str, kind: MatchType, value: &str) {
+    let pointer = format!("{base}/match_value");
+    match kind {
+        MatchType::Regex => {
+            // Parsing and a walk of the syntax tree are the whole check
+            // (building the automaton too would cost ~100 µs per rule,
+            // seconds over 100,000 sites).
+            if let Err(refusal) = crate::rule_regex::check(value) {
+                let d = ctx.error("invalid-regex", &pointer, format!("`{value}`: {refusal}"));
+                help(
+                    d,
+                    "rule regexes run in the edge's PCRE: the accepted subset is in \
+                     docs/configuration.md (Rust regex syntax PCRE reads alike, no nested \
+                     unbounded repetition)",
+                );
+            }
+        }
+        MatchType::Prefix | MatchType::Exact if !value.starts_with('/') => {
+            let d = ctx.error(
+                "invalid-match-value",
+                &pointer,
+                format!(
+                    "a `{}` match is a path and must start with `/`",
+                    kind.as_str()
+                ),
+            );
+            help(d, format!("write `/{value}`"));
+        }
+        MatchType::Ext if !value.starts_with('.') || value.contains('/') => {
+            let d = ctx.error(
+                "invalid-match-value",
+                &pointer,
+                format!("`{value}` is not a file extension"),
+            );
+            help(d, "write it with its dot, e.g. `.mp4`");
+        }
+        _ => {}
+    }
+}
