@@ -66,7 +66,15 @@ async fn route(
         return r;
     };
     let health = app.state.health();
-    let xff = headers.get("x-forwarded-for").and_then(|v| v.to_str().ok());
+    // Every X-Forwarded-For line, in order: a trusted proxy appends its
+    // own line after a forged one (#12 item 2).
+    let xff = edgestate::route::join_xff(
+        headers
+            .get_all("x-forwarded-for")
+            .iter()
+            .map(HeaderValue::as_bytes),
+    );
+    let xff = xff.as_deref();
     let json = wants_json(&params, &headers);
     // The redirect path skips the explanation; the choice is the same.
     let d = if json {
@@ -78,8 +86,8 @@ async fn route(
         (Some(Mode::Redirect), Some(l), _) => Some(l.clone()),
         (Some(Mode::Proxy), _, Some(node)) => Some(
             app.proxy_url
-                .replace("{node}", node)
-                .replace("{stream}", &stream),
+                .replace("{node}", &edgestate::route::encode_segment(node))
+                .replace("{stream}", &edgestate::route::encode_segment(&stream)),
         ),
         _ => None,
     };

@@ -204,3 +204,83 @@ fn route_over_http_with_real_redis() {
         &log,
     );
 }
+
+/// An agent with `t` and a health file where edge-a carries `streams`;
+/// returns (agent, http port, health dir).
+fn agent_with(
+    r: &harness::Process,
+    t: &RoutingTable,
+    streams: &[&str],
+) -> (crate::util::Agent, u16, tempfile::TempDir) {
+    let dir = tempfile::tempdir().unwrap();
+    let health = dir.path().join("health.json");
+    let h = serde_json::json!({"nodes": {
+        "edge-a": {"online": true, "play_sessions": 3, "out_kbit": 10, "streams": streams},
+        "edge-b": {"online": true, "play_sessions": 1, "out_kbit": 10, "streams": []},
+    }});
+    std::fs::write(&health, h.to_string()).unwrap();
+    publish(r.port, t, 1);
+    let http = harness::free_port();
+    let agent = crate::util::Agent::start_with(
+        r.port,
+        &[dir.path().join("cache")],
+        &format!(
+            "http:\n  listen: 127.0.0.1:{http}\n  proxy_url: https://router.example.net/proxy/{{node}}/{{stream}}\n\
+             routing:\n  health_file: {}\n  refresh: 100ms\n",
+            health.display()
+        ),
+    );
+    let log = || agent.log();
+    wait_for(
+        || {
+            std::net::TcpStream::connect(("127.0.0.1", http)).is_ok()
+                && get(http, "/healthz", "").0 == 200
+        },
+        "agent up",
+        &log,
+    );
+    (agent, http, dir)
+}
+
+// See: #12 item 2
+/// Behind a trusted proxy that appends its own `X-Forwarded-For` line
+/// (HAProxy), the client is the last address of the last line: a forged
+/// first line changes nothing.
+#[test]
+fn r12_2_two_xff_lines_the_last_address_wins() {
+    let r = harness::redis(&[]);
+    let mut t = table("https://a.example.net");
+    t.trusted_proxies = vec!["127.0.0.0/8".into()];
+    t.zones.get_mut("eu").unwrap().routes = vec!["192.0.2.0/24".into()];
+    let (_agent, http, _dir) = agent_with(&r, &t, &["cam1"]);
+    // Forged in-route address first, the proxy's line (outside) last: 403.
+    let forged = "X-Forwarded-For: 192.0.2.5\r\nX-Forwarded-For: 203.0.113.9\r\n";
+    let (status, head, _) = get(http, "/route/cam1", forged);
+    assert_eq!(status, 403, "{head}");
+    // The other way round: the proxy saw a client inside the route.
+    let real = "X-Forwarded-For: 203.0.113.9\r\nX-Forwarded-For: 10.1.1.1, 192.0.2.5\r\n";
+    let (status, head, _) = get(http, "/route/cam1", real);
+    assert_eq!(status, 302, "{head}");
+    // The explanation names the address it used.
+    let (_, _, body) = get(http, "/route/cam1?format=json", forged);
+    assert!(
+        body.contains("203.0.113.9") && !body.contains("entry 192.0.2.5"),
+        "{body}"
+    );
+}
+
+// See: #12 item 16
+/// The `Location` header is percent-encoded: a stream name with spaces,
+/// non-ASCII or a `/` cannot change the URL (and is not dropped).
+#[test]
+fn r12_16_location_is_percent_encoded() {
+    let r = harness::redis(&[]);
+    let t = table("https://a.example.net/live/");
+    let (_agent, http, _dir) = agent_with(&r, &t, &["cam é/x?y"]);
+    let (status, head, _) = get(http, "/route/cam%20%C3%A9%2Fx%3Fy", "");
+    assert_eq!(status, 302, "{head}");
+    assert!(
+        head.contains("location: https://a.example.net/live/cam%20%c3%a9%2fx%3fy\r\n"),
+        "{head}"
+    );
+}
