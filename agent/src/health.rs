@@ -9,7 +9,7 @@
 //! side.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, Instant};
 
 use edgestate::mqtt::{ConfigState, HealthReport, PurgeState, RedisState};
 use rumqttc::{AsyncClient, QoS};
@@ -243,12 +243,6 @@ async fn redis_state(
     }
 }
 
-fn unix_now() -> u64 {
-    SystemTime::now()
-        .duration_since(SystemTime::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs())
-}
-
 fn sample_net() -> Option<(u64, Instant)> {
     let text = std::fs::read_to_string("/proc/net/dev").ok()?;
     Some((transmit_bytes(&text)?, Instant::now()))
@@ -297,7 +291,7 @@ pub async fn report(
         let (cfg, purge, redis) = redis_state(&config, &mut con).await;
         let report = HealthReport {
             node: config.node.clone(),
-            ts: unix_now(),
+            ts: crate::unix_now(),
             interval_ms: u64::try_from(config.health.interval.as_millis()).ok(),
             play_sessions,
             out_kbit,

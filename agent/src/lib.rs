@@ -6,11 +6,13 @@
 //! - [`purge`]: the purge worker: a reliable queue on local Redis.
 //! - [`routing`]: the routing table and health, refreshed in the background.
 //! - [`http`]: `/route/<stream>`, `/healthz`, `/metrics`.
-//! - [`mqtt`]: the broker session: status, cluster health for routing,
-//!   commands; [`health`] builds the report, [`commands`] checks and runs
-//!   one-shot actions; [`metrics`] counts everything for Prometheus.
+//! - [`mqtt`]: the broker session: status, cluster health for routing
+//!   (kept in the [`book`]), commands; [`health`] builds the report,
+//!   [`commands`] checks, claims, runs and records one-shot actions;
+//!   [`metrics`] counts everything for Prometheus.
 //! - [`shutdown`]: SIGTERM/SIGINT → every task stops cleanly.
 
+pub mod book;
 pub mod cache;
 pub mod commands;
 pub mod config;
@@ -23,6 +25,14 @@ pub mod routing;
 pub mod shutdown;
 
 use std::sync::Arc;
+
+/// Now, in Unix seconds (0 if the clock is before 1970).
+#[must_use]
+pub fn unix_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
 
 /// Run the agent until `signal` resolves, then stop every task cleanly.
 ///

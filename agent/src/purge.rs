@@ -358,7 +358,7 @@ impl Worker {
                 Ok(text) if bytes.len() <= PREVIEW_BYTES => text.to_owned(),
                 _ => purge::preview(bytes, PREVIEW_BYTES),
             };
-            let entry = serde_json::json!({"job": job, "bytes": bytes.len(), "reason": why, "at": unix_now()})
+            let entry = serde_json::json!({"job": job, "bytes": bytes.len(), "reason": why, "at": crate::unix_now()})
                 .to_string();
             pipe.cmd("RPUSH").arg(&failed).arg(entry).ignore();
             pipe.cmd("LTRIM")
@@ -381,12 +381,6 @@ impl Worker {
             .context("recording the purge result")?;
         Ok(())
     }
-}
-
-fn unix_now() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs())
 }
 
 /// How much of a failed job a log line or a failed record shows.

@@ -429,8 +429,10 @@ fn routing_health_from_mqtt_survives_the_broker() {
         "{body}"
     );
     assert!(body.contains("edgeform_agent_mqtt_connected 1"), "{body}");
+    // edge-a and edge-b; the agent's own edge-1 is not in this routing
+    // table, so it is not tracked (#12 item 4; this was 3 before).
     assert!(
-        body.contains("edgeform_agent_cluster_nodes_reporting 3"),
+        body.contains("edgeform_agent_cluster_nodes_reporting 2"),
         "{body}"
     );
 
