@@ -350,6 +350,10 @@ fn signed_commands_when_a_key_is_configured() {
         (res.status, res.stdout.as_str()),
         (Outcome::Ok, "said hi\n")
     );
+    // See: #12 item 3. The result is signed for this command; the
+    // refusals of unauthenticated ones are not.
+    assert!(res.verify(&good, "edge-1", b"s3cret"), "{res:?}");
+    assert!(!res.verify(&wrong, "edge-1", b"s3cret"));
     // An unsigned command with the id of a refused one may still be
     // signed and run later: refusals for authentication do not claim ids.
     let mut retry = command("u1", "echo", &[("word", "ok")]);

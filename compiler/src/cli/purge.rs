@@ -257,9 +257,15 @@ pub async fn purge(
         match results.get(&node.name) {
             Some(v) if v.starts_with(purge::FAILED_PREFIX) => {
                 bad += 1;
-                writeln!(out, "{}: {v}", node.name)?;
+                // The agent's text: shown escaped (#12 item 3).
+                writeln!(out, "{}: {}", node.name, edgestate::untrusted::escape(v))?;
             }
-            Some(v) => writeln!(out, "{}: {v} file(s) removed", node.name)?,
+            Some(v) => writeln!(
+                out,
+                "{}: {} file(s) removed",
+                node.name,
+                edgestate::untrusted::escape(v)
+            )?,
             None => {}
         }
     }
