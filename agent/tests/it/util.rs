@@ -207,6 +207,15 @@ pub struct Mqtt {
 
 impl Mqtt {
     pub fn connect(port: u16) -> Mqtt {
+        Mqtt::connect_with(port, None)
+    }
+
+    /// With a username and password.
+    pub fn connect_as(port: u16, user: &str, password: &str) -> Mqtt {
+        Mqtt::connect_with(port, Some((user, password)))
+    }
+
+    fn connect_with(port: u16, login: Option<(&str, &str)>) -> Mqtt {
         static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
         let id = format!(
             "test-{}-{}",
@@ -215,6 +224,9 @@ impl Mqtt {
         );
         let mut o = rumqttc::MqttOptions::new(id, "127.0.0.1", port);
         o.set_keep_alive(Duration::from_secs(5));
+        if let Some((user, password)) = login {
+            o.set_credentials(user, password);
+        }
         let (client, mut connection) = rumqttc::Client::new(o, 64);
         let (tx, rx) = std::sync::mpsc::channel();
         let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
@@ -268,6 +280,16 @@ impl Mqtt {
             }
         }
         None
+    }
+}
+
+impl Mqtt {
+    /// The next message on any topic within `secs`: (topic, payload).
+    pub fn wait_any(&self, secs: u64) -> Option<(String, Vec<u8>)> {
+        self.rx
+            .recv_timeout(Duration::from_secs(secs))
+            .ok()
+            .map(|p| (p.topic.clone(), p.payload.to_vec()))
     }
 }
 
