@@ -784,12 +784,12 @@ fn r12_11_a_burst_of_3000_commands_is_fully_answered() {
                 .collect::<Vec<_>>()
                 .join("\n")
         );
-        if let Some((topic, payload)) = m.wait_any(left.as_secs().max(1)) {
-            if let Some(id) = topic.strip_prefix("edgeform/result/edge-1/") {
-                let res: CommandResult = serde_json::from_slice(&payload).unwrap();
-                assert_eq!(res.status, Outcome::Ok, "{res:?}");
-                answered.insert(id.to_owned());
-            }
+        if let Some((topic, payload)) = m.wait_any(left.as_secs().max(1))
+            && let Some(id) = topic.strip_prefix("edgeform/result/edge-1/")
+        {
+            let res: CommandResult = serde_json::from_slice(&payload).unwrap();
+            assert_eq!(res.status, Outcome::Ok, "{res:?}");
+            answered.insert(id.to_owned());
         }
     }
     assert_eq!(answered.len(), n);
