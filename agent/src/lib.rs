@@ -100,18 +100,11 @@ pub async fn run_with(
         let app = http::app(Arc::new(http::App {
             state,
             proxy_url,
-            metrics,
-        }))
-        .into_make_service_with_connect_info::<std::net::SocketAddr>();
-        let mut stop = shutdown.clone();
-        tasks.spawn(async move {
-            let served = axum::serve(listener, app)
-                .with_graceful_shutdown(async move { stop.wait().await })
-                .await;
-            if let Err(e) = served {
-                tracing::error!(cause = %e, "http server failed");
-            }
-        });
+            metrics: metrics.clone(),
+        }));
+        let cap = http::connection_cap();
+        tracing::info!(max_connections = cap, header_timeout = ?http::HEADER_TIMEOUT, "http limits");
+        tasks.spawn(http::serve(listener, app, cap, metrics, shutdown.clone()));
     }
     signal.await;
     tracing::info!("shutting down");

@@ -284,3 +284,89 @@ fn r12_16_location_is_percent_encoded() {
         "{head}"
     );
 }
+
+const HEADER_TIMEOUT_SECS: u64 = agent::http::HEADER_TIMEOUT.as_secs();
+
+// See: #12 item 10
+/// Under `ulimit -n 1024` (hard), 1,100 idle connections do not stop
+/// `/route`: the connection cap (below the descriptor limit) closes the
+/// oldest ones, and an idle connection is closed after the header-read
+/// timeout anyway.
+#[test]
+fn r12_10_idle_connections_do_not_stop_route() {
+    use rustix::process::{Resource, getrlimit, setrlimit};
+    // This test process needs descriptors for 1,100 client sockets.
+    let mut limit = getrlimit(Resource::Nofile);
+    if let (Some(soft), Some(hard)) = (limit.current, limit.maximum)
+        && soft < 4096
+    {
+        limit.current = Some(hard.min(8192));
+        setrlimit(Resource::Nofile, limit).unwrap();
+    }
+    let r = harness::redis(&[]);
+    let dir = tempfile::tempdir().unwrap();
+    let health = dir.path().join("health.json");
+    write_health(&health, true, true);
+    publish(r.port, &table("https://a.example.net"), 1);
+    let http = harness::free_port();
+    let agent = crate::util::Agent::start_wrapped(
+        r.port,
+        &[dir.path().join("cache")],
+        &format!(
+            "http:\n  listen: 127.0.0.1:{http}\n  proxy_url: https://router.example.net/p/{{node}}/{{stream}}\n\
+             routing:\n  health_file: {}\n  refresh: 100ms\n",
+            health.display()
+        ),
+        &[],
+        &["prlimit", "--nofile=1024:1024", "--"],
+    );
+    let log = || agent.log();
+    wait_for(
+        || {
+            std::net::TcpStream::connect(("127.0.0.1", http)).is_ok()
+                && get(http, "/route/cam1", "").0 == 302
+        },
+        "agent up",
+        &log,
+    );
+    let first = TcpStream::connect(("127.0.0.1", http)).unwrap();
+    let started = Instant::now();
+    let mut idle = Vec::new();
+    for _ in 0..1100 {
+        idle.push(TcpStream::connect(("127.0.0.1", http)).unwrap());
+    }
+    // A little after the flood, /route still answers at once.
+    std::thread::sleep(Duration::from_millis(300));
+    for _ in 0..5 {
+        let asked = Instant::now();
+        let (status, head, _) = get(http, "/route/cam1", "");
+        assert_eq!(status, 302, "{head}\n{}", agent.log());
+        assert!(asked.elapsed() < Duration::from_secs(2));
+    }
+    assert!(log().contains("max_connections=896"), "{}", log());
+    // The oldest idle connection was closed by the agent (EOF), and every
+    // idle one is within the header-read timeout.
+    let mut first = first;
+    first
+        .set_read_timeout(Some(Duration::from_secs(15)))
+        .unwrap();
+    let mut buf = [0u8; 1];
+    assert_eq!(first.read(&mut buf).unwrap_or(0), 0);
+    let last = idle.last_mut().unwrap();
+    last.set_read_timeout(Some(Duration::from_secs(15)))
+        .unwrap();
+    let waited = Instant::now();
+    let got = last.read(&mut buf);
+    eprintln!(
+        "r12_10: last idle connection: {got:?} after {:?} (flood started {:?} ago)",
+        waited.elapsed(),
+        started.elapsed()
+    );
+    assert_eq!(got.unwrap_or(1), 0, "idle connection kept open");
+    assert!(waited.elapsed() < Duration::from_secs(HEADER_TIMEOUT_SECS + 5));
+    let (_, _, metrics) = get(http, "/metrics", "");
+    assert!(
+        metrics.contains("edgeform_agent_http_evicted_total"),
+        "{metrics}"
+    );
+}

@@ -51,6 +51,8 @@ pub struct Agent {
     pub log: PathBuf,
     /// Extra environment for the process.
     pub env: Vec<(String, String)>,
+    /// A command the agent runs under (e.g. `prlimit --nofile=…`).
+    pub wrapper: Vec<String>,
     _dir: tempfile::TempDir,
 }
 
@@ -70,6 +72,17 @@ impl Agent {
         dirs: &[PathBuf],
         extra: &str,
         env: &[(&str, &str)],
+    ) -> Agent {
+        Agent::start_wrapped(redis_port, dirs, extra, env, &[])
+    }
+
+    /// Run under `wrapper` (a command line the agent's is appended to).
+    pub fn start_wrapped(
+        redis_port: u16,
+        dirs: &[PathBuf],
+        extra: &str,
+        env: &[(&str, &str)],
+        wrapper: &[&str],
     ) -> Agent {
         let dir = tempfile::tempdir().unwrap();
         let config = dir.path().join("agent.yaml");
@@ -94,6 +107,7 @@ impl Agent {
                 .iter()
                 .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
                 .collect(),
+            wrapper: wrapper.iter().map(|w| (*w).to_owned()).collect(),
             _dir: dir,
         };
         a.spawn();
@@ -106,7 +120,16 @@ impl Agent {
             .append(true)
             .open(&self.log)
             .unwrap();
-        let child = Command::new(env!("CARGO_BIN_EXE_edgeform-agent"))
+        let bin = env!("CARGO_BIN_EXE_edgeform-agent");
+        let mut command = match self.wrapper.split_first() {
+            Some((program, args)) => {
+                let mut c = Command::new(program);
+                c.args(args).arg(bin);
+                c
+            }
+            None => Command::new(bin),
+        };
+        let child = command
             .arg("--config")
             .arg(&self.config)
             .env("EDGEFORM_LOG", "info")
