@@ -116,12 +116,19 @@ impl Default for Sources {
     }
 }
 
+/// The largest metric source document read (bytes).
+const SOURCE_MAX: u64 = 4 << 20;
+
 impl Sources {
     async fn document(&self, from: &SourceFrom) -> Result<Value, String> {
         let text = match from {
-            SourceFrom::File(path) => tokio::fs::read_to_string(path)
-                .await
-                .map_err(|e| format!("{}: {e}", path.display()))?,
+            SourceFrom::File(path) => {
+                let p = path.clone();
+                tokio::task::spawn_blocking(move || crate::files::read_regular(&p, SOURCE_MAX))
+                    .await
+                    .map_err(|e| e.to_string())?
+                    .map_err(|e| format!("{}: {e}", path.display()))?
+            }
             SourceFrom::Url(url) => {
                 let r = self
                     .http

@@ -10,12 +10,14 @@
 //!   (kept in the [`book`]), commands; [`health`] builds the report,
 //!   [`commands`] checks, claims, runs and records one-shot actions;
 //!   [`metrics`] counts everything for Prometheus.
+//! - [`files`]: bounded, non-blocking reads of regular files only.
 //! - [`shutdown`]: SIGTERM/SIGINT → every task stops cleanly.
 
 pub mod book;
 pub mod cache;
 pub mod commands;
 pub mod config;
+pub mod files;
 pub mod health;
 pub mod http;
 pub mod metrics;

@@ -370,3 +370,49 @@ fn r12_10_idle_connections_do_not_stop_route() {
         "{metrics}"
     );
 }
+
+// See: #12 item 9
+/// `routing.health_file` (and a metric source) on a fifo: the agent does
+/// not hang, says why, keeps serving, and stops on SIGTERM.
+#[test]
+fn r12_9_a_fifo_health_file_neither_hangs_nor_blocks_sigterm() {
+    let r = harness::redis(&[]);
+    let dir = tempfile::tempdir().unwrap();
+    let fifo = dir.path().join("health.fifo");
+    rustix::fs::mknodat(
+        rustix::fs::CWD,
+        &fifo,
+        rustix::fs::FileType::Fifo,
+        rustix::fs::Mode::RUSR | rustix::fs::Mode::WUSR,
+        0,
+    )
+    .unwrap();
+    publish(r.port, &table("https://a.example.net"), 1);
+    let http = harness::free_port();
+    let mut agent = crate::util::Agent::start_with(
+        r.port,
+        &[dir.path().join("cache")],
+        &format!(
+            "http:\n  listen: 127.0.0.1:{http}\nrouting:\n  health_file: {}\n  refresh: 100ms\n",
+            fifo.display()
+        ),
+    );
+    let log = || agent.log();
+    wait_for(
+        || log().contains("not a regular file"),
+        "the fifo is refused",
+        &log,
+    );
+    wait_for(
+        || {
+            std::net::TcpStream::connect(("127.0.0.1", http)).is_ok()
+                && get(http, "/healthz", "").0 == 200
+        },
+        "serving",
+        &log,
+    );
+    let asked = Instant::now();
+    let status = agent.terminate().unwrap();
+    assert!(status.success(), "{status:?}\n{}", agent.log());
+    assert!(asked.elapsed() < Duration::from_secs(5));
+}
