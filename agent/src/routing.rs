@@ -11,7 +11,7 @@
 
 use std::path::PathBuf;
 use std::sync::{Arc, RwLock};
-use std::time::{Duration, SystemTime};
+use std::time::SystemTime;
 
 use edgestate::route::{Health, Router};
 use edgestate::routing::RoutingTable;
@@ -169,6 +169,3 @@ fn refresh_health(path: &PathBuf, mtime: &mut Option<SystemTime>, state: &State)
         }
     }
 }
-
-/// How often the table and health are checked (the default).
-pub const DEFAULT_REFRESH: Duration = Duration::from_secs(1);
