@@ -200,7 +200,7 @@ impl Worker {
                     c
                 }
                 Err(e) => {
-                    tracing::warn!(cause = %format!("{e:#}"), retry_in = ?backoff, "purge worker: redis unreachable");
+                    tracing::warn!(redis = %edgeredis::describe(&self.config.redis), cause = %edgeredis::one_line(&e), retry_in = ?backoff, "purge worker: redis unreachable");
                     tokio::select! {
                         () = tokio::time::sleep(backoff) => {}
                         () = shutdown.wait() => break,
@@ -210,7 +210,7 @@ impl Worker {
                 }
             };
             if let Err(e) = self.serve(&mut con, &mut shutdown).await {
-                tracing::warn!(cause = %format!("{e:#}"), "purge worker: connection lost; reconnecting");
+                tracing::warn!(redis = %edgeredis::describe(&self.config.redis), cause = %edgeredis::one_line(&e), "purge worker: connection lost; reconnecting");
             }
         }
         let _ = refresher.await;

@@ -100,7 +100,7 @@ pub async fn refresh(
             Err(e) => {
                 con = None;
                 if !warned_redis {
-                    tracing::warn!(cause = %format!("{e:#}"), "routing: cannot read the table from redis; keeping the last good one");
+                    tracing::warn!(redis = %edgeredis::describe(&config.redis), cause = %edgeredis::one_line(&e), "routing: cannot read the table from redis; keeping the last good one");
                     warned_redis = true;
                 }
             }

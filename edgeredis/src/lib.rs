@@ -255,14 +255,18 @@ pub async fn master(target: &RedisTarget, node: &str) -> Result<MultiplexedConne
 pub fn one_line(err: &anyhow::Error) -> String {
     let mut out = String::new();
     for cause in err.chain() {
-        let text = cause.to_string();
-        if out.contains(&text) {
-            continue;
+        // The redis crate's I/O errors say their cause twice in one
+        // message ("Connection refused (os error 111): Connection
+        // refused (os error 111)"): each part is said once.
+        for part in cause.to_string().split(": ") {
+            if part.is_empty() || out.contains(part) {
+                continue;
+            }
+            if !out.is_empty() {
+                out.push_str(": ");
+            }
+            out.push_str(part);
         }
-        if !out.is_empty() {
-            out.push_str(": ");
-        }
-        out.push_str(&text);
     }
     out
 }
@@ -300,5 +304,17 @@ mod tests {
         )
         .unwrap();
         assert_eq!(ok.password_env(), Some("PW"));
+    }
+
+    // See: #19 item 7
+    #[test]
+    fn r19_7_one_line_names_each_cause_once() {
+        let e =
+            anyhow::anyhow!("Connection refused (os error 111): Connection refused (os error 111)")
+                .context("connecting to redis://127.0.0.1:1");
+        assert_eq!(
+            one_line(&e),
+            "connecting to redis://127.0.0.1:1: Connection refused (os error 111)"
+        );
     }
 }

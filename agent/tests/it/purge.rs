@@ -403,3 +403,25 @@ fn r12_15_unscoped_patterns_need_the_all_flag() {
     assert_eq!(wait_done(r.port, "all", &agent), "1");
     assert!(!exists(&a) && !exists(&b));
 }
+
+// See: #19 item 7
+/// Redis unreachable: the log names the URL once and the cause once.
+#[test]
+fn r19_7_redis_errors_name_the_url_once() {
+    let port = harness::free_port();
+    let cache = Cache::new();
+    let agent = Agent::start(port, &cache.dirs());
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !agent.log().contains("redis unreachable") {
+        assert!(Instant::now() < deadline, "{}", agent.log());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let log = agent.log();
+    let line = log
+        .lines()
+        .find(|l| l.contains("purge worker: redis unreachable"))
+        .unwrap();
+    let url = format!("redis://127.0.0.1:{port}");
+    assert_eq!(line.matches(&url).count(), 1, "{line}");
+    assert_eq!(line.matches("Connection refused").count(), 1, "{line}");
+}
