@@ -813,3 +813,52 @@ fn r12_11_a_burst_of_3000_commands_is_fully_answered() {
     );
     assert!(ttl("b0000") > 6 * 24 * 3600);
 }
+
+// See: #12 item 16
+/// `mqtts://` without `ca_file` uses the system's trust store: a broker
+/// whose CA is not in it is refused loudly (logged, retried), never
+/// silently off; `--check-config` refuses a `ca_file` that is missing.
+#[test]
+fn r12_16_mqtts_without_ca_file_uses_the_system_store_and_says_so() {
+    let r = harness::redis(&[]);
+    let (broker, _ca) = harness::mosquitto_tls("edge-1", "pw");
+    let dir = tempfile::tempdir().unwrap();
+    let agent = Agent::start_env(
+        r.port,
+        &[dir.path().join("cache")],
+        &format!(
+            "mqtt:\n  url: mqtts://127.0.0.1:{}\n  username: edge-1\n  password_env: TEST_MQTT_PW\n",
+            broker.port
+        ),
+        &[("TEST_MQTT_PW", "pw")],
+    );
+    wait_for(
+        || agent.log().contains("mqtt: broker unreachable"),
+        "a TLS failure logged",
+        &|| agent.log(),
+    );
+    let log = agent.log();
+    assert!(
+        log.to_lowercase().contains("certificate") || log.contains("Tls"),
+        "{log}"
+    );
+    let config = dir.path().join("agent.yaml");
+    std::fs::write(
+        &config,
+        format!(
+            "node: e\nregion: eu\nredis: {{url: \"redis://127.0.0.1:{}\"}}\n\
+             mqtt:\n  url: mqtts://127.0.0.1:1\n  ca_file: {}\n",
+            r.port,
+            dir.path().join("missing-ca.pem").display()
+        ),
+    )
+    .unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_edgeform-agent"))
+        .args(["--check-config", "--config"])
+        .arg(&config)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains(":6:12: cannot read the MQTT CA file"), "{err}");
+}
