@@ -51,9 +51,16 @@ struct Params {
 fn wants_json(params: &Params, headers: &HeaderMap) -> bool {
     params.format.as_deref() == Some("json")
         || headers
-            .get(header::ACCEPT)
-            .and_then(|v| v.to_str().ok())
-            .is_some_and(|a| a.contains("application/json"))
+            .get_all(header::ACCEPT)
+            .iter()
+            .any(|v| accepts_json(v.as_bytes()))
+}
+
+/// Whether one `Accept` header line asks for JSON. Pure, on the raw bytes
+/// (a line that is not text asks for nothing).
+#[must_use]
+pub fn accepts_json(accept: &[u8]) -> bool {
+    std::str::from_utf8(accept).is_ok_and(|a| a.contains("application/json"))
 }
 
 async fn route(

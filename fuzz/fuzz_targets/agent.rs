@@ -6,7 +6,7 @@
 use std::sync::OnceLock;
 
 use agent::config::Config;
-use agent::mqtt::Book;
+use agent::book::Book;
 use libfuzzer_sys::fuzz_target;
 
 fn actions() -> &'static Config {
