@@ -5,8 +5,8 @@
 
 use std::sync::OnceLock;
 
-use agent::config::Config;
 use agent::book::Book;
+use agent::config::Config;
 use libfuzzer_sys::fuzz_target;
 
 fn actions() -> &'static Config {

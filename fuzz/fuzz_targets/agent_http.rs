@@ -48,7 +48,10 @@ fn router() -> &'static Router {
             },
         );
         let mut nodes = BTreeMap::new();
-        nodes.insert("edge-a".into(), node("eu", Some("https://a.example.net/live/")));
+        nodes.insert(
+            "edge-a".into(),
+            node("eu", Some("https://a.example.net/live/")),
+        );
         nodes.insert("edge-b".into(), node("backup", None));
         Router::new(RoutingTable {
             format: 1,
@@ -130,7 +133,9 @@ fuzz_target!(|data: &[u8]| {
     );
     if let Some(l) = &full.location {
         assert!(l.bytes().all(|b| (0x21..0x7f).contains(&b)), "{l:?}");
-        let tail = l.strip_prefix("https://a.example.net/live/").expect("prefix");
+        let tail = l
+            .strip_prefix("https://a.example.net/live/")
+            .expect("prefix");
         assert_eq!(decode(tail).as_deref(), Some(stream.as_bytes()));
     }
     let enc = encode_segment(stream);
