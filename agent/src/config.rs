@@ -2,14 +2,21 @@
 //!
 //! Read with the same spanned YAML as the compiler, so every error names
 //! `file:line:col`; unknown keys are errors (a typo must not silently
-//! leave a setting at its default).
+//! leave a setting at its default). Like the compiler, it collects: one
+//! function per section checks its keys and values and adds every problem
+//! to the list, so one run reports all of them.
+//!
+//! [`parse`] is pure but for the environment: the variables the file
+//! names (`password_env`, `command_key_env`) are read in one step at the
+//! end ([`environment`]), so every missing one is reported at once, and a
+//! `ca_file` is checked to be readable then too.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use edgeredis::RedisTarget;
-use serde::Deserialize;
+use serde_json::{Map, Value};
 
 /// The agent's settings, validated.
 #[derive(Debug, Clone)]
@@ -37,6 +44,8 @@ pub struct MqttConfig {
     /// variable `command_key_env` names at start); `None`: unsigned
     /// commands are accepted.
     pub command_key: Option<Vec<u8>>,
+    /// The variable holding the command key.
+    pub command_key_env: Option<String>,
 }
 
 /// `health:` — what the report carries and how often.
@@ -76,6 +85,8 @@ pub struct Action {
 pub const DEFAULT_ACTION_TIMEOUT: Duration = Duration::from_secs(60);
 /// The health interval when not set.
 pub const DEFAULT_HEALTH_INTERVAL: Duration = Duration::from_secs(5);
+/// How often the routing table and health file are checked when not set.
+pub const DEFAULT_REFRESH: Duration = Duration::from_secs(1);
 
 /// `http:` — the listener.
 #[derive(Debug, Clone)]
@@ -110,114 +121,6 @@ pub struct CacheConfig {
     pub key: String,
 }
 
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct Raw {
-    node: String,
-    region: String,
-    redis: RawRedis,
-    #[serde(default)]
-    cache: RawCache,
-    #[serde(default)]
-    http: Option<RawHttp>,
-    #[serde(default)]
-    routing: Option<RawRouting>,
-    #[serde(default)]
-    mqtt: Option<RawMqtt>,
-    #[serde(default)]
-    health: Option<RawHealth>,
-    #[serde(default)]
-    actions: BTreeMap<String, RawAction>,
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct RawMqtt {
-    url: String,
-    #[serde(default)]
-    topic_prefix: Option<String>,
-    #[serde(default)]
-    username: Option<String>,
-    #[serde(default)]
-    password_env: Option<String>,
-    #[serde(default)]
-    ca_file: Option<PathBuf>,
-    #[serde(default)]
-    command_key_env: Option<String>,
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct RawHealth {
-    #[serde(default)]
-    interval: Option<String>,
-    #[serde(default)]
-    play_sessions: Option<RawSource>,
-    #[serde(default)]
-    streams: Option<RawSource>,
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct RawSource {
-    #[serde(default)]
-    url: Option<String>,
-    #[serde(default)]
-    file: Option<PathBuf>,
-    field: String,
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct RawAction {
-    argv: Vec<String>,
-    #[serde(default)]
-    args: BTreeMap<String, String>,
-    #[serde(default)]
-    timeout: Option<String>,
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct RawHttp {
-    listen: String,
-    #[serde(default)]
-    proxy_url: Option<String>,
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct RawRouting {
-    #[serde(default)]
-    health_file: Option<PathBuf>,
-    #[serde(default)]
-    refresh: Option<String>,
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct RawRedis {
-    #[serde(default)]
-    url: Option<String>,
-    #[serde(default)]
-    sentinels: Option<Vec<String>>,
-    #[serde(default)]
-    master: Option<String>,
-    #[serde(default)]
-    password_env: Option<String>,
-}
-
-#[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct RawCache {
-    #[serde(default)]
-    dirs: Option<Vec<PathBuf>>,
-    #[serde(default)]
-    levels: Option<String>,
-    #[serde(default)]
-    key: Option<String>,
-}
-
 /// A configuration error, located.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Error {
@@ -239,407 +142,758 @@ impl std::fmt::Display for Error {
 
 impl std::error::Error for Error {}
 
+/// Every error of one file, in file order (never empty). Dereferences to
+/// the first; displays one per line.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Errors(pub Vec<Error>);
+
+impl std::ops::Deref for Errors {
+    type Target = Error;
+    fn deref(&self) -> &Error {
+        &self.0[0]
+    }
+}
+
+impl std::fmt::Display for Errors {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        for (i, e) in self.0.iter().enumerate() {
+            if i > 0 {
+                writeln!(f)?;
+            }
+            write!(f, "{e}")?;
+        }
+        Ok(())
+    }
+}
+
+impl std::error::Error for Errors {}
+
 /// Read and validate `path`.
 ///
 /// # Errors
 /// Unreadable file, YAML errors, unknown keys, missing or invalid values,
-/// each with its position.
-pub fn load(path: &Path) -> Result<Config, Error> {
-    let text = std::fs::read_to_string(path).map_err(|e| Error {
-        file: path.display().to_string(),
-        line: 0,
-        column: 0,
-        message: format!("cannot read: {e}"),
+/// unset variables: all of them, each with its position.
+pub fn load(path: &Path) -> Result<Config, Errors> {
+    let text = crate::files::read_regular(path, 1 << 20).map_err(|e| {
+        let hint = if path == Path::new(DEFAULT_PATH) {
+            " (the default; pass --config FILE to use another, e.g. packaging/agent.yaml)"
+                .to_owned()
+        } else {
+            String::new()
+        };
+        Errors(vec![Error {
+            file: path.display().to_string(),
+            line: 1,
+            column: 1,
+            message: format!("cannot read the configuration: {e}{hint}"),
+        }])
     })?;
-    parse(&path.display().to_string(), &text)
+    let file = path.display().to_string();
+    parse_with(&file, &text, &|var| std::env::var(var).ok(), true)
 }
 
-/// Parse `agent.yaml` text; `file` names it in errors.
+/// Where `edgeform-agent` looks without `--config`.
+pub const DEFAULT_PATH: &str = "/etc/edgeform/agent.yaml";
+
+/// Parse `agent.yaml` text; `file` names it in errors. The environment is
+/// read last, for the variables the text names.
 ///
 /// # Errors
 /// See [`load`].
-pub fn parse(file: &str, text: &str) -> Result<Config, Error> {
-    let at = |span: yamlspan::Span, message: String| Error {
-        file: file.to_owned(),
-        line: span.line,
-        column: span.column,
-        message,
-    };
+pub fn parse(file: &str, text: &str) -> Result<Config, Errors> {
+    parse_with(file, text, &|var| std::env::var(var).ok(), false)
+}
+
+/// [`parse`] with `env` as the environment; with `files`, the files the
+/// configuration names (the MQTT CA) must be readable too, checked in the
+/// same pass (what [`load`] and `--check-config` do).
+///
+/// # Errors
+/// See [`load`].
+pub fn parse_with(
+    file: &str,
+    text: &str,
+    env: &dyn Fn(&str) -> Option<String>,
+    files: bool,
+) -> Result<Config, Errors> {
     let tree = match yamlspan::parse(text) {
         Ok(Some(t)) => t,
         Ok(None) => {
-            return Err(at(
-                yamlspan::Span {
-                    line: 1,
-                    column: 1,
-                    ..Default::default()
-                },
-                "empty configuration: `node`, `region` and `redis` are required".into(),
-            ));
+            return Err(Errors(vec![Error {
+                file: file.to_owned(),
+                line: 1,
+                column: 1,
+                message: "empty configuration: `node`, `region` and `redis` are required".into(),
+            }]));
         }
-        Err(e) => return Err(at(e.span, e.message)),
+        Err(e) => {
+            return Err(Errors(vec![Error {
+                file: file.to_owned(),
+                line: e.span.line,
+                column: e.span.column,
+                message: e.message,
+            }]));
+        }
     };
     let json = tree.to_json();
-    let raw: Raw = serde_path_to_error::deserialize(json).map_err(|e| {
-        let pointer: String = e
-            .path()
-            .iter()
-            .filter_map(|seg| match seg {
-                serde_path_to_error::Segment::Map { key } => Some(format!("/{key}")),
-                serde_path_to_error::Segment::Seq { index } => Some(format!("/{index}")),
-                _ => None,
-            })
-            .collect();
-        let message = e.inner().to_string();
-        // Point an unknown key at the key itself.
-        let span = message
-            .strip_prefix("unknown field `")
-            .and_then(|rest| rest.split('`').next())
-            .and_then(|key| {
-                let parent = pointer.rsplit_once('/').map_or("", |(p, _)| p);
-                let parent = if pointer.ends_with(&format!("/{key}")) {
-                    parent
-                } else {
-                    pointer.as_str()
-                };
-                tree.pointer(parent).and_then(|n| n.key_span(key))
-            })
-            .unwrap_or_else(|| tree.locate(&pointer));
-        let message = message
-            .split(" at line ")
-            .next()
-            .unwrap_or(&message)
-            .to_owned();
-        at(span, message)
-    })?;
-    let redis = match (raw.redis.url, raw.redis.sentinels, raw.redis.master) {
-        (Some(url), None, None) => RedisTarget::Url {
-            url,
-            password_env: raw.redis.password_env,
-        },
-        (None, Some(sentinels), Some(master)) if !sentinels.is_empty() => RedisTarget::Sentinel {
-            sentinels,
-            master,
-            password_env: raw.redis.password_env,
-        },
-        _ => {
-            return Err(at(
-                tree.locate("/redis"),
-                "`redis` needs either `url`, or `sentinels` and `master`".into(),
-            ));
+    let mut cx = Cx {
+        file,
+        tree: &tree,
+        errors: Vec::new(),
+    };
+    let config = document(&mut cx, &json);
+    if let Some(config) = &config {
+        environment(&mut cx, config, env);
+        if files {
+            named_files(&mut cx, config);
         }
-    };
-    let defaults = edgestate::purge::CacheDefaults::default();
-    let cache = CacheConfig {
-        dirs: raw
-            .cache
-            .dirs
-            .unwrap_or_else(|| defaults.dirs.iter().map(PathBuf::from).collect()),
-        levels: raw
-            .cache
-            .levels
-            .unwrap_or_else(|| defaults.levels.to_owned()),
-        key: raw.cache.key.unwrap_or_else(|| defaults.key.to_owned()),
-    };
-    if let Err(e) = crate::cache::Levels::parse(&cache.levels) {
-        return Err(at(
-            tree.locate("/cache/levels"),
-            format!("invalid `levels`: {e}"),
-        ));
     }
-    if let Some((i, _)) = cache
-        .dirs
-        .iter()
-        .enumerate()
-        .find(|(_, d)| !d.is_absolute())
-    {
-        return Err(at(
-            tree.locate(&format!("/cache/dirs/{i}")),
-            "cache dirs must be absolute paths".into(),
-        ));
+    let config = config.map(|c| c.with_environment(env));
+    cx.errors.sort_by_key(|e| (e.line, e.column));
+    cx.errors.dedup();
+    match config {
+        Some(c) if cx.errors.is_empty() => Ok(c),
+        _ if cx.errors.is_empty() => Err(Errors(vec![Error {
+            file: file.to_owned(),
+            line: 1,
+            column: 1,
+            message: "invalid configuration".into(),
+        }])),
+        _ => Err(Errors(cx.errors)),
     }
-    if raw.node.is_empty() || raw.region.is_empty() {
-        return Err(at(
-            tree.locate("/node"),
-            "`node` and `region` must not be empty".into(),
-        ));
+}
+
+/// The collector: where errors go, and how pointers become positions.
+struct Cx<'a> {
+    file: &'a str,
+    tree: &'a yamlspan::Node,
+    errors: Vec<Error>,
+}
+
+impl Cx<'_> {
+    fn at_span(&mut self, span: yamlspan::Span, message: String) {
+        self.errors.push(Error {
+            file: self.file.to_owned(),
+            line: span.line,
+            column: span.column,
+            message,
+        });
     }
-    let http = match raw.http {
-        None => None,
-        Some(h) => Some(HttpConfig {
-            listen: h.listen.parse().map_err(|_| {
-                at(
-                    tree.locate("/http/listen"),
-                    format!("`{}` is not an address:port", h.listen),
-                )
-            })?,
-            proxy_url: h
-                .proxy_url
-                .unwrap_or_else(|| "/proxy/{node}/{stream}".to_owned()),
-        }),
-    };
-    let routing = match raw.routing {
-        None => RoutingConfig {
-            health_file: None,
-            refresh: crate::routing::DEFAULT_REFRESH,
-        },
-        Some(r) => RoutingConfig {
-            health_file: r.health_file,
-            refresh: match r.refresh {
-                None => crate::routing::DEFAULT_REFRESH,
-                Some(t) => edgestate::parse_duration_ms(&t)
-                    .filter(|ms| *ms > 0)
-                    .map(std::time::Duration::from_millis)
-                    .ok_or_else(|| {
-                        at(
-                            tree.locate("/routing/refresh"),
-                            format!("`{t}` is not a duration (500ms, 5s, 1m)"),
-                        )
-                    })?,
-            },
-        },
-    };
-    let duration = |text: &str, pointer: &str| {
-        edgestate::parse_duration_ms(text)
-            .filter(|ms| *ms > 0)
-            .map(Duration::from_millis)
-            .ok_or_else(|| {
-                at(
-                    tree.locate(pointer),
-                    format!("`{text}` is not a duration (500ms, 5s, 1m)"),
-                )
-            })
-    };
-    let mqtt = match raw.mqtt {
-        None => None,
-        Some(m) => {
-            if let Err(e) = edgemqtt::parse_url(&m.url) {
-                return Err(at(tree.locate("/mqtt/url"), format!("{e:#}")));
-            }
-            let topic_prefix = m
-                .topic_prefix
-                .unwrap_or_else(|| edgestate::mqtt::DEFAULT_PREFIX.to_owned());
-            if topic_prefix.is_empty()
-                || topic_prefix
-                    .split('/')
-                    .any(|l| !edgestate::mqtt::is_topic_level(l))
-            {
-                return Err(at(
-                    tree.locate("/mqtt/topic_prefix"),
-                    format!(
-                        "`{topic_prefix}` is not a topic prefix (levels separated by `/`, no wildcards)"
-                    ),
-                ));
-            }
-            let command_key = match &m.command_key_env {
-                None => None,
-                Some(var) => match std::env::var(var) {
-                    Ok(k) if !k.is_empty() => Some(k.into_bytes()),
-                    _ => {
-                        return Err(at(
-                            tree.locate("/mqtt/command_key_env"),
-                            format!(
-                                "the command signing key variable `{var}` is not set (or empty) in the environment"
-                            ),
-                        ));
-                    }
-                },
-            };
-            if let Some(var) = &m.password_env {
-                if m.username.is_none() {
-                    return Err(at(
-                        tree.locate("/mqtt/password_env"),
-                        "`password_env` needs a `username`".into(),
-                    ));
-                }
-                if std::env::var_os(var).is_none() {
-                    return Err(at(
-                        tree.locate("/mqtt/password_env"),
-                        format!("the MQTT password variable `{var}` is not set in the environment"),
-                    ));
-                }
-            }
-            if m.ca_file.is_some() && !m.url.starts_with("mqtts://") {
-                return Err(at(
-                    tree.locate("/mqtt/ca_file"),
-                    "`ca_file` is for an mqtts:// broker".into(),
-                ));
-            }
-            Some(MqttConfig {
-                broker: edgemqtt::Broker {
-                    url: m.url,
-                    username: m.username,
-                    password_env: m.password_env,
-                    ca_file: m.ca_file,
-                },
-                topic_prefix,
-                command_key,
-            })
-        }
-    };
-    if mqtt.is_some() && routing.health_file.is_some() {
-        return Err(at(
-            tree.locate("/routing/health_file"),
-            "`routing.health_file` and `mqtt` are both set: with a broker, health comes from MQTT; remove one".into(),
-        ));
+
+    /// An error at the value `pointer` names (or its nearest parent).
+    fn at(&mut self, pointer: &str, message: String) {
+        let span = self.tree.locate(pointer);
+        self.at_span(span, message);
     }
-    let source = |raw: Option<RawSource>, name: &str| -> Result<Option<Source>, Error> {
-        let Some(r) = raw else { return Ok(None) };
-        let here = format!("/health/{name}");
-        let from = match (r.url, r.file) {
-            (Some(u), None) if u.starts_with("http://") => SourceFrom::Url(u),
-            (Some(u), None) => {
-                return Err(at(
-                    tree.locate(&format!("{here}/url")),
-                    format!("`{u}`: only http:// URLs (a local stats endpoint)"),
-                ));
-            }
-            (None, Some(f)) if f.is_absolute() => SourceFrom::File(f),
-            (None, Some(_)) => {
-                return Err(at(
-                    tree.locate(&format!("{here}/file")),
-                    "the file must be an absolute path".into(),
-                ));
-            }
-            _ => {
-                return Err(at(
-                    tree.locate(&here),
-                    format!("`{name}` needs exactly one of `url` and `file`"),
-                ));
-            }
+
+    /// An error at the key `key` of the mapping at `parent`.
+    fn at_key(&mut self, parent: &str, key: &str, message: String) {
+        let span = self
+            .tree
+            .pointer(parent)
+            .and_then(|n| n.key_span(key))
+            .unwrap_or_else(|| self.tree.locate(parent));
+        self.at_span(span, message);
+    }
+
+    /// The mapping at `pointer`, its unknown keys reported.
+    fn mapping<'v>(
+        &mut self,
+        v: &'v Value,
+        pointer: &str,
+        allowed: &[&str],
+    ) -> Option<&'v Map<String, Value>> {
+        let Some(map) = v.as_object() else {
+            self.at(
+                pointer,
+                format!("invalid type: {}, expected a mapping", kind(v)),
+            );
+            return None;
         };
-        if r.field.is_empty() {
-            return Err(at(
-                tree.locate(&format!("{here}/field")),
-                "`field` must not be empty".into(),
-            ));
+        for key in map.keys() {
+            if !allowed.contains(&key.as_str()) {
+                let expected: Vec<String> = allowed.iter().map(|a| format!("`{a}`")).collect();
+                self.at_key(
+                    pointer,
+                    key,
+                    format!(
+                        "unknown field `{key}`, expected one of {}",
+                        expected.join(", ")
+                    ),
+                );
+            }
         }
-        Ok(Some(Source {
-            from,
-            field: r.field,
-        }))
+        Some(map)
+    }
+
+    /// An optional string field.
+    fn string(&mut self, map: &Map<String, Value>, pointer: &str, key: &str) -> Option<String> {
+        match map.get(key)? {
+            Value::String(s) => Some(s.clone()),
+            Value::Null => None,
+            other => {
+                self.at(
+                    &format!("{pointer}/{key}"),
+                    format!("invalid type: {}, expected a string", kind(other)),
+                );
+                None
+            }
+        }
+    }
+
+    /// A required string field (`Err(())`: reported).
+    fn required(&mut self, map: &Map<String, Value>, pointer: &str, key: &str) -> Option<String> {
+        if !map.contains_key(key) {
+            self.at(pointer, format!("missing field `{key}`"));
+            return None;
+        }
+        self.string(map, pointer, key)
+    }
+
+    /// An optional list of strings.
+    fn strings(
+        &mut self,
+        map: &Map<String, Value>,
+        pointer: &str,
+        key: &str,
+    ) -> Option<Vec<String>> {
+        let here = format!("{pointer}/{key}");
+        match map.get(key)? {
+            Value::Array(items) => {
+                let mut out = Vec::new();
+                for (i, item) in items.iter().enumerate() {
+                    match item {
+                        Value::String(s) => out.push(s.clone()),
+                        other => self.at(
+                            &format!("{here}/{i}"),
+                            format!("invalid type: {}, expected a string", kind(other)),
+                        ),
+                    }
+                }
+                Some(out)
+            }
+            Value::Null => None,
+            other => {
+                self.at(
+                    &here,
+                    format!("invalid type: {}, expected a sequence", kind(other)),
+                );
+                None
+            }
+        }
+    }
+
+    /// An optional duration (`500ms`, `5s`, `1m`), more than zero.
+    fn duration(&mut self, map: &Map<String, Value>, pointer: &str, key: &str) -> Option<Duration> {
+        let text = self.string(map, pointer, key)?;
+        let d = edgestate::parse_duration_ms(&text)
+            .filter(|ms| *ms > 0)
+            .map(Duration::from_millis);
+        if d.is_none() {
+            self.at(
+                &format!("{pointer}/{key}"),
+                format!("`{text}` is not a duration (500ms, 5s, 1m)"),
+            );
+        }
+        d
+    }
+}
+
+fn kind(v: &Value) -> &'static str {
+    match v {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "a sequence",
+        Value::Object(_) => "a mapping",
+    }
+}
+
+/// The whole file: every section, each checked even when another failed.
+fn document(cx: &mut Cx<'_>, json: &Value) -> Option<Config> {
+    let root = cx.mapping(
+        json,
+        "",
+        &[
+            "node", "region", "redis", "cache", "http", "routing", "mqtt", "health", "actions",
+        ],
+    )?;
+    let node = cx.required(root, "", "node");
+    let region = cx.required(root, "", "region");
+    if node.as_deref() == Some("") || region.as_deref() == Some("") {
+        cx.at("/node", "`node` and `region` must not be empty".into());
+    }
+    let redis = match root.get("redis") {
+        Some(v) => redis(cx, v),
+        None => {
+            cx.at("", "missing field `redis`".into());
+            None
+        }
     };
-    let health = match raw.health {
-        None => HealthConfig {
+    let cache = cache(cx, root.get("cache"));
+    let http = root.get("http").and_then(|v| http(cx, v));
+    let routing = routing(cx, root.get("routing"));
+    let mqtt = root.get("mqtt").and_then(|v| mqtt(cx, v));
+    if root.get("mqtt").is_some() && routing.as_ref().is_some_and(|r| r.health_file.is_some()) {
+        cx.at(
+            "/routing/health_file",
+            "`routing.health_file` and `mqtt` are both set: with a broker, health comes from MQTT; remove one".into(),
+        );
+    }
+    let health = health(cx, root.get("health"));
+    let actions = actions(cx, root.get("actions"));
+    Some(Config {
+        node: node.filter(|n| !n.is_empty())?,
+        region: region.filter(|r| !r.is_empty())?,
+        redis: redis?,
+        cache: cache?,
+        http: match root.get("http") {
+            Some(_) => Some(http?),
+            None => None,
+        },
+        routing: routing?,
+        mqtt: match root.get("mqtt") {
+            Some(_) => Some(mqtt?),
+            None => None,
+        },
+        health: health?,
+        actions: actions?,
+    })
+}
+
+/// `redis:` through [`RedisTarget::from_parts`], shared with the
+/// compiler's node validation.
+fn redis(cx: &mut Cx<'_>, v: &Value) -> Option<RedisTarget> {
+    let m = cx.mapping(v, "/redis", &["url", "sentinels", "master", "password_env"])?;
+    let url = cx.string(m, "/redis", "url");
+    let sentinels = cx.strings(m, "/redis", "sentinels");
+    let master = cx.string(m, "/redis", "master");
+    let password_env = cx.string(m, "/redis", "password_env");
+    match RedisTarget::from_parts(url, sentinels, master, password_env) {
+        Ok(t) => Some(t),
+        Err(errors) => {
+            for e in errors {
+                cx.at(&format!("/redis{}", e.pointer()), e.to_string());
+            }
+            None
+        }
+    }
+}
+
+fn cache(cx: &mut Cx<'_>, v: Option<&Value>) -> Option<CacheConfig> {
+    let defaults = edgestate::purge::CacheDefaults::default();
+    let empty = Map::new();
+    let m = match v {
+        None => &empty,
+        Some(v) => cx.mapping(v, "/cache", &["dirs", "levels", "key"])?,
+    };
+    let dirs: Vec<PathBuf> = cx.strings(m, "/cache", "dirs").map_or_else(
+        || defaults.dirs.iter().map(PathBuf::from).collect(),
+        |d| d.into_iter().map(PathBuf::from).collect(),
+    );
+    let levels = cx
+        .string(m, "/cache", "levels")
+        .unwrap_or_else(|| defaults.levels.to_owned());
+    let key = cx
+        .string(m, "/cache", "key")
+        .unwrap_or_else(|| defaults.key.to_owned());
+    let mut ok = true;
+    if let Err(e) = crate::cache::Levels::parse(&levels) {
+        cx.at("/cache/levels", format!("invalid `levels`: {e}"));
+        ok = false;
+    }
+    for (i, d) in dirs.iter().enumerate() {
+        if !d.is_absolute() {
+            cx.at(
+                &format!("/cache/dirs/{i}"),
+                "cache dirs must be absolute paths".into(),
+            );
+            ok = false;
+        }
+    }
+    ok.then_some(CacheConfig { dirs, levels, key })
+}
+
+fn http(cx: &mut Cx<'_>, v: &Value) -> Option<HttpConfig> {
+    let m = cx.mapping(v, "/http", &["listen", "proxy_url"])?;
+    let listen = cx.required(m, "/http", "listen")?;
+    let proxy_url = cx
+        .string(m, "/http", "proxy_url")
+        .unwrap_or_else(|| "/proxy/{node}/{stream}".to_owned());
+    match listen.parse() {
+        Ok(listen) => Some(HttpConfig { listen, proxy_url }),
+        Err(_) => {
+            cx.at("/http/listen", format!("`{listen}` is not an address:port"));
+            None
+        }
+    }
+}
+
+fn routing(cx: &mut Cx<'_>, v: Option<&Value>) -> Option<RoutingConfig> {
+    let Some(v) = v else {
+        return Some(RoutingConfig {
+            health_file: None,
+            refresh: DEFAULT_REFRESH,
+        });
+    };
+    let m = cx.mapping(v, "/routing", &["health_file", "refresh"])?;
+    let health_file = cx.string(m, "/routing", "health_file").map(PathBuf::from);
+    let refresh = match m.get("refresh") {
+        None => Some(DEFAULT_REFRESH),
+        Some(_) => cx.duration(m, "/routing", "refresh"),
+    };
+    Some(RoutingConfig {
+        health_file,
+        refresh: refresh?,
+    })
+}
+
+/// What `mqtt:` needs from the environment, resolved in [`environment`].
+fn mqtt(cx: &mut Cx<'_>, v: &Value) -> Option<MqttConfig> {
+    let m = cx.mapping(
+        v,
+        "/mqtt",
+        &[
+            "url",
+            "topic_prefix",
+            "username",
+            "password_env",
+            "ca_file",
+            "command_key_env",
+        ],
+    )?;
+    let url = cx.required(m, "/mqtt", "url");
+    let mut ok = true;
+    let tls = match &url {
+        Some(u) => match edgemqtt::parse_url(u) {
+            Ok((_, _, tls)) => tls,
+            Err(e) => {
+                cx.at("/mqtt/url", format!("{e:#}"));
+                ok = false;
+                false
+            }
+        },
+        None => false,
+    };
+    let topic_prefix = cx
+        .string(m, "/mqtt", "topic_prefix")
+        .unwrap_or_else(|| edgestate::mqtt::DEFAULT_PREFIX.to_owned());
+    if topic_prefix.is_empty()
+        || topic_prefix
+            .split('/')
+            .any(|l| !edgestate::mqtt::is_topic_level(l))
+    {
+        cx.at(
+            "/mqtt/topic_prefix",
+            format!(
+                "`{topic_prefix}` is not a topic prefix (levels separated by `/`, no wildcards)"
+            ),
+        );
+        ok = false;
+    }
+    let username = cx.string(m, "/mqtt", "username");
+    let password_env = cx.string(m, "/mqtt", "password_env");
+    if password_env.is_some() && username.is_none() {
+        cx.at(
+            "/mqtt/password_env",
+            "`password_env` needs a `username`".into(),
+        );
+        ok = false;
+    }
+    let ca_file = cx.string(m, "/mqtt", "ca_file").map(PathBuf::from);
+    if ca_file.is_some() && url.is_some() && !tls {
+        cx.at(
+            "/mqtt/ca_file",
+            "`ca_file` is for an mqtts:// broker".into(),
+        );
+        ok = false;
+    }
+    if ca_file.as_ref().is_some_and(|f| !f.is_absolute()) {
+        cx.at("/mqtt/ca_file", "`ca_file` must be an absolute path".into());
+        ok = false;
+    }
+    let command_key_env = cx.string(m, "/mqtt", "command_key_env");
+    (ok && url.is_some()).then(|| MqttConfig {
+        broker: edgemqtt::Broker {
+            url: url.unwrap_or_default(),
+            username,
+            password_env,
+            ca_file,
+        },
+        topic_prefix,
+        command_key: None,
+        command_key_env,
+    })
+}
+
+fn health(cx: &mut Cx<'_>, v: Option<&Value>) -> Option<HealthConfig> {
+    let Some(v) = v else {
+        return Some(HealthConfig {
             interval: DEFAULT_HEALTH_INTERVAL,
             play_sessions: None,
             streams: None,
-        },
-        Some(h) => HealthConfig {
-            interval: match h.interval {
-                None => DEFAULT_HEALTH_INTERVAL,
-                Some(t) => duration(&t, "/health/interval")?,
-            },
-            play_sessions: source(h.play_sessions, "play_sessions")?,
-            streams: source(h.streams, "streams")?,
-        },
+        });
     };
-    let mut actions = BTreeMap::new();
-    for (name, a) in raw.actions {
-        let here = format!("/actions/{name}");
-        if !edgestate::mqtt::is_topic_level(&name) || name.chars().any(char::is_whitespace) {
-            return Err(at(
-                tree.pointer("/actions")
-                    .and_then(|n| n.key_span(&name))
-                    .unwrap_or_else(|| tree.locate("/actions")),
-                format!("`{name}` is not an action name"),
-            ));
-        }
-        let action = action(&name, a, &here, &tree, &at, &duration)?;
-        actions.insert(name, action);
-    }
-    Ok(Config {
-        node: raw.node,
-        region: raw.region,
-        redis,
-        cache,
-        http,
-        routing,
-        mqtt,
-        health,
-        actions,
+    let m = cx.mapping(v, "/health", &["interval", "play_sessions", "streams"])?;
+    let interval = match m.get("interval") {
+        None => Some(DEFAULT_HEALTH_INTERVAL),
+        Some(_) => cx.duration(m, "/health", "interval"),
+    };
+    let play_sessions = source(cx, m.get("play_sessions"), "play_sessions");
+    let streams = source(cx, m.get("streams"), "streams");
+    Some(HealthConfig {
+        interval: interval?,
+        play_sessions: play_sessions?,
+        streams: streams?,
     })
+}
+
+/// One metric source; `Some(None)` when absent, `None` when invalid.
+#[allow(clippy::option_option)]
+fn source(cx: &mut Cx<'_>, v: Option<&Value>, name: &str) -> Option<Option<Source>> {
+    let Some(v) = v else { return Some(None) };
+    let here = format!("/health/{name}");
+    let m = cx.mapping(v, &here, &["url", "file", "field"])?;
+    let url = cx.string(m, &here, "url");
+    let file = cx.string(m, &here, "file").map(PathBuf::from);
+    let field = cx.required(m, &here, "field");
+    let from = match (url, file) {
+        (Some(u), None) if u.starts_with("http://") => Some(SourceFrom::Url(u)),
+        (Some(u), None) => {
+            cx.at(
+                &format!("{here}/url"),
+                format!("`{u}`: only http:// URLs (a local stats endpoint)"),
+            );
+            None
+        }
+        (None, Some(f)) if f.is_absolute() => Some(SourceFrom::File(f)),
+        (None, Some(_)) => {
+            cx.at(
+                &format!("{here}/file"),
+                "the file must be an absolute path".into(),
+            );
+            None
+        }
+        _ => {
+            cx.at(
+                &here,
+                format!("`{name}` needs exactly one of `url` and `file`"),
+            );
+            None
+        }
+    };
+    if field.as_deref() == Some("") {
+        cx.at(&format!("{here}/field"), "`field` must not be empty".into());
+        return None;
+    }
+    Some(Some(Source {
+        from: from?,
+        field: field?,
+    }))
+}
+
+fn actions(cx: &mut Cx<'_>, v: Option<&Value>) -> Option<BTreeMap<String, Action>> {
+    let Some(v) = v else {
+        return Some(BTreeMap::new());
+    };
+    let Some(m) = v.as_object() else {
+        cx.at(
+            "/actions",
+            format!("invalid type: {}, expected a mapping", kind(v)),
+        );
+        return None;
+    };
+    let mut out = BTreeMap::new();
+    let mut ok = true;
+    for (name, a) in m {
+        if !edgestate::mqtt::is_topic_level(name) || name.chars().any(char::is_whitespace) {
+            cx.at_key("/actions", name, format!("`{name}` is not an action name"));
+            ok = false;
+            continue;
+        }
+        match action(cx, name, a) {
+            Some(a) => {
+                out.insert(name.clone(), a);
+            }
+            None => ok = false,
+        }
+    }
+    ok.then_some(out)
 }
 
 /// Check one action: an absolute program, `{arg}` placeholders that fill
 /// whole elements and are all declared, every declared argument used,
 /// regexes that compile.
-fn action(
-    name: &str,
-    a: RawAction,
-    here: &str,
-    tree: &yamlspan::Node,
-    at: &dyn Fn(yamlspan::Span, String) -> Error,
-    duration: &dyn Fn(&str, &str) -> Result<Duration, Error>,
-) -> Result<Action, Error> {
-    let Some(program) = a.argv.first() else {
-        return Err(at(
-            tree.locate(&format!("{here}/argv")),
-            format!("action `{name}`: `argv` must name a program"),
-        ));
+fn action(cx: &mut Cx<'_>, name: &str, v: &Value) -> Option<Action> {
+    let here = format!("/actions/{}", name.replace('~', "~0").replace('/', "~1"));
+    let m = cx.mapping(v, &here, &["argv", "args", "timeout"])?;
+    if !m.contains_key("argv") {
+        cx.at(&here, "missing field `argv`".into());
+    }
+    let argv = cx.strings(m, &here, "argv").unwrap_or_default();
+    let mut raw_args = BTreeMap::new();
+    if let Some(a) = m.get("args") {
+        if let Some(am) = a.as_object() {
+            for (arg, pattern) in am {
+                match pattern {
+                    Value::String(p) => {
+                        raw_args.insert(arg.clone(), p.clone());
+                    }
+                    other => cx.at(
+                        &format!("{here}/args/{arg}"),
+                        format!("invalid type: {}, expected a string", kind(other)),
+                    ),
+                }
+            }
+        } else {
+            cx.at(
+                &format!("{here}/args"),
+                format!("invalid type: {}, expected a mapping", kind(a)),
+            );
+        }
+    }
+    let timeout = match m.get("timeout") {
+        None => Some(DEFAULT_ACTION_TIMEOUT),
+        Some(_) => cx.duration(m, &here, "timeout"),
     };
-    if !program.starts_with('/') {
-        return Err(at(
-            tree.locate(&format!("{here}/argv/0")),
+    let before = cx.errors.len();
+    match argv.first() {
+        None if m.contains_key("argv") => cx.at(
+            &format!("{here}/argv"),
+            format!("action `{name}`: `argv` must name a program"),
+        ),
+        Some(program) if !program.starts_with('/') => cx.at(
+            &format!("{here}/argv/0"),
             format!(
                 "action `{name}`: the program must be an absolute path (no PATH lookup), not `{program}`"
             ),
-        ));
+        ),
+        _ => {}
     }
     let mut used = std::collections::BTreeSet::new();
-    for (i, element) in a.argv.iter().enumerate() {
-        let placeholder = placeholder(element);
-        if let Some(arg) = placeholder {
+    for (i, element) in argv.iter().enumerate() {
+        if let Some(arg) = placeholder(element) {
             if i == 0 {
-                return Err(at(
-                    tree.locate(&format!("{here}/argv/0")),
+                cx.at(
+                    &format!("{here}/argv/0"),
                     format!("action `{name}`: the program cannot be an argument"),
-                ));
-            }
-            if !a.args.contains_key(arg) {
-                return Err(at(
-                    tree.locate(&format!("{here}/argv/{i}")),
+                );
+            } else if !raw_args.contains_key(arg) {
+                cx.at(
+                    &format!("{here}/argv/{i}"),
                     format!("action `{name}`: `{{{arg}}}` is not declared in `args`"),
-                ));
+                );
             }
             used.insert(arg.to_owned());
         } else if element.contains('{') && element.contains('}') {
-            return Err(at(
-                tree.locate(&format!("{here}/argv/{i}")),
+            cx.at(
+                &format!("{here}/argv/{i}"),
                 format!(
                     "action `{name}`: a placeholder must be a whole argv element, like \"{{host}}\"; `{element}` mixes it with text"
                 ),
-            ));
+            );
         }
     }
     let mut args = BTreeMap::new();
-    for (arg, pattern) in a.args {
+    for (arg, pattern) in raw_args {
         let pointer = format!("{here}/args/{arg}");
         if !used.contains(&arg) {
-            return Err(at(
-                tree.locate(&pointer),
+            cx.at(
+                &pointer,
                 format!(
                     "action `{name}`: argument `{arg}` is declared but no argv element is `{{{arg}}}`"
                 ),
-            ));
+            );
+            continue;
         }
-        let re = regex::Regex::new(&format!("^(?:{pattern})$")).map_err(|e| {
-            at(
-                tree.locate(&pointer),
+        match regex::Regex::new(&format!("^(?:{pattern})$")) {
+            Ok(re) => {
+                args.insert(arg, re);
+            }
+            Err(e) => cx.at(
+                &pointer,
                 format!("action `{name}`: argument `{arg}`: invalid regex: {e}"),
-            )
-        })?;
-        args.insert(arg, re);
+            ),
+        }
     }
-    let timeout = match a.timeout {
-        None => DEFAULT_ACTION_TIMEOUT,
-        Some(t) => duration(&t, &format!("{here}/timeout"))?,
-    };
-    Ok(Action {
-        argv: a.argv,
+    if cx.errors.len() > before || argv.is_empty() {
+        return None;
+    }
+    Some(Action {
+        argv,
         args,
-        timeout,
+        timeout: timeout?,
     })
+}
+
+/// The environment step: every variable the file names, read once, each
+/// missing one reported at its key.
+fn environment(cx: &mut Cx<'_>, config: &Config, env: &dyn Fn(&str) -> Option<String>) {
+    let set = |var: &str| env(var).is_some_and(|v| !v.is_empty());
+    if let Some(var) = config.redis.password_env()
+        && !set(var)
+    {
+        cx.at(
+            "/redis/password_env",
+            format!("the Redis password variable `{var}` is not set (or empty) in the environment"),
+        );
+    }
+    let Some(m) = &config.mqtt else { return };
+    if let Some(var) = &m.broker.password_env
+        && !set(var)
+    {
+        cx.at(
+            "/mqtt/password_env",
+            format!("the MQTT password variable `{var}` is not set in the environment"),
+        );
+    }
+    if let Some(var) = &m.command_key_env
+        && !set(var)
+    {
+        cx.at(
+            "/mqtt/command_key_env",
+            format!(
+                "the command signing key variable `{var}` is not set (or empty) in the environment"
+            ),
+        );
+    }
+}
+
+/// The files the configuration names: the MQTT CA must be readable now,
+/// not fail later when MQTT starts (it would then be off).
+fn named_files(cx: &mut Cx<'_>, config: &Config) {
+    let Some(ca) = config.mqtt.as_ref().and_then(|m| m.broker.ca_file.as_ref()) else {
+        return;
+    };
+    match crate::files::read_regular(ca, 1 << 20) {
+        Ok(pem) if pem.contains("-----BEGIN CERTIFICATE-----") => {}
+        Ok(_) => cx.at(
+            "/mqtt/ca_file",
+            format!("`{}` holds no PEM certificate", ca.display()),
+        ),
+        Err(e) => cx.at(
+            "/mqtt/ca_file",
+            format!("cannot read the MQTT CA file `{}`: {e}", ca.display()),
+        ),
+    }
+}
+
+/// The key commands must be signed with, from `command_key_env`.
+impl Config {
+    /// Fill what the environment holds (the command key). Called by
+    /// [`parse_with`] after [`environment`] found every variable set.
+    fn with_environment(mut self, env: &dyn Fn(&str) -> Option<String>) -> Config {
+        if let Some(m) = &mut self.mqtt {
+            m.command_key = m
+                .command_key_env
+                .as_deref()
+                .and_then(env)
+                .filter(|k| !k.is_empty())
+                .map(String::into_bytes);
+        }
+        self
+    }
 }
 
 /// `1500ms`, `5s`, `2m` — the way durations are written in config.
@@ -684,7 +938,7 @@ mod tests {
         assert!(c.cache.dirs[0].ends_with("static"));
         let c = parse(
             "a.yaml",
-            "node: e\nregion: us\nredis: {sentinels: [\"127.0.0.1:26379\"], master: e, password_env: PW}\n\
+            "node: e\nregion: us\nredis: {sentinels: [\"127.0.0.1:26379\"], master: e, password_env: PATH}\n\
              cache: {dirs: [/var/cache/x], levels: \"2\", key: $host$uri}\n",
         )
         .unwrap();
@@ -836,5 +1090,35 @@ mod tests {
             assert_eq!(e.line, *line, "{text}: {e}");
             assert!(e.message.contains(needle), "{text}: {e}");
         }
+    }
+
+    // See: #13 item 5
+    #[test]
+    fn r13_5_every_error_at_once_each_located() {
+        let text = "node: e\nregion: eu\nredis: {url: redis://x, pasword_env: X}\n\
+                    cache: {levels: \"3:3\", dirs: [relative]}\nhttp: {listen: nowhere}\n\
+                    mqtt: {url: \"http://x\", command_key_env: K}\n\
+                    health: {interval: soon}\nactions:\n  a:\n    argv: [nginx]\n";
+        let e = parse_with("agent.yaml", text, &|_| None, false).unwrap_err();
+        let lines: Vec<u32> = e.0.iter().map(|e| e.line).collect();
+        assert_eq!(lines, [3, 4, 4, 5, 6, 7, 10], "{e}");
+        assert!(
+            e.0[0].message.starts_with("unknown field `pasword_env`"),
+            "{e}"
+        );
+        // The environment: every missing variable, at its key.
+        let text = "node: e\nregion: eu\nredis: {url: redis://x, password_env: A}\n\
+                    mqtt:\n  url: mqtt://x\n  username: u\n  password_env: B\n  command_key_env: C\n";
+        let e = parse_with("agent.yaml", text, &|_| None, false).unwrap_err();
+        let got: Vec<(u32, bool)> =
+            e.0.iter()
+                .map(|e| (e.line, e.message.contains("not set")))
+                .collect();
+        assert_eq!(got, [(3, true), (7, true), (8, true)], "{e}");
+        let c = parse_with("agent.yaml", text, &|v| Some(format!("{v}-value")), false).unwrap();
+        assert_eq!(
+            c.mqtt.unwrap().command_key.as_deref(),
+            Some(b"C-value".as_slice())
+        );
     }
 }

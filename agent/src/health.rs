@@ -9,7 +9,7 @@
 //! side.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, Instant};
 
 use edgestate::mqtt::{ConfigState, HealthReport, PurgeState, RedisState};
 use rumqttc::{AsyncClient, QoS};
@@ -116,12 +116,19 @@ impl Default for Sources {
     }
 }
 
+/// The largest metric source document read (bytes).
+const SOURCE_MAX: u64 = 4 << 20;
+
 impl Sources {
     async fn document(&self, from: &SourceFrom) -> Result<Value, String> {
         let text = match from {
-            SourceFrom::File(path) => tokio::fs::read_to_string(path)
-                .await
-                .map_err(|e| format!("{}: {e}", path.display()))?,
+            SourceFrom::File(path) => {
+                let p = path.clone();
+                tokio::task::spawn_blocking(move || crate::files::read_regular(&p, SOURCE_MAX))
+                    .await
+                    .map_err(|e| e.to_string())?
+                    .map_err(|e| format!("{}: {e}", path.display()))?
+            }
             SourceFrom::Url(url) => {
                 let r = self
                     .http
@@ -243,12 +250,6 @@ async fn redis_state(
     }
 }
 
-fn unix_now() -> u64 {
-    SystemTime::now()
-        .duration_since(SystemTime::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs())
-}
-
 fn sample_net() -> Option<(u64, Instant)> {
     let text = std::fs::read_to_string("/proc/net/dev").ok()?;
     Some((transmit_bytes(&text)?, Instant::now()))
@@ -297,7 +298,7 @@ pub async fn report(
         let (cfg, purge, redis) = redis_state(&config, &mut con).await;
         let report = HealthReport {
             node: config.node.clone(),
-            ts: unix_now(),
+            ts: crate::unix_now(),
             interval_ms: u64::try_from(config.health.interval.as_millis()).ok(),
             play_sessions,
             out_kbit,

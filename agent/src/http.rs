@@ -8,9 +8,14 @@
 //! With `?format=json` or `Accept: application/json` it answers the whole
 //! decision: the zone chain with each zone's nodes by increasing load and
 //! why each was or was not eligible.
+//!
+//! [`serve`] is the listener: HTTP/1.1 through hyper with a header-read
+//! and idle timeout and a connection cap that closes the oldest
+//! connection rather than refusing a new one (#12 item 10).
 
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::time::Duration;
 
 use axum::Router as Http;
 use axum::extract::{ConnectInfo, Path, Query, State as Extract};
@@ -46,9 +51,16 @@ struct Params {
 fn wants_json(params: &Params, headers: &HeaderMap) -> bool {
     params.format.as_deref() == Some("json")
         || headers
-            .get(header::ACCEPT)
-            .and_then(|v| v.to_str().ok())
-            .is_some_and(|a| a.contains("application/json"))
+            .get_all(header::ACCEPT)
+            .iter()
+            .any(|v| accepts_json(v.as_bytes()))
+}
+
+/// Whether one `Accept` header line asks for JSON. Pure, on the raw bytes
+/// (a line that is not text asks for nothing).
+#[must_use]
+pub fn accepts_json(accept: &[u8]) -> bool {
+    std::str::from_utf8(accept).is_ok_and(|a| a.contains("application/json"))
 }
 
 async fn route(
@@ -66,7 +78,15 @@ async fn route(
         return r;
     };
     let health = app.state.health();
-    let xff = headers.get("x-forwarded-for").and_then(|v| v.to_str().ok());
+    // Every X-Forwarded-For line, in order: a trusted proxy appends its
+    // own line after a forged one (#12 item 2).
+    let xff = edgestate::route::join_xff(
+        headers
+            .get_all("x-forwarded-for")
+            .iter()
+            .map(HeaderValue::as_bytes),
+    );
+    let xff = xff.as_deref();
     let json = wants_json(&params, &headers);
     // The redirect path skips the explanation; the choice is the same.
     let d = if json {
@@ -78,8 +98,8 @@ async fn route(
         (Some(Mode::Redirect), Some(l), _) => Some(l.clone()),
         (Some(Mode::Proxy), _, Some(node)) => Some(
             app.proxy_url
-                .replace("{node}", node)
-                .replace("{stream}", &stream),
+                .replace("{node}", &edgestate::route::encode_segment(node))
+                .replace("{stream}", &edgestate::route::encode_segment(&stream)),
         ),
         _ => None,
     };
@@ -136,4 +156,130 @@ async fn healthz(Extract(app): Extract<Arc<App>>) -> Response {
         StatusCode::SERVICE_UNAVAILABLE
     };
     (status, axum::Json(body)).into_response()
+}
+
+/// How long a client may take to send a request's headers — and how long
+/// an idle keep-alive connection stays open (hyper restarts the clock
+/// for every request head).
+pub const HEADER_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Most open connections, unless the file-descriptor limit is lower.
+pub const MAX_CONNECTIONS: usize = 4096;
+
+/// Descriptors kept free for Redis, the broker, the cache and the index.
+const FD_RESERVE: u64 = 128;
+
+/// How long an evicted or shutting-down connection may finish its request.
+const GRACE: Duration = Duration::from_secs(2);
+
+/// The connection cap: [`MAX_CONNECTIONS`], or what the open-file limit
+/// leaves after [`FD_RESERVE`]. Raises the soft limit to the hard one
+/// first (as Go's runtime does), so the cap is rarely the limit's.
+#[must_use]
+pub fn connection_cap() -> usize {
+    use rustix::process::{Resource, getrlimit, setrlimit};
+    let mut limit = getrlimit(Resource::Nofile);
+    if let (Some(soft), Some(hard)) = (limit.current, limit.maximum)
+        && soft < hard
+    {
+        limit.current = Some(hard);
+        if setrlimit(Resource::Nofile, limit).is_err() {
+            limit.current = Some(soft);
+        }
+    }
+    limit.current.map_or(MAX_CONNECTIONS, |n| {
+        usize::try_from(n.saturating_sub(FD_RESERVE).max(16))
+            .unwrap_or(MAX_CONNECTIONS)
+            .min(MAX_CONNECTIONS)
+    })
+}
+
+/// Open connections, oldest first; each can be told to close.
+type Live = Arc<std::sync::Mutex<std::collections::BTreeMap<u64, Arc<tokio::sync::Notify>>>>;
+
+/// Serve `router` on `listener` until `stop` fires: HTTP/1.1 with a
+/// header-read (and keep-alive idle) timeout of [`HEADER_TIMEOUT`], and at
+/// most `cap` connections — at the cap the *oldest* connection is asked to
+/// close (at once when idle, after [`GRACE`] otherwise), so idle or slow
+/// clients cannot lock new ones out of `/route`.
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    router: Http,
+    cap: usize,
+    metrics: Arc<crate::metrics::Metrics>,
+    mut stop: crate::shutdown::Shutdown,
+) {
+    let live: Live = Arc::default();
+    let mut tasks = tokio::task::JoinSet::new();
+    let mut next: u64 = 0;
+    loop {
+        let (stream, peer) = tokio::select! {
+            r = listener.accept() => match r {
+                Ok(a) => a,
+                Err(e) => {
+                    // EMFILE and friends: back off instead of spinning.
+                    tracing::warn!(cause = %e, "http: accept failed");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    continue;
+                }
+            },
+            () = stop.wait() => break,
+        };
+        while tasks.try_join_next().is_some() {}
+        let close = Arc::new(tokio::sync::Notify::new());
+        {
+            let mut l = live
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            if l.len() >= cap
+                && let Some((_, oldest)) = l.pop_first()
+            {
+                oldest.notify_one();
+                metrics.http_evicted.inc();
+            }
+            l.insert(next, close.clone());
+            metrics.http_connections.set(gauge(l.len()));
+        }
+        let service = hyper_util::service::TowerToHyperService::new(
+            router.clone().layer(axum::Extension(ConnectInfo(peer))),
+        );
+        let (live, metrics, id) = (live.clone(), metrics.clone(), next);
+        next += 1;
+        tasks.spawn(async move {
+            let mut builder = hyper::server::conn::http1::Builder::new();
+            builder
+                .timer(hyper_util::rt::TokioTimer::new())
+                .header_read_timeout(HEADER_TIMEOUT);
+            let conn = builder.serve_connection(hyper_util::rt::TokioIo::new(stream), service);
+            let mut conn = std::pin::pin!(conn);
+            tokio::select! {
+                _ = conn.as_mut() => {}
+                () = close.notified() => {
+                    conn.as_mut().graceful_shutdown();
+                    let _ = tokio::time::timeout(GRACE, conn.as_mut()).await;
+                }
+            }
+            let mut l = live
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            l.remove(&id);
+            metrics.http_connections.set(gauge(l.len()));
+        });
+    }
+    // Shutdown: every connection finishes its request (or is dropped).
+    for close in live
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .values()
+    {
+        close.notify_one();
+    }
+    let _ = tokio::time::timeout(GRACE * 2, async {
+        while tasks.join_next().await.is_some() {}
+    })
+    .await;
+}
+
+fn gauge(n: usize) -> i64 {
+    i64::try_from(n).unwrap_or(i64::MAX)
 }

@@ -6,14 +6,18 @@
 //! - [`purge`]: the purge worker: a reliable queue on local Redis.
 //! - [`routing`]: the routing table and health, refreshed in the background.
 //! - [`http`]: `/route/<stream>`, `/healthz`, `/metrics`.
-//! - [`mqtt`]: the broker session: status, cluster health for routing,
-//!   commands; [`health`] builds the report, [`commands`] checks and runs
-//!   one-shot actions; [`metrics`] counts everything for Prometheus.
+//! - [`mqtt`]: the broker session: status, cluster health for routing
+//!   (kept in the [`book`]), commands; [`health`] builds the report,
+//!   [`commands`] checks, claims, runs and records one-shot actions;
+//!   [`metrics`] counts everything for Prometheus.
+//! - [`files`]: bounded, non-blocking reads of regular files only.
 //! - [`shutdown`]: SIGTERM/SIGINT → every task stops cleanly.
 
+pub mod book;
 pub mod cache;
 pub mod commands;
 pub mod config;
+pub mod files;
 pub mod health;
 pub mod http;
 pub mod metrics;
@@ -23,6 +27,14 @@ pub mod routing;
 pub mod shutdown;
 
 use std::sync::Arc;
+
+/// Now, in Unix seconds (0 if the clock is before 1970).
+#[must_use]
+pub fn unix_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
 
 /// Run the agent until `signal` resolves, then stop every task cleanly.
 ///
@@ -90,18 +102,11 @@ pub async fn run_with(
         let app = http::app(Arc::new(http::App {
             state,
             proxy_url,
-            metrics,
-        }))
-        .into_make_service_with_connect_info::<std::net::SocketAddr>();
-        let mut stop = shutdown.clone();
-        tasks.spawn(async move {
-            let served = axum::serve(listener, app)
-                .with_graceful_shutdown(async move { stop.wait().await })
-                .await;
-            if let Err(e) = served {
-                tracing::error!(cause = %e, "http server failed");
-            }
-        });
+            metrics: metrics.clone(),
+        }));
+        let cap = http::connection_cap();
+        tracing::info!(max_connections = cap, header_timeout = ?http::HEADER_TIMEOUT, "http limits");
+        tasks.spawn(http::serve(listener, app, cap, metrics, shutdown.clone()));
     }
     signal.await;
     tracing::info!("shutting down");

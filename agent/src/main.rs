@@ -6,12 +6,14 @@ use std::sync::Arc;
 
 use clap::Parser;
 
-/// The edgeform node agent: durable cache purges from the node's own Redis.
+/// The edgeform node agent: durable cache purges from the node's own
+/// Redis, playback routing (`GET /route/<stream>`), health reports and
+/// one-shot commands over MQTT.
 #[derive(Debug, Parser)]
 #[command(name = "edgeform-agent", version = concat!(env!("CARGO_PKG_VERSION"), " (", env!("EDGEFORM_COMMIT"), ")"), about)]
 struct Args {
     /// The agent's configuration file.
-    #[arg(long, value_name = "FILE", default_value = "/etc/edgeform/agent.yaml")]
+    #[arg(long, value_name = "FILE", default_value = agent::config::DEFAULT_PATH)]
     config: PathBuf,
     /// Only check the configuration and exit (0 valid, 1 invalid).
     #[arg(long)]
@@ -30,8 +32,13 @@ fn main() -> ExitCode {
         .init();
     let config = match agent::config::load(&args.config) {
         Ok(c) => Arc::new(c),
-        Err(e) => {
-            eprintln!("error: {e}");
+        Err(errors) => {
+            for e in &errors.0 {
+                eprintln!("error: {e}");
+            }
+            if errors.0.len() > 1 {
+                eprintln!("{} errors in {}", errors.0.len(), args.config.display());
+            }
             return ExitCode::from(1);
         }
     };

@@ -27,6 +27,9 @@ pub struct Metrics {
     pub mqtt_connected: Gauge,
     pub cluster_nodes_reporting: Gauge,
     pub health_messages: Counter,
+    pub health_ignored: Counter,
+    pub http_connections: Gauge,
+    pub http_evicted: Counter,
     pub routing_generation: Gauge,
     pub play_sessions: Gauge,
     pub out_kbit: Gauge,
@@ -46,6 +49,9 @@ impl Default for Metrics {
             mqtt_connected: Gauge::default(),
             cluster_nodes_reporting: Gauge::default(),
             health_messages: Counter::default(),
+            health_ignored: Counter::default(),
+            http_connections: Gauge::default(),
+            http_evicted: Counter::default(),
             routing_generation: Gauge::default(),
             play_sessions: Gauge::default(),
             out_kbit: Gauge::default(),
@@ -94,6 +100,21 @@ impl Default for Metrics {
             "health_messages",
             "Health and status messages received from the broker",
             m.health_messages.clone(),
+        );
+        registry.register(
+            "health_ignored",
+            "Health and status messages ignored: for a node not in the routing table, or unreadable",
+            m.health_ignored.clone(),
+        );
+        registry.register(
+            "http_connections",
+            "Open HTTP connections",
+            m.http_connections.clone(),
+        );
+        registry.register(
+            "http_evicted",
+            "HTTP connections closed because the connection cap was reached (the oldest goes)",
+            m.http_evicted.clone(),
         );
         registry.register(
             "routing_generation",

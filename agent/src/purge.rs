@@ -14,9 +14,13 @@
 //! server still moved a job: see DEPENDENCIES.md); its own 1 s timeout
 //! bounds it, so shutdown is noticed within a second.
 //!
-//! A malformed job (not JSON, unknown shape, a regex the engine refuses)
-//! is recorded as failed — in `cdn:purge:done:<id>` when it has an id, and
-//! with the raw text in `<queue>:failed` — and the worker goes on.
+//! Jobs are bytes. A malformed job (over 64 KiB, not UTF-8, not JSON,
+//! unknown shape, a regex the engine refuses, a pattern matching every key
+//! without `"all": true`) is recorded as failed — in `cdn:purge:done:<id>`
+//! when it has an id, and in `<queue>:failed` (the job when small, else an
+//! escaped prefix and its length) — and the worker goes on. A poison job
+//! (one that kills the agent) is failed after its third unfinished start:
+//! starts are counted in `<queue>:attempts` before the job runs.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -94,26 +98,30 @@ impl Engine {
     }
 }
 
-/// Run one job's text against the cache. Pure of Redis; blocking I/O.
+/// Run one job's bytes against the cache. Pure of Redis; blocking I/O.
 #[must_use]
-pub fn execute(layout: &Engine, text: &str) -> (Option<String>, Outcome) {
-    let job = match Job::parse(text) {
+pub fn execute(layout: &Engine, bytes: &[u8]) -> (Option<String>, Outcome) {
+    let job = match Job::parse_bytes(bytes) {
         Ok(j) => j,
         Err(e) => {
-            // Keep the id when the text had one, so --wait learns of it.
-            let id = serde_json::from_str::<serde_json::Value>(text)
-                .ok()
+            // Keep the id when the job had one, so --wait learns of it
+            // (never for a job too big to parse).
+            let id = (bytes.len() <= purge::MAX_JOB_BYTES)
+                .then(|| {
+                    serde_json::from_str::<serde_json::Value>(&String::from_utf8_lossy(bytes)).ok()
+                })
+                .flatten()
                 .and_then(|v| v.get("id").and_then(|i| i.as_str()).map(str::to_owned));
             return (id, Outcome::Failed(e));
         }
     };
     let outcome = match job.action() {
-        Ok(Action::Grep(pattern)) => match purge::matcher(pattern) {
+        Ok(Action::Grep(pattern)) => match Job::grep_matcher(pattern, job.all) {
             Ok(re) => match layout.purge_matching(|line: &[u8]| re.is_match(line)) {
                 Ok(stats) => Outcome::Removed(stats.removed),
                 Err(e) => Outcome::Failed(format!("scan failed: {e}")),
             },
-            Err(e) => Outcome::Failed(format!("the regex engine refuses `{pattern}`: {e}")),
+            Err(e) => Outcome::Failed(e),
         },
         Ok(Action::Keys(keys)) => match layout.purge_keys(&keys) {
             Ok(stats) => Outcome::Removed(stats.removed),
@@ -133,7 +141,7 @@ pub struct Worker {
     queue: String,
     processing: String,
     /// A finished job whose result is not yet recorded (Redis was down).
-    pending: Option<(String, Option<String>, Outcome)>,
+    pending: Option<(Vec<u8>, Option<String>, Outcome)>,
     metrics: Arc<crate::metrics::Metrics>,
 }
 
@@ -192,7 +200,7 @@ impl Worker {
                     c
                 }
                 Err(e) => {
-                    tracing::warn!(cause = %format!("{e:#}"), retry_in = ?backoff, "purge worker: redis unreachable");
+                    tracing::warn!(redis = %edgeredis::describe(&self.config.redis), cause = %edgeredis::one_line(&e), retry_in = ?backoff, "purge worker: redis unreachable");
                     tokio::select! {
                         () = tokio::time::sleep(backoff) => {}
                         () = shutdown.wait() => break,
@@ -202,7 +210,7 @@ impl Worker {
                 }
             };
             if let Err(e) = self.serve(&mut con, &mut shutdown).await {
-                tracing::warn!(cause = %format!("{e:#}"), "purge worker: connection lost; reconnecting");
+                tracing::warn!(redis = %edgeredis::describe(&self.config.redis), cause = %edgeredis::one_line(&e), "purge worker: connection lost; reconnecting");
             }
         }
         let _ = refresher.await;
@@ -223,7 +231,7 @@ impl Worker {
                 })?;
         }
         // Jobs a previous run took but did not finish: run them again, in order.
-        let left: Vec<String> = redis::cmd("LRANGE")
+        let left: Vec<Vec<u8>> = redis::cmd("LRANGE")
             .arg(&self.processing)
             .arg(0)
             .arg(-1)
@@ -249,7 +257,9 @@ impl Worker {
                 .arg("LEFT")
                 .arg("RIGHT")
                 .arg(BLOCK_SECS);
-            let next: Option<String> = tokio::select! {
+            // Jobs are bytes: a non-UTF-8 one is failed, not a decode
+            // error that drops the connection (#12 item 6).
+            let next: Option<Vec<u8>> = tokio::select! {
                 r = blmove.query_async(con) => r.context("BLMOVE")?,
                 // Dropping a BLMOVE in flight is safe: a job it moved
                 // stays in processing and is run at the next start.
@@ -262,16 +272,40 @@ impl Worker {
     }
 
     /// Run one job and record it; on a Redis error the result is kept.
-    async fn handle(&mut self, con: &mut MultiplexedConnection, text: String) -> Result<()> {
+    ///
+    /// Each start is counted first (`<queue>:attempts`, by the job's
+    /// digest): a job started [`purge::MAX_ATTEMPTS`] times without
+    /// finishing killed the agent each time, and is failed unrun.
+    async fn handle(&mut self, con: &mut MultiplexedConnection, bytes: Vec<u8>) -> Result<()> {
         let start = Instant::now();
-        let engine = self
-            .engine
-            .clone()
-            .unwrap_or_else(|| Arc::new(Engine::Scan(self.layout.clone())));
-        let job_text = text.clone();
-        let (id, outcome) = tokio::task::spawn_blocking(move || execute(&engine, &job_text))
+        let attempts: u32 = redis::cmd("HINCRBY")
+            .arg(attempts_key(&self.queue))
+            .arg(digest(&bytes))
+            .arg(1)
+            .query_async(con)
             .await
-            .unwrap_or_else(|e| (None, Outcome::Failed(format!("purge task panicked: {e}"))));
+            .context("counting the job's attempts")?;
+        let (id, outcome) = if attempts > purge::MAX_ATTEMPTS {
+            let id = (bytes.len() <= purge::MAX_JOB_BYTES)
+                .then(|| Job::parse_bytes(&bytes).ok().and_then(|j| j.id))
+                .flatten();
+            (
+                id,
+                Outcome::Failed(format!(
+                    "started {} times without finishing (the agent died running it)",
+                    purge::MAX_ATTEMPTS
+                )),
+            )
+        } else {
+            let engine = self
+                .engine
+                .clone()
+                .unwrap_or_else(|| Arc::new(Engine::Scan(self.layout.clone())));
+            let job = bytes.clone();
+            tokio::task::spawn_blocking(move || execute(&engine, &job))
+                .await
+                .unwrap_or_else(|e| (None, Outcome::Failed(format!("purge task panicked: {e}"))))
+        };
         match &outcome {
             Outcome::Removed(n) => {
                 crate::metrics::Metrics::count(&self.metrics.purge_jobs, "done");
@@ -280,11 +314,11 @@ impl Worker {
             }
             Outcome::Failed(why) => {
                 crate::metrics::Metrics::count(&self.metrics.purge_jobs, "failed");
-                tracing::warn!(id = id.as_deref().unwrap_or("-"), reason = %why, job = %truncate(&text), "purge job failed");
+                tracing::warn!(id = id.as_deref().unwrap_or("-"), reason = %why, bytes = bytes.len(), job = %purge::preview(&bytes, PREVIEW_BYTES), "purge job failed");
             }
         }
-        if let Err(e) = self.finish(con, &text, id.as_deref(), &outcome).await {
-            self.pending = Some((text, id, outcome));
+        if let Err(e) = self.finish(con, &bytes, id.as_deref(), &outcome).await {
+            self.pending = Some((bytes, id, outcome));
             return Err(e);
         }
         Ok(())
@@ -294,7 +328,7 @@ impl Worker {
     async fn finish(
         &self,
         con: &mut MultiplexedConnection,
-        text: &str,
+        bytes: &[u8],
         id: Option<&str>,
         outcome: &Outcome,
     ) -> Result<()> {
@@ -318,8 +352,14 @@ impl Worker {
         }
         if let Outcome::Failed(why) = outcome {
             let failed = purge::failed_key(&self.queue);
-            let entry =
-                serde_json::json!({"job": text, "reason": why, "at": unix_now()}).to_string();
+            // The job as text when it is small valid UTF-8; otherwise an
+            // escaped prefix and the length, never megabytes of it.
+            let job = match std::str::from_utf8(bytes) {
+                Ok(text) if bytes.len() <= PREVIEW_BYTES => text.to_owned(),
+                _ => purge::preview(bytes, PREVIEW_BYTES),
+            };
+            let entry = serde_json::json!({"job": job, "bytes": bytes.len(), "reason": why, "at": crate::unix_now()})
+                .to_string();
             pipe.cmd("RPUSH").arg(&failed).arg(entry).ignore();
             pipe.cmd("LTRIM")
                 .arg(&failed)
@@ -330,7 +370,11 @@ impl Worker {
         pipe.cmd("LREM")
             .arg(&self.processing)
             .arg(1)
-            .arg(text)
+            .arg(bytes)
+            .ignore();
+        pipe.cmd("HDEL")
+            .arg(attempts_key(&self.queue))
+            .arg(digest(bytes))
             .ignore();
         pipe.query_async::<()>(con)
             .await
@@ -339,19 +383,19 @@ impl Worker {
     }
 }
 
-fn unix_now() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs())
+/// How much of a failed job a log line or a failed record shows.
+const PREVIEW_BYTES: usize = 200;
+
+/// `<queue>:attempts`: starts of the jobs in processing, by digest.
+fn attempts_key(queue: &str) -> String {
+    format!("{queue}:attempts")
 }
 
-fn truncate(text: &str) -> String {
-    if text.len() <= 200 {
-        return text.to_owned();
-    }
-    let mut end = 200;
-    while !text.is_char_boundary(end) {
-        end -= 1;
-    }
-    format!("{}…", &text[..end])
+/// A job's field in the attempts hash (not a security digest).
+fn digest(bytes: &[u8]) -> String {
+    use md5::Digest;
+    md5::Md5::digest(bytes)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
 }

@@ -11,7 +11,7 @@
 
 use std::path::PathBuf;
 use std::sync::{Arc, RwLock};
-use std::time::{Duration, SystemTime};
+use std::time::SystemTime;
 
 use edgestate::route::{Health, Router};
 use edgestate::routing::RoutingTable;
@@ -100,7 +100,7 @@ pub async fn refresh(
             Err(e) => {
                 con = None;
                 if !warned_redis {
-                    tracing::warn!(cause = %format!("{e:#}"), "routing: cannot read the table from redis; keeping the last good one");
+                    tracing::warn!(redis = %edgeredis::describe(&config.redis), cause = %edgeredis::one_line(&e), "routing: cannot read the table from redis; keeping the last good one");
                     warned_redis = true;
                 }
             }
@@ -144,6 +144,9 @@ async fn refresh_table(
     Ok(())
 }
 
+/// The largest health snapshot read (bytes).
+pub const HEALTH_FILE_MAX: u64 = 64 << 20;
+
 fn refresh_health(path: &PathBuf, mtime: &mut Option<SystemTime>, state: &State) {
     let Ok(modified) = std::fs::metadata(path).and_then(|m| m.modified()) else {
         return;
@@ -151,7 +154,7 @@ fn refresh_health(path: &PathBuf, mtime: &mut Option<SystemTime>, state: &State)
     if *mtime == Some(modified) {
         return;
     }
-    match std::fs::read_to_string(path)
+    match crate::files::read_regular(path, HEALTH_FILE_MAX)
         .map_err(|e| e.to_string())
         .and_then(|t| serde_json::from_str::<Health>(&t).map_err(|e| e.to_string()))
     {
@@ -160,10 +163,9 @@ fn refresh_health(path: &PathBuf, mtime: &mut Option<SystemTime>, state: &State)
             *mtime = Some(modified);
         }
         Err(e) => {
-            tracing::warn!(file = %path.display(), cause = %e, "routing: bad health file; keeping the last one")
+            // Once per change of the file, not at every refresh.
+            *mtime = Some(modified);
+            tracing::warn!(file = %path.display(), cause = %e, "routing: bad health file; keeping the last one");
         }
     }
 }
-
-/// How often the table and health are checked (the default).
-pub const DEFAULT_REFRESH: Duration = Duration::from_secs(1);

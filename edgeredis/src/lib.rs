@@ -32,6 +32,110 @@ pub enum RedisTarget {
     },
 }
 
+/// Why a Redis target as written is not valid. [`TargetError::pointer`]
+/// is where, relative to the `redis` block, so each caller can locate it
+/// in its own file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TargetError {
+    /// Neither `url` nor `sentinels` + `master`, or both.
+    Shape,
+    /// `url` is not a Redis URL.
+    Url(String),
+    /// `sentinels` is empty.
+    NoSentinels,
+    /// `sentinels[i]` is not `host:port`.
+    Sentinel(usize, String),
+}
+
+impl TargetError {
+    /// A JSON pointer relative to the `redis` block.
+    #[must_use]
+    pub fn pointer(&self) -> String {
+        match self {
+            TargetError::Shape => String::new(),
+            TargetError::Url(_) => "/url".into(),
+            TargetError::NoSentinels => "/sentinels".into(),
+            TargetError::Sentinel(i, _) => format!("/sentinels/{i}"),
+        }
+    }
+}
+
+impl std::fmt::Display for TargetError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            TargetError::Shape => {
+                write!(f, "`redis` needs either `url`, or `sentinels` and `master`")
+            }
+            TargetError::Url(why) => write!(f, "{why}"),
+            TargetError::NoSentinels => write!(f, "`sentinels` needs at least one `host:port`"),
+            TargetError::Sentinel(_, s) => write!(f, "`{s}` is not `host:port`"),
+        }
+    }
+}
+
+impl RedisTarget {
+    /// The target a `redis` block describes (agent.yaml, a node file):
+    /// `url`, or `sentinels` and `master`; `password_env` names the
+    /// variable with the password. Pure: the variable is not read here.
+    ///
+    /// # Errors
+    /// Every problem found, each with its place.
+    pub fn from_parts(
+        url: Option<String>,
+        sentinels: Option<Vec<String>>,
+        master: Option<String>,
+        password_env: Option<String>,
+    ) -> Result<RedisTarget, Vec<TargetError>> {
+        match (url, sentinels, master) {
+            (Some(url), None, None) => {
+                let scheme = url.split_once("://").map(|(s, _)| s);
+                if !matches!(scheme, Some("redis" | "rediss" | "unix"))
+                    || url.as_str().into_connection_info().is_err()
+                {
+                    return Err(vec![TargetError::Url(format!(
+                        "`{url}` is not a redis:// or rediss:// URL"
+                    ))]);
+                }
+                Ok(RedisTarget::Url { url, password_env })
+            }
+            (None, Some(sentinels), Some(master)) => {
+                let mut errors = Vec::new();
+                if sentinels.is_empty() {
+                    errors.push(TargetError::NoSentinels);
+                }
+                for (i, s) in sentinels.iter().enumerate() {
+                    let ok = s.rsplit_once(':').is_some_and(|(host, port)| {
+                        !host.is_empty() && port.parse::<u16>().is_ok()
+                    });
+                    if !ok {
+                        errors.push(TargetError::Sentinel(i, s.clone()));
+                    }
+                }
+                if errors.is_empty() {
+                    Ok(RedisTarget::Sentinel {
+                        sentinels,
+                        master,
+                        password_env,
+                    })
+                } else {
+                    Err(errors)
+                }
+            }
+            _ => Err(vec![TargetError::Shape]),
+        }
+    }
+
+    /// The variable holding the password, if any.
+    #[must_use]
+    pub fn password_env(&self) -> Option<&str> {
+        match self {
+            RedisTarget::Url { password_env, .. } | RedisTarget::Sentinel { password_env, .. } => {
+                password_env.as_deref()
+            }
+        }
+    }
+}
+
 /// How long to wait for a TCP connection (per attempt).
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
 
@@ -151,14 +255,66 @@ pub async fn master(target: &RedisTarget, node: &str) -> Result<MultiplexedConne
 pub fn one_line(err: &anyhow::Error) -> String {
     let mut out = String::new();
     for cause in err.chain() {
-        let text = cause.to_string();
-        if out.contains(&text) {
-            continue;
+        // The redis crate's I/O errors say their cause twice in one
+        // message ("Connection refused (os error 111): Connection
+        // refused (os error 111)"): each part is said once.
+        for part in cause.to_string().split(": ") {
+            if part.is_empty() || out.contains(part) {
+                continue;
+            }
+            if !out.is_empty() {
+                out.push_str(": ");
+            }
+            out.push_str(part);
         }
-        if !out.is_empty() {
-            out.push_str(": ");
-        }
-        out.push_str(&text);
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn targets_from_parts() {
+        let url = RedisTarget::from_parts(Some("redis://10.0.0.5:6379".into()), None, None, None);
+        assert!(matches!(url, Ok(RedisTarget::Url { .. })));
+        let e = RedisTarget::from_parts(Some("http://x".into()), None, None, None).unwrap_err();
+        assert_eq!(e[0].pointer(), "/url");
+        let e = RedisTarget::from_parts(None, None, None, None).unwrap_err();
+        assert_eq!(e, vec![TargetError::Shape]);
+        assert!(
+            e[0].to_string()
+                .contains("`url`, or `sentinels` and `master`")
+        );
+        let e = RedisTarget::from_parts(
+            None,
+            Some(vec!["a:1".into(), "nope".into(), ":2".into()]),
+            Some("m".into()),
+            Some("PW".into()),
+        )
+        .unwrap_err();
+        let places: Vec<String> = e.iter().map(TargetError::pointer).collect();
+        assert_eq!(places, ["/sentinels/1", "/sentinels/2"]);
+        let ok = RedisTarget::from_parts(
+            None,
+            Some(vec!["a:1".into()]),
+            Some("m".into()),
+            Some("PW".into()),
+        )
+        .unwrap();
+        assert_eq!(ok.password_env(), Some("PW"));
+    }
+
+    // See: #19 item 7
+    #[test]
+    fn r19_7_one_line_names_each_cause_once() {
+        let e =
+            anyhow::anyhow!("Connection refused (os error 111): Connection refused (os error 111)")
+                .context("connecting to redis://127.0.0.1:1");
+        assert_eq!(
+            one_line(&e),
+            "connecting to redis://127.0.0.1:1: Connection refused (os error 111)"
+        );
+    }
 }

@@ -7,7 +7,8 @@
 //! - [`site`]: the per-hostname document (`site:<host>`), with exactly the
 //!   fields the seed's `cdn_router.lua` reads;
 //! - [`routing`]: the compiled routing table (`edgeform:routing`);
-//! - [`mqtt`]: the MQTT channel's topics, health report, commands, results.
+//! - [`mqtt`]: the MQTT channel's topics, health report, commands, results;
+//! - [`untrusted`]: escaping text from outside before it is shown.
 //!
 //! **Architecture invariant:** this crate does no I/O and needs no runtime.
 //! Every type here serializes deterministically (structs with fixed field
@@ -21,6 +22,7 @@ pub mod purge;
 pub mod route;
 pub mod routing;
 pub mod site;
+pub mod untrusted;
 
 /// Version of the compiled format, written to `edgeform:meta` as `format`
 /// and into the routing table. Bump it when a reader must change.

@@ -266,6 +266,25 @@ pub enum Outcome {
     Expired,
 }
 
+impl Outcome {
+    /// The wire name (`ok`, `failed`, `refused`, `expired`): for logs,
+    /// metrics labels and `edgeform exec`.
+    #[must_use]
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Outcome::Ok => "ok",
+            Outcome::Failed => "failed",
+            Outcome::Refused => "refused",
+            Outcome::Expired => "expired",
+        }
+    }
+}
+
+/// The scheme prefix of a result signature made with the shared command
+/// key. A later per-node key pair (ed25519) gets its own prefix and signs
+/// the same [`CommandResult::signing_payload`].
+pub const RESULT_SIG_HMAC: &str = "hmac-sha256:";
+
 /// The result on `<prefix>/result/<node>/<id>`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct CommandResult {
@@ -281,6 +300,57 @@ pub struct CommandResult {
     /// Why it was refused or failed; `null` when ok.
     pub reason: Option<String>,
     pub finished_at: u64,
+    /// `hmac-sha256:<hex>` over [`CommandResult::signing_payload`], when
+    /// the agent verified the command with a key: proof the result comes
+    /// from the node that took the command.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sig: Option<String>,
+}
+
+impl CommandResult {
+    /// The bytes a result signature covers: every field but `sig`, and the
+    /// signature of the command it answers (so a result cannot be replayed
+    /// to another command, even one with the same id), as compact JSON with
+    /// sorted keys. `id` and `node` are among the fields.
+    #[must_use]
+    pub fn signing_payload(&self, cmd_sig: &str) -> Vec<u8> {
+        let mut result = serde_json::to_value(self).unwrap_or_default();
+        if let Some(o) = result.as_object_mut() {
+            o.remove("sig");
+        }
+        let v = serde_json::json!({"cmd_sig": cmd_sig, "result": result});
+        serde_json::to_vec(&v).unwrap_or_default()
+    }
+
+    /// Sign as the answer to `cmd` with `key` (nothing when `cmd` is
+    /// unsigned: there is nothing to bind to).
+    pub fn sign(&mut self, cmd: &Command, key: &[u8]) {
+        self.sig = None;
+        if let Some(cmd_sig) = &cmd.sig {
+            let tag = hex(&mac(key, &self.signing_payload(cmd_sig)));
+            self.sig = Some(format!("{RESULT_SIG_HMAC}{tag}"));
+        }
+    }
+
+    /// Whether this is `node`'s signed answer to `cmd` under `key`
+    /// (constant-time comparison).
+    #[must_use]
+    pub fn verify(&self, cmd: &Command, node: &str, key: &[u8]) -> bool {
+        let (Some(cmd_sig), Some(sig)) = (&cmd.sig, &self.sig) else {
+            return false;
+        };
+        let Some(sig) = sig.strip_prefix(RESULT_SIG_HMAC).and_then(unhex) else {
+            return false;
+        };
+        if self.id != cmd.id || self.node != node {
+            return false;
+        }
+        let Ok(mut m) = hmac::Hmac::<sha2::Sha256>::new_from_slice(key) else {
+            return false;
+        };
+        m.update(&self.signing_payload(cmd_sig));
+        m.verify_slice(&sig).is_ok()
+    }
 }
 
 /// How much of stdout/stderr a result carries.
@@ -360,6 +430,58 @@ mod tests {
         // The wire form round-trips and still verifies.
         let back: Command = serde_json::from_str(&serde_json::to_string(&c).unwrap()).unwrap();
         assert!(back.verify("n", b"k"));
+    }
+
+    // See: #12 item 3
+    #[test]
+    fn r12_3_results_are_bound_to_the_command_node_and_key() {
+        let mut c = Command {
+            id: "1".into(),
+            action: "reload".into(),
+            args: BTreeMap::new(),
+            issued_at: 10,
+            expires_at: 20,
+            sig: None,
+        };
+        c.sign("n", b"k");
+        let mut r = CommandResult {
+            id: "1".into(),
+            node: "n".into(),
+            action: "reload".into(),
+            status: Outcome::Ok,
+            exit_code: Some(0),
+            stdout: "done".into(),
+            stderr: String::new(),
+            duration_ms: 3,
+            reason: None,
+            finished_at: 11,
+            sig: None,
+        };
+        assert!(!r.verify(&c, "n", b"k"), "unsigned");
+        r.sign(&c, b"k");
+        assert!(r.sig.as_deref().unwrap().starts_with("hmac-sha256:"));
+        assert!(r.verify(&c, "n", b"k"));
+        assert!(!r.verify(&c, "n", b"other key"));
+        assert!(!r.verify(&c, "m", b"k"), "another node");
+        let mut other = c.clone();
+        other.issued_at = 11;
+        other.sign("n", b"k");
+        assert!(!r.verify(&other, "n", b"k"), "another command, same id");
+        let mut t = r.clone();
+        t.status = Outcome::Failed;
+        assert!(!t.verify(&c, "n", b"k"), "altered status");
+        let mut t = r.clone();
+        t.stdout = "forged".into();
+        assert!(!t.verify(&c, "n", b"k"), "altered output");
+        let back: CommandResult = serde_json::from_slice(&serde_json::to_vec(&r).unwrap()).unwrap();
+        assert!(back.verify(&c, "n", b"k"), "round trip");
+        // An unsigned command gets an unsigned result.
+        let mut u = r.clone();
+        let mut uc = c.clone();
+        uc.sig = None;
+        u.sign(&uc, b"k");
+        assert!(u.sig.is_none());
+        assert_eq!(Outcome::Expired.as_str(), "expired");
     }
 
     #[test]

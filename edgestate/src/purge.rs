@@ -9,6 +9,14 @@
 //!   `"key"`): each key's file path is computed from its md5 and the cache
 //!   `levels`, no scan.
 //!
+//! - `"all": true` (optional, pattern jobs only): the pattern may match
+//!   every cached file. Without it, a pattern that matches every key (see
+//!   [`scope_guard`]: `""`, `".*"`, `"KEY:"`, …) is failed. `edgeform
+//!   purge --all` sets it; its site-scoped patterns do not need it.
+//!
+//! A job is at most [`MAX_JOB_BYTES`] bytes of UTF-8; anything else is
+//! failed without being parsed (and without its content being echoed).
+//!
 //! Results: the worker writes `{<node>: <files removed>}` into the hash
 //! `cdn:purge:done:<id>` (a failed job writes `failed: <reason>`), kept
 //! for [`DONE_TTL_SECS`].
@@ -58,6 +66,47 @@ pub struct Job {
     /// Several exact cache keys.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub keys: Option<Vec<String>>,
+    /// The pattern may match every cached file (see [`scope_guard`]).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub all: bool,
+}
+
+/// The largest job the agent parses (64 KiB). `edgeform purge` builds
+/// jobs of a few hundred bytes; a bigger one is hostile or broken, and
+/// parsing a multi-megabyte pattern costs gigabytes in the regex parser.
+pub const MAX_JOB_BYTES: usize = 64 * 1024;
+
+/// How many times a job may be started without finishing before the
+/// worker records it as failed (it killed the agent each time).
+pub const MAX_ATTEMPTS: u32 = 3;
+
+/// What a log or a failed record may show of a job.
+pub use crate::untrusted::preview;
+
+/// The key lines a pattern must not match unless the job says `all`: the
+/// empty line, the bare `KEY: ` prefix and the root of a host no site can
+/// have (`.invalid` is reserved, RFC 2606) under the usual key templates.
+/// A pattern matching one of them is not scoped to any site.
+pub const SCOPE_PROBES: [&str; 5] = [
+    "",
+    "KEY: ",
+    "KEY: httpedgeform-scope-probe.invalid/",
+    "KEY: https://edgeform-scope-probe.invalid/",
+    "KEY: edgeform-scope-probe.invalid/",
+];
+
+/// Refuse a pattern that matches every key (one of [`SCOPE_PROBES`]).
+///
+/// # Errors
+/// The probe the pattern matches, and how to purge everything on purpose.
+pub fn scope_guard(re: &regex::bytes::Regex) -> Result<(), String> {
+    match SCOPE_PROBES.iter().find(|p| re.is_match(p.as_bytes())) {
+        Some(p) => Err(format!(
+            "the pattern matches every cache key (it matches `{p}`, a key no site has); \
+             a job that means it sets \"all\": true"
+        )),
+        None => Ok(()),
+    }
 }
 
 /// What a job asks for, once checked.
@@ -68,6 +117,27 @@ pub enum Action<'a> {
 }
 
 impl Job {
+    /// Parse a job as queued: bytes, at most [`MAX_JOB_BYTES`], UTF-8.
+    /// No error repeats the job's content.
+    ///
+    /// # Errors
+    /// Too big, not UTF-8, or what [`Job::parse`] refuses.
+    pub fn parse_bytes(bytes: &[u8]) -> Result<Job, String> {
+        if bytes.len() > MAX_JOB_BYTES {
+            return Err(format!(
+                "the job is {} bytes, over the {MAX_JOB_BYTES}-byte limit",
+                bytes.len()
+            ));
+        }
+        let text = std::str::from_utf8(bytes).map_err(|e| {
+            format!(
+                "the job is not UTF-8 (invalid byte at offset {})",
+                e.valid_up_to()
+            )
+        })?;
+        Job::parse(text)
+    }
+
     /// Parse a queued job.
     ///
     /// # Errors
@@ -95,6 +165,20 @@ impl Job {
         }
     }
 
+    /// The regex of a pattern job, compiled and scope-checked: what the
+    /// agent runs, and what `edgeform purge` checks before enqueueing.
+    ///
+    /// # Errors
+    /// The engine's refusal, or [`scope_guard`]'s without `all`.
+    pub fn grep_matcher(pattern: &str, all: bool) -> Result<regex::bytes::Regex, String> {
+        let re =
+            matcher(pattern).map_err(|e| format!("the regex engine refuses the pattern: {e}"))?;
+        if !all {
+            scope_guard(&re)?;
+        }
+        Ok(re)
+    }
+
     #[must_use]
     pub fn to_json(&self) -> String {
         serde_json::to_string(self).unwrap_or_default()
@@ -115,6 +199,56 @@ mod tests {
         assert!(Job::parse(r#"{"id":"1"}"#).is_err());
         assert!(Job::parse(r#"{"grep":"a","key":"b"}"#).is_err());
         assert!(Job::parse(r#"{"grep":"a","rm":"-rf /"}"#).is_err());
+    }
+
+    // See: #12 item 6, item 7
+    #[test]
+    fn r12_6_7_bytes_too_big_or_not_utf8_fail_without_echo() {
+        let big = format!(r#"{{"grep":"{}"}}"#, "a".repeat(MAX_JOB_BYTES));
+        let e = Job::parse_bytes(big.as_bytes()).unwrap_err();
+        assert!(
+            e.contains("over the 65536-byte limit") && !e.contains("aaaa"),
+            "{e}"
+        );
+        let e = Job::parse_bytes(b"{\"grep\":\"\xff\xfe\"}").unwrap_err();
+        assert!(e.contains("not UTF-8"), "{e}");
+        assert!(Job::parse_bytes(br#"{"key":"k"}"#).is_ok());
+    }
+
+    // See: #12 item 15
+    #[test]
+    fn r12_15_patterns_matching_everything_need_all() {
+        for p in ["", ".*", "KEY:", "KEY: ", "^KEY: http", "(?s).", "x*"] {
+            let e = Job::grep_matcher(p, false).unwrap_err();
+            assert!(e.contains("\"all\": true"), "{p}: {e}");
+            assert!(Job::grep_matcher(p, true).is_ok(), "{p}");
+        }
+        // The seed's job, and what `edgeform purge` builds, are scoped.
+        for p in [
+            "KEY:.*example\\.com",
+            "^KEY: (?:http|https)(?:example\\.com|www\\.example\\.com)(?:/)",
+            "^KEY: (?:http|https)(?:[^/]+\\.cdn\\.example\\.io)(?:/)",
+            "\\.mp4$",
+        ] {
+            assert!(Job::grep_matcher(p, false).is_ok(), "{p}");
+        }
+        let j = Job::parse(r#"{"grep":".*","all":true}"#).unwrap();
+        assert!(j.all);
+        assert_eq!(j.to_json(), r#"{"grep":".*","all":true}"#);
+        assert!(
+            !Job::parse(r#"{"key":"k"}"#)
+                .unwrap()
+                .to_json()
+                .contains("all")
+        );
+    }
+
+    // See: #12 item 16 (one engine, one size limit, one verdict)
+    #[test]
+    fn r12_16_one_verdict_for_huge_repetitions() {
+        let e = matcher("a{1000}{1000}").unwrap_err();
+        assert!(e.contains("size limit"), "{e}");
+        assert!(Job::grep_matcher("a{1000}{1000}", true).is_err());
     }
 }
 
@@ -153,6 +287,7 @@ pub const REGEX_SIZE_LIMIT: usize = 1 << 20;
 pub fn matcher(pattern: &str) -> Result<regex::bytes::Regex, String> {
     regex::bytes::RegexBuilder::new(pattern)
         .size_limit(REGEX_SIZE_LIMIT)
+        .dfa_size_limit(REGEX_SIZE_LIMIT)
         .build()
         .map_err(|e| match e {
             regex::Error::Syntax(s) => s

@@ -357,6 +357,9 @@ impl Router {
 
     /// The client address: the peer, or the last `X-Forwarded-For` entry
     /// when the peer is a trusted proxy and the header is well formed.
+    /// Several header lines are one list, in order (join them with
+    /// [`join_xff`]): a proxy such as HAProxy appends its own line after
+    /// the client's, so the last entry of the last line is what it saw.
     #[must_use]
     pub fn client_ip(&self, peer: IpAddr, xff: Option<&str>, reasons: &mut Vec<String>) -> IpAddr {
         let mut notes = Notes {
@@ -680,7 +683,11 @@ impl Router {
                 match &n.public_url {
                     Some(url) => {
                         d.mode = Some(Mode::Redirect);
-                        d.location = Some(format!("{}/{stream}", url.trim_end_matches('/')));
+                        d.location = Some(format!(
+                            "{}/{}",
+                            url.trim_end_matches('/'),
+                            encode_segment(stream)
+                        ));
                         notes.add(|| format!("chose {node}: redirect to its payload URL"));
                     }
                     None => {
@@ -817,3 +824,68 @@ pub fn choose_placement<'a>(
 
 #[cfg(test)]
 mod tests;
+
+/// The `X-Forwarded-For` lines of one request as one comma-separated
+/// list, in order (RFC 9110 §5.3). `None` without any line; a line that
+/// is not text makes the whole list malformed (`Some("")`, the peer is
+/// used).
+#[must_use]
+pub fn join_xff<'a>(lines: impl IntoIterator<Item = &'a [u8]>) -> Option<String> {
+    let mut out: Option<String> = None;
+    for line in lines {
+        let Ok(text) = std::str::from_utf8(line) else {
+            return Some(String::new());
+        };
+        match &mut out {
+            Some(o) => {
+                o.push(',');
+                o.push_str(text);
+            }
+            None => out = Some(text.to_owned()),
+        }
+    }
+    out
+}
+
+/// `segment` percent-encoded for one URL path segment: everything but
+/// RFC 3986's unreserved characters (so `/`, `?`, `#`, `%`, spaces,
+/// CR/LF and non-ASCII cannot change the URL or the header).
+#[must_use]
+pub fn encode_segment(segment: &str) -> String {
+    let mut out = String::with_capacity(segment.len());
+    for b in segment.bytes() {
+        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~') {
+            out.push(char::from(b));
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod hostile_tests {
+    use super::*;
+
+    // See: #12 item 2
+    #[test]
+    fn r12_2_xff_lines_join_in_order() {
+        let lines: [&[u8]; 2] = [b"192.0.2.66", b"198.51.100.9"];
+        assert_eq!(join_xff(lines).as_deref(), Some("192.0.2.66,198.51.100.9"));
+        assert_eq!(join_xff(std::iter::empty()), None);
+        let bad: [&[u8]; 2] = [b"1.2.3.4", b"\xff"];
+        assert_eq!(join_xff(bad).as_deref(), Some(""));
+    }
+
+    // See: #12 item 16
+    #[test]
+    fn r12_16_segments_are_percent_encoded() {
+        assert_eq!(encode_segment("cam-1_a.b~"), "cam-1_a.b~");
+        assert_eq!(encode_segment("a b/c?d#e%"), "a%20b%2Fc%3Fd%23e%25");
+        assert_eq!(
+            encode_segment("x\r\nSet-Cookie: y"),
+            "x%0D%0ASet-Cookie%3A%20y"
+        );
+        assert_eq!(encode_segment("é"), "%C3%A9");
+    }
+}

@@ -5,8 +5,8 @@
 
 use std::sync::OnceLock;
 
+use agent::book::Book;
 use agent::config::Config;
-use agent::mqtt::Book;
 use libfuzzer_sys::fuzz_target;
 
 fn actions() -> &'static Config {

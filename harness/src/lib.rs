@@ -381,6 +381,39 @@ pub fn mosquitto_tls(user: &str, password: &str) -> (Process, PathBuf) {
     (mosquitto_conf(None, d, &extra), ca)
 }
 
+/// A mosquitto with password logins for `users` and the ACL file
+/// `acl` (mosquitto `acl_file` syntax); anonymous access refused.
+///
+/// # Panics
+/// When `mosquitto_passwd` fails, or it does not come up.
+#[must_use]
+pub fn mosquitto_acl(users: &[(&str, &str)], acl: &str) -> Process {
+    let d = tempfile::tempdir().expect("tempdir");
+    let p = d.path();
+    for (i, (user, password)) in users.iter().enumerate() {
+        let mut args = vec!["-b", "passwd", user, password];
+        if i == 0 {
+            args.insert(0, "-c");
+        }
+        let out = Command::new(find("mosquitto_passwd"))
+            .args(&args)
+            .current_dir(p)
+            .output()
+            .unwrap_or_else(|e| panic!("mosquitto_passwd: {e}"));
+        assert!(
+            out.status.success(),
+            "mosquitto_passwd: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    std::fs::write(p.join("acl"), acl).expect("write acl");
+    let extra = format!(
+        "allow_anonymous false\npassword_file {dir}/passwd\nacl_file {dir}/acl\n",
+        dir = p.display()
+    );
+    mosquitto_conf(None, d, &extra)
+}
+
 fn mosquitto_with(fixed: Option<u16>, dir: tempfile::TempDir) -> Process {
     mosquitto_conf(fixed, dir, "allow_anonymous true\n")
 }
@@ -394,9 +427,12 @@ fn mosquitto_conf(fixed: Option<u16>, dir: tempfile::TempDir, listener: &str) ->
             .unwrap_or_else(|| tempfile::tempdir().expect("tempdir"));
         let port = fixed.unwrap_or_else(free_port);
         let log = d.path().join("mosquitto.log");
+        // max_queued_messages: the default (1000 per client) drops QoS 1
+        // commands beyond it while an agent works through a burst; see
+        // docs/operations.md (#12 item 11).
         let conf = format!(
             "per_listener_settings false\nlistener {port} 127.0.0.1\n{listener}persistence true\n\
-             persistence_location {}/\nautosave_interval 1\n",
+             persistence_location {}/\nautosave_interval 1\nmax_queued_messages 100000\n",
             d.path().display()
         );
         let conf_path = d.path().join("mosquitto.conf");

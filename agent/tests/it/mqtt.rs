@@ -350,6 +350,10 @@ fn signed_commands_when_a_key_is_configured() {
         (res.status, res.stdout.as_str()),
         (Outcome::Ok, "said hi\n")
     );
+    // See: #12 item 3. The result is signed for this command; the
+    // refusals of unauthenticated ones are not.
+    assert!(res.verify(&good, "edge-1", b"s3cret"), "{res:?}");
+    assert!(!res.verify(&wrong, "edge-1", b"s3cret"));
     // An unsigned command with the id of a refused one may still be
     // signed and run later: refusals for authentication do not claim ids.
     let mut retry = command("u1", "echo", &[("word", "ok")]);
@@ -429,8 +433,10 @@ fn routing_health_from_mqtt_survives_the_broker() {
         "{body}"
     );
     assert!(body.contains("edgeform_agent_mqtt_connected 1"), "{body}");
+    // edge-a and edge-b; the agent's own edge-1 is not in this routing
+    // table, so it is not tracked (#12 item 4; this was 3 before).
     assert!(
-        body.contains("edgeform_agent_cluster_nodes_reporting 3"),
+        body.contains("edgeform_agent_cluster_nodes_reporting 2"),
         "{body}"
     );
 
@@ -564,4 +570,295 @@ fn tls_and_credentials() {
         "{}",
         unset.log()
     );
+}
+
+fn metric(http: u16, name: &str) -> u64 {
+    let (_, _, body) = get(http, "/metrics", "");
+    body.lines()
+        .find_map(|l| l.strip_prefix(name)?.trim().parse().ok())
+        .unwrap_or(0)
+}
+
+fn rss_kib(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap()
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap()
+}
+
+// See: #12 item 4
+/// 50,000 health reports and statuses for invented nodes: ignored (only
+/// routing-table nodes are tracked), counted, memory bounded, and `/route`
+/// keeps answering from the real nodes' health.
+#[test]
+fn r12_4_reports_for_invented_nodes_are_ignored_with_bounded_memory() {
+    let r = harness::redis(&[]);
+    let broker = harness::mosquitto();
+    let dir = tempfile::tempdir().unwrap();
+    publish(r.port, &table("https://a.example.net"), 1);
+    let http = harness::free_port();
+    let agent = Agent::start_with(
+        r.port,
+        &[dir.path().join("cache")],
+        &format!(
+            "{}http:\n  listen: 127.0.0.1:{http}\nrouting:\n  refresh: 100ms\n",
+            mqtt_yaml(broker.port, "")
+        ),
+    );
+    let log = || agent.log();
+    let m = Mqtt::connect(broker.port);
+    m.publish("edgeform/health/edge-a", report_for("edge-a", 3), true);
+    m.publish("edgeform/status/edge-a", "online", true);
+    wait_for(
+        || {
+            std::net::TcpStream::connect(("127.0.0.1", http)).is_ok()
+                && get(http, "/route/cam1", "").0 == 302
+        },
+        "routing from MQTT health",
+        &log,
+    );
+    let pid = agent.child.as_ref().unwrap().id();
+    let before = rss_kib(pid);
+    let n = 50_000;
+    for i in 0..n {
+        let node = format!("invented-{i}");
+        m.client
+            .publish(
+                format!("edgeform/health/{node}"),
+                rumqttc::QoS::AtMostOnce,
+                false,
+                report_for(&node, 1),
+            )
+            .unwrap();
+        if i % 10 == 0 {
+            // A forged last will for a real node from a made-up one is
+            // not a report for a tracked node either way: this one is
+            // for an invented node.
+            m.client
+                .publish(
+                    format!("edgeform/status/{node}"),
+                    rumqttc::QoS::AtMostOnce,
+                    false,
+                    "offline",
+                )
+                .unwrap();
+        }
+    }
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while metric(http, "edgeform_agent_health_ignored_total") < n * 9 / 10 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "ignored only {}",
+            metric(http, "edgeform_agent_health_ignored_total")
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let after = rss_kib(pid);
+    eprintln!("r12_4: agent RSS {before} KiB before, {after} KiB after {n} invented reports");
+    assert!(
+        after < before + 30 * 1024,
+        "RSS grew from {before} KiB to {after} KiB"
+    );
+    assert_eq!(metric(http, "edgeform_agent_cluster_nodes_reporting"), 1);
+    assert_eq!(get(http, "/route/cam1", "").0, 302);
+}
+
+// See: #12 item 4 (broker ACLs)
+/// The shipped `packaging/mosquitto.acl` on a real mosquitto with
+/// password logins: the agent works (online, health, commands), and a
+/// forged retained `status/edge-1 = offline` sent with another agent's
+/// credentials is refused by the broker.
+#[test]
+fn r12_4_broker_acl_confines_each_agent_to_its_own_topics() {
+    let acl = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../packaging/mosquitto.acl"),
+    )
+    .unwrap();
+    let broker = harness::mosquitto_acl(
+        &[
+            ("edge-1", "pw1"),
+            ("edge-2", "pw2"),
+            ("edgeform-control", "pwc"),
+        ],
+        &acl,
+    );
+    let r = harness::redis(&[]);
+    let dir = tempfile::tempdir().unwrap();
+    let agent = Agent::start_env(
+        r.port,
+        &[dir.path().join("cache")],
+        &format!(
+            "mqtt:\n  url: mqtt://127.0.0.1:{}\n  username: edge-1\n  password_env: EDGE1_PW\n\
+             health:\n  interval: 500ms\n{}",
+            broker.port,
+            actions_yaml()
+        ),
+        &[("EDGE1_PW", "pw1")],
+    );
+    let control = Mqtt::connect_as(broker.port, "edgeform-control", "pwc");
+    wait_online(&control, &agent);
+    control.subscribe("edgeform/health/edge-1");
+    assert!(
+        control
+            .wait("edgeform/health/edge-1", 10, |_| true)
+            .is_some(),
+        "no health report:\n{}",
+        agent.log()
+    );
+    // The agent runs the control host's commands and answers.
+    let res = run(
+        &control,
+        &command("acl-1", "echo", &[("word", "hi")]),
+        &agent,
+    );
+    assert_eq!(res.status, Outcome::Ok, "{res:?}");
+    // edge-2's credentials: its own status is accepted, edge-1's refused.
+    let edge2 = Mqtt::connect_as(broker.port, "edge-2", "pw2");
+    edge2.publish("edgeform/status/edge-2", "online", true);
+    edge2.publish("edgeform/status/edge-1", "offline", true);
+    edge2.publish("edgeform/cmd/edge-1", b"{}".to_vec(), false);
+    std::thread::sleep(Duration::from_millis(500));
+    let fresh = Mqtt::connect_as(broker.port, "edgeform-control", "pwc");
+    fresh.subscribe("edgeform/status/+");
+    let mut seen = BTreeMap::new();
+    while let Some(p) = fresh.wait_any(2) {
+        seen.insert(p.0, p.1);
+    }
+    assert_eq!(
+        seen.get("edgeform/status/edge-1").map(Vec::as_slice),
+        Some(b"online".as_slice()),
+        "{seen:?}"
+    );
+    assert_eq!(
+        seen.get("edgeform/status/edge-2").map(Vec::as_slice),
+        Some(b"online".as_slice()),
+        "{seen:?}"
+    );
+    assert!(
+        !agent.log().contains("command: malformed"),
+        "edge-2 reached edge-1's command topic:\n{}",
+        agent.log()
+    );
+}
+
+// See: #12 item 11
+/// 3,000 valid commands published at once: every one is answered (run),
+/// none lost between the broker's queue and the agent; a refused command
+/// holds its id only until it expires (plus an hour), not for 7 days.
+#[test]
+fn r12_11_a_burst_of_3000_commands_is_fully_answered() {
+    let r = harness::redis(&[]);
+    let broker = harness::mosquitto();
+    let dir = tempfile::tempdir().unwrap();
+    let agent = Agent::start_with(
+        r.port,
+        &[dir.path().join("cache")],
+        &format!("{}{}", mqtt_yaml(broker.port, ""), actions_yaml()),
+    );
+    let m = Mqtt::connect(broker.port);
+    wait_online(&m, &agent);
+    m.subscribe("edgeform/result/edge-1/+");
+    let n = 3000;
+    for i in 0..n {
+        m.publish(
+            "edgeform/cmd/edge-1",
+            serde_json::to_vec(&command(&format!("b{i:04}"), "echo", &[("word", "hi")])).unwrap(),
+            false,
+        );
+    }
+    let mut answered = std::collections::BTreeSet::new();
+    let deadline = std::time::Instant::now() + Duration::from_secs(240);
+    while answered.len() < n {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        assert!(
+            !left.is_zero(),
+            "{} of {n} answered; agent log tail:\n{}",
+            answered.len(),
+            agent
+                .log()
+                .lines()
+                .rev()
+                .take(20)
+                .collect::<Vec<_>>()
+                .join("\n")
+        );
+        if let Some((topic, payload)) = m.wait_any(left.as_secs().max(1))
+            && let Some(id) = topic.strip_prefix("edgeform/result/edge-1/")
+        {
+            let res: CommandResult = serde_json::from_slice(&payload).unwrap();
+            assert_eq!(res.status, Outcome::Ok, "{res:?}");
+            answered.insert(id.to_owned());
+        }
+    }
+    assert_eq!(answered.len(), n);
+    // A policy refusal claims its id briefly; a run command for 7 days.
+    let res = run(
+        &m,
+        &command("refused-1", "echo", &[("word", "a;b")]),
+        &agent,
+    );
+    assert_eq!(res.status, Outcome::Refused);
+    let ttl = |id: &str| -> i64 {
+        redis::cmd("TTL")
+            .arg(edgestate::keys::command(id))
+            .query(&mut con(r.port))
+            .unwrap()
+    };
+    let refused = ttl("refused-1");
+    assert!(
+        refused > 0 && refused <= 60 + 3600,
+        "refused id TTL {refused}"
+    );
+    assert!(ttl("b0000") > 6 * 24 * 3600);
+}
+
+// See: #12 item 16
+/// `mqtts://` without `ca_file` uses the system's trust store: a broker
+/// whose CA is not in it is refused loudly (logged, retried), never
+/// silently off; `--check-config` refuses a `ca_file` that is missing.
+#[test]
+fn r12_16_mqtts_without_ca_file_uses_the_system_store_and_says_so() {
+    let r = harness::redis(&[]);
+    let (broker, _ca) = harness::mosquitto_tls("edge-1", "pw");
+    let dir = tempfile::tempdir().unwrap();
+    let agent = Agent::start_env(
+        r.port,
+        &[dir.path().join("cache")],
+        &format!(
+            "mqtt:\n  url: mqtts://127.0.0.1:{}\n  username: edge-1\n  password_env: TEST_MQTT_PW\n",
+            broker.port
+        ),
+        &[("TEST_MQTT_PW", "pw")],
+    );
+    wait_for(
+        || agent.log().contains("mqtt: broker unreachable"),
+        "a TLS failure logged",
+        &|| agent.log(),
+    );
+    let log = agent.log();
+    assert!(
+        log.to_lowercase().contains("certificate") || log.contains("Tls"),
+        "{log}"
+    );
+    let config = dir.path().join("agent.yaml");
+    std::fs::write(
+        &config,
+        format!(
+            "node: e\nregion: eu\nredis: {{url: \"redis://127.0.0.1:{}\"}}\n\
+             mqtt:\n  url: mqtts://127.0.0.1:1\n  ca_file: {}\n",
+            r.port,
+            dir.path().join("missing-ca.pem").display()
+        ),
+    )
+    .unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_edgeform-agent"))
+        .args(["--check-config", "--config"])
+        .arg(&config)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains(":6:12: cannot read the MQTT CA file"), "{err}");
 }

@@ -8,14 +8,33 @@ fn sample() -> std::path::PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../packaging/agent.yaml")
 }
 
+/// The sample as deployed: its CA file exists (here a temp copy of the
+/// sample points at a temp one).
+fn deployed_sample(dir: &Path) -> std::path::PathBuf {
+    let ca = dir.join("mqtt-ca.pem");
+    std::fs::write(
+        &ca,
+        "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n",
+    )
+    .unwrap();
+    let text = std::fs::read_to_string(sample())
+        .unwrap()
+        .replace("/etc/edgeform/mqtt-ca.pem", &ca.display().to_string());
+    let copy = dir.join("agent.yaml");
+    std::fs::write(&copy, text).unwrap();
+    copy
+}
+
 #[test]
 fn sample_agent_yaml_passes_check_config() {
+    let dir = tempfile::tempdir().unwrap();
     let out = Command::new(env!("CARGO_BIN_EXE_edgeform-agent"))
         .arg("--config")
-        .arg(sample())
+        .arg(deployed_sample(dir.path()))
         .arg("--check-config")
         .env("EDGEFORM_COMMAND_KEY", "test-key")
         .env("EDGEFORM_MQTT_PASSWORD", "test-password")
+        .env("EDGEFORM_REDIS_PASSWORD", "test-password")
         .output()
         .unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
@@ -35,12 +54,14 @@ fn sample_agent_yaml_sets_every_key() {
     // The sample names a command signing key variable: without it in the
     // environment the check fails, naming it.
     if std::env::var_os("EDGEFORM_COMMAND_KEY").is_none() {
+        let dir = tempfile::tempdir().unwrap();
         let out = Command::new(env!("CARGO_BIN_EXE_edgeform-agent"))
             .arg("--config")
-            .arg(sample())
+            .arg(deployed_sample(dir.path()))
             .arg("--check-config")
             .env_remove("EDGEFORM_COMMAND_KEY")
             .env("EDGEFORM_MQTT_PASSWORD", "test-password")
+            .env("EDGEFORM_REDIS_PASSWORD", "test-password")
             .output()
             .unwrap();
         let err = String::from_utf8_lossy(&out.stderr);
@@ -83,4 +104,56 @@ fn sample_agent_yaml_sets_every_key() {
     ] {
         assert!(text.contains(key), "{key:?} is not in packaging/agent.yaml");
     }
+}
+
+// See: #19 item 7, #13 item 5
+/// `--check-config` on the sample with nothing deployed reports every
+/// missing variable and the missing CA file in one run, each at its line.
+#[test]
+fn r19_7_check_config_reports_every_missing_variable_and_the_ca_file() {
+    let out = Command::new(env!("CARGO_BIN_EXE_edgeform-agent"))
+        .arg("--config")
+        .arg(sample())
+        .arg("--check-config")
+        .env_remove("EDGEFORM_COMMAND_KEY")
+        .env_remove("EDGEFORM_MQTT_PASSWORD")
+        .env_remove("EDGEFORM_REDIS_PASSWORD")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    for needle in [
+        "EDGEFORM_REDIS_PASSWORD",
+        "EDGEFORM_MQTT_PASSWORD",
+        "EDGEFORM_COMMAND_KEY",
+        "cannot read the MQTT CA file `/etc/edgeform/mqtt-ca.pem`",
+    ] {
+        assert!(err.contains(needle), "{needle}: {err}");
+    }
+    let located = err
+        .lines()
+        .filter(|l| l.starts_with("error: ") && l.contains("agent.yaml:"))
+        .count();
+    assert_eq!(located, 4, "{err}");
+    assert!(err.contains("4 errors in"), "{err}");
+}
+
+// See: #19 item 7
+/// Without `--config` and no /etc/edgeform/agent.yaml: a hint, not
+/// `agent.yaml:0:0: cannot read`.
+#[test]
+fn r19_7_no_config_gives_a_hint() {
+    if Path::new("/etc/edgeform/agent.yaml").exists() {
+        return;
+    }
+    let out = Command::new(env!("CARGO_BIN_EXE_edgeform-agent"))
+        .arg("--check-config")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("--config FILE") && !err.contains(":0:0:"),
+        "{err}"
+    );
 }

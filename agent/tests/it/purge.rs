@@ -254,3 +254,174 @@ fn files_cached_after_start_are_purged_too() {
     assert_eq!(wait_done(r.port, "p", &agent), "51");
     assert!(!exists(&before) && after.iter().all(|f| !exists(f)) && exists(&other));
 }
+
+fn failed_entries(port: u16) -> Vec<serde_json::Value> {
+    let failed: Vec<String> = redis::cmd("LRANGE")
+        .arg(format!("{QUEUE}:failed"))
+        .arg(0)
+        .arg(-1)
+        .query(&mut con(port))
+        .unwrap();
+    failed
+        .iter()
+        .map(|f| serde_json::from_str(f).unwrap())
+        .collect()
+}
+
+fn peak_rss_kib(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap()
+}
+
+// See: #12 item 6, item 7
+/// A 20 MB regex job and a non-UTF-8 job on a real Redis are failed
+/// without echoing them, the agent stays small and connected, and the
+/// normal job queued after them runs.
+#[test]
+fn r12_6_7_huge_and_non_utf8_jobs_fail_and_the_next_job_runs() {
+    let r = harness::redis(&[]);
+    let cache = Cache::new();
+    let f = cache.put("static", "httpexample.com/after");
+    let agent = Agent::start(r.port, &cache.dirs());
+    let huge = format!(
+        r#"{{"id":"huge","grep":"{}"}}"#,
+        "(a|b)*c".repeat(20_000_000 / 7)
+    );
+    push_job(r.port, &huge);
+    redis::cmd("RPUSH")
+        .arg(QUEUE)
+        .arg(b"{\"id\":\"bin\",\"grep\":\"\xff\xfe\"}".as_slice())
+        .arg(b"\xff\x1b[2J".as_slice())
+        .exec(&mut con(r.port))
+        .unwrap();
+    push_job(r.port, r#"{"id":"ok","key":"httpexample.com/after"}"#);
+    assert_eq!(wait_done(r.port, "ok", &agent), "1");
+    assert!(!exists(&f));
+    // The huge one is too big to parse: no id, so no done record.
+    let bin = wait_done(r.port, "bin", &agent);
+    assert!(bin.starts_with("failed: the job is not UTF-8"), "{bin}");
+    let failed = failed_entries(r.port);
+    assert_eq!(failed.len(), 3, "{failed:?}");
+    assert_eq!(failed[0]["bytes"], huge.len());
+    assert!(
+        failed[0]["reason"]
+            .as_str()
+            .unwrap()
+            .contains("over the 65536-byte limit")
+    );
+    assert!(failed[0]["job"].as_str().unwrap().len() < 300);
+    assert!(
+        failed[1]["job"]
+            .as_str()
+            .unwrap()
+            .contains(r#""grep":"\xff\xfe""#)
+    );
+    assert_eq!(failed[2]["job"], r"\xff\u{1b}[2J");
+    let log = agent.log();
+    assert!(log.len() < 20_000, "the job was echoed into the log");
+    assert!(!log.contains('\u{1b}'), "a raw escape reached the log");
+    assert_eq!(
+        log.matches("purge worker connected").count(),
+        1,
+        "reconnected:\n{log}"
+    );
+    let rss = peak_rss_kib(agent.child.as_ref().unwrap().id());
+    assert!(rss < 200 * 1024, "peak RSS {rss} KiB");
+    let processing: i64 = redis::cmd("LLEN")
+        .arg(format!("{QUEUE}:processing"))
+        .query(&mut con(r.port))
+        .unwrap();
+    assert_eq!(processing, 0);
+}
+
+// See: #12 item 7
+/// A job found in processing that was already started three times without
+/// finishing (it killed the agent each time) is failed unrun.
+#[test]
+fn r12_7_a_poison_job_is_failed_after_three_unfinished_starts() {
+    let r = harness::redis(&[]);
+    let cache = Cache::new();
+    let f = cache.put("static", "httpexample.com/poison");
+    let job = r#"{"id":"poison","key":"httpexample.com/poison"}"#;
+    let mut c = con(r.port);
+    redis::cmd("RPUSH")
+        .arg(format!("{QUEUE}:processing"))
+        .arg(job)
+        .exec(&mut c)
+        .unwrap();
+    let digest: String = {
+        use md5::Digest;
+        md5::Md5::digest(job.as_bytes())
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect()
+    };
+    // Three starts recorded by agents that died mid-job.
+    redis::cmd("HSET")
+        .arg(format!("{QUEUE}:attempts"))
+        .arg(&digest)
+        .arg(3)
+        .exec(&mut c)
+        .unwrap();
+    let agent = Agent::start(r.port, &cache.dirs());
+    let v = wait_done(r.port, "poison", &agent);
+    assert!(v.starts_with("failed: started 3 times"), "{v}");
+    assert!(exists(&f), "the poison job ran");
+    // The next job runs, and a finished job leaves no counter behind.
+    push_job(r.port, r#"{"id":"next","key":"httpexample.com/poison"}"#);
+    assert_eq!(wait_done(r.port, "next", &agent), "1");
+    let left: i64 = redis::cmd("HLEN")
+        .arg(format!("{QUEUE}:attempts"))
+        .query(&mut c)
+        .unwrap();
+    assert_eq!(left, 0);
+}
+
+// See: #12 item 15
+/// A raw pattern that matches every key is failed unless the job says
+/// `"all": true`; the seed's and `edgeform purge`'s scoped jobs run.
+#[test]
+fn r12_15_unscoped_patterns_need_the_all_flag() {
+    let r = harness::redis(&[]);
+    let cache = Cache::new();
+    let a = cache.put("static", "httpexample.com/a");
+    let b = cache.put("dynamic", "httpother.org/b");
+    let agent = Agent::start(r.port, &cache.dirs());
+    for (id, grep) in [("empty", ""), ("dotstar", ".*"), ("key", "KEY:")] {
+        push_job(r.port, &format!(r#"{{"id":"{id}","grep":"{grep}"}}"#));
+        let v = wait_done(r.port, id, &agent);
+        assert!(v.contains(r#"sets "all": true"#), "{id}: {v}");
+    }
+    assert!(exists(&a) && exists(&b));
+    push_job(r.port, r#"{"id":"site","grep":"KEY:.*example\\.com"}"#);
+    assert_eq!(wait_done(r.port, "site", &agent), "1");
+    push_job(r.port, r#"{"id":"all","grep":".*","all":true}"#);
+    assert_eq!(wait_done(r.port, "all", &agent), "1");
+    assert!(!exists(&a) && !exists(&b));
+}
+
+// See: #19 item 7
+/// Redis unreachable: the log names the URL once and the cause once.
+#[test]
+fn r19_7_redis_errors_name_the_url_once() {
+    let port = harness::free_port();
+    let cache = Cache::new();
+    let agent = Agent::start(port, &cache.dirs());
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !agent.log().contains("redis unreachable") {
+        assert!(Instant::now() < deadline, "{}", agent.log());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let log = agent.log();
+    let line = log
+        .lines()
+        .find(|l| l.contains("purge worker: redis unreachable"))
+        .unwrap();
+    let url = format!("redis://127.0.0.1:{port}");
+    assert_eq!(line.matches(&url).count(), 1, "{line}");
+    assert_eq!(line.matches("Connection refused").count(), 1, "{line}");
+}

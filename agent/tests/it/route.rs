@@ -204,3 +204,215 @@ fn route_over_http_with_real_redis() {
         &log,
     );
 }
+
+/// An agent with `t` and a health file where edge-a carries `streams`;
+/// returns (agent, http port, health dir).
+fn agent_with(
+    r: &harness::Process,
+    t: &RoutingTable,
+    streams: &[&str],
+) -> (crate::util::Agent, u16, tempfile::TempDir) {
+    let dir = tempfile::tempdir().unwrap();
+    let health = dir.path().join("health.json");
+    let h = serde_json::json!({"nodes": {
+        "edge-a": {"online": true, "play_sessions": 3, "out_kbit": 10, "streams": streams},
+        "edge-b": {"online": true, "play_sessions": 1, "out_kbit": 10, "streams": []},
+    }});
+    std::fs::write(&health, h.to_string()).unwrap();
+    publish(r.port, t, 1);
+    let http = harness::free_port();
+    let agent = crate::util::Agent::start_with(
+        r.port,
+        &[dir.path().join("cache")],
+        &format!(
+            "http:\n  listen: 127.0.0.1:{http}\n  proxy_url: https://router.example.net/proxy/{{node}}/{{stream}}\n\
+             routing:\n  health_file: {}\n  refresh: 100ms\n",
+            health.display()
+        ),
+    );
+    let log = || agent.log();
+    wait_for(
+        || {
+            std::net::TcpStream::connect(("127.0.0.1", http)).is_ok()
+                && get(http, "/healthz", "").0 == 200
+        },
+        "agent up",
+        &log,
+    );
+    (agent, http, dir)
+}
+
+// See: #12 item 2
+/// Behind a trusted proxy that appends its own `X-Forwarded-For` line
+/// (HAProxy), the client is the last address of the last line: a forged
+/// first line changes nothing.
+#[test]
+fn r12_2_two_xff_lines_the_last_address_wins() {
+    let r = harness::redis(&[]);
+    let mut t = table("https://a.example.net");
+    t.trusted_proxies = vec!["127.0.0.0/8".into()];
+    t.zones.get_mut("eu").unwrap().routes = vec!["192.0.2.0/24".into()];
+    let (_agent, http, _dir) = agent_with(&r, &t, &["cam1"]);
+    // Forged in-route address first, the proxy's line (outside) last: 403.
+    let forged = "X-Forwarded-For: 192.0.2.5\r\nX-Forwarded-For: 203.0.113.9\r\n";
+    let (status, head, _) = get(http, "/route/cam1", forged);
+    assert_eq!(status, 403, "{head}");
+    // The other way round: the proxy saw a client inside the route.
+    let real = "X-Forwarded-For: 203.0.113.9\r\nX-Forwarded-For: 10.1.1.1, 192.0.2.5\r\n";
+    let (status, head, _) = get(http, "/route/cam1", real);
+    assert_eq!(status, 302, "{head}");
+    // The explanation names the address it used.
+    let (_, _, body) = get(http, "/route/cam1?format=json", forged);
+    assert!(
+        body.contains("203.0.113.9") && !body.contains("entry 192.0.2.5"),
+        "{body}"
+    );
+}
+
+// See: #12 item 16
+/// The `Location` header is percent-encoded: a stream name with spaces,
+/// non-ASCII or a `/` cannot change the URL (and is not dropped).
+#[test]
+fn r12_16_location_is_percent_encoded() {
+    let r = harness::redis(&[]);
+    let t = table("https://a.example.net/live/");
+    let (_agent, http, _dir) = agent_with(&r, &t, &["cam é/x?y"]);
+    let (status, head, _) = get(http, "/route/cam%20%C3%A9%2Fx%3Fy", "");
+    assert_eq!(status, 302, "{head}");
+    assert!(
+        head.contains("location: https://a.example.net/live/cam%20%c3%a9%2fx%3fy\r\n"),
+        "{head}"
+    );
+}
+
+const HEADER_TIMEOUT_SECS: u64 = agent::http::HEADER_TIMEOUT.as_secs();
+
+// See: #12 item 10
+/// Under `ulimit -n 1024` (hard), 1,100 idle connections do not stop
+/// `/route`: the connection cap (below the descriptor limit) closes the
+/// oldest ones, and an idle connection is closed after the header-read
+/// timeout anyway.
+#[test]
+fn r12_10_idle_connections_do_not_stop_route() {
+    use rustix::process::{Resource, getrlimit, setrlimit};
+    // This test process needs descriptors for 1,100 client sockets.
+    let mut limit = getrlimit(Resource::Nofile);
+    if let (Some(soft), Some(hard)) = (limit.current, limit.maximum)
+        && soft < 4096
+    {
+        limit.current = Some(hard.min(8192));
+        setrlimit(Resource::Nofile, limit).unwrap();
+    }
+    let r = harness::redis(&[]);
+    let dir = tempfile::tempdir().unwrap();
+    let health = dir.path().join("health.json");
+    write_health(&health, true, true);
+    publish(r.port, &table("https://a.example.net"), 1);
+    let http = harness::free_port();
+    let agent = crate::util::Agent::start_wrapped(
+        r.port,
+        &[dir.path().join("cache")],
+        &format!(
+            "http:\n  listen: 127.0.0.1:{http}\n  proxy_url: https://router.example.net/p/{{node}}/{{stream}}\n\
+             routing:\n  health_file: {}\n  refresh: 100ms\n",
+            health.display()
+        ),
+        &[],
+        &["prlimit", "--nofile=1024:1024", "--"],
+    );
+    let log = || agent.log();
+    wait_for(
+        || {
+            std::net::TcpStream::connect(("127.0.0.1", http)).is_ok()
+                && get(http, "/route/cam1", "").0 == 302
+        },
+        "agent up",
+        &log,
+    );
+    let first = TcpStream::connect(("127.0.0.1", http)).unwrap();
+    let started = Instant::now();
+    let mut idle = Vec::new();
+    for _ in 0..1100 {
+        idle.push(TcpStream::connect(("127.0.0.1", http)).unwrap());
+    }
+    // A little after the flood, /route still answers at once.
+    std::thread::sleep(Duration::from_millis(300));
+    for _ in 0..5 {
+        let asked = Instant::now();
+        let (status, head, _) = get(http, "/route/cam1", "");
+        assert_eq!(status, 302, "{head}\n{}", agent.log());
+        assert!(asked.elapsed() < Duration::from_secs(2));
+    }
+    assert!(log().contains("max_connections=896"), "{}", log());
+    // The oldest idle connection was closed by the agent (EOF), and every
+    // idle one is within the header-read timeout.
+    let mut first = first;
+    first
+        .set_read_timeout(Some(Duration::from_secs(15)))
+        .unwrap();
+    let mut buf = [0u8; 1];
+    assert_eq!(first.read(&mut buf).unwrap_or(0), 0);
+    let last = idle.last_mut().unwrap();
+    last.set_read_timeout(Some(Duration::from_secs(15)))
+        .unwrap();
+    let waited = Instant::now();
+    let got = last.read(&mut buf);
+    eprintln!(
+        "r12_10: last idle connection: {got:?} after {:?} (flood started {:?} ago)",
+        waited.elapsed(),
+        started.elapsed()
+    );
+    assert_eq!(got.unwrap_or(1), 0, "idle connection kept open");
+    assert!(waited.elapsed() < Duration::from_secs(HEADER_TIMEOUT_SECS + 5));
+    let (_, _, metrics) = get(http, "/metrics", "");
+    assert!(
+        metrics.contains("edgeform_agent_http_evicted_total"),
+        "{metrics}"
+    );
+}
+
+// See: #12 item 9
+/// `routing.health_file` (and a metric source) on a fifo: the agent does
+/// not hang, says why, keeps serving, and stops on SIGTERM.
+#[test]
+fn r12_9_a_fifo_health_file_neither_hangs_nor_blocks_sigterm() {
+    let r = harness::redis(&[]);
+    let dir = tempfile::tempdir().unwrap();
+    let fifo = dir.path().join("health.fifo");
+    rustix::fs::mknodat(
+        rustix::fs::CWD,
+        &fifo,
+        rustix::fs::FileType::Fifo,
+        rustix::fs::Mode::RUSR | rustix::fs::Mode::WUSR,
+        0,
+    )
+    .unwrap();
+    publish(r.port, &table("https://a.example.net"), 1);
+    let http = harness::free_port();
+    let mut agent = crate::util::Agent::start_with(
+        r.port,
+        &[dir.path().join("cache")],
+        &format!(
+            "http:\n  listen: 127.0.0.1:{http}\nrouting:\n  health_file: {}\n  refresh: 100ms\n",
+            fifo.display()
+        ),
+    );
+    let log = || agent.log();
+    wait_for(
+        || log().contains("not a regular file"),
+        "the fifo is refused",
+        &log,
+    );
+    wait_for(
+        || {
+            std::net::TcpStream::connect(("127.0.0.1", http)).is_ok()
+                && get(http, "/healthz", "").0 == 200
+        },
+        "serving",
+        &log,
+    );
+    let asked = Instant::now();
+    let status = agent.terminate().unwrap();
+    assert!(status.success(), "{status:?}\n{}", agent.log());
+    assert!(asked.elapsed() < Duration::from_secs(5));
+}

@@ -51,6 +51,8 @@ pub struct Agent {
     pub log: PathBuf,
     /// Extra environment for the process.
     pub env: Vec<(String, String)>,
+    /// A command the agent runs under (e.g. `prlimit --nofile=…`).
+    pub wrapper: Vec<String>,
     _dir: tempfile::TempDir,
 }
 
@@ -70,6 +72,17 @@ impl Agent {
         dirs: &[PathBuf],
         extra: &str,
         env: &[(&str, &str)],
+    ) -> Agent {
+        Agent::start_wrapped(redis_port, dirs, extra, env, &[])
+    }
+
+    /// Run under `wrapper` (a command line the agent's is appended to).
+    pub fn start_wrapped(
+        redis_port: u16,
+        dirs: &[PathBuf],
+        extra: &str,
+        env: &[(&str, &str)],
+        wrapper: &[&str],
     ) -> Agent {
         let dir = tempfile::tempdir().unwrap();
         let config = dir.path().join("agent.yaml");
@@ -94,6 +107,7 @@ impl Agent {
                 .iter()
                 .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
                 .collect(),
+            wrapper: wrapper.iter().map(|w| (*w).to_owned()).collect(),
             _dir: dir,
         };
         a.spawn();
@@ -106,7 +120,16 @@ impl Agent {
             .append(true)
             .open(&self.log)
             .unwrap();
-        let child = Command::new(env!("CARGO_BIN_EXE_edgeform-agent"))
+        let bin = env!("CARGO_BIN_EXE_edgeform-agent");
+        let mut command = match self.wrapper.split_first() {
+            Some((program, args)) => {
+                let mut c = Command::new(program);
+                c.args(args).arg(bin);
+                c
+            }
+            None => Command::new(bin),
+        };
+        let child = command
             .arg("--config")
             .arg(&self.config)
             .env("EDGEFORM_LOG", "info")
@@ -207,6 +230,15 @@ pub struct Mqtt {
 
 impl Mqtt {
     pub fn connect(port: u16) -> Mqtt {
+        Mqtt::connect_with(port, None)
+    }
+
+    /// With a username and password.
+    pub fn connect_as(port: u16, user: &str, password: &str) -> Mqtt {
+        Mqtt::connect_with(port, Some((user, password)))
+    }
+
+    fn connect_with(port: u16, login: Option<(&str, &str)>) -> Mqtt {
         static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
         let id = format!(
             "test-{}-{}",
@@ -215,6 +247,9 @@ impl Mqtt {
         );
         let mut o = rumqttc::MqttOptions::new(id, "127.0.0.1", port);
         o.set_keep_alive(Duration::from_secs(5));
+        if let Some((user, password)) = login {
+            o.set_credentials(user, password);
+        }
         let (client, mut connection) = rumqttc::Client::new(o, 64);
         let (tx, rx) = std::sync::mpsc::channel();
         let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
@@ -268,6 +303,16 @@ impl Mqtt {
             }
         }
         None
+    }
+}
+
+impl Mqtt {
+    /// The next message on any topic within `secs`: (topic, payload).
+    pub fn wait_any(&self, secs: u64) -> Option<(String, Vec<u8>)> {
+        self.rx
+            .recv_timeout(Duration::from_secs(secs))
+            .ok()
+            .map(|p| (p.topic.clone(), p.payload.to_vec()))
     }
 }
 

@@ -11,6 +11,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use anyhow::{Result, bail};
 use edgestate::mqtt::{self as wire, Command, CommandResult, HealthReport, Message, Outcome};
+use edgestate::untrusted;
 use rumqttc::{AsyncClient, Event, EventLoop, Packet, QoS};
 use serde::Serialize;
 
@@ -274,7 +275,8 @@ fn short_commit(c: &str) -> String {
     if c.len() == 40 && c.bytes().all(|b| b.is_ascii_hexdigit()) {
         c[..12].to_owned()
     } else {
-        c.to_owned()
+        // Reported by the node: shown escaped.
+        untrusted::escape(c)
     }
 }
 
@@ -308,7 +310,7 @@ pub fn table(rows: &[Row]) -> String {
         };
         targets += usize::from(r.desired_commit.is_some());
         lines.push([
-            r.node.clone(),
+            untrusted::escape(&r.node),
             if r.online { "online" } else { "offline" }.into(),
             r.age_s.map_or_else(dash, |a| format!("{a}s")),
             commit,
@@ -410,10 +412,8 @@ pub async fn exec(source: &Valid, flags: &BrokerFlags, e: &Exec<'_>) -> Result<u
         expires_at: now + ttl.as_secs(),
         sig: None,
     };
-    if let Ok(key) = std::env::var(COMMAND_KEY_ENV)
-        && !key.is_empty()
-    {
-        cmd.sign(e.node, key.as_bytes());
+    if let Some(key) = command_key() {
+        cmd.sign(e.node, &key);
     }
     let mut s = connect(source, flags).await?;
     let result_topic = wire::result_topic(&s.prefix, e.node, &cmd.id);
@@ -462,17 +462,29 @@ pub async fn exec(source: &Valid, flags: &BrokerFlags, e: &Exec<'_>) -> Result<u
         }
         return Ok(0);
     };
+    // Only the node's own answer counts: signed for this command with the
+    // key when there is one (#12 item 3); anything else on the topic is
+    // reported and ignored, and exec keeps waiting.
+    let key = command_key();
     let mut result: Option<CommandResult> = None;
     let got = s
         .pump(wait, |ev| {
-            if let Event::Incoming(Packet::Publish(p)) = ev
-                && p.topic == result_topic
-                && let Ok(r) = serde_json::from_slice::<CommandResult>(&p.payload)
-            {
-                result = Some(r);
-                return true;
+            let Event::Incoming(Packet::Publish(p)) = ev else {
+                return false;
+            };
+            if p.topic != result_topic {
+                return false;
             }
-            false
+            match accept_result(&p.payload, &cmd, e.node, key.as_deref()) {
+                Ok(r) => {
+                    result = Some(r);
+                    true
+                }
+                Err(why) => {
+                    eprintln!("warning: ignored a result on {result_topic}: {why}");
+                    false
+                }
+            }
         })
         .await?;
     s.close().await;
@@ -493,28 +505,78 @@ pub async fn exec(source: &Valid, flags: &BrokerFlags, e: &Exec<'_>) -> Result<u
     Ok(u8::from(r.status != Outcome::Ok))
 }
 
-/// A result as a few lines of text.
+/// The command key from [`COMMAND_KEY_ENV`], when set and not empty.
+fn command_key() -> Option<Vec<u8>> {
+    std::env::var(COMMAND_KEY_ENV)
+        .ok()
+        .filter(|k| !k.is_empty())
+        .map(String::into_bytes)
+}
+
+/// Whether `payload` is `node`'s answer to `cmd`: a result for this id and
+/// node, and — with a key — signed for this very command. Without a key
+/// results cannot be authenticated (docs/operations.md says so).
+///
+/// # Errors
+/// Why it is not (shown escaped: it is the sender's text).
+pub fn accept_result(
+    payload: &[u8],
+    cmd: &Command,
+    node: &str,
+    key: Option<&[u8]>,
+) -> Result<CommandResult, String> {
+    let r: CommandResult =
+        serde_json::from_slice(payload).map_err(|e| format!("not a command result: {e}"))?;
+    if r.id != cmd.id || r.node != node {
+        return Err(format!(
+            "it answers {} on {}, not {} on {node}",
+            untrusted::escape(&r.id),
+            untrusted::escape(&r.node),
+            cmd.id
+        ));
+    }
+    if let Some(key) = key
+        && !r.verify(cmd, node, key)
+    {
+        return Err(format!(
+            "{} (it claims: {}{})",
+            if r.sig.is_some() {
+                "its signature does not verify: forged, or signed with another key"
+            } else {
+                "it is unsigned: not from an agent holding the command key"
+            },
+            r.status.as_str(),
+            r.reason
+                .as_deref()
+                .map(|x| format!(": {}", untrusted::escape(x)))
+                .unwrap_or_default()
+        ));
+    }
+    Ok(r)
+}
+
+/// A result as a few lines of text; every string from the node is
+/// shown with control characters escaped.
 #[must_use]
 pub fn describe(r: &CommandResult) -> String {
-    let status = match r.status {
-        Outcome::Ok => "ok",
-        Outcome::Failed => "failed",
-        Outcome::Refused => "refused",
-        Outcome::Expired => "expired",
-    };
-    let mut out = format!("{}: {} {status}", r.node, r.action);
+    let status = r.status.as_str();
+    let mut out = format!(
+        "{}: {} {status}",
+        untrusted::escape(&r.node),
+        untrusted::escape(&r.action)
+    );
     if let Some(code) = r.exit_code {
         out.push_str(&format!(", exit {code}"));
     }
     out.push_str(&format!(" in {} ms\n", r.duration_ms));
     if let Some(reason) = &r.reason {
-        out.push_str(&format!("  reason: {reason}\n"));
+        out.push_str(&format!("  reason: {}\n", untrusted::escape(reason)));
     }
     for (name, text) in [("stdout", &r.stdout), ("stderr", &r.stderr)] {
         if !text.is_empty() {
             out.push_str(&format!("  {name}:\n"));
             for line in text.lines() {
-                out.push_str(&format!("    {line}\n"));
+                out.push_str(&format!("    {}\n", untrusted::escape(line)));
             }
         }
     }

@@ -59,6 +59,8 @@ pub fn build_job(id: &str, site: &Site, node: &Node, what: &What) -> Result<Job,
         grep: None,
         key: None,
         keys: None,
+        // Site-scoped, but everything of the site: say so (#12 item 15).
+        all: what.all,
     };
     if let Some(url) = &what.url {
         let (schemes, host, uri): (Vec<&str>, Vec<&str>, &str) =
@@ -113,7 +115,8 @@ pub fn build_job(id: &str, site: &Site, node: &Node, what: &What) -> Result<Job,
         "/".to_owned()
     };
     let pattern = purge::key_line_regex(template, &hosts, &uri_regex)?;
-    purge::matcher(&pattern)
+    // The agent's own verdict: one engine, one size limit, one scope guard.
+    Job::grep_matcher(&pattern, job.all)
         .map_err(|e| format!("the built pattern `{pattern}` is refused: {e}"))?;
     job.grep = Some(pattern);
     Ok(job)
@@ -253,9 +256,15 @@ pub async fn purge(
         match results.get(&node.name) {
             Some(v) if v.starts_with(purge::FAILED_PREFIX) => {
                 bad += 1;
-                writeln!(out, "{}: {v}", node.name)?;
+                // The agent's text: shown escaped (#12 item 3).
+                writeln!(out, "{}: {}", node.name, edgestate::untrusted::escape(v))?;
             }
-            Some(v) => writeln!(out, "{}: {v} file(s) removed", node.name)?,
+            Some(v) => writeln!(
+                out,
+                "{}: {} file(s) removed",
+                node.name,
+                edgestate::untrusted::escape(v)
+            )?,
             None => {}
         }
     }

@@ -209,3 +209,120 @@ fn status_needs_a_broker_in_cluster_yaml() {
     assert_eq!(out.status.code(), Some(1));
     assert!(stderr(&out).contains("no `mqtt` block"), "{}", stderr(&out));
 }
+
+/// A broker client that answers every command for `node` with a forged
+/// "ok" result (escape sequences in its output), signed with `key` when
+/// given. Runs until the returned flag is set.
+fn forger(
+    broker: u16,
+    node: &'static str,
+    key: Option<&'static [u8]>,
+) -> Arc<std::sync::atomic::AtomicBool> {
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let stopped = stop.clone();
+    let mut o = rumqttc::MqttOptions::new(format!("forger-{node}"), "127.0.0.1", broker);
+    o.set_keep_alive(Duration::from_secs(5));
+    let (client, mut connection) = rumqttc::Client::new(o, 16);
+    client
+        .subscribe(format!("edgeform/cmd/{node}"), rumqttc::QoS::AtLeastOnce)
+        .unwrap();
+    std::thread::spawn(move || {
+        for event in connection.iter() {
+            if stopped.load(std::sync::atomic::Ordering::Relaxed) {
+                return;
+            }
+            let Ok(rumqttc::Event::Incoming(rumqttc::Packet::Publish(p))) = event else {
+                continue;
+            };
+            let Ok(cmd) = serde_json::from_slice::<edgestate::mqtt::Command>(&p.payload) else {
+                continue;
+            };
+            let mut r = edgestate::mqtt::CommandResult {
+                id: cmd.id.clone(),
+                node: node.into(),
+                action: cmd.action.clone(),
+                status: edgestate::mqtt::Outcome::Ok,
+                exit_code: Some(0),
+                stdout: "\u{1b}]0;pwned\u{7}\u{1b}[2Jall good\n".into(),
+                stderr: String::new(),
+                duration_ms: 1,
+                reason: None,
+                finished_at: 0,
+                sig: None,
+            };
+            if let Some(k) = key {
+                r.sign(&cmd, k);
+            }
+            let _ = client.try_publish(
+                format!("edgeform/result/{node}/{}", cmd.id),
+                rumqttc::QoS::AtLeastOnce,
+                false,
+                serde_json::to_vec(&r).unwrap(),
+            );
+        }
+    });
+    std::thread::sleep(Duration::from_millis(300));
+    stop
+}
+
+// See: #12 item 3
+/// A node with no agent; another broker client answers its commands with
+/// a forged "ok". With a command key, `exec --wait` ignores the unsigned
+/// and the wrongly signed forgery (warning, escaped) and exits 1; without
+/// a key (unauthenticated, as documented) the output is printed escaped.
+#[test]
+fn r12_3_forged_results_are_not_accepted() {
+    let broker = harness::mosquitto();
+    let f = Fixture::with(&[
+        ("nodes/edge-1.yaml", &*edge("edge-1", 1)),
+        ("nodes/edge-2.yaml", &*edge("edge-2", 2)),
+        (
+            "cluster.yaml",
+            &format!(
+                "name: test\nmqtt:\n  url: mqtt://127.0.0.1:{}\n",
+                broker.port
+            ),
+        ),
+    ]);
+    let exec = |node: &str, key: Option<&str>| {
+        let mut c = std::process::Command::new(env!("CARGO_BIN_EXE_edgeform"));
+        c.args(["exec", "--node", node, "--action", "echo", "--wait", "3"])
+            .current_dir(f.path())
+            .env("NO_COLOR", "1")
+            .env_remove("EDGEFORM_COMMAND_KEY");
+        if let Some(k) = key {
+            c.env("EDGEFORM_COMMAND_KEY", k);
+        }
+        c.output().unwrap()
+    };
+    let unsigned = forger(broker.port, "edge-1", None);
+    let out = exec("edge-1", Some("s3cret"));
+    let (o, e) = (stdout(&out), stderr(&out));
+    assert_eq!(out.status.code(), Some(1), "{o}{e}");
+    assert!(!o.contains("ok"), "{o}");
+    assert!(
+        e.contains("it is unsigned") && e.contains("no result from edge-1"),
+        "{e}"
+    );
+    assert!(
+        !e.contains('\u{1b}') && !o.contains('\u{1b}'),
+        "raw escape: {e}"
+    );
+    unsigned.store(true, std::sync::atomic::Ordering::Relaxed);
+    // Signed, but with a key that is not the cluster's.
+    let _wrong = forger(broker.port, "edge-2", Some(b"guessed"));
+    let out = exec("edge-2", Some("s3cret"));
+    let (o, e) = (stdout(&out), stderr(&out));
+    assert_eq!(out.status.code(), Some(1), "{o}{e}");
+    assert!(!o.contains("ok"), "{o}");
+    assert!(e.contains("does not verify"), "{e}");
+    // No key anywhere: results are unauthenticated (documented); what is
+    // shown is escaped.
+    let out = exec("edge-2", None);
+    let o = stdout(&out);
+    assert!(o.contains("edge-2: echo ok"), "{o}{}", stderr(&out));
+    assert!(
+        !o.contains('\u{1b}') && o.contains("\\u{1b}[2Jall good"),
+        "{o}"
+    );
+}

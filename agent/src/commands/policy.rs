@@ -1,4 +1,4 @@
-//! One-shot commands from `<prefix>/cmd/<node>` (SPEC §4).
+//! The command policy and the runner.
 //!
 //! [`check`] is the whole policy, pure and table-tested: a signature when
 //! the agent requires one, not expired, an action named in `agent.yaml`,
@@ -7,7 +7,7 @@
 //! fixed argv — never through a shell — in its own process group with a
 //! clean environment, killing the group at the timeout.
 //!
-//! Run-once is enforced by the caller ([`crate::mqtt`]) with the id
+//! Run-once is enforced by the pipeline ([`super::handle`]) with the id
 //! recorded in local Redis before anything runs.
 
 use std::collections::BTreeMap;
@@ -30,18 +30,52 @@ pub const METACHARACTERS: &[char] = &[
 /// Clock skew tolerated for `issued_at` in the future.
 pub const MAX_SKEW_SECS: u64 = 300;
 
+/// Which rule refused a command: this, never the reason's text, decides
+/// what the refusal may do (see [`Refusal::claims_id`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RefusalKind {
+    /// Unsigned or a bad signature: not from whoever holds the key.
+    Unauthenticated,
+    /// Arrived after `expires_at`.
+    Expired,
+    /// Authentic and in time, but not allowed (action, arguments, times).
+    Policy,
+}
+
 /// Why a command does not run.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Refusal {
+    pub kind: RefusalKind,
+    /// `expired` for [`RefusalKind::Expired`], else `refused`.
     pub status: Outcome,
     pub reason: String,
 }
 
-fn refuse(reason: impl Into<String>) -> Refusal {
-    Refusal {
-        status: Outcome::Refused,
-        reason: reason.into(),
+impl Refusal {
+    fn new(kind: RefusalKind, reason: impl Into<String>) -> Refusal {
+        let status = match kind {
+            RefusalKind::Expired => Outcome::Expired,
+            RefusalKind::Unauthenticated | RefusalKind::Policy => Outcome::Refused,
+        };
+        Refusal {
+            kind,
+            status,
+            reason: reason.into(),
+        }
     }
+
+    /// Whether the refused command claims its id (so a redelivery gets the
+    /// same answer). An unauthenticated command must not: anyone could
+    /// burn a real command's id in advance. An expired one need not: it
+    /// can never run anyway.
+    #[must_use]
+    pub fn claims_id(&self) -> bool {
+        self.kind == RefusalKind::Policy
+    }
+}
+
+fn refuse(reason: impl Into<String>) -> Refusal {
+    Refusal::new(RefusalKind::Policy, reason)
 }
 
 /// Decide whether `cmd` may run on `node` at `now`; the argv to run.
@@ -57,9 +91,15 @@ pub fn check(
 ) -> Result<Vec<String>, Refusal> {
     if let Some(key) = key {
         match &cmd.sig {
-            None => return Err(refuse("unsigned: this agent only runs signed commands")),
+            None => {
+                return Err(Refusal::new(
+                    RefusalKind::Unauthenticated,
+                    "unsigned: this agent only runs signed commands",
+                ));
+            }
             Some(_) if !cmd.verify(node, key) => {
-                return Err(refuse(
+                return Err(Refusal::new(
+                    RefusalKind::Unauthenticated,
                     "bad signature (wrong key, another node, or altered)",
                 ));
             }
@@ -70,14 +110,14 @@ pub fn check(
         return Err(refuse("expires_at is before issued_at"));
     }
     if now > cmd.expires_at {
-        return Err(Refusal {
-            status: Outcome::Expired,
-            reason: format!(
+        return Err(Refusal::new(
+            RefusalKind::Expired,
+            format!(
                 "expired {}s ago (expires_at {}, now {now})",
                 now - cmd.expires_at,
                 cmd.expires_at
             ),
-        });
+        ));
     }
     if cmd.issued_at > now + MAX_SKEW_SECS {
         return Err(refuse(format!(

@@ -1,0 +1,287 @@
+//! The health `Book`: every routing-table node's last health report and
+//! status as heard on the broker, and the snapshot routing reads from it
+//! (online, load, streams; stale while the broker is away; silent nodes
+//! offline).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::{Duration, Instant};
+
+use edgestate::mqtt::{self as wire, HealthReport, Message, Topic};
+use edgestate::route::{Health, NodeHealth};
+
+/// A node silent for this many of its report intervals is offline.
+pub const SILENT_AFTER_INTERVALS: u64 = 3;
+/// … and never sooner than this.
+pub const MIN_SILENCE: Duration = Duration::from_secs(15);
+
+/// Every node's last health and status as heard on the broker.
+///
+/// Only nodes of the routing table are tracked ([`Book::for_nodes`]): the
+/// health and status topics are writable by every agent (and, without
+/// broker ACLs, by anyone), so reports for invented nodes must not grow
+/// memory or take routing's time.
+#[derive(Debug, Default)]
+pub struct Book {
+    nodes: BTreeMap<String, Entry>,
+    /// The nodes to track; `None` tracks every node (tests).
+    known: Option<BTreeSet<String>>,
+}
+
+#[derive(Debug, Default)]
+struct Entry {
+    report: Option<HealthReport>,
+    /// When the last report arrived (this host's clock: immune to skew).
+    received: Option<Instant>,
+    /// From `<prefix>/status/<node>`.
+    online: Option<bool>,
+    stale: bool,
+}
+
+impl Book {
+    /// A book that tracks only `nodes` (the routing table's).
+    #[must_use]
+    pub fn for_nodes(nodes: BTreeSet<String>) -> Book {
+        Book {
+            nodes: BTreeMap::new(),
+            known: Some(nodes),
+        }
+    }
+
+    /// Track `nodes` from now on (a new routing table): the others are
+    /// forgotten. Whether the set changed (retained messages of the new
+    /// nodes are then worth asking for again).
+    pub fn set_nodes(&mut self, nodes: BTreeSet<String>) -> bool {
+        if self.known.as_ref() == Some(&nodes) {
+            return false;
+        }
+        self.nodes.retain(|name, _| nodes.contains(name));
+        self.known = Some(nodes);
+        true
+    }
+
+    /// Take a retained/new message; `false` when it was not ours to read.
+    pub fn take(&mut self, prefix: &str, topic: &str, payload: &[u8]) -> Result<bool, String> {
+        self.take_at(prefix, topic, payload, Instant::now())
+    }
+
+    /// [`Book::take`] at `now`.
+    pub fn take_at(
+        &mut self,
+        prefix: &str,
+        topic: &str,
+        payload: &[u8],
+        now: Instant,
+    ) -> Result<bool, String> {
+        // The topic names the node: decide before reading the payload.
+        if let Some(known) = &self.known
+            && let Some(Topic::Health(node) | Topic::Status(node)) =
+                wire::parse_topic(prefix, topic)
+            && !known.contains(node)
+        {
+            return Err(format!(
+                "{topic}: node `{node}` is not in the routing table; ignored"
+            ));
+        }
+        match wire::read_message(prefix, topic, payload)? {
+            Some(Message::Report(node, None)) => {
+                // A cleared retained report: the node is gone.
+                if let Some(e) = self.nodes.get_mut(node) {
+                    e.report = None;
+                }
+                Ok(true)
+            }
+            Some(Message::Report(node, Some(report))) => {
+                let e = self.nodes.entry(node.to_owned()).or_default();
+                e.report = Some(*report);
+                e.received = Some(now);
+                e.stale = false;
+                Ok(true)
+            }
+            Some(Message::Status(node, online)) => {
+                let e = self.nodes.entry(node.to_owned()).or_default();
+                e.online = online;
+                e.stale = false;
+                Ok(true)
+            }
+            None => Ok(false),
+        }
+    }
+
+    /// The broker went away: keep everything, marked stale.
+    pub fn mark_stale(&mut self) {
+        for e in self.nodes.values_mut() {
+            e.stale = true;
+        }
+    }
+
+    /// Whether any node is known (nothing to re-check otherwise).
+    #[must_use]
+    pub fn is_empty(&self) -> bool {
+        self.nodes.is_empty()
+    }
+
+    /// The snapshot routing reads, at `now`. A node is online when its
+    /// status says so, or — with no status heard — when it has a report;
+    /// `offline` (the last will) always wins. While the broker is
+    /// reachable (`connected`), a node whose reports stopped for
+    /// [`SILENT_AFTER_INTERVALS`] of its own interval (at least
+    /// [`MIN_SILENCE`]) counts as offline even if no will came (a hung
+    /// agent keeps its connection); with the broker away nothing ages —
+    /// the last known values stay in use, marked stale.
+    #[must_use]
+    pub fn health_at(&self, now: Instant, connected: bool) -> Health {
+        let silent = |e: &Entry| {
+            let (Some(r), Some(at)) = (&e.report, e.received) else {
+                return false;
+            };
+            let limit = Duration::from_millis(
+                r.interval_ms
+                    .unwrap_or(5000)
+                    .saturating_mul(SILENT_AFTER_INTERVALS),
+            )
+            .max(MIN_SILENCE);
+            connected && now.saturating_duration_since(at) > limit
+        };
+        let mut h = self.health();
+        for (name, n) in &mut h.nodes {
+            if self.nodes.get(name).is_some_and(silent) {
+                n.online = Some(false);
+            }
+        }
+        h
+    }
+
+    /// [`Book::health_at`] without the silence rule (as if nothing aged).
+    #[must_use]
+    pub fn health(&self) -> Health {
+        Health {
+            nodes: self
+                .nodes
+                .iter()
+                .filter(|(_, e)| e.report.is_some() || e.online.is_some())
+                .map(|(name, e)| {
+                    let r = e.report.as_ref();
+                    (
+                        name.clone(),
+                        NodeHealth {
+                            online: Some(e.online.unwrap_or(r.is_some())),
+                            play_sessions: r.and_then(|r| r.play_sessions),
+                            out_kbit: r.and_then(|r| r.out_kbit),
+                            streams: r.and_then(|r| r.streams.clone()),
+                            stale: e.stale,
+                        },
+                    )
+                })
+                .collect(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use edgestate::mqtt::{ConfigState, PurgeState, RedisState};
+
+    fn report(node: &str, sessions: u64) -> Vec<u8> {
+        serde_json::to_vec(&HealthReport {
+            node: node.into(),
+            ts: 1,
+            interval_ms: Some(5000),
+            play_sessions: Some(sessions),
+            out_kbit: Some(100),
+            streams: Some(vec!["s".into()]),
+            config: ConfigState::default(),
+            purge: PurgeState::default(),
+            redis: RedisState::default(),
+            version: "0".into(),
+        })
+        .unwrap()
+    }
+
+    #[test]
+    fn book_follows_reports_status_and_outages() {
+        let mut b = Book::default();
+        assert_eq!(b.take("p", "p/health/a", &report("a", 3)), Ok(true));
+        assert_eq!(b.take("p", "p/status/b", b"online"), Ok(true));
+        assert_eq!(b.take("p", "other/health/a", &report("a", 3)), Ok(false));
+        assert!(
+            b.take("p", "p/health/c", &report("x", 1)).is_err(),
+            "node mismatch"
+        );
+        assert!(b.take("p", "p/health/c", b"{").is_err());
+        assert!(b.take("p", "p/status/c", b"maybe").is_err());
+        let h = b.health();
+        assert_eq!(h.nodes.len(), 2);
+        assert_eq!(
+            h.nodes["a"].online,
+            Some(true),
+            "a report without status: online"
+        );
+        assert_eq!(h.nodes["a"].play_sessions, Some(3));
+        assert_eq!(h.nodes["b"].play_sessions, None);
+        // The last will.
+        b.take("p", "p/status/a", b"offline").unwrap();
+        assert_eq!(b.health().nodes["a"].online, Some(false));
+        assert_eq!(b.health().nodes["a"].play_sessions, Some(3), "kept");
+        b.mark_stale();
+        assert!(b.health().nodes.values().all(|n| n.stale));
+        b.take("p", "p/health/a", &report("a", 5)).unwrap();
+        assert!(!b.health().nodes["a"].stale && b.health().nodes["b"].stale);
+        // Cleared retained messages forget the node.
+        b.take("p", "p/health/a", b"").unwrap();
+        b.take("p", "p/status/a", b"").unwrap();
+        assert!(!b.health().nodes.contains_key("a"));
+    }
+
+    // See: #12 item 4
+    #[test]
+    fn r12_4_only_routing_table_nodes_are_tracked() {
+        let mut b = Book::for_nodes(BTreeSet::from(["a".to_owned()]));
+        assert_eq!(b.take("p", "p/health/a", &report("a", 3)), Ok(true));
+        for i in 0..1000 {
+            let n = format!("invented-{i}");
+            assert!(
+                b.take("p", &format!("p/health/{n}"), &report(&n, 1))
+                    .is_err()
+            );
+            assert!(b.take("p", &format!("p/status/{n}"), b"offline").is_err());
+        }
+        assert_eq!(b.nodes.len(), 1);
+        assert_eq!(b.health().nodes["a"].online, Some(true));
+        // A new table: b is tracked, a forgotten.
+        assert!(b.set_nodes(BTreeSet::from(["b".to_owned()])));
+        assert!(!b.set_nodes(BTreeSet::from(["b".to_owned()])), "unchanged");
+        assert!(b.is_empty());
+        assert_eq!(b.take("p", "p/status/b", b"online"), Ok(true));
+    }
+
+    #[test]
+    fn silent_nodes_go_offline_only_while_connected() {
+        let mut b = Book::default();
+        let t0 = Instant::now();
+        b.take_at("p", "p/health/a", &report("a", 3), t0).unwrap();
+        b.take_at("p", "p/status/a", b"online", t0).unwrap();
+        b.take_at("p", "p/status/b", b"online", t0).unwrap();
+        // interval_ms 5000 → silent after 15 s.
+        let at = |s| t0 + Duration::from_secs(s);
+        assert_eq!(b.health_at(at(14), true).nodes["a"].online, Some(true));
+        assert_eq!(b.health_at(at(16), true).nodes["a"].online, Some(false));
+        assert_eq!(
+            b.health_at(at(16), true).nodes["b"].online,
+            Some(true),
+            "no report: status rules"
+        );
+        assert_eq!(
+            b.health_at(at(600), false).nodes["a"].online,
+            Some(true),
+            "with the broker away nothing ages"
+        );
+        b.take_at("p", "p/health/a", &report("a", 4), at(20))
+            .unwrap();
+        assert_eq!(
+            b.health_at(at(21), true).nodes["a"].online,
+            Some(true),
+            "reporting again"
+        );
+    }
+}

@@ -1,0 +1,370 @@
+//! One-shot commands from `<prefix>/cmd/<node>` (SPEC §4): the
+//! run-at-most-once pipeline — check → claim → run → record — and the
+//! consumer that answers each command and acknowledges it to the broker.
+//!
+//! - [`policy::check`] decides (signature, expiry, action, arguments) and
+//!   says *why* with a [`RefusalKind`]; only a policy refusal claims the
+//!   command's id ([`Refusal::claims_id`]): an unauthenticated command
+//!   must not burn a real command's id, an expired one can never run.
+//! - The id is claimed in local Redis (`SET NX`) before anything runs and
+//!   the result recorded after; a redelivery finds the claim. Redis
+//!   unreachable → refused, never run unrecorded.
+//! - Ids are remembered for [`ID_TTL_SECS`] (or the command's validity
+//!   plus a day) once run; a policy refusal only until the command
+//!   expires (plus [`REFUSED_TTL_MARGIN_SECS`]): after that it is refused
+//!   as expired without a claim.
+//! - With a command key, the result is signed for the command it answers
+//!   ([`CommandResult::sign`]), so `edgeform exec` can tell it from a
+//!   forgery; results of unauthenticated commands are not signed.
+
+mod policy;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use edgestate::mqtt::{self as wire, Command, CommandResult, Outcome};
+use rumqttc::{AsyncClient, Publish, QoS};
+
+pub use policy::{MAX_SKEW_SECS, METACHARACTERS, Ran, Refusal, RefusalKind, check, run};
+
+use crate::config::{Config, MqttConfig};
+use crate::metrics::Metrics;
+use crate::shutdown::Shutdown;
+use crate::unix_now;
+
+/// How long a command id is remembered at least, once claimed to run.
+pub const ID_TTL_SECS: u64 = 7 * 24 * 3600;
+
+/// How long a policy-refused id outlives its command's `expires_at`.
+pub const REFUSED_TTL_MARGIN_SECS: u64 = 3600;
+
+/// Handle commands one at a time, in arrival order; acknowledge each to
+/// the broker only once its result is recorded and published.
+///
+/// The queue is unbounded on purpose: it holds at most what the broker
+/// has in flight unacknowledged for this client (mosquitto's
+/// `max_inflight_messages`), and dropping a message here would lose it
+/// until the next reconnect (MQTT redelivers only then).
+pub async fn serve(
+    config: Arc<Config>,
+    mqtt: MqttConfig,
+    client: AsyncClient,
+    mut queue: tokio::sync::mpsc::UnboundedReceiver<Publish>,
+    metrics: Arc<Metrics>,
+    mut shutdown: Shutdown,
+) {
+    let mut con: Option<redis::aio::MultiplexedConnection> = None;
+    loop {
+        let p = tokio::select! {
+            p = queue.recv() => match p { Some(p) => p, None => return },
+            () = shutdown.wait() => return,
+        };
+        // A shutdown mid-command drops (and kills) the action; the command
+        // stays unacknowledged and its id recorded as started, so after
+        // the restart it is reported as interrupted, not run again.
+        let handled = tokio::select! {
+            r = handle(&config, &mqtt, &mut con, &p.payload) => r,
+            () = shutdown.wait() => return,
+        };
+        if let Some(result) = handled {
+            Metrics::count(&metrics.commands, result.status.as_str());
+            let topic = wire::result_topic(&mqtt.topic_prefix, &config.node, &result.id);
+            let payload = serde_json::to_vec(&result).unwrap_or_default();
+            if let Err(e) = client
+                .publish(topic, QoS::AtLeastOnce, false, payload)
+                .await
+            {
+                tracing::warn!(cause = %e, id = %result.id, "mqtt: cannot queue the result");
+            }
+        }
+        if let Err(e) = client.ack(&p).await {
+            tracing::warn!(cause = %e, "mqtt: cannot acknowledge the command");
+        }
+    }
+}
+
+fn result(
+    cmd_id: &str,
+    node: &str,
+    action: &str,
+    status: Outcome,
+    reason: String,
+) -> CommandResult {
+    CommandResult {
+        id: cmd_id.to_owned(),
+        node: node.to_owned(),
+        action: action.to_owned(),
+        status,
+        exit_code: None,
+        stdout: String::new(),
+        stderr: String::new(),
+        duration_ms: 0,
+        reason: Some(reason),
+        finished_at: unix_now(),
+        sig: None,
+    }
+}
+
+/// One command's bytes → its answer. `None` when there is nothing to
+/// answer (no usable id).
+async fn handle(
+    config: &Config,
+    mqtt: &MqttConfig,
+    con: &mut Option<redis::aio::MultiplexedConnection>,
+    payload: &[u8],
+) -> Option<CommandResult> {
+    let node = config.node.as_str();
+    let cmd: Command = match serde_json::from_slice(payload) {
+        Ok(c) => c,
+        Err(e) => {
+            let id = serde_json::from_slice::<serde_json::Value>(payload)
+                .ok()
+                .and_then(|v| v.get("id").and_then(|i| i.as_str()).map(str::to_owned))
+                .filter(|id| wire::is_topic_level(id));
+            tracing::warn!(cause = %e, id = id.as_deref().map_or_else(|| "-".to_owned(), edgestate::untrusted::escape), "command: malformed; refused");
+            return id.map(|id| {
+                result(
+                    &id,
+                    node,
+                    "",
+                    Outcome::Refused,
+                    format!("malformed command: {e}"),
+                )
+            });
+        }
+    };
+    if !wire::is_topic_level(&cmd.id) {
+        tracing::warn!(id = %edgestate::untrusted::escape(&cmd.id), "command: the id cannot be a topic level; dropped");
+        return None;
+    }
+    let key = mqtt.command_key.as_deref();
+    let (mut out, authenticated) = answer(config, key, con, &cmd, unix_now()).await;
+    if authenticated && let Some(key) = key {
+        out.sign(&cmd, key);
+    }
+    Some(out)
+}
+
+/// Check → claim → run → record. The answer, and whether the command was
+/// authenticated (only then is the answer signed).
+async fn answer(
+    config: &Config,
+    key: Option<&[u8]>,
+    con: &mut Option<redis::aio::MultiplexedConnection>,
+    cmd: &Command,
+    now: u64,
+) -> (CommandResult, bool) {
+    let node = config.node.as_str();
+    let verdict = check(cmd, node, &config.actions, key, now);
+    if let Err(r) = &verdict
+        && !r.claims_id()
+    {
+        tracing::warn!(id = %cmd.id, action = %edgestate::untrusted::escape(&cmd.action), kind = ?r.kind, reason = %edgestate::untrusted::escape(&r.reason), "command refused");
+        let authenticated = r.kind != RefusalKind::Unauthenticated;
+        return (
+            result(&cmd.id, node, &cmd.action, r.status, r.reason.clone()),
+            authenticated,
+        );
+    }
+    let id_key = edgestate::keys::command(&cmd.id);
+    let remaining = cmd.expires_at.saturating_sub(now);
+    let ttl = match &verdict {
+        Ok(_) => ID_TTL_SECS.max(remaining + 86_400),
+        Err(_) => remaining + REFUSED_TTL_MARGIN_SECS,
+    };
+    match claim(config, con, &id_key, ttl, now).await {
+        Err(e) => {
+            let reason = format!(
+                "local redis unreachable ({e:#}): the id cannot be recorded, so the command is not run (it must run at most once)"
+            );
+            tracing::warn!(id = %cmd.id, reason = %reason, "command refused");
+            return (
+                result(&cmd.id, node, &cmd.action, Outcome::Refused, reason),
+                true,
+            );
+        }
+        Ok(Some(previous)) => {
+            tracing::info!(id = %cmd.id, "command: duplicate id; not run again");
+            if let Ok(mut earlier) = serde_json::from_str::<CommandResult>(&previous) {
+                earlier.reason = Some(match earlier.reason {
+                    Some(r) => format!("{r} (duplicate id: this is the result of the first run)"),
+                    None => "duplicate id: this is the result of the first run".into(),
+                });
+                return (earlier, true);
+            }
+            return (
+                result(
+                    &cmd.id,
+                    node,
+                    &cmd.action,
+                    Outcome::Refused,
+                    "duplicate id: a command with this id started earlier and never finished (the agent stopped while it ran); not run again".into(),
+                ),
+                true,
+            );
+        }
+        Ok(None) => {}
+    }
+    let out = match verdict {
+        Err(r) => {
+            tracing::warn!(id = %cmd.id, action = %edgestate::untrusted::escape(&cmd.action), reason = %edgestate::untrusted::escape(&r.reason), "command refused");
+            result(&cmd.id, node, &cmd.action, r.status, r.reason)
+        }
+        Ok(argv) => {
+            let timeout = config
+                .actions
+                .get(&cmd.action)
+                .map_or(crate::config::DEFAULT_ACTION_TIMEOUT, |a| a.timeout);
+            tracing::info!(id = %cmd.id, action = %cmd.action, argv = ?argv, "command: running");
+            let ran = run(&argv, timeout, node, &cmd.id).await;
+            tracing::info!(id = %cmd.id, status = ran.status.as_str(), exit_code = ?ran.exit_code, elapsed = ?ran.duration, "command finished");
+            CommandResult {
+                id: cmd.id.clone(),
+                node: node.to_owned(),
+                action: cmd.action.clone(),
+                status: ran.status,
+                exit_code: ran.exit_code,
+                stdout: ran.stdout,
+                stderr: ran.stderr,
+                duration_ms: u64::try_from(ran.duration.as_millis()).unwrap_or(u64::MAX),
+                reason: ran.reason,
+                finished_at: unix_now(),
+                sig: None,
+            }
+        }
+    };
+    if let Err(e) = record(config, con, &id_key, ttl, &out).await {
+        tracing::warn!(id = %cmd.id, cause = %format!("{e:#}"), "command: result not recorded in redis (a duplicate will be reported as interrupted)");
+    }
+    (out, true)
+}
+
+/// `SET key running NX EX ttl`: `None` when claimed now, else what the
+/// earlier claim holds.
+async fn claim(
+    config: &Config,
+    con: &mut Option<redis::aio::MultiplexedConnection>,
+    key: &str,
+    ttl: u64,
+    now: u64,
+) -> anyhow::Result<Option<String>> {
+    let attempt = async {
+        let c = edgeredis::reuse(&config.redis, &config.node, con).await?;
+        let marker = serde_json::json!({"started_at": now}).to_string();
+        let (set, previous): (Option<String>, Option<String>) = redis::pipe()
+            .cmd("SET")
+            .arg(key)
+            .arg(&marker)
+            .arg("NX")
+            .arg("EX")
+            .arg(ttl)
+            .cmd("GET")
+            .arg(key)
+            .query_async(c)
+            .await?;
+        anyhow::Ok(if set.is_some() {
+            None
+        } else {
+            previous.or(Some(String::new()))
+        })
+    };
+    let r = tokio::time::timeout(Duration::from_secs(3), attempt)
+        .await
+        .unwrap_or_else(|_| Err(anyhow::anyhow!("no answer within 3s")));
+    if r.is_err() {
+        *con = None;
+    }
+    r
+}
+
+async fn record(
+    config: &Config,
+    con: &mut Option<redis::aio::MultiplexedConnection>,
+    key: &str,
+    ttl: u64,
+    out: &CommandResult,
+) -> anyhow::Result<()> {
+    let attempt = async {
+        let c = edgeredis::reuse(&config.redis, &config.node, con).await?;
+        redis::cmd("SET")
+            .arg(key)
+            .arg(serde_json::to_string(out)?)
+            .arg("EX")
+            .arg(ttl)
+            .query_async::<()>(c)
+            .await?;
+        anyhow::Ok(())
+    };
+    let r = tokio::time::timeout(Duration::from_secs(3), attempt)
+        .await
+        .unwrap_or_else(|_| Err(anyhow::anyhow!("no answer within 3s")));
+    if r.is_err() {
+        *con = None;
+    }
+    r
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config() -> Config {
+        crate::config::parse(
+            "agent.yaml",
+            "node: n\nregion: r\nredis: {url: redis://x}\nactions:\n  reload:\n    argv: [/usr/bin/true]\n",
+        )
+        .unwrap()
+    }
+
+    fn cmd(action: &str, issued_at: u64, expires_at: u64) -> Command {
+        Command {
+            id: "c1".into(),
+            action: action.into(),
+            args: std::collections::BTreeMap::new(),
+            issued_at,
+            expires_at,
+            sig: None,
+        }
+    }
+
+    // See: #13 item 3 (whether a refusal claims the id, by kind)
+    #[test]
+    fn r13_3_only_policy_refusals_claim_the_id() {
+        let c = config();
+        let key: &[u8] = b"k";
+        // Unsigned, and signed with another key: unauthenticated.
+        let unsigned =
+            check(&cmd("reload", 1000, 1300), "n", &c.actions, Some(key), 1100).unwrap_err();
+        let mut forged = cmd("reload", 1000, 1300);
+        forged.sign("n", b"other");
+        let bad = check(&forged, "n", &c.actions, Some(key), 1100).unwrap_err();
+        for r in [&unsigned, &bad] {
+            assert_eq!(r.kind, RefusalKind::Unauthenticated);
+            assert!(!r.claims_id());
+        }
+        // Expired (signed correctly).
+        let mut late = cmd("reload", 1000, 1300);
+        late.sign("n", key);
+        let expired = check(&late, "n", &c.actions, Some(key), 2000).unwrap_err();
+        assert_eq!(expired.kind, RefusalKind::Expired);
+        assert_eq!(expired.status, Outcome::Expired);
+        assert!(!expired.claims_id());
+        // Authentic, in time, not allowed: policy, claims.
+        let mut rm = cmd("rm", 1000, 1300);
+        rm.sign("n", key);
+        let policy = check(&rm, "n", &c.actions, Some(key), 1100).unwrap_err();
+        assert_eq!(policy.kind, RefusalKind::Policy);
+        assert!(policy.claims_id());
+        // The decision never reads the text: a reworded reason keeps it.
+        let reworded = Refusal {
+            reason: "bad signature".into(),
+            ..policy
+        };
+        assert!(reworded.claims_id());
+        let reworded = Refusal {
+            reason: "policy".into(),
+            ..unsigned
+        };
+        assert!(!reworded.claims_id());
+    }
+}
