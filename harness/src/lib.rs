@@ -6,6 +6,8 @@
 //! Tests need the Debian packages `redis-server` and `mosquitto`;
 //! `scripts/test` installs them.
 
+pub mod nginx;
+
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};

@@ -14,6 +14,7 @@ use crate::report::{self, CheckFormat, DiffFormat};
 use crate::{Checked, compile, diff};
 
 pub mod anycast;
+pub mod explain;
 pub mod mqtt;
 pub mod ops;
 pub mod purge;
@@ -120,6 +121,9 @@ pub enum Command {
     /// stream (and with --geo the nearest edge) from the compiled table and
     /// a health snapshot, step by step. Exit 0.
     Route(route::RouteArgs),
+    /// Explain the reference edge's decision for a request (docs/edge.md)
+    /// offline, from the compiled documents, step by step. Exit 0.
+    Explain(explain::ExplainArgs),
     /// Format config files canonically: keys in the model's order, one
     /// layout (see docs/operations.md). Comments are kept at the top of a
     /// file and above top-level keys; a file with any other comment is
@@ -446,6 +450,14 @@ pub fn run(cli: &Cli) -> Result<u8> {
                 return Ok(1);
             };
             route::route(config, args)
+        }
+        Command::Explain(args) => {
+            let repo = load::load(&cli.repo, cli.rev.as_deref())?;
+            let checked = crate::check(&repo);
+            let Some(config) = valid_or_report(&checked, &repo, &cli.repo) else {
+                return Ok(1);
+            };
+            explain::explain(&compile::compile(config), args)
         }
         Command::Fmt { check, files } => {
             if cli.rev.is_some() {

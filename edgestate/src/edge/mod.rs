@@ -492,10 +492,21 @@ pub fn hmac_sha1(key: &[u8], msg: &[u8]) -> [u8; 20] {
     outer.digest().bytes()
 }
 
-/// The clearance token for a client of a site, valid until `expiry`.
+/// The clearance token for a client of a site, valid until `expiry`: the
+/// HMAC covers `<site>|<hex of the address's bytes>|<expiry>` (bytes, not
+/// text, so that no two spellings of one IPv6 address differ).
 #[must_use]
 pub fn clearance_token(secret: &[u8], site: &str, client: IpAddr, expiry: u64) -> String {
-    let mac = hmac_sha1(secret, format!("{site}|{client}|{expiry}").as_bytes());
+    let client = match client {
+        IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(client, IpAddr::V4),
+        v4 @ IpAddr::V4(_) => v4,
+    };
+    let octets = match client {
+        IpAddr::V4(a) => a.octets().to_vec(),
+        IpAddr::V6(a) => a.octets().to_vec(),
+    };
+    let ip: String = octets.iter().map(|b| format!("{b:02x}")).collect();
+    let mac = hmac_sha1(secret, format!("{site}|{ip}|{expiry}").as_bytes());
     let hex: String = mac.iter().map(|b| format!("{b:02x}")).collect();
     format!("{expiry}.{hex}")
 }
