@@ -79,7 +79,8 @@ impl Edge {
         std::fs::read_to_string(self.process.dir.path().join("error.log")).unwrap_or_default()
     }
 
-    /// The master's worker processes, sorted.
+    /// The master's worker processes (not the cache manager or loader),
+    /// sorted.
     #[must_use]
     pub fn worker_pids(&self) -> Vec<u32> {
         let pid = self.process.pid();
@@ -88,6 +89,10 @@ impl Edge {
         let mut v: Vec<u32> = children
             .split_whitespace()
             .filter_map(|p| p.parse().ok())
+            .filter(|p| {
+                std::fs::read(format!("/proc/{p}/cmdline"))
+                    .is_ok_and(|c| String::from_utf8_lossy(&c).contains("worker process"))
+            })
             .collect();
         v.sort_unstable();
         v

@@ -605,6 +605,32 @@ fn refuse(mut d: Decision, verdict: Verdict, status: u16, reason: &'static str) 
     d
 }
 
+/// Whether nginx itself refuses the URI (400) before any Lua runs: its
+/// path, percent-decoded (`%2F` included), climbs above `/` with `..`.
+#[must_use]
+pub fn nginx_refuses(uri: &str) -> bool {
+    let path = uri.split('?').next().unwrap_or_default();
+    if !path.contains('%') && !path.contains("/.") {
+        return false;
+    }
+    let decoded = waf_text(path);
+    let mut depth = 0usize;
+    let segments: Vec<&[u8]> = decoded.split(|&b| b == b'/').skip(1).collect();
+    for seg in segments {
+        match seg {
+            b".." => {
+                if depth == 0 {
+                    return true;
+                }
+                depth -= 1;
+            }
+            b"" | b"." => {}
+            _ => depth += 1,
+        }
+    }
+    false
+}
+
 /// What the document lookup found for the request's host.
 #[derive(Debug, Clone, Copy)]
 pub enum Found<'a> {
@@ -625,6 +651,11 @@ pub enum Found<'a> {
 #[allow(clippy::too_many_lines)]
 pub fn decide(req: &Request<'_>, found: Found<'_>, clearance: Clearance<'_>) -> Decision {
     let mut d = base(Verdict::Proxy, 200);
+    if nginx_refuses(req.uri) {
+        d.reasons
+            .push("nginx refuses a path that climbs above / (400, before the edge's Lua)".into());
+        return refuse(d, Verdict::Blocked, 400, "bad-request");
+    }
     let host = normalize_host(req.host);
     let (key, site, suspended) = match found {
         Found::None => {
