@@ -909,3 +909,186 @@ fn r14_7_lua_gate_and_nginx_t() {
     let (passed, out) = harness::nginx::nginx_t(prefix.path(), &conf);
     assert!(passed, "nginx -t compiles no Lua: {out}");
 }
+
+/// `edgeform serve` on a free port, killed on drop.
+struct Serve {
+    child: std::process::Child,
+    port: u16,
+}
+
+impl Drop for Serve {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+const TOKEN: &str = "serve-test-token";
+
+fn serve(repo: &Path) -> Serve {
+    let port = harness::free_port();
+    let child = std::process::Command::new(env!("CARGO_BIN_EXE_edgeform"))
+        .args(["serve", "--listen", &format!("127.0.0.1:{port}")])
+        .current_dir(repo)
+        .env("EDGEFORM_SERVE_TOKEN", TOKEN)
+        .env("NO_COLOR", "1")
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(Instant::now() < deadline, "edgeform serve did not start");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    Serve { child, port }
+}
+
+fn api(port: u16, path: &str, token: Option<&str>) -> (u16, Option<String>, String) {
+    let auth = token.map(|t| format!("Bearer {t}"));
+    let mut headers = vec![];
+    if let Some(a) = &auth {
+        headers.push(("Authorization", a.as_str()));
+    }
+    let (status, raw) = get_body(port, "api", path, &headers);
+    let etag = raw
+        .lines()
+        .find_map(|l| l.strip_prefix("etag: ").map(str::to_owned));
+    let body = raw.split("\r\n\r\n").nth(1).unwrap_or_default().to_owned();
+    (status, etag, body)
+}
+
+// See: #14 item 8
+#[test]
+fn r14_8_serve_answers_what_build_gives_the_node() {
+    let s = setup(1);
+    let commit = s.repo.commit("sites");
+    let api_server = serve(s.repo.path());
+    let out_dir = tempfile::tempdir().unwrap();
+    let out = edgeform(
+        s.repo.path(),
+        &[
+            "--rev",
+            "HEAD",
+            "build",
+            "--out",
+            &out_dir.path().display().to_string(),
+        ],
+    );
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let built: BTreeMap<String, String> =
+        serde_json::from_str(&std::fs::read_to_string(out_dir.path().join("edge-1.json")).unwrap())
+            .unwrap();
+    for key in [
+        "site:plain.test",
+        "suspended:suspended.test",
+        "edgeform:routing",
+        "site:*.wild.test",
+    ] {
+        let (status, etag, body) = api(
+            api_server.port,
+            &format!("/v1/nodes/edge-1/keys/{key}"),
+            Some(TOKEN),
+        );
+        assert_eq!(status, 200, "{key}");
+        assert_eq!(body, built[key], "{key}");
+        assert_eq!(etag.as_deref(), Some(format!("\"{commit}\"").as_str()));
+    }
+    let k = "/v1/nodes/edge-1/keys/site:plain.test";
+    assert_eq!(api(api_server.port, k, None).0, 401);
+    assert_eq!(api(api_server.port, k, Some("wrong")).0, 401);
+    assert_eq!(
+        api(
+            api_server.port,
+            "/v1/nodes/edge-1/keys/site:nowhere.test",
+            Some(TOKEN)
+        )
+        .0,
+        404
+    );
+    assert_eq!(
+        api(
+            api_server.port,
+            "/v1/nodes/edge-9/keys/site:plain.test",
+            Some(TOKEN)
+        )
+        .0,
+        404
+    );
+    // HEAD moves: the next answer is the new commit's.
+    s.repo.write(
+        "sites/plain.test.yaml",
+        format!(
+            "host: plain.test\norigin: http://127.0.0.1:{}\ncached: false\n",
+            s.a.port
+        )
+        .as_bytes(),
+    );
+    let second = s.repo.commit("plain: no cache");
+    let (status, etag, body) = api(api_server.port, k, Some(TOKEN));
+    assert_eq!(status, 200);
+    assert_eq!(etag.as_deref(), Some(format!("\"{second}\"").as_str()));
+    assert!(body.contains(r#""cached":false"#), "{body}");
+}
+
+// See: #14 item 4 (Redis miss → API; API down → a defined error in time)
+#[test]
+fn r14_4_a_redis_miss_asks_the_api_and_an_api_outage_is_a_fast_error() {
+    let redis = harness::redis(&[]);
+    let a = origin();
+    let repo = Fixture::empty();
+    let cache = tempfile::tempdir().unwrap();
+    repo.write("cluster.yaml", b"name: test\n");
+    repo.write(
+        "nodes/edge-1.yaml",
+        node_yaml(redis.port, cache.path()).as_bytes(),
+    );
+    for host in ["inredis.test", "onlyapi.test", "later.test"] {
+        repo.write(
+            &format!("sites/{host}.yaml"),
+            format!("host: {host}\norigin: http://127.0.0.1:{}\n", a.port).as_bytes(),
+        );
+    }
+    repo.commit("three sites");
+    let api_server = serve(repo.path());
+    let mut con = redis::Client::open(format!("redis://127.0.0.1:{}", redis.port))
+        .unwrap()
+        .get_connection()
+        .unwrap();
+    let value = api(
+        api_server.port,
+        "/v1/nodes/edge-1/keys/site:inredis.test",
+        Some(TOKEN),
+    )
+    .2;
+    // Only one document is in Redis (as on an edge whose apply is late).
+    let _: () = redis::cmd("SET")
+        .arg("site:inredis.test")
+        .arg(&value)
+        .query(&mut con)
+        .unwrap();
+    let mut o = EdgeOptions::new(redis.port);
+    o.api_url = Some(format!("http://127.0.0.1:{}", api_server.port));
+    o.api_token = TOKEN.into();
+    let edge = harness::nginx::edge(&o);
+    let port = edge.process.port;
+    assert_eq!(get(port, "inredis.test", "/", &[]).status, 200);
+    let r = get(port, "onlyapi.test", "/", &[]);
+    assert_eq!(r.status, 200, "{}", edge.error_log());
+    let r = get(port, "nowhere.test", "/", &[]);
+    assert_eq!(
+        (r.status, r.header("x-edgeform-reason")),
+        (404, Some("unknown-host"))
+    );
+    // The control plane goes away: a host never read is a fast 503.
+    drop(api_server);
+    let t = Instant::now();
+    let r = get(port, "later.test", "/", &[]);
+    let took = t.elapsed();
+    assert_eq!(
+        (r.status, r.header("x-edgeform-reason")),
+        (503, Some("control-plane-unreachable"))
+    );
+    assert!(took < Duration::from_secs(1), "{took:?}");
+    // What was read keeps serving.
+    assert_eq!(get(port, "onlyapi.test", "/", &[]).status, 200);
+}
