@@ -1092,3 +1092,112 @@ fn r14_4_a_redis_miss_asks_the_api_and_an_api_outage_is_a_fast_error() {
     // What was read keeps serving.
     assert_eq!(get(port, "onlyapi.test", "/", &[]).status, 200);
 }
+
+/// The agent's library run in-process (what the `edgeform-agent` binary's
+/// main calls), its cache dirs the edge's.
+struct Agent {
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Agent {
+    fn start(redis: u16, cache: &Path) -> Agent {
+        let yaml = format!(
+            "node: edge-1\nregion: eu\nredis: {{url: \"redis://127.0.0.1:{redis}\"}}\n\
+             cache: {{dirs: [\"{}\"], levels: \"1:2\", key: \"$scheme$host$request_uri\"}}\n",
+            cache.display()
+        );
+        let config = Arc::new(agent::config::parse("agent.yaml", &yaml).unwrap());
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let thread = std::thread::spawn(move || {
+            let rt = tokio::runtime::Runtime::new().unwrap();
+            rt.block_on(agent::run_with(config, None, async {
+                let _ = stopped.await;
+            }))
+            .unwrap();
+        });
+        Agent {
+            stop: Some(stop),
+            thread: Some(thread),
+        }
+    }
+}
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        if let Some(s) = self.stop.take() {
+            let _ = s.send(());
+        }
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+// See: #14 item 9
+#[test]
+fn r14_9_purge_through_the_edges_real_cache() {
+    let s = setup(1);
+    let port = s.edge.process.port;
+    std::thread::sleep(Duration::from_millis(300));
+    let cache_status = |url: &str| {
+        get(port, "plain.test", url, &[])
+            .header("x-cache-status")
+            .map(str::to_owned)
+    };
+    for url in ["/p1", "/p2", "/d/p3"] {
+        assert_eq!(cache_status(url).as_deref(), Some("MISS"));
+        assert_eq!(cache_status(url).as_deref(), Some("HIT"));
+    }
+    let files = |dir: &Path| walk(dir).into_iter().filter(|p| p.is_file()).count();
+    assert_eq!(files(&s.edge.cache_dir), 3);
+    let _agent = Agent::start(s.redis.port, &s.edge.cache_dir);
+    let out = edgeform(
+        s.repo.path(),
+        &[
+            "purge",
+            "--site",
+            "plain.test",
+            "--url",
+            "/p1",
+            "--wait",
+            "20",
+        ],
+    );
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert_eq!(cache_status("/p1").as_deref(), Some("MISS"), "purged");
+    assert_eq!(cache_status("/p2").as_deref(), Some("HIT"), "untouched");
+    let out = edgeform(
+        s.repo.path(),
+        &[
+            "purge",
+            "--site",
+            "plain.test",
+            "--prefix",
+            "/d/",
+            "--wait",
+            "20",
+        ],
+    );
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert_eq!(
+        cache_status("/d/p3").as_deref(),
+        Some("MISS"),
+        "purged by prefix"
+    );
+    assert_eq!(cache_status("/p2").as_deref(), Some("HIT"), "untouched");
+}
+
+fn walk(dir: &Path) -> Vec<std::path::PathBuf> {
+    let mut out = Vec::new();
+    if let Ok(rd) = std::fs::read_dir(dir) {
+        for e in rd.flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                out.extend(walk(&p));
+            }
+            out.push(p);
+        }
+    }
+    out
+}
