@@ -32,7 +32,7 @@ BUILD_PACKAGES=(git pkg-config libssl-dev)
 # never install Debian's `luajit`, which conflicts and removes the module.
 EDGE_PACKAGES=(nginx libnginx-mod-http-lua libnginx-mod-http-ndk lua-resty-core
   lua-resty-lrucache luajit2 lua-nginx-redis lua-cjson libnginx-mod-http-geoip2
-  libnginx-mod-stream wrk)
+  libnginx-mod-stream wrk curl)
 
 # Servers started by the demo, stopped by pid on exit.
 SERVER_PIDS=()

@@ -1201,3 +1201,63 @@ fn walk(dir: &Path) -> Vec<std::path::PathBuf> {
     }
     out
 }
+
+// See: #14 item 8 (TLS-capable)
+#[test]
+fn r14_8_serve_over_tls() {
+    let repo = Fixture::with(&[]);
+    repo.commit("base");
+    let d = tempfile::tempdir().unwrap();
+    let (cert, key) = (d.path().join("cert.pem"), d.path().join("key.pem"));
+    let ok = std::process::Command::new("openssl")
+        .args([
+            "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+        ])
+        .args([
+            "-subj",
+            "/CN=127.0.0.1",
+            "-addext",
+            "subjectAltName=IP:127.0.0.1",
+        ])
+        .arg("-keyout")
+        .arg(&key)
+        .arg("-out")
+        .arg(&cert)
+        .output()
+        .unwrap();
+    assert!(
+        ok.status.success(),
+        "{}",
+        String::from_utf8_lossy(&ok.stderr)
+    );
+    let port = harness::free_port();
+    let child = std::process::Command::new(env!("CARGO_BIN_EXE_edgeform"))
+        .args(["serve", "--listen", &format!("127.0.0.1:{port}")])
+        .arg("--tls-cert")
+        .arg(&cert)
+        .arg("--tls-key")
+        .arg(&key)
+        .current_dir(repo.path())
+        .env("EDGEFORM_SERVE_TOKEN", TOKEN)
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let _serve = Serve { child, port };
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(Instant::now() < deadline, "edgeform serve did not start");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let out = std::process::Command::new("curl")
+        .args(["-s", "-w", "\n%{http_code}", "--cacert"])
+        .arg(&cert)
+        .args(["-H", &format!("Authorization: Bearer {TOKEN}")])
+        .arg(format!(
+            "https://127.0.0.1:{port}/v1/nodes/edge-1/keys/site:a.example.com"
+        ))
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.ends_with("\n200"), "{text}");
+    assert!(text.contains(r#""origin":"http://192.0.2.1""#), "{text}");
+}
