@@ -94,19 +94,16 @@ end
 -- not parse or has host bits set (as edgestate::lpm::Prefix refuses).
 function _M.net(s)
   local a, l = s:match("^([^/]+)/(%d%d?%d?)$")
-  local bytes, len
-  if a then
-    bytes = _M.parse(a)
-    if not bytes then return nil end
-    -- A mapped IPv6 network is not accepted (Rust keeps it IPv6).
-    if #bytes == 4 and find(a, ":", 1, true) then return nil end
-    len = tonumber(l)
-  else
+  if not a then
     if find(s, "/", 1, true) then return nil end
-    bytes = _M.parse(s)
-    if not bytes or (#bytes == 4 and find(s, ":", 1, true)) then return nil end
-    len = #bytes * 8
+    a = s
   end
+  -- An IPv6 network stays IPv6 even when IPv4-mapped (as in Rust): it
+  -- then matches no client, since clients are canonicalised to IPv4.
+  local bytes
+  if find(a, ":", 1, true) then bytes = parse_v6(a) else bytes = parse_v4(a) end
+  if not bytes then return nil end
+  local len = l and tonumber(l) or #bytes * 8
   if len > #bytes * 8 then return nil end
   if not _M.contains({ bytes, len }, bytes, true) then return nil end
   return { bytes, len }

@@ -1261,3 +1261,76 @@ fn r14_8_serve_over_tls() {
     assert!(text.ends_with("\n200"), "{text}");
     assert!(text.contains(r#""origin":"http://192.0.2.1""#), "{text}");
 }
+
+// See: #14 item 6 (the Lua address parser is Rust's, string for string)
+#[test]
+fn r14_6_lua_addresses_parse_as_rust_does() {
+    let inputs = [
+        "1.2.3.4",
+        "01.2.3.4",
+        "256.1.1.1",
+        "1.2.3",
+        "1.2.3.4.5",
+        " 1.2.3.4",
+        "::",
+        "::1",
+        "2001:db8::1",
+        "::ffff:1.2.3.4",
+        "::ffff:81.2.69.142",
+        "1::2::3",
+        "fe80::1%eth0",
+        "1:2:3:4:5:6:7:8",
+        "1:2:3:4:5:6:7:8:9",
+        "1:2:3:4:5:6:7::",
+        "::1:2:3:4:5:6:7:8",
+        "12345::",
+        "g::1",
+        "::1.2.3.4",
+        "1:2:3:4:5:6:1.2.3.4",
+        "2001:DB8::A",
+        "",
+        "x",
+    ];
+    let root = harness::nginx::repo_root();
+    let script = format!(
+        "package.path = '{}/edge/lua/?.lua;' .. package.path\n\
+         local ip = require 'edge_ip'\n\
+         for line in io.lines() do local b = ip.parse(line)\n\
+         print(b and ip.hex(b) or 'nil') end\n",
+        root.display()
+    );
+    let mut child = std::process::Command::new("luajit")
+        .args(["-e", &script])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(inputs.join("\n").as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    let lua: Vec<String> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(str::to_owned)
+        .collect();
+    for (i, input) in inputs.iter().enumerate() {
+        let rust = match input.parse::<IpAddr>() {
+            Ok(IpAddr::V4(a)) => hex(&a.octets()),
+            Ok(IpAddr::V6(a)) => match a.to_ipv4_mapped() {
+                Some(v4) => hex(&v4.octets()),
+                None => hex(&a.octets()),
+            },
+            Err(_) => "nil".to_owned(),
+        };
+        // An empty last line is not read by io.lines: count from the end.
+        let got = lua.get(i).map_or("nil", String::as_str);
+        assert_eq!(got, rust, "`{input}`");
+    }
+}
+
+fn hex(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
