@@ -535,6 +535,19 @@ fn compare(
             got.header("x-edgeform-reason")
         ));
     }
+    // WAF detect/strict: the matched rules.
+    let want_waf = want["waf"].as_array().map(|v| {
+        v.iter()
+            .filter_map(|x| x.as_str())
+            .collect::<Vec<_>>()
+            .join(",")
+    });
+    if got.header("x-edgeform-waf").map(str::to_owned) != want_waf {
+        problems.push(format!(
+            "X-Edgeform-Waf {:?} ≠ explain {want_waf:?}",
+            got.header("x-edgeform-waf")
+        ));
+    }
     // Cache status and the origin hit.
     let host = r
         .host
