@@ -237,31 +237,38 @@ function _M.access()
   end
   if entry.err then return answer(502, "bad-document", "bad site document\n") end
 
-  local client, client_text = client_ip()
-  local country
-  if client then
-    ngx.var.edge_client_ip = client_text
-    country = ngx.var.edge_country
-    if country == "" then country = nil end
+  -- Read only what this site's modes use (each ngx.var is a lookup).
+  local site = entry.site
+  local client, country
+  if site.need_client then
+    local client_text
+    client, client_text = client_ip()
+    if client and site.need_country then
+      ngx.var.edge_client_ip = client_text
+      country = ngx.var.edge_country
+      if country == "" then country = nil end
+    end
   end
-  local h = ngx.req.get_headers()
-  local function one(v) if type(v) == "table" then return v[1] end return v end
+  local var = ngx.var
+  local method = ngx.req.get_method()
   local req = {
-    method = ngx.req.get_method(),
+    method = method,
     host = host,
-    uri = ngx.var.request_uri,
+    uri = var.request_uri,
     client = client,
     country = country,
-    referer = one(h["referer"]),
-    origin = one(h["origin"]),
-    acr_method = one(h["access-control-request-method"]),
-    cookie = one(h["cookie"]),
+    referer = site.hotlink and var.http_referer or nil,
+    origin = site.cors ~= "off" and var.http_origin or nil,
+    acr_method = method == "OPTIONS" and var.http_access_control_request_method or nil,
+    cookie = site.rate == "strict" and var.http_cookie or nil,
   }
   local d = decide.decide(req, entry.key, entry.site, entry.suspended,
     { secret = conf.secret, now = ngx.time() })
-  ngx.ctx.edge = d
-  ngx.ctx.edge_origin = req.origin
-  ngx.ctx.edge_acrh = one(h["access-control-request-headers"])
+  if d.waf or d.cors then
+    local ctx = ngx.ctx
+    ctx.edge = d
+    ctx.edge_origin = req.origin
+  end
 
   if d.rate and client and (d.verdict == "proxy" or d.verdict == "redirect"
       or d.reason == "edge-rule") then
@@ -302,7 +309,7 @@ function _M.access()
     return answer(403, "challenge", page, "text/html; charset=utf-8")
   end
   if v == "preflight" then
-    _M.cors_headers(d, req.origin, ngx.ctx.edge_acrh, true)
+    _M.cors_headers(d, req.origin, var.http_access_control_request_headers, true)
     return answer(204, "cors-preflight")
   end
   return answer(d.status, d.reason, d.reason .. "\n")

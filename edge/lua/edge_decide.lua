@@ -170,6 +170,9 @@ function _M.prepare(doc, null)
     return nil, "hotlink_mode: unknown mode `" .. doc.hotlink_mode .. "`"
   end
   s.hotlink = doc.hotlink_mode == "block"
+  -- What the access phase must read for this site (the rest is skipped).
+  s.need_client = s.ip ~= "off" or s.geo ~= "off" or s.rate ~= "off"
+  s.need_country = s.geo ~= "off"
   s.geo_codes = {}
   for _, c in ipairs(split_list(doc.geo_codes)) do
     if not find(c, "^%u%u$") then return nil, "geo_codes: `" .. c .. "` is not a country code" end
@@ -219,9 +222,12 @@ end
 
 -- ------------------------------------------------------------ the decision
 
+local function unhex(h) return string.char(tonumber(h, 16)) end
+
 local function waf_text(uri)
-  local t = uri:gsub("%%(%x%x)", function(h) return string.char(tonumber(h, 16)) end)
-  t = t:gsub("%+", " ")
+  local t = uri
+  if find(t, "%", 1, true) then t = t:gsub("%%(%x%x)", unhex) end
+  if find(t, "+", 1, true) then t = t:gsub("%+", " ") end
   return lower(t)
 end
 

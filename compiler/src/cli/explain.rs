@@ -90,7 +90,8 @@ struct Explainer<'a> {
     secret: Option<Vec<u8>>,
     now: u64,
     routers: BTreeMap<String, Arc<Router>>,
-    sites: BTreeMap<(String, String), Result<Arc<Site>, DocError>>,
+    /// node → site key → prepared document.
+    sites: BTreeMap<String, BTreeMap<String, Result<Arc<Site>, DocError>>>,
 }
 
 /// A decision and what was looked up for it.
@@ -211,11 +212,21 @@ impl Explainer<'_> {
                 match hit {
                     None => edge::decide(&req, Found::None, clearance),
                     Some((key, text)) => {
-                        let site = self
+                        let known = self
                             .sites
-                            .entry((name.clone(), key.clone()))
-                            .or_insert_with(|| Site::parse(text).map(Arc::new))
-                            .clone();
+                            .get(name.as_str())
+                            .and_then(|m| m.get(key.as_str()));
+                        let site = match known {
+                            Some(s) => s.clone(),
+                            None => {
+                                let s = Site::parse(text).map(Arc::new);
+                                self.sites
+                                    .entry(name.clone())
+                                    .or_default()
+                                    .insert(key.clone(), s.clone());
+                                s
+                            }
+                        };
                         let suspended = find_value(t, &edgestate::keys::suspended(key))
                             == Some(edgestate::keys::SUSPENDED_VALUE);
                         match &site {
@@ -254,15 +265,27 @@ impl Explainer<'_> {
     }
 }
 
-fn to_json(e: &Explained, id: Option<&serde_json::Value>) -> serde_json::Value {
-    let mut v = serde_json::to_value(&e.decision).unwrap_or_default();
-    v["node"] = serde_json::json!(e.node);
-    v["client_ip"] = serde_json::json!(e.client.map(|c| c.to_string()));
-    v["country"] = serde_json::json!(e.country);
-    if let Some(id) = id {
-        v["id"] = id.clone();
-    }
-    v
+/// One answer: the decision's fields, then what was looked up.
+#[derive(serde::Serialize)]
+struct Out<'a> {
+    #[serde(flatten)]
+    decision: &'a edge::Decision,
+    node: Option<&'a str>,
+    client_ip: Option<IpAddr>,
+    country: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    id: Option<&'a serde_json::Value>,
+}
+
+fn to_json(e: &Explained, id: Option<&serde_json::Value>) -> String {
+    serde_json::to_string(&Out {
+        decision: &e.decision,
+        node: e.node.as_deref(),
+        client_ip: e.client,
+        country: e.country.as_deref(),
+        id,
+    })
+    .unwrap_or_default()
 }
 
 fn human(e: &Explained) -> String {
