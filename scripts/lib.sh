@@ -34,6 +34,13 @@ need_packages() {
 # and ssh fetches links OpenSSL).
 BUILD_PACKAGES=(git pkg-config libssl-dev)
 
+# The reference edge (edge/, docs/edge.md): nginx with OpenResty's Lua
+# module. luajit2 is OpenResty's LuaJIT branch the module links against;
+# never install Debian's `luajit`, which conflicts and removes the module.
+EDGE_PACKAGES=(nginx libnginx-mod-http-lua libnginx-mod-http-ndk lua-resty-core
+  lua-resty-lrucache luajit2 lua-nginx-redis lua-cjson libnginx-mod-http-geoip2
+  libnginx-mod-stream wrk curl)
+
 # Servers started by the demo, stopped by pid on exit.
 SERVER_PIDS=()
 SERVER_DIR="${SERVER_DIR:-$(mktemp -d)}"

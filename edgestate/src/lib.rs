@@ -4,6 +4,7 @@
 //! the agent and the edge's Lua (which read). It owns:
 //!
 //! - [`keys`]: every Redis key name edgeform reads or writes;
+//! - [`edge`]: the reference edge's per-request decision (`edgeform explain`);
 //! - [`site`]: the per-hostname document (`site:<host>`), with exactly the
 //!   fields the seed's `cdn_router.lua` reads;
 //! - [`routing`]: the compiled routing table (`edgeform:routing`);
@@ -15,6 +16,7 @@
 //! order, `BTreeMap`s), because `diff`, the manifest hashes and
 //! byte-identical `build` output depend on it.
 
+pub mod edge;
 pub mod keys;
 pub mod lpm;
 pub mod mqtt;

@@ -8,6 +8,8 @@
 
 pub mod sshd;
 
+pub mod nginx;
+
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};

@@ -14,11 +14,13 @@ use crate::workspace::{self, Source, Valid};
 use crate::{Checked, compile, diff};
 
 pub mod anycast;
+pub mod explain;
 pub mod mqtt;
 pub mod ops;
 pub mod purge;
 pub mod push;
 pub mod route;
+pub mod serve;
 
 /// GitOps control plane for a self-run CDN: validate, compile, diff and push
 /// the config repository (sites, zones, nodes) to every edge's own Redis.
@@ -120,6 +122,14 @@ pub enum Command {
     /// stream (and with --geo the nearest edge) from the compiled table and
     /// a health snapshot, step by step. Exit 0.
     Route(route::RouteArgs),
+    /// Explain the reference edge's decision for a request (docs/edge.md)
+    /// offline, from the compiled documents, step by step. Exit 0.
+    Explain(explain::ExplainArgs),
+    /// Read-only HTTP API for edges on a Redis miss: GET
+    /// /v1/nodes/<node>/keys/<key> → the value `build` gives that node,
+    /// from --rev (default HEAD, re-read when it moves). Needs
+    /// EDGEFORM_SERVE_TOKEN.
+    Serve(serve::ServeArgs),
     /// Format config files canonically: keys in the model's order, one
     /// layout (see docs/operations.md). Comments are kept at the top of a
     /// file and above top-level keys; a file with any other comment is
@@ -411,6 +421,18 @@ pub fn run(cli: &Cli) -> Result<u8> {
                 return Ok(1);
             };
             route::route(config, args)
+        }
+        Command::Explain(args) => {
+            let repo = load::load(&cli.repo, cli.rev.as_deref())?;
+            let checked = crate::check(&repo);
+            let Some(config) = valid_or_report(&checked, &repo, &cli.repo) else {
+                return Ok(1);
+            };
+            explain::explain(&compile::compile(config), args)
+        }
+        Command::Serve(args) => {
+            init_tracing();
+            runtime()?.block_on(serve::serve(&cli.repo, cli.rev.as_deref(), args))
         }
         Command::Fmt { check, files } => {
             if cli.rev.is_some() {

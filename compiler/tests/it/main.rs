@@ -2,6 +2,7 @@
 
 mod anycast;
 mod cli;
+mod edge;
 mod example;
 mod hostile;
 mod issue12;

@@ -1,0 +1,176 @@
+#!/usr/bin/env bash
+# The reference edge under load (#14 "Performance"): wrk against the edge
+# serving cache HITs with the Lua access phase (documents cached per
+# worker) vs the same nginx.conf without it (access and header filter
+# phases removed, upstream fixed), same origin, same cache, one worker
+# each pinned to CPU 1, wrk pinned to CPU 0. Then `edgeform explain
+# --batch` per-request cost over 200,000 requests.
+#
+#   bench/edge.sh [seconds per round, default 10] [rounds, default 3]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+. scripts/lib.sh
+need_packages "${BUILD_PACKAGES[@]}" "${EDGE_PACKAGES[@]}" redis-server
+secs=${1:-10}; rounds=${2:-3}
+cargo build --release --quiet --locked -p compiler
+work=$(mktemp -d)
+trap 'stop_servers; rm -rf "$work"' EXIT
+SERVER_DIR="$work"
+free() { python3 -c 'import socket;s=socket.socket();s.bind(("127.0.0.1",0));print(s.getsockname()[1])'; }
+rport=$(free); oport=$(free); eport=$(free); pport=$(free); hop1=$(free); hop2=$(free)
+start_redis "$rport"
+
+# The origin: nginx answering a fixed 2 KiB body (not what is measured).
+mkdir -p "$work/origin"
+head -c 2048 /dev/zero | tr '\0' x > "$work/origin/body"
+cat > "$work/origin/nginx.conf" <<CONF
+worker_processes 1; daemon off; pid $work/origin/nginx.pid; error_log $work/origin/error.log;
+events { worker_connections 1024; }
+http { access_log off; server { listen 127.0.0.1:$oport; root $work/origin; location / { try_files /body =404; } } }
+CONF
+nginx -p "$work/origin" -c "$work/origin/nginx.conf" & SERVER_PIDS+=($!)
+wait_port "$oport"
+
+# A repository with one site in front of that origin, applied to Redis.
+repo="$work/repo"; mkdir -p "$repo/sites" "$repo/nodes"
+echo "name: bench" > "$repo/cluster.yaml"
+cat > "$repo/nodes/edge-1.yaml" <<YAML
+name: edge-1
+roles: [edge]
+region: eu
+location: {lat: 52.0, lon: 4.0}
+redis: {url: "redis://127.0.0.1:$rport"}
+cache: {dirs: ["$work/cache"], levels: "1:2", key: \$scheme\$host\$request_uri}
+YAML
+cat > "$repo/sites/bench.yaml" <<YAML
+host: bench.test
+origin: http://127.0.0.1:$oport
+geo_mode: block
+geo_codes: [RU, CN]
+waf_mode: detect
+cors_mode: permissive
+cache_rules:
+  - {match_type: ext, match_value: .mp4, action: ttl, ttl: 86400}
+edge_rules:
+  - {match_type: prefix, match_value: /old/, action: redirect, redirect_status: 301}
+YAML
+target/release/edgeform --repo "$repo" apply --yes >/dev/null 2>&1
+
+render() { # PREFIX LISTEN HOP
+  mkdir -p "$1/cache"
+  edge/render "$1/nginx.conf" USER="$(id -un)" WORKERS=1 PREFIX="$1" ACCESS_LOG=off RESOLVER=127.0.0.1 \
+    CACHE_DIR="$work/cache" CACHE_LEVELS=1:2 CACHE_MAX_SIZE=1g 'CACHE_KEY=$scheme$host$request_uri' \
+    GEOIP_DB="$PWD/testdata/geoip/GeoLite2-City-Test.mmdb" REDIS_HOST=127.0.0.1 REDIS_PORT="$rport" \
+    API_ON=false API_URL=http://127.0.0.1:9 API_TOKEN= NODE=edge-1 CHALLENGE_SECRET=bench \
+    TTL_HOP_PORT="$3" LISTEN="$2"
+}
+render "$work/edge" "127.0.0.1:$eport" "$hop1"
+render "$work/plain" "127.0.0.1:$pport" "$hop2"
+# The same configuration without the Lua access phase.
+python3 - "$work/plain/nginx.conf" "$oport" <<'PY'
+import sys, re
+p, port = sys.argv[1], sys.argv[2]
+s = open(p).read()
+s = re.sub(r'\n\s*access_by_lua_block \{[^}]*\}', '', s)
+s = re.sub(r'\n\s*header_filter_by_lua_block \{[^}]*\}', '', s)
+s = s.replace('set $edge_upstream "";', 'set $edge_upstream "http://127.0.0.1:%s";' % port)
+s = s.replace('set $edge_origin_host "";', 'set $edge_origin_host "bench.test";')
+s = s.replace('set $edge_nocache "1";', 'set $edge_nocache "0";')
+open(p, 'w').write(s)
+PY
+grep -q access_by_lua "$work/plain/nginx.conf" && { echo "plain config still has Lua" >&2; exit 1; }
+# The document lookup alone, timed inside the edge's worker (monotonic clock).
+python3 - "$work/edge/nginx.conf" <<'PY'
+import sys
+p = sys.argv[1]
+s = open(p).read()
+bench = r"""
+        location = /_bench_lookup {
+            content_by_lua_block {
+                local ffi = require "ffi"
+                pcall(ffi.cdef, "typedef struct { long s; long ns; } bench_ts; int clock_gettime(int, bench_ts *);")
+                local t = ffi.new("bench_ts")
+                local function us() ffi.C.clock_gettime(1, t) return tonumber(t.s) * 1e6 + tonumber(t.ns) / 1e3 end
+                local r = require "cdn_router"
+                local function p50(n, cold)
+                    local v = {}
+                    for i = 1, n do
+                        if cold then r.forget() end
+                        local a = us(); r.lookup("bench.test"); v[i] = us() - a
+                    end
+                    table.sort(v)
+                    return v[math.floor(n / 2)], v[math.floor(n * 0.99)]
+                end
+                r.lookup("bench.test")
+                local c50, c99 = p50(100000, false)
+                local m50, m99 = p50(5000, true)
+                ngx.say(string.format("cached %.2f %.2f miss %.1f %.1f", c50, c99, m50, m99))
+            }
+        }
+"""
+s = s.replace("        # The control plane's read API", bench + "        # The control plane's read API", 1)
+open(p, "w").write(s)
+PY
+taskset -c 1 nginx -p "$work/edge" -c "$work/edge/nginx.conf" & SERVER_PIDS+=($!)
+taskset -c 1 nginx -p "$work/plain" -c "$work/plain/nginx.conf" & SERVER_PIDS+=($!)
+wait_port "$eport"; wait_port "$pport"
+sleep 0.5
+for p in "$eport" "$pport"; do
+  for _ in 1 2; do curl -s -o /dev/null -H 'Host: bench.test' "http://127.0.0.1:$p/a.mp4"; done
+  st=$(curl -s -o /dev/null -D - -H 'Host: bench.test' "http://127.0.0.1:$p/a.mp4" | tr -d '\r' | awk -F': ' 'tolower($1)=="x-cache-status"{print $2}')
+  [ "$st" = HIT ] || { echo "port $p: expected a cache HIT, got '$st'" >&2; exit 1; }
+done
+
+read -r _ c50 c99 _ m50 m99 < <(curl -s -H 'Host: bench.test' "http://127.0.0.1:$eport/_bench_lookup")
+echo "document lookup (per worker cache hit): p50 ${c50} us, p99 ${c99} us (goal p50 <= 50 us)"
+echo "document lookup (cache miss: MGET from local Redis, parse, prepare): p50 ${m50} us, p99 ${m99} us"
+run_wrk() { taskset -c 0 wrk -t1 -c32 -d"${secs}s" -H 'Host: bench.test' "http://127.0.0.1:$1/a.mp4" | awk '/Requests\/sec/{print $2}'; }
+echo "wrk: ${rounds} rounds of ${secs}s, 1 thread, 32 connections, cache HITs" >&2
+edge=(); plain=()
+for i in $(seq 1 "$rounds"); do
+  edge+=("$(run_wrk "$eport")"); plain+=("$(run_wrk "$pport")")
+  echo "  round $i: edge ${edge[-1]} req/s, without Lua ${plain[-1]} req/s" >&2
+done
+median() { printf '%s\n' "$@" | sort -g | awk '{a[NR]=$1} END{print a[int((NR+1)/2)]}'; }
+me=$(median "${edge[@]}"); mp=$(median "${plain[@]}")
+python3 - "$me" "$mp" <<'PY'
+import sys
+e, p = float(sys.argv[1]), float(sys.argv[2])
+print(f"edge (Lua access phase, documents cached): {e:,.0f} req/s")
+print(f"same nginx.conf without the Lua phase:     {p:,.0f} req/s")
+print(f"ratio: {e/p:.2f}  (goal >= 0.8)")
+print(f"Lua access phase per request (lookup + decision + headers): {(1/e - 1/p)*1e6:.1f} us")
+PY
+
+# explain --batch: 200,000 requests after the compile.
+python3 - "$work/req.jsonl" <<'PY'
+import json, sys, random
+r = random.Random(7)
+paths = ["/", "/a.mp4", "/old/x?y=1", "/img/p.jpg", "/?q=<script>", "/api/v1"]
+ips = ["81.2.69.142", "175.16.199.1", "89.160.20.128", "8.8.8.8", "2001:480:10::1"]
+with open(sys.argv[1], "w") as f:
+    for i in range(200000):
+        f.write(json.dumps({"host": "bench.test", "url": r.choice(paths), "ip": r.choice(ips),
+                            "method": "GET", "id": i}) + "\n")
+PY
+head -1 "$work/req.jsonl" > "$work/one.jsonl"
+# Wall and CPU (user + system) seconds of one run.
+t() { python3 -c '
+import resource, subprocess, sys, time
+r0 = resource.getrusage(resource.RUSAGE_CHILDREN); t = time.perf_counter()
+subprocess.run(sys.argv[1:], check=True, stdout=subprocess.DEVNULL)
+r1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+print(time.perf_counter() - t, (r1.ru_utime - r0.ru_utime) + (r1.ru_stime - r0.ru_stime))' "$@"; }
+geo="$PWD/testdata/geoip/GeoLite2-City-Test.mmdb"
+one=(); all=(); onec=(); allc=()
+for _ in 1 2 3; do
+  read -r w c < <(t target/release/edgeform --repo "$repo" explain --batch "$work/one.jsonl" --geoip "$geo"); one+=("$w"); onec+=("$c")
+  read -r w c < <(t target/release/edgeform --repo "$repo" explain --batch "$work/req.jsonl" --geoip "$geo"); all+=("$w"); allc+=("$c")
+done
+python3 - "$(median "${one[@]}")" "$(median "${all[@]}")" "$(median "${onec[@]}")" "$(median "${allc[@]}")" <<'PY'
+import sys
+one, full, onec, fullc = map(float, sys.argv[1:5])
+print(f"explain --batch: 200,000 requests in {full:.2f} s wall ({fullc:.2f} s CPU); startup + compile "
+      f"{one*1000:.0f} ms; per request {(full-one)/200000*1e6:.2f} us wall, "
+      f"{(fullc-onec)/200000*1e6:.2f} us CPU (goal <= 5)")
+PY

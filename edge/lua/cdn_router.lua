@@ -1,0 +1,347 @@
+-- cdn_router.lua: the reference edge's access phase (docs/edge.md).
+--
+-- Reads site:<host> and suspended:<host> from the edge's own Redis (MGET,
+-- host and its wildcard), keeps what it read per worker in an LRU cache
+-- tagged with edgeform:meta's generation, and applies the decision of
+-- edge_decide.lua. A timer per worker polls the generation every 200 ms;
+-- a new generation empties the cache and reloads the trusted proxies from
+-- edgeform:routing. Redis down: the cached documents keep serving; a host
+-- never read goes to the control plane's read API (edgeform serve), if
+-- configured, with a short timeout and brief negative caching.
+
+local redis = require "nginx.redis"
+local cjson = require "cjson.safe"
+local lrucache = require "resty.lrucache"
+local decide = require "edge_decide"
+local ip = require "edge_ip"
+
+local ngx = ngx
+local log, ERR, WARN = ngx.log, ngx.ERR, ngx.WARN
+
+local _M = {}
+
+local conf = {}
+local docs            -- per worker: host → entry
+local generation      -- the live generation as last read (string), nil before
+local trusted = {}    -- networks whose X-Forwarded-For is believed
+
+local NEGATIVE_TTL = 5      -- seconds an API "no such key" is remembered
+local API_ERROR_TTL = 1     -- seconds an unreachable API is not asked again
+local CHALLENGE_TTL = 3600
+
+function _M.init(c)
+  conf = c
+  conf.redis_timeout = conf.redis_timeout or 200
+  conf.poll = conf.poll or 0.2
+end
+
+local function connect()
+  local r = redis:new()
+  r:set_timeout(conf.redis_timeout)
+  local ok, err = r:connect(conf.redis_host, conf.redis_port)
+  if not ok then return nil, err end
+  return r
+end
+
+local function release(r)
+  r:set_keepalive(10000, 32)
+end
+
+local function load_trusted(r)
+  local text = r:get("edgeform:routing")
+  if not text or text == ngx.null then
+    trusted = {}
+    return
+  end
+  local table_, err = cjson.decode(text)
+  if not table_ or type(table_.trusted_proxies) ~= "table" then
+    log(ERR, "edgeform:routing unreadable: ", err or "no trusted_proxies")
+    return
+  end
+  local list = {}
+  for _, t in ipairs(table_.trusted_proxies) do
+    local net = type(t) == "string" and ip.net(t)
+    if net then list[#list + 1] = net else log(ERR, "bad trusted proxy ", tostring(t)) end
+  end
+  trusted = list
+end
+
+-- Read the generation; on a change, forget every document.
+local function poll()
+  local r, err = connect()
+  if not r then return nil, err end
+  local gen
+  gen, err = r:hget("edgeform:meta", "generation")
+  if not gen then return nil, err end
+  if gen == ngx.null then gen = "none" end
+  if gen ~= generation then
+    load_trusted(r)
+    docs:flush_all()
+    generation = gen
+  end
+  release(r)
+  return true
+end
+
+local function tick(premature)
+  if premature then return end
+  local ok, err = poll()
+  if not ok then log(WARN, "edgeform: redis unreachable, serving last known documents: ", err) end
+end
+
+function _M.init_worker()
+  docs = lrucache.new(20000)
+  ngx.timer.at(0, tick)
+  ngx.timer.every(conf.poll, tick)
+end
+
+-- The control plane's read API (on a Redis miss): value, or false (no such
+-- key), or nil + error.
+local function api_get(key)
+  if not conf.api then return nil, "no api" end
+  local res = ngx.location.capture("/_edgeform_api/" .. ngx.escape_uri(key))
+  if res.status == 200 then return res.body end
+  if res.status == 404 then return false end
+  return nil, "api answered " .. res.status
+end
+
+local function prepare(key, text, suspended)
+  local entry = { key = key, suspended = suspended, gen = generation }
+  local doc, err = cjson.decode(text)
+  if doc then
+    entry.site, err = decide.prepare(doc, cjson.null)
+  end
+  if not entry.site then
+    entry.err = err
+    -- Once per generation per worker: the entry is cached until then.
+    log(ERR, "edgeform: site:", key, " is a bad document: ", err)
+  end
+  return entry
+end
+
+local function from_api(host, wild)
+  for _, k in ipairs({ host, wild }) do
+    if k then
+      local text, err = api_get("site:" .. k)
+      if text == nil then
+        return { api_error = err, expires = ngx.now() + API_ERROR_TTL, gen = generation }
+      end
+      if text then
+        local s = api_get("suspended:" .. k)
+        return prepare(k, text, s == "1")
+      end
+    end
+  end
+  return { none = true, expires = ngx.now() + NEGATIVE_TTL, gen = generation }
+end
+
+-- The entry for a host: { key, site | err, suspended } or { none } or
+-- { api_error }.
+local function lookup(host)
+  local entry = docs:get(host)
+  if entry and entry.gen == generation and (not entry.expires or entry.expires > ngx.now()) then
+    return entry
+  end
+  local gen = generation
+  local wild = host:match("^[^.]*%.(.+)$")
+  wild = wild and ("*." .. wild)
+  local r, err = connect()
+  local vals
+  if r then
+    if wild then
+      vals, err = r:mget("site:" .. host, "suspended:" .. host, "site:" .. wild, "suspended:" .. wild)
+    else
+      vals, err = r:mget("site:" .. host, "suspended:" .. host)
+    end
+    if vals then release(r) end
+  end
+  if not vals then
+    -- Redis is down: the last known entry, even of an older generation.
+    if entry and not entry.expires then return entry end
+    log(WARN, "edgeform: redis unreachable for ", host, ": ", err)
+    entry = from_api(host, wild)
+  elseif vals[1] ~= ngx.null then
+    entry = prepare(host, vals[1], vals[2] == "1")
+  elseif wild and vals[3] ~= ngx.null then
+    entry = prepare(wild, vals[3], vals[4] == "1")
+  elseif conf.api then
+    entry = from_api(host, wild)
+  else
+    entry = { none = true }
+  end
+  entry.gen = gen
+  docs:set(host, entry)
+  return entry
+end
+
+-- For bench/edge.sh: the lookup alone, and emptying this worker's cache.
+_M.lookup = lookup
+function _M.forget()
+  docs:flush_all()
+end
+
+local function client_ip()
+  local peer_text = ngx.var.remote_addr
+  local peer = ip.parse(peer_text)
+  if not peer then return nil, peer_text end
+  local is_trusted = false
+  for _, n in ipairs(trusted) do
+    if ip.contains(n, peer) then is_trusted = true break end
+  end
+  if not is_trusted then return peer, ip.text(peer, peer_text) end
+  local xff = ngx.var.http_x_forwarded_for
+  if not xff then return peer, ip.text(peer, peer_text) end
+  local last, last_text
+  for part in (xff .. ","):gmatch("([^,]*),") do
+    part = part:match("^%s*(.-)%s*$")
+    local b = ip.parse(part)
+    if not b then return peer, ip.text(peer, peer_text) end
+    last, last_text = b, part
+  end
+  return last, ip.text(last, last_text)
+end
+
+local function over_limit(key, rate)
+  local dict = ngx.shared.edge_rate
+  local now = ngx.now()
+  local interval = 1 / rate[1]
+  local tat = dict:get(key) or now
+  if tat < now then tat = now end
+  if tat - now > (rate[2] - 1) * interval + 1e-6 then return true end
+  dict:set(key, tat + interval, math.ceil(rate[2] * interval) + 1)
+  return false
+end
+
+local function answer(status, reason, body, ctype)
+  ngx.status = status
+  if reason then ngx.header["X-Edgeform-Reason"] = reason end
+  ngx.header["Content-Type"] = ctype or "text/plain"
+  if status ~= 204 and body then ngx.print(body) end
+  return ngx.exit(status)
+end
+
+local CHALLENGE_PAGE = [[<!doctype html>
+<html><head><meta charset="utf-8"><title>Checking your browser</title></head>
+<body><noscript>This site asks your browser to run JavaScript once.</noscript>
+<script>(function(){var p=["%s","%s"];document.cookie="edgeform_clearance="+p[1]+p[0]+
+"; Path=/; Max-Age=%d; SameSite=Lax";location.reload();})();</script></body></html>
+]]
+
+function _M.access()
+  if generation == nil then poll() end
+  local host = ngx.var.host
+  local entry = lookup(host)
+  if entry.none then return answer(404, "unknown-host", "unknown host\n") end
+  if entry.api_error then
+    return answer(503, "control-plane-unreachable", "no configuration for this host\n")
+  end
+  if entry.err then return answer(502, "bad-document", "bad site document\n") end
+
+  -- Read only what this site's modes use (each ngx.var is a lookup).
+  local site = entry.site
+  local client, country
+  if site.need_client then
+    local client_text
+    client, client_text = client_ip()
+    if client and site.need_country then
+      ngx.var.edge_client_ip = client_text
+      country = ngx.var.edge_country
+      if country == "" then country = nil end
+    end
+  end
+  local var = ngx.var
+  local method = ngx.req.get_method()
+  local req = {
+    method = method,
+    host = host,
+    uri = var.request_uri,
+    client = client,
+    country = country,
+    referer = site.hotlink and var.http_referer or nil,
+    origin = site.cors ~= "off" and var.http_origin or nil,
+    acr_method = method == "OPTIONS" and var.http_access_control_request_method or nil,
+    cookie = site.rate == "strict" and var.http_cookie or nil,
+  }
+  local d = decide.decide(req, entry.key, entry.site, entry.suspended,
+    { secret = conf.secret, now = ngx.time() })
+  if d.waf or d.cors then
+    local ctx = ngx.ctx
+    ctx.edge = d
+    ctx.edge_origin = req.origin
+  end
+
+  if d.rate and client and (d.verdict == "proxy" or d.verdict == "redirect"
+      or d.reason == "edge-rule") then
+    if over_limit(entry.key .. "|" .. client, decide.RATE[d.rate]) then
+      ngx.header["Retry-After"] = "1"
+      d.reason = "rate-limited"
+      return answer(429, "rate-limited", "too many requests\n")
+    end
+  end
+
+  local v = d.verdict
+  if v == "proxy" then
+    ngx.var.edge_origin_host = d.origin_host
+    if d.cached then
+      ngx.var.edge_nocache = "0"
+    end
+    if d.ttl then
+      ngx.var.edge_upstream = conf.ttl_hop
+      ngx.req.set_header("X-Edgeform-Origin", d.origin)
+      ngx.req.set_header("X-Edgeform-TTL", tostring(d.ttl))
+    else
+      ngx.var.edge_upstream = d.origin
+      ngx.req.clear_header("X-Edgeform-Origin")
+      ngx.req.clear_header("X-Edgeform-TTL")
+    end
+    return
+  end
+  if v == "redirect" then
+    ngx.header["Location"] = d.location
+    return answer(d.status, nil, "")
+  end
+  if v == "challenged" then
+    local token = decide.clearance_token(conf.secret or "", entry.key, client or "",
+      ngx.time() + CHALLENGE_TTL)
+    local cut = math.floor(#token / 2)
+    local page = string.format(CHALLENGE_PAGE, token:sub(cut + 1), token:sub(1, cut), CHALLENGE_TTL)
+    ngx.header["Cache-Control"] = "no-store"
+    return answer(403, "challenge", page, "text/html; charset=utf-8")
+  end
+  if v == "preflight" then
+    _M.cors_headers(d, req.origin, var.http_access_control_request_headers, true)
+    return answer(204, "cors-preflight")
+  end
+  return answer(d.status, d.reason, d.reason .. "\n")
+end
+
+function _M.cors_headers(d, origin, acrh, preflight)
+  if not d or not d.cors or not origin then return end
+  if d.cors == "permissive" then
+    ngx.header["Access-Control-Allow-Origin"] = "*"
+  else
+    ngx.header["Access-Control-Allow-Origin"] = origin
+    ngx.header["Access-Control-Allow-Credentials"] = "true"
+    ngx.header["Vary"] = "Origin"
+  end
+  if preflight then
+    ngx.header["Access-Control-Allow-Methods"] = "GET, HEAD, POST, PUT, PATCH, DELETE, OPTIONS"
+    if acrh then ngx.header["Access-Control-Allow-Headers"] = acrh end
+    ngx.header["Access-Control-Max-Age"] = d.cors == "permissive" and "86400" or "600"
+  end
+end
+
+function _M.header_filter()
+  local d = ngx.ctx.edge
+  if not d then return end
+  if d.waf then
+    local list = table.concat(d.waf, ",")
+    ngx.header["X-Edgeform-Waf"] = list
+    if d.verdict == "proxy" or d.verdict == "redirect" then
+      log(WARN, "edgeform waf detect: ", list, " ", ngx.var.request_uri)
+    end
+  end
+  if d.verdict ~= "preflight" then _M.cors_headers(d, ngx.ctx.edge_origin, nil, false) end
+end
+
+return _M

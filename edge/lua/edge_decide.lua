@@ -1,0 +1,385 @@
+-- The per-request decision of the reference edge (docs/edge.md), the Lua
+-- twin of edgestate::edge (Rust). Change both together: the differential
+-- test (compiler/tests/it/edge.rs) compares them request by request.
+-- No I/O: cdn_router.lua gathers the inputs and acts on the answer.
+
+local ip = require "edge_ip"
+
+local find, sub, lower, byte = string.find, string.sub, string.lower, string.byte
+local type, pairs, ipairs, tonumber, floor = type, pairs, ipairs, tonumber, math.floor
+
+local _M = {}
+
+_M.RATE = { normal = { 20, 40 }, strict = { 5, 10 } }
+_M.DEFAULT_TTL = 600
+
+local METHODS = { GET = true, HEAD = true, POST = true, PUT = true, PATCH = true,
+                  DELETE = true, OPTIONS = true }
+local WAF_RULES = {
+  { "traversal", { "../", "..\\", "/etc/passwd" } },
+  { "sqli", { "union select", "' or '1'='1", " or 1=1", "sleep(", "information_schema", ";--" } },
+  { "xss", { "<script", "javascript:", "onerror=", "onload=" } },
+}
+local HOTLINK_EXT = { ".jpg", ".jpeg", ".png", ".gif", ".webp", ".avif", ".svg", ".ico",
+  ".mp4", ".webm", ".m4v", ".mov", ".m3u8", ".ts", ".m4s", ".mpd", ".mp3", ".m4a", ".aac",
+  ".ogg", ".woff", ".woff2", ".pdf", ".zip" }
+
+-- ------------------------------------------------------------ documents
+
+local FIELDS = {
+  cache_rules = "array", cached = "boolean", cors_mode = "string", edge_rules = "array",
+  geo_codes = "string", geo_mode = "string", hotlink_mode = "string", ip_list = "string",
+  ip_mode = "string", origin = "string", rate_mode = "string", waf_mode = "string",
+}
+local CACHE_RULE = { action = "string", match_type = "string", match_value = "string",
+                     ttl = "uint32?" }
+local EDGE_RULE = { action = "string", match_type = "string", match_value = "string",
+                    redirect_status = "uint16?", redirect_to = "string?" }
+
+local function is_array(v)
+  if type(v) ~= "table" then return false end
+  local n = 0
+  for k in pairs(v) do
+    if type(k) ~= "number" then return false end
+    n = n + 1
+  end
+  return n == #v
+end
+
+local function is_object(v)
+  if type(v) ~= "table" then return false end
+  for k in pairs(v) do
+    if type(k) ~= "string" then return false end
+  end
+  return true
+end
+
+local function check_type(want, v, null)
+  local optional = sub(want, -1) == "?"
+  if optional then
+    want = sub(want, 1, -2)
+    if v == nil or v == null then return true end
+  elseif v == nil then
+    return false, "missing"
+  end
+  if want == "array" then return is_array(v) end
+  if want == "uint32" or want == "uint16" then
+    local max = want == "uint32" and 4294967295 or 65535
+    return type(v) == "number" and v == floor(v) and v >= 0 and v <= max
+  end
+  return type(v) == want
+end
+
+local function check_shape(obj, shape, where, null)
+  if not is_object(obj) then return where .. ": not an object" end
+  for k, want in pairs(shape) do
+    local ok, why = check_type(want, obj[k], null)
+    if not ok then
+      return where .. "." .. k .. ": " .. (why or ("not a " .. want:gsub("%?$", "")))
+    end
+  end
+  for k in pairs(obj) do
+    if not shape[k] then return where .. ": unknown field `" .. k .. "`" end
+  end
+end
+
+local function split_list(s)
+  local out = {}
+  for part in s:gmatch("[^,]+") do
+    part = part:match("^%s*(.-)%s*$")
+    if part ~= "" then out[#out + 1] = part end
+  end
+  return out
+end
+
+local function mode(field, v, middle)
+  if v == "off" or v == middle or (middle == "allow" and v == "block")
+      or (middle ~= "allow" and v == "strict") then
+    return v
+  end
+  return nil, field .. ": unknown mode `" .. tostring(v) .. "`"
+end
+
+-- "host[:port]" / "[v6][:port]" → host, port
+local function split_host_port(a)
+  if sub(a, 1, 1) == "[" then
+    local i = find(a, "]", 1, true)
+    if not i then return a, nil end
+    local rest = sub(a, i + 1)
+    return sub(a, 1, i), (sub(rest, 1, 1) == ":" and sub(rest, 2) or nil)
+  end
+  local h, p = a:match("^(.*):([^:]*)$")
+  if h then return h, p end
+  return a, nil
+end
+_M.split_host_port = split_host_port
+
+local function split_origin(origin)
+  local scheme, rest = origin:match("^(%a[%w+.-]*)://(.*)$")
+  if scheme ~= "http" and scheme ~= "https" then return nil end
+  local authority = rest:match("^([^/?#]*)")
+  if not authority or authority == "" then return nil end
+  local host, port = split_host_port(authority)
+  local default = scheme == "http" and "80" or "443"
+  local bare = host:gsub("^%[", ""):gsub("%]$", "")
+  local host_is_ip = ip.parse(bare) ~= nil
+  local header = host
+  if port and port ~= default then header = host .. ":" .. port end
+  return header, host_is_ip
+end
+
+local function matcher(field, kind, value)
+  if kind == "exact" or kind == "prefix" or kind == "ext" then
+    return { kind, value }
+  elseif kind == "regex" then
+    local _, err = ngx.re.find("", value, "jo")
+    if err then return nil, field .. ": bad regex `" .. value .. "`: " .. err end
+    return { kind, value }
+  end
+  return nil, field .. ": unknown match_type `" .. tostring(kind) .. "`"
+end
+
+local function ends_with_ci(path, ext)
+  return #path >= #ext and lower(sub(path, -#ext)) == lower(ext)
+end
+
+local function matches(m, path)
+  local kind, v = m[1], m[2]
+  if kind == "exact" then return path == v end
+  if kind == "prefix" then return sub(path, 1, #v) == v end
+  if kind == "ext" then return ends_with_ci(path, v) end
+  return ngx.re.find(path, v, "jo") ~= nil
+end
+
+-- A decoded document → a prepared site table, or nil and what is wrong.
+-- `null` is cjson.null.
+function _M.prepare(doc, null)
+  local err = check_shape(doc, FIELDS, "document", null)
+  if err then return nil, err end
+  local s = { origin = doc.origin, cached = doc.cached }
+  s.origin_authority, s.origin_host_is_ip = split_origin(doc.origin)
+  if not s.origin_authority then
+    return nil, "origin: `" .. doc.origin .. "` is not an http(s) origin"
+  end
+  s.geo, err = mode("geo_mode", doc.geo_mode, "allow"); if err then return nil, err end
+  s.ip, err = mode("ip_mode", doc.ip_mode, "allow"); if err then return nil, err end
+  s.rate, err = mode("rate_mode", doc.rate_mode, "normal"); if err then return nil, err end
+  s.waf, err = mode("waf_mode", doc.waf_mode, "detect"); if err then return nil, err end
+  s.cors, err = mode("cors_mode", doc.cors_mode, "permissive"); if err then return nil, err end
+  if doc.hotlink_mode ~= "off" and doc.hotlink_mode ~= "block" then
+    return nil, "hotlink_mode: unknown mode `" .. doc.hotlink_mode .. "`"
+  end
+  s.hotlink = doc.hotlink_mode == "block"
+  -- What the access phase must read for this site (the rest is skipped).
+  s.need_client = s.ip ~= "off" or s.geo ~= "off" or s.rate ~= "off"
+  s.need_country = s.geo ~= "off"
+  s.geo_codes = {}
+  for _, c in ipairs(split_list(doc.geo_codes)) do
+    if not find(c, "^%u%u$") then return nil, "geo_codes: `" .. c .. "` is not a country code" end
+    s.geo_codes[c] = true
+  end
+  s.ip_list = {}
+  for _, n in ipairs(split_list(doc.ip_list)) do
+    local net = ip.net(n)
+    if not net then return nil, "ip_list: `" .. n .. "` is not a network" end
+    s.ip_list[#s.ip_list + 1] = net
+  end
+  s.cache_rules = {}
+  for i, r in ipairs(doc.cache_rules) do
+    local field = "cache_rules[" .. (i - 1) .. "]"
+    err = check_shape(r, CACHE_RULE, field, null); if err then return nil, err end
+    local m
+    m, err = matcher(field, r.match_type, r.match_value); if not m then return nil, err end
+    local ttl = r.ttl ~= null and r.ttl or nil
+    if r.action == "ttl" then
+      if not ttl or ttl < 1 then return nil, field .. ": action ttl needs a ttl >= 1" end
+      m.ttl = ttl
+    elseif r.action ~= "bypass" then
+      return nil, field .. ": unknown action `" .. r.action .. "`"
+    end
+    s.cache_rules[i] = m
+  end
+  s.edge_rules = {}
+  for i, r in ipairs(doc.edge_rules) do
+    local field = "edge_rules[" .. (i - 1) .. "]"
+    err = check_shape(r, EDGE_RULE, field, null); if err then return nil, err end
+    local m
+    m, err = matcher(field, r.match_type, r.match_value); if not m then return nil, err end
+    local st = r.redirect_status ~= null and r.redirect_status or nil
+    if r.action == "redirect" then
+      if st ~= 301 and st ~= 302 and st ~= 307 and st ~= 308 then
+        return nil, field .. ": redirect needs redirect_status 301, 302, 307 or 308"
+      end
+      m.redirect = st
+      m.to = r.redirect_to ~= null and r.redirect_to or nil
+    elseif r.action ~= "block" then
+      return nil, field .. ": unknown action `" .. r.action .. "`"
+    end
+    s.edge_rules[i] = m
+  end
+  return s
+end
+
+-- ------------------------------------------------------------ the decision
+
+local function unhex(h) return string.char(tonumber(h, 16)) end
+
+local function waf_text(uri)
+  local t = uri
+  if find(t, "%", 1, true) then t = t:gsub("%%(%x%x)", unhex) end
+  if find(t, "+", 1, true) then t = t:gsub("%+", " ") end
+  return lower(t)
+end
+
+function _M.waf_matches(method, uri)
+  local hits = {}
+  if not METHODS[method] then hits[#hits + 1] = "bad-method" end
+  local text = waf_text(uri)
+  for _, rule in ipairs(WAF_RULES) do
+    for _, needle in ipairs(rule[2]) do
+      if find(text, needle, 1, true) then
+        hits[#hits + 1] = rule[1]
+        break
+      end
+    end
+  end
+  return hits
+end
+
+local function url_host(url)
+  local i = find(url, "://", 1, true)
+  if not i then return nil end
+  local rest = sub(url, i + 3)
+  local authority = rest:match("^([^/?#]*)")
+  authority = authority:match("([^@]*)$")
+  local host = lower((split_host_port(authority)))
+  if host == "" then return nil end
+  return host
+end
+
+local function same_site(a, b)
+  return a == b or sub(a, -(#b + 1)) == "." .. b or sub(b, -(#a + 1)) == "." .. a
+end
+
+local function cookie_value(header, name)
+  for part in header:gmatch("[^;]+") do
+    local k, v = part:match("^%s*([^=]-)=(.*)$")
+    if k then
+      v = v:match("^(.-)%s*$")
+      if k == name then return v end
+    end
+  end
+end
+
+-- The clearance token (docs/edge.md "Challenged").
+function _M.clearance_token(secret, site, client_bytes, expiry)
+  local mac = ngx.hmac_sha1(secret, site .. "|" .. ip.hex(client_bytes) .. "|" .. expiry)
+  return expiry .. "." .. ip.hex(mac)
+end
+
+local function refuse(d, verdict, status, reason)
+  d.verdict, d.status, d.reason = verdict, status, reason
+  return d
+end
+
+-- req: method, host (normalised), uri, client (bytes or nil), country,
+-- referer, origin, acr_method, cookie. site: from prepare(). clearance:
+-- {secret, now}.
+function _M.decide(req, key, site, suspended, clearance)
+  local d = { verdict = "proxy", status = 200, site = key, cached = false }
+  if suspended then return refuse(d, "suspended", 503, "suspended") end
+  local uri = req.uri
+  local q = find(uri, "?", 1, true)
+  local path, query = uri, nil
+  if q then path, query = sub(uri, 1, q - 1), sub(uri, q + 1) end
+  local client = req.client
+
+  if site.ip ~= "off" then
+    local inside = false
+    if client then
+      for _, n in ipairs(site.ip_list) do
+        if ip.contains(n, client) then inside = true break end
+      end
+    end
+    if site.ip == "allow" and not inside then return refuse(d, "blocked", 403, "ip-not-allowed") end
+    if site.ip == "block" and inside then return refuse(d, "blocked", 403, "ip-blocked") end
+  end
+
+  if site.geo ~= "off" then
+    local listed = req.country ~= nil and site.geo_codes[req.country] == true
+    if site.geo == "allow" and not listed then return refuse(d, "blocked", 403, "geo-not-allowed") end
+    if site.geo == "block" and listed then return refuse(d, "blocked", 403, "geo-blocked") end
+  end
+
+  if site.waf ~= "off" then
+    local hits = _M.waf_matches(req.method, uri)
+    if hits[1] then
+      d.waf = hits
+      if site.waf == "strict" then return refuse(d, "blocked", 403, "waf-" .. hits[1]) end
+    end
+  end
+
+  if site.hotlink and req.referer then
+    local asset = false
+    for _, e in ipairs(HOTLINK_EXT) do
+      if ends_with_ci(path, e) then asset = true break end
+    end
+    if asset then
+      local h = url_host(req.referer)
+      if not (h and same_site(h, req.host)) then return refuse(d, "blocked", 403, "hotlink") end
+    end
+  end
+
+  if site.cors ~= "off" and req.origin then
+    if site.cors == "strict" then
+      local h = url_host(req.origin)
+      if not (h and same_site(h, req.host)) then return refuse(d, "blocked", 403, "cors-origin") end
+    end
+    d.cors = site.cors
+    if req.method == "OPTIONS" and req.acr_method then
+      return refuse(d, "preflight", 204, "cors-preflight")
+    end
+  end
+
+  if site.rate == "strict" then
+    local token = req.cookie and cookie_value(req.cookie, "edgeform_clearance")
+    local valid = false
+    if token and clearance.secret and client then
+      local exp = tonumber(token:match("^(%d+)%."))
+      valid = exp ~= nil and exp > clearance.now
+        and _M.clearance_token(clearance.secret, key, client, exp) == token
+    end
+    if not valid then return refuse(d, "challenged", 403, "challenge") end
+  end
+  d.rate = site.rate ~= "off" and site.rate or nil
+
+  for _, m in ipairs(site.edge_rules) do
+    if matches(m, path) then
+      if not m.redirect then return refuse(d, "blocked", 403, "edge-rule") end
+      local target = m.to or "/"
+      if m[1] == "prefix" then target = target .. sub(path, #m[2] + 1) end
+      if query then
+        target = target .. (find(target, "?", 1, true) and "&" or "?") .. query
+      end
+      d.verdict, d.status, d.location = "redirect", m.redirect, target
+      return d
+    end
+  end
+
+  d.origin = site.origin
+  d.origin_host = site.origin_host_is_ip and req.host or site.origin_authority
+  if site.cached and (req.method == "GET" or req.method == "HEAD") then
+    local rule
+    for _, m in ipairs(site.cache_rules) do
+      if matches(m, path) then rule = m break end
+    end
+    if not rule then
+      d.cached = true
+    elseif rule.ttl then
+      d.cached, d.ttl = true, rule.ttl
+    end
+  end
+  return d
+end
+
+return _M

@@ -1,0 +1,136 @@
+-- IP addresses and networks, as Rust's std parses them: an address is a
+-- byte string (4 bytes IPv4, 16 bytes IPv6); IPv4-mapped IPv6 addresses
+-- count as IPv4 (edgestate::route's `canonical`). No I/O.
+
+local byte, char, sub, find = string.byte, string.char, string.sub, string.find
+local tonumber, floor = tonumber, math.floor
+
+local _M = {}
+
+local function parse_v4(s)
+  if not find(s, "^%d+%.%d+%.%d+%.%d+$") then return nil end
+  local out = {}
+  for part in s:gmatch("%d+") do
+    -- Rust refuses leading zeros and values above 255.
+    if #part > 1 and sub(part, 1, 1) == "0" then return nil end
+    local n = tonumber(part)
+    if not n or n > 255 then return nil end
+    out[#out + 1] = char(n)
+  end
+  return table.concat(out)
+end
+
+local function groups(s)
+  local out = {}
+  if s == "" then return out end
+  for g in (s .. ":"):gmatch("([^:]*):") do
+    if not find(g, "^%x%x?%x?%x?$") then return nil end
+    out[#out + 1] = tonumber(g, 16)
+  end
+  return out
+end
+
+local function parse_v6(s)
+  if find(s, "[^%x:%.]") then return nil end
+  local tail4
+  local dot = find(s, "%.")
+  if dot then
+    local last_colon = s:match("^.*():")
+    if not last_colon then return nil end
+    tail4 = parse_v4(sub(s, last_colon + 1))
+    if not tail4 then return nil end
+    s = sub(s, 1, last_colon) .. "0:0"
+  end
+  local head, rest = s:match("^(.-)::(.*)$")
+  local hs, ts
+  if head then
+    if find(rest, "::", 1, true) then return nil end
+    hs, ts = groups(head), groups(rest)
+    if not hs or not ts or #hs + #ts > 7 then return nil end
+  else
+    hs, ts = groups(s), {}
+    if not hs or #hs ~= 8 then return nil end
+  end
+  local all = {}
+  for _, g in ipairs(hs) do all[#all + 1] = g end
+  for _ = 1, 8 - #hs - #ts do all[#all + 1] = 0 end
+  for _, g in ipairs(ts) do all[#all + 1] = g end
+  local out = {}
+  for i = 1, 8 do
+    out[i] = char(floor(all[i] / 256), all[i] % 256)
+  end
+  local bytes = table.concat(out)
+  if tail4 then bytes = sub(bytes, 1, 12) .. tail4 end
+  return bytes
+end
+
+-- parse("192.0.2.1") → 4 bytes; parse("2001:db8::1") → 16 bytes;
+-- "::ffff:1.2.3.4" → 4 bytes; anything else → nil.
+function _M.parse(s)
+  if type(s) ~= "string" or s == "" then return nil end
+  if find(s, ":", 1, true) then
+    local b = parse_v6(s)
+    if b and sub(b, 1, 12) == "\0\0\0\0\0\0\0\0\0\0\255\255" then
+      return sub(b, 13)
+    end
+    return b
+  end
+  return parse_v4(s)
+end
+
+-- The text form for logs and the GeoIP lookup (IPv4 dotted; IPv6 as given).
+function _M.text(bytes, given)
+  if #bytes == 4 then
+    return byte(bytes, 1) .. "." .. byte(bytes, 2) .. "." .. byte(bytes, 3) .. "." .. byte(bytes, 4)
+  end
+  return given
+end
+
+function _M.hex(bytes)
+  return (bytes:gsub(".", function(c) return string.format("%02x", byte(c)) end))
+end
+
+-- A network "addr/len" (or a bare address): {bytes, len}; nil when it does
+-- not parse or has host bits set (as edgestate::lpm::Prefix refuses).
+function _M.net(s)
+  local a, l = s:match("^([^/]+)/(%d%d?%d?)$")
+  if not a then
+    if find(s, "/", 1, true) then return nil end
+    a = s
+  end
+  -- An IPv6 network stays IPv6 even when IPv4-mapped (as in Rust): it
+  -- then matches no client, since clients are canonicalised to IPv4.
+  local bytes
+  if find(a, ":", 1, true) then bytes = parse_v6(a) else bytes = parse_v4(a) end
+  if not bytes then return nil end
+  local len = l and tonumber(l) or #bytes * 8
+  if len > #bytes * 8 then return nil end
+  if not _M.contains({ bytes, len }, bytes, true) then return nil end
+  return { bytes, len }
+end
+
+-- Whether `addr` (bytes) is inside `net`; with `exact`, whether the
+-- network's own address has no host bits set.
+function _M.contains(net, addr, exact)
+  local nb, len = net[1], net[2]
+  if #nb ~= #addr then return false end
+  local full = floor(len / 8)
+  if exact then
+    -- host bits of nb must be zero
+    local rem = len % 8
+    if rem > 0 and byte(nb, full + 1) % (2 ^ (8 - rem)) ~= 0 then
+      return false
+    end
+    for i = full + (rem > 0 and 2 or 1), #nb do
+      if byte(nb, i) ~= 0 then return false end
+    end
+    return true
+  end
+  if sub(nb, 1, full) ~= sub(addr, 1, full) then return false end
+  local rem = len % 8
+  if rem == 0 then return true end
+  local div = 2 ^ (8 - rem)
+  return floor(byte(nb, full + 1) / div) == floor(byte(addr, full + 1) / div)
+end
+
+return _M

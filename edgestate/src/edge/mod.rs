@@ -1,0 +1,902 @@
+//! The edge's per-request decision (`docs/edge.md`): a request, the site
+//! document found for its host, the suspension flag and the client's
+//! country → a [`Decision`] with its reasons. No I/O.
+//!
+//! The reference edge's `edge/lua/cdn_router.lua` implements the very same
+//! rules; `edgeform explain` calls this module, and a differential test
+//! (`compiler/tests/it/edge.rs`) drives generated requests through the real
+//! nginx and compares every answer with this one. Change both together.
+//!
+//! Stateful parts are modelled so that both sides agree deterministically:
+//! the rate limit is assumed not exceeded (the decision for a client's
+//! first requests), and the challenge cookie is an HMAC anyone holding the
+//! edge's secret can verify.
+
+use std::net::IpAddr;
+
+use serde::Serialize;
+
+use crate::lpm::Prefix;
+use crate::site::SiteDoc;
+
+#[cfg(test)]
+mod tests;
+
+/// `X-Edgeform-Reason`: the header every refusal carries.
+pub const REASON_HEADER: &str = "X-Edgeform-Reason";
+/// The clearance cookie set by the challenge page.
+pub const CLEARANCE_COOKIE: &str = "edgeform_clearance";
+/// Methods the WAF accepts.
+pub const METHODS: [&str; 7] = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"];
+/// WAF rules: name and the substrings that trigger it, in order.
+pub const WAF_RULES: [(&str, &[&str]); 3] = [
+    ("traversal", &["../", "..\\", "/etc/passwd"]),
+    (
+        "sqli",
+        &[
+            "union select",
+            "' or '1'='1",
+            " or 1=1",
+            "sleep(",
+            "information_schema",
+            ";--",
+        ],
+    ),
+    ("xss", &["<script", "javascript:", "onerror=", "onload="]),
+];
+/// Extensions hotlink protection applies to.
+pub const HOTLINK_EXTENSIONS: [&str; 24] = [
+    ".jpg", ".jpeg", ".png", ".gif", ".webp", ".avif", ".svg", ".ico", ".mp4", ".webm", ".m4v",
+    ".mov", ".m3u8", ".ts", ".m4s", ".mpd", ".mp3", ".m4a", ".aac", ".ogg", ".woff", ".woff2",
+    ".pdf", ".zip",
+];
+/// `rate_mode` limits: (requests per second, burst).
+pub const RATE_NORMAL: (u32, u32) = (20, 40);
+pub const RATE_STRICT: (u32, u32) = (5, 10);
+/// Default cache time of a response the origin gives no freshness for.
+pub const DEFAULT_TTL_SECS: u32 = 600;
+
+/// The outcome class.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Verdict {
+    Proxy,
+    Redirect,
+    Blocked,
+    Challenged,
+    NotFound,
+    Suspended,
+    Preflight,
+    Error,
+}
+
+/// Caching of a proxied response.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct Cache {
+    /// Read from and written to the cache.
+    pub cached: bool,
+    /// Seconds, when a `ttl` rule fixes it; `None`: the origin's
+    /// freshness, else [`DEFAULT_TTL_SECS`].
+    pub ttl: Option<u32>,
+}
+
+/// What the edge does with one request.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Decision {
+    pub verdict: Verdict,
+    pub status: u16,
+    pub location: Option<String>,
+    pub cache: Cache,
+    /// The proxy target (for `proxy`).
+    pub origin: Option<String>,
+    /// The `Host` header sent to the origin (for `proxy`).
+    pub origin_host: Option<String>,
+    /// The machine-readable reason (`X-Edgeform-Reason`) of a refusal.
+    pub reason: Option<&'static str>,
+    /// WAF rules matched (detect mode: sent as `X-Edgeform-Waf`).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub waf: Vec<&'static str>,
+    /// The key the document was found under (`site:<this>`).
+    pub site: Option<String>,
+    /// Every step, in order, in words.
+    pub reasons: Vec<String>,
+}
+
+/// Why a document is unusable (the edge answers 502 `bad-document`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DocErrorKind {
+    /// Not JSON, a missing or unknown field, a wrong type.
+    Shape,
+    /// An unknown value of a mode, match type or action.
+    Mode,
+    /// A country code, CIDR, TTL, status or regex that does not parse.
+    Value,
+}
+
+/// A bad document, with what is wrong.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DocError {
+    pub kind: DocErrorKind,
+    pub message: String,
+}
+
+impl std::fmt::Display for DocError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    Off,
+    Allow,
+    Block,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Level {
+    Off,
+    Normal,
+    Strict,
+}
+
+#[derive(Debug, Clone)]
+enum Matcher {
+    Exact(String),
+    Prefix(String),
+    Ext(String),
+    Regex(regex::Regex),
+}
+
+impl Matcher {
+    fn matches(&self, path: &str) -> bool {
+        match self {
+            Matcher::Exact(v) => path == v,
+            Matcher::Prefix(v) => path.starts_with(v.as_str()),
+            Matcher::Ext(v) => {
+                path.len() >= v.len()
+                    && path.as_bytes()[path.len() - v.len()..].eq_ignore_ascii_case(v.as_bytes())
+            }
+            Matcher::Regex(r) => r.is_match(path),
+        }
+    }
+
+    fn describe(&self) -> String {
+        match self {
+            Matcher::Exact(v) => format!("exact `{v}`"),
+            Matcher::Prefix(v) => format!("prefix `{v}`"),
+            Matcher::Ext(v) => format!("ext `{v}`"),
+            Matcher::Regex(r) => format!("regex `{}`", r.as_str()),
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+enum CacheAction {
+    Ttl(u32),
+    Bypass,
+}
+
+#[derive(Debug, Clone)]
+enum EdgeAction {
+    Redirect { status: u16, to: Option<String> },
+    Block,
+}
+
+/// A site document, checked and prepared for deciding (regexes compiled,
+/// networks parsed) — what the edge's Lua caches per worker.
+#[derive(Debug, Clone)]
+pub struct Site {
+    origin: String,
+    origin_host_is_ip: bool,
+    origin_authority: String,
+    cached: bool,
+    geo: Mode,
+    geo_codes: Vec<String>,
+    ip: Mode,
+    ip_list: Vec<Prefix>,
+    rate: Level,
+    waf: Level,
+    cors: Level,
+    hotlink: bool,
+    cache_rules: Vec<(Matcher, CacheAction)>,
+    edge_rules: Vec<(Matcher, EdgeAction)>,
+}
+
+fn bad(kind: DocErrorKind, message: String) -> DocError {
+    DocError { kind, message }
+}
+
+fn mode(field: &str, v: &str) -> Result<Mode, DocError> {
+    match v {
+        "off" => Ok(Mode::Off),
+        "allow" => Ok(Mode::Allow),
+        "block" => Ok(Mode::Block),
+        _ => Err(bad(
+            DocErrorKind::Mode,
+            format!("{field}: unknown mode `{v}`"),
+        )),
+    }
+}
+
+fn level(field: &str, v: &str, middle: &str) -> Result<Level, DocError> {
+    match v {
+        "off" => Ok(Level::Off),
+        "strict" => Ok(Level::Strict),
+        _ if v == middle => Ok(Level::Normal),
+        _ => Err(bad(
+            DocErrorKind::Mode,
+            format!("{field}: unknown mode `{v}`"),
+        )),
+    }
+}
+
+fn matcher(field: &str, kind: &str, value: &str) -> Result<Matcher, DocError> {
+    Ok(match kind {
+        "exact" => Matcher::Exact(value.to_owned()),
+        "prefix" => Matcher::Prefix(value.to_owned()),
+        "ext" => Matcher::Ext(value.to_owned()),
+        "regex" => Matcher::Regex(regex::Regex::new(value).map_err(|e| {
+            bad(
+                DocErrorKind::Value,
+                format!("{field}: bad regex `{value}`: {e}"),
+            )
+        })?),
+        _ => {
+            return Err(bad(
+                DocErrorKind::Mode,
+                format!("{field}: unknown match_type `{kind}`"),
+            ));
+        }
+    })
+}
+
+fn split_list(s: &str) -> impl Iterator<Item = &str> {
+    s.split(',').map(str::trim).filter(|p| !p.is_empty())
+}
+
+fn parse_net(s: &str) -> Option<Prefix> {
+    if s.contains('/') {
+        s.parse().ok()
+    } else {
+        let ip: IpAddr = s.parse().ok()?;
+        let len = if ip.is_ipv4() { 32 } else { 128 };
+        Prefix::new(ip, len).ok()
+    }
+}
+
+/// `scheme://host[:port]` → (authority, host, explicit non-default port).
+fn split_origin(origin: &str) -> Option<(String, bool)> {
+    let (scheme, rest) = origin.split_once("://")?;
+    if scheme != "http" && scheme != "https" {
+        return None;
+    }
+    let authority = rest.split(['/', '?', '#']).next()?;
+    if authority.is_empty() {
+        return None;
+    }
+    let (host, port) = split_host_port(authority);
+    let default = if scheme == "http" { "80" } else { "443" };
+    let host_is_ip = host.trim_matches(['[', ']']).parse::<IpAddr>().is_ok();
+    let header = match port {
+        Some(p) if p != default => format!("{host}:{p}"),
+        _ => host.to_owned(),
+    };
+    Some((header, host_is_ip))
+}
+
+/// `host[:port]` / `[v6][:port]` → (host, port).
+fn split_host_port(authority: &str) -> (&str, Option<&str>) {
+    if authority.starts_with('[') {
+        match authority.find(']') {
+            Some(i) => {
+                let port = authority[i + 1..].strip_prefix(':');
+                (&authority[..=i], port)
+            }
+            None => (authority, None),
+        }
+    } else {
+        match authority.rsplit_once(':') {
+            Some((h, p)) => (h, Some(p)),
+            None => (authority, None),
+        }
+    }
+}
+
+impl Site {
+    /// Parse and check a `site:` value.
+    ///
+    /// # Errors
+    /// What the edge answers `bad-document` for.
+    pub fn parse(json: &str) -> Result<Site, DocError> {
+        let doc: SiteDoc = serde_json::from_str(json)
+            .map_err(|e| bad(DocErrorKind::Shape, format!("not a site document: {e}")))?;
+        Site::from_doc(&doc)
+    }
+
+    /// Check and prepare a typed document.
+    ///
+    /// # Errors
+    /// Unknown modes, bad values.
+    pub fn from_doc(doc: &SiteDoc) -> Result<Site, DocError> {
+        let (origin_authority, origin_host_is_ip) = split_origin(&doc.origin).ok_or_else(|| {
+            bad(
+                DocErrorKind::Value,
+                format!("origin: `{}` is not an http(s) origin", doc.origin),
+            )
+        })?;
+        let geo = mode("geo_mode", &doc.geo_mode)?;
+        let geo_codes = split_list(&doc.geo_codes)
+            .map(|c| {
+                if c.len() == 2 && c.bytes().all(|b| b.is_ascii_uppercase()) {
+                    Ok(c.to_owned())
+                } else {
+                    Err(bad(
+                        DocErrorKind::Value,
+                        format!("geo_codes: `{c}` is not a country code"),
+                    ))
+                }
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let ip = mode("ip_mode", &doc.ip_mode)?;
+        let ip_list = split_list(&doc.ip_list)
+            .map(|n| {
+                parse_net(n).ok_or_else(|| {
+                    bad(
+                        DocErrorKind::Value,
+                        format!("ip_list: `{n}` is not a network"),
+                    )
+                })
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let rate = level("rate_mode", &doc.rate_mode, "normal")?;
+        let waf = level("waf_mode", &doc.waf_mode, "detect")?;
+        let cors = level("cors_mode", &doc.cors_mode, "permissive")?;
+        let hotlink = match doc.hotlink_mode.as_str() {
+            "off" => false,
+            "block" => true,
+            m => {
+                return Err(bad(
+                    DocErrorKind::Mode,
+                    format!("hotlink_mode: unknown mode `{m}`"),
+                ));
+            }
+        };
+        let mut cache_rules = Vec::new();
+        for (i, r) in doc.cache_rules.iter().enumerate() {
+            let field = format!("cache_rules[{i}]");
+            let m = matcher(&field, &r.match_type, &r.match_value)?;
+            let a = match (r.action.as_str(), r.ttl) {
+                ("ttl", Some(t)) if t >= 1 => CacheAction::Ttl(t),
+                ("bypass", _) => CacheAction::Bypass,
+                ("ttl", _) => {
+                    return Err(bad(
+                        DocErrorKind::Value,
+                        format!("{field}: action ttl needs a ttl >= 1"),
+                    ));
+                }
+                (a, _) => {
+                    return Err(bad(
+                        DocErrorKind::Mode,
+                        format!("{field}: unknown action `{a}`"),
+                    ));
+                }
+            };
+            cache_rules.push((m, a));
+        }
+        let mut edge_rules = Vec::new();
+        for (i, r) in doc.edge_rules.iter().enumerate() {
+            let field = format!("edge_rules[{i}]");
+            let m = matcher(&field, &r.match_type, &r.match_value)?;
+            let a = match (r.action.as_str(), r.redirect_status) {
+                ("redirect", Some(s @ (301 | 302 | 307 | 308))) => EdgeAction::Redirect {
+                    status: s,
+                    to: r.redirect_to.clone(),
+                },
+                ("block", _) => EdgeAction::Block,
+                ("redirect", _) => {
+                    return Err(bad(
+                        DocErrorKind::Value,
+                        format!("{field}: redirect needs redirect_status 301, 302, 307 or 308"),
+                    ));
+                }
+                (a, _) => {
+                    return Err(bad(
+                        DocErrorKind::Mode,
+                        format!("{field}: unknown action `{a}`"),
+                    ));
+                }
+            };
+            edge_rules.push((m, a));
+        }
+        Ok(Site {
+            origin: doc.origin.clone(),
+            origin_host_is_ip,
+            origin_authority,
+            cached: doc.cached,
+            geo,
+            geo_codes,
+            ip,
+            ip_list,
+            rate,
+            waf,
+            cors,
+            hotlink,
+            cache_rules,
+            edge_rules,
+        })
+    }
+}
+
+/// One request as the edge sees it, after the client IP (SPEC §5, see
+/// [`crate::route::Router::client_ip`]) and its country are known.
+#[derive(Debug, Clone, Default)]
+pub struct Request<'a> {
+    pub method: &'a str,
+    /// The `Host` header (any case, with or without port).
+    pub host: &'a str,
+    /// The request URI as sent: path and optional `?query`.
+    pub uri: &'a str,
+    pub client_ip: Option<IpAddr>,
+    /// ISO 3166-1 alpha-2 of the client IP, when the database knows it.
+    pub country: Option<&'a str>,
+    pub referer: Option<&'a str>,
+    pub origin: Option<&'a str>,
+    /// `Access-Control-Request-Method`.
+    pub acr_method: Option<&'a str>,
+    pub cookie: Option<&'a str>,
+}
+
+/// What verifies challenge cookies.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Clearance<'a> {
+    /// The edge's challenge secret; `None`: no cookie is valid.
+    pub secret: Option<&'a [u8]>,
+    /// Unix time, seconds.
+    pub now: u64,
+}
+
+/// The host the edge looks up: lower-case, port removed.
+#[must_use]
+pub fn normalize_host(host: &str) -> String {
+    split_host_port(host).0.to_ascii_lowercase()
+}
+
+/// The keys' hosts to try, in order: the host, then its wildcard.
+#[must_use]
+pub fn lookup_hosts(host: &str) -> Vec<String> {
+    let mut v = vec![host.to_owned()];
+    if let Some((_, rest)) = host.split_once('.')
+        && !rest.is_empty()
+    {
+        v.push(format!("*.{rest}"));
+    }
+    v
+}
+
+/// HMAC-SHA1 (RFC 2104), what nginx's `ngx.hmac_sha1` computes.
+#[must_use]
+pub fn hmac_sha1(key: &[u8], msg: &[u8]) -> [u8; 20] {
+    let mut k = [0u8; 64];
+    if key.len() > 64 {
+        k[..20].copy_from_slice(&sha1_smol::Sha1::from(key).digest().bytes());
+    } else {
+        k[..key.len()].copy_from_slice(key);
+    }
+    let mut inner = sha1_smol::Sha1::new();
+    inner.update(&k.map(|b| b ^ 0x36));
+    inner.update(msg);
+    let mut outer = sha1_smol::Sha1::new();
+    outer.update(&k.map(|b| b ^ 0x5c));
+    outer.update(&inner.digest().bytes());
+    outer.digest().bytes()
+}
+
+/// The clearance token for a client of a site, valid until `expiry`: the
+/// HMAC covers `<site>|<hex of the address's bytes>|<expiry>` (bytes, not
+/// text, so that no two spellings of one IPv6 address differ).
+#[must_use]
+pub fn clearance_token(secret: &[u8], site: &str, client: IpAddr, expiry: u64) -> String {
+    let client = match client {
+        IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(client, IpAddr::V4),
+        v4 @ IpAddr::V4(_) => v4,
+    };
+    let octets = match client {
+        IpAddr::V4(a) => a.octets().to_vec(),
+        IpAddr::V6(a) => a.octets().to_vec(),
+    };
+    let ip: String = octets.iter().map(|b| format!("{b:02x}")).collect();
+    let mac = hmac_sha1(secret, format!("{site}|{ip}|{expiry}").as_bytes());
+    let hex: String = mac.iter().map(|b| format!("{b:02x}")).collect();
+    format!("{expiry}.{hex}")
+}
+
+fn cookie_value<'a>(header: &'a str, name: &str) -> Option<&'a str> {
+    header.split(';').find_map(|part| {
+        let (k, v) = part.trim().split_once('=')?;
+        (k == name).then_some(v)
+    })
+}
+
+/// The host of an `Origin` or `Referer` value, lower-case.
+fn url_host(url: &str) -> Option<String> {
+    let (_, rest) = url.split_once("://")?;
+    let authority = rest.split(['/', '?', '#']).next()?;
+    let authority = authority.rsplit('@').next()?;
+    let host = split_host_port(authority).0.to_ascii_lowercase();
+    (!host.is_empty()).then_some(host)
+}
+
+fn same_site(a: &str, b: &str) -> bool {
+    a == b || a.ends_with(&format!(".{b}")) || b.ends_with(&format!(".{a}"))
+}
+
+/// The URI as the WAF reads it: percent-decoded once, `+` as a space,
+/// ASCII lower-case.
+#[must_use]
+pub fn waf_text(uri: &str) -> Vec<u8> {
+    let b = uri.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'%'
+            && i + 2 < b.len()
+            && b[i + 1].is_ascii_hexdigit()
+            && b[i + 2].is_ascii_hexdigit()
+        {
+            let hex = |c: u8| (c as char).to_digit(16).unwrap_or(0) as u8;
+            out.push(hex(b[i + 1]) * 16 + hex(b[i + 2]));
+            i += 3;
+        } else {
+            out.push(b[i]);
+            i += 1;
+        }
+    }
+    for c in &mut out {
+        if *c == b'+' {
+            *c = b' ';
+        }
+        c.make_ascii_lowercase();
+    }
+    out
+}
+
+/// WAF rules the request matches, in the table's order.
+#[must_use]
+pub fn waf_matches(method: &str, uri: &str) -> Vec<&'static str> {
+    let mut hits = Vec::new();
+    if !METHODS.contains(&method) {
+        hits.push("bad-method");
+    }
+    let text = waf_text(uri);
+    for (name, needles) in WAF_RULES {
+        if needles
+            .iter()
+            .any(|n| text.windows(n.len()).any(|w| w == n.as_bytes()))
+        {
+            hits.push(name);
+        }
+    }
+    hits
+}
+
+fn base(verdict: Verdict, status: u16) -> Decision {
+    Decision {
+        verdict,
+        status,
+        location: None,
+        cache: Cache {
+            cached: false,
+            ttl: None,
+        },
+        origin: None,
+        origin_host: None,
+        reason: None,
+        waf: Vec::new(),
+        site: None,
+        reasons: Vec::new(),
+    }
+}
+
+fn refuse(mut d: Decision, verdict: Verdict, status: u16, reason: &'static str) -> Decision {
+    d.verdict = verdict;
+    d.status = status;
+    d.reason = Some(reason);
+    d
+}
+
+/// Whether nginx itself refuses the URI (400) before any Lua runs: its
+/// path, percent-decoded (`%2F` included), climbs above `/` with `..`.
+#[must_use]
+pub fn nginx_refuses(uri: &str) -> bool {
+    let path = uri.split('?').next().unwrap_or_default();
+    if !path.contains('%') && !path.contains("/.") {
+        return false;
+    }
+    let decoded = waf_text(path);
+    let mut depth = 0usize;
+    let segments: Vec<&[u8]> = decoded.split(|&b| b == b'/').skip(1).collect();
+    for seg in segments {
+        match seg {
+            b".." => {
+                if depth == 0 {
+                    return true;
+                }
+                depth -= 1;
+            }
+            b"" | b"." => {}
+            _ => depth += 1,
+        }
+    }
+    false
+}
+
+/// What the document lookup found for the request's host.
+#[derive(Debug, Clone, Copy)]
+pub enum Found<'a> {
+    /// No `site:` key for the host or its wildcard.
+    None,
+    /// The document under `site:<key>` does not parse or check.
+    Bad { key: &'a str, error: &'a DocError },
+    /// The document under `site:<key>`, and whether `suspended:<key>` is set.
+    Site {
+        key: &'a str,
+        site: &'a Site,
+        suspended: bool,
+    },
+}
+
+/// The decision (`docs/edge.md`, "Evaluation order").
+#[must_use]
+#[allow(clippy::too_many_lines)]
+pub fn decide(req: &Request<'_>, found: Found<'_>, clearance: Clearance<'_>) -> Decision {
+    let mut d = base(Verdict::Proxy, 200);
+    if nginx_refuses(req.uri) {
+        d.reasons
+            .push("nginx refuses a path that climbs above / (400, before the edge's Lua)".into());
+        return refuse(d, Verdict::Blocked, 400, "bad-request");
+    }
+    let host = normalize_host(req.host);
+    let (key, site, suspended) = match found {
+        Found::None => {
+            d.reasons.push(format!("no document for `{host}`"));
+            return refuse(d, Verdict::NotFound, 404, "unknown-host");
+        }
+        Found::Bad { key, error } => {
+            d.site = Some(key.to_owned());
+            d.reasons
+                .push(format!("document site:{key} is invalid: {error}"));
+            return refuse(d, Verdict::Error, 502, "bad-document");
+        }
+        Found::Site {
+            key,
+            site,
+            suspended,
+        } => (key, site, suspended),
+    };
+    d.site = Some(key.to_owned());
+    d.reasons.push(format!("document site:{key}"));
+    if suspended {
+        d.reasons.push(format!("suspended:{key} is set"));
+        return refuse(d, Verdict::Suspended, 503, "suspended");
+    }
+    let (path, query) = match req.uri.split_once('?') {
+        Some((p, q)) => (p, Some(q)),
+        None => (req.uri, None),
+    };
+    let client = req.client_ip;
+    // 4. IP policy.
+    if site.ip != Mode::Off {
+        let inside = client.is_some_and(|c| site.ip_list.iter().any(|n| n.contains(c)));
+        let who = client.map_or_else(|| "unknown".to_owned(), |c| c.to_string());
+        match (site.ip, inside) {
+            (Mode::Allow, false) => {
+                d.reasons.push(format!(
+                    "ip_mode allow: client {who} is in no listed network"
+                ));
+                return refuse(d, Verdict::Blocked, 403, "ip-not-allowed");
+            }
+            (Mode::Block, true) => {
+                d.reasons.push(format!(
+                    "ip_mode block: client {who} is in a listed network"
+                ));
+                return refuse(d, Verdict::Blocked, 403, "ip-blocked");
+            }
+            _ => d.reasons.push(format!("ip policy passes client {who}")),
+        }
+    }
+    // 5. Geo policy.
+    if site.geo != Mode::Off {
+        let listed = req
+            .country
+            .is_some_and(|c| site.geo_codes.iter().any(|g| g == c));
+        let country = req.country.unwrap_or("unknown");
+        match (site.geo, listed) {
+            (Mode::Allow, false) => {
+                d.reasons
+                    .push(format!("geo_mode allow: country {country} is not listed"));
+                return refuse(d, Verdict::Blocked, 403, "geo-not-allowed");
+            }
+            (Mode::Block, true) => {
+                d.reasons
+                    .push(format!("geo_mode block: country {country} is listed"));
+                return refuse(d, Verdict::Blocked, 403, "geo-blocked");
+            }
+            _ => d
+                .reasons
+                .push(format!("geo policy passes country {country}")),
+        }
+    }
+    // 6. WAF.
+    if site.waf != Level::Off {
+        let hits = waf_matches(req.method, req.uri);
+        if let Some(&first) = hits.first() {
+            if site.waf == Level::Strict {
+                d.reasons
+                    .push(format!("waf strict: rule `{first}` matches"));
+                d.waf = hits;
+                let reason = match first {
+                    "bad-method" => "waf-bad-method",
+                    "traversal" => "waf-traversal",
+                    "sqli" => "waf-sqli",
+                    _ => "waf-xss",
+                };
+                return refuse(d, Verdict::Blocked, 403, reason);
+            }
+            d.reasons.push(format!(
+                "waf detect: rules {} match (logged, X-Edgeform-Waf)",
+                hits.join(",")
+            ));
+            d.waf = hits;
+        } else {
+            d.reasons.push("waf: no rule matches".into());
+        }
+    }
+    // 7. Hotlinks.
+    if site.hotlink
+        && HOTLINK_EXTENSIONS
+            .iter()
+            .any(|e| Matcher::Ext((*e).to_owned()).matches(path))
+        && let Some(referer) = req.referer
+    {
+        let ok = url_host(referer).is_some_and(|h| same_site(&h, &host));
+        if !ok {
+            d.reasons
+                .push(format!("hotlink block: asset requested from `{referer}`"));
+            return refuse(d, Verdict::Blocked, 403, "hotlink");
+        }
+        d.reasons.push("hotlink: same-site referer".into());
+    }
+    // 8. CORS.
+    if site.cors != Level::Off
+        && let Some(origin) = req.origin
+    {
+        if site.cors == Level::Strict {
+            let ok = url_host(origin).is_some_and(|h| same_site(&h, &host));
+            if !ok {
+                d.reasons
+                    .push(format!("cors strict: cross-site Origin `{origin}`"));
+                return refuse(d, Verdict::Blocked, 403, "cors-origin");
+            }
+        }
+        if req.method == "OPTIONS" && req.acr_method.is_some() {
+            d.reasons
+                .push("cors: preflight answered by the edge".into());
+            return refuse(d, Verdict::Preflight, 204, "cors-preflight");
+        }
+        d.reasons.push(format!("cors: Origin `{origin}` allowed"));
+    }
+    // 9. Challenge.
+    if site.rate == Level::Strict {
+        let cookie = req.cookie.and_then(|c| cookie_value(c, CLEARANCE_COOKIE));
+        let valid = match (cookie, clearance.secret, client) {
+            (Some(token), Some(secret), Some(ip)) => token
+                .split_once('.')
+                .and_then(|(exp, _)| exp.parse::<u64>().ok())
+                .is_some_and(|exp| {
+                    exp > clearance.now && clearance_token(secret, key, ip, exp) == token
+                }),
+            _ => false,
+        };
+        if !valid {
+            d.reasons.push(match (cookie, clearance.secret) {
+                (None, _) => "rate_mode strict: no clearance cookie: challenge".into(),
+                (Some(_), None) => {
+                    "rate_mode strict: clearance cookie not verifiable (no secret known): challenge"
+                        .into()
+                }
+                (Some(_), Some(_)) => {
+                    "rate_mode strict: clearance cookie invalid or expired: challenge".into()
+                }
+            });
+            return refuse(d, Verdict::Challenged, 403, "challenge");
+        }
+        d.reasons
+            .push("rate_mode strict: valid clearance cookie".into());
+    }
+    // 10. Rate limit: assumed within (a client's first requests).
+    match site.rate {
+        Level::Off => {}
+        Level::Normal => d.reasons.push(format!(
+            "rate_mode normal: {}/s, burst {} per client (assumed within)",
+            RATE_NORMAL.0, RATE_NORMAL.1
+        )),
+        Level::Strict => d.reasons.push(format!(
+            "rate_mode strict: {}/s, burst {} per client (assumed within)",
+            RATE_STRICT.0, RATE_STRICT.1
+        )),
+    }
+    // 11. Edge rules.
+    for (m, action) in &site.edge_rules {
+        if !m.matches(path) {
+            continue;
+        }
+        match action {
+            EdgeAction::Block => {
+                d.reasons.push(format!("edge rule {} blocks", m.describe()));
+                return refuse(d, Verdict::Blocked, 403, "edge-rule");
+            }
+            EdgeAction::Redirect { status, to } => {
+                let mut target = to.clone().unwrap_or_else(|| "/".to_owned());
+                if let Matcher::Prefix(p) = m {
+                    target.push_str(&path[p.len()..]);
+                }
+                if let Some(q) = query {
+                    target.push(if target.contains('?') { '&' } else { '?' });
+                    target.push_str(q);
+                }
+                d.reasons.push(format!(
+                    "edge rule {} redirects {status} to {target}",
+                    m.describe()
+                ));
+                d.verdict = Verdict::Redirect;
+                d.status = *status;
+                d.location = Some(target);
+                return d;
+            }
+        }
+    }
+    // 12. Proxy.
+    d.origin = Some(site.origin.clone());
+    d.origin_host = Some(if site.origin_host_is_ip {
+        host.clone()
+    } else {
+        site.origin_authority.clone()
+    });
+    d.reasons.push(format!(
+        "proxy to {} (Host: {})",
+        site.origin,
+        d.origin_host.as_deref().unwrap_or_default()
+    ));
+    if !site.cached {
+        d.reasons.push("cached: false: cache bypassed".into());
+    } else if req.method != "GET" && req.method != "HEAD" {
+        d.reasons.push(format!("{} is never cached", req.method));
+    } else {
+        let rule = site.cache_rules.iter().find(|(m, _)| m.matches(path));
+        match rule {
+            Some((m, CacheAction::Bypass)) => {
+                d.reasons
+                    .push(format!("cache rule {} bypasses the cache", m.describe()));
+            }
+            Some((m, CacheAction::Ttl(t))) => {
+                d.reasons
+                    .push(format!("cache rule {}: cached {t} s", m.describe()));
+                d.cache = Cache {
+                    cached: true,
+                    ttl: Some(*t),
+                };
+            }
+            None => {
+                d.reasons.push(format!(
+                    "cached: the origin's freshness, else {DEFAULT_TTL_SECS} s"
+                ));
+                d.cache = Cache {
+                    cached: true,
+                    ttl: None,
+                };
+            }
+        }
+    }
+    d
+}

@@ -1,0 +1,242 @@
+//! The reference edge (`edge/`): nginx with the Lua module, rendered from
+//! `edge/nginx.conf.template` into a temp prefix, on a free loopback port,
+//! stopped with SIGTERM (a SIGKILLed nginx master leaves its workers).
+//!
+//! Needs the Debian packages `scripts/test` installs (nginx,
+//! libnginx-mod-http-lua, libnginx-mod-http-geoip2, lua-nginx-redis,
+//! lua-cjson).
+
+use std::path::{Path, PathBuf};
+
+use crate::{Process, free_port, spawn, wait_ready};
+
+/// What differs between edges; everything else is the template's.
+#[derive(Debug, Clone)]
+pub struct EdgeOptions {
+    pub redis_port: u16,
+    /// The cache folder (default: `<prefix>/cache`).
+    pub cache_dir: Option<PathBuf>,
+    pub cache_levels: String,
+    pub cache_key: String,
+    pub geoip_db: PathBuf,
+    /// `edgeform serve`'s base URL, for Redis misses.
+    pub api_url: Option<String>,
+    pub api_token: String,
+    pub node: String,
+    pub challenge_secret: String,
+    pub workers: u32,
+    /// Replace the Lua folder (the Lua gate's tests use a broken copy).
+    pub lua_dir: Option<PathBuf>,
+}
+
+impl EdgeOptions {
+    /// Defaults for a test: one worker, `1:2`, `$scheme$host$request_uri`,
+    /// MaxMind's test database, no API.
+    #[must_use]
+    pub fn new(redis_port: u16) -> EdgeOptions {
+        EdgeOptions {
+            redis_port,
+            cache_dir: None,
+            cache_levels: "1:2".into(),
+            cache_key: "$scheme$host$request_uri".into(),
+            geoip_db: repo_root().join("testdata/geoip/GeoLite2-City-Test.mmdb"),
+            api_url: None,
+            api_token: String::new(),
+            node: "edge-1".into(),
+            challenge_secret: "test-challenge-secret".into(),
+            workers: 1,
+            lua_dir: None,
+        }
+    }
+}
+
+/// The repository's root (where `edge/` is).
+#[must_use]
+pub fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("harness is in the workspace")
+        .to_path_buf()
+}
+
+/// A running edge. Dropping it stops nginx (SIGTERM, then SIGKILL).
+pub struct Edge {
+    pub process: Process,
+    pub conf: PathBuf,
+    pub cache_dir: PathBuf,
+}
+
+impl Edge {
+    /// `http://127.0.0.1:<port>`.
+    #[must_use]
+    pub fn url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.process.port)
+    }
+
+    /// The nginx error log.
+    #[must_use]
+    pub fn error_log(&self) -> String {
+        std::fs::read_to_string(self.process.dir.path().join("error.log")).unwrap_or_default()
+    }
+
+    /// The master's worker processes (not the cache manager or loader),
+    /// sorted.
+    #[must_use]
+    pub fn worker_pids(&self) -> Vec<u32> {
+        let pid = self.process.pid();
+        let children =
+            std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children")).unwrap_or_default();
+        let mut v: Vec<u32> = children
+            .split_whitespace()
+            .filter_map(|p| p.parse().ok())
+            .filter(|p| {
+                std::fs::read(format!("/proc/{p}/cmdline"))
+                    .is_ok_and(|c| String::from_utf8_lossy(&c).contains("worker process"))
+            })
+            .collect();
+        v.sort_unstable();
+        v
+    }
+}
+
+impl Drop for Edge {
+    fn drop(&mut self) {
+        self.process.stop();
+    }
+}
+
+/// Fill the template: every `{{NAME}}` from `vars`; an unfilled one is an
+/// error naming it.
+///
+/// # Errors
+/// A placeholder without a value.
+pub fn render(template: &str, vars: &[(&str, String)]) -> Result<String, String> {
+    let mut text = template.to_owned();
+    for (k, v) in vars {
+        text = text.replace(&format!("{{{{{k}}}}}"), v);
+    }
+    match text.find("{{") {
+        Some(i) => Err(format!(
+            "not given: {}",
+            &text[i..text[i..].find("}}").map_or(text.len(), |j| i + j + 2)]
+        )),
+        None => Ok(text),
+    }
+}
+
+/// Render the edge's nginx.conf into `prefix` and return its path.
+///
+/// # Panics
+/// Unreadable template, unfilled placeholder.
+#[must_use]
+pub fn write_conf(
+    prefix: &Path,
+    listen: &str,
+    ttl_port: u16,
+    o: &EdgeOptions,
+) -> (PathBuf, PathBuf) {
+    let root = repo_root();
+    let template =
+        std::fs::read_to_string(root.join("edge/nginx.conf.template")).expect("edge template");
+    let cache = o.cache_dir.clone().unwrap_or_else(|| prefix.join("cache"));
+    std::fs::create_dir_all(&cache).expect("cache dir");
+    let edge_dir = match &o.lua_dir {
+        Some(lua) => lua.parent().expect("lua dir has a parent").to_path_buf(),
+        None => root.join("edge"),
+    };
+    let user = std::env::var("USER").unwrap_or_else(|_| "root".into());
+    let vars = [
+        ("USER", if user.is_empty() { "root".into() } else { user }),
+        ("WORKERS", o.workers.to_string()),
+        ("PREFIX", prefix.display().to_string()),
+        ("ACCESS_LOG", "off".into()),
+        ("RESOLVER", "127.0.0.1".into()),
+        ("EDGE_DIR", edge_dir.display().to_string()),
+        ("CACHE_DIR", cache.display().to_string()),
+        ("CACHE_LEVELS", o.cache_levels.clone()),
+        ("CACHE_MAX_SIZE", "1g".into()),
+        ("CACHE_KEY", o.cache_key.clone()),
+        ("GEOIP_DB", o.geoip_db.display().to_string()),
+        ("REDIS_HOST", "127.0.0.1".into()),
+        ("REDIS_PORT", o.redis_port.to_string()),
+        ("API_ON", o.api_url.is_some().to_string()),
+        (
+            "API_URL",
+            o.api_url
+                .clone()
+                .unwrap_or_else(|| "http://127.0.0.1:9".into()),
+        ),
+        ("API_TOKEN", o.api_token.clone()),
+        ("NODE", o.node.clone()),
+        ("CHALLENGE_SECRET", o.challenge_secret.clone()),
+        ("TTL_HOP_PORT", ttl_port.to_string()),
+        ("LISTEN", listen.to_owned()),
+    ];
+    let text = render(&template, &vars).expect("render the edge template");
+    let conf = prefix.join("nginx.conf");
+    std::fs::write(&conf, text).expect("write nginx.conf");
+    (conf, cache)
+}
+
+/// Start the reference edge on a free loopback port.
+///
+/// # Panics
+/// When nginx does not come up (its error log is shown).
+#[must_use]
+pub fn edge(o: &EdgeOptions) -> Edge {
+    let mut last = String::new();
+    for _ in 0..5 {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (port, ttl_port) = (free_port(), free_port());
+        let (conf, cache_dir) = write_conf(dir.path(), &format!("127.0.0.1:{port}"), ttl_port, o);
+        let log = dir.path().join("nginx.out");
+        let args = vec![
+            "-p".to_owned(),
+            dir.path().display().to_string(),
+            "-c".to_owned(),
+            conf.display().to_string(),
+        ];
+        let child = spawn("nginx", &args, dir.path(), &log).expect("spawn nginx");
+        let mut p = Process {
+            child: Some(child),
+            port,
+            dir,
+            log,
+            binary: "nginx",
+            args,
+        };
+        if wait_ready(&mut p, |port| {
+            std::net::TcpStream::connect(("127.0.0.1", port)).is_ok()
+        }) {
+            return Edge {
+                process: p,
+                conf,
+                cache_dir,
+            };
+        }
+        last = format!(
+            "{}\n{}",
+            p.log(),
+            std::fs::read_to_string(p.dir.path().join("error.log")).unwrap_or_default()
+        );
+        p.stop();
+    }
+    panic!("nginx did not start:\n{last}");
+}
+
+/// `nginx -t` on a rendered configuration: (success, output).
+#[must_use]
+pub fn nginx_t(prefix: &Path, conf: &Path) -> (bool, String) {
+    let out = std::process::Command::new("nginx")
+        .arg("-t")
+        .arg("-p")
+        .arg(prefix)
+        .arg("-c")
+        .arg(conf)
+        .output()
+        .expect("run nginx -t");
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
