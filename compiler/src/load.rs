@@ -367,6 +367,21 @@ fn head_commit(root: &Path) -> Option<String> {
     Some(head.id().to_string())
 }
 
+/// Resolve `rev` in the git repository containing `root` to a full commit
+/// id (`edgeform serve` notices a moved `--rev` with it).
+///
+/// # Errors
+/// When there is no repository or the revision does not name a commit.
+pub fn resolve_rev(root: &Path, rev: &str) -> Result<String> {
+    let repo = git2::Repository::discover(root)
+        .with_context(|| format!("{} is not inside a git repository", root.display()))?;
+    let commit = repo
+        .revparse_single(rev)
+        .and_then(|o| o.peel_to_commit())
+        .with_context(|| format!("revision `{rev}` does not name a commit"))?;
+    Ok(commit.id().to_string())
+}
+
 /// Load the repository at `root` as of git revision `rev`, reading blobs
 /// from the object database (no checkout, the working tree is untouched).
 /// When `root` is a subfolder of the git repository, that subfolder of the

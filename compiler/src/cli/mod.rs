@@ -423,9 +423,8 @@ pub fn run(cli: &Cli) -> Result<u8> {
             route::route(config, args)
         }
         Command::Explain(args) => {
-            let repo = load::load(&cli.repo, cli.rev.as_deref())?;
-            let checked = crate::check(&repo);
-            let Some(config) = valid_or_report(&checked, &repo, &cli.repo) else {
+            let checked = workspace::load(&cli.repo, cli.rev.as_deref())?.check();
+            let Some(config) = valid_or_report(&checked) else {
                 return Ok(1);
             };
             explain::explain(&compile::compile(config), args)
