@@ -730,3 +730,20 @@ fn issue12_item16_rule_regexes_pcre_would_run_badly_are_refused() {
         }
     }
 }
+
+// See: #12 item 16 (snippets never carry the file's control characters)
+#[test]
+fn issue12_item16_snippets_escape_terminal_control_sequences() {
+    let f = Fixture::with(&[(
+        "sites/a.yaml",
+        "host: a.example.com\norigin: http://192.0.2.1\n# \u{1b}]0;pwned\u{7}\u{1b}[2J\u{9b}31m\ncached: yes\n",
+    )]);
+    let out = edgeform(f.path(), &["check"]);
+    let text = all_output(&out);
+    assert_eq!(out.status.code(), Some(1), "{text}");
+    assert!(text.contains("sites/a.yaml:3:"), "{text}");
+    assert!(
+        !text.contains(['\u{1b}', '\u{7}', '\u{9b}']),
+        "control characters reached the output: {text:?}"
+    );
+}
