@@ -162,7 +162,11 @@ fn excerpt(d: &Diagnostic, text: &str) -> (Excerpt, (usize, usize)) {
         if number > last {
             break;
         }
-        let (body, newline) = line.strip_suffix('\n').map_or((line, ""), |b| (b, "\n"));
+        let (body, newline) = if let Some(b) = line.strip_suffix("\r\n") {
+            (b, "\r\n")
+        } else {
+            line.strip_suffix('\n').map_or((line, ""), |b| (b, "\n"))
+        };
         let line_start = offset;
         offset += line.len();
         let out_start = out.len();

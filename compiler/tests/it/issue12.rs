@@ -747,3 +747,18 @@ fn issue12_item16_snippets_escape_terminal_control_sequences() {
         "control characters reached the output: {text:?}"
     );
 }
+
+// See: #12 item 16 (CRLF files keep their snippets clean)
+#[test]
+fn issue12_item16_crlf_files_show_no_stray_marks() {
+    let f = Fixture::with(&[(
+        "sites/a.yaml",
+        "host: a.example.com\r\norigin: http://192.0.2.1\r\ncached: yes\r\n",
+    )]);
+    let out = edgeform(f.path(), &["check"]);
+    let text = all_output(&out);
+    assert_eq!(out.status.code(), Some(1), "{text}");
+    assert!(text.contains("sites/a.yaml:3:9"), "{text}");
+    assert!(text.contains("host: a.example.com\n"), "{text}");
+    assert!(!text.contains('?'), "{text}");
+}
