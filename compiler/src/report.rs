@@ -162,7 +162,11 @@ fn excerpt(d: &Diagnostic, text: &str) -> (Excerpt, (usize, usize)) {
         if number > last {
             break;
         }
-        let (body, newline) = line.strip_suffix('\n').map_or((line, ""), |b| (b, "\n"));
+        let (body, newline) = if let Some(b) = line.strip_suffix("\r\n") {
+            (b, "\r\n")
+        } else {
+            line.strip_suffix('\n').map_or((line, ""), |b| (b, "\n"))
+        };
         let line_start = offset;
         offset += line.len();
         let out_start = out.len();
@@ -184,7 +188,16 @@ fn excerpt(d: &Diagnostic, text: &str) -> (Excerpt, (usize, usize)) {
         };
         let prefix = if kept_from > 0 { "…" } else { "" };
         out.push_str(prefix);
-        out.push_str(&body[kept_from..kept_to]);
+        // Control characters (ESC sequences, CR, C1 controls) from the file
+        // would drive the terminal or a CI log: each byte becomes `?`, so
+        // byte offsets stay valid.
+        for c in body[kept_from..kept_to].chars() {
+            if c.is_control() && c != '\t' {
+                out.extend(std::iter::repeat_n('?', c.len_utf8()));
+            } else {
+                out.push(c);
+            }
+        }
         if kept_to < body.len() {
             out.push('…');
         }

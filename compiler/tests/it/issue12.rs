@@ -730,3 +730,35 @@ fn issue12_item16_rule_regexes_pcre_would_run_badly_are_refused() {
         }
     }
 }
+
+// See: #12 item 16 (snippets never carry the file's control characters)
+#[test]
+fn issue12_item16_snippets_escape_terminal_control_sequences() {
+    let f = Fixture::with(&[(
+        "sites/a.yaml",
+        "host: a.example.com\norigin: http://192.0.2.1\n# \u{1b}]0;pwned\u{7}\u{1b}[2J\u{9b}31m\ncached: yes\n",
+    )]);
+    let out = edgeform(f.path(), &["check"]);
+    let text = all_output(&out);
+    assert_eq!(out.status.code(), Some(1), "{text}");
+    assert!(text.contains("sites/a.yaml:3:"), "{text}");
+    assert!(
+        !text.contains(['\u{1b}', '\u{7}', '\u{9b}']),
+        "control characters reached the output: {text:?}"
+    );
+}
+
+// See: #12 item 16 (CRLF files keep their snippets clean)
+#[test]
+fn issue12_item16_crlf_files_show_no_stray_marks() {
+    let f = Fixture::with(&[(
+        "sites/a.yaml",
+        "host: a.example.com\r\norigin: http://192.0.2.1\r\ncached: yes\r\n",
+    )]);
+    let out = edgeform(f.path(), &["check"]);
+    let text = all_output(&out);
+    assert_eq!(out.status.code(), Some(1), "{text}");
+    assert!(text.contains("sites/a.yaml:3:9"), "{text}");
+    assert!(text.contains("host: a.example.com\n"), "{text}");
+    assert!(!text.contains('?'), "{text}");
+}
