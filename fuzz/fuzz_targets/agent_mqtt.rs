@@ -57,8 +57,9 @@ fuzz_target!(|data: &[u8]| {
     }
     let preview = edgestate::untrusted::preview(payload, 200);
     assert!(!preview.chars().any(char::is_control));
-    // Worst case: NUL shown as `\u{0}` (5 bytes per input byte), then `…`.
-    assert!(preview.len() <= 200 * 5 + 3);
+    // Worst case: a C0 control shown as `\u{1e}` (6 bytes per input
+    // byte), then `…`.
+    assert!(preview.len() <= 200 * 6 + 3);
 
     match Job::parse_bytes(payload) {
         Err(e) => assert!(e.len() < 1000, "an error echoes the job"),
