@@ -330,6 +330,10 @@ fn r12_6_7_huge_and_non_utf8_jobs_fail_and_the_next_job_runs() {
         "reconnected:\n{log}"
     );
     let rss = peak_rss_kib(agent.child.as_ref().unwrap().id());
+    eprintln!(
+        "r12_6_7: agent peak RSS {rss} KiB after a {}-byte job",
+        huge.len()
+    );
     assert!(rss < 200 * 1024, "peak RSS {rss} KiB");
     let processing: i64 = redis::cmd("LLEN")
         .arg(format!("{QUEUE}:processing"))
