@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The reference edge under load (#14 "Performance"): wrk against the edge
 # serving cache HITs with the Lua access phase (documents cached per
-# worker) vs the same nginx.conf without it (access and header filter
+# worker) vs the same nginx.conf without it (access
 # phases removed, upstream fixed), same origin, same cache, one worker
 # each pinned to CPU 1, wrk pinned to CPU 0. Then `edgeform explain
 # --batch` per-request cost over 200,000 requests.
