@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The reference edge under load (#14 "Performance"): wrk against the edge
 # serving cache HITs with the Lua access phase (documents cached per
-# worker) vs the same nginx.conf without it (access and header filter
+# worker) vs the same nginx.conf without it (access
 # phases removed, upstream fixed), same origin, same cache, one worker
 # each pinned to CPU 1, wrk pinned to CPU 0. Then `edgeform explain
 # --batch` per-request cost over 200,000 requests.
@@ -124,22 +124,43 @@ done
 read -r _ c50 c99 _ m50 m99 < <(curl -s -H 'Host: bench.test' "http://127.0.0.1:$eport/_bench_lookup")
 echo "document lookup (per worker cache hit): p50 ${c50} us, p99 ${c99} us (goal p50 <= 50 us)"
 echo "document lookup (cache miss: MGET from local Redis, parse, prepare): p50 ${m50} us, p99 ${m99} us"
-run_wrk() { taskset -c 0 wrk -t1 -c32 -d"${secs}s" -H 'Host: bench.test' "http://127.0.0.1:$1/a.mp4" | awk '/Requests\/sec/{print $2}'; }
-echo "wrk: ${rounds} rounds of ${secs}s, 1 thread, 32 connections, cache HITs" >&2
-edge=(); plain=()
+# The one worker of an nginx master (not the cache manager/loader).
+worker_of() { local m; m=$(cat "$1/nginx.pid"); for c in $(cat "/proc/$m/task/$m/children"); do
+  grep -q "worker process" "/proc/$c/cmdline" 2>/dev/null && echo "$c"; done; true; }
+ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
+ew=$(worker_of "$work/edge"); pw=$(worker_of "$work/plain")
+# One round: requests/s and the worker's CPU microseconds per request
+# (utime + stime from /proc: robust when other processes share the CPU).
+run_wrk() { # port worker-pid
+  local t0 t1 out
+  t0=$(ticks "$2")
+  out=$(taskset -c 0 wrk -t1 -c32 -d"${secs}s" -H 'Host: bench.test' "http://127.0.0.1:$1/a.mp4")
+  t1=$(ticks "$2")
+  python3 - "$out" "$t0" "$t1" "$(getconf CLK_TCK)" <<'PY'
+import re, sys
+out, t0, t1, hz = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+n = int(re.search(r"(\d+) requests in", out).group(1))
+rps = float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))
+print(f"{rps:.0f} {(t1 - t0) / hz / n * 1e6:.2f}")
+PY
+}
+echo "wrk: ${rounds} rounds of ${secs}s each side, interleaved, 1 thread, 32 connections, cache HITs" >&2
+ratios=(); cpu_e=(); cpu_p=(); rps_e=(); rps_p=()
 for i in $(seq 1 "$rounds"); do
-  edge+=("$(run_wrk "$eport")"); plain+=("$(run_wrk "$pport")")
-  echo "  round $i: edge ${edge[-1]} req/s, without Lua ${plain[-1]} req/s" >&2
+  read -r re ce < <(run_wrk "$eport" "$ew"); read -r rp cp < <(run_wrk "$pport" "$pw")
+  rps_e+=("$re"); rps_p+=("$rp"); cpu_e+=("$ce"); cpu_p+=("$cp")
+  ratios+=("$(python3 -c "print($re/$rp)")")
+  echo "  round $i: edge $re req/s ($ce us CPU/req), without Lua $rp req/s ($cp us CPU/req)" >&2
 done
 median() { printf '%s\n' "$@" | sort -g | awk '{a[NR]=$1} END{print a[int((NR+1)/2)]}'; }
-me=$(median "${edge[@]}"); mp=$(median "${plain[@]}")
-python3 - "$me" "$mp" <<'PY'
+python3 - "$(median "${rps_e[@]}")" "$(median "${rps_p[@]}")" "$(median "${ratios[@]}")" \
+  "$(median "${cpu_e[@]}")" "$(median "${cpu_p[@]}")" <<'PY'
 import sys
-e, p = float(sys.argv[1]), float(sys.argv[2])
-print(f"edge (Lua access phase, documents cached): {e:,.0f} req/s")
-print(f"same nginx.conf without the Lua phase:     {p:,.0f} req/s")
-print(f"ratio: {e/p:.2f}  (goal >= 0.8)")
-print(f"Lua access phase per request (lookup + decision + headers): {(1/e - 1/p)*1e6:.1f} us")
+e, p, r, ce, cp = map(float, sys.argv[1:6])
+print(f"edge (Lua access phase, documents cached): {e:,.0f} req/s, {ce:.1f} us worker CPU per request")
+print(f"same nginx.conf without the Lua phase:     {p:,.0f} req/s, {cp:.1f} us worker CPU per request")
+print(f"throughput ratio (median of per-round ratios): {r:.2f}; CPU ratio without/with Lua: {cp/ce:.2f}  (goal >= 0.8)")
+print(f"Lua access phase: {ce - cp:.1f} us CPU per request (lookup + decision + headers)")
 PY
 
 # explain --batch: 200,000 requests after the compile.

@@ -264,10 +264,23 @@ function _M.access()
   }
   local d = decide.decide(req, entry.key, entry.site, entry.suspended,
     { secret = conf.secret, now = ngx.time() })
-  if d.waf or d.cors then
-    local ctx = ngx.ctx
-    ctx.edge = d
-    ctx.edge_origin = req.origin
+  -- Response headers through variables the template's add_header sends
+  -- (no header-filter Lua phase per request).
+  if d.waf then
+    local list = table.concat(d.waf, ",")
+    var.edge_waf = list
+    if d.verdict == "proxy" or d.verdict == "redirect" then
+      log(WARN, "edgeform waf detect: ", list, " ", req.uri)
+    end
+  end
+  if d.cors and req.origin and d.verdict ~= "preflight" then
+    if d.cors == "permissive" then
+      var.edge_acao = "*"
+    else
+      var.edge_acao = req.origin
+      var.edge_acac = "true"
+      var.edge_vary = "Origin"
+    end
   end
 
   if d.rate and client and (d.verdict == "proxy" or d.verdict == "redirect"
@@ -309,14 +322,14 @@ function _M.access()
     return answer(403, "challenge", page, "text/html; charset=utf-8")
   end
   if v == "preflight" then
-    _M.cors_headers(d, req.origin, var.http_access_control_request_headers, true)
+    _M.cors_headers(d, req.origin, var.http_access_control_request_headers)
     return answer(204, "cors-preflight")
   end
   return answer(d.status, d.reason, d.reason .. "\n")
 end
 
-function _M.cors_headers(d, origin, acrh, preflight)
-  if not d or not d.cors or not origin then return end
+-- The preflight's headers (the edge answers it itself).
+function _M.cors_headers(d, origin, acrh)
   if d.cors == "permissive" then
     ngx.header["Access-Control-Allow-Origin"] = "*"
   else
@@ -324,24 +337,9 @@ function _M.cors_headers(d, origin, acrh, preflight)
     ngx.header["Access-Control-Allow-Credentials"] = "true"
     ngx.header["Vary"] = "Origin"
   end
-  if preflight then
-    ngx.header["Access-Control-Allow-Methods"] = "GET, HEAD, POST, PUT, PATCH, DELETE, OPTIONS"
-    if acrh then ngx.header["Access-Control-Allow-Headers"] = acrh end
-    ngx.header["Access-Control-Max-Age"] = d.cors == "permissive" and "86400" or "600"
-  end
-end
-
-function _M.header_filter()
-  local d = ngx.ctx.edge
-  if not d then return end
-  if d.waf then
-    local list = table.concat(d.waf, ",")
-    ngx.header["X-Edgeform-Waf"] = list
-    if d.verdict == "proxy" or d.verdict == "redirect" then
-      log(WARN, "edgeform waf detect: ", list, " ", ngx.var.request_uri)
-    end
-  end
-  if d.verdict ~= "preflight" then _M.cors_headers(d, ngx.ctx.edge_origin, nil, false) end
+  ngx.header["Access-Control-Allow-Methods"] = "GET, HEAD, POST, PUT, PATCH, DELETE, OPTIONS"
+  if acrh then ngx.header["Access-Control-Allow-Headers"] = acrh end
+  ngx.header["Access-Control-Max-Age"] = d.cors == "permissive" and "86400" or "600"
 end
 
 return _M

@@ -829,6 +829,29 @@ fn r14_2_rate_limits_and_the_challenge() {
         .status,
         200
     );
+    // CORS headers (docs/edge.md): permissive `*`; strict echoes a
+    // same-site Origin; a preflight is answered by the edge.
+    let r = get(
+        port,
+        "corsperm.test",
+        "/c",
+        &[("Origin", "https://a.example")],
+    );
+    assert_eq!(r.header("access-control-allow-origin"), Some("*"));
+    let r = get(
+        port,
+        "corsstrict.test",
+        "/c",
+        &[("Origin", "https://app.corsstrict.test")],
+    );
+    assert_eq!(
+        r.header("access-control-allow-origin"),
+        Some("https://app.corsstrict.test")
+    );
+    assert_eq!(r.header("vary"), Some("Origin"));
+    assert_eq!(r.header("access-control-allow-credentials"), Some("true"));
+    let r = get(port, "plain.test", "/c", &[("Origin", "https://a.example")]);
+    assert_eq!(r.header("access-control-allow-origin"), None);
     // strict: a naive client gets the challenge page and no cookie.
     let (status, page) = get_body(port, "strict.test", "/", &client);
     assert_eq!(status, 403);
