@@ -13,7 +13,7 @@ use crate::compile::{self, Compiled};
 use crate::diff::{pretty, unified};
 use crate::load;
 use crate::push::apply::{self, Expect, Options, Outcome};
-use crate::push::plan::{self, Changes, Overrides};
+use crate::push::plan::{Changes, Overrides};
 use crate::push::run::{Ancestor, each};
 use crate::push::state::Live;
 use crate::push::{self, Job, heal};
@@ -168,26 +168,12 @@ async fn plan_target(job: Job, show_diffs: bool) -> Result<TargetPlan> {
     let mut con = job.node.redis_master().await?;
     push::timing("  connect", t);
     let t = Instant::now();
-    let (meta, in_sync) = apply::read_if_in_sync(&mut con, &job.desired).await?;
-    push::timing("  read_if_in_sync", t);
-    if in_sync {
-        // Live holds exactly the desired manifest, hence its digest too.
-        let digest = desired_digest(&job.desired);
-        return Ok(TargetPlan {
-            node: job.node.name.clone(),
-            generation: meta.generation,
-            live_commit: meta.commit,
-            manifest_digest: digest.clone(),
-            desired_digest: digest,
-            changes: Changes::default(),
-            diffs: Vec::new(),
-        });
-    }
-    let t = Instant::now();
-    let live: Live = apply::read_live(&mut con).await?;
+    // Reads the meta only when live is in sync, the differing buckets
+    // otherwise (#16).
+    let live: Live = apply::read_live(&mut con, &job.desired).await?;
     push::timing("  read_live", t);
     let t = Instant::now();
-    let changes = plan::changes(&job.desired, &live.manifest);
+    let changes = apply::live_changes(&job.desired, &live);
     push::timing("  changes", t);
     let mut diffs = Vec::new();
     if show_diffs && !changes.changed.is_empty() {
@@ -204,16 +190,8 @@ async fn plan_target(job: Job, show_diffs: bool) -> Result<TargetPlan> {
             diffs.push((key.clone(), unified(key, &b, &pretty(after))));
         }
     }
-    let t = Instant::now();
     let desired_digest = desired_digest(&job.desired);
-    // No changes: live holds exactly the desired manifest, so it has the
-    // same digest and needs no sorting to compute it.
-    let manifest_digest = if changes.is_empty() {
-        desired_digest.clone()
-    } else {
-        live.digest()
-    };
-    push::timing("  digests", t);
+    let manifest_digest = live.digest.clone();
     Ok(TargetPlan {
         node: job.node.name.clone(),
         generation: live.meta.generation,
@@ -632,14 +610,14 @@ pub async fn heal_all(source: &Source, jobs: Vec<Job>, flags: &PushFlags, root: 
     let mut failed = 0;
     for (job, r) in results {
         match r {
-            Ok(drift) if drift.is_empty() => {
-                tracing::info!(target = %job.node.name, "heal: no drift")
+            Ok(h) if h.drift.is_empty() => {
+                tracing::info!(target = %job.node.name, bytes = h.bytes, calls = h.calls, slowest_call = ?h.slowest_call, "heal: no drift")
             }
-            Ok(drift) => {
-                for d in &drift {
+            Ok(h) => {
+                for d in &h.drift {
                     tracing::warn!(target = %job.node.name, key = %d.key, kind = d.kind.as_str(), "drift repaired");
                 }
-                tracing::info!(target = %job.node.name, repaired = drift.len(), "heal: drift repaired");
+                tracing::info!(target = %job.node.name, repaired = h.drift.len(), bytes = h.bytes, calls = h.calls, slowest_call = ?h.slowest_call, "heal: drift repaired");
             }
             Err(e) => {
                 failed += 1;

@@ -3,6 +3,7 @@
 mod anycast;
 mod cli;
 mod example;
+mod heal;
 mod hostile;
 mod malformed;
 mod mqtt;
