@@ -641,6 +641,7 @@ mod tests {
             sites: Arc::new(sites),
             site_hashes: Arc::new(hashes),
             summary: Arc::default(),
+            sites_summary: Arc::default(),
         };
         // Every other site changed, the routing table added, two to prune.
         let changes = Changes {

@@ -74,6 +74,16 @@ impl Summary {
         }
     }
 
+    /// Add one entry.
+    pub fn add(&mut self, key: &str, hash: &str) {
+        let d = entry_digest(key.as_bytes(), hash.as_bytes());
+        let b = &mut self.buckets[usize::from(keys::bucket(key.as_bytes()))];
+        b.0 ^= d;
+        b.1 += 1;
+        let all = u128::from_str_radix(&self.digest, 16).unwrap_or(0) ^ d;
+        self.digest = hex128(all);
+    }
+
     /// The `edgeform:manifest:buckets` field value of bucket `b`.
     #[must_use]
     pub fn bucket_value(&self, b: usize) -> String {
@@ -120,6 +130,9 @@ pub struct Desired {
     /// The [`Summary`] of this state's manifest, computed once when first
     /// asked for and shared by every target that holds the same state.
     pub summary: Arc<OnceLock<Summary>>,
+    /// The [`Summary`] of the site entries alone, shared by every target
+    /// that holds the same site list (whatever its routing table).
+    pub sites_summary: Arc<OnceLock<Summary>>,
 }
 
 impl Desired {
@@ -165,8 +178,19 @@ impl Desired {
     /// Per-bucket digests and counts of this state's manifest.
     #[must_use]
     pub fn summary(&self) -> &Summary {
-        self.summary
-            .get_or_init(|| Summary::of(self.iter().map(|(k, _, h)| (k, h))))
+        self.summary.get_or_init(|| {
+            let sites = self.sites_summary.get_or_init(|| {
+                Summary::of(
+                    self.sites
+                        .iter()
+                        .zip(self.site_hashes.iter())
+                        .map(|((k, _), h)| (&**k, h.as_str())),
+                )
+            });
+            let mut all = sites.clone();
+            all.add(keys::ROUTING, &self.routing_hash);
+            all
+        })
     }
 
     /// The value of a desired key (binary search).
@@ -197,6 +221,7 @@ impl Desired {
 #[derive(Default)]
 pub struct HashCache {
     by_list: HashMap<usize, Arc<Vec<String>>>,
+    sites_summaries: HashMap<usize, Arc<OnceLock<Summary>>>,
     digests: HashMap<(usize, String), Arc<OnceLock<Summary>>>,
 }
 
@@ -231,6 +256,7 @@ impl HashCache {
             sites: target.sites.clone(),
             site_hashes,
             summary,
+            sites_summary: self.sites_summaries.entry(ptr).or_default().clone(),
         }
     }
 }

@@ -17,6 +17,7 @@ fn desired(keys: &[(&str, &str)], is_edge: bool) -> Desired {
         sites: Arc::new(sites),
         site_hashes: Arc::new(hashes),
         summary: Arc::default(),
+        sites_summary: Arc::default(),
     }
 }
 
