@@ -31,9 +31,19 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from push import Redis, generate, write_nodes  # noqa: E402
+from push import Redis, generate  # noqa: E402
 
 EDGEFORM = ROOT / "target" / "release" / "edgeform"
+
+
+def write_nodes(repo: Path, servers):
+    """One edge per server (push.py's addresses stop at 255 edges)."""
+    for f in (repo / "nodes").glob("*.yaml"):
+        f.unlink()
+    for i, r in enumerate(servers, 1):
+        (repo / "nodes" / f"edge-{i}.yaml").write_text(
+            f"name: edge-{i}\nroles: [edge]\nregion: eu\nlocation: {{lat: 52.{i}, lon: 4.{i}}}\n"
+            f"addresses: [198.51.{100 + i // 250}.{1 + i % 250}]\nredis: {{url: \"redis://127.0.0.1:{r.port}\"}}\n")
 
 
 def run(args, ok=(0,)):
