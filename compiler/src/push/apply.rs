@@ -481,10 +481,17 @@ impl<'a> Body<'a> {
             pipe.cmd("DEL")
                 .arg((0..=u8::MAX).map(keys::manifest_bucket).collect::<Vec<_>>());
         }
+        // Manifest fields gathered per bucket over the whole chunk: a few
+        // HSETs of many fields rather than 256 small ones per batch.
+        let mut fields: BTreeMap<u8, redis::Cmd> = BTreeMap::new();
+        let flush = |pipe: &mut redis::Pipeline, fields: &mut BTreeMap<u8, redis::Cmd>| {
+            for (_, c) in std::mem::take(fields) {
+                pipe.add_command(c);
+            }
+        };
         while bytes < CHUNK_BYTES {
             let mut docs = redis::Cmd::with_capacity(2 * BATCH + 1, 1 << 20);
             docs.arg("MSET");
-            let mut fields: BTreeMap<u8, redis::Cmd> = BTreeMap::new();
             let mut n = 0;
             let mut f = 0;
             while n < BATCH && f < BATCH {
@@ -521,11 +528,9 @@ impl<'a> Body<'a> {
                 if n > 0 {
                     pipe.add_command(docs);
                 }
-                for (_, c) in fields {
-                    pipe.add_command(c);
-                }
                 continue;
             }
+            flush(&mut pipe, &mut fields);
             if let Some(chunk) = self.removed.next() {
                 pipe.cmd("DEL").arg(chunk);
                 let mut by_bucket: BTreeMap<u8, Vec<&String>> = BTreeMap::new();
@@ -566,6 +571,7 @@ impl<'a> Body<'a> {
             }
             break;
         }
+        flush(&mut pipe, &mut fields);
         (!pipe.is_empty()).then_some(pipe)
     }
 }
