@@ -6,14 +6,39 @@ pub const SITE_PREFIX: &str = "site:";
 pub const SUSPENDED_PREFIX: &str = "suspended:";
 /// The compiled routing table (JSON).
 pub const ROUTING: &str = "edgeform:routing";
-/// Hash: managed key → content hash, written with the documents.
+/// The manifest as a whole (format 1: one hash, managed key → content
+/// hash). Format 2 splits it into [`BUCKETS`] hashes, [`manifest_bucket`];
+/// the name stays the one drift reports and old targets use.
 pub const MANIFEST: &str = "edgeform:manifest";
+/// Number of manifest buckets (format 2).
+pub const BUCKETS: usize = 256;
+/// Hash: bucket (two hex digits) → `<digest> <count>` of that bucket's
+/// manifest entries, written with them (format 2).
+pub const MANIFEST_BUCKETS: &str = "edgeform:manifest:buckets";
 /// Hash: `commit`, `generation`, `applied_at`, `format`.
 pub const META: &str = "edgeform:meta";
 /// The apply lease lock (`SET NX PX` with an owner token).
 pub const LOCK: &str = "edgeform:lock";
 /// The value of a `suspended:<host>` key.
 pub const SUSPENDED_VALUE: &str = "1";
+
+/// The bucket of a managed key: the top byte of its 32-bit FNV-1a hash.
+#[must_use]
+pub fn bucket(key: &[u8]) -> u8 {
+    let mut h: u32 = 0x811c_9dc5;
+    for b in key {
+        h ^= u32::from(*b);
+        h = h.wrapping_mul(0x0100_0193);
+    }
+    (h >> 24) as u8
+}
+
+/// `edgeform:manifest:<bb>`: managed key → content hash (SHA-1 hex of the
+/// value) for the keys of bucket `b` (format 2).
+#[must_use]
+pub fn manifest_bucket(b: u8) -> String {
+    format!("{MANIFEST}:{b:02x}")
+}
 
 /// `site:<host>`.
 #[must_use]
@@ -61,6 +86,14 @@ mod tests {
         assert!(is_document("site:a.b"));
         assert!(is_document(ROUTING));
         assert!(!is_document(MANIFEST));
+        assert_eq!(manifest_bucket(10), "edgeform:manifest:0a");
+        assert_eq!(bucket(b""), 0x81);
+        // Spread: 10,000 keys over 256 buckets, none empty or crowded.
+        let mut n = [0u32; BUCKETS];
+        for i in 0..10_000 {
+            n[usize::from(bucket(site(&format!("s{i:05}.example.com")).as_bytes()))] += 1;
+        }
+        assert!(n.iter().all(|c| (15..80).contains(c)), "{n:?}");
         assert!(!is_document("cdn:purge:eu:edge-1"));
     }
 }

@@ -28,7 +28,9 @@ pub mod untrusted;
 
 /// Version of the compiled format, written to `edgeform:meta` as `format`
 /// and into the routing table. Bump it when a reader must change.
-pub const FORMAT_VERSION: u32 = 1;
+/// 2: the manifest split into 256 bucket hashes with per-bucket digests,
+/// SHA-1 content hashes, and the manifest's digest in the meta (#16).
+pub const FORMAT_VERSION: u32 = 2;
 
 /// `500ms`, `5s`, `15m`, `1h` → milliseconds: durations as every edgeform
 /// file and flag writes them.

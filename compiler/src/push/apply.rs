@@ -21,119 +21,124 @@ use crate::model::resolved::Thresholds;
 /// Fields per HSET/MGET/DEL command inside a transaction or batch.
 const BATCH: usize = 1000;
 
-/// Read `edgeform:manifest` and `edgeform:meta`.
+/// Read what plan and apply compare, in proportion to what differs:
+/// the meta (and whether a format-1 manifest exists); when the meta's
+/// manifest digest is the desired one, nothing more. Otherwise the 256
+/// bucket digests, and the manifest of the buckets that differ. A format-1
+/// target is read whole (the next apply migrates it).
 ///
 /// # Errors
 /// Redis errors, or a manifest that is not a hash of UTF-8 strings.
-pub async fn read_live(con: &mut MultiplexedConnection) -> Result<Live> {
-    Ok(read_live_as(con, false).await?.0)
-}
-
-/// [`read_live`] for heal, which rewrites the manifest anyway: entries
-/// that are not UTF-8 are left out, and the flag says whether there were
-/// none (false: the manifest is drift).
-///
-/// # Errors
-/// Redis errors.
-pub async fn read_live_lenient(con: &mut MultiplexedConnection) -> Result<(Live, bool)> {
-    read_live_as(con, true).await
-}
-
-async fn read_live_as(con: &mut MultiplexedConnection, lenient: bool) -> Result<(Live, bool)> {
-    let (manifest, meta): (redis::Value, BTreeMap<String, String>) = redis::pipe()
-        .cmd("HGETALL")
-        .arg(keys::MANIFEST)
+pub async fn read_live(con: &mut MultiplexedConnection, desired: &Desired) -> Result<Live> {
+    let (meta, old): (BTreeMap<String, String>, bool) = redis::pipe()
         .cmd("HGETALL")
         .arg(keys::META)
+        .cmd("EXISTS")
+        .arg(keys::MANIFEST)
         .query_async(con)
         .await
-        .context("reading edgeform:manifest and edgeform:meta")?;
-    let (manifest, clean) = manifest_from(manifest, lenient)?;
-    Ok((
-        Live {
-            manifest,
-            meta: Meta::from_hash(&meta),
-        },
-        clean,
-    ))
-}
-
-/// The no-op plan's fast check: is the live manifest exactly the desired
-/// one? One MULTI/EXEC reads HLEN, the meta and HMGET of the desired keys:
-/// half the reply of HGETALL and nothing to index. Returns the meta, and
-/// whether live is in sync (when not, read the whole manifest to see how).
-///
-/// # Errors
-/// Redis errors.
-pub async fn read_if_in_sync(
-    con: &mut MultiplexedConnection,
-    desired: &Desired,
-) -> Result<(Meta, bool)> {
-    let mut hmget = redis::Cmd::with_capacity(desired.len() + 2, 40 * desired.len());
-    hmget.arg("HMGET").arg(keys::MANIFEST);
-    for (key, _, _) in desired.iter() {
-        hmget.arg(key);
+        .context("reading edgeform:meta")?;
+    let meta = Meta::from_hash(&meta);
+    let current = meta.format.is_some_and(|f| f >= 2) && meta.manifest_digest.is_some();
+    if old || (!current && meta.generation > 0) {
+        let manifest: redis::Value = redis::cmd("HGETALL")
+            .arg(keys::MANIFEST)
+            .query_async(con)
+            .await
+            .context("reading edgeform:manifest (format 1)")?;
+        return Ok(Live::legacy(manifest_from(manifest)?, meta));
     }
-    let (managed, meta, hashes): (usize, BTreeMap<String, String>, redis::Value) = redis::pipe()
-        .atomic()
-        .cmd("HLEN")
-        .arg(keys::MANIFEST)
-        .cmd("HGETALL")
-        .arg(keys::META)
-        .add_command(hmget)
+    let digest = meta
+        .manifest_digest
+        .clone()
+        .unwrap_or_else(|| super::state::hex128(0));
+    if digest == desired.digest() {
+        return Ok(Live {
+            managed: desired.len(),
+            meta,
+            digest,
+            ..Live::default()
+        });
+    }
+    let mut get = redis::cmd("HMGET");
+    get.arg(keys::MANIFEST_BUCKETS);
+    for b in 0..keys::BUCKETS {
+        get.arg(format!("{b:02x}"));
+    }
+    let stored: Vec<Option<String>> = get
         .query_async(con)
         .await
-        .context("reading edgeform:manifest and edgeform:meta")?;
-    let hashes = match hashes {
-        redis::Value::Array(items) => items,
-        other => bail!("HMGET {} answered {other:?}", keys::MANIFEST),
+        .context("reading edgeform:manifest:buckets")?;
+    let differ = plan::differing_buckets(desired, &stored);
+    let mut pipe = redis::pipe();
+    for b in &differ {
+        pipe.cmd("HGETALL").arg(keys::manifest_bucket(*b));
+    }
+    let replies: Vec<redis::Value> = if differ.is_empty() {
+        Vec::new()
+    } else {
+        pipe.query_async(con)
+            .await
+            .context("reading edgeform:manifest buckets")?
     };
-    let live = hashes.iter().map(|v| match v {
-        redis::Value::BulkString(b) => Some(b.as_slice()),
-        _ => None,
-    });
-    let in_sync = plan::in_sync(desired, managed, live);
-    Ok((Meta::from_hash(&meta), in_sync))
+    let mut manifest = Manifest::new();
+    for reply in replies {
+        manifest.extend(manifest_from(reply)?);
+    }
+    Ok(Live {
+        manifest,
+        meta,
+        managed: plan::managed_count(&stored),
+        digest,
+        legacy: false,
+        read_buckets: differ,
+    })
+}
+
+/// What differs between `desired` and what [`read_live`] read.
+#[must_use]
+pub fn live_changes(desired: &Desired, live: &Live) -> Changes {
+    if live.legacy {
+        return plan::changes_where(desired, &live.manifest, |_| true, true);
+    }
+    let mut read = [false; keys::BUCKETS];
+    for b in &live.read_buckets {
+        read[usize::from(*b)] = true;
+    }
+    plan::changes_where(
+        desired,
+        &live.manifest,
+        |k| read[usize::from(keys::bucket(k.as_bytes()))],
+        false,
+    )
 }
 
 /// HGETALL's reply as a [`Manifest`], taking the reply's strings over
-/// without copying them. With `lenient`, non-UTF-8 entries are skipped
-/// (the flag returned is false) instead of failing.
-fn manifest_from(reply: redis::Value, lenient: bool) -> Result<(Manifest, bool)> {
+/// without copying them.
+fn manifest_from(reply: redis::Value) -> Result<Manifest> {
     let items = match reply {
         redis::Value::Array(items) => items,
         redis::Value::Map(pairs) => pairs.into_iter().flat_map(|(k, v)| [k, v]).collect(),
         redis::Value::Nil => Vec::new(),
         other => bail!("{} is not a hash: {other:?}", keys::MANIFEST),
     };
-    let text = |v: redis::Value| -> Result<Option<String>> {
+    let text = |v: redis::Value| -> Result<String> {
         match v {
-            redis::Value::BulkString(b) => match String::from_utf8(b) {
-                Ok(s) => Ok(Some(s)),
-                Err(_) if lenient => Ok(None),
-                Err(e) => {
-                    Err(e).with_context(|| format!("{} holds a non-UTF-8 string", keys::MANIFEST))
-                }
-            },
+            redis::Value::BulkString(b) => String::from_utf8(b)
+                .with_context(|| format!("{} holds a non-UTF-8 string", keys::MANIFEST)),
             other => bail!("{} holds {other:?}", keys::MANIFEST),
         }
     };
     let mut manifest = Manifest::with_capacity(items.len() / 2);
-    let mut clean = true;
     let mut items = items.into_iter();
     while let (Some(k), Some(v)) = (items.next(), items.next()) {
-        match (text(k)?, text(v)?) {
-            (Some(k), Some(v)) => {
-                manifest.insert(k, v);
-            }
-            _ => clean = false,
-        }
+        manifest.insert(text(k)?, text(v)?);
     }
-    Ok((manifest, clean))
+    Ok(manifest)
 }
 
-/// Values of `keys` as bytes (None where absent), in batches: for heal
-/// and import, which must read what is there, UTF-8 or not.
+/// Values of `keys` as bytes (None where absent), in batches: for
+/// import, which must read what is there, UTF-8 or not.
 ///
 /// # Errors
 /// Redis errors.
@@ -238,10 +243,11 @@ async fn transaction(
     for _attempt in 0..5 {
         redis::cmd("WATCH")
             .arg(keys::MANIFEST)
+            .arg(keys::MANIFEST_BUCKETS)
             .arg(keys::META)
             .exec_async(con)
             .await?;
-        let live = read_live(con)
+        let live = read_live(con, desired)
             .instrument(tracing::info_span!("read_live"))
             .await?;
         let checked = tracing::info_span!("check")
@@ -253,14 +259,18 @@ async fn transaction(
                 return Err(e);
             }
         };
-        if changes.is_empty() && live.meta.commit.as_deref() == Some(options.commit.as_str()) {
+        if changes.is_empty()
+            && !live.legacy
+            && live.digest == desired.digest()
+            && live.meta.commit.as_deref() == Some(options.commit.as_str())
+        {
             redis::cmd("UNWATCH").exec_async(con).await?;
             return Ok(Outcome::Unchanged {
                 generation: live.meta.generation,
             });
         }
         let generation = live.meta.generation + 1;
-        let body = Body::new(desired, &changes, &options.commit, generation);
+        let body = Body::new(desired, &changes, &live, &options.commit, generation);
         let done = multi_exec(con, body)
             .instrument(tracing::info_span!("multi_exec"))
             .await?;
@@ -282,22 +292,15 @@ fn check(
     expect: Option<&Expect>,
     ancestry: &(dyn Fn(Option<&str>) -> Ancestry + Send + Sync),
 ) -> Result<Changes> {
-    let changes = plan::changes(desired, &live.manifest);
-    if let Some(e) = expect {
-        // Without changes live holds exactly the desired manifest, whose
-        // digest is known; otherwise the live one is sorted and hashed.
-        let digest = if changes.is_empty() {
-            desired.digest().to_owned()
-        } else {
-            live.digest()
-        };
-        if e.generation != live.meta.generation || e.manifest_digest != digest {
-            bail!(
-                "stale plan: the target moved since it was planned (generation {} then, {} now); plan again",
-                e.generation,
-                live.meta.generation
-            );
-        }
+    let changes = live_changes(desired, live);
+    if let Some(e) = expect
+        && (e.generation != live.meta.generation || e.manifest_digest != live.digest)
+    {
+        bail!(
+            "stale plan: the target moved since it was planned (generation {} then, {} now); plan again",
+            e.generation,
+            live.meta.generation
+        );
     }
     let a = ancestry(live.meta.commit.as_deref());
     plan::allowed(
@@ -372,13 +375,23 @@ pub(crate) async fn multi_exec(
 }
 
 /// What one transaction writes, produced chunk by chunk: every added or
-/// changed document (MSET) with its manifest field (HSET), deletions of
-/// keys no longer desired (DEL, HDEL), then the meta.
+/// changed document (MSET) with its manifest field (HSET into its
+/// bucket's hash), deletions of keys no longer desired (DEL, HDEL), the
+/// digests of the buckets that were read (they differed), then the meta
+/// with the manifest's digest. A format-1 target first loses its old
+/// manifest and gets every manifest field in format 2.
 pub(crate) struct Body<'a> {
     entries: Box<dyn Iterator<Item = (&'a str, &'a str, &'a str)> + Send + 'a>,
     writes: Box<dyn Iterator<Item = &'a str> + Send + 'a>,
     next_write: Option<&'a str>,
+    /// Write every manifest field (migration), not only the changed ones.
+    all_fields: bool,
+    clear: bool,
     removed: std::slice::Chunks<'a, String>,
+    /// Further keys to delete, as bytes (heal: unmanaged keys).
+    deletes: Vec<Vec<u8>>,
+    buckets: Option<Vec<u8>>,
+    desired: &'a Desired,
     meta: Option<(&'a str, u64)>,
 }
 
@@ -386,6 +399,7 @@ impl<'a> Body<'a> {
     pub(crate) fn new(
         desired: &'a Desired,
         changes: &'a Changes,
+        live: &Live,
         commit: &'a str,
         generation: u64,
     ) -> Body<'a> {
@@ -394,55 +408,133 @@ impl<'a> Body<'a> {
         let mut writes: Box<dyn Iterator<Item = &'a str> + Send + 'a> =
             Box::new(merge_sorted(&changes.added, &changes.changed));
         let next_write = writes.next();
+        let buckets = if live.legacy {
+            (0..=u8::MAX).collect()
+        } else {
+            live.read_buckets.clone()
+        };
         Body {
             entries: Box::new(desired.iter()),
             writes,
             next_write,
+            all_fields: live.legacy,
+            clear: live.legacy,
             removed: changes.removed.chunks(BATCH),
+            deletes: Vec::new(),
+            buckets: Some(buckets),
+            desired,
             meta: Some((commit, generation)),
         }
+    }
+
+    /// Also delete `keys` (before the meta is written).
+    pub(crate) fn deleting(mut self, keys: Vec<Vec<u8>>) -> Body<'a> {
+        self.deletes = keys;
+        self
     }
 
     /// The next chunk of commands, `None` when all were given.
     pub(crate) fn chunk(&mut self) -> Option<redis::Pipeline> {
         let mut pipe = redis::pipe();
         let mut bytes = 0;
+        if std::mem::take(&mut self.clear) {
+            pipe.cmd("DEL")
+                .arg(keys::MANIFEST)
+                .arg(keys::MANIFEST_BUCKETS);
+            pipe.cmd("DEL")
+                .arg((0..=u8::MAX).map(keys::manifest_bucket).collect::<Vec<_>>());
+        }
+        // Manifest fields gathered per bucket over the whole chunk: a few
+        // HSETs of many fields rather than 256 small ones per batch.
+        let mut fields: BTreeMap<u8, redis::Cmd> = BTreeMap::new();
+        let flush = |pipe: &mut redis::Pipeline, fields: &mut BTreeMap<u8, redis::Cmd>| {
+            for (_, c) in std::mem::take(fields) {
+                pipe.add_command(c);
+            }
+        };
         while bytes < CHUNK_BYTES {
             let mut docs = redis::Cmd::with_capacity(2 * BATCH + 1, 1 << 20);
             docs.arg("MSET");
-            let mut fields = redis::Cmd::with_capacity(2 * BATCH + 2, 64 * BATCH);
-            fields.arg("HSET").arg(keys::MANIFEST);
             let mut n = 0;
-            while n < BATCH {
-                let Some(want) = self.next_write else { break };
+            let mut f = 0;
+            while n < BATCH && f < BATCH {
+                if self.next_write.is_none() && !self.all_fields {
+                    break;
+                }
                 let Some((key, value, hash)) = self.entries.next() else {
                     self.next_write = None;
+                    self.all_fields = false;
                     break;
                 };
-                if key != want {
-                    continue;
+                let doc = self.next_write == Some(key);
+                if doc {
+                    docs.arg(key).arg(value);
+                    bytes += key.len() + value.len();
+                    n += 1;
+                    self.next_write = self.writes.next();
                 }
-                docs.arg(key).arg(value);
-                fields.arg(key).arg(hash);
-                bytes += 2 * key.len() + value.len() + hash.len();
-                n += 1;
-                self.next_write = self.writes.next();
+                if doc || self.all_fields {
+                    fields
+                        .entry(keys::bucket(key.as_bytes()))
+                        .or_insert_with_key(|b| {
+                            let mut c = redis::cmd("HSET");
+                            c.arg(keys::manifest_bucket(*b));
+                            c
+                        })
+                        .arg(key)
+                        .arg(hash);
+                    bytes += key.len() + hash.len();
+                    f += 1;
+                }
             }
-            if n > 0 {
-                pipe.add_command(docs).add_command(fields);
+            if n > 0 || f > 0 {
+                if n > 0 {
+                    pipe.add_command(docs);
+                }
                 continue;
             }
+            flush(&mut pipe, &mut fields);
             if let Some(chunk) = self.removed.next() {
                 pipe.cmd("DEL").arg(chunk);
-                pipe.cmd("HDEL").arg(keys::MANIFEST).arg(chunk);
+                let mut by_bucket: BTreeMap<u8, Vec<&String>> = BTreeMap::new();
+                for k in chunk {
+                    by_bucket
+                        .entry(keys::bucket(k.as_bytes()))
+                        .or_default()
+                        .push(k);
+                }
+                for (b, ks) in by_bucket {
+                    pipe.cmd("HDEL").arg(keys::manifest_bucket(b)).arg(ks);
+                }
                 bytes += chunk.iter().map(|k| 2 * k.len()).sum::<usize>();
                 continue;
             }
+            if !self.deletes.is_empty() {
+                let n = self.deletes.len().min(BATCH);
+                let chunk: Vec<Vec<u8>> = self.deletes.drain(..n).collect();
+                bytes += chunk.iter().map(Vec::len).sum::<usize>();
+                pipe.cmd("DEL").arg(chunk);
+                continue;
+            }
+            if let Some(buckets) = self.buckets.take() {
+                if !buckets.is_empty() {
+                    let summary = self.desired.summary();
+                    let mut c = redis::cmd("HSET");
+                    c.arg(keys::MANIFEST_BUCKETS);
+                    for b in buckets {
+                        c.arg(format!("{b:02x}"))
+                            .arg(summary.bucket_value(usize::from(b)));
+                    }
+                    pipe.add_command(c);
+                }
+                continue;
+            }
             if let Some((commit, generation)) = self.meta.take() {
-                set_meta(&mut pipe, commit, generation);
+                set_meta(&mut pipe, commit, generation, self.desired);
             }
             break;
         }
+        flush(&mut pipe, &mut fields);
         (!pipe.is_empty()).then_some(pipe)
     }
 }
@@ -461,7 +553,12 @@ fn merge_sorted<'a>(a: &'a [String], b: &'a [String]) -> impl Iterator<Item = &'
 /// Append the `edgeform:meta` update that ends every write transaction.
 /// Its reply is the one kept: EXEC's nil (a WATCH conflict) then reads as
 /// `None`, success as `Some`.
-pub(crate) fn set_meta(pipe: &mut redis::Pipeline, commit: &str, generation: u64) {
+pub(crate) fn set_meta(
+    pipe: &mut redis::Pipeline,
+    commit: &str,
+    generation: u64,
+    desired: &Desired,
+) {
     pipe.cmd("HSET")
         .arg(keys::META)
         .arg("commit")
@@ -471,7 +568,11 @@ pub(crate) fn set_meta(pipe: &mut redis::Pipeline, commit: &str, generation: u64
         .arg("applied_at")
         .arg(now_rfc3339())
         .arg("format")
-        .arg(edgestate::FORMAT_VERSION);
+        .arg(edgestate::FORMAT_VERSION)
+        .arg("manifest_digest")
+        .arg(desired.digest())
+        .arg("managed")
+        .arg(desired.len());
 }
 
 #[cfg(test)]
@@ -508,7 +609,8 @@ mod tests {
             routing_hash: content_hash("{}"),
             sites: Arc::new(sites),
             site_hashes: Arc::new(hashes),
-            digest: Arc::default(),
+            summary: Arc::default(),
+            sites_summary: Arc::default(),
         };
         // Every other site changed, the routing table added, two to prune.
         let changes = Changes {
@@ -519,7 +621,11 @@ mod tests {
                 .collect(),
             removed: vec!["site:gone".into(), "suspended:gone".into()],
         };
-        let mut body = Body::new(&desired, &changes, "abc", 7);
+        let live = Live {
+            read_buckets: vec![1, 2],
+            ..Live::default()
+        };
+        let mut body = Body::new(&desired, &changes, &live, "abc", 7);
         let mut cmds = Vec::new();
         let mut chunks = 0;
         while let Some(chunk) = body.chunk() {
@@ -536,18 +642,35 @@ mod tests {
         let mut want: Vec<&str> = changes.changed.iter().map(String::as_str).collect();
         want.insert(0, keys::ROUTING);
         assert_eq!(written, want);
-        let fields: Vec<&str> = cmds
+        // Each manifest field lands in its bucket's hash.
+        let mut fields: Vec<&str> = cmds
             .iter()
-            .filter(|c| c[0] == "HSET" && c[1] == keys::MANIFEST)
-            .flat_map(|c| c[2..].chunks(2).map(|kv| kv[0].as_str()))
+            .filter(|c| c[0] == "HSET" && c[1].starts_with("edgeform:manifest:"))
+            .filter(|c| c[1] != keys::MANIFEST_BUCKETS)
+            .flat_map(|c| {
+                c[2..].chunks(2).map(|kv| {
+                    assert_eq!(c[1], keys::manifest_bucket(keys::bucket(kv[0].as_bytes())));
+                    kv[0].as_str()
+                })
+            })
             .collect();
+        fields.sort_unstable();
         assert_eq!(fields, want);
         assert!(cmds.iter().all(|c| c.len() <= 2 * BATCH + 2));
         let n = cmds.len();
-        assert_eq!(cmds[n - 3], ["DEL", "site:gone", "suspended:gone"]);
+        let del = cmds.iter().position(|c| c[0] == "DEL").unwrap();
+        assert_eq!(cmds[del], ["DEL", "site:gone", "suspended:gone"]);
+        assert!(cmds[del + 1..n - 2].iter().all(|c| c[0] == "HDEL"));
         assert_eq!(
             cmds[n - 2],
-            ["HDEL", keys::MANIFEST, "site:gone", "suspended:gone"]
+            [
+                "HSET".to_owned(),
+                keys::MANIFEST_BUCKETS.to_owned(),
+                "01".into(),
+                desired.summary().bucket_value(1),
+                "02".into(),
+                desired.summary().bucket_value(2)
+            ]
         );
         assert_eq!(cmds[n - 1][..2], ["HSET".to_owned(), keys::META.to_owned()]);
         assert!(body.chunk().is_none());

@@ -1,8 +1,18 @@
-//! Heal: compare a target's full live content with the desired state and
+//! Heal: compare a target's live content with the desired state and
 //! repair every difference — documents changed or deleted by hand, keys
 //! nobody manages (`site:*`/`suspended:*` written outside git: git is the
-//! source of truth), a tampered manifest. Reads every value, so it runs
-//! less often than plan (default every 5 minutes).
+//! source of truth), a tampered manifest.
+//!
+//! The comparison runs inside the target's Redis (#16): a Lua script,
+//! called over bounded chunks of manifest buckets, hashes each value the
+//! manifest names and compares it with the manifest's hash, and recomputes
+//! each bucket's digest to check it against `edgeform:manifest:buckets`;
+//! the control host checks the chunks' combined digest against the meta
+//! and the desired state. A second script counts the documents present
+//! (SCAN inside Redis); only when the count is off are the keys listed.
+//! A healthy target so costs a few hundred bytes, a drifted one its drift.
+//! When the manifest does not describe the desired state, every value is
+//! compared from here and the manifest rewritten.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -10,10 +20,9 @@ use anyhow::{Context, Result};
 use edgestate::keys;
 use redis::aio::MultiplexedConnection;
 
-use super::apply::{Lock, Options, get_raw_values, read_live_lenient, set_meta};
-use super::escape_bytes;
-use super::plan::Ancestry;
-use super::state::Desired;
+use super::apply::{Body, Lock, Options, multi_exec};
+use super::plan::{Ancestry, Changes};
+use super::state::{Desired, Live, Meta, hex128};
 
 /// What kind of drift a key had.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, serde::Serialize)]
@@ -43,17 +52,24 @@ impl DriftKind {
 
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct Drift {
-    /// The key; bytes that are not UTF-8 as `\xNN` ([`escape_bytes`]).
     pub key: String,
     pub kind: DriftKind,
 }
 
-/// Every `site:*` and `suspended:*` key on the target, as bytes: a key
-/// written by hand need not be UTF-8.
+/// Every `site:*` and `suspended:*` key on the target, as bytes (import
+/// reads what is there, UTF-8 or not).
 ///
 /// # Errors
 /// Redis errors.
 pub async fn document_keys(con: &mut MultiplexedConnection) -> Result<BTreeSet<Vec<u8>>> {
+    document_keys_raw(con, &mut 0).await
+}
+
+/// Every `site:*` and `suspended:*` key on the target, as bytes.
+async fn document_keys_raw(
+    con: &mut MultiplexedConnection,
+    bytes: &mut usize,
+) -> Result<BTreeSet<Vec<u8>>> {
     let mut out = BTreeSet::new();
     for pattern in [
         format!("{}*", keys::SITE_PREFIX),
@@ -61,7 +77,7 @@ pub async fn document_keys(con: &mut MultiplexedConnection) -> Result<BTreeSet<V
     ] {
         let mut cursor: u64 = 0;
         loop {
-            let (next, batch): (u64, Vec<Vec<u8>>) = redis::cmd("SCAN")
+            let reply: redis::Value = redis::cmd("SCAN")
                 .arg(cursor)
                 .arg("MATCH")
                 .arg(&pattern)
@@ -69,6 +85,8 @@ pub async fn document_keys(con: &mut MultiplexedConnection) -> Result<BTreeSet<V
                 .arg(1000)
                 .query_async(con)
                 .await?;
+            *bytes += resp_len(&reply);
+            let (next, batch): (u64, Vec<Vec<u8>>) = redis::from_redis_value(reply)?;
             out.extend(batch);
             if next == 0 {
                 break;
@@ -79,7 +97,109 @@ pub async fn document_keys(con: &mut MultiplexedConnection) -> Result<BTreeSet<V
     Ok(out)
 }
 
-/// Compare and repair one target. Returns the drift found (empty: healthy).
+/// What one heal of one target found and cost.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
+pub struct Healed {
+    /// The drift found and repaired (empty: healthy).
+    pub drift: Vec<Drift>,
+    /// Bytes of the replies read from the target (RESP size).
+    pub bytes: usize,
+    /// Server-side comparison calls (EVALSHA) made.
+    pub calls: usize,
+    /// The slowest of those calls, round trip included.
+    pub slowest_call: std::time::Duration,
+}
+
+/// Compares the values the manifest names with their hashes inside Redis,
+/// for buckets ARGV[1]..=ARGV[2] (a bounded chunk): returns the keys that
+/// are missing, the keys whose value differs from the manifest's hash
+/// (or is not a string), the buckets whose stored digest
+/// (`edgeform:manifest:buckets`) does not describe their manifest, the XOR
+/// of the chunk's bucket digests, and the number of entries.
+const COMPARE: &str = r"
+local first, last, prefix, index = tonumber(ARGV[1]), tonumber(ARGV[2]), ARGV[3], ARGV[4]
+local missing, changed, bad = {}, {}, {}
+local x1, x2, x3, x4, n = 0, 0, 0, 0, 0
+for b = first, last do
+  local bb = string.format('%02x', b)
+  local flat = redis.call('HGETALL', prefix .. bb)
+  local y1, y2, y3, y4 = 0, 0, 0, 0
+  for i = 1, #flat, 2 do
+    local k, h = flat[i], flat[i + 1]
+    local v = redis.pcall('GET', k)
+    if v == false then
+      missing[#missing + 1] = k
+    elseif type(v) ~= 'string' or redis.sha1hex(v) ~= h then
+      changed[#changed + 1] = k
+    end
+    local d = redis.sha1hex(k .. '\0' .. h)
+    y1 = bit.bxor(y1, tonumber(string.sub(d, 1, 8), 16))
+    y2 = bit.bxor(y2, tonumber(string.sub(d, 9, 16), 16))
+    y3 = bit.bxor(y3, tonumber(string.sub(d, 17, 24), 16))
+    y4 = bit.bxor(y4, tonumber(string.sub(d, 25, 32), 16))
+  end
+  local count = #flat / 2
+  local value = bit.tohex(y1, 8) .. bit.tohex(y2, 8) .. bit.tohex(y3, 8) .. bit.tohex(y4, 8)
+    .. ' ' .. string.format('%d', count)
+  if redis.call('HGET', index, bb) ~= value then
+    bad[#bad + 1] = b
+  end
+  x1, x2, x3, x4 = bit.bxor(x1, y1), bit.bxor(x2, y2), bit.bxor(x3, y3), bit.bxor(x4, y4)
+  n = n + count
+end
+return {missing, changed, bad, bit.tohex(x1, 8) .. bit.tohex(x2, 8) .. bit.tohex(x3, 8) .. bit.tohex(x4, 8), n}
+";
+
+/// One SCAN step inside Redis that returns the next cursor and how many
+/// of the keys seen start with ARGV[3] or ARGV[4] — a count, not the keys.
+const COUNT: &str = r"
+local r = redis.call('SCAN', ARGV[1], 'COUNT', ARGV[2])
+local a, b, n = ARGV[3], ARGV[4], 0
+for _, k in ipairs(r[2]) do
+  if string.sub(k, 1, #a) == a or string.sub(k, 1, #b) == b then
+    n = n + 1
+  end
+end
+return {r[1], n}
+";
+
+/// A [`COMPARE`] reply: missing keys, changed keys, bad buckets, the
+/// chunk's digest, its entry count.
+type Compared = (Vec<Vec<u8>>, Vec<Vec<u8>>, Vec<i64>, String, usize);
+
+/// Manifest entries compared per server-side call: a call hashes at most
+/// about this many values (a few milliseconds; see bench/README.md).
+const PER_CALL: usize = 1000;
+
+/// Buckets per [`COMPARE`] call for a manifest of `managed` entries, so a
+/// call sees about [`PER_CALL`] entries.
+#[must_use]
+pub fn buckets_per_call(managed: usize) -> usize {
+    (keys::BUCKETS * PER_CALL / managed.max(1)).clamp(1, keys::BUCKETS)
+}
+
+/// Approximate RESP size of a reply, to report the bytes a heal moved.
+#[must_use]
+pub fn resp_len(v: &redis::Value) -> usize {
+    match v {
+        redis::Value::BulkString(b) => b.len() + 5 + b.len().to_string().len(),
+        redis::Value::Array(items) | redis::Value::Set(items) => {
+            4 + items.iter().map(resp_len).sum::<usize>()
+        }
+        redis::Value::Map(pairs) => {
+            4 + pairs
+                .iter()
+                .map(|(k, v)| resp_len(k) + resp_len(v))
+                .sum::<usize>()
+        }
+        redis::Value::SimpleString(s) => s.len() + 3,
+        redis::Value::Int(i) => i.to_string().len() + 3,
+        _ => 5,
+    }
+}
+
+/// Compare and repair one target. Returns the drift found (empty: healthy)
+/// and the bytes read.
 ///
 /// # Errors
 /// Lock timeout, Redis errors, repeated transaction conflicts.
@@ -88,7 +208,7 @@ pub async fn heal(
     desired: &Desired,
     options: &Options,
     ancestry: &(dyn Fn(Option<&str>) -> Ancestry + Send + Sync),
-) -> Result<Vec<Drift>> {
+) -> Result<Healed> {
     let lock = Lock::acquire(con, options.lease, options.lock_wait).await?;
     let result = heal_locked(con, desired, options, ancestry).await;
     lock.release(con).await;
@@ -100,103 +220,243 @@ async fn heal_locked(
     desired: &Desired,
     options: &Options,
     ancestry: &(dyn Fn(Option<&str>) -> Ancestry + Send + Sync),
-) -> Result<Vec<Drift>> {
+) -> Result<Healed> {
+    let mut healed = Healed::default();
     for _attempt in 0..5 {
         redis::cmd("WATCH")
             .arg(keys::MANIFEST)
+            .arg(keys::MANIFEST_BUCKETS)
             .arg(keys::META)
             .exec_async(con)
             .await?;
-        let (live, manifest_clean) = read_live_lenient(con).await?;
+        let reply: redis::Value = redis::pipe()
+            .cmd("HGETALL")
+            .arg(keys::META)
+            .cmd("EXISTS")
+            .arg(keys::MANIFEST)
+            .query_async(con)
+            .await
+            .context("reading edgeform:meta")?;
+        healed.bytes += resp_len(&reply);
+        let (meta, old): (BTreeMap<String, String>, bool) = redis::from_redis_value(reply)?;
+        let meta = Meta::from_hash(&meta);
         // Healing to an older commit would be a rollback by the back door.
-        let a = ancestry(live.meta.commit.as_deref());
+        let a = ancestry(meta.commit.as_deref());
         if a != Ancestry::Forward && !options.overrides.allow_rollback {
             redis::cmd("UNWATCH").exec_async(con).await?;
             anyhow::bail!(
                 "not healing: the live commit {} is newer than {} or unknown here (use --allow-rollback)",
-                live.meta.commit.as_deref().unwrap_or("?"),
+                meta.commit.as_deref().unwrap_or("?"),
                 options.commit
             );
         }
-        let wanted: Vec<String> = desired.iter().map(|(k, _, _)| k.to_owned()).collect();
-        let values = get_raw_values(con, &wanted).await?;
-        let present = document_keys(con).await?;
-
-        let mut drift = Vec::new();
-        let mut fixes: Vec<(&str, &str)> = Vec::new();
-        let mut manifest_ok = manifest_clean && live.manifest.len() == desired.len();
-        for ((key, value, hash), actual) in desired.iter().zip(&values) {
-            match actual {
-                None => {
-                    drift.push(Drift {
-                        key: key.to_owned(),
-                        kind: DriftKind::Missing,
-                    });
-                    fixes.push((key, value));
-                }
-                Some(a) if a.as_slice() != value.as_bytes() => {
-                    drift.push(Drift {
-                        key: key.to_owned(),
-                        kind: DriftKind::Changed,
-                    });
-                    fixes.push((key, value));
-                }
-                Some(_) => {}
-            }
-            manifest_ok &= live.manifest.get(key).is_some_and(|h| h == hash);
-        }
-        let desired_keys: BTreeSet<&[u8]> = desired.iter().map(|(k, _, _)| k.as_bytes()).collect();
-        // Keys to remove: unmanaged documents, and managed keys git dropped.
-        let mut remove: BTreeSet<Vec<u8>> = present
-            .iter()
-            .filter(|k| !desired_keys.contains(k.as_slice()))
-            .cloned()
-            .collect();
-        remove.extend(
-            live.manifest
-                .keys()
-                .filter(|k| !desired_keys.contains(k.as_bytes()))
-                .map(|k| k.as_bytes().to_vec()),
-        );
-        for k in &remove {
-            drift.push(Drift {
-                key: escape_bytes(k),
-                kind: DriftKind::Unmanaged,
-            });
-        }
-        if !manifest_ok {
-            drift.push(Drift {
-                key: keys::MANIFEST.to_owned(),
-                kind: DriftKind::Manifest,
-            });
-        }
+        let current = !old
+            && meta.format.is_some_and(|f| f >= 2)
+            && meta.manifest_digest.as_deref() == Some(desired.digest());
+        let found = if current {
+            compare_in_redis(con, desired, &mut healed).await?
+        } else {
+            None
+        };
+        let (drift, body) = match found {
+            Some(found) => found,
+            // The manifest does not describe the desired state (tampered,
+            // stale, or format 1): compare every value from here.
+            None => compare_everything(con, desired, &mut healed.bytes).await?,
+        };
         if drift.is_empty() {
             redis::cmd("UNWATCH").exec_async(con).await?;
-            return Ok(drift);
+            return Ok(healed);
         }
-
-        let mut pipe = redis::pipe();
-        pipe.atomic();
-        for chunk in fixes.chunks(1000) {
-            pipe.cmd("MSET").arg(chunk).ignore();
-        }
-        let remove: Vec<Vec<u8>> = remove.into_iter().collect();
-        for chunk in remove.chunks(1000) {
-            pipe.cmd("DEL").arg(chunk).ignore();
-        }
-        // Rewrite the manifest whole: it is the index plan trusts.
-        pipe.cmd("DEL").arg(keys::MANIFEST).ignore();
-        let hashes: BTreeMap<&str, &str> = desired.iter().map(|(k, _, h)| (k, h)).collect();
-        let fields: Vec<(&str, &str)> = hashes.into_iter().collect();
-        for chunk in fields.chunks(1000) {
-            pipe.cmd("HSET").arg(keys::MANIFEST).arg(chunk).ignore();
-        }
-        set_meta(&mut pipe, &options.commit, live.meta.generation + 1);
-        let done: Option<redis::Value> = pipe.query_async(con).await.context("MULTI/EXEC")?;
-        if done.is_some() {
+        let (changes, deletes, rewrite) = body;
+        let live = Live {
+            legacy: rewrite,
+            ..Live::default()
+        };
+        let body = Body::new(
+            desired,
+            &changes,
+            &live,
+            &options.commit,
+            meta.generation + 1,
+        )
+        .deleting(deletes);
+        if multi_exec(con, body).await? {
+            let mut drift = drift;
             drift.sort_by(|a, b| (a.kind, &a.key).cmp(&(b.kind, &b.key)));
-            return Ok(drift);
+            healed.drift = drift;
+            return Ok(healed);
         }
     }
     anyhow::bail!("the target kept changing under the heal (5 WATCH conflicts)")
+}
+
+/// The repair: documents to write (as `changed`), keys to delete, and
+/// whether the manifest is rewritten whole.
+type Repair = (Changes, Vec<Vec<u8>>, bool);
+
+/// The server-side comparison, for a target whose meta says it holds the
+/// desired manifest. `None` when the manifest turns out not to match its
+/// meta or the desired state (then everything is compared).
+async fn compare_in_redis(
+    con: &mut MultiplexedConnection,
+    desired: &Desired,
+    healed: &mut Healed,
+) -> Result<Option<(Vec<Drift>, Repair)>> {
+    let compare = redis::Script::new(COMPARE);
+    let step = buckets_per_call(desired.len());
+    let prefix = format!("{}:", keys::MANIFEST);
+    let mut missing: Vec<Vec<u8>> = Vec::new();
+    let mut changed: Vec<Vec<u8>> = Vec::new();
+    let mut all = 0u128;
+    let mut entries = 0usize;
+    let mut first = 0;
+    while first < keys::BUCKETS {
+        let last = (first + step).min(keys::BUCKETS) - 1;
+        let t = std::time::Instant::now();
+        let reply: redis::Value = compare
+            .arg(first)
+            .arg(last)
+            .arg(&prefix)
+            .arg(keys::MANIFEST_BUCKETS)
+            .invoke_async(con)
+            .await
+            .context("comparing values in Redis")?;
+        healed.slowest_call = healed.slowest_call.max(t.elapsed());
+        healed.calls += 1;
+        healed.bytes += resp_len(&reply);
+        let (m, c, bad, digest, n): Compared = redis::from_redis_value(reply)?;
+        if !bad.is_empty() {
+            return Ok(None);
+        }
+        all ^= u128::from_str_radix(&digest, 16).context("a digest from Redis")?;
+        entries += n;
+        missing.extend(m);
+        changed.extend(c);
+        first = last + 1;
+    }
+    if entries != desired.len() || hex128(all) != desired.digest() {
+        return Ok(None);
+    }
+    // The manifest is the desired one and describes the values; count the
+    // documents present: the desired ones present plus any unmanaged.
+    let is_doc = |k: &[u8]| {
+        k.starts_with(keys::SITE_PREFIX.as_bytes())
+            || k.starts_with(keys::SUSPENDED_PREFIX.as_bytes())
+    };
+    let desired_docs = desired
+        .iter()
+        .filter(|(k, _, _)| is_doc(k.as_bytes()))
+        .count();
+    let missing_docs = missing.iter().filter(|k| is_doc(k)).count();
+    let count = redis::Script::new(COUNT);
+    let mut cursor = "0".to_owned();
+    let mut present = 0usize;
+    loop {
+        let t = std::time::Instant::now();
+        let reply: redis::Value = count
+            .arg(&cursor)
+            .arg(2 * PER_CALL)
+            .arg(keys::SITE_PREFIX)
+            .arg(keys::SUSPENDED_PREFIX)
+            .invoke_async(con)
+            .await
+            .context("counting documents in Redis")?;
+        healed.slowest_call = healed.slowest_call.max(t.elapsed());
+        healed.calls += 1;
+        healed.bytes += resp_len(&reply);
+        let (next, n): (String, usize) = redis::from_redis_value(reply)?;
+        present += n;
+        if next == "0" {
+            break;
+        }
+        cursor = next;
+    }
+    let mut unmanaged = Vec::new();
+    if present != desired_docs - missing_docs {
+        unmanaged = document_keys_raw(con, &mut healed.bytes)
+            .await?
+            .into_iter()
+            .filter(|k| desired.value(k).is_none())
+            .collect();
+    }
+    let mut drift = Vec::new();
+    let mut fixes = Vec::new();
+    for (list, kind) in [
+        (&missing, DriftKind::Missing),
+        (&changed, DriftKind::Changed),
+    ] {
+        for k in list {
+            let key = String::from_utf8_lossy(k).into_owned();
+            drift.push(Drift {
+                key: key.clone(),
+                kind,
+            });
+            fixes.push(key);
+        }
+    }
+    for k in &unmanaged {
+        drift.push(Drift {
+            key: String::from_utf8_lossy(k).into_owned(),
+            kind: DriftKind::Unmanaged,
+        });
+    }
+    fixes.sort_unstable();
+    fixes.dedup();
+    let changes = Changes {
+        changed: fixes,
+        ..Changes::default()
+    };
+    Ok(Some((drift, (changes, unmanaged, false))))
+}
+
+/// The full comparison: every desired value read back (as bytes), every
+/// document key listed. Used when the manifest cannot be trusted; the
+/// repair rewrites it whole (reported as manifest drift).
+async fn compare_everything(
+    con: &mut MultiplexedConnection,
+    desired: &Desired,
+    bytes: &mut usize,
+) -> Result<(Vec<Drift>, Repair)> {
+    let wanted: Vec<&str> = desired.iter().map(|(k, _, _)| k).collect();
+    let mut drift = Vec::new();
+    let mut fixes = Vec::new();
+    let mut entries = desired.iter();
+    for chunk in wanted.chunks(1000) {
+        let reply: redis::Value = redis::cmd("MGET").arg(chunk).query_async(con).await?;
+        *bytes += resp_len(&reply);
+        let values: Vec<Option<Vec<u8>>> = redis::from_redis_value(reply)?;
+        for (actual, (key, value, _)) in values.iter().zip(entries.by_ref()) {
+            let kind = match actual {
+                None => DriftKind::Missing,
+                Some(a) if a.as_slice() != value.as_bytes() => DriftKind::Changed,
+                Some(_) => continue,
+            };
+            drift.push(Drift {
+                key: key.to_owned(),
+                kind,
+            });
+            fixes.push(key.to_owned());
+        }
+    }
+    let unmanaged: Vec<Vec<u8>> = document_keys_raw(con, bytes)
+        .await?
+        .into_iter()
+        .filter(|k| desired.value(k).is_none())
+        .collect();
+    for k in &unmanaged {
+        drift.push(Drift {
+            key: String::from_utf8_lossy(k).into_owned(),
+            kind: DriftKind::Unmanaged,
+        });
+    }
+    drift.push(Drift {
+        key: keys::MANIFEST.to_owned(),
+        kind: DriftKind::Manifest,
+    });
+    let changes = Changes {
+        changed: fixes,
+        ..Changes::default()
+    };
+    Ok((drift, (changes, unmanaged, true)))
 }

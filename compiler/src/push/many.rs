@@ -132,14 +132,14 @@ pub async fn heal_all(source: &Source, jobs: Vec<Job>, flags: &Settings, root: &
     let mut failed = 0;
     for (job, r) in results {
         match r {
-            Ok(drift) if drift.is_empty() => {
-                tracing::info!(target = %job.node.name, "heal: no drift")
+            Ok(h) if h.drift.is_empty() => {
+                tracing::info!(target = %job.node.name, bytes = h.bytes, calls = h.calls, slowest_call = ?h.slowest_call, "heal: no drift")
             }
-            Ok(drift) => {
-                for d in &drift {
+            Ok(h) => {
+                for d in &h.drift {
                     tracing::warn!(target = %job.node.name, key = %d.key, kind = d.kind.as_str(), "drift repaired");
                 }
-                tracing::info!(target = %job.node.name, repaired = drift.len(), "heal: drift repaired");
+                tracing::info!(target = %job.node.name, repaired = h.drift.len(), bytes = h.bytes, calls = h.calls, slowest_call = ?h.slowest_call, "heal: drift repaired");
             }
             Err(e) => {
                 failed += 1;

@@ -2,7 +2,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::state::{Desired, Live, Manifest};
+use super::state::{Desired, Live, Manifest, legacy_hash};
 use crate::model::resolved::Thresholds;
 
 /// The keys that differ on one target.
@@ -31,13 +31,34 @@ impl Changes {
 /// met. Every list comes out sorted.
 #[must_use]
 pub fn changes(desired: &Desired, manifest: &Manifest) -> Changes {
+    changes_where(desired, manifest, |_| true, false)
+}
+
+/// [`changes`] restricted to the desired keys `in_scope` (the buckets
+/// whose manifest was read: `manifest` holds only those), comparing with
+/// format 1's hashes when `legacy`.
+#[must_use]
+pub fn changes_where(
+    desired: &Desired,
+    manifest: &Manifest,
+    in_scope: impl Fn(&str) -> bool,
+    legacy: bool,
+) -> Changes {
     let mut out = Changes::default();
     let mut met = 0;
-    for (key, _, hash) in desired.iter() {
+    for (key, value, hash) in desired.iter() {
+        if !in_scope(key) {
+            continue;
+        }
         match manifest.get(key) {
             Some(live) => {
                 met += 1;
-                if live != hash {
+                let same = if legacy {
+                    *live == legacy_hash(value)
+                } else {
+                    live == hash
+                };
+                if !same {
                     out.changed.push(key.to_owned());
                 }
             }
@@ -55,27 +76,24 @@ pub fn changes(desired: &Desired, manifest: &Manifest) -> Changes {
     out
 }
 
-/// Whether the live manifest equals the desired one exactly, given its
-/// size (`managed`, HLEN) and its hashes of the desired keys in desired
-/// order (HMGET; `None` where absent). Equal sizes and every desired key
-/// present with its hash leave no room for another live key.
+/// The buckets whose live `edgeform:manifest:buckets` value differs from
+/// the desired one (`None`: absent).
 #[must_use]
-pub fn in_sync<'a>(
-    desired: &Desired,
-    managed: usize,
-    live: impl IntoIterator<Item = Option<&'a [u8]>>,
-) -> bool {
-    if managed != desired.len() {
-        return false;
-    }
-    let mut seen = 0;
-    for ((_, _, hash), live) in desired.iter().zip(live) {
-        if live != Some(hash.as_bytes()) {
-            return false;
-        }
-        seen += 1;
-    }
-    seen == managed
+pub fn differing_buckets(desired: &Desired, live: &[Option<String>]) -> Vec<u8> {
+    let summary = desired.summary();
+    (0..edgestate::keys::BUCKETS)
+        .filter(|&b| live.get(b).and_then(Option::as_deref) != Some(&summary.bucket_value(b)))
+        .filter_map(|b| u8::try_from(b).ok())
+        .collect()
+}
+
+/// The total count in `edgeform:manifest:buckets` values (`<digest> <n>`).
+#[must_use]
+pub fn managed_count(live: &[Option<String>]) -> usize {
+    live.iter()
+        .flatten()
+        .filter_map(|v| v.split_once(' ')?.1.parse::<usize>().ok())
+        .sum()
 }
 
 /// Overrides for the safety checks.
@@ -189,7 +207,7 @@ pub fn allowed(
     if desired.is_edge && desired.site_count() == 0 {
         return Err(Refusal::Empty);
     }
-    let managed = live.manifest.len();
+    let managed = live.managed;
     if managed as u64 >= thresholds.min_keys && managed > 0 {
         let over = |n: usize, limit: u32| n * 100 > managed * limit as usize;
         if over(changes.removed.len(), thresholds.max_delete_percent) {

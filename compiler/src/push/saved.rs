@@ -8,7 +8,7 @@ use serde::{Deserialize, Serialize};
 use tracing::Instrument as _;
 
 use super::apply;
-use super::plan::{self, Changes};
+use super::plan::Changes;
 use super::state::Live;
 use super::{Job, state};
 use crate::diff::{pretty, unified};
@@ -57,27 +57,13 @@ pub async fn plan_target(job: Job, show_diffs: bool) -> Result<TargetPlan> {
         .redis_master()
         .instrument(tracing::info_span!("connect"))
         .await?;
-    let (meta, in_sync) = apply::read_if_in_sync(&mut con, &job.desired)
-        .instrument(tracing::info_span!("read_if_in_sync"))
-        .await?;
-    if in_sync {
-        // Live holds exactly the desired manifest, hence its digest too.
-        let digest = desired_digest(&job.desired);
-        return Ok(TargetPlan {
-            node: job.node.name.clone(),
-            generation: meta.generation,
-            live_commit: meta.commit,
-            manifest_digest: digest.clone(),
-            desired_digest: digest,
-            changes: Changes::default(),
-            diffs: Vec::new(),
-        });
-    }
-    let live: Live = apply::read_live(&mut con)
+    // Reads the meta only when live is in sync, the differing buckets
+    // otherwise (#16).
+    let live: Live = apply::read_live(&mut con, &job.desired)
         .instrument(tracing::info_span!("read_live"))
         .await?;
     let changes =
-        tracing::info_span!("changes").in_scope(|| plan::changes(&job.desired, &live.manifest));
+        tracing::info_span!("changes").in_scope(|| apply::live_changes(&job.desired, &live));
     let mut diffs = Vec::new();
     if show_diffs && !changes.changed.is_empty() {
         let shown: Vec<String> = changes.changed.iter().take(SHOWN).cloned().collect();
@@ -93,16 +79,8 @@ pub async fn plan_target(job: Job, show_diffs: bool) -> Result<TargetPlan> {
             diffs.push((key.clone(), unified(key, &b, &pretty(after))));
         }
     }
-    let span = tracing::info_span!("digests").entered();
     let desired_digest = desired_digest(&job.desired);
-    // No changes: live holds exactly the desired manifest, so it has the
-    // same digest and needs no sorting to compute it.
-    let manifest_digest = if changes.is_empty() {
-        desired_digest.clone()
-    } else {
-        live.digest()
-    };
-    drop(span);
+    let manifest_digest = live.digest.clone();
     Ok(TargetPlan {
         node: job.node.name.clone(),
         generation: live.meta.generation,

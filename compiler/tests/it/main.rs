@@ -4,6 +4,7 @@ mod anycast;
 mod cli;
 mod edge;
 mod example;
+mod heal;
 mod hostile;
 mod issue12;
 mod malformed;

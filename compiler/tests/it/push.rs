@@ -39,9 +39,17 @@ fn get(port: u16, key: &str) -> Option<String> {
     redis::cmd("GET").arg(key).query(&mut con(port)).unwrap()
 }
 
+/// Every key, the manifest's bucket hashes (format 2, #16) shown as the
+/// one `edgeform:manifest` they make up.
 fn keys(port: u16) -> Vec<String> {
     let mut k: Vec<String> = redis::cmd("KEYS").arg("*").query(&mut con(port)).unwrap();
+    for key in &mut k {
+        if key.starts_with("edgeform:manifest:") {
+            "edgeform:manifest".clone_into(key);
+        }
+    }
     k.sort();
+    k.dedup();
     k
 }
 
@@ -93,17 +101,24 @@ fn first_apply_then_noop_plan_then_prune() {
     let m = meta(r.port);
     assert_eq!(m["commit"], commit);
     assert_eq!(m["generation"], "1");
-    assert_eq!(m["format"], "1");
+    assert_eq!(m["format"], "2");
+    assert_eq!(m["managed"], "5");
     assert!(m["applied_at"].ends_with('Z'));
     assert_eq!(
         get(r.port, "suspended:s00001.example.com").as_deref(),
         Some("1")
     );
-    let manifest: BTreeMap<String, String> = redis::cmd("HGETALL")
-        .arg("edgeform:manifest")
+    // Format 2 (#16): the manifest in bucket hashes, 5 entries in all.
+    let buckets: BTreeMap<String, String> = redis::cmd("HGETALL")
+        .arg("edgeform:manifest:buckets")
         .query(&mut con(r.port))
         .unwrap();
-    assert_eq!(manifest.len(), 5);
+    assert_eq!(buckets.len(), 256);
+    let n: usize = buckets
+        .values()
+        .map(|v| v.split_once(' ').unwrap().1.parse::<usize>().unwrap())
+        .sum();
+    assert_eq!(n, 5);
 
     // No-op: exit 0 with and without --detailed-exitcode; apply is a no-op.
     assert_eq!(edgeform(f.path(), &["plan"]).status.code(), Some(0));

@@ -1,7 +1,7 @@
 use std::sync::Arc;
 
 use super::*;
-use crate::push::state::{Desired, Manifest, Meta, content_hash};
+use crate::push::state::{Desired, Manifest, Summary, content_hash, legacy_hash};
 
 fn desired(keys: &[(&str, &str)], is_edge: bool) -> Desired {
     let sites: Vec<(Arc<str>, Arc<str>)> = keys
@@ -16,7 +16,8 @@ fn desired(keys: &[(&str, &str)], is_edge: bool) -> Desired {
         routing_hash: content_hash("{}"),
         sites: Arc::new(sites),
         site_hashes: Arc::new(hashes),
-        digest: Arc::default(),
+        summary: Arc::default(),
+        sites_summary: Arc::default(),
     }
 }
 
@@ -28,8 +29,9 @@ fn manifest(d: &Desired) -> Manifest {
 
 fn live(m: Manifest) -> Live {
     Live {
+        managed: m.len(),
         manifest: m,
-        meta: Meta::default(),
+        ..Live::default()
     }
 }
 
@@ -149,42 +151,65 @@ fn empty_rollback_and_unknown() {
 }
 
 #[test]
-fn in_sync_needs_every_hash_and_nothing_more() {
-    let d = desired(&[("site:a", "1"), ("site:b", "2")], true);
-    let hashes: Vec<String> = d.iter().map(|(_, _, h)| h.to_owned()).collect();
-    let live = |hs: &[Option<&str>]| -> Vec<Option<Vec<u8>>> {
-        hs.iter()
-            .map(|h| h.map(|h| h.as_bytes().to_vec()))
-            .collect()
-    };
-    let check = |managed: usize, hs: &[Option<Vec<u8>>]| {
-        in_sync(&d, managed, hs.iter().map(|h| h.as_deref()))
-    };
-    let all: Vec<Option<&str>> = hashes.iter().map(|h| Some(h.as_str())).collect();
-    assert!(check(3, &live(&all)));
-    // One more managed key than desired: something to prune.
-    assert!(!check(4, &live(&all)));
-    // A desired key absent, or holding another hash.
-    let mut missing = all.clone();
-    missing[1] = None;
-    assert!(!check(3, &live(&missing)));
-    let old = content_hash("old");
-    let mut changed = all.clone();
-    changed[2] = Some(old.as_str());
-    assert!(!check(3, &live(&changed)));
-    // A short reply is not "in sync".
-    assert!(!check(3, &live(&all[..2])));
-}
-
-#[test]
 fn desired_digest_is_the_digest_of_the_same_live_manifest() {
     let d = desired(
         &[("site:a", "1"), ("site:b", "2"), ("suspended:b", "1")],
         true,
     );
-    let l = live(manifest(&d));
-    assert_eq!(d.digest(), l.digest());
-    let mut m = manifest(&d);
-    m.insert("site:b".into(), content_hash("old"));
-    assert_ne!(d.digest(), live(m).digest());
+    let m = manifest(&d);
+    // Any order: the digest is a XOR of entry digests.
+    let of = |m: &Manifest| Summary::of(m.iter().map(|(k, v)| (k.as_str(), v.as_str())));
+    assert_eq!(d.digest(), of(&m).digest);
+    let mut m2 = m.clone();
+    m2.insert("site:b".into(), content_hash("old"));
+    assert_ne!(d.digest(), of(&m2).digest);
+    let mut m3 = m;
+    m3.insert("site:c".into(), content_hash("3"));
+    assert_ne!(d.digest(), of(&m3).digest);
+    assert_eq!(d.summary().buckets.iter().map(|b| b.1).sum::<u32>(), 4);
+}
+
+// See: #16 (plan reads only the buckets that differ)
+#[test]
+fn only_differing_buckets_are_read_and_compared() {
+    let all = keys(300);
+    let d = desired(&as_refs(&all), true);
+    let stored: Vec<Option<String>> = (0..edgestate::keys::BUCKETS)
+        .map(|b| Some(d.summary().bucket_value(b)))
+        .collect();
+    assert!(differing_buckets(&d, &stored).is_empty());
+    assert_eq!(managed_count(&stored), 301);
+    // One site changed: exactly its bucket differs.
+    let mut changed = all.clone();
+    changed[7].1 = "new".into();
+    let d2 = desired(&as_refs(&changed), true);
+    let b = edgestate::keys::bucket(all[7].0.as_bytes());
+    assert_eq!(differing_buckets(&d2, &stored), [b]);
+    // The live manifest of that bucket only: one change, nothing else.
+    let m: Manifest = manifest(&d)
+        .into_iter()
+        .filter(|(k, _)| edgestate::keys::bucket(k.as_bytes()) == b)
+        .collect();
+    let c = changes_where(
+        &d2,
+        &m,
+        |k| edgestate::keys::bucket(k.as_bytes()) == b,
+        false,
+    );
+    assert_eq!(c.changed, [all[7].0.clone()]);
+    assert!(c.added.is_empty() && c.removed.is_empty());
+    // Absent bucket values (an empty target) differ everywhere.
+    assert_eq!(differing_buckets(&d, &[]).len(), 256);
+}
+
+// See: #16 (a format-1 target is compared with its SHA-256 hashes)
+#[test]
+fn a_format_1_manifest_is_compared_with_legacy_hashes() {
+    let d = desired(&[("site:a", "1"), ("site:b", "2")], true);
+    let old: Manifest = d
+        .iter()
+        .map(|(k, v, _)| (k.to_owned(), legacy_hash(v)))
+        .collect();
+    assert!(changes_where(&d, &old, |_| true, true).is_empty());
+    assert_eq!(changes(&d, &old).changed.len(), 3);
 }

@@ -1,0 +1,157 @@
+#!/usr/bin/env python3
+"""Benchmark the pusher at scale (#16): N edges, each its own redis-server on loopback.
+
+For each N in --edges (default 30, 100, 300) and each binary given (--bin, repeatable:
+e.g. main's build as "before" and this tree's as "after"), prints the table of #16:
+  - `edgeform check` (the reference);
+  - a full `apply` to N empty edges;
+  - a no-op `plan`;
+  - a no-op `reconcile --once sync`;
+  - a no-op `reconcile --once heal`, with the bytes read per target and the slowest
+    server-side call when the binary logs them;
+  - a one-site change `apply` to the N edges.
+Medians of --runs rounds (the full apply: --full-runs). The repository is generated once
+(bench/gen_repo.py, --sites sites, region eu) under .bench/scale.
+
+Usage: python3 bench/scale.py [--edges 30 100] [--sites 10000] [--runs 3]
+                              [--bin before=/tmp/edgeform-main --bin after=target/release/edgeform]
+"""
+
+import argparse
+import json
+import os
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from push import Redis, generate  # noqa: E402
+
+EDGEFORM = ROOT / "target" / "release" / "edgeform"
+
+
+def write_nodes(repo: Path, servers):
+    """One edge per server (push.py's addresses stop at 255 edges)."""
+    for f in (repo / "nodes").glob("*.yaml"):
+        f.unlink()
+    for i, r in enumerate(servers, 1):
+        (repo / "nodes" / f"edge-{i}.yaml").write_text(
+            f"name: edge-{i}\nroles: [edge]\nregion: eu\nlocation: {{lat: 52.{i}, lon: 4.{i}}}\n"
+            f"addresses: [198.51.{100 + i // 250}.{1 + i % 250}]\nredis: {{url: \"redis://127.0.0.1:{r.port}\"}}\n")
+
+
+def run(args, ok=(0,)):
+    t0 = time.perf_counter()
+    r = subprocess.run(args, cwd=ROOT, capture_output=True, text=True)
+    dt = time.perf_counter() - t0
+    if r.returncode not in ok:
+        raise SystemExit(f"{' '.join(map(str, args))} exited {r.returncode}:\n{r.stdout[-2000:]}\n{r.stderr[-2000:]}")
+    return dt, r
+
+
+def measure(binary: Path, repo: Path, servers, runs: int, full_runs: int):
+    ef = [str(binary), "--repo", str(repo)]
+    out = {}
+    run(ef + ["check"])  # warm-up
+    out["check"] = [run(ef + ["check"])[0] for _ in range(runs)]
+    full = []
+    for _ in range(full_runs):
+        for s in servers:
+            s.cli("FLUSHALL")
+        full.append(run(ef + ["apply", "--yes"])[0])
+    out["full apply"] = full
+    out["no-op plan"] = [run(ef + ["plan", "--detailed-exitcode"])[0] for _ in range(runs)]
+    out["no-op sync"] = [run(ef + ["reconcile", "--once", "sync"])[0] for _ in range(runs)]
+    heal, per_target, slowest = [], [], []
+    # The server-side time of each script call, on one server: its slowlog
+    # with every command logged.
+    probe = servers[0]
+    probe.cli("CONFIG", "SET", "slowlog-log-slower-than", "0")
+    probe.cli("CONFIG", "SET", "slowlog-max-len", "100000")
+    probe.cli("SLOWLOG", "RESET")
+    for _ in range(runs):
+        dt, r = run(ef + ["reconcile", "--once", "heal"])
+        heal.append(dt)
+        if "heal: no drift" not in r.stderr or "drift repaired" in r.stderr:
+            raise SystemExit(f"the no-op heal found drift:\n{r.stderr[-2000:]}")
+        per_target += [int(b) for b in re.findall(r"\bbytes=(\d+)", r.stderr)]
+    log = json.loads(probe.cli("--json", "SLOWLOG", "GET", "100000") or "[]")
+    slowest = [e[2] / 1000 for e in log if e[3] and str(e[3][0]).lower() == "evalsha"]
+    probe.cli("CONFIG", "SET", "slowlog-log-slower-than", "10000")
+    probe.cli("SLOWLOG", "RESET")
+    out["no-op heal"] = heal
+    site = sorted((repo / "sites").glob("*.yaml"))[0]
+    original = site.read_text()
+    one = []
+    try:
+        for i in range(runs):
+            text = re.sub(r"^origin: .*$", f"origin: http://192.0.2.{10 + i}", original, count=1, flags=re.M)
+            site.write_text(text)
+            dt, r = run(ef + ["apply", "--yes"])
+            # One site file: its document (and any alias's), maybe the routing table.
+            if not re.search(r"\(\+0 ~[1-5] -0\)", r.stdout):
+                raise SystemExit(f"not a one-site change:\n{r.stdout[-2000:]}")
+            one.append(dt)
+    finally:
+        site.write_text(original)
+    run(ef + ["apply", "--yes"])
+    out["one-site change apply"] = one
+    return out, per_target, slowest
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--edges", type=int, nargs="+", default=[30, 100, 300])
+    ap.add_argument("--sites", type=int, default=10_000)
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--full-runs", type=int, default=1)
+    ap.add_argument("--dir", type=Path, default=ROOT / ".bench" / "scale")
+    ap.add_argument("--bin", action="append", default=[],
+                    help="LABEL=PATH of an edgeform binary (repeatable); default: after=target/release/edgeform")
+    a = ap.parse_args()
+    bins = [b.split("=", 1) for b in a.bin] or [["after", str(EDGEFORM)]]
+    generate(a.dir, a.sites)
+    cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), "?")
+    rows = []
+    for n in a.edges:
+        work = Path(tempfile.mkdtemp(prefix="edgeform-scale-bench-"))
+        servers = []
+        try:
+            servers = [Redis(work) for _ in range(n)]
+            write_nodes(a.dir, servers)
+            for label, path in bins:
+                load = os.getloadavg()[0]
+                t, per_target, slowest = measure(Path(path), a.dir, servers, a.runs, a.full_runs)
+                rows.append((n, label, t, per_target, slowest, load))
+                print(f"N={n} {label}: " + ", ".join(f"{k} {statistics.median(v):.2f} s" for k, v in t.items()),
+                      file=sys.stderr)
+                for s in servers:
+                    s.cli("FLUSHALL")
+        finally:
+            for s in servers:
+                s.stop()
+            shutil.rmtree(work, ignore_errors=True)
+    print(f"\n{a.sites} sites, one redis-server per edge on loopback; {os.cpu_count()} cores ({cpu}); "
+          f"medians of {a.runs} runs ({a.full_runs} for the full apply), wall time of the whole process\n")
+    print("| edges | binary | check | full apply | no-op plan | no-op sync | no-op heal | heal bytes/target "
+          "| server-side heal call (one edge) | one-site apply | load |")
+    print("|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for n, label, t, per_target, slowest, load in rows:
+        m = {k: statistics.median(v) for k, v in t.items()}
+        b = f"{statistics.median(per_target):.0f}" if per_target else "n/a (reads every value)"
+        s = (f"{max(slowest):.2f} ms max, {statistics.median(slowest):.2f} ms median of {len(slowest)}"
+             if slowest else "n/a")
+        print(f"| {n} | {label} | {m['check']:.2f} s | {m['full apply']:.2f} s | {m['no-op plan']:.2f} s "
+              f"| {m['no-op sync']:.2f} s | {m['no-op heal']:.2f} s | {b} | {s} "
+              f"| {m['one-site change apply']:.2f} s | {load:.1f} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

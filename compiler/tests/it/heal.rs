@@ -1,0 +1,246 @@
+//! The server-side heal of #16 against a real `redis-server`: each kind of
+//! drift is found by the comparison inside Redis (or, for a tampered
+//! manifest, sends heal to the full comparison) and repaired; a healthy
+//! target costs a few hundred bytes. Also the migration of a format-1
+//! target by the first apply.
+
+use std::collections::BTreeMap;
+
+use crate::util::{Fixture, edgeform, stderr, stdout};
+
+fn con(port: u16) -> redis::Connection {
+    redis::Client::open(format!("redis://127.0.0.1:{port}"))
+        .unwrap()
+        .get_connection()
+        .unwrap()
+}
+
+fn run(port: u16, args: &[&str]) {
+    let mut c = redis::cmd(args[0]);
+    for a in &args[1..] {
+        c.arg(*a);
+    }
+    c.exec(&mut con(port)).unwrap();
+}
+
+fn get(port: u16, key: &str) -> Option<String> {
+    redis::cmd("GET").arg(key).query(&mut con(port)).unwrap()
+}
+
+/// A repo of 300 sites on one edge at `port`, applied.
+fn applied(port: u16) -> Fixture {
+    let f = Fixture::empty();
+    f.write(
+        "nodes/edge-1.yaml",
+        format!(
+            "name: edge-1\nroles: [edge]\nregion: eu\nlocation: {{lat: 52.0, lon: 4.0}}\n\
+             redis: {{url: \"redis://127.0.0.1:{port}\"}}\n"
+        )
+        .as_bytes(),
+    );
+    for i in 0..300 {
+        f.write(
+            &format!("sites/s{i:05}.yaml"),
+            format!("host: s{i:05}.example.com\norigin: http://192.0.2.1\n").as_bytes(),
+        );
+    }
+    f.commit("sites");
+    let out = edgeform(f.path(), &["apply", "--yes"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stdout(&out));
+    f
+}
+
+/// Run one heal; its log.
+fn heal(f: &Fixture) -> String {
+    let out = edgeform(f.path(), &["reconcile", "--once", "heal"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    stderr(&out)
+}
+
+/// The `bytes=` a heal logged.
+fn bytes(log: &str) -> usize {
+    let at = log.find("bytes=").expect(log) + 6;
+    log[at..]
+        .split(|c: char| !c.is_ascii_digit())
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap()
+}
+
+/// After a repair the target is healthy again, and that costs O(1).
+fn healthy(f: &Fixture) {
+    let log = heal(f);
+    assert!(log.contains("heal: no drift"), "{log}");
+    assert!(bytes(&log) < 1000, "{log}");
+    assert_eq!(
+        edgeform(f.path(), &["plan", "--detailed-exitcode"])
+            .status
+            .code(),
+        Some(0)
+    );
+}
+
+// See: #16 (server-side heal: a changed value)
+#[test]
+fn issue_16_a_changed_value_is_found_in_redis() {
+    let r = harness::redis(&[]);
+    let f = applied(r.port);
+    let log = heal(&f);
+    assert!(log.contains("heal: no drift"), "{log}");
+    // 301 values compared without reading them: a few hundred bytes.
+    assert!(bytes(&log) < 1000, "{log}");
+    run(r.port, &["SET", "site:s00007.example.com", "{\"evil\":1}"]);
+    // A value of another type is a change too.
+    run(r.port, &["DEL", "site:s00008.example.com"]);
+    run(r.port, &["HSET", "site:s00008.example.com", "a", "b"]);
+    let log = heal(&f);
+    for key in ["site:s00007.example.com", "site:s00008.example.com"] {
+        assert!(
+            log.contains(&format!("key={key} kind=\"changed\"")),
+            "{log}"
+        );
+    }
+    assert!(!log.contains("kind=\"manifest\""), "{log}");
+    assert!(
+        get(r.port, "site:s00007.example.com")
+            .unwrap()
+            .contains("192.0.2.1")
+    );
+    assert!(
+        get(r.port, "site:s00008.example.com")
+            .unwrap()
+            .contains("192.0.2.1")
+    );
+    healthy(&f);
+}
+
+// See: #16 (server-side heal: a missing key)
+#[test]
+fn issue_16_a_missing_key_is_found_in_redis() {
+    let r = harness::redis(&[]);
+    let f = applied(r.port);
+    run(
+        r.port,
+        &["DEL", "site:s00100.example.com", "edgeform:routing"],
+    );
+    let log = heal(&f);
+    for key in ["site:s00100.example.com", "edgeform:routing"] {
+        assert!(
+            log.contains(&format!("key={key} kind=\"missing\"")),
+            "{log}"
+        );
+    }
+    assert!(!log.contains("kind=\"manifest\""), "{log}");
+    assert!(get(r.port, "site:s00100.example.com").is_some());
+    healthy(&f);
+}
+
+// See: #16 (server-side heal: unmanaged keys, counted in Redis)
+#[test]
+fn issue_16_an_unmanaged_key_is_found_in_redis() {
+    let r = harness::redis(&[]);
+    let f = applied(r.port);
+    run(r.port, &["SET", "site:rogue.example.com", "{}"]);
+    run(r.port, &["SET", "suspended:s00003.example.com", "1"]);
+    // With a missing key at the same time, the count still tells.
+    run(r.port, &["DEL", "site:s00004.example.com"]);
+    run(r.port, &["SET", "cdn:purge:eu:edge-1", "not a document"]);
+    let log = heal(&f);
+    for (key, kind) in [
+        ("site:rogue.example.com", "unmanaged"),
+        ("suspended:s00003.example.com", "unmanaged"),
+        ("site:s00004.example.com", "missing"),
+    ] {
+        assert!(log.contains(&format!("key={key} kind=\"{kind}\"")), "{log}");
+    }
+    assert!(!log.contains("kind=\"manifest\""), "{log}");
+    assert_eq!(get(r.port, "site:rogue.example.com"), None);
+    assert_eq!(get(r.port, "suspended:s00003.example.com"), None);
+    assert!(get(r.port, "cdn:purge:eu:edge-1").is_some());
+    healthy(&f);
+}
+
+// See: #16 (server-side heal: a tampered manifest, its digests, its meta)
+#[test]
+fn issue_16_a_tampered_manifest_is_found_in_redis() {
+    let r = harness::redis(&[]);
+    let f = applied(r.port);
+    let bucket = format!(
+        "edgeform:manifest:{:02x}",
+        edgestate::keys::bucket(b"site:s00001.example.com")
+    );
+    let tamper: [&[&str]; 4] = [
+        // An entry's hash changed (the value and the meta untouched).
+        &["HSET", &bucket, "site:s00001.example.com", "0000"],
+        // An entry removed.
+        &["HDEL", &bucket, "site:s00001.example.com"],
+        // A bucket's stored digest changed.
+        &["HSET", "edgeform:manifest:buckets", "00", "0 0"],
+        // The meta's digest changed.
+        &["HSET", "edgeform:meta", "manifest_digest", "00"],
+    ];
+    for t in tamper {
+        run(r.port, t);
+        let log = heal(&f);
+        assert!(
+            log.contains("key=edgeform:manifest kind=\"manifest\""),
+            "{t:?}: {log}"
+        );
+        healthy(&f);
+    }
+}
+
+// See: #16 (a format-1 target is read the old way and rewritten)
+#[test]
+fn issue_16_a_format_1_target_is_migrated_by_the_first_apply() {
+    let r = harness::redis(&[]);
+    let f = applied(r.port);
+    // Turn the target into what format 1 wrote: one manifest hash of
+    // SHA-256 content hashes, no digests.
+    let mut c = con(r.port);
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg("edgeform:manifest:*")
+        .query(&mut c)
+        .unwrap();
+    let mut old = BTreeMap::new();
+    for k in keys.iter().filter(|k| !k.ends_with("buckets")) {
+        let fields: BTreeMap<String, String> = redis::cmd("HGETALL").arg(k).query(&mut c).unwrap();
+        for key in fields.keys() {
+            let value = get(r.port, key).unwrap();
+            old.insert(key.clone(), compiler::push::state::legacy_hash(&value));
+        }
+    }
+    assert_eq!(old.len(), 301);
+    redis::cmd("DEL").arg(&keys).exec(&mut c).unwrap();
+    redis::cmd("HSET")
+        .arg("edgeform:manifest")
+        .arg(&old)
+        .exec(&mut c)
+        .unwrap();
+    run(
+        r.port,
+        &["HDEL", "edgeform:meta", "manifest_digest", "managed"],
+    );
+    run(r.port, &["HSET", "edgeform:meta", "format", "1"]);
+    // One site changes: exactly one change (not 301: the old hashes are
+    // understood), and the target comes out in format 2.
+    f.write(
+        "sites/s00009.yaml",
+        b"host: s00009.example.com\norigin: http://192.0.2.9\n",
+    );
+    let out = edgeform(f.path(), &["apply", "--yes"]);
+    assert!(stdout(&out).contains("(+0 ~1 -0)"), "{}", stdout(&out));
+    let meta: BTreeMap<String, String> = redis::cmd("HGETALL")
+        .arg("edgeform:meta")
+        .query(&mut c)
+        .unwrap();
+    assert_eq!(meta["format"], "2");
+    assert_eq!(meta["managed"], "301");
+    let exists: bool = redis::cmd("EXISTS")
+        .arg("edgeform:manifest")
+        .query(&mut c)
+        .unwrap();
+    assert!(!exists);
+    healthy(&f);
+}
