@@ -15,7 +15,7 @@ use edgestate::untrusted;
 use rumqttc::{AsyncClient, Event, EventLoop, Packet, QoS};
 use serde::Serialize;
 
-use crate::cli::push::Valid;
+use crate::workspace::Valid;
 
 /// How the CLI logs in to the broker (the URL is in cluster.yaml).
 #[derive(Debug, Clone, clap::Args)]

@@ -17,7 +17,7 @@ use crate::push::{self, lock};
 // The loaders live in `crate::workspace`; `cli/mqtt.rs` names `Valid`
 // through here.
 use crate::workspace::free_later;
-pub use crate::workspace::{Source, Valid};
+use crate::workspace::Source;
 
 // ------------------------------------------------------------------ plan
 

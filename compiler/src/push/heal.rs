@@ -397,7 +397,9 @@ async fn compare_in_redis(
     }
     for k in &unmanaged {
         drift.push(Drift {
-            key: String::from_utf8_lossy(k).into_owned(),
+            // Written by hand: may be any bytes (`\xNN`), never raw
+            // control characters in a log (#12 item 8).
+            key: edgestate::untrusted::preview(k, k.len()),
             kind: DriftKind::Unmanaged,
         });
     }
@@ -446,7 +448,9 @@ async fn compare_everything(
         .collect();
     for k in &unmanaged {
         drift.push(Drift {
-            key: String::from_utf8_lossy(k).into_owned(),
+            // Written by hand: may be any bytes (`\xNN`), never raw
+            // control characters in a log (#12 item 8).
+            key: edgestate::untrusted::preview(k, k.len()),
             kind: DriftKind::Unmanaged,
         });
     }
