@@ -13,11 +13,7 @@ use crate::push::many::{Applied, Settings, apply_all, jobs};
 use crate::push::run::each;
 use crate::push::saved::{SHOWN, SavedPlan, TargetPlan, plan_target};
 use crate::push::{self, lock};
-
-// The loaders live in `crate::workspace`; `cli/mqtt.rs` names `Valid`
-// through here.
-use crate::workspace::free_later;
-use crate::workspace::Source;
+use crate::workspace::{Source, free_later};
 
 // ------------------------------------------------------------------ plan
 
