@@ -465,12 +465,33 @@ fn document(cx: &mut Cx<'_>, json: &Value) -> Option<Config> {
 /// `redis:` through [`RedisTarget::from_parts`], shared with the
 /// compiler's node validation.
 fn redis(cx: &mut Cx<'_>, v: &Value) -> Option<RedisTarget> {
-    let m = cx.mapping(v, "/redis", &["url", "sentinels", "master", "password_env"])?;
+    let m = cx.mapping(
+        v,
+        "/redis",
+        &["url", "sentinels", "master", "password_env", "tls"],
+    )?;
     let url = cx.string(m, "/redis", "url");
     let sentinels = cx.strings(m, "/redis", "sentinels");
     let master = cx.string(m, "/redis", "master");
     let password_env = cx.string(m, "/redis", "password_env");
-    match RedisTarget::from_parts(url, sentinels, master, password_env) {
+    // A bad `tls` block is reported with the rest, not on its own.
+    let mut tls_bad = false;
+    let tls = match m.get("tls") {
+        None => None,
+        Some(t) => match cx.mapping(t, "/redis/tls", &["ca_file", "cert_file", "key_file"]) {
+            Some(t) => Some(edgeredis::TlsFiles {
+                ca_file: cx.string(t, "/redis/tls", "ca_file").map(PathBuf::from),
+                cert_file: cx.string(t, "/redis/tls", "cert_file").map(PathBuf::from),
+                key_file: cx.string(t, "/redis/tls", "key_file").map(PathBuf::from),
+            }),
+            None => {
+                tls_bad = true;
+                None
+            }
+        },
+    };
+    match RedisTarget::from_parts(url, sentinels, master, password_env, tls) {
+        Ok(_) if tls_bad => None,
         Ok(t) => Some(t),
         Err(errors) => {
             for e in errors {
