@@ -945,6 +945,37 @@ pub fn placeholder(element: &str) -> Option<&str> {
 mod tests {
     use super::*;
 
+    // See: #15 item 2
+    #[test]
+    fn r15_2_redis_tls_block() {
+        let c = parse(
+            "agent.yaml",
+            "node: e\nregion: eu\nredis:\n  url: rediss://10.0.0.5:6380\n  tls: {ca_file: /etc/ca.pem, cert_file: /c.pem, key_file: /k.pem}\n",
+        )
+        .unwrap();
+        let tls = c.redis.tls().unwrap();
+        assert_eq!(tls.ca_file.as_deref(), Some(Path::new("/etc/ca.pem")));
+        assert_eq!(tls.key_file.as_deref(), Some(Path::new("/k.pem")));
+        // `tls` with redis://, a cert without its key, an unknown key:
+        // every error, each located.
+        let e = parse(
+            "agent.yaml",
+            "node: e\nregion: eu\nredis:\n  url: redis://x\n  tls: {cert_file: /c.pem}\n",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("agent.yaml:5:"), "{e}");
+        assert!(e.contains("`tls` needs a `rediss://` URL"), "{e}");
+        assert!(e.contains("go together"), "{e}");
+        let e = parse(
+            "agent.yaml",
+            "node: e\nregion: eu\nredis:\n  url: rediss://x\n  tls: {ca_fle: /c.pem}\n",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("agent.yaml:5:") && e.contains("ca_fle"), "{e}");
+    }
+
     #[test]
     fn full_and_defaults() {
         let c = parse(
