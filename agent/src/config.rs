@@ -465,12 +465,33 @@ fn document(cx: &mut Cx<'_>, json: &Value) -> Option<Config> {
 /// `redis:` through [`RedisTarget::from_parts`], shared with the
 /// compiler's node validation.
 fn redis(cx: &mut Cx<'_>, v: &Value) -> Option<RedisTarget> {
-    let m = cx.mapping(v, "/redis", &["url", "sentinels", "master", "password_env"])?;
+    let m = cx.mapping(
+        v,
+        "/redis",
+        &["url", "sentinels", "master", "password_env", "tls"],
+    )?;
     let url = cx.string(m, "/redis", "url");
     let sentinels = cx.strings(m, "/redis", "sentinels");
     let master = cx.string(m, "/redis", "master");
     let password_env = cx.string(m, "/redis", "password_env");
-    match RedisTarget::from_parts(url, sentinels, master, password_env) {
+    // A bad `tls` block is reported with the rest, not on its own.
+    let mut tls_bad = false;
+    let tls = match m.get("tls") {
+        None => None,
+        Some(t) => match cx.mapping(t, "/redis/tls", &["ca_file", "cert_file", "key_file"]) {
+            Some(t) => Some(edgeredis::TlsFiles {
+                ca_file: cx.string(t, "/redis/tls", "ca_file").map(PathBuf::from),
+                cert_file: cx.string(t, "/redis/tls", "cert_file").map(PathBuf::from),
+                key_file: cx.string(t, "/redis/tls", "key_file").map(PathBuf::from),
+            }),
+            None => {
+                tls_bad = true;
+                None
+            }
+        },
+    };
+    match RedisTarget::from_parts(url, sentinels, master, password_env, tls) {
+        Ok(_) if tls_bad => None,
         Ok(t) => Some(t),
         Err(errors) => {
             for e in errors {
@@ -923,6 +944,37 @@ pub fn placeholder(element: &str) -> Option<&str> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    // See: #15 item 2
+    #[test]
+    fn r15_2_redis_tls_block() {
+        let c = parse(
+            "agent.yaml",
+            "node: e\nregion: eu\nredis:\n  url: rediss://10.0.0.5:6380\n  tls: {ca_file: /etc/ca.pem, cert_file: /c.pem, key_file: /k.pem}\n",
+        )
+        .unwrap();
+        let tls = c.redis.tls().unwrap();
+        assert_eq!(tls.ca_file.as_deref(), Some(Path::new("/etc/ca.pem")));
+        assert_eq!(tls.key_file.as_deref(), Some(Path::new("/k.pem")));
+        // `tls` with redis://, a cert without its key, an unknown key:
+        // every error, each located.
+        let e = parse(
+            "agent.yaml",
+            "node: e\nregion: eu\nredis:\n  url: redis://x\n  tls: {cert_file: /c.pem}\n",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("agent.yaml:5:"), "{e}");
+        assert!(e.contains("`tls` needs a `rediss://` URL"), "{e}");
+        assert!(e.contains("go together"), "{e}");
+        let e = parse(
+            "agent.yaml",
+            "node: e\nregion: eu\nredis:\n  url: rediss://x\n  tls: {ca_fle: /c.pem}\n",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("agent.yaml:5:") && e.contains("ca_fle"), "{e}");
+    }
 
     #[test]
     fn full_and_defaults() {

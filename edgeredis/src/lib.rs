@@ -10,13 +10,34 @@
 //! ours) and have no response timeout: the redis crate's default 500 ms
 //! would fail a 100,000-key MULTI/EXEC client-side while the server still
 //! applies it. A connect timeout bounds unreachable targets instead.
+//!
+//! TLS: a `rediss://` URL, or Sentinels with a `tls` block, connect with
+//! TLS (native-tls, i.e. OpenSSL). The server certificate is always
+//! verified — against `tls.ca_file` when given, else the system trust
+//! store; `#insecure` URLs are refused. `cert_file` + `key_file` add a
+//! client certificate. Over Sentinel with TLS the master is resolved here
+//! (`SENTINEL get-master-addr-by-name` over TLS), because the redis crate
+//! passes custom certificates to Sentinels only with rustls.
 
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 use redis::aio::MultiplexedConnection;
 use redis::sentinel::{Sentinel, SentinelNodeConnectionInfo};
-use redis::{AsyncConnectionConfig, Client, IntoConnectionInfo, RedisConnectionInfo};
+use redis::{
+    AsyncConnectionConfig, Client, ClientTlsConfig, IntoConnectionInfo, RedisConnectionInfo,
+    TlsCertificates,
+};
+
+/// The `tls` block of a `redis` block: a CA to verify the server with
+/// (else the system trust store) and an optional client certificate.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct TlsFiles {
+    pub ca_file: Option<PathBuf>,
+    pub cert_file: Option<PathBuf>,
+    pub key_file: Option<PathBuf>,
+}
 
 /// How to reach a node's own Redis master.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -24,11 +45,15 @@ pub enum RedisTarget {
     Url {
         url: String,
         password_env: Option<String>,
+        /// Only with `rediss://`.
+        tls: Option<TlsFiles>,
     },
+    /// With `tls`, Sentinels and the master are both reached over TLS.
     Sentinel {
         sentinels: Vec<String>,
         master: String,
         password_env: Option<String>,
+        tls: Option<TlsFiles>,
     },
 }
 
@@ -45,6 +70,12 @@ pub enum TargetError {
     NoSentinels,
     /// `sentinels[i]` is not `host:port`.
     Sentinel(usize, String),
+    /// `tls` with a URL that is not `rediss://`.
+    TlsWithoutRediss,
+    /// Only one of `tls.cert_file` and `tls.key_file`.
+    TlsPair,
+    /// A `#insecure` URL: certificates are always verified.
+    Insecure,
 }
 
 impl TargetError {
@@ -56,6 +87,8 @@ impl TargetError {
             TargetError::Url(_) => "/url".into(),
             TargetError::NoSentinels => "/sentinels".into(),
             TargetError::Sentinel(i, _) => format!("/sentinels/{i}"),
+            TargetError::TlsWithoutRediss | TargetError::TlsPair => "/tls".into(),
+            TargetError::Insecure => "/url".into(),
         }
     }
 }
@@ -69,6 +102,16 @@ impl std::fmt::Display for TargetError {
             TargetError::Url(why) => write!(f, "{why}"),
             TargetError::NoSentinels => write!(f, "`sentinels` needs at least one `host:port`"),
             TargetError::Sentinel(_, s) => write!(f, "`{s}` is not `host:port`"),
+            TargetError::TlsWithoutRediss => {
+                write!(f, "`tls` needs a `rediss://` URL (or `sentinels`)")
+            }
+            TargetError::TlsPair => {
+                write!(f, "`tls.cert_file` and `tls.key_file` go together")
+            }
+            TargetError::Insecure => write!(
+                f,
+                "`#insecure` is not allowed: certificates are always verified (give `tls.ca_file`)"
+            ),
         }
     }
 }
@@ -85,21 +128,41 @@ impl RedisTarget {
         sentinels: Option<Vec<String>>,
         master: Option<String>,
         password_env: Option<String>,
+        tls: Option<TlsFiles>,
     ) -> Result<RedisTarget, Vec<TargetError>> {
+        let mut errors = Vec::new();
+        if let Some(t) = &tls
+            && t.cert_file.is_some() != t.key_file.is_some()
+        {
+            errors.push(TargetError::TlsPair);
+        }
         match (url, sentinels, master) {
             (Some(url), None, None) => {
                 let scheme = url.split_once("://").map(|(s, _)| s);
                 if !matches!(scheme, Some("redis" | "rediss" | "unix"))
                     || url.as_str().into_connection_info().is_err()
                 {
-                    return Err(vec![TargetError::Url(format!(
+                    errors.push(TargetError::Url(format!(
                         "`{url}` is not a redis:// or rediss:// URL"
-                    ))]);
+                    )));
+                    return Err(errors);
                 }
-                Ok(RedisTarget::Url { url, password_env })
+                if is_insecure(&url) {
+                    errors.push(TargetError::Insecure);
+                }
+                if tls.is_some() && scheme != Some("rediss") {
+                    errors.push(TargetError::TlsWithoutRediss);
+                }
+                if !errors.is_empty() {
+                    return Err(errors);
+                }
+                Ok(RedisTarget::Url {
+                    url,
+                    password_env,
+                    tls,
+                })
             }
             (None, Some(sentinels), Some(master)) => {
-                let mut errors = Vec::new();
                 if sentinels.is_empty() {
                     errors.push(TargetError::NoSentinels);
                 }
@@ -116,12 +179,21 @@ impl RedisTarget {
                         sentinels,
                         master,
                         password_env,
+                        tls,
                     })
                 } else {
                     Err(errors)
                 }
             }
             _ => Err(vec![TargetError::Shape]),
+        }
+    }
+
+    /// The `tls` block, if any.
+    #[must_use]
+    pub fn tls(&self) -> Option<&TlsFiles> {
+        match self {
+            RedisTarget::Url { tls, .. } | RedisTarget::Sentinel { tls, .. } => tls.as_ref(),
         }
     }
 
@@ -134,6 +206,50 @@ impl RedisTarget {
             }
         }
     }
+}
+
+/// Whether a URL asks the redis crate to skip certificate checks
+/// (`rediss://…#insecure`). Pure.
+#[must_use]
+pub fn is_insecure(url: &str) -> bool {
+    url.split_once('#')
+        .is_some_and(|(_, fragment)| fragment.eq_ignore_ascii_case("insecure"))
+}
+
+fn read(path: &Path, key: &str) -> Result<Vec<u8>> {
+    std::fs::read(path).with_context(|| format!("cannot read {} (redis.tls.{key})", path.display()))
+}
+
+/// The certificates `tls` names, read now: a file that cannot be read is
+/// an error naming it.
+///
+/// # Errors
+/// An unreadable file.
+pub fn certificates(tls: &TlsFiles) -> Result<TlsCertificates> {
+    let root_cert = tls
+        .ca_file
+        .as_deref()
+        .map(|p| read(p, "ca_file"))
+        .transpose()?;
+    let client_tls = match (&tls.cert_file, &tls.key_file) {
+        (Some(cert), Some(key)) => Some(ClientTlsConfig {
+            client_cert: read(cert, "cert_file")?,
+            client_key: read(key, "key_file")?,
+        }),
+        _ => None,
+    };
+    Ok(TlsCertificates {
+        client_tls,
+        root_cert,
+    })
+}
+
+/// A client for `url`, with the certificates of `tls` when given.
+fn client(info: redis::ConnectionInfo, tls: Option<&TlsFiles>) -> Result<Client> {
+    Ok(match tls {
+        Some(tls) => Client::build_with_tls(info, certificates(tls)?)?,
+        None => Client::open(info)?,
+    })
 }
 
 /// How long to wait for a TCP connection (per attempt).
@@ -196,13 +312,20 @@ pub async fn reuse<'a>(
 pub async fn master(target: &RedisTarget, node: &str) -> Result<MultiplexedConnection> {
     let connect = async {
         match target {
-            RedisTarget::Url { url, password_env } => {
+            RedisTarget::Url {
+                url,
+                password_env,
+                tls,
+            } => {
+                if is_insecure(url) {
+                    bail!("{url}: `#insecure` is not allowed, certificates are always verified");
+                }
                 let mut info = url.as_str().into_connection_info()?;
                 if let Some(p) = password(password_env.as_deref(), node)? {
                     let redis = info.redis_settings().clone().set_password(p);
                     info = info.set_redis_settings(redis);
                 }
-                let client = Client::open(info)?;
+                let client = client(info, tls.as_ref())?;
                 let con = client
                     .get_multiplexed_async_connection_with_config(&config())
                     .await?;
@@ -212,6 +335,23 @@ pub async fn master(target: &RedisTarget, node: &str) -> Result<MultiplexedConne
                 sentinels,
                 master,
                 password_env,
+                tls: Some(tls),
+            } => {
+                let password = password(password_env.as_deref(), node)?;
+                sentinel_tls(sentinels, master, password, tls)
+                    .await
+                    .with_context(|| {
+                        format!(
+                            "resolving master `{master}` through {} (TLS)",
+                            sentinels.join(",")
+                        )
+                    })
+            }
+            RedisTarget::Sentinel {
+                sentinels,
+                master,
+                password_env,
+                tls: None,
             } => {
                 let urls: Vec<String> = sentinels.iter().map(|s| format!("redis://{s}")).collect();
                 let mut sentinel = Sentinel::build(urls)?;
@@ -249,6 +389,50 @@ pub async fn master(target: &RedisTarget, node: &str) -> Result<MultiplexedConne
     }
 }
 
+/// The master `name` through Sentinels reached over TLS, then the master
+/// over TLS, both verified with `tls`'s certificates: the first Sentinel
+/// that answers with an address wins.
+async fn sentinel_tls(
+    sentinels: &[String],
+    name: &str,
+    password: Option<String>,
+    tls: &TlsFiles,
+) -> Result<MultiplexedConnection> {
+    let certs = certificates(tls)?;
+    let mut last = None;
+    for s in sentinels {
+        let asked = async {
+            let client = Client::build_with_tls(format!("rediss://{s}"), certs.clone())?;
+            let mut con = client
+                .get_multiplexed_async_connection_with_config(&config())
+                .await?;
+            let addr: Option<(String, u16)> = redis::cmd("SENTINEL")
+                .arg("get-master-addr-by-name")
+                .arg(name)
+                .query_async(&mut con)
+                .await?;
+            addr.ok_or_else(|| anyhow::anyhow!("sentinel {s} does not know master `{name}`"))
+        };
+        match asked.await {
+            Ok((host, port)) => {
+                let mut info = format!("rediss://{host}:{port}").into_connection_info()?;
+                if let Some(p) = password {
+                    let redis = info.redis_settings().clone().set_password(p);
+                    info = info.set_redis_settings(redis);
+                }
+                let client = Client::build_with_tls(info, certs)?;
+                let con = client
+                    .get_multiplexed_async_connection_with_config(&config())
+                    .await
+                    .with_context(|| format!("master `{name}` at rediss://{host}:{port}"))?;
+                return Ok(con);
+            }
+            Err(e) => last = Some(e.context(format!("sentinel rediss://{s}"))),
+        }
+    }
+    Err(last.unwrap_or_else(|| anyhow::anyhow!("no sentinels")))
+}
+
 /// An error and its causes on one line, each cause said once (the redis
 /// crate repeats its I/O cause in its own message).
 #[must_use]
@@ -277,11 +461,13 @@ mod tests {
 
     #[test]
     fn targets_from_parts() {
-        let url = RedisTarget::from_parts(Some("redis://10.0.0.5:6379".into()), None, None, None);
+        let url =
+            RedisTarget::from_parts(Some("redis://10.0.0.5:6379".into()), None, None, None, None);
         assert!(matches!(url, Ok(RedisTarget::Url { .. })));
-        let e = RedisTarget::from_parts(Some("http://x".into()), None, None, None).unwrap_err();
+        let e =
+            RedisTarget::from_parts(Some("http://x".into()), None, None, None, None).unwrap_err();
         assert_eq!(e[0].pointer(), "/url");
-        let e = RedisTarget::from_parts(None, None, None, None).unwrap_err();
+        let e = RedisTarget::from_parts(None, None, None, None, None).unwrap_err();
         assert_eq!(e, vec![TargetError::Shape]);
         assert!(
             e[0].to_string()
@@ -292,6 +478,7 @@ mod tests {
             Some(vec!["a:1".into(), "nope".into(), ":2".into()]),
             Some("m".into()),
             Some("PW".into()),
+            None,
         )
         .unwrap_err();
         let places: Vec<String> = e.iter().map(TargetError::pointer).collect();
@@ -301,9 +488,81 @@ mod tests {
             Some(vec!["a:1".into()]),
             Some("m".into()),
             Some("PW".into()),
+            None,
         )
         .unwrap();
         assert_eq!(ok.password_env(), Some("PW"));
+    }
+
+    // See: #15 item 2
+    #[test]
+    fn r15_2_tls_block_rules() {
+        let tls = TlsFiles {
+            ca_file: Some("/etc/ca.pem".into()),
+            ..TlsFiles::default()
+        };
+        let ok = RedisTarget::from_parts(
+            Some("rediss://10.0.0.5:6380".into()),
+            None,
+            None,
+            None,
+            Some(tls.clone()),
+        )
+        .unwrap();
+        assert_eq!(ok.tls(), Some(&tls));
+        // `tls` without rediss://.
+        let e = RedisTarget::from_parts(
+            Some("redis://10.0.0.5:6379".into()),
+            None,
+            None,
+            None,
+            Some(tls.clone()),
+        )
+        .unwrap_err();
+        assert_eq!(e, vec![TargetError::TlsWithoutRediss]);
+        assert_eq!(e[0].pointer(), "/tls");
+        // A client certificate without its key.
+        let half = TlsFiles {
+            cert_file: Some("/c.pem".into()),
+            ..tls.clone()
+        };
+        let e = RedisTarget::from_parts(
+            None,
+            Some(vec!["a:1".into()]),
+            Some("m".into()),
+            None,
+            Some(half),
+        )
+        .unwrap_err();
+        assert_eq!(e, vec![TargetError::TlsPair]);
+        // Never skip verification.
+        let e = RedisTarget::from_parts(
+            Some("rediss://10.0.0.5:6380/#insecure".into()),
+            None,
+            None,
+            None,
+            None,
+        )
+        .unwrap_err();
+        assert_eq!(e, vec![TargetError::Insecure]);
+        assert!(is_insecure("rediss://h:1#insecure"));
+        assert!(!is_insecure("rediss://h:1"));
+    }
+
+    // See: #15 item 2
+    #[test]
+    fn r15_2_unreadable_file_is_named() {
+        let tls = TlsFiles {
+            ca_file: Some("/nonexistent/ca.pem".into()),
+            ..TlsFiles::default()
+        };
+        let e = certificates(&tls).unwrap_err();
+        let line = one_line(&e);
+        assert!(
+            line.starts_with("cannot read /nonexistent/ca.pem (redis.tls.ca_file)"),
+            "{line}"
+        );
+        assert!(!line.contains('\n'));
     }
 
     // See: #19 item 7

@@ -240,6 +240,10 @@ fn start_redis(extra: &[&str], fixed: Option<u16>) -> Process {
 /// When it does not come up.
 #[must_use]
 pub fn sentinel(master_name: &str, master_port: u16) -> Process {
+    sentinel_with(master_name, master_port, &[])
+}
+
+fn sentinel_with(master_name: &str, master_port: u16, extra: &[String]) -> Process {
     let mut last = String::new();
     for _ in 0..5 {
         let dir = tempfile::tempdir().expect("tempdir");
@@ -253,6 +257,11 @@ pub fn sentinel(master_name: &str, master_port: u16) -> Process {
              sentinel parallel-syncs {master_name} 1\n",
             dir.path().display()
         );
+        let mut conf = conf;
+        for line in extra {
+            conf.push_str(line);
+            conf.push('\n');
+        }
         let conf_path = dir.path().join("sentinel.conf");
         std::fs::write(&conf_path, conf).expect("write conf");
         let args = vec![conf_path.display().to_string(), "--sentinel".to_owned()];
@@ -303,18 +312,37 @@ pub fn mosquitto_restart(port: u16, dir: tempfile::TempDir) -> Process {
 pub fn mosquitto_tls(user: &str, password: &str) -> (Process, PathBuf) {
     let d = tempfile::tempdir().expect("tempdir");
     let p = d.path();
-    let run = |program: &str, args: &[&str]| {
-        let out = Command::new(find(program))
-            .args(args)
-            .current_dir(p)
-            .output()
-            .unwrap_or_else(|e| panic!("{program}: {e}"));
-        assert!(
-            out.status.success(),
-            "{program} {args:?}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-    };
+    make_certs(p, "2");
+    let run = |program: &str, args: &[&str]| run_in(p, program, args);
+    run("mosquitto_passwd", &["-c", "-b", "passwd", user, password]);
+    let ca = p.join("ca.pem");
+    let extra = format!(
+        "user root\nallow_anonymous false\npassword_file {dir}/passwd\ncafile {dir}/ca.pem\n\
+         certfile {dir}/server.pem\nkeyfile {dir}/server.key\n",
+        dir = p.display()
+    );
+    (mosquitto_conf(None, d, &extra), ca)
+}
+
+fn run_in(dir: &Path, program: &str, args: &[&str]) {
+    let out = Command::new(find(program))
+        .args(args)
+        .current_dir(dir)
+        .output()
+        .unwrap_or_else(|e| panic!("{program}: {e}"));
+    assert!(
+        out.status.success(),
+        "{program} {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// In `dir`, with `openssl`: a CA (`ca.pem`, `ca.key`), a server
+/// certificate for 127.0.0.1/localhost (`server.pem`, `server.key`) valid
+/// for `server_days` days (`"-1"`: already expired) and a client
+/// certificate (`client.pem`, `client.key`), both signed by the CA.
+fn make_certs(dir: &Path, server_days: &str) {
+    let run = |program: &str, args: &[&str]| run_in(dir, program, args);
     run(
         "openssl",
         &[
@@ -333,54 +361,158 @@ pub fn mosquitto_tls(user: &str, password: &str) -> (Process, PathBuf) {
             "ca.pem",
         ],
     );
-    run(
-        "openssl",
-        &[
-            "req",
-            "-newkey",
-            "rsa:2048",
-            "-nodes",
-            "-subj",
-            "/CN=127.0.0.1",
-            "-keyout",
-            "server.key",
-            "-out",
-            "server.csr",
-        ],
-    );
     std::fs::write(
-        p.join("san.ext"),
+        dir.join("san.ext"),
         "subjectAltName=IP:127.0.0.1,DNS:localhost\n",
     )
     .expect("write san");
-    run(
-        "openssl",
-        &[
-            "x509",
-            "-req",
-            "-in",
-            "server.csr",
-            "-CA",
-            "ca.pem",
-            "-CAkey",
-            "ca.key",
-            "-CAcreateserial",
-            "-days",
-            "2",
-            "-extfile",
-            "san.ext",
-            "-out",
-            "server.pem",
-        ],
-    );
-    run("mosquitto_passwd", &["-c", "-b", "passwd", user, password]);
-    let ca = p.join("ca.pem");
-    let extra = format!(
-        "user root\nallow_anonymous false\npassword_file {dir}/passwd\ncafile {dir}/ca.pem\n\
-         certfile {dir}/server.pem\nkeyfile {dir}/server.key\n",
-        dir = p.display()
-    );
-    (mosquitto_conf(None, d, &extra), ca)
+    for (name, cn, days) in [
+        ("server", "127.0.0.1", server_days),
+        ("client", "edgeform client", "2"),
+    ] {
+        let key = format!("{name}.key");
+        let csr = format!("{name}.csr");
+        let pem = format!("{name}.pem");
+        run(
+            "openssl",
+            &[
+                "req",
+                "-newkey",
+                "rsa:2048",
+                "-nodes",
+                "-subj",
+                &format!("/CN={cn}"),
+                "-keyout",
+                &key,
+                "-out",
+                &csr,
+            ],
+        );
+        run(
+            "openssl",
+            &[
+                "x509",
+                "-req",
+                "-in",
+                &csr,
+                "-CA",
+                "ca.pem",
+                "-CAkey",
+                "ca.key",
+                "-CAcreateserial",
+                "-days",
+                days,
+                "-extfile",
+                "san.ext",
+                "-out",
+                &pem,
+            ],
+        );
+    }
+}
+
+/// Test certificates made with `openssl` (see [`Certs::new`]), kept in
+/// a temporary directory for as long as this lives.
+pub struct Certs {
+    dir: tempfile::TempDir,
+}
+
+impl Certs {
+    /// A fresh CA, a server certificate for 127.0.0.1 and a client
+    /// certificate. Each call makes a different CA.
+    ///
+    /// # Panics
+    /// When `openssl` fails.
+    #[must_use]
+    pub fn new() -> Certs {
+        Certs::with_server_days("2")
+    }
+
+    /// Like [`Certs::new`], with a server certificate that expired
+    /// yesterday (`openssl x509 -days -1`).
+    ///
+    /// # Panics
+    /// When `openssl` fails.
+    #[must_use]
+    pub fn expired() -> Certs {
+        Certs::with_server_days("-1")
+    }
+
+    fn with_server_days(days: &str) -> Certs {
+        let dir = tempfile::tempdir().expect("tempdir");
+        make_certs(dir.path(), days);
+        Certs { dir }
+    }
+
+    /// The file `name` (`ca.pem`, `server.pem`, `server.key`,
+    /// `client.pem`, `client.key`).
+    #[must_use]
+    pub fn file(&self, name: &str) -> PathBuf {
+        self.dir.path().join(name)
+    }
+
+    /// redis.conf lines serving TLS on `tls_port` with these certificates.
+    fn redis_conf(&self, tls_port: u16, auth_clients: &str) -> Vec<String> {
+        vec![
+            format!("tls-port {tls_port}"),
+            format!("tls-cert-file {}", self.file("server.pem").display()),
+            format!("tls-key-file {}", self.file("server.key").display()),
+            format!("tls-ca-cert-file {}", self.file("ca.pem").display()),
+            format!("tls-auth-clients {auth_clients}"),
+        ]
+    }
+}
+
+impl Default for Certs {
+    fn default() -> Self {
+        Certs::new()
+    }
+}
+
+/// A redis-server also serving TLS (with `certs`) on the returned port;
+/// client certificates optional, or required with `require_client_cert`.
+/// Its plain port (`Process::port`) stays open on loopback so tests can
+/// check readiness and look at the data without TLS.
+///
+/// # Panics
+/// When it does not come up.
+#[must_use]
+pub fn redis_tls(certs: &Certs, require_client_cert: bool) -> (Process, u16) {
+    let tls_port = free_port();
+    let auth = if require_client_cert {
+        "yes"
+    } else {
+        "optional"
+    };
+    let lines = certs.redis_conf(tls_port, auth);
+    let extra: Vec<&str> = lines.iter().map(String::as_str).collect();
+    let p = redis(&extra);
+    // Ready on the plain port means the TLS listener is bound too.
+    (p, tls_port)
+}
+
+/// A Sentinel serving TLS on the returned port, monitoring `master_name`
+/// at 127.0.0.1:`master_tls_port` over TLS (`tls-replication yes`).
+///
+/// # Panics
+/// When it does not come up.
+#[must_use]
+pub fn sentinel_tls(master_name: &str, master_tls_port: u16, certs: &Certs) -> (Process, u16) {
+    let tls_port = free_port();
+    let mut lines = certs.redis_conf(tls_port, "optional");
+    lines.push("tls-replication yes".into());
+    lines.push(format!(
+        "tls-client-cert-file {}",
+        certs.file("client.pem").display()
+    ));
+    lines.push(format!(
+        "tls-client-key-file {}",
+        certs.file("client.key").display()
+    ));
+    (
+        sentinel_with(master_name, master_tls_port, &lines),
+        tls_port,
+    )
 }
 
 /// A mosquitto with password logins for `users` and the ACL file

@@ -429,3 +429,65 @@ fn r19_7_redis_errors_name_the_url_once() {
     assert_eq!(line.matches(&url).count(), 1, "{line}");
     assert_eq!(line.matches("Connection refused").count(), 1, "{line}");
 }
+
+/// The agent's `redis:` for a TLS server on `port`, trusting `ca`.
+fn tls_redis(port: u16, ca: &std::path::Path) -> String {
+    format!(
+        "{{url: \"rediss://127.0.0.1:{port}\", tls: {{ca_file: \"{}\"}}}}",
+        ca.display()
+    )
+}
+
+// See: #15 item 2
+#[test]
+fn r15_2_purge_over_tls_redis() {
+    let certs = harness::Certs::new();
+    let (r, tls) = harness::redis_tls(&certs, false);
+    let cache = Cache::new();
+    let file = cache.put("static", "httpexample.com/a.mp4");
+    let agent = Agent::start_redis(&tls_redis(tls, &certs.file("ca.pem")), &cache.dirs());
+    // Jobs go in through the server's plain port; the agent reads over TLS.
+    push_job(
+        r.port,
+        r#"{"id":"tls","site":"example.com","key":"httpexample.com/a.mp4"}"#,
+    );
+    assert_eq!(wait_done(r.port, "tls", &agent), "1");
+    assert!(!exists(&file));
+}
+
+// See: #15 item 2
+#[test]
+fn r15_2_agent_refuses_a_redis_with_a_wrong_ca() {
+    let certs = harness::Certs::new();
+    let other = harness::Certs::new();
+    let (r, tls) = harness::redis_tls(&certs, false);
+    let cache = Cache::new();
+    let file = cache.put("static", "httpexample.com/a.mp4");
+    push_job(
+        r.port,
+        r#"{"id":"tls","site":"example.com","key":"httpexample.com/a.mp4"}"#,
+    );
+    let agent = Agent::start_redis(&tls_redis(tls, &other.file("ca.pem")), &cache.dirs());
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !agent.log().contains("redis unreachable") {
+        assert!(Instant::now() < deadline, "{}", agent.log());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let log = agent.log();
+    let line = log
+        .lines()
+        .find(|l| l.contains("purge worker: redis unreachable"))
+        .unwrap();
+    assert!(
+        line.contains(&format!("rediss://127.0.0.1:{tls}")),
+        "{line}"
+    );
+    assert!(line.contains("certificate verify failed"), "{line}");
+    // Nothing taken off the queue, nothing purged.
+    let len: u64 = redis::cmd("LLEN")
+        .arg(QUEUE)
+        .query(&mut con(r.port))
+        .unwrap();
+    assert_eq!(len, 1);
+    assert!(exists(&file));
+}

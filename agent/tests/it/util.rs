@@ -84,6 +84,22 @@ impl Agent {
         env: &[(&str, &str)],
         wrapper: &[&str],
     ) -> Agent {
+        let redis = format!("\n  url: redis://127.0.0.1:{redis_port}");
+        Agent::start_full(&redis, dirs, extra, env, wrapper)
+    }
+
+    /// With `redis` as the `redis:` value (flow or block text).
+    pub fn start_redis(redis: &str, dirs: &[PathBuf]) -> Agent {
+        Agent::start_full(redis, dirs, "", &[], &[])
+    }
+
+    fn start_full(
+        redis: &str,
+        dirs: &[PathBuf],
+        extra: &str,
+        env: &[(&str, &str)],
+        wrapper: &[&str],
+    ) -> Agent {
         let dir = tempfile::tempdir().unwrap();
         let config = dir.path().join("agent.yaml");
         let list: Vec<String> = dirs
@@ -93,7 +109,7 @@ impl Agent {
         std::fs::write(
             &config,
             format!(
-                "node: edge-1\nregion: eu\nredis:\n  url: redis://127.0.0.1:{redis_port}\ncache:\n  dirs:\n{}\n  levels: \"1:2\"\n{extra}",
+                "node: edge-1\nregion: eu\nredis: {redis}\ncache:\n  dirs:\n{}\n  levels: \"1:2\"\n{extra}",
                 list.join("\n")
             ),
         )

@@ -355,6 +355,32 @@ pub struct Redis {
     #[serde(default)]
     #[schemars(regex(pattern = ENV_PATTERN))]
     pub password_env: Option<String>,
+    /// TLS settings: with a `rediss://` URL, or Sentinels reached over TLS
+    /// (the master too). A `rediss://` URL without `tls.ca_file` is
+    /// verified against the system trust store; certificates are always
+    /// verified.
+    #[serde(default)]
+    pub tls: Option<RedisTls>,
+}
+
+/// Files for TLS to the node's Redis (and Sentinels), on the host that
+/// connects (the control host, or the edge for the agent).
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RedisTls {
+    /// CA certificate (PEM) the server certificate must chain to; without
+    /// it, the system trust store.
+    #[serde(default)]
+    #[schemars(length(min = 1))]
+    pub ca_file: Option<String>,
+    /// Client certificate (PEM), with `key_file`.
+    #[serde(default)]
+    #[schemars(length(min = 1))]
+    pub cert_file: Option<String>,
+    /// Client private key (PEM), with `cert_file`.
+    #[serde(default)]
+    #[schemars(length(min = 1))]
+    pub key_file: Option<String>,
 }
 
 /// The node's nginx proxy cache.

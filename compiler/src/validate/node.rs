@@ -1,6 +1,8 @@
 //! `nodes/*.yaml`: roles, addresses, location, Redis target, cache settings.
 
 use super::*;
+use edgeredis::TlsFiles;
+use std::path::PathBuf;
 
 pub(super) fn node(ctx: &mut Ctx<'_>, raw: &raw::Node) -> Node {
     let mut roles = BTreeSet::new();
@@ -89,12 +91,48 @@ pub(super) fn node(ctx: &mut Ctx<'_>, raw: &raw::Node) -> Node {
 }
 
 pub(super) fn redis(ctx: &mut Ctx<'_>, raw: &raw::Redis) -> Option<RedisTarget> {
+    let tls = raw.tls.as_ref().map(|t| TlsFiles {
+        ca_file: t.ca_file.as_ref().map(PathBuf::from),
+        cert_file: t.cert_file.as_ref().map(PathBuf::from),
+        key_file: t.key_file.as_ref().map(PathBuf::from),
+    });
+    if let Some(t) = &tls
+        && t.cert_file.is_some() != t.key_file.is_some()
+    {
+        let given = if t.cert_file.is_some() {
+            "/redis/tls/cert_file"
+        } else {
+            "/redis/tls/key_file"
+        };
+        ctx.error(
+            "invalid-redis",
+            given,
+            "`tls.cert_file` and `tls.key_file` go together".into(),
+        );
+    }
     match (&raw.url, &raw.sentinels, &raw.master) {
         (Some(url), None, None) => {
             check_url(ctx, "/redis/url", url, &["redis", "rediss"], false);
+            if edgeredis::is_insecure(url) {
+                ctx.error(
+                    "invalid-redis",
+                    "/redis/url",
+                    "`#insecure` is not allowed: certificates are always verified (give `tls.ca_file`)"
+                        .into(),
+                );
+            }
+            if tls.is_some() && !url.starts_with("rediss://") {
+                let d = ctx.error(
+                    "invalid-redis",
+                    "/redis/tls",
+                    "`tls` needs a `rediss://` URL".into(),
+                );
+                help(d, "write `url: rediss://host:port`, or remove `tls`");
+            }
             Some(RedisTarget::Url {
                 url: url.clone(),
                 password_env: raw.password_env.clone(),
+                tls,
             })
         }
         (None, Some(sentinels), Some(master)) => {
@@ -140,6 +178,7 @@ pub(super) fn redis(ctx: &mut Ctx<'_>, raw: &raw::Redis) -> Option<RedisTarget> 
                 sentinels: sentinels.clone(),
                 master: master.clone(),
                 password_env: raw.password_env.clone(),
+                tls,
             })
         }
         _ => {

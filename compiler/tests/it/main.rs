@@ -13,4 +13,5 @@ mod ops;
 mod purge;
 mod push;
 mod schema;
+mod tls;
 mod util;
