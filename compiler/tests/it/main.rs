@@ -12,4 +12,5 @@ mod ops;
 mod purge;
 mod push;
 mod schema;
+mod stream;
 mod util;
