@@ -95,6 +95,7 @@ fn listen_tls(
             let Ok((tcp, _)) = listener.accept().await else {
                 continue;
             };
+            let _ = tcp.set_nodelay(true);
             let (acceptor, count) = (acceptor.clone(), count.clone());
             tokio::spawn(async move {
                 if let Ok(mut tls) = acceptor.accept(tcp).await {
@@ -109,16 +110,11 @@ fn listen_tls(
 
 /// One TLS connection through the router: (the name the server wrote, the
 /// DER of the certificate the client saw).
-async fn connect(port: u16) -> (String, Vec<u8>) {
-    let connector = native_tls::TlsConnector::builder()
-        .danger_accept_invalid_certs(true)
-        .danger_accept_invalid_hostnames(true)
-        .build()
-        .unwrap();
-    let connector = tokio_native_tls::TlsConnector::from(connector);
+async fn connect(connector: &tokio_native_tls::TlsConnector, port: u16) -> (String, Vec<u8>) {
     let tcp = tokio::net::TcpStream::connect(("127.0.0.1", port))
         .await
         .unwrap();
+    tcp.set_nodelay(true).unwrap();
     let mut tls = connector.connect("cdn.example.com", tcp).await.unwrap();
     let der = tls
         .get_ref()
@@ -215,11 +211,18 @@ async fn issue18_item2_stream_passthrough_follows_weights_and_skips_down_edges()
         "{conf}"
     );
     let proxy = nginx.process.port;
+    let connector = tokio_native_tls::TlsConnector::from(
+        native_tls::TlsConnector::builder()
+            .danger_accept_invalid_certs(true)
+            .danger_accept_invalid_hostnames(true)
+            .build()
+            .unwrap(),
+    );
 
     // Phase 1: 1,000 connections, every edge up.
     let mut seen: BTreeMap<&str, usize> = BTreeMap::new();
     for _ in 0..1000 {
-        let (name, der) = connect(proxy).await;
+        let (name, der) = connect(&connector, proxy).await;
         let cert_of = by_der
             .get(&der)
             .copied()
@@ -255,7 +258,7 @@ async fn issue18_item2_stream_passthrough_follows_weights_and_skips_down_edges()
     let before = counts["edge-near"].load(Ordering::SeqCst);
     let mut after: BTreeMap<&str, usize> = BTreeMap::new();
     for _ in 0..300 {
-        let (name, der) = connect(proxy).await;
+        let (name, der) = connect(&connector, proxy).await;
         assert_eq!(by_der[&der], name);
         *after.entry(by_der[&der]).or_default() += 1;
     }
