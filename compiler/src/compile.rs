@@ -4,7 +4,7 @@
 //! own Redis. Every target receives `edgeform:routing`; edges also receive
 //! `site:<host>` (host and each alias) and `suspended:<host>` for the sites
 //! of their region. Routers get their weighted 443 pool in their routing
-//! table and as an nginx `stream` upstream snippet.
+//! table and as a whole nginx `stream {}` block ([`nginx_stream`]).
 //!
 //! **Invariant:** compilation is deterministic: the same `Config` gives
 //! byte-identical output, whatever the thread count, because everything is
@@ -84,7 +84,7 @@ impl Target {
 pub struct Compiled {
     /// By node name.
     pub targets: BTreeMap<String, Target>,
-    /// Router node name → nginx `stream` upstream snippet.
+    /// Router node name → nginx `stream {}` block (TLS passthrough on 443).
     pub nginx: BTreeMap<String, String>,
 }
 
@@ -168,7 +168,10 @@ pub fn compile(config: &Config) -> Compiled {
         .nodes
         .iter()
         .filter(|n| n.has(Role::Router))
-        .map(|n| (n.name.clone(), nginx_upstream(config, n, &pool(config, n))))
+        .map(|n| {
+            let text = nginx_stream(config, n, &pool(config, n), &StreamOptions::default());
+            (n.name.clone(), text)
+        })
         .collect();
     Compiled { targets, nginx }
 }
@@ -237,10 +240,28 @@ pub fn routing_table(config: &Config) -> RoutingTable {
     }
 }
 
-/// A router's 443 pool: every edge with an address, weighted by distance
-/// bucket, nearest first (ties by name).
+/// Which edge addresses may stand in a router's 443 pool.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Addresses {
+    /// Public addresses only ([`routing::is_public`]): what `build` and the
+    /// routing table use. An edge's first public address is taken; an edge
+    /// with none is left out.
+    Public,
+    /// Any address, its first. Only for tests that render a pool of loopback
+    /// edges and run it; nothing in the CLI reaches it.
+    Any,
+}
+
+/// A router's 443 pool: every edge with a public address and a location,
+/// weighted by distance bucket, nearest first (ties by name).
 #[must_use]
 pub fn pool(config: &Config, router: &Node) -> Vec<PoolMember> {
+    pool_with(config, router, Addresses::Public)
+}
+
+/// [`pool`] with a choice of addresses.
+#[must_use]
+pub fn pool_with(config: &Config, router: &Node, addresses: Addresses) -> Vec<PoolMember> {
     let Some(from) = router.location else {
         return Vec::new();
     };
@@ -250,7 +271,10 @@ pub fn pool(config: &Config, router: &Node) -> Vec<PoolMember> {
         .iter()
         .filter(|n| n.has(Role::Edge))
         .filter_map(|edge| {
-            let address = edge.addresses.first()?;
+            let address = edge
+                .addresses
+                .iter()
+                .find(|a| addresses == Addresses::Any || routing::is_public(**a))?;
             let km = haversine_km(from, edge.location?);
             Some(PoolMember {
                 node: edge.name.clone(),
@@ -269,29 +293,63 @@ pub fn pool(config: &Config, router: &Node) -> Vec<PoolMember> {
     members
 }
 
-/// The nginx `stream` upstream for a router's 443 pool.
+/// Where the rendered `stream {}` block listens and connects.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StreamOptions {
+    /// nginx `listen` argument (`443`; a test: `127.0.0.1:<port>`).
+    pub listen: String,
+    /// The edges' TLS port (443; a test: its listeners' port).
+    pub edge_port: u16,
+}
+
+impl Default for StreamOptions {
+    fn default() -> Self {
+        StreamOptions {
+            listen: "443".into(),
+            edge_port: 443,
+        }
+    }
+}
+
+/// The nginx upstream name of the 443 pool.
+pub const UPSTREAM: &str = "edgeform_edges_443";
+
+/// A router's whole TLS passthrough: a `stream {}` block for nginx.conf's
+/// top level (main context, next to `http {}`, never inside it), with the
+/// weighted `least_conn` upstream of `pool` and a `server` that listens on
+/// 443 and proxies bytes (no TLS termination: the viewer sees the edge's
+/// certificate). Drained edges are `down`. An empty pool gives only
+/// comments (nothing listens on 443; `check` warns `router-pool-empty`).
 #[must_use]
-pub fn nginx_upstream(config: &Config, router: &Node, pool: &[PoolMember]) -> String {
+pub fn nginx_stream(
+    config: &Config,
+    router: &Node,
+    pool: &[PoolMember],
+    o: &StreamOptions,
+) -> String {
     let geo = &config.cluster.geo;
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "# edgeform: TLS passthrough pool of router `{}` (cluster `{}`).",
+        "# edgeform: TLS passthrough of router `{}` (cluster `{}`).",
         router.name, config.cluster.name
     );
     let _ = writeln!(
         out,
-        "# Generated from the config repository; do not edit. Include it in `stream {{}}`."
+        "# Generated from the config repository; do not edit. Include it at the\n\
+         # top level of nginx.conf (not inside http {{}}), after\n\
+         # `load_module modules/ngx_stream_module.so;` (Debian: libnginx-mod-stream)."
     );
     if pool.is_empty() {
         let _ = writeln!(
             out,
-            "# No edge with an address and a location: no upstream is defined."
+            "# No edge with a public address and a location: nothing listens on 443."
         );
         return out;
     }
-    let _ = writeln!(out, "upstream edgeform_edges_443 {{");
-    let _ = writeln!(out, "    least_conn;");
+    let _ = writeln!(out, "stream {{");
+    let _ = writeln!(out, "    upstream {UPSTREAM} {{");
+    let _ = writeln!(out, "        least_conn;");
     for m in pool {
         let addr: std::net::IpAddr = m
             .address
@@ -308,10 +366,28 @@ pub fn nginx_upstream(config: &Config, router: &Node, pool: &[PoolMember]) -> St
         };
         let _ = writeln!(
             out,
-            "    server {host}:443 weight={} max_fails={} fail_timeout={}s{down};  # {} {:.1} km{note}",
-            m.weight, geo.max_fails, geo.fail_timeout_s, m.node, m.distance_km
+            "        server {host}:{} weight={} max_fails={} fail_timeout={}s{down};  # {} {:.1} km{note}",
+            o.edge_port, m.weight, geo.max_fails, geo.fail_timeout_s, m.node, m.distance_km
         );
     }
+    let _ = writeln!(out, "    }}");
+    let _ = writeln!(out, "    server {{");
+    let _ = writeln!(out, "        listen {};", o.listen);
+    let _ = writeln!(out, "        proxy_pass {UPSTREAM};");
+    let _ = writeln!(
+        out,
+        "        # A dead edge is given up on quickly; the next one is tried."
+    );
+    let _ = writeln!(out, "        proxy_connect_timeout 3s;");
+    let _ = writeln!(out, "        proxy_next_upstream on;");
+    let _ = writeln!(out, "        proxy_next_upstream_tries 3;");
+    let _ = writeln!(out, "        proxy_next_upstream_timeout 10s;");
+    let _ = writeln!(
+        out,
+        "        # Idle limit between two reads or writes (a paused player)."
+    );
+    let _ = writeln!(out, "        proxy_timeout 10m;");
+    let _ = writeln!(out, "    }}");
     let _ = writeln!(out, "}}");
     out
 }

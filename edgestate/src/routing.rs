@@ -153,6 +153,36 @@ pub struct PoolMember {
     pub down: bool,
 }
 
+/// Whether `ip` may stand in a public 443 pool: not private (RFC 1918,
+/// ULA `fc00::/7`), link-local, loopback, CGNAT (`100.64.0.0/10`),
+/// unspecified, or an IPv4-mapped IPv6 form of one of these. Routers'
+/// pools leave out every other address (a viewer cannot reach it).
+#[must_use]
+pub fn is_public(ip: std::net::IpAddr) -> bool {
+    use std::net::IpAddr;
+    match ip {
+        IpAddr::V4(a) => {
+            let o = a.octets();
+            let cgnat = o[0] == 100 && (o[1] & 0xc0) == 64;
+            !(a.is_private()
+                || a.is_loopback()
+                || a.is_link_local()
+                || a.is_unspecified()
+                || a.is_broadcast()
+                || cgnat)
+        }
+        IpAddr::V6(a) => {
+            if let Some(v4) = a.to_ipv4_mapped() {
+                return is_public(IpAddr::V4(v4));
+            }
+            let s = a.segments();
+            let ula = (s[0] & 0xfe00) == 0xfc00;
+            let link_local = (s[0] & 0xffc0) == 0xfe80;
+            !(a.is_loopback() || a.is_unspecified() || ula || link_local)
+        }
+    }
+}
+
 /// Great-circle distance in km (haversine, mean Earth radius).
 #[must_use]
 pub fn haversine_km(a: Location, b: Location) -> f64 {
@@ -183,6 +213,43 @@ mod tests {
         assert_eq!(g.weight_for(4999.0), 4);
         assert_eq!(g.weight_for(5000.0), 1);
         assert_eq!(g.weight_for(20000.0), 1);
+    }
+
+    #[test]
+    fn public_addresses_only_in_pools() {
+        // See: #18 item 2
+        for private in [
+            "10.2.0.5",
+            "172.16.0.1",
+            "172.31.255.255",
+            "192.168.1.1",
+            "127.0.0.1",
+            "127.0.0.2",
+            "169.254.1.1",
+            "100.64.0.1",
+            "100.127.255.255",
+            "0.0.0.0",
+            "::1",
+            "::",
+            "fc00::1",
+            "fd12:3456::1",
+            "fe80::1",
+            "::ffff:10.0.0.1",
+        ] {
+            assert!(!is_public(private.parse().unwrap()), "{private}");
+        }
+        for public in [
+            "203.0.113.10",
+            "172.32.0.1",
+            "100.63.255.255",
+            "100.128.0.1",
+            "198.51.100.7",
+            "2001:db8::10",
+            "2a00:1450::1",
+            "::ffff:81.2.69.142",
+        ] {
+            assert!(is_public(public.parse().unwrap()), "{public}");
+        }
     }
 
     #[test]

@@ -240,3 +240,67 @@ pub fn nginx_t(prefix: &Path, conf: &Path) -> (bool, String) {
         String::from_utf8_lossy(&out.stderr).into_owned(),
     )
 }
+
+/// An nginx with only the stream module, for a router's 443 passthrough
+/// (`edgeform build`'s `<router>.nginx.conf`, a top-level `stream {}`
+/// block). `stream_conf(listen)` returns that block for the listen address
+/// `127.0.0.1:<free port>`; it is included at the top level. Needs
+/// `libnginx-mod-stream`. The process's `port` is the listen port.
+///
+/// # Panics
+/// When nginx does not come up (its error log is shown).
+#[must_use]
+pub fn stream(stream_conf: impl Fn(&str) -> String) -> Edge {
+    let mut last = String::new();
+    for _ in 0..5 {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let port = free_port();
+        let prefix = dir.path().display().to_string();
+        let include = dir.path().join("router.nginx.conf");
+        std::fs::write(&include, stream_conf(&format!("127.0.0.1:{port}"))).expect("write");
+        let user = std::env::var("USER").unwrap_or_default();
+        let user = if user.is_empty() { "root".into() } else { user };
+        let text = format!(
+            "load_module /usr/lib/nginx/modules/ngx_stream_module.so;\n\
+             user {user};\ndaemon off;\nmaster_process on;\nworker_processes 1;\n\
+             pid {prefix}/nginx.pid;\nerror_log {prefix}/error.log info;\n\
+             events {{ worker_connections 1024; }}\ninclude {};\n",
+            include.display()
+        );
+        let conf = dir.path().join("nginx.conf");
+        std::fs::write(&conf, text).expect("write nginx.conf");
+        let log = dir.path().join("nginx.out");
+        let args = vec![
+            "-p".to_owned(),
+            prefix.clone(),
+            "-c".to_owned(),
+            conf.display().to_string(),
+        ];
+        let child = spawn("nginx", &args, dir.path(), &log).expect("spawn nginx");
+        let mut p = Process {
+            child: Some(child),
+            port,
+            dir,
+            log,
+            binary: "nginx",
+            args,
+        };
+        if wait_ready(&mut p, |port| {
+            std::net::TcpStream::connect(("127.0.0.1", port)).is_ok()
+        }) {
+            let cache_dir = p.dir.path().to_path_buf();
+            return Edge {
+                process: p,
+                conf,
+                cache_dir,
+            };
+        }
+        last = format!(
+            "{}\n{}",
+            p.log(),
+            std::fs::read_to_string(p.dir.path().join("error.log")).unwrap_or_default()
+        );
+        p.stop();
+    }
+    panic!("nginx (stream) did not start:\n{last}");
+}

@@ -185,6 +185,32 @@ pub(super) fn references(
             ));
         }
     }
+    // See: #18 item 2. Routers' pools hold public addresses only.
+    let any_public_edge = nodes.iter().any(|(n, _)| {
+        n.has(Role::Edge)
+            && n.addresses
+                .iter()
+                .any(|a| edgestate::routing::is_public(*a))
+    });
+    if !any_public_edge {
+        for (node, file) in nodes.iter().filter(|(n, _)| n.has(Role::Router)) {
+            out.push(
+                Diagnostic::warning(
+                    "router-pool-empty",
+                    &file.path,
+                    file.locate("/name"),
+                    format!(
+                        "router `{}` has an empty 443 pool: no edge has a public address",
+                        node.name
+                    ),
+                )
+                .with_help(
+                    "private, loopback, link-local and CGNAT addresses are left out of \
+                     public pools; its nginx stream file listens on nothing",
+                ),
+            );
+        }
+    }
 }
 
 /// Whether the union of `nets` covers its whole address family.

@@ -13,5 +13,6 @@ mod ops;
 mod purge;
 mod push;
 mod schema;
+mod stream;
 mod tls;
 mod util;
