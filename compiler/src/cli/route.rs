@@ -44,6 +44,7 @@ pub struct RouteArgs {
     /// MaxMind City database for --geo.
     #[arg(long, value_name = "DB")]
     pub geoip: Option<PathBuf>,
+    /// Output: human (the steps) or json (one object).
     #[arg(long, value_enum, default_value = "human")]
     pub format: RouteFormat,
 }

@@ -28,6 +28,36 @@ pub struct TargetPlan {
     /// Unified diffs of changed keys (live → desired), for display.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub diffs: Vec<(String, String)>,
+    /// Why `apply` (without overrides) would refuse this target: a
+    /// threshold, the empty state or the rollback guard. For display only.
+    #[serde(skip)]
+    pub refusal: Option<plan::Refusal>,
+}
+
+/// What a plan checks `apply`'s refusals against: the desired commit's
+/// ancestry and the cluster's thresholds (no overrides: a plan warns about
+/// what a plain `apply` would refuse).
+pub struct Guard {
+    pub commit: String,
+    pub ancestor: std::sync::Arc<super::run::Ancestor>,
+    pub thresholds: crate::model::resolved::Thresholds,
+}
+
+impl Guard {
+    /// The refusal `apply` would give this target, if any. See: #19 item 6
+    #[must_use]
+    pub fn refusal(&self, job: &Job, live: &Live, changes: &Changes) -> Option<plan::Refusal> {
+        plan::allowed(
+            &self.commit,
+            &job.desired,
+            live,
+            changes,
+            self.ancestor.relate(live.meta.commit.as_deref()),
+            self.thresholds,
+            plan::Overrides::default(),
+        )
+        .err()
+    }
 }
 
 /// A saved plan (`plan --out FILE`), applied with `apply --plan FILE`.
@@ -51,7 +81,7 @@ pub fn desired_digest(desired: &state::Desired) -> String {
 ///
 /// # Errors
 /// Connection and Redis errors.
-pub async fn plan_target(job: Job, show_diffs: bool) -> Result<TargetPlan> {
+pub async fn plan_target(job: Job, show_diffs: bool, guard: &Guard) -> Result<TargetPlan> {
     let mut con = job
         .node
         .redis_master()
@@ -71,6 +101,7 @@ pub async fn plan_target(job: Job, show_diffs: bool) -> Result<TargetPlan> {
             desired_digest: digest,
             changes: Changes::default(),
             diffs: Vec::new(),
+            refusal: None,
         });
     }
     let live: Live = apply::read_live(&mut con)
@@ -103,6 +134,7 @@ pub async fn plan_target(job: Job, show_diffs: bool) -> Result<TargetPlan> {
         live.digest()
     };
     drop(span);
+    let refusal = guard.refusal(&job, &live, &changes);
     Ok(TargetPlan {
         node: job.node.name.clone(),
         generation: live.meta.generation,
@@ -111,5 +143,6 @@ pub async fn plan_target(job: Job, show_diffs: bool) -> Result<TargetPlan> {
         desired_digest,
         changes,
         diffs,
+        refusal,
     })
 }

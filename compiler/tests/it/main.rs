@@ -6,6 +6,7 @@ mod edge;
 mod example;
 mod hostile;
 mod issue12;
+mod issue19;
 mod malformed;
 mod mqtt;
 mod ops;

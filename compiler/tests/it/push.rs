@@ -58,8 +58,10 @@ fn repo(n: usize, port: u16) -> Fixture {
     f
 }
 
+/// `apply --yes`; these tests change files between applies without
+/// committing each step, hence `--allow-dirty` (#19 item 3).
 fn apply(f: &Fixture, extra: &[&str]) -> std::process::Output {
-    let mut args = vec!["apply", "--yes"];
+    let mut args = vec!["apply", "--yes", "--allow-dirty"];
     args.extend_from_slice(extra);
     edgeform(f.path(), &args)
 }
@@ -288,7 +290,10 @@ fn thresholds_refuse_mass_deletes_and_changes() {
     // An empty desired state (every site gone) is refused, even with thresholds met.
     let g = repo(0, r.port);
     g.write("cluster.yaml", b"apply:\n  max_delete_percent: 100\n");
-    let out = edgeform(g.path(), &["apply", "--yes", "--allow-rollback"]);
+    let out = edgeform(
+        g.path(),
+        &["apply", "--yes", "--allow-rollback", "--allow-dirty"],
+    );
     assert_eq!(out.status.code(), Some(1));
     assert!(
         stdout(&out).contains("empty desired state"),
@@ -308,7 +313,13 @@ fn saved_plan_applies_only_while_live_state_matches() {
     // The saved plan applies.
     let out = edgeform(
         f.path(),
-        &["apply", "--plan", plan.to_str().unwrap(), "--yes"],
+        &[
+            "apply",
+            "--plan",
+            plan.to_str().unwrap(),
+            "--yes",
+            "--allow-dirty",
+        ],
     );
     assert_eq!(
         out.status.code(),
@@ -320,7 +331,13 @@ fn saved_plan_applies_only_while_live_state_matches() {
     // Applying it again is stale: the target moved (generation 0 → 1).
     let out = edgeform(
         f.path(),
-        &["apply", "--plan", plan.to_str().unwrap(), "--yes"],
+        &[
+            "apply",
+            "--plan",
+            plan.to_str().unwrap(),
+            "--yes",
+            "--allow-dirty",
+        ],
     );
     assert_eq!(out.status.code(), Some(1));
     assert!(stdout(&out).contains("stale plan"), "{}", stdout(&out));
@@ -336,7 +353,13 @@ fn saved_plan_applies_only_while_live_state_matches() {
         .unwrap();
     let out = edgeform(
         f.path(),
-        &["apply", "--plan", plan.to_str().unwrap(), "--yes"],
+        &[
+            "apply",
+            "--plan",
+            plan.to_str().unwrap(),
+            "--yes",
+            "--allow-dirty",
+        ],
     );
     assert_eq!(out.status.code(), Some(1));
     assert!(stdout(&out).contains("stale plan"), "{}", stdout(&out));
@@ -351,7 +374,13 @@ fn saved_plan_applies_only_while_live_state_matches() {
     f.write("sites/s00001.yaml", site(1, "http://192.0.2.4").as_bytes());
     let out = edgeform(
         f.path(),
-        &["apply", "--plan", plan.to_str().unwrap(), "--yes"],
+        &[
+            "apply",
+            "--plan",
+            plan.to_str().unwrap(),
+            "--yes",
+            "--allow-dirty",
+        ],
     );
     assert_eq!(out.status.code(), Some(1));
     assert!(
@@ -515,7 +544,12 @@ fn the_lock_serialises_concurrent_applies() {
     }
     let (a, b) = std::thread::scope(|s| {
         let a = s.spawn(|| apply(&f, &["--allow-rollback"]));
-        let b = s.spawn(|| edgeform(g.path(), &["apply", "--yes", "--allow-rollback"]));
+        let b = s.spawn(|| {
+            edgeform(
+                g.path(),
+                &["apply", "--yes", "--allow-rollback", "--allow-dirty"],
+            )
+        });
         (a.join().unwrap(), b.join().unwrap())
     });
     assert_eq!(a.status.code(), Some(0), "{}", stdout(&a));
