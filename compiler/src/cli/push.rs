@@ -80,6 +80,7 @@ pub async fn plan(
                     "node": p.node, "status": "ok", "generation": p.generation,
                     "live_commit": p.live_commit, "added": p.changes.added,
                     "changed": p.changes.changed, "removed": p.changes.removed,
+                    "adopted": p.adopted,
                     "apply_refused": p.refusal.as_ref().map(ToString::to_string),
                 }));
                 let mut s = p.clone();
@@ -159,6 +160,14 @@ fn short(commit: &str) -> String {
 
 fn render_plan(out: &mut String, p: &TargetPlan, at: &str) {
     let c = &p.changes;
+    if !p.adopted.is_empty() {
+        let _ = writeln!(
+            out,
+            "{} ({at}): {} keys adopted, content identical (no manifest yet: apply records it)",
+            p.node,
+            p.adopted.len()
+        );
+    }
     if c.is_empty() {
         let _ = writeln!(
             out,

@@ -28,6 +28,11 @@ pub struct TargetPlan {
     /// Unified diffs of changed keys (live → desired), for display.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub diffs: Vec<(String, String)>,
+    /// Keys with no manifest (an edge edgeform never applied, e.g. after
+    /// `import`) whose live value is already the desired one: adopted, not
+    /// changed. Listed in neither `changes.added` nor `changes.changed`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub adopted: Vec<String>,
     /// Why `apply` (without overrides) would refuse this target: a
     /// threshold, the empty state or the rollback guard. For display only.
     #[serde(skip)]
@@ -101,14 +106,27 @@ pub async fn plan_target(job: Job, show_diffs: bool, guard: &Guard) -> Result<Ta
             desired_digest: digest,
             changes: Changes::default(),
             diffs: Vec::new(),
+            adopted: Vec::new(),
             refusal: None,
         });
     }
     let live: Live = apply::read_live(&mut con)
         .instrument(tracing::info_span!("read_live"))
         .await?;
-    let changes =
+    let mut changes =
         tracing::info_span!("changes").in_scope(|| plan::changes(&job.desired, &live.manifest));
+    // See: #19 item 2. No manifest: compare content, not hashes.
+    let mut adopted = Vec::new();
+    if live.manifest.is_empty() && !changes.added.is_empty() {
+        let values = apply::get_values(&mut con, &changes.added)
+            .instrument(tracing::info_span!("adoption reads"))
+            .await?;
+        let added = std::mem::take(&mut changes.added);
+        let sorted = adopt(&job.desired, added, &values);
+        adopted = sorted.adopted;
+        changes.added = sorted.added;
+        changes.changed = sorted.changed;
+    }
     let mut diffs = Vec::new();
     if show_diffs && !changes.changed.is_empty() {
         let shown: Vec<String> = changes.changed.iter().take(SHOWN).cloned().collect();
@@ -128,7 +146,7 @@ pub async fn plan_target(job: Job, show_diffs: bool, guard: &Guard) -> Result<Ta
     let desired_digest = desired_digest(&job.desired);
     // No changes: live holds exactly the desired manifest, so it has the
     // same digest and needs no sorting to compute it.
-    let manifest_digest = if changes.is_empty() {
+    let manifest_digest = if changes.is_empty() && adopted.is_empty() {
         desired_digest.clone()
     } else {
         live.digest()
@@ -143,6 +161,39 @@ pub async fn plan_target(job: Job, show_diffs: bool, guard: &Guard) -> Result<Ta
         desired_digest,
         changes,
         diffs,
+        adopted,
         refusal,
     })
+}
+
+/// Desired keys an edge without a manifest already holds, sorted by what
+/// the live value is.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Adoption {
+    /// The live value is the desired one.
+    pub adopted: Vec<String>,
+    /// No live value.
+    pub added: Vec<String>,
+    /// A different live value.
+    pub changed: Vec<String>,
+}
+
+/// Sort `added` (desired keys, in desired order) by their `live` values
+/// (same order), comparing content (pure).
+#[must_use]
+pub fn adopt(desired: &state::Desired, added: Vec<String>, live: &[Option<String>]) -> Adoption {
+    let mut out = Adoption::default();
+    let mut entries = desired.iter();
+    for (key, value) in added.into_iter().zip(live) {
+        let want = entries
+            .by_ref()
+            .find(|(k, _, _)| *k == key)
+            .map(|(_, v, _)| v);
+        match value {
+            None => out.added.push(key),
+            Some(v) if Some(v.as_str()) == want => out.adopted.push(key),
+            Some(_) => out.changed.push(key),
+        }
+    }
+    out
 }

@@ -306,3 +306,74 @@ fn issue19_item6_the_rollback_message_in_the_docs_is_the_real_one() {
         "docs/operations.md does not quote `{message}`"
     );
 }
+
+// See: #19 item 2
+#[test]
+fn issue19_item2_plan_adopts_identical_content_on_an_edge_without_manifest() {
+    let r = harness::redis(&[]);
+    let f = Fixture::with(&[(
+        "sites/b.yaml",
+        "host: b.example.com\norigin: http://192.0.2.2\n",
+    )]);
+    f.write(
+        "sites/c.yaml",
+        b"host: c.example.com\norigin: http://192.0.2.3\n",
+    );
+    f.write("nodes/edge-1.yaml", edge(r.port).as_bytes());
+    f.commit("three sites");
+    // The edge holds what edgeform would write, written by hand: no manifest.
+    let out = edgeform(f.path(), &["build", "--out", "out"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let built: std::collections::BTreeMap<String, String> =
+        serde_json::from_slice(&std::fs::read(f.path().join("out/edge-1.json")).unwrap()).unwrap();
+    let mut con = redis::Client::open(format!("redis://127.0.0.1:{}", r.port))
+        .unwrap()
+        .get_connection()
+        .unwrap();
+    for (k, v) in &built {
+        let _: () = redis::cmd("SET").arg(k).arg(v).query(&mut con).unwrap();
+    }
+    let n = built.len();
+    let out = edgeform(f.path(), &["plan", "--detailed-exitcode"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stdout(&out));
+    assert!(
+        stdout(&out).contains(&format!("{n} keys adopted, content identical"))
+            && stdout(&out).contains("no changes"),
+        "{}",
+        stdout(&out)
+    );
+    // Only truly different keys are changes: one differs, one is missing.
+    let _: () = redis::cmd("SET")
+        .arg("site:b.example.com")
+        .arg("{}")
+        .query(&mut con)
+        .unwrap();
+    let _: () = redis::cmd("DEL")
+        .arg("site:c.example.com")
+        .query(&mut con)
+        .unwrap();
+    let out = edgeform(f.path(), &["plan", "--detailed-exitcode"]);
+    assert_eq!(out.status.code(), Some(2), "{}", stdout(&out));
+    let text = stdout(&out);
+    assert!(
+        text.contains(&format!("{} keys adopted, content identical", n - 2))
+            && text.contains("1 to add, 1 to change, 0 to remove")
+            && text.contains("  + site:c.example.com")
+            && text.contains("  ~ site:b.example.com"),
+        "{text}"
+    );
+    // Apply records the manifest; then nothing is left to do.
+    let out = edgeform(f.path(), &["apply", "--yes"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stdout(&out));
+    let out = edgeform(f.path(), &["plan"]);
+    assert!(
+        stdout(&out).contains("no changes") && !stdout(&out).contains("adopted"),
+        "{}",
+        stdout(&out)
+    );
+    let manifest: usize = redis::cmd("HLEN")
+        .arg("edgeform:manifest")
+        .query(&mut con)
+        .unwrap();
+    assert_eq!(manifest, n);
+}
