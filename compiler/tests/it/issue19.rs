@@ -377,3 +377,20 @@ fn issue19_item2_plan_adopts_identical_content_on_an_edge_without_manifest() {
         .unwrap();
     assert_eq!(manifest, n);
 }
+
+// See: #19 item 8
+#[test]
+fn issue19_item8_route_names_the_decision_before_explaining_it() {
+    let repo = crate::util::example_repo();
+    let out = edgeform(&repo, &["route", "--ip", "10.2.77.9", "--stream", "cam1"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let text = stdout(&out);
+    let lines: Vec<&str> = text.lines().filter(|l| !l.starts_with("note:")).collect();
+    assert!(
+        lines[0].starts_with("client 10.2.77.9: decision: 302 → "),
+        "{text}"
+    );
+    assert_eq!(lines[1], "why:", "{text}");
+    let office1 = text.find("office-1").unwrap();
+    assert!(text.find("decision:").unwrap() < office1, "{text}");
+}
