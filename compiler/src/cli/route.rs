@@ -38,7 +38,7 @@ pub struct RouteArgs {
     /// Without it, every node is assumed online, idle and carrying the stream.
     #[arg(long, value_name = "FILE")]
     pub health: Option<PathBuf>,
-    /// Also make the geo decision (seed 000's :80 router).
+    /// Also make the geo decision (the geo router: strictly nearest online edge).
     #[arg(long, requires = "geoip")]
     pub geo: bool,
     /// MaxMind City database for --geo.
