@@ -197,3 +197,41 @@ pub fn adopt(desired: &state::Desired, added: Vec<String>, live: &[Option<String
     }
     out
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::push::state::{Desired, content_hash};
+
+    // See: #19 item 2
+    #[test]
+    fn issue19_item2_adopt_sorts_by_live_content() {
+        let sites: Vec<(Arc<str>, Arc<str>)> = [("site:a", "1"), ("site:b", "2"), ("site:c", "3")]
+            .iter()
+            .map(|(k, v)| (Arc::from(*k), Arc::from(*v)))
+            .collect();
+        let hashes = sites.iter().map(|(_, v)| content_hash(v)).collect();
+        let d = Desired {
+            node: "e".into(),
+            is_edge: true,
+            routing: "{}".into(),
+            routing_hash: content_hash("{}"),
+            sites: Arc::new(sites),
+            site_hashes: Arc::new(hashes),
+            digest: Arc::default(),
+        };
+        let added: Vec<String> = d.iter().map(|(k, _, _)| k.to_owned()).collect();
+        let live = [
+            Some("{}".to_owned()),
+            Some("1".to_owned()),
+            Some("x".to_owned()),
+            None,
+        ];
+        let a = adopt(&d, added, &live);
+        assert_eq!(a.adopted, ["edgeform:routing", "site:a"]);
+        assert_eq!(a.changed, ["site:b"]);
+        assert_eq!(a.added, ["site:c"]);
+    }
+}
