@@ -7,7 +7,7 @@
 The output mirrors the example repository at the top of the project
 (`cluster.yaml`, `sites/`, `zones/`, `nodes/`), with the same mix of styles:
 block and flow lists, comments, quoting, optional keys left out. Every value
-satisfies the JSON Schemas in `schemas/` and the semantic rules of SPEC §1,
+satisfies the JSON Schemas in `schemas/` and the semantic rules of docs/configuration.md,
 so `edgeform check` must exit 0 and print no warning:
 
 - hostnames (hosts and aliases) are unique across the repository;
@@ -321,7 +321,7 @@ def make_zones(rng: random.Random, n_zones: int, n_routes: int, used_names: set[
 
     # Fallback chains: metro/isp → region hub (or another zone of the
     # region), hub → global, office → another office or hub; a few
-    # explicit `none`/null, and a few two-zone cycles (allowed by SPEC).
+    # explicit `none`/null, and a few two-zone cycles (allowed: docs/configuration.md).
     by_region: dict[str, list[Zone]] = {r: [] for r in region_list}
     offices = []
     for z in zones[1:]:

@@ -1,4 +1,4 @@
-//! The health report (SPEC §4): every `health.interval`, a retained JSON
+//! The health report (README, "Health, status and one-shot commands"): every `health.interval`, a retained JSON
 //! report on `<prefix>/health/<node>`.
 //!
 //! Each metric is read from where it lives — transmit bytes from

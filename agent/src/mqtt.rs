@@ -1,4 +1,4 @@
-//! The MQTT channel (SPEC §4): one persistent session (clean_session =
+//! The MQTT channel (README, "The agent"): one persistent session (clean_session =
 //! false, QoS 1) per node.
 //!
 //! - Publishes the retained `online` status (last will: `offline`) and,

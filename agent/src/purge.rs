@@ -11,7 +11,7 @@
 //!
 //! The blocking BLMOVE runs on a connection without a response timeout
 //! (the redis crate's default 500 ms would fail client-side while the
-//! server still moved a job: see DEPENDENCIES.md); its own 1 s timeout
+//! server still moved a job, and the job would be lost); its own 1 s timeout
 //! bounds it, so shutdown is noticed within a second.
 //!
 //! Jobs are bytes. A malformed job (over 64 KiB, not UTF-8, not JSON,

@@ -323,11 +323,18 @@ fn walk(dir: &Path, rel: &str, kind: Kind, out: &mut Vec<(Kind, String, Walked)>
 /// `worktree` outside git.
 #[must_use]
 pub fn worktree_commit(root: &Path) -> String {
+    worktree_state(root).0
+}
+
+/// [`worktree_commit`], and whether it is a git working tree whose config
+/// files differ from HEAD (the `+dirty` case: no commit, so no ancestry).
+#[must_use]
+pub fn worktree_state(root: &Path) -> (String, bool) {
     let Ok(repo) = git2::Repository::discover(root) else {
-        return "worktree".into();
+        return ("worktree".into(), false);
     };
     let Some(head) = repo.head().ok().and_then(|h| h.peel_to_commit().ok()) else {
-        return "worktree".into();
+        return ("worktree".into(), false);
     };
     let prefix = match (
         repo.workdir().and_then(|w| w.canonicalize().ok()),
@@ -357,7 +364,11 @@ pub fn worktree_commit(root: &Path) -> String {
         })
     });
     let id = head.id().to_string();
-    if dirty { format!("{id}+dirty") } else { id }
+    if dirty {
+        (format!("{id}+dirty"), true)
+    } else {
+        (id, false)
+    }
 }
 
 /// HEAD's commit id of the git repository containing `root`, if any.

@@ -62,6 +62,9 @@ pub struct Valid {
     pub commit: String,
     /// The commit it was read from (`None`: the working tree).
     pub rev: Option<String>,
+    /// A git working tree whose config files differ from HEAD (`commit`
+    /// ends in `+dirty`): `apply` refuses it without `--allow-dirty`.
+    pub dirty: bool,
 }
 
 /// A valid, compiled repository: what every push command works from.
@@ -73,19 +76,57 @@ pub struct Source {
     pub commit: String,
     /// See [`Valid::rev`].
     pub rev: Option<String>,
+    /// See [`Valid::dirty`].
+    pub dirty: bool,
 }
+
+/// Why a folder is not a config repository at all (as opposed to an
+/// invalid one, which is a diagnostic).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum NotARepo {
+    /// None of `cluster.yaml`, `sites/`, `zones/`, `nodes/` holds a config
+    /// file: most likely `--repo` names the wrong folder.
+    Empty { root: PathBuf, rev: Option<String> },
+}
+
+impl std::fmt::Display for NotARepo {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            NotARepo::Empty { root, rev } => write!(
+                f,
+                "{}{} has no cluster.yaml and no config file under sites/, zones/ or nodes/: \
+                 is --repo right? (it names the folder that holds cluster.yaml)",
+                root.display(),
+                rev.as_deref()
+                    .map(|r| format!(" at revision `{r}`"))
+                    .unwrap_or_default()
+            ),
+        }
+    }
+}
+
+impl std::error::Error for NotARepo {}
 
 /// Load the working tree at `root`, or revision `rev`.
 ///
 /// # Errors
-/// I/O and git errors (an unreadable config file is a diagnostic, not an
-/// error).
+/// I/O and git errors, and [`NotARepo`] when the folder holds no config
+/// file at all (an unreadable config file is a diagnostic, not an error).
 pub fn load(root: &Path, rev: Option<&str>) -> Result<Loaded> {
     let _span = tracing::info_span!("load").entered();
+    let repo = load::load(root, rev)?;
+    // See: #19 item 4
+    if repo.sources.is_empty() {
+        return Err(NotARepo::Empty {
+            root: root.to_owned(),
+            rev: rev.map(str::to_owned),
+        }
+        .into());
+    }
     Ok(Loaded {
         root: root.to_owned(),
         rev: rev.map(str::to_owned),
-        repo: load::load(root, rev)?,
+        repo,
     })
 }
 
@@ -122,13 +163,15 @@ impl Checked {
             });
         };
         let _span = tracing::info_span!("commit").entered();
-        let commit = match &self.rev {
-            Some(_) => self
-                .repo
-                .commit
-                .clone()
-                .unwrap_or_else(|| "worktree".into()),
-            None => load::worktree_commit(&self.root),
+        let (commit, dirty) = match &self.rev {
+            Some(_) => (
+                self.repo
+                    .commit
+                    .clone()
+                    .unwrap_or_else(|| "worktree".into()),
+                false,
+            ),
+            None => load::worktree_state(&self.root),
         };
         let rev = self
             .rev
@@ -139,6 +182,7 @@ impl Checked {
             config,
             commit,
             rev,
+            dirty,
         })
     }
 }
@@ -157,6 +201,7 @@ impl Valid {
             compiled,
             commit: self.commit,
             rev: self.rev,
+            dirty: self.dirty,
         }
     }
 }

@@ -21,7 +21,7 @@
 //! Build time is the median of a few builds, memory what the table holds
 //! (ours: exact heap bytes; `prefix-trie`: growth of the process's
 //! resident set during its first build, an estimate). A last row times
-//! our table built from only the first ten routes, the size seed 002's
+//! our table built from only the first ten routes, the size the example's
 //! zones have.
 //!
 //! Output is a markdown table on stdout. `LPM_BENCH_ROUNDS` overrides the

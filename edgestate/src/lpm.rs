@@ -1,5 +1,5 @@
 //! Longest-prefix match: which route covers a viewer's address most
-//! specifically (seed 002, CDN zones; SPEC §5 "Restricted").
+//! specifically (CDN zones; README, "Routing decisions, explained offline").
 //!
 //! [`Lpm`] maps IPv4 and IPv6 [`Prefix`]es to `u32` values (zone
 //! indices) and answers [`Lpm::lookup`] with the value of the longest

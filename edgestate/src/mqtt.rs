@@ -1,4 +1,4 @@
-//! The MQTT channel's wire format (SPEC §4): topic names, the health
+//! The MQTT channel's wire format (README, "Health, status and one-shot commands"): topic names, the health
 //! report, the status, one-shot commands and their results, and command
 //! signing. Shared by the agent (which reports and runs commands) and the
 //! compiler's `status` and `exec` (which read reports and send commands).

@@ -1,9 +1,9 @@
 //! Routing decisions: pure functions of the compiled routing table, a
-//! health snapshot and the request (SPEC §5). No I/O, no runtime: the
+//! health snapshot and the request (README, "Routing decisions, explained offline"). No I/O, no runtime: the
 //! agent's `/route` and `edgeform route` call the same code, so `route`
 //! explains the very choice the agent makes.
 //!
-//! **Playback (seed 002).** The client IP is the socket peer, or — when the
+//! **Playback (CDN zones).** The client IP is the socket peer, or — when the
 //! peer is a trusted proxy — the last address of a well-formed
 //! `X-Forwarded-For`. With no route in any zone, routing is *unrestricted*:
 //! eligible edges first, then ingest nodes carrying the stream. Once any
@@ -16,7 +16,7 @@
 //! Nothing eligible anywhere: 503 + Retry-After. A stream no report
 //! mentions: 404.
 //!
-//! **Geo (seed 000).** Strictly nearest online edge by haversine distance
+//! **Geo (the :80 router).** Strictly nearest online edge by haversine distance
 //! from the client's location; edges within `tie_km` of the nearest are
 //! tied and chosen by rendezvous hash of the client IP, so a client stays
 //! put when another tied edge goes away.

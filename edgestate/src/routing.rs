@@ -22,7 +22,7 @@ pub struct RoutingTable {
     pub cluster: String,
     /// CIDRs whose `X-Forwarded-For` is believed (one hop).
     pub trusted_proxies: Vec<String>,
-    /// Geo routing settings (seed 000's traffic router).
+    /// Geo routing settings (the :80 traffic router).
     pub geo: GeoSettings,
     /// Zones by name.
     pub zones: BTreeMap<String, Zone>,
@@ -34,7 +34,7 @@ pub struct RoutingTable {
     pub router_pool: Option<Vec<PoolMember>>,
 }
 
-/// A CDN zone (seed 002).
+/// A CDN zone (docs/configuration.md, zones/).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Zone {
@@ -78,7 +78,7 @@ pub struct Location {
     pub lon: f64,
 }
 
-/// Geo settings (SPEC §1 `cluster.yaml` `geo`).
+/// Geo settings (docs/configuration.md, `cluster.yaml` `geo`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct GeoSettings {

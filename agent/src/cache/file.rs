@@ -1,7 +1,7 @@
 //! One cache file: nginx's binary header up to the `KEY:` line, and a
 //! writer of realistic files for tests and benchmarks.
 //!
-//! The layout (NGINX-CACHE.md, `ngx_http_file_cache_header_t`, version 5,
+//! The layout (nginx's `ngx_http_file_cache_header_t` in `src/http/ngx_http_cache.h`, version 5,
 //! 64-bit builds): a 336-byte binary header, the bytes `"\nKEY: "`, the
 //! key, `"\n"`, then the upstream status line and headers up to
 //! `body_start`, then the body. `header_start` (u16 at offset 54) points

@@ -2,7 +2,7 @@
 //!
 //! nginx stores each cached response in one file named after the md5 of its
 //! cache key, under `levels` directories taken from the end of that name
-//! (NGINX-CACHE.md). The file opens with a 336-byte binary header followed
+//! (nginx's `ngx_http_file_cache_header_t`, version 5). The file opens with a 336-byte binary header followed
 //! by the line `KEY: <key>`, so a file's key is known after reading a few
 //! hundred bytes — never the body.
 //!

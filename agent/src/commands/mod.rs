@@ -1,4 +1,4 @@
-//! One-shot commands from `<prefix>/cmd/<node>` (SPEC §4): the
+//! One-shot commands from `<prefix>/cmd/<node>` (README, "Health, status and one-shot commands"): the
 //! run-at-most-once pipeline — check → claim → run → record — and the
 //! consumer that answers each command and acknowledges it to the broker.
 //!

@@ -23,6 +23,7 @@ pub struct AnycastArgs {
     /// time order.
     #[arg(long, value_name = "FILE", num_args = 1.., required = true)]
     pub mrt: Vec<PathBuf>,
+    /// Output: human (a table per prefix) or json.
     #[arg(long, value_enum, default_value = "human")]
     pub format: AnycastFormat,
 }

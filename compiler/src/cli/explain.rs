@@ -36,6 +36,7 @@ pub struct ExplainArgs {
     /// --header, names the client).
     #[arg(long, value_name = "IP", required_unless_present = "batch")]
     pub ip: Option<IpAddr>,
+    /// The request method.
     #[arg(long, default_value = "GET", value_name = "METHOD")]
     pub method: String,
     /// A request header, `Name: value` (repeatable): Referer, Origin,
@@ -49,6 +50,7 @@ pub struct ExplainArgs {
     /// MaxMind City/Country database for the client's country (geo_mode).
     #[arg(long, value_name = "DB")]
     pub geoip: Option<PathBuf>,
+    /// Output: human (the steps) or json (one object).
     #[arg(long, value_enum, default_value = "human")]
     pub format: ExplainFormat,
     /// Explain every request of FILE (`-`: stdin), one JSON object a line

@@ -1,6 +1,7 @@
 //! The `edgeform` command line. Parses flags, runs one command, returns
-//! the process exit code (SPEC §3): 0 success / nothing to do, 1 error or
-//! invalid, 2 changes pending (`diff`).
+//! the process exit code (README, "Exit codes"): 0 success / nothing to
+//! do, 1 error or invalid, 2 changes pending (`diff`, `plan
+//! --detailed-exitcode`) or a flagged prefix (`anycast`), 64 usage error.
 
 use std::io::{IsTerminal, Write};
 use std::path::{Path, PathBuf};
@@ -43,6 +44,8 @@ pub enum Command {
     /// Validate the repository: schemas and every semantic rule. Exit 0
     /// valid (warnings allowed), 1 invalid.
     Check {
+        /// Output: human (snippets, on stderr), json (one array on stdout) or
+        /// github (workflow annotations on stdout).
         #[arg(long, value_enum, default_value = "human")]
         format: CheckFormat,
         /// With `--format github`: the config repo's path inside the
@@ -53,6 +56,8 @@ pub enum Command {
     /// Compile to files: DIR/<node>.json per target (Redis key → value) and
     /// DIR/<router>.nginx.conf per router. Exit 0, or 1 when invalid.
     Build {
+        /// Where to write the files (created; files a previous build wrote
+        /// there and this one does not are removed, nothing else).
         #[arg(long, value_name = "DIR")]
         out: PathBuf,
     },
@@ -65,6 +70,7 @@ pub enum Command {
         /// The revision to compare; default: the working tree (or --rev).
         #[arg(long, value_name = "REV")]
         head: Option<String>,
+        /// Output: human, json, or markdown (a pull-request comment).
         #[arg(long, value_enum, default_value = "human")]
         format: DiffFormat,
     },
@@ -78,11 +84,13 @@ pub enum Command {
         /// Save the plan, to apply exactly it later with `apply --plan`.
         #[arg(long, value_name = "FILE")]
         out: Option<PathBuf>,
+        /// Output: human or json (per target: counts, keys, refusals).
         #[arg(long, value_enum, default_value = "human")]
         format: push::PlanFormat,
         /// Exit 2 when there are changes.
         #[arg(long)]
         detailed_exitcode: bool,
+        /// How many targets to read at once.
         #[arg(long, default_value_t = 16, value_name = "N", value_parser = push::parallel())]
         parallel: usize,
     },
@@ -99,6 +107,11 @@ pub enum Command {
         /// Do not ask (required when stdin is not a terminal).
         #[arg(long)]
         yes: bool,
+        /// Apply a working tree whose config files are not committed
+        /// (recorded as `<commit>+dirty`, which has no ancestry for the
+        /// rollback guard to protect). Refused without it.
+        #[arg(long)]
+        allow_dirty: bool,
         #[command(flatten)]
         flags: push::PushFlags,
     },
@@ -154,6 +167,8 @@ pub enum Command {
         node: String,
         /// Where to write sites/*.yaml (existing files are never overwritten
         /// with other content).
+        /// Where to write the files (created; files a previous build wrote
+        /// there and this one does not are removed, nothing else).
         #[arg(long, value_name = "DIR")]
         out: PathBuf,
         /// Write what can be imported even when some values cannot be
@@ -168,6 +183,7 @@ pub enum Command {
     /// Print a shell completion script, e.g.
     /// `edgeform completions bash > /etc/bash_completion.d/edgeform`.
     Completions {
+        /// The shell: bash, zsh, fish, elvish or powershell.
         #[arg(value_enum)]
         shell: clap_complete::Shell,
     },
@@ -179,10 +195,11 @@ pub enum Command {
     /// The scheduled jobs: sync re-pushes desired state, heal compares the
     /// full live content and repairs drift. Runs until SIGTERM, or once.
     Reconcile {
-        /// 1s to 7d.
+        /// How often the sync job re-pushes desired state (1s to 7d).
         #[arg(long, default_value = "15m", value_name = "DURATION", value_parser = push::interval)]
         sync_every: std::time::Duration,
-        /// 1s to 7d.
+        /// How often the heal job compares live content and repairs drift
+        /// (1s to 7d).
         #[arg(long, default_value = "5m", value_name = "DURATION", value_parser = push::interval)]
         heal_every: std::time::Duration,
         /// Run one job and exit (for cron or systemd timers): exit 0, or 1
@@ -192,6 +209,10 @@ pub enum Command {
         /// Fetch REMOTE/BRANCH through git2 before each run and push that.
         #[arg(long, value_name = "REMOTE/BRANCH")]
         pull: Option<String>,
+        /// Only these targets (repeatable; default: every node with a
+        /// `redis` block), e.g. the one edge on this machine.
+        #[arg(long = "node", value_name = "NODE")]
+        nodes: Vec<String>,
         #[command(flatten)]
         flags: push::PushFlags,
     },
@@ -201,6 +222,7 @@ pub enum Command {
     /// such a lock too, and with --force any lock, whoever holds it (make
     /// sure that apply is gone). Exit 0 removed or no lock, 1 refused.
     Unlock {
+        /// The target whose lock to remove.
         #[arg(long, value_name = "NODE")]
         node: String,
         /// Remove the lock even when its holder may be alive (another
@@ -212,6 +234,7 @@ pub enum Command {
     /// age, applied vs desired commit (this repo, compiled), purge queue,
     /// play sessions, kbit/s. Exit 0 (1 when the broker is unreachable).
     Status {
+        /// Output: human (a table) or json.
         #[arg(long, value_enum, default_value = "human")]
         format: mqtt::Format,
         #[command(flatten)]
@@ -221,8 +244,11 @@ pub enum Command {
     /// agent.yaml allows run). Signed when EDGEFORM_COMMAND_KEY is set.
     /// Exit 0 sent (with --wait: ran ok), 1 otherwise.
     Exec {
+        /// The node whose agent runs the command.
         #[arg(long, value_name = "NODE")]
         node: String,
+        /// The action, one of the node's agent.yaml `commands` (e.g.
+        /// reload-nginx).
         #[arg(long, value_name = "ACTION")]
         action: String,
         /// An argument for the action (repeatable).
@@ -235,6 +261,7 @@ pub enum Command {
         /// (1s to 1d).
         #[arg(long, default_value = "5m", value_name = "DURATION", value_parser = push::ttl)]
         ttl: std::time::Duration,
+        /// Output: human or json (the result, with --wait).
         #[arg(long, value_enum, default_value = "human")]
         format: mqtt::Format,
         #[command(flatten)]
@@ -245,8 +272,9 @@ pub enum Command {
 /// The part of `--help` that is not about one command.
 const AFTER_HELP: &str = "\
 Exit codes: 0 valid / done / no changes; 1 invalid, refused or an error;
-2 changes pending (diff, plan --detailed-exitcode); 64 usage error (an
-unknown flag, a missing or out-of-range value: nothing was done).
+2 changes pending (diff, plan --detailed-exitcode) or a prefix flagged
+(anycast); 64 usage error (an unknown flag, a missing or out-of-range
+value: nothing was done).
 
 A typical change: edgeform fmt && edgeform check && edgeform diff --base origin/main,
 then after merge edgeform plan && edgeform apply --yes (or the reconciler).
@@ -370,6 +398,7 @@ pub fn run(cli: &Cli) -> Result<u8> {
         } => {
             let source = source(&cli.repo, cli.rev.as_deref(), color())?;
             let code = runtime()?.block_on(push::plan(
+                &cli.repo,
                 &source,
                 nodes,
                 *format,
@@ -384,6 +413,7 @@ pub fn run(cli: &Cli) -> Result<u8> {
             plan,
             nodes,
             yes,
+            allow_dirty,
             flags,
         } => {
             // A taken-over lock is logged.
@@ -394,6 +424,7 @@ pub fn run(cli: &Cli) -> Result<u8> {
                 nodes,
                 plan.as_deref(),
                 *yes,
+                *allow_dirty,
                 flags,
                 color(),
             ))
@@ -494,12 +525,14 @@ pub fn run(cli: &Cli) -> Result<u8> {
             heal_every,
             once,
             pull,
+            nodes,
             flags,
         } => {
             init_tracing();
             runtime()?.block_on(crate::push::reconcile::reconcile(
                 cli.repo.clone(),
                 cli.rev.clone(),
+                nodes.clone(),
                 pull.clone(),
                 *sync_every,
                 *heal_every,

@@ -44,10 +44,29 @@ pub fn fmt_cmd(root: &Path, check: bool, only: &[PathBuf]) -> Result<u8> {
             }
         }
     }
-    if seen < only.len() {
+    // See: #19 item 8: name the files that are not config files.
+    let strays: Vec<String> = only
+        .iter()
+        .filter(|o| {
+            !repo
+                .sources
+                .iter()
+                .any(|s| Path::new(&*s.path) == *o || root.join(&*s.path) == **o)
+        })
+        .map(|o| {
+            let missing = if root.join(o).exists() || o.exists() {
+                ""
+            } else {
+                " (no such file)"
+            };
+            format!("{}{missing}", o.display())
+        })
+        .collect();
+    if !strays.is_empty() {
         bail!(
-            "some of the files given are not config files of {} (cluster.yaml, sites/, zones/, nodes/)",
-            root.display()
+            "not a config file of {} (cluster.yaml, sites/, zones/, nodes/): {}; nothing was formatted",
+            root.display(),
+            strays.join(", ")
         );
     }
     if check {
@@ -59,6 +78,8 @@ pub fn fmt_cmd(root: &Path, check: bool, only: &[PathBuf]) -> Result<u8> {
                 "{} file(s) not canonically formatted; run `edgeform fmt`",
                 changed.len()
             );
+        } else if refused == 0 {
+            eprintln!("canonical formatting: nothing to change ({seen} files)");
         }
         return Ok(u8::from(!changed.is_empty() || refused > 0));
     }
@@ -68,6 +89,8 @@ pub fn fmt_cmd(root: &Path, check: bool, only: &[PathBuf]) -> Result<u8> {
     }
     if refused > 0 {
         eprintln!("{refused} file(s) left as they are (see above)");
+    } else if changed.is_empty() {
+        eprintln!("canonical formatting: nothing to change ({seen} files)");
     }
     Ok(u8::from(refused > 0))
 }

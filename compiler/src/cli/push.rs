@@ -10,8 +10,9 @@ use anyhow::{Context, Result, bail};
 
 use crate::push::apply::Outcome;
 use crate::push::many::{Applied, Settings, apply_all, jobs};
+use crate::push::run::Ancestor;
 use crate::push::run::each;
-use crate::push::saved::{SHOWN, SavedPlan, TargetPlan, plan_target};
+use crate::push::saved::{Guard, SHOWN, SavedPlan, TargetPlan, plan_target};
 use crate::push::{self, lock};
 use crate::workspace::{Source, free_later};
 
@@ -28,7 +29,9 @@ pub enum PlanFormat {
 ///
 /// # Errors
 /// Loading errors (an unreachable target is reported, not an error).
+#[allow(clippy::too_many_arguments)]
 pub async fn plan(
+    root: &Path,
     source: &Source,
     only: &[String],
     format: PlanFormat,
@@ -38,7 +41,17 @@ pub async fn plan(
 ) -> Result<u8> {
     let jobs = jobs(source, only)?;
     let human = format == PlanFormat::Human;
-    let results = each(jobs, parallel, |job| plan_target(job, human)).await;
+    let guard = std::sync::Arc::new(Guard {
+        commit: source.commit.clone(),
+        ancestor: std::sync::Arc::new(Ancestor::new(root, &source.commit)),
+        thresholds: source.config.cluster.apply,
+    });
+    let results = each(jobs, parallel, |job| {
+        let guard = guard.clone();
+        async move { plan_target(job, human, &guard).await }
+    })
+    .await;
+    let mut refused = 0;
     let mut failed = 0;
     let mut changed = 0;
     let mut text = String::new();
@@ -53,10 +66,18 @@ pub async fn plan(
                 if human {
                     render_plan(&mut text, p, &job.node.redis_at());
                 }
+                if let Some(r) = &p.refusal {
+                    refused += 1;
+                    if human {
+                        let _ = writeln!(text, "  warning: apply would refuse {}: {r}", p.node);
+                    }
+                }
                 json_targets.push(serde_json::json!({
                     "node": p.node, "status": "ok", "generation": p.generation,
                     "live_commit": p.live_commit, "added": p.changes.added,
                     "changed": p.changes.changed, "removed": p.changes.removed,
+                    "adopted": p.adopted,
+                    "apply_refused": p.refusal.as_ref().map(ToString::to_string),
                 }));
                 let mut s = p.clone();
                 s.diffs.clear();
@@ -84,6 +105,12 @@ pub async fn plan(
             short(&source.commit),
             results.len() - changed - failed
         );
+        if refused > 0 {
+            let _ = writeln!(
+                text,
+                "warning: apply would refuse {refused} target(s) (see above)."
+            );
+        }
         std::io::stdout().lock().write_all(text.as_bytes())?;
     } else {
         let v = serde_json::json!({"commit": source.commit, "changes": changed > 0, "targets": json_targets});
@@ -129,6 +156,14 @@ fn short(commit: &str) -> String {
 
 fn render_plan(out: &mut String, p: &TargetPlan, at: &str) {
     let c = &p.changes;
+    if !p.adopted.is_empty() {
+        let _ = writeln!(
+            out,
+            "{} ({at}): {} keys adopted, content identical (no manifest yet: apply records it)",
+            p.node,
+            p.adopted.len()
+        );
+    }
     if c.is_empty() {
         let _ = writeln!(
             out,
@@ -338,16 +373,40 @@ pub fn report_applied(results: &[Applied], took: Duration) -> usize {
     failed
 }
 
+/// Why `apply` refuses before touching any target.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Refused {
+    /// The working tree's config files differ from HEAD.
+    Dirty { commit: String },
+}
+
+impl std::fmt::Display for Refused {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Refused::Dirty { commit } => write!(
+                f,
+                "the working tree has uncommitted config changes ({commit}); commit them \
+                 first, apply a commit with --rev, or pass --allow-dirty (a dirty tree has \
+                 no ancestry for the rollback guard to protect); nothing was applied"
+            ),
+        }
+    }
+}
+
+impl std::error::Error for Refused {}
+
 /// `edgeform apply`.
 ///
 /// # Errors
-/// Loading errors, a missing `--yes`, an unreadable plan file.
+/// Loading errors, a missing `--yes`, an unreadable plan file, [`Refused`].
+#[allow(clippy::too_many_arguments)]
 pub async fn apply_cmd(
     root: &Path,
     rev: Option<&str>,
     only: &[String],
     plan_file: Option<&Path>,
     yes: bool,
+    allow_dirty: bool,
     flags: &PushFlags,
     color: bool,
 ) -> Result<u8> {
@@ -365,6 +424,13 @@ pub async fn apply_cmd(
     let rev_owned = saved.as_ref().and_then(|p| p.rev.clone());
     let rev = rev_owned.as_deref().or(rev);
     let source = super::source(root, rev, color)?;
+    // See: #19 item 3
+    if source.dirty && !allow_dirty {
+        return Err(Refused::Dirty {
+            commit: source.commit.clone(),
+        }
+        .into());
+    }
     let only: Vec<String> = match &saved {
         Some(p) if only.is_empty() => p.targets.iter().map(|t| t.node.clone()).collect(),
         _ => only.to_vec(),
@@ -377,6 +443,7 @@ pub async fn apply_cmd(
             );
         }
         let code = plan(
+            root,
             &source,
             &only,
             PlanFormat::Human,

@@ -38,12 +38,13 @@ pub struct RouteArgs {
     /// Without it, every node is assumed online, idle and carrying the stream.
     #[arg(long, value_name = "FILE")]
     pub health: Option<PathBuf>,
-    /// Also make the geo decision (seed 000's :80 router).
+    /// Also make the geo decision (the geo router: strictly nearest online edge).
     #[arg(long, requires = "geoip")]
     pub geo: bool,
     /// MaxMind City database for --geo.
     #[arg(long, value_name = "DB")]
     pub geoip: Option<PathBuf>,
+    /// Output: human (the steps) or json (one object).
     #[arg(long, value_enum, default_value = "human")]
     pub format: RouteFormat,
 }
@@ -159,14 +160,7 @@ pub fn route(config: &Config, args: &RouteArgs) -> Result<u8> {
                 let _ = writeln!(text, "note: {n}");
             }
             if let Some(d) = &decision {
-                let _ = writeln!(
-                    text,
-                    "client {}",
-                    d.client_ip.as_deref().unwrap_or("unknown")
-                );
-                for (i, r) in d.reasons.iter().enumerate() {
-                    let _ = writeln!(text, "  {}. {r}", i + 1);
-                }
+                // See: #19 item 8: the decision first, then why.
                 let verdict = match (d.status, &d.node) {
                     (302, Some(n)) => match &d.location {
                         Some(l) => format!("302 → {n} ({l})"),
@@ -175,7 +169,15 @@ pub fn route(config: &Config, args: &RouteArgs) -> Result<u8> {
                     (503, _) => format!("503 Retry-After {}", edgestate::route::RETRY_AFTER_SECS),
                     (s, _) => s.to_string(),
                 };
-                let _ = writeln!(text, "decision: {verdict}");
+                let _ = writeln!(
+                    text,
+                    "client {}: decision: {verdict}",
+                    d.client_ip.as_deref().unwrap_or("unknown")
+                );
+                let _ = writeln!(text, "why:");
+                for (i, r) in d.reasons.iter().enumerate() {
+                    let _ = writeln!(text, "  {}. {r}", i + 1);
+                }
                 for z in &d.zones {
                     let listing: Vec<String> = z
                         .nodes

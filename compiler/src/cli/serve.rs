@@ -1,5 +1,5 @@
 //! `edgeform serve`: the read-only HTTP API the reference edge asks on a
-//! Redis miss (seed 000: "the Lua's control-plane API call is a fallback
+//! Redis miss ("the Lua's control-plane API call is a fallback
 //! for a Redis miss, not the primary path").
 //!
 //! `GET /v1/nodes/<node>/keys/<key>` answers exactly the value `edgeform

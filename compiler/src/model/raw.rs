@@ -523,7 +523,7 @@ pub struct Apply {
     pub min_keys: Option<u64>,
 }
 
-/// Geo routing (seed 000's traffic router).
+/// Geo routing (the :80 traffic router).
 #[derive(Debug, Clone, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Geo {

@@ -175,7 +175,7 @@ impl std::fmt::Display for Refusal {
     }
 }
 
-/// The safety checks of one target's apply (SPEC §3, `apply`).
+/// The safety checks of one target's apply (README, "Pushing to the edges").
 ///
 /// # Errors
 /// The first refusal that applies.

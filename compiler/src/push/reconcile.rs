@@ -60,12 +60,17 @@ pub fn pull(root: &Path, spec: &str) -> Result<String> {
 /// `edgeform reconcile`: sync every `sync_every`, heal every
 /// `heal_every`, until SIGTERM or ctrl-c (or one job with `once`).
 ///
+/// Only the targets in `only` (all when empty; an unknown name fails each
+/// run, logged).
+///
 /// # Errors
 /// Only setup errors; a failing target or an invalid revision is logged
 /// and retried at the next tick.
+#[allow(clippy::too_many_arguments)]
 pub async fn reconcile(
     root: PathBuf,
     rev: Option<String>,
+    only: Vec<String>,
     pull_spec: Option<String>,
     sync_every: Duration,
     heal_every: Duration,
@@ -81,6 +86,7 @@ pub async fn reconcile(
     };
     let run = |which: Once| {
         let root = root.clone();
+        let only = only.clone();
         let flags = flags.clone();
         let source = load_source(&root);
         async move {
@@ -91,7 +97,14 @@ pub async fn reconcile(
                     return 1;
                 }
             };
-            let jobs = super::jobs(&source.config, &source.compiled, &[]);
+            // See: #19 item 6
+            let jobs = match super::many::jobs(&source, &only) {
+                Ok(jobs) => jobs,
+                Err(e) => {
+                    tracing::error!(cause = %edgeredis::one_line(&e), "reconcile: nothing pushed");
+                    return 1;
+                }
+            };
             tracing::info!(commit = %source.commit, targets = jobs.len(), job = ?which, "reconcile");
             match which {
                 Once::Sync => sync_all(&source, jobs, &flags, &root).await,

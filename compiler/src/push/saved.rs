@@ -8,7 +8,7 @@ use serde::{Deserialize, Serialize};
 use tracing::Instrument as _;
 
 use super::apply;
-use super::plan::Changes;
+use super::plan::{self, Changes};
 use super::state::Live;
 use super::{Job, state};
 use crate::diff::{pretty, unified};
@@ -28,6 +28,41 @@ pub struct TargetPlan {
     /// Unified diffs of changed keys (live → desired), for display.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub diffs: Vec<(String, String)>,
+    /// Keys with no manifest (an edge edgeform never applied, e.g. after
+    /// `import`) whose live value is already the desired one: adopted, not
+    /// changed. Listed in neither `changes.added` nor `changes.changed`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub adopted: Vec<String>,
+    /// Why `apply` (without overrides) would refuse this target: a
+    /// threshold, the empty state or the rollback guard. For display only.
+    #[serde(skip)]
+    pub refusal: Option<plan::Refusal>,
+}
+
+/// What a plan checks `apply`'s refusals against: the desired commit's
+/// ancestry and the cluster's thresholds (no overrides: a plan warns about
+/// what a plain `apply` would refuse).
+pub struct Guard {
+    pub commit: String,
+    pub ancestor: std::sync::Arc<super::run::Ancestor>,
+    pub thresholds: crate::model::resolved::Thresholds,
+}
+
+impl Guard {
+    /// The refusal `apply` would give this target, if any. See: #19 item 6
+    #[must_use]
+    pub fn refusal(&self, job: &Job, live: &Live, changes: &Changes) -> Option<plan::Refusal> {
+        plan::allowed(
+            &self.commit,
+            &job.desired,
+            live,
+            changes,
+            self.ancestor.relate(live.meta.commit.as_deref()),
+            self.thresholds,
+            plan::Overrides::default(),
+        )
+        .err()
+    }
 }
 
 /// A saved plan (`plan --out FILE`), applied with `apply --plan FILE`.
@@ -51,7 +86,7 @@ pub fn desired_digest(desired: &state::Desired) -> String {
 ///
 /// # Errors
 /// Connection and Redis errors.
-pub async fn plan_target(job: Job, show_diffs: bool) -> Result<TargetPlan> {
+pub async fn plan_target(job: Job, show_diffs: bool, guard: &Guard) -> Result<TargetPlan> {
     let mut con = job
         .node
         .redis_master()
@@ -62,8 +97,20 @@ pub async fn plan_target(job: Job, show_diffs: bool) -> Result<TargetPlan> {
     let live: Live = apply::read_live(&mut con, &job.desired)
         .instrument(tracing::info_span!("read_live"))
         .await?;
-    let changes =
+    let mut changes =
         tracing::info_span!("changes").in_scope(|| apply::live_changes(&job.desired, &live));
+    // See: #19 item 2. No manifest: compare content, not hashes.
+    let mut adopted = Vec::new();
+    if live.managed == 0 && !changes.added.is_empty() {
+        let values = apply::get_values(&mut con, &changes.added)
+            .instrument(tracing::info_span!("adoption reads"))
+            .await?;
+        let added = std::mem::take(&mut changes.added);
+        let sorted = adopt(&job.desired, added, &values);
+        adopted = sorted.adopted;
+        changes.added = sorted.added;
+        changes.changed = sorted.changed;
+    }
     let mut diffs = Vec::new();
     if show_diffs && !changes.changed.is_empty() {
         let shown: Vec<String> = changes.changed.iter().take(SHOWN).cloned().collect();
@@ -81,6 +128,7 @@ pub async fn plan_target(job: Job, show_diffs: bool) -> Result<TargetPlan> {
     }
     let desired_digest = desired_digest(&job.desired);
     let manifest_digest = live.digest.clone();
+    let refusal = guard.refusal(&job, &live, &changes);
     Ok(TargetPlan {
         node: job.node.name.clone(),
         generation: live.meta.generation,
@@ -89,5 +137,78 @@ pub async fn plan_target(job: Job, show_diffs: bool) -> Result<TargetPlan> {
         desired_digest,
         changes,
         diffs,
+        adopted,
+        refusal,
     })
+}
+
+/// Desired keys an edge without a manifest already holds, sorted by what
+/// the live value is.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Adoption {
+    /// The live value is the desired one.
+    pub adopted: Vec<String>,
+    /// No live value.
+    pub added: Vec<String>,
+    /// A different live value.
+    pub changed: Vec<String>,
+}
+
+/// Sort `added` (desired keys, in desired order) by their `live` values
+/// (same order), comparing content (pure).
+#[must_use]
+pub fn adopt(desired: &state::Desired, added: Vec<String>, live: &[Option<String>]) -> Adoption {
+    let mut out = Adoption::default();
+    let mut entries = desired.iter();
+    for (key, value) in added.into_iter().zip(live) {
+        let want = entries
+            .by_ref()
+            .find(|(k, _, _)| *k == key)
+            .map(|(_, v, _)| v);
+        match value {
+            None => out.added.push(key),
+            Some(v) if Some(v.as_str()) == want => out.adopted.push(key),
+            Some(_) => out.changed.push(key),
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::push::state::{Desired, content_hash};
+
+    // See: #19 item 2
+    #[test]
+    fn issue19_item2_adopt_sorts_by_live_content() {
+        let sites: Vec<(Arc<str>, Arc<str>)> = [("site:a", "1"), ("site:b", "2"), ("site:c", "3")]
+            .iter()
+            .map(|(k, v)| (Arc::from(*k), Arc::from(*v)))
+            .collect();
+        let hashes = sites.iter().map(|(_, v)| content_hash(v)).collect();
+        let d = Desired {
+            node: "e".into(),
+            is_edge: true,
+            routing: "{}".into(),
+            routing_hash: content_hash("{}"),
+            sites: Arc::new(sites),
+            site_hashes: Arc::new(hashes),
+            summary: Arc::default(),
+            sites_summary: Arc::default(),
+        };
+        let added: Vec<String> = d.iter().map(|(k, _, _)| k.to_owned()).collect();
+        let live = [
+            Some("{}".to_owned()),
+            Some("1".to_owned()),
+            Some("x".to_owned()),
+            None,
+        ];
+        let a = adopt(&d, added, &live);
+        assert_eq!(a.adopted, ["edgeform:routing", "site:a"]);
+        assert_eq!(a.changed, ["site:b"]);
+        assert_eq!(a.added, ["site:c"]);
+    }
 }

@@ -66,8 +66,10 @@ fn repo(n: usize, port: u16) -> Fixture {
     f
 }
 
+/// `apply --yes`; these tests change files between applies without
+/// committing each step, hence `--allow-dirty` (#19 item 3).
 fn apply(f: &Fixture, extra: &[&str]) -> std::process::Output {
-    let mut args = vec!["apply", "--yes"];
+    let mut args = vec!["apply", "--yes", "--allow-dirty"];
     args.extend_from_slice(extra);
     edgeform(f.path(), &args)
 }
@@ -303,7 +305,10 @@ fn thresholds_refuse_mass_deletes_and_changes() {
     // An empty desired state (every site gone) is refused, even with thresholds met.
     let g = repo(0, r.port);
     g.write("cluster.yaml", b"apply:\n  max_delete_percent: 100\n");
-    let out = edgeform(g.path(), &["apply", "--yes", "--allow-rollback"]);
+    let out = edgeform(
+        g.path(),
+        &["apply", "--yes", "--allow-rollback", "--allow-dirty"],
+    );
     assert_eq!(out.status.code(), Some(1));
     assert!(
         stdout(&out).contains("empty desired state"),
@@ -323,7 +328,13 @@ fn saved_plan_applies_only_while_live_state_matches() {
     // The saved plan applies.
     let out = edgeform(
         f.path(),
-        &["apply", "--plan", plan.to_str().unwrap(), "--yes"],
+        &[
+            "apply",
+            "--plan",
+            plan.to_str().unwrap(),
+            "--yes",
+            "--allow-dirty",
+        ],
     );
     assert_eq!(
         out.status.code(),
@@ -335,7 +346,13 @@ fn saved_plan_applies_only_while_live_state_matches() {
     // Applying it again is stale: the target moved (generation 0 → 1).
     let out = edgeform(
         f.path(),
-        &["apply", "--plan", plan.to_str().unwrap(), "--yes"],
+        &[
+            "apply",
+            "--plan",
+            plan.to_str().unwrap(),
+            "--yes",
+            "--allow-dirty",
+        ],
     );
     assert_eq!(out.status.code(), Some(1));
     assert!(stdout(&out).contains("stale plan"), "{}", stdout(&out));
@@ -351,7 +368,13 @@ fn saved_plan_applies_only_while_live_state_matches() {
         .unwrap();
     let out = edgeform(
         f.path(),
-        &["apply", "--plan", plan.to_str().unwrap(), "--yes"],
+        &[
+            "apply",
+            "--plan",
+            plan.to_str().unwrap(),
+            "--yes",
+            "--allow-dirty",
+        ],
     );
     assert_eq!(out.status.code(), Some(1));
     assert!(stdout(&out).contains("stale plan"), "{}", stdout(&out));
@@ -366,7 +389,13 @@ fn saved_plan_applies_only_while_live_state_matches() {
     f.write("sites/s00001.yaml", site(1, "http://192.0.2.4").as_bytes());
     let out = edgeform(
         f.path(),
-        &["apply", "--plan", plan.to_str().unwrap(), "--yes"],
+        &[
+            "apply",
+            "--plan",
+            plan.to_str().unwrap(),
+            "--yes",
+            "--allow-dirty",
+        ],
     );
     assert_eq!(out.status.code(), Some(1));
     assert!(
@@ -530,7 +559,12 @@ fn the_lock_serialises_concurrent_applies() {
     }
     let (a, b) = std::thread::scope(|s| {
         let a = s.spawn(|| apply(&f, &["--allow-rollback"]));
-        let b = s.spawn(|| edgeform(g.path(), &["apply", "--yes", "--allow-rollback"]));
+        let b = s.spawn(|| {
+            edgeform(
+                g.path(),
+                &["apply", "--yes", "--allow-rollback", "--allow-dirty"],
+            )
+        });
         (a.join().unwrap(), b.join().unwrap())
     });
     assert_eq!(a.status.code(), Some(0), "{}", stdout(&a));

@@ -428,7 +428,7 @@ impl Site {
     }
 }
 
-/// One request as the edge sees it, after the client IP (SPEC §5, see
+/// One request as the edge sees it, after the client IP (docs/edge.md, see
 /// [`crate::route::Router::client_ip`]) and its country are known.
 #[derive(Debug, Clone, Default)]
 pub struct Request<'a> {

@@ -1,4 +1,4 @@
-//! Table tests: every sentence of SPEC §5 and seed 002's table.
+//! Table tests: every rule of the module documentation (route.rs) and the zone table of README, "Routing decisions, explained offline".
 
 use std::collections::BTreeMap;
 use std::net::IpAddr;

@@ -9,7 +9,7 @@ const NGINX_KEY: &str = "http://127.0.0.1:18081/index.html";
 fn crc32_is_zlibs() {
     assert_eq!(crc32(b""), 0);
     assert_eq!(crc32(b"123456789"), 0xCBF4_3926);
-    // NGINX-CACHE.md, from a file a real nginx wrote.
+    // Checked against a file a real nginx wrote.
     assert_eq!(crc32(NGINX_KEY.as_bytes()), 0x8880_0c2c);
 }
 
@@ -21,7 +21,7 @@ fn http_dates() {
     assert_eq!(http_date(1_767_225_599), "Wed, 31 Dec 2025 23:59:59 GMT");
 }
 
-/// The fields NGINX-CACHE.md checked on a real file: crc32 and header_start.
+/// The fields checked on a file a real nginx wrote: crc32 and header_start.
 #[test]
 fn header_matches_nginx_layout() {
     let h = header(NGINX_KEY.as_bytes(), 612, 1_700_000_000).unwrap();

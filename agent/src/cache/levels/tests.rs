@@ -40,7 +40,7 @@ fn refuses_what_nginx_refuses() {
     }
 }
 
-/// The example NGINX-CACHE.md checked against a file a real nginx wrote.
+/// An example checked against a file a real nginx wrote.
 #[test]
 fn path_of_real_nginx_file() {
     let levels = Levels::parse("1:2").unwrap();
