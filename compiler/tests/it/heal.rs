@@ -229,6 +229,7 @@ fn issue_16_a_format_1_target_is_migrated_by_the_first_apply() {
         "sites/s00009.yaml",
         b"host: s00009.example.com\norigin: http://192.0.2.9\n",
     );
+    f.commit("one site changes");
     let out = edgeform(f.path(), &["apply", "--yes"]);
     assert!(stdout(&out).contains("(+0 ~1 -0)"), "{}", stdout(&out));
     let meta: BTreeMap<String, String> = redis::cmd("HGETALL")

@@ -371,11 +371,13 @@ fn issue19_item2_plan_adopts_identical_content_on_an_edge_without_manifest() {
         "{}",
         stdout(&out)
     );
-    let manifest: usize = redis::cmd("HLEN")
-        .arg("edgeform:manifest")
+    // Format 2: the manifest's entries are counted in the meta (`managed`).
+    let managed: usize = redis::cmd("HGET")
+        .arg("edgeform:meta")
+        .arg("managed")
         .query(&mut con)
         .unwrap();
-    assert_eq!(manifest, n);
+    assert_eq!(managed, n);
 }
 
 // See: #19 item 8
