@@ -178,6 +178,45 @@ pub fn write_conf(
     (conf, cache)
 }
 
+/// Run `nginx -p <prefix> -c <conf>` in `dir` and wait until `port`
+/// answers. On failure the process is stopped and its output and error
+/// log are returned, for the caller's retry and panic message.
+fn start(
+    dir: tempfile::TempDir,
+    prefix: String,
+    conf: &Path,
+    port: u16,
+) -> Result<Process, String> {
+    let log = dir.path().join("nginx.out");
+    let args = vec![
+        "-p".to_owned(),
+        prefix,
+        "-c".to_owned(),
+        conf.display().to_string(),
+    ];
+    let child = spawn("nginx", &args, dir.path(), &log).expect("spawn nginx");
+    let mut p = Process {
+        child: Some(child),
+        port,
+        dir,
+        log,
+        binary: "nginx",
+        args,
+    };
+    if wait_ready(&mut p, |port| {
+        std::net::TcpStream::connect(("127.0.0.1", port)).is_ok()
+    }) {
+        return Ok(p);
+    }
+    let log = format!(
+        "{}\n{}",
+        p.log(),
+        std::fs::read_to_string(p.dir.path().join("error.log")).unwrap_or_default()
+    );
+    p.stop();
+    Err(log)
+}
+
 /// Start the reference edge on a free loopback port.
 ///
 /// # Panics
@@ -189,37 +228,17 @@ pub fn edge(o: &EdgeOptions) -> Edge {
         let dir = tempfile::tempdir().expect("tempdir");
         let (port, ttl_port) = (free_port(), free_port());
         let (conf, cache_dir) = write_conf(dir.path(), &format!("127.0.0.1:{port}"), ttl_port, o);
-        let log = dir.path().join("nginx.out");
-        let args = vec![
-            "-p".to_owned(),
-            dir.path().display().to_string(),
-            "-c".to_owned(),
-            conf.display().to_string(),
-        ];
-        let child = spawn("nginx", &args, dir.path(), &log).expect("spawn nginx");
-        let mut p = Process {
-            child: Some(child),
-            port,
-            dir,
-            log,
-            binary: "nginx",
-            args,
-        };
-        if wait_ready(&mut p, |port| {
-            std::net::TcpStream::connect(("127.0.0.1", port)).is_ok()
-        }) {
-            return Edge {
-                process: p,
-                conf,
-                cache_dir,
-            };
+        let prefix = dir.path().display().to_string();
+        match start(dir, prefix, &conf, port) {
+            Ok(process) => {
+                return Edge {
+                    process,
+                    conf,
+                    cache_dir,
+                };
+            }
+            Err(log) => last = log,
         }
-        last = format!(
-            "{}\n{}",
-            p.log(),
-            std::fs::read_to_string(p.dir.path().join("error.log")).unwrap_or_default()
-        );
-        p.stop();
     }
     panic!("nginx did not start:\n{last}");
 }
@@ -269,38 +288,17 @@ pub fn stream(stream_conf: impl Fn(&str) -> String) -> Edge {
         );
         let conf = dir.path().join("nginx.conf");
         std::fs::write(&conf, text).expect("write nginx.conf");
-        let log = dir.path().join("nginx.out");
-        let args = vec![
-            "-p".to_owned(),
-            prefix.clone(),
-            "-c".to_owned(),
-            conf.display().to_string(),
-        ];
-        let child = spawn("nginx", &args, dir.path(), &log).expect("spawn nginx");
-        let mut p = Process {
-            child: Some(child),
-            port,
-            dir,
-            log,
-            binary: "nginx",
-            args,
-        };
-        if wait_ready(&mut p, |port| {
-            std::net::TcpStream::connect(("127.0.0.1", port)).is_ok()
-        }) {
-            let cache_dir = p.dir.path().to_path_buf();
-            return Edge {
-                process: p,
-                conf,
-                cache_dir,
-            };
+        match start(dir, prefix, &conf, port) {
+            Ok(process) => {
+                let cache_dir = process.dir.path().to_path_buf();
+                return Edge {
+                    process,
+                    conf,
+                    cache_dir,
+                };
+            }
+            Err(log) => last = log,
         }
-        last = format!(
-            "{}\n{}",
-            p.log(),
-            std::fs::read_to_string(p.dir.path().join("error.log")).unwrap_or_default()
-        );
-        p.stop();
     }
     panic!("nginx (stream) did not start:\n{last}");
 }
