@@ -580,7 +580,6 @@ mod tests {
     use std::sync::Arc;
 
     use super::*;
-    use crate::push::state::content_hash;
 
     fn names(cmd: &redis::Cmd) -> Vec<String> {
         cmd.args_iter()
@@ -601,17 +600,7 @@ mod tests {
                 )
             })
             .collect();
-        let hashes = sites.iter().map(|(_, v)| content_hash(v)).collect();
-        let desired = Desired {
-            node: "e".into(),
-            is_edge: true,
-            routing: "{}".into(),
-            routing_hash: content_hash("{}"),
-            sites: Arc::new(sites),
-            site_hashes: Arc::new(hashes),
-            summary: Arc::default(),
-            sites_summary: Arc::default(),
-        };
+        let desired = Desired::for_tests(sites, true);
         // Every other site changed, the routing table added, two to prune.
         let changes = Changes {
             added: vec![keys::ROUTING.to_owned()],

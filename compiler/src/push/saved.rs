@@ -179,7 +179,7 @@ mod tests {
     use std::sync::Arc;
 
     use super::*;
-    use crate::push::state::{Desired, content_hash};
+    use crate::push::state::Desired;
 
     // See: #19 item 2
     #[test]
@@ -188,17 +188,7 @@ mod tests {
             .iter()
             .map(|(k, v)| (Arc::from(*k), Arc::from(*v)))
             .collect();
-        let hashes = sites.iter().map(|(_, v)| content_hash(v)).collect();
-        let d = Desired {
-            node: "e".into(),
-            is_edge: true,
-            routing: "{}".into(),
-            routing_hash: content_hash("{}"),
-            sites: Arc::new(sites),
-            site_hashes: Arc::new(hashes),
-            summary: Arc::default(),
-            sites_summary: Arc::default(),
-        };
+        let d = Desired::for_tests(sites, true);
         let added: Vec<String> = d.iter().map(|(k, _, _)| k.to_owned()).collect();
         let live = [
             Some("{}".to_owned()),

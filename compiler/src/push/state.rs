@@ -135,6 +135,25 @@ pub struct Desired {
     pub sites_summary: Arc<OnceLock<Summary>>,
 }
 
+#[cfg(test)]
+impl Desired {
+    /// A desired state holding `sites` (sorted `(key, value)` pairs) and
+    /// the routing table `{}`, for tests.
+    pub(crate) fn for_tests(sites: Entries, is_edge: bool) -> Desired {
+        let hashes = sites.iter().map(|(_, v)| content_hash(v)).collect();
+        Desired {
+            node: "e".into(),
+            is_edge,
+            routing: "{}".into(),
+            routing_hash: content_hash("{}"),
+            sites: Arc::new(sites),
+            site_hashes: Arc::new(hashes),
+            summary: Arc::default(),
+            sites_summary: Arc::default(),
+        }
+    }
+}
+
 impl Desired {
     /// `(key, value, hash)` for every key, sorted by key.
     pub fn iter(&self) -> impl Iterator<Item = (&str, &str, &str)> {

@@ -8,17 +8,7 @@ fn desired(keys: &[(&str, &str)], is_edge: bool) -> Desired {
         .iter()
         .map(|(k, v)| (Arc::from(*k), Arc::from(*v)))
         .collect();
-    let hashes = sites.iter().map(|(_, v)| content_hash(v)).collect();
-    Desired {
-        node: "e".into(),
-        is_edge,
-        routing: "{}".into(),
-        routing_hash: content_hash("{}"),
-        sites: Arc::new(sites),
-        site_hashes: Arc::new(hashes),
-        summary: Arc::default(),
-        sites_summary: Arc::default(),
-    }
+    Desired::for_tests(sites, is_edge)
 }
 
 fn manifest(d: &Desired) -> Manifest {
