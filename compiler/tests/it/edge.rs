@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use harness::nginx::{Edge, EdgeOptions};
 
-use crate::util::{Fixture, edgeform, stderr};
+use crate::util::{Agent, Fixture, edgeform, stderr};
 
 const SECRET: &str = "differential-secret";
 
@@ -1129,45 +1129,13 @@ fn r14_4_a_redis_miss_asks_the_api_and_an_api_outage_is_a_fast_error() {
     assert_eq!(get(port, "onlyapi.test", "/", &[]).status, 200);
 }
 
-/// The agent's library run in-process (what the `edgeform-agent` binary's
-/// main calls), its cache dirs the edge's.
-struct Agent {
-    stop: Option<tokio::sync::oneshot::Sender<()>>,
-    thread: Option<std::thread::JoinHandle<()>>,
-}
-
-impl Agent {
-    fn start(redis: u16, cache: &Path) -> Agent {
-        let yaml = format!(
-            "node: edge-1\nregion: eu\nredis: {{url: \"redis://127.0.0.1:{redis}\"}}\n\
-             cache: {{dirs: [\"{}\"], levels: \"1:2\", key: \"$scheme$host$request_uri\"}}\n",
-            cache.display()
-        );
-        let config = Arc::new(agent::config::parse("agent.yaml", &yaml).unwrap());
-        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        let thread = std::thread::spawn(move || {
-            let rt = tokio::runtime::Runtime::new().unwrap();
-            rt.block_on(agent::run_with(config, None, async {
-                let _ = stopped.await;
-            }))
-            .unwrap();
-        });
-        Agent {
-            stop: Some(stop),
-            thread: Some(thread),
-        }
-    }
-}
-
-impl Drop for Agent {
-    fn drop(&mut self) {
-        if let Some(s) = self.stop.take() {
-            let _ = s.send(());
-        }
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
-    }
+/// The agent for edge-1, its cache dirs the edge's.
+fn start_agent(redis: u16, cache: &Path) -> Agent {
+    Agent::start(&format!(
+        "node: edge-1\nregion: eu\nredis: {{url: \"redis://127.0.0.1:{redis}\"}}\n\
+         cache: {{dirs: [\"{}\"], levels: \"1:2\", key: \"$scheme$host$request_uri\"}}\n",
+        cache.display()
+    ))
 }
 
 // See: #14 item 9
@@ -1187,7 +1155,7 @@ fn r14_9_purge_through_the_edges_real_cache() {
     }
     let files = |dir: &Path| walk(dir).into_iter().filter(|p| p.is_file()).count();
     assert_eq!(files(&s.edge.cache_dir), 3);
-    let _agent = Agent::start(s.redis.port, &s.edge.cache_dir);
+    let _agent = start_agent(s.redis.port, &s.edge.cache_dir);
     let out = edgeform(
         s.repo.path(),
         &[

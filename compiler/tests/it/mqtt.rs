@@ -4,7 +4,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::util::{Fixture, edgeform, stderr, stdout};
+use crate::util::{Agent, Fixture, edgeform, stderr, stdout};
 
 fn edge(name: &str, port: u16) -> String {
     format!(
@@ -13,46 +13,15 @@ fn edge(name: &str, port: u16) -> String {
     )
 }
 
-/// A running agent for edge-1, stopped on drop.
-struct Agent {
-    stop: Option<tokio::sync::oneshot::Sender<()>>,
-    thread: Option<std::thread::JoinHandle<()>>,
-}
-
-impl Agent {
-    fn start(redis: u16, broker: u16, cache: &std::path::Path) -> Agent {
-        let yaml = format!(
-            "node: edge-1\nregion: eu\nredis: {{url: \"redis://127.0.0.1:{redis}\"}}\n\
-             cache: {{dirs: [{}]}}\nmqtt: {{url: \"mqtt://127.0.0.1:{broker}\"}}\n\
-             health: {{interval: 500ms}}\n\
-             actions:\n  echo:\n    argv: [/usr/bin/echo, said, \"{{word}}\"]\n    args: {{word: \"[a-z]+\"}}\n",
-            cache.display()
-        );
-        let config = Arc::new(agent::config::parse("agent.yaml", &yaml).unwrap());
-        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        let thread = std::thread::spawn(move || {
-            let rt = tokio::runtime::Runtime::new().unwrap();
-            rt.block_on(agent::run_with(config, None, async {
-                let _ = stopped.await;
-            }))
-            .unwrap();
-        });
-        Agent {
-            stop: Some(stop),
-            thread: Some(thread),
-        }
-    }
-}
-
-impl Drop for Agent {
-    fn drop(&mut self) {
-        if let Some(s) = self.stop.take() {
-            let _ = s.send(());
-        }
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
-    }
+/// An agent for edge-1 with a broker and one allowed action.
+fn start_agent(redis: u16, broker: u16, cache: &std::path::Path) -> Agent {
+    Agent::start(&format!(
+        "node: edge-1\nregion: eu\nredis: {{url: \"redis://127.0.0.1:{redis}\"}}\n\
+         cache: {{dirs: [{}]}}\nmqtt: {{url: \"mqtt://127.0.0.1:{broker}\"}}\n\
+         health: {{interval: 500ms}}\n\
+         actions:\n  echo:\n    argv: [/usr/bin/echo, said, \"{{word}}\"]\n    args: {{word: \"[a-z]+\"}}\n",
+        cache.display()
+    ))
 }
 
 fn status_json(f: &Fixture) -> serde_json::Value {
@@ -79,7 +48,7 @@ fn status_and_exec_through_the_broker() {
     let out = edgeform(f.path(), &["apply", "--yes", "--node", "edge-1"]);
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
     let cache = tempfile::tempdir().unwrap();
-    let agent = Agent::start(r1.port, broker.port, cache.path());
+    let agent = start_agent(r1.port, broker.port, cache.path());
 
     // status: edge-1 reports, applied = desired; edge-2 never reported.
     let deadline = Instant::now() + Duration::from_secs(20);

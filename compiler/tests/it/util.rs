@@ -124,3 +124,40 @@ pub fn example_repo() -> PathBuf {
         .canonicalize()
         .unwrap()
 }
+
+/// The agent's library run in-process (what the `edgeform-agent` binary's
+/// main calls: `cargo test -p compiler` does not build that binary) from
+/// an `agent.yaml` text; stopped and joined on drop.
+pub struct Agent {
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Agent {
+    pub fn start(yaml: &str) -> Agent {
+        let config = std::sync::Arc::new(agent::config::parse("agent.yaml", yaml).unwrap());
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let thread = std::thread::spawn(move || {
+            let rt = tokio::runtime::Runtime::new().unwrap();
+            rt.block_on(agent::run_with(config, None, async {
+                let _ = stopped.await;
+            }))
+            .unwrap();
+        });
+        Agent {
+            stop: Some(stop),
+            thread: Some(thread),
+        }
+    }
+}
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        if let Some(s) = self.stop.take() {
+            let _ = s.send(());
+        }
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
