@@ -215,6 +215,9 @@ pub enum Command {
         nodes: Vec<String>,
         #[command(flatten)]
         flags: push::PushFlags,
+        /// Private remotes and signed commits.
+        #[command(flatten)]
+        git: crate::push::remote::GitFlags,
     },
     /// Remove a target's apply lock (`edgeform:lock`). An apply takes over
     /// by itself a lock whose holder is provably dead on its own host (no
@@ -527,6 +530,7 @@ pub fn run(cli: &Cli) -> Result<u8> {
             pull,
             nodes,
             flags,
+            git,
         } => {
             init_tracing();
             runtime()?.block_on(crate::push::reconcile::reconcile(
@@ -538,6 +542,7 @@ pub fn run(cli: &Cli) -> Result<u8> {
                 *heal_every,
                 *once,
                 flags.settings(),
+                git.clone(),
             ))
         }
     }

@@ -16,6 +16,8 @@
 //! - [`many`]: which targets, and apply/heal/sync over all of them.
 //! - [`saved`]: one target's plan and the saved-plan file format.
 //! - [`reconcile`]: the scheduled jobs, daemon loop, signals, `--pull`.
+//! - [`remote`]: credentials and SSH host key checks for `--pull`.
+//! - [`signed`]: `--require-signed-by`: allowed signers, commit signatures.
 
 pub mod apply;
 pub mod heal;
@@ -23,8 +25,10 @@ pub mod lock;
 pub mod many;
 pub mod plan;
 pub mod reconcile;
+pub mod remote;
 pub mod run;
 pub mod saved;
+pub mod signed;
 pub mod state;
 
 use std::sync::Arc;

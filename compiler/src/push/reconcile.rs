@@ -7,6 +7,7 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 
 use super::many::{Settings, heal_all, sync_all};
+use super::{remote, signed};
 use crate::workspace::{self, Source};
 
 /// Load, check and compile for one run; an invalid repository is logged
@@ -35,26 +36,99 @@ pub enum Once {
 }
 
 /// Fetch `remote/branch` through git2 and return the fetched commit id.
+/// Private remotes: SSH (key file or ssh-agent, host key checked against
+/// a known_hosts file) or HTTPS (token), see [`super::remote`].
 ///
 /// # Errors
-/// No such remote, fetch failure.
-pub fn pull(root: &Path, spec: &str) -> Result<String> {
-    let (remote, branch) = spec
+/// A [`super::remote::PullError`]: no such remote, unreadable key or
+/// known_hosts file, refused host key, no or refused credentials, fetch
+/// failure.
+pub fn pull(root: &Path, spec: &str, auth: &remote::Auth) -> Result<String> {
+    use remote::PullError;
+    let (name, branch) = spec
         .split_once('/')
-        .context("--pull takes REMOTE/BRANCH, e.g. origin/main")?;
-    let repo = git2::Repository::discover(root).context("--pull needs a git repository")?;
+        .ok_or_else(|| PullError::Spec(spec.to_owned()))?;
+    let repo =
+        git2::Repository::discover(root).map_err(|_| PullError::NoRepository(root.to_owned()))?;
     let mut r = repo
-        .find_remote(remote)
-        .with_context(|| format!("no remote `{remote}`"))?;
-    let refspec = format!("+refs/heads/{branch}:refs/remotes/{remote}/{branch}");
-    r.fetch(&[refspec.as_str()], None, None)
-        .with_context(|| format!("fetching {spec}"))?;
+        .find_remote(name)
+        .map_err(|_| PullError::NoRemote(name.to_owned()))?;
+    let refspec = format!("+refs/heads/{branch}:refs/remotes/{name}/{branch}");
+    remote::fetch(&mut r, &refspec, spec, auth)?;
     let id = repo
         .revparse_single(spec)?
         .peel_to_commit()?
         .id()
         .to_string();
     Ok(id)
+}
+
+/// The revision one run pushes, and the refusal when the newest one may
+/// not be pushed (`--require-signed-by`) but an earlier good one is kept.
+struct Pick {
+    rev: Option<String>,
+    refused: Option<signed::RefusedCommit>,
+}
+
+/// The revision to push: the pulled commit, `--rev`, or (with
+/// `--require-signed-by`, which never pushes a working tree) `HEAD`;
+/// with `--require-signed-by`, only when its signature verifies. A
+/// refused commit falls back to `last_good` (the last verified commit of
+/// this process) or, without one, fails the run.
+fn pick(
+    root: &Path,
+    rev: Option<&str>,
+    pull_spec: Option<&str>,
+    git: &remote::GitFlags,
+    auth: &remote::Auth,
+    last_good: &std::cell::RefCell<Option<String>>,
+) -> Result<Pick> {
+    let rev = match pull_spec {
+        Some(spec) => Some(pull(root, spec, auth)?),
+        None => rev.map(str::to_owned),
+    };
+    let Some(signers) = &git.require_signed_by else {
+        return Ok(Pick { rev, refused: None });
+    };
+    let signers = signed::AllowedSigners::load(signers)?;
+    let repo =
+        git2::Repository::discover(root).context("--require-signed-by needs a git repository")?;
+    let commit = repo
+        .revparse_single(rev.as_deref().unwrap_or("HEAD"))
+        .with_context(|| format!("no revision {}", rev.as_deref().unwrap_or("HEAD")))?
+        .peel_to_commit()?
+        .id()
+        .to_string();
+    match signed::verify(&repo, &commit, &signers)? {
+        Ok(v) => {
+            tracing::info!(%commit, signer = %v.principal, "reconcile: signature verified");
+            *last_good.borrow_mut() = Some(commit.clone());
+            Ok(Pick {
+                rev: Some(commit),
+                refused: None,
+            })
+        }
+        Err(refusal) => {
+            let refused = signed::RefusedCommit {
+                commit,
+                refusal,
+                kept: last_good.borrow().clone(),
+            };
+            tracing::error!(
+                commit = %refused.commit,
+                reason = refused.refusal.as_str(),
+                kept = refused.kept.as_deref().unwrap_or("none"),
+                "reconcile: {refused}"
+            );
+            match refused.kept.clone() {
+                Some(good) => Ok(Pick {
+                    rev: Some(good),
+                    refused: Some(refused),
+                }),
+                None => Err(refused.into()),
+            }
+        }
+    }
 }
 
 /// `edgeform reconcile`: sync every `sync_every`, heal every
@@ -76,13 +150,20 @@ pub async fn reconcile(
     heal_every: Duration,
     once: Option<Once>,
     flags: Settings,
+    git: remote::GitFlags,
 ) -> Result<u8> {
-    let load_source = |root: &Path| -> Result<Source> {
-        let rev = match &pull_spec {
-            Some(spec) => Some(pull(root, spec)?),
-            None => rev.clone(),
-        };
-        load(root, rev.as_deref())
+    let auth = git.auth();
+    let last_good = std::cell::RefCell::new(None);
+    let load_source = |root: &Path| -> Result<(Source, bool)> {
+        let p = pick(
+            root,
+            rev.as_deref(),
+            pull_spec.as_deref(),
+            &git,
+            &auth,
+            &last_good,
+        )?;
+        Ok((load(root, p.rev.as_deref())?, p.refused.is_some()))
     };
     let run = |which: Once| {
         let root = root.clone();
@@ -90,7 +171,7 @@ pub async fn reconcile(
         let flags = flags.clone();
         let source = load_source(&root);
         async move {
-            let source = match source {
+            let (source, refused) = match source {
                 Ok(s) => s,
                 Err(e) => {
                     tracing::error!(cause = %edgeredis::one_line(&e), "reconcile: nothing pushed");
@@ -106,10 +187,13 @@ pub async fn reconcile(
                 }
             };
             tracing::info!(commit = %source.commit, targets = jobs.len(), job = ?which, "reconcile");
-            match which {
+            let failed = match which {
                 Once::Sync => sync_all(&source, jobs, &flags, &root).await,
                 Once::Heal => heal_all(&source, jobs, &flags, &root).await,
-            }
+            };
+            // A refused newer commit fails the run even when the last good
+            // one was kept in place.
+            failed + usize::from(refused)
         }
     };
     if let Some(which) = once {
