@@ -63,6 +63,15 @@ pub fn pull(root: &Path, spec: &str, auth: &remote::Auth) -> Result<String> {
     Ok(id)
 }
 
+fn log_refused(refused: &signed::RefusedCommit) {
+    tracing::error!(
+        commit = %refused.commit,
+        reason = refused.refusal.as_str(),
+        kept = refused.kept.as_deref().unwrap_or("none"),
+        "reconcile: {refused}"
+    );
+}
+
 /// The revision one run pushes, and the refusal when the newest one may
 /// not be pushed (`--require-signed-by`) but an earlier good one is kept.
 struct Pick {
@@ -114,17 +123,15 @@ fn pick(
                 refusal,
                 kept: last_good.borrow().clone(),
             };
-            tracing::error!(
-                commit = %refused.commit,
-                reason = refused.refusal.as_str(),
-                kept = refused.kept.as_deref().unwrap_or("none"),
-                "reconcile: {refused}"
-            );
             match refused.kept.clone() {
-                Some(good) => Ok(Pick {
-                    rev: Some(good),
-                    refused: Some(refused),
-                }),
+                Some(good) => {
+                    log_refused(&refused);
+                    Ok(Pick {
+                        rev: Some(good),
+                        refused: Some(refused),
+                    })
+                }
+                // Logged by the run, as its one error.
                 None => Err(refused.into()),
             }
         }
@@ -174,7 +181,12 @@ pub async fn reconcile(
             let (source, refused) = match source {
                 Ok(s) => s,
                 Err(e) => {
-                    tracing::error!(cause = %edgeredis::one_line(&e), "reconcile: nothing pushed");
+                    match e.downcast_ref::<signed::RefusedCommit>() {
+                        Some(refused) => log_refused(refused),
+                        None => {
+                            tracing::error!(cause = %edgeredis::one_line(&e), "reconcile: nothing pushed");
+                        }
+                    }
                     return 1;
                 }
             };

@@ -11,6 +11,7 @@ mod issue19;
 mod malformed;
 mod mqtt;
 mod ops;
+mod private;
 mod purge;
 mod push;
 mod schema;

@@ -1,0 +1,627 @@
+//! #15 items 3 and 4: `reconcile --pull` from a private repository over
+//! SSH (a real `sshd` on a loopback port serving a bare repository; key
+//! file, `EDGEFORM_SSH_KEY`, ssh-agent; host keys checked against plain,
+//! `[host]:port` and hashed known_hosts files), and `--require-signed-by`
+//! (commits signed with `git -c gpg.format=ssh commit -S`, checked against
+//! an OpenSSH allowed-signers file), each against a real `redis-server`.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::time::{Duration, Instant};
+
+use harness::sshd::{Sshd, sshd};
+
+use crate::util::{Fixture, git, stderr};
+
+fn con(port: u16) -> redis::Connection {
+    redis::Client::open(format!("redis://127.0.0.1:{port}"))
+        .unwrap()
+        .get_connection()
+        .unwrap()
+}
+
+fn meta(port: u16) -> BTreeMap<String, String> {
+    redis::cmd("HGETALL")
+        .arg("edgeform:meta")
+        .query(&mut con(port))
+        .unwrap()
+}
+
+fn origin_of(port: u16) -> Option<String> {
+    redis::cmd("GET")
+        .arg("site:s00000.example.com")
+        .query(&mut con(port))
+        .unwrap()
+}
+
+fn dbsize(port: u16) -> usize {
+    redis::cmd("DBSIZE").query(&mut con(port)).unwrap()
+}
+
+/// A config repository with one edge at `port` and one site.
+fn config(port: u16, origin: &str) -> Fixture {
+    let f = Fixture::empty();
+    f.write(
+        "nodes/edge-1.yaml",
+        format!(
+            "name: edge-1\nroles: [edge]\nregion: eu\nlocation: {{lat: 52.0, lon: 4.0}}\n\
+             redis: {{url: \"redis://127.0.0.1:{port}\"}}\n"
+        )
+        .as_bytes(),
+    );
+    set_origin(&f, origin);
+    f
+}
+
+fn set_origin(f: &Fixture, origin: &str) {
+    f.write(
+        "sites/s00000.yaml",
+        format!("host: s00000.example.com\norigin: {origin}\n").as_bytes(),
+    );
+}
+
+fn head(dir: &Path) -> String {
+    String::from_utf8(git(dir, &["rev-parse", "HEAD"]).stdout)
+        .unwrap()
+        .trim()
+        .to_owned()
+}
+
+/// `edgeform` in `dir` with `args` and extra environment.
+fn run(dir: &Path, args: &[&str], env: &[(&str, &str)]) -> Output {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_edgeform"));
+    c.args(args)
+        .current_dir(dir)
+        .env("NO_COLOR", "1")
+        .env_remove("EDGEFORM_SSH_KEY")
+        .env_remove("SSH_AUTH_SOCK");
+    for (k, v) in env {
+        c.env(k, v);
+    }
+    c.output().unwrap()
+}
+
+/// The lines of the output that are errors.
+fn error_lines(out: &Output) -> Vec<String> {
+    stderr(out)
+        .lines()
+        .filter(|l| l.contains("ERROR"))
+        .map(str::to_owned)
+        .collect()
+}
+
+/// An upstream repository, a bare copy served by sshd, and a clone whose
+/// `origin` is that bare repository over `ssh://`.
+struct Remote {
+    upstream: Fixture,
+    bare: PathBuf,
+    clone: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl Remote {
+    fn new(s: &Sshd, redis_port: u16) -> Remote {
+        let upstream = config(redis_port, "http://192.0.2.1");
+        upstream.commit("first");
+        let dir = tempfile::tempdir().unwrap();
+        let bare = dir.path().join("config.git");
+        let clone = dir.path().join("work");
+        git(
+            dir.path(),
+            &[
+                "clone",
+                "-q",
+                "--bare",
+                upstream.path().to_str().unwrap(),
+                bare.to_str().unwrap(),
+            ],
+        );
+        git(
+            dir.path(),
+            &[
+                "clone",
+                "-q",
+                bare.to_str().unwrap(),
+                clone.to_str().unwrap(),
+            ],
+        );
+        let url = format!(
+            "ssh://{}@127.0.0.1:{}{}",
+            Sshd::user(),
+            s.port(),
+            bare.display()
+        );
+        git(&clone, &["remote", "set-url", "origin", &url]);
+        Remote {
+            upstream,
+            bare,
+            clone,
+            _dir: dir,
+        }
+    }
+
+    /// A new commit upstream (origin changed), pushed to the bare
+    /// repository; the clone does not have it yet.
+    fn advance(&self, origin: &str) -> String {
+        set_origin(&self.upstream, origin);
+        git(self.upstream.path(), &["commit", "-qam", origin]);
+        git(
+            self.upstream.path(),
+            &["push", "-q", self.bare.to_str().unwrap(), "main"],
+        );
+        head(self.upstream.path())
+    }
+}
+
+const PULL: &[&str] = &["reconcile", "--once", "sync", "--pull", "origin/main"];
+
+fn with<'a>(extra: &[&'a str]) -> Vec<&'a str> {
+    let mut v = PULL.to_vec();
+    v.extend_from_slice(extra);
+    v
+}
+
+#[test]
+fn pull_over_ssh_with_a_key_file_and_known_hosts() {
+    let s = sshd();
+    let r = harness::redis(&[]);
+    let remote = Remote::new(&s, r.port);
+    let key = s.client_key.to_str().unwrap();
+    let known = s.known_hosts.to_str().unwrap();
+
+    // The flag, and a `[127.0.0.1]:port` known_hosts entry.
+    let c1 = remote.advance("http://192.0.2.11");
+    let out = run(
+        &remote.clone,
+        &with(&["--ssh-key", key, "--known-hosts", known]),
+        &[],
+    );
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert!(origin_of(r.port).unwrap().contains("192.0.2.11"));
+    assert_eq!(meta(r.port)["commit"], c1);
+
+    // EDGEFORM_SSH_KEY, and the same known_hosts hashed (`ssh-keygen -H`).
+    let hashed = remote._dir.path().join("known_hosts.hashed");
+    std::fs::copy(&s.known_hosts, &hashed).unwrap();
+    let h = Command::new("ssh-keygen")
+        .arg("-H")
+        .arg("-f")
+        .arg(&hashed)
+        .output()
+        .unwrap();
+    assert!(h.status.success(), "{}", String::from_utf8_lossy(&h.stderr));
+    let text = std::fs::read_to_string(&hashed).unwrap();
+    assert!(
+        text.starts_with("|1|") && !text.contains("127.0.0.1"),
+        "{text}"
+    );
+    let c2 = remote.advance("http://192.0.2.12");
+    let out = run(
+        &remote.clone,
+        &with(&["--known-hosts", hashed.to_str().unwrap()]),
+        &[("EDGEFORM_SSH_KEY", key)],
+    );
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert!(origin_of(r.port).unwrap().contains("192.0.2.12"));
+    assert_eq!(meta(r.port)["commit"], c2);
+}
+
+#[test]
+fn pull_over_ssh_with_the_keys_in_ssh_agent() {
+    let s = sshd();
+    let r = harness::redis(&[]);
+    let remote = Remote::new(&s, r.port);
+    let dir = tempfile::tempdir().unwrap();
+    let sock = dir.path().join("agent.sock");
+    // -D: in the foreground, stopped below by its pid.
+    let mut agent = Command::new("ssh-agent")
+        .arg("-D")
+        .arg("-a")
+        .arg(&sock)
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !sock.exists() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let add = Command::new("ssh-add")
+        .arg(&s.client_key)
+        .env("SSH_AUTH_SOCK", &sock)
+        .output()
+        .unwrap();
+    let c1 = remote.advance("http://192.0.2.21");
+    let out = run(
+        &remote.clone,
+        &with(&["--known-hosts", s.known_hosts.to_str().unwrap()]),
+        &[("SSH_AUTH_SOCK", sock.to_str().unwrap())],
+    );
+    let _ = agent.kill();
+    let _ = agent.wait();
+    assert!(
+        add.status.success(),
+        "{}",
+        String::from_utf8_lossy(&add.stderr)
+    );
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert_eq!(meta(r.port)["commit"], c1);
+    assert!(origin_of(r.port).unwrap().contains("192.0.2.21"));
+}
+
+#[test]
+fn an_unknown_or_different_host_key_is_refused_and_nothing_is_applied() {
+    let s = sshd();
+    let r = harness::redis(&[]);
+    let remote = Remote::new(&s, r.port);
+    remote.advance("http://192.0.2.31");
+    let key = s.client_key.to_str().unwrap();
+    let host = format!("[127.0.0.1]:{}", s.port());
+
+    // A known_hosts naming another key for this host: a man in the middle.
+    let other = s.other_known_hosts.to_str().unwrap();
+    let out = run(
+        &remote.clone,
+        &with(&["--ssh-key", key, "--known-hosts", other]),
+        &[],
+    );
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    let errors = error_lines(&out);
+    assert_eq!(errors.len(), 1, "{}", stderr(&out));
+    assert!(
+        errors[0].contains(&format!(
+            "host key of {host} (ssh-ed25519) does not match {other}"
+        )),
+        "{}",
+        errors[0]
+    );
+
+    // A known_hosts that does not list the host: unknown, refused (never
+    // added, never accepted).
+    let empty = remote._dir.path().join("known_hosts.other");
+    std::fs::write(
+        &empty,
+        format!(
+            "[127.0.0.1]:{} {}\n",
+            u32::from(s.port()) + 1,
+            std::fs::read_to_string(&s.known_hosts)
+                .unwrap()
+                .split_once(' ')
+                .unwrap()
+                .1
+                .trim()
+        ),
+    )
+    .unwrap();
+    let before = std::fs::read(&empty).unwrap();
+    let out = run(
+        &remote.clone,
+        &with(&["--ssh-key", key, "--known-hosts", empty.to_str().unwrap()]),
+        &[],
+    );
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    let errors = error_lines(&out);
+    assert_eq!(errors.len(), 1, "{}", stderr(&out));
+    assert!(
+        errors[0].contains(&format!(
+            "host key of {host} is unknown: not in {}",
+            empty.display()
+        )),
+        "{}",
+        errors[0]
+    );
+    assert_eq!(std::fs::read(&empty).unwrap(), before);
+    assert_eq!(dbsize(r.port), 0, "nothing was applied");
+    // Nothing fetched either: the clone's origin/main is where it was.
+    assert_ne!(
+        head(remote.upstream.path()),
+        String::from_utf8(git(&remote.clone, &["rev-parse", "origin/main"]).stdout)
+            .unwrap()
+            .trim()
+    );
+}
+
+#[test]
+fn an_unreadable_key_file_is_one_error_naming_it() {
+    let s = sshd();
+    let r = harness::redis(&[]);
+    let remote = Remote::new(&s, r.port);
+    remote.advance("http://192.0.2.41");
+    let missing = remote._dir.path().join("no_such_key");
+    let out = run(
+        &remote.clone,
+        &with(&[
+            "--ssh-key",
+            missing.to_str().unwrap(),
+            "--known-hosts",
+            s.known_hosts.to_str().unwrap(),
+        ]),
+        &[],
+    );
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    let errors = error_lines(&out);
+    assert_eq!(errors.len(), 1, "{}", stderr(&out));
+    assert!(
+        errors[0].contains(&format!(
+            "ssh key {}: cannot read it: No such file or directory",
+            missing.display()
+        )),
+        "{}",
+        errors[0]
+    );
+    // A directory is not a key either.
+    let out = run(
+        &remote.clone,
+        &with(&[
+            "--ssh-key",
+            remote._dir.path().to_str().unwrap(),
+            "--known-hosts",
+            s.known_hosts.to_str().unwrap(),
+        ]),
+        &[],
+    );
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    assert!(
+        error_lines(&out)[0].contains(&format!("ssh key {}", remote._dir.path().display())),
+        "{}",
+        stderr(&out)
+    );
+    assert_eq!(dbsize(r.port), 0, "nothing was applied");
+}
+
+// ------------------------------------------------------- signed commits
+
+/// A key pair made with ssh-keygen; returns (private key path, public line).
+fn keypair(dir: &Path, name: &str) -> (PathBuf, String) {
+    let path = dir.join(name);
+    let out = Command::new("ssh-keygen")
+        .args(["-q", "-t", "ed25519", "-N", "", "-C", name, "-f"])
+        .arg(&path)
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let public = std::fs::read_to_string(dir.join(format!("{name}.pub"))).unwrap();
+    (path, public.trim().to_owned())
+}
+
+/// Commit everything in `dir`, signed with `key` (`gpg.format=ssh`).
+fn signed_commit(dir: &Path, key: &Path, message: &str) -> String {
+    git(dir, &["add", "-A"]);
+    git(
+        dir,
+        &[
+            "-c",
+            "gpg.format=ssh",
+            "-c",
+            &format!("user.signingkey={}", key.display()),
+            "commit",
+            "-q",
+            "-S",
+            "-m",
+            message,
+        ],
+    );
+    head(dir)
+}
+
+/// The same commit with another message but its original signature: a
+/// commit changed after it was signed.
+fn tampered_commit(dir: &Path) -> String {
+    let raw = String::from_utf8(git(dir, &["cat-file", "commit", "HEAD"]).stdout).unwrap();
+    assert!(raw.contains("-----BEGIN SSH SIGNATURE-----"), "{raw}");
+    let changed = raw.replacen("\n\nsigned ", "\n\nsigned (changed) ", 1);
+    assert_ne!(raw, changed);
+    let path = dir.join(".git/tampered");
+    std::fs::write(&path, changed).unwrap();
+    let out = git(
+        dir,
+        &["hash-object", "-t", "commit", "-w", path.to_str().unwrap()],
+    );
+    std::fs::remove_file(&path).unwrap();
+    let id = String::from_utf8(out.stdout).unwrap().trim().to_owned();
+    git(dir, &["reset", "-q", "--hard", &id]);
+    id
+}
+
+#[test]
+fn only_commits_signed_by_an_allowed_signer_are_applied() {
+    let r = harness::redis(&[]);
+    let keys = tempfile::tempdir().unwrap();
+    let (alice, alice_pub) = keypair(keys.path(), "alice");
+    let (mallory, _) = keypair(keys.path(), "mallory");
+    let allowed = keys.path().join("allowed_signers");
+    std::fs::write(
+        &allowed,
+        format!("# release managers\nalice@example.net {alice_pub}\n"),
+    )
+    .unwrap();
+    let sync = [
+        "reconcile",
+        "--once",
+        "sync",
+        "--require-signed-by",
+        allowed.to_str().unwrap(),
+    ];
+
+    let f = config(r.port, "http://192.0.2.51");
+    git(f.path(), &["init", "-q", "-b", "main"]);
+    let good = signed_commit(f.path(), &alice, "signed by alice");
+    let out = run(f.path(), &sync, &[]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert_eq!(meta(r.port)["commit"], good);
+    assert!(
+        stderr(&out).contains("signer=alice@example.net"),
+        "{}",
+        stderr(&out)
+    );
+
+    let still_good = |out: &Output, reason: &str, commit: &str| {
+        assert_eq!(out.status.code(), Some(1), "{}", stderr(out));
+        let errors = error_lines(out);
+        assert_eq!(errors.len(), 1, "{}", stderr(out));
+        assert!(
+            errors[0].contains(&format!("refused commit {commit}"))
+                && errors[0].contains(&format!("reason=\"{reason}\"")),
+            "{}",
+            errors[0]
+        );
+        assert_eq!(meta(r.port)["commit"], good, "the last good commit is kept");
+        assert!(origin_of(r.port).unwrap().contains("192.0.2.51"));
+    };
+
+    // Unsigned.
+    set_origin(&f, "http://192.0.2.52");
+    git(f.path(), &["commit", "-qam", "unsigned"]);
+    let unsigned = head(f.path());
+    still_good(&run(f.path(), &sync, &[]), "unsigned", &unsigned);
+
+    // Signed by a key that is not in the file.
+    set_origin(&f, "http://192.0.2.53");
+    let wrong = signed_commit(f.path(), &mallory, "signed by mallory");
+    still_good(&run(f.path(), &sync, &[]), "unknown_signer", &wrong);
+
+    // Signed by alice, then changed.
+    set_origin(&f, "http://192.0.2.54");
+    signed_commit(f.path(), &alice, "signed by alice");
+    let tampered = tampered_commit(f.path());
+    still_good(&run(f.path(), &sync, &[]), "bad_signature", &tampered);
+
+    // A working-tree change is never pushed under --require-signed-by:
+    // HEAD is what is verified and applied.
+    set_origin(&f, "http://192.0.2.55");
+    let fixed = signed_commit(f.path(), &alice, "signed by alice again");
+    set_origin(&f, "http://192.0.2.99");
+    let out = run(f.path(), &sync, &[]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert_eq!(meta(r.port)["commit"], fixed);
+    assert!(origin_of(r.port).unwrap().contains("192.0.2.55"));
+}
+
+#[test]
+fn a_malformed_allowed_signers_file_is_one_error_naming_the_line() {
+    let r = harness::redis(&[]);
+    let keys = tempfile::tempdir().unwrap();
+    let (alice, alice_pub) = keypair(keys.path(), "alice");
+    let allowed = keys.path().join("allowed_signers");
+    std::fs::write(
+        &allowed,
+        format!("alice@example.net {alice_pub}\nbob@example.net ssh-ed25519\n"),
+    )
+    .unwrap();
+    let f = config(r.port, "http://192.0.2.61");
+    git(f.path(), &["init", "-q", "-b", "main"]);
+    signed_commit(f.path(), &alice, "signed by alice");
+    let out = run(
+        f.path(),
+        &[
+            "reconcile",
+            "--once",
+            "heal",
+            "--require-signed-by",
+            allowed.to_str().unwrap(),
+        ],
+        &[],
+    );
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    let errors = error_lines(&out);
+    assert_eq!(errors.len(), 1, "{}", stderr(&out));
+    assert!(
+        errors[0].contains(&format!("{}:2: allowed signers:", allowed.display())),
+        "{}",
+        errors[0]
+    );
+    assert_eq!(dbsize(r.port), 0, "nothing was applied");
+    // An unreadable file: named too.
+    let missing = keys.path().join("nope");
+    let out = run(
+        f.path(),
+        &[
+            "reconcile",
+            "--once",
+            "sync",
+            "--require-signed-by",
+            missing.to_str().unwrap(),
+        ],
+        &[],
+    );
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        error_lines(&out)[0].contains(&format!(
+            "allowed signers {}: cannot read it",
+            missing.display()
+        )),
+        "{}",
+        stderr(&out)
+    );
+    assert_eq!(dbsize(r.port), 0, "nothing was applied");
+}
+
+/// The daemon over SSH: a signed commit applied, then an unsigned one
+/// pushed upstream is refused on every run while the last good commit
+/// stays (and is what the runs keep pushing).
+#[test]
+fn the_daemon_keeps_the_last_good_commit_when_a_pulled_commit_is_unsigned() {
+    let s = sshd();
+    let r = harness::redis(&[]);
+    let remote = Remote::new(&s, r.port);
+    let keys = tempfile::tempdir().unwrap();
+    let (alice, alice_pub) = keypair(keys.path(), "alice");
+    let allowed = keys.path().join("allowed_signers");
+    std::fs::write(&allowed, format!("alice@example.net {alice_pub}\n")).unwrap();
+    set_origin(&remote.upstream, "http://192.0.2.71");
+    let good = signed_commit(remote.upstream.path(), &alice, "signed");
+    git(
+        remote.upstream.path(),
+        &["push", "-q", remote.bare.to_str().unwrap(), "main"],
+    );
+    let log = keys.path().join("reconcile.log");
+    let mut daemon = Command::new(env!("CARGO_BIN_EXE_edgeform"))
+        .args([
+            "reconcile",
+            "--sync-every",
+            "1s",
+            "--heal-every",
+            "1h",
+            "--pull",
+            "origin/main",
+            "--ssh-key",
+            s.client_key.to_str().unwrap(),
+            "--known-hosts",
+            s.known_hosts.to_str().unwrap(),
+            "--require-signed-by",
+            allowed.to_str().unwrap(),
+        ])
+        .current_dir(&remote.clone)
+        .env("NO_COLOR", "1")
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    let wait_for = |what: &dyn Fn() -> bool| {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !what() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        what()
+    };
+    let applied = wait_for(&|| meta(r.port).get("commit") == Some(&good));
+    let bad = remote.advance("http://192.0.2.72");
+    let refused = wait_for(&|| {
+        std::fs::read_to_string(&log)
+            .unwrap()
+            .lines()
+            .filter(|l| l.contains(&format!("refused commit {bad}")))
+            .count()
+            >= 2
+    });
+    let _ = daemon.kill();
+    let _ = daemon.wait();
+    let text = std::fs::read_to_string(&log).unwrap();
+    assert!(applied, "{text}");
+    assert!(refused, "{text}");
+    assert!(
+        text.contains(&format!("keeping the last good commit {good}")),
+        "{text}"
+    );
+    assert_eq!(meta(r.port)["commit"], good);
+    assert!(origin_of(r.port).unwrap().contains("192.0.2.71"));
+}
