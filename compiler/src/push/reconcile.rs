@@ -160,6 +160,16 @@ pub async fn reconcile(
     git: remote::GitFlags,
 ) -> Result<u8> {
     let auth = git.auth();
+    if once.is_none() {
+        // The daemon fails at start on a file it could never use, rather
+        // than logging the same error on every tick.
+        if let Some(path) = &git.require_signed_by {
+            signed::AllowedSigners::load(path)?;
+        }
+        if let Some(key) = &auth.ssh_key {
+            remote::check_key_file(key)?;
+        }
+    }
     let last_good = std::cell::RefCell::new(None);
     let load_source = |root: &Path| -> Result<(Source, bool)> {
         let p = pick(

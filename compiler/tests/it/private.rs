@@ -531,6 +531,27 @@ fn a_malformed_allowed_signers_file_is_one_error_naming_the_line() {
         errors[0]
     );
     assert_eq!(dbsize(r.port), 0, "nothing was applied");
+    // The daemon does not start with it: one line, exit 1.
+    let out = run(
+        f.path(),
+        &[
+            "reconcile",
+            "--sync-every",
+            "1s",
+            "--require-signed-by",
+            allowed.to_str().unwrap(),
+        ],
+        &[],
+    );
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    assert_eq!(
+        stderr(&out).trim(),
+        format!(
+            "error: {}:2: allowed signers: expected `principals [options] key-type base64-key`",
+            allowed.display()
+        )
+    );
+    assert_eq!(dbsize(r.port), 0, "nothing was applied");
     // An unreadable file: named too.
     let missing = keys.path().join("nope");
     let out = run(
