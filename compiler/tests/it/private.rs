@@ -3,7 +3,8 @@
 //! file, `EDGEFORM_SSH_KEY`, ssh-agent; host keys checked against plain,
 //! `[host]:port` and hashed known_hosts files), and `--require-signed-by`
 //! (commits signed with `git -c gpg.format=ssh commit -S`, checked against
-//! an OpenSSH allowed-signers file), each against a real `redis-server`.
+//! an OpenSSH allowed-signers file), each against a real `redis-server`;
+//! and the HTTP token path against `git http-backend` on loopback.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -75,6 +76,7 @@ fn run(dir: &Path, args: &[&str], env: &[(&str, &str)]) -> Output {
         .current_dir(dir)
         .env("NO_COLOR", "1")
         .env_remove("EDGEFORM_SSH_KEY")
+        .env_remove("EDGEFORM_GIT_TOKEN")
         .env_remove("SSH_AUTH_SOCK");
     for (k, v) in env {
         c.env(k, v);
@@ -645,4 +647,202 @@ fn the_daemon_keeps_the_last_good_commit_when_a_pulled_commit_is_unsigned() {
     );
     assert_eq!(meta(r.port)["commit"], good);
     assert!(origin_of(r.port).unwrap().contains("192.0.2.71"));
+}
+
+// ------------------------------------------------------------ HTTP token
+
+/// A loopback smart-HTTP git server: `git http-backend` (CGI) behind a
+/// small HTTP/1.1 front that demands Basic authentication with `user` and
+/// `token`, answering 401 otherwise. Plain HTTP on loopback: the token
+/// path is the same as over HTTPS (libgit2 asks for USER_PASS_PLAINTEXT
+/// on a 401 either way). Runs until the test ends (its thread blocks in
+/// accept; the listener goes with the process).
+fn http_git_server(root: &Path, user: &str, token: &str) -> u16 {
+    use std::io::{BufRead, BufReader, Read, Write};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let root = root.to_owned();
+    let expected = format!("Basic {}", base64(format!("{user}:{token}").as_bytes()));
+    std::thread::spawn(move || {
+        for stream in listener.incoming() {
+            let Ok(mut stream) = stream else { continue };
+            let mut reader = BufReader::new(stream.try_clone().unwrap());
+            let mut request_line = String::new();
+            if reader.read_line(&mut request_line).unwrap_or(0) == 0 {
+                continue;
+            }
+            let mut headers = Vec::new();
+            loop {
+                let mut line = String::new();
+                reader.read_line(&mut line).unwrap();
+                let line = line.trim_end().to_owned();
+                if line.is_empty() {
+                    break;
+                }
+                if let Some((k, v)) = line.split_once(':') {
+                    headers.push((k.trim().to_ascii_lowercase(), v.trim().to_owned()));
+                }
+            }
+            let header = |name: &str| {
+                headers
+                    .iter()
+                    .find(|(k, _)| k == name)
+                    .map(|(_, v)| v.clone())
+            };
+            let mut body = Vec::new();
+            if let Some(len) = header("content-length") {
+                body.resize(len.parse().unwrap(), 0);
+                reader.read_exact(&mut body).unwrap();
+            } else if header("transfer-encoding").is_some_and(|t| t.contains("chunked")) {
+                loop {
+                    let mut size = String::new();
+                    reader.read_line(&mut size).unwrap();
+                    let n = usize::from_str_radix(size.trim(), 16).unwrap();
+                    let mut chunk = vec![0; n + 2];
+                    reader.read_exact(&mut chunk).unwrap();
+                    if n == 0 {
+                        break;
+                    }
+                    body.extend_from_slice(&chunk[..n]);
+                }
+            }
+            if header("authorization").as_deref() != Some(expected.as_str()) {
+                let _ = stream.write_all(
+                    b"HTTP/1.1 401 Unauthorized\r\nWWW-Authenticate: Basic realm=\"git\"\r\n\
+                      Content-Length: 0\r\nConnection: close\r\n\r\n",
+                );
+                continue;
+            }
+            let mut parts = request_line.split_whitespace();
+            let method = parts.next().unwrap_or_default().to_owned();
+            let target = parts.next().unwrap_or_default().to_owned();
+            let (path, query) = target.split_once('?').unwrap_or((&target, ""));
+            let mut cgi = Command::new("git")
+                .arg("http-backend")
+                .env("GIT_PROJECT_ROOT", &root)
+                .env("GIT_HTTP_EXPORT_ALL", "1")
+                .env("REQUEST_METHOD", &method)
+                .env("PATH_INFO", path)
+                .env("QUERY_STRING", query)
+                .env("CONTENT_TYPE", header("content-type").unwrap_or_default())
+                .env("CONTENT_LENGTH", body.len().to_string())
+                .env("REMOTE_USER", "x")
+                .stdin(std::process::Stdio::piped())
+                .stdout(std::process::Stdio::piped())
+                .spawn()
+                .unwrap();
+            cgi.stdin.take().unwrap().write_all(&body).unwrap();
+            let out = cgi.wait_with_output().unwrap().stdout;
+            let split = out
+                .windows(4)
+                .position(|w| w == b"\r\n\r\n")
+                .map(|i| (i, 4))
+                .or_else(|| out.windows(2).position(|w| w == b"\n\n").map(|i| (i, 2)))
+                .unwrap();
+            let cgi_headers = String::from_utf8_lossy(&out[..split.0]).into_owned();
+            let payload = &out[split.0 + split.1..];
+            let mut status = "200 OK".to_owned();
+            let mut response = String::new();
+            for line in cgi_headers.lines() {
+                match line.split_once(':') {
+                    Some(("Status", s)) => s.trim().clone_into(&mut status),
+                    Some(_) => {
+                        response.push_str(line.trim_end());
+                        response.push_str("\r\n");
+                    }
+                    None => {}
+                }
+            }
+            let head = format!(
+                "HTTP/1.1 {status}\r\n{response}Content-Length: {}\r\nConnection: close\r\n\r\n",
+                payload.len()
+            );
+            let _ = stream.write_all(head.as_bytes());
+            let _ = stream.write_all(payload);
+        }
+    });
+    port
+}
+
+fn base64(bytes: &[u8]) -> String {
+    const A: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut s = String::new();
+    for chunk in bytes.chunks(3) {
+        let n = chunk
+            .iter()
+            .enumerate()
+            .fold(0u32, |acc, (i, &x)| acc | (u32::from(x) << (16 - 8 * i)));
+        for i in 0..4 {
+            if i <= chunk.len() {
+                s.push(A[((n >> (18 - 6 * i)) & 63) as usize] as char);
+            } else {
+                s.push('=');
+            }
+        }
+    }
+    s
+}
+
+#[test]
+fn pull_over_http_with_the_token_from_the_environment() {
+    let r = harness::redis(&[]);
+    let upstream = config(r.port, "http://192.0.2.81");
+    upstream.commit("first");
+    let dir = tempfile::tempdir().unwrap();
+    let bare = dir.path().join("config.git");
+    let clone = dir.path().join("work");
+    git(
+        dir.path(),
+        &[
+            "clone",
+            "-q",
+            "--bare",
+            upstream.path().to_str().unwrap(),
+            bare.to_str().unwrap(),
+        ],
+    );
+    git(
+        dir.path(),
+        &[
+            "clone",
+            "-q",
+            bare.to_str().unwrap(),
+            clone.to_str().unwrap(),
+        ],
+    );
+    let port = http_git_server(dir.path(), "x-access-token", "s3cret-token");
+    let url = format!("http://127.0.0.1:{port}/config.git");
+    git(&clone, &["remote", "set-url", "origin", &url]);
+    set_origin(&upstream, "http://192.0.2.82");
+    git(upstream.path(), &["commit", "-qam", "second"]);
+    git(
+        upstream.path(),
+        &["push", "-q", bare.to_str().unwrap(), "main"],
+    );
+    let second = head(upstream.path());
+
+    // No token: one line saying which variable to set; nothing applied.
+    let out = run(&clone, PULL, &[]);
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    let errors = error_lines(&out);
+    assert_eq!(errors.len(), 1, "{}", stderr(&out));
+    assert!(
+        errors[0].contains("the server asks for a token; set EDGEFORM_GIT_TOKEN"),
+        "{}",
+        errors[0]
+    );
+    // A wrong token: offered once, refused, no loop.
+    let out = run(&clone, PULL, &[("EDGEFORM_GIT_TOKEN", "wrong")]);
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    assert!(
+        error_lines(&out)[0].contains("the credentials offered were refused"),
+        "{}",
+        stderr(&out)
+    );
+    assert_eq!(dbsize(r.port), 0, "nothing was applied");
+    // The right one.
+    let out = run(&clone, PULL, &[("EDGEFORM_GIT_TOKEN", "s3cret-token")]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert_eq!(meta(r.port)["commit"], second);
+    assert!(origin_of(r.port).unwrap().contains("192.0.2.82"));
 }
