@@ -371,6 +371,67 @@ fn an_unreadable_key_file_is_one_error_naming_it() {
     assert_eq!(dbsize(r.port), 0, "nothing was applied");
 }
 
+/// Without `--known-hosts`, `$HOME/.ssh/known_hosts` decides (and is
+/// named when the host is not in it); an unreadable known_hosts file is
+/// one error naming it.
+#[test]
+fn the_default_known_hosts_is_the_users_and_an_unreadable_one_is_named() {
+    let s = sshd();
+    let r = harness::redis(&[]);
+    let remote = Remote::new(&s, r.port);
+    let c1 = remote.advance("http://192.0.2.91");
+    let key = s.client_key.to_str().unwrap();
+    let home = tempfile::tempdir().unwrap();
+    let home_str = home.path().to_str().unwrap();
+    std::fs::create_dir_all(home.path().join(".ssh")).unwrap();
+    let default = home.path().join(".ssh/known_hosts");
+
+    // Missing: named.
+    let out = run(
+        &remote.clone,
+        &with(&["--ssh-key", key]),
+        &[("HOME", home_str)],
+    );
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    assert!(
+        error_lines(&out)[0].contains(&format!(
+            "known_hosts {}: cannot read it: No such file or directory",
+            default.display()
+        )),
+        "{}",
+        stderr(&out)
+    );
+    // Present but without this host (another host's line): unknown.
+    std::fs::write(
+        &default,
+        std::fs::read_to_string(&s.known_hosts)
+            .unwrap()
+            .replace("[127.0.0.1]", "[192.0.2.1]"),
+    )
+    .unwrap();
+    let out = run(
+        &remote.clone,
+        &with(&["--ssh-key", key]),
+        &[("HOME", home_str)],
+    );
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    assert!(
+        error_lines(&out)[0].contains(&format!("is unknown: not in {}", default.display())),
+        "{}",
+        stderr(&out)
+    );
+    assert_eq!(dbsize(r.port), 0, "nothing was applied");
+    // With the host's line: fetched and applied.
+    std::fs::copy(&s.known_hosts, &default).unwrap();
+    let out = run(
+        &remote.clone,
+        &with(&["--ssh-key", key]),
+        &[("HOME", home_str)],
+    );
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert_eq!(meta(r.port)["commit"], c1);
+}
+
 // ------------------------------------------------------- signed commits
 
 /// A key pair made with ssh-keygen; returns (private key path, public line).
