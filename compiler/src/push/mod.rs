@@ -16,8 +16,13 @@
 //! - [`many`]: which targets, and apply/heal/sync over all of them.
 //! - [`saved`]: one target's plan and the saved-plan file format.
 //! - [`reconcile`]: the scheduled jobs, daemon loop, signals, `--pull`.
+//! - [`gate`]: pure: whether a write may move a target to another commit
+//!   (thresholds, rollback, empty state, freeze), before writing.
+//! - [`audit`]: who wrote what: meta fields and `edgeform:history`.
 
 pub mod apply;
+pub mod audit;
+pub mod gate;
 pub mod heal;
 pub mod lock;
 pub mod many;
