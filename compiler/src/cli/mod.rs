@@ -427,6 +427,7 @@ pub fn run(cli: &Cli) -> Result<u8> {
             detailed_exitcode,
             parallel,
         } => {
+            crate::clock::now()?;
             let source = source(&cli.repo, cli.rev.as_deref(), color())?;
             let code = runtime()?.block_on(push::plan(
                 &cli.repo,
@@ -580,6 +581,12 @@ pub fn run(cli: &Cli) -> Result<u8> {
             if *dry_run && *once != Some(crate::push::reconcile::Once::Heal) {
                 eprintln!(
                     "error: --dry-run goes with --once heal (for sync, `edgeform plan` shows what would change)"
+                );
+                return Ok(EX_USAGE);
+            }
+            if flags.break_glass && once.is_none() {
+                eprintln!(
+                    "error: --break-glass goes with --once (a daemon would ignore every later freeze window)"
                 );
                 return Ok(EX_USAGE);
             }

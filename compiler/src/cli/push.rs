@@ -45,6 +45,7 @@ pub async fn plan(
         commit: source.commit.clone(),
         ancestor: std::sync::Arc::new(Ancestor::new(root, &source.commit)),
         thresholds: source.config.cluster.apply,
+        frozen: crate::push::many::frozen(source),
     });
     let results = each(jobs, parallel, |job| {
         let guard = guard.clone();

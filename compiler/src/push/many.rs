@@ -62,10 +62,7 @@ pub fn jobs(source: &Source, only: &[String]) -> Result<Vec<Job>> {
 pub fn options(source: &Source, flags: &Settings, action: Action) -> Options {
     // The CLI checked EDGEFORM_NOW before the run.
     let now = crate::clock::now().unwrap_or(0);
-    let frozen = FreezeWindow::open_at(&source.config.cluster.freeze, now).map(|w| Frozen {
-        window: w.name.clone(),
-        until: super::state::rfc3339(w.end),
-    });
+    let frozen = frozen_at(source, now);
     Options {
         commit: source.commit.clone(),
         thresholds: source.config.cluster.apply,
@@ -81,6 +78,21 @@ pub fn options(source: &Source, flags: &Settings, action: Action) -> Options {
         dry_run: flags.dry_run && action == Action::Heal,
         audit: super::audit::Audit::current(now),
     }
+}
+
+/// The freeze window of `source` open at `now`, if any.
+#[must_use]
+pub fn frozen_at(source: &Source, now: u64) -> Option<Frozen> {
+    FreezeWindow::open_at(&source.config.cluster.freeze, now).map(|w| Frozen {
+        window: w.name.clone(),
+        until: super::state::rfc3339(w.end),
+    })
+}
+
+/// The freeze window of `source` open now ([`crate::clock::now`]).
+#[must_use]
+pub fn frozen(source: &Source) -> Option<Frozen> {
+    frozen_at(source, crate::clock::now().unwrap_or(0))
 }
 
 /// How one target's sync or heal ended: typed, so logs, exit codes and

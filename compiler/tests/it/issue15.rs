@@ -392,6 +392,16 @@ fn issue_15_a_freeze_is_honoured_and_broken_with_break_glass() {
             both(&out)
         );
     }
+    // plan warns what apply would refuse.
+    let out = ef(f.path(), &["plan"], INSIDE);
+    assert!(
+        stdout(&out).contains("apply would refuse edge-1: refusing to move to another commit during the freeze window `final`"),
+        "{}",
+        both(&out)
+    );
+    // A daemon cannot break glass for ever: --break-glass needs --once.
+    let out = ef(f.path(), &["reconcile", "--break-glass"], INSIDE);
+    assert_eq!(out.status.code(), Some(64), "{}", both(&out));
     assert_eq!(snapshot(r.port), before);
     // Repair at the target's own commit goes on during the freeze.
     redis::cmd("DEL")
