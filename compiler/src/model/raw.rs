@@ -541,7 +541,7 @@ pub struct FreezeWindow {
     pub start: String,
     /// When it closes (after `start`), e.g. `2026-12-26T06:00:00Z`.
     pub end: String,
-    /// Why (shown with refusals).
+    /// Why (logged by `reconcile` while the window is open).
     #[serde(default)]
     pub reason: Option<String>,
 }

@@ -101,7 +101,13 @@ pub async fn reconcile(
                 &source.config.cluster.freeze,
                 crate::clock::now().unwrap_or(0),
             ) {
-                tracing::warn!(window = %w.name, break_glass = flags.break_glass, "reconcile: a freeze window is open; no target moves to another commit");
+                tracing::warn!(
+                    window = %w.name,
+                    reason = %w.reason.as_deref().map(edgestate::untrusted::escape).unwrap_or_default(),
+                    until = %super::state::rfc3339(w.end),
+                    break_glass = flags.break_glass,
+                    "reconcile: a freeze window is open; no target moves to another commit"
+                );
             }
             // See: #19 item 6
             let jobs = match super::many::jobs(&source, &only) {

@@ -387,7 +387,8 @@ fn issue_15_a_freeze_is_honoured_and_broken_with_break_glass() {
         assert_eq!(out.status.code(), Some(1), "{}", both(&out));
         assert!(stderr(&out).contains("reason=\"frozen\""), "{}", both(&out));
         assert!(
-            stderr(&out).contains("a freeze window is open"),
+            stderr(&out).contains("a freeze window is open")
+                && stderr(&out).contains("reason=the final, live until=2026-12-26T06:00:00Z"),
             "{}",
             both(&out)
         );
