@@ -195,6 +195,9 @@ pub enum Command {
     Anycast(anycast::AnycastArgs),
     /// The scheduled jobs: sync re-pushes desired state, heal compares the
     /// full live content and repairs drift. Runs until SIGTERM, or once.
+    /// Repair back to a target's own commit is free; moving a target to
+    /// another commit passes apply's checks (--force, --allow-rollback,
+    /// --break-glass as for apply).
     Reconcile {
         /// How often the sync job re-pushes desired state (1s to 7d).
         #[arg(long, default_value = "15m", value_name = "DURATION", value_parser = push::interval)]
@@ -204,7 +207,8 @@ pub enum Command {
         #[arg(long, default_value = "5m", value_name = "DURATION", value_parser = push::interval)]
         heal_every: std::time::Duration,
         /// Run one job and exit (for cron or systemd timers): exit 0, or 1
-        /// when a target failed.
+        /// when a target failed or was refused (a move to another commit
+        /// over a threshold, the empty state, a rollback, a freeze).
         #[arg(long, value_enum, value_name = "JOB")]
         once: Option<crate::push::reconcile::Once>,
         /// Fetch REMOTE/BRANCH through git2 before each run and push that.

@@ -79,6 +79,7 @@ pub async fn plan(
                     "changed": p.changes.changed, "removed": p.changes.removed,
                     "adopted": p.adopted,
                     "apply_refused": p.refusal.as_ref().map(ToString::to_string),
+                    "apply_refused_kind": p.refusal.as_ref().map(|r| r.kind().as_str()),
                 }));
                 let mut s = p.clone();
                 s.diffs.clear();

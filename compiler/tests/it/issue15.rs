@@ -400,6 +400,9 @@ fn issue_15_a_freeze_is_honoured_and_broken_with_break_glass() {
         "{}",
         both(&out)
     );
+    let out = ef(f.path(), &["plan", "--format", "json"], INSIDE);
+    let v: serde_json::Value = serde_json::from_str(&stdout(&out)).unwrap();
+    assert_eq!(v["targets"][0]["apply_refused_kind"], "frozen", "{v}");
     // A daemon cannot break glass for ever: --break-glass needs --once.
     let out = ef(f.path(), &["reconcile", "--break-glass"], INSIDE);
     assert_eq!(out.status.code(), Some(64), "{}", both(&out));
