@@ -86,7 +86,13 @@ pub fn order(kind: Kind, path: &[&str]) -> &'static [&'static str] {
         (Kind::Node, ["cache"]) => &["dirs", "levels", "key"],
         (Kind::Cluster, []) => &["name", "trusted_proxies", "mqtt", "apply", "geo", "anycast"],
         (Kind::Cluster, ["mqtt"]) => &["url", "topic_prefix"],
-        (Kind::Cluster, ["apply"]) => &["max_delete_percent", "max_change_percent", "min_keys"],
+        (Kind::Cluster, ["apply"]) => &[
+            "max_delete_percent",
+            "max_change_percent",
+            "min_keys",
+            "freeze",
+        ],
+        (Kind::Cluster, ["apply", "freeze"]) => &["name", "start", "end", "reason"],
         (Kind::Cluster, ["geo"]) => &[
             "tie_km",
             "buckets",
@@ -121,6 +127,7 @@ pub const ORDERED_PATHS: &[(Kind, &[&str])] = &[
     (Kind::Cluster, &[]),
     (Kind::Cluster, &["mqtt"]),
     (Kind::Cluster, &["apply"]),
+    (Kind::Cluster, &["apply", "freeze"]),
     (Kind::Cluster, &["geo"]),
     (Kind::Cluster, &["geo", "buckets"]),
     (Kind::Cluster, &["anycast"]),

@@ -23,6 +23,7 @@
 //! Everything but `load` (and the CLI's writing of results) is pure.
 
 pub mod cli;
+pub mod clock;
 pub mod compile;
 pub mod country;
 pub mod diagnostic;

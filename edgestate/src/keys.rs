@@ -19,6 +19,9 @@ pub const MANIFEST_BUCKETS: &str = "edgeform:manifest:buckets";
 pub const META: &str = "edgeform:meta";
 /// The apply lease lock (`SET NX PX` with an owner token).
 pub const LOCK: &str = "edgeform:lock";
+/// List: the target's audit trail, newest first, capped (#15 item 8);
+/// one JSON entry per write, pushed in the write's own MULTI/EXEC.
+pub const HISTORY: &str = "edgeform:history";
 /// The value of a `suspended:<host>` key.
 pub const SUSPENDED_VALUE: &str = "1";
 

@@ -15,6 +15,7 @@ use crate::workspace::{self, Source, Valid};
 use crate::{Checked, compile, diff};
 
 pub mod anycast;
+pub mod audit;
 pub mod explain;
 pub mod mqtt;
 pub mod ops;
@@ -194,6 +195,9 @@ pub enum Command {
     Anycast(anycast::AnycastArgs),
     /// The scheduled jobs: sync re-pushes desired state, heal compares the
     /// full live content and repairs drift. Runs until SIGTERM, or once.
+    /// Repair back to a target's own commit is free; moving a target to
+    /// another commit passes apply's checks (--force, --allow-rollback,
+    /// --break-glass as for apply).
     Reconcile {
         /// How often the sync job re-pushes desired state (1s to 7d).
         #[arg(long, default_value = "15m", value_name = "DURATION", value_parser = push::interval)]
@@ -203,7 +207,8 @@ pub enum Command {
         #[arg(long, default_value = "5m", value_name = "DURATION", value_parser = push::interval)]
         heal_every: std::time::Duration,
         /// Run one job and exit (for cron or systemd timers): exit 0, or 1
-        /// when a target failed.
+        /// when a target failed or was refused (a move to another commit
+        /// over a threshold, the empty state, a rollback, a freeze).
         #[arg(long, value_enum, value_name = "JOB")]
         once: Option<crate::push::reconcile::Once>,
         /// Fetch REMOTE/BRANCH through git2 before each run and push that.
@@ -213,6 +218,10 @@ pub enum Command {
         /// `redis` block), e.g. the one edge on this machine.
         #[arg(long = "node", value_name = "NODE")]
         nodes: Vec<String>,
+        /// With `--once heal`: list the drift (stdout: node, kind, key) and
+        /// any refusal, write nothing. Exit 0 no drift, 2 drift, 1 error.
+        #[arg(long, requires = "once")]
+        dry_run: bool,
         #[command(flatten)]
         flags: push::PushFlags,
         /// Private remotes and signed commits.
@@ -233,15 +242,34 @@ pub enum Command {
         #[arg(long)]
         force: bool,
     },
-    /// Every node's last health report over MQTT: online/offline, report
-    /// age, applied vs desired commit (this repo, compiled), purge queue,
-    /// play sessions, kbit/s. Exit 0 (1 when the broker is unreachable).
+    /// Every node's last health report over MQTT (or, with `--from
+    /// redis`, every target's own meta): online/offline, report age,
+    /// applied vs desired commit (this repo, compiled), purge queue, play
+    /// sessions, kbit/s; then a verdict. Exit 0 all online and on the
+    /// desired commit, 2 drift (a target behind), 1 a node offline or
+    /// unreachable (or the broker unreachable).
     Status {
         /// Output: human (a table) or json.
         #[arg(long, value_enum, default_value = "human")]
         format: mqtt::Format,
+        /// Where to read: the broker's retained reports (mqtt), or each
+        /// target's own `edgeform:meta` (redis; no broker needed).
+        #[arg(long, value_enum, default_value = "mqtt")]
+        from: StatusFrom,
         #[command(flatten)]
         broker: mqtt::BrokerFlags,
+    },
+    /// A target's audit trail (`edgeform:history`, newest first): when,
+    /// which command (apply, sync, heal), commit before → after, who
+    /// (user@host), forced / break-glass, keys written and deleted.
+    /// Exit 0, 1 when the target is unknown or unreachable.
+    History {
+        /// The target.
+        #[arg(long, value_name = "NODE")]
+        node: String,
+        /// Output: human or json (an array of entries).
+        #[arg(long, value_enum, default_value = "human")]
+        format: mqtt::Format,
     },
     /// Send one command to a node's agent over MQTT (only actions its
     /// agent.yaml allows run). Signed when EDGEFORM_COMMAND_KEY is set.
@@ -270,6 +298,13 @@ pub enum Command {
         #[command(flatten)]
         broker: mqtt::BrokerFlags,
     },
+}
+
+/// Where `status` reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum StatusFrom {
+    Mqtt,
+    Redis,
 }
 
 /// The part of `--help` that is not about one command.
@@ -399,6 +434,7 @@ pub fn run(cli: &Cli) -> Result<u8> {
             detailed_exitcode,
             parallel,
         } => {
+            crate::clock::now()?;
             let source = source(&cli.repo, cli.rev.as_deref(), color())?;
             let code = runtime()?.block_on(push::plan(
                 &cli.repo,
@@ -421,6 +457,7 @@ pub fn run(cli: &Cli) -> Result<u8> {
         } => {
             // A taken-over lock is logged.
             init_tracing();
+            crate::clock::now()?;
             runtime()?.block_on(push::apply_cmd(
                 &cli.repo,
                 cli.rev.as_deref(),
@@ -499,9 +536,24 @@ pub fn run(cli: &Cli) -> Result<u8> {
             };
             anycast::anycast(config, args)
         }
-        Command::Status { format, broker } => {
+        Command::Status {
+            format,
+            from,
+            broker,
+        } => {
             let source = valid(&cli.repo, cli.rev.as_deref(), color())?;
-            runtime()?.block_on(mqtt::status(&source, broker, *format))
+            match from {
+                StatusFrom::Mqtt => runtime()?.block_on(mqtt::status(&source, broker, *format)),
+                StatusFrom::Redis => runtime()?.block_on(audit::status_from_redis(
+                    &source,
+                    *format,
+                    std::time::Duration::from_secs(broker.connect_timeout.max(1)),
+                )),
+            }
+        }
+        Command::History { node, format } => {
+            let source = valid(&cli.repo, cli.rev.as_deref(), color())?;
+            runtime()?.block_on(audit::history_cmd(&source, node, *format))
         }
         Command::Exec {
             node,
@@ -529,10 +581,27 @@ pub fn run(cli: &Cli) -> Result<u8> {
             once,
             pull,
             nodes,
+            dry_run,
             flags,
             git,
         } => {
             init_tracing();
+            if *dry_run && *once != Some(crate::push::reconcile::Once::Heal) {
+                eprintln!(
+                    "error: --dry-run goes with --once heal (for sync, `edgeform plan` shows what would change)"
+                );
+                return Ok(EX_USAGE);
+            }
+            if flags.break_glass && once.is_none() {
+                eprintln!(
+                    "error: --break-glass goes with --once (a daemon would ignore every later freeze window)"
+                );
+                return Ok(EX_USAGE);
+            }
+            // A bad EDGEFORM_NOW is an error before anything runs.
+            crate::clock::now()?;
+            let mut settings = flags.settings();
+            settings.dry_run = *dry_run;
             runtime()?.block_on(crate::push::reconcile::reconcile(
                 cli.repo.clone(),
                 cli.rev.clone(),
@@ -541,7 +610,7 @@ pub fn run(cli: &Cli) -> Result<u8> {
                 *sync_every,
                 *heal_every,
                 *once,
-                flags.settings(),
+                settings,
                 git.clone(),
             ))
         }

@@ -150,6 +150,172 @@ pub struct Row {
     pub purge_queue: Option<u64>,
     pub play_sessions: Option<u64>,
     pub out_kbit: Option<u64>,
+    /// `--from redis`: when and by whom the target was last written.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub applied_at: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub applied_by: Option<String>,
+    /// `--from redis`: why the target could not be read.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+/// `status`'s verdict (#15 item 7), and its exit code.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Verdict {
+    /// Every node online and every target on the desired commit: exit 0.
+    Ok,
+    /// Every node online, some target not on the desired commit: exit 2.
+    Drift,
+    /// Some node offline or unreachable: exit 1.
+    Offline,
+}
+
+impl Verdict {
+    #[must_use]
+    pub fn exit_code(self) -> u8 {
+        match self {
+            Verdict::Ok => 0,
+            Verdict::Drift => 2,
+            Verdict::Offline => 1,
+        }
+    }
+}
+
+/// The verdict over `rows` (pure). A row counts when it is a target (it
+/// has a desired commit) or `heard(node)` (it ever said something: a
+/// node with no agent and no Redis is not expected to report). Offline
+/// wins over drift.
+#[must_use]
+pub fn verdict(rows: &[Row], heard: impl Fn(&str) -> bool) -> (Verdict, String) {
+    let counted = rows
+        .iter()
+        .filter(|r| r.desired_commit.is_some() || heard(&r.node));
+    let offline: Vec<&str> = counted
+        .clone()
+        .filter(|r| !r.online)
+        .map(|r| r.node.as_str())
+        .collect();
+    let behind: Vec<&str> = counted
+        .filter(|r| r.desired_commit.is_some() && r.commit != r.desired_commit)
+        .map(|r| r.node.as_str())
+        .collect();
+    let names = |v: &[&str]| {
+        v.iter()
+            .map(|n| untrusted::escape(n))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    if !offline.is_empty() {
+        let mut why = format!("offline or unreachable: {}", names(&offline));
+        if !behind.is_empty() {
+            why.push_str(&format!("; not on the desired commit: {}", names(&behind)));
+        }
+        (Verdict::Offline, why)
+    } else if !behind.is_empty() {
+        (
+            Verdict::Drift,
+            format!("not on the desired commit: {}", names(&behind)),
+        )
+    } else {
+        (
+            Verdict::Ok,
+            "every node online, every target on the desired commit".into(),
+        )
+    }
+}
+
+/// Print rows and the verdict; the verdict's exit code.
+///
+/// # Errors
+/// Writing to stdout.
+pub fn print_status(
+    rows: &[Row],
+    heard: impl Fn(&str) -> bool,
+    format: Format,
+    from_redis: bool,
+) -> Result<u8> {
+    let (v, why) = verdict(rows, heard);
+    let mut out = std::io::stdout().lock();
+    match format {
+        Format::Json => {
+            writeln!(
+                out,
+                "{}",
+                serde_json::to_string_pretty(
+                    &serde_json::json!({ "nodes": rows, "verdict": v, "why": why })
+                )?
+            )?;
+        }
+        Format::Human => {
+            let text = if from_redis {
+                table_redis(rows)
+            } else {
+                table(rows)
+            };
+            out.write_all(text.as_bytes())?;
+            let word = match v {
+                Verdict::Ok => "OK",
+                Verdict::Drift => "DRIFT",
+                Verdict::Offline => "OFFLINE",
+            };
+            writeln!(out, "verdict: {word}: {why}")?;
+        }
+    }
+    Ok(v.exit_code())
+}
+
+/// The human table of `status --from redis`.
+#[must_use]
+pub fn table_redis(rows: &[Row]) -> String {
+    let dash = || "-".to_owned();
+    let mut lines = vec![[
+        "NODE".to_owned(),
+        "REDIS".into(),
+        "COMMIT".into(),
+        "APPLIED".into(),
+        "BY".into(),
+        "PURGE QUEUE".into(),
+    ]];
+    for r in rows {
+        let commit = match (&r.commit, &r.desired_commit) {
+            _ if !r.online => r.error.clone().unwrap_or_else(dash),
+            (Some(c), Some(d)) if c == d => format!("{} (desired)", short_commit(c)),
+            (Some(c), Some(d)) => format!("{} ≠ desired {}", short_commit(c), short_commit(d)),
+            (None, Some(d)) => format!("none ≠ desired {}", short_commit(d)),
+            (Some(c), None) => short_commit(c),
+            (None, None) => dash(),
+        };
+        lines.push([
+            untrusted::escape(&r.node),
+            if r.online { "up" } else { "unreachable" }.into(),
+            commit,
+            r.applied_at.as_deref().map_or_else(dash, untrusted::escape),
+            r.applied_by.as_deref().map_or_else(dash, untrusted::escape),
+            r.purge_queue.map_or_else(dash, |q| q.to_string()),
+        ]);
+    }
+    let widths: Vec<usize> = (0..6)
+        .map(|i| {
+            lines
+                .iter()
+                .map(|l| l[i].chars().count())
+                .max()
+                .unwrap_or(0)
+        })
+        .collect();
+    let mut out = String::new();
+    for l in &lines {
+        let cells: Vec<String> = l
+            .iter()
+            .zip(&widths)
+            .map(|(c, w)| format!("{c:<w$}"))
+            .collect();
+        out.push_str(cells.join("  ").trim_end());
+        out.push('\n');
+    }
+    out
 }
 
 /// What `status` heard.
@@ -211,6 +377,9 @@ pub fn rows(source: &Valid, heard: &Heard, now: u64) -> Vec<Row> {
                 purge_queue: r.and_then(|r| r.purge.queue),
                 play_sessions: r.and_then(|r| r.play_sessions),
                 out_kbit: r.and_then(|r| r.out_kbit),
+                applied_at: None,
+                applied_by: None,
+                error: None,
             }
         })
         .collect()
@@ -257,18 +426,12 @@ pub async fn status(source: &Valid, flags: &BrokerFlags, format: Format) -> Resu
     }
     s.close().await;
     let rows = rows(source, &heard, unix_now());
-    let mut out = std::io::stdout().lock();
-    match format {
-        Format::Json => {
-            writeln!(
-                out,
-                "{}",
-                serde_json::to_string_pretty(&serde_json::json!({ "nodes": rows }))?
-            )?;
-        }
-        Format::Human => out.write_all(table(&rows).as_bytes())?,
-    }
-    Ok(0)
+    print_status(
+        &rows,
+        |n| heard.reports.contains_key(n) || heard.status.contains_key(n),
+        format,
+        false,
+    )
 }
 
 fn short_commit(c: &str) -> String {
@@ -608,6 +771,9 @@ mod tests {
                 purge_queue: Some(0),
                 play_sessions: Some(5),
                 out_kbit: Some(1200),
+                applied_at: None,
+                applied_by: None,
+                error: None,
             },
             Row {
                 node: "b".into(),
@@ -618,6 +784,9 @@ mod tests {
                 purge_queue: None,
                 play_sessions: None,
                 out_kbit: None,
+                applied_at: None,
+                applied_by: None,
+                error: None,
             },
         ];
         let t = table(&rows);
@@ -627,5 +796,50 @@ mod tests {
             t.ends_with("1/2 online, 1/2 targets on the desired commit\n"),
             "{t}"
         );
+    }
+
+    fn row(node: &str, online: bool, commit: Option<&str>, target: bool) -> Row {
+        Row {
+            node: node.into(),
+            online,
+            age_s: None,
+            commit: commit.map(Into::into),
+            desired_commit: target.then(|| "c2".into()),
+            purge_queue: None,
+            play_sessions: None,
+            out_kbit: None,
+            applied_at: None,
+            applied_by: None,
+            error: None,
+        }
+    }
+
+    // See: #15 item 7
+    #[test]
+    fn verdicts() {
+        let nobody = |_: &str| false;
+        let ok = [
+            row("a", true, Some("c2"), true),
+            row("o", false, None, false),
+        ];
+        // An origin with no agent that never said anything is not expected.
+        assert_eq!(verdict(&ok, nobody).0, Verdict::Ok);
+        // ... but once heard (its last will: offline), it counts.
+        assert_eq!(verdict(&ok, |n| n == "o").0, Verdict::Offline);
+        let behind = [row("a", true, Some("c1"), true), row("b", true, None, true)];
+        let (v, why) = verdict(&behind, nobody);
+        assert_eq!((v, v.exit_code()), (Verdict::Drift, 2));
+        assert_eq!(why, "not on the desired commit: a, b");
+        let both = [
+            row("a", true, Some("c1"), true),
+            row("b", false, None, true),
+        ];
+        let (v, why) = verdict(&both, nobody);
+        assert_eq!((v, v.exit_code()), (Verdict::Offline, 1));
+        assert_eq!(
+            why,
+            "offline or unreachable: b; not on the desired commit: a, b"
+        );
+        assert_eq!(Verdict::Ok.exit_code(), 0);
     }
 }

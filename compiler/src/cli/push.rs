@@ -45,6 +45,7 @@ pub async fn plan(
         commit: source.commit.clone(),
         ancestor: std::sync::Arc::new(Ancestor::new(root, &source.commit)),
         thresholds: source.config.cluster.apply,
+        frozen: crate::push::many::frozen(source),
     });
     let results = each(jobs, parallel, |job| {
         let guard = guard.clone();
@@ -78,6 +79,7 @@ pub async fn plan(
                     "changed": p.changes.changed, "removed": p.changes.removed,
                     "adopted": p.adopted,
                     "apply_refused": p.refusal.as_ref().map(ToString::to_string),
+                    "apply_refused_kind": p.refusal.as_ref().map(|r| r.kind().as_str()),
                 }));
                 let mut s = p.clone();
                 s.diffs.clear();
@@ -224,6 +226,10 @@ pub struct PushFlags {
     /// How long to wait for another apply's lock on a target (at most 1h).
     #[arg(long, default_value = "60s", value_name = "DURATION", value_parser = lock_wait)]
     pub lock_wait: Duration,
+    /// Write through an open `apply.freeze` window (cluster.yaml); recorded
+    /// in each target's history.
+    #[arg(long)]
+    pub break_glass: bool,
 }
 
 impl PushFlags {
@@ -235,6 +241,8 @@ impl PushFlags {
             allow_rollback: self.allow_rollback,
             parallel: self.parallel,
             lock_wait: self.lock_wait,
+            break_glass: self.break_glass,
+            dry_run: false,
         }
     }
 }
@@ -354,12 +362,20 @@ pub fn report_applied(results: &[Applied], took: Duration) -> usize {
             }
             Err(e) => {
                 failed += 1;
-                let _ = writeln!(
-                    out,
-                    "{name}: FAILED ({}): {}",
-                    job.node.redis_at(),
-                    edgeredis::one_line(e)
-                );
+                match crate::push::many::refusal(e) {
+                    Some(r) => {
+                        tracing::error!(target = %name, reason = r.kind().as_str(), cause = %r, "apply refused: nothing written");
+                        let _ = writeln!(out, "{name}: REFUSED ({}): {r}", r.kind().as_str());
+                    }
+                    None => {
+                        let _ = writeln!(
+                            out,
+                            "{name}: FAILED ({}): {}",
+                            job.node.redis_at(),
+                            edgeredis::one_line(e)
+                        );
+                    }
+                }
             }
         }
     }
@@ -474,7 +490,16 @@ pub async fn apply_cmd(
         let bar = bar.clone();
         Arc::new(move || bar.inc(1))
     };
-    let results = apply_all(&source, jobs, &flags.settings(), saved.as_ref(), root, tick).await;
+    let results = apply_all(
+        &source,
+        jobs,
+        &flags.settings(),
+        crate::push::gate::Action::Apply,
+        saved.as_ref(),
+        root,
+        tick,
+    )
+    .await;
     bar.finish_and_clear();
     let failed = report_applied(&results, started.elapsed());
     free_later(source);

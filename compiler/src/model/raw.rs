@@ -521,6 +521,29 @@ pub struct Apply {
     #[serde(default)]
     #[schemars(range(min = 0))]
     pub min_keys: Option<u64>,
+    /// Freeze windows (e.g. around a live event): while one is open,
+    /// `apply` and `reconcile` move no target to another commit (repairing
+    /// drift back to a target's own commit goes on); `--break-glass`
+    /// overrides, recorded in the target's history.
+    #[serde(default)]
+    pub freeze: Vec<FreezeWindow>,
+}
+
+/// One freeze window, `[start, end)`.
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct FreezeWindow {
+    /// A short name, shown in refusals and the history.
+    #[schemars(regex(pattern = NAME_PATTERN), length(max = 63))]
+    pub name: String,
+    /// When it opens: RFC 3339 with seconds and an offset, e.g.
+    /// `2026-12-24T18:00:00Z`.
+    pub start: String,
+    /// When it closes (after `start`), e.g. `2026-12-26T06:00:00Z`.
+    pub end: String,
+    /// Why (logged by `reconcile` while the window is open).
+    #[serde(default)]
+    pub reason: Option<String>,
 }
 
 /// Geo routing (the :80 traffic router).

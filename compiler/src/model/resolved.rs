@@ -30,6 +30,8 @@ pub struct Cluster {
     pub trusted_proxies: Vec<IpNet>,
     pub mqtt: Option<Mqtt>,
     pub apply: Thresholds,
+    /// `apply.freeze`, in file order.
+    pub freeze: Vec<FreezeWindow>,
     pub geo: GeoSettings,
     /// `None`: no `anycast` section.
     pub anycast: Option<Anycast>,
@@ -60,6 +62,23 @@ impl Default for Thresholds {
             max_change_percent: 50,
             min_keys: 10,
         }
+    }
+}
+
+/// A freeze window, `[start, end)` in seconds since the epoch.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FreezeWindow {
+    pub name: String,
+    pub start: u64,
+    pub end: u64,
+    pub reason: Option<String>,
+}
+
+impl FreezeWindow {
+    /// The first window of `windows` open at `now` (pure).
+    #[must_use]
+    pub fn open_at(windows: &[FreezeWindow], now: u64) -> Option<&FreezeWindow> {
+        windows.iter().find(|w| w.start <= now && now < w.end)
     }
 }
 

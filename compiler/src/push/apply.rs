@@ -185,6 +185,48 @@ pub struct Options {
     pub overrides: Overrides,
     pub lease: Duration,
     pub lock_wait: Duration,
+    /// Which command writes: decides what the gate checks
+    /// ([`super::gate::decide`]).
+    pub action: super::gate::Action,
+    /// The freeze window open when the run started, if any.
+    pub frozen: Option<super::gate::Frozen>,
+    /// `--break-glass`: write through an open freeze window.
+    pub break_glass: bool,
+    /// Heal: find and report the drift, write nothing.
+    pub dry_run: bool,
+    /// Who writes, recorded in the meta and the history.
+    pub audit: super::audit::Audit,
+}
+
+impl Options {
+    /// The history entry of a write of `generation` over `previous`.
+    #[must_use]
+    pub fn entry(
+        &self,
+        previous: Option<&str>,
+        generation: u64,
+        written: usize,
+        deleted: usize,
+    ) -> super::audit::Entry {
+        super::audit::Entry {
+            at: super::state::rfc3339(self.audit.now),
+            action: self.action.as_str().to_owned(),
+            commit: self.commit.clone(),
+            previous_commit: previous.map(str::to_owned),
+            generation,
+            applied_by: self.audit.applied_by.clone(),
+            command: self.audit.command.clone(),
+            forced: self.overrides.force,
+            break_glass: self.break_glass,
+            freeze: self
+                .frozen
+                .as_ref()
+                .filter(|_| self.break_glass)
+                .map(|f| f.window.clone()),
+            written,
+            deleted,
+        }
+    }
 }
 
 /// The result of applying one target.
@@ -270,7 +312,14 @@ async fn transaction(
             });
         }
         let generation = live.meta.generation + 1;
-        let body = Body::new(desired, &changes, &live, &options.commit, generation);
+        let entry = options.entry(
+            live.meta.commit.as_deref(),
+            generation,
+            changes.added.len() + changes.changed.len(),
+            changes.removed.len(),
+        );
+        let body =
+            Body::new(desired, &changes, &live, &options.commit, generation).recording(entry);
         let done = multi_exec(con, body)
             .instrument(tracing::info_span!("multi_exec"))
             .await?;
@@ -303,16 +352,8 @@ fn check(
         );
     }
     let a = ancestry(live.meta.commit.as_deref());
-    plan::allowed(
-        &options.commit,
-        desired,
-        live,
-        &changes,
-        a,
-        options.thresholds,
-        options.overrides,
-    )
-    .map_err(|r| anyhow::anyhow!("{r}"))?;
+    // A typed error: callers count refusals by kind (`Refusal::kind`).
+    super::gate::decide(options, desired, live, &changes, a).map_err(anyhow::Error::new)?;
     Ok(changes)
 }
 
@@ -393,6 +434,8 @@ pub(crate) struct Body<'a> {
     buckets: Option<Vec<u8>>,
     desired: &'a Desired,
     meta: Option<(&'a str, u64)>,
+    /// The audit record written with the meta (#15 item 8).
+    history: Option<super::audit::Entry>,
 }
 
 impl<'a> Body<'a> {
@@ -424,7 +467,15 @@ impl<'a> Body<'a> {
             buckets: Some(buckets),
             desired,
             meta: Some((commit, generation)),
+            history: None,
         }
+    }
+
+    /// Also record `entry`: the meta's audit fields and one
+    /// `edgeform:history` entry, in the same transaction.
+    pub(crate) fn recording(mut self, entry: super::audit::Entry) -> Body<'a> {
+        self.history = Some(entry);
+        self
     }
 
     /// Also delete `keys` (before the meta is written).
@@ -530,7 +581,13 @@ impl<'a> Body<'a> {
                 continue;
             }
             if let Some((commit, generation)) = self.meta.take() {
-                set_meta(&mut pipe, commit, generation, self.desired);
+                set_meta(
+                    &mut pipe,
+                    commit,
+                    generation,
+                    self.desired,
+                    self.history.as_ref(),
+                );
             }
             break;
         }
@@ -558,9 +615,14 @@ pub(crate) fn set_meta(
     commit: &str,
     generation: u64,
     desired: &Desired,
+    history: Option<&super::audit::Entry>,
 ) {
-    pipe.cmd("HSET")
-        .arg(keys::META)
+    if let Some(entry) = history {
+        // Before the meta: the meta's reply stays the last one.
+        super::audit::record(pipe, entry);
+    }
+    let mut hset = redis::cmd("HSET");
+    hset.arg(keys::META)
         .arg("commit")
         .arg(commit)
         .arg("generation")
@@ -573,6 +635,10 @@ pub(crate) fn set_meta(
         .arg(desired.digest())
         .arg("managed")
         .arg(desired.len());
+    if let Some(entry) = history {
+        super::audit::meta_fields(&mut hset, entry);
+    }
+    pipe.add_command(hset);
 }
 
 #[cfg(test)]

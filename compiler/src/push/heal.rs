@@ -108,6 +108,10 @@ pub struct Healed {
     pub calls: usize,
     /// The slowest of those calls, round trip included.
     pub slowest_call: std::time::Duration,
+    /// Dry run: the refusal a real heal would give (then it would write
+    /// nothing, drift or not).
+    #[serde(skip)]
+    pub refusal: Option<super::plan::Refusal>,
 }
 
 /// Compares the values the manifest names with their hashes inside Redis,
@@ -209,6 +213,10 @@ pub async fn heal(
     options: &Options,
     ancestry: &(dyn Fn(Option<&str>) -> Ancestry + Send + Sync),
 ) -> Result<Healed> {
+    if options.dry_run {
+        // Reads only; no lock (taking one is a write).
+        return heal_locked(con, desired, options, ancestry).await;
+    }
     let lock = Lock::acquire(con, options.lease, options.lock_wait).await?;
     let result = heal_locked(con, desired, options, ancestry).await;
     lock.release(con).await;
@@ -240,15 +248,14 @@ async fn heal_locked(
         healed.bytes += resp_len(&reply);
         let (meta, old): (BTreeMap<String, String>, bool) = redis::from_redis_value(reply)?;
         let meta = Meta::from_hash(&meta);
-        // Healing to an older commit would be a rollback by the back door.
-        let a = ancestry(meta.commit.as_deref());
-        if a != Ancestry::Forward && !options.overrides.allow_rollback {
-            redis::cmd("UNWATCH").exec_async(con).await?;
-            anyhow::bail!(
-                "not healing: the live commit {} is newer than {} or unknown here (use --allow-rollback)",
-                meta.commit.as_deref().unwrap_or("?"),
-                options.commit
-            );
+        // Heal is repair, not rollout (#15 item 1): moving the target to
+        // another commit passes apply's checks first.
+        if let Err(refusal) = gate(con, desired, options, &meta, ancestry).await? {
+            if !options.dry_run {
+                redis::cmd("UNWATCH").exec_async(con).await?;
+                return Err(anyhow::Error::new(refusal));
+            }
+            healed.refusal = Some(refusal);
         }
         let current = !old
             && meta.format.is_some_and(|f| f >= 2)
@@ -264,8 +271,11 @@ async fn heal_locked(
             // stale, or format 1): compare every value from here.
             None => compare_everything(con, desired, &mut healed.bytes).await?,
         };
-        if drift.is_empty() {
+        if drift.is_empty() || options.dry_run {
             redis::cmd("UNWATCH").exec_async(con).await?;
+            let mut drift = drift;
+            drift.sort_by(|a, b| (a.kind, &a.key).cmp(&(b.kind, &b.key)));
+            healed.drift = drift;
             return Ok(healed);
         }
         let (changes, deletes, rewrite) = body;
@@ -273,6 +283,12 @@ async fn heal_locked(
             legacy: rewrite,
             ..Live::default()
         };
+        let entry = options.entry(
+            meta.commit.as_deref(),
+            meta.generation + 1,
+            changes.changed.len(),
+            deletes.len(),
+        );
         let body = Body::new(
             desired,
             &changes,
@@ -280,7 +296,8 @@ async fn heal_locked(
             &options.commit,
             meta.generation + 1,
         )
-        .deleting(deletes);
+        .deleting(deletes)
+        .recording(entry);
         if multi_exec(con, body).await? {
             let mut drift = drift;
             drift.sort_by(|a, b| (a.kind, &a.key).cmp(&(b.kind, &b.key)));
@@ -463,4 +480,27 @@ async fn compare_everything(
         ..Changes::default()
     };
     Ok((drift, (changes, unmanaged, true)))
+}
+
+/// The gate before a heal writes (#15 item 1): free when the target's
+/// meta names the desired commit; otherwise the manifest is read as
+/// `apply` reads it and [`super::gate::decide`] judges the move. Called
+/// inside the heal's WATCH.
+///
+/// # Errors
+/// Redis errors (a refusal is the inner `Err`).
+async fn gate(
+    con: &mut MultiplexedConnection,
+    desired: &Desired,
+    options: &Options,
+    meta: &Meta,
+    ancestry: &(dyn Fn(Option<&str>) -> Ancestry + Send + Sync),
+) -> Result<Result<super::gate::Move, super::plan::Refusal>> {
+    if !super::gate::moving(meta.commit.as_deref(), &options.commit) {
+        return Ok(Ok(super::gate::Move::Repair));
+    }
+    let live = super::apply::read_live(con, desired).await?;
+    let changes = super::apply::live_changes(desired, &live);
+    let a = ancestry(live.meta.commit.as_deref());
+    Ok(super::gate::decide(options, desired, &live, &changes, a))
 }

@@ -200,7 +200,7 @@ fn pidns(of: &str) -> Option<u64> {
     text.strip_prefix("pid:[")?.strip_suffix(']')?.parse().ok()
 }
 
-fn hostname() -> String {
+pub(crate) fn hostname() -> String {
     std::fs::read_to_string("/proc/sys/kernel/hostname")
         .map_or_else(|_| "host".into(), |h| h.trim().to_owned())
 }

@@ -9,10 +9,12 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail};
 
 use super::apply::{self, Expect, Options, Outcome};
-use super::plan::Overrides;
+use super::gate::{Action, Frozen};
+use super::plan::{Overrides, Refusal, RefusalKind};
 use super::run::{Ancestor, each};
 use super::saved::{SavedPlan, desired_digest};
 use super::{Job, heal};
+use crate::model::resolved::FreezeWindow;
 use crate::workspace::Source;
 
 /// How to push: the safety overrides, concurrency and lock wait
@@ -27,6 +29,10 @@ pub struct Settings {
     pub parallel: usize,
     /// How long to wait for another apply's lock on a target.
     pub lock_wait: Duration,
+    /// Write through an open freeze window (recorded in the history).
+    pub break_glass: bool,
+    /// Heal: report the drift, write nothing.
+    pub dry_run: bool,
 }
 
 /// The jobs for `--node` (all targets when empty).
@@ -50,9 +56,13 @@ pub fn jobs(source: &Source, only: &[String]) -> Result<Vec<Job>> {
     Ok(jobs)
 }
 
-/// The apply options for `source` under `settings`.
+/// The options of `action` for `source` under `settings`: the freeze
+/// window open now ([`crate::clock::now`]) and who writes.
 #[must_use]
-pub fn options(source: &Source, flags: &Settings) -> Options {
+pub fn options(source: &Source, flags: &Settings, action: Action) -> Options {
+    // The CLI checked EDGEFORM_NOW before the run.
+    let now = crate::clock::now().unwrap_or(0);
+    let frozen = frozen_at(source, now);
     Options {
         commit: source.commit.clone(),
         thresholds: source.config.cluster.apply,
@@ -62,22 +72,99 @@ pub fn options(source: &Source, flags: &Settings) -> Options {
         },
         lease: Duration::from_secs(300),
         lock_wait: flags.lock_wait,
+        action,
+        frozen,
+        break_glass: flags.break_glass,
+        dry_run: flags.dry_run && action == Action::Heal,
+        audit: super::audit::Audit::current(now),
     }
+}
+
+/// The freeze window of `source` open at `now`, if any.
+#[must_use]
+pub fn frozen_at(source: &Source, now: u64) -> Option<Frozen> {
+    FreezeWindow::open_at(&source.config.cluster.freeze, now).map(|w| Frozen {
+        window: w.name.clone(),
+        until: super::state::rfc3339(w.end),
+    })
+}
+
+/// The freeze window of `source` open now ([`crate::clock::now`]).
+#[must_use]
+pub fn frozen(source: &Source) -> Option<Frozen> {
+    frozen_at(source, crate::clock::now().unwrap_or(0))
+}
+
+/// How one target's sync or heal ended: typed, so logs, exit codes and
+/// metrics count the same thing (#15 item 1).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Ended {
+    /// Nothing to do.
+    InSync,
+    /// Written: this many keys (sync: documents written and deleted;
+    /// heal: drifted keys repaired).
+    Written(usize),
+    /// Dry run: this much drift found, nothing written.
+    WouldRepair(usize),
+    /// The gate refused (nothing written).
+    Refused(RefusalKind),
+    /// Unreachable, lock timeout, Redis error.
+    Failed,
+}
+
+/// Every target's [`Ended`], in node order.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Report {
+    pub targets: Vec<(String, Ended)>,
+}
+
+impl Report {
+    /// 1 when a target failed or was refused; else 2 when a dry run found
+    /// drift; else 0.
+    #[must_use]
+    pub fn exit_code(&self) -> u8 {
+        let any = |f: fn(&Ended) -> bool| self.targets.iter().any(|(_, e)| f(e));
+        if any(|e| matches!(e, Ended::Failed | Ended::Refused(_))) {
+            1
+        } else if any(|e| matches!(e, Ended::WouldRepair(n) if *n > 0)) {
+            2
+        } else {
+            0
+        }
+    }
+
+    /// Targets that failed or were refused.
+    #[must_use]
+    pub fn failed(&self) -> usize {
+        self.targets
+            .iter()
+            .filter(|(_, e)| matches!(e, Ended::Failed | Ended::Refused(_)))
+            .count()
+    }
+}
+
+/// The refusal inside an error, when the gate refused.
+#[must_use]
+pub fn refusal(e: &anyhow::Error) -> Option<&Refusal> {
+    e.downcast_ref::<Refusal>()
 }
 
 /// One target's apply outcome, for reports and tests.
 pub type Applied = (Job, Result<Outcome>);
 
-/// Apply to every job, `tick` after each; returns each outcome.
+/// Apply to every job (as `action`: apply or sync), `tick` after each;
+/// returns each outcome.
+#[allow(clippy::too_many_arguments)]
 pub async fn apply_all(
     source: &Source,
     jobs: Vec<Job>,
     flags: &Settings,
+    action: Action,
     expect: Option<&SavedPlan>,
     root: &Path,
     tick: Arc<dyn Fn() + Send + Sync>,
 ) -> Vec<Applied> {
-    let options = Arc::new(options(source, flags));
+    let options = Arc::new(options(source, flags, action));
     let ancestor = Arc::new(Ancestor::new(root, &source.commit));
     let expect: Option<Arc<SavedPlan>> = expect.map(|p| Arc::new(p.clone()));
     each(jobs, flags.parallel, |job| {
@@ -115,9 +202,11 @@ pub async fn apply_all(
     .await
 }
 
-/// Heal every target; log every drift. Returns the number of failures.
-pub async fn heal_all(source: &Source, jobs: Vec<Job>, flags: &Settings, root: &Path) -> usize {
-    let options = Arc::new(options(source, flags));
+/// Heal every target; log every drift (with `dry_run`, print it and
+/// write nothing) and every refusal.
+pub async fn heal_all(source: &Source, jobs: Vec<Job>, flags: &Settings, root: &Path) -> Report {
+    let options = Arc::new(options(source, flags, Action::Heal));
+    let dry = options.dry_run;
     let ancestor = Arc::new(Ancestor::new(root, &source.commit));
     let results = each(jobs, flags.parallel, |job| {
         let options = options.clone();
@@ -129,33 +218,77 @@ pub async fn heal_all(source: &Source, jobs: Vec<Job>, flags: &Settings, root: &
         }
     })
     .await;
-    let mut failed = 0;
+    let mut report = Report::default();
+    let mut listing = String::new();
     for (job, r) in results {
-        match r {
+        let node = &job.node.name;
+        let ended = match r {
+            Ok(h) if dry => {
+                for d in &h.drift {
+                    tracing::warn!(target = %node, key = %d.key, kind = d.kind.as_str(), "drift (dry run: not repaired)");
+                    listing.push_str(&format!("{node}\t{}\t{}\n", d.kind.as_str(), d.key));
+                }
+                if let Some(r) = &h.refusal {
+                    tracing::warn!(target = %node, reason = r.kind().as_str(), cause = %r, "heal would be refused (dry run)");
+                    listing.push_str(&format!("{node}\trefused\t{r}\n"));
+                }
+                tracing::info!(target = %node, drift = h.drift.len(), bytes = h.bytes, calls = h.calls, "heal (dry run): nothing written");
+                match &h.refusal {
+                    Some(r) => Ended::Refused(r.kind()),
+                    None => Ended::WouldRepair(h.drift.len()),
+                }
+            }
             Ok(h) if h.drift.is_empty() => {
-                tracing::info!(target = %job.node.name, bytes = h.bytes, calls = h.calls, slowest_call = ?h.slowest_call, "heal: no drift")
+                tracing::info!(target = %node, bytes = h.bytes, calls = h.calls, slowest_call = ?h.slowest_call, "heal: no drift");
+                Ended::InSync
             }
             Ok(h) => {
                 for d in &h.drift {
-                    tracing::warn!(target = %job.node.name, key = %d.key, kind = d.kind.as_str(), "drift repaired");
+                    tracing::warn!(target = %node, key = %d.key, kind = d.kind.as_str(), "drift repaired");
                 }
-                tracing::info!(target = %job.node.name, repaired = h.drift.len(), bytes = h.bytes, calls = h.calls, slowest_call = ?h.slowest_call, "heal: drift repaired");
+                tracing::info!(target = %node, repaired = h.drift.len(), bytes = h.bytes, calls = h.calls, slowest_call = ?h.slowest_call, "heal: drift repaired");
+                Ended::Written(h.drift.len())
             }
-            Err(e) => {
-                failed += 1;
-                tracing::error!(target = %job.node.name, at = %job.node.redis_at(), cause = %edgeredis::one_line(&e), "heal failed");
-            }
+            Err(e) => failed_or_refused("heal", &job, &e),
+        };
+        report.targets.push((node.clone(), ended));
+    }
+    if dry {
+        use std::io::Write as _;
+        let _ = std::io::stdout().lock().write_all(listing.as_bytes());
+    }
+    report
+}
+
+/// Log a target's error: a refusal (with its kind) or a failure.
+fn failed_or_refused(what: &str, job: &Job, e: &anyhow::Error) -> Ended {
+    match refusal(e) {
+        Some(r) => {
+            tracing::error!(target = %job.node.name, reason = r.kind().as_str(), cause = %r, "{what} refused: nothing written");
+            Ended::Refused(r.kind())
+        }
+        None => {
+            tracing::error!(target = %job.node.name, at = %job.node.redis_at(), cause = %edgeredis::one_line(e), "{what} failed");
+            Ended::Failed
         }
     }
-    failed
 }
 
 /// Sync every target (an apply with the usual safety); log outcomes.
-pub async fn sync_all(source: &Source, jobs: Vec<Job>, flags: &Settings, root: &Path) -> usize {
-    let results = apply_all(source, jobs, flags, None, root, Arc::new(|| {})).await;
-    let mut failed = 0;
+pub async fn sync_all(source: &Source, jobs: Vec<Job>, flags: &Settings, root: &Path) -> Report {
+    let results = apply_all(
+        source,
+        jobs,
+        flags,
+        Action::Sync,
+        None,
+        root,
+        Arc::new(|| {}),
+    )
+    .await;
+    let mut report = Report::default();
     for (job, r) in results {
-        match r {
+        let ended = match r {
             Ok(Outcome::Applied {
                 changes,
                 generation,
@@ -170,15 +303,15 @@ pub async fn sync_all(source: &Source, jobs: Vec<Job>, flags: &Settings, root: &
                     tracing::warn!(target = %job.node.name, key = %k, kind = "removed", "drift: pruned");
                 }
                 tracing::info!(target = %job.node.name, generation, "sync: applied");
+                Ended::Written(changes.count())
             }
             Ok(Outcome::Unchanged { generation }) => {
                 tracing::info!(target = %job.node.name, generation, "sync: in sync");
+                Ended::InSync
             }
-            Err(e) => {
-                failed += 1;
-                tracing::error!(target = %job.node.name, at = %job.node.redis_at(), cause = %edgeredis::one_line(&e), "sync failed");
-            }
-        }
+            Err(e) => failed_or_refused("sync", &job, &e),
+        };
+        report.targets.push((job.node.name.clone(), ended));
     }
-    failed
+    report
 }

@@ -18,8 +18,13 @@
 //! - [`reconcile`]: the scheduled jobs, daemon loop, signals, `--pull`.
 //! - [`remote`]: credentials and SSH host key checks for `--pull`.
 //! - [`signed`]: `--require-signed-by`: allowed signers, commit signatures.
+//! - [`gate`]: pure: whether a write may move a target to another commit
+//!   (thresholds, rollback, empty state, freeze), before writing.
+//! - [`audit`]: who wrote what: meta fields and `edgeform:history`.
 
 pub mod apply;
+pub mod audit;
+pub mod gate;
 pub mod heal;
 pub mod lock;
 pub mod many;

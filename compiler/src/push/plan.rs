@@ -137,7 +137,55 @@ pub enum Refusal {
         managed: usize,
         limit: u32,
     },
+    /// A `cluster.yaml` `apply.freeze` window is open (#15 item 9).
+    Frozen {
+        window: String,
+        until: String,
+    },
 }
+
+/// The kind of a [`Refusal`], for logs and metrics (a label value that
+/// never carries numbers or commits).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum RefusalKind {
+    Rollback,
+    UnknownLive,
+    Empty,
+    Deletes,
+    Changes,
+    Frozen,
+}
+
+impl RefusalKind {
+    #[must_use]
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RefusalKind::Rollback => "rollback",
+            RefusalKind::UnknownLive => "unknown-live",
+            RefusalKind::Empty => "empty",
+            RefusalKind::Deletes => "deletes",
+            RefusalKind::Changes => "changes",
+            RefusalKind::Frozen => "frozen",
+        }
+    }
+}
+
+impl Refusal {
+    #[must_use]
+    pub fn kind(&self) -> RefusalKind {
+        match self {
+            Refusal::Rollback { .. } => RefusalKind::Rollback,
+            Refusal::UnknownLive { .. } => RefusalKind::UnknownLive,
+            Refusal::Empty => RefusalKind::Empty,
+            Refusal::Deletes { .. } => RefusalKind::Deletes,
+            Refusal::Changes { .. } => RefusalKind::Changes,
+            Refusal::Frozen { .. } => RefusalKind::Frozen,
+        }
+    }
+}
+
+impl std::error::Error for Refusal {}
 
 impl std::fmt::Display for Refusal {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -170,6 +218,10 @@ impl std::fmt::Display for Refusal {
             } => write!(
                 f,
                 "refusing to change {changed} of {managed} managed keys (more than {limit} %; use --force)"
+            ),
+            Refusal::Frozen { window, until } => write!(
+                f,
+                "refusing to move to another commit during the freeze window `{window}` (until {until}; use --break-glass)"
             ),
         }
     }

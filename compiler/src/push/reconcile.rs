@@ -200,6 +200,18 @@ pub async fn reconcile(
                     return 1;
                 }
             };
+            if let Some(w) = crate::model::resolved::FreezeWindow::open_at(
+                &source.config.cluster.freeze,
+                crate::clock::now().unwrap_or(0),
+            ) {
+                tracing::warn!(
+                    window = %w.name,
+                    reason = %w.reason.as_deref().map(edgestate::untrusted::escape).unwrap_or_default(),
+                    until = %super::state::rfc3339(w.end),
+                    break_glass = flags.break_glass,
+                    "reconcile: a freeze window is open; no target moves to another commit"
+                );
+            }
             // See: #19 item 6
             let jobs = match super::many::jobs(&source, &only) {
                 Ok(jobs) => jobs,
@@ -209,17 +221,17 @@ pub async fn reconcile(
                 }
             };
             tracing::info!(commit = %source.commit, targets = jobs.len(), job = ?which, "reconcile");
-            let failed = match which {
+            let report = match which {
                 Once::Sync => sync_all(&source, jobs, &flags, &root).await,
                 Once::Heal => heal_all(&source, jobs, &flags, &root).await,
             };
             // A refused newer commit fails the run even when the last good
             // one was kept in place.
-            failed + usize::from(refused)
+            if refused { 1 } else { report.exit_code() }
         }
     };
     if let Some(which) = once {
-        return Ok(u8::from(run(which).await > 0));
+        return Ok(run(which).await);
     }
     let mut sync = tokio::time::interval(sync_every);
     let mut heal = tokio::time::interval(heal_every);

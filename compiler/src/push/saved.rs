@@ -46,12 +46,23 @@ pub struct Guard {
     pub commit: String,
     pub ancestor: std::sync::Arc<super::run::Ancestor>,
     pub thresholds: crate::model::resolved::Thresholds,
+    /// The freeze window open now (#15 item 9): apply would refuse any
+    /// target it moves to another commit.
+    pub frozen: Option<super::gate::Frozen>,
 }
 
 impl Guard {
     /// The refusal `apply` would give this target, if any. See: #19 item 6
     #[must_use]
     pub fn refusal(&self, job: &Job, live: &Live, changes: &Changes) -> Option<plan::Refusal> {
+        if let Some(f) = &self.frozen
+            && super::gate::moving(live.meta.commit.as_deref(), &self.commit)
+        {
+            return Some(plan::Refusal::Frozen {
+                window: f.window.clone(),
+                until: f.until.clone(),
+            });
+        }
         plan::allowed(
             &self.commit,
             &job.desired,

@@ -8,6 +8,7 @@ pub(super) fn cluster_defaults() -> Cluster {
         trusted_proxies: Vec::new(),
         mqtt: None,
         apply: Thresholds::default(),
+        freeze: Vec::new(),
         geo: default_geo(),
         anycast: None,
     }
@@ -32,6 +33,11 @@ pub(super) fn cluster(ctx: &mut Ctx<'_>, raw: &raw::Cluster) -> Cluster {
         max_change_percent: a.max_change_percent.unwrap_or(defaults.max_change_percent),
         min_keys: a.min_keys.unwrap_or(defaults.min_keys),
     });
+    let freeze = raw
+        .apply
+        .as_ref()
+        .map(|a| freeze_windows(ctx, &a.freeze))
+        .unwrap_or_default();
     let mut geo = default_geo();
     if let Some(g) = &raw.geo {
         if let Some(t) = g.tie_km {
@@ -79,9 +85,59 @@ pub(super) fn cluster(ctx: &mut Ctx<'_>, raw: &raw::Cluster) -> Cluster {
         trusted_proxies,
         mqtt,
         apply,
+        freeze,
         geo,
         anycast,
     }
+}
+
+/// `apply.freeze`: each time an RFC 3339 time, `end` after `start`,
+/// names unique (#15 item 9).
+fn freeze_windows(ctx: &mut Ctx<'_>, raw: &[raw::FreezeWindow]) -> Vec<FreezeWindow> {
+    let mut out: Vec<FreezeWindow> = Vec::with_capacity(raw.len());
+    for (i, w) in raw.iter().enumerate() {
+        let base = format!("/apply/freeze/{i}");
+        let time = |ctx: &mut Ctx<'_>, field: &str, text: &str| {
+            let t = crate::clock::parse_rfc3339(text.trim());
+            if t.is_none() {
+                let d = ctx.error(
+                    "invalid-time",
+                    &format!("{base}/{field}"),
+                    format!("`{text}` is not an RFC 3339 time"),
+                );
+                help(d, "e.g. 2026-12-24T18:00:00Z (seconds and an offset or Z)");
+            }
+            t
+        };
+        let start = time(ctx, "start", &w.start);
+        let end = time(ctx, "end", &w.end);
+        if out.iter().any(|o| o.name == w.name) {
+            ctx.error(
+                "duplicate-value",
+                &format!("{base}/name"),
+                format!("freeze window `{}` is named twice", w.name),
+            );
+        }
+        let (Some(start), Some(end)) = (start, end) else {
+            continue;
+        };
+        if end <= start {
+            let d = ctx.error(
+                "invalid-window",
+                &format!("{base}/end"),
+                format!("freeze window `{}` ends before it starts", w.name),
+            );
+            help(d, "`end` must be after `start`");
+            continue;
+        }
+        out.push(FreezeWindow {
+            name: w.name.clone(),
+            start,
+            end,
+            reason: w.reason.clone(),
+        });
+    }
+    out
 }
 
 /// AS numbers that never appear as a real AS: 0 (RFC 7607), `AS_TRANS`

@@ -23,8 +23,8 @@ use crate::country;
 use crate::diagnostic::Diagnostic;
 use crate::model::raw::{self, AccessMode, CacheAction, EdgeAction, MatchType, Role};
 use crate::model::resolved::{
-    Anycast, AnycastPrefix, CacheSettings, Cluster, Config, Mqtt, Node, RedisTarget, Site,
-    Thresholds, Upstream, Zone,
+    Anycast, AnycastPrefix, CacheSettings, Cluster, Config, FreezeWindow, Mqtt, Node, RedisTarget,
+    Site, Thresholds, Upstream, Zone,
 };
 use crate::parse::{ParsedFile, Raw};
 

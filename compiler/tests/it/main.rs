@@ -7,6 +7,7 @@ mod example;
 mod heal;
 mod hostile;
 mod issue12;
+mod issue15;
 mod issue19;
 mod malformed;
 mod mqtt;

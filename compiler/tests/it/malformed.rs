@@ -424,6 +424,26 @@ const CASES: &[Case] = &[
         3,
     ),
     (
+        "freeze: not a time",
+        &[(
+            "cluster.yaml",
+            "apply:\n  freeze:\n    - name: final\n      start: 2026-12-24 18:00\n      end: \"2026-12-26T06:00:00Z\"\n",
+        )],
+        "invalid-time",
+        "cluster.yaml",
+        4,
+    ),
+    (
+        "freeze: ends before it starts",
+        &[(
+            "cluster.yaml",
+            "apply:\n  freeze:\n    - name: final\n      start: \"2026-12-26T06:00:00Z\"\n      end: \"2026-12-24T18:00:00Z\"\n",
+        )],
+        "invalid-window",
+        "cluster.yaml",
+        5,
+    ),
+    (
         "bad duration",
         &[("cluster.yaml", "geo:\n  fail_timeout: 30 seconds\n")],
         "invalid-value",

@@ -24,10 +24,19 @@ fn start_agent(redis: u16, broker: u16, cache: &std::path::Path) -> Agent {
     ))
 }
 
+/// `status --format json`; its exit code must be its verdict's (#15 item 7).
 fn status_json(f: &Fixture) -> serde_json::Value {
     let out = edgeform(f.path(), &["status", "--format", "json"]);
-    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
-    serde_json::from_str(&stdout(&out)).unwrap()
+    let v: serde_json::Value =
+        serde_json::from_str(&stdout(&out)).unwrap_or_else(|_| panic!("{}", stderr(&out)));
+    let code = match v["verdict"].as_str() {
+        Some("ok") => 0,
+        Some("drift") => 2,
+        Some("offline") => 1,
+        other => panic!("verdict {other:?}: {v}"),
+    };
+    assert_eq!(out.status.code(), Some(code), "{v}");
+    v
 }
 
 #[test]
@@ -82,11 +91,17 @@ fn status_and_exec_through_the_broker() {
     assert_eq!(nodes[1]["node"], "edge-2");
     assert_eq!(nodes[1]["online"], false);
     assert!(nodes[1]["age_s"].is_null() && nodes[1]["commit"].is_null());
+    // edge-2 (a target) never reported: offline, exit 1.
+    assert_eq!(v["verdict"], "offline", "{v}");
     let out = edgeform(f.path(), &["status"]);
-    assert_eq!(out.status.code(), Some(0));
+    assert_eq!(out.status.code(), Some(1));
     let text = stdout(&out);
     assert!(
         text.contains("(desired)") && text.contains("1/2 online"),
+        "{text}"
+    );
+    assert!(
+        text.contains("verdict: OFFLINE: offline or unreachable: edge-2"),
         "{text}"
     );
 

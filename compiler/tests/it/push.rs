@@ -152,6 +152,8 @@ fn first_apply_then_noop_plan_then_prune() {
         keys(r.port),
         [
             "cdn:purge:eu:edge-1",
+            // The audit trail (#15 item 8).
+            "edgeform:history",
             "edgeform:manifest",
             "edgeform:meta",
             "edgeform:routing",
@@ -283,9 +285,10 @@ fn thresholds_refuse_mass_deletes_and_changes() {
         "{}",
         stdout(&out)
     );
-    assert_eq!(keys(r.port).len(), 23);
+    // 21 documents, the manifest, the meta and the history (#15 item 8).
+    assert_eq!(keys(r.port).len(), 24);
     assert_eq!(apply(&f, &["--force"]).status.code(), Some(0));
-    assert_eq!(keys(r.port).len(), 17);
+    assert_eq!(keys(r.port).len(), 18);
     // 15 managed keys; changing 8 (53 %) is refused; a cluster.yaml limit of 60 % lets it pass.
     for i in 6..14 {
         f.write(
@@ -439,7 +442,7 @@ fn a_target_down_fails_alone_and_a_later_sync_heals_it() {
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
     assert!(stderr(&out).contains("sync: applied"), "{}", stderr(&out));
     assert_eq!(meta(back.port)["generation"], "1");
-    assert_eq!(keys(back.port).len(), 5);
+    assert_eq!(keys(back.port).len(), 6);
 }
 
 #[test]
