@@ -19,6 +19,7 @@ Usage: python3 bench/heal_cost.py [--bin target/release/edgeform] [--old-rev REV
 """
 
 import argparse
+import hashlib
 import re
 import shutil
 import statistics
@@ -75,6 +76,48 @@ return n
 """
 
 
+def resp(*args) -> bytes:
+    out = [b"*%d\r\n" % len(args)]
+    for a in args:
+        if isinstance(a, str):
+            a = a.encode()
+        out.append(b"$%d\r\n%s\r\n" % (len(a), a))
+    return b"".join(out)
+
+
+def bucket(key: bytes) -> int:
+    """edgestate::keys::bucket: the top byte of the key's 32-bit FNV-1a."""
+    h = 0x811C9DC5
+    for c in key:
+        h = ((h ^ c) * 0x01000193) & 0xFFFFFFFF
+    return h >> 24
+
+
+def layouts(port: int):
+    """The documents on the server and two ways to write them with their manifest, as RESP in one
+    MULTI/EXEC: format 1 (MSET + one manifest hash, 1,000 a command) and format 2 (MSET + the
+    fields of each 2 MiB chunk's ~4,000 documents gathered per bucket hash)."""
+    cli = lambda *a: subprocess.run(["redis-cli", "-p", str(port), "--raw", *a], capture_output=True).stdout
+    keys = sorted(k for k in cli("--scan").split(b"\n") if k.startswith((b"site:", b"suspended:")))
+    values = []
+    for i in range(0, len(keys), 1000):
+        values += cli("MGET", *keys[i:i + 1000]).split(b"\n")[:-1]
+    hashes = [hashlib.sha1(v).hexdigest() for v in values]
+    pairs = lambda a, b: [x for ab in zip(a, b) for x in ab]
+    f1, f2 = [resp("MULTI")], [resp("MULTI")]
+    for i in range(0, len(keys), 1000):
+        f1 += [resp("MSET", *pairs(keys[i:i + 1000], values[i:i + 1000])),
+               resp("HSET", "edgeform:manifest", *pairs(keys[i:i + 1000], hashes[i:i + 1000]))]
+    for c in range(0, len(keys), 4000):
+        for i in range(c, min(c + 4000, len(keys)), 1000):
+            f2.append(resp("MSET", *pairs(keys[i:i + 1000], values[i:i + 1000])))
+        by = {}
+        for k, h in zip(keys[c:c + 4000], hashes[c:c + 4000]):
+            by.setdefault(bucket(k), []).extend([k, h.encode()])
+        f2 += [resp("HSET", f"edgeform:manifest:{b:02x}", *f) for b, f in sorted(by.items())]
+    return b"".join(f1 + [resp("EXEC")]), b"".join(f2 + [resp("EXEC")]), len(keys)
+
+
 class Server:
     def __init__(self, work: Path, valgrind: bool, name: str, rdb: Path | None = None):
         self.port = free_port()
@@ -110,6 +153,16 @@ class Server:
         dump = max(self.dir.glob("cg.out.*"), key=lambda p: p.stat().st_mtime)
         m = re.search(r"^(?:summary|totals): (\d+)", dump.read_text(), re.M)
         return int(m.group(1))
+
+    def pipe_instructions(self, payload: bytes) -> int:
+        self.cli("FLUSHALL")
+        subprocess.run(["callgrind_control", "-z", str(self.proc.pid)], capture_output=True, check=True)
+        subprocess.run(["redis-cli", "-p", str(self.port), "--pipe"], input=payload, capture_output=True, check=True)
+        for old in self.dir.glob("cg.out.*"):
+            old.unlink()
+        subprocess.run(["callgrind_control", "-d", str(self.proc.pid)], capture_output=True, check=True)
+        dump = max(self.dir.glob("cg.out.*"), key=lambda p: p.stat().st_mtime)
+        return int(re.search(r"^(?:summary|totals): (\d+)", dump.read_text(), re.M).group(1))
 
     def stop(self):
         self.proc.terminate()
@@ -174,6 +227,11 @@ def main() -> int:
         print("| script | instructions | per key | × 300 edges, CPU s at that rate |\n|---|---:|---:|---:|")
         for name, n in rows:
             print(f"| {name} | {n / 1e6:.0f} M | {n / managed / 1000:.1f} k | {300 * n / rate:.1f} |")
+        # The full apply's server-side cost of the two manifest layouts (the same documents).
+        f1, f2, docs = layouts(plain.port)
+        one, two = vg.pipe_instructions(f1), vg.pipe_instructions(f2)
+        print(f"\nfull apply, server side, {docs} documents in one MULTI/EXEC: format 1 (one manifest hash) "
+              f"{one / 1e6:.0f} M instructions, format 2 (256 bucket hashes) {two / 1e6:.0f} M ({two / one:.2f}x)")
     finally:
         for s in servers:
             s.stop()
