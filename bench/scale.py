@@ -21,6 +21,7 @@ import argparse
 import json
 import os
 import re
+import resource
 import shutil
 import statistics
 import subprocess
@@ -46,10 +47,16 @@ def write_nodes(repo: Path, servers):
             f"addresses: [198.51.{100 + i // 250}.{1 + i % 250}]\nredis: {{url: \"redis://127.0.0.1:{r.port}\"}}\n")
 
 
+CHILD_CPU = []  # CPU seconds (user + sys) of each run's process, in order
+
+
 def run(args, ok=(0,)):
+    c0 = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
     r = subprocess.run(args, cwd=ROOT, capture_output=True, text=True)
     dt = time.perf_counter() - t0
+    c1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    CHILD_CPU.append(c1.ru_utime - c0.ru_utime + c1.ru_stime - c0.ru_stime)
     if r.returncode not in ok:
         raise SystemExit(f"{' '.join(map(str, args))} exited {r.returncode}:\n{r.stdout[-2000:]}\n{r.stderr[-2000:]}")
     return dt, r
@@ -68,6 +75,7 @@ def measure(binary: Path, repo: Path, servers, runs: int, full_runs: int):
     out["full apply"] = full
     out["no-op plan"] = [run(ef + ["plan", "--detailed-exitcode"])[0] for _ in range(runs)]
     out["no-op sync"] = [run(ef + ["reconcile", "--once", "sync"])[0] for _ in range(runs)]
+    sync_cpu = statistics.median(CHILD_CPU[-runs:])
     heal, per_target, slowest = [], [], []
     # The server-side time of each script call, on one server: its slowlog
     # with every command logged.
@@ -86,6 +94,10 @@ def measure(binary: Path, repo: Path, servers, runs: int, full_runs: int):
     probe.cli("CONFIG", "SET", "slowlog-log-slower-than", "10000")
     probe.cli("SLOWLOG", "RESET")
     out["no-op heal"] = heal
+    heal_cpu = statistics.median(CHILD_CPU[-runs:])
+    # The reconcile daemon does these runs: a heal every 5 min, a sync every 15 min;
+    # its average CPU (control host only, a no-op cluster) is about this share of a core.
+    out["daemon CPU %"] = [100 * (heal_cpu / 300 + sync_cpu / 900)]
     site = sorted((repo / "sites").glob("*.yaml"))[0]
     original = site.read_text()
     one = []
@@ -129,7 +141,8 @@ def main() -> int:
                 load = os.getloadavg()[0]
                 t, per_target, slowest = measure(Path(path), a.dir, servers, a.runs, a.full_runs)
                 rows.append((n, label, t, per_target, slowest, load))
-                print(f"N={n} {label}: " + ", ".join(f"{k} {statistics.median(v):.2f} s" for k, v in t.items()),
+                print(f"N={n} {label}: " + ", ".join(f"{k} {statistics.median(v):.2f}" + ("" if k.endswith("%") else " s")
+                                               for k, v in t.items()),
                       file=sys.stderr)
                 for s in servers:
                     s.cli("FLUSHALL")
@@ -140,8 +153,8 @@ def main() -> int:
     print(f"\n{a.sites} sites, one redis-server per edge on loopback; {os.cpu_count()} cores ({cpu}); "
           f"medians of {a.runs} runs ({a.full_runs} for the full apply), wall time of the whole process\n")
     print("| edges | binary | check | full apply | no-op plan | no-op sync | no-op heal | heal bytes/target "
-          "| server-side heal call (one edge) | one-site apply | load |")
-    print("|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+          "| server-side heal call (one edge) | one-site apply | daemon CPU (est.) | load |")
+    print("|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for n, label, t, per_target, slowest, load in rows:
         m = {k: statistics.median(v) for k, v in t.items()}
         b = f"{statistics.median(per_target):.0f}" if per_target else "n/a (reads every value)"
@@ -149,7 +162,7 @@ def main() -> int:
              if slowest else "n/a")
         print(f"| {n} | {label} | {m['check']:.2f} s | {m['full apply']:.2f} s | {m['no-op plan']:.2f} s "
               f"| {m['no-op sync']:.2f} s | {m['no-op heal']:.2f} s | {b} | {s} "
-              f"| {m['one-site change apply']:.2f} s | {load:.1f} |")
+              f"| {m['one-site change apply']:.2f} s | {m['daemon CPU %']:.2f} % | {load:.1f} |")
     return 0
 
 

@@ -30,15 +30,7 @@ const BATCH: usize = 1000;
 /// # Errors
 /// Redis errors, or a manifest that is not a hash of UTF-8 strings.
 pub async fn read_live(con: &mut MultiplexedConnection, desired: &Desired) -> Result<Live> {
-    let (meta, old): (BTreeMap<String, String>, bool) = redis::pipe()
-        .cmd("HGETALL")
-        .arg(keys::META)
-        .cmd("EXISTS")
-        .arg(keys::MANIFEST)
-        .query_async(con)
-        .await
-        .context("reading edgeform:meta")?;
-    let meta = Meta::from_hash(&meta);
+    let (meta, old) = read_meta(con).await?;
     let current = meta.format.is_some_and(|f| f >= 2) && meta.manifest_digest.is_some();
     if old || (!current && meta.generation > 0) {
         let manifest: redis::Value = redis::cmd("HGETALL")
@@ -256,11 +248,66 @@ pub async fn apply(
     expect: Option<&Expect>,
     ancestry: &(dyn Fn(Option<&str>) -> Ancestry + Send + Sync),
 ) -> Result<Outcome> {
+    if let Some(unchanged) = unchanged_without_lock(con, desired, options, expect, ancestry).await?
+    {
+        return Ok(unchanged);
+    }
     let lock = Lock::acquire(con, options.lease, options.lock_wait).await?;
     hold_for_tests().await;
     let result = transaction(con, desired, options, expect, ancestry).await;
     lock.release(con).await;
     result
+}
+
+/// A target already in the desired state (the meta's manifest digest and
+/// commit are the desired ones, format 2) is reported unchanged from one
+/// read of the meta, without taking the lock: a no-op writes nothing, and
+/// the meta is only ever written in the transaction that writes the
+/// documents, so what it says is a state that was committed whole (#16: a
+/// no-op sync costs one round trip per target, not lock + WATCH + unlock).
+/// `None` when anything differs or a check would refuse: then the locked
+/// path decides (and reports the refusal).
+async fn unchanged_without_lock(
+    con: &mut MultiplexedConnection,
+    desired: &Desired,
+    options: &Options,
+    expect: Option<&Expect>,
+    ancestry: &(dyn Fn(Option<&str>) -> Ancestry + Send + Sync),
+) -> Result<Option<Outcome>> {
+    let (meta, old) = read_meta(con).await?;
+    if old
+        || meta.format.is_none_or(|f| f < 2)
+        || meta.manifest_digest.as_deref() != Some(desired.digest())
+        || meta.commit.as_deref() != Some(options.commit.as_str())
+    {
+        return Ok(None);
+    }
+    let live = Live {
+        managed: desired.len(),
+        digest: desired.digest().to_owned(),
+        meta,
+        ..Live::default()
+    };
+    if check(desired, &live, options, expect, ancestry).is_err() {
+        return Ok(None);
+    }
+    Ok(Some(Outcome::Unchanged {
+        generation: live.meta.generation,
+    }))
+}
+
+/// `edgeform:meta`, and whether a format-1 `edgeform:manifest` exists
+/// (one round trip).
+async fn read_meta(con: &mut MultiplexedConnection) -> Result<(Meta, bool)> {
+    let (meta, old): (BTreeMap<String, String>, bool) = redis::pipe()
+        .cmd("HGETALL")
+        .arg(keys::META)
+        .cmd("EXISTS")
+        .arg(keys::MANIFEST)
+        .query_async(con)
+        .await
+        .context("reading edgeform:meta")?;
+    Ok((Meta::from_hash(&meta), old))
 }
 
 /// `EDGEFORM_TEST_HOLD_LOCK_MS`: hold the lock this long before writing,

@@ -122,36 +122,40 @@ pub struct Healed {
 /// of the chunk's bucket digests, and the number of entries.
 const COMPARE: &str = r"
 local first, last, prefix, index = tonumber(ARGV[1]), tonumber(ARGV[2]), ARGV[3], ARGV[4]
+local call, sha1, sub, num, bxor, hex, fmt = redis.call, redis.sha1hex, string.sub, tonumber, bit.bxor, bit.tohex, string.format
 local missing, changed, bad = {}, {}, {}
 local x1, x2, x3, x4, n = 0, 0, 0, 0, 0
 for b = first, last do
-  local bb = string.format('%02x', b)
-  local flat = redis.call('HGETALL', prefix .. bb)
-  local y1, y2, y3, y4 = 0, 0, 0, 0
-  for i = 1, #flat, 2 do
-    local k, h = flat[i], flat[i + 1]
-    local v = redis.pcall('GET', k)
-    if v == false then
-      missing[#missing + 1] = k
-    elseif type(v) ~= 'string' or redis.sha1hex(v) ~= h then
-      changed[#changed + 1] = k
-    end
-    local d = redis.sha1hex(k .. '\0' .. h)
-    y1 = bit.bxor(y1, tonumber(string.sub(d, 1, 8), 16))
-    y2 = bit.bxor(y2, tonumber(string.sub(d, 9, 16), 16))
-    y3 = bit.bxor(y3, tonumber(string.sub(d, 17, 24), 16))
-    y4 = bit.bxor(y4, tonumber(string.sub(d, 25, 32), 16))
-  end
+  local bb = fmt('%02x', b)
+  local flat = call('HGETALL', prefix .. bb)
   local count = #flat / 2
-  local value = bit.tohex(y1, 8) .. bit.tohex(y2, 8) .. bit.tohex(y3, 8) .. bit.tohex(y4, 8)
-    .. ' ' .. string.format('%d', count)
-  if redis.call('HGET', index, bb) ~= value then
+  local y1, y2, y3, y4 = 0, 0, 0, 0
+  for s = 1, count, 500 do
+    local ks = {}
+    for i = s, math.min(s + 499, count) do ks[#ks + 1] = flat[2 * i - 1] end
+    local vs = call('MGET', unpack(ks))
+    for j = 1, #ks do
+      local k, h, v = ks[j], flat[2 * (s + j - 1)], vs[j]
+      if not v then
+        if call('EXISTS', k) == 1 then changed[#changed + 1] = k else missing[#missing + 1] = k end
+      elseif sha1(v) ~= h then
+        changed[#changed + 1] = k
+      end
+      local d = sha1(k .. '\0' .. h)
+      y1 = bxor(y1, num(sub(d, 1, 8), 16))
+      y2 = bxor(y2, num(sub(d, 9, 16), 16))
+      y3 = bxor(y3, num(sub(d, 17, 24), 16))
+      y4 = bxor(y4, num(sub(d, 25, 32), 16))
+    end
+  end
+  local value = hex(y1, 8) .. hex(y2, 8) .. hex(y3, 8) .. hex(y4, 8) .. ' ' .. fmt('%d', count)
+  if call('HGET', index, bb) ~= value then
     bad[#bad + 1] = b
   end
-  x1, x2, x3, x4 = bit.bxor(x1, y1), bit.bxor(x2, y2), bit.bxor(x3, y3), bit.bxor(x4, y4)
+  x1, x2, x3, x4 = bxor(x1, y1), bxor(x2, y2), bxor(x3, y3), bxor(x4, y4)
   n = n + count
 end
-return {missing, changed, bad, bit.tohex(x1, 8) .. bit.tohex(x2, 8) .. bit.tohex(x3, 8) .. bit.tohex(x4, 8), n}
+return {missing, changed, bad, hex(x1, 8) .. hex(x2, 8) .. hex(x3, 8) .. hex(x4, 8), n}
 ";
 
 /// One SCAN step inside Redis that returns the next cursor and how many
@@ -257,20 +261,7 @@ async fn heal_locked(
             }
             healed.refusal = Some(refusal);
         }
-        let current = !old
-            && meta.format.is_some_and(|f| f >= 2)
-            && meta.manifest_digest.as_deref() == Some(desired.digest());
-        let found = if current {
-            compare_in_redis(con, desired, &mut healed).await?
-        } else {
-            None
-        };
-        let (drift, body) = match found {
-            Some(found) => found,
-            // The manifest does not describe the desired state (tampered,
-            // stale, or format 1): compare every value from here.
-            None => compare_everything(con, desired, &mut healed.bytes).await?,
-        };
+        let (drift, body) = compare(con, desired, &meta, old, &mut healed).await?;
         if drift.is_empty() || options.dry_run {
             redis::cmd("UNWATCH").exec_async(con).await?;
             let mut drift = drift;
@@ -310,7 +301,34 @@ async fn heal_locked(
 
 /// The repair: documents to write (as `changed`), keys to delete, and
 /// whether the manifest is rewritten whole.
-type Repair = (Changes, Vec<Vec<u8>>, bool);
+pub type Repair = (Changes, Vec<Vec<u8>>, bool);
+
+/// The comparison alone, no writes: the drift on a target whose meta is
+/// `meta` (`old`: a format-1 `edgeform:manifest` exists) and the repair
+/// that removes it (empty drift: healthy). Inside Redis when the meta says
+/// the target holds the desired manifest; from here, every value, when
+/// the manifest does not describe the desired state (tampered, stale, or
+/// format 1) or turns out not to. Adds what it read and the calls it made
+/// to `healed`. The caller decides what to do with the drift (repair it,
+/// only report it, refuse).
+///
+/// # Errors
+/// Redis errors.
+pub async fn compare(
+    con: &mut MultiplexedConnection,
+    desired: &Desired,
+    meta: &Meta,
+    old: bool,
+    healed: &mut Healed,
+) -> Result<(Vec<Drift>, Repair)> {
+    let current = !old
+        && meta.format.is_some_and(|f| f >= 2)
+        && meta.manifest_digest.as_deref() == Some(desired.digest());
+    if current && let Some(found) = compare_in_redis(con, desired, healed).await? {
+        return Ok(found);
+    }
+    compare_everything(con, desired, &mut healed.bytes).await
+}
 
 /// The server-side comparison, for a target whose meta says it holds the
 /// desired manifest. `None` when the manifest turns out not to match its

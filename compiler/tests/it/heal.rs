@@ -245,3 +245,49 @@ fn issue_16_a_format_1_target_is_migrated_by_the_first_apply() {
     assert!(!exists);
     healthy(&f);
 }
+
+// See: #16 (a no-op sync is one read of the meta per target: no lock)
+#[test]
+fn issue_16_a_no_op_sync_reads_the_meta_without_the_lock() {
+    let r = harness::redis(&[]);
+    let f = applied(r.port);
+    // Another host holds the lock (not provably dead, never taken over).
+    run(
+        r.port,
+        &["SET", "edgeform:lock", "other-host:1:1", "PX", "120000"],
+    );
+    let start = std::time::Instant::now();
+    let out = edgeform(
+        f.path(),
+        &["reconcile", "--once", "sync", "--lock-wait", "60s"],
+    );
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert!(stderr(&out).contains("sync: in sync"), "{}", stderr(&out));
+    // It did not wait for the lock.
+    assert!(
+        start.elapsed() < std::time::Duration::from_secs(30),
+        "{:?}",
+        start.elapsed()
+    );
+    // A change still takes the lock: held, it fails the target.
+    f.write(
+        "sites/s00009.yaml",
+        b"host: s00009.example.com\norigin: http://192.0.2.9\n",
+    );
+    f.commit("one site changes");
+    let out = edgeform(
+        f.path(),
+        &["reconcile", "--once", "sync", "--lock-wait", "300ms"],
+    );
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("locked by another apply"),
+        "{}",
+        stderr(&out)
+    );
+    // Released: the change is applied.
+    run(r.port, &["DEL", "edgeform:lock"]);
+    let out = edgeform(f.path(), &["reconcile", "--once", "sync"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert!(stderr(&out).contains("sync: applied"), "{}", stderr(&out));
+}

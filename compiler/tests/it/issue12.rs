@@ -522,7 +522,13 @@ fn issue12_item12_a_killed_applys_lock_is_taken_over_at_once() {
         .unwrap();
     assert_eq!(generation, "1");
 
-    // The same once the killed process is reaped (no such pid).
+    // The same once the killed process is reaped (no such pid). A change
+    // (a no-op apply answers from the meta without taking the lock, #16).
+    f.write(
+        "sites/s99999.yaml",
+        b"host: s99999.example.com\norigin: http://192.0.2.9\n",
+    );
+    f.commit("one more site");
     let mut child = Command::new(env!("CARGO_BIN_EXE_edgeform"))
         .args(["apply", "--yes", "--force"])
         .current_dir(f.path())
