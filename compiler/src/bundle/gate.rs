@@ -310,6 +310,11 @@ fn nginx(nodes: &[GateNode<'_>], roles: &Roles, scratch: &Path, out: &mut Outcom
             };
             found = true;
             let msg = line[at..].split_once(' ').map_or(line, |(_, m)| m);
+            // `[emerg] 123#123: message`
+            let msg = match msg.split_once(": ") {
+                Some((pid, m)) if pid.chars().all(|c| c.is_ascii_digit() || c == '#') => m,
+                _ => msg,
+            };
             // `unknown directive "x" in /scratch/release/nginx.conf:12`
             let (message, location) = match msg.rsplit_once(" in ") {
                 Some((m, place)) => {

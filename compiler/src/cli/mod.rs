@@ -608,15 +608,20 @@ fn check_cmd(
         CheckFormat::Human => {
             let text = report::diagnostics_human(&checked.diagnostics, &repo, color());
             eprint!("{text}");
-            let verdict = if checked.is_valid() {
+            let verdict = if checked.is_valid() && bundles_ok {
                 "valid"
             } else {
                 "invalid"
             };
             eprintln!(
-                "{}: {verdict} ({})",
+                "{}: {verdict} ({}{})",
                 cli.repo.display(),
-                report::summary(&checked.diagnostics, repo.sources.len())
+                report::summary(&checked.diagnostics, repo.sources.len()),
+                if bundles_ok {
+                    ""
+                } else {
+                    "; bundles (roles/) failed, see above"
+                }
             );
         }
         CheckFormat::Json => {
