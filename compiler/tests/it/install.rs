@@ -582,3 +582,73 @@ fn unknown_host_key_and_bad_role_folders_install_nothing() {
     assert_eq!(out.status.code(), Some(1));
     assert!(!root.exists(), "nothing was installed");
 }
+
+/// `status`: the installed bundle's version (read by the agent from
+/// `health.bundle_manifest`, the node's `current/manifest.json`) next to
+/// the applied commit.
+#[test]
+fn status_shows_the_installed_bundle_next_to_the_applied_commit() {
+    use crate::util::{Agent, Fixture};
+    let redis = harness::redis(&[]);
+    let broker = harness::mosquitto();
+    let f = Fixture::with(&[
+        (
+            "nodes/edge-1.yaml",
+            &*format!(
+                "name: edge-1\nroles: [edge]\nregion: eu\nlocation: {{lat: 52.0, lon: 4.0}}\n\
+                 redis: {{url: \"redis://127.0.0.1:{}\"}}\n",
+                redis.port
+            ),
+        ),
+        (
+            "cluster.yaml",
+            &format!(
+                "name: test\nmqtt: {{url: \"mqtt://127.0.0.1:{}\"}}\n",
+                broker.port
+            ),
+        ),
+    ]);
+    let out = edgeform(f.path(), &["apply", "--yes"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let node = tempfile::tempdir().unwrap();
+    let version = "9e01aa7c44f2b1d0c3e5f6a7b8c9d0e1f2a3b4c5d6e7f8091a2b3c4d5e6f7a8b";
+    let manifest = node.path().join("manifest.json");
+    std::fs::write(
+        &manifest,
+        format!(
+            "{{\"node\":\"edge-1\",\"roles\":[\"edge\"],\"version\":\"{version}\",\
+             \"commit\":\"5be1c2d09a7e5be1c2d09a7e5be1c2d09a7e5be1\",\"files\":[]}}"
+        ),
+    )
+    .unwrap();
+    let _agent = Agent::start(&format!(
+        "node: edge-1\nregion: eu\nredis: {{url: \"redis://127.0.0.1:{}\"}}\n\
+         cache: {{dirs: [{}]}}\nmqtt: {{url: \"mqtt://127.0.0.1:{}\"}}\n\
+         health: {{interval: 500ms, bundle_manifest: {}}}\n",
+        redis.port,
+        node.path().join("cache").display(),
+        broker.port,
+        manifest.display()
+    ));
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let row = loop {
+        let out = edgeform(f.path(), &["status", "--format", "json"]);
+        let v: serde_json::Value = serde_json::from_str(&stdout(&out)).unwrap_or_default();
+        let row = v["nodes"][0].clone();
+        if row["bundle"].is_string() && row["commit"].is_string() {
+            break row;
+        }
+        assert!(Instant::now() < deadline, "no bundle reported: {v}");
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    assert_eq!(row["bundle"], version);
+    assert_eq!(
+        row["bundle_commit"],
+        "5be1c2d09a7e5be1c2d09a7e5be1c2d09a7e5be1"
+    );
+    assert_eq!(row["commit"], row["desired_commit"]);
+    let out = edgeform(f.path(), &["status"]);
+    let text = stdout(&out);
+    assert!(text.contains("BUNDLE"), "{text}");
+    assert!(text.contains("9e01aa7c44f2 (from 5be1c2d09a7e)"), "{text}");
+}
