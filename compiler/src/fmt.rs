@@ -94,6 +94,7 @@ pub fn order(kind: Kind, path: &[&str]) -> &'static [&'static str] {
             "keep",
             "vars",
             "candidate_vars",
+            "restart_on_change",
         ],
         (Kind::Cluster, []) => &["name", "trusted_proxies", "mqtt", "apply", "geo", "anycast"],
         (Kind::Cluster, ["mqtt"]) => &["url", "topic_prefix"],

@@ -185,6 +185,8 @@ pub struct Install {
     pub vars: BTreeMap<String, String>,
     #[serde(default)]
     pub candidate_vars: BTreeMap<String, String>,
+    #[serde(default)]
+    pub restart_on_change: BTreeMap<String, String>,
 }
 
 impl Install {

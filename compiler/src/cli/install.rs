@@ -281,6 +281,7 @@ pub enum Step {
     Reload,
     Prune,
     Rollback,
+    Restart,
 }
 
 impl Step {
@@ -296,6 +297,7 @@ impl Step {
             Step::Reload => "reload",
             Step::Prune => "prune",
             Step::Rollback => "rollback",
+            Step::Restart => "restart",
         }
     }
 }
@@ -651,6 +653,23 @@ fn reload(r: &Remote<'_>, b: &NodeBundle) -> StepResult<()> {
     r.must(Step::Reload, &script).map(|_| ())
 }
 
+/// `install.restart_on_change`: the command of every changed file, once each.
+fn restart(r: &Remote<'_>, changed: &BTreeSet<String>) -> StepResult<()> {
+    let mut done = BTreeSet::new();
+    for (file, command) in &r.install.restart_on_change {
+        if changed.contains(file) && done.insert(command) {
+            r.must(Step::Restart, &format!("{command}\n"))
+                .map_err(|e| {
+                    fail(
+                        Step::Restart,
+                        format!("`{command}` ({file} changed): {}", e.message),
+                    )
+                })?;
+        }
+    }
+    Ok(())
+}
+
 fn releases(r: &Remote<'_>, step: Step) -> StepResult<(Vec<String>, Option<String>)> {
     let root = q(&r.install.root);
     let out = r.must(
@@ -711,12 +730,17 @@ fn install_one(b: &NodeBundle, ssh: &SshFlags, commit: Option<&str>) -> StepResu
         }
     }
     let previous = releases(&r, Step::Switch)?.1;
+    let changed: BTreeSet<String> = bundle::drift(installed.as_ref(), &manifest)
+        .into_iter()
+        .map(|(p, _)| p)
+        .collect();
     switch(&r, &id)?;
-    if let Err(e) = reload(&r, b) {
+    if let Err(e) = reload(&r, b).and_then(|()| restart(&r, &changed)) {
         // Back to what served before.
         if let Some(p) = previous {
             let _ = switch(&r, &p);
             let _ = reload(&r, b);
+            let _ = restart(&r, &changed);
         }
         return Err(e);
     }

@@ -358,6 +358,10 @@ pub struct Install {
     /// not share with the live server): `{{ instance.vars.<name> }}`.
     #[serde(default)]
     pub candidate_vars: std::collections::BTreeMap<String, String>,
+    /// Bundle file → a shell command run on the node after the switch when
+    /// that file changed (e.g. `agent.yaml: systemctl restart edgeform-agent`).
+    #[serde(default)]
+    pub restart_on_change: std::collections::BTreeMap<String, String>,
 }
 
 /// Latitude and longitude in degrees.

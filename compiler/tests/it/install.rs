@@ -81,7 +81,8 @@ impl Lab {
              \x20 vars: {{workers: \"1\", resolver: 127.0.0.1, cache_max_size: 100m, \
              geoip_db: geoip/GeoLite2-City.mmdb, api: \"false\", api_url: \"http://127.0.0.1:9\", \
              api_token: \"\", challenge_secret: s3cret, ttl_hop_port: \"{hop}\"}}\n\
-             \x20 candidate_vars: {{ttl_hop_port: \"{chop}\"}}\n",
+             \x20 candidate_vars: {{ttl_hop_port: \"{chop}\"}}\n\
+             \x20 restart_on_change: {{agent.yaml: \"echo restarted >> {root}/agent-restarts\"}}\n",
             redis = self.redis_port,
             root = root.display(),
             ssh = self.sshd.port(),
@@ -206,6 +207,11 @@ fn eventually(what: &str, f: impl Fn() -> bool) {
     }
 }
 
+/// What `restart_on_change` ran on a node (one line per run).
+fn restarts(lab: &Lab, node: &str) -> String {
+    std::fs::read_to_string(lab.root(node).join("agent-restarts")).unwrap_or_default()
+}
+
 fn serves_old(lab: &Lab, node: &str) {
     let (status, body) = get(lab.live_port(node), "smoke-test.invalid", "/");
     assert_eq!((status, body.as_str()), (404, "unknown host\n"), "{node}");
@@ -264,6 +270,8 @@ fn install_three_nodes_then_a_new_lua_file_reaches_old_and_fresh_nodes_and_rollb
         "{}",
         stdout(&plan)
     );
+    // A new agent.yaml: its restart command ran once.
+    assert_eq!(restarts(&lab, "edge-1"), "restarted\n");
 
     // `build` writes each node's bundle and manifest.
     let built = tempfile::tempdir().unwrap();
@@ -328,6 +336,8 @@ fn install_three_nodes_then_a_new_lua_file_reaches_old_and_fresh_nodes_and_rollb
     }
     let plan = lab.plan_bundles();
     assert_eq!(plan.status.code(), Some(0), "{}", stdout(&plan));
+    // agent.yaml did not change: not restarted again.
+    assert_eq!(restarts(&lab, "edge-1"), "restarted\n");
 
     // --rollback: edge-1 returns to the release before.
     let before = lab.current("edge-1");
