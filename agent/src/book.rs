@@ -194,6 +194,7 @@ mod tests {
             purge: PurgeState::default(),
             redis: RedisState::default(),
             version: "0".into(),
+            bundle: None,
         })
         .unwrap()
     }

@@ -54,6 +54,9 @@ pub struct HealthConfig {
     pub interval: Duration,
     pub play_sessions: Option<Source>,
     pub streams: Option<Source>,
+    /// The installed bundle's manifest (`<root>/current/manifest.json`):
+    /// its version and commit go into the report (docs/install.md).
+    pub bundle_manifest: Option<PathBuf>,
 }
 
 /// Where a metric is read: a JSON document from a URL or a file, and the
@@ -654,9 +657,25 @@ fn health(cx: &mut Cx<'_>, v: Option<&Value>) -> Option<HealthConfig> {
             interval: DEFAULT_HEALTH_INTERVAL,
             play_sessions: None,
             streams: None,
+            bundle_manifest: None,
         });
     };
-    let m = cx.mapping(v, "/health", &["interval", "play_sessions", "streams"])?;
+    let m = cx.mapping(
+        v,
+        "/health",
+        &["interval", "play_sessions", "streams", "bundle_manifest"],
+    )?;
+    let bundle_manifest = cx
+        .string(m, "/health", "bundle_manifest")
+        .map(PathBuf::from);
+    if let Some(p) = &bundle_manifest
+        && !p.is_absolute()
+    {
+        cx.at(
+            "/health/bundle_manifest",
+            "`bundle_manifest` must be an absolute path".into(),
+        );
+    }
     let interval = match m.get("interval") {
         None => Some(DEFAULT_HEALTH_INTERVAL),
         Some(_) => cx.duration(m, "/health", "interval"),
@@ -667,6 +686,7 @@ fn health(cx: &mut Cx<'_>, v: Option<&Value>) -> Option<HealthConfig> {
         interval: interval?,
         play_sessions: play_sessions?,
         streams: streams?,
+        bundle_manifest,
     })
 }
 

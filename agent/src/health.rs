@@ -307,6 +307,7 @@ pub async fn report(
             purge,
             redis,
             version: VERSION.to_owned(),
+            bundle: config.health.bundle_manifest.as_deref().map(bundle_state),
         };
         if let Some(q) = report.purge.queue {
             metrics.purge_queue.set(gauge_value(q));
@@ -326,6 +327,20 @@ pub async fn report(
             }
             Err(e) => tracing::debug!(cause = %e, "health: report not queued"),
         }
+    }
+}
+
+/// The installed bundle from its manifest; an unreadable one reports
+/// `version: null` (the node has no release yet, or it is being switched).
+fn bundle_state(path: &std::path::Path) -> edgestate::mqtt::BundleState {
+    let Ok(text) = crate::files::read_regular(path, 16 << 20) else {
+        return edgestate::mqtt::BundleState::default();
+    };
+    let v: serde_json::Value = serde_json::from_str(&text).unwrap_or_default();
+    let field = |k: &str| v.get(k).and_then(|x| x.as_str()).map(str::to_owned);
+    edgestate::mqtt::BundleState {
+        version: field("version"),
+        commit: field("commit"),
     }
 }
 

@@ -22,6 +22,7 @@
 //!
 //! Everything but `load` (and the CLI's writing of results) is pure.
 
+pub mod bundle;
 pub mod cli;
 pub mod clock;
 pub mod compile;

@@ -151,6 +151,19 @@ pub struct HealthReport {
     pub purge: PurgeState,
     pub redis: RedisState,
     pub version: String,
+    /// The installed bundle (`health.bundle_manifest` of agent.yaml: the
+    /// node's `current/manifest.json`, docs/install.md). Left out when
+    /// not configured, so older readers are unaffected.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bundle: Option<BundleState>,
+}
+
+/// The installed bundle's version and the commit it was built from.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BundleState {
+    pub version: Option<String>,
+    #[serde(default)]
+    pub commit: Option<String>,
 }
 
 /// What the node's Redis holds: `edgeform:meta` `commit` and `generation`.
@@ -497,6 +510,7 @@ mod tests {
             purge: PurgeState::default(),
             redis: RedisState::default(),
             version: "0".into(),
+            bundle: None,
         };
         let v = serde_json::to_value(&r).unwrap();
         assert!(v["play_sessions"].is_null() && v["config"]["commit"].is_null());

@@ -58,6 +58,8 @@ pub async fn status_from_redis(source: &Valid, format: Format, timeout: Duration
                 applied_at: meta.get("applied_at").cloned(),
                 applied_by: meta.get("applied_by").cloned(),
                 error: None,
+                bundle: None,
+                bundle_commit: None,
             },
             Err(e) => Row {
                 node: node.name.clone(),
@@ -70,6 +72,8 @@ pub async fn status_from_redis(source: &Valid, format: Format, timeout: Duration
                 out_kbit: None,
                 applied_at: None,
                 applied_by: None,
+                bundle: None,
+                bundle_commit: None,
                 error: Some(format!(
                     "unreachable ({}): {}",
                     node.redis_at(),

@@ -17,6 +17,7 @@ use crate::{Checked, compile, diff};
 pub mod anycast;
 pub mod audit;
 pub mod explain;
+pub mod install;
 pub mod mqtt;
 pub mod ops;
 pub mod purge;
@@ -53,6 +54,8 @@ pub enum Command {
         /// checked-out repository, prefixed to annotation file names.
         #[arg(long, default_value = "", value_name = "PATH")]
         path_prefix: String,
+        #[command(flatten)]
+        gates: install::GateFlags,
     },
     /// Compile to files: DIR/<node>.json per target (Redis key → value) and
     /// DIR/<router>.nginx.conf per router. Exit 0, or 1 when invalid.
@@ -94,7 +97,19 @@ pub enum Command {
         /// How many targets to read at once.
         #[arg(long, default_value_t = 16, value_name = "N", value_parser = push::parallel())]
         parallel: usize,
+        /// Compare the bundles (roles/) with each node's installed release
+        /// over SSH instead of Redis (docs/install.md).
+        #[arg(long)]
+        bundles: bool,
+        #[command(flatten)]
+        ssh: install::SshFlags,
     },
+    /// Install each node's bundle over SSH: upload a new release, gates on
+    /// the node, candidate on the alternate address smoke-tested, then
+    /// switch `current` and reload (docs/install.md). Exit 0 when every
+    /// node is done, 1 when any failed (naming the step; it keeps its old
+    /// release), 64 usage.
+    Install(install::InstallArgs),
     /// Push desired state to each target: per target a lock and one atomic
     /// transaction (documents, prune, manifest, meta). Exit 0 when every
     /// target is done, 1 when any failed (the others are still applied).
@@ -424,7 +439,24 @@ pub fn run(cli: &Cli) -> Result<u8> {
         Command::Check {
             format,
             path_prefix,
-        } => check_cmd(cli, *format, path_prefix),
+            gates,
+        } => check_cmd(cli, *format, path_prefix, gates),
+        Command::Install(args) => install::install_cmd(&cli.repo, cli.rev.as_deref(), args),
+        Command::Plan {
+            nodes,
+            detailed_exitcode,
+            parallel,
+            bundles: true,
+            ssh,
+            ..
+        } => install::plan_bundles(
+            &cli.repo,
+            cli.rev.as_deref(),
+            nodes,
+            ssh,
+            *detailed_exitcode,
+            *parallel,
+        ),
         Command::Build { out } => build_cmd(cli, out),
         Command::Diff { base, head, format } => diff_cmd(cli, base, head.as_deref(), *format),
         Command::Plan {
@@ -433,6 +465,7 @@ pub fn run(cli: &Cli) -> Result<u8> {
             format,
             detailed_exitcode,
             parallel,
+            ..
         } => {
             crate::clock::now()?;
             let source = source(&cli.repo, cli.rev.as_deref(), color())?;
@@ -618,13 +651,28 @@ pub fn run(cli: &Cli) -> Result<u8> {
 }
 
 /// `edgeform check`.
-fn check_cmd(cli: &Cli, format: CheckFormat, path_prefix: &str) -> Result<u8> {
+fn check_cmd(
+    cli: &Cli,
+    format: CheckFormat,
+    path_prefix: &str,
+    gates: &install::GateFlags,
+) -> Result<u8> {
+    let loaded = workspace::load(&cli.repo, cli.rev.as_deref())?.check();
+    // Bundles (roles/): built and gated when the rest is valid.
+    let bundles_ok = if loaded.config.is_some() {
+        match install::load_bundles(&loaded)? {
+            Some((roles, bundles)) => install::run_gates(&roles, &bundles, gates),
+            None => false,
+        }
+    } else {
+        true
+    };
     let workspace::Checked {
         repo,
         diagnostics,
         config,
         ..
-    } = workspace::load(&cli.repo, cli.rev.as_deref())?.check();
+    } = loaded;
     let checked = Checked {
         config,
         diagnostics,
@@ -634,15 +682,20 @@ fn check_cmd(cli: &Cli, format: CheckFormat, path_prefix: &str) -> Result<u8> {
         CheckFormat::Human => {
             let text = report::diagnostics_human(&checked.diagnostics, &repo, color());
             eprint!("{text}");
-            let verdict = if checked.is_valid() {
+            let verdict = if checked.is_valid() && bundles_ok {
                 "valid"
             } else {
                 "invalid"
             };
             eprintln!(
-                "{}: {verdict} ({})",
+                "{}: {verdict} ({}{})",
                 cli.repo.display(),
-                report::summary(&checked.diagnostics, repo.sources.len())
+                report::summary(&checked.diagnostics, repo.sources.len()),
+                if bundles_ok {
+                    ""
+                } else {
+                    "; bundles (roles/) failed, see above"
+                }
             );
         }
         CheckFormat::Json => {
@@ -658,7 +711,7 @@ fn check_cmd(cli: &Cli, format: CheckFormat, path_prefix: &str) -> Result<u8> {
                 .write_all(report::diagnostics_github(&checked.diagnostics, &prefix).as_bytes())?;
         }
     }
-    let code = u8::from(!checked.is_valid());
+    let code = u8::from(!checked.is_valid() || !bundles_ok);
     // The process ends next: freeing 100,000 files' worth of
     // strings one by one would only delay the exit.
     workspace::free_later((repo, checked));
@@ -671,10 +724,15 @@ fn build_cmd(cli: &Cli, out: &Path) -> Result<u8> {
     let Some(config) = valid_or_report(&checked) else {
         return Ok(1);
     };
+    let Some((_, bundles)) = install::load_bundles(&checked)? else {
+        eprintln!("nothing was written");
+        return Ok(1);
+    };
     let compiled = compile::compile(config);
     let written = write_build(out, &compiled)?;
+    let bundles = install::write_bundles(out, &bundles, checked.repo.commit.as_deref())?;
     eprintln!(
-        "wrote {} target(s) and {} router snippet(s) to {} ({written} files){}",
+        "wrote {} target(s), {} router snippet(s) and {bundles} bundle(s) to {} ({written} files){}",
         compiled.targets.len(),
         compiled.nginx.len(),
         out.display(),

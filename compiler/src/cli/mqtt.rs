@@ -158,6 +158,12 @@ pub struct Row {
     /// `--from redis`: why the target could not be read.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
+    /// The installed bundle's version (docs/install.md), when the agent
+    /// reports it (`health.bundle_manifest`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub bundle: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub bundle_commit: Option<String>,
 }
 
 /// `status`'s verdict (#15 item 7), and its exit code.
@@ -380,6 +386,12 @@ pub fn rows(source: &Valid, heard: &Heard, now: u64) -> Vec<Row> {
                 applied_at: None,
                 applied_by: None,
                 error: None,
+                bundle: r
+                    .and_then(|r| r.bundle.as_ref())
+                    .map(|b| b.version.clone().unwrap_or_else(|| "none installed".into())),
+                bundle_commit: r
+                    .and_then(|r| r.bundle.as_ref())
+                    .and_then(|b| b.commit.clone()),
             }
         })
         .collect()
@@ -453,6 +465,7 @@ pub fn table(rows: &[Row]) -> String {
         "STATE".into(),
         "AGE".into(),
         "COMMIT".into(),
+        "BUNDLE".into(),
         "SESSIONS".into(),
         "KBIT/S".into(),
         "PURGE QUEUE".into(),
@@ -477,12 +490,21 @@ pub fn table(rows: &[Row]) -> String {
             if r.online { "online" } else { "offline" }.into(),
             r.age_s.map_or_else(dash, |a| format!("{a}s")),
             commit,
+            match (&r.bundle, &r.bundle_commit) {
+                (Some(v), Some(c)) => format!(
+                    "{} (from {})",
+                    untrusted::escape(&v.chars().take(12).collect::<String>()),
+                    short_commit(c)
+                ),
+                (Some(v), None) => untrusted::escape(&v.chars().take(12).collect::<String>()),
+                _ => dash(),
+            },
             opt(r.play_sessions),
             opt(r.out_kbit),
             opt(r.purge_queue),
         ]);
     }
-    let widths: Vec<usize> = (0..7)
+    let widths: Vec<usize> = (0..8)
         .map(|i| {
             lines
                 .iter()
@@ -770,6 +792,8 @@ mod tests {
                 desired_commit: Some("c1".into()),
                 purge_queue: Some(0),
                 play_sessions: Some(5),
+                bundle: None,
+                bundle_commit: None,
                 out_kbit: Some(1200),
                 applied_at: None,
                 applied_by: None,
@@ -783,6 +807,8 @@ mod tests {
                 desired_commit: Some("c1".into()),
                 purge_queue: None,
                 play_sessions: None,
+                bundle: None,
+                bundle_commit: None,
                 out_kbit: None,
                 applied_at: None,
                 applied_by: None,

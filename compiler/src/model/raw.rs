@@ -322,6 +322,46 @@ pub struct Node {
     /// The nginx cache the purge worker cleans.
     #[serde(default)]
     pub cache: Option<Cache>,
+    /// How `edgeform install` reaches the node and where its releases
+    /// live (docs/install.md).
+    #[serde(default)]
+    pub install: Option<Box<Install>>,
+}
+
+/// `install:` of a node: the SSH installer's settings (docs/install.md).
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Install {
+    /// The node's sshd: `host`, `host:port` or `[v6]:port` (port 22 by default).
+    #[schemars(length(min = 1))]
+    pub ssh: String,
+    /// The SSH user.
+    #[schemars(length(min = 1))]
+    pub user: String,
+    /// The node's root folder (absolute): `releases/`, `current`, `run/`.
+    #[schemars(regex(pattern = r"^/"))]
+    pub root: String,
+    /// The live server's listen address (`{{ instance.listen }}` of the live rendering).
+    #[schemars(length(min = 1))]
+    pub listen: String,
+    /// The alternate address the candidate is smoke-tested on, never the live one.
+    #[schemars(length(min = 1))]
+    pub smoke_listen: String,
+    /// How many releases are kept (default 5, at least 2).
+    #[serde(default)]
+    #[schemars(range(min = 2))]
+    pub keep: Option<u32>,
+    /// Free settings for the role's templates: `{{ node.install.vars.<name> }}`.
+    #[serde(default)]
+    pub vars: std::collections::BTreeMap<String, String>,
+    /// The candidate's own values for some `vars` (a second port it must
+    /// not share with the live server): `{{ instance.vars.<name> }}`.
+    #[serde(default)]
+    pub candidate_vars: std::collections::BTreeMap<String, String>,
+    /// Bundle file → a shell command run on the node after the switch when
+    /// that file changed (e.g. `agent.yaml: systemctl restart edgeform-agent`).
+    #[serde(default)]
+    pub restart_on_change: std::collections::BTreeMap<String, String>,
 }
 
 /// Latitude and longitude in degrees.

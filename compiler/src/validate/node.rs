@@ -69,6 +69,15 @@ pub(super) fn node(ctx: &mut Ctx<'_>, raw: &raw::Node) -> Node {
             "`cache.dirs` must not be empty".into(),
         );
     }
+    if let Some(i) = &raw.install
+        && i.listen == i.smoke_listen
+    {
+        ctx.error(
+            "install-smoke-listen",
+            "/install/smoke_listen",
+            "`smoke_listen` must differ from `listen`: the candidate is tested on the alternate address, never on live traffic".to_owned(),
+        );
+    }
     Node {
         file: ctx.file.path.clone(),
         name: raw.name.clone(),

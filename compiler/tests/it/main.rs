@@ -6,6 +6,7 @@ mod edge;
 mod example;
 mod heal;
 mod hostile;
+mod install;
 mod issue12;
 mod issue15;
 mod issue19;
