@@ -187,7 +187,10 @@ impl Worker {
                 let _ = tokio::task::spawn_blocking(move || e.refresh()).await;
             }
         });
-        let mut backoff = Duration::from_millis(100);
+        // Jittered (#15 item 10): agents sharing a Redis restart do not
+        // come back in lock-step.
+        let mut backoff =
+            edgestate::backoff::Backoff::random(Duration::from_millis(100), Duration::from_secs(5));
         while !shutdown.is_fired() {
             let con = tokio::select! {
                 c = edgeredis::master(&self.config.redis, &self.config.node) => c,
@@ -196,16 +199,16 @@ impl Worker {
             let mut con = match con {
                 Ok(c) => {
                     tracing::info!(queue = %self.queue, "purge worker connected");
-                    backoff = Duration::from_millis(100);
+                    backoff.reset();
                     c
                 }
                 Err(e) => {
-                    tracing::warn!(redis = %edgeredis::describe(&self.config.redis), cause = %edgeredis::one_line(&e), retry_in = ?backoff, "purge worker: redis unreachable");
+                    let delay = backoff.next_delay();
+                    tracing::warn!(redis = %edgeredis::describe(&self.config.redis), cause = %edgeredis::one_line(&e), retry_in = ?delay, "purge worker: redis unreachable");
                     tokio::select! {
-                        () = tokio::time::sleep(backoff) => {}
+                        () = tokio::time::sleep(delay) => {}
                         () = shutdown.wait() => break,
                     }
-                    backoff = (backoff * 2).min(Duration::from_secs(5));
                     continue;
                 }
             };

@@ -35,6 +35,17 @@ pub struct Cli {
     /// the working tree.
     #[arg(long, global = true, value_name = "REV")]
     pub rev: Option<String>,
+    /// Log lines on stderr: text, or json (one JSON object per line, for
+    /// log shippers).
+    #[arg(
+        long,
+        global = true,
+        value_enum,
+        default_value = "text",
+        env = "EDGEFORM_LOG_FORMAT",
+        value_name = "FORMAT"
+    )]
+    pub log_format: LogFormat,
     #[command(subcommand)]
     pub command: Command,
 }
@@ -293,6 +304,19 @@ fn runtime() -> Result<tokio::runtime::Runtime> {
         .context("starting the async runtime")
 }
 
+/// How log lines are written (`--log-format`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum LogFormat {
+    /// Human-readable lines.
+    #[default]
+    Text,
+    /// One JSON object per line (`timestamp`, `level`, `fields`, `span`s).
+    Json,
+}
+
+/// The `--log-format` of this run, set once the arguments are parsed.
+static LOG_FORMAT: std::sync::OnceLock<LogFormat> = std::sync::OnceLock::new();
+
 fn init_tracing() {
     let filter = tracing_subscriber::EnvFilter::try_from_env("EDGEFORM_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
@@ -304,13 +328,15 @@ fn init_tracing() {
     } else {
         tracing_subscriber::fmt::format::FmtSpan::NONE
     };
-    let _ = tracing_subscriber::fmt()
+    let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_span_events(spans)
         .with_writer(std::io::stderr)
-        .with_ansi(color())
-        .with_target(false)
-        .try_init();
+        .with_target(false);
+    let _ = match LOG_FORMAT.get().copied().unwrap_or_default() {
+        LogFormat::Text => builder.with_ansi(color()).try_init(),
+        LogFormat::Json => builder.json().with_ansi(false).try_init(),
+    };
 }
 
 fn version() -> &'static str {
@@ -330,9 +356,6 @@ fn color() -> bool {
 /// Parse the process arguments and run.
 #[must_use]
 pub fn main() -> ExitCode {
-    if std::env::var_os("EDGEFORM_TIMING").is_some() {
-        init_tracing();
-    }
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
         Err(e) => {
@@ -340,6 +363,10 @@ pub fn main() -> ExitCode {
             return ExitCode::from(usage_exit(e.kind()));
         }
     };
+    let _ = LOG_FORMAT.set(cli.log_format);
+    if std::env::var_os("EDGEFORM_TIMING").is_some() {
+        init_tracing();
+    }
     match run(&cli) {
         Ok(code) => ExitCode::from(code),
         Err(err) => {

@@ -231,7 +231,11 @@ impl Lock {
         );
         let lease_ms = u64::try_from(lease.as_millis()).unwrap_or(u64::MAX);
         let start = Instant::now();
-        let mut pause = Duration::from_millis(20);
+        // Jittered (#15 item 10): appliers waiting on one lock retry apart.
+        let mut pause = edgestate::backoff::Backoff::random(
+            Duration::from_millis(20),
+            Duration::from_millis(500),
+        );
         let mut judged: Option<String> = None;
         loop {
             let ok: Option<String> = redis::cmd("SET")
@@ -272,8 +276,7 @@ impl Lock {
                     wait
                 );
             }
-            tokio::time::sleep(pause).await;
-            pause = (pause * 2).min(Duration::from_millis(500));
+            tokio::time::sleep(pause.next_delay()).await;
         }
     }
 
