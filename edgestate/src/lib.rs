@@ -9,6 +9,7 @@
 //!   fields the seed's `cdn_router.lua` reads;
 //! - [`routing`]: the compiled routing table (`edgeform:routing`);
 //! - [`mqtt`]: the MQTT channel's topics, health report, commands, results;
+//! - [`cmdkey`]: ed25519 command keys and per-node result keys (#15);
 //! - [`untrusted`]: escaping text from outside before it is shown;
 //! - [`backoff`]: jittered reconnect backoff (pure; the caller seeds it).
 //!
@@ -18,6 +19,7 @@
 //! byte-identical `build` output depend on it.
 
 pub mod backoff;
+pub mod cmdkey;
 pub mod edge;
 pub mod keys;
 pub mod lpm;

@@ -16,6 +16,7 @@ use crate::{Checked, compile, diff};
 
 pub mod anycast;
 pub mod explain;
+pub mod keygen;
 pub mod mqtt;
 pub mod ops;
 pub mod purge;
@@ -277,6 +278,28 @@ pub enum Command {
         format: mqtt::Format,
         #[command(flatten)]
         broker: mqtt::BrokerFlags,
+        /// Sign with this ed25519 private key (PKCS#8 PEM, `edgeform
+        /// keygen`); results must then carry the node's result key.
+        /// Without it, EDGEFORM_COMMAND_KEY (legacy shared HMAC) signs.
+        #[arg(long, env = "EDGEFORM_COMMAND_SIGNING_KEY", value_name = "FILE")]
+        signing_key: Option<PathBuf>,
+    },
+    /// Make the command signing key pair (ed25519): FILE, the private key
+    /// (PKCS#8 PEM, mode 0600) only the control host holds, and FILE.pub
+    /// for every agent's `command_public_key_file`. With --result-key
+    /// NODE: write that node's result key (its `result_key_file`),
+    /// derived from --signing-key. Never overwrites a file. Exit 0, 1 on
+    /// error.
+    Keygen {
+        /// Where to write the key.
+        #[arg(long, value_name = "FILE")]
+        out: PathBuf,
+        /// Write NODE's result key instead of a new key pair.
+        #[arg(long, value_name = "NODE")]
+        result_key: Option<String>,
+        /// The private key the result key derives from.
+        #[arg(long, env = "EDGEFORM_COMMAND_SIGNING_KEY", value_name = "FILE")]
+        signing_key: Option<PathBuf>,
     },
 }
 
@@ -292,7 +315,9 @@ then after merge edgeform plan && edgeform apply --yes (or the reconciler).
 
 Environment: NO_COLOR (plain output), EDGEFORM_LOG (log filter, e.g. debug),
 the variables nodes/*.yaml name in `password_env` (Redis passwords),
-EDGEFORM_COMMAND_KEY (signing key for exec).
+EDGEFORM_COMMAND_KEY (legacy HMAC signing key for exec),
+EDGEFORM_COMMAND_SIGNING_KEY (ed25519 private key file for exec),
+EDGEFORM_LOG_FORMAT (text or json).
 
 Every file key: docs/configuration.md. Operating it: docs/operations.md.
 `edgeform <command> --help` explains a command's flags.";
@@ -535,6 +560,7 @@ pub fn run(cli: &Cli) -> Result<u8> {
             ttl,
             format,
             broker,
+            signing_key,
         } => {
             let source = valid(&cli.repo, cli.rev.as_deref(), color())?;
             let exec = mqtt::Exec {
@@ -544,9 +570,15 @@ pub fn run(cli: &Cli) -> Result<u8> {
                 wait: *wait,
                 ttl: *ttl,
                 format: *format,
+                signing_key: signing_key.as_deref(),
             };
             runtime()?.block_on(mqtt::exec(&source, broker, &exec))
         }
+        Command::Keygen {
+            out,
+            result_key,
+            signing_key,
+        } => keygen::keygen(out, result_key.as_deref(), signing_key.as_deref()),
         Command::Reconcile {
             sync_every,
             heal_every,

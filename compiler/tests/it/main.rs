@@ -10,6 +10,7 @@ mod issue12;
 mod issue19;
 mod malformed;
 mod mqtt;
+mod obs;
 mod ops;
 mod purge;
 mod push;
