@@ -227,6 +227,15 @@ pub enum Command {
         nodes: Vec<String>,
         #[command(flatten)]
         flags: push::PushFlags,
+        /// Serve Prometheus metrics on http://ADDR/metrics (e.g.
+        /// 127.0.0.1:9431): per target last success, applied commit,
+        /// drift, refusals, durations, lock waits.
+        #[arg(long, value_name = "ADDR")]
+        metrics_listen: Option<std::net::SocketAddr>,
+        /// After every run write the metrics to FILE (node_exporter
+        /// textfile format, atomically), e.g. for --once from a timer.
+        #[arg(long, value_name = "FILE")]
+        metrics_textfile: Option<PathBuf>,
     },
     /// Remove a target's apply lock (`edgeform:lock`). An apply takes over
     /// by itself a lock whose holder is provably dead on its own host (no
@@ -364,7 +373,7 @@ fn init_tracing() {
     };
 }
 
-fn version() -> &'static str {
+pub(crate) fn version() -> &'static str {
     concat!(
         env!("CARGO_PKG_VERSION"),
         " (",
@@ -586,18 +595,27 @@ pub fn run(cli: &Cli) -> Result<u8> {
             pull,
             nodes,
             flags,
+            metrics_listen,
+            metrics_textfile,
         } => {
             init_tracing();
-            runtime()?.block_on(crate::push::reconcile::reconcile(
-                cli.repo.clone(),
-                cli.rev.clone(),
-                nodes.clone(),
-                pull.clone(),
-                *sync_every,
-                *heal_every,
-                *once,
-                flags.settings(),
-            ))
+            crate::metrics::global().set_textfile(metrics_textfile.clone());
+            runtime()?.block_on(async {
+                if let Some(addr) = metrics_listen {
+                    crate::metrics::serve(*addr).await?;
+                }
+                crate::push::reconcile::reconcile(
+                    cli.repo.clone(),
+                    cli.rev.clone(),
+                    nodes.clone(),
+                    pull.clone(),
+                    *sync_every,
+                    *heal_every,
+                    *once,
+                    flags.settings(),
+                )
+                .await
+            })
         }
     }
 }

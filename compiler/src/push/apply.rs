@@ -312,7 +312,8 @@ fn check(
         options.thresholds,
         options.overrides,
     )
-    .map_err(|r| anyhow::anyhow!("{r}"))?;
+    // Typed, so the metrics can count it by reason (#15 item 6).
+    .map_err(anyhow::Error::new)?;
     Ok(changes)
 }
 

@@ -237,6 +237,12 @@ impl Lock {
             Duration::from_millis(500),
         );
         let mut judged: Option<String> = None;
+        let mut waited = false;
+        let counted = |waited: bool| {
+            if waited {
+                crate::metrics::global().lock_waited(start.elapsed());
+            }
+        };
         loop {
             let ok: Option<String> = redis::cmd("SET")
                 .arg(keys::LOCK)
@@ -247,6 +253,7 @@ impl Lock {
                 .query_async(con)
                 .await?;
             if ok.is_some() {
+                counted(waited);
                 return Ok(Lock { token });
             }
             let holder: Option<String> = redis::cmd("GET").arg(keys::LOCK).query_async(con).await?;
@@ -264,6 +271,7 @@ impl Lock {
                         .await?;
                     if took == 1 {
                         tracing::warn!(holder = %held, reason = why.as_str(), "took over the apply lock of a dead holder");
+                        counted(waited);
                         return Ok(Lock { token });
                     }
                 }
@@ -276,6 +284,7 @@ impl Lock {
                     wait
                 );
             }
+            waited = true;
             tokio::time::sleep(pause.next_delay()).await;
         }
     }

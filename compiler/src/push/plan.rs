@@ -175,6 +175,8 @@ impl std::fmt::Display for Refusal {
     }
 }
 
+impl std::error::Error for Refusal {}
+
 /// The safety checks of one target's apply (README, "Pushing to the edges").
 ///
 /// # Errors

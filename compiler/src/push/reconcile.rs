@@ -112,6 +112,19 @@ pub async fn reconcile(
             }
         }
     };
+    // Metrics (#15 item 6): count the run, write the textfile.
+    let run = |which: Once| {
+        let job = run(which);
+        async move {
+            let failed = job.await;
+            let name = match which {
+                Once::Sync => "sync",
+                Once::Heal => "heal",
+            };
+            crate::metrics::global().run_done(name, failed);
+            failed
+        }
+    };
     if let Some(which) = once {
         return Ok(u8::from(run(which).await > 0));
     }

@@ -135,3 +135,225 @@ fn r15_5_keygen_and_exec_with_an_ed25519_key() {
     assert_eq!(e.trim().lines().count(), 1, "{e}");
     assert!(e.contains("not an ed25519 private key"), "{e}");
 }
+
+/// The samples of a Prometheus text exposition: `name{labels}` → value.
+fn samples(text: &str) -> std::collections::BTreeMap<String, f64> {
+    text.lines()
+        .filter(|l| !l.starts_with('#') && !l.trim().is_empty())
+        .map(|l| {
+            let (series, value) = l.rsplit_once(' ').unwrap_or_else(|| panic!("{l}"));
+            (
+                series.to_owned(),
+                value.parse::<f64>().unwrap_or_else(|_| panic!("{l}")),
+            )
+        })
+        .collect()
+}
+
+fn promtool_check_metrics(text: &str) {
+    use std::io::Write;
+    let mut child = std::process::Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("promtool (Debian package prometheus; scripts/test installs it)");
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(text.as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "promtool check metrics:\n{}{}\n---\n{text}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// A repo of `n` sites on edge-1 at `port`, committed.
+fn sites_repo(n: usize, port: u16) -> (Fixture, String) {
+    let f = Fixture::empty();
+    f.write("nodes/edge-1.yaml", edge("edge-1", port).as_bytes());
+    for i in 0..n {
+        f.write(
+            &format!("sites/s{i:05}.yaml"),
+            format!("host: s{i:05}.example.com\norigin: http://192.0.2.1\n").as_bytes(),
+        );
+    }
+    let head = f.commit("sites");
+    (f, head)
+}
+
+fn http_get(port: u16, path: &str) -> String {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    s.set_read_timeout(Some(std::time::Duration::from_secs(5)))
+        .unwrap();
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).unwrap();
+    out
+}
+
+// See: #15 item 6 (metrics scraped over HTTP and the textfile parsed, real
+// Redis; promtool) and item 10 (JSON log lines from edgeform)
+#[test]
+fn r15_6_reconcile_metrics_textfile_and_http() {
+    let r = harness::redis(&[]);
+    let (f, head) = sites_repo(20, r.port);
+    let out = edgeform(f.path(), &["apply", "--yes"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let dir = tempfile::tempdir().unwrap();
+    let textfile = dir.path().join("edgeform.prom");
+    let tf = textfile.to_str().unwrap();
+
+    // Drift, repaired by a --once heal; JSON logs.
+    let mut c = redis::Client::open(format!("redis://127.0.0.1:{}", r.port))
+        .unwrap()
+        .get_connection()
+        .unwrap();
+    redis::cmd("DEL")
+        .arg("site:s00001.example.com")
+        .exec(&mut c)
+        .unwrap();
+    let out = edgeform(
+        f.path(),
+        &[
+            "reconcile",
+            "--once",
+            "heal",
+            "--metrics-textfile",
+            tf,
+            "--log-format",
+            "json",
+        ],
+    );
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let log = stderr(&out);
+    let lines: Vec<serde_json::Value> = log
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l}")))
+        .collect();
+    assert!(
+        lines
+            .iter()
+            .any(|l| l["fields"]["message"] == "drift repaired" && l["fields"]["kind"] == "missing"),
+        "{log}"
+    );
+    let text = std::fs::read_to_string(&textfile).unwrap();
+    promtool_check_metrics(&text);
+    let s = samples(&text);
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64();
+    let last =
+        s[r#"edgeform_reconcile_last_success_timestamp_seconds{target="edge-1",job="heal"}"#];
+    assert!((now - last).abs() < 60.0, "{last} vs {now}");
+    assert_eq!(
+        s[&format!(r#"edgeform_reconcile_applied_commit_info{{target="edge-1",commit="{head}"}}"#)],
+        1.0
+    );
+    assert_eq!(
+        s[r#"edgeform_reconcile_drift_repaired_total{target="edge-1",kind="missing"}"#],
+        1.0
+    );
+    assert_eq!(s["edgeform_reconcile_heal_duration_seconds_count"], 1.0);
+    assert_eq!(
+        s[r#"edgeform_reconcile_runs_total{job="heal",result="ok"}"#],
+        1.0
+    );
+    assert!(
+        s.keys()
+            .any(|k| k.starts_with("edgeform_reconcile_build_info{"))
+    );
+    assert!(
+        std::fs::read_dir(dir.path()).unwrap().count() == 1,
+        "no temporary file left"
+    );
+
+    // A lock wait: an apply holds the target's lock for a while.
+    let holder = std::process::Command::new(env!("CARGO_BIN_EXE_edgeform"))
+        .args(["apply", "--yes"])
+        .current_dir(f.path())
+        .env("EDGEFORM_TEST_HOLD_LOCK_MS", "1500")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(500));
+
+    // The daemon with --metrics-listen, scraped over HTTP.
+    let port = harness::free_port();
+    let mut daemon = std::process::Command::new(env!("CARGO_BIN_EXE_edgeform"))
+        .args(["reconcile", "--sync-every", "1h", "--heal-every", "1h"])
+        .args(["--metrics-listen", &format!("127.0.0.1:{port}")])
+        .current_dir(f.path())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    let body = loop {
+        let body = std::net::TcpStream::connect(("127.0.0.1", port))
+            .ok()
+            .map(|_| http_get(port, "/metrics"))
+            .unwrap_or_default();
+        if body.contains(r#"job="sync"} "#) && body.contains(r#"job="heal"} "#) {
+            break body;
+        }
+        if std::time::Instant::now() > deadline {
+            let _ = daemon.kill();
+            let out = daemon.wait_with_output().unwrap();
+            panic!("no metrics: {body}\n{}", stderr(&out));
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    };
+    let _ = daemon.kill();
+    let _ = daemon.wait();
+    let mut holder = holder;
+    let _ = holder.wait();
+    assert!(body.starts_with("HTTP/1.1 200"), "{body}");
+    assert!(body.contains("application/openmetrics-text"), "{body}");
+    let exposition = &body[body.find("\r\n\r\n").unwrap() + 4..];
+    let s = samples(exposition);
+    assert!(s.contains_key(
+        r#"edgeform_reconcile_last_success_timestamp_seconds{target="edge-1",job="sync"}"#
+    ));
+    assert_eq!(
+        s["edgeform_reconcile_lock_waits_total"], 1.0,
+        "{exposition}"
+    );
+    assert!(s["edgeform_reconcile_lock_wait_seconds_total"] > 0.3);
+    assert_eq!(s["edgeform_reconcile_apply_duration_seconds_count"], 1.0);
+
+    // A mass deletion refused by sync: counted by reason.
+    for i in 0..6 {
+        std::fs::remove_file(f.path().join(format!("sites/s{i:05}.yaml"))).unwrap();
+    }
+    f.commit("delete six");
+    let out = edgeform(
+        f.path(),
+        &["reconcile", "--once", "sync", "--metrics-textfile", tf],
+    );
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    let s = samples(&std::fs::read_to_string(&textfile).unwrap());
+    assert_eq!(
+        s[r#"edgeform_reconcile_refusals_total{target="edge-1",reason="deletes"}"#],
+        1.0
+    );
+    assert_eq!(
+        s[r#"edgeform_reconcile_runs_total{job="sync",result="failed"}"#],
+        1.0
+    );
+    // A refused run reports no applied commit for the target.
+    assert!(!s.keys().any(|k| k.contains("applied_commit_info")));
+}
