@@ -33,6 +33,9 @@ pub struct Config {
     pub health: HealthConfig,
     /// The only commands `<prefix>/cmd/<node>` may run, by name.
     pub actions: BTreeMap<String, Action>,
+    /// `metrics.listen`: a separate listener serving only `/metrics`
+    /// (#15 item 6), e.g. on a management address while `/route` is public.
+    pub metrics_listen: Option<std::net::SocketAddr>,
 }
 
 /// `mqtt:` — the broker.
@@ -430,6 +433,7 @@ fn document(cx: &mut Cx<'_>, json: &Value) -> Option<Config> {
         "",
         &[
             "node", "region", "redis", "cache", "http", "routing", "mqtt", "health", "actions",
+            "metrics",
         ],
     )?;
     let node = cx.required(root, "", "node");
@@ -456,6 +460,10 @@ fn document(cx: &mut Cx<'_>, json: &Value) -> Option<Config> {
     }
     let health = health(cx, root.get("health"));
     let actions = actions(cx, root.get("actions"));
+    let metrics_listen = match root.get("metrics") {
+        None => Some(None),
+        Some(v) => metrics(cx, v).map(Some),
+    };
     Some(Config {
         node: node.filter(|n| !n.is_empty())?,
         region: region.filter(|r| !r.is_empty())?,
@@ -472,7 +480,24 @@ fn document(cx: &mut Cx<'_>, json: &Value) -> Option<Config> {
         },
         health: health?,
         actions: actions?,
+        metrics_listen: metrics_listen?,
     })
+}
+
+/// `metrics: {listen: ADDR}`.
+fn metrics(cx: &mut Cx<'_>, v: &Value) -> Option<std::net::SocketAddr> {
+    let m = cx.mapping(v, "/metrics", &["listen"])?;
+    let listen = cx.required(m, "/metrics", "listen")?;
+    match listen.parse() {
+        Ok(a) => Some(a),
+        Err(_) => {
+            cx.at(
+                "/metrics/listen",
+                format!("`{listen}` is not an address:port"),
+            );
+            None
+        }
+    }
 }
 
 /// `redis:` through [`RedisTarget::from_parts`], shared with the

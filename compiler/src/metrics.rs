@@ -14,7 +14,7 @@
 //!
 //! Metric names (all `edgeform_reconcile_…`): `last_success_timestamp_seconds
 //! {target,job}`, `applied_commit_info{target,commit}` (1), `drift_repaired_total
-//! {target,kind}`, `refusals_total{target,reason}`, `failures_total{target,job}`,
+//! {target,kind}`, `refusals_total{target,job,reason}`, `failures_total{target,job}`,
 //! `runs_total{job,result}`, `apply_duration_seconds`, `heal_duration_seconds`
 //! (histograms), `lock_waits_total`, `lock_wait_seconds_total`, `build_info{version}`.
 
@@ -54,6 +54,7 @@ pub struct TargetKind {
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct TargetReason {
     pub target: String,
+    pub job: String,
     pub reason: String,
 }
 
@@ -236,6 +237,7 @@ impl Metrics {
             self.refusals
                 .get_or_create(&TargetReason {
                     target: target.to_owned(),
+                    job: job.to_owned(),
                     reason: refusal_reason(r).to_owned(),
                 })
                 .inc();
@@ -418,9 +420,9 @@ mod tests {
         m.failed("e", "sync", &anyhow::Error::new(Refusal::Empty));
         m.failed("e", "sync", &anyhow::anyhow!("connection refused"));
         let text = m.encode();
-        assert!(
-            text.contains("edgeform_reconcile_refusals_total{target=\"e\",reason=\"empty\"} 1")
-        );
+        assert!(text.contains(
+            "edgeform_reconcile_refusals_total{target=\"e\",job=\"sync\",reason=\"empty\"} 1"
+        ));
         assert!(text.contains("edgeform_reconcile_failures_total{target=\"e\",job=\"sync\"} 2"));
     }
 

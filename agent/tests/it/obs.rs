@@ -248,3 +248,75 @@ fn r15_5_unreadable_or_wrong_key_files_are_one_line_errors() {
         "{err}"
     );
 }
+
+/// `GET /metrics` on `port`: the samples, `name{labels}` → value.
+fn scrape(port: u16) -> std::collections::BTreeMap<String, f64> {
+    let (status, head, body) = crate::route::get(port, "/metrics", "");
+    assert_eq!(status, 200, "{head}");
+    assert!(head.contains("application/openmetrics-text"), "{head}");
+    body.lines()
+        .filter(|l| !l.starts_with('#') && !l.trim().is_empty())
+        .map(|l| {
+            let (k, v) = l.rsplit_once(' ').unwrap();
+            (k.to_owned(), v.parse().unwrap())
+        })
+        .collect()
+}
+
+// See: #15 item 6 (agent: build_info, purge duration histogram, queue
+// depth, redis_up, on a separate metrics listener; real Redis)
+#[test]
+fn r15_6_agent_metrics_on_a_separate_listener() {
+    let mut r = harness::redis(&[]);
+    let cache = crate::util::Cache::new();
+    let file = cache.put("static", "httpexample.com/a.mp4");
+    let port = harness::free_port();
+    let agent = Agent::start_with(
+        r.port,
+        &cache.dirs(),
+        &format!("metrics:\n  listen: 127.0.0.1:{port}\n"),
+    );
+    let log = || agent.log();
+    wait_for(
+        || std::net::TcpStream::connect(("127.0.0.1", port)).is_ok(),
+        "the metrics listener",
+        &log,
+    );
+    crate::util::push_job(
+        r.port,
+        r#"{"id":"m1","site":"example.com","key":"httpexample.com/a.mp4"}"#,
+    );
+    assert_eq!(crate::util::wait_done(r.port, "m1", &agent), "1");
+    assert!(!crate::util::exists(&file));
+    // Only /metrics on this listener.
+    assert_eq!(crate::route::get(port, "/route/cam1", "").0, 404);
+    let mut s = scrape(port);
+    wait_for(
+        || {
+            s = scrape(port);
+            s.get("edgeform_agent_purge_queue_depth") == Some(&0.0)
+        },
+        "queue depth",
+        &log,
+    );
+    assert_eq!(
+        s["edgeform_agent_purge_duration_seconds_count"], 1.0,
+        "{s:?}"
+    );
+    assert!(s["edgeform_agent_purge_duration_seconds_sum"] > 0.0);
+    assert_eq!(s["edgeform_agent_redis_up"], 1.0);
+    assert_eq!(s[r#"edgeform_agent_purge_jobs_total{status="done"}"#], 1.0);
+    let build: Vec<&String> = s
+        .keys()
+        .filter(|k| k.starts_with("edgeform_agent_build_info{"))
+        .collect();
+    assert_eq!(build.len(), 1, "{s:?}");
+    assert!(build[0].contains(r#"node="edge-1""#), "{build:?}");
+    // Redis goes away: redis_up drops to 0.
+    r.stop();
+    wait_for(
+        || scrape(port).get("edgeform_agent_redis_up") == Some(&0.0),
+        "redis_up 0 with Redis stopped",
+        &log,
+    );
+}

@@ -347,7 +347,7 @@ fn r15_6_reconcile_metrics_textfile_and_http() {
     assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
     let s = samples(&std::fs::read_to_string(&textfile).unwrap());
     assert_eq!(
-        s[r#"edgeform_reconcile_refusals_total{target="edge-1",reason="deletes"}"#],
+        s[r#"edgeform_reconcile_refusals_total{target="edge-1",job="sync",reason="deletes"}"#],
         1.0
     );
     assert_eq!(
@@ -356,4 +356,110 @@ fn r15_6_reconcile_metrics_textfile_and_http() {
     );
     // A refused run reports no applied commit for the target.
     assert!(!s.keys().any(|k| k.contains("applied_commit_info")));
+}
+
+/// Every sample name (`name` of `name{…} v`) in an exposition.
+fn sample_names(text: &str) -> std::collections::BTreeSet<String> {
+    text.lines()
+        .filter(|l| !l.starts_with('#') && !l.trim().is_empty())
+        .map(|l| l.split(['{', ' ']).next().unwrap().to_owned())
+        .collect()
+}
+
+/// The `edgeform_…` metric names a PromQL expression uses.
+fn names_in(expr: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut rest = expr;
+    while let Some(at) = rest.find("edgeform_") {
+        let tail = &rest[at..];
+        let end = tail
+            .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+            .unwrap_or(tail.len());
+        out.push(tail[..end].to_owned());
+        rest = &tail[end..];
+    }
+    out
+}
+
+/// Both binaries' expositions with every family populated, from the same
+/// code that serves `/metrics`.
+fn expositions() -> String {
+    let c = compiler::metrics::Metrics::default();
+    c.succeeded("edge-1", "sync", "abc");
+    c.failed(
+        "edge-1",
+        "heal",
+        &anyhow::Error::new(compiler::push::plan::Refusal::Empty),
+    );
+    c.drift("edge-1", "missing", 1);
+    c.lock_waited(std::time::Duration::from_millis(5));
+    c.apply_seconds.observe(0.1);
+    c.heal_seconds.observe(0.1);
+    c.run_done("sync", 0);
+    let a = agent::metrics::Metrics::default();
+    a.set_build("edge-1");
+    a.purge_duration.observe(0.01);
+    for f in [&a.purge_jobs, &a.route_requests, &a.commands] {
+        agent::metrics::Metrics::count(f, "ok");
+    }
+    format!("{}{}", c.encode(), a.encode())
+}
+
+// See: #15 item 6 (alert rules checked by promtool; the dashboard is valid
+// JSON and every metric it and the rules use exists)
+#[test]
+fn r15_6_alert_rules_and_dashboard() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let rules = root.join("packaging/prometheus/edgeform-alerts.yml");
+    for args in [
+        vec!["check", "rules", rules.to_str().unwrap()],
+        vec!["test", "rules", "edgeform-alerts.test.yml"],
+    ] {
+        let out = std::process::Command::new("promtool")
+            .args(&args)
+            .current_dir(root.join("packaging/prometheus"))
+            .output()
+            .expect("promtool (Debian package prometheus; scripts/test installs it)");
+        assert!(
+            out.status.success(),
+            "promtool {args:?}:\n{}{}",
+            stdout(&out),
+            stderr(&out)
+        );
+    }
+    let exposed = sample_names(&expositions());
+    let text =
+        std::fs::read_to_string(root.join("packaging/grafana/edgeform-dashboard.json")).unwrap();
+    let dashboard: serde_json::Value = serde_json::from_str(&text).expect("valid JSON");
+    let panels = dashboard["panels"].as_array().unwrap();
+    assert!(panels.len() >= 8);
+    let mut used = 0;
+    for p in panels {
+        let targets = p["targets"].as_array().unwrap();
+        assert!(!targets.is_empty(), "{}", p["title"]);
+        for t in targets {
+            let expr = t["expr"].as_str().unwrap();
+            for name in names_in(expr) {
+                assert!(
+                    exposed.contains(&name),
+                    "panel {}: `{name}` is not exposed (exposed: {exposed:?})",
+                    p["title"]
+                );
+                used += 1;
+            }
+        }
+    }
+    assert!(used >= 15);
+    let rules_text = std::fs::read_to_string(&rules).unwrap();
+    for line in rules_text
+        .lines()
+        .filter(|l| l.trim_start().starts_with("expr:"))
+    {
+        for name in names_in(line) {
+            assert!(
+                exposed.contains(&name),
+                "rule `{line}`: `{name}` is not exposed"
+            );
+        }
+    }
 }
