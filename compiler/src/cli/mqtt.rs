@@ -82,8 +82,19 @@ pub fn load_signing_key(path: &std::path::Path) -> Result<edgestate::cmdkey::Sig
             path.display()
         )
     })?;
-    edgestate::cmdkey::signing_key_from_pem(&text)
-        .map_err(|e| anyhow::anyhow!("`{}`: {e}", path.display()))
+    let key = edgestate::cmdkey::signing_key_from_pem(&text)
+        .map_err(|e| anyhow::anyhow!("`{}`: {e}", path.display()))?;
+    use std::os::unix::fs::PermissionsExt;
+    if let Ok(meta) = std::fs::metadata(path)
+        && meta.permissions().mode() & 0o077 != 0
+    {
+        eprintln!(
+            "warning: the command signing key `{}` is readable by other users (mode {:o}); chmod 600 it",
+            path.display(),
+            meta.permissions().mode() & 0o777
+        );
+    }
+    Ok(key)
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]

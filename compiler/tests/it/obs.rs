@@ -99,6 +99,15 @@ fn r15_5_keygen_and_exec_with_an_ed25519_key() {
         "{o}"
     );
     assert!(e.contains("signed"), "{e}");
+    assert!(!e.contains("readable by other users"), "{e}");
+    // A key others can read still signs, with a warning.
+    let open = k("open.key");
+    std::fs::copy(&key, &open).unwrap();
+    std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let out = exec(f.path(), &open, "hey");
+    let e = stderr(&out);
+    assert_eq!(out.status.code(), Some(0), "{e}");
+    assert!(e.contains("readable by other users (mode 644)"), "{e}");
 
     // Another key pair (made with openssl, which keygen's format matches):
     // the agent refuses, unsigned; exec accepts no unsigned answer.
