@@ -33,6 +33,9 @@ pub struct Config {
     pub health: HealthConfig,
     /// The only commands `<prefix>/cmd/<node>` may run, by name.
     pub actions: BTreeMap<String, Action>,
+    /// `metrics.listen`: a separate listener serving only `/metrics`
+    /// (#15 item 6), e.g. on a management address while `/route` is public.
+    pub metrics_listen: Option<std::net::SocketAddr>,
 }
 
 /// `mqtt:` — the broker.
@@ -46,6 +49,18 @@ pub struct MqttConfig {
     pub command_key: Option<Vec<u8>>,
     /// The variable holding the command key.
     pub command_key_env: Option<String>,
+    /// The control host's ed25519 public key (PEM): commands signed
+    /// `ed25519:` with its private key run (#15 item 5).
+    pub command_public_key_file: Option<PathBuf>,
+    /// This node's own result key (64 hex digits, `edgeform keygen
+    /// --result-key NODE`): results of ed25519 commands are signed with it.
+    pub result_key_file: Option<PathBuf>,
+    /// What commands are checked with: the public key read from
+    /// `command_public_key_file`, and the legacy HMAC key while
+    /// `command_key_env` is still set (the migration).
+    pub keys: edgestate::cmdkey::CommandKeys,
+    /// The result key read from `result_key_file`.
+    pub result_key: Option<Vec<u8>>,
 }
 
 /// `health:` — what the report carries and how often.
@@ -252,6 +267,7 @@ pub fn parse_with(
         }
     }
     let config = config.map(|c| c.with_environment(env));
+    let config = config.map(|c| key_files(&mut cx, c));
     cx.errors.sort_by_key(|e| (e.line, e.column));
     cx.errors.dedup();
     match config {
@@ -420,6 +436,7 @@ fn document(cx: &mut Cx<'_>, json: &Value) -> Option<Config> {
         "",
         &[
             "node", "region", "redis", "cache", "http", "routing", "mqtt", "health", "actions",
+            "metrics",
         ],
     )?;
     let node = cx.required(root, "", "node");
@@ -446,6 +463,10 @@ fn document(cx: &mut Cx<'_>, json: &Value) -> Option<Config> {
     }
     let health = health(cx, root.get("health"));
     let actions = actions(cx, root.get("actions"));
+    let metrics_listen = match root.get("metrics") {
+        None => Some(None),
+        Some(v) => metrics(cx, v).map(Some),
+    };
     Some(Config {
         node: node.filter(|n| !n.is_empty())?,
         region: region.filter(|r| !r.is_empty())?,
@@ -462,7 +483,24 @@ fn document(cx: &mut Cx<'_>, json: &Value) -> Option<Config> {
         },
         health: health?,
         actions: actions?,
+        metrics_listen: metrics_listen?,
     })
+}
+
+/// `metrics: {listen: ADDR}`.
+fn metrics(cx: &mut Cx<'_>, v: &Value) -> Option<std::net::SocketAddr> {
+    let m = cx.mapping(v, "/metrics", &["listen"])?;
+    let listen = cx.required(m, "/metrics", "listen")?;
+    match listen.parse() {
+        Ok(a) => Some(a),
+        Err(_) => {
+            cx.at(
+                "/metrics/listen",
+                format!("`{listen}` is not an address:port"),
+            );
+            None
+        }
+    }
 }
 
 /// `redis:` through [`RedisTarget::from_parts`], shared with the
@@ -585,6 +623,8 @@ fn mqtt(cx: &mut Cx<'_>, v: &Value) -> Option<MqttConfig> {
             "password_env",
             "ca_file",
             "command_key_env",
+            "command_public_key_file",
+            "result_key_file",
         ],
     )?;
     let url = cx.required(m, "/mqtt", "url");
@@ -638,6 +678,40 @@ fn mqtt(cx: &mut Cx<'_>, v: &Value) -> Option<MqttConfig> {
         ok = false;
     }
     let command_key_env = cx.string(m, "/mqtt", "command_key_env");
+    let command_public_key_file = cx
+        .string(m, "/mqtt", "command_public_key_file")
+        .map(PathBuf::from);
+    let result_key_file = cx.string(m, "/mqtt", "result_key_file").map(PathBuf::from);
+    for (key, file) in [
+        ("command_public_key_file", &command_public_key_file),
+        ("result_key_file", &result_key_file),
+    ] {
+        if file.as_ref().is_some_and(|f| !f.is_absolute()) {
+            cx.at(
+                &format!("/mqtt/{key}"),
+                format!("`{key}` must be an absolute path"),
+            );
+            ok = false;
+        }
+    }
+    match (&command_public_key_file, &result_key_file) {
+        (Some(_), None) => {
+            cx.at(
+                "/mqtt/command_public_key_file",
+                "`command_public_key_file` needs `result_key_file` (this node's result key, `edgeform keygen --result-key NODE`): results must be signed so no other node can forge them".into(),
+            );
+            ok = false;
+        }
+        (None, Some(_)) => {
+            cx.at(
+                "/mqtt/result_key_file",
+                "`result_key_file` is for ed25519 commands: set `command_public_key_file` too"
+                    .into(),
+            );
+            ok = false;
+        }
+        _ => {}
+    }
     (ok && url.is_some()).then(|| MqttConfig {
         broker: edgemqtt::Broker {
             url: url.unwrap_or_default(),
@@ -648,6 +722,10 @@ fn mqtt(cx: &mut Cx<'_>, v: &Value) -> Option<MqttConfig> {
         topic_prefix,
         command_key: None,
         command_key_env,
+        command_public_key_file,
+        result_key_file,
+        keys: edgestate::cmdkey::CommandKeys::default(),
+        result_key: None,
     })
 }
 
@@ -918,6 +996,44 @@ fn named_files(cx: &mut Cx<'_>, config: &Config) {
             format!("cannot read the MQTT CA file `{}`: {e}", ca.display()),
         ),
     }
+}
+
+/// The command key files (#15 item 5), read whenever the configuration
+/// is: without them commands could not be checked. Each problem is one
+/// line at its key, naming the file.
+fn key_files(cx: &mut Cx<'_>, mut config: Config) -> Config {
+    let Some(m) = &mut config.mqtt else {
+        return config;
+    };
+    if let Some(f) = &m.command_public_key_file {
+        match crate::files::read_regular(f, 64 << 10) {
+            Ok(text) => match edgestate::cmdkey::verifying_key_from_pem(&text) {
+                Ok(k) => m.keys.ed25519 = Some(k),
+                Err(e) => cx.at(
+                    "/mqtt/command_public_key_file",
+                    format!("`{}`: {e}", f.display()),
+                ),
+            },
+            Err(e) => cx.at(
+                "/mqtt/command_public_key_file",
+                format!("cannot read the command public key `{}`: {e}", f.display()),
+            ),
+        }
+    }
+    if let Some(f) = &m.result_key_file {
+        match crate::files::read_regular(f, 4 << 10) {
+            Ok(text) => match edgestate::cmdkey::result_key_from_text(&text) {
+                Ok(k) => m.result_key = Some(k),
+                Err(e) => cx.at("/mqtt/result_key_file", format!("`{}`: {e}", f.display())),
+            },
+            Err(e) => cx.at(
+                "/mqtt/result_key_file",
+                format!("cannot read the result key `{}`: {e}", f.display()),
+            ),
+        }
+    }
+    m.keys.hmac.clone_from(&m.command_key);
+    config
 }
 
 /// The key commands must be signed with, from `command_key_env`.

@@ -43,6 +43,26 @@ pub fn app(app: Arc<App>) -> Http {
         .with_state(app)
 }
 
+/// The separate metrics listener's routes: `/metrics` only.
+pub fn metrics_app(metrics: Arc<crate::metrics::Metrics>) -> Http {
+    Http::new().route(
+        "/metrics",
+        get(move || {
+            let metrics = metrics.clone();
+            async move {
+                (
+                    [(
+                        header::CONTENT_TYPE,
+                        "application/openmetrics-text; version=1.0.0; charset=utf-8",
+                    )],
+                    metrics.encode(),
+                )
+                    .into_response()
+            }
+        }),
+    )
+}
+
 #[derive(serde::Deserialize)]
 struct Params {
     format: Option<String>,

@@ -65,8 +65,17 @@ pub async fn run_with(
     listener: Option<tokio::net::TcpListener>,
     signal: impl std::future::Future<Output = ()>,
 ) -> anyhow::Result<()> {
+    let metrics_listener = match config.metrics_listen {
+        Some(addr) => Some(
+            tokio::net::TcpListener::bind(addr)
+                .await
+                .map_err(|e| anyhow::anyhow!("binding metrics.listen {addr}: {e}"))?,
+        ),
+        None => None,
+    };
     let (trigger, shutdown) = shutdown::channel();
     let metrics = Arc::new(metrics::Metrics::default());
+    metrics.set_build(&config.node);
     let worker = purge::Worker::new(config.clone(), metrics.clone())?;
     tracing::info!(node = %config.node, queue = %config.purge_queue(), "edgeform-agent starting");
     let mut tasks = tokio::task::JoinSet::new();
@@ -91,6 +100,16 @@ pub async fn run_with(
                 tracing::error!(cause = %format!("{e:#}"), "mqtt: cannot start; no health reports or commands");
             }
         });
+    }
+    if let Some(listener) = metrics_listener {
+        tracing::info!(addr = %listener.local_addr()?, "metrics listening");
+        tasks.spawn(http::serve(
+            listener,
+            http::metrics_app(metrics.clone()),
+            64,
+            metrics.clone(),
+            shutdown.clone(),
+        ));
     }
     if let Some(listener) = listener {
         let addr = listener.local_addr()?;

@@ -18,18 +18,38 @@ struct Args {
     /// Only check the configuration and exit (0 valid, 1 invalid).
     #[arg(long)]
     check_config: bool,
+    /// Log lines on stderr: text, or json (one JSON object per line).
+    #[arg(
+        long,
+        value_enum,
+        default_value = "text",
+        env = "EDGEFORM_LOG_FORMAT",
+        value_name = "FORMAT"
+    )]
+    log_format: LogFormat,
+}
+
+/// How log lines are written (`--log-format`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum LogFormat {
+    Text,
+    Json,
 }
 
 fn main() -> ExitCode {
     let args = Args::parse();
     let filter = tracing_subscriber::EnvFilter::try_from_env("EDGEFORM_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    tracing_subscriber::fmt()
+    let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .with_target(false)
-        .init();
+        .with_target(false);
+    match args.log_format {
+        LogFormat::Text => builder
+            .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+            .init(),
+        LogFormat::Json => builder.json().with_ansi(false).init(),
+    }
     let config = match agent::config::load(&args.config) {
         Ok(c) => Arc::new(c),
         Err(errors) => {

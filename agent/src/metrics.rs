@@ -8,11 +8,18 @@ use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct StatusLabel {
     pub status: String,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct BuildLabels {
+    pub version: String,
+    pub node: String,
 }
 
 /// Every metric the agent exports.
@@ -33,6 +40,12 @@ pub struct Metrics {
     pub routing_generation: Gauge,
     pub play_sessions: Gauge,
     pub out_kbit: Gauge,
+    /// `build_info{version,node}` 1 (#15 item 6).
+    pub build_info: Family<BuildLabels, Gauge>,
+    /// Seconds to run one purge job (#15 item 6).
+    pub purge_duration: Histogram,
+    /// 1 while the purge worker holds a connection to the node's Redis.
+    pub redis_up: Gauge,
 }
 
 impl Default for Metrics {
@@ -55,6 +68,10 @@ impl Default for Metrics {
             routing_generation: Gauge::default(),
             play_sessions: Gauge::default(),
             out_kbit: Gauge::default(),
+            build_info: Family::default(),
+            // 1 ms … ~16 s.
+            purge_duration: Histogram::new(exponential_buckets(0.001, 2.0, 15)),
+            redis_up: Gauge::default(),
         };
         registry.register(
             "purge_jobs",
@@ -131,11 +148,36 @@ impl Default for Metrics {
             "Outgoing kbit/s of the host at the last report",
             m.out_kbit.clone(),
         );
+        registry.register(
+            "build_info",
+            "The agent's version and node (value 1)",
+            m.build_info.clone(),
+        );
+        registry.register(
+            "purge_duration_seconds",
+            "Time to run one purge job",
+            m.purge_duration.clone(),
+        );
+        registry.register(
+            "redis_up",
+            "1 while the purge worker is connected to the node's Redis, 0 while it cannot reach it",
+            m.redis_up.clone(),
+        );
         Metrics { registry, ..m }
     }
 }
 
 impl Metrics {
+    /// Set `build_info` for this agent's node.
+    pub fn set_build(&self, node: &str) {
+        self.build_info
+            .get_or_create(&BuildLabels {
+                version: crate::health::VERSION.to_owned(),
+                node: node.to_owned(),
+            })
+            .set(1);
+    }
+
     /// The text exposition format.
     #[must_use]
     pub fn encode(&self) -> String {

@@ -85,7 +85,10 @@ pub async fn run(
     let mut nodes = table_nodes(&state);
     let mut book = Book::for_nodes(nodes.clone().unwrap_or_default());
     let mut generation = state.generation();
-    let mut backoff = Duration::from_millis(250);
+    // Jittered (#15 item 10): after a broker restart hundreds of agents
+    // must not reconnect in lock-step.
+    let mut backoff =
+        edgestate::backoff::Backoff::random(Duration::from_millis(250), Duration::from_secs(10));
     let mut down_since: Option<std::time::Instant> = None;
     // Health changes are handed to routing at most every FLUSH, so a burst
     // of reports (hundreds of nodes reconnecting) costs one snapshot, not
@@ -127,7 +130,7 @@ pub async fn run(
         };
         match event {
             Ok(Event::Incoming(Packet::ConnAck(ack))) => {
-                backoff = Duration::from_millis(250);
+                backoff.reset();
                 connected = true;
                 match down_since.take() {
                     Some(t) => {
@@ -183,10 +186,9 @@ pub async fn run(
                     state.set_health(book.health_at(Instant::now(), false));
                 }
                 tokio::select! {
-                    () = tokio::time::sleep(backoff) => {}
+                    () = tokio::time::sleep(backoff.next_delay()) => {}
                     () = shutdown.wait() => break,
                 }
-                backoff = (backoff * 2).min(Duration::from_secs(10));
             }
         }
     }

@@ -187,7 +187,10 @@ impl Worker {
                 let _ = tokio::task::spawn_blocking(move || e.refresh()).await;
             }
         });
-        let mut backoff = Duration::from_millis(100);
+        // Jittered (#15 item 10): agents sharing a Redis restart do not
+        // come back in lock-step.
+        let mut backoff =
+            edgestate::backoff::Backoff::random(Duration::from_millis(100), Duration::from_secs(5));
         while !shutdown.is_fired() {
             let con = tokio::select! {
                 c = edgeredis::master(&self.config.redis, &self.config.node) => c,
@@ -196,20 +199,26 @@ impl Worker {
             let mut con = match con {
                 Ok(c) => {
                     tracing::info!(queue = %self.queue, "purge worker connected");
-                    backoff = Duration::from_millis(100);
+                    self.metrics.redis_up.set(1);
+                    backoff.reset();
                     c
                 }
                 Err(e) => {
-                    tracing::warn!(redis = %edgeredis::describe(&self.config.redis), cause = %edgeredis::one_line(&e), retry_in = ?backoff, "purge worker: redis unreachable");
+                    self.metrics.redis_up.set(0);
+                    let delay = backoff.next_delay();
+                    tracing::warn!(redis = %edgeredis::describe(&self.config.redis), cause = %edgeredis::one_line(&e), retry_in = ?delay, "purge worker: redis unreachable");
                     tokio::select! {
-                        () = tokio::time::sleep(backoff) => {}
+                        () = tokio::time::sleep(delay) => {}
                         () = shutdown.wait() => break,
                     }
-                    backoff = (backoff * 2).min(Duration::from_secs(5));
                     continue;
                 }
             };
-            if let Err(e) = self.serve(&mut con, &mut shutdown).await {
+            let served = self.serve(&mut con, &mut shutdown).await;
+            if served.is_err() {
+                self.metrics.redis_up.set(0);
+            }
+            if let Err(e) = served {
                 tracing::warn!(redis = %edgeredis::describe(&self.config.redis), cause = %edgeredis::one_line(&e), "purge worker: connection lost; reconnecting");
             }
         }
@@ -268,6 +277,15 @@ impl Worker {
             if let Some(text) = next {
                 self.handle(con, text).await?;
             }
+            // The queue depth for /metrics without MQTT too (#15 item 6).
+            let depth: u64 = redis::cmd("LLEN")
+                .arg(&self.queue)
+                .query_async(con)
+                .await
+                .context("LLEN")?;
+            self.metrics
+                .purge_queue
+                .set(crate::metrics::gauge_value(depth));
         }
     }
 
@@ -306,6 +324,9 @@ impl Worker {
                 .await
                 .unwrap_or_else(|e| (None, Outcome::Failed(format!("purge task panicked: {e}"))))
         };
+        self.metrics
+            .purge_duration
+            .observe(start.elapsed().as_secs_f64());
         match &outcome {
             Outcome::Removed(n) => {
                 crate::metrics::Metrics::count(&self.metrics.purge_jobs, "done");

@@ -32,6 +32,7 @@ pub mod diff;
 pub mod fmt;
 pub mod import;
 pub mod load;
+pub mod metrics;
 pub mod model;
 pub mod parse;
 pub mod push;

@@ -9,13 +9,17 @@
 //!   fields the seed's `cdn_router.lua` reads;
 //! - [`routing`]: the compiled routing table (`edgeform:routing`);
 //! - [`mqtt`]: the MQTT channel's topics, health report, commands, results;
-//! - [`untrusted`]: escaping text from outside before it is shown.
+//! - [`cmdkey`]: ed25519 command keys and per-node result keys (#15);
+//! - [`untrusted`]: escaping text from outside before it is shown;
+//! - [`backoff`]: jittered reconnect backoff (pure; the caller seeds it).
 //!
 //! **Architecture invariant:** this crate does no I/O and needs no runtime.
 //! Every type here serializes deterministically (structs with fixed field
 //! order, `BTreeMap`s), because `diff`, the manifest hashes and
 //! byte-identical `build` output depend on it.
 
+pub mod backoff;
+pub mod cmdkey;
 pub mod edge;
 pub mod keys;
 pub mod lpm;

@@ -197,7 +197,9 @@ pub struct Command {
     pub args: BTreeMap<String, String>,
     pub issued_at: u64,
     pub expires_at: u64,
-    /// Hex HMAC-SHA256 of [`Command::signing_payload`], when signed.
+    /// The signature of [`Command::signing_payload`], when signed:
+    /// `ed25519:<hex>` (the control host's key, [`crate::cmdkey`]) or, the
+    /// legacy shared key, unprefixed hex HMAC-SHA256.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sig: Option<String>,
 }
@@ -247,7 +249,7 @@ fn mac(key: &[u8], data: &[u8]) -> Vec<u8> {
     m.finalize().into_bytes().to_vec()
 }
 
-fn hex(bytes: &[u8]) -> String {
+pub(crate) fn hex(bytes: &[u8]) -> String {
     use std::fmt::Write as _;
     bytes.iter().fold(String::new(), |mut s, b| {
         let _ = write!(s, "{b:02x}");
@@ -255,7 +257,7 @@ fn hex(bytes: &[u8]) -> String {
     })
 }
 
-fn unhex(s: &str) -> Option<Vec<u8>> {
+pub(crate) fn unhex(s: &str) -> Option<Vec<u8>> {
     if !s.len().is_multiple_of(2) || !s.is_ascii() {
         return None;
     }

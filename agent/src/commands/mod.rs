@@ -25,7 +25,9 @@ use std::time::Duration;
 use edgestate::mqtt::{self as wire, Command, CommandResult, Outcome};
 use rumqttc::{AsyncClient, Publish, QoS};
 
-pub use policy::{MAX_SKEW_SECS, METACHARACTERS, Ran, Refusal, RefusalKind, check, run};
+pub use policy::{
+    MAX_SKEW_SECS, METACHARACTERS, Ran, Refusal, RefusalKind, check, check_with, run,
+};
 
 use crate::config::{Config, MqttConfig};
 use crate::metrics::Metrics;
@@ -137,10 +139,18 @@ async fn handle(
         tracing::warn!(id = %edgestate::untrusted::escape(&cmd.id), "command: the id cannot be a topic level; dropped");
         return None;
     }
-    let key = mqtt.command_key.as_deref();
-    let (mut out, authenticated) = answer(config, key, con, &cmd, unix_now()).await;
-    if authenticated && let Some(key) = key {
-        out.sign(&cmd, key);
+    let (mut out, authenticated) = answer(config, &mqtt.keys, con, &cmd, unix_now()).await;
+    if authenticated {
+        // The answer to an ed25519 command is signed with this node's own
+        // result key; to a legacy one with the shared key (#15 item 5).
+        let key = match mqtt.keys.verify(&cmd, node) {
+            Ok(edgestate::cmdkey::Scheme::Ed25519) => mqtt.result_key.as_deref(),
+            Ok(edgestate::cmdkey::Scheme::Hmac) => mqtt.command_key.as_deref(),
+            Err(_) => None,
+        };
+        if let Some(key) = key {
+            out.sign(&cmd, key);
+        }
     }
     Some(out)
 }
@@ -149,13 +159,13 @@ async fn handle(
 /// authenticated (only then is the answer signed).
 async fn answer(
     config: &Config,
-    key: Option<&[u8]>,
+    keys: &edgestate::cmdkey::CommandKeys,
     con: &mut Option<redis::aio::MultiplexedConnection>,
     cmd: &Command,
     now: u64,
 ) -> (CommandResult, bool) {
     let node = config.node.as_str();
-    let verdict = check(cmd, node, &config.actions, key, now);
+    let verdict = check_with(cmd, node, &config.actions, keys, now);
     if let Err(r) = &verdict
         && !r.claims_id()
     {

@@ -14,6 +14,7 @@ use std::collections::BTreeMap;
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
+use edgestate::cmdkey::{CommandKeys, SigError};
 use edgestate::mqtt::{Command, Outcome, TAIL_BYTES};
 use tokio::io::AsyncReadExt;
 
@@ -89,21 +90,50 @@ pub fn check(
     key: Option<&[u8]>,
     now: u64,
 ) -> Result<Vec<String>, Refusal> {
-    if let Some(key) = key {
-        match &cmd.sig {
-            None => {
+    let keys = CommandKeys {
+        ed25519: None,
+        hmac: key.map(<[u8]>::to_vec),
+    };
+    check_with(cmd, node, actions, &keys, now)
+}
+
+/// [`check`] with every key the agent accepts: the control host's ed25519
+/// public key and, during the migration, the legacy shared HMAC key.
+///
+/// # Errors
+/// See [`check`].
+pub fn check_with(
+    cmd: &Command,
+    node: &str,
+    actions: &BTreeMap<String, Action>,
+    keys: &CommandKeys,
+    now: u64,
+) -> Result<Vec<String>, Refusal> {
+    if keys.required() {
+        match keys.verify(cmd, node) {
+            Ok(_) => {}
+            Err(SigError::Unsigned) => {
                 return Err(Refusal::new(
                     RefusalKind::Unauthenticated,
                     "unsigned: this agent only runs signed commands",
                 ));
             }
-            Some(_) if !cmd.verify(node, key) => {
+            Err(SigError::SchemeNotAccepted) => {
+                return Err(Refusal::new(
+                    RefusalKind::Unauthenticated,
+                    if keys.ed25519.is_some() && keys.hmac.is_none() {
+                        "bad signature: this agent only accepts commands signed ed25519 by the control host (the shared HMAC key is retired)"
+                    } else {
+                        "bad signature: a signature scheme this agent does not accept"
+                    },
+                ));
+            }
+            Err(SigError::Bad) => {
                 return Err(Refusal::new(
                     RefusalKind::Unauthenticated,
                     "bad signature (wrong key, another node, or altered)",
                 ));
             }
-            Some(_) => {}
         }
     }
     if cmd.expires_at < cmd.issued_at {

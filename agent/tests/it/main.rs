@@ -3,6 +3,7 @@
 //! nginx-format cache files.
 
 mod mqtt;
+mod obs;
 mod packaging;
 mod purge;
 mod route;

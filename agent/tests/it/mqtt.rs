@@ -12,12 +12,12 @@ use edgestate::mqtt::{Command, CommandResult, HealthReport, Outcome};
 use crate::route::{get, publish, table, wait_for};
 use crate::util::{Agent, Mqtt, con, unix_now};
 
-fn mqtt_yaml(broker: u16, extra: &str) -> String {
+pub fn mqtt_yaml(broker: u16, extra: &str) -> String {
     format!("mqtt:\n  url: mqtt://127.0.0.1:{broker}\nhealth:\n  interval: 500ms\n{extra}")
 }
 
 /// Actions the command tests use; `dir` is where they may write.
-fn actions_yaml() -> String {
+pub fn actions_yaml() -> String {
     "actions:\n  \
        echo:\n    argv: [/usr/bin/echo, said, \"{word}\"]\n    args: {word: \"[a-z]+\"}\n  \
        touch:\n    argv: [/usr/bin/touch, \"{path}\"]\n    args: {path: \"/[A-Za-z0-9/._-]+\"}\n    timeout: 5s\n  \
@@ -25,7 +25,7 @@ fn actions_yaml() -> String {
         .to_owned()
 }
 
-fn command(id: &str, action: &str, args: &[(&str, &str)]) -> Command {
+pub fn command(id: &str, action: &str, args: &[(&str, &str)]) -> Command {
     let now = unix_now();
     Command {
         id: id.to_owned(),
@@ -41,7 +41,7 @@ fn command(id: &str, action: &str, args: &[(&str, &str)]) -> Command {
 }
 
 /// Send `cmd` to edge-1 and wait for its result.
-fn run(m: &Mqtt, cmd: &Command, agent: &Agent) -> CommandResult {
+pub fn run(m: &Mqtt, cmd: &Command, agent: &Agent) -> CommandResult {
     let topic = format!("edgeform/result/edge-1/{}", cmd.id);
     m.subscribe(&topic);
     m.publish(
@@ -55,7 +55,7 @@ fn run(m: &Mqtt, cmd: &Command, agent: &Agent) -> CommandResult {
     serde_json::from_slice(&payload).unwrap()
 }
 
-fn wait_online(m: &Mqtt, agent: &Agent) {
+pub fn wait_online(m: &Mqtt, agent: &Agent) {
     m.subscribe("edgeform/status/edge-1");
     assert!(
         m.wait("edgeform/status/edge-1", 15, |p| p == b"online")

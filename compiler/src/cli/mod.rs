@@ -18,6 +18,7 @@ pub mod anycast;
 pub mod audit;
 pub mod explain;
 pub mod install;
+pub mod keygen;
 pub mod mqtt;
 pub mod ops;
 pub mod purge;
@@ -37,6 +38,17 @@ pub struct Cli {
     /// the working tree.
     #[arg(long, global = true, value_name = "REV")]
     pub rev: Option<String>,
+    /// Log lines on stderr: text, or json (one JSON object per line, for
+    /// log shippers).
+    #[arg(
+        long,
+        global = true,
+        value_enum,
+        default_value = "text",
+        env = "EDGEFORM_LOG_FORMAT",
+        value_name = "FORMAT"
+    )]
+    pub log_format: LogFormat,
     #[command(subcommand)]
     pub command: Command,
 }
@@ -242,6 +254,15 @@ pub enum Command {
         /// Private remotes and signed commits.
         #[command(flatten)]
         git: crate::push::remote::GitFlags,
+        /// Serve Prometheus metrics on http://ADDR/metrics (e.g.
+        /// 127.0.0.1:9431): per target last success, applied commit,
+        /// drift, refusals, durations, lock waits.
+        #[arg(long, value_name = "ADDR")]
+        metrics_listen: Option<std::net::SocketAddr>,
+        /// After every run write the metrics to FILE (node_exporter
+        /// textfile format, atomically), e.g. for --once from a timer.
+        #[arg(long, value_name = "FILE")]
+        metrics_textfile: Option<PathBuf>,
     },
     /// Remove a target's apply lock (`edgeform:lock`). An apply takes over
     /// by itself a lock whose holder is provably dead on its own host (no
@@ -312,6 +333,28 @@ pub enum Command {
         format: mqtt::Format,
         #[command(flatten)]
         broker: mqtt::BrokerFlags,
+        /// Sign with this ed25519 private key (PKCS#8 PEM, `edgeform
+        /// keygen`); results must then carry the node's result key.
+        /// Without it, EDGEFORM_COMMAND_KEY (legacy shared HMAC) signs.
+        #[arg(long, env = "EDGEFORM_COMMAND_SIGNING_KEY", value_name = "FILE")]
+        signing_key: Option<PathBuf>,
+    },
+    /// Make the command signing key pair (ed25519): FILE, the private key
+    /// (PKCS#8 PEM, mode 0600) only the control host holds, and FILE.pub
+    /// for every agent's `command_public_key_file`. With --result-key
+    /// NODE: write that node's result key (its `result_key_file`),
+    /// derived from --signing-key. Never overwrites a file. Exit 0, 1 on
+    /// error.
+    Keygen {
+        /// Where to write the key.
+        #[arg(long, value_name = "FILE")]
+        out: PathBuf,
+        /// Write NODE's result key instead of a new key pair.
+        #[arg(long, value_name = "NODE")]
+        result_key: Option<String>,
+        /// The private key the result key derives from.
+        #[arg(long, env = "EDGEFORM_COMMAND_SIGNING_KEY", value_name = "FILE")]
+        signing_key: Option<PathBuf>,
     },
 }
 
@@ -334,7 +377,9 @@ then after merge edgeform plan && edgeform apply --yes (or the reconciler).
 
 Environment: NO_COLOR (plain output), EDGEFORM_LOG (log filter, e.g. debug),
 the variables nodes/*.yaml name in `password_env` (Redis passwords),
-EDGEFORM_COMMAND_KEY (signing key for exec).
+EDGEFORM_COMMAND_KEY (legacy HMAC signing key for exec),
+EDGEFORM_COMMAND_SIGNING_KEY (ed25519 private key file for exec),
+EDGEFORM_LOG_FORMAT (text or json).
 
 Every file key: docs/configuration.md. Operating it: docs/operations.md.
 `edgeform <command> --help` explains a command's flags.";
@@ -345,6 +390,19 @@ fn runtime() -> Result<tokio::runtime::Runtime> {
         .build()
         .context("starting the async runtime")
 }
+
+/// How log lines are written (`--log-format`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum LogFormat {
+    /// Human-readable lines.
+    #[default]
+    Text,
+    /// One JSON object per line (`timestamp`, `level`, `fields`, `span`s).
+    Json,
+}
+
+/// The `--log-format` of this run, set once the arguments are parsed.
+static LOG_FORMAT: std::sync::OnceLock<LogFormat> = std::sync::OnceLock::new();
 
 fn init_tracing() {
     let filter = tracing_subscriber::EnvFilter::try_from_env("EDGEFORM_LOG")
@@ -357,16 +415,18 @@ fn init_tracing() {
     } else {
         tracing_subscriber::fmt::format::FmtSpan::NONE
     };
-    let _ = tracing_subscriber::fmt()
+    let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_span_events(spans)
         .with_writer(std::io::stderr)
-        .with_ansi(color())
-        .with_target(false)
-        .try_init();
+        .with_target(false);
+    let _ = match LOG_FORMAT.get().copied().unwrap_or_default() {
+        LogFormat::Text => builder.with_ansi(color()).try_init(),
+        LogFormat::Json => builder.json().with_ansi(false).try_init(),
+    };
 }
 
-fn version() -> &'static str {
+pub(crate) fn version() -> &'static str {
     concat!(
         env!("CARGO_PKG_VERSION"),
         " (",
@@ -383,9 +443,6 @@ fn color() -> bool {
 /// Parse the process arguments and run.
 #[must_use]
 pub fn main() -> ExitCode {
-    if std::env::var_os("EDGEFORM_TIMING").is_some() {
-        init_tracing();
-    }
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
         Err(e) => {
@@ -393,6 +450,10 @@ pub fn main() -> ExitCode {
             return ExitCode::from(usage_exit(e.kind()));
         }
     };
+    let _ = LOG_FORMAT.set(cli.log_format);
+    if std::env::var_os("EDGEFORM_TIMING").is_some() {
+        init_tracing();
+    }
     match run(&cli) {
         Ok(code) => ExitCode::from(code),
         Err(err) => {
@@ -596,6 +657,7 @@ pub fn run(cli: &Cli) -> Result<u8> {
             ttl,
             format,
             broker,
+            signing_key,
         } => {
             let source = valid(&cli.repo, cli.rev.as_deref(), color())?;
             let exec = mqtt::Exec {
@@ -605,9 +667,15 @@ pub fn run(cli: &Cli) -> Result<u8> {
                 wait: *wait,
                 ttl: *ttl,
                 format: *format,
+                signing_key: signing_key.as_deref(),
             };
             runtime()?.block_on(mqtt::exec(&source, broker, &exec))
         }
+        Command::Keygen {
+            out,
+            result_key,
+            signing_key,
+        } => keygen::keygen(out, result_key.as_deref(), signing_key.as_deref()),
         Command::Reconcile {
             sync_every,
             heal_every,
@@ -617,6 +685,8 @@ pub fn run(cli: &Cli) -> Result<u8> {
             dry_run,
             flags,
             git,
+            metrics_listen,
+            metrics_textfile,
         } => {
             init_tracing();
             if *dry_run && *once != Some(crate::push::reconcile::Once::Heal) {
@@ -635,17 +705,24 @@ pub fn run(cli: &Cli) -> Result<u8> {
             crate::clock::now()?;
             let mut settings = flags.settings();
             settings.dry_run = *dry_run;
-            runtime()?.block_on(crate::push::reconcile::reconcile(
-                cli.repo.clone(),
-                cli.rev.clone(),
-                nodes.clone(),
-                pull.clone(),
-                *sync_every,
-                *heal_every,
-                *once,
-                settings,
-                git.clone(),
-            ))
+            crate::metrics::global().set_textfile(metrics_textfile.clone());
+            runtime()?.block_on(async {
+                if let Some(addr) = metrics_listen {
+                    crate::metrics::serve(*addr).await?;
+                }
+                crate::push::reconcile::reconcile(
+                    cli.repo.clone(),
+                    cli.rev.clone(),
+                    nodes.clone(),
+                    pull.clone(),
+                    *sync_every,
+                    *heal_every,
+                    *once,
+                    settings,
+                    git.clone(),
+                )
+                .await
+            })
         }
     }
 }

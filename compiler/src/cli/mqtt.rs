@@ -35,6 +35,67 @@ pub struct BrokerFlags {
 pub const PASSWORD_ENV: &str = "EDGEFORM_MQTT_PASSWORD";
 /// The variable holding the command signing key (when set, `exec` signs).
 pub const COMMAND_KEY_ENV: &str = "EDGEFORM_COMMAND_KEY";
+/// The variable naming the control host's ed25519 private key file
+/// (`exec --signing-key`, #15 item 5).
+pub const SIGNING_KEY_ENV: &str = "EDGEFORM_COMMAND_SIGNING_KEY";
+
+/// How `exec` signs a command and checks its result.
+pub enum Signer {
+    /// The control host's ed25519 key; results carry the node's result key.
+    Ed25519(Box<edgestate::cmdkey::SigningKey>),
+    /// The legacy shared HMAC key (migration only).
+    Hmac(Vec<u8>),
+    /// Unsigned; results cannot be authenticated.
+    None,
+}
+
+impl Signer {
+    /// `--signing-key FILE` when given, else the legacy key from
+    /// [`COMMAND_KEY_ENV`], else none.
+    ///
+    /// # Errors
+    /// An unreadable or malformed key file (one line, naming the file).
+    pub fn load(signing_key: Option<&std::path::Path>) -> Result<Signer> {
+        if let Some(path) = signing_key {
+            return Ok(Signer::Ed25519(Box::new(load_signing_key(path)?)));
+        }
+        Ok(command_key().map_or(Signer::None, Signer::Hmac))
+    }
+
+    fn sign(&self, cmd: &mut Command, node: &str) {
+        match self {
+            Signer::Ed25519(k) => cmd.sign_ed25519(node, k),
+            Signer::Hmac(k) => cmd.sign(node, k),
+            Signer::None => {}
+        }
+    }
+}
+
+/// Read the control host's ed25519 private key (PKCS#8 PEM).
+///
+/// # Errors
+/// One line naming the file: unreadable, or not such a key.
+pub fn load_signing_key(path: &std::path::Path) -> Result<edgestate::cmdkey::SigningKey> {
+    let text = std::fs::read_to_string(path).map_err(|e| {
+        anyhow::anyhow!(
+            "cannot read the command signing key `{}`: {e}",
+            path.display()
+        )
+    })?;
+    let key = edgestate::cmdkey::signing_key_from_pem(&text)
+        .map_err(|e| anyhow::anyhow!("`{}`: {e}", path.display()))?;
+    use std::os::unix::fs::PermissionsExt;
+    if let Ok(meta) = std::fs::metadata(path)
+        && meta.permissions().mode() & 0o077 != 0
+    {
+        eprintln!(
+            "warning: the command signing key `{}` is readable by other users (mode {:o}); chmod 600 it",
+            path.display(),
+            meta.permissions().mode() & 0o777
+        );
+    }
+    Ok(key)
+}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum Format {
@@ -558,6 +619,8 @@ pub struct Exec<'a> {
     pub wait: Option<u64>,
     pub ttl: Duration,
     pub format: Format,
+    /// `--signing-key FILE`: the control host's ed25519 private key.
+    pub signing_key: Option<&'a std::path::Path>,
 }
 
 /// `edgeform exec`.
@@ -580,6 +643,7 @@ pub async fn exec(source: &Valid, flags: &BrokerFlags, e: &Exec<'_>) -> Result<u
         );
     }
     let args = parse_args(e.args)?;
+    let signer = Signer::load(e.signing_key)?;
     let now = unix_now();
     let wait = e.wait.map(Duration::from_secs);
     let ttl = wait.map_or(e.ttl, |w| w.max(e.ttl));
@@ -597,9 +661,7 @@ pub async fn exec(source: &Valid, flags: &BrokerFlags, e: &Exec<'_>) -> Result<u
         expires_at: now + ttl.as_secs(),
         sig: None,
     };
-    if let Some(key) = command_key() {
-        cmd.sign(e.node, &key);
-    }
+    signer.sign(&mut cmd, e.node);
     let mut s = connect(source, flags).await?;
     let result_topic = wire::result_topic(&s.prefix, e.node, &cmd.id);
     if wait.is_some() {
@@ -650,7 +712,6 @@ pub async fn exec(source: &Valid, flags: &BrokerFlags, e: &Exec<'_>) -> Result<u
     // Only the node's own answer counts: signed for this command with the
     // key when there is one (#12 item 3); anything else on the topic is
     // reported and ignored, and exec keeps waiting.
-    let key = command_key();
     let mut result: Option<CommandResult> = None;
     let got = s
         .pump(wait, |ev| {
@@ -660,7 +721,7 @@ pub async fn exec(source: &Valid, flags: &BrokerFlags, e: &Exec<'_>) -> Result<u
             if p.topic != result_topic {
                 return false;
             }
-            match accept_result(&p.payload, &cmd, e.node, key.as_deref()) {
+            match accept_result(&p.payload, &cmd, e.node, &signer) {
                 Ok(r) => {
                     result = Some(r);
                     true
@@ -708,7 +769,7 @@ pub fn accept_result(
     payload: &[u8],
     cmd: &Command,
     node: &str,
-    key: Option<&[u8]>,
+    signer: &Signer,
 ) -> Result<CommandResult, String> {
     let r: CommandResult =
         serde_json::from_slice(payload).map_err(|e| format!("not a command result: {e}"))?;
@@ -720,15 +781,18 @@ pub fn accept_result(
             cmd.id
         ));
     }
-    if let Some(key) = key
-        && !r.verify(cmd, node, key)
-    {
+    let verified = match signer {
+        Signer::Ed25519(k) => Some(r.verify_for_control(cmd, node, k)),
+        Signer::Hmac(k) => Some(r.verify(cmd, node, k)),
+        Signer::None => None,
+    };
+    if verified == Some(false) {
         return Err(format!(
             "{} (it claims: {}{})",
             if r.sig.is_some() {
                 "its signature does not verify: forged, or signed with another key"
             } else {
-                "it is unsigned: not from an agent holding the command key"
+                "it is unsigned: not from an agent holding the command key (or its result key)"
             },
             r.status.as_str(),
             r.reason
@@ -837,6 +901,8 @@ mod tests {
             applied_at: None,
             applied_by: None,
             error: None,
+            bundle: None,
+            bundle_commit: None,
         }
     }
 

@@ -231,8 +231,18 @@ impl Lock {
         );
         let lease_ms = u64::try_from(lease.as_millis()).unwrap_or(u64::MAX);
         let start = Instant::now();
-        let mut pause = Duration::from_millis(20);
+        // Jittered (#15 item 10): appliers waiting on one lock retry apart.
+        let mut pause = edgestate::backoff::Backoff::random(
+            Duration::from_millis(20),
+            Duration::from_millis(500),
+        );
         let mut judged: Option<String> = None;
+        let mut waited = false;
+        let counted = |waited: bool| {
+            if waited {
+                crate::metrics::global().lock_waited(start.elapsed());
+            }
+        };
         loop {
             let ok: Option<String> = redis::cmd("SET")
                 .arg(keys::LOCK)
@@ -243,6 +253,7 @@ impl Lock {
                 .query_async(con)
                 .await?;
             if ok.is_some() {
+                counted(waited);
                 return Ok(Lock { token });
             }
             let holder: Option<String> = redis::cmd("GET").arg(keys::LOCK).query_async(con).await?;
@@ -260,6 +271,7 @@ impl Lock {
                         .await?;
                     if took == 1 {
                         tracing::warn!(holder = %held, reason = why.as_str(), "took over the apply lock of a dead holder");
+                        counted(waited);
                         return Ok(Lock { token });
                     }
                 }
@@ -272,8 +284,8 @@ impl Lock {
                     wait
                 );
             }
-            tokio::time::sleep(pause).await;
-            pause = (pause * 2).min(Duration::from_millis(500));
+            waited = true;
+            tokio::time::sleep(pause.next_delay()).await;
         }
     }
 

@@ -195,6 +195,7 @@ pub async fn apply_all(
             }
             .await;
             tick();
+            crate::metrics::global().apply_seconds.observe(start.elapsed().as_secs_f64());
             tracing::debug!(node = %job.node.name, elapsed = ?start.elapsed(), ok = result.is_ok(), "apply");
             result
         }
@@ -212,16 +213,36 @@ pub async fn heal_all(source: &Source, jobs: Vec<Job>, flags: &Settings, root: &
         let options = options.clone();
         let ancestor = ancestor.clone();
         async move {
-            let mut con = job.node.redis_master().await?;
-            let relate = |live: Option<&str>| ancestor.relate(live);
-            heal::heal(&mut con, &job.desired, &options, &relate).await
+            let start = Instant::now();
+            let result = async {
+                let mut con = job.node.redis_master().await?;
+                let relate = |live: Option<&str>| ancestor.relate(live);
+                heal::heal(&mut con, &job.desired, &options, &relate).await
+            }
+            .await;
+            crate::metrics::global()
+                .heal_seconds
+                .observe(start.elapsed().as_secs_f64());
+            result
         }
     })
     .await;
     let mut report = Report::default();
     let mut listing = String::new();
+    let metrics = crate::metrics::global();
     for (job, r) in results {
         let node = &job.node.name;
+        if !dry {
+            match &r {
+                Ok(h) => {
+                    metrics.succeeded(node, "heal", &source.commit);
+                    for d in &h.drift {
+                        metrics.drift(node, d.kind.as_str(), 1);
+                    }
+                }
+                Err(e) => metrics.failed(node, "heal", e),
+            }
+        }
         let ended = match r {
             Ok(h) if dry => {
                 for d in &h.drift {
@@ -287,6 +308,20 @@ pub async fn sync_all(source: &Source, jobs: Vec<Job>, flags: &Settings, root: &
     )
     .await;
     let mut report = Report::default();
+    let metrics = crate::metrics::global();
+    for (job, r) in &results {
+        match r {
+            Ok(o) => {
+                metrics.succeeded(&job.node.name, "sync", &source.commit);
+                if let Outcome::Applied { changes, .. } = o {
+                    metrics.drift(&job.node.name, "missing", changes.added.len());
+                    metrics.drift(&job.node.name, "changed", changes.changed.len());
+                    metrics.drift(&job.node.name, "removed", changes.removed.len());
+                }
+            }
+            Err(e) => metrics.failed(&job.node.name, "sync", e),
+        }
+    }
     for (job, r) in results {
         let ended = match r {
             Ok(Outcome::Applied {

@@ -230,6 +230,21 @@ pub async fn reconcile(
             if refused { 1 } else { report.exit_code() }
         }
     };
+    // Metrics (#15 item 6): count the run, write the textfile.
+    let run = |which: Once| {
+        let job = run(which);
+        async move {
+            let code = job.await;
+            let name = match which {
+                Once::Sync => "sync",
+                Once::Heal => "heal",
+            };
+            // Exit code 1: a target failed or was refused (2: drift seen
+            // by a dry run, which is not a failure).
+            crate::metrics::global().run_done(name, code == 1);
+            code
+        }
+    };
     if let Some(which) = once {
         return Ok(run(which).await);
     }

@@ -12,6 +12,7 @@ mod issue15;
 mod issue19;
 mod malformed;
 mod mqtt;
+mod obs;
 mod ops;
 mod private;
 mod purge;
