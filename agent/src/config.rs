@@ -103,6 +103,10 @@ pub struct RoutingConfig {
     /// A health snapshot file (`edgeform route --health` format).
     pub health_file: Option<PathBuf>,
     pub refresh: std::time::Duration,
+    /// Where the agent writes the cluster's health it knows (same format,
+    /// plus `at`), every `refresh`, atomically: the geo router's nginx
+    /// reads it (docs/router.md).
+    pub share_health: Option<PathBuf>,
 }
 
 impl Config {
@@ -556,10 +560,12 @@ fn routing(cx: &mut Cx<'_>, v: Option<&Value>) -> Option<RoutingConfig> {
         return Some(RoutingConfig {
             health_file: None,
             refresh: DEFAULT_REFRESH,
+            share_health: None,
         });
     };
-    let m = cx.mapping(v, "/routing", &["health_file", "refresh"])?;
+    let m = cx.mapping(v, "/routing", &["health_file", "refresh", "share_health"])?;
     let health_file = cx.string(m, "/routing", "health_file").map(PathBuf::from);
+    let share_health = cx.string(m, "/routing", "share_health").map(PathBuf::from);
     let refresh = match m.get("refresh") {
         None => Some(DEFAULT_REFRESH),
         Some(_) => cx.duration(m, "/routing", "refresh"),
@@ -567,6 +573,7 @@ fn routing(cx: &mut Cx<'_>, v: Option<&Value>) -> Option<RoutingConfig> {
     Some(RoutingConfig {
         health_file,
         refresh: refresh?,
+        share_health,
     })
 }
 

@@ -13,6 +13,7 @@ mod mqtt;
 mod ops;
 mod purge;
 mod push;
+mod router;
 mod schema;
 mod stream;
 mod tls;
