@@ -54,6 +54,9 @@ pub struct HealthConfig {
     pub interval: Duration,
     pub play_sessions: Option<Source>,
     pub streams: Option<Source>,
+    /// VOD assets held: the field is an object asset → revision or list of
+    /// revisions (#18 item 3).
+    pub vod: Option<Source>,
 }
 
 /// Where a metric is read: a JSON document from a URL or a file, and the
@@ -661,19 +664,26 @@ fn health(cx: &mut Cx<'_>, v: Option<&Value>) -> Option<HealthConfig> {
             interval: DEFAULT_HEALTH_INTERVAL,
             play_sessions: None,
             streams: None,
+            vod: None,
         });
     };
-    let m = cx.mapping(v, "/health", &["interval", "play_sessions", "streams"])?;
+    let m = cx.mapping(
+        v,
+        "/health",
+        &["interval", "play_sessions", "streams", "vod"],
+    )?;
     let interval = match m.get("interval") {
         None => Some(DEFAULT_HEALTH_INTERVAL),
         Some(_) => cx.duration(m, "/health", "interval"),
     };
     let play_sessions = source(cx, m.get("play_sessions"), "play_sessions");
     let streams = source(cx, m.get("streams"), "streams");
+    let vod = source(cx, m.get("vod"), "vod");
     Some(HealthConfig {
         interval: interval?,
         play_sessions: play_sessions?,
         streams: streams?,
+        vod: vod?,
     })
 }
 

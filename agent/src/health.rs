@@ -100,6 +100,22 @@ pub fn as_streams(v: &Value) -> Option<Vec<String>> {
     Some(names)
 }
 
+/// VOD assets from a source field: an object asset → revision, or asset →
+/// list of revisions; anything else is `None`.
+#[must_use]
+pub fn as_vod(v: &Value) -> Option<std::collections::BTreeMap<String, Vec<u64>>> {
+    let Value::Object(map) = v else { return None };
+    map.iter()
+        .map(|(asset, revs)| {
+            let revs = match revs {
+                Value::Array(a) => a.iter().map(as_count).collect::<Option<Vec<u64>>>()?,
+                one => vec![as_count(one)?],
+            };
+            Some((asset.clone(), revs))
+        })
+        .collect()
+}
+
 /// Reads the configured sources (each distinct document once per report).
 pub struct Sources {
     http: reqwest::Client,
@@ -295,6 +311,22 @@ pub async fn report(
             _ => None,
         };
         net = now_net;
+        let vod = match &config.health.vod {
+            None => None,
+            Some(src) => match sources.document(&src.from).await {
+                Ok(doc) => match field(&doc, &src.field).map(as_vod) {
+                    Some(Some(v)) => Some(v),
+                    _ => {
+                        tracing::warn!(field = %src.field, "health: vod field missing or not asset → revisions; reported as null");
+                        None
+                    }
+                },
+                Err(e) => {
+                    tracing::warn!(problem = %e, "health: vod unavailable; reported as null");
+                    None
+                }
+            },
+        };
         let (cfg, purge, redis) = redis_state(&config, &mut con).await;
         let report = HealthReport {
             node: config.node.clone(),
@@ -303,6 +335,7 @@ pub async fn report(
             play_sessions,
             out_kbit,
             streams,
+            vod,
             config: cfg,
             purge,
             redis,
@@ -357,6 +390,17 @@ Inter-|   Receive                                                |  Transmit
             "reset"
         );
         assert_eq!(kbit_per_sec((0, t), (5, t)), None);
+    }
+
+    // See: #18 item 3
+    #[test]
+    fn vod_holdings_from_a_source_field() {
+        let v = serde_json::json!({"movie": [1, 3], "trailer": 2});
+        let got = as_vod(&v).unwrap();
+        assert_eq!(got["movie"], [1, 3]);
+        assert_eq!(got["trailer"], [2]);
+        assert!(as_vod(&serde_json::json!({"movie": ["x"]})).is_none());
+        assert!(as_vod(&serde_json::json!([1])).is_none());
     }
 
     #[test]

@@ -14,6 +14,7 @@
 local redis = require "nginx.redis"
 local cjson = require "cjson.safe"
 local balancer = require "ngx.balancer"
+local lrucache = require "resty.lrucache"
 local ip = require "edge_ip"
 local decide = require "geo_decide"
 
@@ -33,6 +34,13 @@ local health_text       -- the file's last content
 local health_stale = true    -- no snapshot, an old one, or the broker away
 local health_at = 0
 local snapshot_stale = false -- the snapshot's own flag (the agent lost the broker)
+local online_sig        -- the online edges, as a string: a change is a new epoch
+-- Decisions per client address, valid while `epoch` (bumped by a new table
+-- or a change of who is online) is unchanged: a viewer's next segment
+-- request skips the GeoIP lookup and the distances.
+local decisions
+local epoch = 0
+local DECISIONS = 50000
 
 function _M.init(c)
   conf = c
@@ -56,6 +64,7 @@ local function load_table(text)
   trusted = list
   edges = decide.edges(t)
   tie_km = type(t.geo) == "table" and tonumber(t.geo.tie_km) or 100
+  epoch = epoch + 1
   return true
 end
 
@@ -94,12 +103,19 @@ local function poll_health()
     if type(h) ~= "table" or type(h.nodes) ~= "table" then
       return nil, "health snapshot unreadable"
     end
-    local online, stale = {}, false
+    local online, stale, names = {}, false, {}
     for name, n in pairs(h.nodes) do
       if type(n) == "table" then
         online[name] = n.online == true
+        if n.online == true then names[#names + 1] = name end
         if n.stale == true then stale = true end
       end
+    end
+    table.sort(names)
+    local sig = table.concat(names, "\n")
+    if sig ~= online_sig then
+      online_sig = sig
+      epoch = epoch + 1
     end
     health, health_text = online, text
     health_at = tonumber(h.at) or 0
@@ -133,6 +149,7 @@ local function tick(premature)
 end
 
 function _M.init_worker()
+  decisions = lrucache.new(DECISIONS)
   ngx.timer.at(0, tick)
   ngx.timer.every(conf.poll, tick)
 end
@@ -177,22 +194,29 @@ function _M.access()
   if not client then
     return ngx.exit(400)
   end
-  local text = decide.rust_text(client)
-  ngx.var.router_client_ip = text
-  local lat, lon = tonumber(ngx.var.router_lat), tonumber(ngx.var.router_lon)
-  if not lat or not lon then
-    ngx.var.router_note = "no location for " .. text
+  local d = decisions:get(client)
+  if not d or d.epoch ~= epoch then
+    d = { epoch = epoch }
+    local text = decide.rust_text(client)
+    ngx.var.router_client_ip = text
+    local lat, lon = tonumber(ngx.var.router_lat), tonumber(ngx.var.router_lon)
+    if not lat or not lon then
+      d.note = "no location for " .. text
+    else
+      d.edge = decide.nearest(edges, is_online, lat, lon, text, tie_km)
+      if not d.edge or not d.edge.addr then
+        d.edge, d.note = nil, "no online edge"
+      end
+    end
+    decisions:set(client, d)
+  end
+  if not d.edge then
+    ngx.var.router_note = d.note
     ngx.var.router_retry = "5"
     return ngx.exit(503)
   end
-  local e = decide.nearest(edges, is_online, lat, lon, text, tie_km)
-  if not e or not e.addr then
-    ngx.var.router_note = "no online edge"
-    ngx.var.router_retry = "5"
-    return ngx.exit(503)
-  end
-  ngx.ctx.edge = e
-  ngx.var.router_edge = e.name
+  ngx.ctx.edge = d.edge
+  ngx.var.router_edge = d.edge.name
 end
 
 function _M.balance()

@@ -41,6 +41,11 @@ pub struct RouteArgs {
     /// Also make the geo decision (the geo router: strictly nearest online edge).
     #[arg(long, requires = "geoip")]
     pub geo: bool,
+    /// Also explain the VOD placement of ASSET (seed 002: allowed zones,
+    /// then highest revision, then zone order and load), from the
+    /// revisions each node reports (`vod` in the health snapshot).
+    #[arg(long, value_name = "ASSET")]
+    pub vod: Option<String>,
     /// MaxMind City database for --geo.
     #[arg(long, value_name = "DB")]
     pub geoip: Option<PathBuf>,
@@ -89,8 +94,10 @@ pub fn route(config: &Config, args: &RouteArgs) -> Result<u8> {
         .peer
         .or(args.ip)
         .context("give --ip (or --peer with --xff)")?;
-    if args.stream.is_none() && !args.geo {
-        bail!("give --stream for a playback decision, or --geo for the geo decision (or both)");
+    if args.stream.is_none() && !args.geo && args.vod.is_none() {
+        bail!(
+            "give --stream for a playback decision, --geo for the geo decision, or --vod for a VOD placement"
+        );
     }
     let table = crate::compile::routing_table(config);
     let router = Router::new(table).map_err(|e| anyhow::anyhow!("{e}"))?;
@@ -116,6 +123,7 @@ pub fn route(config: &Config, args: &RouteArgs) -> Result<u8> {
                                 out_kbit: Some(0),
                                 streams: Some(streams.clone()),
                                 stale: false,
+                                vod: None,
                             },
                         )
                     })
@@ -127,6 +135,10 @@ pub fn route(config: &Config, args: &RouteArgs) -> Result<u8> {
         .stream
         .as_deref()
         .map(|s| router.decide(Some(peer), args.xff.as_deref(), s, &health));
+    let vod = args
+        .vod
+        .as_deref()
+        .map(|a| router.vod(Some(peer), args.xff.as_deref(), a, &health));
     let client = decision
         .as_ref()
         .and_then(|d| d.client_ip.as_deref())
@@ -148,6 +160,9 @@ pub fn route(config: &Config, args: &RouteArgs) -> Result<u8> {
             };
             if let Some((loc, g)) = &geo {
                 v["geo"] = serde_json::json!({"client_location": loc, "decision": g});
+            }
+            if let Some(d) = &vod {
+                v["vod"] = serde_json::to_value(d)?;
             }
             if !notes.is_empty() {
                 v["notes"] = serde_json::json!(notes);
@@ -208,6 +223,40 @@ pub fn route(config: &Config, args: &RouteArgs) -> Result<u8> {
                     _ => {
                         let _ = writeln!(text, "geo: the database has no location for {client}");
                     }
+                }
+            }
+            if let Some(d) = &vod {
+                let verdict = match (d.status, &d.node) {
+                    (302, Some(n)) => format!(
+                        "302 → {n} revision {} ({})",
+                        d.revision.unwrap_or(0),
+                        d.location.as_deref().unwrap_or("proxied by the router")
+                    ),
+                    (503, _) => format!("503 Retry-After {}", edgestate::route::RETRY_AFTER_SECS),
+                    (s, _) => s.to_string(),
+                };
+                let _ = writeln!(
+                    text,
+                    "vod {}: decision: {verdict}",
+                    args.vod.as_deref().unwrap_or("")
+                );
+                let _ = writeln!(text, "why:");
+                for (i, r) in d.reasons.iter().enumerate() {
+                    let _ = writeln!(text, "  {}. {r}", i + 1);
+                }
+                for r in &d.replicas {
+                    let _ = writeln!(
+                        text,
+                        "  {} zone {} revision {} sessions {}{}",
+                        r.node,
+                        r.zone.as_deref().unwrap_or("-"),
+                        r.revision,
+                        r.play_sessions
+                            .map_or_else(|| "-".to_owned(), |p| p.to_string()),
+                        r.reason
+                            .as_ref()
+                            .map_or_else(String::new, |w| format!(" [{w}]"))
+                    );
                 }
             }
             out.write_all(text.as_bytes())?;

@@ -426,3 +426,58 @@ fn issue18_item1_geo_router_matches_route_geo_for_every_network() {
     drop(agent);
     drop(router);
 }
+
+// See: #18 item 3
+/// `edgeform route --vod ASSET` explains the placement from the revisions
+/// in the health snapshot: a newer forbidden replica does not exclude an
+/// older permitted one.
+#[test]
+fn issue18_item3_route_vod_explains_the_placement() {
+    let f = Fixture::with(&[
+        ("zones/home.yaml", "name: home\nroutes: [10.2.0.0/16]\n"),
+        ("zones/other.yaml", "name: other\nroutes: [10.1.0.0/16]\n"),
+        (
+            "nodes/edge-1.yaml",
+            "name: edge-1\nroles: [edge]\nregion: eu\nzone: home\nlocation: {lat: 52.0, lon: 4.0}\n\
+             public_url: https://e1.example.net\nredis: {url: \"redis://127.0.0.1:6379\"}\n",
+        ),
+        (
+            "nodes/edge-2.yaml",
+            "name: edge-2\nroles: [edge]\nregion: eu\nzone: other\nlocation: {lat: 52.0, lon: 4.0}\n\
+             redis: {url: \"redis://127.0.0.1:6380\"}\n",
+        ),
+    ]);
+    let health = f.path().join("health.json");
+    std::fs::write(
+        &health,
+        r#"{"nodes": {"edge-1": {"online": true, "play_sessions": 1, "vod": {"movie": [2]}},
+                      "edge-2": {"online": true, "play_sessions": 0, "vod": {"movie": [5]}}}}"#,
+    )
+    .unwrap();
+    let h = health.to_str().unwrap();
+    let out = edgeform(
+        f.path(),
+        &[
+            "route", "--ip", "10.2.0.9", "--vod", "movie", "--health", h, "--format", "json",
+        ],
+    );
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let v: serde_json::Value = serde_json::from_str(&stdout(&out)).unwrap();
+    assert_eq!(v["vod"]["status"], 302);
+    assert_eq!(v["vod"]["node"], "edge-1");
+    assert_eq!(v["vod"]["revision"], 2);
+    assert_eq!(v["vod"]["location"], "https://e1.example.net/movie");
+    let out = edgeform(
+        f.path(),
+        &["route", "--ip", "10.2.0.9", "--vod", "movie", "--health", h],
+    );
+    let text = stdout(&out);
+    assert!(
+        text.contains("vod movie: decision: 302 → edge-1 revision 2"),
+        "{text}"
+    );
+    assert!(
+        text.contains("edge-2 (revision 5) excluded: zone other is not allowed for this client"),
+        "{text}"
+    );
+}
