@@ -170,6 +170,7 @@ impl Book {
                             streams: r.and_then(|r| r.streams.clone()),
                             stale: e.stale,
                             vod: r.and_then(|r| r.vod.clone()),
+                            net_kbit: r.and_then(|r| r.net_kbit),
                         },
                     )
                 })
@@ -192,6 +193,7 @@ mod tests {
             out_kbit: Some(100),
             streams: Some(vec!["s".into()]),
             vod: None,
+            net_kbit: None,
             config: ConfigState::default(),
             purge: PurgeState::default(),
             redis: RedisState::default(),

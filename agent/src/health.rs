@@ -44,6 +44,28 @@ pub fn transmit_bytes(net_dev: &str) -> Option<u64> {
     seen_header.then_some(total)
 }
 
+/// Total receive + transmit bytes over every non-loopback interface in
+/// the text of `/proc/net/dev` (the placement budget's measure,
+/// `network_bandwidth_kbit`, #18 item 4).
+#[must_use]
+pub fn receive_transmit_bytes(net_dev: &str) -> Option<u64> {
+    let mut total = 0u64;
+    let mut seen_header = false;
+    for line in net_dev.lines() {
+        let Some((name, counters)) = line.split_once(':') else {
+            seen_header |= line.contains('|');
+            continue;
+        };
+        let fields: Vec<&str> = counters.split_whitespace().collect();
+        let rx: u64 = fields.first()?.parse().ok()?;
+        let tx: u64 = fields.get(8)?.parse().ok()?;
+        if name.trim() != "lo" {
+            total = total.wrapping_add(rx).wrapping_add(tx);
+        }
+    }
+    seen_header.then_some(total)
+}
+
 /// kbit/s between two samples of a byte counter; `None` across a counter
 /// reset or a zero interval.
 #[must_use]
@@ -271,6 +293,11 @@ fn sample_net() -> Option<(u64, Instant)> {
     Some((transmit_bytes(&text)?, Instant::now()))
 }
 
+fn sample_net_total() -> Option<(u64, Instant)> {
+    let text = std::fs::read_to_string("/proc/net/dev").ok()?;
+    Some((receive_transmit_bytes(&text)?, Instant::now()))
+}
+
 /// Publish a report every interval until shutdown. The first one goes out
 /// a second after start (so `out_kbit` has a rate), the rest every
 /// `health.interval`.
@@ -284,6 +311,7 @@ pub async fn report(
     let sources = Sources::default();
     let mut con = None;
     let mut net = sample_net();
+    let mut net_total = sample_net_total();
     let mut warned: Vec<String> = Vec::new();
     let mut wait = config.health.interval.min(Duration::from_secs(1));
     loop {
@@ -311,6 +339,12 @@ pub async fn report(
             _ => None,
         };
         net = now_net;
+        let now_total = sample_net_total();
+        let net_kbit = match (net_total, now_total) {
+            (Some(a), Some(b)) => kbit_per_sec(a, b),
+            _ => None,
+        };
+        net_total = now_total;
         let vod = match &config.health.vod {
             None => None,
             Some(src) => match sources.document(&src.from).await {
@@ -336,6 +370,7 @@ pub async fn report(
             out_kbit,
             streams,
             vod,
+            net_kbit,
             config: cfg,
             purge,
             redis,
@@ -390,6 +425,13 @@ Inter-|   Receive                                                |  Transmit
             "reset"
         );
         assert_eq!(kbit_per_sec((0, t), (5, t)), None);
+    }
+
+    // See: #18 item 4
+    #[test]
+    fn receive_and_transmit_over_non_loopback() {
+        assert_eq!(receive_transmit_bytes(NET_DEV), Some(1000 + 5000));
+        assert_eq!(receive_transmit_bytes("garbage"), None);
     }
 
     // See: #18 item 3

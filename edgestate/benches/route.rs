@@ -80,6 +80,7 @@ fn main() {
                 streams: Some(vec!["cam1".into()]),
                 stale: false,
                 vod: None,
+                net_kbit: None,
             },
         );
     }

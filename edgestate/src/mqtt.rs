@@ -151,6 +151,11 @@ pub struct HealthReport {
     /// agents' reports.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub vod: Option<std::collections::BTreeMap<String, Vec<u64>>>,
+    /// Whole-host receive + transmit rate over non-loopback interfaces:
+    /// what the placement budget `network_bandwidth_kbit` limits (#18
+    /// item 4); absent from older agents' reports.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub net_kbit: Option<u64>,
     pub config: ConfigState,
     pub purge: PurgeState,
     pub redis: RedisState,
@@ -498,6 +503,7 @@ mod tests {
             out_kbit: None,
             streams: None,
             vod: None,
+            net_kbit: None,
             config: ConfigState::default(),
             purge: PurgeState::default(),
             redis: RedisState::default(),

@@ -46,6 +46,10 @@ pub struct NodeHealth {
     /// VOD assets the node holds: asset → the revisions it has (#18 item 3).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub vod: Option<BTreeMap<String, Vec<u64>>>,
+    /// Receive + transmit kbit/s of the whole host: what
+    /// `network_bandwidth_kbit` (the placement budget) limits (#18 item 4).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub net_kbit: Option<u64>,
 }
 
 /// A health snapshot: `{"nodes": {"<name>": {...}}}`.
@@ -878,6 +882,20 @@ pub struct VodDecision {
     pub replicas: Vec<VodReplica>,
 }
 
+/// Why a node is over its placement budget (`network_bandwidth_kbit`,
+/// receive + transmit; `None` unlimited, `0` never chosen), like the
+/// playback limits: a missing measure excludes a limited node.
+fn placement_budget(limit: Option<u64>, net_kbit: Option<u64>) -> Option<String> {
+    match (limit, net_kbit) {
+        (Some(0), _) => Some("network_bandwidth_kbit is 0".into()),
+        (Some(_), None) => Some("net_kbit missing (needed for network_bandwidth_kbit)".into()),
+        (Some(l), Some(n)) if n >= l => {
+            Some(format!("at placement budget ({n} >= {l} kbit/s RX+TX)"))
+        }
+        _ => None,
+    }
+}
+
 impl Router {
     /// Where a viewer gets VOD `asset` (seed 002): replicas are the
     /// revisions nodes report holding; only online, undrained nodes of the
@@ -967,6 +985,10 @@ impl Router {
                 Some("drained".to_owned())
             } else if h.online != Some(true) {
                 Some("offline".to_owned())
+            } else if let Some(why) =
+                node.and_then(|n| placement_budget(n.network_bandwidth_kbit, h.net_kbit))
+            {
+                Some(why)
             } else if rank.is_none() {
                 Some(match &zone {
                     Some(z) => format!("zone {z} is not allowed for this client"),

@@ -34,10 +34,14 @@ pub struct RouteArgs {
     /// The X-Forwarded-For header the peer sent.
     #[arg(long, value_name = "HEADER")]
     pub xff: Option<String>,
-    /// Health snapshot: {"nodes":{"<name>":{"online","play_sessions","out_kbit","streams"}}}.
-    /// Without it, every node is assumed online, idle and carrying the stream.
-    #[arg(long, value_name = "FILE")]
+    /// Health snapshot: {"nodes":{"<name>":{"online","play_sessions","out_kbit","streams","vod"}}},
+    /// or `mqtt`: the live snapshot from the broker in cluster.yaml (every
+    /// node's retained report and status). Without it, every node is
+    /// assumed online, idle and carrying the stream.
+    #[arg(long, value_name = "FILE|mqtt")]
     pub health: Option<PathBuf>,
+    #[command(flatten)]
+    pub broker: crate::cli::mqtt::BrokerFlags,
     /// Also make the geo decision (the geo router: strictly nearest online edge).
     #[arg(long, requires = "geoip")]
     pub geo: bool,
@@ -103,6 +107,13 @@ pub fn route(config: &Config, args: &RouteArgs) -> Result<u8> {
     let router = Router::new(table).map_err(|e| anyhow::anyhow!("{e}"))?;
     let mut notes = Vec::new();
     let health = match &args.health {
+        Some(p) if p.as_os_str() == "mqtt" => {
+            notes.push("health: the live snapshot from the broker".to_owned());
+            tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()?
+                .block_on(crate::cli::mqtt::live_health(config, &args.broker))?
+        }
         Some(p) => read_health(p)?,
         None => {
             notes.push(
@@ -124,6 +135,7 @@ pub fn route(config: &Config, args: &RouteArgs) -> Result<u8> {
                                 streams: Some(streams.clone()),
                                 stale: false,
                                 vod: None,
+                                net_kbit: None,
                             },
                         )
                     })

@@ -481,3 +481,175 @@ fn issue18_item3_route_vod_explains_the_placement() {
         "{text}"
     );
 }
+
+/// Publish a retained message.
+fn retain(broker: u16, topic: &str, payload: Vec<u8>) {
+    let mut o = rumqttc::MqttOptions::new(
+        format!("test-retain-{}", topic.replace('/', "-")),
+        "127.0.0.1",
+        broker,
+    );
+    o.set_keep_alive(Duration::from_secs(5));
+    let (client, mut connection) = rumqttc::Client::new(o, 16);
+    client
+        .publish(topic, rumqttc::QoS::AtLeastOnce, true, payload)
+        .unwrap();
+    for event in connection.iter() {
+        match event {
+            Ok(rumqttc::Event::Incoming(rumqttc::Packet::PubAck(_))) => break,
+            Err(e) => panic!("publishing {topic}: {e}"),
+            _ => {}
+        }
+    }
+    let _ = client.disconnect();
+}
+
+// See: #18 item 4
+/// `edgeform route --health mqtt` takes the live snapshot from a real
+/// mosquitto (retained reports and statuses, as agents publish them), and
+/// `status` shows each node's zone.
+#[test]
+fn issue18_item4_route_health_from_the_broker_and_status_zones() {
+    let broker = harness::mosquitto();
+    let edge = |name: &str, port: u16| {
+        format!(
+            "name: {name}\nroles: [edge]\nregion: eu\nzone: eu\nlocation: {{lat: 52.0, lon: 4.0}}\n\
+             addresses: [198.51.100.{}]\nredis: {{url: \"redis://127.0.0.1:{port}\"}}\n",
+            port - 6300
+        )
+    };
+    let f = Fixture::with(&[
+        (
+            "cluster.yaml",
+            &*format!(
+                "name: t\nmqtt: {{url: \"mqtt://127.0.0.1:{}\"}}\n",
+                broker.port
+            ),
+        ),
+        ("zones/eu.yaml", "name: eu\nroutes: [0.0.0.0/0]\n"),
+        ("nodes/edge-1.yaml", &*edge("edge-1", 6301)),
+        ("nodes/edge-2.yaml", &*edge("edge-2", 6302)),
+    ]);
+    let report = |node: &str, sessions: u64, vod: Option<u64>| {
+        serde_json::to_vec(&edgestate::mqtt::HealthReport {
+            node: node.into(),
+            ts: 1,
+            interval_ms: Some(5000),
+            play_sessions: Some(sessions),
+            out_kbit: Some(10),
+            streams: Some(vec!["cam".into()]),
+            vod: vod.map(|r| BTreeMap::from([("movie".to_owned(), vec![r])])),
+            net_kbit: Some(10),
+            config: edgestate::mqtt::ConfigState::default(),
+            purge: edgestate::mqtt::PurgeState::default(),
+            redis: edgestate::mqtt::RedisState::default(),
+            version: "t".into(),
+        })
+        .unwrap()
+    };
+    // edge-1 is the less loaded but its last will says offline; edge-2
+    // reports and is online.
+    retain(
+        broker.port,
+        "edgeform/health/edge-1",
+        report("edge-1", 0, Some(9)),
+    );
+    retain(broker.port, "edgeform/status/edge-1", b"offline".to_vec());
+    retain(
+        broker.port,
+        "edgeform/health/edge-2",
+        report("edge-2", 7, Some(4)),
+    );
+    retain(broker.port, "edgeform/status/edge-2", b"online".to_vec());
+
+    let out = edgeform(
+        f.path(),
+        &[
+            "route",
+            "--ip",
+            "192.0.2.7",
+            "--stream",
+            "cam",
+            "--vod",
+            "movie",
+            "--health",
+            "mqtt",
+            "--format",
+            "json",
+        ],
+    );
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let v: serde_json::Value = serde_json::from_str(&stdout(&out)).unwrap();
+    assert_eq!(v["node"], "edge-2", "{v}");
+    let listing = &v["zones"][0]["nodes"];
+    assert!(
+        listing
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|n| n["node"] == "edge-1" && n["reason"] == "offline"),
+        "{v}"
+    );
+    assert_eq!(v["vod"]["node"], "edge-2");
+    assert_eq!(v["vod"]["revision"], 4);
+
+    // The broker away: a clear error, exit 1.
+    let mut broker = broker;
+    broker.stop();
+    let out = edgeform(
+        f.path(),
+        &[
+            "route",
+            "--ip",
+            "192.0.2.7",
+            "--stream",
+            "cam",
+            "--health",
+            "mqtt",
+            "--connect-timeout",
+            "1",
+        ],
+    );
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        stderr(&out).contains("cannot reach the MQTT broker"),
+        "{}",
+        stderr(&out)
+    );
+}
+
+// See: #18 item 4
+#[test]
+fn issue18_item4_status_shows_zones() {
+    let broker = harness::mosquitto();
+    let f = Fixture::with(&[
+        (
+            "cluster.yaml",
+            &*format!(
+                "name: t\nmqtt: {{url: \"mqtt://127.0.0.1:{}\"}}\n",
+                broker.port
+            ),
+        ),
+        ("zones/eu.yaml", "name: eu\nroutes: [0.0.0.0/0]\n"),
+        (
+            "nodes/edge-1.yaml",
+            "name: edge-1\nroles: [edge]\nregion: eu\nzone: eu\nlocation: {lat: 52.0, lon: 4.0}\n\
+             redis: {url: \"redis://127.0.0.1:6379\"}\n",
+        ),
+        (
+            "nodes/edge-2.yaml",
+            "name: edge-2\nroles: [edge]\nregion: eu\nlocation: {lat: 52.0, lon: 4.0}\n\
+             redis: {url: \"redis://127.0.0.1:6380\"}\n",
+        ),
+    ]);
+    let out = edgeform(f.path(), &["status", "--format", "json"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let v: serde_json::Value = serde_json::from_str(&stdout(&out)).unwrap();
+    assert_eq!(v["nodes"][0]["node"], "edge-1");
+    assert_eq!(v["nodes"][0]["zone"], "eu");
+    assert_eq!(v["nodes"][1]["zone"], serde_json::Value::Null);
+    let out = edgeform(f.path(), &["status"]);
+    let text = stdout(&out);
+    assert!(text.starts_with("NODE    ZONE  STATE"), "{text}");
+    assert!(text.contains("\nedge-1  eu    offline"), "{text}");
+}

@@ -90,6 +90,7 @@ fn health(entries: &[Report<'_>]) -> Health {
                         streams: Some(streams.iter().map(|x| (*x).to_owned()).collect()),
                         stale: false,
                         vod: None,
+                        net_kbit: None,
                     },
                 )
             })
@@ -755,6 +756,7 @@ fn vod_health(entries: &[Held<'_>]) -> Health {
                         out_kbit: Some(0),
                         streams: Some(Vec::new()),
                         stale: false,
+                        net_kbit: Some(0),
                         vod: Some(
                             held.iter()
                                 .map(|(a, r)| ((*a).to_owned(), r.to_vec()))
@@ -885,4 +887,57 @@ fn vod_unrestricted_allows_every_node_and_never_a_drained_one() {
             .iter()
             .any(|x| x.node == "d" && x.reason.as_deref() == Some("drained"))
     );
+}
+
+// See: #18 item 4
+/// `network_bandwidth_kbit`, the placement budget (RX+TX): a replica on a
+/// node at or over it is not chosen; 0 never; a missing measure excludes
+/// a limited node; unlimited nodes need no measure.
+#[test]
+fn vod_placement_budget_network_bandwidth_kbit() {
+    let limited = |limit: Option<u64>| {
+        let mut n = node(&["edge"], None);
+        n.network_bandwidth_kbit = limit;
+        n
+    };
+    let r = T::new()
+        .node("busy", limited(Some(1000)))
+        .node("zero", limited(Some(0)))
+        .node("blind", limited(Some(1000)))
+        .node("spare", limited(Some(1000)))
+        .node("free", limited(None))
+        .router();
+    let mut h = vod_health(&[
+        ("busy", true, 0, &[("movie", &[9])]),
+        ("zero", true, 0, &[("movie", &[9])]),
+        ("blind", true, 0, &[("movie", &[9])]),
+        ("spare", true, 0, &[("movie", &[8])]),
+        ("free", true, 0, &[("movie", &[7])]),
+    ]);
+    h.nodes.get_mut("busy").unwrap().net_kbit = Some(1000);
+    h.nodes.get_mut("blind").unwrap().net_kbit = None;
+    h.nodes.get_mut("spare").unwrap().net_kbit = Some(999);
+    h.nodes.get_mut("free").unwrap().net_kbit = None;
+    let d = r.vod(Some(ip("192.0.2.1")), None, "movie", &h);
+    assert_eq!((d.node.as_deref(), d.revision), (Some("spare"), Some(8)));
+    let why = |n: &str| {
+        d.replicas
+            .iter()
+            .find(|x| x.node == n)
+            .and_then(|x| x.reason.clone())
+            .unwrap_or_default()
+    };
+    assert_eq!(
+        why("busy"),
+        "at placement budget (1000 >= 1000 kbit/s RX+TX)"
+    );
+    assert_eq!(why("zero"), "network_bandwidth_kbit is 0");
+    assert_eq!(
+        why("blind"),
+        "net_kbit missing (needed for network_bandwidth_kbit)"
+    );
+    // Over budget everywhere limited: the unlimited node, older revision.
+    h.nodes.get_mut("spare").unwrap().net_kbit = Some(5000);
+    let d = r.vod(Some(ip("192.0.2.1")), None, "movie", &h);
+    assert_eq!(d.node.as_deref(), Some("free"));
 }
