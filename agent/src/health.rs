@@ -430,7 +430,10 @@ Inter-|   Receive                                                |  Transmit
     // See: #18 item 4
     #[test]
     fn receive_and_transmit_over_non_loopback() {
-        assert_eq!(receive_transmit_bytes(NET_DEV), Some(1000 + 5000));
+        assert_eq!(
+            receive_transmit_bytes(NET_DEV),
+            Some(1000 + 5000 + 2000 + 7000)
+        );
         assert_eq!(receive_transmit_bytes("garbage"), None);
     }
 
