@@ -35,7 +35,7 @@ local health_stale = true    -- no snapshot, an old one, or the broker away
 local health_at = 0
 local snapshot_stale = false -- the snapshot's own flag (the agent lost the broker)
 local online_sig        -- the online edges, as a string: a change is a new epoch
--- Decisions per client address, valid while `epoch` (bumped by a new table
+-- Decisions per client (peer + X-Forwarded-For text), valid while `epoch` (bumped by a new table
 -- or a change of who is online) is unchanged: a viewer's next segment
 -- request skips the GeoIP lookup and the distances.
 local decisions
@@ -190,12 +190,18 @@ end
 function _M.access()
   local stale = stale_header()
   if stale then ngx.var.router_stale = stale end
-  local client = client_ip()
-  if not client then
-    return ngx.exit(400)
-  end
-  local d = decisions:get(client)
+  -- The decision cache is keyed by what the client is derived from (the
+  -- peer and the X-Forwarded-For text, when short), so a hit skips the
+  -- parsing too.
+  local xff = ngx.var.http_x_forwarded_for
+  local raw = ngx.var.remote_addr
+  if xff then raw = raw .. "|" .. xff end
+  local d = decisions:get(raw)
   if not d or d.epoch ~= epoch then
+    local client = client_ip()
+    if not client then
+      return ngx.exit(400)
+    end
     d = { epoch = epoch }
     local text = decide.rust_text(client)
     ngx.var.router_client_ip = text
@@ -208,7 +214,7 @@ function _M.access()
         d.edge, d.note = nil, "no online edge"
       end
     end
-    decisions:set(client, d)
+    if #raw <= 160 then decisions:set(raw, d) end
   end
   if not d.edge then
     ngx.var.router_note = d.note
