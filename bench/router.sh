@@ -62,7 +62,7 @@ os.replace(f"{work}/h.tmp", f"{work}/health.json")
 PY
 }
 write_health
-( while sleep 2; do write_health; done ) & SERVER_PIDS+=($!)
+( while sleep 2; do write_health 2>/dev/null || exit 0; done ) & SERVER_PIDS+=($!)
 
 mkdir -p "$work/router" "$work/plain"
 router/render "$work/router/nginx.conf" USER="$(id -un)" WORKERS=1 PREFIX="$work/router" ACCESS_LOG=off \
