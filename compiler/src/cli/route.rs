@@ -156,6 +156,12 @@ pub fn route(config: &Config, args: &RouteArgs) -> Result<u8> {
         .and_then(|d| d.client_ip.as_deref())
         .and_then(|c| c.parse().ok())
         .unwrap_or(peer);
+    // IPv4-mapped IPv6 clients are IPv4 clients (as the agent, the edge and
+    // the router see them): the geo tie-break hashes the IPv4 text.
+    let client = match client {
+        IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(client, IpAddr::V4),
+        v4 @ IpAddr::V4(_) => v4,
+    };
     let geo: Option<(Option<Location>, Option<GeoDecision>)> = match (&args.geoip, args.geo) {
         (Some(db), true) => {
             let loc = geo_lookup(db, client)?;

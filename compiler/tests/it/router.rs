@@ -653,3 +653,32 @@ fn issue18_item4_status_shows_zones() {
     assert!(text.starts_with("NODE    ZONE  STATE"), "{text}");
     assert!(text.contains("\nedge-1  eu    offline"), "{text}");
 }
+
+/// An IPv4-mapped `--ip` is the IPv4 client for `--geo` (the router
+/// canonicalises it; the rendezvous key must be the same text).
+#[test]
+fn route_geo_canonicalises_ipv4_mapped_clients() {
+    let f = repo(1, 1);
+    let db = geoip_db();
+    let choice = |ip: &str| {
+        let out = edgeform(
+            f.path(),
+            &[
+                "route",
+                "--ip",
+                ip,
+                "--geo",
+                "--geoip",
+                db.to_str().unwrap(),
+                "--format",
+                "json",
+            ],
+        );
+        assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+        let v: serde_json::Value = serde_json::from_str(&stdout(&out)).unwrap();
+        (v["client_ip"].clone(), v["geo"]["decision"]["node"].clone())
+    };
+    for ip in ["81.2.69.142", "81.2.69.160", "216.160.83.57"] {
+        assert_eq!(choice(&format!("::ffff:{ip}")), choice(ip), "{ip}");
+    }
+}
