@@ -169,6 +169,8 @@ impl Book {
                             out_kbit: r.and_then(|r| r.out_kbit),
                             streams: r.and_then(|r| r.streams.clone()),
                             stale: e.stale,
+                            vod: r.and_then(|r| r.vod.clone()),
+                            net_kbit: r.and_then(|r| r.net_kbit),
                         },
                     )
                 })
@@ -190,6 +192,8 @@ mod tests {
             play_sessions: Some(sessions),
             out_kbit: Some(100),
             streams: Some(vec!["s".into()]),
+            vod: None,
+            net_kbit: None,
             config: ConfigState::default(),
             purge: PurgeState::default(),
             redis: RedisState::default(),

@@ -72,6 +72,9 @@ pub struct HealthConfig {
     /// The installed bundle's manifest (`<root>/current/manifest.json`):
     /// its version and commit go into the report (docs/install.md).
     pub bundle_manifest: Option<PathBuf>,
+    /// VOD assets held: the field is an object asset → revision or list of
+    /// revisions (#18 item 3).
+    pub vod: Option<Source>,
 }
 
 /// Where a metric is read: a JSON document from a URL or a file, and the
@@ -121,6 +124,10 @@ pub struct RoutingConfig {
     /// A health snapshot file (`edgeform route --health` format).
     pub health_file: Option<PathBuf>,
     pub refresh: std::time::Duration,
+    /// Where the agent writes the cluster's health it knows (same format,
+    /// plus `at`), every `refresh`, atomically: the geo router's nginx
+    /// reads it (docs/router.md).
+    pub share_health: Option<PathBuf>,
 }
 
 impl Config {
@@ -597,10 +604,12 @@ fn routing(cx: &mut Cx<'_>, v: Option<&Value>) -> Option<RoutingConfig> {
         return Some(RoutingConfig {
             health_file: None,
             refresh: DEFAULT_REFRESH,
+            share_health: None,
         });
     };
-    let m = cx.mapping(v, "/routing", &["health_file", "refresh"])?;
+    let m = cx.mapping(v, "/routing", &["health_file", "refresh", "share_health"])?;
     let health_file = cx.string(m, "/routing", "health_file").map(PathBuf::from);
+    let share_health = cx.string(m, "/routing", "share_health").map(PathBuf::from);
     let refresh = match m.get("refresh") {
         None => Some(DEFAULT_REFRESH),
         Some(_) => cx.duration(m, "/routing", "refresh"),
@@ -608,6 +617,7 @@ fn routing(cx: &mut Cx<'_>, v: Option<&Value>) -> Option<RoutingConfig> {
     Some(RoutingConfig {
         health_file,
         refresh: refresh?,
+        share_health,
     })
 }
 
@@ -736,12 +746,19 @@ fn health(cx: &mut Cx<'_>, v: Option<&Value>) -> Option<HealthConfig> {
             play_sessions: None,
             streams: None,
             bundle_manifest: None,
+            vod: None,
         });
     };
     let m = cx.mapping(
         v,
         "/health",
-        &["interval", "play_sessions", "streams", "bundle_manifest"],
+        &[
+            "interval",
+            "play_sessions",
+            "streams",
+            "bundle_manifest",
+            "vod",
+        ],
     )?;
     let bundle_manifest = cx
         .string(m, "/health", "bundle_manifest")
@@ -760,11 +777,13 @@ fn health(cx: &mut Cx<'_>, v: Option<&Value>) -> Option<HealthConfig> {
     };
     let play_sessions = source(cx, m.get("play_sessions"), "play_sessions");
     let streams = source(cx, m.get("streams"), "streams");
+    let vod = source(cx, m.get("vod"), "vod");
     Some(HealthConfig {
         interval: interval?,
         play_sessions: play_sessions?,
         streams: streams?,
         bundle_manifest,
+        vod: vod?,
     })
 }
 

@@ -44,6 +44,28 @@ pub fn transmit_bytes(net_dev: &str) -> Option<u64> {
     seen_header.then_some(total)
 }
 
+/// Total receive + transmit bytes over every non-loopback interface in
+/// the text of `/proc/net/dev` (the placement budget's measure,
+/// `network_bandwidth_kbit`, #18 item 4).
+#[must_use]
+pub fn receive_transmit_bytes(net_dev: &str) -> Option<u64> {
+    let mut total = 0u64;
+    let mut seen_header = false;
+    for line in net_dev.lines() {
+        let Some((name, counters)) = line.split_once(':') else {
+            seen_header |= line.contains('|');
+            continue;
+        };
+        let fields: Vec<&str> = counters.split_whitespace().collect();
+        let rx: u64 = fields.first()?.parse().ok()?;
+        let tx: u64 = fields.get(8)?.parse().ok()?;
+        if name.trim() != "lo" {
+            total = total.wrapping_add(rx).wrapping_add(tx);
+        }
+    }
+    seen_header.then_some(total)
+}
+
 /// kbit/s between two samples of a byte counter; `None` across a counter
 /// reset or a zero interval.
 #[must_use]
@@ -98,6 +120,22 @@ pub fn as_streams(v: &Value) -> Option<Vec<String>> {
     names.sort();
     names.dedup();
     Some(names)
+}
+
+/// VOD assets from a source field: an object asset → revision, or asset →
+/// list of revisions; anything else is `None`.
+#[must_use]
+pub fn as_vod(v: &Value) -> Option<std::collections::BTreeMap<String, Vec<u64>>> {
+    let Value::Object(map) = v else { return None };
+    map.iter()
+        .map(|(asset, revs)| {
+            let revs = match revs {
+                Value::Array(a) => a.iter().map(as_count).collect::<Option<Vec<u64>>>()?,
+                one => vec![as_count(one)?],
+            };
+            Some((asset.clone(), revs))
+        })
+        .collect()
 }
 
 /// Reads the configured sources (each distinct document once per report).
@@ -255,6 +293,11 @@ fn sample_net() -> Option<(u64, Instant)> {
     Some((transmit_bytes(&text)?, Instant::now()))
 }
 
+fn sample_net_total() -> Option<(u64, Instant)> {
+    let text = std::fs::read_to_string("/proc/net/dev").ok()?;
+    Some((receive_transmit_bytes(&text)?, Instant::now()))
+}
+
 /// Publish a report every interval until shutdown. The first one goes out
 /// a second after start (so `out_kbit` has a rate), the rest every
 /// `health.interval`.
@@ -268,6 +311,7 @@ pub async fn report(
     let sources = Sources::default();
     let mut con = None;
     let mut net = sample_net();
+    let mut net_total = sample_net_total();
     let mut warned: Vec<String> = Vec::new();
     let mut wait = config.health.interval.min(Duration::from_secs(1));
     loop {
@@ -295,6 +339,28 @@ pub async fn report(
             _ => None,
         };
         net = now_net;
+        let now_total = sample_net_total();
+        let net_kbit = match (net_total, now_total) {
+            (Some(a), Some(b)) => kbit_per_sec(a, b),
+            _ => None,
+        };
+        net_total = now_total;
+        let vod = match &config.health.vod {
+            None => None,
+            Some(src) => match sources.document(&src.from).await {
+                Ok(doc) => match field(&doc, &src.field).map(as_vod) {
+                    Some(Some(v)) => Some(v),
+                    _ => {
+                        tracing::warn!(field = %src.field, "health: vod field missing or not asset → revisions; reported as null");
+                        None
+                    }
+                },
+                Err(e) => {
+                    tracing::warn!(problem = %e, "health: vod unavailable; reported as null");
+                    None
+                }
+            },
+        };
         let (cfg, purge, redis) = redis_state(&config, &mut con).await;
         let report = HealthReport {
             node: config.node.clone(),
@@ -303,6 +369,8 @@ pub async fn report(
             play_sessions,
             out_kbit,
             streams,
+            vod,
+            net_kbit,
             config: cfg,
             purge,
             redis,
@@ -372,6 +440,27 @@ Inter-|   Receive                                                |  Transmit
             "reset"
         );
         assert_eq!(kbit_per_sec((0, t), (5, t)), None);
+    }
+
+    // See: #18 item 4
+    #[test]
+    fn receive_and_transmit_over_non_loopback() {
+        assert_eq!(
+            receive_transmit_bytes(NET_DEV),
+            Some(1000 + 5000 + 2000 + 7000)
+        );
+        assert_eq!(receive_transmit_bytes("garbage"), None);
+    }
+
+    // See: #18 item 3
+    #[test]
+    fn vod_holdings_from_a_source_field() {
+        let v = serde_json::json!({"movie": [1, 3], "trailer": 2});
+        let got = as_vod(&v).unwrap();
+        assert_eq!(got["movie"], [1, 3]);
+        assert_eq!(got["trailer"], [2]);
+        assert!(as_vod(&serde_json::json!({"movie": ["x"]})).is_none());
+        assert!(as_vod(&serde_json::json!([1])).is_none());
     }
 
     #[test]

@@ -38,6 +38,7 @@ pub struct App {
 pub fn app(app: Arc<App>) -> Http {
     Http::new()
         .route("/route/{stream}", get(route))
+        .route("/vod/{asset}", get(vod))
         .route("/healthz", get(healthz))
         .route("/metrics", get(metrics))
         .with_state(app)
@@ -126,6 +127,72 @@ async fn route(
     let status = StatusCode::from_u16(d.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
     crate::metrics::Metrics::count(&app.metrics.route_requests, status.as_str());
     let mut response = if json {
+        let mut v = serde_json::to_value(&d).unwrap_or_default();
+        if let Some(l) = &location {
+            v["location"] = serde_json::Value::String(l.clone());
+        }
+        v["generation"] = serde_json::json!(app.state.generation());
+        v["stale_health"] = serde_json::json!(health.nodes.values().any(|h| h.stale));
+        (status, axum::Json(v)).into_response()
+    } else {
+        (
+            status,
+            format!("{}\n", status.canonical_reason().unwrap_or("")),
+        )
+            .into_response()
+    };
+    if let Some(l) = location
+        && let Ok(v) = HeaderValue::from_str(&l)
+    {
+        response.headers_mut().insert(header::LOCATION, v);
+    }
+    if d.status == 503 {
+        response
+            .headers_mut()
+            .insert(header::RETRY_AFTER, HeaderValue::from(RETRY_AFTER_SECS));
+    }
+    response
+        .headers_mut()
+        .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    response
+}
+
+/// `GET /vod/<asset>` (#18 item 3): the VOD placement (seed 002) for the
+/// client, answered like `/route`: 302 + Location (the node's payload URL
+/// and the asset, or the proxy URL with `{stream}` = the asset), 403, 404,
+/// or 503 + Retry-After; `?format=json` explains it (every replica).
+async fn vod(
+    Extract(app): Extract<Arc<App>>,
+    ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    Path(asset): Path<String>,
+    Query(params): Query<Params>,
+    headers: HeaderMap,
+) -> Response {
+    let Some(router) = app.state.router() else {
+        let mut r = (StatusCode::SERVICE_UNAVAILABLE, "no routing table yet\n").into_response();
+        r.headers_mut()
+            .insert(header::RETRY_AFTER, HeaderValue::from(RETRY_AFTER_SECS));
+        return r;
+    };
+    let health = app.state.health();
+    let xff = edgestate::route::join_xff(
+        headers
+            .get_all("x-forwarded-for")
+            .iter()
+            .map(HeaderValue::as_bytes),
+    );
+    let d = router.vod(Some(peer.ip()), xff.as_deref(), &asset, &health);
+    let location = match (d.mode, &d.location, &d.node) {
+        (Some(Mode::Redirect), Some(l), _) => Some(l.clone()),
+        (Some(Mode::Proxy), _, Some(node)) => Some(
+            app.proxy_url
+                .replace("{node}", &edgestate::route::encode_segment(node))
+                .replace("{stream}", &edgestate::route::encode_segment(&asset)),
+        ),
+        _ => None,
+    };
+    let status = StatusCode::from_u16(d.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    let mut response = if wants_json(&params, &headers) {
         let mut v = serde_json::to_value(&d).unwrap_or_default();
         if let Some(l) = &location {
             v["location"] = serde_json::Value::String(l.clone());

@@ -84,9 +84,20 @@ pub async fn refresh(
     let mut con: Option<redis::aio::MultiplexedConnection> = None;
     let mut health_mtime: Option<SystemTime> = None;
     let mut warned_redis = false;
+    let mut warned_share = false;
     loop {
         if let Some(path) = &config.routing.health_file {
             refresh_health(path, &mut health_mtime, &state);
+        }
+        if let Some(path) = &config.routing.share_health {
+            match share_health(path, &state.health(), crate::unix_now()) {
+                Ok(()) => warned_share = false,
+                Err(e) if !warned_share => {
+                    tracing::warn!(file = %path.display(), cause = %e, "routing: cannot share the health snapshot with the router");
+                    warned_share = true;
+                }
+                Err(_) => {}
+            }
         }
         match refresh_table(&config, &state, &mut con).await {
             Ok(()) => {
@@ -142,6 +153,33 @@ async fn refresh_table(
     state.set_router(router, generation);
     tracing::info!(generation, "routing: table loaded");
     Ok(())
+}
+
+/// The snapshot the geo router reads (`routing.share_health`): the
+/// [`Health`] routing uses, plus `at` (Unix seconds; an old one means the
+/// agent stopped writing) and `stale` (some node's health is the last
+/// known while the broker is away). `edgeform route --health` reads the
+/// same file.
+#[must_use]
+pub fn shared_snapshot(health: &Health, at: u64) -> serde_json::Value {
+    let mut v = serde_json::to_value(health).unwrap_or_else(|_| serde_json::json!({"nodes": {}}));
+    v["at"] = serde_json::json!(at);
+    v["stale"] = serde_json::json!(health.nodes.values().any(|n| n.stale));
+    v
+}
+
+/// Write [`shared_snapshot`] to `path` atomically (a temp file in the same
+/// folder, then a rename), so nginx never reads half of it.
+///
+/// # Errors
+/// The folder is not writable.
+pub fn share_health(path: &std::path::Path, health: &Health, at: u64) -> std::io::Result<()> {
+    let text = shared_snapshot(health, at).to_string();
+    let mut tmp = path.as_os_str().to_owned();
+    tmp.push(".tmp");
+    let tmp = PathBuf::from(tmp);
+    std::fs::write(&tmp, text)?;
+    std::fs::rename(&tmp, path)
 }
 
 /// The largest health snapshot read (bytes).

@@ -79,6 +79,8 @@ fn main() {
                 out_kbit: Some(rng.next() % 9_000_000),
                 streams: Some(vec!["cam1".into()]),
                 stale: false,
+                vod: None,
+                net_kbit: None,
             },
         );
     }

@@ -147,6 +147,15 @@ pub struct HealthReport {
     /// Whole-host transmit rate over non-loopback interfaces.
     pub out_kbit: Option<u64>,
     pub streams: Option<Vec<String>>,
+    /// VOD assets held: asset → revisions (#18 item 3); absent from older
+    /// agents' reports.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vod: Option<std::collections::BTreeMap<String, Vec<u64>>>,
+    /// Whole-host receive + transmit rate over non-loopback interfaces:
+    /// what the placement budget `network_bandwidth_kbit` limits (#18
+    /// item 4); absent from older agents' reports.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub net_kbit: Option<u64>,
     pub config: ConfigState,
     pub purge: PurgeState,
     pub redis: RedisState,
@@ -508,6 +517,8 @@ mod tests {
             play_sessions: None,
             out_kbit: None,
             streams: None,
+            vod: None,
+            net_kbit: None,
             config: ConfigState::default(),
             purge: PurgeState::default(),
             redis: RedisState::default(),

@@ -43,6 +43,13 @@ pub struct NodeHealth {
     /// The report is the last one known while its source is unreachable.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub stale: bool,
+    /// VOD assets the node holds: asset → the revisions it has (#18 item 3).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vod: Option<BTreeMap<String, Vec<u64>>>,
+    /// Receive + transmit kbit/s of the whole host: what
+    /// `network_bandwidth_kbit` (the placement budget) limits (#18 item 4).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub net_kbit: Option<u64>,
 }
 
 /// A health snapshot: `{"nodes": {"<name>": {...}}}`.
@@ -799,12 +806,30 @@ pub fn choose_placement<'a>(
     nodes: &BTreeMap<String, Node>,
     health: &Health,
 ) -> Option<&'a Placement> {
+    choose_placement_in(placements, Some(chain), nodes, health)
+}
+
+/// [`choose_placement`]; `chain` `None` is unrestricted routing (no zone
+/// has a route): every node is allowed, all at the same rank, so the
+/// highest revision, then the load, decide.
+#[must_use]
+pub fn choose_placement_in<'a>(
+    placements: &'a [Placement],
+    chain: Option<&[String]>,
+    nodes: &BTreeMap<String, Node>,
+    health: &Health,
+) -> Option<&'a Placement> {
     placements
         .iter()
         .filter_map(|p| {
             let node = nodes.get(&p.node).filter(|n| !n.drain)?;
-            let zone = node.zone.as_ref()?;
-            let rank = chain.iter().position(|z| z == zone)?;
+            let rank = match chain {
+                None => 0,
+                Some(chain) => {
+                    let zone = node.zone.as_ref()?;
+                    chain.iter().position(|z| z == zone)?
+                }
+            };
             let load = health
                 .nodes
                 .get(&p.node)
@@ -820,6 +845,228 @@ pub fn choose_placement<'a>(
                 .then(a.0.node.cmp(&b.0.node))
         })
         .map(|(p, _, _)| p)
+}
+
+/// One replica of a VOD asset as a decision lists it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct VodReplica {
+    pub node: String,
+    pub zone: Option<String>,
+    /// The highest revision the node holds.
+    pub revision: u64,
+    pub play_sessions: Option<u64>,
+    /// Whether it could be chosen (online, allowed zone, not drained).
+    pub eligible: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+}
+
+/// A VOD placement decision (`GET /vod/<asset>`, `edgeform route --vod`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct VodDecision {
+    /// 302 (a replica chosen), 403 (restricted, no zone for the client),
+    /// 404 (no node reports the asset), 503 (replicas, none allowed or
+    /// available).
+    pub status: u16,
+    pub node: Option<String>,
+    pub revision: Option<u64>,
+    pub zone: Option<String>,
+    /// Allowed zones in order (empty when unrestricted).
+    pub chain: Vec<String>,
+    pub location: Option<String>,
+    pub mode: Option<Mode>,
+    pub client_ip: Option<String>,
+    pub reasons: Vec<String>,
+    /// Every replica, the chosen order first (eligible, revision, zone
+    /// rank, load).
+    pub replicas: Vec<VodReplica>,
+}
+
+/// Why a node is over its placement budget (`network_bandwidth_kbit`,
+/// receive + transmit; `None` unlimited, `0` never chosen), like the
+/// playback limits: a missing measure excludes a limited node.
+fn placement_budget(limit: Option<u64>, net_kbit: Option<u64>) -> Option<String> {
+    match (limit, net_kbit) {
+        (Some(0), _) => Some("network_bandwidth_kbit is 0".into()),
+        (Some(_), None) => Some("net_kbit missing (needed for network_bandwidth_kbit)".into()),
+        (Some(l), Some(n)) if n >= l => {
+            Some(format!("at placement budget ({n} >= {l} kbit/s RX+TX)"))
+        }
+        _ => None,
+    }
+}
+
+impl Router {
+    /// Where a viewer gets VOD `asset` (seed 002): replicas are the
+    /// revisions nodes report holding; only online, undrained nodes of the
+    /// allowed zones (the client's zone chain, or every node when routing
+    /// is unrestricted) are available; then [`choose_placement_in`].
+    #[must_use]
+    pub fn vod(
+        &self,
+        peer: Option<IpAddr>,
+        xff: Option<&str>,
+        asset: &str,
+        health: &Health,
+    ) -> VodDecision {
+        let mut notes = Notes {
+            on: true,
+            list: Vec::new(),
+        };
+        let client = peer.map(|p| self.client(p, xff, &mut notes));
+        let mut d = VodDecision {
+            status: 503,
+            node: None,
+            revision: None,
+            zone: None,
+            chain: Vec::new(),
+            location: None,
+            mode: None,
+            client_ip: client.map(|c| c.to_string()),
+            reasons: Vec::new(),
+            replicas: Vec::new(),
+        };
+        // Every replica: the highest revision each node reports.
+        let held: Vec<(&str, u64)> = health
+            .nodes
+            .iter()
+            .filter_map(|(name, h)| {
+                let revs = h.vod.as_ref()?.get(asset)?;
+                revs.iter().max().map(|r| (name.as_str(), *r))
+            })
+            .collect();
+        if held.is_empty() {
+            notes.add(|| format!("no node reports VOD asset {asset}"));
+            d.status = 404;
+            d.reasons = notes.list;
+            return d;
+        }
+        let chain: Option<Vec<String>> = if self.restricted {
+            let Some(zone) = client.and_then(|c| self.zone_of(c)) else {
+                notes.add(|| match client {
+                    Some(c) => {
+                        format!("routing is restricted and no zone route contains {c}: refused")
+                    }
+                    None => "routing is restricted and there is no client IP: refused".into(),
+                });
+                d.status = 403;
+                d.reasons = notes.list;
+                return d;
+            };
+            notes.add(|| {
+                format!(
+                    "{} matches zone {zone} (longest prefix)",
+                    client.map_or_else(String::new, |c| c.to_string())
+                )
+            });
+            Some(
+                self.chain_of(zone, &mut notes)
+                    .into_iter()
+                    .map(str::to_owned)
+                    .collect(),
+            )
+        } else {
+            notes.add(|| "no zone has a route: unrestricted (every node allowed)".into());
+            None
+        };
+        let mut placements = Vec::new();
+        for (name, revision) in &held {
+            let node = self.table.nodes.get(*name);
+            let zone = node.and_then(|n| n.zone.clone());
+            let h = &health.nodes[*name];
+            let rank = match (&chain, &zone) {
+                (None, _) => Some(0),
+                (Some(c), Some(z)) => c.iter().position(|x| x == z),
+                (Some(_), None) => None,
+            };
+            let reason = if node.is_none() {
+                Some("not in the routing table".to_owned())
+            } else if node.is_some_and(|n| n.drain) {
+                Some("drained".to_owned())
+            } else if h.online != Some(true) {
+                Some("offline".to_owned())
+            } else if let Some(why) =
+                node.and_then(|n| placement_budget(n.network_bandwidth_kbit, h.net_kbit))
+            {
+                Some(why)
+            } else if rank.is_none() {
+                Some(match &zone {
+                    Some(z) => format!("zone {z} is not allowed for this client"),
+                    None => "unzoned: not allowed while routing is restricted".to_owned(),
+                })
+            } else {
+                None
+            };
+            if let Some(r) = &reason {
+                notes.add(|| format!("{name} (revision {revision}) excluded: {r}"));
+            } else {
+                placements.push(Placement {
+                    node: (*name).to_owned(),
+                    revision: *revision,
+                });
+            }
+            d.replicas.push(VodReplica {
+                node: (*name).to_owned(),
+                zone,
+                revision: *revision,
+                play_sessions: h.play_sessions,
+                eligible: reason.is_none(),
+                reason,
+            });
+        }
+        let rank_of = |r: &VodReplica| match (&chain, &r.zone) {
+            (None, _) => 0,
+            (Some(c), Some(z)) => c.iter().position(|x| x == z).unwrap_or(usize::MAX),
+            (Some(_), None) => usize::MAX,
+        };
+        d.replicas.sort_by(|a, b| {
+            (!a.eligible)
+                .cmp(&!b.eligible)
+                .then(b.revision.cmp(&a.revision))
+                .then(rank_of(a).cmp(&rank_of(b)))
+                .then(
+                    a.play_sessions
+                        .unwrap_or(u64::MAX)
+                        .cmp(&b.play_sessions.unwrap_or(u64::MAX)),
+                )
+                .then(a.node.cmp(&b.node))
+        });
+        d.chain = chain.clone().unwrap_or_default();
+        let chosen = choose_placement_in(&placements, chain.as_deref(), &self.table.nodes, health);
+        match chosen {
+            Some(p) => {
+                let n = &self.table.nodes[&p.node];
+                d.status = 302;
+                d.node = Some(p.node.clone());
+                d.revision = Some(p.revision);
+                d.zone.clone_from(&n.zone);
+                notes.add(|| {
+                    format!(
+                        "chose {} (revision {}): highest available revision, then zone order, then load",
+                        p.node, p.revision
+                    )
+                });
+                match &n.public_url {
+                    Some(url) => {
+                        d.mode = Some(Mode::Redirect);
+                        d.location = Some(format!(
+                            "{}/{}",
+                            url.trim_end_matches('/'),
+                            encode_segment(asset)
+                        ));
+                    }
+                    None => d.mode = Some(Mode::Proxy),
+                }
+            }
+            None => {
+                notes.add(|| {
+                    format!("no available replica of {asset}: 503, Retry-After {RETRY_AFTER_SECS}")
+                });
+            }
+        }
+        d.reasons = notes.list;
+        d
+    }
 }
 
 #[cfg(test)]

@@ -302,3 +302,86 @@ pub fn stream(stream_conf: impl Fn(&str) -> String) -> Edge {
     }
     panic!("nginx (stream) did not start:\n{last}");
 }
+
+/// What differs between geo routers (`router/`, docs/router.md).
+#[derive(Debug, Clone)]
+pub struct RouterOptions {
+    /// The router's own Redis (`edgeform:routing`).
+    pub redis_port: u16,
+    /// The agent's shared health snapshot (`routing.share_health`).
+    pub health_file: PathBuf,
+    /// The port every edge listens on (80 in production).
+    pub edge_port: u16,
+    pub geoip_db: PathBuf,
+    pub workers: u32,
+}
+
+impl RouterOptions {
+    /// One worker, MaxMind's test database.
+    #[must_use]
+    pub fn new(redis_port: u16, health_file: PathBuf, edge_port: u16) -> RouterOptions {
+        RouterOptions {
+            redis_port,
+            health_file,
+            edge_port,
+            geoip_db: repo_root().join("testdata/geoip/GeoLite2-City-Test.mmdb"),
+            workers: 1,
+        }
+    }
+}
+
+/// Render `router/nginx.conf.template` for `listen`.
+///
+/// # Errors
+/// An unreadable template or an unfilled placeholder.
+pub fn router_conf(prefix: &Path, listen: &str, o: &RouterOptions) -> Result<String, String> {
+    let root = repo_root();
+    let template = std::fs::read_to_string(root.join("router/nginx.conf.template"))
+        .map_err(|e| format!("router/nginx.conf.template: {e}"))?;
+    let user = std::env::var("USER").unwrap_or_default();
+    let vars = [
+        ("USER", if user.is_empty() { "root".into() } else { user }),
+        ("WORKERS", o.workers.to_string()),
+        ("PREFIX", prefix.display().to_string()),
+        ("ACCESS_LOG", "off".into()),
+        ("ROUTER_DIR", root.join("router").display().to_string()),
+        ("EDGE_DIR", root.join("edge").display().to_string()),
+        ("GEOIP_DB", o.geoip_db.display().to_string()),
+        ("REDIS_HOST", "127.0.0.1".into()),
+        ("REDIS_PORT", o.redis_port.to_string()),
+        ("HEALTH_FILE", o.health_file.display().to_string()),
+        ("EDGE_PORT", o.edge_port.to_string()),
+        ("LISTEN", listen.to_owned()),
+    ];
+    render(&template, &vars)
+}
+
+/// Start the reference geo router on a free loopback port.
+///
+/// # Panics
+/// When nginx does not come up (its error log is shown).
+#[must_use]
+pub fn router(o: &RouterOptions) -> Edge {
+    let mut last = String::new();
+    for _ in 0..5 {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let port = free_port();
+        let text = router_conf(dir.path(), &format!("127.0.0.1:{port}"), o)
+            .expect("render the router template");
+        let conf = dir.path().join("nginx.conf");
+        std::fs::write(&conf, text).expect("write nginx.conf");
+        let prefix = dir.path().display().to_string();
+        match start(dir, prefix, &conf, port) {
+            Ok(process) => {
+                let cache_dir = process.dir.path().to_path_buf();
+                return Edge {
+                    process,
+                    conf,
+                    cache_dir,
+                };
+            }
+            Err(log) => last = log,
+        }
+    }
+    panic!("nginx (router) did not start:\n{last}");
+}

@@ -416,3 +416,80 @@ fn r12_9_a_fifo_health_file_neither_hangs_nor_blocks_sigterm() {
     assert!(status.success(), "{status:?}\n{}", agent.log());
     assert!(asked.elapsed() < Duration::from_secs(5));
 }
+
+// See: #18 item 3
+/// `GET /vod/<asset>` over real HTTP: the placement among the revisions
+/// nodes report (health `vod`), seed 002's order, explained in JSON.
+#[test]
+fn vod_over_http_with_real_redis() {
+    let r = harness::redis(&[]);
+    let dir = tempfile::tempdir().unwrap();
+    let health = dir.path().join("health.json");
+    let write = |h: serde_json::Value| {
+        let tmp = health.with_extension("tmp");
+        std::fs::write(&tmp, h.to_string()).unwrap();
+        std::fs::rename(&tmp, &health).unwrap();
+    };
+    // edge-a (zone eu, the client's) holds revision 2, edge-b (backup,
+    // the fallback) revision 3: the newer permitted fallback replica wins.
+    write(serde_json::json!({"nodes": {
+        "edge-a": {"online": true, "play_sessions": 0, "vod": {"movie": [1, 2]}},
+        "edge-b": {"online": true, "play_sessions": 9, "vod": {"movie": [3]}},
+    }}));
+    publish(r.port, &table("https://a.example.net"), 1);
+    let http = harness::free_port();
+    let agent = crate::util::Agent::start_with(
+        r.port,
+        &[dir.path().join("cache")],
+        &format!(
+            "http:\n  listen: 127.0.0.1:{http}\n  proxy_url: https://router.example.net/proxy/{{node}}/{{stream}}\n\
+             routing:\n  health_file: {}\n  refresh: 100ms\n",
+            health.display()
+        ),
+    );
+    let log = || agent.log();
+    wait_for(
+        || {
+            std::net::TcpStream::connect(("127.0.0.1", http)).is_ok()
+                && get(http, "/vod/movie", "").0 == 302
+        },
+        "agent up and routing VOD",
+        &log,
+    );
+    let (_, head, _) = get(http, "/vod/movie", "");
+    assert!(
+        head.contains("location: https://router.example.net/proxy/edge-b/movie"),
+        "{head}"
+    );
+    let (status, _, body) = get(http, "/vod/movie?format=json", "");
+    assert_eq!(status, 302);
+    let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(v["node"], "edge-b");
+    assert_eq!(v["revision"], 3);
+    assert_eq!(v["chain"], serde_json::json!(["eu", "backup"]));
+    assert_eq!(v["replicas"][1]["node"], "edge-a");
+    assert_eq!(v["replicas"][1]["revision"], 2);
+    // Same revision everywhere: the client's own zone first (redirect to
+    // edge-a's payload URL).
+    write(serde_json::json!({"nodes": {
+        "edge-a": {"online": true, "play_sessions": 5, "vod": {"movie": [3]}},
+        "edge-b": {"online": true, "play_sessions": 0, "vod": {"movie": [3]}},
+    }}));
+    wait_for(
+        || {
+            get(http, "/vod/movie", "")
+                .1
+                .contains("location: https://a.example.net/movie")
+        },
+        "home zone first",
+        &log,
+    );
+    // Unknown asset: 404. The only replica offline: 503 + Retry-After.
+    assert_eq!(get(http, "/vod/nope", "").0, 404);
+    write(serde_json::json!({"nodes": {
+        "edge-a": {"online": false, "play_sessions": 0, "vod": {"movie": [3]}},
+    }}));
+    wait_for(|| get(http, "/vod/movie", "").0 == 503, "503", &log);
+    assert!(get(http, "/vod/movie", "").1.contains("retry-after: 5"));
+    drop(agent);
+}

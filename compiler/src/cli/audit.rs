@@ -48,6 +48,7 @@ pub async fn status_from_redis(source: &Valid, format: Format, timeout: Duration
         rows.push(match read {
             Ok((meta, queue)) => Row {
                 node: node.name.clone(),
+                zone: node.zone.clone(),
                 online: true,
                 age_s: None,
                 commit: meta.get("commit").cloned(),
@@ -63,6 +64,7 @@ pub async fn status_from_redis(source: &Valid, format: Format, timeout: Duration
             },
             Err(e) => Row {
                 node: node.name.clone(),
+                zone: node.zone.clone(),
                 online: false,
                 age_s: None,
                 commit: None,

@@ -118,7 +118,12 @@ struct Session {
 
 /// Connect (clean session) and wait for the broker's CONNACK.
 async fn connect(source: &Valid, flags: &BrokerFlags) -> Result<Session> {
-    let Some(m) = &source.config.cluster.mqtt else {
+    connect_to(&source.config, flags).await
+}
+
+/// [`connect`] from the config alone.
+async fn connect_to(config: &crate::Config, flags: &BrokerFlags) -> Result<Session> {
+    let Some(m) = &config.cluster.mqtt else {
         bail!(
             "cluster.yaml has no `mqtt` block (url, topic_prefix): status and exec talk to the nodes through the broker"
         );
@@ -204,6 +209,9 @@ impl Session {
 #[derive(Debug, Clone, Serialize)]
 pub struct Row {
     pub node: String,
+    /// The node's CDN zone from the repository (#18 item 4); `None`:
+    /// unzoned or not in the repository.
+    pub zone: Option<String>,
     pub online: bool,
     pub age_s: Option<u64>,
     pub commit: Option<String>,
@@ -431,6 +439,12 @@ pub fn rows(source: &Valid, heard: &Heard, now: u64) -> Vec<Row> {
             let online = heard.status.get(name).copied().unwrap_or(false);
             Row {
                 node: name.to_owned(),
+                zone: source
+                    .config
+                    .nodes
+                    .iter()
+                    .find(|n| n.name == name)
+                    .and_then(|n| n.zone.clone()),
                 online,
                 age_s: r.map(|r| now.saturating_sub(r.ts)),
                 commit: r.and_then(|r| r.config.commit.clone()),
@@ -463,7 +477,62 @@ pub fn rows(source: &Valid, heard: &Heard, now: u64) -> Vec<Row> {
 /// # Errors
 /// No `mqtt` in cluster.yaml, the broker unreachable.
 pub async fn status(source: &Valid, flags: &BrokerFlags, format: Format) -> Result<u8> {
-    let mut s = connect(source, flags).await?;
+    let heard = listen(&source.config, flags).await?;
+    let rows = rows(source, &heard, unix_now());
+    print_status(
+        &rows,
+        |n| heard.reports.contains_key(n) || heard.status.contains_key(n),
+        format,
+        false,
+    )
+}
+
+/// The live health snapshot from the broker (`edgeform route --health
+/// mqtt`, #18 item 4): every node's retained report and status, read as
+/// the agent's health book reads them (online from the status, or from a
+/// report when no status was heard; the last will wins).
+///
+/// # Errors
+/// No `mqtt` in cluster.yaml, the broker unreachable.
+pub async fn live_health(
+    config: &crate::Config,
+    flags: &BrokerFlags,
+) -> Result<edgestate::route::Health> {
+    let heard = listen(config, flags).await?;
+    Ok(health_of(&heard))
+}
+
+/// What was heard as a routing health snapshot. Pure.
+#[must_use]
+pub fn health_of(heard: &Heard) -> edgestate::route::Health {
+    let names: std::collections::BTreeSet<&String> =
+        heard.reports.keys().chain(heard.status.keys()).collect();
+    edgestate::route::Health {
+        nodes: names
+            .into_iter()
+            .map(|name| {
+                let r = heard.reports.get(name);
+                (
+                    name.clone(),
+                    edgestate::route::NodeHealth {
+                        online: Some(heard.status.get(name).copied().unwrap_or(r.is_some())),
+                        play_sessions: r.and_then(|r| r.play_sessions),
+                        out_kbit: r.and_then(|r| r.out_kbit),
+                        streams: r.and_then(|r| r.streams.clone()),
+                        stale: false,
+                        vod: r.and_then(|r| r.vod.clone()),
+                        net_kbit: r.and_then(|r| r.net_kbit),
+                    },
+                )
+            })
+            .collect(),
+    }
+}
+
+/// Subscribe to every node's health and status and collect the retained
+/// messages until they have been quiet for a moment.
+async fn listen(config: &crate::Config, flags: &BrokerFlags) -> Result<Heard> {
+    let mut s = connect_to(config, flags).await?;
     let prefix = s.prefix.clone();
     s.client
         .subscribe(format!("{prefix}/health/+"), QoS::AtMostOnce)
@@ -498,13 +567,7 @@ pub async fn status(source: &Valid, flags: &BrokerFlags, format: Format) -> Resu
         }
     }
     s.close().await;
-    let rows = rows(source, &heard, unix_now());
-    print_status(
-        &rows,
-        |n| heard.reports.contains_key(n) || heard.status.contains_key(n),
-        format,
-        false,
-    )
+    Ok(heard)
 }
 
 fn short_commit(c: &str) -> String {
@@ -523,6 +586,7 @@ pub fn table(rows: &[Row]) -> String {
     let opt = |v: Option<u64>| v.map_or_else(dash, |v| v.to_string());
     let mut lines = vec![[
         "NODE".to_owned(),
+        "ZONE".into(),
         "STATE".into(),
         "AGE".into(),
         "COMMIT".into(),
@@ -548,6 +612,7 @@ pub fn table(rows: &[Row]) -> String {
         targets += usize::from(r.desired_commit.is_some());
         lines.push([
             untrusted::escape(&r.node),
+            r.zone.clone().unwrap_or_else(dash),
             if r.online { "online" } else { "offline" }.into(),
             r.age_s.map_or_else(dash, |a| format!("{a}s")),
             commit,
@@ -850,6 +915,7 @@ mod tests {
         let rows = vec![
             Row {
                 node: "a".into(),
+                zone: Some("eu".into()),
                 online: true,
                 age_s: Some(2),
                 commit: Some("c1".into()),
@@ -865,6 +931,7 @@ mod tests {
             },
             Row {
                 node: "b".into(),
+                zone: None,
                 online: false,
                 age_s: None,
                 commit: None,
@@ -881,6 +948,10 @@ mod tests {
         ];
         let t = table(&rows);
         assert!(t.contains("c1 (desired)"), "{t}");
+        // See: #18 item 4: each node's zone.
+        assert!(t.starts_with("NODE  ZONE  STATE"), "{t}");
+        assert!(t.contains("\na     eu    online"), "{t}");
+        assert!(t.contains("\nb     -     offline"), "{t}");
         assert!(t.contains("(no report)"), "{t}");
         assert!(
             t.ends_with("1/2 online, 1/2 targets on the desired commit\n"),
@@ -891,6 +962,7 @@ mod tests {
     fn row(node: &str, online: bool, commit: Option<&str>, target: bool) -> Row {
         Row {
             node: node.into(),
+            zone: None,
             online,
             age_s: None,
             commit: commit.map(Into::into),

@@ -34,13 +34,22 @@ pub struct RouteArgs {
     /// The X-Forwarded-For header the peer sent.
     #[arg(long, value_name = "HEADER")]
     pub xff: Option<String>,
-    /// Health snapshot: {"nodes":{"<name>":{"online","play_sessions","out_kbit","streams"}}}.
-    /// Without it, every node is assumed online, idle and carrying the stream.
-    #[arg(long, value_name = "FILE")]
+    /// Health snapshot: {"nodes":{"<name>":{"online","play_sessions","out_kbit","streams","vod"}}},
+    /// or `mqtt`: the live snapshot from the broker in cluster.yaml (every
+    /// node's retained report and status). Without it, every node is
+    /// assumed online, idle and carrying the stream.
+    #[arg(long, value_name = "FILE|mqtt")]
     pub health: Option<PathBuf>,
+    #[command(flatten)]
+    pub broker: crate::cli::mqtt::BrokerFlags,
     /// Also make the geo decision (the geo router: strictly nearest online edge).
     #[arg(long, requires = "geoip")]
     pub geo: bool,
+    /// Also explain the VOD placement of ASSET (seed 002: allowed zones,
+    /// then highest revision, then zone order and load), from the
+    /// revisions each node reports (`vod` in the health snapshot).
+    #[arg(long, value_name = "ASSET")]
+    pub vod: Option<String>,
     /// MaxMind City database for --geo.
     #[arg(long, value_name = "DB")]
     pub geoip: Option<PathBuf>,
@@ -89,13 +98,22 @@ pub fn route(config: &Config, args: &RouteArgs) -> Result<u8> {
         .peer
         .or(args.ip)
         .context("give --ip (or --peer with --xff)")?;
-    if args.stream.is_none() && !args.geo {
-        bail!("give --stream for a playback decision, or --geo for the geo decision (or both)");
+    if args.stream.is_none() && !args.geo && args.vod.is_none() {
+        bail!(
+            "give --stream for a playback decision, --geo for the geo decision, or --vod for a VOD placement"
+        );
     }
     let table = crate::compile::routing_table(config);
     let router = Router::new(table).map_err(|e| anyhow::anyhow!("{e}"))?;
     let mut notes = Vec::new();
     let health = match &args.health {
+        Some(p) if p.as_os_str() == "mqtt" => {
+            notes.push("health: the live snapshot from the broker".to_owned());
+            tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()?
+                .block_on(crate::cli::mqtt::live_health(config, &args.broker))?
+        }
         Some(p) => read_health(p)?,
         None => {
             notes.push(
@@ -116,6 +134,8 @@ pub fn route(config: &Config, args: &RouteArgs) -> Result<u8> {
                                 out_kbit: Some(0),
                                 streams: Some(streams.clone()),
                                 stale: false,
+                                vod: None,
+                                net_kbit: None,
                             },
                         )
                     })
@@ -127,11 +147,21 @@ pub fn route(config: &Config, args: &RouteArgs) -> Result<u8> {
         .stream
         .as_deref()
         .map(|s| router.decide(Some(peer), args.xff.as_deref(), s, &health));
+    let vod = args
+        .vod
+        .as_deref()
+        .map(|a| router.vod(Some(peer), args.xff.as_deref(), a, &health));
     let client = decision
         .as_ref()
         .and_then(|d| d.client_ip.as_deref())
         .and_then(|c| c.parse().ok())
         .unwrap_or(peer);
+    // IPv4-mapped IPv6 clients are IPv4 clients (as the agent, the edge and
+    // the router see them): the geo tie-break hashes the IPv4 text.
+    let client = match client {
+        IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(client, IpAddr::V4),
+        v4 @ IpAddr::V4(_) => v4,
+    };
     let geo: Option<(Option<Location>, Option<GeoDecision>)> = match (&args.geoip, args.geo) {
         (Some(db), true) => {
             let loc = geo_lookup(db, client)?;
@@ -148,6 +178,9 @@ pub fn route(config: &Config, args: &RouteArgs) -> Result<u8> {
             };
             if let Some((loc, g)) = &geo {
                 v["geo"] = serde_json::json!({"client_location": loc, "decision": g});
+            }
+            if let Some(d) = &vod {
+                v["vod"] = serde_json::to_value(d)?;
             }
             if !notes.is_empty() {
                 v["notes"] = serde_json::json!(notes);
@@ -208,6 +241,40 @@ pub fn route(config: &Config, args: &RouteArgs) -> Result<u8> {
                     _ => {
                         let _ = writeln!(text, "geo: the database has no location for {client}");
                     }
+                }
+            }
+            if let Some(d) = &vod {
+                let verdict = match (d.status, &d.node) {
+                    (302, Some(n)) => format!(
+                        "302 → {n} revision {} ({})",
+                        d.revision.unwrap_or(0),
+                        d.location.as_deref().unwrap_or("proxied by the router")
+                    ),
+                    (503, _) => format!("503 Retry-After {}", edgestate::route::RETRY_AFTER_SECS),
+                    (s, _) => s.to_string(),
+                };
+                let _ = writeln!(
+                    text,
+                    "vod {}: decision: {verdict}",
+                    args.vod.as_deref().unwrap_or("")
+                );
+                let _ = writeln!(text, "why:");
+                for (i, r) in d.reasons.iter().enumerate() {
+                    let _ = writeln!(text, "  {}. {r}", i + 1);
+                }
+                for r in &d.replicas {
+                    let _ = writeln!(
+                        text,
+                        "  {} zone {} revision {} sessions {}{}",
+                        r.node,
+                        r.zone.as_deref().unwrap_or("-"),
+                        r.revision,
+                        r.play_sessions
+                            .map_or_else(|| "-".to_owned(), |p| p.to_string()),
+                        r.reason
+                            .as_ref()
+                            .map_or_else(String::new, |w| format!(" [{w}]"))
+                    );
                 }
             }
             out.write_all(text.as_bytes())?;

@@ -315,7 +315,7 @@ pub struct Node {
     #[serde(default)]
     #[schemars(range(min = 0))]
     pub playback_bandwidth_kbit: Option<u64>,
-    /// Placement budget (RX+TX), kbit/s.
+    /// Placement budget (RX+TX), kbit/s: a VOD replica on a node at or over it is not chosen; 0: never.
     #[serde(default)]
     #[schemars(range(min = 0))]
     pub network_bandwidth_kbit: Option<u64>,

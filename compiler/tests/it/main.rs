@@ -17,6 +17,7 @@ mod ops;
 mod private;
 mod purge;
 mod push;
+mod router;
 mod schema;
 mod stream;
 mod tls;

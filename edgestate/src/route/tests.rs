@@ -89,6 +89,8 @@ fn health(entries: &[Report<'_>]) -> Health {
                         out_kbit: *o,
                         streams: Some(streams.iter().map(|x| (*x).to_owned()).collect()),
                         stale: false,
+                        vod: None,
+                        net_kbit: None,
                     },
                 )
             })
@@ -728,4 +730,214 @@ fn drained_nodes_are_never_chosen() {
     let chain = vec!["office-1".to_owned(), "world".to_owned()];
     let p = choose_placement(&placements, &chain, &r.table().nodes, &all_up).unwrap();
     assert_eq!(p.node, "o1-b");
+}
+
+// See: #18 item 3. VOD table tests, one per sentence of seed 002: "For
+// VOD, central first filters available placements by allowed zones, then
+// selects the highest available revision, followed by zone and load. A
+// newer forbidden replica cannot exclude an older permitted replica; a
+// newer permitted fallback replica may take precedence over an older home
+// replica."
+
+/// (node, online, sessions, [(asset, revisions)]).
+type Held<'a> = (&'a str, bool, u64, &'a [(&'a str, &'a [u64])]);
+
+/// `health` with VOD holdings.
+fn vod_health(entries: &[Held<'_>]) -> Health {
+    Health {
+        nodes: entries
+            .iter()
+            .map(|(n, online, s, held)| {
+                (
+                    (*n).to_owned(),
+                    NodeHealth {
+                        online: Some(*online),
+                        play_sessions: Some(*s),
+                        out_kbit: Some(0),
+                        streams: Some(Vec::new()),
+                        stale: false,
+                        net_kbit: Some(0),
+                        vod: Some(
+                            held.iter()
+                                .map(|(a, r)| ((*a).to_owned(), r.to_vec()))
+                                .collect(),
+                        ),
+                    },
+                )
+            })
+            .collect(),
+    }
+}
+
+#[test]
+fn vod_first_filters_available_placements_by_allowed_zones() {
+    // office-2 → origin-pool: office-1 and world are not allowed, however
+    // new their copy; an offline node's copy is not available.
+    let r = offices(Some("origin-pool"));
+    let h = vod_health(&[
+        ("o1-a", true, 0, &[("movie", &[7])]),
+        ("w", true, 0, &[("movie", &[9])]),
+        ("o2-a", false, 0, &[("movie", &[8])]),
+        ("origin", true, 5, &[("movie", &[2])]),
+    ]);
+    let d = r.vod(Some(ip("10.2.0.9")), None, "movie", &h);
+    assert_eq!(d.status, 302, "{d:#?}");
+    assert_eq!(d.node.as_deref(), Some("origin"));
+    assert_eq!(d.revision, Some(2));
+    assert_eq!(d.chain, ["office-2", "origin-pool"]);
+    let why = |n: &str| {
+        d.replicas
+            .iter()
+            .find(|x| x.node == n)
+            .and_then(|x| x.reason.clone())
+    };
+    assert_eq!(
+        why("o1-a").as_deref(),
+        Some("zone office-1 is not allowed for this client")
+    );
+    assert_eq!(why("o2-a").as_deref(), Some("offline"));
+    assert_eq!(d.replicas[0].node, "origin", "the chosen one first");
+    // Nothing allowed is available: 503, never a forbidden replica.
+    let h = vod_health(&[("o1-a", true, 0, &[("movie", &[7])])]);
+    let d = r.vod(Some(ip("10.2.0.9")), None, "movie", &h);
+    assert_eq!((d.status, d.node), (503, None));
+    // No node has it at all: 404; outside every route: 403.
+    assert_eq!(r.vod(Some(ip("10.2.0.9")), None, "other", &h).status, 404);
+    let restricted_only = T::new()
+        .zone("office-1", &["10.1.0.0/16"], None)
+        .node("o1-a", node(&["edge"], Some("office-1")))
+        .router();
+    assert_eq!(
+        restricted_only
+            .vod(Some(ip("192.0.2.1")), None, "movie", &h)
+            .status,
+        403
+    );
+}
+
+#[test]
+fn vod_then_highest_available_revision_then_zone_then_load() {
+    let r = offices(Some("origin-pool"));
+    // Highest revision wins over zone order and load.
+    let h = vod_health(&[
+        ("o2-a", true, 0, &[("movie", &[1, 2])]),
+        ("o2-b", true, 0, &[("movie", &[1])]),
+        ("origin", true, 50, &[("movie", &[3])]),
+    ]);
+    let d = r.vod(Some(ip("10.2.0.9")), None, "movie", &h);
+    assert_eq!((d.node.as_deref(), d.revision), (Some("origin"), Some(3)));
+    // Same revision: the home zone before the fallback, whatever the load.
+    let h = vod_health(&[
+        ("o2-a", true, 40, &[("movie", &[3])]),
+        ("origin", true, 0, &[("movie", &[3])]),
+    ]);
+    let d = r.vod(Some(ip("10.2.0.9")), None, "movie", &h);
+    assert_eq!(d.node.as_deref(), Some("o2-a"));
+    // Same revision and zone: the lower load.
+    let h = vod_health(&[
+        ("o2-a", true, 40, &[("movie", &[3])]),
+        ("o2-b", true, 4, &[("movie", &[3])]),
+    ]);
+    let d = r.vod(Some(ip("10.2.0.9")), None, "movie", &h);
+    assert_eq!(d.node.as_deref(), Some("o2-b"));
+}
+
+#[test]
+fn vod_newer_forbidden_replica_cannot_exclude_older_permitted() {
+    let r = offices(Some("origin-pool"));
+    let h = vod_health(&[
+        ("o1-a", true, 0, &[("movie", &[9])]),
+        ("o2-a", true, 0, &[("movie", &[3])]),
+    ]);
+    let d = r.vod(Some(ip("10.2.0.9")), None, "movie", &h);
+    assert_eq!((d.node.as_deref(), d.revision), (Some("o2-a"), Some(3)));
+}
+
+#[test]
+fn vod_newer_permitted_fallback_replica_beats_older_home_replica() {
+    let r = offices(Some("origin-pool"));
+    let h = vod_health(&[
+        ("o2-a", true, 0, &[("movie", &[3])]),
+        ("origin", true, 0, &[("movie", &[4])]),
+    ]);
+    let d = r.vod(Some(ip("10.2.0.9")), None, "movie", &h);
+    assert_eq!((d.node.as_deref(), d.revision), (Some("origin"), Some(4)));
+    assert_eq!(d.zone.as_deref(), Some("origin-pool"));
+}
+
+#[test]
+fn vod_unrestricted_allows_every_node_and_never_a_drained_one() {
+    let mut drained = node(&["edge"], None);
+    drained.drain = true;
+    let r = T::new()
+        .node("a", node(&["edge"], None))
+        .node("b", node(&["ingest"], Some("z")))
+        .node("d", drained)
+        .router();
+    let h = vod_health(&[
+        ("a", true, 9, &[("movie", &[5])]),
+        ("b", true, 1, &[("movie", &[5])]),
+        ("d", true, 0, &[("movie", &[6])]),
+    ]);
+    let d = r.vod(Some(ip("192.0.2.1")), None, "movie", &h);
+    assert!(d.chain.is_empty());
+    assert_eq!((d.node.as_deref(), d.revision), (Some("b"), Some(5)));
+    assert!(
+        d.replicas
+            .iter()
+            .any(|x| x.node == "d" && x.reason.as_deref() == Some("drained"))
+    );
+}
+
+// See: #18 item 4
+/// `network_bandwidth_kbit`, the placement budget (RX+TX): a replica on a
+/// node at or over it is not chosen; 0 never; a missing measure excludes
+/// a limited node; unlimited nodes need no measure.
+#[test]
+fn vod_placement_budget_network_bandwidth_kbit() {
+    let limited = |limit: Option<u64>| {
+        let mut n = node(&["edge"], None);
+        n.network_bandwidth_kbit = limit;
+        n
+    };
+    let r = T::new()
+        .node("busy", limited(Some(1000)))
+        .node("zero", limited(Some(0)))
+        .node("blind", limited(Some(1000)))
+        .node("spare", limited(Some(1000)))
+        .node("free", limited(None))
+        .router();
+    let mut h = vod_health(&[
+        ("busy", true, 0, &[("movie", &[9])]),
+        ("zero", true, 0, &[("movie", &[9])]),
+        ("blind", true, 0, &[("movie", &[9])]),
+        ("spare", true, 0, &[("movie", &[8])]),
+        ("free", true, 0, &[("movie", &[7])]),
+    ]);
+    h.nodes.get_mut("busy").unwrap().net_kbit = Some(1000);
+    h.nodes.get_mut("blind").unwrap().net_kbit = None;
+    h.nodes.get_mut("spare").unwrap().net_kbit = Some(999);
+    h.nodes.get_mut("free").unwrap().net_kbit = None;
+    let d = r.vod(Some(ip("192.0.2.1")), None, "movie", &h);
+    assert_eq!((d.node.as_deref(), d.revision), (Some("spare"), Some(8)));
+    let why = |n: &str| {
+        d.replicas
+            .iter()
+            .find(|x| x.node == n)
+            .and_then(|x| x.reason.clone())
+            .unwrap_or_default()
+    };
+    assert_eq!(
+        why("busy"),
+        "at placement budget (1000 >= 1000 kbit/s RX+TX)"
+    );
+    assert_eq!(why("zero"), "network_bandwidth_kbit is 0");
+    assert_eq!(
+        why("blind"),
+        "net_kbit missing (needed for network_bandwidth_kbit)"
+    );
+    // Over budget everywhere limited: the unlimited node, older revision.
+    h.nodes.get_mut("spare").unwrap().net_kbit = Some(5000);
+    let d = r.vod(Some(ip("192.0.2.1")), None, "movie", &h);
+    assert_eq!(d.node.as_deref(), Some("free"));
 }

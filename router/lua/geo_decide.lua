@@ -1,0 +1,141 @@
+-- geo_decide.lua: the geo router's decision, the twin of
+-- edgestate::route::Router::nearest (docs/router.md). Pure: no I/O, no ngx.
+--
+-- Strictly nearest online edge by haversine distance from the client's
+-- location; edges within tie_km of the nearest are tied and chosen by
+-- rendezvous hash (edgestate::route::stable_hash: FNV-1a 64, then a
+-- SplitMix finalizer) of the client IP's text as Rust prints it, highest
+-- (hash, name) wins. compiler/tests/it/router.rs checks, for every network
+-- of MaxMind's test database, that this file and `edgeform route --geo`
+-- choose the same edge.
+
+local bit = require "bit"
+local bxor, rshift = bit.bxor, bit.rshift
+local byte, format, concat = string.byte, string.format, table.concat
+local sin, cos, asin, sqrt, min = math.sin, math.cos, math.asin, math.sqrt, math.min
+
+local _M = {}
+
+local EARTH_RADIUS_KM = 6371.0088
+local RAD = math.pi / 180 -- Rust's f64::to_radians: x * (PI / 180)
+
+local function rad(x) return x * RAD end
+
+-- Great-circle distance in km, operation for operation as
+-- edgestate::routing::haversine_km (same libm, same rounding).
+function _M.haversine_km(alat, alon, blat, blon)
+  local lat1, lat2 = rad(alat), rad(blat)
+  local dlat = lat2 - lat1
+  local dlon = rad(blon - alon)
+  local s1 = sin(dlat / 2.0)
+  local s2 = sin(dlon / 2.0)
+  local h = s1 * s1 + cos(lat1) * cos(lat2) * (s2 * s2)
+  return 2.0 * EARTH_RADIUS_KM * asin(min(sqrt(h), 1.0))
+end
+
+local OFFSET = 0xcbf29ce484222325ULL
+local PRIME = 0x100000001b3ULL
+local M1 = 0xbf58476d1ce4e5b9ULL
+local M2 = 0x94d049bb133111ebULL
+
+-- edgestate::route::stable_hash(&[a, b]) as a uint64 cdata.
+function _M.stable_hash(a, b)
+  local h = OFFSET
+  for _, part in ipairs({ a, b }) do
+    for i = 1, #part do
+      h = bxor(h, byte(part, i)) * PRIME
+    end
+    h = bxor(h, 0xff) * PRIME
+  end
+  h = bxor(h, rshift(h, 30)) * M1
+  h = bxor(h, rshift(h, 27)) * M2
+  return bxor(h, rshift(h, 31))
+end
+
+-- The text Rust's Display gives an address (4 or 16 bytes): IPv4 dotted;
+-- IPv6 lowercase hex groups, the first longest run (of two or more) of
+-- zero groups as "::", IPv4-mapped as ::ffff:a.b.c.d.
+function _M.rust_text(b)
+  if #b == 4 then
+    return byte(b, 1) .. "." .. byte(b, 2) .. "." .. byte(b, 3) .. "." .. byte(b, 4)
+  end
+  if b:sub(1, 12) == "\0\0\0\0\0\0\0\0\0\0\255\255" then
+    return "::ffff:" .. _M.rust_text(b:sub(13))
+  end
+  local g = {}
+  for i = 1, 8 do
+    g[i] = byte(b, 2 * i - 1) * 256 + byte(b, 2 * i)
+  end
+  local best_start, best_len, cur_start, cur_len = 0, 0, 0, 0
+  for i = 1, 8 do
+    if g[i] == 0 then
+      if cur_len == 0 then cur_start = i end
+      cur_len = cur_len + 1
+      if cur_len > best_len then best_start, best_len = cur_start, cur_len end
+    else
+      cur_len = 0
+    end
+  end
+  local function hex(from, to)
+    local out = {}
+    for i = from, to do out[#out + 1] = format("%x", g[i]) end
+    return concat(out, ":")
+  end
+  if best_len > 1 then
+    return hex(1, best_start - 1) .. "::" .. hex(best_start + best_len, 8)
+  end
+  return hex(1, 8)
+end
+
+-- The edges a table offers: {name, lat, lon, addr} for every node with the
+-- edge role and a location that is not drained, sorted by name.
+function _M.edges(routing)
+  local out = {}
+  if type(routing) ~= "table" or type(routing.nodes) ~= "table" then return out end
+  for name, n in pairs(routing.nodes) do
+    local edge = false
+    if type(n.roles) == "table" then
+      for _, r in ipairs(n.roles) do
+        if r == "edge" then edge = true end
+      end
+    end
+    local loc = n.location
+    if edge and n.drain ~= true and type(loc) == "table"
+        and type(loc.lat) == "number" and type(loc.lon) == "number" then
+      local addr = type(n.addresses) == "table" and n.addresses[1] or nil
+      out[#out + 1] = { name = name, lat = loc.lat, lon = loc.lon, addr = addr }
+    end
+  end
+  table.sort(out, function(a, b) return a.name < b.name end)
+  return out
+end
+
+-- The decision: the chosen edge (an entry of `edges`) or nil.
+-- `online(name)` says whether the agent knows the edge online; `key` is
+-- the client IP's Rust text; `tie_km` the table's geo.tie_km.
+function _M.nearest(edges, online, lat, lon, key, tie_km)
+  local cand, n = {}, 0
+  local nearest
+  for _, e in ipairs(edges) do
+    if online(e.name) then
+      local d = _M.haversine_km(lat, lon, e.lat, e.lon)
+      n = n + 1
+      cand[n] = { e, d }
+      if not nearest or d < nearest then nearest = d end
+    end
+  end
+  if not nearest then return nil end
+  local best, best_hash
+  for i = 1, n do
+    local e, d = cand[i][1], cand[i][2]
+    if d - nearest <= tie_km then
+      local h = _M.stable_hash(key, e.name)
+      if not best or h > best_hash or (h == best_hash and e.name > best.name) then
+        best, best_hash = e, h
+      end
+    end
+  end
+  return best
+end
+
+return _M

@@ -1,0 +1,244 @@
+-- geo_router.lua: the reference geo router on :80 (docs/router.md).
+--
+-- Per worker, a timer reads edgeform:routing from the router's own Redis
+-- (when edgeform:meta's generation moves) and the health snapshot the
+-- router's agent shares in a file (`routing.share_health` in agent.yaml).
+-- The access phase finds the client (the peer, or the last
+-- X-Forwarded-For entry from a trusted proxy, as the edge does), its
+-- location (geoip2 variables), and chooses the edge with geo_decide.lua
+-- (the twin of edgestate's `Router::nearest`); the balancer phase proxies
+-- to it with set_current_peer(). Redis or the broker down: the last known
+-- table and health keep routing, and the response says so
+-- (X-Edgeform-Stale: routing and/or health).
+
+local redis = require "nginx.redis"
+local cjson = require "cjson.safe"
+local balancer = require "ngx.balancer"
+local lrucache = require "resty.lrucache"
+local ip = require "edge_ip"
+local decide = require "geo_decide"
+
+local ngx = ngx
+local log, ERR, WARN = ngx.log, ngx.ERR, ngx.WARN
+
+local _M = {}
+
+local conf = {}
+local generation        -- edgeform:meta generation of the table in use
+local edges = {}        -- geo_decide.edges(table)
+local trusted = {}      -- networks whose X-Forwarded-For is believed
+local tie_km = 100
+local routing_stale = true   -- no table yet, or Redis unreachable
+local health = {}       -- node → online (true/false)
+local health_text       -- the file's last content
+local health_stale = true    -- no snapshot, an old one, or the broker away
+local health_at = 0
+local snapshot_stale = false -- the snapshot's own flag (the agent lost the broker)
+local online_sig        -- the online edges, as a string: a change is a new epoch
+-- Decisions per client (peer + X-Forwarded-For text), valid while `epoch` (bumped by a new table
+-- or a change of who is online) is unchanged: a viewer's next segment
+-- request skips the GeoIP lookup and the distances.
+local decisions
+local epoch = 0
+local DECISIONS = 50000
+
+function _M.init(c)
+  conf = c
+  conf.redis_timeout = conf.redis_timeout or 200
+  conf.poll = conf.poll or 0.2
+  conf.edge_port = conf.edge_port or 80
+  -- A snapshot older than this (the agent stopped writing it) is stale.
+  conf.health_max_age = conf.health_max_age or 10
+end
+
+local function load_table(text)
+  local t, err = cjson.decode(text)
+  if type(t) ~= "table" then
+    return nil, err or "not an object"
+  end
+  local list = {}
+  for _, p in ipairs(type(t.trusted_proxies) == "table" and t.trusted_proxies or {}) do
+    local net = type(p) == "string" and ip.net(p)
+    if net then list[#list + 1] = net else log(ERR, "bad trusted proxy ", tostring(p)) end
+  end
+  trusted = list
+  edges = decide.edges(t)
+  tie_km = type(t.geo) == "table" and tonumber(t.geo.tie_km) or 100
+  epoch = epoch + 1
+  return true
+end
+
+-- Read the generation; on a change, the table.
+local function poll_redis()
+  local r = redis:new()
+  r:set_timeout(conf.redis_timeout)
+  local ok, err = r:connect(conf.redis_host, conf.redis_port)
+  if not ok then return nil, err end
+  local gen
+  gen, err = r:hget("edgeform:meta", "generation")
+  if not gen then return nil, err end
+  if gen == ngx.null then gen = "none" end
+  if gen ~= generation then
+    local text
+    text, err = r:get("edgeform:routing")
+    if not text then return nil, err end
+    if text == ngx.null then return nil, "no edgeform:routing (nothing applied here)" end
+    ok, err = load_table(text)
+    if not ok then return nil, "edgeform:routing unreadable: " .. tostring(err) end
+    generation = gen
+  end
+  r:set_keepalive(10000, 8)
+  return true
+end
+
+-- Read the agent's snapshot: {"at": unix seconds, "nodes": {name: {online, stale}}}.
+local function poll_health()
+  if not conf.health_file then return nil, "no health file configured" end
+  local f, err = io.open(conf.health_file, "rb")
+  if not f then return nil, err end
+  local text = f:read("*a")
+  f:close()
+  if text ~= health_text then
+    local h = cjson.decode(text or "")
+    if type(h) ~= "table" or type(h.nodes) ~= "table" then
+      return nil, "health snapshot unreadable"
+    end
+    local online, stale, names = {}, false, {}
+    for name, n in pairs(h.nodes) do
+      if type(n) == "table" then
+        online[name] = n.online == true
+        if n.online == true then names[#names + 1] = name end
+        if n.stale == true then stale = true end
+      end
+    end
+    table.sort(names)
+    local sig = table.concat(names, "\n")
+    if sig ~= online_sig then
+      online_sig = sig
+      epoch = epoch + 1
+    end
+    health, health_text = online, text
+    health_at = tonumber(h.at) or 0
+    snapshot_stale = stale or h.stale == true
+  end
+  if snapshot_stale then return false, "the agent marks it stale (broker away)" end
+  return true
+end
+
+local warned_redis, warned_health = false, false
+
+local function tick(premature)
+  if premature then return end
+  local ok, err = poll_redis()
+  routing_stale = not ok
+  if not ok and not warned_redis then
+    log(WARN, "edgeform router: redis unreachable, routing with the last known table: ", err)
+  end
+  warned_redis = not ok
+  local fresh
+  fresh, err = poll_health()
+  if fresh and ngx.time() - health_at > conf.health_max_age then
+    fresh, err = false, "snapshot older than " .. conf.health_max_age .. " s"
+  end
+  if not fresh and not warned_health then
+    log(WARN, "edgeform router: health is stale, routing with the last known: ", err)
+  end
+  warned_health = not fresh
+  -- A read error keeps the last snapshot, stale.
+  health_stale = not fresh
+end
+
+function _M.init_worker()
+  decisions = lrucache.new(DECISIONS)
+  ngx.timer.at(0, tick)
+  ngx.timer.every(conf.poll, tick)
+end
+
+-- The client: (bytes, text) — as the edge finds it (cdn_router.lua).
+local function client_ip()
+  local peer_text = ngx.var.remote_addr
+  local peer = ip.parse(peer_text)
+  if not peer then return nil end
+  local is_trusted = false
+  for _, n in ipairs(trusted) do
+    if ip.contains(n, peer) then is_trusted = true break end
+  end
+  if not is_trusted then return peer end
+  local xff = ngx.var.http_x_forwarded_for
+  if not xff then return peer end
+  local last
+  for part in (xff .. ","):gmatch("([^,]*),") do
+    part = part:match("^%s*(.-)%s*$")
+    local b = ip.parse(part)
+    if not b then return peer end
+    last = b
+  end
+  return last or peer
+end
+
+local function is_online(name)
+  return health[name] == true
+end
+
+local function stale_header()
+  if routing_stale and health_stale then return "routing, health" end
+  if routing_stale then return "routing" end
+  if health_stale then return "health" end
+  return nil
+end
+
+function _M.access()
+  local stale = stale_header()
+  if stale then ngx.var.router_stale = stale end
+  -- The decision cache is keyed by what the client is derived from (the
+  -- peer and the X-Forwarded-For text, when short), so a hit skips the
+  -- parsing too.
+  local xff = ngx.var.http_x_forwarded_for
+  local raw = ngx.var.remote_addr
+  if xff then raw = raw .. "|" .. xff end
+  local d = decisions:get(raw)
+  if not d or d.epoch ~= epoch then
+    local client = client_ip()
+    if not client then
+      return ngx.exit(400)
+    end
+    d = { epoch = epoch }
+    local text = decide.rust_text(client)
+    ngx.var.router_client_ip = text
+    local lat, lon = tonumber(ngx.var.router_lat), tonumber(ngx.var.router_lon)
+    if not lat or not lon then
+      d.note = "no location for " .. text
+    else
+      d.edge = decide.nearest(edges, is_online, lat, lon, text, tie_km)
+      if not d.edge or not d.edge.addr then
+        d.edge, d.note = nil, "no online edge"
+      end
+    end
+    if #raw <= 160 then decisions:set(raw, d) end
+  end
+  if not d.edge then
+    ngx.var.router_note = d.note
+    ngx.var.router_retry = "5"
+    return ngx.exit(503)
+  end
+  ngx.ctx.edge = d.edge
+  ngx.var.router_edge = d.edge.name
+end
+
+function _M.balance()
+  local e = ngx.ctx.edge
+  if not e then return ngx.exit(502) end
+  local ok, err = balancer.set_current_peer(e.addr, conf.edge_port)
+  if not ok then
+    log(ERR, "edgeform router: cannot proxy to ", e.name, " (", e.addr, "): ", err)
+    return ngx.exit(502)
+  end
+end
+
+-- For tests and bench/router.sh: the state of this worker.
+function _M.state()
+  return { generation = generation, edges = #edges, routing_stale = routing_stale,
+           health_stale = health_stale }
+end
+
+return _M
