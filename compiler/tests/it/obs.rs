@@ -289,7 +289,14 @@ fn r15_6_reconcile_metrics_textfile_and_http() {
         "no temporary file left"
     );
 
-    // A lock wait: an apply holds the target's lock for a while.
+    // A lock wait: an apply of a new commit holds the target's lock for a
+    // while (a no-op apply takes no lock: #16), and the daemon's first sync
+    // of that commit waits for it.
+    f.write(
+        "sites/s99999.yaml",
+        b"host: s99999.example.com\norigin: http://192.0.2.1\n",
+    );
+    f.commit("one more site");
     let holder = std::process::Command::new(env!("CARGO_BIN_EXE_edgeform"))
         .args(["apply", "--yes"])
         .current_dir(f.path())

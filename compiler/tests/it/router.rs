@@ -644,8 +644,10 @@ fn issue18_item4_status_shows_zones() {
         ),
     ]);
     let out = edgeform(f.path(), &["status", "--format", "json"]);
-    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    // Neither target ever reported: the verdict is OFFLINE (#15 item 7).
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
     let v: serde_json::Value = serde_json::from_str(&stdout(&out)).unwrap();
+    assert_eq!(v["verdict"], "offline");
     assert_eq!(v["nodes"][0]["node"], "edge-1");
     assert_eq!(v["nodes"][0]["zone"], "eu");
     assert_eq!(v["nodes"][1]["zone"], serde_json::Value::Null);
