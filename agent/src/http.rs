@@ -115,46 +115,19 @@ async fn route(
     } else {
         router.decide_quick(Some(peer.ip()), xff, &stream, &health)
     };
-    let location = match (d.mode, &d.location, &d.node) {
-        (Some(Mode::Redirect), Some(l), _) => Some(l.clone()),
-        (Some(Mode::Proxy), _, Some(node)) => Some(
-            app.proxy_url
-                .replace("{node}", &edgestate::route::encode_segment(node))
-                .replace("{stream}", &edgestate::route::encode_segment(&stream)),
-        ),
-        _ => None,
+    crate::metrics::Metrics::count(
+        &app.metrics.route_requests,
+        StatusCode::from_u16(d.status)
+            .unwrap_or(StatusCode::INTERNAL_SERVER_ERROR)
+            .as_str(),
+    );
+    let choice = Choice {
+        status: d.status,
+        mode: d.mode,
+        location: d.location.as_deref(),
+        node: d.node.as_deref(),
     };
-    let status = StatusCode::from_u16(d.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-    crate::metrics::Metrics::count(&app.metrics.route_requests, status.as_str());
-    let mut response = if json {
-        let mut v = serde_json::to_value(&d).unwrap_or_default();
-        if let Some(l) = &location {
-            v["location"] = serde_json::Value::String(l.clone());
-        }
-        v["generation"] = serde_json::json!(app.state.generation());
-        v["stale_health"] = serde_json::json!(health.nodes.values().any(|h| h.stale));
-        (status, axum::Json(v)).into_response()
-    } else {
-        (
-            status,
-            format!("{}\n", status.canonical_reason().unwrap_or("")),
-        )
-            .into_response()
-    };
-    if let Some(l) = location
-        && let Ok(v) = HeaderValue::from_str(&l)
-    {
-        response.headers_mut().insert(header::LOCATION, v);
-    }
-    if d.status == 503 {
-        response
-            .headers_mut()
-            .insert(header::RETRY_AFTER, HeaderValue::from(RETRY_AFTER_SECS));
-    }
-    response
-        .headers_mut()
-        .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
-    response
+    answer(&app, &health, &choice, &stream, json.then(|| explain(&d)))
 }
 
 /// `GET /vod/<asset>` (#18 item 3): the VOD placement (seed 002) for the
@@ -182,18 +155,53 @@ async fn vod(
             .map(HeaderValue::as_bytes),
     );
     let d = router.vod(Some(peer.ip()), xff.as_deref(), &asset, &health);
-    let location = match (d.mode, &d.location, &d.node) {
-        (Some(Mode::Redirect), Some(l), _) => Some(l.clone()),
+    let choice = Choice {
+        status: d.status,
+        mode: d.mode,
+        location: d.location.as_deref(),
+        node: d.node.as_deref(),
+    };
+    let json = wants_json(&params, &headers).then(|| explain(&d));
+    answer(&app, &health, &choice, &asset, json)
+}
+
+/// What `/route` and `/vod` answer from: the decision's status, mode and
+/// target.
+struct Choice<'a> {
+    status: u16,
+    mode: Option<Mode>,
+    location: Option<&'a str>,
+    node: Option<&'a str>,
+}
+
+/// A decision as JSON (the explanation), or `null`.
+fn explain(d: &impl serde::Serialize) -> serde_json::Value {
+    serde_json::to_value(d).unwrap_or_default()
+}
+
+/// The answer of `/route/<stream>` and `/vod/<asset>`, one shape for both:
+/// 302 + Location (the redirect, or the proxy URL with `{node}` and
+/// `{stream}` = `name`), 403/404, 503 + Retry-After; `explained` (the
+/// decision as JSON, when asked for) is the body with the location, the
+/// table's generation and whether health is stale. Never cached.
+fn answer(
+    app: &App,
+    health: &edgestate::route::Health,
+    d: &Choice<'_>,
+    name: &str,
+    explained: Option<serde_json::Value>,
+) -> Response {
+    let location = match (d.mode, d.location, d.node) {
+        (Some(Mode::Redirect), Some(l), _) => Some(l.to_owned()),
         (Some(Mode::Proxy), _, Some(node)) => Some(
             app.proxy_url
                 .replace("{node}", &edgestate::route::encode_segment(node))
-                .replace("{stream}", &edgestate::route::encode_segment(&asset)),
+                .replace("{stream}", &edgestate::route::encode_segment(name)),
         ),
         _ => None,
     };
     let status = StatusCode::from_u16(d.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-    let mut response = if wants_json(&params, &headers) {
-        let mut v = serde_json::to_value(&d).unwrap_or_default();
+    let mut response = if let Some(mut v) = explained {
         if let Some(l) = &location {
             v["location"] = serde_json::Value::String(l.clone());
         }
