@@ -65,7 +65,7 @@ def mosquitto(work: Path):
     return port, proc
 
 
-def bench(n: int, runs: int, settle: float, template: Path):
+def bench(n: int, runs: int, settle: float, template: Path, per_edge: int):
     work = Path(tempfile.mkdtemp(prefix="edgeform-purge-bench-"))
     servers, agents, broker = [], [], None
     try:
@@ -109,8 +109,8 @@ def bench(n: int, runs: int, settle: float, template: Path):
             if r.returncode != 0:
                 raise SystemExit(f"purge exited {r.returncode}:\n{r.stdout[-2000:]}\n{r.stderr[-2000:]}")
             removed = sum(int(l.split(": ")[1].split()[0]) for l in r.stdout.splitlines() if "file(s) removed" in l)
-            if removed != len(KEYS) * n:
-                raise SystemExit(f"expected {len(KEYS) * n} files removed, got {removed}:\n{r.stdout[-2000:]}")
+            if removed != per_edge * n:
+                raise SystemExit(f"expected {per_edge * n} files removed, got {removed}:\n{r.stdout[-2000:]}")
             if run > 0:  # the first run warms caches
                 times.append(dt * 1000)
         after = [rss_kib(a.pid) / 1024 for a in agents]
@@ -132,22 +132,27 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--edges", type=int, nargs="+", default=[30, 300])
     ap.add_argument("--runs", type=int, default=50)
+    ap.add_argument("--no-files", action="store_true",
+                    help="no cached object: each purge removes nothing (no gen-cache build needed)")
     ap.add_argument("--settle", type=float, default=3.0, help="seconds after the last agent starts")
     a = ap.parse_args()
     if not (EF.exists() and AGENT.exists()):
         subprocess.run(["cargo", "build", "--release", "--locked", "-p", "compiler", "-p", "agent", "--bins"],
                        cwd=ROOT, check=True)
-    if not GEN.exists():
+    if not a.no_files and not GEN.exists():
         subprocess.run(["cargo", "build", "--release", "--locked", "-p", "agent", "--example", "gen-cache"],
                        cwd=ROOT, check=True)
     tmp = Path(tempfile.mkdtemp(prefix="edgeform-purge-template-"))
     try:
         template = tmp / "cache"
-        subprocess.run([str(GEN), str(template), LEVELS, *KEYS], check=True, capture_output=True)
+        if a.no_files:
+            template.mkdir()
+        else:
+            subprocess.run([str(GEN), str(template), LEVELS, *KEYS], check=True, capture_output=True)
         rows = []
         for n in a.edges:
             load = os.getloadavg()[0]
-            times, idle, after = bench(n, a.runs, a.settle, template)
+            times, idle, after = bench(n, a.runs, a.settle, template, 0 if a.no_files else len(KEYS))
             rows.append((n, times, idle, after, load))
             print(f"N={n}: p50 {statistics.median(times):.1f} ms, p99 {pct(times, 0.99):.1f} ms, "
                   f"idle RSS median {statistics.median(idle):.1f} MiB max {max(idle):.1f} MiB", file=sys.stderr)
