@@ -1,0 +1,175 @@
+#!/usr/bin/env python3
+"""Purge to N agents (#16): N redis-servers, one mosquitto, N edgeform-agents on loopback.
+
+For each N in --edges (default 30 300): starts one redis-server per edge, one
+mosquitto broker every agent connects to (health, status, commands: the
+production shape), and one release `edgeform-agent` per edge on its own
+Redis. Then:
+  - the agents' idle RSS (VmRSS from /proc/<pid>/status) after --settle s,
+    median and max, and again after the purges;
+  - --runs times (after one warm-up): the object is put back into every edge's
+    cache (nginx-format files, both schemes, made once by the `gen-cache`
+    example and copied), then the wall time of
+    `edgeform purge --site example.com --url /a.mp4 --wait 30`, process start
+    to the last node's result; each run must report 2 × N files removed.
+Prints p50/p90/p99/max per N.
+Goal (#16): p50 < 150 ms, p99 < 500 ms at N = 300; idle RSS < 15 MiB each.
+
+Needs the release binaries (built here if missing):
+    cargo build --release --locked -p compiler -p agent --bins
+    cargo build --release --locked -p agent --example gen-cache
+
+Usage: python3 bench/purge.py [--edges 30 300] [--runs 50] [--settle 3]
+"""
+
+import argparse
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from benchlib import free_port, wait_port  # noqa: E402
+from push import Redis  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+EF = ROOT / "target" / "release" / "edgeform"
+AGENT = ROOT / "target" / "release" / "edgeform-agent"
+GEN = ROOT / "target" / "release" / "examples" / "gen-cache"
+KEYS = ["httpexample.com/a.mp4", "httpsexample.com/a.mp4"]
+LEVELS = "1:2"
+
+
+def rss_kib(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    raise SystemExit(f"no VmRSS for {pid}")
+
+
+def pct(xs, q):
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(q * len(xs)))]
+
+
+def mosquitto(work: Path):
+    port = free_port()
+    conf = work / "mosquitto.conf"
+    conf.write_text(f"listener {port} 127.0.0.1\nallow_anonymous true\npersistence false\nmax_connections -1\n")
+    proc = subprocess.Popen(["mosquitto", "-c", str(conf)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    wait_port(port)
+    return port, proc
+
+
+def bench(n: int, runs: int, settle: float, template: Path, per_edge: int):
+    work = Path(tempfile.mkdtemp(prefix="edgeform-purge-bench-"))
+    servers, agents, broker = [], [], None
+    try:
+        mport, broker = mosquitto(work)
+        repo = work / "repo"
+        (repo / "sites").mkdir(parents=True)
+        (repo / "nodes").mkdir()
+        (repo / "sites" / "example.com.yaml").write_text("host: example.com\norigin: http://192.0.2.1\n")
+        caches = []
+        for i in range(1, n + 1):
+            r = Redis(work)
+            servers.append(r)
+            d = work / f"edge-{i}"
+            (d / "cache").mkdir(parents=True)
+            (repo / "nodes" / f"edge-{i}.yaml").write_text(
+                f"name: edge-{i}\nroles: [edge]\nregion: eu\nlocation: {{lat: 52.{i}, lon: 4.{i}}}\n"
+                f"redis: {{url: \"redis://127.0.0.1:{r.port}\"}}\n"
+                f"cache: {{dirs: [{d / 'cache'}], levels: \"{LEVELS}\"}}\n")
+            (d / "agent.yaml").write_text(
+                f"node: edge-{i}\nregion: eu\nredis: {{url: \"redis://127.0.0.1:{r.port}\"}}\n"
+                f"cache: {{dirs: [{d / 'cache'}], levels: \"{LEVELS}\"}}\n"
+                f"mqtt: {{url: \"mqtt://127.0.0.1:{mport}\"}}\n")
+            agents.append(subprocess.Popen([str(AGENT), "--config", str(d / "agent.yaml")],
+                                           stdout=subprocess.DEVNULL, stderr=open(d / "agent.log", "w"),
+                                           env={**os.environ, "EDGEFORM_LOG": "warn"}))
+            caches.append(d / "cache")
+        time.sleep(settle)
+        dead = [i + 1 for i, a in enumerate(agents) if a.poll() is not None]
+        if dead:
+            log = (work / f"edge-{dead[0]}" / "agent.log").read_text()[-2000:]
+            raise SystemExit(f"agents exited: {dead[:10]}…\n{log}")
+        idle = [rss_kib(a.pid) / 1024 for a in agents]
+        times = []
+        ef = [str(EF), "--repo", str(repo), "purge", "--site", "example.com", "--url", "/a.mp4", "--wait", "30"]
+        for run in range(runs + 1):
+            for c in caches:  # the object is cached on every edge again
+                shutil.copytree(template, c, dirs_exist_ok=True)
+            t = time.perf_counter()
+            r = subprocess.run(ef, capture_output=True, text=True)
+            dt = time.perf_counter() - t
+            if r.returncode != 0:
+                raise SystemExit(f"purge exited {r.returncode}:\n{r.stdout[-2000:]}\n{r.stderr[-2000:]}")
+            removed = sum(int(l.split(": ")[1].split()[0]) for l in r.stdout.splitlines() if "file(s) removed" in l)
+            if removed != per_edge * n:
+                raise SystemExit(f"expected {per_edge * n} files removed, got {removed}:\n{r.stdout[-2000:]}")
+            if run > 0:  # the first run warms caches
+                times.append(dt * 1000)
+        after = [rss_kib(a.pid) / 1024 for a in agents]
+        return times, idle, after
+    finally:
+        for a in agents:
+            a.terminate()
+        for a in agents:
+            a.wait()
+        for s in servers:
+            s.stop()
+        if broker:
+            broker.terminate()
+            broker.wait()
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--edges", type=int, nargs="+", default=[30, 300])
+    ap.add_argument("--runs", type=int, default=50)
+    ap.add_argument("--no-files", action="store_true",
+                    help="no cached object: each purge removes nothing (no gen-cache build needed)")
+    ap.add_argument("--settle", type=float, default=3.0, help="seconds after the last agent starts")
+    a = ap.parse_args()
+    if not (EF.exists() and AGENT.exists()):
+        subprocess.run(["cargo", "build", "--release", "--locked", "-p", "compiler", "-p", "agent", "--bins"],
+                       cwd=ROOT, check=True)
+    if not a.no_files and not GEN.exists():
+        subprocess.run(["cargo", "build", "--release", "--locked", "-p", "agent", "--example", "gen-cache"],
+                       cwd=ROOT, check=True)
+    tmp = Path(tempfile.mkdtemp(prefix="edgeform-purge-template-"))
+    try:
+        template = tmp / "cache"
+        if a.no_files:
+            template.mkdir()
+        else:
+            subprocess.run([str(GEN), str(template), LEVELS, *KEYS], check=True, capture_output=True)
+        rows = []
+        for n in a.edges:
+            load = os.getloadavg()[0]
+            times, idle, after = bench(n, a.runs, a.settle, template, 0 if a.no_files else len(KEYS))
+            rows.append((n, times, idle, after, load))
+            print(f"N={n}: p50 {statistics.median(times):.1f} ms, p99 {pct(times, 0.99):.1f} ms, "
+                  f"idle RSS median {statistics.median(idle):.1f} MiB max {max(idle):.1f} MiB", file=sys.stderr)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), "?")
+    print(f"\none redis-server per edge, one mosquitto, one edgeform-agent per edge, all on loopback; "
+          f"{os.cpu_count()} cores ({cpu}); {a.runs} purges per N after one warm-up; wall time of "
+          f"`edgeform purge --site example.com --url /a.mp4 --wait 30`, process start to the last node's result\n")
+    print("| agents | p50 | p90 | p99 | max | idle agent RSS median / max | RSS after the purges median / max | load |")
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for n, times, idle, after, load in rows:
+        print(f"| {n} | {statistics.median(times):.1f} ms | {pct(times, 0.9):.1f} ms | {pct(times, 0.99):.1f} ms "
+              f"| {max(times):.1f} ms | {statistics.median(idle):.1f} / {max(idle):.1f} MiB "
+              f"| {statistics.median(after):.1f} / {max(after):.1f} MiB | {load:.1f} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
