@@ -84,6 +84,25 @@ pub fn accepts_json(accept: &[u8]) -> bool {
     std::str::from_utf8(accept).is_ok_and(|a| a.contains("application/json"))
 }
 
+/// 503 + Retry-After: no routing table has been read yet.
+fn no_table() -> Response {
+    let mut r = (StatusCode::SERVICE_UNAVAILABLE, "no routing table yet\n").into_response();
+    r.headers_mut()
+        .insert(header::RETRY_AFTER, HeaderValue::from(RETRY_AFTER_SECS));
+    r
+}
+
+/// Every X-Forwarded-For line, in order: a trusted proxy appends its own
+/// line after a forged one (#12 item 2).
+fn forwarded_for(headers: &HeaderMap) -> Option<String> {
+    edgestate::route::join_xff(
+        headers
+            .get_all("x-forwarded-for")
+            .iter()
+            .map(HeaderValue::as_bytes),
+    )
+}
+
 async fn route(
     Extract(app): Extract<Arc<App>>,
     ConnectInfo(peer): ConnectInfo<SocketAddr>,
@@ -93,20 +112,10 @@ async fn route(
 ) -> Response {
     let Some(router) = app.state.router() else {
         crate::metrics::Metrics::count(&app.metrics.route_requests, "503");
-        let mut r = (StatusCode::SERVICE_UNAVAILABLE, "no routing table yet\n").into_response();
-        r.headers_mut()
-            .insert(header::RETRY_AFTER, HeaderValue::from(RETRY_AFTER_SECS));
-        return r;
+        return no_table();
     };
     let health = app.state.health();
-    // Every X-Forwarded-For line, in order: a trusted proxy appends its
-    // own line after a forged one (#12 item 2).
-    let xff = edgestate::route::join_xff(
-        headers
-            .get_all("x-forwarded-for")
-            .iter()
-            .map(HeaderValue::as_bytes),
-    );
+    let xff = forwarded_for(&headers);
     let xff = xff.as_deref();
     let json = wants_json(&params, &headers);
     // The redirect path skips the explanation; the choice is the same.
@@ -142,18 +151,10 @@ async fn vod(
     headers: HeaderMap,
 ) -> Response {
     let Some(router) = app.state.router() else {
-        let mut r = (StatusCode::SERVICE_UNAVAILABLE, "no routing table yet\n").into_response();
-        r.headers_mut()
-            .insert(header::RETRY_AFTER, HeaderValue::from(RETRY_AFTER_SECS));
-        return r;
+        return no_table();
     };
     let health = app.state.health();
-    let xff = edgestate::route::join_xff(
-        headers
-            .get_all("x-forwarded-for")
-            .iter()
-            .map(HeaderValue::as_bytes),
-    );
+    let xff = forwarded_for(&headers);
     let d = router.vod(Some(peer.ip()), xff.as_deref(), &asset, &health);
     let choice = Choice {
         status: d.status,

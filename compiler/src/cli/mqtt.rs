@@ -371,26 +371,7 @@ pub fn table_redis(rows: &[Row]) -> String {
             r.purge_queue.map_or_else(dash, |q| q.to_string()),
         ]);
     }
-    let widths: Vec<usize> = (0..6)
-        .map(|i| {
-            lines
-                .iter()
-                .map(|l| l[i].chars().count())
-                .max()
-                .unwrap_or(0)
-        })
-        .collect();
-    let mut out = String::new();
-    for l in &lines {
-        let cells: Vec<String> = l
-            .iter()
-            .zip(&widths)
-            .map(|(c, w)| format!("{c:<w$}"))
-            .collect();
-        out.push_str(cells.join("  ").trim_end());
-        out.push('\n');
-    }
-    out
+    align(&lines)
 }
 
 /// What `status` heard.
@@ -570,6 +551,31 @@ async fn listen(config: &crate::Config, flags: &BrokerFlags) -> Result<Heard> {
     Ok(heard)
 }
 
+/// Rows as left-aligned columns two spaces apart (widths in characters),
+/// each line without trailing blanks.
+fn align<const N: usize>(lines: &[[String; N]]) -> String {
+    let widths: Vec<usize> = (0..N)
+        .map(|i| {
+            lines
+                .iter()
+                .map(|l| l[i].chars().count())
+                .max()
+                .unwrap_or(0)
+        })
+        .collect();
+    let mut out = String::new();
+    for l in lines {
+        let cells: Vec<String> = l
+            .iter()
+            .zip(&widths)
+            .map(|(c, w)| format!("{c:<w$}"))
+            .collect();
+        out.push_str(cells.join("  ").trim_end());
+        out.push('\n');
+    }
+    out
+}
+
 fn short_commit(c: &str) -> String {
     if c.len() == 40 && c.bytes().all(|b| b.is_ascii_hexdigit()) {
         c[..12].to_owned()
@@ -630,25 +636,7 @@ pub fn table(rows: &[Row]) -> String {
             opt(r.purge_queue),
         ]);
     }
-    let widths: Vec<usize> = (0..8)
-        .map(|i| {
-            lines
-                .iter()
-                .map(|l| l[i].chars().count())
-                .max()
-                .unwrap_or(0)
-        })
-        .collect();
-    let mut out = String::new();
-    for l in &lines {
-        let cells: Vec<String> = l
-            .iter()
-            .zip(&widths)
-            .map(|(c, w)| format!("{c:<w$}"))
-            .collect();
-        out.push_str(cells.join("  ").trim_end());
-        out.push('\n');
-    }
+    let mut out = align(&lines);
     out.push_str(&format!(
         "{online}/{} online, {synced}/{targets} targets on the desired commit\n",
         rows.len()
