@@ -266,10 +266,29 @@ fn password(env: Option<&str>, node: &str) -> Result<Option<String>> {
     }
 }
 
-fn config() -> AsyncConnectionConfig {
-    AsyncConnectionConfig::new()
+fn config(pushes: Option<&Pushes>) -> AsyncConnectionConfig {
+    let config = AsyncConnectionConfig::new()
         .set_connection_timeout(Some(CONNECT_TIMEOUT))
-        .set_response_timeout(None)
+        .set_response_timeout(None);
+    match pushes {
+        Some(p) => {
+            let p = p.clone();
+            config.set_push_sender(move |info| p.send(info))
+        }
+        None => config,
+    }
+}
+
+/// Where a connection's push messages go (RESP3: client-side caching
+/// invalidations, and a last `Disconnection` when the connection drops).
+pub type Pushes = std::sync::Arc<dyn redis::aio::AsyncPushSender>;
+
+/// RESP3 when the connection takes push messages, else the default.
+fn protocol(settings: RedisConnectionInfo, pushes: Option<&Pushes>) -> RedisConnectionInfo {
+    match pushes {
+        Some(_) => settings.set_protocol(redis::ProtocolVersion::RESP3),
+        None => settings,
+    }
 }
 
 /// Where a master is, for messages: `redis://host:port` or
@@ -310,6 +329,27 @@ pub async fn reuse<'a>(
 /// Missing password variable, unreachable server or sentinels, a sentinel
 /// that does not know the master, or a "master" that is a replica.
 pub async fn master(target: &RedisTarget, node: &str) -> Result<MultiplexedConnection> {
+    connect(target, node, None).await
+}
+
+/// Like [`master`], but over RESP3 with the server's push messages handed
+/// to `pushes` (the reconciler's tracked heal, `CLIENT TRACKING`).
+///
+/// # Errors
+/// See [`master`].
+pub async fn master_with_pushes(
+    target: &RedisTarget,
+    node: &str,
+    pushes: Pushes,
+) -> Result<MultiplexedConnection> {
+    connect(target, node, Some(&pushes)).await
+}
+
+async fn connect(
+    target: &RedisTarget,
+    node: &str,
+    pushes: Option<&Pushes>,
+) -> Result<MultiplexedConnection> {
     let connect = async {
         match target {
             RedisTarget::Url {
@@ -321,13 +361,14 @@ pub async fn master(target: &RedisTarget, node: &str) -> Result<MultiplexedConne
                     bail!("{url}: `#insecure` is not allowed, certificates are always verified");
                 }
                 let mut info = url.as_str().into_connection_info()?;
+                let mut redis = info.redis_settings().clone();
                 if let Some(p) = password(password_env.as_deref(), node)? {
-                    let redis = info.redis_settings().clone().set_password(p);
-                    info = info.set_redis_settings(redis);
+                    redis = redis.set_password(p);
                 }
+                info = info.set_redis_settings(protocol(redis, pushes));
                 let client = client(info, tls.as_ref())?;
                 let con = client
-                    .get_multiplexed_async_connection_with_config(&config())
+                    .get_multiplexed_async_connection_with_config(&config(pushes))
                     .await?;
                 Ok::<_, anyhow::Error>(con)
             }
@@ -338,7 +379,7 @@ pub async fn master(target: &RedisTarget, node: &str) -> Result<MultiplexedConne
                 tls: Some(tls),
             } => {
                 let password = password(password_env.as_deref(), node)?;
-                sentinel_tls(sentinels, master, password, tls)
+                sentinel_tls(sentinels, master, password, tls, pushes)
                     .await
                     .with_context(|| {
                         format!(
@@ -359,8 +400,8 @@ pub async fn master(target: &RedisTarget, node: &str) -> Result<MultiplexedConne
                 if let Some(p) = password(password_env.as_deref(), node)? {
                     settings = settings.set_password(p);
                 }
-                let info =
-                    SentinelNodeConnectionInfo::default().set_redis_connection_info(settings);
+                let info = SentinelNodeConnectionInfo::default()
+                    .set_redis_connection_info(protocol(settings, pushes));
                 let client = sentinel
                     .async_master_for(master, Some(&info))
                     .await
@@ -371,7 +412,7 @@ pub async fn master(target: &RedisTarget, node: &str) -> Result<MultiplexedConne
                         )
                     })?;
                 let con = client
-                    .get_multiplexed_async_connection_with_config(&config())
+                    .get_multiplexed_async_connection_with_config(&config(pushes))
                     .await?;
                 Ok(con)
             }
@@ -397,6 +438,7 @@ async fn sentinel_tls(
     name: &str,
     password: Option<String>,
     tls: &TlsFiles,
+    pushes: Option<&Pushes>,
 ) -> Result<MultiplexedConnection> {
     let certs = certificates(tls)?;
     let mut last = None;
@@ -404,7 +446,7 @@ async fn sentinel_tls(
         let asked = async {
             let client = Client::build_with_tls(format!("rediss://{s}"), certs.clone())?;
             let mut con = client
-                .get_multiplexed_async_connection_with_config(&config())
+                .get_multiplexed_async_connection_with_config(&config(None))
                 .await?;
             let addr: Option<(String, u16)> = redis::cmd("SENTINEL")
                 .arg("get-master-addr-by-name")
@@ -416,13 +458,14 @@ async fn sentinel_tls(
         match asked.await {
             Ok((host, port)) => {
                 let mut info = format!("rediss://{host}:{port}").into_connection_info()?;
+                let mut redis = info.redis_settings().clone();
                 if let Some(p) = password {
-                    let redis = info.redis_settings().clone().set_password(p);
-                    info = info.set_redis_settings(redis);
+                    redis = redis.set_password(p);
                 }
+                info = info.set_redis_settings(protocol(redis, pushes));
                 let client = Client::build_with_tls(info, certs)?;
                 let con = client
-                    .get_multiplexed_async_connection_with_config(&config())
+                    .get_multiplexed_async_connection_with_config(&config(pushes))
                     .await
                     .with_context(|| format!("master `{name}` at rediss://{host}:{port}"))?;
                 return Ok(con);

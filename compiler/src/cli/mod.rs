@@ -263,6 +263,12 @@ pub enum Command {
         /// textfile format, atomically), e.g. for --once from a timer.
         #[arg(long, value_name = "FILE")]
         metrics_textfile: Option<PathBuf>,
+        /// The daemon's heal compares only the keys each target's Redis
+        /// reported written since it was last found healthy (CLIENT
+        /// TRACKING); every N-th heal of a target compares everything
+        /// anyway (1: every heal). `--once` always compares everything.
+        #[arg(long, default_value_t = 12, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+        full_heal_every: u32,
     },
     /// Remove a target's apply lock (`edgeform:lock`). An apply takes over
     /// by itself a lock whose holder is provably dead on its own host (no
@@ -687,6 +693,7 @@ pub fn run(cli: &Cli) -> Result<u8> {
             git,
             metrics_listen,
             metrics_textfile,
+            full_heal_every,
         } => {
             init_tracing();
             if *dry_run && *once != Some(crate::push::reconcile::Once::Heal) {
@@ -720,6 +727,7 @@ pub fn run(cli: &Cli) -> Result<u8> {
                     *once,
                     settings,
                     git.clone(),
+                    *full_heal_every,
                 )
                 .await
             })

@@ -108,6 +108,10 @@ pub struct Healed {
     pub calls: usize,
     /// The slowest of those calls, round trip included.
     pub slowest_call: std::time::Duration,
+    /// What was compared, for the log: everything, or (the daemon's
+    /// tracked heal) only the keys written since the last heal.
+    #[serde(skip)]
+    pub compared: String,
     /// Dry run: the refusal a real heal would give (then it would write
     /// nothing, drift or not).
     #[serde(skip)]
@@ -217,12 +221,40 @@ pub async fn heal(
     options: &Options,
     ancestry: &(dyn Fn(Option<&str>) -> Ancestry + Send + Sync),
 ) -> Result<Healed> {
+    heal_scoped(con, desired, options, ancestry, Scope::Everything).await
+}
+
+/// What a heal compares.
+#[derive(Debug, Clone, Copy)]
+pub enum Scope<'a> {
+    /// Every managed key (the manifest's comparison inside Redis, or every
+    /// value from here).
+    Everything,
+    /// Only these keys: the ones the target's Redis said were written
+    /// since a comparison that found the target healthy (see
+    /// [`super::track`]). Falls back to [`Scope::Everything`] when one of
+    /// them is the meta or the manifest, or when the meta does not say the
+    /// target holds the desired manifest.
+    Keys(&'a [Vec<u8>]),
+}
+
+/// [`heal`] over `scope`.
+///
+/// # Errors
+/// See [`heal`].
+pub async fn heal_scoped(
+    con: &mut MultiplexedConnection,
+    desired: &Desired,
+    options: &Options,
+    ancestry: &(dyn Fn(Option<&str>) -> Ancestry + Send + Sync),
+    scope: Scope<'_>,
+) -> Result<Healed> {
     if options.dry_run {
         // Reads only; no lock (taking one is a write).
-        return heal_locked(con, desired, options, ancestry).await;
+        return heal_locked(con, desired, options, ancestry, scope).await;
     }
     let lock = Lock::acquire(con, options.lease, options.lock_wait).await?;
-    let result = heal_locked(con, desired, options, ancestry).await;
+    let result = heal_locked(con, desired, options, ancestry, scope).await;
     lock.release(con).await;
     result
 }
@@ -232,6 +264,7 @@ async fn heal_locked(
     desired: &Desired,
     options: &Options,
     ancestry: &(dyn Fn(Option<&str>) -> Ancestry + Send + Sync),
+    scope: Scope<'_>,
 ) -> Result<Healed> {
     let mut healed = Healed::default();
     for _attempt in 0..5 {
@@ -261,7 +294,14 @@ async fn heal_locked(
             }
             healed.refusal = Some(refusal);
         }
-        let (drift, body) = compare(con, desired, &meta, old, &mut healed).await?;
+        let keys_only = match scope {
+            Scope::Keys(keys) => compare_keys(con, desired, &meta, old, keys, &mut healed).await?,
+            Scope::Everything => None,
+        };
+        let (drift, body) = match keys_only {
+            Some(found) => found,
+            None => compare(con, desired, &meta, old, &mut healed).await?,
+        };
         if drift.is_empty() || options.dry_run {
             redis::cmd("UNWATCH").exec_async(con).await?;
             let mut drift = drift;
@@ -328,6 +368,114 @@ pub async fn compare(
         return Ok(found);
     }
     compare_everything(con, desired, &mut healed.bytes).await
+}
+
+/// The comparison of `keys` alone (the keys written since the target was
+/// last found healthy): each desired one read back and compared, each
+/// document key nobody wants checked for existence. `None` when that is
+/// not enough: the meta does not say the target holds the desired
+/// manifest, or one of `keys` is the meta or part of the manifest.
+async fn compare_keys(
+    con: &mut MultiplexedConnection,
+    desired: &Desired,
+    meta: &Meta,
+    old: bool,
+    keys: &[Vec<u8>],
+    healed: &mut Healed,
+) -> Result<Option<(Vec<Drift>, Repair)>> {
+    let current = !old
+        && meta.format.is_some_and(|f| f >= 2)
+        && meta.manifest_digest.as_deref() == Some(desired.digest());
+    let manifest = keys::MANIFEST.as_bytes();
+    if !current
+        || keys.iter().any(|k| {
+            k.as_slice() == keys::META.as_bytes()
+                || (k.starts_with(manifest)
+                    && (k.len() == manifest.len() || k[manifest.len()] == b':'))
+        })
+    {
+        return Ok(None);
+    }
+    let is_doc = |k: &[u8]| {
+        k.starts_with(keys::SITE_PREFIX.as_bytes())
+            || k.starts_with(keys::SUSPENDED_PREFIX.as_bytes())
+    };
+    // Desired keys to read back; document keys nobody wants to look for.
+    let mut wanted: Vec<(&[u8], &str)> = Vec::new();
+    let mut strays: Vec<&[u8]> = Vec::new();
+    for k in keys {
+        match desired.value(k) {
+            Some(v) => wanted.push((k, v)),
+            None if is_doc(k) => strays.push(k),
+            None => {}
+        }
+    }
+    let mut drift = Vec::new();
+    let mut fixes = Vec::new();
+    for chunk in wanted.chunks(1000) {
+        let t = std::time::Instant::now();
+        let mut mget = redis::cmd("MGET");
+        for (k, _) in chunk {
+            mget.arg(*k);
+        }
+        let reply: redis::Value = mget.query_async(con).await?;
+        healed.slowest_call = healed.slowest_call.max(t.elapsed());
+        healed.bytes += resp_len(&reply);
+        let values: Vec<Option<Vec<u8>>> = redis::from_redis_value(reply)?;
+        // MGET answers nil for a key of another type too: that is a change.
+        let mut exists = redis::pipe();
+        for (actual, (k, _)) in values.iter().zip(chunk) {
+            if actual.is_none() {
+                exists.cmd("EXISTS").arg(*k);
+            }
+        }
+        let mut there: std::vec::IntoIter<bool> = if values.iter().any(Option::is_none) {
+            let reply: redis::Value = exists.query_async(con).await?;
+            healed.bytes += resp_len(&reply);
+            redis::from_redis_value::<Vec<bool>>(reply)?.into_iter()
+        } else {
+            Vec::new().into_iter()
+        };
+        for (actual, (key, value)) in values.iter().zip(chunk) {
+            let kind = match actual {
+                None if there.next() == Some(true) => DriftKind::Changed,
+                None => DriftKind::Missing,
+                Some(a) if a.as_slice() != value.as_bytes() => DriftKind::Changed,
+                Some(_) => continue,
+            };
+            let key = String::from_utf8_lossy(key).into_owned();
+            drift.push(Drift {
+                key: key.clone(),
+                kind,
+            });
+            fixes.push(key);
+        }
+    }
+    let mut unmanaged = Vec::new();
+    for chunk in strays.chunks(1000) {
+        let mut pipe = redis::pipe();
+        for k in chunk {
+            pipe.cmd("EXISTS").arg(*k);
+        }
+        let reply: redis::Value = pipe.query_async(con).await?;
+        healed.bytes += resp_len(&reply);
+        let found: Vec<bool> = redis::from_redis_value(reply)?;
+        for (k, there) in chunk.iter().zip(found) {
+            if there {
+                drift.push(Drift {
+                    // Written by hand: may be any bytes (#12 item 8).
+                    key: edgestate::untrusted::preview(k, k.len()),
+                    kind: DriftKind::Unmanaged,
+                });
+                unmanaged.push(k.to_vec());
+            }
+        }
+    }
+    let changes = Changes {
+        changed: fixes,
+        ..Changes::default()
+    };
+    Ok(Some((drift, (changes, unmanaged, false))))
 }
 
 /// The server-side comparison, for a target whose meta says it holds the

@@ -13,6 +13,7 @@ use super::gate::{Action, Frozen};
 use super::plan::{Overrides, Refusal, RefusalKind};
 use super::run::{Ancestor, each};
 use super::saved::{SavedPlan, desired_digest};
+use super::track::{self, Scope, Tracker};
 use super::{Job, heal};
 use crate::model::resolved::FreezeWindow;
 use crate::workspace::Source;
@@ -204,22 +205,65 @@ pub async fn apply_all(
 }
 
 /// Heal every target; log every drift (with `dry_run`, print it and
-/// write nothing) and every refusal.
-pub async fn heal_all(source: &Source, jobs: Vec<Job>, flags: &Settings, root: &Path) -> Report {
+/// write nothing) and every refusal. With a `tracker` (the daemon), a
+/// target compares only the keys its Redis reported written since it was
+/// last found healthy (see [`super::track`]).
+pub async fn heal_all(
+    source: &Source,
+    jobs: Vec<Job>,
+    flags: &Settings,
+    root: &Path,
+    tracker: Option<Arc<Tracker>>,
+) -> Report {
     let options = Arc::new(options(source, flags, Action::Heal));
     let dry = options.dry_run;
     let ancestor = Arc::new(Ancestor::new(root, &source.commit));
     let results = each(jobs, flags.parallel, |job| {
         let options = options.clone();
         let ancestor = ancestor.clone();
+        let tracker = tracker.clone().filter(|_| !dry);
         async move {
             let start = Instant::now();
+            let verified = track::verified(&options.commit, job.desired.digest());
+            let begun = match &tracker {
+                Some(t) => match t.begin(&job.node, &verified).await {
+                    Ok(b) => Some(b),
+                    Err(e) => {
+                        tracing::warn!(target = %job.node.name, cause = %edgeredis::one_line(&e), "heal: no tracking connection; comparing everything");
+                        None
+                    }
+                },
+                None => None,
+            };
+            let scope = begun.as_ref().map(|b| &b.scope);
             let result = async {
+                if let (Some(Scope::Clean), Some(b)) = (scope, &begun) {
+                    return Ok(heal::Healed {
+                        bytes: b.bytes,
+                        ..heal::Healed::default()
+                    });
+                }
                 let mut con = job.node.redis_master().await?;
                 let relate = |live: Option<&str>| ancestor.relate(live);
-                heal::heal(&mut con, &job.desired, &options, &relate).await
+                let what = match scope {
+                    Some(Scope::Keys(keys)) => heal::Scope::Keys(keys),
+                    _ => heal::Scope::Everything,
+                };
+                heal::heal_scoped(&mut con, &job.desired, &options, &relate, what).await
             }
             .await;
+            let result = result.map(|mut h| {
+                h.compared = match scope {
+                    Some(Scope::Clean) => "nothing written".to_owned(),
+                    Some(Scope::Keys(keys)) => format!("{} key(s) written", keys.len()),
+                    Some(Scope::Everything(why)) => format!("everything: {why}"),
+                    None => "everything".to_owned(),
+                };
+                h
+            });
+            if let (Some(t), Some(b)) = (&tracker, &begun) {
+                t.end(b, result.is_ok(), &verified);
+            }
             crate::metrics::global()
                 .heal_seconds
                 .observe(start.elapsed().as_secs_f64());
@@ -260,14 +304,14 @@ pub async fn heal_all(source: &Source, jobs: Vec<Job>, flags: &Settings, root: &
                 }
             }
             Ok(h) if h.drift.is_empty() => {
-                tracing::info!(target = %node, bytes = h.bytes, calls = h.calls, slowest_call = ?h.slowest_call, "heal: no drift");
+                tracing::info!(target = %node, compared = %h.compared, bytes = h.bytes, calls = h.calls, slowest_call = ?h.slowest_call, "heal: no drift");
                 Ended::InSync
             }
             Ok(h) => {
                 for d in &h.drift {
                     tracing::warn!(target = %node, key = %d.key, kind = d.kind.as_str(), "drift repaired");
                 }
-                tracing::info!(target = %node, repaired = h.drift.len(), bytes = h.bytes, calls = h.calls, slowest_call = ?h.slowest_call, "heal: drift repaired");
+                tracing::info!(target = %node, compared = %h.compared, repaired = h.drift.len(), bytes = h.bytes, calls = h.calls, slowest_call = ?h.slowest_call, "heal: drift repaired");
                 Ended::Written(h.drift.len())
             }
             Err(e) => failed_or_refused("heal", &job, &e),

@@ -35,6 +35,7 @@ pub mod run;
 pub mod saved;
 pub mod signed;
 pub mod state;
+pub mod track;
 
 use std::sync::Arc;
 

@@ -158,6 +158,7 @@ pub async fn reconcile(
     once: Option<Once>,
     flags: Settings,
     git: remote::GitFlags,
+    full_heal_every: u32,
 ) -> Result<u8> {
     let auth = git.auth();
     if once.is_none() {
@@ -182,7 +183,13 @@ pub async fn reconcile(
         )?;
         Ok((load(root, p.rev.as_deref())?, p.refused.is_some()))
     };
+    // The daemon's heals compare what each target's Redis reports written
+    // (#16); `--once` has no history to go on.
+    let tracker = once
+        .is_none()
+        .then(|| std::sync::Arc::new(super::track::Tracker::new(full_heal_every)));
     let run = |which: Once| {
+        let tracker = tracker.clone();
         let root = root.clone();
         let only = only.clone();
         let flags = flags.clone();
@@ -223,7 +230,7 @@ pub async fn reconcile(
             tracing::info!(commit = %source.commit, targets = jobs.len(), job = ?which, "reconcile");
             let report = match which {
                 Once::Sync => sync_all(&source, jobs, &flags, &root).await,
-                Once::Heal => heal_all(&source, jobs, &flags, &root).await,
+                Once::Heal => heal_all(&source, jobs, &flags, &root, tracker).await,
             };
             // A refused newer commit fails the run even when the last good
             // one was kept in place.

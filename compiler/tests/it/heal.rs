@@ -291,3 +291,191 @@ fn issue_16_a_no_op_sync_reads_the_meta_without_the_lock() {
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
     assert!(stderr(&out).contains("sync: applied"), "{}", stderr(&out));
 }
+
+/// The daemon's heal log (stderr) and a way to wait for lines in it.
+struct Daemon {
+    child: std::process::Child,
+    log: std::path::PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl Daemon {
+    /// `edgeform reconcile` healing every second, tracked (no periodic full
+    /// comparison during the test).
+    fn start(f: &Fixture) -> Daemon {
+        let dir = tempfile::tempdir().unwrap();
+        let log = dir.path().join("reconcile.log");
+        let child = std::process::Command::new(env!("CARGO_BIN_EXE_edgeform"))
+            .args([
+                "reconcile",
+                "--sync-every",
+                "1h",
+                "--heal-every",
+                "1s",
+                "--full-heal-every",
+                "1000",
+            ])
+            .current_dir(f.path())
+            .env("NO_COLOR", "1")
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .unwrap();
+        Daemon {
+            child,
+            log,
+            _dir: dir,
+        }
+    }
+
+    fn text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap()
+    }
+
+    /// The heal result lines after the first `skip`.
+    fn heals(&self, skip: usize) -> Vec<String> {
+        self.text()
+            .lines()
+            .filter(|l| l.contains("heal: no drift") || l.contains("heal: drift repaired"))
+            .skip(skip)
+            .map(str::to_owned)
+            .collect()
+    }
+
+    /// Wait (up to 20 s) for a heal line after the first `skip` that
+    /// satisfies `what`; its index.
+    fn wait(&self, skip: usize, what: &dyn Fn(&str) -> bool) -> usize {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+        loop {
+            if let Some(i) = self.heals(skip).iter().position(|l| what(l)) {
+                return skip + i;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "no such heal line:\n{}",
+                self.text()
+            );
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+    }
+
+    /// Wait for a heal that found nothing written; the index after it.
+    fn clean(&self, skip: usize) -> usize {
+        self.wait(skip, &|l| l.contains("compared=nothing written")) + 1
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+// See: #16 (the daemon's tracked heal: a healthy target costs one PING, and
+// each kind of drift written while it runs is still found and repaired)
+#[test]
+fn issue_16_the_daemons_tracked_heal_finds_each_kind_of_drift() {
+    let r = harness::redis(&[]);
+    let f = applied(r.port);
+    let d = Daemon::start(&f);
+    // The first heal compares everything (a new tracking connection), the
+    // next ones nothing: no value read, a PING's bytes.
+    let first = d.wait(0, &|l| l.contains("heal: no drift"));
+    assert!(
+        d.heals(first)[0].contains("compared=everything: a new tracking connection"),
+        "{}",
+        d.text()
+    );
+    let mut at = d.clean(first);
+    let line = &d.heals(at - 1)[0];
+    assert!(bytes(line) < 50, "{line}");
+    assert!(line.contains("calls=0"), "{line}");
+
+    // A changed value, a value of another type, a missing key, an unmanaged
+    // key: each written by hand, each repaired from only the written keys.
+    run(r.port, &["SET", "site:s00007.example.com", "{\"evil\":1}"]);
+    run(r.port, &["DEL", "site:s00008.example.com"]);
+    run(r.port, &["HSET", "site:s00008.example.com", "a", "b"]);
+    run(r.port, &["DEL", "site:s00100.example.com"]);
+    run(r.port, &["SET", "site:evil.example.com", "{}"]);
+    let repaired = d.wait(at, &|l| l.contains("heal: drift repaired"));
+    let line = &d.heals(repaired)[0];
+    assert!(line.contains("key(s) written"), "{line}");
+    assert!(line.contains("repaired=4"), "{}", d.text());
+    let text = d.text();
+    for (key, kind) in [
+        ("site:s00007.example.com", "changed"),
+        ("site:s00008.example.com", "changed"),
+        ("site:s00100.example.com", "missing"),
+        ("site:evil.example.com", "unmanaged"),
+    ] {
+        assert!(
+            text.contains(&format!("key={key} kind=\"{kind}\"")),
+            "{text}"
+        );
+    }
+    assert!(!text.contains("kind=\"manifest\""), "{text}");
+    for key in [
+        "site:s00007.example.com",
+        "site:s00008.example.com",
+        "site:s00100.example.com",
+    ] {
+        assert!(get(r.port, key).unwrap().contains("192.0.2.1"), "{key}");
+    }
+    assert_eq!(get(r.port, "site:evil.example.com"), None);
+    at = d.clean(repaired + 1);
+
+    // A tampered manifest: written under edgeform:, so everything is
+    // compared (inside Redis) and the manifest rewritten.
+    let bucket: Vec<String> = redis::cmd("KEYS")
+        .arg("edgeform:manifest:[0-9a-f][0-9a-f]")
+        .query(&mut con(r.port))
+        .unwrap();
+    run(
+        r.port,
+        &["HSET", &bucket[0], "site:forged.example.com", "00"],
+    );
+    let repaired = d.wait(at, &|l| l.contains("heal: drift repaired"));
+    assert!(d.text().contains("kind=\"manifest\""), "{}", d.text());
+    at = d.clean(repaired + 1);
+
+    // The tracking connection killed, then a value changed while the daemon
+    // cannot have been told: the next heal compares everything.
+    let clients: String = redis::cmd("CLIENT")
+        .arg("LIST")
+        .query(&mut con(r.port))
+        .unwrap();
+    let tracking: Vec<&str> = clients
+        .lines()
+        .filter(|l| {
+            l.split(' ')
+                .any(|f| f.starts_with("flags=") && f.contains('t'))
+        })
+        .filter_map(|l| l.split(' ').find_map(|f| f.strip_prefix("id=")))
+        .collect();
+    assert_eq!(tracking.len(), 1, "{clients}");
+    run(r.port, &["CLIENT", "KILL", "ID", tracking[0]]);
+    run(r.port, &["SET", "site:s00009.example.com", "{\"evil\":2}"]);
+    let repaired = d.wait(at, &|l| l.contains("heal: drift repaired"));
+    assert!(
+        d.heals(repaired)[0].contains("compared=everything"),
+        "{}",
+        d.text()
+    );
+    assert!(
+        get(r.port, "site:s00009.example.com")
+            .unwrap()
+            .contains("192.0.2.1")
+    );
+
+    // A flush: everything compared, everything put back.
+    at = d.clean(repaired + 1);
+    run(r.port, &["FLUSHALL"]);
+    let repaired = d.wait(at, &|l| l.contains("heal: drift repaired"));
+    assert!(
+        d.heals(repaired)[0].contains("compared=everything"),
+        "{}",
+        d.text()
+    );
+    assert!(get(r.port, "site:s00001.example.com").is_some());
+}
