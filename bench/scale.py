@@ -13,6 +13,13 @@ e.g. main's build as "before" and this tree's as "after"), prints the table of #
 Medians of --runs rounds (the full apply: --full-runs). The repository is generated once
 (bench/gen_repo.py, --sites sites, region eu) under .bench/scale.
 
+With --daemon SECONDS (at the N in --daemon-at, default 300): the reconcile daemon itself runs
+for SECONDS with its periods shortened --speedup times (heal every 300/speedup s, sync every
+900/speedup s; the periodic full comparison stays one heal in 12). Printed: the tracked heal's
+duration (median and max of the runs after the first, from the daemon's `reconcile: run done`
+lines), how many of them compared everything, and the daemon's CPU (utime + stime from /proc)
+over the window divided by --speedup: its average share of a core at the real periods.
+
 Usage: python3 bench/scale.py [--edges 30 100] [--sites 10000] [--runs 3]
                               [--bin before=/tmp/edgeform-main --bin after=target/release/edgeform]
 """
@@ -117,6 +124,58 @@ def measure(binary: Path, repo: Path, servers, runs: int, full_runs: int):
     return out, per_target, slowest
 
 
+def cpu_seconds(pid: int) -> float:
+    fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def daemon(binary: Path, repo: Path, seconds: float, speedup: float):
+    """The reconcile daemon for `seconds`, periods shortened `speedup` times (a no-op cluster)."""
+    heal_every, sync_every = 300 / speedup, 900 / speedup
+    log_path = Path(tempfile.mkstemp(prefix="edgeform-daemon-", suffix=".log")[1])
+    with open(log_path, "w") as log:
+        p = subprocess.Popen([str(binary), "--repo", str(repo), "reconcile",
+                              "--heal-every", f"{heal_every:g}s", "--sync-every", f"{sync_every:g}s"],
+                             cwd=ROOT, stdout=subprocess.DEVNULL, stderr=log, env={**os.environ, "NO_COLOR": "1"})
+
+    def done(job, text=None):
+        text = log_path.read_text() if text is None else text
+        return [int(m) for m in re.findall(rf'run done job="?{job}"? exit=\d+ elapsed_ms=(\d+)', text)]
+
+    try:
+        # The start: a sync and a first (full) heal.
+        deadline = time.time() + 600
+        while not done("heal"):
+            if p.poll() is not None or time.time() > deadline:
+                raise SystemExit(f"the daemon did not heal:\n{log_path.read_text()[-3000:]}")
+            time.sleep(0.2)
+        first = len(done("heal"))
+        start = len(log_path.read_text())
+        c0, t0 = cpu_seconds(p.pid), time.time()
+        time.sleep(seconds)
+        c1, t1 = cpu_seconds(p.pid), time.time()
+        text = log_path.read_text()
+    finally:
+        p.terminate()
+        p.wait()
+    heals = done("heal", text)[first:]
+    full = len(re.findall(r"compared=everything", text[start:]))
+    if not heals:
+        raise SystemExit(f"no heal in the window:\n{text[-3000:]}")
+    cpu = c1 - c0
+    return {
+        "heals": len(heals),
+        "heal median s": statistics.median(heals) / 1000,
+        "heal max s": max(heals) / 1000,
+        "targets compared everything": full,
+        "cpu s": cpu,
+        "window s": t1 - t0,
+        "cpu % at real periods": 100 * cpu / (t1 - t0) / speedup,
+        "drift": "drift repaired" in text,
+        "log": str(log_path),
+    }
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--edges", type=int, nargs="+", default=[30, 100, 300])
@@ -124,13 +183,19 @@ def main() -> int:
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--full-runs", type=int, default=1)
     ap.add_argument("--dir", type=Path, default=ROOT / ".bench" / "scale")
+    ap.add_argument("--daemon", type=float, default=0, metavar="SECONDS",
+                    help="also run the reconcile daemon this long (600: the issue's 10 minutes)")
+    ap.add_argument("--daemon-at", type=int, default=300, metavar="N")
+    ap.add_argument("--speedup", type=float, default=10)
+    ap.add_argument("--only-daemon", action="store_true",
+                    help="skip the --once table: apply once, then the daemon")
     ap.add_argument("--bin", action="append", default=[],
                     help="LABEL=PATH of an edgeform binary (repeatable); default: after=target/release/edgeform")
     a = ap.parse_args()
     bins = [b.split("=", 1) for b in a.bin] or [["after", str(EDGEFORM)]]
     generate(a.dir, a.sites)
     cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), "?")
-    rows = []
+    rows, daemons = [], []
     for n in a.edges:
         work = Path(tempfile.mkdtemp(prefix="edgeform-scale-bench-"))
         servers = []
@@ -139,11 +204,17 @@ def main() -> int:
             write_nodes(a.dir, servers)
             for label, path in bins:
                 load = os.getloadavg()[0]
-                t, per_target, slowest = measure(Path(path), a.dir, servers, a.runs, a.full_runs)
-                rows.append((n, label, t, per_target, slowest, load))
-                print(f"N={n} {label}: " + ", ".join(f"{k} {statistics.median(v):.2f}" + ("" if k.endswith("%") else " s")
-                                               for k, v in t.items()),
-                      file=sys.stderr)
+                if not a.only_daemon:
+                    t, per_target, slowest = measure(Path(path), a.dir, servers, a.runs, a.full_runs)
+                    rows.append((n, label, t, per_target, slowest, load))
+                    print(f"N={n} {label}: " + ", ".join(f"{k} {statistics.median(v):.2f}" + ("" if k.endswith("%") else " s")
+                                                   for k, v in t.items()),
+                          file=sys.stderr)
+                if a.daemon and n == a.daemon_at:
+                    run([str(path), "--repo", str(a.dir), "apply", "--yes"])
+                    d = daemon(Path(path), a.dir, a.daemon, a.speedup)
+                    daemons.append((n, label, d, os.getloadavg()[0]))
+                    print(f"N={n} {label} daemon: {d}", file=sys.stderr)
                 for s in servers:
                     s.cli("FLUSHALL")
         finally:
@@ -163,6 +234,16 @@ def main() -> int:
         print(f"| {n} | {label} | {m['check']:.2f} s | {m['full apply']:.2f} s | {m['no-op plan']:.2f} s "
               f"| {m['no-op sync']:.2f} s | {m['no-op heal']:.2f} s | {b} | {s} "
               f"| {m['one-site change apply']:.2f} s | {m['daemon CPU %']:.2f} % | {load:.1f} |")
+    if daemons:
+        print(f"\nThe reconcile daemon for {a.daemon:g} s, periods {a.speedup:g}x shorter "
+              f"(heal every {300 / a.speedup:g} s, sync every {900 / a.speedup:g} s), CPU scaled back:\n")
+        print("| edges | binary | tracked heals | heal (median / max) | compared everything (targets) "
+              "| daemon CPU over the window | CPU at 5/15 min periods | load |")
+        print("|---:|---|---:|---:|---:|---:|---:|---:|")
+        for n, label, d, load in daemons:
+            print(f"| {n} | {label} | {d['heals']} | {d['heal median s']:.2f} s / {d['heal max s']:.2f} s "
+                  f"| {d['targets compared everything']} | {d['cpu s']:.1f} CPU-s in {d['window s']:.0f} s "
+                  f"| {d['cpu % at real periods']:.2f} % | {load:.1f} |")
     return 0
 
 

@@ -241,11 +241,18 @@ pub async fn reconcile(
     let run = |which: Once| {
         let job = run(which);
         async move {
+            let start = std::time::Instant::now();
             let code = job.await;
             let name = match which {
                 Once::Sync => "sync",
                 Once::Heal => "heal",
             };
+            tracing::info!(
+                job = name,
+                exit = code,
+                elapsed_ms = start.elapsed().as_millis(),
+                "reconcile: run done"
+            );
             // Exit code 1: a target failed or was refused (2: drift seen
             // by a dry run, which is not a failure).
             crate::metrics::global().run_done(name, code == 1);

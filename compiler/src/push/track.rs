@@ -113,7 +113,20 @@ struct Target {
     seen: Arc<Mutex<Seen>>,
     /// `commit NUL desired digest` the last heal left the target at.
     verified: Mutex<Option<String>>,
-    heals_since_full: Mutex<u32>,
+    /// Heals begun on this target.
+    heals: Mutex<u64>,
+}
+
+/// Whether `node`'s heal number `heals` is its periodic full comparison:
+/// one heal in `full_every`, at a point of the cycle taken from its name
+/// (FNV-1a), so 300 targets spread theirs over the cycle instead of all
+/// comparing everything in the same heal.
+fn periodic(heals: u64, node: &str, full_every: u32) -> bool {
+    let every = u64::from(full_every.max(1));
+    let phase = node.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    });
+    (heals % every + phase % every).is_multiple_of(every)
 }
 
 /// The daemon's trackers, one per target, kept across heals.
@@ -135,7 +148,8 @@ pub struct Begun {
 
 impl Tracker {
     /// `full_every`: every so many heals of a target compare everything
-    /// anyway (1: every heal, the untracked behaviour).
+    /// anyway (1: every heal, the untracked behaviour), at a point of the
+    /// cycle that differs between targets.
     #[must_use]
     pub fn new(full_every: u32) -> Tracker {
         Tracker {
@@ -181,7 +195,11 @@ impl Tracker {
                 Some("the tracking connection failed");
             return Err(e).context("PING on the tracking connection");
         }
-        let mut heals = target.heals_since_full.lock().expect("heals lock");
+        let heals = {
+            let mut h = target.heals.lock().expect("heals lock");
+            *h += 1;
+            *h
+        };
         let same = target.verified.lock().expect("verified lock").as_deref() == Some(verified);
         let mut seen = target.seen.lock().expect("seen lock");
         let dirty = std::mem::take(&mut seen.dirty);
@@ -189,18 +207,13 @@ impl Tracker {
             Scope::Everything(why)
         } else if !same {
             Scope::Everything("no healthy comparison at this commit yet")
-        } else if *heals + 1 >= self.full_every {
+        } else if periodic(heals, &node.name, self.full_every) {
             Scope::Everything("the periodic full comparison")
         } else if dirty.is_empty() {
             Scope::Clean
         } else {
             Scope::Keys(dirty.into_iter().collect())
         };
-        if matches!(scope, Scope::Everything(_)) {
-            *heals = 0;
-        } else {
-            *heals += 1;
-        }
         Ok(Begun {
             scope,
             bytes: 7,
@@ -298,6 +311,25 @@ mod tests {
             [b"site:a".as_slice(), b"suspended:b"]
         );
         assert_eq!(s.everything, None);
+    }
+
+    #[test]
+    fn periodic_full_comparisons_are_one_in_n_and_spread_over_targets() {
+        for node in ["edge-1", "edge-2", "x"] {
+            let full = (1..=12).filter(|h| periodic(*h, node, 12)).count();
+            assert_eq!(full, 1, "{node}");
+            assert!((1..=5).all(|h| periodic(h, node, 1)));
+        }
+        // 300 targets: about 25 per heal, never all at once.
+        let most = (1..=12)
+            .map(|h| {
+                (1..=300)
+                    .filter(|i| periodic(h, &format!("edge-{i}"), 12))
+                    .count()
+            })
+            .max()
+            .unwrap();
+        assert!(most < 60, "{most}");
     }
 
     #[test]
