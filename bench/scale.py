@@ -15,7 +15,7 @@ Medians of --runs rounds (the full apply: --full-runs). The repository is genera
 
 With --daemon SECONDS (at the N in --daemon-at, default 300): the reconcile daemon itself runs
 for SECONDS with its periods shortened --speedup times (heal every 300/speedup s, sync every
-900/speedup s; the periodic full comparison stays one heal in 12). Printed: the tracked heal's
+900/speedup s; the periodic full comparison stays one heal in --full-heal-every, a count). Printed: the tracked heal's
 duration (median and max of the runs after the first, from the daemon's `reconcile: run done`
 lines), how many of them compared everything, and the daemon's CPU (utime + stime from /proc)
 over the window divided by --speedup: its average share of a core at the real periods.
@@ -129,13 +129,14 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def daemon(binary: Path, repo: Path, seconds: float, speedup: float):
+def daemon(binary: Path, repo: Path, seconds: float, speedup: float, full_every=None):
     """The reconcile daemon for `seconds`, periods shortened `speedup` times (a no-op cluster)."""
     heal_every, sync_every = 300 / speedup, 900 / speedup
     log_path = Path(tempfile.mkstemp(prefix="edgeform-daemon-", suffix=".log")[1])
     with open(log_path, "w") as log:
         p = subprocess.Popen([str(binary), "--repo", str(repo), "reconcile",
-                              "--heal-every", f"{heal_every:g}s", "--sync-every", f"{sync_every:g}s"],
+                              "--heal-every", f"{heal_every:g}s", "--sync-every", f"{sync_every:g}s"]
+                             + (["--full-heal-every", str(full_every)] if full_every else []),
                              cwd=ROOT, stdout=subprocess.DEVNULL, stderr=log, env={**os.environ, "NO_COLOR": "1"})
 
     def done(job, text=None):
@@ -187,6 +188,8 @@ def main() -> int:
                     help="also run the reconcile daemon this long (600: the issue's 10 minutes)")
     ap.add_argument("--daemon-at", type=int, default=300, metavar="N")
     ap.add_argument("--speedup", type=float, default=10)
+    ap.add_argument("--full-heal-every", type=int, default=None, metavar="N",
+                    help="the daemon's --full-heal-every (default: the binary's, 288)")
     ap.add_argument("--only-daemon", action="store_true",
                     help="skip the --once table: apply once, then the daemon")
     ap.add_argument("--bin", action="append", default=[],
@@ -212,7 +215,7 @@ def main() -> int:
                           file=sys.stderr)
                 if a.daemon and n == a.daemon_at:
                     run([str(path), "--repo", str(a.dir), "apply", "--yes"])
-                    d = daemon(Path(path), a.dir, a.daemon, a.speedup)
+                    d = daemon(Path(path), a.dir, a.daemon, a.speedup, a.full_heal_every)
                     daemons.append((n, label, d, os.getloadavg()[0]))
                     print(f"N={n} {label} daemon: {d}", file=sys.stderr)
                 for s in servers:
@@ -236,7 +239,8 @@ def main() -> int:
               f"| {m['one-site change apply']:.2f} s | {m['daemon CPU %']:.2f} % | {load:.1f} |")
     if daemons:
         print(f"\nThe reconcile daemon for {a.daemon:g} s, periods {a.speedup:g}x shorter "
-              f"(heal every {300 / a.speedup:g} s, sync every {900 / a.speedup:g} s), CPU scaled back:\n")
+              f"(heal every {300 / a.speedup:g} s, sync every {900 / a.speedup:g} s, "
+              f"--full-heal-every {a.full_heal_every or 'default'}), CPU scaled back:\n")
         print("| edges | binary | tracked heals | heal (median / max) | compared everything (targets) "
               "| daemon CPU over the window | CPU at 5/15 min periods | load |")
         print("|---:|---|---:|---:|---:|---:|---:|---:|")

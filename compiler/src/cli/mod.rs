@@ -266,8 +266,10 @@ pub enum Command {
         /// The daemon's heal compares only the keys each target's Redis
         /// reported written since it was last found healthy (CLIENT
         /// TRACKING); every N-th heal of a target compares everything
-        /// anyway (1: every heal). `--once` always compares everything.
-        #[arg(long, default_value_t = 12, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+        /// anyway, targets spread over the cycle (default 288: once a day
+        /// at the default --heal-every; 1: every heal). `--once` always
+        /// compares everything.
+        #[arg(long, default_value_t = 288, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
         full_heal_every: u32,
     },
     /// Remove a target's apply lock (`edgeform:lock`). An apply takes over

@@ -239,9 +239,10 @@ pub async fn reconcile(
     };
     // Metrics (#15 item 6): count the run, write the textfile.
     let run = |which: Once| {
+        // From loading the repository (check and compile) to the last target.
+        let start = std::time::Instant::now();
         let job = run(which);
         async move {
-            let start = std::time::Instant::now();
             let code = job.await;
             let name = match which {
                 Once::Sync => "sync",
