@@ -4,7 +4,8 @@
 //! source of truth), a tampered manifest.
 //!
 //! The comparison runs inside the target's Redis (#16): a Lua script,
-//! called over bounded chunks of manifest buckets, hashes each value the
+//! called over bounded chunks of manifest entries (HSCAN under a budget of
+//! entries a call, a big bucket split across calls), hashes each value the
 //! manifest names and compares it with the manifest's hash, and recomputes
 //! each bucket's digest to check it against `edgeform:manifest:buckets`;
 //! the control host checks the chunks' combined digest against the meta
