@@ -21,8 +21,12 @@ redis-server's CPU time over the run (/proc; on a loaded machine wall times incl
 the server waits for a core, CPU time much less so), and checks each run found a healthy
 target (no bad bucket, the whole digest right, no drift).
 
+With --callgrind instead: a redis-server under `valgrind --tool=callgrind` holding only bucket
+00 of that edge (full size, ~7,000 entries), and the instructions it spends per call of each
+comparison over that bucket — the same whatever else runs on the machine.
+
 Usage: python3 bench/heal_buckets.py [--sites 1000000] [--per-call 250,500,1000]
-                                     [--old-rev e98c705] [--runs 1]
+                                     [--old-rev e98c705] [--runs 1] [--callgrind]
 """
 
 import argparse
@@ -107,9 +111,10 @@ def resp(*args) -> bytes:
     return b"".join(out)
 
 
-def fill(port: int, keys: int) -> int:
+def fill(port: int, keys: int, only: int | None = None) -> int:
     """Write `keys` documents (456-byte values) and their format-2 manifest; return the whole
-    manifest's digest (XOR of the entries' SHA-1(key ‖ 0 ‖ hash) first 128 bits)."""
+    manifest's digest (XOR of the entries' SHA-1(key ‖ 0 ‖ hash) first 128 bits). `only`: write
+    just the keys of that bucket (the others stay empty)."""
     pipe = subprocess.Popen(["redis-cli", "-p", str(port), "--pipe"], stdin=subprocess.PIPE,
                             stdout=subprocess.DEVNULL)
     digests, counts = [0] * 256, [0] * 256
@@ -121,6 +126,8 @@ def fill(port: int, keys: int) -> int:
         v = (b'{"host":"h%07d.example.com","origin":"http://192.0.2.1","p":"' % i + pad)[:454] + b'"}'
         h = hashlib.sha1(v).hexdigest().encode()
         b = bucket(k)
+        if only is not None and b != only:
+            continue
         digests[b] ^= int.from_bytes(hashlib.sha1(k + b"\0" + h).digest()[:16], "big")
         counts[b] += 1
         batch += [k, v]
@@ -128,7 +135,7 @@ def fill(port: int, keys: int) -> int:
         if len(batch) >= 2000:
             pipe.stdin.write(resp(b"MSET", *batch))
             batch = []
-        if len(fields[b]) >= 2000:
+        if len(fields.get(b, ())) >= 2000:
             pipe.stdin.write(resp(b"HSET", (PREFIX + f"{b:02x}").encode(), *fields.pop(b)))
     if batch:
         pipe.stdin.write(resp(b"MSET", *batch))
@@ -183,6 +190,57 @@ def after(r: Redis, sha: str, budget: int) -> tuple[list[float], int, int, int]:
     return trips, whole, n, largest
 
 
+def instructions(pid: int, work: Path, run) -> int:
+    """The instructions a callgrind'ed redis-server (`pid`) spends while `run()` runs."""
+    subprocess.run(["callgrind_control", "-z", str(pid)], capture_output=True, check=True)
+    run()
+    for old in work.glob("cg.out.*"):
+        old.unlink()
+    subprocess.run(["callgrind_control", "-d", str(pid)], capture_output=True, check=True)
+    dump = max(work.glob("cg.out.*"), key=lambda p: p.stat().st_mtime)
+    return int(re.search(r"^(?:summary|totals): (\d+)", dump.read_text(), re.M).group(1))
+
+
+def callgrind(keys: int, old: str, new: str, budgets: list[int]) -> None:
+    """Instructions per call, load-independent: a redis-server under callgrind holding only
+    bucket 00 of the synthetic edge (full size), each comparison over that bucket."""
+    work = Path(tempfile.mkdtemp(prefix="edgeform-heal-buckets-cg-"))
+    port = free_port()
+    proc = subprocess.Popen(["valgrind", "--tool=callgrind", f"--callgrind-out-file={work}/cg.out",
+                             "redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+                             "--appendonly", "no", "--dir", str(work)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_port(port, 120)
+        time.sleep(1)
+        fill(port, keys, only=0)
+        r = Redis(port)
+        size = r.call("HLEN", PREFIX + "00")
+        print(f"\ncallgrind: bucket 00 alone, {size} entries (redis-server instructions)\n")
+        print("| comparison | calls | instructions per call (mean) | per entry |\n|---|---:|---:|---:|")
+        sha = r.call("SCRIPT", "LOAD", old).decode()
+        n = instructions(proc.pid, work, lambda: r.call("EVALSHA", sha, 0, 0, 0, PREFIX, INDEX))
+        print(f"| before: the whole bucket in one call | 1 | {n / 1e6:.1f} M | {n / size / 1000:.1f} k |")
+        sha = r.call("SCRIPT", "LOAD", new).decode()
+        for budget in budgets:
+            calls = []
+
+            def walk():
+                b, cursor, carry, carried = 0, b"0", "0" * 32, 0
+                while b == 0:
+                    reply = r.call("EVALSHA", sha, 0, PREFIX, INDEX, budget, b, cursor, carry, carried)
+                    assert not reply[2], reply[2]
+                    b, cursor, carry, carried = reply[5], reply[6], reply[7].decode(), reply[8]
+                    calls.append(reply[9])
+            n = instructions(proc.pid, work, walk)
+            print(f"| after: budget {budget} | {len(calls)} | {n / len(calls) / 1e6:.1f} M "
+                  f"| {n / size / 1000:.1f} k |", flush=True)
+    finally:
+        proc.terminate()
+        proc.wait()
+        shutil.rmtree(work, ignore_errors=True)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--sites", type=int, default=1_000_000)
@@ -190,12 +248,17 @@ def main() -> int:
     ap.add_argument("--per-call", default=None, help="budgets to run, comma-separated (default: PER_CALL)")
     ap.add_argument("--old-rev", default="e98c705", help="a revision whose COMPARE covers whole buckets")
     ap.add_argument("--runs", type=int, default=1)
+    ap.add_argument("--callgrind", action="store_true",
+                    help="instead: instructions per call on one full-size bucket under callgrind")
     a = ap.parse_args()
     source = (ROOT / "compiler/src/push/heal.rs").read_text()
     old = subprocess.run(["git", "show", f"{a.old_rev}:compiler/src/push/heal.rs"], cwd=ROOT,
                          capture_output=True, text=True, check=True).stdout
     budgets = [int(x) for x in (a.per_call or str(per_call_default(source))).split(",")]
     keys = int(a.sites * a.keys_per_site)
+    if a.callgrind:
+        callgrind(keys, script(old, "COMPARE"), script(source, "COMPARE"), budgets)
+        return 0
     work = Path(tempfile.mkdtemp(prefix="edgeform-heal-buckets-"))
     port = free_port()
     proc = subprocess.Popen(["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",

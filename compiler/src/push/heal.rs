@@ -140,11 +140,11 @@ pub struct Healed {
 /// entries more than asked). A listpack bucket (at most
 /// `hash-max-listpack-entries`, 512 by default) comes back whole, so a
 /// budget below that size is not kept for it (the default, [`PER_CALL`],
-/// is above it). HSCAN can
-/// return an entry twice only if the hash shrinks between calls (entries
-/// deleted during the heal): the entry's digest then cancels out of the
-/// XOR and its count is off by one, so the bucket reads as bad and heal
-/// compares everything — never a false "healthy".
+/// is that size). HSCAN can return an entry twice only if the hash
+/// shrinks between calls (entries deleted during the heal): the entry's
+/// digest then cancels out of the XOR and its count is off by one, so the
+/// bucket reads as bad and heal compares everything — never a false
+/// "healthy".
 const COMPARE: &str = r"
 local prefix, index, budget = ARGV[1], ARGV[2], tonumber(ARGV[3])
 local b, cursor, carry, yn = tonumber(ARGV[4]), ARGV[5], ARGV[6], tonumber(ARGV[7])
@@ -239,8 +239,12 @@ type Compared = (
 );
 
 /// Manifest entries compared per server-side call: a call hashes at most
-/// about this many values (a few milliseconds; see bench/README.md).
-const PER_CALL: usize = 1000;
+/// this many values. 512: Redis's default `hash-max-listpack-entries`, so
+/// a listpack bucket (which HSCAN returns whole) keeps the budget too;
+/// ~5.7 ms of redis-server CPU a call at 500 entries, load 11, on this
+/// 2-core machine, 1,000 twice that (`bench/heal_buckets.py`,
+/// bench/README.md).
+const PER_CALL: usize = 512;
 
 /// The per-call budget of [`COMPARE`]: [`PER_CALL`] entries, or
 /// `EDGEFORM_TEST_HEAL_PER_CALL` (tests force small budgets so a bucket

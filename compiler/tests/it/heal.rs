@@ -397,7 +397,7 @@ fn issue_16_a_bucket_bigger_than_the_budget_is_split_across_calls() {
     let log = healthy_split(&f);
     // Still a few hundred bytes per call, not the values.
     assert!(bytes(&log) < 300 * field(&log, "calls"), "{log}");
-    // With the default budget (1,000 entries) the same target is one
+    // With the default budget (512 entries) the same target is one
     // comparison call: the split comes from the budget.
     let log = heal(&f);
     assert!(log.contains("heal: no drift"), "{log}");
