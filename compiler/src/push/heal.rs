@@ -241,9 +241,9 @@ type Compared = (
 /// Manifest entries compared per server-side call: a call hashes at most
 /// this many values. 512: Redis's default `hash-max-listpack-entries`, so
 /// a listpack bucket (which HSCAN returns whole) keeps the budget too;
-/// ~5.7 ms of redis-server CPU a call at 500 entries, load 11, on this
-/// 2-core machine, 1,000 twice that (`bench/heal_buckets.py`,
-/// bench/README.md).
+/// ~24.5 M redis-server instructions a call, 3.4–4.5 ms on this machine
+/// (a whole 7,000-entry bucket, 1M sites: 343.5 M; `bench/heal_buckets.py
+/// --callgrind`, README Performance).
 const PER_CALL: usize = 512;
 
 /// The per-call budget of [`COMPARE`]: [`PER_CALL`] entries, or
