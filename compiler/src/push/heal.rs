@@ -4,7 +4,8 @@
 //! source of truth), a tampered manifest.
 //!
 //! The comparison runs inside the target's Redis (#16): a Lua script,
-//! called over bounded chunks of manifest buckets, hashes each value the
+//! called over bounded chunks of manifest entries (HSCAN under a budget of
+//! entries a call, a big bucket split across calls), hashes each value the
 //! manifest names and compares it with the manifest's hash, and recomputes
 //! each bucket's digest to check it against `edgeform:manifest:buckets`;
 //! the control host checks the chunks' combined digest against the meta
@@ -112,6 +113,12 @@ pub struct Healed {
     /// tracked heal) only the keys written since the last heal.
     #[serde(skip)]
     pub compared: String,
+    /// Every managed key was compared (not only a [`Scope::Keys`] list).
+    #[serde(skip)]
+    pub everything: bool,
+    /// The most manifest entries one comparison call covered (the
+    /// per-call budget, [`per_call`], bounds it).
+    pub largest_call: usize,
     /// Dry run: the refusal a real heal would give (then it would write
     /// nothing, drift or not).
     #[serde(skip)]
@@ -119,21 +126,60 @@ pub struct Healed {
 }
 
 /// Compares the values the manifest names with their hashes inside Redis,
-/// for buckets ARGV[1]..=ARGV[2] (a bounded chunk): returns the keys that
-/// are missing, the keys whose value differs from the manifest's hash
-/// (or is not a string), the buckets whose stored digest
-/// (`edgeform:manifest:buckets`) does not describe their manifest, the XOR
-/// of the chunk's bucket digests, and the number of entries.
+/// for at most ARGV[3] manifest entries (a bounded chunk), resuming the
+/// walk over the 256 buckets at bucket ARGV[4], HSCAN cursor ARGV[5]
+/// (`0`: the bucket's start), with ARGV[6]/ARGV[7] the digest (hex) and
+/// entry count of the part of that bucket earlier calls covered. A bucket
+/// bigger than the budget is so split across calls (#16: at 1M sites a
+/// bucket holds ~7,000 entries); its digest is checked against
+/// `edgeform:manifest:buckets` (ARGV[2]) by the call that finishes it.
+/// Returns the keys that are missing, the keys whose value differs from
+/// the manifest's hash (or is not a string), the buckets whose stored
+/// digest does not describe their manifest, the XOR of the digests of the
+/// buckets this call finished and their entry count, where to resume
+/// (bucket, cursor, running digest and count of that bucket) and the
+/// entries this call covered.
+///
+/// The budget: a bucket that fits in what is left of it is read whole (one
+/// HSCAN asking for HLEN entries); a bigger one is started only by an
+/// empty call, and then each HSCAN step asks for what is left minus 16,
+/// since HSCAN hands back whole hash-table chains (a step returns a few
+/// entries more than asked). A listpack bucket (at most
+/// `hash-max-listpack-entries`, 512 by default) comes back whole, so a
+/// budget below that size is not kept for it (the default, [`PER_CALL`],
+/// is that size). HSCAN can return an entry twice only if the hash
+/// shrinks between calls (entries deleted during the heal): the entry's
+/// digest then cancels out of the XOR and its count is off by one, so the
+/// bucket reads as bad and heal compares everything — never a false
+/// "healthy".
 const COMPARE: &str = r"
-local first, last, prefix, index = tonumber(ARGV[1]), tonumber(ARGV[2]), ARGV[3], ARGV[4]
+local prefix, index, budget = ARGV[1], ARGV[2], tonumber(ARGV[3])
+local b, cursor, carry, yn = tonumber(ARGV[4]), ARGV[5], ARGV[6], tonumber(ARGV[7])
 local call, sha1, sub, num, bxor, hex, fmt = redis.call, redis.sha1hex, string.sub, tonumber, bit.bxor, bit.tohex, string.format
 local missing, changed, bad = {}, {}, {}
-local x1, x2, x3, x4, n = 0, 0, 0, 0, 0
-for b = first, last do
+local y1, y2, y3, y4 = num(sub(carry, 1, 8), 16), num(sub(carry, 9, 16), 16), num(sub(carry, 17, 24), 16), num(sub(carry, 25, 32), 16)
+local x1, x2, x3, x4, n, done, steps = 0, 0, 0, 0, 0, 0, 0
+while b < 256 and steps < 256 do
   local bb = fmt('%02x', b)
-  local flat = call('HGETALL', prefix .. bb)
+  local key = prefix .. bb
+  local want
+  local len = cursor == '0' and call('HLEN', key)
+  if len and done + len <= budget then
+    want = len + 1
+  elseif len and done > 0 then
+    break
+  else
+    want = budget - done - 16
+    if want < 1 then
+      if done > 0 then break end
+      want = 1
+    end
+  end
+  steps = steps + 1
+  local r = call('HSCAN', key, cursor, 'COUNT', want)
+  cursor = r[1]
+  local flat = r[2]
   local count = #flat / 2
-  local y1, y2, y3, y4 = 0, 0, 0, 0
   for s = 1, count, 500 do
     local ks = {}
     for i = s, math.min(s + 499, count) do ks[#ks + 1] = flat[2 * i - 1] end
@@ -152,14 +198,21 @@ for b = first, last do
       y4 = bxor(y4, num(sub(d, 25, 32), 16))
     end
   end
-  local value = hex(y1, 8) .. hex(y2, 8) .. hex(y3, 8) .. hex(y4, 8) .. ' ' .. fmt('%d', count)
-  if call('HGET', index, bb) ~= value then
-    bad[#bad + 1] = b
+  done = done + count
+  yn = yn + count
+  if cursor == '0' then
+    local value = hex(y1, 8) .. hex(y2, 8) .. hex(y3, 8) .. hex(y4, 8) .. ' ' .. fmt('%d', yn)
+    if call('HGET', index, bb) ~= value then
+      bad[#bad + 1] = b
+    end
+    x1, x2, x3, x4 = bxor(x1, y1), bxor(x2, y2), bxor(x3, y3), bxor(x4, y4)
+    n = n + yn
+    y1, y2, y3, y4, yn = 0, 0, 0, 0, 0
+    b = b + 1
   end
-  x1, x2, x3, x4 = bxor(x1, y1), bxor(x2, y2), bxor(x3, y3), bxor(x4, y4)
-  n = n + count
 end
-return {missing, changed, bad, hex(x1, 8) .. hex(x2, 8) .. hex(x3, 8) .. hex(x4, 8), n}
+return {missing, changed, bad, hex(x1, 8) .. hex(x2, 8) .. hex(x3, 8) .. hex(x4, 8), n,
+  b, cursor, hex(y1, 8) .. hex(y2, 8) .. hex(y3, 8) .. hex(y4, 8), yn, done}
 ";
 
 /// One SCAN step inside Redis that returns the next cursor and how many
@@ -176,18 +229,40 @@ return {r[1], n}
 ";
 
 /// A [`COMPARE`] reply: missing keys, changed keys, bad buckets, the
-/// chunk's digest, its entry count.
-type Compared = (Vec<Vec<u8>>, Vec<Vec<u8>>, Vec<i64>, String, usize);
+/// digest and entry count of the buckets the call finished, where to
+/// resume (bucket, HSCAN cursor, that bucket's running digest and count),
+/// the entries the call covered.
+type Compared = (
+    Vec<Vec<u8>>,
+    Vec<Vec<u8>>,
+    Vec<i64>,
+    String,
+    usize,
+    usize,
+    String,
+    String,
+    usize,
+    usize,
+);
 
 /// Manifest entries compared per server-side call: a call hashes at most
-/// about this many values (a few milliseconds; see bench/README.md).
-const PER_CALL: usize = 1000;
+/// this many values. 512: Redis's default `hash-max-listpack-entries`, so
+/// a listpack bucket (which HSCAN returns whole) keeps the budget too;
+/// ~24.5 M redis-server instructions a call, 3.4–4.5 ms on this machine
+/// (a whole 7,000-entry bucket, 1M sites: 343.5 M; `bench/heal_buckets.py
+/// --callgrind`, README Performance).
+const PER_CALL: usize = 512;
 
-/// Buckets per [`COMPARE`] call for a manifest of `managed` entries, so a
-/// call sees about [`PER_CALL`] entries.
+/// The per-call budget of [`COMPARE`]: [`PER_CALL`] entries, or
+/// `EDGEFORM_TEST_HEAL_PER_CALL` (tests force small budgets so a bucket
+/// is split across calls).
 #[must_use]
-pub fn buckets_per_call(managed: usize) -> usize {
-    (keys::BUCKETS * PER_CALL / managed.max(1)).clamp(1, keys::BUCKETS)
+pub fn per_call() -> usize {
+    std::env::var("EDGEFORM_TEST_HEAL_PER_CALL")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .filter(|&n: &usize| n > 0)
+        .unwrap_or(PER_CALL)
 }
 
 /// Approximate RESP size of a reply, to report the bytes a heal moved.
@@ -300,7 +375,10 @@ async fn heal_locked(
         };
         let (drift, body) = match keys_only {
             Some(found) => found,
-            None => compare(con, desired, &meta, old, &mut healed).await?,
+            None => {
+                healed.everything = true;
+                compare(con, desired, &meta, old, &mut healed).await?
+            }
         };
         if drift.is_empty() || options.dry_run {
             redis::cmd("UNWATCH").exec_async(con).await?;
@@ -487,36 +565,63 @@ async fn compare_in_redis(
     healed: &mut Healed,
 ) -> Result<Option<(Vec<Drift>, Repair)>> {
     let compare = redis::Script::new(COMPARE);
-    let step = buckets_per_call(desired.len());
+    let budget = per_call();
+    let summary = desired.summary();
     let prefix = format!("{}:", keys::MANIFEST);
     let mut missing: Vec<Vec<u8>> = Vec::new();
     let mut changed: Vec<Vec<u8>> = Vec::new();
     let mut all = 0u128;
     let mut entries = 0usize;
-    let mut first = 0;
-    while first < keys::BUCKETS {
-        let last = (first + step).min(keys::BUCKETS) - 1;
+    // Where the walk resumes: bucket, HSCAN cursor, the running digest
+    // and count of the part of that bucket already covered.
+    let mut bucket = 0usize;
+    let mut cursor = "0".to_owned();
+    let mut carry = 0u128;
+    let mut carried = 0usize;
+    while bucket < keys::BUCKETS {
         let t = std::time::Instant::now();
         let reply: redis::Value = compare
-            .arg(first)
-            .arg(last)
             .arg(&prefix)
             .arg(keys::MANIFEST_BUCKETS)
+            .arg(budget)
+            .arg(bucket)
+            .arg(&cursor)
+            .arg(hex128(carry))
+            .arg(carried)
             .invoke_async(con)
             .await
             .context("comparing values in Redis")?;
         healed.slowest_call = healed.slowest_call.max(t.elapsed());
         healed.calls += 1;
         healed.bytes += resp_len(&reply);
-        let (m, c, bad, digest, n): Compared = redis::from_redis_value(reply)?;
-        if !bad.is_empty() {
+        let (m, c, bad, digest, n, next, next_cursor, running, running_n, done): Compared =
+            redis::from_redis_value(reply)?;
+        healed.largest_call = healed.largest_call.max(done);
+        if !bad.is_empty() || next < bucket || (next == bucket && next_cursor == cursor) {
+            // A bad bucket, or a reply that does not move on.
             return Ok(None);
         }
         all ^= u128::from_str_radix(&digest, 16).context("a digest from Redis")?;
         entries += n;
         missing.extend(m);
         changed.extend(c);
-        first = last + 1;
+        bucket = next;
+        cursor = next_cursor;
+        carry = u128::from_str_radix(&running, 16).context("a digest from Redis")?;
+        carried = running_n;
+        // More entries in a bucket (or in all) than the desired manifest
+        // has: it cannot describe it; stop hashing a stuffed bucket.
+        let desired_here = summary.buckets.get(bucket).map_or(0, |&(_, count)| {
+            usize::try_from(count).unwrap_or(usize::MAX)
+        });
+        if carried > desired_here || entries > desired.len() {
+            return Ok(None);
+        }
+    }
+    // HSCAN may return an entry twice (see COMPARE): list each key once.
+    for list in [&mut missing, &mut changed] {
+        list.sort_unstable();
+        list.dedup();
     }
     if entries != desired.len() || hex128(all) != desired.digest() {
         return Ok(None);
@@ -539,7 +644,9 @@ async fn compare_in_redis(
         let t = std::time::Instant::now();
         let reply: redis::Value = count
             .arg(&cursor)
-            .arg(2 * PER_CALL)
+            // Counting a key costs ~1/10 of comparing an entry
+            // (bench/README.md): 4 keys per entry of the budget.
+            .arg(4 * budget)
             .arg(keys::SITE_PREFIX)
             .arg(keys::SUSPENDED_PREFIX)
             .invoke_async(con)

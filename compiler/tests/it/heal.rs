@@ -437,6 +437,12 @@ fn issue_16_the_daemons_tracked_heal_finds_each_kind_of_drift() {
     );
     let repaired = d.wait(at, &|l| l.contains("heal: drift repaired"));
     assert!(d.text().contains("kind=\"manifest\""), "{}", d.text());
+    assert!(
+        d.heals(repaired)[0]
+            .contains("compared=everything: 1 key(s) written, the meta or manifest among them"),
+        "{}",
+        d.text()
+    );
     at = d.clean(repaired + 1);
 
     // The tracking connection killed, then a value changed while the daemon
@@ -478,4 +484,200 @@ fn issue_16_the_daemons_tracked_heal_finds_each_kind_of_drift() {
         d.text()
     );
     assert!(get(r.port, "site:s00001.example.com").is_some());
+}
+
+/// A number field (`name=123`) of a heal log.
+fn field(log: &str, name: &str) -> usize {
+    let at = log.find(&format!(" {name}=")).expect(log) + name.len() + 2;
+    log[at..]
+        .split(|c: char| !c.is_ascii_digit())
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap()
+}
+
+/// Run one heal with a comparison budget of `per_call` manifest entries a
+/// call; its log.
+fn heal_with(f: &Fixture, per_call: usize) -> String {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_edgeform"))
+        .args(["reconcile", "--once", "heal"])
+        .current_dir(f.path())
+        .env("NO_COLOR", "1")
+        .env("EDGEFORM_TEST_HEAL_PER_CALL", per_call.to_string())
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    stderr(&out)
+}
+
+/// The comparison budget the split-bucket tests force.
+const BUDGET: usize = 50;
+
+/// Hashes past 128 entries are hash tables (see [`applied_big_bucket`]).
+const LISTPACK: &str = "hash-max-listpack-entries 128";
+
+/// One edge at `port` holding 100 ordinary sites and 200 sites whose keys
+/// all fall in one manifest bucket, applied. The bucket is a hash table,
+/// as a bucket is at 1M sites (~7,000 entries): the Redis given is
+/// started with [`LISTPACK`] (its default, 512, would keep 200 entries a
+/// listpack, which HSCAN returns whole). Returns the fixture,
+/// the big bucket's key and its sites' keys.
+fn applied_big_bucket(port: u16) -> (Fixture, String, Vec<String>) {
+    let f = Fixture::empty();
+    f.write(
+        "nodes/edge-1.yaml",
+        format!(
+            "name: edge-1\nroles: [edge]\nregion: eu\nlocation: {{lat: 52.0, lon: 4.0}}\n\
+             redis: {{url: \"redis://127.0.0.1:{port}\"}}\n"
+        )
+        .as_bytes(),
+    );
+    for i in 0..100 {
+        f.write(
+            &format!("sites/s{i:05}.yaml"),
+            format!("host: s{i:05}.example.com\norigin: http://192.0.2.1\n").as_bytes(),
+        );
+    }
+    let target = edgestate::keys::bucket(b"site:b00000.example.com");
+    let mut big = Vec::new();
+    for i in 0.. {
+        let host = format!("b{i:05}.example.com");
+        let key = format!("site:{host}");
+        if edgestate::keys::bucket(key.as_bytes()) != target {
+            continue;
+        }
+        f.write(
+            &format!("sites/b{i:05}.yaml"),
+            format!("host: {host}\norigin: http://192.0.2.1\n").as_bytes(),
+        );
+        big.push(key);
+        if big.len() == 200 {
+            break;
+        }
+    }
+    f.commit("sites");
+    let out = edgeform(f.path(), &["apply", "--yes"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stdout(&out));
+    let bucket = format!("edgeform:manifest:{target:02x}");
+    let encoding: String = redis::cmd("OBJECT")
+        .arg("ENCODING")
+        .arg(&bucket)
+        .query(&mut con(port))
+        .unwrap();
+    assert_eq!(encoding, "hashtable");
+    (f, bucket, big)
+}
+
+/// A healthy heal with the forced budget: bounded calls, O(1) bytes each.
+fn healthy_split(f: &Fixture) -> String {
+    let log = heal_with(f, BUDGET);
+    assert!(log.contains("heal: no drift"), "{log}");
+    // 301 entries, no call over the budget: more than 301 / 50 calls (the
+    // big bucket split across several of them, its steps asking for 16
+    // fewer entries than the budget).
+    assert!(field(&log, "largest_call") <= BUDGET, "{log}");
+    assert!(field(&log, "largest_call") > BUDGET / 2, "{log}");
+    assert!(field(&log, "calls") > 301_usize.div_ceil(BUDGET), "{log}");
+    log
+}
+
+// See: #16 (server-side heal in bounded chunks: no call covers more than
+// its budget; a bucket bigger than the budget is split across calls)
+#[test]
+fn issue_16_a_bucket_bigger_than_the_budget_is_split_across_calls() {
+    let r = harness::redis(&[LISTPACK]);
+    let (f, _, _) = applied_big_bucket(r.port);
+    let log = healthy_split(&f);
+    // Still a few hundred bytes per call, not the values.
+    assert!(bytes(&log) < 300 * field(&log, "calls"), "{log}");
+    // With the default budget (512 entries) the same target is one
+    // comparison call: the split comes from the budget.
+    let log = heal(&f);
+    assert!(log.contains("heal: no drift"), "{log}");
+    assert_eq!(field(&log, "largest_call"), 301, "{log}");
+    // Smaller budgets still end healthy and keep the bound.
+    for budget in [17, 20, 33] {
+        let log = heal_with(&f, budget);
+        assert!(log.contains("heal: no drift"), "{budget}: {log}");
+        assert!(field(&log, "largest_call") <= budget, "{budget}: {log}");
+    }
+}
+
+// See: #16 (each kind of drift inside a bucket split across calls)
+#[test]
+fn issue_16_drift_in_a_split_bucket_is_found_in_redis() {
+    let r = harness::redis(&[LISTPACK]);
+    let (f, _, big) = applied_big_bucket(r.port);
+    healthy_split(&f);
+    // Changed values and missing keys spread over the big bucket (HSCAN's
+    // order is the hash table's: some fall in each call's chunk).
+    let changed: Vec<&String> = big.iter().step_by(40).collect();
+    let missing: Vec<&String> = big.iter().skip(20).step_by(40).collect();
+    for k in &changed {
+        run(r.port, &["SET", k, "{\"evil\":1}"]);
+    }
+    run(r.port, &["DEL", big[1].as_str()]);
+    run(r.port, &["HSET", big[1].as_str(), "a", "b"]);
+    for k in &missing {
+        run(r.port, &["DEL", k]);
+    }
+    run(r.port, &["SET", "site:rogue.example.com", "{}"]);
+    let log = heal_with(&f, BUDGET);
+    for k in changed.iter().copied().chain([&big[1]]) {
+        assert!(log.contains(&format!("key={k} kind=\"changed\"")), "{log}");
+    }
+    for k in &missing {
+        assert!(log.contains(&format!("key={k} kind=\"missing\"")), "{log}");
+    }
+    assert!(
+        log.contains("key=site:rogue.example.com kind=\"unmanaged\""),
+        "{log}"
+    );
+    assert!(!log.contains("kind=\"manifest\""), "{log}");
+    assert_eq!(
+        field(&log, "repaired"),
+        changed.len() + 1 + missing.len() + 1,
+        "{log}"
+    );
+    assert!(field(&log, "largest_call") <= BUDGET, "{log}");
+    for k in changed.iter().chain(&missing) {
+        assert!(get(r.port, k).unwrap().contains("192.0.2.1"));
+    }
+    assert_eq!(get(r.port, "site:rogue.example.com"), None);
+    healthy_split(&f);
+}
+
+// See: #16 (a tampered manifest bucket split across calls is found)
+#[test]
+fn issue_16_a_tampered_split_bucket_is_found_in_redis() {
+    let r = harness::redis(&[LISTPACK]);
+    let (f, bucket, big) = applied_big_bucket(r.port);
+    let b = &bucket["edgeform:manifest:".len()..];
+    let tamper: [&[&str]; 5] = [
+        // An entry's hash changed (the value and the meta untouched).
+        &["HSET", &bucket, &big[150], "0000"],
+        // An entry removed.
+        &["HDEL", &bucket, &big[70]],
+        // An entry added (a key nobody manages, its value in place).
+        &["HSET", &bucket, "site:extra.example.com", "0000"],
+        // The bucket's stored digest changed.
+        &["HSET", "edgeform:manifest:buckets", b, "0 200"],
+        // The bucket's stored count changed.
+        &[
+            "HSET",
+            "edgeform:manifest:buckets",
+            b,
+            "00000000000000000000000000000000 200",
+        ],
+    ];
+    for t in tamper {
+        run(r.port, t);
+        let log = heal_with(&f, BUDGET);
+        assert!(
+            log.contains("key=edgeform:manifest kind=\"manifest\""),
+            "{t:?}: {log}"
+        );
+        healthy_split(&f);
+    }
 }
