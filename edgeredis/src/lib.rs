@@ -26,9 +26,10 @@ use anyhow::{Context, Result, bail};
 use redis::aio::MultiplexedConnection;
 use redis::sentinel::{Sentinel, SentinelNodeConnectionInfo};
 use redis::{
-    AsyncConnectionConfig, Client, ClientTlsConfig, IntoConnectionInfo, RedisConnectionInfo,
-    TlsCertificates,
+    AsyncConnectionConfig, Client, ClientTlsConfig, IntoConnectionInfo, ProtocolVersion, PushInfo,
+    RedisConnectionInfo, TlsCertificates,
 };
+use tokio::sync::mpsc::UnboundedSender;
 
 /// The `tls` block of a `redis` block: a CA to verify the server with
 /// (else the system trust store) and an optional client certificate.
@@ -310,6 +311,46 @@ pub async fn reuse<'a>(
 /// Missing password variable, unreachable server or sentinels, a sentinel
 /// that does not know the master, or a "master" that is a replica.
 pub async fn master(target: &RedisTarget, node: &str) -> Result<MultiplexedConnection> {
+    open(target, node, None).await
+}
+
+/// Like [`master`], but speaking RESP3 with its pushes sent to `pushes`:
+/// the messages of channels SUBSCRIBEd on this same connection (which
+/// still takes commands), and a `Disconnection` when it drops. Needs
+/// Redis ≥ 6 (`HELLO 3`).
+///
+/// # Errors
+/// See [`master`].
+pub async fn master_with_pushes(
+    target: &RedisTarget,
+    node: &str,
+    pushes: UnboundedSender<PushInfo>,
+) -> Result<MultiplexedConnection> {
+    open(target, node, Some(pushes)).await
+}
+
+async fn open(
+    target: &RedisTarget,
+    node: &str,
+    pushes: Option<UnboundedSender<PushInfo>>,
+) -> Result<MultiplexedConnection> {
+    // RESP3 only with a push receiver: every other connection is as before.
+    let resp3 = pushes.is_some();
+    let settings = |s: RedisConnectionInfo, password: Option<String>| {
+        let s = match password {
+            Some(p) => s.set_password(p),
+            None => s,
+        };
+        if resp3 {
+            s.set_protocol(ProtocolVersion::RESP3)
+        } else {
+            s
+        }
+    };
+    let config = match pushes {
+        Some(tx) => config().set_push_sender(tx),
+        None => config(),
+    };
     let connect = async {
         match target {
             RedisTarget::Url {
@@ -321,13 +362,14 @@ pub async fn master(target: &RedisTarget, node: &str) -> Result<MultiplexedConne
                     bail!("{url}: `#insecure` is not allowed, certificates are always verified");
                 }
                 let mut info = url.as_str().into_connection_info()?;
-                if let Some(p) = password(password_env.as_deref(), node)? {
-                    let redis = info.redis_settings().clone().set_password(p);
-                    info = info.set_redis_settings(redis);
-                }
+                let redis = settings(
+                    info.redis_settings().clone(),
+                    password(password_env.as_deref(), node)?,
+                );
+                info = info.set_redis_settings(redis);
                 let client = client(info, tls.as_ref())?;
                 let con = client
-                    .get_multiplexed_async_connection_with_config(&config())
+                    .get_multiplexed_async_connection_with_config(&config)
                     .await?;
                 Ok::<_, anyhow::Error>(con)
             }
@@ -337,8 +379,11 @@ pub async fn master(target: &RedisTarget, node: &str) -> Result<MultiplexedConne
                 password_env,
                 tls: Some(tls),
             } => {
-                let password = password(password_env.as_deref(), node)?;
-                sentinel_tls(sentinels, master, password, tls)
+                let redis = settings(
+                    RedisConnectionInfo::default(),
+                    password(password_env.as_deref(), node)?,
+                );
+                sentinel_tls(sentinels, master, redis, tls, &config)
                     .await
                     .with_context(|| {
                         format!(
@@ -355,12 +400,11 @@ pub async fn master(target: &RedisTarget, node: &str) -> Result<MultiplexedConne
             } => {
                 let urls: Vec<String> = sentinels.iter().map(|s| format!("redis://{s}")).collect();
                 let mut sentinel = Sentinel::build(urls)?;
-                let mut settings = RedisConnectionInfo::default();
-                if let Some(p) = password(password_env.as_deref(), node)? {
-                    settings = settings.set_password(p);
-                }
-                let info =
-                    SentinelNodeConnectionInfo::default().set_redis_connection_info(settings);
+                let redis = settings(
+                    RedisConnectionInfo::default(),
+                    password(password_env.as_deref(), node)?,
+                );
+                let info = SentinelNodeConnectionInfo::default().set_redis_connection_info(redis);
                 let client = sentinel
                     .async_master_for(master, Some(&info))
                     .await
@@ -371,7 +415,7 @@ pub async fn master(target: &RedisTarget, node: &str) -> Result<MultiplexedConne
                         )
                     })?;
                 let con = client
-                    .get_multiplexed_async_connection_with_config(&config())
+                    .get_multiplexed_async_connection_with_config(&config)
                     .await?;
                 Ok(con)
             }
@@ -395,8 +439,9 @@ pub async fn master(target: &RedisTarget, node: &str) -> Result<MultiplexedConne
 async fn sentinel_tls(
     sentinels: &[String],
     name: &str,
-    password: Option<String>,
+    redis: RedisConnectionInfo,
     tls: &TlsFiles,
+    master_config: &AsyncConnectionConfig,
 ) -> Result<MultiplexedConnection> {
     let certs = certificates(tls)?;
     let mut last = None;
@@ -415,14 +460,12 @@ async fn sentinel_tls(
         };
         match asked.await {
             Ok((host, port)) => {
-                let mut info = format!("rediss://{host}:{port}").into_connection_info()?;
-                if let Some(p) = password {
-                    let redis = info.redis_settings().clone().set_password(p);
-                    info = info.set_redis_settings(redis);
-                }
+                let info = format!("rediss://{host}:{port}")
+                    .into_connection_info()?
+                    .set_redis_settings(redis);
                 let client = Client::build_with_tls(info, certs)?;
                 let con = client
-                    .get_multiplexed_async_connection_with_config(&config())
+                    .get_multiplexed_async_connection_with_config(master_config)
                     .await
                     .with_context(|| format!("master `{name}` at rediss://{host}:{port}"))?;
                 return Ok(con);
