@@ -17,7 +17,7 @@ Goal (#16): p50 < 150 ms, p99 < 500 ms at N = 300; idle RSS < 15 MiB each.
 
 Needs the release binaries (built here if missing):
     cargo build --release --locked -p compiler -p agent --bins
-    cargo build --release --locked -p agent --example gen-cache
+    cargo build --release --locked -p agent --example gen-cache   # or a debug one (target/debug/examples)
 
 Usage: python3 bench/purge.py [--edges 30 300] [--runs 50] [--settle 3] [--no-files]
                               [--bin LABEL=DIR ...]
@@ -116,7 +116,8 @@ def bench(n: int, runs: int, settle: float, template: Path, per_edge: int, bins:
                 shutil.copytree(template, c, dirs_exist_ok=True)
             t = time.perf_counter()
             r = subprocess.run(ef, capture_output=True, text=True,
-                               env={**os.environ, "EDGEFORM_LOG": "compiler::cli::purge=debug"})
+                               env={**os.environ, "EDGEFORM_TIMING": "1",
+                                    "EDGEFORM_LOG": "compiler::cli::purge=debug"})
             dt = time.perf_counter() - t
             if r.returncode != 0:
                 raise SystemExit(f"purge exited {r.returncode}:\n{r.stdout[-2000:]}\n{r.stderr[-2000:]}")

@@ -430,7 +430,8 @@ async fn announced(link: Option<&mut Link>) -> bool {
     }
 }
 
-/// Where the time went (`EDGEFORM_LOG=compiler::cli::purge=debug`), in ms
+/// Where the time went (`EDGEFORM_TIMING=1
+/// EDGEFORM_LOG=compiler::cli::purge=debug`), in ms
 /// since the targets were known: every enqueue done, the first, median and
 /// last result.
 fn phases(targets: usize, queued: usize, enqueued: Duration, arrivals: &[Duration]) {
