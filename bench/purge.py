@@ -17,13 +17,22 @@ Goal (#16): p50 < 150 ms, p99 < 500 ms at N = 300; idle RSS < 15 MiB each.
 
 Needs the release binaries (built here if missing):
     cargo build --release --locked -p compiler -p agent --bins
-    cargo build --release --locked -p agent --example gen-cache
+    cargo build --release --locked -p agent --example gen-cache   # or a debug one (target/debug/examples)
 
-Usage: python3 bench/purge.py [--edges 30 300] [--runs 50] [--settle 3]
+Usage: python3 bench/purge.py [--edges 30 300] [--runs 50] [--settle 3] [--no-files]
+                              [--bin LABEL=DIR ...]
+
+--bin LABEL=DIR (repeatable; default `after=target/release`) runs the same N with the
+`edgeform` and `edgeform-agent` in DIR, each set on its own fresh agents, one row each:
+e.g. `--bin before=target/purge-before --bin after=target/release` for side-by-side figures.
+Where the purge process's time went (its `purge phases` debug line, when the binary logs
+one): enqueue done, first/median/last result, in ms since the targets were known (medians
+over the runs); `rest` is wall − last result (process start, repository load, exit).
 """
 
 import argparse
 import os
+import re
 import shutil
 import statistics
 import subprocess
@@ -37,8 +46,10 @@ from benchlib import free_port, wait_port  # noqa: E402
 from push import Redis  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
-EF = ROOT / "target" / "release" / "edgeform"
-AGENT = ROOT / "target" / "release" / "edgeform-agent"
+RELEASE = ROOT / "target" / "release"
+EF = RELEASE / "edgeform"
+AGENT = RELEASE / "edgeform-agent"
+PHASES = ("enqueue_ms", "first_result_ms", "median_result_ms", "last_result_ms")
 GEN = ROOT / "target" / "release" / "examples" / "gen-cache"
 KEYS = ["httpexample.com/a.mp4", "httpsexample.com/a.mp4"]
 LEVELS = "1:2"
@@ -65,7 +76,7 @@ def mosquitto(work: Path):
     return port, proc
 
 
-def bench(n: int, runs: int, settle: float, template: Path, per_edge: int):
+def bench(n: int, runs: int, settle: float, template: Path, per_edge: int, bins: Path):
     work = Path(tempfile.mkdtemp(prefix="edgeform-purge-bench-"))
     servers, agents, broker = [], [], None
     try:
@@ -88,7 +99,7 @@ def bench(n: int, runs: int, settle: float, template: Path, per_edge: int):
                 f"node: edge-{i}\nregion: eu\nredis: {{url: \"redis://127.0.0.1:{r.port}\"}}\n"
                 f"cache: {{dirs: [{d / 'cache'}], levels: \"{LEVELS}\"}}\n"
                 f"mqtt: {{url: \"mqtt://127.0.0.1:{mport}\"}}\n")
-            agents.append(subprocess.Popen([str(AGENT), "--config", str(d / "agent.yaml")],
+            agents.append(subprocess.Popen([str(bins / "edgeform-agent"), "--config", str(d / "agent.yaml")],
                                            stdout=subprocess.DEVNULL, stderr=open(d / "agent.log", "w"),
                                            env={**os.environ, "EDGEFORM_LOG": "warn"}))
             caches.append(d / "cache")
@@ -98,13 +109,15 @@ def bench(n: int, runs: int, settle: float, template: Path, per_edge: int):
             log = (work / f"edge-{dead[0]}" / "agent.log").read_text()[-2000:]
             raise SystemExit(f"agents exited: {dead[:10]}…\n{log}")
         idle = [rss_kib(a.pid) / 1024 for a in agents]
-        times = []
-        ef = [str(EF), "--repo", str(repo), "purge", "--site", "example.com", "--url", "/a.mp4", "--wait", "30"]
+        times, phases = [], []
+        ef = [str(bins / "edgeform"), "--repo", str(repo), "purge", "--site", "example.com", "--url", "/a.mp4", "--wait", "30"]
         for run in range(runs + 1):
             for c in caches:  # the object is cached on every edge again
                 shutil.copytree(template, c, dirs_exist_ok=True)
             t = time.perf_counter()
-            r = subprocess.run(ef, capture_output=True, text=True)
+            r = subprocess.run(ef, capture_output=True, text=True,
+                               env={**os.environ, "EDGEFORM_TIMING": "1",
+                                    "EDGEFORM_LOG": "compiler::cli::purge=debug"})
             dt = time.perf_counter() - t
             if r.returncode != 0:
                 raise SystemExit(f"purge exited {r.returncode}:\n{r.stdout[-2000:]}\n{r.stderr[-2000:]}")
@@ -113,8 +126,13 @@ def bench(n: int, runs: int, settle: float, template: Path, per_edge: int):
                 raise SystemExit(f"expected {per_edge * n} files removed, got {removed}:\n{r.stdout[-2000:]}")
             if run > 0:  # the first run warms caches
                 times.append(dt * 1000)
+                got = {k: float(m.group(1)) for k in PHASES
+                       if (m := re.search(rf"\b{k}=(-?[\d.]+)", r.stderr))}
+                if len(got) == len(PHASES):
+                    got["rest_ms"] = dt * 1000 - got["last_result_ms"]
+                    phases.append(got)
         after = [rss_kib(a.pid) / 1024 for a in agents]
-        return times, idle, after
+        return times, idle, after, phases
     finally:
         for a in agents:
             a.terminate()
@@ -135,11 +153,23 @@ def main() -> int:
     ap.add_argument("--no-files", action="store_true",
                     help="no cached object: each purge removes nothing (no gen-cache build needed)")
     ap.add_argument("--settle", type=float, default=3.0, help="seconds after the last agent starts")
+    ap.add_argument("--bin", action="append", metavar="LABEL=DIR",
+                    help="a set of binaries (edgeform, edgeform-agent) to run; default after=target/release")
     a = ap.parse_args()
-    if not (EF.exists() and AGENT.exists()):
+    bins = []
+    for b in a.bin or [f"after={RELEASE}"]:
+        label, _, d = b.partition("=")
+        d = Path(d).resolve()
+        for exe in ("edgeform", "edgeform-agent"):
+            if not (d / exe).exists() and d != RELEASE:
+                raise SystemExit(f"--bin {b}: no {d / exe}")
+        bins.append((label, d))
+    if not (EF.exists() and AGENT.exists()) and any(d == RELEASE for _, d in bins):
         subprocess.run(["cargo", "build", "--release", "--locked", "-p", "compiler", "-p", "agent", "--bins"],
                        cwd=ROOT, check=True)
-    if not a.no_files and not GEN.exists():
+    # Any profile's gen-cache writes the same files (a debug one from `cargo test` will do).
+    gen = next((g for g in (GEN, ROOT / "target" / "debug" / "examples" / "gen-cache") if g.exists()), GEN)
+    if not a.no_files and not gen.exists():
         subprocess.run(["cargo", "build", "--release", "--locked", "-p", "agent", "--example", "gen-cache"],
                        cwd=ROOT, check=True)
     tmp = Path(tempfile.mkdtemp(prefix="edgeform-purge-template-"))
@@ -148,26 +178,45 @@ def main() -> int:
         if a.no_files:
             template.mkdir()
         else:
-            subprocess.run([str(GEN), str(template), LEVELS, *KEYS], check=True, capture_output=True)
+            subprocess.run([str(gen), str(template), LEVELS, *KEYS], check=True, capture_output=True)
         rows = []
         for n in a.edges:
-            load = os.getloadavg()[0]
-            times, idle, after = bench(n, a.runs, a.settle, template, 0 if a.no_files else len(KEYS))
-            rows.append((n, times, idle, after, load))
-            print(f"N={n}: p50 {statistics.median(times):.1f} ms, p99 {pct(times, 0.99):.1f} ms, "
-                  f"idle RSS median {statistics.median(idle):.1f} MiB max {max(idle):.1f} MiB", file=sys.stderr)
+            for label, d in bins:
+                load = os.getloadavg()[0]
+                times, idle, after, phases = bench(n, a.runs, a.settle, template,
+                                                   0 if a.no_files else len(KEYS), d)
+                rows.append((label, n, times, idle, after, phases, load, os.getloadavg()[0]))
+                print(f"{label} N={n}: p50 {statistics.median(times):.1f} ms, p99 {pct(times, 0.99):.1f} ms, "
+                      f"idle RSS median {statistics.median(idle):.1f} MiB max {max(idle):.1f} MiB",
+                      file=sys.stderr)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), "?")
     print(f"\none redis-server per edge, one mosquitto, one edgeform-agent per edge, all on loopback; "
           f"{os.cpu_count()} cores ({cpu}); {a.runs} purges per N after one warm-up; wall time of "
           f"`edgeform purge --site example.com --url /a.mp4 --wait 30`, process start to the last node's result\n")
-    print("| agents | p50 | p90 | p99 | max | idle agent RSS median / max | RSS after the purges median / max | load |")
-    print("|---:|---:|---:|---:|---:|---:|---:|---:|")
-    for n, times, idle, after, load in rows:
-        print(f"| {n} | {statistics.median(times):.1f} ms | {pct(times, 0.9):.1f} ms | {pct(times, 0.99):.1f} ms "
-              f"| {max(times):.1f} ms | {statistics.median(idle):.1f} / {max(idle):.1f} MiB "
-              f"| {statistics.median(after):.1f} / {max(after):.1f} MiB | {load:.1f} |")
+    files = "no cached object (--no-files)" if a.no_files else f"{len(KEYS)} cached files removed per edge"
+    print(f"{files}; load = 1-min load average before / after the row\n")
+    print("| binaries | agents | p50 | p90 | p99 | max | idle agent RSS median / max "
+          "| RSS after the purges median / max | load |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for label, n, times, idle, after, _, load, load2 in rows:
+        print(f"| {label} | {n} | {statistics.median(times):.1f} ms | {pct(times, 0.9):.1f} ms "
+              f"| {pct(times, 0.99):.1f} ms | {max(times):.1f} ms | {statistics.median(idle):.1f} / "
+              f"{max(idle):.1f} MiB | {statistics.median(after):.1f} / {max(after):.1f} MiB "
+              f"| {load:.1f} / {load2:.1f} |")
+    if any(r[5] for r in rows):
+        print("\nWhere the purge process's time went (medians, ms since the targets were known; "
+              "rest = wall − last result: process start, repository load, exit)\n")
+        print("| binaries | agents | all enqueued | first result | median result | last result | rest |")
+        print("|---|---:|---:|---:|---:|---:|---:|")
+        for label, n, _, _, _, phases, _, _ in rows:
+            if not phases:
+                print(f"| {label} | {n} | – | – | – | – | – |")
+                continue
+            m = {k: statistics.median(p[k] for p in phases) for k in (*PHASES, "rest_ms")}
+            print(f"| {label} | {n} | {m['enqueue_ms']:.1f} | {m['first_result_ms']:.1f} "
+                  f"| {m['median_result_ms']:.1f} | {m['last_result_ms']:.1f} | {m['rest_ms']:.1f} |")
     return 0
 
 

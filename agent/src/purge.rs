@@ -9,6 +9,10 @@
 //! errors reconnect with backoff, and a result not yet recorded is kept
 //! in memory and written first.
 //!
+//! Each result recorded in `cdn:purge:done:<id>` is also announced, in
+//! the same MULTI, with `PUBLISH cdn:purge:done:<id> <node>`, so a waiting
+//! `edgeform purge --wait` need not poll.
+//!
 //! The blocking BLMOVE runs on a connection without a response timeout
 //! (the redis crate's default 500 ms would fail client-side while the
 //! server still moved a job, and the job would be lost); its own 1 s timeout
@@ -369,6 +373,13 @@ impl Worker {
             pipe.cmd("EXPIRE")
                 .arg(&key)
                 .arg(purge::DONE_TTL_SECS)
+                .ignore();
+            // A waiting `edgeform purge --wait` hears of it at once
+            // (the hash above stays the record; a waiter that missed
+            // this reads it).
+            pipe.cmd("PUBLISH")
+                .arg(purge::done_channel(id))
+                .arg(&self.config.node)
                 .ignore();
         }
         if let Outcome::Failed(why) = outcome {

@@ -19,7 +19,8 @@
 //!
 //! Results: the worker writes `{<node>: <files removed>}` into the hash
 //! `cdn:purge:done:<id>` (a failed job writes `failed: <reason>`), kept
-//! for [`DONE_TTL_SECS`].
+//! for [`DONE_TTL_SECS`], and announces it on the channel of the same name
+//! ([`done_channel`]).
 
 use serde::{Deserialize, Serialize};
 
@@ -33,6 +34,16 @@ pub const FAILED_PREFIX: &str = "failed: ";
 #[must_use]
 pub fn done_key(id: &str) -> String {
     format!("cdn:purge:done:{id}")
+}
+
+/// The channel a worker announces each result on, once it is in
+/// [`done_key`] (same name: channels and keys do not collide), with the
+/// node's name as the message: `edgeform purge --wait` subscribes to it
+/// instead of polling. The hash stays the record; a message only says
+/// "read it now".
+#[must_use]
+pub fn done_channel(id: &str) -> String {
+    done_key(id)
 }
 
 /// The processing list of a queue (reliable-queue pattern).

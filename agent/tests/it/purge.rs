@@ -491,3 +491,41 @@ fn r15_2_agent_refuses_a_redis_with_a_wrong_ca() {
     assert_eq!(len, 1);
     assert!(exists(&file));
 }
+
+// See: #16 (purge --wait without polling)
+#[test]
+fn each_result_is_announced_on_the_done_channel_after_it_is_recorded() {
+    let r = harness::redis(&[]);
+    let cache = Cache::new();
+    let f = cache.put("static", "httpexample.com/announced");
+    let agent = Agent::start(r.port, &cache.dirs());
+    // A waiter subscribes first, as `edgeform purge --wait` does.
+    let mut sub = con(r.port);
+    let mut pubsub = sub.as_pubsub();
+    pubsub.subscribe("cdn:purge:done:ann").unwrap();
+    pubsub
+        .set_read_timeout(Some(Duration::from_secs(20)))
+        .unwrap();
+    push_job(r.port, r#"{"id":"ann","key":"httpexample.com/announced"}"#);
+    let msg = pubsub.get_message().unwrap();
+    assert_eq!(msg.get_channel_name(), "cdn:purge:done:ann");
+    assert_eq!(msg.get_payload::<String>().unwrap(), "edge-1");
+    // The hash (the record) is already written when the announcement comes.
+    let v: Option<String> = redis::cmd("HGET")
+        .arg("cdn:purge:done:ann")
+        .arg("edge-1")
+        .query(&mut con(r.port))
+        .unwrap();
+    assert_eq!(v.as_deref(), Some("1"), "{}", agent.log());
+    assert!(!exists(&f));
+    // A failed job is announced too.
+    push_job(r.port, r#"{"id":"ann","purge":"everything"}"#);
+    let msg = pubsub.get_message().unwrap();
+    assert_eq!(msg.get_payload::<String>().unwrap(), "edge-1");
+    let v: String = redis::cmd("HGET")
+        .arg("cdn:purge:done:ann")
+        .arg("edge-1")
+        .query(&mut con(r.port))
+        .unwrap();
+    assert!(v.starts_with("failed: "), "{v}");
+}

@@ -1,11 +1,26 @@
 //! `edgeform purge`: one job onto every targeted node's own queue.
+//!
+//! All targets at once (at most [`PARALLEL`] connecting): each node's
+//! master is reached, and with `--wait` the connection speaks RESP3 and
+//! SUBSCRIBEs to `cdn:purge:done:<id>` before the job is queued. The wait
+//! then reads each node's result in the hash `cdn:purge:done:<id>` (the
+//! record) once, and again whenever its agent announces it on that channel
+//! (`PUBLISH`, node name) — and every [`FALLBACK_POLL`] regardless, for an
+//! agent that does not announce. No polling storm: at 300 nodes, one read
+//! per node per announcement.
 
 use std::collections::BTreeMap;
 use std::io::Write;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use edgestate::purge::{self, Job, Request};
+use redis::aio::MultiplexedConnection;
+use redis::{PushInfo, PushKind};
+use tokio::sync::Semaphore;
+use tokio::sync::mpsc::UnboundedReceiver;
+use tokio::task::JoinSet;
 
 use crate::Config;
 use crate::model::resolved::{Node, Role, Site};
@@ -165,6 +180,7 @@ pub async fn purge(
             site.host
         );
     }
+    let started = Instant::now();
     let id = job_id();
     // Build every node's job first: a refused pattern queues nothing.
     let mut jobs = Vec::new();
@@ -172,22 +188,34 @@ pub async fn purge(
         let job = build_job(&id, site, node, what).map_err(|e| anyhow::anyhow!("{e}"))?;
         jobs.push((*node, job));
     }
+    // Every enqueue at once (bounded): connect, SUBSCRIBE to the result
+    // channel when waiting, RPUSH; the connection is kept for the wait.
+    let channel = wait.map(|_| purge::done_channel(&id));
+    let limit = Arc::new(Semaphore::new(PARALLEL));
+    let mut tasks = JoinSet::new();
+    for (i, (node, job)) in jobs.iter().enumerate() {
+        let target = Target::of(node)?;
+        let (job, channel, limit) = (job.to_json(), channel.clone(), limit.clone());
+        tasks.spawn(async move {
+            let _slot = limit.acquire_owned().await;
+            let link = target.enqueue(job, channel.as_deref()).await;
+            (i, target, link)
+        });
+    }
+    let mut links: Vec<Option<(Target, Result<Link>)>> = jobs.iter().map(|_| None).collect();
+    while let Some(done) = tasks.join_next().await {
+        let (i, target, link) = done.context("an enqueue task failed")?;
+        links[i] = Some((target, link));
+    }
     let mut queued = Vec::new();
     let mut failed = 0;
-    for (node, job) in &jobs {
-        let queue = edgestate::keys::purge_queue(&node.region, &node.name);
-        let result = async {
-            let mut con = node.redis_master().await?;
-            redis::cmd("RPUSH")
-                .arg(&queue)
-                .arg(job.to_json())
-                .exec_async(&mut con)
-                .await?;
-            anyhow::Ok(())
-        }
-        .await;
-        match result {
-            Ok(()) => queued.push(*node),
+    for (node, (target, link)) in jobs
+        .iter()
+        .map(|(n, _)| *n)
+        .zip(links.into_iter().flatten())
+    {
+        match link {
+            Ok(link) => queued.push((node, target, link)),
             Err(e) => {
                 failed += 1;
                 eprintln!(
@@ -199,6 +227,7 @@ pub async fn purge(
             }
         }
     }
+    let enqueued = started.elapsed();
     let mut out = std::io::stdout().lock();
     writeln!(out, "{id}")?;
     eprintln!(
@@ -207,50 +236,40 @@ pub async fn purge(
         queued.len(),
         queued
             .iter()
-            .map(|n| n.name.as_str())
+            .map(|(n, _, _)| n.name.as_str())
             .collect::<Vec<_>>()
             .join(", ")
     );
-    let Some(secs) = wait else {
+    let (Some(secs), Some(channel)) = (wait, channel) else {
+        phases(targets.len(), queued.len(), enqueued, &[]);
         return Ok(u8::from(failed > 0));
     };
-    let deadline = Instant::now() + Duration::from_secs(secs);
-    let mut results: BTreeMap<String, String> = BTreeMap::new();
-    let mut connections = BTreeMap::new();
-    while results.len() < queued.len() && Instant::now() < deadline {
-        for node in &queued {
-            if results.contains_key(&node.name) {
-                continue;
-            }
-            if !connections.contains_key(&node.name) {
-                match node.redis_master().await {
-                    Ok(c) => {
-                        connections.insert(node.name.clone(), c);
-                    }
-                    Err(_) => continue,
-                }
-            }
-            let con = connections.get_mut(&node.name).expect("inserted");
-            let v: Option<String> = match redis::cmd("HGET")
-                .arg(purge::done_key(&id))
-                .arg(&node.name)
-                .query_async(con)
+    // Every node waited for at once: its result, its notification or the
+    // slow poll, until the deadline.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(secs);
+    let mut waits = JoinSet::new();
+    let mut names = Vec::new();
+    for (node, target, link) in queued {
+        names.push(node);
+        let (key, channel) = (purge::done_key(&id), channel.clone());
+        waits.spawn(async move {
+            let result = tokio::time::timeout_at(deadline, target.result(&key, &channel, link))
                 .await
-            {
-                Ok(v) => v,
-                Err(_) => {
-                    connections.remove(&node.name);
-                    continue;
-                }
-            };
-            if let Some(v) = v {
-                results.insert(node.name.clone(), v);
-            }
-        }
-        if results.len() < queued.len() {
-            tokio::time::sleep(Duration::from_millis(10)).await;
+                .ok();
+            (target.name, result, started.elapsed())
+        });
+    }
+    let mut results: BTreeMap<String, String> = BTreeMap::new();
+    let mut arrivals = Vec::new();
+    while let Some(done) = waits.join_next().await {
+        let (name, result, at) = done.context("a wait task failed")?;
+        if let Some(v) = result {
+            arrivals.push(at);
+            results.insert(name, v);
         }
     }
+    let queued = names;
+    phases(targets.len(), queued.len(), enqueued, &arrivals);
     let mut bad = failed;
     for node in &queued {
         match results.get(&node.name) {
@@ -281,4 +300,155 @@ pub async fn purge(
         return Ok(1);
     }
     Ok(u8::from(bad > 0))
+}
+
+/// Enqueues (connect, SUBSCRIBE, RPUSH) in flight at once.
+const PARALLEL: usize = 64;
+
+/// While waiting, each node's result is also read this often: an agent
+/// that does not announce its result (one older than the announcement)
+/// is still heard from, a second late at most.
+const FALLBACK_POLL: Duration = Duration::from_secs(1);
+
+/// One node to purge, owned by its task.
+struct Target {
+    name: String,
+    region: String,
+    redis: edgeredis::RedisTarget,
+}
+
+/// A queued node's connection; when waiting, subscribed to the result
+/// channel, its messages (and a disconnection) arriving in `pushes`.
+struct Link {
+    con: MultiplexedConnection,
+    pushes: Option<UnboundedReceiver<PushInfo>>,
+}
+
+impl Target {
+    fn of(node: &Node) -> Result<Target> {
+        Ok(Target {
+            name: node.name.clone(),
+            region: node.region.clone(),
+            redis: node
+                .redis
+                .clone()
+                .with_context(|| format!("node {} has no redis block", node.name))?,
+        })
+    }
+
+    /// A connection to the node's master; with `channel`, speaking RESP3
+    /// and subscribed to it before anything is queued, so no announcement
+    /// is missed.
+    async fn connect(&self, channel: Option<&str>) -> Result<Link> {
+        let Some(channel) = channel else {
+            let con = edgeredis::master(&self.redis, &self.name).await?;
+            return Ok(Link { con, pushes: None });
+        };
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        let mut con =
+            match edgeredis::master_with_pushes(&self.redis, &self.name, std::sync::Arc::new(tx))
+                .await
+            {
+                Ok(con) => con,
+                // A server without RESP3 (Redis < 6): the slow poll alone.
+                Err(e) if resp3_refused(&e) => {
+                    let con = edgeredis::master(&self.redis, &self.name).await?;
+                    return Ok(Link { con, pushes: None });
+                }
+                Err(e) => return Err(e),
+            };
+        con.subscribe(channel)
+            .await
+            .with_context(|| format!("SUBSCRIBE {channel}"))?;
+        Ok(Link {
+            con,
+            pushes: Some(rx),
+        })
+    }
+
+    async fn enqueue(&self, job: String, channel: Option<&str>) -> Result<Link> {
+        let mut link = self.connect(channel).await?;
+        redis::cmd("RPUSH")
+            .arg(edgestate::keys::purge_queue(&self.region, &self.name))
+            .arg(job)
+            .exec_async(&mut link.con)
+            .await?;
+        Ok(link)
+    }
+
+    /// The node's result in `key`: read now (it may be in already), then
+    /// again on each announcement on `channel` and every
+    /// [`FALLBACK_POLL`]. A lost connection is opened again (the caller's
+    /// deadline bounds all of it).
+    async fn result(&self, key: &str, channel: &str, link: Link) -> String {
+        let mut link = Some(link);
+        loop {
+            if link.is_none() {
+                link = self.connect(Some(channel)).await.ok();
+            }
+            if let Some(l) = link.as_mut() {
+                match redis::cmd("HGET")
+                    .arg(key)
+                    .arg(&self.name)
+                    .query_async::<Option<String>>(&mut l.con)
+                    .await
+                {
+                    Ok(Some(v)) => return v,
+                    Ok(None) => {}
+                    Err(_) => link = None,
+                }
+            }
+            let lost = tokio::select! {
+                () = tokio::time::sleep(FALLBACK_POLL) => false,
+                lost = announced(link.as_mut()) => lost,
+            };
+            if lost {
+                link = None;
+            }
+        }
+    }
+}
+
+/// Whether connecting failed because the server does not speak RESP3.
+fn resp3_refused(e: &anyhow::Error) -> bool {
+    e.chain()
+        .filter_map(|c| c.downcast_ref::<redis::RedisError>())
+        .any(|r| r.kind() == redis::ErrorKind::RESP3NotSupported)
+}
+
+/// Until an announcement arrives (false) or the connection is lost (true);
+/// never without a subscription.
+async fn announced(link: Option<&mut Link>) -> bool {
+    let Some(pushes) = link.and_then(|l| l.pushes.as_mut()) else {
+        return std::future::pending().await;
+    };
+    loop {
+        match pushes.recv().await {
+            Some(push) if push.kind == PushKind::Message => return false,
+            Some(push) if push.kind == PushKind::Disconnection => return true,
+            // Subscription confirmations.
+            Some(_) => {}
+            None => return true,
+        }
+    }
+}
+
+/// Where the time went (`EDGEFORM_TIMING=1
+/// EDGEFORM_LOG=compiler::cli::purge=debug`), in ms
+/// since the targets were known: every enqueue done, the first, median and
+/// last result.
+fn phases(targets: usize, queued: usize, enqueued: Duration, arrivals: &[Duration]) {
+    let ms = |d: Option<&Duration>| d.map_or(-1.0, |d| d.as_secs_f64() * 1000.0);
+    let mut sorted = arrivals.to_vec();
+    sorted.sort();
+    tracing::debug!(
+        targets,
+        queued,
+        results = sorted.len(),
+        enqueue_ms = ms(Some(&enqueued)),
+        first_result_ms = ms(sorted.first()),
+        median_result_ms = ms(sorted.get(sorted.len() / 2)),
+        last_result_ms = ms(sorted.last()),
+        "purge phases"
+    );
 }

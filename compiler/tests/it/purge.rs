@@ -266,3 +266,176 @@ fn wait_reports_each_node_and_names_the_pending_on_timeout() {
         stderr(&out)
     );
 }
+
+/// The in-process agent of `name` on its own Redis and cache folder.
+fn agent_for(name: &str, redis: u16, cache: &std::path::Path) -> crate::util::Agent {
+    crate::util::Agent::start(&format!(
+        "node: {name}\nregion: eu\nredis: {{url: \"redis://127.0.0.1:{redis}\"}}\n\
+         cache: {{dirs: [\"{}\"], levels: \"1:2\"}}\n",
+        cache.display()
+    ))
+}
+
+/// A loopback port nothing listens on.
+fn closed_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+// See: #16 (purge --wait to many agents: all at once, woken by the agents)
+#[test]
+fn wait_hears_every_real_agent_and_names_a_node_whose_redis_is_down() {
+    let redises: Vec<harness::Process> = (0..3).map(|_| harness::redis(&[])).collect();
+    let down = closed_port();
+    let caches: Vec<tempfile::TempDir> = (0..3).map(|_| tempfile::tempdir().unwrap()).collect();
+    let levels = agent::cache::Levels::parse("1:2").unwrap();
+    let key = "$scheme$host$request_uri";
+    let mut files = Vec::new();
+    let mut repo: Vec<(String, String)> = vec![(
+        "sites/a.yaml".into(),
+        "host: a.example.com\norigin: http://192.0.2.1\n".into(),
+    )];
+    for (i, (r, c)) in redises.iter().zip(&caches).enumerate() {
+        let name = format!("edge-{}", i + 1);
+        repo.push((format!("nodes/{name}.yaml"), edge(&name, "eu", r.port, key)));
+        for k in ["httpa.example.com/v/a.mp4", "httpsa.example.com/v/a.mp4"] {
+            files.push(agent::cache::write_cache_file(c.path(), &levels, k, b"body").unwrap());
+        }
+    }
+    repo.push(("nodes/edge-9.yaml".into(), edge("edge-9", "eu", down, key)));
+    let docs: Vec<(&str, &str)> = repo.iter().map(|(p, t)| (p.as_str(), t.as_str())).collect();
+    let f = crate::util::Fixture::with(&docs);
+    let _agents: Vec<_> = redises
+        .iter()
+        .zip(&caches)
+        .enumerate()
+        .map(|(i, (r, c))| agent_for(&format!("edge-{}", i + 1), r.port, c.path()))
+        .collect();
+    let out = edgeform(
+        f.path(),
+        &[
+            "purge",
+            "--site",
+            "a.example.com",
+            "--url",
+            "/v/a.mp4",
+            "--wait",
+            "20",
+        ],
+    );
+    // One node not queued: exit 1, the others still finish and are shown.
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    for name in ["edge-1", "edge-2", "edge-3"] {
+        assert!(
+            stdout(&out).contains(&format!("{name}: 2 file(s) removed")),
+            "{}{}",
+            stdout(&out),
+            stderr(&out)
+        );
+    }
+    assert!(
+        stderr(&out).contains(&format!("edge-9: NOT QUEUED (redis://127.0.0.1:{down})")),
+        "{}",
+        stderr(&out)
+    );
+    assert!(
+        stderr(&out).contains("on 3 node(s): edge-1, edge-2, edge-3"),
+        "{}",
+        stderr(&out)
+    );
+    assert!(!stderr(&out).contains("still pending"), "{}", stderr(&out));
+    assert!(
+        files.iter().all(|p| !p.exists()),
+        "every cached copy removed"
+    );
+}
+
+/// A stand-in worker for edge-1: takes the job, waits `delay`, then
+/// records `value` (and announces it when `announce`).
+fn stand_in(
+    port: u16,
+    delay: std::time::Duration,
+    value: &'static str,
+    announce: bool,
+) -> std::thread::JoinHandle<()> {
+    std::thread::spawn(move || {
+        let mut c = con(port);
+        let job: Option<(String, String)> = redis::cmd("BLPOP")
+            .arg("cdn:purge:eu:edge-1")
+            .arg(10)
+            .query(&mut c)
+            .unwrap();
+        let v: serde_json::Value = serde_json::from_str(&job.unwrap().1).unwrap();
+        let key = format!("cdn:purge:done:{}", v["id"].as_str().unwrap());
+        std::thread::sleep(delay);
+        let mut pipe = redis::pipe();
+        pipe.atomic().cmd("HSET").arg(&key).arg("edge-1").arg(value);
+        if announce {
+            pipe.cmd("PUBLISH").arg(&key).arg("edge-1");
+        }
+        pipe.exec(&mut c).unwrap();
+    })
+}
+
+// See: #16 (the announcement wakes the wait; the slow poll is the fallback)
+#[test]
+fn wait_is_woken_by_the_announcement_and_polls_slowly_without_one() {
+    let (r1, r2) = (harness::redis(&[]), harness::redis(&[]));
+    let f = setup(r1.port, r2.port);
+    let purge = |wait: &str| {
+        edgeform(
+            f.path(),
+            &[
+                "purge",
+                "--site",
+                "a.example.com",
+                "--all",
+                "--node",
+                "edge-1",
+                "--wait",
+                wait,
+            ],
+        )
+    };
+    // Announced 300 ms after the job was taken, with a 1 s deadline: only
+    // the announcement can deliver it in time (the fallback poll comes a
+    // full second after the first read, past the deadline).
+    let worker = stand_in(r1.port, std::time::Duration::from_millis(300), "4", true);
+    let out = purge("1");
+    worker.join().unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert!(
+        stdout(&out).contains("edge-1: 4 file(s) removed"),
+        "{}",
+        stdout(&out)
+    );
+    // The same result without an announcement (an agent older than it):
+    // missed within 1 s, found by the poll with a longer wait.
+    let worker = stand_in(r1.port, std::time::Duration::from_millis(300), "5", false);
+    let out = purge("1");
+    worker.join().unwrap();
+    assert_eq!(out.status.code(), Some(1), "{}", stdout(&out));
+    assert!(
+        stderr(&out).contains("still pending: edge-1"),
+        "{}",
+        stderr(&out)
+    );
+    let worker = stand_in(r1.port, std::time::Duration::from_millis(300), "6", false);
+    let t = std::time::Instant::now();
+    let out = purge("10");
+    worker.join().unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert!(
+        stdout(&out).contains("edge-1: 6 file(s) removed"),
+        "{}",
+        stdout(&out)
+    );
+    assert!(
+        t.elapsed() >= std::time::Duration::from_millis(900),
+        "{:?}",
+        t.elapsed()
+    );
+}
