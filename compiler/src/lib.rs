@@ -67,13 +67,14 @@ impl Checked {
 /// parallel.
 #[must_use]
 pub fn check(repo: &load::Repo) -> Checked {
-    let files: Vec<parse::ParsedFile> = tracing::info_span!("parse")
-        .in_scope(|| repo.sources.par_iter().map(parse::parse_file).collect());
+    // No file keeps its spanned tree (a file with a problem parses again
+    // to locate it) and each typed value is dropped once validated, so the
+    // memory left is the text and the resolved config (#16).
+    let (files, raws): (Vec<parse::ParsedFile>, Vec<Option<parse::Raw>>) =
+        tracing::info_span!("parse")
+            .in_scope(|| repo.sources.par_iter().map(parse::parse_typed).unzip());
     let (config, diagnostics) =
-        tracing::info_span!("validate").in_scope(|| validate::validate(&files));
-    // 100,000 parsed trees take a while to free; the caller needs none of
-    // them, so free them beside the work that follows.
-    workspace::free_later(files);
+        tracing::info_span!("validate").in_scope(|| validate::validate(&files, raws));
     Checked {
         config,
         diagnostics,

@@ -48,12 +48,12 @@ use self::zone::*;
 
 /// Collects the diagnostics of one file.
 struct Ctx<'a> {
-    file: &'a ParsedFile,
+    file: &'a ParsedFile<'a>,
     out: Vec<Diagnostic>,
 }
 
 impl<'a> Ctx<'a> {
-    fn new(file: &'a ParsedFile) -> Self {
+    fn new(file: &'a ParsedFile<'a>) -> Self {
         Ctx {
             file,
             out: Vec::new(),
@@ -92,28 +92,48 @@ fn help(d: &mut Diagnostic, text: impl Into<String>) {
     d.help = Some(text.into());
 }
 
-/// Validate every parsed file together.
+/// Validate every parsed file together. `raws[i]` is the typed content of
+/// `files[i]` (when its shape allowed one); each is dropped as soon as its
+/// resolved value is built, so a large repository never holds both whole.
 #[must_use]
-pub fn validate(files: &[ParsedFile]) -> (Option<Config>, Vec<Diagnostic>) {
+pub fn validate(
+    files: &[ParsedFile<'_>],
+    mut raws: Vec<Option<Raw>>,
+) -> (Option<Config>, Vec<Diagnostic>) {
+    assert_eq!(files.len(), raws.len(), "one typed value slot per file");
     let mut diagnostics: Vec<Diagnostic> = files
         .iter()
         .flat_map(|f| f.diagnostics.iter().cloned())
         .collect();
 
-    // Per-file rules (sites in parallel: there may be 100,000 of them).
-    let cluster = files
-        .iter()
-        .find_map(|f| match &f.raw {
-            Some(Raw::Cluster(raw)) => Some(per_file(f, raw, cluster, &mut diagnostics).0),
-            _ => None,
-        })
-        .unwrap_or_else(cluster_defaults);
-    let sites: Vec<(Site, Vec<Diagnostic>, &ParsedFile)> = files
-        .par_iter()
-        .filter_map(|f| match &f.raw {
+    // The few non-site files first (taken out, so what is left is sites).
+    let mut cluster_raw = None;
+    let mut zone_raws = Vec::new();
+    let mut node_raws = Vec::new();
+    for (i, slot) in raws.iter_mut().enumerate() {
+        match slot {
+            Some(Raw::Cluster(_)) if cluster_raw.is_none() => {
+                cluster_raw = slot.take().map(|r| (i, r))
+            }
+            Some(Raw::Zone(_)) => zone_raws.extend(slot.take().map(|r| (i, r))),
+            Some(Raw::Node(_)) => node_raws.extend(slot.take().map(|r| (i, r))),
+            _ => {}
+        }
+    }
+
+    // Per-file rules (sites in parallel: there may be 1,000,000 of them).
+    let cluster = match &cluster_raw {
+        Some((i, Raw::Cluster(raw))) => per_file(&files[*i], raw, cluster, &mut diagnostics).0,
+        _ => cluster_defaults(),
+    };
+    let sites: Vec<(Site, Vec<Diagnostic>, &ParsedFile)> = raws
+        .into_par_iter()
+        .zip(files.par_iter())
+        .filter_map(|(raw, f)| match raw {
             Some(Raw::Site(raw)) => {
                 let mut ctx = Ctx::new(f);
-                Some((site(&mut ctx, raw), ctx.out, f))
+                // `raw` is dropped here, in the worker.
+                Some((site(&mut ctx, &raw), ctx.out, f))
             }
             _ => None,
         })
@@ -125,17 +145,17 @@ pub fn validate(files: &[ParsedFile]) -> (Option<Config>, Vec<Diagnostic>) {
             (s, f)
         })
         .collect();
-    let zones: Vec<(Zone, &ParsedFile)> = files
+    let zones: Vec<(Zone, &ParsedFile)> = zone_raws
         .iter()
-        .filter_map(|f| match &f.raw {
-            Some(Raw::Zone(raw)) => Some(per_file(f, raw, zone, &mut diagnostics)),
+        .filter_map(|(i, r)| match r {
+            Raw::Zone(raw) => Some(per_file(&files[*i], raw, zone, &mut diagnostics)),
             _ => None,
         })
         .collect();
-    let nodes: Vec<(Node, &ParsedFile)> = files
+    let nodes: Vec<(Node, &ParsedFile)> = node_raws
         .iter()
-        .filter_map(|f| match &f.raw {
-            Some(Raw::Node(raw)) => Some(per_file(f, raw, node, &mut diagnostics)),
+        .filter_map(|(i, r)| match r {
+            Raw::Node(raw) => Some(per_file(&files[*i], raw, node, &mut diagnostics)),
             _ => None,
         })
         .collect();
@@ -160,11 +180,11 @@ pub fn validate(files: &[ParsedFile]) -> (Option<Config>, Vec<Diagnostic>) {
 
 /// Run one per-file rule set, moving its diagnostics into `out`.
 fn per_file<'a, R, T>(
-    file: &'a ParsedFile,
+    file: &'a ParsedFile<'a>,
     raw: &R,
     rule: fn(&mut Ctx<'_>, &R) -> T,
     out: &mut Vec<Diagnostic>,
-) -> (T, &'a ParsedFile) {
+) -> (T, &'a ParsedFile<'a>) {
     let mut ctx = Ctx::new(file);
     let value = rule(&mut ctx, raw);
     out.append(&mut ctx.out);
