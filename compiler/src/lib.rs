@@ -68,13 +68,23 @@ impl Checked {
 #[must_use]
 pub fn check(repo: &load::Repo) -> Checked {
     // No file keeps its spanned tree (a file with a problem parses again
-    // to locate it) and each typed value is dropped once validated, so the
-    // memory left is the text and the resolved config (#16).
-    let (files, raws): (Vec<parse::ParsedFile>, Vec<Option<parse::Raw>>) =
-        tracing::info_span!("parse")
-            .in_scope(|| repo.sources.par_iter().map(parse::parse_typed).unzip());
+    // to locate it) and a site's raw value is dropped as soon as its
+    // per-file rules have resolved it, in the same worker, so what stays
+    // is the text and the resolved config (#16).
+    let (files, early): (Vec<parse::ParsedFile>, Vec<validate::Early>) =
+        tracing::info_span!("parse").in_scope(|| {
+            repo.sources
+                .par_iter()
+                .enumerate()
+                .map(|(i, source)| {
+                    let (file, raw) = parse::parse_typed(source);
+                    let early = validate::early(&file, raw, i);
+                    (file, early)
+                })
+                .unzip()
+        });
     let (config, diagnostics) =
-        tracing::info_span!("validate").in_scope(|| validate::validate(&files, raws));
+        tracing::info_span!("validate").in_scope(|| validate::validate(&files, early));
     Checked {
         config,
         diagnostics,
