@@ -2,6 +2,7 @@
 """Benchmark `edgeform check` against PyYAML/libyaml merely parsing the same files.
 
     python3 bench/check.py [--runs 5] [--regen] [--dir .bench/synthetic]
+    python3 bench/check.py --sites 1000000 --runs 3 [--bin before=PATH --bin after=PATH]
 
 1. `cargo build --release -p compiler` (skip with --no-build);
 2. generates the synthetic repository with bench/gen_repo.py when the folder
@@ -18,6 +19,12 @@
        `yaml.load(f, Loader=yaml.CSafeLoader)` on each; the timer covers
        listing + open + parse, not interpreter start-up or `import yaml`;
 5. prints a markdown table (medians, ratio check/parse, peak RSS, machine).
+
+`--bin NAME=PATH` (repeatable) measures those binaries instead of building
+(each gets its rows; runs interleaved: every binary, then the parse). With
+`--sites` other than 100,000 and no `--dir`, the repository goes to
+`.bench/synthetic-<sites>`; the peak-RSS goal is < 1 GiB up to 100,000
+sites and ≤ 2 GiB above (#16: 1,000,000 sites).
 
 Standard library plus PyYAML (with libyaml) only. Exit status: 0 measured,
 1 build/generation/check failure, 2 with --enforce when a goal is missed.
@@ -42,6 +49,8 @@ GEN = ROOT / "bench" / "gen_repo.py"
 
 GOAL_RATIO = 0.25
 GOAL_RSS_BYTES = 1 << 30
+# #16: 1,000,000 sites in at most 2 GiB.
+GOAL_RSS_BYTES_LARGE = 2 << 30
 
 # Runs a command and reports its wall time, exit code and resource usage.
 # A fresh interpreter per run, so RUSAGE_CHILDREN covers exactly that one
@@ -253,13 +262,16 @@ def mib(kib: float) -> str:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--dir", type=Path, default=ROOT / ".bench" / "synthetic",
-                    help="synthetic repository folder (default .bench/synthetic)")
+    ap.add_argument("--dir", type=Path, default=None,
+                    help="synthetic repository folder (default .bench/synthetic, or "
+                         ".bench/synthetic-<sites> when --sites is not 100000)")
     ap.add_argument("--regen", action="store_true", help="regenerate the repository")
     ap.add_argument("--runs", type=int, default=5, help="measured runs of each side (default 5)")
     ap.add_argument("--no-build", action="store_true", help="skip cargo build --release")
     ap.add_argument("--enforce", action="store_true", help="exit 2 when a goal is missed")
     ap.add_argument("--json", type=Path, help="also write the results as JSON to this file")
+    ap.add_argument("--bin", action="append", default=[], metavar="NAME=PATH",
+                    help="measure this binary (repeatable; implies --no-build)")
     g = ap.add_argument_group("repository size (passed to gen_repo.py)")
     g.add_argument("--seed", type=int, default=1)
     g.add_argument("--sites", type=int, default=100_000)
@@ -269,77 +281,100 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     if args.runs < 1:
         die("--runs must be at least 1")
+    if args.dir is None:
+        name = "synthetic" if args.sites == 100_000 else f"synthetic-{args.sites}"
+        args.dir = ROOT / ".bench" / name
     args.dir = args.dir if args.dir.is_absolute() else Path.cwd() / args.dir
+    bins = []
+    for b in args.bin:
+        name, sep, path = b.partition("=")
+        if not sep or not name or not path:
+            die(f"--bin wants NAME=PATH, got `{b}`", 64)
+        if not Path(path).is_file():
+            die(f"--bin {name}: {path} is not a file")
+        bins.append((name, Path(path)))
 
     import yaml
     if not getattr(yaml, "__with_libyaml__", False):
         die("PyYAML is installed without libyaml (yaml.CSafeLoader is missing)")
 
-    build_s = None if args.no_build else build()
-    # Measure a private copy: a concurrent `cargo build` must not swap the
+    build_s = None if args.no_build or bins else build()
+    if not bins:
+        bins = [("", binary())]
+    # Measure private copies: a concurrent `cargo build` must not swap a
     # binary between runs.
     tmp = Path(tempfile.mkdtemp(prefix="edgeform-bench-"))
-    exe = tmp / "edgeform"
-    shutil.copy2(binary(), exe)
+    exes = []
+    for i, (name, path) in enumerate(bins):
+        exe = tmp / f"edgeform-{i}"
+        shutil.copy2(path, exe)
+        exes.append((name, exe))
     try:
-        return measure(args, exe, build_s)
+        return measure(args, exes, build_s)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def measure(args, exe: Path, build_s: float | None) -> int:
+def measure(args, exes: list[tuple[str, Path]], build_s: float | None) -> int:
     load_start = os.getloadavg()[0]
     if load_start > 0.5:
         print(f"bench: note: load average is {load_start:.2f}; other work on this machine skews the "
               "figures", file=sys.stderr)
     stamp, fresh = ensure_repo(args)
     files, size = repo_size(args.dir)
+    goal_rss = GOAL_RSS_BYTES if stamp["counts"]["sites"] <= 100_000 else GOAL_RSS_BYTES_LARGE
+    goal_rss_text = "< 1 GiB" if goal_rss == GOAL_RSS_BYTES else "≤ 2 GiB"
 
     # Validity first (this is also check's warm-up run, discarded).
-    print("bench: validating (edgeform check)", file=sys.stderr, flush=True)
-    first = run_check(exe, args.dir)
-    counts = summary_counts(first["stderr"])
-    if first["rc"] != 0:
-        sys.stderr.write(first["stderr"])
-        die(f"`edgeform check --repo {args.dir}` exited {first['rc']}: the generated repository is "
-            "invalid (diagnostics above). Fix bench/gen_repo.py, or report an edgeform bug.")
-    warnings = counts[1] if counts else None
-    if warnings:
-        sys.stderr.write(first["stderr"][-20000:])
-        print(f"bench: warning: check reported {warnings} warning(s) (shown above)", file=sys.stderr)
+    warnings = None
+    for name, exe in exes:
+        print(f"bench: validating (edgeform check{' ' + name if name else ''})", file=sys.stderr,
+              flush=True)
+        first = run_check(exe, args.dir)
+        counts = summary_counts(first["stderr"])
+        if first["rc"] != 0:
+            sys.stderr.write(first["stderr"])
+            die(f"`edgeform check --repo {args.dir}` exited {first['rc']}: the generated repository "
+                "is invalid (diagnostics above). Fix bench/gen_repo.py, or report an edgeform bug.")
+        warnings = counts[1] if counts else None
+        if warnings:
+            sys.stderr.write(first["stderr"][-20000:])
+            print(f"bench: warning: check reported {warnings} warning(s) (shown above)",
+                  file=sys.stderr)
 
     print("bench: warm-up parse", file=sys.stderr, flush=True)
     warm_parse = run_parse(args.dir)
     if warm_parse["files"] != files:
         die(f"parser saw {warm_parse['files']} files, expected {files}")
 
-    checks, parses = [], []
+    checks: dict[str, list[dict]] = {name: [] for name, _ in exes}
+    parses = []
     for i in range(args.runs):
-        c = run_check(exe, args.dir)
-        if c["rc"] != 0:
-            sys.stderr.write(c["stderr"])
-            die(f"check exited {c['rc']} on run {i + 1}")
+        done = []
+        for name, exe in exes:
+            c = run_check(exe, args.dir)
+            if c["rc"] != 0:
+                sys.stderr.write(c["stderr"])
+                die(f"check{' ' + name if name else ''} exited {c['rc']} on run {i + 1}")
+            checks[name].append(c)
+            done.append(f"check{' ' + name if name else ''} {c['wall']:.3f} s ({mib(c['maxrss_kib'])})")
         p = run_parse(args.dir)
-        checks.append(c)
         parses.append(p)
-        print(f"bench: run {i + 1}/{args.runs}: check {c['wall']:.3f} s ({mib(c['maxrss_kib'])}), "
-              f"parse {p['wall']:.3f} s", file=sys.stderr, flush=True)
+        print(f"bench: run {i + 1}/{args.runs}: {', '.join(done)}, parse {p['wall']:.3f} s",
+              file=sys.stderr, flush=True)
 
-    check_med = statistics.median(c["wall"] for c in checks)
     parse_med = statistics.median(p["wall"] for p in parses)
-    cpu_med = statistics.median(c["cpu"] for c in checks)
     parse_cpu_med = statistics.median(p["cpu"] for p in parses)
-    rss_kib = max(c["maxrss_kib"] for c in checks)
     parse_rss_kib = max(p["maxrss_kib"] for p in parses)
-    ratio = check_med / parse_med
-    ok_ratio = ratio <= GOAL_RATIO
-    ok_rss = rss_kib * 1024 < GOAL_RSS_BYTES
     m = machine()
-    ver = subprocess.run([str(exe), "--version"], capture_output=True, text=True).stdout.strip()
     c = stamp["counts"]
     gen_s = stamp.get("generate_seconds")
 
     yes, no = "✅", "❌"
+    vers = []
+    for name, exe in exes:
+        ver = subprocess.run([str(exe), "--version"], capture_output=True, text=True).stdout.strip()
+        vers.append(f"{name + ': ' if name else ''}{ver}")
     lines = [
         f"**Repository** (`bench/gen_repo.py`, seed {stamp['params']['seed']}): "
         f"{c['sites']:,} sites (+{c['aliases']:,} aliases), {c['zones']:,} zones × "
@@ -349,42 +384,66 @@ def measure(args, exe: Path, build_s: float | None) -> int:
         "",
         f"**Machine**: {m['cpu']}, nproc {m['nproc']}"
         + (f", {m['mem'] / 2**30:.0f} GiB RAM" if m["mem"] else "")
-        + f", {m['kernel']}; {ver} at `{git_rev()}`; Python {m['python']}, PyYAML {m['pyyaml']}, "
-        f"libyaml {m['libyaml']}; load average {load_start:.2f} before, {os.getloadavg()[0]:.2f} after.",
+        + f", {m['kernel']}; {'; '.join(vers)} (tree `{git_rev()}`); Python {m['python']}, "
+        f"PyYAML {m['pyyaml']}, libyaml {m['libyaml']}; load average {load_start:.2f} before, "
+        f"{os.getloadavg()[0]:.2f} after.",
         "",
         f"Median of {args.runs} runs each (interleaved, after one discarded warm-up; warm page cache).",
         "",
         "| measure | median | min | max | goal |",
         "|---|---:|---:|---:|---|",
-        f"| `edgeform check --repo …` (wall, whole process) | {fmt_s(check_med)} | "
-        f"{fmt_s(min(x['wall'] for x in checks))} | {fmt_s(max(x['wall'] for x in checks))} | |",
-        f"| `edgeform check` CPU time (user + sys) | {fmt_s(cpu_med)} | "
-        f"{fmt_s(min(x['cpu'] for x in checks))} | {fmt_s(max(x['cpu'] for x in checks))} | |",
         f"| PyYAML `CSafeLoader` parse of the same files (wall) | {fmt_s(parse_med)} | "
         f"{fmt_s(min(x['wall'] for x in parses))} | {fmt_s(max(x['wall'] for x in parses))} | |",
         f"| PyYAML parse CPU time (user + sys) | {fmt_s(parse_cpu_med)} | "
         f"{fmt_s(min(x['cpu'] for x in parses))} | {fmt_s(max(x['cpu'] for x in parses))} | |",
-        f"| **ratio check / parse** (wall) | **{ratio:.3f}** | | | ≤ {GOAL_RATIO} {yes if ok_ratio else no} |",
-        f"| ratio check / parse (CPU time) | {cpu_med / parse_cpu_med:.3f} | | | |",
-        f"| **`edgeform check` peak RSS** | **{mib(rss_kib)}** | "
-        f"{mib(min(x['maxrss_kib'] for x in checks))} | {mib(rss_kib)} | < 1 GiB {yes if ok_rss else no} |",
         f"| PyYAML parse process peak RSS | {mib(parse_rss_kib)} | | | |",
-        f"| `edgeform check` warnings | {warnings if warnings is not None else '?'} | | | 0 |",
     ]
+    results = {}
+    all_ok = True
+    for name, _ in exes:
+        runs = checks[name]
+        tag = f" — {name}" if name else ""
+        check_med = statistics.median(x["wall"] for x in runs)
+        cpu_med = statistics.median(x["cpu"] for x in runs)
+        rss_kib = max(x["maxrss_kib"] for x in runs)
+        ratio = check_med / parse_med
+        ok_ratio = ratio <= GOAL_RATIO
+        ok_rss = rss_kib * 1024 <= goal_rss
+        all_ok = all_ok and ok_ratio and ok_rss
+        lines += [
+            f"| `edgeform check --repo …`{tag} (wall, whole process) | {fmt_s(check_med)} | "
+            f"{fmt_s(min(x['wall'] for x in runs))} | {fmt_s(max(x['wall'] for x in runs))} | |",
+            f"| `edgeform check`{tag} CPU time (user + sys) | {fmt_s(cpu_med)} | "
+            f"{fmt_s(min(x['cpu'] for x in runs))} | {fmt_s(max(x['cpu'] for x in runs))} | |",
+            f"| **ratio check / parse**{tag} (wall) | **{ratio:.3f}** | | | ≤ {GOAL_RATIO} "
+            f"{yes if ok_ratio else no} |",
+            f"| ratio check / parse{tag} (CPU time) | {cpu_med / parse_cpu_med:.3f} | | | |",
+            f"| **`edgeform check` peak RSS**{tag} | **{mib(rss_kib)}** | "
+            f"{mib(min(x['maxrss_kib'] for x in runs))} | {mib(rss_kib)} | {goal_rss_text} "
+            f"{yes if ok_rss else no} |",
+        ]
+        results[name or "edgeform"] = {
+            "check": [{k: x[k] for k in ("wall", "cpu", "maxrss_kib")} for x in runs],
+            "check_median_s": check_med, "ratio": ratio, "check_peak_rss_kib": rss_kib,
+        }
+    lines.append(f"| `edgeform check` warnings | {warnings if warnings is not None else '?'} | | | 0 |")
     if build_s is not None:
         lines.append("")
         lines.append(f"(release build step: {build_s:.1f} s)")
     print("\n".join(lines))
 
     if args.json:
+        single = results[next(iter(results))]
         args.json.write_text(json.dumps({
-            "stamp": stamp, "files": files, "bytes": size, "machine": m, "edgeform": ver, "git": git_rev(),
-            "check": [{k: x[k] for k in ("wall", "cpu", "maxrss_kib")} for x in checks],
+            "stamp": stamp, "files": files, "bytes": size, "machine": m, "edgeform": vers,
+            "git": git_rev(), "binaries": results,
+            "check": single["check"],
             "parse": [{k: x[k] for k in ("wall", "cpu", "maxrss_kib")} for x in parses],
-            "check_median_s": check_med, "parse_median_s": parse_med, "ratio": ratio,
-            "check_peak_rss_kib": rss_kib, "warnings": warnings, "loadavg_start": load_start,
+            "check_median_s": single["check_median_s"], "parse_median_s": parse_med,
+            "ratio": single["ratio"], "check_peak_rss_kib": single["check_peak_rss_kib"],
+            "warnings": warnings, "loadavg_start": load_start,
         }, indent=2) + "\n")
-    if args.enforce and not (ok_ratio and ok_rss):
+    if args.enforce and not all_ok:
         return 2
     return 0
 

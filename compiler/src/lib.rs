@@ -67,13 +67,24 @@ impl Checked {
 /// parallel.
 #[must_use]
 pub fn check(repo: &load::Repo) -> Checked {
-    let files: Vec<parse::ParsedFile> = tracing::info_span!("parse")
-        .in_scope(|| repo.sources.par_iter().map(parse::parse_file).collect());
+    // No file keeps its spanned tree (a file with a problem parses again
+    // to locate it) and a site's raw value is dropped as soon as its
+    // per-file rules have resolved it, in the same worker, so what stays
+    // is the text and the resolved config (#16).
+    let (files, early): (Vec<parse::ParsedFile>, Vec<validate::Early>) =
+        tracing::info_span!("parse").in_scope(|| {
+            repo.sources
+                .par_iter()
+                .enumerate()
+                .map(|(i, source)| {
+                    let (file, raw) = parse::parse_typed(source);
+                    let early = validate::early(&file, raw, i);
+                    (file, early)
+                })
+                .unzip()
+        });
     let (config, diagnostics) =
-        tracing::info_span!("validate").in_scope(|| validate::validate(&files));
-    // 100,000 parsed trees take a while to free; the caller needs none of
-    // them, so free them beside the work that follows.
-    workspace::free_later(files);
+        tracing::info_span!("validate").in_scope(|| validate::validate(&files, early));
     Checked {
         config,
         diagnostics,

@@ -5,7 +5,7 @@
 //! offending key or value. Files are independent, so callers run this in
 //! parallel.
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use jsonschema::error::{TypeKind, ValidationErrorKind};
 use serde_json::Value as Json;
@@ -26,24 +26,43 @@ pub enum Raw {
 }
 
 /// The outcome for one file.
+///
+/// The spanned tree is not kept: on a large repository the trees of every
+/// file would take ~16× the YAML's size (#16), and only the files with a
+/// problem need one. [`ParsedFile::locate`] parses the file's text again,
+/// once, the first time a position is asked for (a file that already had a
+/// diagnostic while parsing keeps the tree it was parsed into). The text is
+/// the same, so the tree and every span are the same as the first parse's.
 #[derive(Debug)]
-pub struct ParsedFile {
+pub struct ParsedFile<'a> {
     pub kind: Kind,
     pub path: Arc<str>,
-    /// The spanned tree, for locating semantic problems later.
-    pub tree: Option<Node>,
-    /// The typed content, when the file passed its schema.
-    pub raw: Option<Raw>,
+    /// The file's text (`None`: unreadable), for the lazy tree.
+    text: Option<&'a str>,
+    /// The spanned tree, built on demand (`None` inside: no tree, i.e. the
+    /// file is unreadable, empty, or not YAML).
+    tree: OnceLock<Option<Box<Node>>>,
     pub diagnostics: Vec<Diagnostic>,
 }
 
-impl ParsedFile {
+impl ParsedFile<'_> {
+    /// The spanned tree of the file, parsed again on the first call.
+    #[must_use]
+    pub fn tree(&self) -> Option<&Node> {
+        self.tree
+            .get_or_init(|| {
+                self.text
+                    .and_then(|t| yaml::parse(t).ok().flatten())
+                    .map(Box::new)
+            })
+            .as_deref()
+    }
+
     /// The span of the value at a JSON pointer (the file's start when the
     /// tree is missing).
     #[must_use]
     pub fn locate(&self, pointer: &str) -> yaml::Span {
-        self.tree
-            .as_ref()
+        self.tree()
             .map_or_else(yaml::Span::default, |t| t.locate(pointer))
     }
 }
@@ -66,35 +85,52 @@ fn file_start() -> yaml::Span {
     }
 }
 
-/// Parse and schema-check one file.
+/// Parse and schema-check one file: its diagnostics (see [`parse_typed`]
+/// for its typed content too).
 #[must_use]
-pub fn parse_file(source: &Source) -> ParsedFile {
+pub fn parse_file(source: &Source) -> ParsedFile<'_> {
+    parse_typed(source).0
+}
+
+/// Parse and schema-check one file: the file (diagnostics, lazy tree) and
+/// its typed content when its shape allows. The tree is dropped before
+/// returning unless the file already has a diagnostic (see
+/// [`ParsedFile`]).
+#[must_use]
+pub fn parse_typed(source: &Source) -> (ParsedFile<'_>, Option<Raw>) {
     let mut out = ParsedFile {
         kind: source.kind,
         path: source.path.clone(),
-        tree: None,
-        raw: None,
+        text: source.text.as_deref().ok(),
+        tree: OnceLock::new(),
         diagnostics: Vec::new(),
     };
+    let raw = parse_into(source, &mut out);
+    (out, raw)
+}
+
+fn parse_into(source: &Source, out: &mut ParsedFile<'_>) -> Option<Raw> {
     let text = match &source.text {
         Ok(text) => text,
         Err(why) => {
+            let _ = out.tree.set(None);
             out.diagnostics.push(Diagnostic::error(
                 why.code(),
                 &out.path,
                 file_start(),
                 format!("cannot read this file: {why}"),
             ));
-            return out;
+            return None;
         }
     };
     let tree = match yaml::parse(text) {
         Ok(Some(tree)) => tree,
         Ok(None) if source.kind == Kind::Cluster => {
-            out.raw = Some(Raw::Cluster(raw::Cluster::default()));
-            return out;
+            let _ = out.tree.set(None);
+            return Some(Raw::Cluster(raw::Cluster::default()));
         }
         Ok(None) => {
+            let _ = out.tree.set(None);
             out.diagnostics.push(
                 Diagnostic::error(
                     "empty-file",
@@ -104,23 +140,25 @@ pub fn parse_file(source: &Source) -> ParsedFile {
                 )
                 .with_help(required_help(source.kind)),
             );
-            return out;
+            return None;
         }
         Err(e) => {
+            let _ = out.tree.set(None);
             out.diagnostics.push(Diagnostic::error(
                 e.kind.code(),
                 &out.path,
                 e.span,
                 e.message,
             ));
-            return out;
+            return None;
         }
     };
     let json = tree.to_json();
     let validator = schema::validator(source.kind);
+    let mut typed = None;
     if validator.is_valid(&json) {
         match deserialize(source.kind, json) {
-            Ok(raw) => out.raw = Some(raw),
+            Ok(raw) => typed = Some(raw),
             Err(e) => out.diagnostics.push(Diagnostic::error(
                 "invalid-value",
                 &out.path,
@@ -133,9 +171,7 @@ pub fn parse_file(source: &Source) -> ParsedFile {
         // report their problems in the same run (a bad host pattern should
         // not hide a bad origin). Values the schema refused but serde took
         // are then checked again; `diagnostic::sort` keeps one per place.
-        if let Ok(raw) = deserialize(source.kind, json.clone()) {
-            out.raw = Some(raw);
-        }
+        typed = deserialize(source.kind, json.clone()).ok();
         for error in validator.iter_errors(&json) {
             out.diagnostics.push(schema_diagnostic(
                 source.kind,
@@ -147,8 +183,11 @@ pub fn parse_file(source: &Source) -> ParsedFile {
             ));
         }
     }
-    out.tree = Some(tree);
-    out
+    if !out.diagnostics.is_empty() {
+        // Its semantic problems will be located in it too.
+        let _ = out.tree.set(Some(Box::new(tree)));
+    }
+    typed
 }
 
 fn required_help(kind: Kind) -> &'static str {

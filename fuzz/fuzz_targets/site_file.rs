@@ -20,16 +20,16 @@ fuzz_target!(|data: &[u8]| {
             path,
             text: text.clone(),
         };
-        let parsed = parse_file(&source);
         let repo = Repo {
             sources: vec![source],
             commit: None,
         };
+        let parsed = parse_file(&repo.sources[0]);
         edgeform_fuzz::assert_spans(&parsed.diagnostics, &repo);
         let _ = report::diagnostics_human(&parsed.diagnostics, &repo, false);
         let _ = report::diagnostics_json(&parsed.diagnostics);
         let _ = report::diagnostics_github(&parsed.diagnostics, "");
-        if let Some(tree) = &parsed.tree {
+        if let Some(tree) = parsed.tree() {
             let _ = tree.to_json();
         }
     }

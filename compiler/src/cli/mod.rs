@@ -19,6 +19,7 @@ pub mod audit;
 pub mod explain;
 pub mod install;
 pub mod keygen;
+mod memory;
 pub mod mqtt;
 pub mod ops;
 pub mod purge;
@@ -428,9 +429,20 @@ fn init_tracing() {
         .with_span_events(spans)
         .with_writer(std::io::stderr)
         .with_target(false);
+    // EDGEFORM_MEMORY: resident memory and its peak as each span closes.
+    let memory = std::env::var_os("EDGEFORM_MEMORY")
+        .is_some()
+        .then_some(memory::Memory);
+    use tracing_subscriber::layer::SubscriberExt;
+    use tracing_subscriber::util::SubscriberInitExt;
     let _ = match LOG_FORMAT.get().copied().unwrap_or_default() {
-        LogFormat::Text => builder.with_ansi(color()).try_init(),
-        LogFormat::Json => builder.json().with_ansi(false).try_init(),
+        LogFormat::Text => builder.with_ansi(color()).finish().with(memory).try_init(),
+        LogFormat::Json => builder
+            .json()
+            .with_ansi(false)
+            .finish()
+            .with(memory)
+            .try_init(),
     };
 }
 
@@ -459,7 +471,9 @@ pub fn main() -> ExitCode {
         }
     };
     let _ = LOG_FORMAT.set(cli.log_format);
-    if std::env::var_os("EDGEFORM_TIMING").is_some() {
+    if std::env::var_os("EDGEFORM_TIMING").is_some()
+        || std::env::var_os("EDGEFORM_MEMORY").is_some()
+    {
         init_tracing();
     }
     match run(&cli) {

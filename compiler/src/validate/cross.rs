@@ -8,16 +8,21 @@ pub(super) fn located(file: &ParsedFile, pointer: &str) -> String {
 }
 
 pub(super) fn unique_hosts(sites: &[(Site, &ParsedFile)], out: &mut Vec<Diagnostic>) {
-    let mut seen: HashMap<&str, (&ParsedFile, String)> = HashMap::with_capacity(sites.len());
+    // Where a name was first seen: the file and `None` for `host`, `Some(i)`
+    // for `aliases[i]` (the pointer is only written out for a duplicate).
+    let names = sites.iter().map(|(s, _)| 1 + s.aliases.len()).sum();
+    let mut seen: HashMap<&str, (&ParsedFile, Option<usize>)> = HashMap::with_capacity(names);
+    let pointer =
+        |at: Option<usize>| at.map_or_else(|| "/host".to_owned(), |i| format!("/aliases/{i}"));
     for (site, file) in sites {
-        let names = std::iter::once(("/host".to_owned(), site.host.as_str())).chain(
+        let names = std::iter::once((None, site.host.as_str())).chain(
             site.aliases
                 .iter()
                 .enumerate()
-                .map(|(i, a)| (format!("/aliases/{i}"), a.as_str())),
+                .map(|(i, a)| (Some(i), a.as_str())),
         );
-        for (pointer, name) in names {
-            if let Some((first, first_pointer)) = seen.get(name) {
+        for (at, name) in names {
+            if let Some((first, first_at)) = seen.get(name) {
                 if std::ptr::eq(*first, *file) {
                     continue; // reported by the per-file rule
                 }
@@ -25,16 +30,16 @@ pub(super) fn unique_hosts(sites: &[(Site, &ParsedFile)], out: &mut Vec<Diagnost
                     Diagnostic::error(
                         "duplicate-host",
                         &file.path,
-                        file.locate(&pointer),
+                        file.locate(&pointer(at)),
                         format!(
                             "host `{name}` is already served by {}",
-                            located(first, first_pointer)
+                            located(first, &pointer(*first_at))
                         ),
                     )
                     .with_help("a hostname (host or alias) may belong to one site only"),
                 );
             } else {
-                seen.insert(name, (file, pointer));
+                seen.insert(name, (file, at));
             }
         }
     }

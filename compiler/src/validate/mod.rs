@@ -17,7 +17,6 @@ use std::net::IpAddr;
 use edgestate::routing::{Bucket, GeoSettings, Location};
 use edgestate::site::{CacheRule, EdgeRule, SiteDoc};
 use ipnet::IpNet;
-use rayon::prelude::*;
 
 use crate::country;
 use crate::diagnostic::Diagnostic;
@@ -48,12 +47,12 @@ use self::zone::*;
 
 /// Collects the diagnostics of one file.
 struct Ctx<'a> {
-    file: &'a ParsedFile,
+    file: &'a ParsedFile<'a>,
     out: Vec<Diagnostic>,
 }
 
 impl<'a> Ctx<'a> {
-    fn new(file: &'a ParsedFile) -> Self {
+    fn new(file: &'a ParsedFile<'a>) -> Self {
         Ctx {
             file,
             out: Vec::new(),
@@ -92,52 +91,97 @@ fn help(d: &mut Diagnostic, text: impl Into<String>) {
     d.help = Some(text.into());
 }
 
-/// Validate every parsed file together.
+/// A file's typed content after the rules that need that file alone. A
+/// site is resolved right away (all its rules are per-file), so its raw
+/// value is dropped in the worker that parsed it and the raw values of a
+/// large repository are never all held at once (#16). Cluster, zone and
+/// node files wait for [`validate`].
+#[derive(Debug)]
+// Large on purpose: a repository is nearly all sites, and this list's
+// allocation is reused in place for the sites' list.
+#[allow(clippy::large_enum_variant)]
+pub enum Early {
+    /// No typed content (the file's shape is wrong, or it is unreadable).
+    Nothing,
+    /// A cluster, zone or node file (boxed: the list's slots are
+    /// site-sized, and become the sites' list in place).
+    Raw(Box<Raw>),
+    /// The resolved site, its diagnostics, and the file's index.
+    Site(Site, Vec<Diagnostic>, usize),
+}
+
+/// The per-file rules of file `index` that need nothing else (see
+/// [`Early`]).
 #[must_use]
-pub fn validate(files: &[ParsedFile]) -> (Option<Config>, Vec<Diagnostic>) {
+pub fn early(file: &ParsedFile<'_>, raw: Option<Raw>, index: usize) -> Early {
+    match raw {
+        Some(Raw::Site(raw)) => {
+            let mut ctx = Ctx::new(file);
+            let site = site(&mut ctx, &raw);
+            Early::Site(site, ctx.out, index)
+        }
+        Some(other) => Early::Raw(Box::new(other)),
+        None => Early::Nothing,
+    }
+}
+
+/// Validate every parsed file together. `early[i]` is what [`early`] made
+/// of `files[i]`.
+#[must_use]
+pub fn validate(
+    files: &[ParsedFile<'_>],
+    mut early: Vec<Early>,
+) -> (Option<Config>, Vec<Diagnostic>) {
+    assert_eq!(files.len(), early.len(), "one typed value slot per file");
     let mut diagnostics: Vec<Diagnostic> = files
         .iter()
         .flat_map(|f| f.diagnostics.iter().cloned())
         .collect();
 
-    // Per-file rules (sites in parallel: there may be 100,000 of them).
-    let cluster = files
-        .iter()
-        .find_map(|f| match &f.raw {
-            Some(Raw::Cluster(raw)) => Some(per_file(f, raw, cluster, &mut diagnostics).0),
-            _ => None,
-        })
-        .unwrap_or_else(cluster_defaults);
-    let sites: Vec<(Site, Vec<Diagnostic>, &ParsedFile)> = files
-        .par_iter()
-        .filter_map(|f| match &f.raw {
-            Some(Raw::Site(raw)) => {
-                let mut ctx = Ctx::new(f);
-                Some((site(&mut ctx, raw), ctx.out, f))
+    // The few non-site files are taken out first; what is left is sites.
+    let mut cluster_raw = None;
+    let mut zone_raws = Vec::new();
+    let mut node_raws = Vec::new();
+    for (i, slot) in early.iter_mut().enumerate() {
+        let Early::Raw(raw) = slot else { continue };
+        match **raw {
+            Raw::Cluster(_) if cluster_raw.is_some() => continue,
+            Raw::Site(_) => continue,
+            _ => {}
+        }
+        let Early::Raw(raw) = std::mem::replace(slot, Early::Nothing) else {
+            unreachable!("matched above")
+        };
+        match *raw {
+            Raw::Cluster(c) => cluster_raw = Some((i, c)),
+            Raw::Zone(z) => zone_raws.push((i, z)),
+            Raw::Node(n) => node_raws.push((i, n)),
+            Raw::Site(_) => unreachable!("skipped above"),
+        }
+    }
+
+    let cluster = match &cluster_raw {
+        Some((i, raw)) => per_file(&files[*i], raw, cluster, &mut diagnostics).0,
+        None => cluster_defaults(),
+    };
+    // Sites were resolved by `early`; moved out in place (no second list).
+    let sites: Vec<(Site, &ParsedFile)> = early
+        .into_iter()
+        .filter_map(|e| match e {
+            Early::Site(site, mut d, i) => {
+                diagnostics.append(&mut d);
+                Some((site, &files[i]))
             }
             _ => None,
         })
         .collect();
-    let sites: Vec<(Site, &ParsedFile)> = sites
-        .into_iter()
-        .map(|(s, mut d, f)| {
-            diagnostics.append(&mut d);
-            (s, f)
-        })
-        .collect();
-    let zones: Vec<(Zone, &ParsedFile)> = files
+    let zones: Vec<(Zone, &ParsedFile)> = zone_raws
         .iter()
-        .filter_map(|f| match &f.raw {
-            Some(Raw::Zone(raw)) => Some(per_file(f, raw, zone, &mut diagnostics)),
-            _ => None,
-        })
+        .map(|(i, raw)| per_file(&files[*i], raw, zone, &mut diagnostics))
         .collect();
-    let nodes: Vec<(Node, &ParsedFile)> = files
+    let nodes: Vec<(Node, &ParsedFile)> = node_raws
         .iter()
-        .filter_map(|f| match &f.raw {
-            Some(Raw::Node(raw)) => Some(per_file(f, raw, node, &mut diagnostics)),
-            _ => None,
-        })
+        .map(|(i, raw)| per_file(&files[*i], raw, node, &mut diagnostics))
         .collect();
 
     // Cross-file rules. Files with per-file errors take part too, so one
@@ -160,11 +204,11 @@ pub fn validate(files: &[ParsedFile]) -> (Option<Config>, Vec<Diagnostic>) {
 
 /// Run one per-file rule set, moving its diagnostics into `out`.
 fn per_file<'a, R, T>(
-    file: &'a ParsedFile,
+    file: &'a ParsedFile<'a>,
     raw: &R,
     rule: fn(&mut Ctx<'_>, &R) -> T,
     out: &mut Vec<Diagnostic>,
-) -> (T, &'a ParsedFile) {
+) -> (T, &'a ParsedFile<'a>) {
     let mut ctx = Ctx::new(file);
     let value = rule(&mut ctx, raw);
     out.append(&mut ctx.out);
