@@ -111,10 +111,16 @@ impl Seen {
 struct Target {
     connection: tokio::sync::Mutex<Option<MultiplexedConnection>>,
     seen: Arc<Mutex<Seen>>,
-    /// `commit NUL desired digest` the last heal left the target at.
-    verified: Mutex<Option<String>>,
+    progress: Mutex<Progress>,
+}
+
+/// What the heals of one target got to.
+#[derive(Default)]
+struct Progress {
     /// Heals begun on this target.
-    heals: Mutex<u64>,
+    heals: u64,
+    /// `commit NUL desired digest` the last heal left the target at.
+    verified: Option<String>,
 }
 
 /// Whether `node`'s heal number `heals` is its periodic full comparison:
@@ -138,12 +144,11 @@ pub struct Tracker {
 
 /// A heal begun on a tracked target: what to compare, and what the
 /// tracking itself cost.
-#[derive(Debug)]
 pub struct Begun {
     pub scope: Scope,
     /// Bytes read by the tracking (the `PING` reply).
     pub bytes: usize,
-    node: String,
+    target: Arc<Target>,
 }
 
 impl Tracker {
@@ -188,19 +193,20 @@ impl Tracker {
         }
         let con = slot.as_mut().expect("just set");
         // The barrier: every push queued before this reply has arrived.
-        let pong: Result<String, _> = redis::cmd("PING").query_async(con).await;
-        if let Err(e) = pong {
-            *slot = None;
-            target.seen.lock().expect("seen lock").everything =
-                Some("the tracking connection failed");
-            return Err(e).context("PING on the tracking connection");
-        }
-        let heals = {
-            let mut h = target.heals.lock().expect("heals lock");
-            *h += 1;
-            *h
+        let pong: redis::Value = match redis::cmd("PING").query_async(con).await {
+            Ok(pong) => pong,
+            Err(e) => {
+                *slot = None;
+                target.seen.lock().expect("seen lock").everything =
+                    Some("the tracking connection failed");
+                return Err(e).context("PING on the tracking connection");
+            }
         };
-        let same = target.verified.lock().expect("verified lock").as_deref() == Some(verified);
+        let (heals, same) = {
+            let mut p = target.progress.lock().expect("progress lock");
+            p.heals += 1;
+            (p.heals, p.verified.as_deref() == Some(verified))
+        };
         let mut seen = target.seen.lock().expect("seen lock");
         let dirty = std::mem::take(&mut seen.dirty);
         let scope = if let Some(why) = seen.everything.take() {
@@ -214,10 +220,12 @@ impl Tracker {
         } else {
             Scope::Keys(dirty.into_iter().collect())
         };
+        drop(seen);
+        drop(slot);
         Ok(Begun {
             scope,
-            bytes: 7,
-            node: node.name.clone(),
+            bytes: super::heal::resp_len(&pong),
+            target,
         })
     }
 
@@ -264,12 +272,12 @@ impl Tracker {
     /// at the desired state (no drift, or drift repaired), at `verified`.
     /// Otherwise the next heal compares everything.
     pub fn end(&self, begun: &Begun, healthy: bool, verified: &str) {
-        let target = self.target(&begun.node);
-        let mut v = target.verified.lock().expect("verified lock");
+        let target = &begun.target;
+        let mut p = target.progress.lock().expect("progress lock");
         if healthy {
-            *v = Some(verified.to_owned());
+            p.verified = Some(verified.to_owned());
         } else {
-            *v = None;
+            p.verified = None;
             // The keys taken by `begin` were not all checked.
             target.seen.lock().expect("seen lock").everything = Some("the last heal failed");
         }
