@@ -27,8 +27,9 @@ fn get(port: u16, key: &str) -> Option<String> {
     redis::cmd("GET").arg(key).query(&mut con(port)).unwrap()
 }
 
-/// A repo of 300 sites on one edge at `port`, applied.
-fn applied(port: u16) -> Fixture {
+/// One edge at `port` and `sites` sites (`s00000.example.com`, …), not
+/// committed.
+fn repo(port: u16, sites: usize) -> Fixture {
     let f = Fixture::empty();
     f.write(
         "nodes/edge-1.yaml",
@@ -38,15 +39,26 @@ fn applied(port: u16) -> Fixture {
         )
         .as_bytes(),
     );
-    for i in 0..300 {
+    for i in 0..sites {
         f.write(
             &format!("sites/s{i:05}.yaml"),
             format!("host: s{i:05}.example.com\norigin: http://192.0.2.1\n").as_bytes(),
         );
     }
+    f
+}
+
+/// Commit the sites and apply them.
+fn commit_and_apply(f: &Fixture) {
     f.commit("sites");
     let out = edgeform(f.path(), &["apply", "--yes"]);
     assert_eq!(out.status.code(), Some(0), "{}", stdout(&out));
+}
+
+/// A repo of 300 sites on one edge at `port`, applied.
+fn applied(port: u16) -> Fixture {
+    let f = repo(port, 300);
+    commit_and_apply(&f);
     f
 }
 
@@ -524,21 +536,7 @@ const LISTPACK: &str = "hash-max-listpack-entries 128";
 /// listpack, which HSCAN returns whole). Returns the fixture,
 /// the big bucket's key and its sites' keys.
 fn applied_big_bucket(port: u16) -> (Fixture, String, Vec<String>) {
-    let f = Fixture::empty();
-    f.write(
-        "nodes/edge-1.yaml",
-        format!(
-            "name: edge-1\nroles: [edge]\nregion: eu\nlocation: {{lat: 52.0, lon: 4.0}}\n\
-             redis: {{url: \"redis://127.0.0.1:{port}\"}}\n"
-        )
-        .as_bytes(),
-    );
-    for i in 0..100 {
-        f.write(
-            &format!("sites/s{i:05}.yaml"),
-            format!("host: s{i:05}.example.com\norigin: http://192.0.2.1\n").as_bytes(),
-        );
-    }
+    let f = repo(port, 100);
     let target = edgestate::keys::bucket(b"site:b00000.example.com");
     let mut big = Vec::new();
     for i in 0.. {
@@ -556,9 +554,7 @@ fn applied_big_bucket(port: u16) -> (Fixture, String, Vec<String>) {
             break;
         }
     }
-    f.commit("sites");
-    let out = edgeform(f.path(), &["apply", "--yes"]);
-    assert_eq!(out.status.code(), Some(0), "{}", stdout(&out));
+    commit_and_apply(&f);
     let bucket = format!("edgeform:manifest:{target:02x}");
     let encoding: String = redis::cmd("OBJECT")
         .arg("ENCODING")
