@@ -179,7 +179,7 @@ def after(r: Redis, sha: str, budget: int) -> tuple[list[float], int, int, int]:
     b, cursor, carry, carried = 0, b"0", "0" * 32, 0
     while b < 256:
         t = time.perf_counter()
-        reply = r.call("EVALSHA", sha, 0, PREFIX, INDEX, budget, b, cursor, carry, carried)
+        reply = r.call("EVALSHA", sha, 0, PREFIX, INDEX, budget, b, cursor, carry, carried, 256)
         trips.append(time.perf_counter() - t)
         missing, changed, bad, digest, count, b, cursor, running, carried, done = reply
         assert not (missing or changed or bad), (b, missing, changed, bad)
@@ -228,7 +228,7 @@ def callgrind(keys: int, old: str, new: str, budgets: list[int]) -> None:
             def walk():
                 b, cursor, carry, carried = 0, b"0", "0" * 32, 0
                 while b == 0:
-                    reply = r.call("EVALSHA", sha, 0, PREFIX, INDEX, budget, b, cursor, carry, carried)
+                    reply = r.call("EVALSHA", sha, 0, PREFIX, INDEX, budget, b, cursor, carry, carried, 256)
                     assert not reply[2], reply[2]
                     b, cursor, carry, carried = reply[5], reply[6], reply[7].decode(), reply[8]
                     calls.append(reply[9])

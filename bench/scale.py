@@ -42,6 +42,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from push import Redis, generate  # noqa: E402
 
 EDGEFORM = ROOT / "target" / "release" / "edgeform"
+PARALLEL = 16  # edgeform's --parallel default: targets worked on at once
+ALL_EDGES, BUSIEST = "heal: all edges' Redis CPU", "heal: busiest edge's Redis CPU"
 
 
 def write_nodes(repo: Path, servers):
@@ -90,8 +92,13 @@ def measure(binary: Path, repo: Path, servers, runs: int, full_runs: int):
     probe.cli("CONFIG", "SET", "slowlog-log-slower-than", "0")
     probe.cli("CONFIG", "SET", "slowlog-max-len", "100000")
     probe.cli("SLOWLOG", "RESET")
+    edges_cpu, busiest = [], []
     for _ in range(runs):
+        before = [s.cpu() for s in servers]
         dt, r = run(ef + ["reconcile", "--once", "heal"])
+        spent = [s.cpu() - b for s, b in zip(servers, before)]
+        edges_cpu.append(sum(spent))
+        busiest.append(max(spent))
         heal.append(dt)
         if "heal: no drift" not in r.stderr or "drift repaired" in r.stderr:
             raise SystemExit(f"the no-op heal found drift:\n{r.stderr[-2000:]}")
@@ -102,6 +109,15 @@ def measure(binary: Path, repo: Path, servers, runs: int, full_runs: int):
     probe.cli("SLOWLOG", "RESET")
     out["no-op heal"] = heal
     heal_cpu = statistics.median(CHILD_CPU[-runs:])
+    # Where the one-shot heal's time goes: it hashes every value inside each
+    # edge's Redis, and here all N servers share this machine's cores.
+    out["heal: edgeform CPU"] = CHILD_CPU[-runs:]
+    out[ALL_EDGES] = edges_cpu
+    out[BUSIEST] = busiest
+    # The same heal of one edge alone (the machine's cores to itself): what one
+    # wave of --parallel targets costs when each edge has its own CPU.
+    out["heal: one edge alone"] = [run(ef + ["reconcile", "--once", "heal", "--node", "edge-1"])[0]
+                                   for _ in range(runs)]
     # The reconcile daemon does these runs: a heal every 5 min, a sync every 15 min;
     # its average CPU (control host only, a no-op cluster) is about this share of a core.
     out["daemon CPU %"] = [100 * (heal_cpu / 300 + sync_cpu / 900)]
@@ -237,6 +253,20 @@ def main() -> int:
         print(f"| {n} | {label} | {m['check']:.2f} s | {m['full apply']:.2f} s | {m['no-op plan']:.2f} s "
               f"| {m['no-op sync']:.2f} s | {m['no-op heal']:.2f} s | {b} | {s} "
               f"| {m['one-site change apply']:.2f} s | {m['daemon CPU %']:.2f} % | {load:.1f} |")
+    print(f"\n`reconcile --once heal` (compares every value), where the time goes: the CPU "
+          f"of edgeform and of the N edges' redis-servers during the heal, the heal of one edge "
+          f"alone, and what N edges with a CPU each would take: check + ceil(N / {PARALLEL}) waves "
+          f"(`--parallel` default) x (one edge alone - check)\n")
+    print("| edges | binary | wall | edgeform CPU | all edges' Redis CPU | busiest edge's Redis CPU "
+          "| one edge alone | modelled, one CPU per edge |")
+    print("|---:|---|---:|---:|---:|---:|---:|---:|")
+    for n, label, t, _, _, _ in rows:
+        m = {k: statistics.median(v) for k, v in t.items()}
+        waves = -(-n // PARALLEL)
+        model = m["check"] + waves * max(0.0, m["heal: one edge alone"] - m["check"])
+        print(f"| {n} | {label} | {m['no-op heal']:.2f} s | {m['heal: edgeform CPU']:.2f} s "
+              f"| {m[ALL_EDGES]:.2f} s | {m[BUSIEST]:.2f} s "
+              f"| {m['heal: one edge alone']:.2f} s | {model:.2f} s |")
     if daemons:
         print(f"\nThe reconcile daemon for {a.daemon:g} s, periods {a.speedup:g}x shorter "
               f"(heal every {300 / a.speedup:g} s, sync every {900 / a.speedup:g} s, "

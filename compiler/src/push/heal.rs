@@ -16,6 +16,8 @@
 //! compared from here and the manifest rewritten.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use anyhow::{Context, Result};
 use edgestate::keys;
@@ -107,8 +109,13 @@ pub struct Healed {
     pub bytes: usize,
     /// Server-side comparison calls (EVALSHA) made.
     pub calls: usize,
-    /// The slowest of those calls, round trip included.
+    /// The slowest of those calls, round trip included (and the wait
+    /// behind the calls of the other chains on the same connection).
     pub slowest_call: std::time::Duration,
+    /// The longest chain of those calls, made one after another: the
+    /// round trips the heal waits for in turn (the calls run in chains
+    /// at once, [`CHAINS`]).
+    pub rounds: usize,
     /// What was compared, for the log: everything, or (the daemon's
     /// tracked heal) only the keys written since the last heal.
     #[serde(skip)]
@@ -127,7 +134,8 @@ pub struct Healed {
 
 /// Compares the values the manifest names with their hashes inside Redis,
 /// for at most ARGV[3] manifest entries (a bounded chunk), resuming the
-/// walk over the 256 buckets at bucket ARGV[4], HSCAN cursor ARGV[5]
+/// walk over buckets ARGV[4] up to (not including) ARGV[8] at bucket
+/// ARGV[4], HSCAN cursor ARGV[5]
 /// (`0`: the bucket's start), with ARGV[6]/ARGV[7] the digest (hex) and
 /// entry count of the part of that bucket earlier calls covered. A bucket
 /// bigger than the budget is so split across calls (#16: at 1M sites a
@@ -155,11 +163,12 @@ pub struct Healed {
 const COMPARE: &str = r"
 local prefix, index, budget = ARGV[1], ARGV[2], tonumber(ARGV[3])
 local b, cursor, carry, yn = tonumber(ARGV[4]), ARGV[5], ARGV[6], tonumber(ARGV[7])
+local stop = tonumber(ARGV[8])
 local call, sha1, sub, num, bxor, hex, fmt = redis.call, redis.sha1hex, string.sub, tonumber, bit.bxor, bit.tohex, string.format
 local missing, changed, bad = {}, {}, {}
 local y1, y2, y3, y4 = num(sub(carry, 1, 8), 16), num(sub(carry, 9, 16), 16), num(sub(carry, 17, 24), 16), num(sub(carry, 25, 32), 16)
 local x1, x2, x3, x4, n, done, steps = 0, 0, 0, 0, 0, 0, 0
-while b < 256 and steps < 256 do
+while b < stop and steps < 256 do
   local bb = fmt('%02x', b)
   local key = prefix .. bb
   local want
@@ -564,66 +573,64 @@ async fn compare_in_redis(
     desired: &Desired,
     healed: &mut Healed,
 ) -> Result<Option<(Vec<Drift>, Repair)>> {
-    let compare = redis::Script::new(COMPARE);
     let budget = per_call();
-    let summary = desired.summary();
-    let prefix = format!("{}:", keys::MANIFEST);
-    let mut missing: Vec<Vec<u8>> = Vec::new();
-    let mut changed: Vec<Vec<u8>> = Vec::new();
-    let mut all = 0u128;
-    let mut entries = 0usize;
-    // Where the walk resumes: bucket, HSCAN cursor, the running digest
-    // and count of the part of that bucket already covered.
-    let mut bucket = 0usize;
-    let mut cursor = "0".to_owned();
-    let mut carry = 0u128;
-    let mut carried = 0usize;
-    while bucket < keys::BUCKETS {
-        let t = std::time::Instant::now();
-        let reply: redis::Value = compare
-            .arg(&prefix)
-            .arg(keys::MANIFEST_BUCKETS)
-            .arg(budget)
-            .arg(bucket)
-            .arg(&cursor)
-            .arg(hex128(carry))
-            .arg(carried)
-            .invoke_async(con)
-            .await
-            .context("comparing values in Redis")?;
-        healed.slowest_call = healed.slowest_call.max(t.elapsed());
-        healed.calls += 1;
-        healed.bytes += resp_len(&reply);
-        let (m, c, bad, digest, n, next, next_cursor, running, running_n, done): Compared =
-            redis::from_redis_value(reply)?;
-        healed.largest_call = healed.largest_call.max(done);
-        if !bad.is_empty() || next < bucket || (next == bucket && next_cursor == cursor) {
-            // A bad bucket, or a reply that does not move on.
-            return Ok(None);
+    let counts: Arc<[usize]> = desired
+        .summary()
+        .buckets
+        .iter()
+        .map(|&(_, count)| usize::try_from(count).unwrap_or(usize::MAX))
+        .collect();
+    // CHAINS walks over disjoint bucket ranges, at once on this connection
+    // (each call still bounded; Redis runs them one at a time), and the
+    // document count beside them: the heal waits for the longest chain of
+    // round trips, not for their sum (#16: ~3,750 calls a target at 1M
+    // sites, each a WAN round trip). The first chain to find the manifest
+    // wrong stops the others.
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut walks = tokio::task::JoinSet::new();
+    for i in 0..CHAINS {
+        let range = keys::BUCKETS * i / CHAINS..keys::BUCKETS * (i + 1) / CHAINS;
+        let (con, counts, stop) = (con.clone(), counts.clone(), stop.clone());
+        let total = desired.len();
+        walks.spawn(async move { walk(con, range, budget, &counts, total, &stop).await });
+    }
+    let counting = {
+        let (mut con, stop) = (con.clone(), stop.clone());
+        tokio::spawn(async move { count_documents(&mut con, budget, &stop).await })
+    };
+    let mut all = Walked::default();
+    let mut whole = true;
+    while let Some(walked) = walks.join_next().await {
+        match walked.context("a comparison task failed")?? {
+            Some(w) => {
+                healed.rounds = healed.rounds.max(w.calls);
+                all.add(w);
+            }
+            None => whole = false,
         }
-        all ^= u128::from_str_radix(&digest, 16).context("a digest from Redis")?;
-        entries += n;
-        missing.extend(m);
-        changed.extend(c);
-        bucket = next;
-        cursor = next_cursor;
-        carry = u128::from_str_radix(&running, 16).context("a digest from Redis")?;
-        carried = running_n;
-        // More entries in a bucket (or in all) than the desired manifest
-        // has: it cannot describe it; stop hashing a stuffed bucket.
-        let desired_here = summary.buckets.get(bucket).map_or(0, |&(_, count)| {
-            usize::try_from(count).unwrap_or(usize::MAX)
-        });
-        if carried > desired_here || entries > desired.len() {
-            return Ok(None);
-        }
+    }
+    let (present, counted) = counting.await.context("the count task failed")??;
+    healed.rounds = healed.rounds.max(counted.calls);
+    healed.calls += all.calls + counted.calls;
+    healed.bytes += all.bytes + counted.bytes;
+    healed.slowest_call = healed.slowest_call.max(all.slowest).max(counted.slowest);
+    healed.largest_call = healed.largest_call.max(all.largest);
+    let Walked {
+        mut missing,
+        mut changed,
+        digest,
+        entries,
+        ..
+    } = all;
+    if !whole {
+        return Ok(None);
     }
     // HSCAN may return an entry twice (see COMPARE): list each key once.
     for list in [&mut missing, &mut changed] {
         list.sort_unstable();
         list.dedup();
     }
-    if entries != desired.len() || hex128(all) != desired.digest() {
+    if entries != desired.len() || hex128(digest) != desired.digest() {
         return Ok(None);
     }
     // The manifest is the desired one and describes the values; count the
@@ -637,31 +644,6 @@ async fn compare_in_redis(
         .filter(|(k, _, _)| is_doc(k.as_bytes()))
         .count();
     let missing_docs = missing.iter().filter(|k| is_doc(k)).count();
-    let count = redis::Script::new(COUNT);
-    let mut cursor = "0".to_owned();
-    let mut present = 0usize;
-    loop {
-        let t = std::time::Instant::now();
-        let reply: redis::Value = count
-            .arg(&cursor)
-            // Counting a key costs ~1/10 of comparing an entry
-            // (bench/README.md): 4 keys per entry of the budget.
-            .arg(4 * budget)
-            .arg(keys::SITE_PREFIX)
-            .arg(keys::SUSPENDED_PREFIX)
-            .invoke_async(con)
-            .await
-            .context("counting documents in Redis")?;
-        healed.slowest_call = healed.slowest_call.max(t.elapsed());
-        healed.calls += 1;
-        healed.bytes += resp_len(&reply);
-        let (next, n): (String, usize) = redis::from_redis_value(reply)?;
-        present += n;
-        if next == "0" {
-            break;
-        }
-        cursor = next;
-    }
     let mut unmanaged = Vec::new();
     if present != desired_docs - missing_docs {
         unmanaged = document_keys_raw(con, &mut healed.bytes)
@@ -700,6 +682,146 @@ async fn compare_in_redis(
         ..Changes::default()
     };
     Ok(Some((drift, (changes, unmanaged, false))))
+}
+
+/// Chains of [`COMPARE`] calls a heal runs at once, each over its own
+/// range of buckets.
+const CHAINS: usize = 8;
+
+/// What chains of server-side calls found and cost.
+#[derive(Debug, Default)]
+struct Walked {
+    missing: Vec<Vec<u8>>,
+    changed: Vec<Vec<u8>>,
+    /// XOR of the digests of the buckets walked.
+    digest: u128,
+    /// Manifest entries walked.
+    entries: usize,
+    calls: usize,
+    bytes: usize,
+    slowest: std::time::Duration,
+    largest: usize,
+}
+
+impl Walked {
+    fn add(&mut self, other: Walked) {
+        self.missing.extend(other.missing);
+        self.changed.extend(other.changed);
+        self.digest ^= other.digest;
+        self.entries += other.entries;
+        self.calls += other.calls;
+        self.bytes += other.bytes;
+        self.slowest = self.slowest.max(other.slowest);
+        self.largest = self.largest.max(other.largest);
+    }
+
+    /// One call made: its round trip and reply.
+    fn call(&mut self, started: std::time::Instant, reply: &redis::Value) {
+        self.calls += 1;
+        self.bytes += resp_len(reply);
+        self.slowest = self.slowest.max(started.elapsed());
+    }
+}
+
+/// [`COMPARE`] over the buckets in `range`, call after call (bucket,
+/// HSCAN cursor and the running digest of a split bucket carried from one
+/// to the next). `None` when the manifest cannot describe the desired
+/// state (a bad bucket, a stuffed bucket, a reply that does not move on)
+/// or another chain found so (`stop`, which this one sets in turn).
+async fn walk(
+    mut con: MultiplexedConnection,
+    range: std::ops::Range<usize>,
+    budget: usize,
+    counts: &[usize],
+    total: usize,
+    stop: &AtomicBool,
+) -> Result<Option<Walked>> {
+    let compare = redis::Script::new(COMPARE);
+    let mut walked = Walked::default();
+    let mut bucket = range.start;
+    let mut cursor = "0".to_owned();
+    let mut carry = 0u128;
+    let mut carried = 0usize;
+    let give_up = || {
+        stop.store(true, Ordering::Relaxed);
+        Ok(None)
+    };
+    while bucket < range.end {
+        if stop.load(Ordering::Relaxed) {
+            return Ok(None);
+        }
+        let t = std::time::Instant::now();
+        let reply: redis::Value = compare
+            .arg(format!("{}:", keys::MANIFEST))
+            .arg(keys::MANIFEST_BUCKETS)
+            .arg(budget)
+            .arg(bucket)
+            .arg(&cursor)
+            .arg(hex128(carry))
+            .arg(carried)
+            .arg(range.end)
+            .invoke_async(&mut con)
+            .await
+            .context("comparing values in Redis")?;
+        walked.call(t, &reply);
+        let (m, c, bad, digest, n, next, next_cursor, running, running_n, done): Compared =
+            redis::from_redis_value(reply)?;
+        walked.largest = walked.largest.max(done);
+        if !bad.is_empty() || next < bucket || (next == bucket && next_cursor == cursor) {
+            // A bad bucket, or a reply that does not move on.
+            return give_up();
+        }
+        walked.digest ^= u128::from_str_radix(&digest, 16).context("a digest from Redis")?;
+        walked.entries += n;
+        walked.missing.extend(m);
+        walked.changed.extend(c);
+        bucket = next;
+        cursor = next_cursor;
+        carry = u128::from_str_radix(&running, 16).context("a digest from Redis")?;
+        carried = running_n;
+        // More entries in a bucket (or in all) than the desired manifest
+        // has: it cannot describe it; stop hashing a stuffed bucket.
+        if carried > counts.get(bucket).copied().unwrap_or(0) || walked.entries > total {
+            return give_up();
+        }
+    }
+    Ok(Some(walked))
+}
+
+/// The documents (`site:*`, `suspended:*`) present, counted inside Redis
+/// ([`COUNT`], one SCAN step a call), and what counting cost. Stops early
+/// (the count then meaningless, and unused) when `stop` is set.
+async fn count_documents(
+    con: &mut MultiplexedConnection,
+    budget: usize,
+    stop: &AtomicBool,
+) -> Result<(usize, Walked)> {
+    let count = redis::Script::new(COUNT);
+    let mut cost = Walked::default();
+    let mut cursor = "0".to_owned();
+    let mut present = 0usize;
+    while !stop.load(Ordering::Relaxed) {
+        let t = std::time::Instant::now();
+        let reply: redis::Value = count
+            .arg(&cursor)
+            // Counting a key costs ~1/10 of comparing an entry
+            // (bench/README.md): 8 keys per entry of the budget keep a
+            // call under what a COMPARE call costs.
+            .arg(8 * budget)
+            .arg(keys::SITE_PREFIX)
+            .arg(keys::SUSPENDED_PREFIX)
+            .invoke_async(con)
+            .await
+            .context("counting documents in Redis")?;
+        cost.call(t, &reply);
+        let (next, n): (String, usize) = redis::from_redis_value(reply)?;
+        present += n;
+        if next == "0" {
+            break;
+        }
+        cursor = next;
+    }
+    Ok((present, cost))
 }
 
 /// The full comparison: every desired value read back (as bytes), every

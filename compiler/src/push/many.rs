@@ -308,14 +308,14 @@ pub async fn heal_all(
                 }
             }
             Ok(h) if h.drift.is_empty() => {
-                tracing::info!(target = %node, compared = %h.compared, bytes = h.bytes, calls = h.calls, slowest_call = ?h.slowest_call, largest_call = h.largest_call, "heal: no drift");
+                tracing::info!(target = %node, compared = %h.compared, bytes = h.bytes, calls = h.calls, rounds = h.rounds, slowest_call = ?h.slowest_call, largest_call = h.largest_call, "heal: no drift");
                 Ended::InSync
             }
             Ok(h) => {
                 for d in &h.drift {
                     tracing::warn!(target = %node, key = %d.key, kind = d.kind.as_str(), "drift repaired");
                 }
-                tracing::info!(target = %node, compared = %h.compared, repaired = h.drift.len(), bytes = h.bytes, calls = h.calls, slowest_call = ?h.slowest_call, largest_call = h.largest_call, "heal: drift repaired");
+                tracing::info!(target = %node, compared = %h.compared, repaired = h.drift.len(), bytes = h.bytes, calls = h.calls, rounds = h.rounds, slowest_call = ?h.slowest_call, largest_call = h.largest_call, "heal: drift repaired");
                 Ended::Written(h.drift.len())
             }
             Err(e) => failed_or_refused("heal", &job, &e),
