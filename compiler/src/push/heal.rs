@@ -497,47 +497,8 @@ async fn compare_keys(
             None => {}
         }
     }
-    let mut drift = Vec::new();
-    let mut fixes = Vec::new();
-    for chunk in wanted.chunks(1000) {
-        let t = std::time::Instant::now();
-        let mut mget = redis::cmd("MGET");
-        for (k, _) in chunk {
-            mget.arg(*k);
-        }
-        let reply: redis::Value = mget.query_async(con).await?;
-        healed.slowest_call = healed.slowest_call.max(t.elapsed());
-        healed.bytes += resp_len(&reply);
-        let values: Vec<Option<Vec<u8>>> = redis::from_redis_value(reply)?;
-        // MGET answers nil for a key of another type too: that is a change.
-        let mut exists = redis::pipe();
-        for (actual, (k, _)) in values.iter().zip(chunk) {
-            if actual.is_none() {
-                exists.cmd("EXISTS").arg(*k);
-            }
-        }
-        let mut there: std::vec::IntoIter<bool> = if values.iter().any(Option::is_none) {
-            let reply: redis::Value = exists.query_async(con).await?;
-            healed.bytes += resp_len(&reply);
-            redis::from_redis_value::<Vec<bool>>(reply)?.into_iter()
-        } else {
-            Vec::new().into_iter()
-        };
-        for (actual, (key, value)) in values.iter().zip(chunk) {
-            let kind = match actual {
-                None if there.next() == Some(true) => DriftKind::Changed,
-                None => DriftKind::Missing,
-                Some(a) if a.as_slice() != value.as_bytes() => DriftKind::Changed,
-                Some(_) => continue,
-            };
-            let key = String::from_utf8_lossy(key).into_owned();
-            drift.push(Drift {
-                key: key.clone(),
-                kind,
-            });
-            fixes.push(key);
-        }
-    }
+    let mut drift = read_back(con, &wanted, &mut healed.bytes, &mut healed.slowest_call).await?;
+    let fixes: Vec<String> = drift.iter().map(|d| d.key.clone()).collect();
     let mut unmanaged = Vec::new();
     for chunk in strays.chunks(1000) {
         let mut pipe = redis::pipe();
@@ -563,6 +524,57 @@ async fn compare_keys(
         ..Changes::default()
     };
     Ok(Some((drift, (changes, unmanaged, false))))
+}
+
+/// Reads `wanted` (key, desired value) back from the target, 1,000 keys a
+/// call, and names each key whose value differs: missing, or changed — to
+/// another value, or to a key of another type (`MGET` answers nil for it
+/// too; `EXISTS` tells them apart, as the server-side comparison does).
+/// Adds the bytes read to `bytes` and keeps the slowest call in `slowest`.
+async fn read_back(
+    con: &mut MultiplexedConnection,
+    wanted: &[(&[u8], &str)],
+    bytes: &mut usize,
+    slowest: &mut std::time::Duration,
+) -> Result<Vec<Drift>> {
+    let mut drift = Vec::new();
+    for chunk in wanted.chunks(1000) {
+        let t = std::time::Instant::now();
+        let mut mget = redis::cmd("MGET");
+        for (k, _) in chunk {
+            mget.arg(*k);
+        }
+        let reply: redis::Value = mget.query_async(con).await?;
+        *slowest = (*slowest).max(t.elapsed());
+        *bytes += resp_len(&reply);
+        let values: Vec<Option<Vec<u8>>> = redis::from_redis_value(reply)?;
+        let mut exists = redis::pipe();
+        for (actual, (k, _)) in values.iter().zip(chunk) {
+            if actual.is_none() {
+                exists.cmd("EXISTS").arg(*k);
+            }
+        }
+        let mut there: std::vec::IntoIter<bool> = if values.iter().any(Option::is_none) {
+            let reply: redis::Value = exists.query_async(con).await?;
+            *bytes += resp_len(&reply);
+            redis::from_redis_value::<Vec<bool>>(reply)?.into_iter()
+        } else {
+            Vec::new().into_iter()
+        };
+        for (actual, (key, value)) in values.iter().zip(chunk) {
+            let kind = match actual {
+                None if there.next() == Some(true) => DriftKind::Changed,
+                None => DriftKind::Missing,
+                Some(a) if a.as_slice() != value.as_bytes() => DriftKind::Changed,
+                Some(_) => continue,
+            };
+            drift.push(Drift {
+                key: String::from_utf8_lossy(key).into_owned(),
+                kind,
+            });
+        }
+    }
+    Ok(drift)
 }
 
 /// The server-side comparison, for a target whose meta says it holds the
@@ -832,27 +844,11 @@ async fn compare_everything(
     desired: &Desired,
     bytes: &mut usize,
 ) -> Result<(Vec<Drift>, Repair)> {
-    let wanted: Vec<&str> = desired.iter().map(|(k, _, _)| k).collect();
-    let mut drift = Vec::new();
-    let mut fixes = Vec::new();
-    let mut entries = desired.iter();
-    for chunk in wanted.chunks(1000) {
-        let reply: redis::Value = redis::cmd("MGET").arg(chunk).query_async(con).await?;
-        *bytes += resp_len(&reply);
-        let values: Vec<Option<Vec<u8>>> = redis::from_redis_value(reply)?;
-        for (actual, (key, value, _)) in values.iter().zip(entries.by_ref()) {
-            let kind = match actual {
-                None => DriftKind::Missing,
-                Some(a) if a.as_slice() != value.as_bytes() => DriftKind::Changed,
-                Some(_) => continue,
-            };
-            drift.push(Drift {
-                key: key.to_owned(),
-                kind,
-            });
-            fixes.push(key.to_owned());
-        }
-    }
+    let wanted: Vec<(&[u8], &str)> = desired.iter().map(|(k, v, _)| (k.as_bytes(), v)).collect();
+    // The slowest call is reported for the server-side comparison only.
+    let mut slowest = std::time::Duration::ZERO;
+    let mut drift = read_back(con, &wanted, bytes, &mut slowest).await?;
+    let fixes: Vec<String> = drift.iter().map(|d| d.key.clone()).collect();
     let unmanaged: Vec<Vec<u8>> = document_keys_raw(con, bytes)
         .await?
         .into_iter()

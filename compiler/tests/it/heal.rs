@@ -204,6 +204,26 @@ fn issue_16_a_tampered_manifest_is_found_in_redis() {
         );
         healthy(&f);
     }
+    // Compared from here (the manifest cannot be trusted), a key of
+    // another type is "changed", as the comparison inside Redis calls it;
+    // a deleted one is "missing".
+    run(r.port, &["HSET", "edgeform:meta", "manifest_digest", "00"]);
+    run(
+        r.port,
+        &["DEL", "site:s00002.example.com", "site:s00003.example.com"],
+    );
+    run(r.port, &["HSET", "site:s00002.example.com", "a", "b"]);
+    let log = heal(&f);
+    assert!(log.contains("kind=\"manifest\""), "{log}");
+    assert!(
+        log.contains("key=site:s00002.example.com kind=\"changed\""),
+        "{log}"
+    );
+    assert!(
+        log.contains("key=site:s00003.example.com kind=\"missing\""),
+        "{log}"
+    );
+    healthy(&f);
 }
 
 // See: #16 (a format-1 target is read the old way and rewritten)
