@@ -19,10 +19,42 @@ use std::time::{Duration, Instant};
 /// A free TCP port on 127.0.0.1 (bound then released; servers retry on a
 /// collision).
 ///
+/// Picked below the kernel's ephemeral range (`ip_local_port_range`,
+/// 32768–60999 by default): a port from that range can be taken, between
+/// this check and the server's bind, by the local end of any outgoing
+/// connection on the machine (300 agents connecting in a benchmark were
+/// enough). Each process walks the range from its own offset so parallel
+/// tests and test processes rarely try the same port; a port in use is
+/// skipped. When the range below is too small, the kernel's choice.
+///
 /// # Panics
 /// When no port can be bound.
 #[must_use]
 pub fn free_port() -> u16 {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    const LOW: u32 = 10_000;
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    let ephemeral = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|r| r.split_whitespace().next()?.parse::<u32>().ok())
+        .unwrap_or(32_768);
+    if ephemeral > LOW + 1_000 {
+        let span = ephemeral - LOW;
+        let seed = std::process::id().wrapping_mul(2_654_435_761)
+            ^ std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.subsec_nanos());
+        let _ = NEXT.compare_exchange(0, seed % span + 1, Ordering::Relaxed, Ordering::Relaxed);
+        for _ in 0..span {
+            let port = LOW + NEXT.fetch_add(1, Ordering::Relaxed) % span;
+            let Ok(port) = u16::try_from(port) else {
+                continue;
+            };
+            if TcpListener::bind(("127.0.0.1", port)).is_ok() {
+                return port;
+            }
+        }
+    }
     TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .map(|a| a.port())
