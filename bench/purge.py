@@ -20,7 +20,7 @@ Needs the release binaries (built here if missing):
     cargo build --release --locked -p agent --example gen-cache   # or a debug one (target/debug/examples)
 
 Usage: python3 bench/purge.py [--edges 30 300] [--runs 50] [--settle 3] [--no-files]
-                              [--bin LABEL=DIR ...]
+                              [--bin LABEL=DIR ...] [--cpu] [--health-interval 60s] [--pause S]
 
 --bin LABEL=DIR (repeatable; default `after=target/release`) runs the same N with the
 `edgeform` and `edgeform-agent` in DIR, each set on its own fresh agents, one row each:
@@ -28,6 +28,10 @@ e.g. `--bin before=target/purge-before --bin after=target/release` for side-by-s
 Where the purge process's time went (its `purge phases` debug line, when the binary logs
 one): enqueue done, first/median/last result, in ms since the targets were known (medians
 over the runs); `rest` is wall − last result (process start, repository load, exit).
+Also the fixed cost (`purge --site no-such.invalid`: start, load, exit 1, nothing sent) and,
+with --cpu, the CPU per purge of edgeform, the redis-servers, the agents and the broker, and
+what they use idle. --health-interval sets the agents' report interval (every agent hears
+every report: N² messages per interval through the one broker).
 """
 
 import argparse
