@@ -10,13 +10,14 @@
 //! in memory and written first.
 //!
 //! Each result recorded in `cdn:purge:done:<id>` is also announced, in
-//! the same MULTI, with `PUBLISH cdn:purge:done:<id> <node>`, so a waiting
-//! `edgeform purge --wait` need not poll.
+//! the same MULTI, with `PUBLISH cdn:purge:done:<id> "<node>\n<value>"`,
+//! so a waiting `edgeform purge --wait` need not poll nor read it back.
 //!
 //! The blocking BLMOVE runs on a connection without a response timeout
 //! (the redis crate's default 500 ms would fail client-side while the
-//! server still moved a job, and the job would be lost); its own 1 s timeout
-//! bounds it, so shutdown is noticed within a second.
+//! server still moved a job, and the job would be lost); its own 5 s
+//! timeout bounds it, and shutdown drops it in flight (a job it moved stays
+//! in processing and runs at the next start).
 //!
 //! Jobs are bytes. A malformed job (over 64 KiB, not UTF-8, not JSON,
 //! unknown shape, a regex the engine refuses, a pattern matching every key
@@ -37,8 +38,11 @@ use crate::cache::{Index, Layout};
 use crate::config::Config;
 use crate::shutdown::Shutdown;
 
-/// How long one BLMOVE waits on the server before looping.
-const BLOCK_SECS: f64 = 1.0;
+/// How long one BLMOVE waits on the server before looping. Shutdown does
+/// not wait for it (the BLMOVE is dropped in flight); an idle agent makes
+/// one round trip per period (#16: was 1 s plus an LLEN, 600 wake-ups a
+/// second of 300 idle agents and their redis-servers on one host).
+const BLOCK_SECS: f64 = 5.0;
 /// Failed jobs kept in `<queue>:failed`.
 const FAILED_KEEP: isize = 1000;
 
@@ -278,15 +282,14 @@ impl Worker {
                 // stays in processing and is run at the next start.
                 () = shutdown.wait() => return Ok(()),
             };
-            if let Some(text) = next {
-                self.handle(con, text).await?;
-            }
-            // The queue depth for /metrics without MQTT too (#15 item 6).
-            let depth: u64 = redis::cmd("LLEN")
-                .arg(&self.queue)
-                .query_async(con)
-                .await
-                .context("LLEN")?;
+            // The queue depth for /metrics without MQTT too (#15 item 6):
+            // read in the MULTI that records a job's result; a BLMOVE that
+            // timed out found the queue empty for its whole second (#16:
+            // no LLEN round trip per job or per idle second).
+            let depth = match next {
+                Some(text) => self.handle(con, text).await?,
+                None => 0,
+            };
             self.metrics
                 .purge_queue
                 .set(crate::metrics::gauge_value(depth));
@@ -294,11 +297,12 @@ impl Worker {
     }
 
     /// Run one job and record it; on a Redis error the result is kept.
+    /// Returns the queue's depth once recorded.
     ///
     /// Each start is counted first (`<queue>:attempts`, by the job's
     /// digest): a job started [`purge::MAX_ATTEMPTS`] times without
     /// finishing killed the agent each time, and is failed unrun.
-    async fn handle(&mut self, con: &mut MultiplexedConnection, bytes: Vec<u8>) -> Result<()> {
+    async fn handle(&mut self, con: &mut MultiplexedConnection, bytes: Vec<u8>) -> Result<u64> {
         let start = Instant::now();
         let attempts: u32 = redis::cmd("HINCRBY")
             .arg(attempts_key(&self.queue))
@@ -342,21 +346,24 @@ impl Worker {
                 tracing::warn!(id = id.as_deref().unwrap_or("-"), reason = %why, bytes = bytes.len(), job = %purge::preview(&bytes, PREVIEW_BYTES), "purge job failed");
             }
         }
-        if let Err(e) = self.finish(con, &bytes, id.as_deref(), &outcome).await {
-            self.pending = Some((bytes, id, outcome));
-            return Err(e);
+        match self.finish(con, &bytes, id.as_deref(), &outcome).await {
+            Ok(depth) => Ok(depth),
+            Err(e) => {
+                self.pending = Some((bytes, id, outcome));
+                Err(e)
+            }
         }
-        Ok(())
     }
 
-    /// Record the result and take the job out of processing, atomically.
+    /// Record the result and take the job out of processing, atomically;
+    /// the queue's depth after it (read in the same MULTI).
     async fn finish(
         &self,
         con: &mut MultiplexedConnection,
         bytes: &[u8],
         id: Option<&str>,
         outcome: &Outcome,
-    ) -> Result<()> {
+    ) -> Result<u64> {
         let mut pipe = redis::pipe();
         pipe.atomic();
         if let Some(id) = id {
@@ -368,18 +375,18 @@ impl Worker {
             pipe.cmd("HSET")
                 .arg(&key)
                 .arg(&self.config.node)
-                .arg(value)
+                .arg(&value)
                 .ignore();
             pipe.cmd("EXPIRE")
                 .arg(&key)
                 .arg(purge::DONE_TTL_SECS)
                 .ignore();
-            // A waiting `edgeform purge --wait` hears of it at once
-            // (the hash above stays the record; a waiter that missed
-            // this reads it).
+            // A waiting `edgeform purge --wait` hears of it at once, the
+            // value included (the hash above stays the record; a waiter
+            // that missed this reads it).
             pipe.cmd("PUBLISH")
                 .arg(purge::done_channel(id))
-                .arg(&self.config.node)
+                .arg(purge::announcement(&self.config.node, &value))
                 .ignore();
         }
         if let Outcome::Failed(why) = outcome {
@@ -408,10 +415,12 @@ impl Worker {
             .arg(attempts_key(&self.queue))
             .arg(digest(bytes))
             .ignore();
-        pipe.query_async::<()>(con)
+        pipe.cmd("LLEN").arg(&self.queue);
+        let (depth,): (u64,) = pipe
+            .query_async(con)
             .await
             .context("recording the purge result")?;
-        Ok(())
+        Ok(depth)
     }
 }
 

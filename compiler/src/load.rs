@@ -236,6 +236,18 @@ fn read_config(path: &Path) -> Result<String, Unreadable> {
 /// # Errors
 /// When `root` is not a directory or a file cannot be read.
 pub fn from_dir(root: &Path) -> Result<Repo> {
+    let mut repo = files_of_dir(root)?;
+    repo.commit = head_commit(root);
+    Ok(repo)
+}
+
+/// [`from_dir`] without HEAD's commit (`commit: None`): no git at all —
+/// opening the git repository initialises libgit2 and with it OpenSSL's
+/// trust store, about half of a small repository's load (#16, `purge`).
+///
+/// # Errors
+/// As [`from_dir`].
+pub fn files_of_dir(root: &Path) -> Result<Repo> {
     if !root.is_dir() {
         bail!("{} is not a directory", root.display());
     }
@@ -273,8 +285,10 @@ pub fn from_dir(root: &Path) -> Result<Repo> {
             },
         })
         .collect();
-    let commit = head_commit(root);
-    Ok(Repo { sources, commit })
+    Ok(Repo {
+        sources,
+        commit: None,
+    })
 }
 
 /// A config entry found by the walk: a regular file to read, or an entry

@@ -114,7 +114,26 @@ impl std::error::Error for NotARepo {}
 /// file at all (an unreadable config file is a diagnostic, not an error).
 pub fn load(root: &Path, rev: Option<&str>) -> Result<Loaded> {
     let _span = tracing::info_span!("load").entered();
-    let repo = load::load(root, rev)?;
+    loaded(root, rev, load::load(root, rev)?)
+}
+
+/// [`load`], but a working tree's files alone, without HEAD's commit
+/// (`repo.commit` is `None`; no git is opened): for commands that need
+/// the config and not which commit it is (`purge`, #16). A revision is
+/// still read through git.
+///
+/// # Errors
+/// As [`load`].
+pub fn load_files(root: &Path, rev: Option<&str>) -> Result<Loaded> {
+    let _span = tracing::info_span!("load").entered();
+    let repo = match rev {
+        Some(rev) => load::from_rev(root, rev)?,
+        None => load::files_of_dir(root)?,
+    };
+    loaded(root, rev, repo)
+}
+
+fn loaded(root: &Path, rev: Option<&str>, repo: Repo) -> Result<Loaded> {
     // See: #19 item 4
     if repo.sources.is_empty() {
         return Err(NotARepo::Empty {
@@ -150,6 +169,23 @@ impl Loaded {
 }
 
 impl Checked {
+    /// The valid config alone: no commit, so no git status of the working
+    /// tree (`purge`, #16: it needs the nodes and the site, not which
+    /// commit they are).
+    ///
+    /// # Errors
+    /// [`Invalid`] when there is an error.
+    pub fn valid_config(self) -> Result<Config, Invalid> {
+        match self.config {
+            Some(config) => Ok(config),
+            None => Err(Invalid {
+                root: self.root,
+                repo: self.repo,
+                diagnostics: self.diagnostics,
+            }),
+        }
+    }
+
     /// The valid repository and the commit it is.
     ///
     /// # Errors

@@ -283,8 +283,11 @@ fn config(pushes: Option<&Pushes>) -> AsyncConnectionConfig {
 /// invalidations, and a last `Disconnection` when the connection drops).
 pub type Pushes = std::sync::Arc<dyn redis::aio::AsyncPushSender>;
 
-/// RESP3 when the connection takes push messages, else the default.
+/// RESP3 when the connection takes push messages, else the default; never
+/// `CLIENT SETINFO` (two commands the server runs on every connection, for
+/// `CLIENT LIST` cosmetics: #16, a purge opens one connection per edge).
 fn protocol(settings: RedisConnectionInfo, pushes: Option<&Pushes>) -> RedisConnectionInfo {
+    let settings = settings.set_skip_set_lib_name();
     match pushes {
         Some(_) => settings.set_protocol(redis::ProtocolVersion::RESP3),
         None => settings,
@@ -329,7 +332,7 @@ pub async fn reuse<'a>(
 /// Missing password variable, unreachable server or sentinels, a sentinel
 /// that does not know the master, or a "master" that is a replica.
 pub async fn master(target: &RedisTarget, node: &str) -> Result<MultiplexedConnection> {
-    connect(target, node, None).await
+    connect(target, node, None, None).await
 }
 
 /// Like [`master`], but over RESP3 with the server's push messages handed
@@ -342,13 +345,31 @@ pub async fn master_with_pushes(
     node: &str,
     pushes: Pushes,
 ) -> Result<MultiplexedConnection> {
-    connect(target, node, Some(&pushes)).await
+    connect(target, node, Some(&pushes), None).await
+}
+
+/// Like [`master_with_pushes`], and subscribed to `channel`: the `ROLE`
+/// check and the `SUBSCRIBE` go out together, one round trip instead of
+/// two (`edgeform purge --wait`, #16). A SUBSCRIBE queues nothing, so the
+/// invariant holds: nothing is written before `ROLE` said master (the
+/// caller writes only once this returns).
+///
+/// # Errors
+/// See [`master`]; a refused SUBSCRIBE.
+pub async fn master_subscribed(
+    target: &RedisTarget,
+    node: &str,
+    pushes: Pushes,
+    channel: &str,
+) -> Result<MultiplexedConnection> {
+    connect(target, node, Some(&pushes), Some(channel)).await
 }
 
 async fn connect(
     target: &RedisTarget,
     node: &str,
     pushes: Option<&Pushes>,
+    subscribe: Option<&str>,
 ) -> Result<MultiplexedConnection> {
     let connect = async {
         match target {
@@ -422,11 +443,39 @@ async fn connect(
         .await
         .map_err(|_| anyhow::anyhow!("timed out connecting"))??;
     // Writing to a replica would fail later and less clearly; check now.
-    let role: Vec<redis::Value> = redis::cmd("ROLE").query_async(&mut con).await?;
+    // With a channel, its SUBSCRIBE is sent right behind the ROLE on the
+    // same connection (the multiplexer writes both before either reply).
+    let role = match subscribe {
+        None => {
+            redis::cmd("ROLE")
+                .query_async::<Vec<redis::Value>>(&mut con)
+                .await?
+        }
+        Some(channel) => {
+            let mut sub = con.clone();
+            let role = redis::cmd("ROLE");
+            let (role, subscribed) = tokio::join!(
+                role.query_async::<Vec<redis::Value>>(&mut con),
+                sub.subscribe(channel)
+            );
+            let role = role?;
+            subscribed.with_context(|| format!("SUBSCRIBE {channel}"))?;
+            role
+        }
+    };
+    if is_master(&role) {
+        Ok(con)
+    } else {
+        bail!("{} is not a master (ROLE says otherwise)", describe(target))
+    }
+}
+
+/// Whether a `ROLE` reply says master. Pure.
+fn is_master(role: &[redis::Value]) -> bool {
     match role.first() {
-        Some(redis::Value::BulkString(r)) if r == b"master" => Ok(con),
-        Some(redis::Value::SimpleString(r)) if r == "master" => Ok(con),
-        _ => bail!("{} is not a master (ROLE says otherwise)", describe(target)),
+        Some(redis::Value::BulkString(r)) => r == b"master",
+        Some(redis::Value::SimpleString(r)) => r == "master",
+        _ => false,
     }
 }
 

@@ -38,12 +38,32 @@ pub fn done_key(id: &str) -> String {
 
 /// The channel a worker announces each result on, once it is in
 /// [`done_key`] (same name: channels and keys do not collide), with the
-/// node's name as the message: `edgeform purge --wait` subscribes to it
-/// instead of polling. The hash stays the record; a message only says
-/// "read it now".
+/// node's name and its value as the message ([`announcement`]):
+/// `edgeform purge --wait` subscribes to it instead of polling. The hash
+/// stays the record.
 #[must_use]
 pub fn done_channel(id: &str) -> String {
     done_key(id)
+}
+
+/// The message a worker publishes on [`done_channel`] once its result is
+/// in [`done_key`]: the node's name, a newline, and the value it wrote
+/// there — so a waiter learns the result without reading the hash back
+/// (#16, one round trip less per node). The hash stays the record. Pure.
+#[must_use]
+pub fn announcement(node: &str, value: &str) -> String {
+    format!("{node}\n{value}")
+}
+
+/// What an [`announcement`] says: whose result it is, and the value when
+/// it carries one. A bare node name (an agent from before the value was
+/// added) carries none: it only says "read the hash now". Pure.
+#[must_use]
+pub fn parse_announcement(message: &str) -> (&str, Option<&str>) {
+    match message.split_once('\n') {
+        Some((node, value)) => (node, Some(value)),
+        None => (message, None),
+    }
 }
 
 /// The processing list of a queue (reliable-queue pattern).
@@ -431,6 +451,21 @@ pub fn key_line_regex(template: &str, hosts: &[&str], uri_regex: &str) -> Result
 #[cfg(test)]
 mod template_tests {
     use super::*;
+
+    // See: #16 (purge third pass: the announcement carries the result)
+    #[test]
+    fn announcements_round_trip_and_bare_names_carry_nothing() {
+        let m = announcement("edge-1", "2");
+        assert_eq!(m, "edge-1\n2");
+        assert_eq!(parse_announcement(&m), ("edge-1", Some("2")));
+        let failed = announcement("edge-2", "failed: a\nb");
+        assert_eq!(
+            parse_announcement(&failed),
+            ("edge-2", Some("failed: a\nb"))
+        );
+        assert_eq!(parse_announcement("edge-3"), ("edge-3", None));
+        assert_eq!(parse_announcement("edge-4\n"), ("edge-4", Some("")));
+    }
 
     #[test]
     fn expand() {

@@ -3,11 +3,12 @@
 //! All targets at once (at most [`PARALLEL`] connecting): each node's
 //! master is reached, and with `--wait` the connection speaks RESP3 and
 //! SUBSCRIBEs to `cdn:purge:done:<id>` before the job is queued. The wait
-//! then reads each node's result in the hash `cdn:purge:done:<id>` (the
-//! record) once, and again whenever its agent announces it on that channel
-//! (`PUBLISH`, node name) — and every [`FALLBACK_POLL`] regardless, for an
-//! agent that does not announce. No polling storm: at 300 nodes, one read
-//! per node per announcement.
+//! then takes each node's result from its agent's announcement on that
+//! channel (`PUBLISH`, node name and value), and reads the hash
+//! `cdn:purge:done:<id>` (the record) on an announcement without a value
+//! and every [`FALLBACK_POLL`] regardless, for an agent that does not
+//! announce. No polling storm: at 300 nodes, no read at all when every
+//! agent announces.
 
 use std::collections::BTreeMap;
 use std::io::Write;
@@ -302,8 +303,11 @@ pub async fn purge(
     Ok(u8::from(bad > 0))
 }
 
-/// Enqueues (connect, SUBSCRIBE, RPUSH) in flight at once.
-const PARALLEL: usize = 64;
+/// Enqueues (connect, SUBSCRIBE, RPUSH) in flight at once. Each queued
+/// node keeps its connection for the wait anyway, so this bounds only the
+/// connects in flight, not the open sockets; at 64, a 300-edge purge went
+/// in five waves of round trips (#16, third pass).
+const PARALLEL: usize = 256;
 
 /// While waiting, each node's result is also read this often: an agent
 /// that does not announce its result (one older than the announcement)
@@ -345,21 +349,24 @@ impl Target {
             return Ok(Link { con, pushes: None });
         };
         let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
-        let mut con =
-            match edgeredis::master_with_pushes(&self.redis, &self.name, std::sync::Arc::new(tx))
-                .await
-            {
-                Ok(con) => con,
-                // A server without RESP3 (Redis < 6): the slow poll alone.
-                Err(e) if resp3_refused(&e) => {
-                    let con = edgeredis::master(&self.redis, &self.name).await?;
-                    return Ok(Link { con, pushes: None });
-                }
-                Err(e) => return Err(e),
-            };
-        con.subscribe(channel)
-            .await
-            .with_context(|| format!("SUBSCRIBE {channel}"))?;
+        // ROLE and SUBSCRIBE in one round trip; nothing is written before
+        // ROLE said master.
+        let con = match edgeredis::master_subscribed(
+            &self.redis,
+            &self.name,
+            std::sync::Arc::new(tx),
+            channel,
+        )
+        .await
+        {
+            Ok(con) => con,
+            // A server without RESP3 (Redis < 6): the slow poll alone.
+            Err(e) if resp3_refused(&e) => {
+                let con = edgeredis::master(&self.redis, &self.name).await?;
+                return Ok(Link { con, pushes: None });
+            }
+            Err(e) => return Err(e),
+        };
         Ok(Link {
             con,
             pushes: Some(rx),
@@ -380,13 +387,21 @@ impl Target {
     /// again on each announcement on `channel` and every
     /// [`FALLBACK_POLL`]. A lost connection is opened again (the caller's
     /// deadline bounds all of it).
+    ///
+    /// The first read is skipped on a link that was subscribed before its
+    /// job was queued: no result can predate the subscription, so the
+    /// announcement (or the slow poll) is the first news (#16: one round
+    /// trip less per node).
     async fn result(&self, key: &str, channel: &str, link: Link) -> String {
+        let mut fresh = link.pushes.is_some();
         let mut link = Some(link);
         loop {
             if link.is_none() {
                 link = self.connect(Some(channel)).await.ok();
             }
-            if let Some(l) = link.as_mut() {
+            if std::mem::take(&mut fresh) {
+                // Subscribed before the RPUSH: nothing to read yet.
+            } else if let Some(l) = link.as_mut() {
                 match redis::cmd("HGET")
                     .arg(key)
                     .arg(&self.name)
@@ -398,14 +413,43 @@ impl Target {
                     Err(_) => link = None,
                 }
             }
-            let lost = tokio::select! {
-                () = tokio::time::sleep(FALLBACK_POLL) => false,
-                lost = announced(link.as_mut()) => lost,
+            let news = tokio::select! {
+                () = tokio::time::sleep(FALLBACK_POLL) => News::Poll,
+                news = announced(link.as_mut(), &self.name) => news,
             };
-            if lost {
-                link = None;
+            match news {
+                News::Result(v) => return v,
+                News::Poll => {}
+                News::Lost => link = None,
             }
         }
+    }
+}
+
+/// What ended a wait for news of one node.
+#[derive(Debug, PartialEq, Eq)]
+enum News {
+    /// Read the hash: the slow poll, or an announcement without its value
+    /// (an older agent).
+    Poll,
+    /// The node's announcement, with its value.
+    Result(String),
+    /// The connection is gone.
+    Lost,
+}
+
+/// What a channel message means to the waiter of `node`: its result, a
+/// reason to read the hash, or nothing (another node's announcement on a
+/// shared Redis). Pure.
+fn news_of(data: &[redis::Value], node: &str) -> Option<News> {
+    let message = match data.get(1) {
+        Some(redis::Value::BulkString(b)) => String::from_utf8_lossy(b),
+        _ => return Some(News::Poll),
+    };
+    match purge::parse_announcement(&message) {
+        (n, _) if n != node => None,
+        (_, Some(value)) => Some(News::Result(value.to_owned())),
+        (_, None) => Some(News::Poll),
     }
 }
 
@@ -416,19 +460,23 @@ fn resp3_refused(e: &anyhow::Error) -> bool {
         .any(|r| r.kind() == redis::ErrorKind::RESP3NotSupported)
 }
 
-/// Until an announcement arrives (false) or the connection is lost (true);
+/// Until an announcement for `node` arrives or the connection is lost;
 /// never without a subscription.
-async fn announced(link: Option<&mut Link>) -> bool {
+async fn announced(link: Option<&mut Link>, node: &str) -> News {
     let Some(pushes) = link.and_then(|l| l.pushes.as_mut()) else {
         return std::future::pending().await;
     };
     loop {
         match pushes.recv().await {
-            Some(push) if push.kind == PushKind::Message => return false,
-            Some(push) if push.kind == PushKind::Disconnection => return true,
+            Some(push) if push.kind == PushKind::Message => {
+                if let Some(news) = news_of(&push.data, node) {
+                    return news;
+                }
+            }
+            Some(push) if push.kind == PushKind::Disconnection => return News::Lost,
             // Subscription confirmations.
             Some(_) => {}
-            None => return true,
+            None => return News::Lost,
         }
     }
 }
@@ -451,4 +499,37 @@ fn phases(targets: usize, queued: usize, enqueued: Duration, arrivals: &[Duratio
         last_result_ms = ms(sorted.last()),
         "purge phases"
     );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn message(payload: &str) -> Vec<redis::Value> {
+        vec![
+            redis::Value::BulkString(b"cdn:purge:done:x".to_vec()),
+            redis::Value::BulkString(payload.as_bytes().to_vec()),
+        ]
+    }
+
+    // See: #16 (purge third pass: the announcement carries the result)
+    #[test]
+    fn news_of_an_announcement() {
+        // This node's, with its value: the result, no read.
+        assert_eq!(
+            news_of(&message("edge-1\n2"), "edge-1"),
+            Some(News::Result("2".into()))
+        );
+        assert_eq!(
+            news_of(&message("edge-1\nfailed: disk"), "edge-1"),
+            Some(News::Result("failed: disk".into()))
+        );
+        // An older agent's bare name: read the hash.
+        assert_eq!(news_of(&message("edge-1"), "edge-1"), Some(News::Poll));
+        // Another node on the same Redis: nothing for this waiter.
+        assert_eq!(news_of(&message("edge-2\n5"), "edge-1"), None);
+        assert_eq!(news_of(&message("edge-2"), "edge-1"), None);
+        // A message of another shape: read the hash.
+        assert_eq!(news_of(&[], "edge-1"), Some(News::Poll));
+    }
 }

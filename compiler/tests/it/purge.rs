@@ -439,3 +439,81 @@ fn wait_is_woken_by_the_announcement_and_polls_slowly_without_one() {
         t.elapsed()
     );
 }
+
+/// How many times `command` ran on the Redis at `port` (`INFO
+/// commandstats`), 0 when never.
+fn calls(port: u16, command: &str) -> u64 {
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query(&mut con(port))
+        .unwrap();
+    info.lines()
+        .find_map(|l| l.strip_prefix(&format!("cmdstat_{command}:calls=")))
+        .map_or(0, |rest| rest.split(',').next().unwrap().parse().unwrap())
+}
+
+// See: #16 (purge third pass: `ROLE` and `SUBSCRIBE` go out together) —
+// a node whose URL names a replica is refused before anything is written
+// there, with and without --wait, even when that replica would accept
+// the write (`replica-read-only no`).
+#[test]
+fn a_replica_is_refused_before_anything_is_queued_there() {
+    let master = harness::redis(&[]);
+    let replica = harness::redis(&[
+        &format!("replicaof 127.0.0.1 {}", master.port),
+        "replica-read-only no",
+    ]);
+    let f = setup(replica.port, master.port);
+    for wait in [None, Some("1")] {
+        let mut args = vec![
+            "purge",
+            "--site",
+            "a.example.com",
+            "--url",
+            "/a.mp4",
+            "--node",
+            "edge-1",
+        ];
+        args.extend(wait.iter().flat_map(|w| ["--wait", w]));
+        let out = edgeform(f.path(), &args);
+        assert_eq!(out.status.code(), Some(1), "{wait:?}: {}", stderr(&out));
+        let err = stderr(&out);
+        assert!(
+            err.contains(&format!(
+                "edge-1: NOT QUEUED (redis://127.0.0.1:{}): redis://127.0.0.1:{} is not a master",
+                replica.port, replica.port
+            )),
+            "{wait:?}: {err}"
+        );
+        assert!(err.contains("on 0 node(s)"), "{wait:?}: {err}");
+    }
+    // Never written: no RPUSH reached the replica, nothing is queued on
+    // either server.
+    assert_eq!(calls(replica.port, "rpush"), 0);
+    assert_eq!(calls(replica.port, "role"), 2);
+    assert!(queued(replica.port, "cdn:purge:eu:edge-1").is_empty());
+    assert!(queued(master.port, "cdn:purge:eu:edge-1").is_empty());
+}
+
+// See: #16 (purge third pass: purge reads the config without the git
+// status) — a broken repository is still refused whole, with the same
+// file:line:col diagnostics as `check`, and nothing is queued.
+#[test]
+fn a_broken_repository_queues_nothing_and_says_where() {
+    let (r1, r2) = (harness::redis(&[]), harness::redis(&[]));
+    let f = setup(r1.port, r2.port);
+    f.write(
+        "sites/b.yaml",
+        b"host: b.example.com\norigin: http://192.0.2.9\nbogus_key: 1\n",
+    );
+    let out = edgeform(
+        f.path(),
+        &["purge", "--site", "a.example.com", "--url", "/a.mp4"],
+    );
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    let err = stderr(&out);
+    assert!(err.contains("sites/b.yaml:3:1"), "{err}");
+    assert!(err.contains("is invalid (1 error"), "{err}");
+    assert!(queued(r1.port, "cdn:purge:eu:edge-1").is_empty());
+    assert!(queued(r2.port, "cdn:purge:us:edge-2").is_empty());
+}
