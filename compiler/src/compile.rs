@@ -11,7 +11,7 @@
 //! sorted before it is emitted. Edges of one region share one site list
 //! (`Arc`), so a 100,000-site repository compiles once, not once per edge.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::sync::Arc;
 
@@ -89,7 +89,7 @@ pub struct Compiled {
 }
 
 /// A key, its value, and the regions it is limited to (`None`: all).
-type Placed<'a> = (Arc<str>, Arc<str>, Option<&'a BTreeSet<String>>);
+type Placed<'a> = (Arc<str>, Arc<str>, Option<&'a [String]>);
 
 /// Compile. Pure and deterministic.
 #[must_use]
@@ -100,7 +100,7 @@ pub fn compile(config: &Config) -> Compiled {
         .par_iter()
         .flat_map_iter(|site| {
             let doc: Arc<str> = site.doc.to_canonical_json().into();
-            let regions = site.regions.as_ref();
+            let regions = site.regions.as_deref();
             let hosts = std::iter::once(&site.host).chain(site.aliases.iter());
             let mut out = Vec::with_capacity(2 * (1 + site.aliases.len()));
             for host in hosts {
@@ -127,7 +127,7 @@ pub fn compile(config: &Config) -> Compiled {
             let region = node.region.as_str();
             let list: Entries = all
                 .iter()
-                .filter(|(_, _, regions)| regions.is_none_or(|r| r.contains(region)))
+                .filter(|(_, _, regions)| regions.is_none_or(|r| r.iter().any(|x| x == region)))
                 .map(|(k, v, _)| (k.clone(), v.clone()))
                 .collect();
             per_region.insert(region, Arc::new(list));

@@ -75,10 +75,9 @@ pub fn check(repo: &load::Repo) -> Checked {
         tracing::info_span!("parse").in_scope(|| {
             repo.sources
                 .par_iter()
-                .enumerate()
-                .map(|(i, source)| {
+                .map(|source| {
                     let (file, raw) = parse::parse_typed(source);
-                    let early = validate::early(&file, raw, i);
+                    let early = validate::early(&file, raw);
                     (file, early)
                 })
                 .unzip()

@@ -5,8 +5,21 @@
 //! canonical form (sorted keys, no whitespace) without a detour through a
 //! map. `geo_codes` and `ip_list` are comma-joined strings because the Lua
 //! splits them so.
+//!
+//! The fields that hold one of a few fixed words (the modes, a rule's
+//! `action` and `match_type`) are [`Word`]s: the compiler borrows the
+//! `&'static str` of its enums, so a million resolved sites do not carry
+//! ~10 small heap strings each (#16); a document read back from JSON owns
+//! its words. Either way the JSON is the same.
+
+use std::borrow::Cow;
 
 use serde::{Deserialize, Serialize};
+
+/// A field that is one of a few fixed words: borrowed when the compiler
+/// builds the document, owned when it was deserialized. Serializes as the
+/// plain string; compare it with `==` against a `&str`, read it with `&*`.
+pub type Word = Cow<'static, str>;
 
 /// One site document, exactly as the edge reads it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -14,24 +27,24 @@ use serde::{Deserialize, Serialize};
 pub struct SiteDoc {
     pub cache_rules: Vec<CacheRule>,
     pub cached: bool,
-    pub cors_mode: String,
+    pub cors_mode: Word,
     pub edge_rules: Vec<EdgeRule>,
     pub geo_codes: String,
-    pub geo_mode: String,
-    pub hotlink_mode: String,
+    pub geo_mode: Word,
+    pub hotlink_mode: Word,
     pub ip_list: String,
-    pub ip_mode: String,
+    pub ip_mode: Word,
     pub origin: String,
-    pub rate_mode: String,
-    pub waf_mode: String,
+    pub rate_mode: Word,
+    pub waf_mode: Word,
 }
 
 /// A cache rule: `ttl` is present exactly when `action` is `ttl`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct CacheRule {
-    pub action: String,
-    pub match_type: String,
+    pub action: Word,
+    pub match_type: Word,
     pub match_value: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ttl: Option<u32>,
@@ -42,8 +55,8 @@ pub struct CacheRule {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct EdgeRule {
-    pub action: String,
-    pub match_type: String,
+    pub action: Word,
+    pub match_type: Word,
     pub match_value: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub redirect_status: Option<u16>,
@@ -99,5 +112,12 @@ mod tests {
         let back: SiteDoc = serde_json::from_str(&text).unwrap();
         assert_eq!(back, doc);
         assert!(text.starts_with(r#"{"cache_rules":[{"action":"ttl","match_type":"ext""#));
+        // Built from literals the words are borrowed, read back they are
+        // owned; equal either way, and the JSON is the same text.
+        assert!(matches!(doc.geo_mode, Cow::Borrowed("block")));
+        assert!(matches!(back.geo_mode, Cow::Owned(_)));
+        assert!(matches!(back.cache_rules[0].action, Cow::Owned(_)));
+        assert_eq!(back.to_canonical_json(), text);
+        assert_eq!(back.waf_mode, "strict");
     }
 }

@@ -89,8 +89,11 @@ pub struct Site {
     pub host: String,
     pub aliases: Vec<String>,
     pub suspended: bool,
-    /// `None`: every region.
-    pub regions: Option<BTreeSet<String>>,
+    /// `None`: every region. As written in the file (in its order, so
+    /// `regions[i]` locates the i-th name); a list, not a `BTreeSet`,
+    /// whose node would cost ~300 bytes per site even for one region
+    /// (#16). Membership is all that is asked of it.
+    pub regions: Option<Box<[String]>>,
     /// The canonical JSON of the document (shared by host and aliases).
     pub doc: SiteDoc,
 }

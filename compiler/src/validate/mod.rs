@@ -106,19 +106,19 @@ pub enum Early {
     /// A cluster, zone or node file (boxed: the list's slots are
     /// site-sized, and become the sites' list in place).
     Raw(Box<Raw>),
-    /// The resolved site, its diagnostics, and the file's index.
-    Site(Site, Vec<Diagnostic>, usize),
+    /// The resolved site and its diagnostics (the file's index is the
+    /// slot's).
+    Site(Site, Vec<Diagnostic>),
 }
 
-/// The per-file rules of file `index` that need nothing else (see
-/// [`Early`]).
+/// The per-file rules of a file that need nothing else (see [`Early`]).
 #[must_use]
-pub fn early(file: &ParsedFile<'_>, raw: Option<Raw>, index: usize) -> Early {
+pub fn early(file: &ParsedFile<'_>, raw: Option<Raw>) -> Early {
     match raw {
         Some(Raw::Site(raw)) => {
             let mut ctx = Ctx::new(file);
             let site = site(&mut ctx, &raw);
-            Early::Site(site, ctx.out, index)
+            Early::Site(site, ctx.out)
         }
         Some(other) => Early::Raw(Box::new(other)),
         None => Early::Nothing,
@@ -167,8 +167,9 @@ pub fn validate(
     // Sites were resolved by `early`; moved out in place (no second list).
     let sites: Vec<(Site, &ParsedFile)> = early
         .into_iter()
-        .filter_map(|e| match e {
-            Early::Site(site, mut d, i) => {
+        .enumerate()
+        .filter_map(|(i, e)| match e {
+            Early::Site(site, mut d) => {
                 diagnostics.append(&mut d);
                 Some((site, &files[i]))
             }

@@ -152,10 +152,8 @@ pub(super) fn site(ctx: &mut Ctx<'_>, raw: &raw::Site) -> Site {
         }
     }
 
-    let regions = raw
-        .regions
-        .as_ref()
-        .map(|r| r.iter().cloned().collect::<BTreeSet<_>>());
+    // In file order, so `regions[i]` locates the i-th name as written.
+    let regions = raw.regions.as_ref().map(|r| r.clone().into_boxed_slice());
     if raw.regions.as_ref().is_some_and(Vec::is_empty) {
         let d = ctx.error(
             "invalid-value",
@@ -185,10 +183,10 @@ pub(super) fn site(ctx: &mut Ctx<'_>, raw: &raw::Site) -> Site {
                 .map(ToString::to_string)
                 .collect::<Vec<_>>()
                 .join(","),
-            rate_mode: raw.rate_mode.as_str().to_owned(),
-            waf_mode: raw.waf_mode.as_str().to_owned(),
-            cors_mode: raw.cors_mode.as_str().to_owned(),
-            hotlink_mode: raw.hotlink_mode.as_str().to_owned(),
+            rate_mode: raw.rate_mode.as_str().into(),
+            waf_mode: raw.waf_mode.as_str().into(),
+            cors_mode: raw.cors_mode.as_str().into(),
+            hotlink_mode: raw.hotlink_mode.as_str().into(),
             cache_rules,
             edge_rules,
         },

@@ -719,3 +719,22 @@ fn github_annotations() {
         "{text}"
     );
 }
+
+/// `regions` keeps the file's order (#16 made it a list): an unknown
+/// region is located at its own name, not at the name in its sorted place.
+#[test]
+fn unknown_region_is_located_at_its_name() {
+    let f = Fixture::with(&[(
+        "sites/a.yaml",
+        "host: a.example.com\norigin: http://192.0.2.1\nregions: [zz, eu]\n",
+    )]);
+    let checked = f.check();
+    let d: Vec<_> = checked
+        .diagnostics
+        .iter()
+        .filter(|d| d.code == "unknown-region")
+        .collect();
+    assert_eq!(d.len(), 1, "{:#?}", checked.diagnostics);
+    assert_eq!((d[0].span.line, d[0].span.column), (3, 11), "{:#?}", d[0]);
+    assert!(d[0].message.contains("`zz`"), "{}", d[0].message);
+}

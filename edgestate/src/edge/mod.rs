@@ -352,7 +352,7 @@ impl Site {
         let rate = level("rate_mode", &doc.rate_mode, "normal")?;
         let waf = level("waf_mode", &doc.waf_mode, "detect")?;
         let cors = level("cors_mode", &doc.cors_mode, "permissive")?;
-        let hotlink = match doc.hotlink_mode.as_str() {
+        let hotlink = match &*doc.hotlink_mode {
             "off" => false,
             "block" => true,
             m => {
@@ -366,7 +366,7 @@ impl Site {
         for (i, r) in doc.cache_rules.iter().enumerate() {
             let field = format!("cache_rules[{i}]");
             let m = matcher(&field, &r.match_type, &r.match_value)?;
-            let a = match (r.action.as_str(), r.ttl) {
+            let a = match (&*r.action, r.ttl) {
                 ("ttl", Some(t)) if t >= 1 => CacheAction::Ttl(t),
                 ("bypass", _) => CacheAction::Bypass,
                 ("ttl", _) => {
@@ -388,7 +388,7 @@ impl Site {
         for (i, r) in doc.edge_rules.iter().enumerate() {
             let field = format!("edge_rules[{i}]");
             let m = matcher(&field, &r.match_type, &r.match_value)?;
-            let a = match (r.action.as_str(), r.redirect_status) {
+            let a = match (&*r.action, r.redirect_status) {
                 ("redirect", Some(s @ (301 | 302 | 307 | 308))) => EdgeAction::Redirect {
                     status: s,
                     to: r.redirect_to.clone(),
