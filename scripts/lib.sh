@@ -31,8 +31,8 @@ need_packages() {
 }
 
 # What building edgeform needs beyond the Rust toolchain (git2 with https
-# and ssh fetches links OpenSSL).
-BUILD_PACKAGES=(git pkg-config libssl-dev)
+# and ssh fetches links OpenSSL; tikv-jemalloc-sys builds jemalloc with make).
+BUILD_PACKAGES=(git pkg-config libssl-dev make)
 
 # The reference edge (edge/, docs/edge.md): nginx with OpenResty's Lua
 # module. luajit2 is OpenResty's LuaJIT branch the module links against;
