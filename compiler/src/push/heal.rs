@@ -749,6 +749,7 @@ async fn walk(
     stop: &AtomicBool,
 ) -> Result<Option<Walked>> {
     let compare = redis::Script::new(COMPARE);
+    let prefix = format!("{}:", keys::MANIFEST);
     let mut walked = Walked::default();
     let mut bucket = range.start;
     let mut cursor = "0".to_owned();
@@ -764,7 +765,7 @@ async fn walk(
         }
         let t = std::time::Instant::now();
         let reply: redis::Value = compare
-            .arg(format!("{}:", keys::MANIFEST))
+            .arg(&prefix)
             .arg(keys::MANIFEST_BUCKETS)
             .arg(budget)
             .arg(bucket)

@@ -71,13 +71,7 @@ fn heal(f: &Fixture) -> String {
 
 /// The `bytes=` a heal logged.
 fn bytes(log: &str) -> usize {
-    let at = log.find("bytes=").expect(log) + 6;
-    log[at..]
-        .split(|c: char| !c.is_ascii_digit())
-        .next()
-        .unwrap()
-        .parse()
-        .unwrap()
+    field(log, "bytes")
 }
 
 /// After a repair the target is healthy again, and that costs O(1).
