@@ -319,6 +319,8 @@ function _M.decide(req, key, site, suspended, clearance)
   local q = find(uri, "?", 1, true)
   local path, query = uri, nil
   if q then path, query = sub(uri, 1, q - 1), sub(uri, q + 1) end
+  -- Every path rule reads the path without its segments' parameters.
+  path = norm.match_path(path)
   local client = req.client
 
   if site.ip ~= "off" then

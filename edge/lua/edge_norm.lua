@@ -104,6 +104,12 @@ function _M.is_plain(path)
     and not find(path, "/.", 1, true) and byte(path, 1) == 47
 end
 
+-- The path every rule matches: each segment's `;…` removed.
+function _M.match_path(path)
+  if not find(path, ";", 1, true) then return path end
+  return (path:gsub(";[^/]*", ""))
+end
+
 -- The name an `ext` match reads: the last segment, trailing `/`s ignored,
 -- up to its first `;`.
 function _M.ext_subject(path)

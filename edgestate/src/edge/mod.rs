@@ -702,6 +702,9 @@ pub fn decide(req: &Request<'_>, found: Found<'_>, clearance: Clearance<'_>) -> 
     };
     d.site = Some(key.to_owned());
     d.reasons.push(format!("document site:{key}"));
+    // Every path rule reads the path without its segments' parameters.
+    let matched = norm::match_path(path);
+    let path: &str = &matched;
     if suspended {
         d.reasons.push(format!("suspended:{key} is set"));
         return refuse(d, Verdict::Suspended, 503, "suspended");

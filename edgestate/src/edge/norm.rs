@@ -195,6 +195,25 @@ pub fn canonical_path(path: &str) -> Result<String, PathError> {
     Ok(String::from_utf8(canon).unwrap_or_default())
 }
 
+/// The path every rule matches: the canonical path with each segment's
+/// parameters (`;` to the segment's end) removed (`/api;x/me` →
+/// `/api/me`), as origins that read path parameters (Tomcat, Spring,
+/// Jetty) see it; origins that do not see a path the rules match more of.
+#[must_use]
+pub fn match_path(path: &str) -> std::borrow::Cow<'_, str> {
+    if !path.contains(';') {
+        return std::borrow::Cow::Borrowed(path);
+    }
+    let mut out = String::with_capacity(path.len());
+    for (i, seg) in path.split('/').enumerate() {
+        if i > 0 {
+            out.push('/');
+        }
+        out.push_str(seg.split(';').next().unwrap_or_default());
+    }
+    std::borrow::Cow::Owned(out)
+}
+
 /// The name an `ext` match (and the hotlink check) reads: the path's last
 /// segment, trailing `/`s ignored, up to its first `;` (`/a.jpg;x`,
 /// `/a.jpg/` → `a.jpg`), so that what an origin serving path parameters
@@ -377,6 +396,8 @@ mod tests {
         refused: Option<String>,
         #[serde(default)]
         ext: Option<String>,
+        #[serde(default, rename = "match")]
+        matched: Option<String>,
     }
 
     /// One line of `testdata/edge/waf.jsonl`.
@@ -416,6 +437,9 @@ mod tests {
             }
             if let Some(e) = &v.ext {
                 assert_eq!(ext_subject(&v.path), e, "`{}`", v.path);
+            }
+            if let Some(m) = &v.matched {
+                assert_eq!(match_path(&v.path), m.as_str(), "`{}`", v.path);
             }
             n += 1;
         }

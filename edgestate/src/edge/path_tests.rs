@@ -208,3 +208,20 @@ fn a_request_with_authorization_is_never_cached() {
     let d = ask(&s, "GET", "shop.test", "/api/me", &[]);
     assert!(!d.cache.cached);
 }
+
+#[test]
+fn rules_read_the_path_without_its_parameters() {
+    let s = site("{}");
+    // An origin that reads path parameters serves /api/me for both.
+    let d = ask(&s, "GET", "shop.test", "/api;x/me", &[]);
+    assert_eq!((d.verdict, d.cache.cached), (Verdict::Proxy, false));
+    for uri in ["/admin;x", "/admin;x/y"] {
+        let d = ask(&s, "GET", "shop.test", uri, &[]);
+        assert_eq!(answer(&d), (403, Some("edge-rule"), None), "{uri}");
+    }
+    let d = ask(&s, "GET", "shop.test", "/old;v=1/a", &[]);
+    assert_eq!(answer(&d), (301, None, Some("/a")));
+    // An encoded `;` is not a parameter.
+    let d = ask(&s, "GET", "shop.test", "/api%3Bx/me", &[]);
+    assert!(d.cache.cached);
+}
