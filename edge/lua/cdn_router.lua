@@ -228,6 +228,13 @@ local CHALLENGE_PAGE = [[<!doctype html>
 ]]
 
 function _M.access()
+  -- The path's form first (docs/edge.md, "The normalised path").
+  local request_uri = ngx.var.request_uri
+  local pc = decide.path_check(request_uri)
+  if pc then
+    if pc.location then ngx.header["Location"] = pc.location end
+    return answer(pc.status, pc.reason, pc.status == 400 and (pc.reason .. "\n") or "")
+  end
   if generation == nil then poll() end
   local host = ngx.var.host
   local entry = lookup(host)
@@ -254,13 +261,14 @@ function _M.access()
   local req = {
     method = method,
     host = host,
-    uri = var.request_uri,
+    uri = request_uri,
     client = client,
     country = country,
     referer = site.hotlink and var.http_referer or nil,
     origin = site.cors ~= "off" and var.http_origin or nil,
     acr_method = method == "OPTIONS" and var.http_access_control_request_method or nil,
     cookie = site.rate == "strict" and var.http_cookie or nil,
+    authorization = site.cached and var.http_authorization or nil,
   }
   local d = decide.decide(req, entry.key, entry.site, entry.suspended,
     { secret = conf.secret, now = ngx.time() })

@@ -4,6 +4,7 @@
 -- No I/O: cdn_router.lua gathers the inputs and acts on the answer.
 
 local ip = require "edge_ip"
+local norm = require "edge_norm"
 
 local find, sub, lower, byte = string.find, string.sub, string.lower, string.byte
 local type, pairs, ipairs, tonumber, floor = type, pairs, ipairs, tonumber, math.floor
@@ -20,6 +21,10 @@ local WAF_RULES = {
   { "sqli", { "union select", "' or '1'='1", " or 1=1", "sleep(", "information_schema", ";--" } },
   { "xss", { "<script", "javascript:", "onerror=", "onload=" } },
 }
+-- The needles in the WAF's spelling (edge_norm.waf_fold), once.
+for _, rule in ipairs(WAF_RULES) do
+  for i, needle in ipairs(rule[2]) do rule[2][i] = norm.waf_fold(needle) end
+end
 local HOTLINK_EXT = { ".jpg", ".jpeg", ".png", ".gif", ".webp", ".avif", ".svg", ".ico",
   ".mp4", ".webm", ".m4v", ".mov", ".m3u8", ".ts", ".m4s", ".mpd", ".mp3", ".m4a", ".aac",
   ".ogg", ".woff", ".woff2", ".pdf", ".zip" }
@@ -139,15 +144,15 @@ local function matcher(field, kind, value)
   return nil, field .. ": unknown match_type `" .. tostring(kind) .. "`"
 end
 
-local function ends_with_ci(path, ext)
-  return #path >= #ext and lower(sub(path, -#ext)) == lower(ext)
+local function ends_with_ci(name, ext)
+  return #name >= #ext and lower(sub(name, -#ext)) == lower(ext)
 end
 
 local function matches(m, path)
   local kind, v = m[1], m[2]
   if kind == "exact" then return path == v end
   if kind == "prefix" then return sub(path, 1, #v) == v end
-  if kind == "ext" then return ends_with_ci(path, v) end
+  if kind == "ext" then return ends_with_ci(norm.ext_subject(path), v) end
   return ngx.re.find(path, v, "jo") ~= nil
 end
 
@@ -222,19 +227,10 @@ end
 
 -- ------------------------------------------------------------ the decision
 
-local function unhex(h) return string.char(tonumber(h, 16)) end
-
-local function waf_text(uri)
-  local t = uri
-  if find(t, "%", 1, true) then t = t:gsub("%%(%x%x)", unhex) end
-  if find(t, "+", 1, true) then t = t:gsub("%+", " ") end
-  return lower(t)
-end
-
 function _M.waf_matches(method, uri)
   local hits = {}
   if not METHODS[method] then hits[#hits + 1] = "bad-method" end
-  local text = waf_text(uri)
+  local text = norm.waf_text(uri)
   for _, rule in ipairs(WAF_RULES) do
     for _, needle in ipairs(rule[2]) do
       if find(text, needle, 1, true) then
@@ -277,6 +273,37 @@ function _M.clearance_token(secret, site, client_bytes, expiry)
   return expiry .. "." .. ip.hex(mac)
 end
 
+-- A prefix redirect's Location: the rest of the path kept inside the
+-- target's path (edgestate::edge::join_redirect).
+function _M.join_redirect(target, rest)
+  if rest == "" then return target end
+  if sub(target, -1) == "/" and sub(rest, 1, 1) == "/" then
+    return target .. sub(rest, 2)
+  end
+  local authority_only = target:match("^[%w+.-]+://[^/?#]*$") ~= nil
+  if authority_only and sub(rest, 1, 1) ~= "/" then return target .. "/" .. rest end
+  return target .. rest
+end
+
+-- The request path's form, before anything else (docs/edge.md, step 0):
+-- nil when canonical, else a decision (400 bad-path, or 308 to the
+-- canonical path with the query as sent).
+function _M.path_check(uri)
+  local q = find(uri, "?", 1, true)
+  local path = q and sub(uri, 1, q - 1) or uri
+  if norm.is_plain(path) then return nil end
+  local canon, err = norm.canonical_path(path)
+  if not canon then
+    if norm.BY_NGINX[err] then
+      return { verdict = "blocked", status = 400, reason = "bad-request" }
+    end
+    return { verdict = "blocked", status = 400, reason = "bad-path" }
+  end
+  if canon == path then return nil end
+  return { verdict = "redirect", status = 308, reason = "non-canonical-path",
+           location = q and (canon .. sub(uri, q)) or canon }
+end
+
 local function refuse(d, verdict, status, reason)
   d.verdict, d.status, d.reason = verdict, status, reason
   return d
@@ -292,6 +319,8 @@ function _M.decide(req, key, site, suspended, clearance)
   local q = find(uri, "?", 1, true)
   local path, query = uri, nil
   if q then path, query = sub(uri, 1, q - 1), sub(uri, q + 1) end
+  -- Every path rule reads the path without its segments' parameters.
+  path = norm.match_path(path)
   local client = req.client
 
   if site.ip ~= "off" then
@@ -321,8 +350,9 @@ function _M.decide(req, key, site, suspended, clearance)
 
   if site.hotlink and req.referer then
     local asset = false
+    local name = norm.ext_subject(path)
     for _, e in ipairs(HOTLINK_EXT) do
-      if ends_with_ci(path, e) then asset = true break end
+      if ends_with_ci(name, e) then asset = true break end
     end
     if asset then
       local h = url_host(req.referer)
@@ -357,7 +387,7 @@ function _M.decide(req, key, site, suspended, clearance)
     if matches(m, path) then
       if not m.redirect then return refuse(d, "blocked", 403, "edge-rule") end
       local target = m.to or "/"
-      if m[1] == "prefix" then target = target .. sub(path, #m[2] + 1) end
+      if m[1] == "prefix" then target = _M.join_redirect(target, sub(path, #m[2] + 1)) end
       if query then
         target = target .. (find(target, "?", 1, true) and "&" or "?") .. query
       end
@@ -373,7 +403,9 @@ function _M.decide(req, key, site, suspended, clearance)
     for _, m in ipairs(site.cache_rules) do
       if matches(m, path) then rule = m break end
     end
-    if not rule then
+    if req.authorization then
+      d.cached = false
+    elseif not rule then
       d.cached = true
     elseif rule.ttl then
       d.cached, d.ttl = true, rule.ttl

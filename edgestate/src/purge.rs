@@ -340,6 +340,54 @@ pub struct Request<'a> {
     pub request_uri: &'a str,
 }
 
+/// A request URI (`/path?query`) in the form the edge caches it under:
+/// the path canonical (`docs/edge.md`, "The normalised path": the edge
+/// proxies and caches only canonical paths and redirects the others to
+/// theirs), the query as given. `//api/me` → `/api/me`.
+///
+/// # Errors
+/// A path the edge refuses (400), so nothing of it is ever cached.
+pub fn canonical_request_uri(uri: &str) -> Result<String, String> {
+    let (path, query) = match uri.split_once('?') {
+        Some((p, q)) => (p, Some(q)),
+        None => (uri, None),
+    };
+    let mut out = crate::edge::norm::canonical_path(path).map_err(|e| {
+        format!(
+            "`{uri}`: {}: the edge refuses it, so nothing of it is cached",
+            e.describe()
+        )
+    })?;
+    if let Some(q) = query {
+        out.push('?');
+        out.push_str(q);
+    }
+    Ok(out)
+}
+
+/// nginx's `$uri` of a canonical path: every escape decoded.
+fn decoded_uri(path: &str) -> String {
+    let b = path.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        let hex = |c: u8| (c as char).to_digit(16);
+        if b[i] == b'%'
+            && let (Some(h), Some(l)) = (
+                b.get(i + 1).copied().and_then(hex),
+                b.get(i + 2).copied().and_then(hex),
+            )
+        {
+            out.push(u8::try_from(h * 16 + l).unwrap_or_default());
+            i += 3;
+        } else {
+            out.push(b[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
 /// The nginx variables a key template may use.
 const VARIABLES: [&str; 7] = [
     "$scheme",
@@ -396,7 +444,7 @@ pub fn expand_key(template: &str, request: &Request<'_>) -> Result<String, Strin
             Ok("$scheme") => out.push_str(request.scheme),
             Ok("$host" | "$http_host" | "$server_name") => out.push_str(request.host),
             Ok("$request_uri") => out.push_str(request.request_uri),
-            Ok("$uri") => out.push_str(uri),
+            Ok("$uri") => out.push_str(&decoded_uri(uri)),
             Ok("$is_args") => out.push_str(if args.is_empty() { "" } else { "?" }),
             Ok(_) => out.push_str(args), // $args
         }

@@ -393,7 +393,12 @@ impl Router {
         };
         let mut last = None;
         for part in header.split(',') {
-            match part.trim().parse::<IpAddr>() {
+            // ASCII whitespace only, as the edge's Lua trims (`%s`): an
+            // entry ending in U+00A0 is malformed there too.
+            match part
+                .trim_matches(crate::edge::norm::is_lua_space)
+                .parse::<IpAddr>()
+            {
                 Ok(ip) => last = Some(ip),
                 Err(_) => {
                     last = None;

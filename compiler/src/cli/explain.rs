@@ -40,7 +40,7 @@ pub struct ExplainArgs {
     #[arg(long, default_value = "GET", value_name = "METHOD")]
     pub method: String,
     /// A request header, `Name: value` (repeatable): Referer, Origin,
-    /// Cookie, X-Forwarded-For, Access-Control-Request-Method.
+    /// Cookie, Authorization, X-Forwarded-For, Access-Control-Request-Method.
     #[arg(long = "header", value_name = "'NAME: VALUE'")]
     pub headers: Vec<String>,
     /// The edge whose documents decide (default: the first, by name, that
@@ -200,6 +200,7 @@ impl Explainer<'_> {
             origin: header(headers, "origin"),
             acr_method: header(headers, "access-control-request-method"),
             cookie: header(headers, "cookie"),
+            authorization: header(headers, "authorization"),
         };
         let clearance = Clearance {
             secret: self.secret.as_deref(),

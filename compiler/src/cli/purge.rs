@@ -100,6 +100,8 @@ pub fn build_job(id: &str, site: &Site, node: &Node, what: &What) -> Result<Job,
         if host.iter().any(|h| h.starts_with("*.")) {
             return Err("a wildcard site needs a full URL with the real hostname for --url".into());
         }
+        // The form the edge caches under: `//api/me` is `/api/me`.
+        let uri = &purge::canonical_request_uri(uri)?;
         let mut keys = Vec::new();
         for s in &schemes {
             for h in &host {
@@ -120,7 +122,7 @@ pub fn build_job(id: &str, site: &Site, node: &Node, what: &What) -> Result<Job,
         if !prefix.starts_with('/') {
             return Err(format!("--prefix `{prefix}` must start with `/`"));
         }
-        regex::escape(prefix)
+        regex::escape(&purge::canonical_request_uri(prefix)?)
     } else if let Some(re) = &what.regex {
         purge::matcher(re).map_err(|e| format!("the agent's regex engine refuses `{re}`: {e}"))?;
         match re.strip_prefix('^') {

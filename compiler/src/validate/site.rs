@@ -69,6 +69,7 @@ pub(super) fn site(ctx: &mut Ctx<'_>, raw: &raw::Site) -> Site {
     for (i, rule) in raw.cache_rules.iter().enumerate() {
         let base = format!("/cache_rules/{i}");
         check_match(ctx, &base, rule.match_type, &rule.match_value);
+        check_canonical_match(ctx, &base, rule.match_type, &rule.match_value);
         match (rule.action, rule.ttl) {
             (CacheAction::Ttl, None) => {
                 let d = ctx.error(
@@ -103,7 +104,11 @@ pub(super) fn site(ctx: &mut Ctx<'_>, raw: &raw::Site) -> Site {
     for (i, rule) in raw.edge_rules.iter().enumerate() {
         let base = format!("/edge_rules/{i}");
         check_match(ctx, &base, rule.match_type, &rule.match_value);
+        check_canonical_match(ctx, &base, rule.match_type, &rule.match_value);
         let redirect = rule.action == EdgeAction::Redirect;
+        if redirect {
+            check_redirect_target(ctx, &base, rule);
+        }
         if redirect && rule.redirect_status.is_none() {
             let d = ctx.error(
                 "missing-redirect-status",
@@ -230,5 +235,94 @@ pub(super) fn check_match(ctx: &mut Ctx<'_>, base: &str, kind: MatchType, value:
             help(d, "write it with its dot, e.g. `.mp4`");
         }
         _ => {}
+    }
+}
+
+/// The edge matches the normalised path only (docs/edge.md): a `prefix` or
+/// `exact` value that is not in that form never matches anything.
+fn check_canonical_match(ctx: &mut Ctx<'_>, base: &str, kind: MatchType, value: &str) {
+    if !matches!(kind, MatchType::Prefix | MatchType::Exact) || !value.starts_with('/') {
+        return;
+    }
+    match edgestate::edge::norm::canonical_path(value) {
+        Ok(c) if c == value => {}
+        Ok(c) => {
+            let d = ctx.warning(
+                "non-canonical-match",
+                &format!("{base}/match_value"),
+                format!(
+                    "`{value}` is not a normalised path: the edge matches `{c}` instead and \
+                     never sees `{value}`"
+                ),
+            );
+            help(d, format!("write `{c}`"));
+        }
+        Err(e) => {
+            ctx.warning(
+                "non-canonical-match",
+                &format!("{base}/match_value"),
+                format!(
+                    "`{value}`: {}: the edge refuses such a path, so it never matches",
+                    e.describe()
+                ),
+            );
+        }
+    }
+}
+
+/// A redirect whose `Location` can leave the site's host: a scheme-relative
+/// or user-info target, or a prefix without a trailing `/` continuing a
+/// target that is only a host (`/shop` → `https://shop.example`:
+/// `/shop@evil.example` would read as user-info; the edge inserts a `/`).
+fn check_redirect_target(ctx: &mut Ctx<'_>, base: &str, rule: &raw::EdgeRule) {
+    let to = rule.redirect_to.as_deref().unwrap_or("/");
+    let pointer = format!("{base}/redirect_to");
+    if to.starts_with("//") || to.starts_with('\\') || to.starts_with("/\\") {
+        let d = ctx.warning(
+            "open-redirect",
+            &pointer,
+            format!("`{to}` is a scheme-relative location: browsers go to the host it names"),
+        );
+        help(
+            d,
+            "write the full URL (`https://host/path`) or a path with one leading `/`",
+        );
+        return;
+    }
+    let authority = to
+        .split_once("://")
+        .map(|(_, after)| after.split(['/', '?', '#']).next().unwrap_or_default());
+    if let Some(authority) = authority {
+        if authority.contains('@') {
+            let d = ctx.warning(
+                "open-redirect",
+                &pointer,
+                format!("`{to}` carries user-info: browsers go to the host after `@`"),
+            );
+            help(d, "remove the part up to `@`");
+            return;
+        }
+        let only_host = !to
+            .split_once("://")
+            .is_some_and(|(_, after)| after.contains(['/', '?', '#']));
+        if matches!(rule.match_type, MatchType::Prefix)
+            && !rule.match_value.ends_with('/')
+            && only_host
+        {
+            let d = ctx.warning(
+                "open-redirect",
+                &format!("{base}/match_value"),
+                format!(
+                    "prefix `{}` without a trailing `/` continues `{to}` with the rest of the \
+                     path: `{}@evil.example` would name another host (the edge inserts a `/`, \
+                     giving `{to}/@evil.example`)",
+                    rule.match_value, rule.match_value
+                ),
+            );
+            help(
+                d,
+                format!("end the prefix with `/` or give the target a path: `{to}/`"),
+            );
+        }
     }
 }

@@ -3,6 +3,7 @@
 mod anycast;
 mod cli;
 mod edge;
+mod edge_paths;
 mod example;
 mod heal;
 mod hostile;

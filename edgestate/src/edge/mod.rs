@@ -19,6 +19,9 @@ use serde::Serialize;
 use crate::lpm::Prefix;
 use crate::site::SiteDoc;
 
+pub mod norm;
+#[cfg(test)]
+mod path_tests;
 #[cfg(test)]
 mod tests;
 
@@ -154,8 +157,9 @@ impl Matcher {
             Matcher::Exact(v) => path == v,
             Matcher::Prefix(v) => path.starts_with(v.as_str()),
             Matcher::Ext(v) => {
-                path.len() >= v.len()
-                    && path.as_bytes()[path.len() - v.len()..].eq_ignore_ascii_case(v.as_bytes())
+                let name = norm::ext_subject(path);
+                name.len() >= v.len()
+                    && name.as_bytes()[name.len() - v.len()..].eq_ignore_ascii_case(v.as_bytes())
             }
             Matcher::Regex(r) => r.is_match(path),
         }
@@ -445,6 +449,8 @@ pub struct Request<'a> {
     /// `Access-Control-Request-Method`.
     pub acr_method: Option<&'a str>,
     pub cookie: Option<&'a str>,
+    /// The `Authorization` header: a response to it is never cached.
+    pub authorization: Option<&'a str>,
 }
 
 /// What verifies challenge cookies.
@@ -456,10 +462,12 @@ pub struct Clearance<'a> {
     pub now: u64,
 }
 
-/// The host the edge looks up: lower-case, port removed.
+/// The host the edge looks up: nginx's `$host` ([`norm::nginx_host`]:
+/// lower-case, port and one trailing dot removed); a `Host` nginx refuses
+/// as it is, lower-cased (the decision answers 400 for it).
 #[must_use]
 pub fn normalize_host(host: &str) -> String {
-    split_host_port(host).0.to_ascii_lowercase()
+    norm::nginx_host(host).unwrap_or_else(|| host.to_ascii_lowercase())
 }
 
 /// The keys' hosts to try, in order: the host, then its wildcard.
@@ -531,36 +539,6 @@ fn same_site(a: &str, b: &str) -> bool {
     a == b || a.ends_with(&format!(".{b}")) || b.ends_with(&format!(".{a}"))
 }
 
-/// The URI as the WAF reads it: percent-decoded once, `+` as a space,
-/// ASCII lower-case.
-#[must_use]
-pub fn waf_text(uri: &str) -> Vec<u8> {
-    let b = uri.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        if b[i] == b'%'
-            && i + 2 < b.len()
-            && b[i + 1].is_ascii_hexdigit()
-            && b[i + 2].is_ascii_hexdigit()
-        {
-            let hex = |c: u8| (c as char).to_digit(16).unwrap_or(0) as u8;
-            out.push(hex(b[i + 1]) * 16 + hex(b[i + 2]));
-            i += 3;
-        } else {
-            out.push(b[i]);
-            i += 1;
-        }
-    }
-    for c in &mut out {
-        if *c == b'+' {
-            *c = b' ';
-        }
-        c.make_ascii_lowercase();
-    }
-    out
-}
-
 /// WAF rules the request matches, in the table's order.
 #[must_use]
 pub fn waf_matches(method: &str, uri: &str) -> Vec<&'static str> {
@@ -568,12 +546,12 @@ pub fn waf_matches(method: &str, uri: &str) -> Vec<&'static str> {
     if !METHODS.contains(&method) {
         hits.push("bad-method");
     }
-    let text = waf_text(uri);
+    let text = norm::waf_text(uri);
     for (name, needles) in WAF_RULES {
-        if needles
-            .iter()
-            .any(|n| text.windows(n.len()).any(|w| w == n.as_bytes()))
-        {
+        if needles.iter().any(|n| {
+            let n = norm::waf_fold(n.as_bytes());
+            text.windows(n.len()).any(|w| w == n)
+        }) {
             hits.push(name);
         }
     }
@@ -605,30 +583,33 @@ fn refuse(mut d: Decision, verdict: Verdict, status: u16, reason: &'static str) 
     d
 }
 
-/// Whether nginx itself refuses the URI (400) before any Lua runs: its
-/// path, percent-decoded (`%2F` included), climbs above `/` with `..`.
+/// The `Location` of a prefix redirect: `rest` (the path after the
+/// prefix) appended to `target` so that it stays in the target's path:
+/// one `/` where both have one, a `/` inserted after an authority with no
+/// path (`https://shop.example` + `@evil.example` →
+/// `https://shop.example/@evil.example`).
 #[must_use]
-pub fn nginx_refuses(uri: &str) -> bool {
-    let path = uri.split('?').next().unwrap_or_default();
-    if !path.contains('%') && !path.contains("/.") {
-        return false;
+pub fn join_redirect(target: &str, rest: &str) -> String {
+    let mut out = target.to_owned();
+    if rest.is_empty() {
+        return out;
     }
-    let decoded = waf_text(path);
-    let mut depth = 0usize;
-    let segments: Vec<&[u8]> = decoded.split(|&b| b == b'/').skip(1).collect();
-    for seg in segments {
-        match seg {
-            b".." => {
-                if depth == 0 {
-                    return true;
-                }
-                depth -= 1;
-            }
-            b"" | b"." => {}
-            _ => depth += 1,
+    let authority_only = target.split_once("://").is_some_and(|(scheme, after)| {
+        !scheme.is_empty()
+            && scheme
+                .bytes()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, b'+' | b'.' | b'-'))
+            && !after.contains(['/', '?', '#'])
+    });
+    if out.ends_with('/') && rest.starts_with('/') {
+        out.push_str(&rest[1..]);
+    } else {
+        if authority_only && !rest.starts_with('/') {
+            out.push('/');
         }
+        out.push_str(rest);
     }
-    false
+    out
 }
 
 /// What the document lookup found for the request's host.
@@ -651,12 +632,57 @@ pub enum Found<'a> {
 #[allow(clippy::too_many_lines)]
 pub fn decide(req: &Request<'_>, found: Found<'_>, clearance: Clearance<'_>) -> Decision {
     let mut d = base(Verdict::Proxy, 200);
-    if nginx_refuses(req.uri) {
-        d.reasons
-            .push("nginx refuses a path that climbs above / (400, before the edge's Lua)".into());
+    let (path, query) = match req.uri.split_once('?') {
+        Some((p, q)) => (p, Some(q)),
+        None => (req.uri, None),
+    };
+    // 0. What nginx refuses before the edge's Lua, then the path's form.
+    if !norm::nginx_method(req.method) {
+        d.reasons.push(format!(
+            "nginx refuses the method `{}` (400, before the edge's Lua)",
+            req.method
+        ));
         return refuse(d, Verdict::Blocked, 400, "bad-request");
     }
-    let host = normalize_host(req.host);
+    let canonical = norm::canonical_path(path);
+    if let Err(e) = canonical
+        && e.refused_by_nginx()
+    {
+        d.reasons.push(format!(
+            "nginx refuses the request: {} (400, before the edge's Lua)",
+            e.describe()
+        ));
+        return refuse(d, Verdict::Blocked, 400, "bad-request");
+    }
+    let Some(host) = norm::nginx_host(req.host) else {
+        d.reasons.push(format!(
+            "nginx refuses the Host `{}` (400, before the edge's Lua)",
+            req.host
+        ));
+        return refuse(d, Verdict::Blocked, 400, "bad-request");
+    };
+    match canonical {
+        Err(e) => {
+            d.reasons.push(format!("{}: refused", e.describe()));
+            return refuse(d, Verdict::Blocked, 400, "bad-path");
+        }
+        Ok(canonical) if canonical != path => {
+            let mut target = canonical;
+            if let Some(q) = query {
+                target.push('?');
+                target.push_str(q);
+            }
+            d.reasons.push(format!(
+                "the path is not in its normalised form: 308 to {target}"
+            ));
+            d.verdict = Verdict::Redirect;
+            d.status = 308;
+            d.reason = Some("non-canonical-path");
+            d.location = Some(target);
+            return d;
+        }
+        Ok(_) => {}
+    }
     let (key, site, suspended) = match found {
         Found::None => {
             d.reasons.push(format!("no document for `{host}`"));
@@ -676,14 +702,13 @@ pub fn decide(req: &Request<'_>, found: Found<'_>, clearance: Clearance<'_>) -> 
     };
     d.site = Some(key.to_owned());
     d.reasons.push(format!("document site:{key}"));
+    // Every path rule reads the path without its segments' parameters.
+    let matched = norm::match_path(path);
+    let path: &str = &matched;
     if suspended {
         d.reasons.push(format!("suspended:{key} is set"));
         return refuse(d, Verdict::Suspended, 503, "suspended");
     }
-    let (path, query) = match req.uri.split_once('?') {
-        Some((p, q)) => (p, Some(q)),
-        None => (req.uri, None),
-    };
     let client = req.client_ip;
     // 4. IP policy.
     if site.ip != Mode::Off {
@@ -839,7 +864,7 @@ pub fn decide(req: &Request<'_>, found: Found<'_>, clearance: Clearance<'_>) -> 
             EdgeAction::Redirect { status, to } => {
                 let mut target = to.clone().unwrap_or_else(|| "/".to_owned());
                 if let Matcher::Prefix(p) = m {
-                    target.push_str(&path[p.len()..]);
+                    target = join_redirect(&target, &path[p.len()..]);
                 }
                 if let Some(q) = query {
                     target.push(if target.contains('?') { '&' } else { '?' });
@@ -872,6 +897,9 @@ pub fn decide(req: &Request<'_>, found: Found<'_>, clearance: Clearance<'_>) -> 
         d.reasons.push("cached: false: cache bypassed".into());
     } else if req.method != "GET" && req.method != "HEAD" {
         d.reasons.push(format!("{} is never cached", req.method));
+    } else if req.authorization.is_some() {
+        d.reasons
+            .push("a request with Authorization is never cached: cache bypassed".into());
     } else {
         let rule = site.cache_rules.iter().find(|(m, _)| m.matches(path));
         match rule {

@@ -56,6 +56,7 @@ fn run(c: &Case<'_>) -> Decision {
             None
         },
         cookie: None,
+        authorization: None,
     };
     decide(
         &req,
@@ -342,7 +343,9 @@ fn r14_bad_documents_have_a_kind() {
     let bad = Site::parse("{}").unwrap_err();
     let d = decide(
         &Request {
+            method: "GET",
             host: "a.test",
+            uri: "/",
             ..Request::default()
         },
         Found::Bad {
@@ -355,7 +358,13 @@ fn r14_bad_documents_have_a_kind() {
         (d.verdict, d.status, d.reason),
         (Verdict::Error, 502, Some("bad-document"))
     );
-    let d = decide(&Request::default(), Found::None, Clearance::default());
+    let get = Request {
+        method: "GET",
+        host: "a.test",
+        uri: "/",
+        ..Request::default()
+    };
+    let d = decide(&get, Found::None, Clearance::default());
     assert_eq!((d.verdict, d.status), (Verdict::NotFound, 404));
     assert_eq!(lookup_hosts("a.b.c"), ["a.b.c", "*.b.c"]);
     assert_eq!(normalize_host("WWW.Example.com:8080"), "www.example.com");
