@@ -5,6 +5,7 @@ mod cli;
 mod edge;
 mod example;
 mod heal;
+mod history;
 mod hostile;
 mod install;
 mod issue12;
