@@ -988,6 +988,7 @@ fn actions(cx: &mut Cx<'_>, v: Option<&Value>) -> Option<BTreeMap<String, Action
     let mut out = BTreeMap::new();
     let mut ok = true;
     for (name, a) in m {
+        // No whitespace: edgestate::mqtt::PROBE_ACTION relies on it.
         if !edgestate::mqtt::is_topic_level(name) || name.chars().any(char::is_whitespace) {
             cx.at_key("/actions", name, format!("`{name}` is not an action name"));
             ok = false;
@@ -1431,6 +1432,11 @@ mod tests {
             ),
             (
                 "actions:\n  \"a/b\":\n    argv: [/bin/x]\n",
+                5,
+                "not an action name",
+            ),
+            (
+                "actions:\n  \"edgeform probe\":\n    argv: [/bin/x]\n",
                 5,
                 "not an action name",
             ),

@@ -313,6 +313,11 @@ async fn answer(
         Err(r) => Err(r),
     };
     let out = match verdict {
+        Err(r) if cmd.action == wire::PROBE_ACTION && r.kind == RefusalKind::Policy => {
+            // `exec --wait` asking whether earlier commands arrived.
+            tracing::debug!(id = %cmd.id, "command: a probe; answered, not run");
+            result(&cmd.id, node, &cmd.action, r.status, r.reason)
+        }
         Err(r) => {
             tracing::warn!(id = %cmd.id, action = %edgestate::untrusted::escape(&cmd.action), reason = %edgestate::untrusted::escape(&r.reason), "command refused");
             result(&cmd.id, node, &cmd.action, r.status, r.reason)

@@ -834,11 +834,6 @@ enum Missing {
     Offline,
 }
 
-/// An action name no agent can allow (`agent.yaml` refuses action names
-/// with whitespace), so the probe is always refused, never run: what
-/// matters is that its answer comes.
-pub const PROBE_ACTION: &str = "edgeform probe";
-
 /// How long `exec` waits for the probe's answer.
 const PROBE_WAIT: Duration = Duration::from_secs(10);
 
@@ -912,7 +907,7 @@ async fn missing(
     let now = unix_now();
     let mut probe = Command {
         id: format!("{}.probe", cmd.id),
-        action: PROBE_ACTION.to_owned(),
+        action: wire::PROBE_ACTION.to_owned(),
         args: BTreeMap::new(),
         issued_at: now,
         expires_at: now + PROBE_WAIT.as_secs() + 60,
