@@ -315,13 +315,11 @@ pub fn print_status(
     let mut out = std::io::stdout().lock();
     match format {
         Format::Json => {
-            writeln!(
-                out,
-                "{}",
-                serde_json::to_string_pretty(
-                    &serde_json::json!({ "nodes": rows, "verdict": v, "why": why })
-                )?
+            // Rows hold what nodes reported: no raw C1/DEL on the way.
+            let json = serde_json::to_string_pretty(
+                &serde_json::json!({ "nodes": rows, "verdict": v, "why": why }),
             )?;
+            writeln!(out, "{}", untrusted::json_text(&json))?;
         }
         Format::Human => {
             let text = if from_redis {
@@ -813,7 +811,12 @@ pub async fn exec(source: &Valid, flags: &BrokerFlags, e: &Exec<'_>) -> Result<u
     let r = result;
     let mut out = std::io::stdout().lock();
     match e.format {
-        Format::Json => writeln!(out, "{}", serde_json::to_string_pretty(&r)?)?,
+        // The node's output: no raw C1/DEL on the way.
+        Format::Json => writeln!(
+            out,
+            "{}",
+            untrusted::json_text(&serde_json::to_string_pretty(&r)?)
+        )?,
         Format::Human => out.write_all(describe(&r).as_bytes())?,
     }
     Ok(u8::from(r.status != Outcome::Ok))
