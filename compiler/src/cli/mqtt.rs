@@ -886,21 +886,35 @@ async fn missing(
     s.client.subscribe(&status_topic, QoS::AtLeastOnce).await?;
     let mut online: Option<bool> = None;
     let mut late: Option<CommandResult> = None;
-    s.pump(Duration::from_secs(2), |ev| {
+    // The retained status comes right after the SUBACK (none: the node
+    // never reported); a moment past the SUBACK is enough.
+    let mut subscribed = false;
+    let look = |ev: &Event, late: &mut Option<CommandResult>, online: &mut Option<bool>| {
         let Event::Incoming(Packet::Publish(p)) = ev else {
             return false;
         };
         if p.topic == result_topic {
-            late = accept_result(&p.payload, cmd, node, signer).ok();
+            *late = accept_result(&p.payload, cmd, node, signer).ok();
             return late.is_some();
         }
         if p.topic == status_topic {
-            online = Some(p.payload.as_ref() == wire::ONLINE.as_bytes());
+            *online = Some(p.payload.as_ref() == wire::ONLINE.as_bytes());
             return true;
         }
         false
-    })
-    .await?;
+    };
+    let done = s
+        .pump(Duration::from_secs(2), |ev| {
+            subscribed |= matches!(ev, Event::Incoming(Packet::SubAck(_)));
+            look(ev, &mut late, &mut online) || subscribed
+        })
+        .await?;
+    if done && late.is_none() && online.is_none() {
+        s.pump(Duration::from_millis(500), |ev| {
+            look(ev, &mut late, &mut online)
+        })
+        .await?;
+    }
     if let Some(r) = late {
         return Ok(Missing::Late(r));
     }

@@ -155,7 +155,7 @@ fn status_and_exec_through_the_broker() {
     );
     assert_eq!(out.status.code(), Some(1));
     assert!(
-        stderr(&out).contains("no result from edge-2"),
+        stderr(&out).contains("no result from edge-2 within 1s: its agent is offline"),
         "{}",
         stderr(&out)
     );
