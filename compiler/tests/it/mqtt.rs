@@ -374,8 +374,16 @@ fn exec_reports_a_command_the_broker_dropped() {
     let v: serde_json::Value = serde_json::from_str(&stdout(&out)).unwrap();
     assert_eq!(v["missing"], "dropped", "{v}");
     assert!(v["result"].is_null(), "{v}");
-    // The queued ones ran; the dropped one never did.
+    // The queued ones ran; the dropped one never did, and the broker
+    // says it dropped it.
     assert_eq!(std::fs::read_dir(marks.path()).unwrap().count(), 2);
+    assert!(
+        broker
+            .log()
+            .contains("Outgoing messages are being dropped for client edgeform-agent-edge-1"),
+        "{}",
+        broker.log()
+    );
     // An answered command is not reported missing.
     let out = send(&["--action", "mark", "--arg", &dir, "--wait", "10"]);
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
