@@ -352,22 +352,54 @@ fn exec_reports_a_command_the_broker_dropped() {
         all.extend_from_slice(args);
         edgeform(f.path(), &all)
     };
-    // One command runs for 6 s (in flight), two wait in the queue: full.
-    for args in [
-        &["--action", "slow", "--arg", "s=6"][..],
-        &["--action", "mark", "--arg", &dir],
-        &["--action", "mark", "--arg", &dir],
+    // One command runs for 5 s (in flight), two wait in the queue: full.
+    // Published at once from here (no process start between them).
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    let filler = |id: &str, action: &str, arg: (&str, String)| edgestate::mqtt::Command {
+        id: id.into(),
+        action: action.into(),
+        args: [(arg.0.to_owned(), arg.1)].into_iter().collect(),
+        issued_at: now,
+        expires_at: now + 60,
+        sig: None,
+    };
+    let mark_dir = marks.path().display().to_string();
+    let mut o = rumqttc::MqttOptions::new("filler", "127.0.0.1", broker.port);
+    o.set_keep_alive(Duration::from_secs(5));
+    let (client, mut connection) = rumqttc::Client::new(o, 16);
+    for cmd in [
+        filler("slow", "slow", ("s", "5".into())),
+        filler("queued-1", "mark", ("dir", mark_dir.clone())),
+        filler("queued-2", "mark", ("dir", mark_dir.clone())),
     ] {
-        let out = send(args);
-        assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+        client
+            .publish(
+                "edgeform/cmd/edge-1",
+                rumqttc::QoS::AtLeastOnce,
+                false,
+                serde_json::to_vec(&cmd).unwrap(),
+            )
+            .unwrap();
+    }
+    let mut acked = 0;
+    for event in connection.iter() {
+        if let Ok(rumqttc::Event::Incoming(rumqttc::Packet::PubAck(_))) = event {
+            acked += 1;
+            if acked == 3 {
+                break;
+            }
+        }
     }
     let out = send(&[
-        "--action", "mark", "--arg", &dir, "--wait", "8", "--format", "json",
+        "--action", "mark", "--arg", &dir, "--wait", "7", "--format", "json",
     ]);
     assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
     let err = stderr(&out);
     assert!(
-        err.contains("no result from edge-1 within 8s: DROPPED")
+        err.contains("no result from edge-1 within 7s: DROPPED")
             && err.contains("max_queued_messages"),
         "{err}"
     );
