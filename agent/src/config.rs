@@ -36,7 +36,15 @@ pub struct Config {
     /// `metrics.listen`: a separate listener serving only `/metrics`
     /// (#15 item 6), e.g. on a management address while `/route` is public.
     pub metrics_listen: Option<std::net::SocketAddr>,
+    /// `state_dir`: what the agent keeps on its own disk, durably — the
+    /// record of the commands it took ([`crate::commands::ledger`]), which
+    /// bounds replay even when the node's Redis loses its claims.
+    pub state_dir: PathBuf,
 }
+
+/// Where the agent keeps its state when `state_dir` is not set (the
+/// systemd unit's `StateDirectory=edgeform-agent`).
+pub const DEFAULT_STATE_DIR: &str = "/var/lib/edgeform-agent";
 
 /// `mqtt:` — the broker.
 #[derive(Debug, Clone)]
@@ -116,6 +124,11 @@ pub struct HttpConfig {
     /// Where viewers go for a node without a payload URL (the router
     /// proxies); `{node}` and `{stream}` are replaced.
     pub proxy_url: String,
+    /// Whether `/metrics` is served on this (viewer-facing) listener:
+    /// `http.metrics`, by default only when `listen` is a loopback
+    /// address. Metrics name the node, its queue depths and load: not
+    /// for viewers (`metrics.listen` is the place for them).
+    pub metrics: bool,
 }
 
 /// `routing:` — where health comes from and how often to look.
@@ -442,8 +455,17 @@ fn document(cx: &mut Cx<'_>, json: &Value) -> Option<Config> {
         json,
         "",
         &[
-            "node", "region", "redis", "cache", "http", "routing", "mqtt", "health", "actions",
+            "node",
+            "region",
+            "redis",
+            "cache",
+            "http",
+            "routing",
+            "mqtt",
+            "health",
+            "actions",
             "metrics",
+            "state_dir",
         ],
     )?;
     let node = cx.required(root, "", "node");
@@ -474,6 +496,19 @@ fn document(cx: &mut Cx<'_>, json: &Value) -> Option<Config> {
         None => Some(None),
         Some(v) => metrics(cx, v).map(Some),
     };
+    let state_dir = match cx.string(root, "", "state_dir") {
+        None => Some(PathBuf::from(DEFAULT_STATE_DIR)),
+        Some(d) if Path::new(&d).is_absolute() && lexical(Path::new(&d)).is_some() => {
+            Some(PathBuf::from(d))
+        }
+        Some(d) => {
+            cx.at(
+                "/state_dir",
+                format!("`state_dir` must be an absolute path without `..`, not `{d}`"),
+            );
+            None
+        }
+    };
     Some(Config {
         node: node.filter(|n| !n.is_empty())?,
         region: region.filter(|r| !r.is_empty())?,
@@ -491,6 +526,7 @@ fn document(cx: &mut Cx<'_>, json: &Value) -> Option<Config> {
         health: health?,
         actions: actions?,
         metrics_listen: metrics_listen?,
+        state_dir: state_dir?,
     })
 }
 
@@ -498,7 +534,14 @@ fn document(cx: &mut Cx<'_>, json: &Value) -> Option<Config> {
 fn metrics(cx: &mut Cx<'_>, v: &Value) -> Option<std::net::SocketAddr> {
     let m = cx.mapping(v, "/metrics", &["listen"])?;
     let listen = cx.required(m, "/metrics", "listen")?;
-    match listen.parse() {
+    match listen.parse::<std::net::SocketAddr>() {
+        Ok(a) if a.port() == 0 => {
+            cx.at(
+                "/metrics/listen",
+                format!("`{listen}`: port 0 would listen on a random port; name the port"),
+            );
+            None
+        }
         Ok(a) => Some(a),
         Err(_) => {
             cx.at(
@@ -538,8 +581,27 @@ fn redis(cx: &mut Cx<'_>, v: &Value) -> Option<RedisTarget> {
             }
         },
     };
+    // Port 0 parses but reaches nothing: refused here, at its value.
+    let mut port_zero = false;
+    if let Some(u) = &url
+        && redis::parse_redis_url(u).is_some_and(|p| p.port() == Some(0))
+    {
+        cx.at("/redis/url", format!("`{u}`: port 0 is not a Redis port"));
+        port_zero = true;
+    }
+    for (i, s) in sentinels.iter().flatten().enumerate() {
+        if s.rsplit_once(':')
+            .is_some_and(|(_, p)| p.parse::<u16>() == Ok(0))
+        {
+            cx.at(
+                &format!("/redis/sentinels/{i}"),
+                format!("`{s}`: port 0 is not a Sentinel port"),
+            );
+            port_zero = true;
+        }
+    }
     match RedisTarget::from_parts(url, sentinels, master, password_env, tls) {
-        Ok(_) if tls_bad => None,
+        Ok(_) if tls_bad || port_zero => None,
         Ok(t) => Some(t),
         Err(errors) => {
             for e in errors {
@@ -572,31 +634,112 @@ fn cache(cx: &mut Cx<'_>, v: Option<&Value>) -> Option<CacheConfig> {
         cx.at("/cache/levels", format!("invalid `levels`: {e}"));
         ok = false;
     }
+    if dirs.is_empty() {
+        cx.at(
+            "/cache/dirs",
+            "`cache.dirs` must not be empty: the purge worker would clean nothing (leave `dirs` out for the defaults)".into(),
+        );
+        ok = false;
+    }
+    let mut seen: Vec<(usize, PathBuf)> = Vec::new();
     for (i, d) in dirs.iter().enumerate() {
+        let here = format!("/cache/dirs/{i}");
         if !d.is_absolute() {
+            cx.at(&here, "cache dirs must be absolute paths".into());
+            ok = false;
+            continue;
+        }
+        let Some(clean) = lexical(d) else {
             cx.at(
-                &format!("/cache/dirs/{i}"),
-                "cache dirs must be absolute paths".into(),
+                &here,
+                format!(
+                    "`{}`: `..` is not allowed in a cache dir (write the path it means)",
+                    d.display()
+                ),
+            );
+            ok = false;
+            continue;
+        };
+        if let Some((j, other)) = seen
+            .iter()
+            .find(|(_, o)| clean.starts_with(o) || o.starts_with(&clean))
+        {
+            let how = if clean == *other {
+                "is listed twice".to_owned()
+            } else if clean.starts_with(other) {
+                format!("is inside `{}` (dirs[{j}])", other.display())
+            } else {
+                format!("holds `{}` (dirs[{j}])", other.display())
+            };
+            cx.at(
+                &here,
+                format!(
+                    "cache dir `{}` {how}: cache dirs must not overlap (a purge would scan, and count, the same files twice)",
+                    d.display()
+                ),
             );
             ok = false;
         }
+        seen.push((i, clean));
+    }
+    if let Err(e) = edgestate::purge::check_template(&key) {
+        cx.at("/cache/key", format!("invalid `key` `{key}`: {e}"));
+        ok = false;
     }
     ok.then_some(CacheConfig { dirs, levels, key })
 }
 
+/// `path` with `.` components and repeated or trailing `/` removed;
+/// `None` when it holds `..` (what it means depends on links).
+fn lexical(path: &Path) -> Option<PathBuf> {
+    use std::path::Component;
+    let mut out = PathBuf::new();
+    for c in path.components() {
+        match c {
+            Component::ParentDir => return None,
+            Component::CurDir => {}
+            other => out.push(other),
+        }
+    }
+    Some(out)
+}
+
 fn http(cx: &mut Cx<'_>, v: &Value) -> Option<HttpConfig> {
-    let m = cx.mapping(v, "/http", &["listen", "proxy_url"])?;
+    let m = cx.mapping(v, "/http", &["listen", "proxy_url", "metrics"])?;
+    let metrics = match m.get("metrics") {
+        None | Some(Value::Null) => None,
+        Some(Value::Bool(b)) => Some(*b),
+        Some(other) => {
+            cx.at(
+                "/http/metrics",
+                format!("invalid type: {}, expected a boolean", kind(other)),
+            );
+            return None;
+        }
+    };
     let listen = cx.required(m, "/http", "listen")?;
     let proxy_url = cx
         .string(m, "/http", "proxy_url")
         .unwrap_or_else(|| "/proxy/{node}/{stream}".to_owned());
-    match listen.parse() {
-        Ok(listen) => Some(HttpConfig { listen, proxy_url }),
+    let listen: std::net::SocketAddr = match listen.parse() {
+        Ok(listen) => listen,
         Err(_) => {
             cx.at("/http/listen", format!("`{listen}` is not an address:port"));
-            None
+            return None;
         }
+    };
+    if listen.port() == 0 {
+        cx.at(
+            "/http/listen",
+            format!("`{listen}`: port 0 would listen on a random port; name the port"),
+        );
+        return None;
     }
+    Some(HttpConfig {
+        listen,
+        proxy_url,
+        metrics: metrics.unwrap_or_else(|| listen.ip().is_loopback()),
+    })
 }
 
 fn routing(cx: &mut Cx<'_>, v: Option<&Value>) -> Option<RoutingConfig> {
@@ -845,6 +988,7 @@ fn actions(cx: &mut Cx<'_>, v: Option<&Value>) -> Option<BTreeMap<String, Action
     let mut out = BTreeMap::new();
     let mut ok = true;
     for (name, a) in m {
+        // No whitespace: edgestate::mqtt::PROBE_ACTION relies on it.
         if !edgestate::mqtt::is_topic_level(name) || name.chars().any(char::is_whitespace) {
             cx.at_key("/actions", name, format!("`{name}` is not an action name"));
             ok = false;
@@ -1291,11 +1435,116 @@ mod tests {
                 5,
                 "not an action name",
             ),
+            (
+                "actions:\n  \"edgeform probe\":\n    argv: [/bin/x]\n",
+                5,
+                "not an action name",
+            ),
         ];
         for (text, line, needle) in cases {
             let e = parse("agent.yaml", &format!("{base}{text}")).expect_err(text);
             assert_eq!(e.line, *line, "{text}: {e}");
             assert!(e.message.contains(needle), "{text}: {e}");
+        }
+    }
+
+    /// Settings that parse but cannot work, each refused at its value:
+    /// empty or overlapping cache dirs, an empty or uncomputable cache
+    /// key, port 0 anywhere an address is given.
+    #[test]
+    fn unusable_settings_are_refused_at_their_value() {
+        let redis = "redis: {url: redis://x}\n";
+        let cases: &[(&str, &str, u32, u32, &str)] = &[
+            (redis, "cache:\n  dirs: []\n", 5, 9, "must not be empty"),
+            (
+                redis,
+                "cache:\n  dirs:\n    - /var/cache/a\n    - /var/cache/a/b\n",
+                7,
+                7,
+                "is inside `/var/cache/a` (dirs[0])",
+            ),
+            (
+                redis,
+                "cache:\n  dirs:\n    - /var/cache/a/b\n    - /var/cache/a\n",
+                7,
+                7,
+                "holds `/var/cache/a/b` (dirs[0])",
+            ),
+            (
+                redis,
+                "cache:\n  dirs:\n    - /var/cache/a\n    - /var//cache/./a/\n",
+                7,
+                7,
+                "is listed twice",
+            ),
+            (
+                redis,
+                "cache:\n  dirs:\n    - /var/cache/a\n    - /var/cache/b/../a\n",
+                7,
+                7,
+                "`..` is not allowed",
+            ),
+            (redis, "cache:\n  key: \"\"\n", 5, 8, "empty"),
+            (
+                redis,
+                "cache:\n  key: $scheme$host$cookie_id$uri\n",
+                5,
+                8,
+                "`$cookie_id`",
+            ),
+            (
+                redis,
+                "cache:\n  key: $scheme$host\n",
+                5,
+                8,
+                "no $request_uri or $uri",
+            ),
+            (redis, "http:\n  listen: 127.0.0.1:0\n", 5, 11, "port 0"),
+            (redis, "http:\n  listen: \"[::]:0\"\n", 5, 11, "port 0"),
+            (
+                redis,
+                "http:\n  listen: 127.0.0.1:8080\n  metrics: yes\n",
+                6,
+                12,
+                "expected a boolean",
+            ),
+            (redis, "metrics:\n  listen: 127.0.0.1:0\n", 5, 11, "port 0"),
+            ("redis:\n  url: redis://127.0.0.1:0\n", "", 4, 8, "port 0"),
+            (
+                "redis:\n  sentinels: [\"10.0.0.1:26379\", \"10.0.0.2:0\"]\n  master: m\n",
+                "",
+                4,
+                33,
+                "port 0",
+            ),
+            (redis, "mqtt:\n  url: mqtt://broker:0\n", 5, 8, "port 0"),
+        ];
+        for (redis, text, line, column, needle) in cases {
+            let text = format!("node: e\nregion: eu\n{redis}{text}");
+            let e = parse_with("agent.yaml", &text, &|_| None, false).expect_err(&text);
+            assert_eq!(e.0.len(), 1, "{text}: {e}");
+            assert_eq!((e.line, e.column), (*line, *column), "{text}: {e}");
+            assert!(e.message.contains(needle), "{text}: {e}");
+        }
+    }
+
+    /// `/metrics` on the HTTP listener: by default only on loopback.
+    #[test]
+    fn metrics_on_the_http_listener_only_on_loopback_by_default() {
+        for (http, served) in [
+            ("{listen: \"127.0.0.1:8080\"}", true),
+            ("{listen: \"[::1]:8080\"}", true),
+            ("{listen: \"0.0.0.0:8080\"}", false),
+            ("{listen: \"192.0.2.10:80\"}", false),
+            ("{listen: \"0.0.0.0:8080\", metrics: true}", true),
+            ("{listen: \"127.0.0.1:8080\", metrics: false}", false),
+        ] {
+            let c = parse(
+                "agent.yaml",
+                &format!("node: e\nregion: eu\nredis: {{url: redis://x}}\nhttp: {http}\n"),
+            )
+            .unwrap();
+            assert_eq!(c.http.unwrap().metrics, served, "{http}");
         }
     }
 

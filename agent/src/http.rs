@@ -1,7 +1,9 @@
 //! The agent's HTTP listener: `GET /route/<stream>` (the playback
 //! decision), `GET /healthz`.
 //!
-//! `GET /metrics` is the Prometheus text format.
+//! `GET /metrics` is the Prometheus text format: on `metrics.listen`, and
+//! on this listener only when `http.metrics` says so (by default, when it
+//! listens on loopback).
 //!
 //! `/route` answers `302` + `Location` (the node's payload URL, or the
 //! proxy URL when it has none), `503` + `Retry-After`, `404` or `403`.
@@ -34,14 +36,20 @@ pub struct App {
     pub metrics: Arc<crate::metrics::Metrics>,
 }
 
-/// The routes.
-pub fn app(app: Arc<App>) -> Http {
-    Http::new()
+/// The routes; `/metrics` only when `with_metrics` (`http.metrics`:
+/// by default only on a loopback listener, the viewer-facing one answers
+/// 404).
+pub fn app(app: Arc<App>, with_metrics: bool) -> Http {
+    let routes = Http::new()
         .route("/route/{stream}", get(route))
         .route("/vod/{asset}", get(vod))
-        .route("/healthz", get(healthz))
-        .route("/metrics", get(metrics))
-        .with_state(app)
+        .route("/healthz", get(healthz));
+    let routes = if with_metrics {
+        routes.route("/metrics", get(metrics))
+    } else {
+        routes
+    };
+    routes.with_state(app)
 }
 
 /// The separate metrics listener's routes: `/metrics` only.

@@ -118,11 +118,18 @@ pub async fn run_with(
             .http
             .as_ref()
             .map_or_else(String::new, |h| h.proxy_url.clone());
-        let app = http::app(Arc::new(http::App {
-            state,
-            proxy_url,
-            metrics: metrics.clone(),
-        }));
+        let with_metrics = config.http.as_ref().is_some_and(|h| h.metrics);
+        if !with_metrics {
+            tracing::info!(%addr, "http: /metrics not served here (http.metrics: false; metrics.listen serves it)");
+        }
+        let app = http::app(
+            Arc::new(http::App {
+                state,
+                proxy_url,
+                metrics: metrics.clone(),
+            }),
+            with_metrics,
+        );
         let cap = http::connection_cap();
         tracing::info!(max_connections = cap, header_timeout = ?http::HEADER_TIMEOUT, "http limits");
         tasks.spawn(http::serve(listener, app, cap, metrics, shutdown.clone()));

@@ -48,6 +48,9 @@ pub fn parse_url(text: &str) -> anyhow::Result<(String, u16, bool)> {
         .trim_end_matches(']')
         .to_owned();
     let port = url.port().unwrap_or(if tls { 8883 } else { 1883 });
+    if port == 0 {
+        bail!("`{text}`: port 0 is not a broker's port");
+    }
     Ok((host, port, tls))
 }
 

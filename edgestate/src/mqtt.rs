@@ -196,6 +196,13 @@ pub struct RedisState {
     pub role: Option<String>,
 }
 
+/// The action of `edgeform exec`'s probe: a name no `agent.yaml` can
+/// allow (action names have no whitespace), so every agent refuses it,
+/// never runs it — what the sender wants is the answer, which comes after
+/// the answers to every command delivered before it (a command whose
+/// answer does not come while the probe's does was dropped on the way).
+pub const PROBE_ACTION: &str = "edgeform probe";
+
 /// A one-shot command on `<prefix>/cmd/<node>`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]

@@ -428,6 +428,30 @@ fn split_template(template: &str) -> Result<Vec<Result<&str, &str>>, String> {
     Ok(out)
 }
 
+/// Check a `proxy_cache_key` template as a node's settings give it: not
+/// empty, only variables edgeform can compute, and a path (`$uri` or
+/// `$request_uri`), without which every path of a host shares one cache
+/// entry and no purge can name a path.
+///
+/// # Errors
+/// What is wrong, naming the variable.
+pub fn check_template(template: &str) -> Result<(), String> {
+    if template.trim().is_empty() {
+        return Err("the cache key template is empty".into());
+    }
+    let parts = split_template(template)?;
+    if !parts
+        .iter()
+        .any(|p| matches!(p, Ok("$uri" | "$request_uri")))
+    {
+        return Err(
+            "the cache key template has no $request_uri or $uri: every path of a host would share one cache entry, and purges could not name a path"
+                .into(),
+        );
+    }
+    Ok(())
+}
+
 /// The cache key nginx computes for `request` with `template`.
 ///
 /// # Errors
@@ -513,6 +537,28 @@ mod template_tests {
         );
         assert_eq!(parse_announcement("edge-3"), ("edge-3", None));
         assert_eq!(parse_announcement("edge-4\n"), ("edge-4", Some("")));
+    }
+
+    #[test]
+    fn templates_are_checked_whole() {
+        for good in [
+            "$scheme$host$request_uri",
+            "$host$uri$is_args$args",
+            "$scheme://$host$uri",
+        ] {
+            assert_eq!(check_template(good), Ok(()), "{good}");
+        }
+        for (bad, needle) in [
+            ("", "empty"),
+            ("  ", "empty"),
+            ("$scheme$host$cookie_id$uri", "`$cookie_id`"),
+            ("$host$", "`$`"),
+            ("${host}$uri", "`$`"),
+            ("$scheme$host", "no $request_uri or $uri"),
+        ] {
+            let e = check_template(bad).unwrap_err();
+            assert!(e.contains(needle), "{bad:?}: {e}");
+        }
     }
 
     #[test]

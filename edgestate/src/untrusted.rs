@@ -41,6 +41,28 @@ pub fn preview(bytes: &[u8], max: usize) -> String {
     out
 }
 
+/// JSON text (as `serde_json` writes it) with every control character
+/// left raw escaped as `\uXXXX`: `serde_json` escapes U+0000–U+001F but
+/// writes DEL and the C1 controls (U+007F–U+009F, e.g. CSI U+009B) as
+/// they are. Outside strings its output holds no control character but
+/// the pretty printer's newlines, which are kept; inside a string
+/// `\uXXXX` means the same character, so the JSON reads the same.
+#[must_use]
+pub fn json_text(json: &str) -> String {
+    if !json.chars().any(|c| c.is_control() && c != '\n') {
+        return json.to_owned();
+    }
+    let mut out = String::with_capacity(json.len() + 8);
+    for c in json.chars() {
+        if c.is_control() && c != '\n' {
+            let _ = write!(out, "\\u{:04x}", u32::from(c));
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -52,5 +74,15 @@ mod tests {
         assert_eq!(escape("\u{9b}31m"), "\\u{9b}31m", "C1 CSI");
         assert_eq!(preview(b"a\x1b[2J\xffb", 100), "a\\u{1b}[2J\\xffb");
         assert_eq!(preview(b"abcdef", 3), "abc…");
+    }
+
+    #[test]
+    fn json_keeps_its_meaning_without_raw_controls() {
+        let v = serde_json::json!({"a": "x\u{9b}31m\u{7f}\u{1b}[2J", "b": [1, 2]});
+        let text = json_text(&serde_json::to_string_pretty(&v).unwrap());
+        assert!(!text.chars().any(|c| c.is_control() && c != '\n'), "{text}");
+        assert!(text.contains("\\u009b31m\\u007f\\u001b[2J"), "{text}");
+        let back: serde_json::Value = serde_json::from_str(&text).unwrap();
+        assert_eq!(back, v);
     }
 }

@@ -584,6 +584,23 @@ fn mosquitto_with(fixed: Option<u16>, dir: tempfile::TempDir) -> Process {
     mosquitto_conf(fixed, dir, "allow_anonymous true\n")
 }
 
+/// A mosquitto (anonymous access) with mosquitto's per-client limits set:
+/// at most `inflight` QoS 1 messages unacknowledged and `queued` more held
+/// for a client; past that it drops them (the default is 20 and 1000).
+///
+/// # Panics
+/// When it does not come up.
+#[must_use]
+pub fn mosquitto_limits(inflight: u32, queued: u32) -> Process {
+    mosquitto_conf(
+        None,
+        tempfile::tempdir().expect("tempdir"),
+        &format!(
+            "allow_anonymous true\nmax_inflight_messages {inflight}\nmax_queued_messages {queued}\n"
+        ),
+    )
+}
+
 fn mosquitto_conf(fixed: Option<u16>, dir: tempfile::TempDir, listener: &str) -> Process {
     let mut dir = Some(dir);
     let mut last = String::new();
@@ -596,9 +613,15 @@ fn mosquitto_conf(fixed: Option<u16>, dir: tempfile::TempDir, listener: &str) ->
         // max_queued_messages: the default (1000 per client) drops QoS 1
         // commands beyond it while an agent works through a burst; see
         // docs/operations.md (#12 item 11).
+        // A caller's own limits (in `listener`) replace the default.
+        let queued = if listener.contains("max_queued_messages") {
+            ""
+        } else {
+            "max_queued_messages 100000\n"
+        };
         let conf = format!(
             "per_listener_settings false\nlistener {port} 127.0.0.1\n{listener}persistence true\n\
-             persistence_location {}/\nautosave_interval 1\nmax_queued_messages 100000\n",
+             persistence_location {}/\nautosave_interval 1\n{queued}",
             d.path().display()
         );
         let conf_path = d.path().join("mosquitto.conf");

@@ -13,10 +13,16 @@
 //!   plus a day) once run; a policy refusal only until the command
 //!   expires (plus [`REFUSED_TTL_MARGIN_SECS`]): after that it is refused
 //!   as expired without a claim.
+//! - Before an action starts, its id is also written to the agent's own
+//!   durable record ([`ledger`], `<state_dir>/commands`, fsync'd): Redis
+//!   can lose the claim (`FLUSHALL`, a restore), the record cannot be
+//!   walked around — an id in it never runs again, and a command issued
+//!   before the record began is refused. Record unusable → refused.
 //! - With a command key, the result is signed for the command it answers
 //!   ([`CommandResult::sign`]), so `edgeform exec` can tell it from a
 //!   forgery; results of unauthenticated commands are not signed.
 
+pub mod ledger;
 mod policy;
 
 use std::sync::Arc;
@@ -56,6 +62,9 @@ pub async fn serve(
     mut shutdown: Shutdown,
 ) {
     let mut con: Option<redis::aio::MultiplexedConnection> = None;
+    // Opened before the first command is read: a new record refuses
+    // commands issued before it began, so it must begin at the start.
+    let mut taken = Record::open(&config.state_dir);
     loop {
         let p = tokio::select! {
             p = queue.recv() => match p { Some(p) => p, None => return },
@@ -65,7 +74,7 @@ pub async fn serve(
         // stays unacknowledged and its id recorded as started, so after
         // the restart it is reported as interrupted, not run again.
         let handled = tokio::select! {
-            r = handle(&config, &mqtt, &mut con, &p.payload) => r,
+            r = handle(&config, &mqtt, &mut con, &mut taken, &p.payload) => r,
             () = shutdown.wait() => return,
         };
         if let Some(result) = handled {
@@ -107,12 +116,87 @@ fn result(
     }
 }
 
+/// The durable record of taken commands, or why it cannot be used (then
+/// every command that would run is refused, and opening is tried again
+/// with the next one).
+pub struct Record {
+    dir: std::path::PathBuf,
+    ledger: Result<ledger::Ledger, String>,
+}
+
+impl Record {
+    /// Open the record in `dir`, logging what was found.
+    #[must_use]
+    pub fn open(dir: &std::path::Path) -> Record {
+        let ledger = match ledger::Ledger::open(dir, unix_now()) {
+            Ok((l, opened)) => {
+                match opened {
+                    ledger::Opened::Existing { kept } => {
+                        tracing::info!(state_dir = %dir.display(), kept, began = l.created_at(), "command record opened");
+                    }
+                    ledger::Opened::New => {
+                        tracing::info!(state_dir = %dir.display(), began = l.created_at(), "command record begun: commands issued before now are refused");
+                    }
+                    ledger::Opened::Corrupt { moved_to, why } => {
+                        tracing::error!(state_dir = %dir.display(), why = %why, moved_to = %moved_to.display(), "command record unreadable; moved aside and begun anew: commands issued before now are refused");
+                    }
+                }
+                Ok(l)
+            }
+            Err(e) => {
+                let why = format!(
+                    "the command record in {} cannot be used: {e}",
+                    dir.display()
+                );
+                tracing::error!(problem = %why, "commands are refused until it can (they must run at most once)");
+                Err(why)
+            }
+        };
+        Record {
+            dir: dir.to_owned(),
+            ledger,
+        }
+    }
+
+    /// Decide about a command about to run, and record it when it may.
+    /// `Err`: why it must not run.
+    fn take(&mut self, cmd: &Command, now: u64) -> Result<(), String> {
+        if self.ledger.is_err() {
+            *self = Record::open(&self.dir);
+        }
+        let l = self.ledger.as_mut().map_err(|why| why.clone())?;
+        let keep_until = cmd.expires_at.saturating_add(ledger::MARGIN_SECS);
+        // One small append and an fsync, on the one task that runs
+        // commands one at a time: nothing else waits for it.
+        match l.take(&cmd.id, cmd.issued_at, keep_until, now) {
+            Ok(ledger::Verdict::Recorded) => Ok(()),
+            Ok(ledger::Verdict::Taken) => Err(
+                "duplicate id: this agent's own record shows it took this command before (local Redis had lost its record of it); not run again"
+                    .into(),
+            ),
+            Ok(ledger::Verdict::Before(began)) => Err(format!(
+                "issued at {}, before this agent's command record began ({began}): whether it ran before cannot be proven, so it is not run; send it again",
+                cmd.issued_at
+            )),
+            Err(e) => {
+                let why = format!(
+                    "the command record in {} cannot be written: {e}",
+                    self.dir.display()
+                );
+                self.ledger = Err(why.clone());
+                Err(why)
+            }
+        }
+    }
+}
+
 /// One command's bytes → its answer. `None` when there is nothing to
 /// answer (no usable id).
 async fn handle(
     config: &Config,
     mqtt: &MqttConfig,
     con: &mut Option<redis::aio::MultiplexedConnection>,
+    taken: &mut Record,
     payload: &[u8],
 ) -> Option<CommandResult> {
     let node = config.node.as_str();
@@ -139,7 +223,7 @@ async fn handle(
         tracing::warn!(id = %edgestate::untrusted::escape(&cmd.id), "command: the id cannot be a topic level; dropped");
         return None;
     }
-    let (mut out, authenticated) = answer(config, &mqtt.keys, con, &cmd, unix_now()).await;
+    let (mut out, authenticated) = answer(config, &mqtt.keys, con, taken, &cmd, unix_now()).await;
     if authenticated {
         // The answer to an ed25519 command is signed with this node's own
         // result key; to a legacy one with the shared key (#15 item 5).
@@ -161,6 +245,7 @@ async fn answer(
     config: &Config,
     keys: &edgestate::cmdkey::CommandKeys,
     con: &mut Option<redis::aio::MultiplexedConnection>,
+    taken: &mut Record,
     cmd: &Command,
     now: u64,
 ) -> (CommandResult, bool) {
@@ -215,7 +300,24 @@ async fn answer(
         }
         Ok(None) => {}
     }
+    // Claimed in Redis; the agent's own record has the last word.
+    let verdict = match verdict {
+        Ok(argv) => match taken.take(cmd, now) {
+            Ok(()) => Ok(argv),
+            Err(why) => Err(Refusal {
+                kind: RefusalKind::Policy,
+                status: Outcome::Refused,
+                reason: why,
+            }),
+        },
+        Err(r) => Err(r),
+    };
     let out = match verdict {
+        Err(r) if cmd.action == wire::PROBE_ACTION && r.kind == RefusalKind::Policy => {
+            // `exec --wait` asking whether earlier commands arrived.
+            tracing::debug!(id = %cmd.id, "command: a probe; answered, not run");
+            result(&cmd.id, node, &cmd.action, r.status, r.reason)
+        }
         Err(r) => {
             tracing::warn!(id = %cmd.id, action = %edgestate::untrusted::escape(&cmd.action), reason = %edgestate::untrusted::escape(&r.reason), "command refused");
             result(&cmd.id, node, &cmd.action, r.status, r.reason)

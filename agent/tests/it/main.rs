@@ -6,5 +6,6 @@ mod mqtt;
 mod obs;
 mod packaging;
 mod purge;
+mod replay;
 mod route;
 mod util;

@@ -320,3 +320,52 @@ fn r15_6_agent_metrics_on_a_separate_listener() {
         &log,
     );
 }
+
+/// `/metrics` is not for viewers: an `http.listen` on every address
+/// (`0.0.0.0`, viewer-facing) answers it 404 while `/healthz` works and
+/// `metrics.listen` serves it; `http.metrics: true` serves it there
+/// anyway. A loopback `http.listen` keeps it (see the other tests).
+#[test]
+fn metrics_are_not_served_on_a_viewer_facing_listener_unless_configured() {
+    let r = harness::redis(&[]);
+    let dir = tempfile::tempdir().unwrap();
+    let (http, metrics) = (harness::free_port(), harness::free_port());
+    let agent = Agent::start_with(
+        r.port,
+        &[dir.path().join("cache")],
+        &format!("http:\n  listen: 0.0.0.0:{http}\nmetrics:\n  listen: 127.0.0.1:{metrics}\n"),
+    );
+    let log = || agent.log();
+    wait_for(
+        || std::net::TcpStream::connect(("127.0.0.1", http)).is_ok(),
+        "the http listener",
+        &log,
+    );
+    // Served (503 here: no routing table yet), unlike /metrics.
+    assert_eq!(crate::route::get(http, "/healthz", "").0, 503);
+    let (status, _, body) = crate::route::get(http, "/metrics", "");
+    assert_eq!(status, 404, "{body}");
+    assert!(!body.contains("edgeform_agent"), "{body}");
+    wait_for(
+        || std::net::TcpStream::connect(("127.0.0.1", metrics)).is_ok(),
+        "the metrics listener",
+        &log,
+    );
+    assert!(scrape(metrics).contains_key("edgeform_agent_redis_up"));
+    assert!(agent.log().contains("/metrics not served here"));
+    drop(agent);
+
+    let http = harness::free_port();
+    let agent = Agent::start_with(
+        r.port,
+        &[dir.path().join("cache")],
+        &format!("http:\n  listen: 0.0.0.0:{http}\n  metrics: true\n"),
+    );
+    let log = || agent.log();
+    wait_for(
+        || std::net::TcpStream::connect(("127.0.0.1", http)).is_ok(),
+        "the http listener",
+        &log,
+    );
+    assert!(scrape(http).contains_key("edgeform_agent_redis_up"));
+}

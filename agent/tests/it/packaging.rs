@@ -85,6 +85,8 @@ fn sample_agent_yaml_sets_every_key() {
         "\nhttp:",
         "\n  listen:",
         "\n  proxy_url:",
+        "\n  metrics:",
+        "\nstate_dir:",
         "\nrouting:",
         "\n  # health_file:",
         "\n  refresh:",

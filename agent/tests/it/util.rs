@@ -109,7 +109,14 @@ impl Agent {
         std::fs::write(
             &config,
             format!(
-                "node: edge-1\nregion: eu\nredis: {redis}\ncache:\n  dirs:\n{}\n  levels: \"1:2\"\n{extra}",
+                "node: edge-1\nregion: eu\nredis: {redis}\n{}cache:\n  dirs:\n{}\n  levels: \"1:2\"\n{extra}",
+                // Each agent its own command record, unless the test
+                // names one.
+                if extra.contains("state_dir:") {
+                    String::new()
+                } else {
+                    format!("state_dir: {}\n", dir.path().join("state").display())
+                },
                 list.join("\n")
             ),
         )

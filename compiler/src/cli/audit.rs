@@ -134,19 +134,26 @@ pub async fn history_cmd(source: &Valid, node: &str, format: Format) -> Result<u
                     Err(text) => serde_json::json!({ "unreadable": text }),
                 })
                 .collect();
-            writeln!(out, "{}", serde_json::to_string_pretty(&items)?)?;
+            let json = serde_json::to_string_pretty(&items)?;
+            writeln!(out, "{}", untrusted::json_text(&json))?;
         }
         Format::Human => out.write_all(render(node, &entries).as_bytes())?,
     }
     Ok(0)
 }
 
+/// A commit as the history shows it: its first 12 characters (not bytes:
+/// the edge's text need not be hex), escaped.
 fn short(c: &str) -> String {
     let (id, dirty) = c.strip_suffix("+dirty").map_or((c, ""), |i| (i, "+dirty"));
-    untrusted::escape(&format!("{}{dirty}", &id[..id.len().min(12)]))
+    let head: String = id.chars().take(12).collect();
+    untrusted::escape(&format!("{head}{dirty}"))
 }
 
-/// The human history: one line per write, newest first.
+/// The human history: one line per write, newest first. Every field an
+/// edge's Redis holds is text from that edge: each string is shown
+/// through [`untrusted::escape`] (a compromised edge must not drive the
+/// operator's terminal), numbers and flags are ours.
 #[must_use]
 pub fn render(node: &str, entries: &[Result<Entry, String>]) -> String {
     let mut out = String::new();
@@ -171,7 +178,7 @@ pub fn render(node: &str, entries: &[Result<Entry, String>]) -> String {
                     out,
                     "{}  {:<5}  gen {:<4}  {} → {}  +{} -{}  {}{}  {}",
                     untrusted::escape(&e.at),
-                    e.action,
+                    untrusted::escape(&e.action),
                     e.generation,
                     e.previous_commit
                         .as_deref()

@@ -315,13 +315,11 @@ pub fn print_status(
     let mut out = std::io::stdout().lock();
     match format {
         Format::Json => {
-            writeln!(
-                out,
-                "{}",
-                serde_json::to_string_pretty(
-                    &serde_json::json!({ "nodes": rows, "verdict": v, "why": why })
-                )?
+            // Rows hold what nodes reported: no raw C1/DEL on the way.
+            let json = serde_json::to_string_pretty(
+                &serde_json::json!({ "nodes": rows, "verdict": v, "why": why }),
             )?;
+            writeln!(out, "{}", untrusted::json_text(&json))?;
         }
         Format::Human => {
             let text = if from_redis {
@@ -786,22 +784,198 @@ pub async fn exec(source: &Valid, flags: &BrokerFlags, e: &Exec<'_>) -> Result<u
             }
         })
         .await?;
-    s.close().await;
-    let Some(r) = result.filter(|_| got) else {
-        eprintln!(
-            "no result from {} within {}s; the command stays queued for it until it expires in {}s (is its agent running?)",
-            e.node,
-            wait.as_secs(),
-            (cmd.expires_at).saturating_sub(unix_now())
-        );
-        return Ok(1);
+    let result = match result.filter(|_| got) {
+        Some(r) => r,
+        None => match missing(&mut s, &cmd, e.node, &signer, &result_topic).await? {
+            Missing::Late(r) => r,
+            why => {
+                s.close().await;
+                let left = cmd.expires_at.saturating_sub(unix_now());
+                eprintln!(
+                    "no result from {} within {}s: {}",
+                    e.node,
+                    wait.as_secs(),
+                    why.explain(left)
+                );
+                if e.format == Format::Json {
+                    println!(
+                        "{}",
+                        serde_json::json!({"id": cmd.id, "node": e.node, "result": null, "missing": why.as_str()})
+                    );
+                }
+                return Ok(1);
+            }
+        },
     };
+    s.close().await;
+    let r = result;
     let mut out = std::io::stdout().lock();
     match e.format {
-        Format::Json => writeln!(out, "{}", serde_json::to_string_pretty(&r)?)?,
+        // The node's output: no raw C1/DEL on the way.
+        Format::Json => writeln!(
+            out,
+            "{}",
+            untrusted::json_text(&serde_json::to_string_pretty(&r)?)
+        )?,
         Format::Human => out.write_all(describe(&r).as_bytes())?,
     }
     Ok(u8::from(r.status != Outcome::Ok))
+}
+
+/// What became of a command whose result did not come within `--wait`.
+#[derive(Debug)]
+enum Missing {
+    /// It came after all, while looking.
+    Late(CommandResult),
+    /// The agent answered a command sent after it, and never this one:
+    /// the broker dropped it.
+    Dropped,
+    /// The agent is online but answered neither: still busy with earlier
+    /// commands (or both were dropped).
+    Busy,
+    /// The agent is offline (or never reported).
+    Offline,
+}
+
+/// How long `exec` waits for the probe's answer.
+const PROBE_WAIT: Duration = Duration::from_secs(10);
+
+impl Missing {
+    /// For `--format json`.
+    fn as_str(&self) -> &'static str {
+        match self {
+            Missing::Late(_) => "late",
+            Missing::Dropped => "dropped",
+            Missing::Busy => "agent-busy",
+            Missing::Offline => "agent-offline",
+        }
+    }
+
+    /// The explanation, with the seconds left before the command expires.
+    fn explain(&self, left: u64) -> String {
+        const QUEUE: &str = "mosquitto keeps at most `max_queued_messages` (default 1000) QoS 1 messages per client beyond those in flight and silently drops the rest: raise it (docs/operations.md, \"Command bursts\")";
+        match self {
+            Missing::Late(_) => String::new(),
+            Missing::Dropped => format!(
+                "DROPPED: its agent answered a command sent after it, and commands are answered in order, so this one never reached it — the broker dropped it ({QUEUE}); send it again"
+            ),
+            Missing::Busy => format!(
+                "its agent is online but answered neither this command nor a later probe within {}s: it is still working through earlier commands (this one stays queued for it until it expires in {left}s), or the broker dropped both ({QUEUE})",
+                PROBE_WAIT.as_secs()
+            ),
+            Missing::Offline => format!(
+                "its agent is offline (or never reported): the command stays queued for it until it expires in {left}s, if the broker keeps it ({QUEUE})"
+            ),
+        }
+    }
+}
+
+/// Find out why no result came: the node's retained status, then — when
+/// it is online — a probe command sent after the first on the same
+/// connection and topic (so the broker delivers it after it, and the agent
+/// answers in order): the probe answered and the command not means the
+/// command was dropped on the way.
+async fn missing(
+    s: &mut Session,
+    cmd: &Command,
+    node: &str,
+    signer: &Signer,
+    result_topic: &str,
+) -> Result<Missing> {
+    let status_topic = wire::status_topic(&s.prefix, node);
+    s.client.subscribe(&status_topic, QoS::AtLeastOnce).await?;
+    let mut online: Option<bool> = None;
+    let mut late: Option<CommandResult> = None;
+    // The retained status comes right after the SUBACK (none: the node
+    // never reported); a moment past the SUBACK is enough.
+    let mut subscribed = false;
+    let look = |ev: &Event, late: &mut Option<CommandResult>, online: &mut Option<bool>| {
+        let Event::Incoming(Packet::Publish(p)) = ev else {
+            return false;
+        };
+        if p.topic == result_topic {
+            *late = accept_result(&p.payload, cmd, node, signer).ok();
+            return late.is_some();
+        }
+        if p.topic == status_topic {
+            *online = Some(p.payload.as_ref() == wire::ONLINE.as_bytes());
+            return true;
+        }
+        false
+    };
+    let done = s
+        .pump(Duration::from_secs(2), |ev| {
+            subscribed |= matches!(ev, Event::Incoming(Packet::SubAck(_)));
+            look(ev, &mut late, &mut online) || subscribed
+        })
+        .await?;
+    if done && late.is_none() && online.is_none() {
+        s.pump(Duration::from_millis(500), |ev| {
+            look(ev, &mut late, &mut online)
+        })
+        .await?;
+    }
+    if let Some(r) = late {
+        return Ok(Missing::Late(r));
+    }
+    if online != Some(true) {
+        return Ok(Missing::Offline);
+    }
+    let now = unix_now();
+    let mut probe = Command {
+        id: format!("{}.probe", cmd.id),
+        action: wire::PROBE_ACTION.to_owned(),
+        args: BTreeMap::new(),
+        issued_at: now,
+        expires_at: now + PROBE_WAIT.as_secs() + 60,
+        sig: None,
+    };
+    signer.sign(&mut probe, node);
+    let probe_topic = wire::result_topic(&s.prefix, node, &probe.id);
+    s.client.subscribe(&probe_topic, QoS::AtLeastOnce).await?;
+    s.client
+        .publish(
+            wire::cmd_topic(&s.prefix, node),
+            QoS::AtLeastOnce,
+            false,
+            serde_json::to_vec(&probe)?,
+        )
+        .await?;
+    let mut answered = false;
+    s.pump(PROBE_WAIT, |ev| {
+        let Event::Incoming(Packet::Publish(p)) = ev else {
+            return false;
+        };
+        if p.topic == result_topic {
+            late = accept_result(&p.payload, cmd, node, signer).ok();
+            return late.is_some();
+        }
+        if p.topic == probe_topic && accept_result(&p.payload, &probe, node, signer).is_ok() {
+            answered = true;
+            return true;
+        }
+        false
+    })
+    .await?;
+    if late.is_none() && answered {
+        // The command's own result, had it been answered, was published
+        // before the probe's: a moment for it to arrive anyway.
+        s.pump(Duration::from_secs(1), |ev| {
+            let Event::Incoming(Packet::Publish(p)) = ev else {
+                return false;
+            };
+            if p.topic == result_topic {
+                late = accept_result(&p.payload, cmd, node, signer).ok();
+            }
+            late.is_some()
+        })
+        .await?;
+    }
+    Ok(match (late, answered) {
+        (Some(r), _) => Missing::Late(r),
+        (None, true) => Missing::Dropped,
+        (None, false) => Missing::Busy,
+    })
 }
 
 /// The command key from [`COMMAND_KEY_ENV`], when set and not empty.

@@ -6,6 +6,7 @@ mod edge;
 mod edge_paths;
 mod example;
 mod heal;
+mod history;
 mod hostile;
 mod install;
 mod issue12;

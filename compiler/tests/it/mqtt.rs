@@ -155,7 +155,7 @@ fn status_and_exec_through_the_broker() {
     );
     assert_eq!(out.status.code(), Some(1));
     assert!(
-        stderr(&out).contains("no result from edge-2"),
+        stderr(&out).contains("no result from edge-2 within 1s: its agent is offline"),
         "{}",
         stderr(&out)
     );
@@ -309,4 +309,115 @@ fn r12_3_forged_results_are_not_accepted() {
         !o.contains('\u{1b}') && o.contains("\\u{1b}[2Jall good"),
         "{o}"
     );
+}
+
+/// A command the broker drops on the way (its queue for the agent full)
+/// is reported by `exec --wait` as dropped, naming mosquitto's
+/// `max_queued_messages` — never a silent "no result". Real mosquitto
+/// holding 1 message in flight and 2 queued per client.
+#[test]
+fn exec_reports_a_command_the_broker_dropped() {
+    let r = harness::redis(&[]);
+    let broker = harness::mosquitto_limits(1, 2);
+    let f = Fixture::with(&[
+        ("nodes/edge-1.yaml", &*edge("edge-1", r.port)),
+        (
+            "cluster.yaml",
+            &format!(
+                "name: test\nmqtt:\n  url: mqtt://127.0.0.1:{}\n",
+                broker.port
+            ),
+        ),
+    ]);
+    let cache = tempfile::tempdir().unwrap();
+    let marks = tempfile::tempdir().unwrap();
+    let _agent = Agent::start(&format!(
+        "node: edge-1\nregion: eu\nredis: {{url: \"redis://127.0.0.1:{}\"}}\n\
+         cache: {{dirs: [{}]}}\nmqtt: {{url: \"mqtt://127.0.0.1:{}\"}}\n\
+         health: {{interval: 500ms}}\n\
+         actions:\n  slow:\n    argv: [/usr/bin/sleep, \"{{s}}\"]\n    args: {{s: \"[0-9]\"}}\n  \
+         mark:\n    argv: [/usr/bin/mktemp, -p, \"{{dir}}\"]\n    args: {{dir: \"/[A-Za-z0-9/._-]+\"}}\n",
+        r.port,
+        cache.path().display(),
+        broker.port
+    ));
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while status_json(&f)["nodes"][0]["online"] != true {
+        assert!(Instant::now() < deadline, "edge-1 never came online");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let dir = format!("dir={}", marks.path().display());
+    let send = |args: &[&str]| {
+        let mut all = vec!["exec", "--node", "edge-1"];
+        all.extend_from_slice(args);
+        edgeform(f.path(), &all)
+    };
+    // One command runs for 5 s (in flight), two wait in the queue: full.
+    // Published at once from here (no process start between them).
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    let filler = |id: &str, action: &str, arg: (&str, String)| edgestate::mqtt::Command {
+        id: id.into(),
+        action: action.into(),
+        args: [(arg.0.to_owned(), arg.1)].into_iter().collect(),
+        issued_at: now,
+        expires_at: now + 60,
+        sig: None,
+    };
+    let mark_dir = marks.path().display().to_string();
+    let mut o = rumqttc::MqttOptions::new("filler", "127.0.0.1", broker.port);
+    o.set_keep_alive(Duration::from_secs(5));
+    let (client, mut connection) = rumqttc::Client::new(o, 16);
+    for cmd in [
+        filler("slow", "slow", ("s", "5".into())),
+        filler("queued-1", "mark", ("dir", mark_dir.clone())),
+        filler("queued-2", "mark", ("dir", mark_dir.clone())),
+    ] {
+        client
+            .publish(
+                "edgeform/cmd/edge-1",
+                rumqttc::QoS::AtLeastOnce,
+                false,
+                serde_json::to_vec(&cmd).unwrap(),
+            )
+            .unwrap();
+    }
+    let mut acked = 0;
+    for event in connection.iter() {
+        if let Ok(rumqttc::Event::Incoming(rumqttc::Packet::PubAck(_))) = event {
+            acked += 1;
+            if acked == 3 {
+                break;
+            }
+        }
+    }
+    let out = send(&[
+        "--action", "mark", "--arg", &dir, "--wait", "7", "--format", "json",
+    ]);
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    let err = stderr(&out);
+    assert!(
+        err.contains("no result from edge-1 within 7s: DROPPED")
+            && err.contains("max_queued_messages"),
+        "{err}"
+    );
+    let v: serde_json::Value = serde_json::from_str(&stdout(&out)).unwrap();
+    assert_eq!(v["missing"], "dropped", "{v}");
+    assert!(v["result"].is_null(), "{v}");
+    // The queued ones ran; the dropped one never did, and the broker
+    // says it dropped it.
+    assert_eq!(std::fs::read_dir(marks.path()).unwrap().count(), 2);
+    assert!(
+        broker
+            .log()
+            .contains("Outgoing messages are being dropped for client edgeform-agent-edge-1"),
+        "{}",
+        broker.log()
+    );
+    // An answered command is not reported missing.
+    let out = send(&["--action", "mark", "--arg", &dir, "--wait", "10"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert_eq!(std::fs::read_dir(marks.path()).unwrap().count(), 3);
 }

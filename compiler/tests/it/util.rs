@@ -131,11 +131,15 @@ pub fn example_repo() -> PathBuf {
 pub struct Agent {
     stop: Option<tokio::sync::oneshot::Sender<()>>,
     thread: Option<std::thread::JoinHandle<()>>,
+    /// Its `state_dir` (the command record), its own.
+    _state: tempfile::TempDir,
 }
 
 impl Agent {
     pub fn start(yaml: &str) -> Agent {
-        let config = std::sync::Arc::new(agent::config::parse("agent.yaml", yaml).unwrap());
+        let state = tempfile::tempdir().unwrap();
+        let yaml = format!("{yaml}\nstate_dir: {}\n", state.path().display());
+        let config = std::sync::Arc::new(agent::config::parse("agent.yaml", &yaml).unwrap());
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let thread = std::thread::spawn(move || {
             let rt = tokio::runtime::Runtime::new().unwrap();
@@ -147,6 +151,7 @@ impl Agent {
         Agent {
             stop: Some(stop),
             thread: Some(thread),
+            _state: state,
         }
     }
 }
