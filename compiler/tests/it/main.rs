@@ -17,6 +17,7 @@ mod ops;
 mod private;
 mod purge;
 mod push;
+mod role_gate;
 mod router;
 mod schema;
 mod stream;
