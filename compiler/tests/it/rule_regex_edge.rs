@@ -157,8 +157,12 @@ fn regex_rules_check_refuses_what_the_edge_reads_otherwise_and_bounds_redos() {
             .unwrap();
         doc
     };
-    // What PCRE cannot compile: the document is bad, never "no match".
-    for (i, regex) in [r"(?<=a+)b", r"[z-a]", r"\x{263A}"].iter().enumerate() {
+    // What PCRE cannot compile, and Unicode classes (PCRE would read them
+    // as Latin-1): the document is bad, never "no match", in both.
+    for (i, regex) in [r"(?<=a+)b", r"[z-a]", r"\x{263A}", r"^/\pL", r"[\P{Greek}]"]
+        .iter()
+        .enumerate()
+    {
         let host = format!("bad{i}.test");
         let doc = put(&mut con, &host, regex);
         let (status, reason, _) = get(port, &host, "/x");

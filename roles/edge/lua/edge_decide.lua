@@ -136,6 +136,17 @@ local function matcher(field, kind, value)
     -- document bad (502 bad-document), never "no match".
     local _, _, err = ngx.re.find("", value, "jo")
     if err then return nil, field .. ": bad regex `" .. value .. "`: " .. err end
+    -- A Unicode class: PCRE (bytes) reads it as Latin-1, explain refuses it.
+    local at = 1
+    while true do
+      local s = find(value, "\\", at, true)
+      if not s then break end
+      local c = sub(value, s + 1, s + 1)
+      if c == "p" or c == "P" then
+        return nil, field .. ": bad regex `" .. value .. "`: a Unicode class (`\\p`)"
+      end
+      at = s + 2
+    end
     return { kind, value }
   end
   return nil, field .. ": unknown match_type `" .. tostring(kind) .. "`"
