@@ -232,8 +232,11 @@ pub enum Sandbox {
     /// An unprivileged user where user namespaces are not permitted: as
     /// that user, with the network (said in the output).
     UserOnly,
-    /// Root without `unshare`/`setpriv` or namespaces: the gate refuses
-    /// to run nginx.
+    /// Root where network namespaces are not permitted (a container
+    /// without `CAP_SYS_ADMIN`): `setpriv` to nobody, with the network
+    /// (said in the output).
+    NobodyOnly,
+    /// Root without `setpriv`: the gate refuses to run nginx.
     Unavailable,
 }
 
@@ -257,28 +260,27 @@ pub fn sandbox() -> Sandbox {
     let root = std::fs::metadata("/proc/self").is_ok_and(|m| m.uid() == 0);
     let unshare = tool("unshare");
     if root {
-        let (Some(unshare), Some(setpriv)) = (unshare, tool("setpriv")) else {
+        let Some(setpriv) = tool("setpriv") else {
             return Sandbox::Unavailable;
         };
-        let setpriv = setpriv.display().to_string();
         let id = NOBODY.to_string();
-        if runs(
-            &unshare,
-            &[
-                "--net",
-                "--",
-                &setpriv,
-                "--reuid",
-                &id,
-                "--regid",
-                &id,
-                "--clear-groups",
-                "--no-new-privs",
-                "--",
-                "true",
-            ],
-        ) {
+        let drop: [&str; 8] = [
+            "--reuid",
+            &id,
+            "--regid",
+            &id,
+            "--clear-groups",
+            "--no-new-privs",
+            "--",
+            "true",
+        ];
+        let setpriv_text = setpriv.display().to_string();
+        let mut in_ns = vec!["--net", "--", setpriv_text.as_str()];
+        in_ns.extend(drop);
+        if unshare.is_some_and(|u| runs(&u, &in_ns)) {
             Sandbox::NetAndNobody
+        } else if runs(&setpriv, &drop) {
+            Sandbox::NobodyOnly
         } else {
             Sandbox::Unavailable
         }
@@ -308,6 +310,14 @@ fn sandboxed(sandbox: &Sandbox, nginx: &Path) -> Option<Command> {
             c.args(["--user", "--net", "--"]).arg(nginx);
             c
         }
+        Sandbox::NobodyOnly => {
+            let mut c = Command::new(tool("setpriv")?);
+            let id = NOBODY.to_string();
+            c.args(["--reuid", &id, "--regid", &id, "--clear-groups"])
+                .args(["--no-new-privs", "--"])
+                .arg(nginx);
+            c
+        }
         Sandbox::UserOnly => Command::new(nginx),
         Sandbox::Unavailable => return None,
     };
@@ -332,7 +342,8 @@ fn hand_over(dir: &Path) {
 
 /// The message for every line `nginx -t` refused: nginx's own text is
 /// never shown (it can quote files of this machine).
-const REFUSED: &str = "nginx -t refused this line (nginx's message is not shown: run                        `edgeform build` and `nginx -t` on the bundle to read it)";
+const REFUSED: &str = "nginx -t refused this line (nginx's message is not shown: run \
+                       `edgeform build` and `nginx -t` on the bundle to read it)";
 
 /// Line `line` (1-based) of a role file, trimmed and bounded, for messages.
 fn source_line(roles: &Roles, source: &str, line: usize) -> Option<String> {
@@ -439,20 +450,32 @@ fn nginx(nodes: &[GateNode<'_>], roles: &Roles, scratch: &Path, out: &mut Outcom
             out.problems.push(Problem {
                 gate: Gate::Nginx,
                 location: "roles/".into(),
-                message: "cannot sandbox `nginx -t` (running as root, it needs `unshare` and                           `setpriv` from util-linux and permission to create a network                           namespace); nginx was not run. Skip this gate explicitly with                           --skip-gate nginx"
+                message: "cannot sandbox `nginx -t` (running as root, it needs `setpriv` from \
+                          util-linux to run it as nobody); nginx was not run. Skip this gate \
+                          explicitly with --skip-gate nginx"
                     .into(),
             });
             return;
         }
         Sandbox::UserOnly => out.skipped.push(
-            "gate nginx ran with the network: user namespaces are not permitted here              (`unshare --user --net`); it runs as this (unprivileged) user"
+            "gate nginx ran with the network: user namespaces are not permitted here \
+             (`unshare --user --net`); it runs as this (unprivileged) user"
                 .into(),
         ),
+        Sandbox::NobodyOnly => {
+            out.sandbox = Some("uid 65534 (nobody)".into());
+            out.skipped.push(
+                "gate nginx ran with the network: network namespaces are not permitted here \
+                 (`unshare --net`); it runs as nobody"
+                    .into(),
+            );
+        }
         Sandbox::NetAndNobody => out.sandbox = Some("no network, uid 65534 (nobody)".into()),
         Sandbox::NetAsUser => out.sandbox = Some("no network, as this user".into()),
     }
     // The sandbox's user walks into the scratch folder.
-    if sandbox == Sandbox::NetAndNobody {
+    let as_nobody = matches!(sandbox, Sandbox::NetAndNobody | Sandbox::NobodyOnly);
+    if as_nobody {
         use std::os::unix::fs::PermissionsExt;
         let _ = std::fs::set_permissions(scratch, std::fs::Permissions::from_mode(0o711));
     }
@@ -507,7 +530,7 @@ fn nginx(nodes: &[GateNode<'_>], roles: &Roles, scratch: &Path, out: &mut Outcom
             let _ = std::fs::write(&file, &f.bytes);
         }
         let _ = std::fs::create_dir_all(&release);
-        if sandbox == Sandbox::NetAndNobody {
+        if as_nobody {
             hand_over(&base);
         }
         let conf = release.join("nginx.conf");
@@ -564,7 +587,8 @@ fn nginx(nodes: &[GateNode<'_>], roles: &Roles, scratch: &Path, out: &mut Outcom
                 Some((src, l)) => (format!("{src}:{l}"), with_line(roles, &src, l, REFUSED)),
                 None => (
                     source.clone(),
-                    "nginx -t refused the configuration at a place outside the bundle (nginx's                      message is not shown)"
+                    "nginx -t refused the configuration at a place outside the bundle (nginx's \
+                     message is not shown)"
                         .to_owned(),
                 ),
             };
