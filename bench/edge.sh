@@ -45,6 +45,7 @@ YAML
 cat > "$repo/sites/bench.yaml" <<YAML
 host: bench.test
 origin: http://127.0.0.1:$oport
+loopback: true
 geo_mode: block
 geo_codes: [RU, CN]
 waf_mode: detect

@@ -1,27 +1,37 @@
-//! The regex subset a rule (`cache_rules`/`edge_rules`, `match_type:
+//! The regex dialect a rule (`cache_rules`/`edge_rules`, `match_type:
 //! regex`) may use. Pure.
 //!
-//! Rules run on the edge in nginx + Lua (`ngx.re`, PCRE, a backtracking
-//! engine); the compiler parses them with Rust's `regex-syntax`. A rule is
-//! accepted only when it means the same in both and cannot make PCRE
-//! backtrack exponentially:
+//! Rules run on the edge in nginx + Lua (`ngx.re`: the Lua module links
+//! PCRE1, `libpcre.so.3`, used without its UTF mode, a backtracking engine
+//! over bytes); `explain` (`edgestate::edge`) runs them with Rust's
+//! `regex::bytes` with Unicode off. A rule is accepted only in the
+//! intersection both read identically, and when it cannot make PCRE
+//! backtrack badly:
+//! - ASCII text only (a byte above 0x7f is written `\xHH`); no Unicode
+//!   classes (`\p{…}`), no `\x{…}`, `\u`, `\U` escapes; `\d`, `\w`, `\s`,
+//!   `\b` and `(?i)` are ASCII-only in both;
 //! - valid `regex` crate syntax (so no look-around, back-references,
 //!   recursion `(?1)`, possessive or atomic groups);
-//! - none of the Rust-only syntax PCRE reads differently or not at all:
-//!   the `R` flag (`(?R)` is recursion in PCRE), the `u` flag, class set
-//!   operations (`&&`, `--`, `~~`), nested brackets (`[a[bc]]`), the
-//!   word-boundary forms `\b{start}`, `\<`, `\>`, and `\u`/`\U` escapes;
-//! - no unbounded repetition (`*`, `+`, `{n,}`) inside another one
-//!   (`^(a+)+$`, `(a*)*`), and no alternation inside an unbounded repetition
-//!   whose branches can start with the same character or match empty
-//!   (`(a|a)*`, `(a|ab)+`, `(a|)*`): the shapes that backtrack
-//!   exponentially;
+//! - none of the syntax PCRE reads differently or not at all: the `R`, `u`
+//!   and `x` flags, class set operations (`&&`, `--`, `~~`), nested
+//!   brackets (`[a[bc]]`), the word-boundary forms `\b{start}`, `\<`, `\>`,
+//!   and `\v` (vertical whitespace in PCRE, a tab in Rust);
+//! - no unbounded repetition (`*`, `+`, `{n,}`) inside a repetition that
+//!   can repeat (`^(a+)+$`, `(a*)*`, `^/(?:a+){12}$`), and no alternation
+//!   inside an unbounded repetition whose branches can start with the same
+//!   character or match empty (`(a|a)*`, `(a|ab)+`, `(a|)*`), and no two
+//!   unbounded repetitions in a row that can match the same character
+//!   (`a*a*`, `\d+[0-9]*`): the shapes that backtrack exponentially or
+//!   polynomially;
 //! - nested repetition counts multiplying to at most [`MAX_COUNT`]
 //!   (`a{1000}{1000}` is refused), and at most [`MAX_LEN`] bytes.
+//!
+//! The edge also bounds every match at run time (`lua_regex_match_limit`
+//! in both nginx templates).
 
 use regex_syntax::ast::{
     self, Assertion, AssertionKind, Ast, ClassSet, ClassSetItem, Flag, FlagsItemKind, GroupKind,
-    HexLiteralKind, LiteralKind, RepetitionKind, RepetitionRange,
+    HexLiteralKind, LiteralKind, RepetitionKind, RepetitionRange, SpecialLiteralKind,
 };
 use regex_syntax::hir::{self, Hir, HirKind};
 
@@ -41,6 +51,8 @@ pub enum Refusal {
     NestedRepetition,
     /// Overlapping or empty alternatives under an unbounded repetition.
     AmbiguousAlternation,
+    /// Two unbounded repetitions in a row that can match the same byte.
+    AdjacentRepetition,
     /// Repetition counts (or the length) past the limits.
     TooLarge,
 }
@@ -54,8 +66,12 @@ impl std::fmt::Display for Refusal {
                 "uses {what}, which the edge's PCRE reads differently or not at all"
             ),
             Refusal::NestedRepetition => f.write_str(
-                "an unbounded repetition inside another one (like `(a+)+`) can backtrack \
-                 exponentially on the edge",
+                "an unbounded repetition inside a repetition (like `(a+)+` or `(?:a+){12}`) \
+                 can backtrack exponentially on the edge",
+            ),
+            Refusal::AdjacentRepetition => f.write_str(
+                "two unbounded repetitions in a row that can match the same character (like \
+                 `a*a*`) backtrack polynomially on the edge",
             ),
             Refusal::AmbiguousAlternation => f.write_str(
                 "alternatives that can start alike or match empty inside an unbounded \
@@ -78,15 +94,31 @@ pub fn check(pattern: &str) -> Result<(), Refusal> {
     if pattern.len() > MAX_LEN {
         return Err(Refusal::TooLarge);
     }
+    if !pattern.is_ascii() {
+        return Err(Refusal::NotPortable(
+            "a non-ASCII character (PCRE matches bytes: write them as `\\xHH`)",
+        ));
+    }
     let ast = ast::parse::Parser::new()
         .parse(pattern)
         .map_err(|e| Refusal::Syntax(e.kind().to_string()))?;
-    // Translating catches what the AST allows but a regex does not (e.g.
-    // invalid UTF-8 classes).
-    hir::translate::Translator::new()
+    // The AST walk first: it names what is not portable, which the
+    // translation below would only call "not allowed".
+    Walk { pattern }.ast(&ast, false, 1)?;
+    // Translating as `explain` compiles (bytes, Unicode off) catches what
+    // the AST allows but that engine does not.
+    translator()
         .translate(pattern, &ast)
         .map_err(|e| Refusal::Syntax(e.kind().to_string()))?;
-    Walk { pattern }.ast(&ast, false, 1)
+    Ok(())
+}
+
+/// Translation as `edgestate::edge` compiles a rule: bytes, Unicode off.
+fn translator() -> hir::translate::Translator {
+    hir::translate::TranslatorBuilder::new()
+        .unicode(false)
+        .utf8(false)
+        .build()
 }
 
 struct Walk<'a> {
@@ -96,7 +128,10 @@ struct Walk<'a> {
 impl Walk<'_> {
     fn ast(&self, ast: &Ast, under_unbounded: bool, count: u64) -> Result<(), Refusal> {
         match ast {
-            Ast::Empty(_) | Ast::Dot(_) | Ast::ClassPerl(_) | Ast::ClassUnicode(_) => Ok(()),
+            Ast::Empty(_) | Ast::Dot(_) | Ast::ClassPerl(_) => Ok(()),
+            Ast::ClassUnicode(_) => Err(Refusal::NotPortable(
+                "a Unicode class (`\\p{…}`, `\\pL`): PCRE matches bytes",
+            )),
             Ast::Flags(set) => flags(&set.flags),
             Ast::Literal(lit) => literal(lit),
             Ast::Assertion(a) => assertion(a),
@@ -116,6 +151,16 @@ impl Walk<'_> {
                 if count > MAX_COUNT {
                     return Err(Refusal::TooLarge);
                 }
+                // A counted repetition (`{12}`, `{1,3}`) of something that
+                // ends in an unbounded repetition able to take the next
+                // round's first byte: `(?:a+){12}` is `a+a+…a+`.
+                if !unbounded
+                    && n > 1
+                    && let Ok(sub) = translator().translate(self.pattern, &rep.ast)
+                    && tail(&sub).intersects(&first(&sub))
+                {
+                    return Err(Refusal::NestedRepetition);
+                }
                 self.ast(&rep.ast, under_unbounded || unbounded, count)
             }
             Ast::Group(group) => {
@@ -132,11 +177,40 @@ impl Walk<'_> {
                     .iter()
                     .try_for_each(|a| self.ast(a, under_unbounded, count))
             }
-            Ast::Concat(concat) => concat
-                .asts
-                .iter()
-                .try_for_each(|a| self.ast(a, under_unbounded, count)),
+            Ast::Concat(concat) => {
+                self.adjacent(&concat.asts)?;
+                concat
+                    .asts
+                    .iter()
+                    .try_for_each(|a| self.ast(a, under_unbounded, count))
+            }
         }
+    }
+
+    /// In a concatenation: an unbounded repetition, then (past parts that
+    /// can match empty) another whose bytes it can also match.
+    fn adjacent(&self, items: &[Ast]) -> Result<(), Refusal> {
+        let mut open: Option<Bytes> = None;
+        for item in items {
+            // What does not translate is named by the walk, or refused by
+            // the whole pattern's translation.
+            let Ok(hir) = translator().translate(self.pattern, item) else {
+                open = None;
+                continue;
+            };
+            if let HirKind::Repetition(r) = hir.kind()
+                && r.max.is_none()
+            {
+                let set = all(&r.sub);
+                if open.as_ref().is_some_and(|o| o.intersects(&set)) {
+                    return Err(Refusal::AdjacentRepetition);
+                }
+                open = Some(set);
+            } else if !nullable(&hir) {
+                open = None;
+            }
+        }
+        Ok(())
     }
 
     /// Under an unbounded repetition: no branch matches empty, and no two
@@ -144,9 +218,9 @@ impl Walk<'_> {
     fn alternatives(&self, branches: &[Ast]) -> Result<(), Refusal> {
         let mut seen = Bytes::default();
         for branch in branches {
-            let hir = hir::translate::Translator::new()
-                .translate(self.pattern, branch)
-                .map_err(|e| Refusal::Syntax(e.kind().to_string()))?;
+            let Ok(hir) = translator().translate(self.pattern, branch) else {
+                continue;
+            };
             if nullable(&hir) {
                 return Err(Refusal::AmbiguousAlternation);
             }
@@ -169,6 +243,11 @@ fn flags(f: &ast::Flags) -> Result<(), Refusal> {
             FlagsItemKind::Flag(Flag::Unicode) => {
                 return Err(Refusal::NotPortable("the `u` flag"));
             }
+            FlagsItemKind::Flag(Flag::IgnoreWhitespace) => {
+                return Err(Refusal::NotPortable(
+                    "the `x` flag (PCRE keeps the spaces inside classes)",
+                ));
+            }
             _ => {}
         }
     }
@@ -178,9 +257,12 @@ fn flags(f: &ast::Flags) -> Result<(), Refusal> {
 fn literal(lit: &ast::Literal) -> Result<(), Refusal> {
     match lit.kind {
         LiteralKind::HexFixed(HexLiteralKind::UnicodeShort | HexLiteralKind::UnicodeLong)
-        | LiteralKind::HexBrace(HexLiteralKind::UnicodeShort | HexLiteralKind::UnicodeLong) => Err(
-            Refusal::NotPortable("a `\\u`/`\\U` escape (write `\\x{…}`)"),
-        ),
+        | LiteralKind::HexBrace(_) => Err(Refusal::NotPortable(
+            "a `\\x{…}`, `\\u` or `\\U` escape (write a byte as `\\xHH`)",
+        )),
+        LiteralKind::Special(SpecialLiteralKind::VerticalTab) => Err(Refusal::NotPortable(
+            "`\\v` (vertical whitespace in PCRE, a tab in Rust; write `\\x0B`)",
+        )),
         _ => Ok(()),
     }
 }
@@ -216,6 +298,9 @@ fn class_item(item: &ClassSetItem) -> Result<(), Refusal> {
         ClassSetItem::Union(u) => u.items.iter().try_for_each(class_item),
         ClassSetItem::Literal(lit) => literal(lit),
         ClassSetItem::Range(r) => literal(&r.start).and_then(|()| literal(&r.end)),
+        ClassSetItem::Unicode(_) => Err(Refusal::NotPortable(
+            "a Unicode class (`\\p{…}`, `\\pL`): PCRE matches bytes",
+        )),
         _ => Ok(()),
     }
 }
@@ -251,6 +336,54 @@ fn nullable(h: &Hir) -> bool {
         HirKind::Concat(hs) => hs.iter().all(nullable),
         HirKind::Alternation(hs) => hs.iter().any(nullable),
     }
+}
+
+/// The bytes an unbounded repetition at the end of a match of `h` (past
+/// only parts that can match empty) can take.
+fn tail(h: &Hir) -> Bytes {
+    let mut out = Bytes::default();
+    match h.kind() {
+        HirKind::Repetition(r) if r.max.is_none() => out = all(&r.sub),
+        HirKind::Repetition(r) => out = tail(&r.sub),
+        HirKind::Capture(c) => out = tail(&c.sub),
+        HirKind::Concat(hs) => {
+            for h in hs.iter().rev() {
+                out.add(&tail(h));
+                if !nullable(h) {
+                    break;
+                }
+            }
+        }
+        HirKind::Alternation(hs) => {
+            for h in hs {
+                out.add(&tail(h));
+            }
+        }
+        _ => {}
+    }
+    out
+}
+
+/// Every byte a match of `h` can hold.
+fn all(h: &Hir) -> Bytes {
+    let mut out = Bytes::default();
+    match h.kind() {
+        HirKind::Empty | HirKind::Look(_) => {}
+        HirKind::Literal(l) => {
+            for &b in &l.0 {
+                out.insert_range(b, b);
+            }
+        }
+        HirKind::Class(_) => out = first(h),
+        HirKind::Repetition(r) => out = all(&r.sub),
+        HirKind::Capture(c) => out = all(&c.sub),
+        HirKind::Concat(hs) | HirKind::Alternation(hs) => {
+            for h in hs {
+                out.add(&all(h));
+            }
+        }
+    }
+    out
 }
 
 /// The bytes a match of `h` can start with (UTF-8 lead bytes for
@@ -319,6 +452,13 @@ mod tests {
             (r"^(a|ab)+$", Refusal::AmbiguousAlternation),
             (r"(a|)*", Refusal::AmbiguousAlternation),
             (r"(\d|[0-5])+", Refusal::AmbiguousAlternation),
+            (r"^/(?:a+){12}$", Refusal::NestedRepetition),
+            (r"(?:x*){2}", Refusal::NestedRepetition),
+            (r"^/(?:a+|b){3}$", Refusal::NestedRepetition),
+            (r"^/(?:a+b?){3}$", Refusal::NestedRepetition),
+            (r"^/a*a*$", Refusal::AdjacentRepetition),
+            (r"\d+[0-9]*", Refusal::AdjacentRepetition),
+            (r"x.*(?:b)?.*y", Refusal::AdjacentRepetition),
             (r"a{1000}{1000}", Refusal::TooLarge),
             (r"(?:a{100}){100}", Refusal::TooLarge),
         ] {
@@ -335,6 +475,14 @@ mod tests {
             r"\<word\>",
             r"\u0041",
             r"\U00000041",
+            r"\p{Letter}",
+            r"\pL",
+            r"[\p{Greek}a]",
+            r"\x{263A}",
+            r"\x{41}",
+            r"é",
+            r"(?x)a b",
+            r"\v",
         ] {
             assert!(
                 matches!(check(pattern), Err(Refusal::NotPortable(_))),
@@ -363,8 +511,13 @@ mod tests {
             r"^/a{1,3}/b{2}",
             r"\d{1,3}(\.\d{1,3}){3}",
             r"^/(foo|bar)*$",
-            r"[[:alpha:]]+\p{Greek}",
-            r"\x{41}\x42",
+            r"[[:alpha:]]+\d\w\s",
+            r"\x41\xe9",
+            r"(?i)^/admin",
+            r"^/[a-z]+/[a-z]*$",
+            r"\d+\.\d+",
+            r"^/(?:a+b){3}$",
+            r"^(?:/[^/]+){0,8}$",
             r"a{1000}",
         ] {
             assert_eq!(check(pattern), Ok(()), "{pattern}");

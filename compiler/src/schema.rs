@@ -202,28 +202,53 @@ pub fn reference_markdown() -> String {
 }
 
 /// The accepted regex subset of rules (see `rule_regex.rs`).
-const RULE_REGEXES: &str = "
+const RULE_REGEXES: &str = r#"
 ## Rule regexes (`match_type: regex`)
 
-A rule's regex runs on the edge in nginx + Lua (`ngx.re`, PCRE, which
-backtracks), and is checked by `edgeform check` with Rust's regex syntax.
-It is accepted only when it means the same in both and cannot backtrack
-exponentially:
+A rule's regex runs on the edge in nginx + Lua (`ngx.re`: the Lua module
+links PCRE1, `libpcre.so.3`, used without its UTF mode — a backtracking
+engine over the path's bytes), and in `edgeform explain` with Rust's
+`regex::bytes`, Unicode off. `edgeform check` accepts one dialect: what
+both read identically, and what cannot make PCRE backtrack badly.
 
+- **ASCII only.** The pattern is ASCII text; a byte above 0x7f is written
+  `\xHH` (two hex digits). No Unicode classes (`\p{Letter}`, `\pL`), no
+  `\x{…}`, `\u`, `\U` escapes. `\d`, `\w`, `\s`, `\b`, POSIX classes
+  (`[[:alpha:]]`) and `(?i)` are ASCII-only in both engines; `.` is one
+  byte (a UTF-8 `é` in the path is two).
 - valid Rust `regex` syntax: no look-around, back-references, recursion
   (`(?1)`), possessive quantifiers or atomic groups;
-- none of the Rust-only syntax that PCRE reads differently or not at all:
-  the `R` flag (`(?R)` is recursion in PCRE), the `u` flag, class set
-  operations (`[a-z&&[^aeiou]]`, `--`, `~~`), a class nested in a class
-  (`[a[bc]]`), `\\b{start}`/`\\<`/`\\>` word boundaries, `\\u`/`\\U` escapes
-  (write `\\x{…}`);
-- no unbounded repetition (`*`, `+`, `{n,}`) inside another (`^(a+)+$`,
-  `(a*)*`, also `(?:/[^/]+)*`: write `(?:/[^/]+){0,8}` or `(?:/.*)?`);
-- under an unbounded repetition, no alternation whose branches can start
-  with the same character or match empty (`(a|a)*`, `(a|ab)+`, `(a|)*`);
+- none of the syntax PCRE reads differently or not at all: the `R` flag
+  (`(?R)` is recursion in PCRE), the `u` flag, the `x` flag (PCRE keeps
+  spaces inside classes), class set operations (`[a-z&&[^aeiou]]`, `--`,
+  `~~`), a class nested in a class (`[a[bc]]`), `\b{start}`/`\<`/`\>` word
+  boundaries, `\v` (vertical whitespace in PCRE, a tab in Rust: write
+  `\x0B`);
+- **no nested repetition** (the `nested repetition` rule): no unbounded
+  repetition (`*`, `+`, `{n,}`) inside another (`^(a+)+$`, `(a*)*`, also
+  `(?:/[^/]+)*`: write `(?:/[^/]+){0,8}` or `(?:/.*)?`), and no counted
+  repetition (`{12}`, `{1,3}`) of something ending in an unbounded
+  repetition that can take the next round's first character
+  (`^/(?:a+){12}$` is `a+a+…a+`; `(?:/[^/]+){0,8}` is fine);
+- **no ambiguous alternation** (the `ambiguous alternation` rule): under
+  an unbounded repetition, no alternation whose branches can start with
+  the same character or match empty (`(a|a)*`, `(a|ab)+`, `(a|)*`);
+- **no adjacent repetition** (the `adjacent repetition` rule): no two
+  unbounded repetitions in a row (past parts that can match empty) that
+  can match the same character (`a*a*`, `\d+[0-9]*`, `x.*(b)?.*y`);
 - nested repetition counts multiplying to at most 1000 (`a{1000}{1000}`
   is refused), and at most 4096 bytes.
-";
+
+The edge also bounds every match at run time: both nginx templates set
+`lua_regex_match_limit 100000` (PCRE's limit is 10,000,000 by default:
+25–50 ms of a worker's CPU for `^/(?:a+){12}$` on 30 `a`s). A match past
+the limit, or a document whose regex PCRE cannot compile (written into
+Redis past `check`), answers 502 `bad-document` (docs/edge.md) — never "no
+match". `explain` cannot reproduce a match limit; `check` refuses the
+patterns that reach it. PCRE's `$` also matches before a final newline,
+Rust's does not: the path the edge matches (the request line's) never
+holds a raw newline.
+"#;
 
 fn table(out: &mut String, root: &Value, object: &Value, prefix: &str) {
     use std::fmt::Write as _;

@@ -11,9 +11,15 @@
 //! strings (no "Norway problem"), `~`/`null`/empty are null. Anchors and
 //! aliases work; their expansion is capped so a "billion laughs" file is an
 //! error, not an out-of-memory. Duplicate keys, non-scalar keys and several
-//! documents in one file are errors.
+//! documents in one file are errors. A tag is refused wherever it stands
+//! (scalar, sequence, mapping) unless it is the core schema's for that kind
+//! of node and the value reads as it says (`!!str`, `!!int 3`, `!!seq`,
+//! `!!map`). The parser accepts a few shapes YAML forbids — a flow
+//! collection or a quoted scalar inside a block collection whose next lines
+//! are not indented past that collection (the YAML test suite's 9C9N,
+//! DK95/01, QB6E) — so [`parse`] checks those itself from the spans.
 
-use granit_parser::{Event, Options, Parser, ScalarStyle, Span as PSpan};
+use granit_parser::{Event, Options, Parser, ScalarStyle, Span as PSpan, StructureStyle};
 
 /// A region of one source file. Lines and columns are 1-based (columns
 /// count characters); `start`/`end` are byte offsets for snippets.
@@ -66,6 +72,9 @@ pub enum ErrorKind {
     MultipleDocuments,
     UnsupportedTag,
     TooLarge,
+    /// A line inside a flow collection or a quoted scalar indented no
+    /// further than the block collection that holds it.
+    Indentation,
 }
 
 impl ErrorKind {
@@ -79,6 +88,7 @@ impl ErrorKind {
             ErrorKind::MultipleDocuments => "yaml-multiple-documents",
             ErrorKind::UnsupportedTag => "yaml-unsupported-tag",
             ErrorKind::TooLarge => "yaml-too-large",
+            ErrorKind::Indentation => "yaml-syntax",
         }
     }
 }
@@ -105,6 +115,7 @@ enum Frame {
         items: Vec<Node>,
         span: Span,
         anchor: usize,
+        layout: Layout,
     },
     Map {
         entries: Vec<(Key, Node)>,
@@ -114,7 +125,97 @@ enum Frame {
         index: Option<std::collections::HashMap<String, usize>>,
         span: Span,
         anchor: usize,
+        layout: Layout,
     },
+}
+
+/// How a collection is written: block (with the column its entries start
+/// at, once known) or flow.
+#[derive(Clone, Copy)]
+enum Layout {
+    Block(Option<usize>),
+    Flow,
+}
+
+impl Frame {
+    fn layout(&self) -> Layout {
+        match self {
+            Frame::Seq { layout, .. } | Frame::Map { layout, .. } => *layout,
+        }
+    }
+}
+
+/// The column (0-based) the innermost block collection's entries start at,
+/// when the node being read is not inside a flow collection.
+fn block_indent(stack: &[Frame]) -> Option<Option<usize>> {
+    match stack.last()?.layout() {
+        Layout::Flow => None,
+        Layout::Block(_) => stack.iter().rev().find_map(|f| match f.layout() {
+            Layout::Block(Some(c)) => Some(Some(c)),
+            _ => None,
+        }),
+    }
+}
+
+/// Every line of `text[start..end]` after its first must be indented (by
+/// spaces; a tab is not indentation) past column `indent`, blank lines
+/// aside.
+fn check_continuation(
+    text: &str,
+    start: usize,
+    end: usize,
+    indent: usize,
+    what: &str,
+) -> Result<(), Error> {
+    let end = end.min(text.len());
+    let Some(body) = text.get(start..end) else {
+        return Ok(());
+    };
+    for (i, b) in body.bytes().enumerate() {
+        if b != b'\n' {
+            continue;
+        }
+        let next = start + i + 1;
+        if next >= end {
+            break;
+        }
+        let line = &text[next..end];
+        let line = line.split('\n').next().unwrap_or("");
+        if line.trim().is_empty() {
+            continue;
+        }
+        let spaces = line.bytes().take_while(|&c| c == b' ').count();
+        if spaces <= indent {
+            let lineno = text[..next].matches('\n').count() + 1;
+            return Err(Error {
+                kind: ErrorKind::Indentation,
+                message: format!(
+                    "this line of {what} must be indented past column {} (the block it is \
+                     in), with spaces",
+                    indent + 1
+                ),
+                span: Span {
+                    start: next,
+                    end: next + line.len(),
+                    line: u32::try_from(lineno).unwrap_or(u32::MAX),
+                    column: u32::try_from(spaces + 1).unwrap_or(u32::MAX),
+                },
+            });
+        }
+    }
+    Ok(())
+}
+
+fn tag_error(tag: &granit_parser::Tag, span: Span, on: &str) -> Error {
+    Error {
+        kind: ErrorKind::UnsupportedTag,
+        message: format!(
+            "unsupported YAML tag `{}` on {on} (only the core schema's own tag for that kind of \
+             value is read)",
+            tag.original()
+        ),
+        span,
+    }
 }
 
 /// Mappings up to this many keys are checked for duplicates by a scan.
@@ -168,53 +269,95 @@ pub fn parse(text: &str) -> Result<Option<Node>, Error> {
                 }
                 continue;
             }
-            Event::Scalar(text, style, anchor, tag) => {
+            Event::Scalar(value_text, style, anchor, tag) => {
+                if !matches!(style, ScalarStyle::Literal | ScalarStyle::Folded)
+                    && let Some(indent) = block_indent(&stack).flatten()
+                {
+                    check_continuation(text, span.start, span.end, indent, "a scalar")?;
+                }
                 let value = match tag.as_deref() {
-                    None => resolve_scalar(&text, style),
-                    Some(t) if t.is_yaml_core_schema_tag("str") => Value::Str(text.into_owned()),
-                    Some(t) if t.is_yaml_core_schema() => resolve_scalar(&text, ScalarStyle::Plain),
+                    None => resolve_scalar(&value_text, style),
+                    Some(t) if t.is_yaml_core_schema_tag("str") => {
+                        Value::Str(value_text.into_owned())
+                    }
                     Some(t) => {
-                        return Err(Error {
-                            kind: ErrorKind::UnsupportedTag,
-                            message: format!("unsupported YAML tag `{}`", t.original()),
-                            span,
-                        });
+                        let v = resolve_scalar(&value_text, ScalarStyle::Plain);
+                        let fits = (t.is_yaml_core_schema_tag("int") && matches!(v, Value::Int(_)))
+                            || (t.is_yaml_core_schema_tag("float")
+                                && matches!(v, Value::Float(_) | Value::Int(_)))
+                            || (t.is_yaml_core_schema_tag("bool") && matches!(v, Value::Bool(_)))
+                            || (t.is_yaml_core_schema_tag("null") && matches!(v, Value::Null));
+                        if !fits {
+                            return Err(tag_error(t, span, "this scalar"));
+                        }
+                        match v {
+                            Value::Int(i) if t.is_yaml_core_schema_tag("float") =>
+                            {
+                                #[allow(clippy::cast_precision_loss)]
+                                Value::Float(i as f64)
+                            }
+                            v => v,
+                        }
                     }
                 };
                 let node = Node { value, span };
                 remember(&mut anchors, anchor, &node);
                 node
             }
-            Event::SequenceStart(_, anchor, _) => {
+            Event::SequenceStart(style, anchor, tag) => {
                 if stack.len() >= MAX_DEPTH {
                     return Err(too_deep(span));
                 }
+                if let Some(t) = tag.as_deref()
+                    && !t.is_yaml_core_schema_tag("seq")
+                {
+                    return Err(tag_error(t, span, "a sequence"));
+                }
+                let layout = match style {
+                    StructureStyle::Flow => Layout::Flow,
+                    StructureStyle::Block => Layout::Block(Some(dash_column(text, span))),
+                };
                 stack.push(Frame::Seq {
                     items: Vec::new(),
                     span,
                     anchor,
+                    layout,
                 });
                 continue;
             }
-            Event::MappingStart(_, anchor, _) => {
+            Event::MappingStart(style, anchor, tag) => {
                 if stack.len() >= MAX_DEPTH {
                     return Err(too_deep(span));
                 }
+                if let Some(t) = tag.as_deref()
+                    && !t.is_yaml_core_schema_tag("map")
+                {
+                    return Err(tag_error(t, span, "a mapping"));
+                }
+                let layout = match style {
+                    StructureStyle::Flow => Layout::Flow,
+                    // The column of its first key, once read.
+                    StructureStyle::Block => Layout::Block(None),
+                };
                 stack.push(Frame::Map {
                     entries: Vec::new(),
                     pending: None,
                     index: None,
                     span,
                     anchor,
+                    layout,
                 });
                 continue;
             }
             Event::SequenceEnd => match stack.pop() {
                 Some(Frame::Seq {
                     items,
-                    span,
+                    span: start,
                     anchor,
+                    layout,
                 }) => {
+                    flow_end(text, &stack, layout, start, span, "a flow sequence")?;
+                    let span = start;
                     let node = Node {
                         value: Value::Seq(items),
                         span,
@@ -227,10 +370,13 @@ pub fn parse(text: &str) -> Result<Option<Node>, Error> {
             Event::MappingEnd => match stack.pop() {
                 Some(Frame::Map {
                     entries,
-                    span,
+                    span: start,
                     anchor,
+                    layout,
                     ..
                 }) => {
+                    flow_end(text, &stack, layout, start, span, "a flow mapping")?;
+                    let span = start;
                     let node = Node {
                         value: Value::Map(entries),
                         span,
@@ -265,6 +411,36 @@ pub fn parse(text: &str) -> Result<Option<Node>, Error> {
         attach(&mut stack, &mut root, complete)?;
     }
     Ok(root)
+}
+
+/// The column (0-based) of a block sequence's `-`: its span starts at the
+/// first entry's content, after the indicator.
+fn dash_column(text: &str, span: Span) -> usize {
+    let before = text.get(..span.start).unwrap_or("");
+    let trimmed = before.trim_end_matches([' ', '\t']);
+    let line_start = before.rfind('\n').map_or(0, |i| i + 1);
+    match trimmed.strip_suffix('-') {
+        Some(head) if head.len() >= line_start => text[line_start..head.len()].chars().count(),
+        _ => (span.column as usize).saturating_sub(1),
+    }
+}
+
+/// A flow collection directly inside a block collection ended: its lines
+/// after the first must be indented past that block's column.
+fn flow_end(
+    text: &str,
+    stack: &[Frame],
+    layout: Layout,
+    start: Span,
+    end: Span,
+    what: &str,
+) -> Result<(), Error> {
+    if let Layout::Flow = layout
+        && let Some(indent) = block_indent(stack).flatten()
+    {
+        check_continuation(text, start.start, end.end.max(start.end), indent, what)?;
+    }
+    Ok(())
 }
 
 fn too_deep(span: Span) -> Error {
@@ -311,6 +487,7 @@ fn attach(stack: &mut [Frame], root: &mut Option<Node>, node: Node) -> Result<()
             entries,
             pending,
             index,
+            layout,
             ..
         }) => match pending.take() {
             Some(key) => {
@@ -355,6 +532,9 @@ fn attach(stack: &mut [Frame], root: &mut Option<Node>, node: Node) -> Result<()
                         ),
                         span: node.span,
                     });
+                }
+                if let Layout::Block(None) = layout {
+                    *layout = Layout::Block(Some(node.span.column as usize - 1));
                 }
                 *pending = Some(Key {
                     text,

@@ -95,3 +95,77 @@ fn many_keys_stay_linear_and_duplicates_are_still_found() {
     assert_eq!((e.kind, e.span.line), (ErrorKind::DuplicateKey, 100_001));
     assert!(e.message.contains("first at line 5001:1"), "{}", e.message);
 }
+
+#[test]
+fn tags_are_refused_on_collections_as_on_scalars() {
+    for text in [
+        "geo_codes: !env [GB]\n",
+        "geo_codes: [!env GB]\n",
+        "a: !env {b: 1}\n",
+        "a: !custom\n  - x\n",
+        "a: !custom\n  b: 1\n",
+        "a: !!map [x]\n",
+        "a: !!seq {b: 1}\n",
+        "a: !!str [x]\n",
+        "a: !!int abc\n",
+        "a: !!binary aGk=\n",
+        "a: !!bool 3\n",
+        "!env\nb: 1\n",
+    ] {
+        let e = parse(text).unwrap_err();
+        assert_eq!(e.kind, ErrorKind::UnsupportedTag, "{text:?}: {e:?}");
+        assert!(e.span.line >= 1, "{text:?}");
+    }
+    let v = json("a: !!seq [1]\nb: !!map {c: 1}\nd: !!str 12\ne: !!int 7\nf: !!float 1\n");
+    assert_eq!(v["a"], serde_json::json!([1]));
+    assert_eq!(v["b"]["c"], 1);
+    assert_eq!(v["d"], "12");
+    assert_eq!(v["e"], 7);
+    assert_eq!(v["f"], 1.0);
+}
+
+/// The YAML test suite's invalid cases the parser accepts by itself
+/// (github.com/yaml/yaml-test-suite, `fail: true`), and their valid
+/// neighbours.
+#[test]
+fn yaml_test_suite_wrongly_indented_flow_content_is_refused() {
+    // The suite's three the parser accepts: refused by the span check.
+    for (case, text, line) in [
+        ("9C9N", "---\nflow: [a,\nb,\nc]\n", 3),
+        ("DK95/01", "foo: \"bar\n\tbaz\"\n", 2),
+        ("QB6E", "---\nquoted: \"a\nb\nc\"\n", 3),
+    ] {
+        let e = parse(text).unwrap_err();
+        assert_eq!(
+            (e.kind, e.span.line),
+            (ErrorKind::Indentation, line),
+            "{case}: {e:?}"
+        );
+    }
+    // Shapes around them: refused by the check or the parser itself.
+    for (case, text, line) in [
+        ("nested", "a:\n  b: [x,\n  y]\n", 3),
+        ("in a sequence", "- [a,\nb]\n", 2),
+        ("single quotes", "k: 'a\nb'\n", 2),
+        ("flow mapping", "k: {a: 1,\nb: 2}\n", 2),
+    ] {
+        let e = parse(text).unwrap_err();
+        assert!(
+            matches!(e.kind, ErrorKind::Indentation | ErrorKind::Syntax),
+            "{case}: {e:?}"
+        );
+        assert_eq!(e.span.line, line, "{case}: {e:?}");
+    }
+    for (case, text) in [
+        ("DK95/02", "foo: \"bar\n  \tbaz\"\n"),
+        ("DK95/08", "foo: \"bar\n \t \t baz \t \t \"\n"),
+        ("indented flow", "flow: [a,\n b,\n c]\n"),
+        ("top-level flow", "[a,\nb]\n"),
+        ("blank line", "k: \"a\n\n  b\"\n"),
+        ("compact", "- k: [a,\n   b]\n"),
+        ("sequence under key", "k:\n- [a,\n b]\n"),
+        ("literal", "k: |\n  a\n  b\n"),
+    ] {
+        assert!(parse(text).is_ok(), "{case}: {:?}", parse(text));
+    }
+}

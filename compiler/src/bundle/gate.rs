@@ -86,6 +86,8 @@ pub struct Outcome {
     pub skipped: Vec<String>,
     /// How many checks ran per gate.
     pub ran: Vec<(Gate, usize)>,
+    /// How `nginx -t` was confined, when it ran.
+    pub sandbox: Option<String>,
 }
 
 fn tool(name: &str) -> Option<PathBuf> {
@@ -218,6 +220,214 @@ fn strings(v: &Value, into: &mut Vec<String>) {
     }
 }
 
+/// How `nginx -t` is confined (docs/install.md, "The nginx gate's sandbox").
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Sandbox {
+    /// Run as root: a new network namespace (`unshare --net`), then
+    /// `setpriv` to uid/gid 65534 (nobody) with no new privileges.
+    NetAndNobody,
+    /// Run as an unprivileged user: a new user and network namespace
+    /// (`unshare --user --net`), as that user.
+    NetAsUser,
+    /// An unprivileged user where user namespaces are not permitted: as
+    /// that user, with the network (said in the output).
+    UserOnly,
+    /// Root where network namespaces are not permitted (a container
+    /// without `CAP_SYS_ADMIN`): `setpriv` to nobody, with the network
+    /// (said in the output).
+    NobodyOnly,
+    /// Root without `setpriv`: the gate refuses to run nginx.
+    Unavailable,
+}
+
+/// The uid and gid the gate runs nginx as when started as root.
+pub const NOBODY: u32 = 65534;
+
+fn runs(program: &Path, args: &[&str]) -> bool {
+    Command::new(program)
+        .args(args)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+/// Which sandbox this machine allows (probed by running `true` in it).
+#[must_use]
+pub fn sandbox() -> Sandbox {
+    use std::os::unix::fs::MetadataExt;
+    let root = std::fs::metadata("/proc/self").is_ok_and(|m| m.uid() == 0);
+    let unshare = tool("unshare");
+    if root {
+        let Some(setpriv) = tool("setpriv") else {
+            return Sandbox::Unavailable;
+        };
+        let id = NOBODY.to_string();
+        let drop: [&str; 8] = [
+            "--reuid",
+            &id,
+            "--regid",
+            &id,
+            "--clear-groups",
+            "--no-new-privs",
+            "--",
+            "true",
+        ];
+        let setpriv_text = setpriv.display().to_string();
+        let mut in_ns = vec!["--net", "--", setpriv_text.as_str()];
+        in_ns.extend(drop);
+        if unshare.is_some_and(|u| runs(&u, &in_ns)) {
+            Sandbox::NetAndNobody
+        } else if runs(&setpriv, &drop) {
+            Sandbox::NobodyOnly
+        } else {
+            Sandbox::Unavailable
+        }
+    } else if unshare.is_some_and(|u| runs(&u, &["--user", "--net", "--", "true"])) {
+        Sandbox::NetAsUser
+    } else {
+        Sandbox::UserOnly
+    }
+}
+
+/// `nginx` wrapped in `sandbox`.
+fn sandboxed(sandbox: &Sandbox, nginx: &Path) -> Option<Command> {
+    let mut c = match sandbox {
+        Sandbox::NetAndNobody => {
+            let mut c = Command::new(tool("unshare")?);
+            let id = NOBODY.to_string();
+            c.arg("--net")
+                .arg("--")
+                .arg(tool("setpriv")?)
+                .args(["--reuid", &id, "--regid", &id, "--clear-groups"])
+                .args(["--no-new-privs", "--"])
+                .arg(nginx);
+            c
+        }
+        Sandbox::NetAsUser => {
+            let mut c = Command::new(tool("unshare")?);
+            c.args(["--user", "--net", "--"]).arg(nginx);
+            c
+        }
+        Sandbox::NobodyOnly => {
+            let mut c = Command::new(tool("setpriv")?);
+            let id = NOBODY.to_string();
+            c.args(["--reuid", &id, "--regid", &id, "--clear-groups"])
+                .args(["--no-new-privs", "--"])
+                .arg(nginx);
+            c
+        }
+        Sandbox::UserOnly => Command::new(nginx),
+        Sandbox::Unavailable => return None,
+    };
+    c.env_clear().stdin(std::process::Stdio::null());
+    Some(c)
+}
+
+/// Give the node's scratch folder to the sandbox's user (root only).
+fn hand_over(dir: &Path) {
+    let _ = std::os::unix::fs::chown(dir, Some(NOBODY), Some(NOBODY));
+    if let Ok(entries) = std::fs::read_dir(dir) {
+        for e in entries.flatten() {
+            let p = e.path();
+            if std::fs::symlink_metadata(&p).is_ok_and(|m| m.is_dir()) {
+                hand_over(&p);
+            } else {
+                let _ = std::os::unix::fs::chown(&p, Some(NOBODY), Some(NOBODY));
+            }
+        }
+    }
+}
+
+/// The message for every line `nginx -t` refused: nginx's own text is
+/// never shown (it can quote files of this machine).
+const REFUSED: &str = "nginx -t refused this line (nginx's message is not shown: run \
+                       `edgeform build` and `nginx -t` on the bundle to read it)";
+
+/// Line `line` (1-based) of a role file, trimmed and bounded, for messages.
+fn source_line(roles: &Roles, source: &str, line: usize) -> Option<String> {
+    let rest = source.strip_prefix("roles/")?;
+    let (role, path) = rest.split_once('/')?;
+    let file = roles.files.get(role)?.iter().find(|f| f.path == path)?;
+    let text = String::from_utf8_lossy(&file.bytes);
+    let l = text.lines().nth(line.checked_sub(1)?)?.trim();
+    let shown: String = l
+        .chars()
+        .take(120)
+        .map(|c| if c.is_control() { ' ' } else { c })
+        .collect();
+    Some(if l.chars().count() > 120 {
+        format!("{shown}…")
+    } else {
+        shown
+    })
+}
+
+fn with_line(roles: &Roles, source: &str, line: usize, message: &str) -> String {
+    match source_line(roles, source, line) {
+        Some(l) if !l.is_empty() => format!("{message}: `{l}`"),
+        _ => message.to_owned(),
+    }
+}
+
+/// The confinement check of a node's gate rendering: `nginx.conf` and
+/// every bundle file it includes (docs/install.md). `true`: nothing refused.
+fn confined(
+    n: &GateNode<'_>,
+    bundle: &Bundle,
+    bounds: &super::confine::Bounds<'_>,
+    out: &mut Outcome,
+) -> bool {
+    let mut todo = vec!["nginx.conf".to_owned()];
+    let mut seen = BTreeSet::new();
+    let mut ok = true;
+    while let Some(path) = todo.pop() {
+        if !seen.insert(path.clone()) || seen.len() > 256 {
+            continue;
+        }
+        let Some(f) = bundle.file(&path) else {
+            continue;
+        };
+        let text = String::from_utf8_lossy(&f.bytes);
+        let (refused, includes) = super::confine::check(&text, bounds);
+        for r in refused {
+            ok = false;
+            out.problems.push(Problem {
+                gate: Gate::Nginx,
+                location: format!("{}:{} (rendered for {})", f.source, r.line, n.name),
+                message: r.message,
+            });
+        }
+        for inc in includes {
+            todo.extend(
+                bundle
+                    .files
+                    .iter()
+                    .filter(|b| glob(&inc, &b.path))
+                    .map(|b| b.path.clone()),
+            );
+        }
+    }
+    ok
+}
+
+/// `pattern` (nginx's `include` glob: `*`, `?`) matches `path`.
+fn glob(pattern: &str, path: &str) -> bool {
+    fn m(p: &[char], s: &[char]) -> bool {
+        match (p.first(), s.first()) {
+            (None, None) => true,
+            (Some('*'), _) => m(&p[1..], s) || (!s.is_empty() && m(p, &s[1..])),
+            (Some('?'), Some(_)) => m(&p[1..], &s[1..]),
+            (Some(a), Some(b)) if a == b => m(&p[1..], &s[1..]),
+            _ => false,
+        }
+    }
+    let p: Vec<char> = pattern.chars().take(256).collect();
+    let s: Vec<char> = path.chars().collect();
+    m(&p, &s)
+}
+
 fn nginx(nodes: &[GateNode<'_>], roles: &Roles, scratch: &Path, out: &mut Outcome) {
     let with_conf: Vec<&GateNode<'_>> = nodes
         .iter()
@@ -234,6 +444,41 @@ fn nginx(nodes: &[GateNode<'_>], roles: &Roles, scratch: &Path, out: &mut Outcom
             "nginx and its modules: scripts/test installs them",
         );
     };
+    let sandbox = sandbox();
+    match sandbox {
+        Sandbox::Unavailable => {
+            out.problems.push(Problem {
+                gate: Gate::Nginx,
+                location: "roles/".into(),
+                message: "cannot sandbox `nginx -t` (running as root, it needs `setpriv` from \
+                          util-linux to run it as nobody); nginx was not run. Skip this gate \
+                          explicitly with --skip-gate nginx"
+                    .into(),
+            });
+            return;
+        }
+        Sandbox::UserOnly => out.skipped.push(
+            "gate nginx ran with the network: user namespaces are not permitted here \
+             (`unshare --user --net`); it runs as this (unprivileged) user"
+                .into(),
+        ),
+        Sandbox::NobodyOnly => {
+            out.sandbox = Some("uid 65534 (nobody)".into());
+            out.skipped.push(
+                "gate nginx ran with the network: network namespaces are not permitted here \
+                 (`unshare --net`); it runs as nobody"
+                    .into(),
+            );
+        }
+        Sandbox::NetAndNobody => out.sandbox = Some("no network, uid 65534 (nobody)".into()),
+        Sandbox::NetAsUser => out.sandbox = Some("no network, as this user".into()),
+    }
+    // The sandbox's user walks into the scratch folder.
+    let as_nobody = matches!(sandbox, Sandbox::NetAndNobody | Sandbox::NobodyOnly);
+    if as_nobody {
+        use std::os::unix::fs::PermissionsExt;
+        let _ = std::fs::set_permissions(scratch, std::fs::Permissions::from_mode(0o711));
+    }
     let mut ran = 0;
     for n in with_conf {
         let base = scratch.join("nginx").join(n.name);
@@ -259,6 +504,13 @@ fn nginx(nodes: &[GateNode<'_>], roles: &Roles, scratch: &Path, out: &mut Outcom
             _ => continue,
         };
         let release = base.join("release");
+        let bounds = super::confine::Bounds {
+            prefix: &release,
+            scratch: &base,
+        };
+        if !confined(n, &bundle, &bounds, out) {
+            continue;
+        }
         let mut paths = Vec::new();
         strings(&yaml, &mut paths);
         paths.push(gate_instance.run.clone());
@@ -268,24 +520,36 @@ fn nginx(nodes: &[GateNode<'_>], roles: &Roles, scratch: &Path, out: &mut Outcom
             }
         }
         let _ = std::fs::create_dir_all(&gate_instance.run);
-        for f in &bundle.files {
+        // Lua files stay out: `nginx -t` runs no Lua (the lua gate
+        // compiles them), so none of the bundle's code can run here.
+        for f in bundle.files.iter().filter(|f| !f.path.ends_with(".lua")) {
             let file = release.join(&f.path);
             if let Some(parent) = file.parent() {
                 let _ = std::fs::create_dir_all(parent);
             }
             let _ = std::fs::write(&file, &f.bytes);
         }
+        let _ = std::fs::create_dir_all(&release);
+        if as_nobody {
+            hand_over(&base);
+        }
         let conf = release.join("nginx.conf");
         let source = bundle
             .file("nginx.conf")
             .map_or_else(|| "nginx.conf".to_owned(), |f| f.source.clone());
         ran += 1;
-        let o = match Command::new(&nginx)
+        let Some(mut command) = sandboxed(&sandbox, &nginx) else {
+            continue;
+        };
+        let o = match command
             .arg("-t")
+            .arg("-e")
+            .arg("stderr")
             .arg("-p")
             .arg(format!("{}/", release.display()))
             .arg("-c")
             .arg(&conf)
+            .current_dir(&release)
             .output()
         {
             Ok(o) => o,
@@ -293,7 +557,7 @@ fn nginx(nodes: &[GateNode<'_>], roles: &Roles, scratch: &Path, out: &mut Outcom
                 out.problems.push(Problem {
                     gate: Gate::Nginx,
                     location: source,
-                    message: format!("cannot run nginx: {e}"),
+                    message: format!("cannot run nginx: {}", e.kind()),
                 });
                 continue;
             }
@@ -303,41 +567,47 @@ fn nginx(nodes: &[GateNode<'_>], roles: &Roles, scratch: &Path, out: &mut Outcom
         }
         let text = String::from_utf8_lossy(&o.stderr);
         let release_text = format!("{}/", release.display());
-        let mut found = false;
+        let mut found = BTreeSet::new();
         for line in text.lines() {
-            let Some(at) = line.find("[emerg]").or_else(|| line.find("[alert]")) else {
+            if !["[emerg]", "[alert]", "[crit]"]
+                .iter()
+                .any(|l| line.contains(l))
+            {
                 continue;
+            }
+            // `… in /scratch/release/nginx.conf:12`: only the place is used.
+            let place = line
+                .rsplit_once(" in ")
+                .and_then(|(_, p)| p.strip_prefix(&release_text))
+                .and_then(|p| p.rsplit_once(':'))
+                .and_then(|(file, l)| Some((file.to_owned(), l.trim().parse::<usize>().ok()?)));
+            let (location, message) = match place
+                .and_then(|(file, l)| Some((bundle.file(&file)?.source.clone(), l)))
+            {
+                Some((src, l)) => (format!("{src}:{l}"), with_line(roles, &src, l, REFUSED)),
+                None => (
+                    source.clone(),
+                    "nginx -t refused the configuration at a place outside the bundle (nginx's \
+                     message is not shown)"
+                        .to_owned(),
+                ),
             };
-            found = true;
-            let msg = line[at..].split_once(' ').map_or(line, |(_, m)| m);
-            // `[emerg] 123#123: message`
-            let msg = match msg.split_once(": ") {
-                Some((pid, m)) if pid.chars().all(|c| c.is_ascii_digit() || c == '#') => m,
-                _ => msg,
-            };
-            // `unknown directive "x" in /scratch/release/nginx.conf:12`
-            let (message, location) = match msg.rsplit_once(" in ") {
-                Some((m, place)) => {
-                    let place = place.trim_start_matches(&release_text);
-                    let location = match place.strip_prefix("nginx.conf:") {
-                        Some(line) => format!("{source}:{line}"),
-                        None => format!("{source} (in {place})"),
-                    };
-                    (m.to_owned(), location)
-                }
-                None => (msg.replace(&release_text, ""), source.clone()),
-            };
-            out.problems.push(Problem {
-                gate: Gate::Nginx,
-                location: format!("{location} (rendered for {})", n.name),
-                message,
-            });
+            if found.insert(location.clone()) {
+                out.problems.push(Problem {
+                    gate: Gate::Nginx,
+                    location: format!("{location} (rendered for {})", n.name),
+                    message,
+                });
+            }
         }
-        if !found {
+        if found.is_empty() {
             out.problems.push(Problem {
                 gate: Gate::Nginx,
                 location: format!("{source} (rendered for {})", n.name),
-                message: text.trim().replace(&release_text, ""),
+                message: format!(
+                    "nginx -t failed ({}) without naming a line (nginx's message is not shown)",
+                    o.status
+                ),
             });
         }
     }

@@ -1,9 +1,11 @@
 //! Reading `roles/` from the working tree (the I/O edge of bundles).
 //!
-//! A symbolic link is followed only when its target is inside the
-//! repository (and is a file); one leaving it is an error. A file over
-//! [`MAX_BUNDLE_FILE_BYTES`] is refused from its metadata, before reading.
-//! Every problem is collected.
+//! A symbolic link is refused wherever it points (a link into `.git/`
+//! would ship the remote's URL; links to `.` make the walk explode), and so
+//! is a shared object (by name or ELF header: `nginx -t` could load it). A
+//! file over [`MAX_BUNDLE_FILE_BYTES`] is refused from its metadata, before
+//! reading. The walk is bounded ([`MAX_DEPTH`] folders deep,
+//! [`MAX_ENTRIES`] entries per role). Every problem is collected.
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
@@ -30,8 +32,8 @@ fn is_role(name: &str) -> bool {
 /// Read `<root>/roles/` (absent: no roles).
 ///
 /// # Errors
-/// Every bad entry (links leaving the repository, files too large, folders
-/// that are not roles, unreadable files, bad smoke files).
+/// Every bad entry (links, shared objects, files too large, folders that
+/// are not roles, unreadable files, bad smoke files).
 pub fn read_roles(root: &Path) -> Result<Roles, Vec<Error>> {
     let dir = root.join("roles");
     let mut roles = Roles::default();
@@ -39,16 +41,13 @@ pub fn read_roles(root: &Path) -> Result<Roles, Vec<Error>> {
     let Ok(entries) = std::fs::read_dir(&dir) else {
         return Ok(roles);
     };
-    let repo = match root.canonicalize() {
-        Ok(r) => r,
-        Err(e) => {
-            return Err(vec![error(
-                ErrorKind::Unreadable,
-                root.display().to_string(),
-                e.to_string(),
-            )]);
-        }
-    };
+    if std::fs::symlink_metadata(&dir).is_ok_and(|m| m.file_type().is_symlink()) {
+        return Err(vec![error(
+            ErrorKind::Symlink,
+            "roles".into(),
+            "is a link; role folders hold no links",
+        )]);
+    }
     let mut names: Vec<_> = entries.filter_map(Result::ok).collect();
     names.sort_by_key(std::fs::DirEntry::file_name);
     for entry in names {
@@ -99,8 +98,14 @@ pub fn read_roles(root: &Path) -> Result<Roles, Vec<Error>> {
             ));
             continue;
         }
-        let mut files = Vec::new();
-        walk(&repo, &entry.path(), "", &name, 0, &mut files, &mut errors);
+        let mut walk = Walk {
+            role: &name,
+            entries: 0,
+            files: Vec::new(),
+            errors: &mut errors,
+        };
+        walk.dir(&entry.path(), "", 0);
+        let mut files = walk.files;
         files.sort_by(|a: &RoleFile, b| a.path.cmp(&b.path));
         roles.files.insert(name, files);
     }
@@ -111,118 +116,151 @@ pub fn read_roles(root: &Path) -> Result<Roles, Vec<Error>> {
     }
 }
 
-/// Folders deeper than this are refused (links can loop).
-const MAX_DEPTH: usize = 16;
+/// Folders deeper than this are refused.
+pub const MAX_DEPTH: usize = 16;
+/// Files and folders one role folder may hold.
+pub const MAX_ENTRIES: usize = 10_000;
 
-fn walk(
-    repo: &Path,
-    dir: &Path,
-    rel: &str,
-    role: &str,
-    depth: usize,
-    files: &mut Vec<RoleFile>,
-    errors: &mut Vec<Error>,
-) {
-    let shown_dir = format!("roles/{role}/{rel}");
-    let Ok(entries) = std::fs::read_dir(dir) else {
-        errors.push(error(
-            ErrorKind::Unreadable,
-            shown_dir,
-            "cannot list this folder",
-        ));
-        return;
-    };
-    for entry in entries.filter_map(Result::ok) {
-        let name = entry.file_name().to_string_lossy().into_owned();
-        let path = format!("{rel}{name}");
-        let shown = format!("roles/{role}/{path}");
-        let p = entry.path();
-        let Ok(meta) = std::fs::symlink_metadata(&p) else {
-            errors.push(error(ErrorKind::Unreadable, shown, "cannot be read"));
-            continue;
+/// A shared object's name: `x.so`, `x.so.1`, `x.so.1.2`.
+fn shared_object_name(name: &str) -> bool {
+    let mut parts = name.split('.').skip(1).skip_while(|p| *p != "so");
+    parts.next() == Some("so")
+        && parts.all(|p| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()))
+}
+
+struct Walk<'a> {
+    role: &'a str,
+    entries: usize,
+    files: Vec<RoleFile>,
+    errors: &'a mut Vec<Error>,
+}
+
+impl Walk<'_> {
+    fn dir(&mut self, dir: &Path, rel: &str, depth: usize) {
+        let shown_dir = format!("roles/{}/{rel}", self.role);
+        let Ok(entries) = std::fs::read_dir(dir) else {
+            self.errors.push(error(
+                ErrorKind::Unreadable,
+                shown_dir,
+                "cannot list this folder",
+            ));
+            return;
         };
-        let meta = if meta.file_type().is_symlink() {
-            let target = std::fs::read_link(&p)
-                .map(|t| t.display().to_string())
-                .unwrap_or_default();
-            match p.canonicalize() {
-                Ok(real) if real.starts_with(repo) => match std::fs::metadata(&real) {
-                    Ok(m) if m.is_file() || m.is_dir() => m,
-                    _ => {
-                        errors.push(error(
-                            ErrorKind::Unreadable,
-                            shown,
-                            format!("links to `{target}`, which is not a file or folder"),
-                        ));
-                        continue;
-                    }
-                },
-                Ok(_) => {
-                    errors.push(error(ErrorKind::SymlinkEscapes, shown, format!("is a link to `{target}`, outside the repository; nothing was built or installed")));
-                    continue;
-                }
-                Err(_) => {
-                    errors.push(error(
-                        ErrorKind::Unreadable,
-                        shown,
-                        format!("is a link to `{target}`, which does not exist"),
-                    ));
-                    continue;
-                }
+        let mut entries: Vec<_> = entries.filter_map(Result::ok).collect();
+        entries.sort_by_key(std::fs::DirEntry::file_name);
+        for entry in entries {
+            self.entries += 1;
+            if self.entries > MAX_ENTRIES {
+                self.errors.push(error(
+                    ErrorKind::TooLarge,
+                    format!("roles/{}/", self.role),
+                    format!("more than {MAX_ENTRIES} files and folders in one role folder"),
+                ));
+                return;
             }
-        } else {
-            meta
-        };
-        if meta.is_dir() {
-            if depth >= MAX_DEPTH {
-                errors.push(error(
-                    ErrorKind::Unreadable,
+            let name = entry.file_name().to_string_lossy().into_owned();
+            let path = format!("{rel}{name}");
+            let shown = format!("roles/{}/{path}", self.role);
+            let p = entry.path();
+            let Ok(meta) = std::fs::symlink_metadata(&p) else {
+                self.errors
+                    .push(error(ErrorKind::Unreadable, shown, "cannot be read"));
+                continue;
+            };
+            if meta.file_type().is_symlink() {
+                let target = std::fs::read_link(&p)
+                    .map(|t| t.display().to_string())
+                    .unwrap_or_default();
+                self.errors.push(error(
+                    ErrorKind::Symlink,
                     shown,
-                    format!("more than {MAX_DEPTH} folders deep (a link loop?)"),
+                    format!(
+                        "is a link to `{target}`; role folders hold no links (copy the file \
+                         in); nothing was built or installed"
+                    ),
                 ));
                 continue;
             }
-            walk(
-                repo,
-                &p,
-                &format!("{path}/"),
-                role,
-                depth + 1,
-                files,
-                errors,
-            );
-            continue;
-        }
-        if !meta.is_file() {
-            errors.push(error(ErrorKind::Unreadable, shown, "not a regular file"));
-            continue;
-        }
-        if meta.len() > MAX_BUNDLE_FILE_BYTES {
-            errors.push(error(
-                ErrorKind::TooLarge,
-                shown,
-                format!(
-                    "{} bytes, over the limit of {} bytes for a bundle file",
-                    meta.len(),
-                    MAX_BUNDLE_FILE_BYTES
-                ),
-            ));
-            continue;
-        }
-        match std::fs::read(&p) {
-            Ok(bytes) if bytes.len() as u64 <= MAX_BUNDLE_FILE_BYTES => files.push(RoleFile {
-                path,
-                mode: meta.permissions().mode() & 0o777,
-                bytes,
-            }),
-            Ok(_) => errors.push(error(
-                ErrorKind::TooLarge,
-                shown,
-                "grew over the size limit while read",
-            )),
-            Err(e) => errors.push(error(ErrorKind::Unreadable, shown, e.to_string())),
+            if meta.is_dir() {
+                if depth >= MAX_DEPTH {
+                    self.errors.push(error(
+                        ErrorKind::TooLarge,
+                        shown,
+                        format!("more than {MAX_DEPTH} folders deep"),
+                    ));
+                    continue;
+                }
+                self.dir(&p, &format!("{path}/"), depth + 1);
+                continue;
+            }
+            if !meta.is_file() {
+                self.errors
+                    .push(error(ErrorKind::Unreadable, shown, "not a regular file"));
+                continue;
+            }
+            if meta.len() > MAX_BUNDLE_FILE_BYTES {
+                self.errors.push(error(
+                    ErrorKind::TooLarge,
+                    shown,
+                    format!(
+                        "{} bytes, over the limit of {} bytes for a bundle file",
+                        meta.len(),
+                        MAX_BUNDLE_FILE_BYTES
+                    ),
+                ));
+                continue;
+            }
+            let shared = |errors: &mut Vec<Error>, shown: String| {
+                errors.push(error(
+                    ErrorKind::SharedObject,
+                    shown,
+                    "is a shared object (or another ELF binary); role folders ship no \
+                     compiled code (`check` would load it): install modules as packages",
+                ));
+            };
+            if shared_object_name(&name) {
+                shared(self.errors, shown);
+                continue;
+            }
+            match read_regular(&p) {
+                Ok(bytes) if bytes.len() as u64 > MAX_BUNDLE_FILE_BYTES => self.errors.push(error(
+                    ErrorKind::TooLarge,
+                    shown,
+                    "grew over the size limit while read",
+                )),
+                Ok(bytes) if bytes.starts_with(b"\x7fELF") => shared(self.errors, shown),
+                Ok(bytes) => self.files.push(RoleFile {
+                    path,
+                    mode: meta.permissions().mode() & 0o777,
+                    bytes,
+                }),
+                Err(e) => self
+                    .errors
+                    .push(error(ErrorKind::Unreadable, shown, e.to_string())),
+            }
         }
     }
+}
+
+/// A regular file's bytes, never through a link (`O_NOFOLLOW`), checked
+/// regular on the descriptor.
+fn read_regular(p: &Path) -> std::io::Result<Vec<u8>> {
+    use std::io::Read;
+    use std::os::unix::fs::OpenOptionsExt;
+    const O_NOFOLLOW: i32 = 0o400_000;
+    const O_NONBLOCK: i32 = 0o4000;
+    let mut f = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(O_NOFOLLOW | O_NONBLOCK)
+        .open(p)?;
+    if !f.metadata()?.is_file() {
+        return Err(std::io::Error::other("not a regular file"));
+    }
+    let mut bytes = Vec::new();
+    f.by_ref()
+        .take(MAX_BUNDLE_FILE_BYTES + 1)
+        .read_to_end(&mut bytes)?;
+    Ok(bytes)
 }
 
 fn read_smoke(path: &Path, shown: &str) -> Result<Vec<SmokeRequest>, Error> {

@@ -13,6 +13,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
+pub mod confine;
 pub mod gate;
 pub mod load;
 
@@ -29,8 +30,10 @@ pub const MANIFEST: &str = "manifest.json";
 /// What went wrong with a role folder or a template.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ErrorKind {
-    /// A symbolic link whose target is outside the repository.
-    SymlinkEscapes,
+    /// A symbolic link, wherever it points (role folders hold none).
+    Symlink,
+    /// A shared object (by its name or its ELF header): `check` would load it.
+    SharedObject,
     /// A file larger than [`MAX_BUNDLE_FILE_BYTES`].
     TooLarge,
     /// Not readable, not a regular file or folder, or a linked folder.

@@ -189,8 +189,12 @@ pub fn run_gates(roles: &Roles, bundles: &[NodeBundle], flags: &GateFlags) -> bo
         .iter()
         .map(|(g, n)| format!("{} {n}", g.as_str()))
         .collect();
+    let sandbox = outcome
+        .sandbox
+        .as_ref()
+        .map_or_else(String::new, |s| format!(" (nginx -t sandboxed: {s})"));
     eprintln!(
-        "bundles: {} node(s); gates ran: {}; {} problem(s)",
+        "bundles: {} node(s); gates ran: {}{sandbox}; {} problem(s)",
         bundles.len(),
         if ran.is_empty() {
             "none".into()

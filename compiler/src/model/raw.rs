@@ -69,6 +69,12 @@ pub struct Site {
     /// path, query or credentials.
     #[schemars(regex(pattern = r"^https?://"))]
     pub origin: String,
+    /// `true` allows an origin on a loopback, link-local (cloud metadata),
+    /// unspecified or `localhost` address, which is refused otherwise: the
+    /// edge would connect to itself or its host's own services. Private
+    /// (RFC 1918, ULA) origins need no flag.
+    #[serde(default)]
+    pub loopback: bool,
     /// Whether responses are cached at the edge.
     #[serde(default = "yes")]
     #[schemars(default = "yes")]
@@ -303,6 +309,12 @@ pub struct Node {
     /// The node's IP addresses (the first is used in router pools).
     #[serde(default)]
     pub addresses: Vec<String>,
+    /// `true` allows `addresses` and a `public_url` on a loopback,
+    /// link-local (cloud metadata), unspecified or `localhost` address,
+    /// refused otherwise: a router would send viewers to its own host's
+    /// services. Private (RFC 1918, ULA) addresses need no flag.
+    #[serde(default)]
+    pub loopback: bool,
     /// The node's own Redis. Nodes with a `redis` block are push targets.
     #[serde(default)]
     pub redis: Option<Redis>,

@@ -40,7 +40,33 @@ pub(super) fn node(ctx: &mut Ctx<'_>, raw: &raw::Node) -> Node {
                     format!("`{a}` is listed twice"),
                 );
             }
-            Ok(a) => addresses.push(a),
+            Ok(a) if a.to_string() != *text => {
+                let d = ctx.error(
+                    "non-canonical-address",
+                    &format!("/addresses/{i}"),
+                    format!("`{text}` is written otherwise than `{a}`"),
+                );
+                help(d, format!("write `{a}`"));
+            }
+            Ok(a) => {
+                if let Some(kind) = internal(a)
+                    && !raw.loopback
+                {
+                    let d = ctx.error(
+                        "loopback-target",
+                        &format!("/addresses/{i}"),
+                        format!(
+                            "`{a}` is {kind} address: a router would send viewers to its own host"
+                        ),
+                    );
+                    help(
+                        d,
+                        "set `loopback: true` on the node if that is meant (a test); private \
+                         (RFC 1918, ULA) addresses need no flag",
+                    );
+                }
+                addresses.push(a);
+            }
             Err(_) => {
                 ctx.error(
                     "invalid-address",
@@ -52,6 +78,7 @@ pub(super) fn node(ctx: &mut Ctx<'_>, raw: &raw::Node) -> Node {
     }
     if let Some(url) = &raw.public_url {
         check_url(ctx, "/public_url", url, &["http", "https"], false);
+        check_target(ctx, "/public_url", url, raw.loopback, "node");
     }
     let redis = raw.redis.as_ref().and_then(|r| redis(ctx, r));
     let cache = raw.cache.as_ref().map_or_else(CacheSettings::default, |c| {

@@ -4,6 +4,7 @@ use super::*;
 
 pub(super) fn site(ctx: &mut Ctx<'_>, raw: &raw::Site) -> Site {
     check_url(ctx, "/origin", &raw.origin, &["http", "https"], true);
+    check_target(ctx, "/origin", &raw.origin, raw.loopback, "site");
 
     let mut geo_codes = Vec::with_capacity(raw.geo_codes.len());
     for (i, code) in raw.geo_codes.iter().enumerate() {

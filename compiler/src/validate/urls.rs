@@ -197,3 +197,156 @@ pub(super) fn check_url(
         }
     }
 }
+
+/// What kind of internal address `ip` is, if any: where an edge or a
+/// router connecting to it reaches its own host, not an origin or a node.
+pub(super) fn internal(ip: IpAddr) -> Option<&'static str> {
+    let ip = match ip {
+        IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(ip, IpAddr::V4),
+        v4 @ IpAddr::V4(_) => v4,
+    };
+    match ip {
+        IpAddr::V4(a) => {
+            let o = a.octets();
+            if a.is_loopback() {
+                Some("a loopback")
+            } else if o[0] == 0 {
+                Some("an unspecified (`0.0.0.0/8`)")
+            } else if a == std::net::Ipv4Addr::new(169, 254, 169, 254) {
+                Some("the cloud metadata service's")
+            } else if a.is_link_local() {
+                Some("a link-local")
+            } else if a.is_broadcast() || a.is_multicast() {
+                Some("a broadcast or multicast")
+            } else {
+                None
+            }
+        }
+        IpAddr::V6(a) => {
+            if a.is_loopback() {
+                Some("a loopback")
+            } else if a.is_unspecified() {
+                Some("an unspecified")
+            } else if a.segments()[0] & 0xffc0 == 0xfe80 {
+                Some("a link-local")
+            } else if a.is_multicast() {
+                Some("a multicast")
+            } else {
+                None
+            }
+        }
+    }
+}
+
+fn loopback_refused(ctx: &mut Ctx<'_>, pointer: &str, what: String, kind: &str, owner: &str) {
+    let d = ctx.error(
+        "loopback-target",
+        pointer,
+        format!("{what} is {kind} address: the {owner} would connect to its own host"),
+    );
+    help(
+        d,
+        format!(
+            "set `loopback: true` on the {owner} if that is meant (a test, a sidecar); private \
+             (RFC 1918, ULA) addresses need no flag"
+        ),
+    );
+}
+
+/// An origin or node URL's host and port, after [`check_url`] (which
+/// reports a URL that does not parse): port 0, empty labels (`a..b`), an
+/// address spelled otherwise than its canonical form (`0x7f.1`,
+/// `2130706433`), and, unless `loopback`, a loopback, link-local,
+/// unspecified or `localhost` host are refused. `owner` names the file
+/// kind (`site`, `node`).
+pub(super) fn check_target(
+    ctx: &mut Ctx<'_>,
+    pointer: &str,
+    text: &str,
+    loopback: bool,
+    owner: &str,
+) {
+    let Ok(url) = url::Url::parse(text) else {
+        return;
+    };
+    let after_scheme = &text[text.find("://").map_or(0, |i| i + 3)..];
+    let authority = &after_scheme[..after_scheme
+        .find(['/', '?', '#'])
+        .unwrap_or(after_scheme.len())];
+    if authority.contains('@') {
+        return;
+    }
+    let written = if authority.starts_with('[') {
+        authority.find(']').map_or(authority, |i| &authority[..=i])
+    } else {
+        authority.rsplit_once(':').map_or(authority, |(h, _)| h)
+    };
+    if url.port() == Some(0) {
+        ctx.error(
+            "invalid-url",
+            pointer,
+            format!("`{}`: port 0 is not a port to connect to", shown(text)),
+        );
+        return;
+    }
+    let Some(host) = url.host() else {
+        return;
+    };
+    match host {
+        url::Host::Domain(d) => {
+            let labels: Vec<&str> = d.strip_suffix('.').unwrap_or(d).split('.').collect();
+            if labels.iter().any(|l| l.is_empty()) {
+                ctx.error(
+                    "invalid-url",
+                    pointer,
+                    format!("`{}`: the host `{d}` has an empty label", shown(text)),
+                );
+                return;
+            }
+            let local = labels
+                .last()
+                .is_some_and(|l| l.eq_ignore_ascii_case("localhost"));
+            if local && !loopback {
+                loopback_refused(
+                    ctx,
+                    pointer,
+                    format!("`{}`", shown(text)),
+                    "a `localhost`",
+                    owner,
+                );
+            }
+        }
+        url::Host::Ipv4(_) | url::Host::Ipv6(_) => {
+            let canonical = match host {
+                url::Host::Ipv6(a) => format!("[{a}]"),
+                ref other => other.to_string(),
+            };
+            if !written.eq_ignore_ascii_case(&canonical) {
+                let d = ctx.error(
+                    "non-canonical-address",
+                    pointer,
+                    format!(
+                        "`{}`: the address `{}` is written otherwise than `{canonical}`",
+                        shown(text),
+                        shown(written)
+                    ),
+                );
+                help(
+                    d,
+                    format!("write `{canonical}`: every reader then sees the same address"),
+                );
+                return;
+            }
+            let ip = match host {
+                url::Host::Ipv4(a) => IpAddr::V4(a),
+                url::Host::Ipv6(a) => IpAddr::V6(a),
+                url::Host::Domain(_) => return,
+            };
+            if let Some(kind) = internal(ip)
+                && !loopback
+            {
+                loopback_refused(ctx, pointer, format!("`{}`", shown(text)), kind, owner);
+            }
+        }
+    }
+}

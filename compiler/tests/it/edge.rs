@@ -182,8 +182,8 @@ pub(super) fn node_yaml(redis_port: u16, cache_dir: &Path) -> String {
 
 /// Sites covering every field and mode; `a` and `b` are the two origins.
 fn sites(a: u16, b: u16) -> Vec<(String, String)> {
-    let oa = format!("origin: http://127.0.0.1:{a}\n");
-    let ob = format!("origin: http://127.0.0.1:{b}\n");
+    let oa = format!("origin: http://127.0.0.1:{a}\nloopback: true\n");
+    let ob = format!("origin: http://127.0.0.1:{b}\nloopback: true\n");
     let rules = "cache_rules:\n\
         \x20 - {match_type: ext, match_value: .mp4, action: ttl, ttl: 3600}\n\
         \x20 - {match_type: prefix, match_value: /api/, action: bypass}\n\
@@ -774,7 +774,7 @@ fn r14_7_an_apply_changes_the_answer_within_a_second_without_reload() {
     assert_eq!(workers.len(), 2, "{workers:?}");
     // The pull request: a geo block on GB.
     let text = format!(
-        "host: plain.test\naliases: [www.plain.test]\norigin: http://127.0.0.1:{}\n\
+        "host: plain.test\naliases: [www.plain.test]\norigin: http://127.0.0.1:{}\nloopback: true\n\
          geo_mode: block\ngeo_codes: [GB]\n",
         s.a.port
     );
@@ -1117,7 +1117,7 @@ fn r14_8_serve_answers_what_build_gives_the_node() {
     s.repo.write(
         "sites/plain.test.yaml",
         format!(
-            "host: plain.test\norigin: http://127.0.0.1:{}\ncached: false\n",
+            "host: plain.test\norigin: http://127.0.0.1:{}\nloopback: true\ncached: false\n",
             s.a.port
         )
         .as_bytes(),
@@ -1144,7 +1144,11 @@ fn r14_4_a_redis_miss_asks_the_api_and_an_api_outage_is_a_fast_error() {
     for host in ["inredis.test", "onlyapi.test", "later.test"] {
         repo.write(
             &format!("sites/{host}.yaml"),
-            format!("host: {host}\norigin: http://127.0.0.1:{}\n", a.port).as_bytes(),
+            format!(
+                "host: {host}\norigin: http://127.0.0.1:{}\nloopback: true\n",
+                a.port
+            )
+            .as_bytes(),
         );
     }
     repo.commit("three sites");

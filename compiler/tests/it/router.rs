@@ -107,7 +107,7 @@ fn repo(router_redis: u16, broker: u16) -> Fixture {
             "nodes/router-1.yaml".into(),
             format!(
                 "name: router-1\nroles: [router]\nregion: eu\n\
-                 location: {{lat: 52.0, lon: 4.0}}\naddresses: [127.0.0.1]\n\
+                 location: {{lat: 52.0, lon: 4.0}}\naddresses: [127.0.0.1]\nloopback: true\n\
                  redis: {{url: \"redis://127.0.0.1:{router_redis}\"}}\n"
             ),
         ),
@@ -118,7 +118,7 @@ fn repo(router_redis: u16, broker: u16) -> Fixture {
             format!("nodes/{name}.yaml"),
             format!(
                 "name: {name}\nroles: [edge]\nregion: eu\nlocation: {loc}\n\
-                 addresses: [{addr}]\nredis: {{url: \"redis://127.0.0.1:1\"}}\n{drain}"
+                 addresses: [{addr}]\nloopback: true\nredis: {{url: \"redis://127.0.0.1:1\"}}\n{drain}"
             ),
         ));
     }

@@ -34,7 +34,7 @@ fn repo() -> Fixture {
         (
             "nodes/router-1.yaml".into(),
             "name: router-1\nroles: [router]\nregion: eu\n\
-             location: {lat: 52.0, lon: 4.0}\naddresses: [127.0.0.1]\n"
+             location: {lat: 52.0, lon: 4.0}\naddresses: [127.0.0.1]\nloopback: true\n"
                 .into(),
         ),
     ];
@@ -44,7 +44,7 @@ fn repo() -> Fixture {
             format!("nodes/{name}.yaml"),
             format!(
                 "name: {name}\nroles: [edge]\nregion: eu\nlocation: {loc}\n\
-                 addresses: [{addr}]\nredis: {{url: \"redis://127.0.0.1:{}\"}}\n{drain}",
+                 addresses: [{addr}]\nloopback: true\nredis: {{url: \"redis://127.0.0.1:{}\"}}\n{drain}",
                 6401 + i
             ),
         ));

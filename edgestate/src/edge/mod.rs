@@ -148,7 +148,9 @@ enum Matcher {
     Exact(String),
     Prefix(String),
     Ext(String),
-    Regex(regex::Regex),
+    /// Bytes, ASCII classes and case folding: the dialect the edge's PCRE
+    /// reads alike (docs/configuration.md, "Rule regexes").
+    Regex(regex::bytes::Regex),
 }
 
 impl Matcher {
@@ -161,7 +163,7 @@ impl Matcher {
                 name.len() >= v.len()
                     && name.as_bytes()[name.len() - v.len()..].eq_ignore_ascii_case(v.as_bytes())
             }
-            Matcher::Regex(r) => r.is_match(path),
+            Matcher::Regex(r) => r.is_match(path.as_bytes()),
         }
     }
 
@@ -235,17 +237,53 @@ fn level(field: &str, v: &str, middle: &str) -> Result<Level, DocError> {
     }
 }
 
+/// A `\x{…}` escape above 0xFF: Rust's bytes regex reads it as UTF-8,
+/// the edge's PCRE refuses to compile it (the document is bad there).
+fn wide_hex_escape(pattern: &str) -> bool {
+    let mut chars = pattern.chars();
+    while let Some(c) = chars.next() {
+        if c != '\\' {
+            continue;
+        }
+        if chars.next() != Some('x') {
+            continue;
+        }
+        let rest = chars.as_str();
+        if let Some(inner) = rest.strip_prefix('{').and_then(|r| r.split_once('}')) {
+            let digits = inner.0.trim();
+            if !u32::from_str_radix(digits, 16).is_ok_and(|v| v <= 0xFF) {
+                return true;
+            }
+        }
+    }
+    false
+}
+
 fn matcher(field: &str, kind: &str, value: &str) -> Result<Matcher, DocError> {
     Ok(match kind {
         "exact" => Matcher::Exact(value.to_owned()),
         "prefix" => Matcher::Prefix(value.to_owned()),
         "ext" => Matcher::Ext(value.to_owned()),
-        "regex" => Matcher::Regex(regex::Regex::new(value).map_err(|e| {
-            bad(
+        "regex" if wide_hex_escape(value) => {
+            return Err(bad(
                 DocErrorKind::Value,
-                format!("{field}: bad regex `{value}`: {e}"),
-            )
-        })?),
+                format!(
+                    "{field}: bad regex `{value}`: a `\\x{{…}}` escape above `\\xFF`, which \
+                     the edge's PCRE (bytes, no UTF mode) cannot compile"
+                ),
+            ));
+        }
+        "regex" => Matcher::Regex(
+            regex::bytes::RegexBuilder::new(value)
+                .unicode(false)
+                .build()
+                .map_err(|e| {
+                    bad(
+                        DocErrorKind::Value,
+                        format!("{field}: bad regex `{value}`: {e}"),
+                    )
+                })?,
+        ),
         _ => {
             return Err(bad(
                 DocErrorKind::Mode,

@@ -137,8 +137,21 @@ local function matcher(field, kind, value)
   if kind == "exact" or kind == "prefix" or kind == "ext" then
     return { kind, value }
   elseif kind == "regex" then
-    local _, err = ngx.re.find("", value, "jo")
+    -- find returns from, to, err: a regex PCRE cannot compile makes the
+    -- document bad (502 bad-document), never "no match".
+    local _, _, err = ngx.re.find("", value, "jo")
     if err then return nil, field .. ": bad regex `" .. value .. "`: " .. err end
+    -- A Unicode class: PCRE (bytes) reads it as Latin-1, explain refuses it.
+    local at = 1
+    while true do
+      local s = find(value, "\\", at, true)
+      if not s then break end
+      local c = sub(value, s + 1, s + 1)
+      if c == "p" or c == "P" then
+        return nil, field .. ": bad regex `" .. value .. "`: a Unicode class (`\\p`)"
+      end
+      at = s + 2
+    end
     return { kind, value }
   end
   return nil, field .. ": unknown match_type `" .. tostring(kind) .. "`"
@@ -153,7 +166,10 @@ local function matches(m, path)
   if kind == "exact" then return path == v end
   if kind == "prefix" then return sub(path, 1, #v) == v end
   if kind == "ext" then return ends_with_ci(norm.ext_subject(path), v) end
-  return ngx.re.find(path, v, "jo") ~= nil
+  -- A match past lua_regex_match_limit is an error, not "no match".
+  local from, _, err = ngx.re.find(path, v, "jo")
+  if err then return nil, err end
+  return from ~= nil
 end
 
 -- A decoded document → a prepared site table, or nil and what is wrong.
@@ -384,7 +400,9 @@ function _M.decide(req, key, site, suspended, clearance)
   d.rate = site.rate ~= "off" and site.rate or nil
 
   for _, m in ipairs(site.edge_rules) do
-    if matches(m, path) then
+    local hit, rerr = matches(m, path)
+    if rerr then d.regex_error = rerr return refuse(d, "error", 502, "bad-document") end
+    if hit then
       if not m.redirect then return refuse(d, "blocked", 403, "edge-rule") end
       local target = m.to or "/"
       if m[1] == "prefix" then target = _M.join_redirect(target, sub(path, #m[2] + 1)) end
@@ -401,7 +419,9 @@ function _M.decide(req, key, site, suspended, clearance)
   if site.cached and (req.method == "GET" or req.method == "HEAD") then
     local rule
     for _, m in ipairs(site.cache_rules) do
-      if matches(m, path) then rule = m break end
+      local hit, rerr = matches(m, path)
+      if rerr then d.regex_error = rerr return refuse(d, "error", 502, "bad-document") end
+      if hit then rule = m break end
     end
     if req.authorization then
       d.cached = false

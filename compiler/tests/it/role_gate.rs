@@ -1,0 +1,275 @@
+//! What `check` lets `nginx -t` load and read when it gates a pull
+//! request's role folders (docs/install.md, "The nginx gate's sandbox"),
+//! and what a role folder may hold: against the real nginx with its Lua
+//! module, and a real shared object built here with `cc`.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use crate::util::{edgeform, example_repo, stderr};
+
+/// A repository with the example's `roles/edge` and one edge node.
+struct Repo {
+    dir: tempfile::TempDir,
+}
+
+impl Repo {
+    fn new() -> Repo {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path();
+        let example = example_repo();
+        std::fs::write(root.join("cluster.yaml"), "name: gate-lab\n").unwrap();
+        std::fs::create_dir_all(root.join("nodes")).unwrap();
+        copy_dir(&example.join("roles/edge"), &root.join("roles/edge"));
+        std::fs::copy(
+            example.join("roles/edge.smoke.yaml"),
+            root.join("roles/edge.smoke.yaml"),
+        )
+        .unwrap();
+        std::fs::write(
+            root.join("nodes/edge-1.yaml"),
+            "name: edge-1\nroles: [edge]\nregion: eu\nlocation: {lat: 52.0, lon: 4.0}\n\
+             redis: {url: \"redis://127.0.0.1:6379\", password_env: EDGEFORM_REDIS_PASSWORD}\n\
+             cache: {dirs: [/var/cache/edge], levels: \"1:2\", key: $scheme$host$request_uri}\n\
+             install:\n  ssh: \"127.0.0.1:22\"\n  user: root\n  root: /srv/edgeform\n\
+             \x20 listen: \"127.0.0.1:8080\"\n  smoke_listen: \"127.0.0.1:8443\"\n\
+             \x20 vars: {workers: \"1\", resolver: 127.0.0.1, cache_max_size: 100m, \
+             geoip_db: geoip/GeoLite2-City.mmdb, api: \"false\", api_url: \"http://127.0.0.1:9\", \
+             api_token: \"\", challenge_secret: \"\", ttl_hop_port: \"8480\"}\n",
+        )
+        .unwrap();
+        Repo { dir }
+    }
+
+    fn path(&self, p: &str) -> PathBuf {
+        self.dir.path().join(p)
+    }
+
+    fn check(&self) -> (Option<i32>, String) {
+        let out = edgeform(self.dir.path(), &["check"]);
+        (out.status.code(), stderr(&out))
+    }
+
+    fn template(&self) -> String {
+        std::fs::read_to_string(self.path("roles/edge/nginx.conf.tmpl")).unwrap()
+    }
+
+    /// The template with `line` inserted after the `load_module` lines;
+    /// returns its line number.
+    fn insert(&self, good: &str, line: &str) -> usize {
+        let at = good
+            .lines()
+            .position(|l| l.starts_with("user "))
+            .expect("the template has a `user` line");
+        let mut lines: Vec<&str> = good.lines().collect();
+        lines.insert(at, line);
+        std::fs::write(
+            self.path("roles/edge/nginx.conf.tmpl"),
+            lines.join("\n") + "\n",
+        )
+        .unwrap();
+        at + 1
+    }
+}
+
+fn copy_dir(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for e in std::fs::read_dir(from).unwrap() {
+        let e = e.unwrap();
+        let target = to.join(e.file_name());
+        if std::fs::metadata(e.path()).unwrap().is_dir() {
+            copy_dir(&e.path(), &target);
+        } else {
+            std::fs::copy(e.path(), &target).unwrap();
+        }
+    }
+}
+
+/// A shared object whose constructor writes `marker` (built with `cc`).
+fn shared_object(dir: &Path, marker: &Path) -> PathBuf {
+    let c = dir.join("compat.c");
+    std::fs::write(
+        &c,
+        format!(
+            "#include <stdio.h>\n__attribute__((constructor)) static void run(void) {{\n\
+             FILE *f = fopen(\"{}\", \"w\"); if (f) {{ fputs(\"ran\", f); fclose(f); }} }}\n",
+            marker.display()
+        ),
+    )
+    .unwrap();
+    let so = dir.join("libcompat.so");
+    let out = Command::new("cc")
+        .args(["-shared", "-fPIC", "-o"])
+        .arg(&so)
+        .arg(&c)
+        .output()
+        .expect("cc (build-essential) is installed");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    so
+}
+
+#[test]
+fn check_refuses_shared_objects_and_modules_it_does_not_ship_and_never_runs_them() {
+    let repo = Repo::new();
+    let (code, err) = repo.check();
+    assert_eq!(code, Some(0), "{err}");
+    assert!(
+        err.contains("nginx -t sandboxed: no network, uid 65534 (nobody)"),
+        "{err}"
+    );
+    let good = repo.template();
+    let build = tempfile::tempdir().unwrap();
+    let marker = build.path().join("constructor-ran");
+    let so = shared_object(build.path(), &marker);
+
+    // Committed in the role folder and loaded through `lua/../`.
+    std::fs::copy(&so, repo.path("roles/edge/libcompat.so")).unwrap();
+    repo.insert(&good, "load_module lua/../libcompat.so;");
+    let (code, err) = repo.check();
+    assert_eq!(code, Some(1), "{err}");
+    assert!(
+        err.contains("roles/edge/libcompat.so: is a shared object"),
+        "{err}"
+    );
+    // The same bytes under another name: found by their ELF header.
+    std::fs::rename(
+        repo.path("roles/edge/libcompat.so"),
+        repo.path("roles/edge/compat.txt"),
+    )
+    .unwrap();
+    let (code, err) = repo.check();
+    assert_eq!(code, Some(1), "{err}");
+    assert!(
+        err.contains("roles/edge/compat.txt: is a shared object"),
+        "{err}"
+    );
+    std::fs::remove_file(repo.path("roles/edge/compat.txt")).unwrap();
+
+    // Not in the role folder: the gate loads only the shipped modules.
+    for line in [
+        "load_module lua/../libcompat.so;".to_owned(),
+        format!("load_module {};", so.display()),
+        "load_module /usr/lib/nginx/modules/ngx_http_perl_module.so;".to_owned(),
+        "ssl_engine compat;".to_owned(),
+    ] {
+        let at = repo.insert(&good, &line);
+        let (code, err) = repo.check();
+        assert_eq!(code, Some(1), "{line}: {err}");
+        assert!(
+            err.contains(&format!(
+                "roles/edge/nginx.conf.tmpl:{at} (rendered for edge-1): `"
+            )),
+            "{line}: {err}"
+        );
+    }
+    assert!(!marker.exists(), "the shared object's constructor ran");
+    // The shared object does run when loaded: the test would see it.
+    Command::new("nginx")
+        .args(["-t", "-p"])
+        .arg(build.path())
+        .args(["-e", "stderr", "-g"])
+        .arg(format!("load_module {};", so.display()))
+        .args(["-c", "/dev/null"])
+        .output()
+        .unwrap();
+    assert!(
+        marker.exists(),
+        "nginx loading the object runs its constructor"
+    );
+}
+
+#[test]
+fn check_never_shows_files_of_this_machine_or_nginx_messages() {
+    let repo = Repo::new();
+    let good = repo.template();
+    let secrets = tempfile::tempdir().unwrap();
+    let secret = secrets.path().join("credentials");
+    std::fs::write(&secret, "edgeformsecretword7731 hunter2;\n").unwrap();
+
+    for line in [
+        format!("include {};", secret.display()),
+        format!(
+            "include lua/../../../../../../../../..{};",
+            secret.display()
+        ),
+        format!(
+            "http {{ geoip2 {} {{ $x country iso_code; }} }}",
+            secret.display()
+        ),
+    ] {
+        let at = repo.insert(&good, &line);
+        let (code, err) = repo.check();
+        assert_eq!(code, Some(1), "{line}: {err}");
+        assert!(
+            err.contains(&format!(
+                "roles/edge/nginx.conf.tmpl:{at} (rendered for edge-1)"
+            )),
+            "{line}: {err}"
+        );
+        assert!(!err.contains("edgeformsecretword7731"), "{line}: {err}");
+    }
+
+    // A bundle file nginx refuses: located there, nginx's text not shown.
+    std::fs::write(
+        repo.path("roles/edge/extra.conf"),
+        "# extra\nno_such_directive_here on;\n",
+    )
+    .unwrap();
+    repo.insert(&good, "include extra.conf;");
+    let (code, err) = repo.check();
+    assert_eq!(code, Some(1), "{err}");
+    assert!(
+        err.contains(
+            "roles/edge/extra.conf:2 (rendered for edge-1): nginx -t refused this line \
+             (nginx's message is not shown"
+        ) && err.contains("`no_such_directive_here on;`"),
+        "{err}"
+    );
+    assert!(!err.contains("unknown directive"), "{err}");
+}
+
+#[test]
+fn links_in_role_folders_are_refused_and_a_link_loop_ends_quickly() {
+    let repo = Repo::new();
+    std::fs::create_dir_all(repo.path(".git")).unwrap();
+    std::fs::write(
+        repo.path(".git/config"),
+        "[remote \"origin\"]\n\turl = https://user:token@example.com/x.git\n",
+    )
+    .unwrap();
+    std::os::unix::fs::symlink("../../.git/config", repo.path("roles/edge/README.txt")).unwrap();
+    for name in ["a", "b", "c"] {
+        std::os::unix::fs::symlink(".", repo.path(&format!("roles/edge/{name}"))).unwrap();
+    }
+    let start = Instant::now();
+    let (code, err) = repo.check();
+    assert!(
+        start.elapsed() < Duration::from_secs(20),
+        "{:?}",
+        start.elapsed()
+    );
+    assert_eq!(code, Some(1), "{err}");
+    for (link, target) in [
+        ("README.txt", "../../.git/config"),
+        ("a", "."),
+        ("b", "."),
+        ("c", "."),
+    ] {
+        assert!(
+            err.contains(&format!("roles/edge/{link}: is a link to `{target}`")),
+            "{link}: {err}"
+        );
+    }
+    assert!(!err.contains("token@"), "{err}");
+    let out = edgeform(
+        repo.dir.path(),
+        &["build", "--out", &repo.path("out").display().to_string()],
+    );
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    assert!(!repo.path("out/bundles").exists());
+}
