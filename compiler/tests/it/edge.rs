@@ -857,11 +857,42 @@ fn r14_2_rate_limits_and_the_challenge() {
     assert_eq!(status, 403);
     assert!(page.contains("X-Edgeform-Reason: challenge"), "{page}");
     assert!(!page.to_ascii_lowercase().contains("set-cookie"), "{page}");
-    // A browser runs the script: document.cookie = p[1] + p[0].
-    let parts = page.split("var p=[\"").nth(1).unwrap();
-    let (p0, rest) = parts.split_once("\",\"").unwrap();
-    let p1 = rest.split('"').next().unwrap();
-    let cookie = format!("edgeform_clearance={p1}{p0}");
+    // The page carries a nonce and the difficulty, not a clearance.
+    let nonce = page
+        .split("var nonce=\"")
+        .nth(1)
+        .and_then(|r| r.split('"').next())
+        .unwrap();
+    assert!(
+        page.contains(&format!("bits={}", edgestate::edge::CHALLENGE_BITS)),
+        "{page}"
+    );
+    // A scraper sending the nonce back without the work is refused, and so
+    // is a counter that does not do it.
+    let viewer: IpAddr = "89.160.20.128".parse().unwrap();
+    let no_work = (0..)
+        .map(|k| format!("{nonce}.{k}"))
+        .find(|v| !edgestate::edge::clearance_valid(SECRET.as_bytes(), "strict.test", viewer, 0, v))
+        .unwrap();
+    for lazy in [nonce.to_owned(), no_work, format!("{nonce}.")] {
+        let scraped = format!("edgeform_clearance={lazy}");
+        let r = get(
+            port,
+            "strict.test",
+            "/",
+            &[("X-Forwarded-For", "89.160.20.128"), ("Cookie", &scraped)],
+        );
+        assert_eq!(
+            (r.status, r.header("x-edgeform-reason")),
+            (403, Some("challenge")),
+            "{lazy}"
+        );
+    }
+    // A browser runs the script: the proof of work, solved here in Rust.
+    let cookie = format!(
+        "edgeform_clearance={}",
+        edgestate::edge::solve_challenge(nonce)
+    );
     let browser = [
         ("X-Forwarded-For", "89.160.20.128"),
         ("Cookie", cookie.as_str()),
