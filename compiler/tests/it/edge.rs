@@ -445,7 +445,7 @@ fn generate(n: u64) -> Vec<Req> {
         }
         if bare == "strict.test" {
             let ip: IpAddr = client.as_deref().unwrap_or("127.0.0.1").parse().unwrap();
-            match rng.next() % 3 {
+            match rng.next() % 4 {
                 0 => {
                     let token = edgestate::edge::clearance_token(
                         SECRET.as_bytes(),
@@ -461,6 +461,22 @@ fn generate(n: u64) -> Vec<Req> {
                         "edgeform_clearance=4000000000.0123456789abcdef0123456789abcdef01234567"
                             .into(),
                     );
+                }
+                2 => {
+                    // The page's nonce sent back without the work (a
+                    // scraper), or with a counter that may not do it.
+                    let nonce = edgestate::edge::challenge_nonce(
+                        SECRET.as_bytes(),
+                        "strict.test",
+                        ip,
+                        4_000_000_000,
+                    );
+                    let value = if rng.chance(50) {
+                        nonce
+                    } else {
+                        format!("{nonce}.{}", rng.next() % 1000)
+                    };
+                    headers.insert("Cookie".into(), format!("edgeform_clearance={value}"));
                 }
                 _ => {}
             }
@@ -902,6 +918,35 @@ fn r14_2_rate_limits_and_the_challenge() {
         .collect();
     assert!(statuses[..10].iter().all(|&c| c == 200), "{statuses:?}");
     assert!(statuses.contains(&429), "{statuses:?}");
+    // Only ASCII whitespace around a cookie is dropped: a solved value
+    // followed by U+00A0 is refused, by the edge and by explain alike.
+    let nbsp = format!("{cookie}\u{a0}");
+    let r = get(
+        port,
+        "strict.test",
+        "/",
+        &[("X-Forwarded-For", "89.160.20.128"), ("Cookie", &nbsp)],
+    );
+    assert_eq!(
+        (r.status, r.header("x-edgeform-reason")),
+        (403, Some("challenge"))
+    );
+    let said = explain_batch(
+        s.repo.path(),
+        &[Req {
+            id: 1,
+            host: "strict.test".into(),
+            url: "/".into(),
+            ip: "127.0.0.1".into(),
+            method: "GET".into(),
+            headers: [
+                ("X-Forwarded-For".to_owned(), "89.160.20.128".to_owned()),
+                ("Cookie".to_owned(), nbsp.clone()),
+            ]
+            .into(),
+        }],
+    );
+    assert_eq!(said[0]["status"], 403, "{}", said[0]);
     // The cookie is bound to the client: another address is challenged.
     let elsewhere = [
         ("X-Forwarded-For", "81.2.69.142"),
