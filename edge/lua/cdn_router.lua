@@ -177,6 +177,8 @@ local function remember(host, entry, gen)
   return entry
 end
 
+local warned_at = 0   -- when a Redis miss during an outage was last logged
+
 -- The entry for a host: { key, site | err, suspended } or { none } or
 -- { api_error }.
 local function lookup(host)
@@ -213,7 +215,12 @@ local function lookup(host)
       local w = docs:get(via.key)
       if w then return w end
     end
-    log(WARN, "edgeform: redis unreachable for ", host, ": ", err)
+    -- At most one line a second per worker: a flood of unknown hosts
+    -- during an outage must not flood the error log too.
+    if now - warned_at >= 1 then
+      warned_at = now
+      log(WARN, "edgeform: redis unreachable for ", host, " (and maybe others): ", err)
+    end
     return remember(host, from_api(host, wild), gen)
   end
   if vals[1] ~= ngx.null then

@@ -161,6 +161,14 @@ fn a_random_host_flood_during_a_redis_outage_leaves_known_sites_serving() {
         get(port, "r1.flood.test"),
         (503, Some("control-plane-unreachable".into()))
     );
+    // The error log says so about once a second, not once a request.
+    let lines = edge
+        .error_log()
+        .lines()
+        .filter(|l| l.contains("redis unreachable for"))
+        .count();
+    let most = usize::try_from(down.as_secs()).unwrap_or(usize::MAX) + 5;
+    assert!((1..=most).contains(&lines), "{lines} lines in {down:?}");
     // The sites read before the outage still serve.
     for host in ["a.test", "b.test", "shop.wild.test"] {
         assert_eq!(
