@@ -1,6 +1,7 @@
 //! The compiler's one integration-test binary (matklad's layout).
 
 mod anycast;
+mod challenge;
 mod cli;
 mod edge;
 mod example;
