@@ -4,8 +4,8 @@
 //! explains the very choice the agent makes.
 //!
 //! **Playback (CDN zones).** The client IP is the socket peer, or — when the
-//! peer is a trusted proxy — the last address of a well-formed
-//! `X-Forwarded-For`. With no route in any zone, routing is *unrestricted*:
+//! peer is a trusted proxy — the last `X-Forwarded-For` entry, whatever the
+//! entries before it hold (a malformed last entry: the peer). With no route in any zone, routing is *unrestricted*:
 //! eligible edges first, then ingest nodes carrying the stream. Once any
 //! route exists it is *restricted*: the longest prefix over all zones picks
 //! the zone (no match, or no client IP: 403), and only the nodes of the
@@ -362,11 +362,14 @@ impl Router {
             .map(String::as_str)
     }
 
-    /// The client address: the peer, or the last `X-Forwarded-For` entry
-    /// when the peer is a trusted proxy and the header is well formed.
+    /// The client address: the peer, or, when the peer is a trusted
+    /// proxy, the last `X-Forwarded-For` entry — the address that proxy
+    /// appended — whatever the entries before it hold (README, "Routing
+    /// decisions, explained offline"; docs/edge.md "Client, host, path").
     /// Several header lines are one list, in order (join them with
     /// [`join_xff`]): a proxy such as HAProxy appends its own line after
-    /// the client's, so the last entry of the last line is what it saw.
+    /// the client's. Only a last entry that is not an address (after
+    /// [`xff_last`]'s trimming) falls back to the peer.
     #[must_use]
     pub fn client_ip(&self, peer: IpAddr, xff: Option<&str>, reasons: &mut Vec<String>) -> IpAddr {
         let mut notes = Notes {
@@ -391,33 +394,20 @@ impl Router {
             notes.add(|| format!("trusted proxy {peer} sent no X-Forwarded-For: using the peer"));
             return peer;
         };
-        let mut last = None;
-        for part in header.split(',') {
-            // ASCII whitespace only, as the edge's Lua trims (`%s`): an
-            // entry ending in U+00A0 is malformed there too.
-            match part
-                .trim_matches(crate::edge::norm::is_lua_space)
-                .parse::<IpAddr>()
-            {
-                Ok(ip) => last = Some(ip),
-                Err(_) => {
-                    last = None;
-                    break;
-                }
-            }
+        let last = xff_last(header);
+        if let Ok(ip) = last.parse::<IpAddr>() {
+            notes.add(|| {
+                format!("trusted proxy {peer}: client is the last X-Forwarded-For entry {ip}")
+            });
+            return canonical(ip);
         }
-        match last {
-            Some(last) => {
-                notes.add(|| {
-                    format!("trusted proxy {peer}: client is the last X-Forwarded-For entry {last}")
-                });
-                canonical(last)
-            }
-            None => {
-                notes.add(|| format!("trusted proxy {peer} sent a malformed X-Forwarded-For `{header}`: using the peer"));
-                peer
-            }
-        }
+        notes.add(|| {
+            format!(
+                "trusted proxy {peer} sent a malformed last X-Forwarded-For entry `{}`: using the peer",
+                crate::untrusted::escape(last)
+            )
+        });
+        peer
     }
 
     /// The zone chain from `start`: its fallbacks, stopping at none, a
@@ -1077,26 +1067,40 @@ impl Router {
 #[cfg(test)]
 mod tests;
 
-/// The `X-Forwarded-For` lines of one request as one comma-separated
-/// list, in order (RFC 9110 §5.3). `None` without any line; a line that
-/// is not text makes the whole list malformed (`Some("")`, the peer is
-/// used).
+/// The `X-Forwarded-For` lines of one request as one list, in order
+/// (RFC 9110 §5.3), joined exactly as nginx 1.22 joins them in
+/// `$http_x_forwarded_for`: `", "` between lines. `None` without any line.
+/// Bytes that are not UTF-8 become U+FFFD (never part of an address, never
+/// a comma): they make only the entry they are in malformed, as on the
+/// edge, where the Lua reads the raw bytes.
 #[must_use]
 pub fn join_xff<'a>(lines: impl IntoIterator<Item = &'a [u8]>) -> Option<String> {
     let mut out: Option<String> = None;
     for line in lines {
-        let Ok(text) = std::str::from_utf8(line) else {
-            return Some(String::new());
-        };
+        let text = String::from_utf8_lossy(line);
         match &mut out {
             Some(o) => {
-                o.push(',');
-                o.push_str(text);
+                o.push_str(", ");
+                o.push_str(&text);
             }
-            None => out = Some(text.to_owned()),
+            None => out = Some(text.into_owned()),
         }
     }
     out
+}
+
+/// The last entry of a (joined) `X-Forwarded-For` value: what follows the
+/// last `,`, with spaces and horizontal tabs (RFC 9110's `OWS`) trimmed at
+/// both ends — and nothing else: any other character, Unicode whitespace
+/// such as U+00A0 included, stays and makes the entry malformed. The edge's
+/// Lua (`cdn_router.lua`), the geo router's and this crate trim alike.
+#[must_use]
+pub fn xff_last(header: &str) -> &str {
+    header
+        .rsplit(',')
+        .next()
+        .unwrap_or_default()
+        .trim_matches([' ', '\t'])
 }
 
 /// `segment` percent-encoded for one URL path segment: everything but
@@ -1123,10 +1127,13 @@ mod hostile_tests {
     #[test]
     fn r12_2_xff_lines_join_in_order() {
         let lines: [&[u8]; 2] = [b"192.0.2.66", b"198.51.100.9"];
-        assert_eq!(join_xff(lines).as_deref(), Some("192.0.2.66,198.51.100.9"));
+        assert_eq!(join_xff(lines).as_deref(), Some("192.0.2.66, 198.51.100.9"));
         assert_eq!(join_xff(std::iter::empty()), None);
-        let bad: [&[u8]; 2] = [b"1.2.3.4", b"\xff"];
-        assert_eq!(join_xff(bad).as_deref(), Some(""));
+        // Bytes that are not text spoil only their own entry.
+        let bad: [&[u8]; 2] = [b"\xff, 1.2.3.4", b"5.6.7.8"];
+        assert_eq!(join_xff(bad).as_deref(), Some("\u{fffd}, 1.2.3.4, 5.6.7.8"));
+        let bad_last: [&[u8]; 2] = [b"1.2.3.4", b"5.6.7.8\xff"];
+        assert_eq!(xff_last(&join_xff(bad_last).unwrap()), "5.6.7.8\u{fffd}");
     }
 
     // See: #12 item 16

@@ -3,12 +3,15 @@
 //! free loopback port in its own temp dir, waited for until it answers,
 //! and stopped by pid when dropped. Never a mock.
 //!
-//! Tests need the Debian packages `redis-server`, `mosquitto` and
-//! `openssh-server` (for [`sshd`]); `scripts/test` installs them.
+//! Tests need the Debian packages `redis-server`, `mosquitto`,
+//! `openssh-server` (for [`sshd`]) and `haproxy` (for [`haproxy`]);
+//! `scripts/test` installs them.
 
 pub mod sshd;
 
 pub mod nginx;
+
+pub mod haproxy;
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};

@@ -166,14 +166,7 @@ local function client_ip()
   if not is_trusted then return peer end
   local xff = ngx.var.http_x_forwarded_for
   if not xff then return peer end
-  local last
-  for part in (xff .. ","):gmatch("([^,]*),") do
-    part = part:match("^%s*(.-)%s*$")
-    local b = ip.parse(part)
-    if not b then return peer end
-    last = b
-  end
-  return last or peer
+  return ip.parse(ip.xff_last(xff)) or peer
 end
 
 local function is_online(name)

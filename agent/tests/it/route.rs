@@ -493,3 +493,72 @@ fn vod_over_http_with_real_redis() {
     assert!(get(http, "/vod/movie", "").1.contains("retry-after: 5"));
     drop(agent);
 }
+
+/// GET `path` through HAProxy's PROXY-protocol front end as viewer `src`,
+/// with the viewer's own `X-Forwarded-For` lines: (status, body).
+fn via_haproxy(port: u16, src: &str, path: &str, xff: &[&str]) -> (u16, String) {
+    let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let mut text = format!(
+        "PROXY TCP4 {src} 127.0.0.1 40000 80\r\nGET {path} HTTP/1.1\r\nHost: a\r\n\
+         Connection: close\r\n"
+    );
+    for line in xff {
+        text.push_str("X-Forwarded-For:");
+        if !line.is_empty() {
+            text.push(' ');
+            text.push_str(line);
+        }
+        text.push_str("\r\n");
+    }
+    text.push_str("\r\n");
+    s.write_all(text.as_bytes()).unwrap();
+    let mut raw = Vec::new();
+    let _ = s.read_to_end(&mut raw);
+    let raw = String::from_utf8_lossy(&raw).into_owned();
+    let status = raw
+        .split(' ')
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    (status, raw)
+}
+
+/// Behind a real HAProxy (`option forwardfor`), the viewer HAProxy saw is
+/// the client of `/route` whatever the viewer sent before HAProxy's line:
+/// `unknown`, an empty line, garbage then a forged in-route address.
+#[test]
+fn route_behind_haproxy_uses_the_viewer_haproxy_saw() {
+    let r = harness::redis(&[]);
+    let mut t = table("https://a.example.net");
+    t.trusted_proxies = vec!["127.0.0.0/8".into()];
+    t.zones.get_mut("eu").unwrap().routes = vec!["192.0.2.0/24".into()];
+    let (_agent, http, _dir) = agent_with(&r, &t, &["cam1"]);
+    let proxy = harness::haproxy::forwarding(http, true);
+    let shapes: [&[&str]; 5] = [
+        &[],
+        &["unknown"],
+        &[""],
+        &["garbage, 203.0.113.50"],
+        &["unknown", "not an ip, , 10.0.0.1"],
+    ];
+    for shape in shapes {
+        // A viewer inside the zone's route is sent to its edge...
+        let (status, raw) = via_haproxy(proxy.port, "192.0.2.5", "/route/cam1", shape);
+        assert_eq!(status, 302, "in-route viewer sending {shape:?}: {raw}");
+        // ...and one outside it is refused, even when it forges an
+        // in-route address.
+        let mut forged = shape.to_vec();
+        forged.push("192.0.2.5");
+        let (status, raw) = via_haproxy(proxy.port, "203.0.113.9", "/route/cam1", &forged);
+        assert_eq!(status, 403, "outside viewer sending {forged:?}: {raw}");
+    }
+    // The explanation names the viewer HAProxy saw.
+    let (_, body) = via_haproxy(
+        proxy.port,
+        "192.0.2.5",
+        "/route/cam1?format=json",
+        &["unknown"],
+    );
+    assert!(body.contains("\"client_ip\":\"192.0.2.5\""), "{body}");
+}

@@ -40,7 +40,10 @@ pub struct ExplainArgs {
     #[arg(long, default_value = "GET", value_name = "METHOD")]
     pub method: String,
     /// A request header, `Name: value` (repeatable): Referer, Origin,
-    /// Cookie, Authorization, X-Forwarded-For, Access-Control-Request-Method.
+    /// Cookie, Authorization, X-Forwarded-For,
+    /// Access-Control-Request-Method. Only X-Forwarded-For may be given
+    /// more than once: its lines are one list, in order, as nginx joins
+    /// them (`, `).
     #[arg(long = "header", value_name = "'NAME: VALUE'")]
     pub headers: Vec<String>,
     /// The edge whose documents decide (default: the first, by name, that
@@ -54,8 +57,9 @@ pub struct ExplainArgs {
     #[arg(long, value_enum, default_value = "human")]
     pub format: ExplainFormat,
     /// Explain every request of FILE (`-`: stdin), one JSON object a line
-    /// (`{"host","url","ip","method","headers":{…},"node","id"}`); prints
-    /// one JSON decision a line, in order, with the request's `id`.
+    /// (`{"host","url","ip","method","headers":{…},"node","id"}`; a
+    /// header's value is a string, or for X-Forwarded-For a list of lines);
+    /// prints one JSON decision a line, in order, with the request's `id`.
     #[arg(long, value_name = "FILE", conflicts_with_all = ["host", "url", "ip"])]
     pub batch: Option<PathBuf>,
     /// Unix time for checking clearance cookies (default: now).
@@ -73,7 +77,7 @@ struct BatchRequest {
     #[serde(default = "get")]
     method: String,
     #[serde(default)]
-    headers: BTreeMap<String, String>,
+    headers: BTreeMap<String, HeaderLines>,
     #[serde(default)]
     node: Option<String>,
     #[serde(default)]
@@ -82,6 +86,29 @@ struct BatchRequest {
 
 fn get() -> String {
     "GET".into()
+}
+
+/// A batch request's header: one line, or several (X-Forwarded-For).
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+enum HeaderLines {
+    One(String),
+    Many(Vec<String>),
+}
+
+/// A request's headers: name (any case) → its lines, in order.
+type Headers = BTreeMap<String, Vec<String>>;
+
+/// Add one header line; a second line of any header but X-Forwarded-For is
+/// refused (the edge reads one).
+fn add_header(headers: &mut Headers, name: &str, value: String) -> Result<()> {
+    let key = name.to_ascii_lowercase();
+    let lines = headers.entry(key.clone()).or_default();
+    if !lines.is_empty() && key != "x-forwarded-for" {
+        bail!("header `{name}` given more than once (only X-Forwarded-For may repeat)");
+    }
+    lines.push(value);
+    Ok(())
 }
 
 /// The explainer: the compiled targets, and per node its router and the
@@ -104,11 +131,23 @@ struct Explained {
     country: Option<String>,
 }
 
-fn header<'h>(headers: &'h BTreeMap<String, String>, name: &str) -> Option<&'h str> {
+fn header<'h>(headers: &'h Headers, name: &str) -> Option<&'h str> {
     headers
-        .iter()
-        .find(|(k, _)| k.eq_ignore_ascii_case(name))
-        .map(|(_, v)| v.as_str())
+        .get(name)
+        .and_then(|lines| lines.first())
+        .map(String::as_str)
+}
+
+/// `$http_x_forwarded_for` as nginx 1.22 builds it: every line, joined
+/// with `, `.
+fn forwarded_for(headers: &Headers) -> Option<String> {
+    edgestate::route::join_xff(
+        headers
+            .get("x-forwarded-for")
+            .into_iter()
+            .flatten()
+            .map(String::as_bytes),
+    )
 }
 
 fn request_uri(url: &str) -> &str {
@@ -157,7 +196,7 @@ impl Explainer<'_> {
         url: &str,
         peer: IpAddr,
         method: &str,
-        headers: &BTreeMap<String, String>,
+        headers: &Headers,
     ) -> Result<Explained> {
         let norm = edge::normalize_host(host);
         let candidates = edge::lookup_hosts(&norm);
@@ -182,7 +221,8 @@ impl Explainer<'_> {
         let (client, router) = match chosen {
             Some((name, t)) => {
                 let router = self.router(name, t)?;
-                let ip = router.client_ip(peer, header(headers, "x-forwarded-for"), &mut pre);
+                let xff = forwarded_for(headers);
+                let ip = router.client_ip(peer, xff.as_deref(), &mut pre);
                 (ip, Some(router))
             }
             None => (peer, None),
@@ -371,7 +411,18 @@ pub fn explain(compiled: &Compiled, args: &ExplainArgs) -> Result<u8> {
             let r: BatchRequest = serde_json::from_str(&line)
                 .with_context(|| format!("{}:{}: not a request", path.display(), n + 1))?;
             let node = r.node.as_deref().or(args.node.as_deref());
-            let e = ex.explain(node, &r.host, &r.url, r.ip, &r.method, &r.headers)?;
+            let mut headers = Headers::new();
+            for (name, value) in r.headers {
+                let lines = match value {
+                    HeaderLines::One(v) => vec![v],
+                    HeaderLines::Many(v) => v,
+                };
+                for v in lines {
+                    add_header(&mut headers, &name, v)
+                        .with_context(|| format!("{}:{}", path.display(), n + 1))?;
+                }
+            }
+            let e = ex.explain(node, &r.host, &r.url, r.ip, &r.method, &headers)?;
             writeln!(out, "{}", to_json(&e, Some(&r.id)))?;
         }
         out.flush()?;
@@ -380,12 +431,14 @@ pub fn explain(compiled: &Compiled, args: &ExplainArgs) -> Result<u8> {
     let (Some(host), Some(url), Some(ip)) = (&args.host, &args.url, args.ip) else {
         bail!("give --host, --url and --ip (or --batch FILE)");
     };
-    let mut headers = BTreeMap::new();
+    let mut headers = Headers::new();
     for h in &args.headers {
         let (k, v) = h
             .split_once(':')
             .with_context(|| format!("--header `{h}` is not `Name: value`"))?;
-        headers.insert(k.trim().to_owned(), v.trim().to_owned());
+        // As nginx reads a header line: spaces around the value dropped,
+        // nothing else (a tab or U+00A0 stays part of it).
+        add_header(&mut headers, k.trim(), v.trim_matches(' ').to_owned())?;
     }
     let e = ex.explain(args.node.as_deref(), host, url, ip, &args.method, &headers)?;
     match args.format {

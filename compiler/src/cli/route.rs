@@ -31,9 +31,10 @@ pub struct RouteArgs {
     /// The socket peer (e.g. a proxy); with --xff.
     #[arg(long, value_name = "IP")]
     pub peer: Option<IpAddr>,
-    /// The X-Forwarded-For header the peer sent.
+    /// The X-Forwarded-For header the peer sent (repeatable: several header
+    /// lines, in order, as the agent reads them).
     #[arg(long, value_name = "HEADER")]
-    pub xff: Option<String>,
+    pub xff: Vec<String>,
     /// Health snapshot: {"nodes":{"<name>":{"online","play_sessions","out_kbit","streams","vod"}}},
     /// or `mqtt`: the live snapshot from the broker in cluster.yaml (every
     /// node's retained report and status). Without it, every node is
@@ -143,14 +144,15 @@ pub fn route(config: &Config, args: &RouteArgs) -> Result<u8> {
             }
         }
     };
+    let xff = edgestate::route::join_xff(args.xff.iter().map(String::as_bytes));
     let decision: Option<Decision> = args
         .stream
         .as_deref()
-        .map(|s| router.decide(Some(peer), args.xff.as_deref(), s, &health));
+        .map(|s| router.decide(Some(peer), xff.as_deref(), s, &health));
     let vod = args
         .vod
         .as_deref()
-        .map(|a| router.vod(Some(peer), args.xff.as_deref(), a, &health));
+        .map(|a| router.vod(Some(peer), xff.as_deref(), a, &health));
     let client = decision
         .as_ref()
         .and_then(|d| d.client_ip.as_deref())

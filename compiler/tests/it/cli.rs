@@ -291,6 +291,19 @@ fn route_explains_the_decision_as_json() {
         "cam1",
     ]);
     assert_eq!(v["client_ip"], "10.2.0.1");
+    // Several header lines (a proxy appends its own): the last entry,
+    // whatever comes before it.
+    let v = run(&[
+        "--peer",
+        "192.0.2.10",
+        "--xff",
+        "unknown",
+        "--xff",
+        "10.2.0.1",
+        "--stream",
+        "cam1",
+    ]);
+    assert_eq!(v["client_ip"], "10.2.0.1", "{v}");
     // Unknown stream: 404.
     assert_eq!(
         run(&["--ip", "10.2.0.1", "--stream", "nope"])["status"],

@@ -496,7 +496,7 @@ fn generate(n: u64) -> Vec<Req> {
         }
         if bare == "strict.test" {
             let ip: IpAddr = client.as_deref().unwrap_or("127.0.0.1").parse().unwrap();
-            match rng.next() % 3 {
+            match rng.next() % 4 {
                 0 => {
                     let token = edgestate::edge::clearance_token(
                         SECRET.as_bytes(),
@@ -512,6 +512,22 @@ fn generate(n: u64) -> Vec<Req> {
                         "edgeform_clearance=4000000000.0123456789abcdef0123456789abcdef01234567"
                             .into(),
                     );
+                }
+                2 => {
+                    // The page's nonce sent back without the work (a
+                    // scraper), or with a counter that may not do it.
+                    let nonce = edgestate::edge::challenge_nonce(
+                        SECRET.as_bytes(),
+                        "strict.test",
+                        ip,
+                        4_000_000_000,
+                    );
+                    let value = if rng.chance(50) {
+                        nonce
+                    } else {
+                        format!("{nonce}.{}", rng.next() % 1000)
+                    };
+                    headers.insert("Cookie".into(), format!("edgeform_clearance={value}"));
                 }
                 _ => {}
             }
@@ -920,11 +936,42 @@ fn r14_2_rate_limits_and_the_challenge() {
     assert_eq!(status, 403);
     assert!(page.contains("X-Edgeform-Reason: challenge"), "{page}");
     assert!(!page.to_ascii_lowercase().contains("set-cookie"), "{page}");
-    // A browser runs the script: document.cookie = p[1] + p[0].
-    let parts = page.split("var p=[\"").nth(1).unwrap();
-    let (p0, rest) = parts.split_once("\",\"").unwrap();
-    let p1 = rest.split('"').next().unwrap();
-    let cookie = format!("edgeform_clearance={p1}{p0}");
+    // The page carries a nonce and the difficulty, not a clearance.
+    let nonce = page
+        .split("var nonce=\"")
+        .nth(1)
+        .and_then(|r| r.split('"').next())
+        .unwrap();
+    assert!(
+        page.contains(&format!("bits={}", edgestate::edge::CHALLENGE_BITS)),
+        "{page}"
+    );
+    // A scraper sending the nonce back without the work is refused, and so
+    // is a counter that does not do it.
+    let viewer: IpAddr = "89.160.20.128".parse().unwrap();
+    let no_work = (0..)
+        .map(|k| format!("{nonce}.{k}"))
+        .find(|v| !edgestate::edge::clearance_valid(SECRET.as_bytes(), "strict.test", viewer, 0, v))
+        .unwrap();
+    for lazy in [nonce.to_owned(), no_work, format!("{nonce}.")] {
+        let scraped = format!("edgeform_clearance={lazy}");
+        let r = get(
+            port,
+            "strict.test",
+            "/",
+            &[("X-Forwarded-For", "89.160.20.128"), ("Cookie", &scraped)],
+        );
+        assert_eq!(
+            (r.status, r.header("x-edgeform-reason")),
+            (403, Some("challenge")),
+            "{lazy}"
+        );
+    }
+    // A browser runs the script: the proof of work, solved here in Rust.
+    let cookie = format!(
+        "edgeform_clearance={}",
+        edgestate::edge::solve_challenge(nonce)
+    );
     let browser = [
         ("X-Forwarded-For", "89.160.20.128"),
         ("Cookie", cookie.as_str()),
@@ -934,6 +981,35 @@ fn r14_2_rate_limits_and_the_challenge() {
         .collect();
     assert!(statuses[..10].iter().all(|&c| c == 200), "{statuses:?}");
     assert!(statuses.contains(&429), "{statuses:?}");
+    // Only ASCII whitespace around a cookie is dropped: a solved value
+    // followed by U+00A0 is refused, by the edge and by explain alike.
+    let nbsp = format!("{cookie}\u{a0}");
+    let r = get(
+        port,
+        "strict.test",
+        "/",
+        &[("X-Forwarded-For", "89.160.20.128"), ("Cookie", &nbsp)],
+    );
+    assert_eq!(
+        (r.status, r.header("x-edgeform-reason")),
+        (403, Some("challenge"))
+    );
+    let said = explain_batch(
+        s.repo.path(),
+        &[Req {
+            id: 1,
+            host: "strict.test".into(),
+            url: "/".into(),
+            ip: "127.0.0.1".into(),
+            method: "GET".into(),
+            headers: [
+                ("X-Forwarded-For".to_owned(), "89.160.20.128".to_owned()),
+                ("Cookie".to_owned(), nbsp.clone()),
+            ]
+            .into(),
+        }],
+    );
+    assert_eq!(said[0]["status"], 403, "{}", said[0]);
     // The cookie is bound to the client: another address is challenged.
     let elsewhere = [
         ("X-Forwarded-For", "81.2.69.142"),

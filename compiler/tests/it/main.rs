@@ -1,6 +1,7 @@
 //! The compiler's one integration-test binary (matklad's layout).
 
 mod anycast;
+mod challenge;
 mod cli;
 mod edge;
 mod edge_paths;
@@ -16,7 +17,9 @@ mod malformed;
 mod mqtt;
 mod obs;
 mod ops;
+mod outage;
 mod private;
+mod proxied;
 mod purge;
 mod push;
 mod role_gate;

@@ -366,6 +366,15 @@ fn issue18_item1_geo_router_matches_route_geo_for_every_network() {
         assert!(count.contains_key(&Some(e.to_owned())), "{e}: {count:?}");
     }
     assert!(!count.contains_key(&Some("edge-drained".to_owned())));
+    // The last X-Forwarded-For entry is the client whatever precedes it
+    // (docs/router.md): `unknown`, empty or garbage entries change nothing.
+    for (ip, c) in phase1.iter().step_by(101) {
+        for before in ["unknown, ", ", ", "garbage, , 10.0.0.1 ,\t"] {
+            let r = get(port, Some(&format!("{before}{ip}")));
+            let edge = (r.status == 200).then(|| r.body.clone());
+            assert_eq!(&edge, c, "X-Forwarded-For `{before}{ip}`");
+        }
+    }
 
     // Phase 2: a tied edge goes offline (its last will); the listener
     // stays up, so only the agent's health can steer around it.

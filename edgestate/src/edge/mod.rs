@@ -9,8 +9,9 @@
 //!
 //! Stateful parts are modelled so that both sides agree deterministically:
 //! the rate limit is assumed not exceeded (the decision for a client's
-//! first requests), and the challenge cookie is an HMAC anyone holding the
-//! edge's secret can verify.
+//! first requests), and the challenge cookie — a nonce HMAC'd by the edge
+//! plus the proof of work the challenge page computes — is verifiable by
+//! anyone holding the edge's secret.
 
 use std::net::IpAddr;
 
@@ -29,6 +30,12 @@ mod tests;
 pub const REASON_HEADER: &str = "X-Edgeform-Reason";
 /// The clearance cookie set by the challenge page.
 pub const CLEARANCE_COOKIE: &str = "edgeform_clearance";
+/// The challenge's proof of work: SHA-1 of the clearance cookie's value
+/// must start with this many zero bits (2^16 = 65,536 hashes expected).
+pub const CHALLENGE_BITS: u32 = 16;
+/// Longest expiry (decimal digits) and work counter a clearance may carry.
+const MAX_EXPIRY_DIGITS: usize = 12;
+const MAX_COUNTER_DIGITS: usize = 16;
 /// Methods the WAF accepts.
 pub const METHODS: [&str; 7] = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"];
 /// WAF rules: name and the substrings that trigger it, in order.
@@ -538,11 +545,12 @@ pub fn hmac_sha1(key: &[u8], msg: &[u8]) -> [u8; 20] {
     outer.digest().bytes()
 }
 
-/// The clearance token for a client of a site, valid until `expiry`: the
-/// HMAC covers `<site>|<hex of the address's bytes>|<expiry>` (bytes, not
-/// text, so that no two spellings of one IPv6 address differ).
+/// The challenge page's nonce for a client of a site, valid until
+/// `expiry`: `<expiry>.<hmac>`, the HMAC-SHA1 (lower-case hex) covering
+/// `<site>|<hex of the address's bytes>|<expiry>` (bytes, not text, so
+/// that no two spellings of one IPv6 address differ).
 #[must_use]
-pub fn clearance_token(secret: &[u8], site: &str, client: IpAddr, expiry: u64) -> String {
+pub fn challenge_nonce(secret: &[u8], site: &str, client: IpAddr, expiry: u64) -> String {
     let client = match client {
         IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(client, IpAddr::V4),
         v4 @ IpAddr::V4(_) => v4,
@@ -557,9 +565,90 @@ pub fn clearance_token(secret: &[u8], site: &str, client: IpAddr, expiry: u64) -
     format!("{expiry}.{hex}")
 }
 
+/// Whether a SHA-1 digest starts with `bits` zero bits.
+fn leading_zeros(digest: &[u8; 20], bits: u32) -> bool {
+    let mut left = bits;
+    for &b in digest {
+        if left == 0 {
+            return true;
+        }
+        if left >= 8 {
+            if b != 0 {
+                return false;
+            }
+            left -= 8;
+        } else {
+            return b >> (8 - left) == 0;
+        }
+    }
+    left == 0
+}
+
+/// The proof of work the challenge page's script computes: the first
+/// counter `n` (0, 1, 2, …) for which SHA-1 of `<nonce>.<n>` starts with
+/// [`CHALLENGE_BITS`] zero bits; returns the cookie value `<nonce>.<n>`.
+#[must_use]
+pub fn solve_challenge(nonce: &str) -> String {
+    let mut prefix = sha1_smol::Sha1::new();
+    prefix.update(nonce.as_bytes());
+    prefix.update(b".");
+    let mut n: u64 = 0;
+    loop {
+        let mut h = prefix.clone();
+        h.update(n.to_string().as_bytes());
+        if leading_zeros(&h.digest().bytes(), CHALLENGE_BITS) {
+            return format!("{nonce}.{n}");
+        }
+        n += 1;
+    }
+}
+
+/// A solved clearance cookie value for a client of a site, valid until
+/// `expiry` (what a browser sends back after running the challenge page).
+#[must_use]
+pub fn clearance_token(secret: &[u8], site: &str, client: IpAddr, expiry: u64) -> String {
+    solve_challenge(&challenge_nonce(secret, site, client, expiry))
+}
+
+/// Whether a clearance cookie's value is valid for `client` on `site` at
+/// `now` (docs/edge.md, "Challenged"): `<expiry>.<hmac>.<n>` with `expiry`
+/// 1–12 decimal digits written as the edge writes it and later than
+/// `now`, `<expiry>.<hmac>` the nonce the edge issues for this site and
+/// client, `n` 1–16 decimal digits, and SHA-1 of the whole value starting
+/// with [`CHALLENGE_BITS`] zero bits.
+#[must_use]
+pub fn clearance_valid(secret: &[u8], site: &str, client: IpAddr, now: u64, value: &str) -> bool {
+    let mut parts = value.split('.');
+    let (Some(exp), Some(_), Some(n), None) =
+        (parts.next(), parts.next(), parts.next(), parts.next())
+    else {
+        return false;
+    };
+    let digits = |s: &str, max: usize| {
+        !s.is_empty() && s.len() <= max && s.bytes().all(|b| b.is_ascii_digit())
+    };
+    if !digits(exp, MAX_EXPIRY_DIGITS) || !digits(n, MAX_COUNTER_DIGITS) {
+        return false;
+    }
+    let Ok(expiry) = exp.parse::<u64>() else {
+        return false;
+    };
+    let nonce = &value[..value.len() - n.len() - 1];
+    expiry > now
+        && challenge_nonce(secret, site, client, expiry) == nonce
+        && leading_zeros(
+            &sha1_smol::Sha1::from(value.as_bytes()).digest().bytes(),
+            CHALLENGE_BITS,
+        )
+}
+
+/// A cookie's value from the `Cookie` header, as the Lua reads it: each
+/// `;`-separated part trimmed of ASCII whitespace (Lua's `%s`: space, tab,
+/// CR, LF, VT, FF) — not Unicode whitespace, which stays part of the value.
 fn cookie_value<'a>(header: &'a str, name: &str) -> Option<&'a str> {
     header.split(';').find_map(|part| {
-        let (k, v) = part.trim().split_once('=')?;
+        let part = part.trim_matches(|c| matches!(c, ' ' | '\t' | '\r' | '\n' | '\x0b' | '\x0c'));
+        let (k, v) = part.split_once('=')?;
         (k == name).then_some(v)
     })
 }
@@ -853,12 +942,9 @@ pub fn decide(req: &Request<'_>, found: Found<'_>, clearance: Clearance<'_>) -> 
     if site.rate == Level::Strict {
         let cookie = req.cookie.and_then(|c| cookie_value(c, CLEARANCE_COOKIE));
         let valid = match (cookie, clearance.secret, client) {
-            (Some(token), Some(secret), Some(ip)) => token
-                .split_once('.')
-                .and_then(|(exp, _)| exp.parse::<u64>().ok())
-                .is_some_and(|exp| {
-                    exp > clearance.now && clearance_token(secret, key, ip, exp) == token
-                }),
+            (Some(value), Some(secret), Some(ip)) => {
+                clearance_valid(secret, key, ip, clearance.now, value)
+            }
             _ => false,
         };
         if !valid {
@@ -869,7 +955,7 @@ pub fn decide(req: &Request<'_>, found: Found<'_>, clearance: Clearance<'_>) -> 
                         .into()
                 }
                 (Some(_), Some(_)) => {
-                    "rate_mode strict: clearance cookie invalid or expired: challenge".into()
+                    "rate_mode strict: clearance cookie invalid, expired or without the proof of work: challenge".into()
                 }
             });
             return refuse(d, Verdict::Challenged, 403, "challenge");

@@ -318,6 +318,25 @@ fn r14_2_challenge_cookie_verifies() {
             "{cookie:?}"
         );
     }
+    // The nonce alone (what scraping the page gives) is refused.
+    let scraped = format!(
+        "{CLEARANCE_COOKIE}={}",
+        challenge_nonce(secret, "h.test", ip, 2000)
+    );
+    let req = Request {
+        method: "GET",
+        host: "h.test",
+        uri: "/",
+        client_ip: Some(ip),
+        cookie: Some(&scraped),
+        ..Request::default()
+    };
+    let found = Found::Site {
+        key: "h.test",
+        site: &site,
+        suspended: false,
+    };
+    assert_eq!(decide(&req, found, clock).verdict, Verdict::Challenged);
     // RFC 2202 test case 2.
     let mac = hmac_sha1(b"Jefe", b"what do ya want for nothing?");
     let hex: String = mac.iter().map(|b| format!("{b:02x}")).collect();
@@ -368,4 +387,55 @@ fn r14_bad_documents_have_a_kind() {
     assert_eq!((d.verdict, d.status), (Verdict::NotFound, 404));
     assert_eq!(lookup_hosts("a.b.c"), ["a.b.c", "*.b.c"]);
     assert_eq!(normalize_host("WWW.Example.com:8080"), "www.example.com");
+}
+
+/// The clearance needs the proof of work: the nonce alone, the nonce with a
+/// counter that does not do the work, a re-dated or moved nonce are
+/// refused; the solved value is accepted, and its SHA-1 starts with
+/// `CHALLENGE_BITS` zero bits.
+#[test]
+fn a_clearance_needs_the_proof_of_work() {
+    let ip: IpAddr = "2001:db8::7".parse().unwrap();
+    let secret = b"s3cret";
+    let nonce = challenge_nonce(secret, "h.test", ip, 5000);
+    let solved = solve_challenge(&nonce);
+    assert!(solved.starts_with(&format!("{nonce}.")));
+    let digest = sha1_smol::Sha1::from(solved.as_bytes()).digest().bytes();
+    assert_eq!((digest[0], digest[1]), (0, 0), "{solved}");
+    assert!(clearance_valid(secret, "h.test", ip, 4999, &solved));
+    assert_eq!(clearance_token(secret, "h.test", ip, 5000), solved);
+    // Expired, other site, other client, other secret.
+    assert!(!clearance_valid(secret, "h.test", ip, 5000, &solved));
+    assert!(!clearance_valid(secret, "g.test", ip, 0, &solved));
+    let other: IpAddr = "2001:db8::8".parse().unwrap();
+    assert!(!clearance_valid(secret, "h.test", other, 0, &solved));
+    assert!(!clearance_valid(b"x", "h.test", ip, 0, &solved));
+    // The nonce alone, or with a counter that does not do the work.
+    assert!(!clearance_valid(secret, "h.test", ip, 0, &nonce));
+    let n: u64 = solved.rsplit('.').next().unwrap().parse().unwrap();
+    let lazy = (0..n)
+        .map(|k| format!("{nonce}.{k}"))
+        .find(|v| {
+            let d = sha1_smol::Sha1::from(v.as_bytes()).digest().bytes();
+            d[0] != 0 || d[1] != 0
+        })
+        .unwrap_or_else(|| format!("{nonce}.{}", n + 1));
+    assert!(!clearance_valid(secret, "h.test", ip, 0, &lazy), "{lazy}");
+    // Shapes: leading zeros in the expiry or a counter too long, extra
+    // parts, an upper-case HMAC.
+    for bad in [
+        format!("0{solved}"),
+        format!("{nonce}.00000000000000001"),
+        format!("{solved}.1"),
+        solved.to_ascii_uppercase(),
+        String::new(),
+        "..".into(),
+    ] {
+        assert!(!clearance_valid(secret, "h.test", ip, 0, &bad), "{bad}");
+    }
+    // An IPv4-mapped client is its IPv4 address.
+    let v4: IpAddr = "192.0.2.1".parse().unwrap();
+    let mapped: IpAddr = "::ffff:192.0.2.1".parse().unwrap();
+    let t = clearance_token(secret, "h.test", v4, 5000);
+    assert!(clearance_valid(secret, "h.test", mapped, 0, &t));
 }

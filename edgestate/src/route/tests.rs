@@ -458,7 +458,7 @@ fn x_forwarded_for_from_trusted_untrusted_and_malformed() {
         (d.client_ip.as_deref(), d.node.as_deref()),
         (Some("192.0.2.11"), Some("ep"))
     );
-    // Malformed or empty header: the peer.
+    // A malformed or empty last entry: the peer.
     assert_eq!(
         go("192.0.2.10", Some("203.0.113.7, bogus"))
             .client_ip
@@ -469,6 +469,40 @@ fn x_forwarded_for_from_trusted_untrusted_and_malformed() {
         go("192.0.2.10", Some("")).client_ip.as_deref(),
         Some("192.0.2.10")
     );
+    assert_eq!(
+        go("192.0.2.10", Some("203.0.113.7, ")).client_ip.as_deref(),
+        Some("192.0.2.10")
+    );
+    // Whatever comes before the last entry does not matter: the proxy
+    // appended the last one (`unknown`, empty lines, garbage).
+    for xff in [
+        "unknown, 203.0.113.7",
+        ", 203.0.113.7",
+        "garbage, , not an ip,203.0.113.7",
+        "\u{fffd}, 203.0.113.7",
+        "192.0.2.99 ,\t203.0.113.7 \t",
+    ] {
+        assert_eq!(
+            go("192.0.2.10", Some(xff)).client_ip.as_deref(),
+            Some("203.0.113.7"),
+            "{xff:?}"
+        );
+    }
+    // Only spaces and tabs are trimmed: Unicode whitespace (U+00A0), a
+    // vertical tab or a line break around the last entry make it malformed.
+    for xff in [
+        "203.0.113.7\u{a0}",
+        "\u{a0}203.0.113.7",
+        "203.0.113.7\u{2003}",
+        "203.0.113.7\u{b}",
+        "203.0.113.7\n",
+    ] {
+        assert_eq!(
+            go("192.0.2.10", Some(xff)).client_ip.as_deref(),
+            Some("192.0.2.10"),
+            "{xff:?}"
+        );
+    }
     assert_eq!(
         go("192.0.2.10", None).client_ip.as_deref(),
         Some("192.0.2.10")

@@ -1,11 +1,15 @@
 -- cdn_router.lua: the reference edge's access phase (docs/edge.md).
 --
 -- Reads site:<host> and suspended:<host> from the edge's own Redis (MGET,
--- host and its wildcard), keeps what it read per worker in an LRU cache
--- tagged with edgeform:meta's generation, and applies the decision of
--- edge_decide.lua. A timer per worker polls the generation every 200 ms;
--- a new generation empties the cache and reloads the trusted proxies from
--- edgeform:routing. Redis down: the cached documents keep serving; a host
+-- host and its wildcard), keeps what it read per worker, tagged with
+-- edgeform:meta's generation, and applies the decision of edge_decide.lua.
+-- Three bounded caches per worker (docs/edge.md "Freshness"): documents by
+-- site key, host → wildcard key, and negative answers (no such host, API
+-- unreachable) — a flood of unknown Hosts fills only the last, never
+-- evicting a document. A timer per worker polls the generation every
+-- 200 ms; a new generation makes every entry stale (re-read on next use)
+-- and reloads the trusted proxies from edgeform:routing. Redis down: the
+-- last known documents keep serving, even of an older generation; a host
 -- never read goes to the control plane's read API (edgeform serve), if
 -- configured, with a short timeout and brief negative caching.
 
@@ -21,7 +25,9 @@ local log, ERR, WARN = ngx.log, ngx.ERR, ngx.WARN
 local _M = {}
 
 local conf = {}
-local docs            -- per worker: host → entry
+local docs            -- per worker: site key → entry {key, site | err, suspended, text, gen}
+local wild_of         -- per worker: host → {key = its wildcard key, gen}
+local misses          -- per worker: host → {none | api_error, expires, gen}
 local generation      -- the live generation as last read (string), nil before
 local trusted = {}    -- networks whose X-Forwarded-For is believed
 
@@ -33,6 +39,10 @@ function _M.init(c)
   conf = c
   conf.redis_timeout = conf.redis_timeout or 200
   conf.poll = conf.poll or 0.2
+  -- Entries per worker of each cache (docs/edge.md "Freshness").
+  conf.doc_cache = conf.doc_cache or 20000
+  conf.wild_cache = conf.wild_cache or 20000
+  conf.miss_cache = conf.miss_cache or 10000
 end
 
 local function connect()
@@ -75,8 +85,9 @@ local function poll()
   if not gen then return nil, err end
   if gen == ngx.null then gen = "none" end
   if gen ~= generation then
+    -- Entries of the old generation stay, stale: the next request re-reads
+    -- them, and while Redis is unreachable they are the last known state.
     load_trusted(r)
-    docs:flush_all()
     generation = gen
   end
   release(r)
@@ -90,7 +101,9 @@ local function tick(premature)
 end
 
 function _M.init_worker()
-  docs = lrucache.new(20000)
+  docs = lrucache.new(conf.doc_cache)
+  wild_of = lrucache.new(conf.wild_cache)
+  misses = lrucache.new(conf.miss_cache)
   ngx.timer.at(0, tick)
   ngx.timer.every(conf.poll, tick)
 end
@@ -106,7 +119,13 @@ local function api_get(key)
 end
 
 local function prepare(key, text, suspended)
-  local entry = { key = key, suspended = suspended, gen = generation }
+  -- The same text of the same generation: the entry already prepared
+  -- (many hosts under one wildcard share it).
+  local old = docs:get(key)
+  if old and old.gen == generation and old.text == text and old.suspended == suspended then
+    return old
+  end
+  local entry = { key = key, suspended = suspended, gen = generation, text = text }
   local doc, err = cjson.decode(text)
   if doc then
     entry.site, err = decide.prepare(doc, cjson.null)
@@ -135,12 +154,45 @@ local function from_api(host, wild)
   return { none = true, expires = ngx.now() + NEGATIVE_TTL, gen = generation }
 end
 
+-- Remember what was found for a host: a document under its key (and the
+-- host's wildcard key when it was found under one), or a negative answer.
+local function remember(host, entry, gen)
+  entry.gen = gen
+  if entry.api_error then
+    misses:set(host, entry)
+  elseif entry.none then
+    -- Neither the host nor its wildcard has a document (any more).
+    misses:set(host, entry)
+    docs:delete(host)
+    wild_of:delete(host)
+  else
+    docs:set(entry.key, entry)
+    if entry.key ~= host then
+      wild_of:set(host, { key = entry.key, gen = gen })
+      docs:delete(host)
+    else
+      wild_of:delete(host)
+    end
+  end
+  return entry
+end
+
+local warned_at = 0   -- when a Redis miss during an outage was last logged
+
 -- The entry for a host: { key, site | err, suspended } or { none } or
 -- { api_error }.
 local function lookup(host)
+  local now = ngx.now()
   local entry = docs:get(host)
-  if entry and entry.gen == generation and (not entry.expires or entry.expires > ngx.now()) then
-    return entry
+  if entry and entry.gen == generation then return entry end
+  local via = wild_of:get(host)
+  if via and via.gen == generation then
+    local w = docs:get(via.key)
+    if w and w.gen == generation then return w end
+  end
+  local miss = misses:get(host)
+  if miss and miss.gen == generation and (not miss.expires or miss.expires > now) then
+    return miss
   end
   local gen = generation
   local wild = host:match("^[^.]*%.(.+)$")
@@ -156,11 +208,22 @@ local function lookup(host)
     if vals then release(r) end
   end
   if not vals then
-    -- Redis is down: the last known entry, even of an older generation.
-    if entry and not entry.expires then return entry end
-    log(WARN, "edgeform: redis unreachable for ", host, ": ", err)
-    entry = from_api(host, wild)
-  elseif vals[1] ~= ngx.null then
+    -- Redis is down: the last known document, even of an older generation
+    -- (the host's own key, else the wildcard it was last found under).
+    if entry then return entry end
+    if via then
+      local w = docs:get(via.key)
+      if w then return w end
+    end
+    -- At most one line a second per worker: a flood of unknown hosts
+    -- during an outage must not flood the error log too.
+    if now - warned_at >= 1 then
+      warned_at = now
+      log(WARN, "edgeform: redis unreachable for ", host, " (and maybe others): ", err)
+    end
+    return remember(host, from_api(host, wild), gen)
+  end
+  if vals[1] ~= ngx.null then
     entry = prepare(host, vals[1], vals[2] == "1")
   elseif wild and vals[3] ~= ngx.null then
     entry = prepare(wild, vals[3], vals[4] == "1")
@@ -169,15 +232,15 @@ local function lookup(host)
   else
     entry = { none = true }
   end
-  entry.gen = gen
-  docs:set(host, entry)
-  return entry
+  return remember(host, entry, gen)
 end
 
 -- For bench/edge.sh: the lookup alone, and emptying this worker's cache.
 _M.lookup = lookup
 function _M.forget()
   docs:flush_all()
+  wild_of:flush_all()
+  misses:flush_all()
 end
 
 local function client_ip()
@@ -191,13 +254,11 @@ local function client_ip()
   if not is_trusted then return peer, ip.text(peer, peer_text) end
   local xff = ngx.var.http_x_forwarded_for
   if not xff then return peer, ip.text(peer, peer_text) end
-  local last, last_text
-  for part in (xff .. ","):gmatch("([^,]*),") do
-    part = part:match("^%s*(.-)%s*$")
-    local b = ip.parse(part)
-    if not b then return peer, ip.text(peer, peer_text) end
-    last, last_text = b, part
-  end
+  -- The last entry is what the trusted proxy appended; what comes before
+  -- it is the client's own text and does not matter (docs/edge.md).
+  local last_text = ip.xff_last(xff)
+  local last = ip.parse(last_text)
+  if not last then return peer, ip.text(peer, peer_text) end
   return last, ip.text(last, last_text)
 end
 
@@ -220,11 +281,31 @@ local function answer(status, reason, body, ctype)
   return ngx.exit(status)
 end
 
+-- The challenge page (docs/edge.md "Challenged"): its script finds the
+-- proof of work for the nonce (SHA-1 in plain JavaScript: crypto.subtle is
+-- missing on plain-HTTP pages), in slices so the page stays responsive,
+-- sets the cookie and reloads. Placeholders: nonce, bits, max-age.
 local CHALLENGE_PAGE = [[<!doctype html>
 <html><head><meta charset="utf-8"><title>Checking your browser</title></head>
 <body><noscript>This site asks your browser to run JavaScript once.</noscript>
-<script>(function(){var p=["%s","%s"];document.cookie="edgeform_clearance="+p[1]+p[0]+
-"; Path=/; Max-Age=%d; SameSite=Lax";location.reload();})();</script></body></html>
+<p>Checking your browser&hellip;</p>
+<script>(function(){var nonce="%s",bits=%d,maxAge=%d;
+function h0(m){var i,j,l=m.length,nb=((l+8)>>6)+1,b=[],w=[];
+for(i=0;i<nb*16;i++)b[i]=0;
+for(i=0;i<l;i++)b[i>>2]|=m.charCodeAt(i)<<(24-(i&3)*8);
+b[l>>2]|=0x80<<(24-(l&3)*8);b[nb*16-1]=l*8;
+var A=0x67452301,B=0xEFCDAB89,C=0x98BADCFE,D=0x10325476,E=0xC3D2E1F0;
+for(i=0;i<b.length;i+=16){var a=A,c1=B,c=C,d=D,e=E;
+for(j=0;j<80;j++){if(j<16)w[j]=b[i+j];else{var x=w[j-3]^w[j-8]^w[j-14]^w[j-16];w[j]=(x<<1)|(x>>>31);}
+var f,k;if(j<20){f=(c1&c)|(~c1&d);k=0x5A827999;}else if(j<40){f=c1^c^d;k=0x6ED9EBA1;}
+else if(j<60){f=(c1&c)|(c1&d)|(c&d);k=0x8F1BBCDC;}else{f=c1^c^d;k=0xCA62C1D6;}
+var t=(((a<<5)|(a>>>27))+f+e+k+w[j])|0;e=d;d=c;c=(c1<<30)|(c1>>>2);c1=a;a=t;}
+A=(A+a)|0;B=(B+c1)|0;C=(C+c)|0;D=(D+d)|0;E=(E+e)|0;}
+return A;}
+var n=0;function run(){for(var s=0;s<20000;s++,n++){var v=nonce+"."+n;
+if((h0(v)>>>(32-bits))===0){document.cookie="edgeform_clearance="+v+
+"; Path=/; Max-Age="+maxAge+"; SameSite=Lax";location.reload();return;}}
+setTimeout(run,0);}run();})();</script></body></html>
 ]]
 
 function _M.access()
@@ -322,10 +403,9 @@ function _M.access()
     return answer(d.status, nil, "")
   end
   if v == "challenged" then
-    local token = decide.clearance_token(conf.secret or "", entry.key, client or "",
+    local nonce = decide.challenge_nonce(conf.secret or "", entry.key, client or "",
       ngx.time() + CHALLENGE_TTL)
-    local cut = math.floor(#token / 2)
-    local page = string.format(CHALLENGE_PAGE, token:sub(cut + 1), token:sub(1, cut), CHALLENGE_TTL)
+    local page = string.format(CHALLENGE_PAGE, nonce, decide.CHALLENGE_BITS, CHALLENGE_TTL)
     ngx.header["Cache-Control"] = "no-store"
     return answer(403, "challenge", page, "text/html; charset=utf-8")
   end

@@ -283,8 +283,13 @@ local function cookie_value(header, name)
   end
 end
 
--- The clearance token (docs/edge.md "Challenged").
-function _M.clearance_token(secret, site, client_bytes, expiry)
+-- The challenge (docs/edge.md "Challenged"): the page carries a nonce
+-- `<expiry>.<hmac>` bound to the site and the client address; its script
+-- finds a counter n such that SHA-1 of `<nonce>.<n>` starts with
+-- CHALLENGE_BITS zero bits, and sends `<nonce>.<n>` back as the cookie.
+_M.CHALLENGE_BITS = 16
+
+function _M.challenge_nonce(secret, site, client_bytes, expiry)
   local mac = ngx.hmac_sha1(secret, site .. "|" .. ip.hex(client_bytes) .. "|" .. expiry)
   return expiry .. "." .. ip.hex(mac)
 end
@@ -318,6 +323,27 @@ function _M.path_check(uri)
   if canon == path then return nil end
   return { verdict = "redirect", status = 308, reason = "non-canonical-path",
            location = q and (canon .. sub(uri, q)) or canon }
+end
+
+local function leading_zeros(digest, bits)
+  local full = floor(bits / 8)
+  for i = 1, full do
+    if byte(digest, i) ~= 0 then return false end
+  end
+  local rem = bits - full * 8
+  return rem == 0 or byte(digest, full + 1) < 2 ^ (8 - rem)
+end
+
+-- Whether a clearance cookie's value is valid (edgestate::edge::
+-- clearance_valid): `<expiry>.<hmac>.<n>`, expiry 1-12 digits and later
+-- than now, the nonce the edge issues, n 1-16 digits, and the work done.
+function _M.clearance_valid(secret, site, client_bytes, now, value)
+  local e, mac, n = value:match("^(%d+)%.([^.]*)%.(%d+)$")
+  if not e or #e > 12 or #n > 16 then return false end
+  local exp = tonumber(e)
+  return exp > now
+    and _M.challenge_nonce(secret, site, client_bytes, exp) == e .. "." .. mac
+    and leading_zeros(ngx.sha1_bin(value), _M.CHALLENGE_BITS)
 end
 
 local function refuse(d, verdict, status, reason)
@@ -391,9 +417,7 @@ function _M.decide(req, key, site, suspended, clearance)
     local token = req.cookie and cookie_value(req.cookie, "edgeform_clearance")
     local valid = false
     if token and clearance.secret and client then
-      local exp = tonumber(token:match("^(%d+)%."))
-      valid = exp ~= nil and exp > clearance.now
-        and _M.clearance_token(clearance.secret, key, client, exp) == token
+      valid = _M.clearance_valid(clearance.secret, key, client, clearance.now, token)
     end
     if not valid then return refuse(d, "challenged", 403, "challenge") end
   end

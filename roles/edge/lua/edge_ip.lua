@@ -86,6 +86,15 @@ function _M.text(bytes, given)
   return given
 end
 
+-- The last entry of an X-Forwarded-For value (nginx joins several header
+-- lines with ", "): what follows the last comma, spaces and horizontal tabs
+-- trimmed at both ends and nothing else (U+00A0 and other whitespace stay,
+-- and make it malformed), as edgestate::route::xff_last.
+function _M.xff_last(xff)
+  local last = xff:match("([^,]*)$")
+  return last:match("^[ \t]*(.-)[ \t]*$")
+end
+
 function _M.hex(bytes)
   return (bytes:gsub(".", function(c) return string.format("%02x", byte(c)) end))
 end

@@ -1,0 +1,186 @@
+//! The reference edge through a Redis outage under a flood of random
+//! `Host`s: the real nginx with its Lua module, a real Redis killed
+//! mid-test. Negative answers have their own cache, so the documents the
+//! edge has read keep serving whatever the traffic (docs/edge.md,
+//! "Freshness").
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::time::{Duration, Instant};
+
+use harness::nginx::EdgeOptions;
+
+use crate::util::{Fixture, edgeform, stderr};
+
+/// Send `hosts` as pipelined GETs on one keep-alive connection; the
+/// status of each answer, in order.
+fn pipelined(port: u16, hosts: &[String]) -> Vec<u16> {
+    let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    let mut text = String::new();
+    for (i, h) in hosts.iter().enumerate() {
+        let close = if i + 1 == hosts.len() {
+            "Connection: close\r\n"
+        } else {
+            ""
+        };
+        text.push_str(&format!("GET / HTTP/1.1\r\nHost: {h}\r\n{close}\r\n"));
+    }
+    s.write_all(text.as_bytes()).unwrap();
+    let mut raw = Vec::new();
+    let _ = s.read_to_end(&mut raw);
+    let raw = String::from_utf8_lossy(&raw);
+    raw.match_indices("HTTP/1.1 ")
+        .filter(|(i, _)| *i == 0 || raw[..*i].ends_with('\n'))
+        .filter_map(|(i, _)| raw[i + 9..].get(..3)?.parse().ok())
+        .collect()
+}
+
+/// One GET: (status, X-Edgeform-Reason).
+fn get(port: u16, host: &str) -> (u16, Option<String>) {
+    let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    write!(
+        s,
+        "GET /x HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut raw = Vec::new();
+    let _ = s.read_to_end(&mut raw);
+    let raw = String::from_utf8_lossy(&raw);
+    let status = raw
+        .split(' ')
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    let reason = raw.lines().find_map(|l| {
+        let (k, v) = l.split_once(':')?;
+        k.eq_ignore_ascii_case("x-edgeform-reason")
+            .then(|| v.trim().to_owned())
+    });
+    (status, reason)
+}
+
+/// `n` random hosts (seeded): unknown names, and random subdomains of the
+/// wildcard site.
+fn random_hosts(n: usize, seed: u64) -> Vec<String> {
+    let mut x = seed;
+    (0..n)
+        .map(|i| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            if i % 4 == 0 {
+                format!("r{x:x}.wild.test")
+            } else {
+                format!("r{x:x}.flood.test")
+            }
+        })
+        .collect()
+}
+
+/// Flood the edge with `hosts`, 4 connections at a time, 500 pipelined
+/// requests each (below nginx's 1,000 per connection); every status.
+fn flood(port: u16, hosts: &[String]) -> Vec<u16> {
+    let chunks: Vec<Vec<String>> = hosts.chunks(500).map(<[String]>::to_vec).collect();
+    let mut out = Vec::new();
+    for group in chunks.chunks(4) {
+        let handles: Vec<_> = group
+            .iter()
+            .cloned()
+            .map(|c| std::thread::spawn(move || pipelined(port, &c)))
+            .collect();
+        for h in handles {
+            out.extend(h.join().unwrap());
+        }
+    }
+    out
+}
+
+/// 20,100 random `Host`s (more than the document cache holds) before and
+/// during a Redis outage: every one is refused, and the sites read before
+/// the outage — an exact host and a host under a wildcard — still serve.
+#[test]
+fn a_random_host_flood_during_a_redis_outage_leaves_known_sites_serving() {
+    let mut redis = harness::redis(&[]);
+    let origin = crate::proxied::origin();
+    let cache = tempfile::tempdir().unwrap().keep();
+    let repo = Fixture::empty();
+    repo.write(
+        "nodes/edge-1.yaml",
+        format!(
+            "name: edge-1\nroles: [edge]\nregion: eu\nlocation: {{lat: 52.0, lon: 4.0}}\n\
+             addresses: [198.51.100.1]\nredis: {{url: \"redis://127.0.0.1:{}\"}}\n\
+             cache:\n  dirs: [\"{}\"]\n  levels: \"1:2\"\n  key: $scheme$host$request_uri\n",
+            redis.port,
+            cache.display()
+        )
+        .as_bytes(),
+    );
+    for (file, host) in [
+        ("sites/a.yaml", "a.test"),
+        ("sites/b.yaml", "b.test"),
+        ("sites/wild.yaml", "\"*.wild.test\""),
+    ] {
+        repo.write(
+            file,
+            format!("host: {host}\norigin: http://127.0.0.1:{origin}\ncached: false\n").as_bytes(),
+        );
+    }
+    let out = edgeform(repo.path(), &["apply", "--yes"]);
+    assert_eq!(out.status.code(), Some(0), "apply: {}", stderr(&out));
+    let mut o = EdgeOptions::new(redis.port);
+    o.cache_dir = Some(cache);
+    o.workers = 1;
+    let edge = harness::nginx::edge(&o);
+    let port = edge.process.port;
+    std::thread::sleep(Duration::from_millis(300));
+    for host in ["a.test", "b.test", "shop.wild.test"] {
+        assert_eq!(get(port, host).0, 200, "{host} before the flood");
+    }
+    // Redis up: every random host is unknown (404) or, under the
+    // wildcard, the wildcard's site (200).
+    let t = Instant::now();
+    let before = flood(port, &random_hosts(20_100, 0x5eed));
+    let up = t.elapsed();
+    assert_eq!(before.len(), 20_100);
+    assert!(before.iter().all(|s| *s == 404 || *s == 200), "{before:?}");
+    assert_eq!(before.iter().filter(|s| **s == 200).count(), 5_025);
+    // Redis down: the flood again, new names.
+    redis.kill();
+    std::thread::sleep(Duration::from_millis(300));
+    let t = Instant::now();
+    let during = flood(port, &random_hosts(20_100, 0xdead_beef));
+    let down = t.elapsed();
+    assert_eq!(during.len(), 20_100);
+    assert!(
+        during.iter().all(|s| *s == 503),
+        "a random host during the outage"
+    );
+    assert_eq!(
+        get(port, "r1.flood.test"),
+        (503, Some("control-plane-unreachable".into()))
+    );
+    // The error log says so about once a second, not once a request.
+    let lines = edge
+        .error_log()
+        .lines()
+        .filter(|l| l.contains("redis unreachable for"))
+        .count();
+    let most = usize::try_from(down.as_secs()).unwrap_or(usize::MAX) + 5;
+    assert!((1..=most).contains(&lines), "{lines} lines in {down:?}");
+    // The sites read before the outage still serve.
+    for host in ["a.test", "b.test", "shop.wild.test"] {
+        assert_eq!(
+            get(port, host),
+            (200, None),
+            "{host} after 40,200 random hosts, Redis down (flood {up:?} up, {down:?} down)\n{}",
+            edge.error_log()
+                .lines()
+                .rev()
+                .take(5)
+                .collect::<Vec<_>>()
+                .join("\n")
+        );
+    }
+}
