@@ -93,7 +93,7 @@ fn the_challenge_page_script_computes_a_clearance_the_edge_accepts() {
     repo.write(
         "sites/strict.yaml",
         format!(
-            "host: strict.test\norigin: http://127.0.0.1:{origin}\ncached: false\n\
+            "host: strict.test\norigin: http://127.0.0.1:{origin}\nloopback: true\ncached: false\n\
              rate_mode: strict\n"
         )
         .as_bytes(),

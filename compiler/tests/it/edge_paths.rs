@@ -175,7 +175,7 @@ fn setup() -> Setup {
         "nodes/edge-1.yaml",
         node_yaml(redis.port, &cache).as_bytes(),
     );
-    let o = format!("origin: http://127.0.0.1:{}\n", origin.port);
+    let o = format!("origin: http://127.0.0.1:{}\nloopback: true\n", origin.port);
     repo.write("sites/p.test.yaml", format!("{SITE}{o}").as_bytes());
     repo.write(
         "sites/hot.test.yaml",

@@ -111,7 +111,7 @@ fn edge_with_sites() -> Edge {
         )
         .as_bytes(),
     );
-    let origin = format!("origin: http://127.0.0.1:{o}\ncached: false\n");
+    let origin = format!("origin: http://127.0.0.1:{o}\nloopback: true\ncached: false\n");
     for (host, rest) in [
         (
             "ipblock.test",
