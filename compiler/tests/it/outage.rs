@@ -124,7 +124,10 @@ fn a_random_host_flood_during_a_redis_outage_leaves_known_sites_serving() {
     ] {
         repo.write(
             file,
-            format!("host: {host}\norigin: http://127.0.0.1:{origin}\nloopback: true\ncached: false\n").as_bytes(),
+            format!(
+                "host: {host}\norigin: http://127.0.0.1:{origin}\nloopback: true\ncached: false\n"
+            )
+            .as_bytes(),
         );
     }
     let out = edgeform(repo.path(), &["apply", "--yes"]);
