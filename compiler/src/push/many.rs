@@ -24,7 +24,7 @@ use crate::workspace::Source;
 pub struct Settings {
     /// Override the safety thresholds and the empty-state refusal.
     pub force: bool,
-    /// Allow pushing a commit older than the one live.
+    /// Allow pushing a commit that does not descend from the one live.
     pub allow_rollback: bool,
     /// Targets worked on at once.
     pub parallel: usize,
@@ -34,6 +34,9 @@ pub struct Settings {
     pub break_glass: bool,
     /// Heal: report the drift, write nothing.
     pub dry_run: bool,
+    /// `reconcile --require-signed-by`: the history from each target's
+    /// live commit to the one pushed must be signed throughout.
+    pub signers: Option<super::signed::AllowedSigners>,
 }
 
 /// The jobs for `--node` (all targets when empty).
@@ -166,7 +169,7 @@ pub async fn apply_all(
     tick: Arc<dyn Fn() + Send + Sync>,
 ) -> Vec<Applied> {
     let options = Arc::new(options(source, flags, action));
-    let ancestor = Arc::new(Ancestor::new(root, &source.commit));
+    let ancestor = Arc::new(Ancestor::new(root, &source.commit).signed_by(flags.signers.clone()));
     let expect: Option<Arc<SavedPlan>> = expect.map(|p| Arc::new(p.clone()));
     each(jobs, flags.parallel, |job| {
         let options = options.clone();
@@ -217,7 +220,7 @@ pub async fn heal_all(
 ) -> Report {
     let options = Arc::new(options(source, flags, Action::Heal));
     let dry = options.dry_run;
-    let ancestor = Arc::new(Ancestor::new(root, &source.commit));
+    let ancestor = Arc::new(Ancestor::new(root, &source.commit).signed_by(flags.signers.clone()));
     let results = each(jobs, flags.parallel, |job| {
         let options = options.clone();
         let ancestor = ancestor.clone();

@@ -16,6 +16,8 @@ use crate::util::{edgeform, example_repo, stderr, stdout};
 /// cluster.yaml and nodes installed through one sshd.
 struct Lab {
     repo: tempfile::TempDir,
+    /// The control host's state directory (node secrets).
+    state: tempfile::TempDir,
     nodes: tempfile::TempDir,
     sshd: Sshd,
     _redis: harness::Process,
@@ -52,6 +54,7 @@ impl Lab {
         let redis = harness::redis(&[]);
         let mut lab = Lab {
             repo,
+            state: tempfile::tempdir().unwrap(),
             nodes: tempfile::tempdir().unwrap(),
             sshd: sshd(),
             redis_port: redis.port,
@@ -80,7 +83,7 @@ impl Lab {
              \x20 listen: \"127.0.0.1:{live}\"\n  smoke_listen: \"127.0.0.1:{smoke}\"\n  keep: 3\n\
              \x20 vars: {{workers: \"1\", resolver: 127.0.0.1, cache_max_size: 100m, \
              geoip_db: geoip/GeoLite2-City.mmdb, api: \"false\", api_url: \"http://127.0.0.1:9\", \
-             api_token: \"\", challenge_secret: s3cret, ttl_hop_port: \"{hop}\"}}\n\
+             ttl_hop_port: \"{hop}\"}}\n\
              \x20 candidate_vars: {{ttl_hop_port: \"{chop}\"}}\n\
              \x20 restart_on_change: {{agent.yaml: \"echo restarted >> {root}/agent-restarts\"}}\n",
             redis = self.redis_port,
@@ -107,7 +110,10 @@ impl Lab {
     }
 
     fn edgeform(&self, args: &[&str]) -> std::process::Output {
-        edgeform(self.repo.path(), args)
+        let state = self.state.path().display().to_string();
+        let mut all = vec!["--state-dir", state.as_str()];
+        all.extend_from_slice(args);
+        edgeform(self.repo.path(), &all)
     }
 
     /// `install` (or `plan --bundles`) with the sshd's key and known_hosts.
@@ -661,4 +667,151 @@ fn status_shows_the_installed_bundle_next_to_the_applied_commit() {
     let text = stdout(&out);
     assert!(text.contains("BUNDLE"), "{text}");
     assert!(text.contains("9e01aa7c44f2 (from 5be1c2d09a7e)"), "{text}");
+}
+
+/// The live nginx master's environment (`/proc/<pid>/environ`).
+fn live_environ(lab: &Lab, node: &str) -> (String, String) {
+    let pid = std::fs::read_to_string(lab.root(node).join("run/live/nginx.pid")).unwrap();
+    let pid = pid.trim().to_owned();
+    let env = std::fs::read(format!("/proc/{pid}/environ")).unwrap();
+    (pid, String::from_utf8_lossy(&env).replace('\0', "\n"))
+}
+
+/// `edgeform secrets set NODE NAME` with `value` on stdin.
+fn set_secret(lab: &Lab, node: &str, name: &str, value: &str) {
+    let state = lab.state.path().display().to_string();
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_edgeform"))
+        .args(["--state-dir", &state, "secrets", "set", node, name])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(format!("{value}\n").as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert!(!stdout(&out).contains(value) && !stderr(&out).contains(value));
+}
+
+/// Every file under `dir` holding `needle`.
+fn files_with(dir: &Path, needle: &str) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(dir).unwrap() {
+        let p = e.unwrap().path();
+        let m = std::fs::symlink_metadata(&p).unwrap();
+        if m.is_dir() {
+            out.extend(files_with(&p, needle));
+        } else if m.is_file()
+            && std::fs::read(&p)
+                .unwrap()
+                .windows(needle.len())
+                .any(|w| w == needle.as_bytes())
+        {
+            out.push(p);
+        }
+    }
+    out
+}
+
+/// Node secrets live in the control host's state directory (0700/0600),
+/// reach the node as an environment file (0600) that nginx is started
+/// with, never the bundle; a changed secret restarts the live server;
+/// `check` refuses a secret in `install.vars`, located.
+#[test]
+fn node_secrets_reach_nginx_through_an_environment_file_and_never_the_bundle() {
+    let lab = Lab::new(1);
+    let (token, secret) = ("api-token-7f3a9c", "challenge-secret-5be1c2");
+    set_secret(&lab, "edge-1", "EDGEFORM_API_TOKEN", token);
+    set_secret(&lab, "edge-1", "EDGEFORM_CHALLENGE_SECRET", secret);
+    let mode = |p: &Path| {
+        use std::os::unix::fs::MetadataExt;
+        std::fs::metadata(p).unwrap().mode() & 0o777
+    };
+    let kept = lab.state.path().join("secrets/edge-1/EDGEFORM_API_TOKEN");
+    assert_eq!(mode(&kept), 0o600);
+    assert_eq!(mode(kept.parent().unwrap()), 0o700);
+    let out = lab.edgeform(&["secrets", "list"]);
+    assert_eq!(
+        stdout(&out),
+        "edge-1\tEDGEFORM_API_TOKEN\nedge-1\tEDGEFORM_CHALLENGE_SECRET\n"
+    );
+    let out = lab.install(&["--all"]);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}\n{}",
+        stdout(&out),
+        stderr(&out)
+    );
+    serves_old(&lab, "edge-1");
+    let env_file = lab.root("edge-1").join("secrets.env");
+    assert_eq!(mode(&env_file), 0o600);
+    let text = std::fs::read_to_string(&env_file).unwrap();
+    assert_eq!(
+        text,
+        format!("EDGEFORM_API_TOKEN='{token}'\nEDGEFORM_CHALLENGE_SECRET='{secret}'\n")
+    );
+    let (pid, env) = live_environ(&lab, "edge-1");
+    assert!(
+        env.contains(&format!("EDGEFORM_API_TOKEN={token}\n")),
+        "{env}"
+    );
+    assert!(
+        env.contains(&format!("EDGEFORM_CHALLENGE_SECRET={secret}\n")),
+        "{env}"
+    );
+    // No secret in any release, nor in what `build` writes.
+    for needle in [token, secret] {
+        let found = files_with(&lab.root("edge-1").join("releases"), needle);
+        assert!(found.is_empty(), "{found:?}");
+    }
+    let built = tempfile::tempdir().unwrap();
+    let out = lab.edgeform(&["build", "--out", &built.path().display().to_string()]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    for needle in [token, secret] {
+        assert!(files_with(built.path(), needle).is_empty());
+    }
+    // A changed secret: the live server restarts with it.
+    set_secret(
+        &lab,
+        "edge-1",
+        "EDGEFORM_CHALLENGE_SECRET",
+        "rotated-secret-0c44",
+    );
+    let out = lab.install(&["--all"]);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}\n{}",
+        stdout(&out),
+        stderr(&out)
+    );
+    let (pid2, env) = live_environ(&lab, "edge-1");
+    assert_ne!(pid, pid2, "restarted");
+    assert!(
+        env.contains("EDGEFORM_CHALLENGE_SECRET=rotated-secret-0c44\n"),
+        "{env}"
+    );
+    serves_old(&lab, "edge-1");
+    // A secret in install.vars: refused at its line, masked.
+    let yaml = lab.node_yaml("edge-1").replace(
+        "ttl_hop_port:",
+        "api_token: \"leaked-token-1\", ttl_hop_port:",
+    );
+    lab.write("nodes/edge-1.yaml", &yaml);
+    let out = lab.edgeform(&["check", "--format", "json"]);
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    let v: serde_json::Value = serde_json::from_str(&stdout(&out)).unwrap();
+    let d = &v["diagnostics"][0];
+    assert_eq!(d["code"], "inline-secret", "{v}");
+    assert_eq!(d["file"], "nodes/edge-1.yaml", "{v}");
+    assert_eq!(d["line"], 14, "{v}");
+    assert!(!stdout(&out).contains("leaked-token-1"), "{v}");
+    let out = lab.edgeform(&["check"]);
+    assert!(!stderr(&out).contains("leaked-token-1"), "{}", stderr(&out));
 }

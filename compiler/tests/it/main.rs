@@ -1,5 +1,6 @@
 //! The compiler's one integration-test binary (matklad's layout).
 
+mod acl;
 mod anycast;
 mod cli;
 mod edge;
@@ -19,6 +20,7 @@ mod purge;
 mod push;
 mod router;
 mod schema;
+mod serve;
 mod stream;
 mod tls;
 mod util;
