@@ -16,20 +16,25 @@ pub enum Action {
     /// Set NODE's secret NAME (an environment variable name, e.g.
     /// EDGEFORM_API_TOKEN) to the first line of stdin.
     Set {
+        /// The node (its name in nodes/).
         #[arg(value_name = "NODE")]
         node: String,
+        /// The secret's name: the environment variable nginx reads.
         #[arg(value_name = "NAME")]
         name: String,
     },
     /// The names of the secrets set (every node, or --node), never values.
     List {
+        /// Only this node's.
         #[arg(long, value_name = "NODE")]
         node: Option<String>,
     },
     /// Remove NODE's secret NAME.
     Rm {
+        /// The node.
         #[arg(value_name = "NODE")]
         node: String,
+        /// The secret's name.
         #[arg(value_name = "NAME")]
         name: String,
     },

@@ -224,13 +224,24 @@ return {missing, changed, bad, hex(x1, 8) .. hex(x2, 8) .. hex(x3, 8) .. hex(x4,
   b, cursor, hex(y1, 8) .. hex(y2, 8) .. hex(y3, 8) .. hex(y4, 8), yn, done}
 ";
 
-/// One SCAN step inside Redis, limited to one document prefix (`MATCH
-/// ARGV[3]`), that returns the next cursor and how many keys it found — a
-/// count, not the keys. Heal never scans outside its prefixes (an ACL
+/// One SCAN step per document prefix inside Redis, each limited to its
+/// prefix (`MATCH`): ARGV[1] and ARGV[2] are the `site:*` and
+/// `suspended:*` cursors (`done` when that scan finished), ARGV[3] the
+/// COUNT of each. Returns both next cursors and how many keys they found —
+/// a count, not the keys. Heal never scans outside its prefixes (an ACL
 /// user's keys, docs/operations.md).
 const COUNT: &str = r"
-local r = redis.call('SCAN', ARGV[1], 'MATCH', ARGV[3], 'COUNT', ARGV[2])
-return {r[1], #r[2]}
+local out, n = {}, 0
+for i = 1, 2 do
+  if ARGV[i] == 'done' then
+    out[i] = 'done'
+  else
+    local r = redis.call('SCAN', ARGV[i], 'MATCH', ARGV[i + 3], 'COUNT', ARGV[3])
+    n = n + #r[2]
+    out[i] = r[1] == '0' and 'done' or r[1]
+  end
+end
+return {out[1], out[2], n}
 ";
 
 /// A [`COMPARE`] reply: missing keys, changed keys, bad buckets, the
@@ -809,29 +820,33 @@ async fn count_documents(
     let count = redis::Script::new(COUNT);
     let mut cost = Walked::default();
     let mut present = 0usize;
-    for prefix in [keys::SITE_PREFIX, keys::SUSPENDED_PREFIX] {
-        let pattern = format!("{prefix}*");
-        let mut cursor = "0".to_owned();
-        while !stop.load(Ordering::Relaxed) {
-            let t = std::time::Instant::now();
-            let reply: redis::Value = count
-                .arg(&cursor)
-                // Counting a key costs ~1/10 of comparing an entry
-                // (bench/README.md): 8 keys per entry of the budget keep a
-                // call under what a COMPARE call costs.
-                .arg(8 * budget)
-                .arg(&pattern)
-                .invoke_async(con)
-                .await
-                .context("counting documents in Redis")?;
-            cost.call(t, &reply);
-            let (next, n): (String, usize) = redis::from_redis_value(reply)?;
-            present += n;
-            if next == "0" {
-                break;
-            }
-            cursor = next;
+    let patterns = [
+        format!("{}*", keys::SITE_PREFIX),
+        format!("{}*", keys::SUSPENDED_PREFIX),
+    ];
+    let (mut sites, mut suspended) = ("0".to_owned(), "0".to_owned());
+    while !stop.load(Ordering::Relaxed) {
+        let t = std::time::Instant::now();
+        let reply: redis::Value = count
+            .arg(&sites)
+            .arg(&suspended)
+            // Counting a key costs ~1/10 of comparing an entry
+            // (bench/README.md): 8 keys per entry of the budget keep a
+            // call under what a COMPARE call costs (half to each prefix).
+            .arg((4 * budget).max(1))
+            .arg(&patterns[0])
+            .arg(&patterns[1])
+            .invoke_async(con)
+            .await
+            .context("counting documents in Redis")?;
+        cost.call(t, &reply);
+        let (next_sites, next_suspended, n): (String, String, usize) =
+            redis::from_redis_value(reply)?;
+        present += n;
+        if next_sites == "done" && next_suspended == "done" {
+            break;
         }
+        (sites, suspended) = (next_sites, next_suspended);
     }
     Ok((present, cost))
 }
