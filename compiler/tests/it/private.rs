@@ -730,7 +730,8 @@ fn a_malformed_allowed_signers_file_is_one_error_naming_the_line() {
 
 /// The daemon over SSH: a signed commit applied, then an unsigned one
 /// pushed upstream is refused on every run while the last good commit
-/// stays (and is what the runs keep pushing).
+/// stays (and is what the runs keep pushing); so is a signed commit that
+/// does not descend from it (main force-moved).
 #[test]
 fn the_daemon_keeps_the_last_good_commit_when_a_pulled_commit_is_unsigned() {
     let s = sshd();
@@ -785,11 +786,33 @@ fn the_daemon_keeps_the_last_good_commit_when_a_pulled_commit_is_unsigned() {
             .count()
             >= 2
     });
+    // main force-moved to alice's signed work in progress, which does not
+    // descend from the commit the daemon applied: refused as well.
+    let up = remote.upstream.path();
+    git(up, &["checkout", "-q", "-b", "wip", &format!("{good}~1")]);
+    set_origin(&remote.upstream, "http://192.0.2.79");
+    let wip = signed_commit(up, &alice, "wip: another origin");
+    git(
+        up,
+        &[
+            "push",
+            "-q",
+            "-f",
+            remote.bare.to_str().unwrap(),
+            "wip:main",
+        ],
+    );
+    let diverged = wait_for(&|| {
+        std::fs::read_to_string(&log).unwrap().lines().any(|l| {
+            l.contains(&format!("refused commit {wip}")) && l.contains("reason=\"not_descendant\"")
+        })
+    });
     let _ = daemon.kill();
     let _ = daemon.wait();
     let text = std::fs::read_to_string(&log).unwrap();
     assert!(applied, "{text}");
     assert!(refused, "{text}");
+    assert!(diverged, "{text}");
     assert!(
         text.contains(&format!("keeping the last good commit {good}")),
         "{text}"
