@@ -127,6 +127,13 @@ pub fn parse_rfc3339(text: &str) -> Option<u64> {
     u64::try_from(secs).ok()
 }
 
+/// [`now`] once the CLI checked it: the time `--now` set, otherwise the
+/// system clock (never 0, so a freeze window cannot look closed).
+#[must_use]
+pub fn checked_now() -> u64 {
+    MOVED.get().copied().unwrap_or_else(system)
+}
+
 /// Now, in seconds since the epoch: the time `--now` set, otherwise the
 /// system clock.
 ///
@@ -140,7 +147,7 @@ pub fn now() -> anyhow::Result<u64> {
              unset it (or, for a drill, give --now TIME, which the history records)"
         );
     }
-    Ok(MOVED.get().copied().unwrap_or_else(system))
+    Ok(checked_now())
 }
 
 #[cfg(test)]

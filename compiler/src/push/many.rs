@@ -64,8 +64,8 @@ pub fn jobs(source: &Source, only: &[String]) -> Result<Vec<Job>> {
 /// window open now ([`crate::clock::now`]) and who writes.
 #[must_use]
 pub fn options(source: &Source, flags: &Settings, action: Action) -> Options {
-    // The CLI checked EDGEFORM_NOW before the run.
-    let now = crate::clock::now().unwrap_or(0);
+    // The CLI checked the clock (EDGEFORM_NOW refused) before the run.
+    let now = crate::clock::checked_now();
     let frozen = frozen_at(source, now);
     Options {
         commit: source.commit.clone(),
@@ -96,7 +96,7 @@ pub fn frozen_at(source: &Source, now: u64) -> Option<Frozen> {
 /// The freeze window of `source` open now ([`crate::clock::now`]).
 #[must_use]
 pub fn frozen(source: &Source) -> Option<Frozen> {
-    frozen_at(source, crate::clock::now().unwrap_or(0))
+    frozen_at(source, crate::clock::checked_now())
 }
 
 /// How one target's sync or heal ended: typed, so logs, exit codes and

@@ -264,7 +264,7 @@ pub async fn reconcile(
             flags.signers = signers;
             if let Some(w) = crate::model::resolved::FreezeWindow::open_at(
                 &source.config.cluster.freeze,
-                crate::clock::now().unwrap_or(0),
+                crate::clock::checked_now(),
             ) {
                 tracing::warn!(
                     window = %w.name,

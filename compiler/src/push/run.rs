@@ -66,7 +66,7 @@ impl Ancestor {
             desired: desired.to_owned(),
             signers: None,
             // The CLI checked the clock before the run.
-            now: crate::clock::now().unwrap_or(0),
+            now: crate::clock::checked_now(),
             known: Mutex::new(HashMap::new()),
         }
     }
