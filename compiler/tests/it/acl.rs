@@ -294,12 +294,24 @@ fn acl_users_with_the_documented_least_privilege_run_every_role() {
             .unwrap_err();
         assert_eq!(e.code(), Some("NOPERM"), "{cmd:?}: {e}");
     }
+    // What the edge's and router's Lua read (they do not AUTH yet).
     let mut lua = as_user("edge-lua", CONTROL_PASSWORD);
-    let doc: Option<String> = redis::cmd("GET")
-        .arg("site:s0.example.com")
+    let docs: Vec<Option<String>> = redis::cmd("MGET")
+        .arg(&["site:s0.example.com", "suspended:s0.example.com"][..])
         .query(&mut lua)
         .unwrap();
-    assert!(doc.is_some());
+    assert!(docs[0].is_some(), "{docs:?}");
+    let routing: Option<String> = redis::cmd("GET")
+        .arg("edgeform:routing")
+        .query(&mut lua)
+        .unwrap();
+    assert!(routing.is_some());
+    let generation: Option<String> = redis::cmd("HGET")
+        .arg("edgeform:meta")
+        .arg("generation")
+        .query(&mut lua)
+        .unwrap();
+    assert!(generation.is_some());
     let e = redis::cmd("SET")
         .arg("site:s0.example.com")
         .arg("x")
