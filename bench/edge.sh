@@ -62,7 +62,7 @@ render() { # PREFIX LISTEN HOP
   edge/render "$1/nginx.conf" USER="$(id -un)" WORKERS=1 PREFIX="$1" ACCESS_LOG=off RESOLVER=127.0.0.1 \
     CACHE_DIR="$work/cache" CACHE_LEVELS=1:2 CACHE_MAX_SIZE=1g 'CACHE_KEY=$scheme$host$request_uri' \
     GEOIP_DB="$PWD/testdata/geoip/GeoLite2-City-Test.mmdb" REDIS_HOST=127.0.0.1 REDIS_PORT="$rport" \
-    API_ON=false API_URL=http://127.0.0.1:9 API_TOKEN= NODE=edge-1 CHALLENGE_SECRET=bench \
+    API_ON=false API_URL=http://127.0.0.1:9 NODE=edge-1 \
     TTL_HOP_PORT="$3" LISTEN="$2"
 }
 render "$work/edge" "127.0.0.1:$eport" "$hop1"
@@ -112,7 +112,7 @@ bench = r"""
 s = s.replace("        # The control plane's read API", bench + "        # The control plane's read API", 1)
 open(p, "w").write(s)
 PY
-taskset -c 1 nginx -p "$work/edge" -c "$work/edge/nginx.conf" & SERVER_PIDS+=($!)
+EDGEFORM_CHALLENGE_SECRET=bench taskset -c 1 nginx -p "$work/edge" -c "$work/edge/nginx.conf" & SERVER_PIDS+=($!)
 taskset -c 1 nginx -p "$work/plain" -c "$work/plain/nginx.conf" & SERVER_PIDS+=($!)
 wait_port "$eport"; wait_port "$pport"
 sleep 0.5

@@ -559,11 +559,19 @@ fn redis(cx: &mut Cx<'_>, v: &Value) -> Option<RedisTarget> {
     let m = cx.mapping(
         v,
         "/redis",
-        &["url", "sentinels", "master", "password_env", "tls"],
+        &[
+            "url",
+            "sentinels",
+            "master",
+            "username",
+            "password_env",
+            "tls",
+        ],
     )?;
     let url = cx.string(m, "/redis", "url");
     let sentinels = cx.strings(m, "/redis", "sentinels");
     let master = cx.string(m, "/redis", "master");
+    let username = cx.string(m, "/redis", "username");
     let password_env = cx.string(m, "/redis", "password_env");
     // A bad `tls` block is reported with the rest, not on its own.
     let mut tls_bad = false;
@@ -600,7 +608,7 @@ fn redis(cx: &mut Cx<'_>, v: &Value) -> Option<RedisTarget> {
             port_zero = true;
         }
     }
-    match RedisTarget::from_parts(url, sentinels, master, password_env, tls) {
+    match RedisTarget::from_parts(url, sentinels, master, username, password_env, tls) {
         Ok(_) if tls_bad || port_zero => None,
         Ok(t) => Some(t),
         Err(errors) => {

@@ -1,10 +1,45 @@
 //! Wall-clock time for the freeze windows (#15 item 9): RFC 3339 parsing
-//! (pure) and "now" (the one reader of the clock, which tests set with
-//! `EDGEFORM_NOW` so a freeze is deterministic).
+//! (pure) and "now" (the one reader of the clock).
+//!
+//! The clock is moved only by an explicit `--now TIME` (drills, tests),
+//! never from the environment: a moved clock decides which freeze window
+//! is open and stamps the history, so every history entry written under
+//! it says so (`clock_moved`, with the real time). `EDGEFORM_NOW`, which
+//! used to move it silently, is refused.
 
-/// The variable that, when set to an RFC 3339 time, replaces the system
-/// clock for freeze windows and audit records (tests, drills).
+use std::sync::OnceLock;
+
+/// The variable that used to replace the clock; now refused when set.
 pub const NOW_ENV: &str = "EDGEFORM_NOW";
+
+/// The time `--now` set, seconds since the epoch.
+static MOVED: OnceLock<u64> = OnceLock::new();
+
+/// Move this process's clock to `secs` (`--now`). The first call wins.
+pub fn set_now(secs: u64) {
+    let _ = MOVED.set(secs);
+}
+
+/// The real time (seconds since the epoch) when `--now` moved the clock.
+#[must_use]
+pub fn moved() -> Option<u64> {
+    MOVED.get().map(|_| system())
+}
+
+/// `--now`'s value parser: an RFC 3339 time.
+///
+/// # Errors
+/// Anything else.
+pub fn parse_flag(text: &str) -> Result<u64, String> {
+    parse_rfc3339(text.trim())
+        .ok_or_else(|| format!("`{text}` is not an RFC 3339 time (e.g. 2026-12-24T18:00:00Z)"))
+}
+
+fn system() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
 
 /// Seconds since the epoch of an RFC 3339 time with seconds:
 /// `2026-12-24T18:00:00Z` or `2026-12-24T19:00:00+01:00` (fractions of a
@@ -92,20 +127,27 @@ pub fn parse_rfc3339(text: &str) -> Option<u64> {
     u64::try_from(secs).ok()
 }
 
-/// Now, in seconds since the epoch: `EDGEFORM_NOW` when set (an RFC 3339
-/// time), otherwise the system clock.
+/// [`now`] once the CLI checked it: the time `--now` set, otherwise the
+/// system clock (never 0, so a freeze window cannot look closed).
+#[must_use]
+pub fn checked_now() -> u64 {
+    MOVED.get().copied().unwrap_or_else(system)
+}
+
+/// Now, in seconds since the epoch: the time `--now` set, otherwise the
+/// system clock.
 ///
 /// # Errors
-/// `EDGEFORM_NOW` set to something that is not an RFC 3339 time.
+/// `EDGEFORM_NOW` is set: the clock is never moved from the environment
+/// (use `--now`, which the history records).
 pub fn now() -> anyhow::Result<u64> {
-    match std::env::var(NOW_ENV) {
-        Ok(v) => parse_rfc3339(v.trim()).ok_or_else(|| {
-            anyhow::anyhow!("{NOW_ENV}=`{v}` is not an RFC 3339 time (e.g. 2026-12-24T18:00:00Z)")
-        }),
-        Err(_) => Ok(std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_secs())),
+    if std::env::var_os(NOW_ENV).is_some() {
+        anyhow::bail!(
+            "{NOW_ENV} is set: the clock is not moved from the environment; \
+             unset it (or, for a drill, give --now TIME, which the history records)"
+        );
     }
+    Ok(checked_now())
 }
 
 #[cfg(test)]

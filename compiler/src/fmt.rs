@@ -84,7 +84,14 @@ pub fn order(kind: Kind, path: &[&str]) -> &'static [&'static str] {
             "install",
         ],
         (Kind::Node, ["location"]) => &["lat", "lon"],
-        (Kind::Node, ["redis"]) => &["url", "sentinels", "master", "password_env", "tls"],
+        (Kind::Node, ["redis"]) => &[
+            "url",
+            "sentinels",
+            "master",
+            "username",
+            "password_env",
+            "tls",
+        ],
         (Kind::Node, ["redis", "tls"]) => &["ca_file", "cert_file", "key_file"],
         (Kind::Node, ["cache"]) => &["dirs", "levels", "key"],
         (Kind::Node, ["install"]) => &[

@@ -39,6 +39,7 @@ pub mod push;
 pub mod report;
 pub mod rule_regex;
 pub mod schema;
+pub mod store;
 pub mod validate;
 pub mod workspace;
 

@@ -4,7 +4,9 @@
 //! By URL, or through the node's own Sentinels: the master is resolved
 //! anew for every connection, so a run after a failover lands on the new
 //! master. The password comes only from the environment variable the node
-//! names (`redis.password_env`), never from the repository.
+//! names (`redis.password_env`), never from the repository. An ACL user is
+//! named by `username` (or the URL's user part, without a password); the
+//! default user otherwise.
 //!
 //! Connections are dedicated (never shared between tasks, so WATCH state is
 //! ours) and have no response timeout: the redis crate's default 500 ms
@@ -44,6 +46,8 @@ pub struct TlsFiles {
 pub enum RedisTarget {
     Url {
         url: String,
+        /// The ACL user (`username`, or the URL's user part).
+        username: Option<String>,
         password_env: Option<String>,
         /// Only with `rediss://`.
         tls: Option<TlsFiles>,
@@ -52,6 +56,8 @@ pub enum RedisTarget {
     Sentinel {
         sentinels: Vec<String>,
         master: String,
+        /// The ACL user on the master.
+        username: Option<String>,
         password_env: Option<String>,
         tls: Option<TlsFiles>,
     },
@@ -76,6 +82,16 @@ pub enum TargetError {
     TlsPair,
     /// A `#insecure` URL: certificates are always verified.
     Insecure,
+    /// A URL with a password in it (`user:password@`): secrets never live
+    /// in the configuration, the password comes from `password_env`.
+    UrlPassword,
+    /// A `?username=` query: not read; the user is `username` or the
+    /// URL's user part.
+    UsernameQuery,
+    /// `username` and the URL's user part disagree.
+    UsernameTwice,
+    /// `username` is empty or has characters a Redis user name cannot.
+    Username,
 }
 
 impl TargetError {
@@ -88,7 +104,10 @@ impl TargetError {
             TargetError::NoSentinels => "/sentinels".into(),
             TargetError::Sentinel(i, _) => format!("/sentinels/{i}"),
             TargetError::TlsWithoutRediss | TargetError::TlsPair => "/tls".into(),
-            TargetError::Insecure => "/url".into(),
+            TargetError::Insecure | TargetError::UrlPassword | TargetError::UsernameQuery => {
+                "/url".into()
+            }
+            TargetError::UsernameTwice | TargetError::Username => "/username".into(),
         }
     }
 }
@@ -112,14 +131,31 @@ impl std::fmt::Display for TargetError {
                 f,
                 "`#insecure` is not allowed: certificates are always verified (give `tls.ca_file`)"
             ),
+            TargetError::UrlPassword => write!(
+                f,
+                "the URL carries a password; secrets never live in the configuration \
+                 (name an environment variable in `password_env`)"
+            ),
+            TargetError::UsernameQuery => write!(
+                f,
+                "`?username=` is not read; write the user as `redis://USER@host:port` or in `username`"
+            ),
+            TargetError::UsernameTwice => {
+                write!(f, "`username` and the URL's user part name different users")
+            }
+            TargetError::Username => write!(
+                f,
+                "`username` must be a non-empty Redis user name (no spaces, `@`, `:` or control characters)"
+            ),
         }
     }
 }
 
 impl RedisTarget {
     /// The target a `redis` block describes (agent.yaml, a node file):
-    /// `url`, or `sentinels` and `master`; `password_env` names the
-    /// variable with the password. Pure: the variable is not read here.
+    /// `url`, or `sentinels` and `master`; `username` names an ACL user
+    /// (or the URL's user part does); `password_env` names the variable
+    /// with the password. Pure: the variable is not read here.
     ///
     /// # Errors
     /// Every problem found, each with its place.
@@ -127,10 +163,16 @@ impl RedisTarget {
         url: Option<String>,
         sentinels: Option<Vec<String>>,
         master: Option<String>,
+        username: Option<String>,
         password_env: Option<String>,
         tls: Option<TlsFiles>,
     ) -> Result<RedisTarget, Vec<TargetError>> {
         let mut errors = Vec::new();
+        if let Some(u) = &username
+            && !valid_username(u)
+        {
+            errors.push(TargetError::Username);
+        }
         if let Some(t) = &tls
             && t.cert_file.is_some() != t.key_file.is_some()
         {
@@ -150,6 +192,18 @@ impl RedisTarget {
                 if is_insecure(&url) {
                     errors.push(TargetError::Insecure);
                 }
+                let user = match url_user(&url) {
+                    Ok(user) => user,
+                    Err(e) => {
+                        errors.push(e);
+                        None
+                    }
+                };
+                if let (Some(a), Some(b)) = (&user, &username)
+                    && a != b
+                {
+                    errors.push(TargetError::UsernameTwice);
+                }
                 if tls.is_some() && scheme != Some("rediss") {
                     errors.push(TargetError::TlsWithoutRediss);
                 }
@@ -158,6 +212,7 @@ impl RedisTarget {
                 }
                 Ok(RedisTarget::Url {
                     url,
+                    username: username.or(user),
                     password_env,
                     tls,
                 })
@@ -178,6 +233,7 @@ impl RedisTarget {
                     Ok(RedisTarget::Sentinel {
                         sentinels,
                         master,
+                        username,
                         password_env,
                         tls,
                     })
@@ -197,6 +253,16 @@ impl RedisTarget {
         }
     }
 
+    /// The ACL user, if any (else the default user).
+    #[must_use]
+    pub fn username(&self) -> Option<&str> {
+        match self {
+            RedisTarget::Url { username, .. } | RedisTarget::Sentinel { username, .. } => {
+                username.as_deref()
+            }
+        }
+    }
+
     /// The variable holding the password, if any.
     #[must_use]
     pub fn password_env(&self) -> Option<&str> {
@@ -206,6 +272,75 @@ impl RedisTarget {
             }
         }
     }
+}
+
+/// Whether `name` can be a Redis ACL user name as edgeform sends it:
+/// non-empty, at most 128 bytes, no whitespace, control characters, `@`
+/// or `:` (which a URL's user part could not carry). Pure.
+#[must_use]
+pub fn valid_username(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 128
+        && !name
+            .chars()
+            .any(|c| c.is_control() || c.is_whitespace() || matches!(c, '@' | ':' | '/'))
+}
+
+/// The user part of a Redis URL (`redis://USER@host`), percent-decoded.
+/// Pure.
+///
+/// # Errors
+/// A password in the URL ([`TargetError::UrlPassword`]), a `?username=`
+/// query ([`TargetError::UsernameQuery`]), or a user that is not a valid
+/// name ([`TargetError::Username`]).
+pub fn url_user(url: &str) -> Result<Option<String>, TargetError> {
+    let rest = url.split_once("://").map_or(url, |(_, r)| r);
+    let end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+    let authority = &rest[..end];
+    let query = url
+        .split_once('?')
+        .map(|(_, q)| q.split_once('#').map_or(q, |(q, _)| q));
+    if query.is_some_and(|q| {
+        q.split('&').any(|p| {
+            p.split_once('=')
+                .map_or(p, |(k, _)| k)
+                .eq_ignore_ascii_case("username")
+        })
+    }) {
+        return Err(TargetError::UsernameQuery);
+    }
+    let Some((userinfo, _)) = authority.rsplit_once('@') else {
+        return Ok(None);
+    };
+    if userinfo.contains(':') {
+        return Err(TargetError::UrlPassword);
+    }
+    let user = percent_decode(userinfo);
+    if valid_username(&user) {
+        Ok(Some(user))
+    } else {
+        Err(TargetError::Username)
+    }
+}
+
+fn percent_decode(text: &str) -> String {
+    let b = text.as_bytes();
+    let hex = |c: u8| char::from(c).to_digit(16);
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'%'
+            && i + 2 < b.len()
+            && let (Some(h), Some(l)) = (hex(b[i + 1]), hex(b[i + 2]))
+        {
+            out.push(u8::try_from(h * 16 + l).unwrap_or(0));
+            i += 3;
+            continue;
+        }
+        out.push(b[i]);
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
 }
 
 /// Whether a URL asks the redis crate to skip certificate checks
@@ -375,6 +510,7 @@ async fn connect(
         match target {
             RedisTarget::Url {
                 url,
+                username,
                 password_env,
                 tls,
             } => {
@@ -383,6 +519,9 @@ async fn connect(
                 }
                 let mut info = url.as_str().into_connection_info()?;
                 let mut redis = info.redis_settings().clone();
+                if let Some(u) = username {
+                    redis = redis.set_username(u.clone());
+                }
                 if let Some(p) = password(password_env.as_deref(), node)? {
                     redis = redis.set_password(p);
                 }
@@ -396,11 +535,12 @@ async fn connect(
             RedisTarget::Sentinel {
                 sentinels,
                 master,
+                username,
                 password_env,
                 tls: Some(tls),
             } => {
                 let password = password(password_env.as_deref(), node)?;
-                sentinel_tls(sentinels, master, password, tls, pushes)
+                sentinel_tls(sentinels, master, username.clone(), password, tls, pushes)
                     .await
                     .with_context(|| {
                         format!(
@@ -412,12 +552,16 @@ async fn connect(
             RedisTarget::Sentinel {
                 sentinels,
                 master,
+                username,
                 password_env,
                 tls: None,
             } => {
                 let urls: Vec<String> = sentinels.iter().map(|s| format!("redis://{s}")).collect();
                 let mut sentinel = Sentinel::build(urls)?;
                 let mut settings = RedisConnectionInfo::default();
+                if let Some(u) = username {
+                    settings = settings.set_username(u.clone());
+                }
                 if let Some(p) = password(password_env.as_deref(), node)? {
                     settings = settings.set_password(p);
                 }
@@ -485,6 +629,7 @@ fn is_master(role: &[redis::Value]) -> bool {
 async fn sentinel_tls(
     sentinels: &[String],
     name: &str,
+    username: Option<String>,
     password: Option<String>,
     tls: &TlsFiles,
     pushes: Option<&Pushes>,
@@ -508,6 +653,9 @@ async fn sentinel_tls(
             Ok((host, port)) => {
                 let mut info = format!("rediss://{host}:{port}").into_connection_info()?;
                 let mut redis = info.redis_settings().clone();
+                if let Some(u) = username {
+                    redis = redis.set_username(u);
+                }
                 if let Some(p) = password {
                     redis = redis.set_password(p);
                 }
@@ -553,13 +701,19 @@ mod tests {
 
     #[test]
     fn targets_from_parts() {
-        let url =
-            RedisTarget::from_parts(Some("redis://10.0.0.5:6379".into()), None, None, None, None);
+        let url = RedisTarget::from_parts(
+            Some("redis://10.0.0.5:6379".into()),
+            None,
+            None,
+            None,
+            None,
+            None,
+        );
         assert!(matches!(url, Ok(RedisTarget::Url { .. })));
-        let e =
-            RedisTarget::from_parts(Some("http://x".into()), None, None, None, None).unwrap_err();
+        let e = RedisTarget::from_parts(Some("http://x".into()), None, None, None, None, None)
+            .unwrap_err();
         assert_eq!(e[0].pointer(), "/url");
-        let e = RedisTarget::from_parts(None, None, None, None, None).unwrap_err();
+        let e = RedisTarget::from_parts(None, None, None, None, None, None).unwrap_err();
         assert_eq!(e, vec![TargetError::Shape]);
         assert!(
             e[0].to_string()
@@ -569,6 +723,7 @@ mod tests {
             None,
             Some(vec!["a:1".into(), "nope".into(), ":2".into()]),
             Some("m".into()),
+            None,
             Some("PW".into()),
             None,
         )
@@ -579,11 +734,63 @@ mod tests {
             None,
             Some(vec!["a:1".into()]),
             Some("m".into()),
+            None,
             Some("PW".into()),
             None,
         )
         .unwrap();
         assert_eq!(ok.password_env(), Some("PW"));
+    }
+
+    #[test]
+    fn an_acl_user_from_username_or_the_url_without_a_password() {
+        let parts = |url: &str, user: Option<&str>| {
+            RedisTarget::from_parts(
+                Some(url.into()),
+                None,
+                None,
+                user.map(str::to_owned),
+                Some("PW".into()),
+                None,
+            )
+        };
+        let t = parts("redis://edgeform@10.0.0.5:6379", None).unwrap();
+        assert_eq!(t.username(), Some("edgeform"));
+        let t = parts("redis://10.0.0.5:6379", Some("edgeform")).unwrap();
+        assert_eq!(t.username(), Some("edgeform"));
+        let t = parts("redis://edgeform@10.0.0.5:6379", Some("edgeform")).unwrap();
+        assert_eq!(t.username(), Some("edgeform"));
+        assert_eq!(
+            parts("redis://10.0.0.5:6379", None).unwrap().username(),
+            None
+        );
+        let e = |url: &str, user: Option<&str>| parts(url, user).unwrap_err();
+        assert_eq!(
+            e("redis://a@h:1", Some("b")),
+            vec![TargetError::UsernameTwice]
+        );
+        assert_eq!(e("redis://a:pw@h:1", None), vec![TargetError::UrlPassword]);
+        assert_eq!(e("redis://:pw@h:1", None), vec![TargetError::UrlPassword]);
+        assert_eq!(
+            e("redis://h:1?username=a", None),
+            vec![TargetError::UsernameQuery]
+        );
+        assert_eq!(e("redis://h:1", Some("a b")), vec![TargetError::Username]);
+        assert_eq!(e("redis://h:1", Some("")), vec![TargetError::Username]);
+        assert_eq!(
+            e("redis://h:1", Some("")).first().map(TargetError::pointer),
+            Some("/username".into())
+        );
+        let s = RedisTarget::from_parts(
+            None,
+            Some(vec!["a:1".into()]),
+            Some("m".into()),
+            Some("edgeform".into()),
+            Some("PW".into()),
+            None,
+        )
+        .unwrap();
+        assert_eq!(s.username(), Some("edgeform"));
     }
 
     // See: #15 item 2
@@ -598,6 +805,7 @@ mod tests {
             None,
             None,
             None,
+            None,
             Some(tls.clone()),
         )
         .unwrap();
@@ -605,6 +813,7 @@ mod tests {
         // `tls` without rediss://.
         let e = RedisTarget::from_parts(
             Some("redis://10.0.0.5:6379".into()),
+            None,
             None,
             None,
             None,
@@ -623,6 +832,7 @@ mod tests {
             Some(vec!["a:1".into()]),
             Some("m".into()),
             None,
+            None,
             Some(half),
         )
         .unwrap_err();
@@ -630,6 +840,7 @@ mod tests {
         // Never skip verification.
         let e = RedisTarget::from_parts(
             Some("rediss://10.0.0.5:6380/#insecure".into()),
+            None,
             None,
             None,
             None,

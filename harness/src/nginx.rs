@@ -166,13 +166,20 @@ pub fn write_conf(
                 .clone()
                 .unwrap_or_else(|| "http://127.0.0.1:9".into()),
         ),
-        ("API_TOKEN", o.api_token.clone()),
         ("NODE", o.node.clone()),
-        ("CHALLENGE_SECRET", o.challenge_secret.clone()),
         ("TTL_HOP_PORT", ttl_port.to_string()),
         ("LISTEN", listen.to_owned()),
     ];
-    let text = render(&template, &vars).expect("render the edge template");
+    let mut text = render(&template, &vars).expect("render the edge template");
+    // Node secrets come from nginx's environment (`env NAME;`); the
+    // harness gives the values with nginx's own `env NAME=value;` form
+    // rather than the environment of a process it shares with every test.
+    for (name, value) in [
+        ("EDGEFORM_CHALLENGE_SECRET", &o.challenge_secret),
+        ("EDGEFORM_API_TOKEN", &o.api_token),
+    ] {
+        text = text.replace(&format!("env {name};"), &format!("env {name}={value};"));
+    }
     let conf = prefix.join("nginx.conf");
     std::fs::write(&conf, text).expect("write nginx.conf");
     (conf, cache)

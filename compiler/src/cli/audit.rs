@@ -174,6 +174,12 @@ pub fn render(node: &str, entries: &[Result<Entry, String>]) -> String {
                         None => "break-glass".into(),
                     });
                 }
+                if let Some(real) = &e.clock_moved {
+                    flags.push(format!(
+                        "clock moved by --now, real time {}",
+                        untrusted::escape(real)
+                    ));
+                }
                 let _ = writeln!(
                     out,
                     "{}  {:<5}  gen {:<4}  {} → {}  +{} -{}  {}{}  {}",

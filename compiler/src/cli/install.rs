@@ -278,6 +278,7 @@ pub struct InstallArgs {
 pub enum Step {
     Connect,
     Upload,
+    Secrets,
     Gate,
     Candidate,
     Smoke,
@@ -294,6 +295,7 @@ impl Step {
         match self {
             Step::Connect => "connect",
             Step::Upload => "upload",
+            Step::Secrets => "secrets",
             Step::Gate => "gate",
             Step::Candidate => "candidate",
             Step::Smoke => "smoke",
@@ -482,6 +484,37 @@ fn upload(r: &Remote<'_>, b: &NodeBundle, id: &str, commit: Option<&str>) -> Ste
     Ok(())
 }
 
+/// The node's environment file, `<root>/secrets.env` (0600): its secrets
+/// from the control host's state directory as `NAME='value'` lines,
+/// written through ssh's stdin (never a command line) and replaced
+/// atomically; no secrets, an empty file. Whether it changed (the live
+/// server then restarts, as nginx reads its environment at start only).
+fn write_secrets(r: &Remote<'_>, text: &str) -> StepResult<bool> {
+    let root = q(&r.install.root);
+    let script = format!(
+        "set -e
+umask 077
+mkdir -p {root}
+         cat > {root}/.secrets.env.new <<'EDGEFORM_SECRETS_END'
+{text}EDGEFORM_SECRETS_END
+         chmod 600 {root}/.secrets.env.new
+         if cmp -s {root}/.secrets.env.new {root}/secrets.env; then rm -f {root}/.secrets.env.new; echo same;
+         else mv -f {root}/.secrets.env.new {root}/secrets.env; echo changed; fi
+"
+    );
+    let out = r.must(Step::Secrets, &script)?;
+    Ok(out.trim() == "changed")
+}
+
+/// Shell lines that export the node's secrets to what is started next.
+fn with_secrets(root: &str) -> String {
+    let f = q(&format!("{root}/secrets.env"));
+    format!(
+        "set -a; if [ -f {f} ]; then . {f}; fi; set +a
+"
+    )
+}
+
 /// The nginx config the candidate runs: `candidate/nginx.conf` when the
 /// template differs per instance.
 fn candidate_conf(b: &Bundle) -> &'static str {
@@ -533,12 +566,13 @@ fn start_candidate(r: &Remote<'_>, b: &NodeBundle, dir: &str) -> StepResult<()> 
     let pidf = q(&format!("{run}/nginx.pid"));
     let d = q(dir);
     let script = format!(
-        "{}mkdir -p {run_q}\n\
+        "{}mkdir -p {run_q}\n{env}\
          setsid nginx -p {d}/ -c {d}/{conf} </dev/null >{run_q}/nginx.out 2>&1 &\nstarted=$!\n\
          pidf={pidf}\n{WAIT_PID}",
         stop_script(&pidf),
         run_q = q(run),
         conf = candidate_conf(&b.bundle),
+        env = with_secrets(&r.install.root),
     );
     let (ok, _, _) = r.run(Step::Candidate, &script)?;
     if ok {
@@ -632,8 +666,10 @@ fn switch(r: &Remote<'_>, target: &str) -> StepResult<()> {
 }
 
 /// Reload the live server (start it when it is not running); waits until
-/// the old workers are gone (the new configuration is in effect).
-fn reload(r: &Remote<'_>, b: &NodeBundle) -> StepResult<()> {
+/// the old workers are gone (the new configuration is in effect). With
+/// `restart` (its secrets changed: nginx reads its environment only at
+/// start) the live server is stopped and started instead.
+fn reload(r: &Remote<'_>, b: &NodeBundle, restart: bool) -> StepResult<()> {
     if b.bundle.file("nginx.conf").is_none() {
         return Ok(());
     }
@@ -641,7 +677,7 @@ fn reload(r: &Remote<'_>, b: &NodeBundle) -> StepResult<()> {
     let cur = q(&format!("{}/current", r.install.root));
     let pidf = q(&format!("{run}/nginx.pid"));
     let script = format!(
-        "pidf={pidf}\n\
+        "{stop}pidf={pidf}\n\
          if [ -s \"$pidf\" ] && kill -0 \"$(cat \"$pidf\")\" 2>/dev/null; then\n\
            m=$(cat \"$pidf\"); old=$(ps -o pid= --ppid \"$m\" | tr '\\n' ' ')\n\
            kill -HUP \"$m\"\n\
@@ -649,10 +685,16 @@ fn reload(r: &Remote<'_>, b: &NodeBundle) -> StepResult<()> {
              [ $left -eq 0 ] && exit 0; i=$((i+1)); sleep 0.1; done\n\
            echo \"the live server did not take the new configuration (old workers still serve): see {run}/error.log\"; exit 1\n\
          fi\n\
-         mkdir -p {run_q}\n\
+         mkdir -p {run_q}\n{env}\
          setsid nginx -p {cur}/ -c {cur}/nginx.conf </dev/null >{run_q}/nginx.out 2>&1 &\nstarted=$!\n\
          {WAIT_PID}",
         run_q = q(run),
+        env = with_secrets(&r.install.root),
+        stop = if restart {
+            stop_script(&pidf)
+        } else {
+            String::new()
+        },
     );
     r.must(Step::Reload, &script).map(|_| ())
 }
@@ -706,7 +748,12 @@ fn prune(r: &Remote<'_>, keep: usize) -> StepResult<usize> {
     Ok(gone.len())
 }
 
-fn install_one(b: &NodeBundle, ssh: &SshFlags, commit: Option<&str>) -> StepResult<String> {
+fn install_one(
+    b: &NodeBundle,
+    ssh: &SshFlags,
+    commit: Option<&str>,
+    secrets: &str,
+) -> StepResult<String> {
     let install = b.install.as_ref().expect("selected nodes have install");
     let r = Remote { install, ssh };
     let installed = connect(&r)?;
@@ -716,6 +763,13 @@ fn install_one(b: &NodeBundle, ssh: &SshFlags, commit: Option<&str>) -> StepResu
     upload(&r, b, &id, commit)?;
     let discard = |r: &Remote<'_>| {
         let _ = r.run(Step::Upload, &format!("rm -rf {}\n", q(&dir)));
+    };
+    let secrets_changed = match write_secrets(&r, secrets) {
+        Ok(changed) => changed,
+        Err(e) => {
+            discard(&r);
+            return Err(e);
+        }
     };
     if let Err(e) = on_node_gates(&r, b, &dir) {
         discard(&r);
@@ -739,11 +793,11 @@ fn install_one(b: &NodeBundle, ssh: &SshFlags, commit: Option<&str>) -> StepResu
         .map(|(p, _)| p)
         .collect();
     switch(&r, &id)?;
-    if let Err(e) = reload(&r, b).and_then(|()| restart(&r, &changed)) {
+    if let Err(e) = reload(&r, b, secrets_changed).and_then(|()| restart(&r, &changed)) {
         // Back to what served before.
         if let Some(p) = previous {
             let _ = switch(&r, &p);
-            let _ = reload(&r, b);
+            let _ = reload(&r, b, false);
             let _ = restart(&r, &changed);
         }
         return Err(e);
@@ -786,9 +840,9 @@ fn rollback_one(b: &NodeBundle, ssh: &SshFlags) -> StepResult<String> {
         ));
     };
     switch(&r, &prev)?;
-    if let Err(e) = reload(&r, b) {
+    if let Err(e) = reload(&r, b, false) {
         let _ = switch(&r, &cur);
-        let _ = reload(&r, b);
+        let _ = reload(&r, b, false);
         return Err(e);
     }
     // The release rolled away from goes, so a second rollback goes further back.
@@ -863,7 +917,12 @@ fn for_each<T: Send>(
 ///
 /// # Errors
 /// I/O and git errors.
-pub fn install_cmd(root: &Path, rev: Option<&str>, args: &InstallArgs) -> Result<u8> {
+pub fn install_cmd(
+    root: &Path,
+    rev: Option<&str>,
+    state_dir: &Path,
+    args: &InstallArgs,
+) -> Result<u8> {
     if !args.select.all && args.select.role.is_none() && args.select.nodes.is_empty() {
         eprintln!("error: install needs --node NODE, --role ROLE or --all");
         return Ok(super::EX_USAGE);
@@ -898,11 +957,23 @@ pub fn install_cmd(root: &Path, rev: Option<&str>, args: &InstallArgs) -> Result
         }
     }
     let commit = checked.repo.commit.as_deref();
+    // Each node's secrets, read before anything is installed: an unsafe
+    // or unreadable state directory installs nothing.
+    let mut secrets = std::collections::BTreeMap::new();
+    if !args.rollback {
+        use crate::store::Store;
+        let store = crate::store::DirStore::open(state_dir)?;
+        for b in &chosen {
+            let all = store.secrets(&b.name)?;
+            secrets.insert(b.name.clone(), crate::store::env_file(&all));
+        }
+    }
     let results = for_each(&chosen, usize::from(args.parallel), |b| {
         if args.rollback {
             rollback_one(b, &args.ssh)
         } else {
-            install_one(b, &args.ssh, commit)
+            let text = secrets.get(&b.name).map_or("", String::as_str);
+            install_one(b, &args.ssh, commit, text)
         }
     });
     let mut failed = 0;

@@ -25,6 +25,7 @@ pub mod ops;
 pub mod purge;
 pub mod push;
 pub mod route;
+pub mod secrets;
 pub mod serve;
 
 /// GitOps control plane for a self-run CDN: validate, compile, diff and push
@@ -50,6 +51,21 @@ pub struct Cli {
         value_name = "FORMAT"
     )]
     pub log_format: LogFormat,
+    /// Drills and tests: run as if it were TIME (RFC 3339) for freeze
+    /// windows and history timestamps. Every history entry written under
+    /// it says so (`clock_moved`, with the real time).
+    #[arg(long, global = true, value_name = "TIME", value_parser = crate::clock::parse_flag)]
+    pub now: Option<u64>,
+    /// The control host's state directory: what never goes in git (node
+    /// secrets). Created 0700; refused when others can read it.
+    #[arg(
+        long,
+        global = true,
+        env = crate::store::DIR_ENV,
+        default_value = crate::store::DEFAULT_DIR,
+        value_name = "DIR"
+    )]
+    pub state_dir: PathBuf,
     #[command(subcommand)]
     pub command: Command,
 }
@@ -365,6 +381,13 @@ pub enum Command {
         #[arg(long, env = "EDGEFORM_COMMAND_SIGNING_KEY", value_name = "FILE")]
         signing_key: Option<PathBuf>,
     },
+    /// Node secrets in the state directory (--state-dir), never in git:
+    /// the installer writes them to the node's environment file, which
+    /// nginx reads through `env` directives. Values are never printed.
+    Secrets {
+        #[command(subcommand)]
+        action: secrets::Action,
+    },
 }
 
 /// Where `status` reads.
@@ -518,13 +541,18 @@ pub const EX_USAGE: u8 = 64;
 /// I/O and git failures; invalid configuration is not an error here but
 /// an exit code with diagnostics.
 pub fn run(cli: &Cli) -> Result<u8> {
+    if let Some(now) = cli.now {
+        crate::clock::set_now(now);
+    }
     match &cli.command {
         Command::Check {
             format,
             path_prefix,
             gates,
         } => check_cmd(cli, *format, path_prefix, gates),
-        Command::Install(args) => install::install_cmd(&cli.repo, cli.rev.as_deref(), args),
+        Command::Install(args) => {
+            install::install_cmd(&cli.repo, cli.rev.as_deref(), &cli.state_dir, args)
+        }
         Command::Plan {
             nodes,
             detailed_exitcode,
@@ -700,6 +728,7 @@ pub fn run(cli: &Cli) -> Result<u8> {
             };
             runtime()?.block_on(mqtt::exec(&source, broker, &exec))
         }
+        Command::Secrets { action } => secrets::run(&cli.state_dir, action),
         Command::Keygen {
             out,
             result_key,
@@ -731,7 +760,7 @@ pub fn run(cli: &Cli) -> Result<u8> {
                 );
                 return Ok(EX_USAGE);
             }
-            // A bad EDGEFORM_NOW is an error before anything runs.
+            // EDGEFORM_NOW set is an error before anything runs.
             crate::clock::now()?;
             let mut settings = flags.settings();
             settings.dry_run = *dry_run;

@@ -217,7 +217,8 @@ pub struct PushFlags {
     /// Override the safety thresholds and the empty-state refusal.
     #[arg(long)]
     pub force: bool,
-    /// Allow pushing a commit older than the one live.
+    /// Allow pushing a commit that does not descend from the one live (an
+    /// older commit, or another branch).
     #[arg(long)]
     pub allow_rollback: bool,
     /// How many targets to work on at once.
@@ -243,6 +244,7 @@ impl PushFlags {
             lock_wait: self.lock_wait,
             break_glass: self.break_glass,
             dry_run: false,
+            signers: None,
         }
     }
 }

@@ -6,10 +6,17 @@
 //! build` gives that node for that key, with `ETag` = the commit. The
 //! repository is read at `--rev` (default `HEAD`) through git2; the
 //! revision is resolved again on every request and the documents are
-//! recompiled when it moves (a revision that fails `check` is refused and
-//! the last good one keeps serving). `Authorization: Bearer
+//! recompiled when it moves, by one request while the others keep getting
+//! the last good revision. A revision that fails `check` is refused once
+//! and remembered: the last good one keeps serving, without recompiling,
+//! until the revision moves again. `Authorization: Bearer
 //! $EDGEFORM_SERVE_TOKEN` is required (401). TLS with `--tls-cert` and
 //! `--tls-key` (PEM), else plain HTTP (behind a TLS-terminating proxy).
+//!
+//! Connections: each is its own task (the accept loop only accepts),
+//! at most [`MAX_CONNECTIONS`] at once; the TLS handshake must finish
+//! within [`HANDSHAKE_TIMEOUT`] and a request's headers arrive within
+//! [`HEADER_TIMEOUT`], so idle or slow clients cannot hold up others.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -51,8 +58,19 @@ struct Shared {
     repo: PathBuf,
     rev: String,
     token: String,
-    current: tokio::sync::Mutex<Option<Arc<Snapshot>>>,
+    /// The last good revision, compiled.
+    current: std::sync::RwLock<Option<Arc<Snapshot>>>,
+    /// Held by the one request that compiles; the commit that last failed
+    /// `check` (not compiled again until the revision moves).
+    compiling: tokio::sync::Mutex<Option<String>>,
 }
+
+/// Connections served at once (more wait to be accepted).
+pub const MAX_CONNECTIONS: usize = 512;
+/// How long a client has to finish the TLS handshake.
+pub const HANDSHAKE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
+/// How long a client has to send a request's headers.
+pub const HEADER_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
 
 fn compile_at(repo: &Path, rev: &str) -> Result<Snapshot> {
     let loaded = load::from_rev(repo, rev)?;
@@ -68,31 +86,70 @@ fn compile_at(repo: &Path, rev: &str) -> Result<Snapshot> {
 }
 
 impl Shared {
-    /// The snapshot of the revision as it is now (recompiled when it moved).
+    fn current(&self) -> Option<Arc<Snapshot>> {
+        self.current
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
+
+    /// The snapshot of the revision as it is now: recompiled when it moved
+    /// to a commit not yet compiled nor known to fail `check`; while one
+    /// request compiles, the others get the last good snapshot.
     async fn snapshot(self: &Arc<Self>) -> Option<Arc<Snapshot>> {
-        let mut current = self.current.lock().await;
         let me = self.clone();
-        let now = tokio::task::spawn_blocking(move || load::resolve_rev(&me.repo, &me.rev))
+        let head = tokio::task::spawn_blocking(move || load::resolve_rev(&me.repo, &me.rev))
             .await
             .ok()
             .and_then(Result::ok);
-        let stale = match (&*current, &now) {
-            (Some(s), Some(c)) => &s.commit != c,
-            (None, _) => true,
-            (Some(_), None) => false,
+        let current = self.current();
+        // Unresolvable now: the last good one.
+        let Some(head) = head else {
+            return current;
         };
-        if stale {
-            let me = self.clone();
-            match tokio::task::spawn_blocking(move || compile_at(&me.repo, &me.rev)).await {
-                Ok(Ok(s)) => {
-                    tracing::info!(commit = %s.commit, "serving");
-                    *current = Some(Arc::new(s));
-                }
-                Ok(Err(e)) => tracing::error!("{e:#}; keeping the last good revision"),
-                Err(e) => tracing::error!("compiling: {e}"),
+        if current.as_ref().is_some_and(|s| s.commit == head) {
+            return current;
+        }
+        let mut failed = match &current {
+            Some(_) => match self.compiling.try_lock() {
+                Ok(guard) => guard,
+                Err(_) => return current,
+            },
+            None => self.compiling.lock().await,
+        };
+        if failed.as_deref() == Some(head.as_str()) {
+            return current;
+        }
+        // Another request may have compiled it meanwhile.
+        let current = self.current();
+        if current.as_ref().is_some_and(|s| s.commit == head) {
+            return current;
+        }
+        let me = self.clone();
+        let commit = head.clone();
+        match tokio::task::spawn_blocking(move || compile_at(&me.repo, &commit)).await {
+            Ok(Ok(s)) => {
+                tracing::info!(commit = %s.commit, "serving");
+                let s = Arc::new(s);
+                *self
+                    .current
+                    .write()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(s.clone());
+                *failed = None;
+                Some(s)
+            }
+            Ok(Err(e)) => {
+                tracing::error!(
+                    "{e:#}; keeping the last good revision until the revision moves again"
+                );
+                *failed = Some(head);
+                current
+            }
+            Err(e) => {
+                tracing::error!("compiling: {e}");
+                current
             }
         }
-        current.clone()
     }
 }
 
@@ -165,36 +222,80 @@ async fn get_key(
     }
 }
 
-/// TLS connections for `axum::serve`: handshakes that fail are dropped.
-struct TlsListener {
-    tcp: tokio::net::TcpListener,
-    acceptor: tokio_native_tls::TlsAcceptor,
+/// Serve one connection: the TLS handshake (when `tls`) within
+/// [`HANDSHAKE_TIMEOUT`], then HTTP/1.1 with [`HEADER_TIMEOUT`] for each
+/// request's headers.
+async fn connection(
+    stream: tokio::net::TcpStream,
+    addr: SocketAddr,
+    tls: Option<Arc<tokio_native_tls::TlsAcceptor>>,
+    app: axum::Router,
+) {
+    use hyper_util::rt::{TokioIo, TokioTimer};
+    let service = hyper_util::service::TowerToHyperService::new(app);
+    let mut http = hyper::server::conn::http1::Builder::new();
+    http.timer(TokioTimer::new())
+        .header_read_timeout(HEADER_TIMEOUT);
+    let served = match tls {
+        Some(acceptor) => {
+            let tls = match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await {
+                Ok(Ok(tls)) => tls,
+                Ok(Err(e)) => {
+                    tracing::debug!("TLS handshake with {addr}: {e}");
+                    return;
+                }
+                Err(_) => {
+                    tracing::debug!("TLS handshake with {addr} timed out");
+                    return;
+                }
+            };
+            http.serve_connection(TokioIo::new(tls), service).await
+        }
+        None => http.serve_connection(TokioIo::new(stream), service).await,
+    };
+    if let Err(e) = served {
+        tracing::debug!("connection from {addr}: {e}");
+    }
 }
 
-impl axum::serve::Listener for TlsListener {
-    type Io = tokio_native_tls::TlsStream<tokio::net::TcpStream>;
-    type Addr = SocketAddr;
-
-    async fn accept(&mut self) -> (Self::Io, Self::Addr) {
-        loop {
-            let Ok((stream, addr)) = self.tcp.accept().await else {
+/// Accept until `shutdown`, each connection in its own task, at most
+/// [`MAX_CONNECTIONS`] at once.
+async fn accept_loop(
+    tcp: tokio::net::TcpListener,
+    tls: Option<tokio_native_tls::TlsAcceptor>,
+    app: axum::Router,
+    shutdown: impl std::future::Future<Output = ()>,
+) {
+    let tls = tls.map(Arc::new);
+    let slots = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
+    tokio::pin!(shutdown);
+    loop {
+        let permit = tokio::select! {
+            () = &mut shutdown => return,
+            p = slots.clone().acquire_owned() => match p {
+                Ok(p) => p,
+                Err(_) => return,
+            },
+        };
+        let accepted = tokio::select! {
+            () = &mut shutdown => return,
+            a = tcp.accept() => a,
+        };
+        let (stream, addr) = match accepted {
+            Ok(a) => a,
+            Err(e) => {
+                // Out of descriptors and the like: back off.
+                tracing::debug!("accept: {e}");
                 tokio::time::sleep(std::time::Duration::from_millis(50)).await;
                 continue;
-            };
-            let handshake = tokio::time::timeout(
-                std::time::Duration::from_secs(5),
-                self.acceptor.accept(stream),
-            );
-            match handshake.await {
-                Ok(Ok(tls)) => return (tls, addr),
-                Ok(Err(e)) => tracing::debug!("TLS handshake with {addr}: {e}"),
-                Err(_) => tracing::debug!("TLS handshake with {addr} timed out"),
             }
-        }
-    }
-
-    fn local_addr(&self) -> std::io::Result<Self::Addr> {
-        self.tcp.local_addr()
+        };
+        let tls = tls.clone();
+        let app = app.clone();
+        tokio::spawn(async move {
+            connection(stream, addr, tls, app).await;
+            drop(permit);
+        });
     }
 }
 
@@ -214,7 +315,8 @@ pub async fn serve(repo: &Path, rev: Option<&str>, args: &ServeArgs) -> Result<u
         repo: repo.to_path_buf(),
         rev,
         token,
-        current: tokio::sync::Mutex::new(None),
+        current: std::sync::RwLock::new(None),
+        compiling: tokio::sync::Mutex::new(None),
     });
     if shared.snapshot().await.is_none() {
         bail!("nothing to serve: the revision does not pass check");
@@ -233,26 +335,23 @@ pub async fn serve(repo: &Path, rev: Option<&str>, args: &ServeArgs) -> Result<u
             _ = term.recv() => {}
         }
     };
-    if let (Some(cert), Some(key)) = (&args.tls_cert, &args.tls_key) {
-        let cert_pem =
-            std::fs::read(cert).with_context(|| format!("reading {}", cert.display()))?;
-        let key_pem = std::fs::read(key).with_context(|| format!("reading {}", key.display()))?;
-        let identity = native_tls::Identity::from_pkcs8(&cert_pem, &key_pem)
-            .context("the TLS certificate and key")?;
-        let acceptor = native_tls::TlsAcceptor::new(identity).context("TLS setup")?;
-        eprintln!("edgeform serve: https://{}", args.listen);
-        let listener = TlsListener {
-            tcp,
-            acceptor: acceptor.into(),
-        };
-        axum::serve(listener, app)
-            .with_graceful_shutdown(shutdown)
-            .await?;
-    } else {
-        eprintln!("edgeform serve: http://{}", args.listen);
-        axum::serve(tcp, app)
-            .with_graceful_shutdown(shutdown)
-            .await?;
-    }
+    let tls = match (&args.tls_cert, &args.tls_key) {
+        (Some(cert), Some(key)) => {
+            let cert_pem =
+                std::fs::read(cert).with_context(|| format!("reading {}", cert.display()))?;
+            let key_pem =
+                std::fs::read(key).with_context(|| format!("reading {}", key.display()))?;
+            let identity = native_tls::Identity::from_pkcs8(&cert_pem, &key_pem)
+                .context("the TLS certificate and key")?;
+            let acceptor = native_tls::TlsAcceptor::new(identity).context("TLS setup")?;
+            eprintln!("edgeform serve: https://{}", args.listen);
+            Some(acceptor.into())
+        }
+        _ => {
+            eprintln!("edgeform serve: http://{}", args.listen);
+            None
+        }
+    };
+    accept_loop(tcp, tls, app, shutdown).await;
     Ok(0)
 }

@@ -392,7 +392,8 @@ pub struct Location {
 #[derive(Debug, Clone, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Redis {
-    /// `redis://host:port[/db]`, without credentials.
+    /// `redis://host:port[/db]`, or `redis://USER@host:port` for an ACL
+    /// user; never a password.
     #[serde(default)]
     #[schemars(regex(pattern = r"^rediss?://"))]
     pub url: Option<String>,
@@ -403,6 +404,12 @@ pub struct Redis {
     #[serde(default)]
     #[schemars(length(min = 1))]
     pub master: Option<String>,
+    /// The Redis ACL user to authenticate as (default: the `default`
+    /// user); or write it as the URL's user part, `redis://USER@host`.
+    /// Its password comes only from `password_env`.
+    #[serde(default)]
+    #[schemars(length(min = 1, max = 128))]
+    pub username: Option<String>,
     /// Environment variable holding the Redis password.
     #[serde(default)]
     #[schemars(regex(pattern = ENV_PATTERN))]

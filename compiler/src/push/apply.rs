@@ -14,7 +14,7 @@ use redis::aio::MultiplexedConnection;
 use tracing::Instrument as _;
 
 pub use super::lock::Lock;
-use super::plan::{self, Ancestry, Changes, Overrides};
+use super::plan::{self, Changes, Overrides};
 use super::state::{Desired, Live, Manifest, Meta, now_rfc3339};
 use crate::model::resolved::Thresholds;
 
@@ -195,6 +195,7 @@ impl Options {
     #[must_use]
     pub fn entry(
         &self,
+        relation: &super::gate::Relation,
         previous: Option<&str>,
         generation: u64,
         written: usize,
@@ -210,13 +211,12 @@ impl Options {
             command: self.audit.command.clone(),
             forced: self.overrides.force,
             break_glass: self.break_glass,
-            freeze: self
-                .frozen
-                .as_ref()
+            freeze: super::gate::in_force(self, relation)
                 .filter(|_| self.break_glass)
                 .map(|f| f.window.clone()),
             written,
             deleted,
+            clock_moved: self.audit.moved.map(super::state::rfc3339),
         }
     }
 }
@@ -246,7 +246,7 @@ pub async fn apply(
     desired: &Desired,
     options: &Options,
     expect: Option<&Expect>,
-    ancestry: &(dyn Fn(Option<&str>) -> Ancestry + Send + Sync),
+    ancestry: &super::gate::Relate<'_>,
 ) -> Result<Outcome> {
     if let Some(unchanged) = unchanged_without_lock(con, desired, options, expect, ancestry).await?
     {
@@ -272,7 +272,7 @@ async fn unchanged_without_lock(
     desired: &Desired,
     options: &Options,
     expect: Option<&Expect>,
-    ancestry: &(dyn Fn(Option<&str>) -> Ancestry + Send + Sync),
+    ancestry: &super::gate::Relate<'_>,
 ) -> Result<Option<Outcome>> {
     let (meta, old) = read_meta(con).await?;
     if old
@@ -327,7 +327,7 @@ async fn transaction(
     desired: &Desired,
     options: &Options,
     expect: Option<&Expect>,
-    ancestry: &(dyn Fn(Option<&str>) -> Ancestry + Send + Sync),
+    ancestry: &super::gate::Relate<'_>,
 ) -> Result<Outcome> {
     for _attempt in 0..5 {
         redis::cmd("WATCH")
@@ -360,6 +360,7 @@ async fn transaction(
         }
         let generation = live.meta.generation + 1;
         let entry = options.entry(
+            &ancestry(live.meta.commit.as_deref()),
             live.meta.commit.as_deref(),
             generation,
             changes.added.len() + changes.changed.len(),
@@ -386,7 +387,7 @@ fn check(
     live: &Live,
     options: &Options,
     expect: Option<&Expect>,
-    ancestry: &(dyn Fn(Option<&str>) -> Ancestry + Send + Sync),
+    ancestry: &super::gate::Relate<'_>,
 ) -> Result<Changes> {
     let changes = live_changes(desired, live);
     if let Some(e) = expect

@@ -21,6 +21,8 @@ pub struct Audit {
     /// When the run started, seconds since the epoch (the injectable
     /// clock, [`crate::clock::now`]).
     pub now: u64,
+    /// The real time when `--now` moved the clock (`now` is then not it).
+    pub moved: Option<u64>,
 }
 
 impl Audit {
@@ -36,6 +38,7 @@ impl Audit {
             applied_by: format!("{user}@{}", super::lock::hostname()),
             command: command_line(std::env::args().skip(1)),
             now,
+            moved: crate::clock::moved(),
         }
     }
 }
@@ -99,6 +102,10 @@ pub struct Entry {
     /// Documents written (added or changed), and deleted.
     pub written: usize,
     pub deleted: usize,
+    /// `--now` moved the clock (a drill or a test): `at` is the moved
+    /// time, this the real one (RFC 3339, UTC).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub clock_moved: Option<String>,
 }
 
 /// Append to `pipe` (inside MULTI) the entry and the trim to

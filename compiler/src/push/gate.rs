@@ -7,7 +7,11 @@
 //! - Moving a target to another commit (or writing a first one) passes
 //!   every check `apply` makes: the rollback guard, the empty-state
 //!   refusal and the thresholds (`--force`, `--allow-rollback` honoured
-//!   the same way), and no open freeze window (`--break-glass`).
+//!   the same way), the descent rule (the desired commit contains the
+//!   live one; under `--require-signed-by`, every commit between them is
+//!   signed), and no open freeze window (`--break-glass`) — the new
+//!   commit's *or the live commit's*: a commit cannot lift the freeze it
+//!   is applied under by deleting it.
 //! - `apply` itself always passes the checks, as it always did.
 
 use super::apply::Options;
@@ -51,6 +55,34 @@ pub struct Frozen {
     pub until: String,
 }
 
+/// What the gate knows of a target's live commit: where the desired
+/// commit stands relative to it, and the freeze window the live commit's
+/// own `cluster.yaml` has open.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Relation {
+    pub ancestry: Ancestry,
+    pub frozen: Option<Frozen>,
+}
+
+impl From<Ancestry> for Relation {
+    fn from(ancestry: Ancestry) -> Relation {
+        Relation {
+            ancestry,
+            frozen: None,
+        }
+    }
+}
+
+/// How callers learn a target's [`Relation`] from its live commit.
+pub type Relate<'a> = dyn Fn(Option<&str>) -> Relation + Send + Sync + 'a;
+
+/// The freeze window in force for a move: the new commit's, else the
+/// live commit's (either one open stops the move).
+#[must_use]
+pub fn in_force<'a>(options: &'a Options, relation: &'a Relation) -> Option<&'a Frozen> {
+    options.frozen.as_ref().or(relation.frozen.as_ref())
+}
+
 /// Whether writing `desired_commit` moves a target whose meta names
 /// `live_commit` to another commit.
 #[must_use]
@@ -59,8 +91,8 @@ pub fn moving(live_commit: Option<&str>, desired_commit: &str) -> bool {
 }
 
 /// The decision for one target: `live` and `changes` as `apply` reads and
-/// computes them (the manifest against the desired state), `ancestry` of
-/// the desired commit relative to the live one.
+/// computes them (the manifest against the desired state), `relation` of
+/// the desired commit to the live one.
 ///
 /// # Errors
 /// The refusal, with its kind ([`Refusal::kind`]).
@@ -69,7 +101,7 @@ pub fn decide(
     desired: &Desired,
     live: &Live,
     changes: &Changes,
-    ancestry: Ancestry,
+    relation: Relation,
 ) -> Result<Move, Refusal> {
     let moves = moving(live.meta.commit.as_deref(), &options.commit);
     if !moves && options.action != Action::Apply {
@@ -77,7 +109,7 @@ pub fn decide(
     }
     if moves
         && !options.break_glass
-        && let Some(f) = &options.frozen
+        && let Some(f) = in_force(options, &relation)
     {
         return Err(Refusal::Frozen {
             window: f.window.clone(),
@@ -89,7 +121,7 @@ pub fn decide(
         desired,
         live,
         changes,
-        ancestry,
+        relation.ancestry,
         options.thresholds,
         options.overrides,
     )?;
@@ -154,11 +186,23 @@ mod tests {
             let o = options(action);
             // Same commit: free, whatever the size of the repair.
             assert_eq!(
-                decide(&o, &d, &live("b", 100), &mass_deletion(), Ancestry::Forward),
+                decide(
+                    &o,
+                    &d,
+                    &live("b", 100),
+                    &mass_deletion(),
+                    Ancestry::Forward.into()
+                ),
                 Ok(Move::Repair)
             );
             // Another commit: exactly apply's refusal.
-            let r = decide(&o, &d, &live("a", 100), &mass_deletion(), Ancestry::Forward);
+            let r = decide(
+                &o,
+                &d,
+                &live("a", 100),
+                &mass_deletion(),
+                Ancestry::Forward.into(),
+            );
             assert_eq!(r.unwrap_err().kind(), RefusalKind::Deletes);
             let mut forced = o.clone();
             forced.overrides.force = true;
@@ -168,7 +212,7 @@ mod tests {
                     &d,
                     &live("a", 100),
                     &mass_deletion(),
-                    Ancestry::Forward
+                    Ancestry::Forward.into()
                 ),
                 Ok(Move::Advance)
             );
@@ -178,7 +222,7 @@ mod tests {
                 &d,
                 &live("a", 100),
                 &Changes::default(),
-                Ancestry::Older,
+                Ancestry::Older.into(),
             );
             assert_eq!(r.unwrap_err().kind(), RefusalKind::Rollback);
             let r = decide(
@@ -186,7 +230,7 @@ mod tests {
                 &desired(0),
                 &live("a", 1),
                 &Changes::default(),
-                Ancestry::Forward,
+                Ancestry::Forward.into(),
             );
             assert_eq!(r.unwrap_err().kind(), RefusalKind::Empty);
         }
@@ -196,7 +240,7 @@ mod tests {
             &d,
             &live("b", 100),
             &mass_deletion(),
-            Ancestry::Forward,
+            Ancestry::Forward.into(),
         );
         assert_eq!(r.unwrap_err().kind(), RefusalKind::Deletes);
     }
@@ -215,7 +259,7 @@ mod tests {
                 &d,
                 &live("a", 100),
                 &Changes::default(),
-                Ancestry::Forward,
+                Ancestry::Forward.into(),
             );
             assert_eq!(r.unwrap_err().kind(), RefusalKind::Frozen, "{action:?}");
             // --force is not --break-glass.
@@ -225,7 +269,7 @@ mod tests {
                 &d,
                 &live("a", 100),
                 &Changes::default(),
-                Ancestry::Forward,
+                Ancestry::Forward.into(),
             );
             assert_eq!(r.unwrap_err().kind(), RefusalKind::Frozen);
             assert_eq!(
@@ -234,7 +278,7 @@ mod tests {
                     &d,
                     &live("b", 100),
                     &Changes::default(),
-                    Ancestry::Forward
+                    Ancestry::Forward.into()
                 ),
                 Ok(Move::Repair)
             );
@@ -246,10 +290,100 @@ mod tests {
                     &d,
                     &live("a", 100),
                     &Changes::default(),
-                    Ancestry::Forward
+                    Ancestry::Forward.into()
                 ),
                 Ok(Move::Advance)
             );
+        }
+    }
+
+    #[test]
+    fn the_live_commits_freeze_is_in_force_too() {
+        let d = desired(40);
+        let live_frozen = Relation {
+            ancestry: Ancestry::Forward,
+            frozen: Some(Frozen {
+                window: "final".into(),
+                until: "2026-12-26T06:00:00Z".into(),
+            }),
+        };
+        for action in [Action::Apply, Action::Sync, Action::Heal] {
+            // The new commit has no window (it deleted it): the live one's holds.
+            let mut o = options(action);
+            let r = decide(
+                &o,
+                &d,
+                &live("a", 100),
+                &Changes::default(),
+                live_frozen.clone(),
+            );
+            assert_eq!(r.unwrap_err().kind(), RefusalKind::Frozen, "{action:?}");
+            // Repair at the own commit goes on.
+            if action != Action::Apply {
+                assert_eq!(
+                    decide(
+                        &o,
+                        &d,
+                        &live("b", 100),
+                        &Changes::default(),
+                        live_frozen.clone()
+                    ),
+                    Ok(Move::Repair)
+                );
+            }
+            o.break_glass = true;
+            assert_eq!(
+                decide(
+                    &o,
+                    &d,
+                    &live("a", 100),
+                    &Changes::default(),
+                    live_frozen.clone()
+                ),
+                Ok(Move::Advance)
+            );
+            // The history records the window broken.
+            let e = o.entry(&live_frozen, Some("a"), 2, 0, 0);
+            assert_eq!(e.freeze.as_deref(), Some("final"));
+        }
+    }
+
+    #[test]
+    fn a_diverged_commit_needs_allow_rollback_and_unsigned_history_is_never_moved_to() {
+        let d = desired(40);
+        for action in [Action::Apply, Action::Sync, Action::Heal] {
+            let mut o = options(action);
+            let r = decide(
+                &o,
+                &d,
+                &live("a", 100),
+                &Changes::default(),
+                Ancestry::Diverged.into(),
+            );
+            assert_eq!(r.unwrap_err().kind(), RefusalKind::Diverged, "{action:?}");
+            let unsigned = || -> Relation {
+                Ancestry::Unsigned {
+                    commit: "c".into(),
+                    why: "unsigned",
+                }
+                .into()
+            };
+            let r = decide(&o, &d, &live("a", 100), &Changes::default(), unsigned());
+            assert_eq!(r.unwrap_err().kind(), RefusalKind::UnsignedHistory);
+            o.overrides.allow_rollback = true;
+            o.overrides.force = true;
+            assert_eq!(
+                decide(
+                    &o,
+                    &d,
+                    &live("a", 100),
+                    &Changes::default(),
+                    Ancestry::Diverged.into()
+                ),
+                Ok(Move::Advance)
+            );
+            let r = decide(&o, &d, &live("a", 100), &Changes::default(), unsigned());
+            assert_eq!(r.unwrap_err().kind(), RefusalKind::UnsignedHistory);
         }
     }
 }

@@ -24,7 +24,7 @@ use edgestate::keys;
 use redis::aio::MultiplexedConnection;
 
 use super::apply::{Body, Lock, Options, multi_exec};
-use super::plan::{Ancestry, Changes};
+use super::plan::Changes;
 use super::state::{Desired, Live, Meta, hex128};
 
 /// What kind of drift a key had.
@@ -224,17 +224,24 @@ return {missing, changed, bad, hex(x1, 8) .. hex(x2, 8) .. hex(x3, 8) .. hex(x4,
   b, cursor, hex(y1, 8) .. hex(y2, 8) .. hex(y3, 8) .. hex(y4, 8), yn, done}
 ";
 
-/// One SCAN step inside Redis that returns the next cursor and how many
-/// of the keys seen start with ARGV[3] or ARGV[4] — a count, not the keys.
+/// One SCAN step per document prefix inside Redis, each limited to its
+/// prefix (`MATCH`): ARGV[1] and ARGV[2] are the `site:*` and
+/// `suspended:*` cursors (`done` when that scan finished), ARGV[3] the
+/// COUNT of each. Returns both next cursors and how many keys they found —
+/// a count, not the keys. Heal never scans outside its prefixes (an ACL
+/// user's keys, docs/operations.md).
 const COUNT: &str = r"
-local r = redis.call('SCAN', ARGV[1], 'COUNT', ARGV[2])
-local a, b, n = ARGV[3], ARGV[4], 0
-for _, k in ipairs(r[2]) do
-  if string.sub(k, 1, #a) == a or string.sub(k, 1, #b) == b then
-    n = n + 1
+local out, n = {}, 0
+for i = 1, 2 do
+  if ARGV[i] == 'done' then
+    out[i] = 'done'
+  else
+    local r = redis.call('SCAN', ARGV[i], 'MATCH', ARGV[i + 3], 'COUNT', ARGV[3])
+    n = n + #r[2]
+    out[i] = r[1] == '0' and 'done' or r[1]
   end
 end
-return {r[1], n}
+return {out[1], out[2], n}
 ";
 
 /// A [`COMPARE`] reply: missing keys, changed keys, bad buckets, the
@@ -303,7 +310,7 @@ pub async fn heal(
     con: &mut MultiplexedConnection,
     desired: &Desired,
     options: &Options,
-    ancestry: &(dyn Fn(Option<&str>) -> Ancestry + Send + Sync),
+    ancestry: &super::gate::Relate<'_>,
 ) -> Result<Healed> {
     heal_scoped(con, desired, options, ancestry, Scope::Everything).await
 }
@@ -330,7 +337,7 @@ pub async fn heal_scoped(
     con: &mut MultiplexedConnection,
     desired: &Desired,
     options: &Options,
-    ancestry: &(dyn Fn(Option<&str>) -> Ancestry + Send + Sync),
+    ancestry: &super::gate::Relate<'_>,
     scope: Scope<'_>,
 ) -> Result<Healed> {
     if options.dry_run {
@@ -347,7 +354,7 @@ async fn heal_locked(
     con: &mut MultiplexedConnection,
     desired: &Desired,
     options: &Options,
-    ancestry: &(dyn Fn(Option<&str>) -> Ancestry + Send + Sync),
+    ancestry: &super::gate::Relate<'_>,
     scope: Scope<'_>,
 ) -> Result<Healed> {
     let mut healed = Healed::default();
@@ -402,6 +409,7 @@ async fn heal_locked(
             ..Live::default()
         };
         let entry = options.entry(
+            &ancestry(meta.commit.as_deref()),
             meta.commit.as_deref(),
             meta.generation + 1,
             changes.changed.len(),
@@ -811,28 +819,34 @@ async fn count_documents(
 ) -> Result<(usize, Walked)> {
     let count = redis::Script::new(COUNT);
     let mut cost = Walked::default();
-    let mut cursor = "0".to_owned();
     let mut present = 0usize;
+    let patterns = [
+        format!("{}*", keys::SITE_PREFIX),
+        format!("{}*", keys::SUSPENDED_PREFIX),
+    ];
+    let (mut sites, mut suspended) = ("0".to_owned(), "0".to_owned());
     while !stop.load(Ordering::Relaxed) {
         let t = std::time::Instant::now();
         let reply: redis::Value = count
-            .arg(&cursor)
+            .arg(&sites)
+            .arg(&suspended)
             // Counting a key costs ~1/10 of comparing an entry
             // (bench/README.md): 8 keys per entry of the budget keep a
-            // call under what a COMPARE call costs.
-            .arg(8 * budget)
-            .arg(keys::SITE_PREFIX)
-            .arg(keys::SUSPENDED_PREFIX)
+            // call under what a COMPARE call costs (half to each prefix).
+            .arg((4 * budget).max(1))
+            .arg(&patterns[0])
+            .arg(&patterns[1])
             .invoke_async(con)
             .await
             .context("counting documents in Redis")?;
         cost.call(t, &reply);
-        let (next, n): (String, usize) = redis::from_redis_value(reply)?;
+        let (next_sites, next_suspended, n): (String, String, usize) =
+            redis::from_redis_value(reply)?;
         present += n;
-        if next == "0" {
+        if next_sites == "done" && next_suspended == "done" {
             break;
         }
-        cursor = next;
+        (sites, suspended) = (next_sites, next_suspended);
     }
     Ok((present, cost))
 }
@@ -886,7 +900,7 @@ async fn gate(
     desired: &Desired,
     options: &Options,
     meta: &Meta,
-    ancestry: &(dyn Fn(Option<&str>) -> Ancestry + Send + Sync),
+    ancestry: &super::gate::Relate<'_>,
 ) -> Result<Result<super::gate::Move, super::plan::Refusal>> {
     if !super::gate::moving(meta.commit.as_deref(), &options.commit) {
         return Ok(Ok(super::gate::Move::Repair));

@@ -24,7 +24,7 @@ use crate::workspace::Source;
 pub struct Settings {
     /// Override the safety thresholds and the empty-state refusal.
     pub force: bool,
-    /// Allow pushing a commit older than the one live.
+    /// Allow pushing a commit that does not descend from the one live.
     pub allow_rollback: bool,
     /// Targets worked on at once.
     pub parallel: usize,
@@ -34,6 +34,9 @@ pub struct Settings {
     pub break_glass: bool,
     /// Heal: report the drift, write nothing.
     pub dry_run: bool,
+    /// `reconcile --require-signed-by`: the history from each target's
+    /// live commit to the one pushed must be signed throughout.
+    pub signers: Option<super::signed::AllowedSigners>,
 }
 
 /// The jobs for `--node` (all targets when empty).
@@ -61,8 +64,8 @@ pub fn jobs(source: &Source, only: &[String]) -> Result<Vec<Job>> {
 /// window open now ([`crate::clock::now`]) and who writes.
 #[must_use]
 pub fn options(source: &Source, flags: &Settings, action: Action) -> Options {
-    // The CLI checked EDGEFORM_NOW before the run.
-    let now = crate::clock::now().unwrap_or(0);
+    // The CLI checked the clock (EDGEFORM_NOW refused) before the run.
+    let now = crate::clock::checked_now();
     let frozen = frozen_at(source, now);
     Options {
         commit: source.commit.clone(),
@@ -93,7 +96,7 @@ pub fn frozen_at(source: &Source, now: u64) -> Option<Frozen> {
 /// The freeze window of `source` open now ([`crate::clock::now`]).
 #[must_use]
 pub fn frozen(source: &Source) -> Option<Frozen> {
-    frozen_at(source, crate::clock::now().unwrap_or(0))
+    frozen_at(source, crate::clock::checked_now())
 }
 
 /// How one target's sync or heal ended: typed, so logs, exit codes and
@@ -166,7 +169,7 @@ pub async fn apply_all(
     tick: Arc<dyn Fn() + Send + Sync>,
 ) -> Vec<Applied> {
     let options = Arc::new(options(source, flags, action));
-    let ancestor = Arc::new(Ancestor::new(root, &source.commit));
+    let ancestor = Arc::new(Ancestor::new(root, &source.commit).signed_by(flags.signers.clone()));
     let expect: Option<Arc<SavedPlan>> = expect.map(|p| Arc::new(p.clone()));
     each(jobs, flags.parallel, |job| {
         let options = options.clone();
@@ -217,7 +220,7 @@ pub async fn heal_all(
 ) -> Report {
     let options = Arc::new(options(source, flags, Action::Heal));
     let dry = options.dry_run;
-    let ancestor = Arc::new(Ancestor::new(root, &source.commit));
+    let ancestor = Arc::new(Ancestor::new(root, &source.commit).signed_by(flags.signers.clone()));
     let results = each(jobs, flags.parallel, |job| {
         let options = options.clone();
         let ancestor = ancestor.clone();

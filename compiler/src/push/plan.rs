@@ -106,14 +106,22 @@ pub struct Overrides {
 }
 
 /// Where the desired commit stands relative to the live one.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Ancestry {
-    /// No live commit, same commit, or the desired one is newer.
+    /// No live commit, same commit, or the desired one descends from it.
     Forward,
     /// The desired commit is an ancestor of the live one.
     Older,
+    /// Neither: the desired commit does not contain the live one (a
+    /// force-moved branch, an unmerged branch), so moving to it drops
+    /// what is live.
+    Diverged,
     /// The live commit is not in this repository (cannot tell).
     Unknown,
+    /// Signed commits are required and a commit between the live one and
+    /// the desired one (reachable from the desired, not from the live)
+    /// does not verify: `commit` and why ([`super::signed::Refusal::as_str`]).
+    Unsigned { commit: String, why: &'static str },
 }
 
 /// Why an apply to a target is refused.
@@ -142,6 +150,17 @@ pub enum Refusal {
         window: String,
         until: String,
     },
+    /// The desired commit does not descend from the live one.
+    Diverged {
+        live: String,
+        desired: String,
+    },
+    /// Under `--require-signed-by`, a commit of the history from the live
+    /// commit to the desired one is not signed by an allowed signer.
+    UnsignedHistory {
+        commit: String,
+        why: &'static str,
+    },
 }
 
 /// The kind of a [`Refusal`], for logs and metrics (a label value that
@@ -155,6 +174,8 @@ pub enum RefusalKind {
     Deletes,
     Changes,
     Frozen,
+    Diverged,
+    UnsignedHistory,
 }
 
 impl RefusalKind {
@@ -167,6 +188,8 @@ impl RefusalKind {
             RefusalKind::Deletes => "deletes",
             RefusalKind::Changes => "changes",
             RefusalKind::Frozen => "frozen",
+            RefusalKind::Diverged => "diverged",
+            RefusalKind::UnsignedHistory => "unsigned-history",
         }
     }
 }
@@ -181,6 +204,8 @@ impl Refusal {
             Refusal::Deletes { .. } => RefusalKind::Deletes,
             Refusal::Changes { .. } => RefusalKind::Changes,
             Refusal::Frozen { .. } => RefusalKind::Frozen,
+            Refusal::Diverged { .. } => RefusalKind::Diverged,
+            Refusal::UnsignedHistory { .. } => RefusalKind::UnsignedHistory,
         }
     }
 }
@@ -223,6 +248,16 @@ impl std::fmt::Display for Refusal {
                 f,
                 "refusing to move to another commit during the freeze window `{window}` (until {until}; use --break-glass)"
             ),
+            Refusal::Diverged { live, desired } => write!(
+                f,
+                "refusing {desired}: it does not descend from the live commit {live}, so moving to it \
+                 would drop what is live (merge it, or use --allow-rollback)"
+            ),
+            Refusal::UnsignedHistory { commit, why } => write!(
+                f,
+                "refusing a history with commit {commit} that is not signed by an allowed signer \
+                 ({why}): every commit from the live one to the new one must be"
+            ),
         }
     }
 }
@@ -241,6 +276,10 @@ pub fn allowed(
     overrides: Overrides,
 ) -> Result<(), Refusal> {
     let live_commit = live.meta.commit.clone().unwrap_or_default();
+    // Unsigned history is refused whatever the overrides.
+    if let Ancestry::Unsigned { commit, why } = ancestry {
+        return Err(Refusal::UnsignedHistory { commit, why });
+    }
     if !overrides.allow_rollback {
         match ancestry {
             Ancestry::Older => {
@@ -249,8 +288,14 @@ pub fn allowed(
                     desired: desired_commit.to_owned(),
                 });
             }
+            Ancestry::Diverged => {
+                return Err(Refusal::Diverged {
+                    live: live_commit,
+                    desired: desired_commit.to_owned(),
+                });
+            }
             Ancestry::Unknown => return Err(Refusal::UnknownLive { live: live_commit }),
-            Ancestry::Forward => {}
+            Ancestry::Forward | Ancestry::Unsigned { .. } => {}
         }
     }
     if overrides.force {

@@ -72,24 +72,30 @@ fn log_refused(refused: &signed::RefusedCommit) {
     );
 }
 
-/// The revision one run pushes, and the refusal when the newest one may
-/// not be pushed (`--require-signed-by`) but an earlier good one is kept.
+/// The revision one run pushes, the refusal when the newest one may not
+/// be pushed (`--require-signed-by`) but an earlier good one is kept, and
+/// the allowed signers every target's history is checked against.
 struct Pick {
     rev: Option<String>,
     refused: Option<signed::RefusedCommit>,
+    signers: Option<signed::AllowedSigners>,
 }
 
 /// The revision to push: the pulled commit, `--rev`, or (with
 /// `--require-signed-by`, which never pushes a working tree) `HEAD`;
-/// with `--require-signed-by`, only when its signature verifies. A
-/// refused commit falls back to `last_good` (the last verified commit of
-/// this process) or, without one, fails the run.
+/// with `--require-signed-by`, only when its signature verifies and,
+/// after a commit this process applied (`last_good`), when it descends
+/// from it (unless `allow_rollback`) through a history signed
+/// throughout. A refused commit falls back to `last_good` or, without
+/// one, fails the run. (Each target's own live commit is checked the
+/// same way by the gate.)
 fn pick(
     root: &Path,
     rev: Option<&str>,
     pull_spec: Option<&str>,
     git: &remote::GitFlags,
     auth: &remote::Auth,
+    allow_rollback: bool,
     last_good: &std::cell::RefCell<Option<String>>,
 ) -> Result<Pick> {
     let rev = match pull_spec {
@@ -97,7 +103,11 @@ fn pick(
         None => rev.map(str::to_owned),
     };
     let Some(signers) = &git.require_signed_by else {
-        return Ok(Pick { rev, refused: None });
+        return Ok(Pick {
+            rev,
+            refused: None,
+            signers: None,
+        });
     };
     let signers = signed::AllowedSigners::load(signers)?;
     let repo =
@@ -106,15 +116,23 @@ fn pick(
         .revparse_single(rev.as_deref().unwrap_or("HEAD"))
         .with_context(|| format!("no revision {}", rev.as_deref().unwrap_or("HEAD")))?
         .peel_to_commit()?
-        .id()
-        .to_string();
-    match signed::verify(&repo, &commit, &signers)? {
+        .id();
+    let verdict = match signed::verify(&repo, &commit.to_string(), &signers)? {
+        Ok(v) => match history(&repo, last_good, commit, &signers, allow_rollback)? {
+            Ok(()) => Ok(v),
+            Err(refusal) => Err(refusal),
+        },
+        Err(refusal) => Err(refusal),
+    };
+    let commit = commit.to_string();
+    match verdict {
         Ok(v) => {
             tracing::info!(%commit, signer = %v.principal, "reconcile: signature verified");
             *last_good.borrow_mut() = Some(commit.clone());
             Ok(Pick {
                 rev: Some(commit),
                 refused: None,
+                signers: Some(signers),
             })
         }
         Err(refusal) => {
@@ -129,6 +147,7 @@ fn pick(
                     Ok(Pick {
                         rev: Some(good),
                         refused: Some(refused),
+                        signers: Some(signers),
                     })
                 }
                 // Logged by the run, as its one error.
@@ -136,6 +155,36 @@ fn pick(
             }
         }
     }
+}
+
+/// Whether `commit` may follow the last commit this process applied:
+/// descends from it (unless `allow_rollback`) and every commit between
+/// them verifies.
+fn history(
+    repo: &git2::Repository,
+    last_good: &std::cell::RefCell<Option<String>>,
+    commit: git2::Oid,
+    signers: &signed::AllowedSigners,
+    allow_rollback: bool,
+) -> Result<Result<(), signed::Refusal>> {
+    let Some(good) = last_good.borrow().clone() else {
+        return Ok(Ok(()));
+    };
+    let good_id = git2::Oid::from_str(&good)?;
+    if good_id == commit {
+        return Ok(Ok(()));
+    }
+    if !allow_rollback && !repo.graph_descendant_of(commit, good_id)? {
+        return Ok(Err(signed::Refusal::NotDescendant { last_good: good }));
+    }
+    Ok(
+        signed::verify_history(repo, good_id, commit, signers)?.map_err(|(commit, r)| {
+            signed::Refusal::UnsignedHistory {
+                commit,
+                why: r.as_str(),
+            }
+        }),
+    )
 }
 
 /// `edgeform reconcile`: sync every `sync_every`, heal every
@@ -172,16 +221,21 @@ pub async fn reconcile(
         }
     }
     let last_good = std::cell::RefCell::new(None);
-    let load_source = |root: &Path| -> Result<(Source, bool)> {
+    let load_source = |root: &Path| -> Result<(Source, bool, Option<signed::AllowedSigners>)> {
         let p = pick(
             root,
             rev.as_deref(),
             pull_spec.as_deref(),
             &git,
             &auth,
+            flags.allow_rollback,
             &last_good,
         )?;
-        Ok((load(root, p.rev.as_deref())?, p.refused.is_some()))
+        Ok((
+            load(root, p.rev.as_deref())?,
+            p.refused.is_some(),
+            p.signers,
+        ))
     };
     // The daemon's heals compare what each target's Redis reports written
     // (#16); `--once` has no history to go on.
@@ -192,10 +246,10 @@ pub async fn reconcile(
         let tracker = tracker.clone();
         let root = root.clone();
         let only = only.clone();
-        let flags = flags.clone();
+        let mut flags = flags.clone();
         let source = load_source(&root);
         async move {
-            let (source, refused) = match source {
+            let (source, refused, signers) = match source {
                 Ok(s) => s,
                 Err(e) => {
                     match e.downcast_ref::<signed::RefusedCommit>() {
@@ -207,9 +261,10 @@ pub async fn reconcile(
                     return 1;
                 }
             };
+            flags.signers = signers;
             if let Some(w) = crate::model::resolved::FreezeWindow::open_at(
                 &source.config.cluster.freeze,
-                crate::clock::now().unwrap_or(0),
+                crate::clock::checked_now(),
             ) {
                 tracing::warn!(
                     window = %w.name,

@@ -1,6 +1,7 @@
 //! Running one operation on many targets: concurrently (bounded), each
 //! outcome kept, one failure never stopping the others.
 
+use std::collections::HashMap;
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 
@@ -9,7 +10,9 @@ use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 
 use super::Job;
+use super::gate::{Frozen, Relation};
 use super::plan::Ancestry;
+use crate::model::resolved::FreezeWindow;
 
 /// Run `f` on every job with at most `parallel` at a time; results in job
 /// name order.
@@ -41,10 +44,17 @@ where
 }
 
 /// Tells where a desired commit stands relative to a live one, using the
-/// git repository at `root`.
+/// git repository at `root`: its ancestry (with signed commits required,
+/// whether the history between them is signed throughout) and the freeze
+/// window the live commit's own `cluster.yaml` has open. One per run;
+/// answers are kept per live commit.
 pub struct Ancestor {
     repo: Mutex<Option<git2::Repository>>,
+    root: std::path::PathBuf,
     desired: String,
+    signers: Option<super::signed::AllowedSigners>,
+    now: u64,
+    known: Mutex<HashMap<Option<String>, Relation>>,
 }
 
 impl Ancestor {
@@ -52,14 +62,56 @@ impl Ancestor {
     pub fn new(root: &Path, desired: &str) -> Ancestor {
         Ancestor {
             repo: Mutex::new(git2::Repository::discover(root).ok()),
+            root: root.to_owned(),
             desired: desired.to_owned(),
+            signers: None,
+            // The CLI checked the clock before the run.
+            now: crate::clock::checked_now(),
+            known: Mutex::new(HashMap::new()),
         }
     }
 
-    /// Where `desired` stands relative to `live`.
+    /// Require every commit from a live one to the desired one to be
+    /// signed by one of `signers` (`reconcile --require-signed-by`).
     #[must_use]
-    pub fn relate(&self, live: Option<&str>) -> Ancestry {
-        let clean = |c: &str| c.trim_end_matches("+dirty").to_owned();
+    pub fn signed_by(mut self, signers: Option<super::signed::AllowedSigners>) -> Ancestor {
+        self.signers = signers;
+        self
+    }
+
+    /// Where `desired` stands relative to `live`, and the live commit's
+    /// open freeze window.
+    #[must_use]
+    pub fn relate(&self, live: Option<&str>) -> Relation {
+        let key = live.map(str::to_owned);
+        let known = self
+            .known
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .get(&key)
+            .cloned();
+        if let Some(known) = known {
+            return known;
+        }
+        let guard = self
+            .repo
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let relation = Relation {
+            ancestry: self.ancestry(guard.as_ref(), live),
+            frozen: guard
+                .as_ref()
+                .and_then(|repo| self.live_freeze(repo, live?)),
+        };
+        drop(guard);
+        self.known
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .insert(key, relation.clone());
+        relation
+    }
+
+    fn ancestry(&self, repo: Option<&git2::Repository>, live: Option<&str>) -> Ancestry {
         let Some(live) = live.map(clean) else {
             return Ancestry::Forward;
         };
@@ -67,11 +119,7 @@ impl Ancestor {
         if live == desired || live.is_empty() {
             return Ancestry::Forward;
         }
-        let guard = self
-            .repo
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        let Some(repo) = guard.as_ref() else {
+        let Some(repo) = repo else {
             return Ancestry::Unknown;
         };
         let (Ok(live_id), Ok(desired_id)) =
@@ -79,16 +127,93 @@ impl Ancestor {
         else {
             return Ancestry::Unknown;
         };
-        if repo.find_commit(live_id).is_err() {
+        if repo.find_commit(live_id).is_err() || repo.find_commit(desired_id).is_err() {
             return Ancestry::Unknown;
         }
-        if repo.find_commit(desired_id).is_err() {
-            return Ancestry::Unknown;
-        }
-        match repo.graph_descendant_of(live_id, desired_id) {
-            Ok(true) => Ancestry::Older,
-            Ok(false) => Ancestry::Forward,
-            Err(_) => Ancestry::Unknown,
+        let ancestry = if matches!(repo.graph_descendant_of(live_id, desired_id), Ok(true)) {
+            Ancestry::Older
+        } else {
+            match repo.graph_descendant_of(desired_id, live_id) {
+                Ok(true) => Ancestry::Forward,
+                Ok(false) => Ancestry::Diverged,
+                Err(_) => return Ancestry::Unknown,
+            }
+        };
+        let Some(signers) = &self.signers else {
+            return ancestry;
+        };
+        match super::signed::verify_history(repo, live_id, desired_id, signers) {
+            Ok(Ok(())) => ancestry,
+            Ok(Err((commit, refusal))) => Ancestry::Unsigned {
+                commit,
+                why: refusal.as_str(),
+            },
+            Err(e) => {
+                tracing::error!(cause = %edgeredis::one_line(&e), "cannot verify the signed history");
+                Ancestry::Unsigned {
+                    commit: desired,
+                    why: "unverifiable",
+                }
+            }
         }
     }
+
+    /// The freeze window open now in the live commit's `cluster.yaml`
+    /// (the config repository's folder of that commit).
+    fn live_freeze(&self, repo: &git2::Repository, live: &str) -> Option<Frozen> {
+        let id = git2::Oid::from_str(&clean(live)).ok()?;
+        let windows = freeze_windows_at(repo, &self.root, id);
+        FreezeWindow::open_at(&windows, self.now).map(|w| Frozen {
+            window: w.name.clone(),
+            until: super::state::rfc3339(w.end),
+        })
+    }
+}
+
+fn clean(commit: &str) -> String {
+    commit.trim_end_matches("+dirty").to_owned()
+}
+
+/// The `apply.freeze` windows of `cluster.yaml` at commit `id`, in the
+/// folder of the repository that `root` is (none when it has none or it
+/// does not parse: the commit was checked when it was applied).
+fn freeze_windows_at(repo: &git2::Repository, root: &Path, id: git2::Oid) -> Vec<FreezeWindow> {
+    let text = (|| -> Option<String> {
+        let tree = repo.find_commit(id).ok()?.tree().ok()?;
+        let workdir = repo.workdir()?.canonicalize().ok()?;
+        let root = root.canonicalize().ok()?;
+        let prefix = root.strip_prefix(&workdir).unwrap_or(Path::new(""));
+        let entry = tree.get_path(&prefix.join("cluster.yaml")).ok()?;
+        if entry.filemode() != i32::from(git2::FileMode::Blob)
+            && entry.filemode() != i32::from(git2::FileMode::BlobExecutable)
+        {
+            return None;
+        }
+        let blob = repo.find_blob(entry.id()).ok()?;
+        String::from_utf8(blob.content().to_vec()).ok()
+    })();
+    let Some(text) = text else {
+        return Vec::new();
+    };
+    let source = crate::load::Source {
+        kind: crate::load::Kind::Cluster,
+        path: "cluster.yaml".into(),
+        text: Ok(text),
+    };
+    let Some(crate::parse::Raw::Cluster(raw)) = crate::parse::parse_typed(&source).1 else {
+        return Vec::new();
+    };
+    raw.apply
+        .map(|a| a.freeze)
+        .unwrap_or_default()
+        .into_iter()
+        .filter_map(|w| {
+            Some(FreezeWindow {
+                start: crate::clock::parse_rfc3339(w.start.trim())?,
+                end: crate::clock::parse_rfc3339(w.end.trim())?,
+                name: w.name,
+                reason: w.reason,
+            })
+        })
+        .collect()
 }

@@ -55,7 +55,9 @@ impl Guard {
     /// The refusal `apply` would give this target, if any. See: #19 item 6
     #[must_use]
     pub fn refusal(&self, job: &Job, live: &Live, changes: &Changes) -> Option<plan::Refusal> {
-        if let Some(f) = &self.frozen
+        let relation = self.ancestor.relate(live.meta.commit.as_deref());
+        // The new commit's freeze, else the live commit's.
+        if let Some(f) = self.frozen.as_ref().or(relation.frozen.as_ref())
             && super::gate::moving(live.meta.commit.as_deref(), &self.commit)
         {
             return Some(plan::Refusal::Frozen {
@@ -68,7 +70,7 @@ impl Guard {
             &job.desired,
             live,
             changes,
-            self.ancestor.relate(live.meta.commit.as_deref()),
+            relation.ancestry,
             self.thresholds,
             plan::Overrides::default(),
         )

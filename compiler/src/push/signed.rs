@@ -13,10 +13,16 @@
 //! - A refused commit is a [`Refusal`] with a stable reason
 //!   ([`Refusal::as_str`]) for logs and metrics.
 //!
-//! Only the tip commit is verified: a signed tip vouches for the tree it
-//! names, as `git verify-commit HEAD` does. GPG and X.509 signatures are
-//! refused (`unsupported_signature`): the allowed-signers file holds SSH
-//! keys only.
+//! The tip is verified, and so is the history that leads to it
+//! ([`verify_history`]): every commit reachable from the new commit and
+//! not from the one a target has live (or this process last applied)
+//! must verify, so a signed commit that was never merged (an allowed
+//! signer's work in progress, force-pushed to the branch) or a signed tip
+//! on top of an unsigned commit is refused. The descent itself (the new
+//! commit contains the live one) is the gate's rule
+//! ([`super::plan::Ancestry`]). GPG and X.509 signatures are refused
+//! (`unsupported_signature`): the allowed-signers file holds SSH keys
+//! only.
 
 use std::fmt;
 use std::io::Write;
@@ -260,6 +266,12 @@ pub enum Refusal {
     /// commit was changed after signing, or the key is outside its
     /// validity or namespaces).
     BadSignature,
+    /// Signed, but it does not descend from the last commit this process
+    /// applied (without `--allow-rollback`).
+    NotDescendant { last_good: String },
+    /// Signed, but a commit between the last commit this process applied
+    /// and it is not (`commit`, and that commit's own refusal reason).
+    UnsignedHistory { commit: String, why: &'static str },
 }
 
 impl Refusal {
@@ -271,6 +283,8 @@ impl Refusal {
             Self::UnsupportedSignature => "unsupported_signature",
             Self::UnknownSigner => "unknown_signer",
             Self::BadSignature => "bad_signature",
+            Self::NotDescendant { .. } => "not_descendant",
+            Self::UnsignedHistory { .. } => "unsigned_history",
         }
     }
 }
@@ -278,6 +292,19 @@ impl Refusal {
 impl fmt::Display for Refusal {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self {
+            Self::NotDescendant { last_good } => {
+                return write!(
+                    f,
+                    "the commit does not descend from the last applied commit {last_good} \
+                     (a force-moved or unmerged branch; --allow-rollback to move to it)"
+                );
+            }
+            Self::UnsignedHistory { commit, why } => {
+                return write!(
+                    f,
+                    "commit {commit} in its history is not signed by an allowed signer ({why})"
+                );
+            }
             Self::Unsigned => "the commit is not signed",
             Self::UnsupportedSignature => {
                 "the commit has a GPG or X.509 signature; only SSH signatures are accepted"
@@ -384,6 +411,31 @@ pub fn verify(
         }
     }
     Ok(Err(Refusal::BadSignature))
+}
+
+/// Every commit reachable from `to` and not from `from` (oldest first),
+/// checked with [`verify`]: `Ok(Err((commit, refusal)))` names the first
+/// that does not verify.
+///
+/// # Errors
+/// The history cannot be walked, or `ssh-keygen` cannot run.
+pub fn verify_history(
+    repo: &git2::Repository,
+    from: git2::Oid,
+    to: git2::Oid,
+    signers: &AllowedSigners,
+) -> anyhow::Result<Result<(), (String, Refusal)>> {
+    let mut walk = repo.revwalk()?;
+    walk.set_sorting(git2::Sort::TOPOLOGICAL | git2::Sort::REVERSE)?;
+    walk.push(to)?;
+    walk.hide(from)?;
+    for id in walk {
+        let id = id?.to_string();
+        if let Err(refusal) = verify(repo, &id, signers)? {
+            return Ok(Err((id, refusal)));
+        }
+    }
+    Ok(Ok(()))
 }
 
 #[cfg(test)]

@@ -105,6 +105,26 @@ pub(super) fn node(ctx: &mut Ctx<'_>, raw: &raw::Node) -> Node {
             "`smoke_listen` must differ from `listen`: the candidate is tested on the alternate address, never on live traffic".to_owned(),
         );
     }
+    if let Some(i) = &raw.install {
+        for (field, vars) in [("vars", &i.vars), ("candidate_vars", &i.candidate_vars)] {
+            for (name, value) in vars {
+                if secret_var(name) && !value.is_empty() {
+                    let d = ctx.error(
+                        "inline-secret",
+                        &format!("/install/{field}/{}", pointer_escape(name)),
+                        format!(
+                            "`install.{field}.{name}` looks like a secret; secrets never live in the repository"
+                        ),
+                    );
+                    help(
+                        d,
+                        "keep it in the control host's state directory (`edgeform secrets set NODE NAME`); the installer writes it to the node's environment file and the template reads it with `env NAME;` and `os.getenv`",
+                    );
+                    d.secret = Some(value.clone());
+                }
+            }
+        }
+    }
     Node {
         file: ctx.file.path.clone(),
         name: raw.name.clone(),
@@ -123,6 +143,48 @@ pub(super) fn node(ctx: &mut Ctx<'_>, raw: &raw::Node) -> Node {
         network_bandwidth_kbit: raw.network_bandwidth_kbit,
         drain: raw.drain,
         cache,
+    }
+}
+
+/// Whether an `install.vars` name looks like a secret's: a part (split on
+/// `_`, `-`, `.`) that is a token, secret, password or key.
+fn secret_var(name: &str) -> bool {
+    name.to_ascii_lowercase()
+        .split(['_', '-', '.'])
+        .any(|part| {
+            matches!(
+                part,
+                "token"
+                    | "secret"
+                    | "password"
+                    | "passwd"
+                    | "pass"
+                    | "pwd"
+                    | "key"
+                    | "apikey"
+                    | "credential"
+                    | "credentials"
+            ) || part.ends_with("token")
+                || part.ends_with("secret")
+                || part.ends_with("password")
+        })
+}
+
+/// A JSON pointer segment (`~` → `~0`, `/` → `~1`).
+fn pointer_escape(s: &str) -> String {
+    s.replace('~', "~0").replace('/', "~1")
+}
+
+/// `url` without its user part (`redis://user@host` → `redis://host`).
+fn without_user(url: &str) -> String {
+    let Some(i) = url.find("://").map(|i| i + 3) else {
+        return url.to_owned();
+    };
+    let rest = &url[i..];
+    let end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+    match rest[..end].rfind('@') {
+        Some(at) => format!("{}{}", &url[..i], &rest[at + 1..]),
+        None => url.to_owned(),
     }
 }
 
@@ -146,9 +208,46 @@ pub(super) fn redis(ctx: &mut Ctx<'_>, raw: &raw::Redis) -> Option<RedisTarget> 
             "`tls.cert_file` and `tls.key_file` go together".into(),
         );
     }
+    if let Some(u) = &raw.username
+        && !edgeredis::valid_username(u)
+    {
+        ctx.error(
+            "invalid-redis",
+            "/redis/username",
+            edgeredis::TargetError::Username.to_string(),
+        );
+    }
+    let mut username = raw.username.clone();
     match (&raw.url, &raw.sentinels, &raw.master) {
         (Some(url), None, None) => {
-            check_url(ctx, "/redis/url", url, &["redis", "rediss"], false);
+            // A user part without a password names the ACL user: no
+            // secret in it. (With a password it is an inline secret.)
+            match edgeredis::url_user(url) {
+                Ok(Some(user)) => {
+                    if username.as_ref().is_some_and(|u| *u != user) {
+                        ctx.error(
+                            "invalid-redis",
+                            "/redis/username",
+                            edgeredis::TargetError::UsernameTwice.to_string(),
+                        );
+                    }
+                    username = Some(user);
+                    check_url(
+                        ctx,
+                        "/redis/url",
+                        &without_user(url),
+                        &["redis", "rediss"],
+                        false,
+                    );
+                }
+                Ok(None) | Err(edgeredis::TargetError::UrlPassword) => {
+                    check_url(ctx, "/redis/url", url, &["redis", "rediss"], false);
+                }
+                Err(e) => {
+                    check_url(ctx, "/redis/url", url, &["redis", "rediss"], false);
+                    ctx.error("invalid-redis", "/redis/url", e.to_string());
+                }
+            }
             if edgeredis::is_insecure(url) {
                 ctx.error(
                     "invalid-redis",
@@ -167,6 +266,7 @@ pub(super) fn redis(ctx: &mut Ctx<'_>, raw: &raw::Redis) -> Option<RedisTarget> 
             }
             Some(RedisTarget::Url {
                 url: url.clone(),
+                username,
                 password_env: raw.password_env.clone(),
                 tls,
             })
@@ -213,6 +313,7 @@ pub(super) fn redis(ctx: &mut Ctx<'_>, raw: &raw::Redis) -> Option<RedisTarget> 
             Some(RedisTarget::Sentinel {
                 sentinels: sentinels.clone(),
                 master: master.clone(),
+                username,
                 password_env: raw.password_env.clone(),
                 tls,
             })

@@ -729,10 +729,11 @@ fn issue_16_the_comparison_walks_bucket_ranges_at_once() {
         // "EVALSHA" sha "0" prefix index budget bucket cursor carry n stop:
         // a COMPARE call and the bucket it starts at.
         let args: Vec<&str> = line.split('"').skip(1).step_by(2).collect();
-        // "EVALSHA" sha "0" cursor count prefix prefix: a COUNT call.
+        // "EVALSHA" sha "0" cursor cursor count pattern pattern: a COUNT
+        // call (one cursor per document prefix).
         match (args.first(), args.len()) {
             (Some(&"EVALSHA"), 11) => starts.push(args[6].parse::<usize>().unwrap()),
-            (Some(&"EVALSHA"), 7) => counts += 1,
+            (Some(&"EVALSHA"), 8) => counts += 1,
             _ => {}
         }
     }

@@ -16,6 +16,8 @@ use crate::util::{edgeform, example_repo, stderr, stdout};
 /// cluster.yaml and nodes installed through one sshd.
 struct Lab {
     repo: tempfile::TempDir,
+    /// The control host's state directory (node secrets).
+    state: tempfile::TempDir,
     nodes: tempfile::TempDir,
     sshd: Sshd,
     _redis: harness::Process,
@@ -52,6 +54,7 @@ impl Lab {
         let redis = harness::redis(&[]);
         let mut lab = Lab {
             repo,
+            state: tempfile::tempdir().unwrap(),
             nodes: tempfile::tempdir().unwrap(),
             sshd: sshd(),
             redis_port: redis.port,
@@ -80,7 +83,7 @@ impl Lab {
              \x20 listen: \"127.0.0.1:{live}\"\n  smoke_listen: \"127.0.0.1:{smoke}\"\n  keep: 3\n\
              \x20 vars: {{workers: \"1\", resolver: 127.0.0.1, cache_max_size: 100m, \
              geoip_db: geoip/GeoLite2-City.mmdb, api: \"false\", api_url: \"http://127.0.0.1:9\", \
-             api_token: \"\", challenge_secret: s3cret, ttl_hop_port: \"{hop}\"}}\n\
+             ttl_hop_port: \"{hop}\"}}\n\
              \x20 candidate_vars: {{ttl_hop_port: \"{chop}\"}}\n\
              \x20 restart_on_change: {{agent.yaml: \"echo restarted >> {root}/agent-restarts\"}}\n",
             redis = self.redis_port,
@@ -96,6 +99,11 @@ impl Lab {
         self.names.push(name.to_owned());
     }
 
+    /// The state directory (made 0700 by edgeform inside the temp dir).
+    fn state_dir(&self) -> PathBuf {
+        self.state.path().join("state")
+    }
+
     fn node_yaml(&self, name: &str) -> String {
         std::fs::read_to_string(self.repo.path().join(format!("nodes/{name}.yaml"))).unwrap()
     }
@@ -107,7 +115,10 @@ impl Lab {
     }
 
     fn edgeform(&self, args: &[&str]) -> std::process::Output {
-        edgeform(self.repo.path(), args)
+        let state = self.state_dir().display().to_string();
+        let mut all = vec!["--state-dir", state.as_str()];
+        all.extend_from_slice(args);
+        edgeform(self.repo.path(), &all)
     }
 
     /// `install` (or `plan --bundles`) with the sshd's key and known_hosts.
@@ -663,4 +674,201 @@ fn status_shows_the_installed_bundle_next_to_the_applied_commit() {
     let text = stdout(&out);
     assert!(text.contains("BUNDLE"), "{text}");
     assert!(text.contains("9e01aa7c44f2 (from 5be1c2d09a7e)"), "{text}");
+}
+
+/// The live nginx master's pid.
+fn live_pid(lab: &Lab, node: &str) -> String {
+    std::fs::read_to_string(lab.root(node).join("run/live/nginx.pid"))
+        .unwrap()
+        .trim()
+        .to_owned()
+}
+
+/// `edgeform serve` for the lab's repository with `token`; killed on drop.
+struct Api(std::process::Child);
+
+impl Drop for Api {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn api(lab: &Lab, port: u16, token: &str) -> Api {
+    let child = std::process::Command::new(env!("CARGO_BIN_EXE_edgeform"))
+        .args(["serve", "--listen", &format!("127.0.0.1:{port}")])
+        .current_dir(lab.repo.path())
+        .env("EDGEFORM_SERVE_TOKEN", token)
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let start = Instant::now();
+    while TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "serve did not start"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    Api(child)
+}
+
+/// `edgeform secrets set NODE NAME` with `value` on stdin.
+fn set_secret(lab: &Lab, node: &str, name: &str, value: &str) {
+    let state = lab.state_dir().display().to_string();
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_edgeform"))
+        .args(["--state-dir", &state, "secrets", "set", node, name])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(format!("{value}\n").as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert!(!stdout(&out).contains(value) && !stderr(&out).contains(value));
+}
+
+/// Every file under `dir` holding `needle`.
+fn files_with(dir: &Path, needle: &str) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(dir).unwrap() {
+        let p = e.unwrap().path();
+        let m = std::fs::symlink_metadata(&p).unwrap();
+        if m.is_dir() {
+            out.extend(files_with(&p, needle));
+        } else if m.is_file()
+            && std::fs::read(&p)
+                .unwrap()
+                .windows(needle.len())
+                .any(|w| w == needle.as_bytes())
+        {
+            out.push(p);
+        }
+    }
+    out
+}
+
+/// Node secrets live in the control host's state directory (0700/0600),
+/// reach the node as an environment file (0600) that nginx is started
+/// with — the edge's read-API calls carry the token from it — never the
+/// bundle; a changed secret restarts the live server; `check` refuses a
+/// secret in `install.vars`, located and masked.
+#[test]
+fn node_secrets_reach_nginx_through_an_environment_file_and_never_the_bundle() {
+    let lab = Lab::new(1);
+    let (token, secret) = ("api-token-7f3a9c", "challenge-secret-5be1c2");
+    // The edge asks the read API (edgeform serve, which needs the token)
+    // on a Redis miss; its Redis holds nothing.
+    let api_port = harness::free_port();
+    let yaml = lab
+        .node_yaml("edge-1")
+        .replace("api: \"false\"", "api: \"true\"")
+        .replace(
+            "http://127.0.0.1:9",
+            &format!("http://127.0.0.1:{api_port}"),
+        );
+    lab.write("nodes/edge-1.yaml", &yaml);
+    lab.write(
+        "sites/viaapi.yaml",
+        "host: viaapi.example.com\norigin: http://192.0.2.1\n",
+    );
+    for args in [
+        &["init", "-q", "-b", "main"][..],
+        &["add", "-A"],
+        &["commit", "-qm", "lab"],
+    ] {
+        crate::util::git(lab.repo.path(), args);
+    }
+    set_secret(&lab, "edge-1", "EDGEFORM_API_TOKEN", token);
+    set_secret(&lab, "edge-1", "EDGEFORM_CHALLENGE_SECRET", secret);
+    let mode = |p: &Path| {
+        use std::os::unix::fs::MetadataExt;
+        std::fs::metadata(p).unwrap().mode() & 0o777
+    };
+    let kept = lab.state_dir().join("secrets/edge-1/EDGEFORM_API_TOKEN");
+    assert_eq!(mode(&kept), 0o600);
+    assert_eq!(mode(kept.parent().unwrap()), 0o700);
+    assert_eq!(mode(&lab.state_dir()), 0o700);
+    let out = lab.edgeform(&["secrets", "list"]);
+    assert_eq!(
+        stdout(&out),
+        "edge-1\tEDGEFORM_API_TOKEN\nedge-1\tEDGEFORM_CHALLENGE_SECRET\n"
+    );
+    let serve = api(&lab, api_port, token);
+    // The smoke test's unknown host goes through the API too: it passes
+    // only with the token.
+    let out = lab.install(&["--all"]);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}\n{}",
+        stdout(&out),
+        stderr(&out)
+    );
+    serves_old(&lab, "edge-1");
+    let port = lab.live_port("edge-1");
+    // A host only the API knows: its document arrives (the origin, a
+    // documentation address, does not answer: 502 or 504, not 503).
+    let via_api = || get(port, "viaapi.example.com", "/").0;
+    let status = via_api();
+    assert!(matches!(status, 502 | 504), "{status}");
+    let env_file = lab.root("edge-1").join("secrets.env");
+    assert_eq!(mode(&env_file), 0o600);
+    assert_eq!(
+        std::fs::read_to_string(&env_file).unwrap(),
+        format!("EDGEFORM_API_TOKEN='{token}'\nEDGEFORM_CHALLENGE_SECRET='{secret}'\n")
+    );
+    // No secret in any release, nor in what `build` writes.
+    for needle in [token, secret] {
+        let found = files_with(&lab.root("edge-1").join("releases"), needle);
+        assert!(found.is_empty(), "{found:?}");
+    }
+    let built = tempfile::tempdir().unwrap();
+    let out = lab.edgeform(&["build", "--out", &built.path().display().to_string()]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    for needle in [token, secret] {
+        assert!(files_with(built.path(), needle).is_empty());
+    }
+    // The token rotated on both sides: the live server restarts with it
+    // (a reload would keep the old environment: the API would answer 401
+    // and the edge 503).
+    let pid = live_pid(&lab, "edge-1");
+    drop(serve);
+    let rotated = "api-token-rotated-0c44";
+    let _serve = api(&lab, api_port, rotated);
+    set_secret(&lab, "edge-1", "EDGEFORM_API_TOKEN", rotated);
+    let out = lab.install(&["--all"]);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}\n{}",
+        stdout(&out),
+        stderr(&out)
+    );
+    assert_ne!(live_pid(&lab, "edge-1"), pid, "restarted");
+    let status = via_api();
+    assert!(matches!(status, 502 | 504), "{status}");
+    serves_old(&lab, "edge-1");
+    // A secret in install.vars: refused at its line, masked.
+    let yaml = lab.node_yaml("edge-1").replace(
+        "ttl_hop_port:",
+        "api_token: \"leaked-token-1\", ttl_hop_port:",
+    );
+    lab.write("nodes/edge-1.yaml", &yaml);
+    let out = lab.edgeform(&["check", "--format", "json"]);
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    let v: serde_json::Value = serde_json::from_str(&stdout(&out)).unwrap();
+    let d = &v["diagnostics"][0];
+    assert_eq!(d["code"], "inline-secret", "{v}");
+    assert_eq!(d["file"], "nodes/edge-1.yaml", "{v}");
+    assert_eq!(d["line"], 14, "{v}");
+    assert!(!stdout(&out).contains("leaked-token-1"), "{v}");
+    let out = lab.edgeform(&["check"]);
+    assert!(!stderr(&out).contains("leaked-token-1"), "{}", stderr(&out));
 }

@@ -11,15 +11,17 @@ use std::time::{Duration, Instant};
 
 use crate::util::{Agent, Fixture, stderr, stdout};
 
-/// `edgeform` with `args` in `dir`, `EDGEFORM_NOW` set when given.
+/// `edgeform` with `args` in `dir`, the clock moved with `--now` when
+/// given.
 fn ef(dir: &Path, args: &[&str], now: Option<&str>) -> Output {
     let mut c = Command::new(env!("CARGO_BIN_EXE_edgeform"));
-    c.args(args).current_dir(dir).env("NO_COLOR", "1");
-    match now {
-        Some(t) => c.env("EDGEFORM_NOW", t),
-        None => c.env_remove("EDGEFORM_NOW"),
-    };
-    c.output().unwrap()
+    c.current_dir(dir)
+        .env("NO_COLOR", "1")
+        .env_remove("EDGEFORM_NOW");
+    if let Some(t) = now {
+        c.args(["--now", t]);
+    }
+    c.args(args).output().unwrap()
 }
 
 fn run(dir: &Path, args: &[&str]) -> Output {
@@ -427,18 +429,87 @@ fn issue_15_a_freeze_is_honoured_and_broken_with_break_glass() {
     assert_eq!(h[0]["break_glass"], true, "{h:?}");
     assert_eq!(h[0]["freeze"], "final", "{h:?}");
     assert_eq!(h[0]["at"], "2026-12-25T12:00:00Z", "{h:?}");
+    // The moved clock is recorded as such, with the real time.
+    let real = h[0]["clock_moved"].as_str().unwrap_or_default();
+    assert!(
+        real.starts_with("20") && real != "2026-12-25T12:00:00Z",
+        "{h:?}"
+    );
     assert_eq!(h[1]["action"], "heal", "{h:?}");
     assert!(h[1].get("freeze").is_none(), "{h:?}");
     let text = stdout(&run(f.path(), &["history", "--node", "edge-1"]));
-    assert!(text.contains("[break-glass (freeze final)]"), "{text}");
-    // A clock that is not a time: exit 1 before anything runs.
+    assert!(text.contains("break-glass (freeze final)"), "{text}");
+    assert!(text.contains("clock moved by --now, real time"), "{text}");
+    // A clock that is not a time: a usage error before anything runs.
     let out = ef(f.path(), &["apply", "--yes"], Some("tomorrow"));
-    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(out.status.code(), Some(64), "{}", both(&out));
     assert!(
-        stderr(&out).contains("EDGEFORM_NOW=`tomorrow` is not an RFC 3339 time"),
+        stderr(&out).contains("`tomorrow` is not an RFC 3339 time"),
         "{}",
         both(&out)
     );
+    // The environment never moves the clock: EDGEFORM_NOW is refused.
+    for args in [
+        &["apply", "--yes"][..],
+        &["plan"],
+        &["reconcile", "--once", "sync"],
+    ] {
+        let out = Command::new(env!("CARGO_BIN_EXE_edgeform"))
+            .args(args)
+            .current_dir(f.path())
+            .env("NO_COLOR", "1")
+            .env("EDGEFORM_NOW", "2026-12-27T00:00:00Z")
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(1), "{args:?}: {}", both(&out));
+        assert!(
+            both(&out).contains("EDGEFORM_NOW is set: the clock is not moved from the environment"),
+            "{}",
+            both(&out)
+        );
+    }
+}
+
+/// A commit cannot lift the freeze it is applied under: one that changes
+/// a site and deletes `apply.freeze` is refused by apply, sync and heal
+/// (the live commit's window is in force) and goes through only with
+/// `--break-glass`, which the history records with that window.
+#[test]
+fn a_commit_that_deletes_the_open_freeze_does_not_lift_it() {
+    let r = harness::redis(&[]);
+    let (f, a) = repo(r.port, 20, FREEZE);
+    let out = ef(f.path(), &["apply", "--yes"], OUTSIDE);
+    assert_eq!(out.status.code(), Some(0), "{}", both(&out));
+    assert_eq!(meta(r.port)["commit"], a);
+    site(&f, 1, "http://192.0.2.2");
+    f.write("cluster.yaml", b"name: test\n");
+    let b = f.commit("one origin, and no freeze");
+    let before = snapshot(r.port);
+    for args in [&["apply", "--yes"][..], &["apply", "--yes", "--force"]] {
+        let out = ef(f.path(), args, INSIDE);
+        assert_eq!(out.status.code(), Some(1), "{}", both(&out));
+        assert!(
+            stdout(&out).contains("edge-1: REFUSED (frozen): refusing to move to another commit during the freeze window `final`"),
+            "{}",
+            both(&out)
+        );
+    }
+    for job in ["sync", "heal"] {
+        let out = ef(f.path(), &["reconcile", "--once", job], INSIDE);
+        assert_eq!(out.status.code(), Some(1), "{}", both(&out));
+        assert!(stderr(&out).contains("reason=\"frozen\""), "{}", both(&out));
+    }
+    let out = ef(f.path(), &["plan", "--format", "json"], INSIDE);
+    let v: serde_json::Value = serde_json::from_str(&stdout(&out)).unwrap();
+    assert_eq!(v["targets"][0]["apply_refused_kind"], "frozen", "{v}");
+    assert_eq!(snapshot(r.port), before, "nothing was written");
+    // --break-glass breaks the live commit's window, recorded.
+    let out = ef(f.path(), &["apply", "--yes", "--break-glass"], INSIDE);
+    assert_eq!(out.status.code(), Some(0), "{}", both(&out));
+    assert_eq!(meta(r.port)["commit"], b);
+    let h = history(&f);
+    assert_eq!(h[0]["break_glass"], true, "{h:?}");
+    assert_eq!(h[0]["freeze"], "final", "{h:?}");
 }
 
 /// `status` (with `extra` args) as JSON: its verdict and exit code agree.

@@ -1,5 +1,6 @@
 //! The compiler's one integration-test binary (matklad's layout).
 
+mod acl;
 mod anycast;
 mod challenge;
 mod cli;
@@ -26,6 +27,7 @@ mod role_gate;
 mod router;
 mod rule_regex_edge;
 mod schema;
+mod serve;
 mod stream;
 mod targets;
 mod tls;

@@ -550,7 +550,9 @@ fn only_commits_signed_by_an_allowed_signer_are_applied() {
     still_good(&run(f.path(), &sync, &[]), "bad_signature", &tampered);
 
     // A working-tree change is never pushed under --require-signed-by:
-    // HEAD is what is verified and applied.
+    // HEAD is what is verified and applied (on top of the last good
+    // commit: the refused ones above are not in its history).
+    git(f.path(), &["reset", "-q", "--hard", &good]);
     set_origin(&f, "http://192.0.2.55");
     let fixed = signed_commit(f.path(), &alice, "signed by alice again");
     set_origin(&f, "http://192.0.2.99");
@@ -558,6 +560,92 @@ fn only_commits_signed_by_an_allowed_signer_are_applied() {
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
     assert_eq!(meta(r.port)["commit"], fixed);
     assert!(origin_of(r.port).unwrap().contains("192.0.2.55"));
+}
+
+/// Signed throughout, from the live commit: an allowed signer's commit
+/// that does not descend from the live one (main force-moved to a work
+/// in progress) is refused by sync and heal (`diverged`), and so is a
+/// signed commit whose history from the live one holds an unsigned
+/// commit (`unsigned-history`, naming it); nothing is written.
+/// `--allow-rollback` still moves to a signed non-descendant, never over
+/// unsigned history.
+#[test]
+fn only_a_history_signed_throughout_from_the_live_commit_is_applied() {
+    let r = harness::redis(&[]);
+    let keys = tempfile::tempdir().unwrap();
+    let (alice, alice_pub) = keypair(keys.path(), "alice");
+    let allowed = keys.path().join("allowed_signers");
+    std::fs::write(&allowed, format!("alice@example.net {alice_pub}\n")).unwrap();
+    let once = |job: &'static str, extra: &[&str]| -> Vec<String> {
+        let mut v: Vec<String> = ["reconcile", "--once", job, "--require-signed-by"]
+            .map(String::from)
+            .to_vec();
+        v.push(allowed.to_str().unwrap().to_owned());
+        v.extend(extra.iter().map(|s| (*s).to_owned()));
+        v
+    };
+    let f = config(r.port, "http://192.0.2.81");
+    git(f.path(), &["init", "-q", "-b", "main"]);
+    let base = signed_commit(f.path(), &alice, "base");
+    // alice's work in progress on a branch from base.
+    git(f.path(), &["checkout", "-q", "-b", "wip"]);
+    set_origin(&f, "http://192.0.2.89");
+    let wip = signed_commit(f.path(), &alice, "wip: try another origin");
+    git(f.path(), &["checkout", "-q", "main"]);
+    set_origin(&f, "http://192.0.2.82");
+    let live = signed_commit(f.path(), &alice, "merged change");
+    let sync = once("sync", &[]);
+    let sync: Vec<&str> = sync.iter().map(String::as_str).collect();
+    let out = run(f.path(), &sync, &[]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert_eq!(meta(r.port)["commit"], live);
+
+    let refused = |args: &[&str], kind: &str, naming: &str| {
+        let before = meta(r.port);
+        let out = run(f.path(), args, &[]);
+        assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+        let errors = error_lines(&out);
+        assert_eq!(errors.len(), 1, "{}", stderr(&out));
+        assert!(
+            errors[0].contains(&format!("reason=\"{kind}\"")) && errors[0].contains(naming),
+            "{}",
+            errors[0]
+        );
+        assert_eq!(meta(r.port), before, "nothing was written");
+        assert!(origin_of(r.port).unwrap().contains("192.0.2.82"));
+    };
+    // main force-moved to the signed, unmerged work in progress.
+    git(f.path(), &["reset", "-q", "--hard", &wip]);
+    let heal = once("heal", &[]);
+    let heal: Vec<&str> = heal.iter().map(String::as_str).collect();
+    for args in [&sync, &heal] {
+        refused(
+            args,
+            "diverged",
+            &format!("it does not descend from the live commit {live}"),
+        );
+    }
+    // An unsigned commit in the middle, a signed tip on top.
+    git(f.path(), &["reset", "-q", "--hard", &live]);
+    set_origin(&f, "http://192.0.2.83");
+    git(f.path(), &["commit", "-qam", "unsigned in the middle"]);
+    let middle = head(f.path());
+    set_origin(&f, "http://192.0.2.84");
+    let tip = signed_commit(f.path(), &alice, "signed tip");
+    for args in [&sync, &heal] {
+        refused(args, "unsigned-history", &format!("commit {middle}"));
+    }
+    let roll = once("sync", &["--allow-rollback"]);
+    let roll: Vec<&str> = roll.iter().map(String::as_str).collect();
+    refused(&roll, "unsigned-history", &format!("commit {middle}"));
+    // --allow-rollback keeps its meaning: a signed commit that does not
+    // descend from the live one (here the work in progress) is applied.
+    git(f.path(), &["reset", "-q", "--hard", &wip]);
+    let out = run(f.path(), &roll, &[]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert_eq!(meta(r.port)["commit"], wip);
+    assert!(origin_of(r.port).unwrap().contains("192.0.2.89"));
+    let _ = (base, tip);
 }
 
 #[test]
@@ -642,7 +730,8 @@ fn a_malformed_allowed_signers_file_is_one_error_naming_the_line() {
 
 /// The daemon over SSH: a signed commit applied, then an unsigned one
 /// pushed upstream is refused on every run while the last good commit
-/// stays (and is what the runs keep pushing).
+/// stays (and is what the runs keep pushing); so is a signed commit that
+/// does not descend from it (main force-moved).
 #[test]
 fn the_daemon_keeps_the_last_good_commit_when_a_pulled_commit_is_unsigned() {
     let s = sshd();
@@ -697,11 +786,33 @@ fn the_daemon_keeps_the_last_good_commit_when_a_pulled_commit_is_unsigned() {
             .count()
             >= 2
     });
+    // main force-moved to alice's signed work in progress, which does not
+    // descend from the commit the daemon applied: refused as well.
+    let up = remote.upstream.path();
+    git(up, &["checkout", "-q", "-b", "wip", &format!("{good}~1")]);
+    set_origin(&remote.upstream, "http://192.0.2.79");
+    let wip = signed_commit(up, &alice, "wip: another origin");
+    git(
+        up,
+        &[
+            "push",
+            "-q",
+            "-f",
+            remote.bare.to_str().unwrap(),
+            "wip:main",
+        ],
+    );
+    let diverged = wait_for(&|| {
+        std::fs::read_to_string(&log).unwrap().lines().any(|l| {
+            l.contains(&format!("refused commit {wip}")) && l.contains("reason=\"not_descendant\"")
+        })
+    });
     let _ = daemon.kill();
     let _ = daemon.wait();
     let text = std::fs::read_to_string(&log).unwrap();
     assert!(applied, "{text}");
     assert!(refused, "{text}");
+    assert!(diverged, "{text}");
     assert!(
         text.contains(&format!("keeping the last good commit {good}")),
         "{text}"
