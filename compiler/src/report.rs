@@ -73,7 +73,7 @@ pub fn clip(s: &str) -> String {
 }
 
 /// The lines of a file around a diagnostic, each cut to
-/// [`SNIPPET_LINE_CHARS`], with the diagnostic's secret masked; miette
+/// [`SNIPPET_LINE_CHARS`], with every secret of the file masked; miette
 /// is told the real line numbers and column.
 #[derive(Debug)]
 struct Excerpt {
@@ -118,30 +118,36 @@ fn floor(s: &str, mut i: usize) -> usize {
     i
 }
 
-/// Builds the excerpt of `text` for `d` and the label's span in it.
+/// `text` with every secret flagged in it masked: each occurrence becomes
+/// `*`s (same length: spans stay valid); a secret written with escapes (not
+/// found as written) has its diagnostic's whole span masked. `flagged` is
+/// every diagnostic of the file: a snippet shows its neighbours' lines too.
+fn mask_secrets(text: &str, flagged: &[&Diagnostic]) -> String {
+    let mut bytes = text.as_bytes().to_vec();
+    for d in flagged {
+        let Some(secret) = d.secret.as_deref().filter(|s| !s.is_empty()) else {
+            continue;
+        };
+        let mut found = false;
+        for (i, _) in text.match_indices(secret) {
+            bytes[i..i + secret.len()].fill(b'*');
+            found = true;
+        }
+        if !found {
+            let start = floor(text, d.span.start);
+            let end = floor(text, d.span.end.max(start));
+            bytes[start..end].fill(b'*');
+        }
+    }
+    // Only whole characters were replaced by ASCII: still UTF-8.
+    String::from_utf8(bytes).unwrap_or_default()
+}
+
+/// Builds the excerpt of `text` (its secrets already masked) for `d` and
+/// the label's span in it.
 fn excerpt(d: &Diagnostic, text: &str) -> (Excerpt, (usize, usize)) {
     let start = floor(text, d.span.start);
     let end = floor(text, d.span.end.max(start));
-    // Every occurrence of the secret becomes `*`s (same length: spans stay
-    // valid); written with escapes, the whole span is masked.
-    let masked;
-    let text = match &d.secret {
-        Some(secret) if !secret.is_empty() => {
-            let mut bytes = text.as_bytes().to_vec();
-            let mut found = false;
-            for (i, _) in text.match_indices(secret.as_str()) {
-                bytes[i..i + secret.len()].fill(b'*');
-                found = true;
-            }
-            if !found {
-                // Written with escapes: mask the whole value.
-                bytes[start..end].fill(b'*');
-            }
-            masked = String::from_utf8(bytes).unwrap_or_default();
-            masked.as_str()
-        }
-        _ => text,
-    };
     let line_of = |at: usize| text[..at].bytes().filter(|&b| b == b'\n').count();
     let (l0, end_line) = (line_of(start), line_of(end));
     let l1 = end_line.min(l0 + SPAN_LINES);
@@ -277,9 +283,19 @@ pub fn diagnostics_human(diagnostics: &[Diagnostic], repo: &Repo, color: bool) -
         GraphicalTheme::unicode_nocolor()
     };
     let handler = GraphicalReportHandler::new_themed(theme).with_context_lines(2);
+    // Each file once, with the secrets of all its diagnostics masked.
+    let mut masked: BTreeMap<&str, String> = BTreeMap::new();
+    for d in diagnostics {
+        if !masked.contains_key(&*d.file) {
+            let text = texts.get(&*d.file).copied().unwrap_or_default();
+            let flagged: Vec<&Diagnostic> =
+                diagnostics.iter().filter(|o| o.file == d.file).collect();
+            masked.insert(&d.file, mask_secrets(text, &flagged));
+        }
+    }
     let mut out = String::new();
     for d in diagnostics {
-        let text = texts.get(&*d.file).copied().unwrap_or_default();
+        let text = masked.get(&*d.file).map_or("", String::as_str);
         // miette names the file in the snippet header as name:line:col.
         let (source, span) = excerpt(d, text);
         let report = Report { d, source, span };

@@ -108,12 +108,19 @@ pub(super) fn node(ctx: &mut Ctx<'_>, raw: &raw::Node) -> Node {
     if let Some(i) = &raw.install {
         for (field, vars) in [("vars", &i.vars), ("candidate_vars", &i.candidate_vars)] {
             for (name, value) in vars {
-                if secret_var(name) && !value.is_empty() {
+                let why = if value.is_empty() {
+                    None
+                } else if secret_var(name) {
+                    Some("its name".to_owned())
+                } else {
+                    secret_value(value).map(|kind| format!("its value is {kind}"))
+                };
+                if let Some(why) = why {
                     let d = ctx.error(
                         "inline-secret",
                         &format!("/install/{field}/{}", pointer_escape(name)),
                         format!(
-                            "`install.{field}.{name}` looks like a secret; secrets never live in the repository"
+                            "`install.{field}.{name}` looks like a secret ({why}); secrets never live in the repository"
                         ),
                     );
                     help(
@@ -168,6 +175,103 @@ fn secret_var(name: &str) -> bool {
                 || part.ends_with("secret")
                 || part.ends_with("password")
         })
+}
+
+/// Why an `install.vars` value looks like a secret whatever its name, or
+/// `None`: an HTTP credential (`Bearer …`, `Basic …`, `Token …`), a PEM
+/// private key, a URL with a password, a well-known token prefix (GitHub,
+/// GitLab, Slack, Stripe, AWS), or a long random-looking token (a run of
+/// `A-Z a-z 0-9 + _ -` of 20 or more characters mixing upper case, lower
+/// case and digits, that switches between them often and repeats little;
+/// or 32 or more hex digits). Sizes, addresses, paths, URLs, words and
+/// identifiers are not.
+fn secret_value(value: &str) -> Option<&'static str> {
+    let v = value.trim();
+    let lower = v.to_ascii_lowercase();
+    for scheme in ["bearer ", "basic ", "token ", "digest "] {
+        if lower.starts_with(scheme) && !v[scheme.len()..].trim().is_empty() {
+            return Some("an HTTP credential");
+        }
+    }
+    if v.contains("-----BEGIN") && v.contains("PRIVATE KEY") {
+        return Some("a private key");
+    }
+    if let Some(i) = v.find("://") {
+        let rest = &v[i + 3..];
+        let authority = &rest[..rest.find(['/', '?', '#']).unwrap_or(rest.len())];
+        if authority
+            .rfind('@')
+            .is_some_and(|at| authority[..at].contains(':'))
+        {
+            return Some("a URL with a password");
+        }
+    }
+    let known = [
+        "ghp_",
+        "gho_",
+        "ghu_",
+        "ghs_",
+        "ghr_",
+        "github_pat_",
+        "glpat-",
+        "xoxb-",
+        "xoxp-",
+        "xoxa-",
+        "sk_live_",
+        "rk_live_",
+        "akia",
+    ];
+    if known
+        .iter()
+        .any(|p| lower.starts_with(p) && v.len() >= p.len() + 16)
+    {
+        return Some("a known token");
+    }
+    let token_char = |c: char| c.is_ascii_alphanumeric() || matches!(c, '+' | '_' | '-');
+    if v.split(|c: char| !token_char(c)).any(random_token) {
+        return Some("a long random-looking token");
+    }
+    None
+}
+
+/// Whether a run of token characters looks random (see [`secret_value`]).
+fn random_token(run: &str) -> bool {
+    let n = run.len();
+    if n < 20 {
+        return false;
+    }
+    let b = run.as_bytes();
+    let has = |f: fn(&u8) -> bool| b.iter().any(f);
+    let digit = has(u8::is_ascii_digit);
+    if b.iter().all(u8::is_ascii_hexdigit) {
+        return n >= 32 && digit && has(u8::is_ascii_alphabetic);
+    }
+    if !(digit && has(u8::is_ascii_lowercase) && has(u8::is_ascii_uppercase)) {
+        return false;
+    }
+    let class = |c: u8| match c {
+        b'a'..=b'z' => 0,
+        b'A'..=b'Z' => 1,
+        b'0'..=b'9' => 2,
+        _ => 3,
+    };
+    let switches = b.windows(2).filter(|w| class(w[0]) != class(w[1])).count();
+    let mut counts = [0usize; 256];
+    for &c in b {
+        counts[usize::from(c)] += 1;
+    }
+    #[allow(clippy::cast_precision_loss)]
+    let entropy: f64 = counts
+        .iter()
+        .filter(|&&k| k > 0)
+        .map(|&k| {
+            let p = k as f64 / n as f64;
+            -p * p.log2()
+        })
+        .sum();
+    #[allow(clippy::cast_precision_loss)]
+    let often = switches as f64 / (n - 1) as f64 >= 0.35;
+    often && entropy >= 3.8
 }
 
 /// A JSON pointer segment (`~` → `~0`, `/` → `~1`).
@@ -326,6 +430,69 @@ pub(super) fn redis(ctx: &mut Ctx<'_>, raw: &raw::Redis) -> Option<RedisTarget> 
             );
             help(d, "e.g. `redis: {url: redis://10.0.0.5:6379}`");
             None
+        }
+    }
+}
+
+#[cfg(test)]
+mod secret_value_tests {
+    use super::secret_value;
+
+    #[test]
+    fn credentials_and_random_tokens_look_like_secrets() {
+        for v in [
+            "Bearer eyJhbGciOiJIUzI1NiJ9.e30.x",
+            "bearer abc",
+            "Basic dXNlcjpwYXNz",
+            "Token 1234",
+            "https://user:hunter2@api.example.com/v1",
+            "-----BEGIN OPENSSH PRIVATE KEY-----\nb3BlbnNzaC1rZXk\n-----END OPENSSH PRIVATE KEY-----",
+            "ghp_0123456789abcdefghijABCDEFGHIJ012345",
+            "glpat-abcdefghij0123456789",
+            "xoxb-1234567890-abcdefghijkl",
+            "AKIAIOSFODNN7EXAMPLE",
+            "Xk9fT2pLq8vZ3mN7wR4sYb",
+            "rj5TW4N9Pp4oWStBT3dGEvOASSYph9Bu",
+            "YbvgIAIgBbc2gGp1zU9jNimuU6Zxv-ycq1",
+            "9a7169d59bcbb400764bdf09feef40a8",
+            "prefix:nCZS8ZLZYNL5aGiyQ5jGE4USn8pbEECx",
+        ] {
+            assert!(secret_value(v).is_some(), "{v}");
+        }
+    }
+
+    #[test]
+    fn settings_words_and_identifiers_do_not() {
+        for v in [
+            // The example repository's install.vars.
+            "false",
+            "http://127.0.0.1:9",
+            "10g",
+            "geoip/GeoLite2-City.mmdb",
+            "127.0.0.1",
+            "8480",
+            "auto",
+            // Other settings a role template reads.
+            "1",
+            "100m",
+            "/var/cache/nginx/edge_cache",
+            "ams-1.edge.example.net",
+            "[2001:db8::1]:8443",
+            "$scheme$host$request_uri",
+            "max_size=10g inactive=60m",
+            "proxy_cache_levels_1_2",
+            "edge-ams-1-primary-2026",
+            "3f2b8c1e-7d4a-4e2b-9f1a-2c3d4e5f6a7b",
+            "a1b2c3d4e5f6a7b8c9d0e1f2",
+            "internationalization2024",
+            "MyServiceName2024Production",
+            "X509CertificateV3Extensions",
+            "HTTP2ServerPushEnabled",
+            "https://api.example.com/v1?user=edge",
+            "Bearer",
+            "SuperSecretValue123",
+        ] {
+            assert_eq!(secret_value(v), None, "{v}");
         }
     }
 }

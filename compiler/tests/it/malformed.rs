@@ -738,3 +738,55 @@ fn unknown_region_is_located_at_its_name() {
     assert_eq!((d[0].span.line, d[0].span.column), (3, 11), "{:#?}", d[0]);
     assert!(d[0].message.contains("`zz`"), "{}", d[0].message);
 }
+
+/// `install.vars` secrets: by name and by value (a credential under an
+/// innocuous name); every flagged secret of a file is masked in every
+/// snippet, also where it shows as a neighbour of another diagnostic.
+#[test]
+fn install_var_secrets_are_refused_and_masked_in_every_snippet() {
+    let node = "name: edge-1\nroles: [ingest]\nregion: eu\n\
+install:\n  ssh: \"127.0.0.1:22\"\n  user: root\n  root: /srv/edgeform\n\
+\x20 listen: \"127.0.0.1:8080\"\n  smoke_listen: \"127.0.0.1:8443\"\n  vars:\n\
+\x20   api_token: \"SuperSecretValue123\"\n\
+\x20   challenge-Secret: SuperSecretValue456\n\
+\x20   apiAuth: \"Bearer c2VjcmV0LWJlYXJlcg\"\n\
+\x20   upstreamKeyValue: Xk9fT2pLq8vZ3mN7wR4sYb\n\
+\x20   workers: auto\n\
+\x20   geoip_db: geoip/GeoLite2-City.mmdb\n";
+    let f = Fixture::with(&[("nodes/edge-1.yaml", node)]);
+    let mut lines: Vec<u32> = f
+        .check()
+        .diagnostics
+        .iter()
+        .filter(|d| d.code == "inline-secret")
+        .map(|d| d.span.line)
+        .collect();
+    lines.sort_unstable();
+    assert_eq!(lines, [11, 12, 13, 14]);
+    let secrets = [
+        "SuperSecretValue123",
+        "SuperSecretValue456",
+        "c2VjcmV0LWJlYXJlcg",
+        "Xk9fT2pLq8vZ3mN7wR4sYb",
+    ];
+    for args in [
+        &["check"][..],
+        &["check", "--format", "json"],
+        &["check", "--format", "github"],
+    ] {
+        let out = edgeform(f.path(), args);
+        let text = format!("{}{}", stdout(&out), crate::util::stderr(&out));
+        assert_eq!(out.status.code(), Some(1), "{args:?}: {text}");
+        for s in secrets {
+            assert!(!text.contains(s), "{args:?} shows {s}:\n{text}");
+        }
+        if args == ["check"] {
+            // The snippets are there, masked, with the settings around.
+            assert!(
+                text.contains("api_token: \"*******************\""),
+                "{text}"
+            );
+            assert!(text.contains("workers: auto"), "{text}");
+        }
+    }
+}

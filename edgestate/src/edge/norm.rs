@@ -21,8 +21,12 @@ pub enum PathError {
     Backslash,
     /// A raw `#`: a fragment is never sent (edge: 400).
     Fragment,
-    /// `..` above `/` counted on the canonical segments (`%2F` kept):
-    /// nginx, splitting at the decoded `%2F`, let it through (edge: 400).
+    /// An encoded `/` or `\` (`%2F`, `%5C`, any case): nginx and origins
+    /// decode it into a separator the rules never saw (edge: 400).
+    EncodedSeparator,
+    /// `..` above `/` counted on the canonical segments. Cannot happen
+    /// once encoded separators are refused (the segments are nginx's
+    /// then); kept so the walk fails closed (edge: 400).
     AboveRootEncoded,
 }
 
@@ -51,6 +55,7 @@ impl PathError {
             PathError::AboveRoot => "above-root",
             PathError::Backslash => "backslash",
             PathError::Fragment => "fragment",
+            PathError::EncodedSeparator => "encoded-separator",
             PathError::AboveRootEncoded => "above-root-encoded",
         }
     }
@@ -66,6 +71,7 @@ impl PathError {
             PathError::AboveRoot => "the path climbs above / with ..",
             PathError::Backslash => "the path holds a raw backslash",
             PathError::Fragment => "the path holds a raw #",
+            PathError::EncodedSeparator => "the path holds an encoded / or \\ (%2F, %5C)",
             PathError::AboveRootEncoded => "the path climbs above / with .. (segments split at /)",
         }
     }
@@ -128,15 +134,25 @@ fn nginx_check(path: &[u8]) -> Result<(), PathError> {
     Ok(())
 }
 
+/// Whether a path (every `%` followed by two hex digits) holds an encoded
+/// `/` or `\` in any case.
+fn has_encoded_separator(path: &[u8]) -> bool {
+    path.windows(3).any(|w| {
+        w[0] == b'%'
+            && (w[1] == b'2' && w[2].eq_ignore_ascii_case(&b'f')
+                || w[1] == b'5' && w[2].eq_ignore_ascii_case(&b'c'))
+    })
+}
+
 /// The canonical form of a request path (the part before `?`):
 /// unreserved characters (`A-Z a-z 0-9 - . _ ~`) percent-decoded, other
-/// escapes kept with upper-case hex (`%2f` → `%2F`, never a separator),
-/// runs of `/` merged, `.` and `..` segments resolved (RFC 3986 §5.2.4);
-/// every other byte (`;`, `+`, non-ASCII) as sent.
+/// escapes kept with upper-case hex (`%3b` → `%3B`), runs of `/` merged,
+/// `.` and `..` segments resolved (RFC 3986 §5.2.4); every other byte
+/// (`;`, `+`, non-ASCII) as sent.
 ///
 /// # Errors
 /// The shapes nginx refuses itself ([`PathError::refused_by_nginx`]) and
-/// those the edge refuses (a raw `\` or `#`, `..` above `/`).
+/// those the edge refuses (a raw `\` or `#`, an encoded `/` or `\`).
 pub fn canonical_path(path: &str) -> Result<String, PathError> {
     let b = path.as_bytes();
     nginx_check(b)?;
@@ -145,6 +161,9 @@ pub fn canonical_path(path: &str) -> Result<String, PathError> {
     }
     if b.contains(&b'#') {
         return Err(PathError::Fragment);
+    }
+    if has_encoded_separator(b) {
+        return Err(PathError::EncodedSeparator);
     }
     // Decode the unreserved escapes, upper-case the others.
     let mut text = Vec::with_capacity(b.len());

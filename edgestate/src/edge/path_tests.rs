@@ -93,6 +93,26 @@ fn what_nginx_refuses_is_400_without_the_edge() {
         let d = ask(&s, "GET", "shop.test", uri, &[]);
         assert_eq!(answer(&d), (400, Some("bad-path"), None), "{uri}");
     }
+    // An encoded `/` or `\` is a separator to nginx and origins, never to
+    // the rules: refused, in any case, wherever it stands.
+    for uri in [
+        "/x/..%2Fadmin",
+        "/%2Fadmin",
+        "/admin%2Fusers",
+        "/%2fadmin?q=1",
+        "/x/..%5Cadmin",
+        "/admin%5cusers",
+        "/api%2Fme",
+        "/old/%5C%5Cevil.com",
+    ] {
+        let d = ask(&s, "GET", "shop.test", uri, &[]);
+        assert_eq!(answer(&d), (400, Some("bad-path"), None), "{uri}");
+        assert!(
+            d.reasons.iter().any(|r| r.contains("encoded")),
+            "{uri}: {:?}",
+            d.reasons
+        );
+    }
     for method in ["get", "Get", "G1T"] {
         let d = ask(&s, method, "shop.test", "/", &[]);
         assert_eq!(answer(&d), (400, Some("bad-request"), None), "{method}");

@@ -70,6 +70,11 @@ function _M.canonical_path(path)
   if err then return nil, err end
   if find(path, "\\", 1, true) then return nil, "backslash" end
   if find(path, "#", 1, true) then return nil, "fragment" end
+  -- An encoded / or \ (any case): nginx and origins decode it into a
+  -- separator the rules never saw. Every % starts an escape here.
+  if find(path, "%%2[fF]") or find(path, "%%5[cC]") then
+    return nil, "encoded-separator"
+  end
   local text = path
   if find(text, "%", 1, true) then
     text = text:gsub("%%(%x%x)", function(h)
@@ -85,6 +90,7 @@ function _M.canonical_path(path)
     if seg == "." or seg == "" then
       trailing = last
     elseif seg == ".." then
+      -- Cannot happen once encoded separators are refused; fails closed.
       if #out == 0 then return nil, "above-root-encoded" end
       out[#out] = nil
       trailing = last
