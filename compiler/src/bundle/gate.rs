@@ -291,6 +291,15 @@ pub fn sandbox() -> Sandbox {
     }
 }
 
+/// Run as root first thing in the gate's own network namespace (the
+/// sysctls are per namespace): any port and any address can be bound
+/// there, so `nginx -t` as nobody opens the node's listen sockets (`:80`,
+/// its public addresses) in an empty network. Then `exec "$@"`.
+const OPEN_PORTS: &str = "echo 0 > /proc/sys/net/ipv4/ip_unprivileged_port_start 2>/dev/null; \
+                          echo 1 > /proc/sys/net/ipv4/ip_nonlocal_bind 2>/dev/null; \
+                          echo 1 > /proc/sys/net/ipv6/ip_nonlocal_bind 2>/dev/null; \
+                          exec \"$@\"";
+
 /// `nginx` wrapped in `sandbox`.
 fn sandboxed(sandbox: &Sandbox, nginx: &Path) -> Option<Command> {
     let mut c = match sandbox {
@@ -299,6 +308,8 @@ fn sandboxed(sandbox: &Sandbox, nginx: &Path) -> Option<Command> {
             let id = NOBODY.to_string();
             c.arg("--net")
                 .arg("--")
+                .arg(tool("sh")?)
+                .args(["-c", OPEN_PORTS, "sh"])
                 .arg(tool("setpriv")?)
                 .args(["--reuid", &id, "--regid", &id, "--clear-groups"])
                 .args(["--no-new-privs", "--"])

@@ -273,3 +273,28 @@ fn links_in_role_folders_are_refused_and_a_link_loop_ends_quickly() {
     assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
     assert!(!repo.path("out/bundles").exists());
 }
+
+#[test]
+fn check_passes_on_a_copy_of_the_example_repository_with_the_nginx_gate_on() {
+    // Its nodes listen on `0.0.0.0:80`: the gate, as nobody in its own
+    // network namespace, still opens that port.
+    let dir = tempfile::tempdir().unwrap();
+    let example = example_repo();
+    std::fs::copy(
+        example.join("cluster.yaml"),
+        dir.path().join("cluster.yaml"),
+    )
+    .unwrap();
+    for d in ["nodes", "sites", "roles", "zones"] {
+        copy_dir(&example.join(d), &dir.path().join(d));
+    }
+    let out = edgeform(dir.path(), &["check"]);
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(0), "{err}");
+    assert!(
+        err.contains("nginx -t sandboxed: no network, uid 65534 (nobody)"),
+        "{err}"
+    );
+    assert!(err.contains("gates ran: lua"), "{err}");
+    assert!(!err.contains("--skip-gate nginx skipped"), "{err}");
+}
