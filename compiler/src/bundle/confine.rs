@@ -97,6 +97,12 @@ const DATA_BLOCKS: [&str; 6] = [
 /// Log targets outside the scratch folder that are not files.
 const LOG_DEVICES: [&str; 3] = ["/dev/null", "/dev/stderr", "/dev/stdout"];
 
+/// The message for a file the confinement cannot read exactly as nginx
+/// does: refused, never guessed.
+pub const UNREADABLE: &str = "cannot be read exactly as nginx reads it (unbalanced quotes or \
+     braces, a `${` not closed as `${name}`, a `}` inside a word, or a Lua block whose end is \
+     ambiguous): refused";
+
 /// One refused directive.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Refused {
@@ -132,8 +138,7 @@ pub fn check(text: &str, bounds: &Bounds<'_>) -> (Vec<Refused>, Vec<String>) {
         Ok(directives) => walk(&directives, false, bounds, &mut refused, &mut includes),
         Err(line) => refused.push(Refused {
             line,
-            message: "cannot be read as an nginx configuration (unbalanced quotes or braces)"
-                .into(),
+            message: UNREADABLE.into(),
         }),
     }
     refused.sort_by_key(|r| r.line);
@@ -310,6 +315,12 @@ fn parse(text: &str) -> Result<Vec<Directive>, usize> {
     Ok(list)
 }
 
+/// What nginx's lexer reads as space (nothing else: a no-break space is
+/// part of a word there).
+fn space(c: char) -> bool {
+    matches!(c, ' ' | '\t' | '\r' | '\n')
+}
+
 struct Lexer {
     chars: Vec<char>,
     at: usize,
@@ -341,7 +352,7 @@ impl Lexer {
         loop {
             match self.peek() {
                 None => return Ok(None),
-                Some(c) if c.is_whitespace() => {
+                Some(c) if space(c) => {
                     self.bump();
                 }
                 Some('#') => {
@@ -385,18 +396,36 @@ impl Lexer {
                     let line = self.line;
                     let mut word = String::new();
                     while let Some(c) = self.peek() {
-                        if c.is_whitespace() || matches!(c, ';' | '{' | '}') {
+                        if space(c) || matches!(c, ';' | '{') {
                             break;
                         }
-                        // `${var}` inside a word.
+                        // `${var}` inside a word: nginx's lexer keeps the
+                        // `{` after a `$` in the word and ends the word at
+                        // the next space, `;` or `{` whatever braces it
+                        // holds, so only a closed `${name}` is read; any
+                        // other `${` or `}` in a word is refused.
                         if c == '$' && self.chars.get(self.at + 1) == Some(&'{') {
-                            while let Some(c) = self.bump() {
-                                word.push(c);
-                                if c == '}' {
-                                    break;
+                            word.push('$');
+                            word.push('{');
+                            self.at += 2;
+                            loop {
+                                match self.peek() {
+                                    Some(c) if c.is_ascii_alphanumeric() || c == '_' => {
+                                        self.bump();
+                                        word.push(c);
+                                    }
+                                    Some('}') if !word.ends_with('{') => {
+                                        self.bump();
+                                        word.push('}');
+                                        break;
+                                    }
+                                    _ => return Err(line),
                                 }
                             }
                             continue;
+                        }
+                        if c == '}' {
+                            return Err(line);
                         }
                         self.bump();
                         if c == '\\' {
@@ -591,6 +620,25 @@ mod tests {
             vec![2, 3, 4, 6, 8, 10, 11, 13, 16, 17],
             "{:?}",
             refused(text)
+        );
+    }
+
+    #[test]
+    fn words_are_split_as_nginx_splits_them_or_refused() {
+        for text in [
+            "pid ${x;load_module /tmp/x.so;};\n",
+            "pid ${x y};\n",
+            "pid ${};\n",
+            "pid a}b;\n",
+            "events { worker_connections 1}; }\n",
+        ] {
+            assert_eq!(refused(text), vec![(1, UNREADABLE.to_owned())], "{text:?}");
+        }
+        // A no-break space is part of a word for nginx, not a separator.
+        assert_eq!(refused("pid\u{a0}x;\n"), vec![]);
+        assert_eq!(
+            refused("error_log ${prefix}x.log;\nset $a \"${b}c\";\n"),
+            vec![]
         );
     }
 

@@ -298,3 +298,33 @@ fn check_passes_on_a_copy_of_the_example_repository_with_the_nginx_gate_on() {
     assert!(err.contains("gates ran: lua"), "{err}");
     assert!(!err.contains("--skip-gate nginx skipped"), "{err}");
 }
+
+#[test]
+fn check_refuses_words_it_cannot_split_as_nginx_does_and_never_runs_what_they_hide() {
+    let repo = Repo::new();
+    let good = repo.template();
+    std::fs::create_dir_all(repo.path("tools")).unwrap();
+    let marker = repo.path("constructor-ran");
+    let so = shared_object(&repo.path("tools"), &marker);
+    // nginx ends `${x` at the `;`: the `load_module` is a directive there.
+    for line in [
+        format!("pid ${{x;load_module {};}};", so.display()),
+        format!("pid ${{x load_module {};}};", so.display()),
+        format!("worker_priority 0}};load_module {};", so.display()),
+    ] {
+        let at = repo.insert(&good, &line);
+        let (code, err) = repo.check();
+        assert_eq!(code, Some(1), "{line}: {err}");
+        assert!(
+            err.contains(&format!(
+                "roles/edge/nginx.conf.tmpl:{at} (rendered for edge-1): cannot be read exactly \
+                 as nginx reads it"
+            )),
+            "{line}: {err}"
+        );
+        assert!(
+            !marker.exists(),
+            "{line}: the shared object's constructor ran"
+        );
+    }
+}
