@@ -129,9 +129,10 @@ pub struct Bounds<'a> {
 }
 
 /// Every refused directive of `text`, plus the bundle paths (relative to
-/// the prefix) it includes, so the caller checks those too.
+/// the prefix) it includes with the line of each `include`, so the caller
+/// checks those too.
 #[must_use]
-pub fn check(text: &str, bounds: &Bounds<'_>) -> (Vec<Refused>, Vec<String>) {
+pub fn check(text: &str, bounds: &Bounds<'_>) -> (Vec<Refused>, Vec<(String, usize)>) {
     let mut refused = Vec::new();
     let mut includes = Vec::new();
     match parse(text) {
@@ -150,7 +151,7 @@ fn walk(
     in_data: bool,
     bounds: &Bounds<'_>,
     refused: &mut Vec<Refused>,
-    includes: &mut Vec<String>,
+    includes: &mut Vec<(String, usize)>,
 ) {
     for d in directives {
         let mut refuse = |message: String| {
@@ -162,7 +163,7 @@ fn walk(
         if d.name == "include" {
             for a in &d.args {
                 match inside(a, bounds) {
-                    Some(rel) => includes.push(rel),
+                    Some(rel) => includes.push((rel, d.line)),
                     None => refuse(format!(
                         "`include {a}` reads a file outside the bundle; the gate reads only the \
                          bundle's own files"

@@ -382,6 +382,11 @@ fn with_line(roles: &Roles, source: &str, line: usize, message: &str) -> String 
     }
 }
 
+/// The most files the confinement reads for one node (`nginx.conf` and
+/// what it includes, distinct): past it the bundle is refused, never read
+/// in part (nginx would read them all).
+pub const MAX_INCLUDED: usize = 256;
+
 /// The confinement check of a node's gate rendering: `nginx.conf` and
 /// every bundle file it includes (docs/install.md). `true`: nothing refused.
 fn confined(
@@ -390,12 +395,28 @@ fn confined(
     bounds: &super::confine::Bounds<'_>,
     out: &mut Outcome,
 ) -> bool {
-    let mut todo = vec!["nginx.conf".to_owned()];
+    // (file, the file and line that include it)
+    let mut todo: Vec<(String, Option<(String, usize)>)> = vec![("nginx.conf".to_owned(), None)];
     let mut seen = BTreeSet::new();
     let mut ok = true;
-    while let Some(path) = todo.pop() {
-        if !seen.insert(path.clone()) || seen.len() > 256 {
+    while let Some((path, by)) = todo.pop() {
+        if !seen.insert(path.clone()) {
             continue;
+        }
+        if seen.len() > MAX_INCLUDED {
+            let location = by.map_or_else(
+                || "nginx.conf".to_owned(),
+                |(source, line)| format!("{source}:{line}"),
+            );
+            out.problems.push(Problem {
+                gate: Gate::Nginx,
+                location: format!("{location} (rendered for {})", n.name),
+                message: format!(
+                    "the configuration includes more than {MAX_INCLUDED} files: refused (the \
+                     gate reads every file nginx would read, or runs nothing)"
+                ),
+            });
+            return false;
         }
         let Some(f) = bundle.file(&path) else {
             continue;
@@ -410,13 +431,13 @@ fn confined(
                 message: r.message,
             });
         }
-        for inc in includes {
+        for (inc, line) in includes {
             todo.extend(
                 bundle
                     .files
                     .iter()
                     .filter(|b| glob(&inc, &b.path))
-                    .map(|b| b.path.clone()),
+                    .map(|b| (b.path.clone(), Some((f.source.clone(), line)))),
             );
         }
     }

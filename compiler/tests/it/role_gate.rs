@@ -328,3 +328,44 @@ fn check_refuses_words_it_cannot_split_as_nginx_does_and_never_runs_what_they_hi
         );
     }
 }
+
+#[test]
+fn check_refuses_a_configuration_including_more_files_than_it_reads() {
+    let repo = Repo::new();
+    let good = repo.template();
+    std::fs::create_dir_all(repo.path("tools")).unwrap();
+    let marker = repo.path("constructor-ran");
+    let so = shared_object(&repo.path("tools"), &marker);
+    let inc = repo.path("roles/edge/inc");
+    std::fs::create_dir_all(&inc).unwrap();
+    std::fs::write(
+        inc.join("000.conf"),
+        format!("load_module {};\n", so.display()),
+    )
+    .unwrap();
+    for i in 1..=300 {
+        std::fs::write(inc.join(format!("{i:03}.conf")), "# padding\n").unwrap();
+    }
+    let at = repo.insert(&good, "include inc/*.conf;");
+    let (code, err) = repo.check();
+    assert_eq!(code, Some(1), "{err}");
+    assert!(
+        err.contains(&format!(
+            "roles/edge/nginx.conf.tmpl:{at} (rendered for edge-1): the configuration includes \
+             more than 256 files: refused"
+        )),
+        "{err}"
+    );
+    assert!(!marker.exists(), "the shared object's constructor ran");
+    // Under the bound every included file is read: the module is refused there.
+    for i in 200..=300 {
+        std::fs::remove_file(inc.join(format!("{i:03}.conf"))).unwrap();
+    }
+    let (code, err) = repo.check();
+    assert_eq!(code, Some(1), "{err}");
+    assert!(
+        err.contains("roles/edge/inc/000.conf:1 (rendered for edge-1): `load_module"),
+        "{err}"
+    );
+    assert!(!marker.exists(), "the shared object's constructor ran");
+}
