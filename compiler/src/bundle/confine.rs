@@ -444,7 +444,11 @@ impl Lexer {
     }
 
     /// Skip a Lua block's body up to its closing `}` (the `{` is read):
-    /// strings, long brackets and comments are Lua's.
+    /// strings, long brackets and comments are Lua's. Where another reader
+    /// of the block (lua-nginx-module's) could end it elsewhere, it is
+    /// refused (`Err(line)`): a `{` or `}` inside a string or a comment, a
+    /// quoted string that runs past its line, a carriage return that is
+    /// not before a line feed, a string or comment never closed.
     fn skip_lua(&mut self) -> Result<(), usize> {
         let start = self.line;
         let mut depth = 1usize;
@@ -457,28 +461,44 @@ impl Lexer {
                         return Ok(());
                     }
                 }
-                '"' | '\'' => loop {
-                    match self.bump() {
-                        None => return Err(start),
-                        Some('\\') => {
-                            self.bump();
+                '\r' if self.peek() != Some('\n') => return Err(self.line),
+                '"' | '\'' => {
+                    let line = self.line;
+                    loop {
+                        match self.bump() {
+                            None | Some('\n' | '\r' | '{' | '}') => return Err(line),
+                            Some('\\') => {
+                                if matches!(self.bump(), None | Some('\n' | '\r' | '{' | '}')) {
+                                    return Err(line);
+                                }
+                            }
+                            Some(q) if q == c => break,
+                            Some(_) => {}
                         }
-                        Some(q) if q == c => break,
-                        Some(_) => {}
                     }
-                },
-                '[' if self.long_bracket().is_some() => {}
+                }
+                '[' => {
+                    let line = self.line;
+                    if self.long_bracket() == Some(false) {
+                        return Err(line);
+                    }
+                }
                 '-' if self.peek() == Some('-') => {
+                    let line = self.line;
                     self.bump();
                     if self.peek() == Some('[') {
                         self.bump();
-                        if self.long_bracket().is_some() {
-                            continue;
+                        match self.long_bracket() {
+                            Some(true) => continue,
+                            Some(false) => return Err(line),
+                            None => {}
                         }
                     }
                     while let Some(c) = self.bump() {
-                        if c == '\n' {
-                            break;
+                        match c {
+                            '\n' => break,
+                            '\r' | '{' | '}' => return Err(line),
+                            _ => {}
                         }
                     }
                 }
@@ -489,8 +509,9 @@ impl Lexer {
     }
 
     /// After a `[`: a long bracket `[=*[ … ]=*]` skipped; `None` (nothing
-    /// read) when it is not one.
-    fn long_bracket(&mut self) -> Option<()> {
+    /// read) when it is not one, `Some(false)` when it holds a brace or a
+    /// carriage return or is never closed.
+    fn long_bracket(&mut self) -> Option<bool> {
         let mut level = 0;
         while self.chars.get(self.at + level) == Some(&'=') {
             level += 1;
@@ -506,16 +527,19 @@ impl Lexer {
             .chain(std::iter::once(']'))
             .collect();
         let close: Vec<char> = close.chars().collect();
-        while self.peek().is_some() {
+        while let Some(c) = self.peek() {
             if self.chars[self.at..].starts_with(&close) {
                 for _ in 0..close.len() {
                     self.bump();
                 }
-                return Some(());
+                return Some(true);
+            }
+            if matches!(c, '{' | '}' | '\r') {
+                return Some(false);
             }
             self.bump();
         }
-        Some(())
+        Some(false)
     }
 }
 
@@ -613,12 +637,13 @@ mod tests {
                     \x20 error_log /dev/stderr;\n\
                     \x20 map $uri $x { /old /new; include /etc/x; }\n\
                     \x20 server { location /admin { return 301 /x; } root /etc; }\n\
-                    \x20 init_by_lua_block { local s = \"}\" -- }\n include /etc/y; }\n\
+                    \x20 init_by_lua_block { local s = \"x\" -- y\n ngx.say(s) }\n\
+                    \x20 include /etc/y;\n\
                     }\n";
         let lines: Vec<usize> = refused(text).iter().map(|r| r.0).collect();
         assert_eq!(
             lines,
-            vec![2, 3, 4, 6, 8, 10, 11, 13, 16, 17],
+            vec![2, 3, 4, 6, 8, 10, 11, 13, 16, 17, 20],
             "{:?}",
             refused(text)
         );
@@ -640,6 +665,38 @@ mod tests {
         assert_eq!(
             refused("error_log ${prefix}x.log;\nset $a \"${b}c\";\n"),
             vec![]
+        );
+    }
+
+    #[test]
+    fn lua_blocks_whose_end_another_reader_could_place_elsewhere_are_refused() {
+        for (text, line) in [
+            (
+                "init_by_lua_block { local s = \"\n}\ninclude /etc/x;\nlog_by_lua_block {\n--\"\n}\n",
+                1,
+            ),
+            ("init_by_lua_block { local s = \"}\" }\n", 1),
+            ("init_by_lua_block { local s = '{' }\n", 1),
+            ("init_by_lua_block {\n local s = \"a\\\nb\" }\n", 2),
+            ("init_by_lua_block {\n -- }\n}\n", 2),
+            ("init_by_lua_block { local s = [[}]] }\n", 1),
+            ("init_by_lua_block {\n --[==[ { ]==] }\n", 2),
+            ("init_by_lua_block { local s = [[x }\n", 1),
+            ("init_by_lua_block { x = 1 -- a\rinclude /etc/x; }\n", 1),
+        ] {
+            assert_eq!(
+                refused(text),
+                vec![(line, UNREADABLE.to_owned())],
+                "{text:?}"
+            );
+        }
+        // Braces in code, strings and comments without any: read.
+        assert_eq!(
+            refused(
+                "init_by_lua_block {\n local t = { a = \"x\", [ [[k]] ] = 'y' } -- c\n\
+                 --[[ long\n comment ]] f(t)\n}\ninclude /etc/x;\n"
+            ),
+            vec![(6, refused("include /etc/x;")[0].1.clone())]
         );
     }
 

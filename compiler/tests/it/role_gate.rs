@@ -369,3 +369,54 @@ fn check_refuses_a_configuration_including_more_files_than_it_reads() {
     );
     assert!(!marker.exists(), "the shared object's constructor ran");
 }
+
+#[test]
+fn check_refuses_a_lua_block_whose_end_nginx_could_read_elsewhere_and_never_runs_what_it_hides() {
+    let repo = Repo::new();
+    let good = repo.template();
+    std::fs::create_dir_all(repo.path("tools")).unwrap();
+    let marker = repo.path("constructor-ran");
+    let so = shared_object(&repo.path("tools"), &marker);
+    let at = good
+        .lines()
+        .position(|l| l.starts_with("http {"))
+        .expect("the template has an `http` block")
+        + 1;
+    // A raw line feed in a Lua string: lua-nginx-module ends the block at
+    // the `}` of the next line, so the `server` is a directive for nginx
+    // (its engine key loads the shared object) and Lua for a reader that
+    // keeps the string open.
+    let hidden = format!(
+        "header_filter_by_lua_block {{ local s = \"\n}}\nserver {{ listen 127.0.0.1:1 ssl; \
+         ssl_certificate /etc/ssl/certs/ca-certificates.crt; ssl_certificate_key \
+         engine:{}:x; }}\nlog_by_lua_block {{\n--\"\n}}",
+        so.display()
+    );
+    for block in [
+        hidden,
+        "header_filter_by_lua_block { local s = \"}\" }".to_owned(),
+        "header_filter_by_lua_block { -- }\n}".to_owned(),
+    ] {
+        let mut lines: Vec<&str> = good.lines().collect();
+        lines.insert(at, &block);
+        std::fs::write(
+            repo.path("roles/edge/nginx.conf.tmpl"),
+            lines.join("\n") + "\n",
+        )
+        .unwrap();
+        let (code, err) = repo.check();
+        assert_eq!(code, Some(1), "{block}: {err}");
+        assert!(
+            err.contains(&format!(
+                "roles/edge/nginx.conf.tmpl:{} (rendered for edge-1): cannot be read exactly \
+                 as nginx reads it",
+                at + 1
+            )),
+            "{block}: {err}"
+        );
+        assert!(
+            !marker.exists(),
+            "{block}: the shared object's constructor ran"
+        );
+    }
+}
