@@ -97,6 +97,12 @@ const DATA_BLOCKS: [&str; 6] = [
 /// Log targets outside the scratch folder that are not files.
 const LOG_DEVICES: [&str; 3] = ["/dev/null", "/dev/stderr", "/dev/stdout"];
 
+/// The message for a file the confinement cannot read exactly as nginx
+/// does: refused, never guessed.
+pub const UNREADABLE: &str = "cannot be read exactly as nginx reads it (unbalanced quotes or \
+     braces, a `${` not closed as `${name}`, a `}` inside a word, or a Lua block whose end is \
+     ambiguous): refused";
+
 /// One refused directive.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Refused {
@@ -123,17 +129,17 @@ pub struct Bounds<'a> {
 }
 
 /// Every refused directive of `text`, plus the bundle paths (relative to
-/// the prefix) it includes, so the caller checks those too.
+/// the prefix) it includes with the line of each `include`, so the caller
+/// checks those too.
 #[must_use]
-pub fn check(text: &str, bounds: &Bounds<'_>) -> (Vec<Refused>, Vec<String>) {
+pub fn check(text: &str, bounds: &Bounds<'_>) -> (Vec<Refused>, Vec<(String, usize)>) {
     let mut refused = Vec::new();
     let mut includes = Vec::new();
     match parse(text) {
         Ok(directives) => walk(&directives, false, bounds, &mut refused, &mut includes),
         Err(line) => refused.push(Refused {
             line,
-            message: "cannot be read as an nginx configuration (unbalanced quotes or braces)"
-                .into(),
+            message: UNREADABLE.into(),
         }),
     }
     refused.sort_by_key(|r| r.line);
@@ -145,7 +151,7 @@ fn walk(
     in_data: bool,
     bounds: &Bounds<'_>,
     refused: &mut Vec<Refused>,
-    includes: &mut Vec<String>,
+    includes: &mut Vec<(String, usize)>,
 ) {
     for d in directives {
         let mut refuse = |message: String| {
@@ -157,7 +163,7 @@ fn walk(
         if d.name == "include" {
             for a in &d.args {
                 match inside(a, bounds) {
-                    Some(rel) => includes.push(rel),
+                    Some(rel) => includes.push((rel, d.line)),
                     None => refuse(format!(
                         "`include {a}` reads a file outside the bundle; the gate reads only the \
                          bundle's own files"
@@ -310,6 +316,12 @@ fn parse(text: &str) -> Result<Vec<Directive>, usize> {
     Ok(list)
 }
 
+/// What nginx's lexer reads as space (nothing else: a no-break space is
+/// part of a word there).
+fn space(c: char) -> bool {
+    matches!(c, ' ' | '\t' | '\r' | '\n')
+}
+
 struct Lexer {
     chars: Vec<char>,
     at: usize,
@@ -341,7 +353,7 @@ impl Lexer {
         loop {
             match self.peek() {
                 None => return Ok(None),
-                Some(c) if c.is_whitespace() => {
+                Some(c) if space(c) => {
                     self.bump();
                 }
                 Some('#') => {
@@ -385,18 +397,36 @@ impl Lexer {
                     let line = self.line;
                     let mut word = String::new();
                     while let Some(c) = self.peek() {
-                        if c.is_whitespace() || matches!(c, ';' | '{' | '}') {
+                        if space(c) || matches!(c, ';' | '{') {
                             break;
                         }
-                        // `${var}` inside a word.
+                        // `${var}` inside a word: nginx's lexer keeps the
+                        // `{` after a `$` in the word and ends the word at
+                        // the next space, `;` or `{` whatever braces it
+                        // holds, so only a closed `${name}` is read; any
+                        // other `${` or `}` in a word is refused.
                         if c == '$' && self.chars.get(self.at + 1) == Some(&'{') {
-                            while let Some(c) = self.bump() {
-                                word.push(c);
-                                if c == '}' {
-                                    break;
+                            word.push('$');
+                            word.push('{');
+                            self.at += 2;
+                            loop {
+                                match self.peek() {
+                                    Some(c) if c.is_ascii_alphanumeric() || c == '_' => {
+                                        self.bump();
+                                        word.push(c);
+                                    }
+                                    Some('}') if !word.ends_with('{') => {
+                                        self.bump();
+                                        word.push('}');
+                                        break;
+                                    }
+                                    _ => return Err(line),
                                 }
                             }
                             continue;
+                        }
+                        if c == '}' {
+                            return Err(line);
                         }
                         self.bump();
                         if c == '\\' {
@@ -414,7 +444,11 @@ impl Lexer {
     }
 
     /// Skip a Lua block's body up to its closing `}` (the `{` is read):
-    /// strings, long brackets and comments are Lua's.
+    /// strings, long brackets and comments are Lua's. Where another reader
+    /// of the block (lua-nginx-module's) could end it elsewhere, it is
+    /// refused (`Err(line)`): a `{` or `}` inside a string or a comment, a
+    /// quoted string that runs past its line, a carriage return that is
+    /// not before a line feed, a string or comment never closed.
     fn skip_lua(&mut self) -> Result<(), usize> {
         let start = self.line;
         let mut depth = 1usize;
@@ -427,28 +461,44 @@ impl Lexer {
                         return Ok(());
                     }
                 }
-                '"' | '\'' => loop {
-                    match self.bump() {
-                        None => return Err(start),
-                        Some('\\') => {
-                            self.bump();
+                '\r' if self.peek() != Some('\n') => return Err(self.line),
+                '"' | '\'' => {
+                    let line = self.line;
+                    loop {
+                        match self.bump() {
+                            None | Some('\n' | '\r' | '{' | '}') => return Err(line),
+                            Some('\\') => {
+                                if matches!(self.bump(), None | Some('\n' | '\r' | '{' | '}')) {
+                                    return Err(line);
+                                }
+                            }
+                            Some(q) if q == c => break,
+                            Some(_) => {}
                         }
-                        Some(q) if q == c => break,
-                        Some(_) => {}
                     }
-                },
-                '[' if self.long_bracket().is_some() => {}
+                }
+                '[' => {
+                    let line = self.line;
+                    if self.long_bracket() == Some(false) {
+                        return Err(line);
+                    }
+                }
                 '-' if self.peek() == Some('-') => {
+                    let line = self.line;
                     self.bump();
                     if self.peek() == Some('[') {
                         self.bump();
-                        if self.long_bracket().is_some() {
-                            continue;
+                        match self.long_bracket() {
+                            Some(true) => continue,
+                            Some(false) => return Err(line),
+                            None => {}
                         }
                     }
                     while let Some(c) = self.bump() {
-                        if c == '\n' {
-                            break;
+                        match c {
+                            '\n' => break,
+                            '\r' | '{' | '}' => return Err(line),
+                            _ => {}
                         }
                     }
                 }
@@ -459,8 +509,9 @@ impl Lexer {
     }
 
     /// After a `[`: a long bracket `[=*[ … ]=*]` skipped; `None` (nothing
-    /// read) when it is not one.
-    fn long_bracket(&mut self) -> Option<()> {
+    /// read) when it is not one, `Some(false)` when it holds a brace or a
+    /// carriage return or is never closed.
+    fn long_bracket(&mut self) -> Option<bool> {
         let mut level = 0;
         while self.chars.get(self.at + level) == Some(&'=') {
             level += 1;
@@ -476,16 +527,19 @@ impl Lexer {
             .chain(std::iter::once(']'))
             .collect();
         let close: Vec<char> = close.chars().collect();
-        while self.peek().is_some() {
+        while let Some(c) = self.peek() {
             if self.chars[self.at..].starts_with(&close) {
                 for _ in 0..close.len() {
                     self.bump();
                 }
-                return Some(());
+                return Some(true);
+            }
+            if matches!(c, '{' | '}' | '\r') {
+                return Some(false);
             }
             self.bump();
         }
-        Some(())
+        Some(false)
     }
 }
 
@@ -583,14 +637,66 @@ mod tests {
                     \x20 error_log /dev/stderr;\n\
                     \x20 map $uri $x { /old /new; include /etc/x; }\n\
                     \x20 server { location /admin { return 301 /x; } root /etc; }\n\
-                    \x20 init_by_lua_block { local s = \"}\" -- }\n include /etc/y; }\n\
+                    \x20 init_by_lua_block { local s = \"x\" -- y\n ngx.say(s) }\n\
+                    \x20 include /etc/y;\n\
                     }\n";
         let lines: Vec<usize> = refused(text).iter().map(|r| r.0).collect();
         assert_eq!(
             lines,
-            vec![2, 3, 4, 6, 8, 10, 11, 13, 16, 17],
+            vec![2, 3, 4, 6, 8, 10, 11, 13, 16, 17, 20],
             "{:?}",
             refused(text)
+        );
+    }
+
+    #[test]
+    fn words_are_split_as_nginx_splits_them_or_refused() {
+        for text in [
+            "pid ${x;load_module /tmp/x.so;};\n",
+            "pid ${x y};\n",
+            "pid ${};\n",
+            "pid a}b;\n",
+            "events { worker_connections 1}; }\n",
+        ] {
+            assert_eq!(refused(text), vec![(1, UNREADABLE.to_owned())], "{text:?}");
+        }
+        // A no-break space is part of a word for nginx, not a separator.
+        assert_eq!(refused("pid\u{a0}x;\n"), vec![]);
+        assert_eq!(
+            refused("error_log ${prefix}x.log;\nset $a \"${b}c\";\n"),
+            vec![]
+        );
+    }
+
+    #[test]
+    fn lua_blocks_whose_end_another_reader_could_place_elsewhere_are_refused() {
+        for (text, line) in [
+            (
+                "init_by_lua_block { local s = \"\n}\ninclude /etc/x;\nlog_by_lua_block {\n--\"\n}\n",
+                1,
+            ),
+            ("init_by_lua_block { local s = \"}\" }\n", 1),
+            ("init_by_lua_block { local s = '{' }\n", 1),
+            ("init_by_lua_block {\n local s = \"a\\\nb\" }\n", 2),
+            ("init_by_lua_block {\n -- }\n}\n", 2),
+            ("init_by_lua_block { local s = [[}]] }\n", 1),
+            ("init_by_lua_block {\n --[==[ { ]==] }\n", 2),
+            ("init_by_lua_block { local s = [[x }\n", 1),
+            ("init_by_lua_block { x = 1 -- a\rinclude /etc/x; }\n", 1),
+        ] {
+            assert_eq!(
+                refused(text),
+                vec![(line, UNREADABLE.to_owned())],
+                "{text:?}"
+            );
+        }
+        // Braces in code, strings and comments without any: read.
+        assert_eq!(
+            refused(
+                "init_by_lua_block {\n local t = { a = \"x\", [ [[k]] ] = 'y' } -- c\n\
+                 --[[ long\n comment ]] f(t)\n}\ninclude /etc/x;\n"
+            ),
+            vec![(6, refused("include /etc/x;")[0].1.clone())]
         );
     }
 

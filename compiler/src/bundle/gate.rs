@@ -291,6 +291,15 @@ pub fn sandbox() -> Sandbox {
     }
 }
 
+/// Run as root first thing in the gate's own network namespace (the
+/// sysctls are per namespace): any port and any address can be bound
+/// there, so `nginx -t` as nobody opens the node's listen sockets (`:80`,
+/// its public addresses) in an empty network. Then `exec "$@"`.
+const OPEN_PORTS: &str = "echo 0 > /proc/sys/net/ipv4/ip_unprivileged_port_start 2>/dev/null; \
+                          echo 1 > /proc/sys/net/ipv4/ip_nonlocal_bind 2>/dev/null; \
+                          echo 1 > /proc/sys/net/ipv6/ip_nonlocal_bind 2>/dev/null; \
+                          exec \"$@\"";
+
 /// `nginx` wrapped in `sandbox`.
 fn sandboxed(sandbox: &Sandbox, nginx: &Path) -> Option<Command> {
     let mut c = match sandbox {
@@ -299,6 +308,8 @@ fn sandboxed(sandbox: &Sandbox, nginx: &Path) -> Option<Command> {
             let id = NOBODY.to_string();
             c.arg("--net")
                 .arg("--")
+                .arg(tool("sh")?)
+                .args(["-c", OPEN_PORTS, "sh"])
                 .arg(tool("setpriv")?)
                 .args(["--reuid", &id, "--regid", &id, "--clear-groups"])
                 .args(["--no-new-privs", "--"])
@@ -371,6 +382,11 @@ fn with_line(roles: &Roles, source: &str, line: usize, message: &str) -> String 
     }
 }
 
+/// The most files the confinement reads for one node (`nginx.conf` and
+/// what it includes, distinct): past it the bundle is refused, never read
+/// in part (nginx would read them all).
+pub const MAX_INCLUDED: usize = 256;
+
 /// The confinement check of a node's gate rendering: `nginx.conf` and
 /// every bundle file it includes (docs/install.md). `true`: nothing refused.
 fn confined(
@@ -379,12 +395,28 @@ fn confined(
     bounds: &super::confine::Bounds<'_>,
     out: &mut Outcome,
 ) -> bool {
-    let mut todo = vec!["nginx.conf".to_owned()];
+    // (file, the file and line that include it)
+    let mut todo: Vec<(String, Option<(String, usize)>)> = vec![("nginx.conf".to_owned(), None)];
     let mut seen = BTreeSet::new();
     let mut ok = true;
-    while let Some(path) = todo.pop() {
-        if !seen.insert(path.clone()) || seen.len() > 256 {
+    while let Some((path, by)) = todo.pop() {
+        if !seen.insert(path.clone()) {
             continue;
+        }
+        if seen.len() > MAX_INCLUDED {
+            let location = by.map_or_else(
+                || "nginx.conf".to_owned(),
+                |(source, line)| format!("{source}:{line}"),
+            );
+            out.problems.push(Problem {
+                gate: Gate::Nginx,
+                location: format!("{location} (rendered for {})", n.name),
+                message: format!(
+                    "the configuration includes more than {MAX_INCLUDED} files: refused (the \
+                     gate reads every file nginx would read, or runs nothing)"
+                ),
+            });
+            return false;
         }
         let Some(f) = bundle.file(&path) else {
             continue;
@@ -399,13 +431,13 @@ fn confined(
                 message: r.message,
             });
         }
-        for inc in includes {
+        for (inc, line) in includes {
             todo.extend(
                 bundle
                     .files
                     .iter()
                     .filter(|b| glob(&inc, &b.path))
-                    .map(|b| b.path.clone()),
+                    .map(|b| (b.path.clone(), Some((f.source.clone(), line)))),
             );
         }
     }

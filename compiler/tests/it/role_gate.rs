@@ -273,3 +273,150 @@ fn links_in_role_folders_are_refused_and_a_link_loop_ends_quickly() {
     assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
     assert!(!repo.path("out/bundles").exists());
 }
+
+#[test]
+fn check_passes_on_a_copy_of_the_example_repository_with_the_nginx_gate_on() {
+    // Its nodes listen on `0.0.0.0:80`: the gate, as nobody in its own
+    // network namespace, still opens that port.
+    let dir = tempfile::tempdir().unwrap();
+    let example = example_repo();
+    std::fs::copy(
+        example.join("cluster.yaml"),
+        dir.path().join("cluster.yaml"),
+    )
+    .unwrap();
+    for d in ["nodes", "sites", "roles", "zones"] {
+        copy_dir(&example.join(d), &dir.path().join(d));
+    }
+    let out = edgeform(dir.path(), &["check"]);
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(0), "{err}");
+    assert!(
+        err.contains("nginx -t sandboxed: no network, uid 65534 (nobody)"),
+        "{err}"
+    );
+    assert!(err.contains("gates ran: lua"), "{err}");
+    assert!(!err.contains("--skip-gate nginx skipped"), "{err}");
+}
+
+#[test]
+fn check_refuses_words_it_cannot_split_as_nginx_does_and_never_runs_what_they_hide() {
+    let repo = Repo::new();
+    let good = repo.template();
+    std::fs::create_dir_all(repo.path("tools")).unwrap();
+    let marker = repo.path("constructor-ran");
+    let so = shared_object(&repo.path("tools"), &marker);
+    // nginx ends `${x` at the `;`: the `load_module` is a directive there.
+    for line in [
+        format!("pid ${{x;load_module {};}};", so.display()),
+        format!("pid ${{x load_module {};}};", so.display()),
+        format!("worker_priority 0}};load_module {};", so.display()),
+    ] {
+        let at = repo.insert(&good, &line);
+        let (code, err) = repo.check();
+        assert_eq!(code, Some(1), "{line}: {err}");
+        assert!(
+            err.contains(&format!(
+                "roles/edge/nginx.conf.tmpl:{at} (rendered for edge-1): cannot be read exactly \
+                 as nginx reads it"
+            )),
+            "{line}: {err}"
+        );
+        assert!(
+            !marker.exists(),
+            "{line}: the shared object's constructor ran"
+        );
+    }
+}
+
+#[test]
+fn check_refuses_a_configuration_including_more_files_than_it_reads() {
+    let repo = Repo::new();
+    let good = repo.template();
+    std::fs::create_dir_all(repo.path("tools")).unwrap();
+    let marker = repo.path("constructor-ran");
+    let so = shared_object(&repo.path("tools"), &marker);
+    let inc = repo.path("roles/edge/inc");
+    std::fs::create_dir_all(&inc).unwrap();
+    std::fs::write(
+        inc.join("000.conf"),
+        format!("load_module {};\n", so.display()),
+    )
+    .unwrap();
+    for i in 1..=300 {
+        std::fs::write(inc.join(format!("{i:03}.conf")), "# padding\n").unwrap();
+    }
+    let at = repo.insert(&good, "include inc/*.conf;");
+    let (code, err) = repo.check();
+    assert_eq!(code, Some(1), "{err}");
+    assert!(
+        err.contains(&format!(
+            "roles/edge/nginx.conf.tmpl:{at} (rendered for edge-1): the configuration includes \
+             more than 256 files: refused"
+        )),
+        "{err}"
+    );
+    assert!(!marker.exists(), "the shared object's constructor ran");
+    // Under the bound every included file is read: the module is refused there.
+    for i in 200..=300 {
+        std::fs::remove_file(inc.join(format!("{i:03}.conf"))).unwrap();
+    }
+    let (code, err) = repo.check();
+    assert_eq!(code, Some(1), "{err}");
+    assert!(
+        err.contains("roles/edge/inc/000.conf:1 (rendered for edge-1): `load_module"),
+        "{err}"
+    );
+    assert!(!marker.exists(), "the shared object's constructor ran");
+}
+
+#[test]
+fn check_refuses_a_lua_block_whose_end_nginx_could_read_elsewhere_and_never_runs_what_it_hides() {
+    let repo = Repo::new();
+    let good = repo.template();
+    std::fs::create_dir_all(repo.path("tools")).unwrap();
+    let marker = repo.path("constructor-ran");
+    let so = shared_object(&repo.path("tools"), &marker);
+    let at = good
+        .lines()
+        .position(|l| l.starts_with("http {"))
+        .expect("the template has an `http` block")
+        + 1;
+    // A raw line feed in a Lua string: lua-nginx-module ends the block at
+    // the `}` of the next line, so the `server` is a directive for nginx
+    // (its engine key loads the shared object) and Lua for a reader that
+    // keeps the string open.
+    let hidden = format!(
+        "header_filter_by_lua_block {{ local s = \"\n}}\nserver {{ listen 127.0.0.1:1 ssl; \
+         ssl_certificate /etc/ssl/certs/ca-certificates.crt; ssl_certificate_key \
+         engine:{}:x; }}\nlog_by_lua_block {{\n--\"\n}}",
+        so.display()
+    );
+    for block in [
+        hidden,
+        "header_filter_by_lua_block { local s = \"}\" }".to_owned(),
+        "header_filter_by_lua_block { -- }\n}".to_owned(),
+    ] {
+        let mut lines: Vec<&str> = good.lines().collect();
+        lines.insert(at, &block);
+        std::fs::write(
+            repo.path("roles/edge/nginx.conf.tmpl"),
+            lines.join("\n") + "\n",
+        )
+        .unwrap();
+        let (code, err) = repo.check();
+        assert_eq!(code, Some(1), "{block}: {err}");
+        assert!(
+            err.contains(&format!(
+                "roles/edge/nginx.conf.tmpl:{} (rendered for edge-1): cannot be read exactly \
+                 as nginx reads it",
+                at + 1
+            )),
+            "{block}: {err}"
+        );
+        assert!(
+            !marker.exists(),
+            "{block}: the shared object's constructor ran"
+        );
+    }
+}
