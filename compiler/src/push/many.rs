@@ -66,7 +66,7 @@ pub fn jobs(source: &Source, only: &[String]) -> Result<Vec<Job>> {
 pub fn options(source: &Source, flags: &Settings, action: Action) -> Options {
     // The CLI checked the clock (EDGEFORM_NOW refused) before the run.
     let now = crate::clock::checked_now();
-    let frozen = frozen_at(source, now);
+    let frozen = frozen(source);
     Options {
         commit: source.commit.clone(),
         thresholds: source.config.cluster.apply,
@@ -93,10 +93,18 @@ pub fn frozen_at(source: &Source, now: u64) -> Option<Frozen> {
     })
 }
 
-/// The freeze window of `source` open now ([`crate::clock::now`]).
+/// The freeze window of `source` open now ([`crate::clock::now`]) or,
+/// under `--now`, at the real time ([`crate::clock::freeze_instants`]).
 #[must_use]
 pub fn frozen(source: &Source) -> Option<Frozen> {
-    frozen_at(source, crate::clock::checked_now())
+    FreezeWindow::open_at_any(
+        &source.config.cluster.freeze,
+        &crate::clock::freeze_instants(),
+    )
+    .map(|w| Frozen {
+        window: w.name.clone(),
+        until: super::state::rfc3339(w.end),
+    })
 }
 
 /// How one target's sync or heal ended: typed, so logs, exit codes and

@@ -262,9 +262,9 @@ pub async fn reconcile(
                 }
             };
             flags.signers = signers;
-            if let Some(w) = crate::model::resolved::FreezeWindow::open_at(
+            if let Some(w) = crate::model::resolved::FreezeWindow::open_at_any(
                 &source.config.cluster.freeze,
-                crate::clock::checked_now(),
+                &crate::clock::freeze_instants(),
             ) {
                 tracing::warn!(
                     window = %w.name,

@@ -53,7 +53,8 @@ pub struct Ancestor {
     root: std::path::PathBuf,
     desired: String,
     signers: Option<super::signed::AllowedSigners>,
-    now: u64,
+    /// The instants the live commit's freeze windows are checked at.
+    instants: Vec<u64>,
     known: Mutex<HashMap<Option<String>, Relation>>,
 }
 
@@ -66,7 +67,7 @@ impl Ancestor {
             desired: desired.to_owned(),
             signers: None,
             // The CLI checked the clock before the run.
-            now: crate::clock::checked_now(),
+            instants: crate::clock::freeze_instants(),
             known: Mutex::new(HashMap::new()),
         }
     }
@@ -163,7 +164,7 @@ impl Ancestor {
     fn live_freeze(&self, repo: &git2::Repository, live: &str) -> Option<Frozen> {
         let id = git2::Oid::from_str(&clean(live)).ok()?;
         let windows = freeze_windows_at(repo, &self.root, id);
-        FreezeWindow::open_at(&windows, self.now).map(|w| Frozen {
+        FreezeWindow::open_at_any(&windows, &self.instants).map(|w| Frozen {
             window: w.name.clone(),
             until: super::state::rfc3339(w.end),
         })
