@@ -37,6 +37,10 @@ pub struct Settings {
     /// `reconcile --require-signed-by`: the history from each target's
     /// live commit to the one pushed must be signed throughout.
     pub signers: Option<super::signed::AllowedSigners>,
+    /// With `signers`: the last good commit the control host knows (its
+    /// state directory), which a target without a live commit is checked
+    /// from (descent, signed history, freeze) in place of one.
+    pub last_good: Option<String>,
 }
 
 /// The jobs for `--node` (all targets when empty).
@@ -177,7 +181,11 @@ pub async fn apply_all(
     tick: Arc<dyn Fn() + Send + Sync>,
 ) -> Vec<Applied> {
     let options = Arc::new(options(source, flags, action));
-    let ancestor = Arc::new(Ancestor::new(root, &source.commit).signed_by(flags.signers.clone()));
+    let ancestor = Arc::new(
+        Ancestor::new(root, &source.commit)
+            .signed_by(flags.signers.clone())
+            .since(flags.last_good.clone()),
+    );
     let expect: Option<Arc<SavedPlan>> = expect.map(|p| Arc::new(p.clone()));
     each(jobs, flags.parallel, |job| {
         let options = options.clone();
@@ -228,7 +236,11 @@ pub async fn heal_all(
 ) -> Report {
     let options = Arc::new(options(source, flags, Action::Heal));
     let dry = options.dry_run;
-    let ancestor = Arc::new(Ancestor::new(root, &source.commit).signed_by(flags.signers.clone()));
+    let ancestor = Arc::new(
+        Ancestor::new(root, &source.commit)
+            .signed_by(flags.signers.clone())
+            .since(flags.last_good.clone()),
+    );
     let results = each(jobs, flags.parallel, |job| {
         let options = options.clone();
         let ancestor = ancestor.clone();

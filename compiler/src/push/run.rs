@@ -53,6 +53,8 @@ pub struct Ancestor {
     root: std::path::PathBuf,
     desired: String,
     signers: Option<super::signed::AllowedSigners>,
+    /// The last good commit, checked from when a target has no live one.
+    since: Option<String>,
     /// The instants the live commit's freeze windows are checked at.
     instants: Vec<u64>,
     known: Mutex<HashMap<Option<String>, Relation>>,
@@ -66,6 +68,7 @@ impl Ancestor {
             root: root.to_owned(),
             desired: desired.to_owned(),
             signers: None,
+            since: None,
             // The CLI checked the clock before the run.
             instants: crate::clock::freeze_instants(),
             known: Mutex::new(HashMap::new()),
@@ -80,10 +83,20 @@ impl Ancestor {
         self
     }
 
-    /// Where `desired` stands relative to `live`, and the live commit's
-    /// open freeze window.
+    /// Check a target without a live commit (its `edgeform:meta` lost or
+    /// never written) from `last_good` instead — descent, signed history
+    /// and its freeze window — so a lost meta is no free pass.
+    #[must_use]
+    pub fn since(mut self, last_good: Option<String>) -> Ancestor {
+        self.since = last_good.filter(|c| !c.is_empty());
+        self
+    }
+
+    /// Where `desired` stands relative to `live` (without one, the last
+    /// good commit), and that commit's open freeze window.
     #[must_use]
     pub fn relate(&self, live: Option<&str>) -> Relation {
+        let live = live.filter(|c| !c.is_empty()).or(self.since.as_deref());
         let key = live.map(str::to_owned);
         let known = self
             .known
