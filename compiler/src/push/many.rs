@@ -43,6 +43,58 @@ pub struct Settings {
     pub last_good: Option<String>,
 }
 
+/// For a target whose `edgeform:meta` names no commit (lost, or never
+/// written): learn the live commits of every target of the repository
+/// (not only this run's `--node`s) once per run, so that their freeze
+/// windows are in force for it too.
+async fn learn_others(
+    ancestor: &Ancestor,
+    con: &mut redis::aio::MultiplexedConnection,
+    all: &[crate::model::resolved::Node],
+) {
+    let commit = |c: redis::RedisResult<Option<String>>| c.ok().flatten().filter(|c| !c.is_empty());
+    let live = commit(
+        redis::cmd("HGET")
+            .arg(edgestate::keys::META)
+            .arg("commit")
+            .query_async(con)
+            .await,
+    );
+    if live.is_some() {
+        return;
+    }
+    ancestor
+        .learnt
+        .get_or_init(|| async {
+            // Concurrently: an unreachable target costs its connect
+            // timeout once, not once per target.
+            let mut set = tokio::task::JoinSet::new();
+            for node in all.iter().filter(|n| n.redis.is_some()) {
+                let node = node.clone();
+                set.spawn(async move {
+                    let mut c = node.redis_master().await.ok()?;
+                    let read: redis::RedisResult<Option<String>> = redis::cmd("HGET")
+                        .arg(edgestate::keys::META)
+                        .arg("commit")
+                        .query_async(&mut c)
+                        .await;
+                    read.ok().flatten().filter(|c| !c.is_empty())
+                });
+            }
+            let mut others = Vec::new();
+            while let Some(joined) = set.join_next().await {
+                if let Ok(Some(id)) = joined
+                    && !others.contains(&id)
+                {
+                    others.push(id);
+                }
+            }
+            others.sort();
+            ancestor.learn(others);
+        })
+        .await;
+}
+
 /// The jobs for `--node` (all targets when empty).
 ///
 /// # Errors
@@ -187,9 +239,11 @@ pub async fn apply_all(
             .since(flags.last_good.clone()),
     );
     let expect: Option<Arc<SavedPlan>> = expect.map(|p| Arc::new(p.clone()));
+    let all = Arc::new(source.config.nodes.clone());
     each(jobs, flags.parallel, |job| {
         let options = options.clone();
         let ancestor = ancestor.clone();
+        let all = all.clone();
         let expect = expect.clone();
         let tick = tick.clone();
         async move {
@@ -210,6 +264,7 @@ pub async fn apply_all(
                     None => None,
                 };
                 let mut con = job.node.redis_master().await?;
+                learn_others(&ancestor, &mut con, &all).await;
                 let relate = |live: Option<&str>| ancestor.relate(live);
                 apply::apply(&mut con, &job.desired, &options, e.as_ref(), &relate).await
             }
@@ -241,9 +296,11 @@ pub async fn heal_all(
             .signed_by(flags.signers.clone())
             .since(flags.last_good.clone()),
     );
+    let all = Arc::new(source.config.nodes.clone());
     let results = each(jobs, flags.parallel, |job| {
         let options = options.clone();
         let ancestor = ancestor.clone();
+        let all = all.clone();
         let tracker = tracker.clone().filter(|_| !dry);
         async move {
             let start = Instant::now();
@@ -267,6 +324,7 @@ pub async fn heal_all(
                     });
                 }
                 let mut con = job.node.redis_master().await?;
+                learn_others(&ancestor, &mut con, &all).await;
                 let relate = |live: Option<&str>| ancestor.relate(live);
                 let what = match scope {
                     Some(Scope::Keys(keys)) => heal::Scope::Keys(keys),

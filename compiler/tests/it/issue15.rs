@@ -512,6 +512,52 @@ fn a_commit_that_deletes_the_open_freeze_does_not_lift_it() {
     assert_eq!(h[0]["freeze"], "final", "{h:?}");
 }
 
+/// A target whose Redis lost `edgeform:meta` is held to the freeze the
+/// other targets' live commit has open: a commit that deletes the window
+/// moves neither target (sync, heal, apply) without `--break-glass`.
+#[test]
+fn a_target_that_lost_its_meta_is_held_to_the_other_targets_freeze() {
+    let (r1, r2) = (harness::redis(&[]), harness::redis(&[]));
+    let (f, a) = repo(r1.port, 20, FREEZE);
+    f.write("nodes/edge-2.yaml", edge("edge-2", r2.port).as_bytes());
+    let a2 = f.commit("a second edge");
+    let out = ef(f.path(), &["apply", "--yes"], OUTSIDE);
+    assert_eq!(out.status.code(), Some(0), "{}", both(&out));
+    assert_eq!(meta(r2.port)["commit"], a2);
+    site(&f, 1, "http://192.0.2.2");
+    f.write("cluster.yaml", b"name: test\n");
+    f.commit("one origin, and no freeze");
+    redis::cmd("DEL")
+        .arg("edgeform:meta")
+        .exec(&mut con(r2.port))
+        .unwrap();
+    let before = (snapshot(r1.port), snapshot(r2.port));
+    for args in [
+        &["reconcile", "--once", "sync"][..],
+        &["reconcile", "--once", "heal"],
+        &["apply", "--yes"],
+    ] {
+        let out = ef(f.path(), args, INSIDE);
+        assert_eq!(out.status.code(), Some(1), "{args:?}: {}", both(&out));
+        assert_eq!(
+            (snapshot(r1.port), snapshot(r2.port)),
+            before,
+            "{args:?}: nothing was written: {}",
+            both(&out)
+        );
+    }
+    // Also when the run is limited to that target.
+    let out = ef(f.path(), &["apply", "--yes", "--node", "edge-2"], INSIDE);
+    assert_eq!(out.status.code(), Some(1), "{}", both(&out));
+    assert!(
+        stdout(&out).contains("edge-2: REFUSED (frozen)"),
+        "{}",
+        both(&out)
+    );
+    assert_eq!(snapshot(r2.port), before.1);
+    let _ = a;
+}
+
 /// Moving the clock never lifts a freeze: under `--now`, a window open at
 /// the real time blocks as one open at the moved time does (apply, sync,
 /// heal), until `--break-glass`, which the history records with the
