@@ -134,6 +134,19 @@ pub fn checked_now() -> u64 {
     MOVED.get().copied().unwrap_or_else(system)
 }
 
+/// The instants a freeze window is checked at: [`checked_now`] and, when
+/// `--now` moved the clock, the real time as well. A window open at
+/// either one is in force, so moving the clock never lifts a freeze
+/// (only `--break-glass` does).
+#[must_use]
+pub fn freeze_instants() -> Vec<u64> {
+    let mut at = vec![checked_now()];
+    if MOVED.get().is_some() {
+        at.push(system());
+    }
+    at
+}
+
 /// Now, in seconds since the epoch: the time `--now` set, otherwise the
 /// system clock.
 ///

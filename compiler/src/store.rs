@@ -11,7 +11,8 @@
 //! refused, never used.
 //!
 //! Layout: `<state>/secrets/<node>/<NAME>` (one file per secret, the value
-//! as written).
+//! as written); `<state>/last-good-commit` (the last commit `reconcile
+//! --require-signed-by` verified, a hex commit id).
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -35,6 +36,8 @@ pub enum StoreError {
     Io { path: PathBuf, cause: String },
     /// A node name that is not a node's name.
     NodeName(String),
+    /// A last good commit that is not a hex commit id.
+    Commit(String),
     /// A secret name that is not an environment variable name
     /// (`[A-Z][A-Z0-9_]*`, at most 64).
     SecretName(String),
@@ -58,6 +61,11 @@ impl fmt::Display for StoreError {
             Self::SecretName(n) => write!(
                 f,
                 "`{n}` is not a secret name: an environment variable name, `[A-Z][A-Z0-9_]*` (at most 64)"
+            ),
+            Self::Commit(c) => write!(
+                f,
+                "`{}` is not a commit id (40 or 64 hex digits)",
+                edgestate::untrusted::escape(c)
             ),
             Self::SecretValue => write!(
                 f,
@@ -101,7 +109,30 @@ pub trait Store: Send + Sync {
     /// # Errors
     /// The store cannot be read.
     fn secret_names(&self) -> Result<BTreeMap<String, Vec<String>>, StoreError>;
+
+    /// The last commit `reconcile --require-signed-by` verified (signed,
+    /// through a signed history), if any: where the next commit's history
+    /// is verified from, across restarts and `--once` runs.
+    ///
+    /// # Errors
+    /// The store cannot be read, or holds something else than a commit id.
+    fn last_good(&self) -> Result<Option<String>, StoreError>;
+
+    /// Remember `commit` as the last good one.
+    ///
+    /// # Errors
+    /// Not a commit id, or the store cannot be written.
+    fn set_last_good(&self, commit: &str) -> Result<(), StoreError>;
 }
+
+/// Whether `commit` is a full hex commit id (SHA-1 or SHA-256).
+#[must_use]
+pub fn valid_commit(commit: &str) -> bool {
+    matches!(commit.len(), 40 | 64) && commit.bytes().all(|b| b.is_ascii_hexdigit())
+}
+
+/// The file of the last good commit, in the state directory.
+const LAST_GOOD: &str = "last-good-commit";
 
 /// Whether `name` can be a node's name (as `nodes/*.yaml` allow).
 #[must_use]
@@ -308,26 +339,7 @@ impl Store for DirStore {
             return Err(StoreError::SecretValue);
         }
         let dir = self.node_dir(node)?;
-        self.folder(&dir)?;
-        let path = dir.join(name);
-        let tmp = dir.join(format!(".{name}.{}.tmp", std::process::id()));
-        let _ = std::fs::remove_file(&tmp);
-        let mut f = std::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(0o600)
-            .custom_flags(O_NOFOLLOW)
-            .open(&tmp)
-            .map_err(|e| io(&tmp, &e))?;
-        let written = f
-            .set_permissions(std::fs::Permissions::from_mode(0o600))
-            .and_then(|()| f.write_all(value.as_bytes()))
-            .and_then(|()| f.sync_all());
-        if let Err(e) = written {
-            let _ = std::fs::remove_file(&tmp);
-            return Err(io(&tmp, &e));
-        }
-        std::fs::rename(&tmp, &path).map_err(|e| io(&path, &e))
+        self.write(&dir, name, value)
     }
 
     fn remove_secret(&self, node: &str, name: &str) -> Result<bool, StoreError> {
@@ -364,6 +376,51 @@ impl Store for DirStore {
             }
         }
         Ok(out)
+    }
+
+    fn last_good(&self) -> Result<Option<String>, StoreError> {
+        let Some(text) = self.read(&self.root.join(LAST_GOOD))? else {
+            return Ok(None);
+        };
+        let commit = text.trim();
+        if !valid_commit(commit) {
+            return Err(StoreError::Commit(commit.to_owned()));
+        }
+        Ok(Some(commit.to_ascii_lowercase()))
+    }
+
+    fn set_last_good(&self, commit: &str) -> Result<(), StoreError> {
+        if !valid_commit(commit) {
+            return Err(StoreError::Commit(commit.to_owned()));
+        }
+        self.write(&self.root, LAST_GOOD, commit)
+    }
+}
+
+impl DirStore {
+    /// Write `value` to `dir/name` atomically (`dir` made safe, the file
+    /// 0600, a temporary file renamed over it).
+    fn write(&self, dir: &Path, name: &str, value: &str) -> Result<(), StoreError> {
+        self.folder(dir)?;
+        let path = dir.join(name);
+        let tmp = dir.join(format!(".{name}.{}.tmp", std::process::id()));
+        let _ = std::fs::remove_file(&tmp);
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .custom_flags(O_NOFOLLOW)
+            .open(&tmp)
+            .map_err(|e| io(&tmp, &e))?;
+        let written = f
+            .set_permissions(std::fs::Permissions::from_mode(0o600))
+            .and_then(|()| f.write_all(value.as_bytes()))
+            .and_then(|()| f.sync_all());
+        if let Err(e) = written {
+            let _ = std::fs::remove_file(&tmp);
+            return Err(io(&tmp, &e));
+        }
+        std::fs::rename(&tmp, &path).map_err(|e| io(&path, &e))
     }
 }
 
@@ -416,6 +473,34 @@ mod tests {
         );
         assert!(s.remove_secret("edge-1", "EDGEFORM_API_TOKEN").unwrap());
         assert!(!s.remove_secret("edge-1", "EDGEFORM_API_TOKEN").unwrap());
+    }
+
+    #[test]
+    fn the_last_good_commit_survives_a_new_store_and_must_be_a_commit_id() {
+        let d = tempfile::tempdir().unwrap();
+        let root = d.path().join("state");
+        let s = DirStore::open(&root).unwrap();
+        assert_eq!(s.last_good().unwrap(), None);
+        let c = "0123456789abcdef0123456789abcdef01234567";
+        s.set_last_good(c).unwrap();
+        let mode = std::fs::metadata(root.join(LAST_GOOD)).unwrap().mode() & 0o777;
+        assert_eq!(mode, 0o600);
+        assert_eq!(
+            DirStore::open(&root)
+                .unwrap()
+                .last_good()
+                .unwrap()
+                .as_deref(),
+            Some(c)
+        );
+        assert_eq!(
+            s.set_last_good("HEAD"),
+            Err(StoreError::Commit("HEAD".into()))
+        );
+        std::fs::write(root.join(LAST_GOOD), "main\n").unwrap();
+        std::fs::set_permissions(root.join(LAST_GOOD), std::fs::Permissions::from_mode(0o600))
+            .unwrap();
+        assert_eq!(s.last_good(), Err(StoreError::Commit("main".into())));
     }
 
     #[test]

@@ -780,6 +780,7 @@ pub fn run(cli: &Cli) -> Result<u8> {
                     settings,
                     git.clone(),
                     *full_heal_every,
+                    cli.state_dir.clone(),
                 )
                 .await
             })

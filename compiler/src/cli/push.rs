@@ -245,6 +245,7 @@ impl PushFlags {
             break_glass: self.break_glass,
             dry_run: false,
             signers: None,
+            last_good: None,
         }
     }
 }

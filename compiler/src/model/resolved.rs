@@ -80,6 +80,16 @@ impl FreezeWindow {
     pub fn open_at(windows: &[FreezeWindow], now: u64) -> Option<&FreezeWindow> {
         windows.iter().find(|w| w.start <= now && now < w.end)
     }
+
+    /// The first window of `windows` open at any of `instants` (pure);
+    /// see [`crate::clock::freeze_instants`].
+    #[must_use]
+    pub fn open_at_any<'a>(
+        windows: &'a [FreezeWindow],
+        instants: &[u64],
+    ) -> Option<&'a FreezeWindow> {
+        instants.iter().find_map(|&t| Self::open_at(windows, t))
+    }
 }
 
 /// A site with its compiled document.

@@ -37,6 +37,62 @@ pub struct Settings {
     /// `reconcile --require-signed-by`: the history from each target's
     /// live commit to the one pushed must be signed throughout.
     pub signers: Option<super::signed::AllowedSigners>,
+    /// With `signers`: the last good commit the control host knows (its
+    /// state directory), which a target without a live commit is checked
+    /// from (descent, signed history, freeze) in place of one.
+    pub last_good: Option<String>,
+}
+
+/// For a target whose `edgeform:meta` names no commit (lost, or never
+/// written): learn the live commits of every target of the repository
+/// (not only this run's `--node`s) once per run, so that their freeze
+/// windows are in force for it too.
+async fn learn_others(
+    ancestor: &Ancestor,
+    con: &mut redis::aio::MultiplexedConnection,
+    all: &[crate::model::resolved::Node],
+) {
+    let commit = |c: redis::RedisResult<Option<String>>| c.ok().flatten().filter(|c| !c.is_empty());
+    let live = commit(
+        redis::cmd("HGET")
+            .arg(edgestate::keys::META)
+            .arg("commit")
+            .query_async(con)
+            .await,
+    );
+    if live.is_some() {
+        return;
+    }
+    ancestor
+        .learnt
+        .get_or_init(|| async {
+            // Concurrently: an unreachable target costs its connect
+            // timeout once, not once per target.
+            let mut set = tokio::task::JoinSet::new();
+            for node in all.iter().filter(|n| n.redis.is_some()) {
+                let node = node.clone();
+                set.spawn(async move {
+                    let mut c = node.redis_master().await.ok()?;
+                    let read: redis::RedisResult<Option<String>> = redis::cmd("HGET")
+                        .arg(edgestate::keys::META)
+                        .arg("commit")
+                        .query_async(&mut c)
+                        .await;
+                    read.ok().flatten().filter(|c| !c.is_empty())
+                });
+            }
+            let mut others = Vec::new();
+            while let Some(joined) = set.join_next().await {
+                if let Ok(Some(id)) = joined
+                    && !others.contains(&id)
+                {
+                    others.push(id);
+                }
+            }
+            others.sort();
+            ancestor.learn(others);
+        })
+        .await;
 }
 
 /// The jobs for `--node` (all targets when empty).
@@ -66,7 +122,7 @@ pub fn jobs(source: &Source, only: &[String]) -> Result<Vec<Job>> {
 pub fn options(source: &Source, flags: &Settings, action: Action) -> Options {
     // The CLI checked the clock (EDGEFORM_NOW refused) before the run.
     let now = crate::clock::checked_now();
-    let frozen = frozen_at(source, now);
+    let frozen = frozen(source);
     Options {
         commit: source.commit.clone(),
         thresholds: source.config.cluster.apply,
@@ -93,10 +149,18 @@ pub fn frozen_at(source: &Source, now: u64) -> Option<Frozen> {
     })
 }
 
-/// The freeze window of `source` open now ([`crate::clock::now`]).
+/// The freeze window of `source` open now ([`crate::clock::now`]) or,
+/// under `--now`, at the real time ([`crate::clock::freeze_instants`]).
 #[must_use]
 pub fn frozen(source: &Source) -> Option<Frozen> {
-    frozen_at(source, crate::clock::checked_now())
+    FreezeWindow::open_at_any(
+        &source.config.cluster.freeze,
+        &crate::clock::freeze_instants(),
+    )
+    .map(|w| Frozen {
+        window: w.name.clone(),
+        until: super::state::rfc3339(w.end),
+    })
 }
 
 /// How one target's sync or heal ended: typed, so logs, exit codes and
@@ -169,11 +233,17 @@ pub async fn apply_all(
     tick: Arc<dyn Fn() + Send + Sync>,
 ) -> Vec<Applied> {
     let options = Arc::new(options(source, flags, action));
-    let ancestor = Arc::new(Ancestor::new(root, &source.commit).signed_by(flags.signers.clone()));
+    let ancestor = Arc::new(
+        Ancestor::new(root, &source.commit)
+            .signed_by(flags.signers.clone())
+            .since(flags.last_good.clone()),
+    );
     let expect: Option<Arc<SavedPlan>> = expect.map(|p| Arc::new(p.clone()));
+    let all = Arc::new(source.config.nodes.clone());
     each(jobs, flags.parallel, |job| {
         let options = options.clone();
         let ancestor = ancestor.clone();
+        let all = all.clone();
         let expect = expect.clone();
         let tick = tick.clone();
         async move {
@@ -194,6 +264,7 @@ pub async fn apply_all(
                     None => None,
                 };
                 let mut con = job.node.redis_master().await?;
+                learn_others(&ancestor, &mut con, &all).await;
                 let relate = |live: Option<&str>| ancestor.relate(live);
                 apply::apply(&mut con, &job.desired, &options, e.as_ref(), &relate).await
             }
@@ -220,10 +291,16 @@ pub async fn heal_all(
 ) -> Report {
     let options = Arc::new(options(source, flags, Action::Heal));
     let dry = options.dry_run;
-    let ancestor = Arc::new(Ancestor::new(root, &source.commit).signed_by(flags.signers.clone()));
+    let ancestor = Arc::new(
+        Ancestor::new(root, &source.commit)
+            .signed_by(flags.signers.clone())
+            .since(flags.last_good.clone()),
+    );
+    let all = Arc::new(source.config.nodes.clone());
     let results = each(jobs, flags.parallel, |job| {
         let options = options.clone();
         let ancestor = ancestor.clone();
+        let all = all.clone();
         let tracker = tracker.clone().filter(|_| !dry);
         async move {
             let start = Instant::now();
@@ -247,6 +324,7 @@ pub async fn heal_all(
                     });
                 }
                 let mut con = job.node.redis_master().await?;
+                learn_others(&ancestor, &mut con, &all).await;
                 let relate = |live: Option<&str>| ancestor.relate(live);
                 let what = match scope {
                     Some(Scope::Keys(keys)) => heal::Scope::Keys(keys),

@@ -8,6 +8,7 @@ use anyhow::{Context, Result};
 
 use super::many::{Settings, heal_all, sync_all};
 use super::{remote, signed};
+use crate::store::Store as _;
 use crate::workspace::{self, Source};
 
 /// Load, check and compile for one run; an invalid repository is logged
@@ -79,16 +80,25 @@ struct Pick {
     rev: Option<String>,
     refused: Option<signed::RefusedCommit>,
     signers: Option<signed::AllowedSigners>,
+    /// The last good commit before this run's (what a target without a
+    /// live commit is checked from).
+    since: Option<String>,
+    /// The commit verified for this run, to be kept as the last good one
+    /// once a target has it.
+    verified: Option<String>,
 }
 
 /// The revision to push: the pulled commit, `--rev`, or (with
 /// `--require-signed-by`, which never pushes a working tree) `HEAD`;
 /// with `--require-signed-by`, only when its signature verifies and,
-/// after a commit this process applied (`last_good`), when it descends
-/// from it (unless `allow_rollback`) through a history signed
-/// throughout. A refused commit falls back to `last_good` or, without
-/// one, fails the run. (Each target's own live commit is checked the
-/// same way by the gate.)
+/// after the last good commit (`last_good`: the last one verified and
+/// applied, kept in the state directory across restarts and `--once`
+/// runs),
+/// when it descends from it (unless `allow_rollback`) through a history
+/// signed throughout. A verified commit becomes the last good one once a
+/// target has it (the run's end). A refused commit falls back to
+/// `last_good` or, without one, fails the run. (Each target's own live commit is checked the same way by the
+/// gate.)
 fn pick(
     root: &Path,
     rev: Option<&str>,
@@ -107,6 +117,8 @@ fn pick(
             rev,
             refused: None,
             signers: None,
+            since: None,
+            verified: None,
         });
     };
     let signers = signed::AllowedSigners::load(signers)?;
@@ -125,14 +137,16 @@ fn pick(
         Err(refusal) => Err(refusal),
     };
     let commit = commit.to_string();
+    let since = last_good.borrow().clone();
     match verdict {
         Ok(v) => {
             tracing::info!(%commit, signer = %v.principal, "reconcile: signature verified");
-            *last_good.borrow_mut() = Some(commit.clone());
             Ok(Pick {
-                rev: Some(commit),
+                rev: Some(commit.clone()),
                 refused: None,
                 signers: Some(signers),
+                since,
+                verified: Some(commit),
             })
         }
         Err(refusal) => {
@@ -148,6 +162,8 @@ fn pick(
                         rev: Some(good),
                         refused: Some(refused),
                         signers: Some(signers),
+                        since,
+                        verified: None,
                     })
                 }
                 // Logged by the run, as its one error.
@@ -157,9 +173,10 @@ fn pick(
     }
 }
 
-/// Whether `commit` may follow the last commit this process applied:
-/// descends from it (unless `allow_rollback`) and every commit between
-/// them verifies.
+/// Whether `commit` may follow the last good commit: descends from it
+/// (unless `allow_rollback`) and every commit between them verifies.
+/// With none known (a new state directory), only the tip was verified:
+/// said in a warning.
 fn history(
     repo: &git2::Repository,
     last_good: &std::cell::RefCell<Option<String>>,
@@ -168,9 +185,20 @@ fn history(
     allow_rollback: bool,
 ) -> Result<Result<(), signed::Refusal>> {
     let Some(good) = last_good.borrow().clone() else {
+        tracing::warn!(
+            %commit,
+            "reconcile: no last good commit is known (state directory): only this commit's \
+             signature was verified, not its history; it becomes the last good commit"
+        );
         return Ok(Ok(()));
     };
     let good_id = git2::Oid::from_str(&good)?;
+    if repo.find_commit(good_id).is_err() {
+        anyhow::bail!(
+            "the last good commit {good} (state directory) is not in the repository: \
+             fetch it, or see docs/operations.md to start the signed history again"
+        );
+    }
     if good_id == commit {
         return Ok(Ok(()));
     }
@@ -208,6 +236,7 @@ pub async fn reconcile(
     flags: Settings,
     git: remote::GitFlags,
     full_heal_every: u32,
+    state_dir: PathBuf,
 ) -> Result<u8> {
     let auth = git.auth();
     if once.is_none() {
@@ -220,8 +249,17 @@ pub async fn reconcile(
             remote::check_key_file(key)?;
         }
     }
-    let last_good = std::cell::RefCell::new(None);
-    let load_source = |root: &Path| -> Result<(Source, bool, Option<signed::AllowedSigners>)> {
+    // The last good commit, kept in the state directory so that `--once`
+    // runs and a restarted daemon check a new commit's history from it.
+    let store = match &git.require_signed_by {
+        Some(_) => Some(crate::store::DirStore::open(&state_dir)?),
+        None => None,
+    };
+    let last_good = std::cell::RefCell::new(match &store {
+        Some(s) => s.last_good()?,
+        None => None,
+    });
+    let load_source = |root: &Path| -> Result<(Source, Pick)> {
         let p = pick(
             root,
             rev.as_deref(),
@@ -231,11 +269,7 @@ pub async fn reconcile(
             flags.allow_rollback,
             &last_good,
         )?;
-        Ok((
-            load(root, p.rev.as_deref())?,
-            p.refused.is_some(),
-            p.signers,
-        ))
+        Ok((load(root, p.rev.as_deref())?, p))
     };
     // The daemon's heals compare what each target's Redis reports written
     // (#16); `--once` has no history to go on.
@@ -243,13 +277,15 @@ pub async fn reconcile(
         .is_none()
         .then(|| std::sync::Arc::new(super::track::Tracker::new(full_heal_every)));
     let run = |which: Once| {
+        let last_good = &last_good;
+        let store = store.as_ref();
         let tracker = tracker.clone();
         let root = root.clone();
         let only = only.clone();
         let mut flags = flags.clone();
         let source = load_source(&root);
         async move {
-            let (source, refused, signers) = match source {
+            let (source, pick) = match source {
                 Ok(s) => s,
                 Err(e) => {
                     match e.downcast_ref::<signed::RefusedCommit>() {
@@ -261,10 +297,19 @@ pub async fn reconcile(
                     return 1;
                 }
             };
+            let Pick {
+                refused,
+                signers,
+                since,
+                verified,
+                ..
+            } = pick;
+            let refused = refused.is_some();
             flags.signers = signers;
-            if let Some(w) = crate::model::resolved::FreezeWindow::open_at(
+            flags.last_good = since;
+            if let Some(w) = crate::model::resolved::FreezeWindow::open_at_any(
                 &source.config.cluster.freeze,
-                crate::clock::checked_now(),
+                &crate::clock::freeze_instants(),
             ) {
                 tracing::warn!(
                     window = %w.name,
@@ -287,6 +332,26 @@ pub async fn reconcile(
                 Once::Sync => sync_all(&source, jobs, &flags, &root).await,
                 Once::Heal => heal_all(&source, jobs, &flags, &root, tracker).await,
             };
+            // The verified commit is the last good one once a target has
+            // it (a run that moved none, e.g. every target frozen, keeps
+            // the previous one).
+            if let Some(commit) = verified
+                && report.targets.iter().any(|(_, e)| {
+                    matches!(
+                        e,
+                        super::many::Ended::InSync | super::many::Ended::Written(_)
+                    )
+                })
+                && last_good.borrow().as_deref() != Some(commit.as_str())
+            {
+                if let Some(store) = store
+                    && let Err(e) = store.set_last_good(&commit)
+                {
+                    tracing::error!(cause = %e, "reconcile: cannot keep the last good commit");
+                    return 1;
+                }
+                *last_good.borrow_mut() = Some(commit);
+            }
             // A refused newer commit fails the run even when the last good
             // one was kept in place.
             if refused { 1 } else { report.exit_code() }

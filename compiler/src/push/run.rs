@@ -53,7 +53,15 @@ pub struct Ancestor {
     root: std::path::PathBuf,
     desired: String,
     signers: Option<super::signed::AllowedSigners>,
-    now: u64,
+    /// The last good commit, checked from when a target has no live one.
+    since: Option<String>,
+    /// The other targets' live commits, learnt when a target has none:
+    /// their freeze windows are in force for it too.
+    others: Mutex<Vec<String>>,
+    /// Whether `others` was learnt (once per run).
+    pub(super) learnt: tokio::sync::OnceCell<()>,
+    /// The instants the live commit's freeze windows are checked at.
+    instants: Vec<u64>,
     known: Mutex<HashMap<Option<String>, Relation>>,
 }
 
@@ -65,8 +73,11 @@ impl Ancestor {
             root: root.to_owned(),
             desired: desired.to_owned(),
             signers: None,
+            since: None,
+            others: Mutex::new(Vec::new()),
+            learnt: tokio::sync::OnceCell::new(),
             // The CLI checked the clock before the run.
-            now: crate::clock::checked_now(),
+            instants: crate::clock::freeze_instants(),
             known: Mutex::new(HashMap::new()),
         }
     }
@@ -79,10 +90,32 @@ impl Ancestor {
         self
     }
 
-    /// Where `desired` stands relative to `live`, and the live commit's
-    /// open freeze window.
+    /// Check a target without a live commit (its `edgeform:meta` lost or
+    /// never written) from `last_good` instead — descent, signed history
+    /// and its freeze window — so a lost meta is no free pass.
+    #[must_use]
+    pub fn since(mut self, last_good: Option<String>) -> Ancestor {
+        self.since = last_good.filter(|c| !c.is_empty());
+        self
+    }
+
+    /// The live commits of the other targets of the run (see
+    /// [`Ancestor::relate`]).
+    pub fn learn(&self, commits: Vec<String>) {
+        *self
+            .others
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = commits;
+    }
+
+    /// Where `desired` stands relative to `live` (without one, the last
+    /// good commit), and that commit's open freeze window — for a target
+    /// without a live commit, else the first one open among the other
+    /// targets' live commits ([`Ancestor::learn`]).
     #[must_use]
     pub fn relate(&self, live: Option<&str>) -> Relation {
+        let lost = live.is_none_or(str::is_empty);
+        let live = live.filter(|c| !c.is_empty()).or(self.since.as_deref());
         let key = live.map(str::to_owned);
         let known = self
             .known
@@ -97,11 +130,21 @@ impl Ancestor {
             .repo
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let others = if lost {
+            self.others
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .clone()
+        } else {
+            Vec::new()
+        };
         let relation = Relation {
             ancestry: self.ancestry(guard.as_ref(), live),
-            frozen: guard
-                .as_ref()
-                .and_then(|repo| self.live_freeze(repo, live?)),
+            frozen: guard.as_ref().and_then(|repo| {
+                live.into_iter()
+                    .chain(others.iter().map(String::as_str))
+                    .find_map(|c| self.live_freeze(repo, c))
+            }),
         };
         drop(guard);
         self.known
@@ -163,7 +206,7 @@ impl Ancestor {
     fn live_freeze(&self, repo: &git2::Repository, live: &str) -> Option<Frozen> {
         let id = git2::Oid::from_str(&clean(live)).ok()?;
         let windows = freeze_windows_at(repo, &self.root, id);
-        FreezeWindow::open_at(&windows, self.now).map(|w| Frozen {
+        FreezeWindow::open_at_any(&windows, &self.instants).map(|w| Frozen {
             window: w.name.clone(),
             until: super::state::rfc3339(w.end),
         })

@@ -15,8 +15,8 @@
 //!
 //! The tip is verified, and so is the history that leads to it
 //! ([`verify_history`]): every commit reachable from the new commit and
-//! not from the one a target has live (or this process last applied)
-//! must verify, so a signed commit that was never merged (an allowed
+//! not from the one a target has live (or, for a target without one, the
+//! last good commit the state directory keeps) must verify, so a signed commit that was never merged (an allowed
 //! signer's work in progress, force-pushed to the branch) or a signed tip
 //! on top of an unsigned commit is refused. The descent itself (the new
 //! commit contains the live one) is the gate's rule
@@ -266,11 +266,10 @@ pub enum Refusal {
     /// commit was changed after signing, or the key is outside its
     /// validity or namespaces).
     BadSignature,
-    /// Signed, but it does not descend from the last commit this process
-    /// applied (without `--allow-rollback`).
+    /// Signed, but it does not descend from the last good commit (without
+    /// `--allow-rollback`).
     NotDescendant { last_good: String },
-    /// Signed, but a commit between the last commit this process applied
-    /// and it is not (`commit`, and that commit's own refusal reason).
+    /// Signed, but a commit between the last good commit and it is not (`commit`, and that commit's own refusal reason).
     UnsignedHistory { commit: String, why: &'static str },
 }
 

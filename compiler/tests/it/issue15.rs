@@ -512,6 +512,96 @@ fn a_commit_that_deletes_the_open_freeze_does_not_lift_it() {
     assert_eq!(h[0]["freeze"], "final", "{h:?}");
 }
 
+/// A target whose Redis lost `edgeform:meta` is held to the freeze the
+/// other targets' live commit has open: a commit that deletes the window
+/// moves neither target (sync, heal, apply) without `--break-glass`.
+#[test]
+fn a_target_that_lost_its_meta_is_held_to_the_other_targets_freeze() {
+    let (r1, r2) = (harness::redis(&[]), harness::redis(&[]));
+    let (f, a) = repo(r1.port, 20, FREEZE);
+    f.write("nodes/edge-2.yaml", edge("edge-2", r2.port).as_bytes());
+    let a2 = f.commit("a second edge");
+    let out = ef(f.path(), &["apply", "--yes"], OUTSIDE);
+    assert_eq!(out.status.code(), Some(0), "{}", both(&out));
+    assert_eq!(meta(r2.port)["commit"], a2);
+    site(&f, 1, "http://192.0.2.2");
+    f.write("cluster.yaml", b"name: test\n");
+    f.commit("one origin, and no freeze");
+    redis::cmd("DEL")
+        .arg("edgeform:meta")
+        .exec(&mut con(r2.port))
+        .unwrap();
+    let before = (snapshot(r1.port), snapshot(r2.port));
+    for args in [
+        &["reconcile", "--once", "sync"][..],
+        &["reconcile", "--once", "heal"],
+        &["apply", "--yes"],
+    ] {
+        let out = ef(f.path(), args, INSIDE);
+        assert_eq!(out.status.code(), Some(1), "{args:?}: {}", both(&out));
+        assert_eq!(
+            (snapshot(r1.port), snapshot(r2.port)),
+            before,
+            "{args:?}: nothing was written: {}",
+            both(&out)
+        );
+    }
+    // Also when the run is limited to that target.
+    let out = ef(f.path(), &["apply", "--yes", "--node", "edge-2"], INSIDE);
+    assert_eq!(out.status.code(), Some(1), "{}", both(&out));
+    assert!(
+        stdout(&out).contains("edge-2: REFUSED (frozen)"),
+        "{}",
+        both(&out)
+    );
+    assert_eq!(snapshot(r2.port), before.1);
+    let _ = a;
+}
+
+/// Moving the clock never lifts a freeze: under `--now`, a window open at
+/// the real time blocks as one open at the moved time does (apply, sync,
+/// heal), until `--break-glass`, which the history records with the
+/// window, the moved time and the real one.
+#[test]
+fn a_moved_clock_does_not_open_a_freeze_open_at_the_real_time() {
+    let r = harness::redis(&[]);
+    let (f, _) = repo(r.port, 20, "name: test\n");
+    let out = run(f.path(), &["apply", "--yes"]);
+    assert_eq!(out.status.code(), Some(0), "{}", both(&out));
+    // A window open now (real time), closed at the moved time.
+    f.write(
+        "cluster.yaml",
+        b"name: test\napply:\n  freeze:\n    - name: now\n      \
+          start: \"2000-01-01T00:00:00Z\"\n      end: \"2100-01-01T00:00:00Z\"\n",
+    );
+    site(&f, 1, "http://192.0.2.2");
+    let b = f.commit("one origin, during a freeze");
+    let before = snapshot(r.port);
+    let after = Some("2100-06-01T00:00:00Z");
+    let out = ef(f.path(), &["apply", "--yes"], after);
+    assert_eq!(out.status.code(), Some(1), "{}", both(&out));
+    assert!(
+        stdout(&out).contains("edge-1: REFUSED (frozen): refusing to move to another commit during the freeze window `now`"),
+        "{}",
+        both(&out)
+    );
+    for job in ["sync", "heal"] {
+        let out = ef(f.path(), &["reconcile", "--once", job], after);
+        assert_eq!(out.status.code(), Some(1), "{}", both(&out));
+        assert!(stderr(&out).contains("reason=\"frozen\""), "{}", both(&out));
+    }
+    assert_eq!(snapshot(r.port), before, "nothing was written");
+    let out = ef(f.path(), &["apply", "--yes", "--break-glass"], after);
+    assert_eq!(out.status.code(), Some(0), "{}", both(&out));
+    assert_eq!(meta(r.port)["commit"], b);
+    let h = history(&f);
+    assert_eq!(h[0]["break_glass"], true, "{h:?}");
+    assert_eq!(h[0]["freeze"], "now", "{h:?}");
+    assert_eq!(h[0]["at"], "2100-06-01T00:00:00Z", "{h:?}");
+    let real = h[0]["clock_moved"].as_str().unwrap_or_default();
+    assert!(real.starts_with("20") && real < "2100", "{h:?}");
+}
+
 /// `status` (with `extra` args) as JSON: its verdict and exit code agree.
 fn verdict(f: &Fixture, extra: &[&str]) -> (i32, serde_json::Value) {
     let mut args = vec!["status", "--format", "json", "--connect-timeout", "3"];

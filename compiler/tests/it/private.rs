@@ -69,11 +69,18 @@ fn head(dir: &Path) -> String {
         .to_owned()
 }
 
+/// The control host's state directory of the repository in `dir` (the
+/// last good commit): one per test repository, never the system's.
+fn state_dir(dir: &Path) -> PathBuf {
+    PathBuf::from(format!("{}.state", dir.display()))
+}
+
 /// `edgeform` in `dir` with `args` and extra environment.
 fn run(dir: &Path, args: &[&str], env: &[(&str, &str)]) -> Output {
     let mut c = Command::new(env!("CARGO_BIN_EXE_edgeform"));
     c.args(args)
         .current_dir(dir)
+        .env("EDGEFORM_STATE_DIR", state_dir(dir))
         .env("NO_COLOR", "1")
         .env_remove("EDGEFORM_SSH_KEY")
         .env_remove("EDGEFORM_GIT_TOKEN")
@@ -602,6 +609,10 @@ fn only_a_history_signed_throughout_from_the_live_commit_is_applied() {
 
     let refused = |args: &[&str], kind: &str, naming: &str| {
         let before = meta(r.port);
+        // A control host that knows no last good commit (a new state
+        // directory): each target's live commit is what the new one is
+        // checked from, by the gate.
+        std::fs::remove_dir_all(state_dir(f.path())).unwrap();
         let out = run(f.path(), args, &[]);
         assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
         let errors = error_lines(&out);
@@ -646,6 +657,141 @@ fn only_a_history_signed_throughout_from_the_live_commit_is_applied() {
     assert_eq!(meta(r.port)["commit"], wip);
     assert!(origin_of(r.port).unwrap().contains("192.0.2.89"));
     let _ = (base, tip);
+}
+
+fn wipe_meta(port: u16) {
+    redis::cmd("DEL")
+        .arg("edgeform:meta")
+        .exec(&mut con(port))
+        .unwrap();
+}
+
+/// A target whose Redis lost `edgeform:meta` is no free pass: the new
+/// commit is checked from the last good commit the control host keeps in
+/// its state directory (across `--once` runs): a force-moved signed work
+/// in progress (`not_descendant`), a signed tip on an unsigned commit
+/// (`unsigned_history`) and a commit that deletes the freeze the last
+/// good commit has open (`frozen`) are refused and the edge keeps the
+/// last good commit's state. With no last good commit known at all, only
+/// the tip's signature is checked, and the log says the history was not.
+#[test]
+fn a_target_that_lost_its_live_commit_is_checked_from_the_last_good_commit() {
+    let r = harness::redis(&[]);
+    let keys = tempfile::tempdir().unwrap();
+    let (alice, alice_pub) = keypair(keys.path(), "alice");
+    let allowed = keys.path().join("allowed_signers");
+    std::fs::write(&allowed, format!("alice@example.net {alice_pub}\n")).unwrap();
+    let once = |job: &str, now: &str| -> Vec<String> {
+        [
+            "--now",
+            now,
+            "reconcile",
+            "--once",
+            job,
+            "--require-signed-by",
+            allowed.to_str().unwrap(),
+        ]
+        .map(String::from)
+        .to_vec()
+    };
+    let after = "2026-12-27T00:00:00Z";
+    let inside = "2026-12-25T12:00:00Z";
+    let f = config(r.port, "http://192.0.2.81");
+    let freeze = "name: test\napply:\n  freeze:\n    - name: final\n      \
+                  start: \"2026-12-24T18:00:00Z\"\n      end: \"2026-12-26T06:00:00Z\"\n";
+    f.write("cluster.yaml", freeze.as_bytes());
+    git(f.path(), &["init", "-q", "-b", "main"]);
+    signed_commit(f.path(), &alice, "base");
+    git(f.path(), &["checkout", "-q", "-b", "wip"]);
+    set_origin(&f, "http://192.0.2.89");
+    let wip = signed_commit(f.path(), &alice, "wip: try another origin");
+    git(f.path(), &["checkout", "-q", "main"]);
+    set_origin(&f, "http://192.0.2.82");
+    let live = signed_commit(f.path(), &alice, "merged change");
+    let args = once("sync", after);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let out = run(f.path(), &args, &[]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert_eq!(meta(r.port)["commit"], live);
+    assert!(
+        stderr(&out).contains("only this commit's signature was verified, not its history"),
+        "{}",
+        stderr(&out)
+    );
+    let kept = std::fs::read_to_string(state_dir(f.path()).join("last-good-commit")).unwrap();
+    assert_eq!(kept, live);
+
+    let refused = |job: &str, now: &str, reason: &str, naming: &str| {
+        wipe_meta(r.port);
+        let args = once(job, now);
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let out = run(f.path(), &args, &[]);
+        assert_eq!(out.status.code(), Some(1), "{job}: {}", stderr(&out));
+        let errors = error_lines(&out);
+        assert!(
+            errors
+                .iter()
+                .any(|e| e.contains(&format!("reason=\"{reason}\"")) && e.contains(naming)),
+            "{job}: {}",
+            stderr(&out)
+        );
+        assert!(
+            origin_of(r.port).unwrap().contains("192.0.2.82"),
+            "{job}: {}",
+            stderr(&out)
+        );
+        assert_ne!(meta(r.port).get("commit"), Some(&head(f.path())), "{job}");
+    };
+    // main force-moved to alice's signed, unmerged work in progress.
+    git(f.path(), &["reset", "-q", "--hard", &wip]);
+    for job in ["sync", "heal"] {
+        refused(
+            job,
+            after,
+            "not_descendant",
+            &format!("refused commit {wip}"),
+        );
+    }
+    // A signed tip on an unsigned commit.
+    git(f.path(), &["reset", "-q", "--hard", &live]);
+    set_origin(&f, "http://192.0.2.83");
+    git(f.path(), &["commit", "-qam", "unsigned in the middle"]);
+    let middle = head(f.path());
+    set_origin(&f, "http://192.0.2.84");
+    signed_commit(f.path(), &alice, "signed tip");
+    for job in ["sync", "heal"] {
+        refused(job, after, "unsigned_history", &format!("commit {middle}"));
+    }
+    // A signed commit that deletes the freeze the last good commit has
+    // open: the last good commit's window is in force.
+    git(f.path(), &["reset", "-q", "--hard", &live]);
+    set_origin(&f, "http://192.0.2.85");
+    f.write("cluster.yaml", b"name: test\n");
+    signed_commit(f.path(), &alice, "no freeze");
+    for job in ["sync", "heal"] {
+        refused(job, inside, "frozen", "edge-1");
+    }
+    let kept = std::fs::read_to_string(state_dir(f.path()).join("last-good-commit")).unwrap();
+    assert_eq!(
+        kept, live,
+        "a commit no target took is not the last good one"
+    );
+
+    // No last good commit known at all (a new state directory) and no
+    // live commit: only the tip is checked, and the log says so.
+    git(f.path(), &["reset", "-q", "--hard", &wip]);
+    wipe_meta(r.port);
+    std::fs::remove_dir_all(state_dir(f.path())).unwrap();
+    let args = once("sync", after);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let out = run(f.path(), &args, &[]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert_eq!(meta(r.port)["commit"], wip);
+    assert!(
+        stderr(&out).contains("only this commit's signature was verified, not its history"),
+        "{}",
+        stderr(&out)
+    );
 }
 
 #[test]
@@ -766,6 +912,7 @@ fn the_daemon_keeps_the_last_good_commit_when_a_pulled_commit_is_unsigned() {
         ])
         .current_dir(&remote.clone)
         .env("NO_COLOR", "1")
+        .env("EDGEFORM_STATE_DIR", keys.path().join("state"))
         .stderr(std::fs::File::create(&log).unwrap())
         .spawn()
         .unwrap();
