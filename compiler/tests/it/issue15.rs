@@ -355,10 +355,10 @@ fn issue_15_history_after_three_applies() {
 }
 
 const FREEZE: &str = "name: test\napply:\n  freeze:\n    - name: final\n      \
-                      start: \"2026-12-24T18:00:00Z\"\n      end: \"2026-12-26T06:00:00+00:00\"\n      \
+                      start: \"2020-12-24T18:00:00Z\"\n      end: \"2020-12-26T06:00:00+00:00\"\n      \
                       reason: the final, live\n";
-const INSIDE: Option<&str> = Some("2026-12-25T12:00:00Z");
-const OUTSIDE: Option<&str> = Some("2026-12-26T06:00:00Z");
+const INSIDE: Option<&str> = Some("2020-12-25T12:00:00Z");
+const OUTSIDE: Option<&str> = Some("2020-12-26T06:00:00Z");
 
 // See: #15 item 9 (a freeze honoured by apply and reconcile, broken with --break-glass)
 #[test]
@@ -378,7 +378,7 @@ fn issue_15_a_freeze_is_honoured_and_broken_with_break_glass() {
         assert_eq!(out.status.code(), Some(1), "{}", both(&out));
         assert!(
             stdout(&out).contains(
-                "edge-1: REFUSED (frozen): refusing to move to another commit during the freeze window `final` (until 2026-12-26T06:00:00Z; use --break-glass)"
+                "edge-1: REFUSED (frozen): refusing to move to another commit during the freeze window `final` (until 2020-12-26T06:00:00Z; use --break-glass)"
             ),
             "{}",
             both(&out)
@@ -390,7 +390,7 @@ fn issue_15_a_freeze_is_honoured_and_broken_with_break_glass() {
         assert!(stderr(&out).contains("reason=\"frozen\""), "{}", both(&out));
         assert!(
             stderr(&out).contains("a freeze window is open")
-                && stderr(&out).contains("reason=the final, live until=2026-12-26T06:00:00Z"),
+                && stderr(&out).contains("reason=the final, live until=2020-12-26T06:00:00Z"),
             "{}",
             both(&out)
         );
@@ -428,11 +428,11 @@ fn issue_15_a_freeze_is_honoured_and_broken_with_break_glass() {
     let h = history(&f);
     assert_eq!(h[0]["break_glass"], true, "{h:?}");
     assert_eq!(h[0]["freeze"], "final", "{h:?}");
-    assert_eq!(h[0]["at"], "2026-12-25T12:00:00Z", "{h:?}");
+    assert_eq!(h[0]["at"], "2020-12-25T12:00:00Z", "{h:?}");
     // The moved clock is recorded as such, with the real time.
     let real = h[0]["clock_moved"].as_str().unwrap_or_default();
     assert!(
-        real.starts_with("20") && real != "2026-12-25T12:00:00Z",
+        real.starts_with("20") && real != "2020-12-25T12:00:00Z",
         "{h:?}"
     );
     assert_eq!(h[1]["action"], "heal", "{h:?}");
@@ -458,7 +458,7 @@ fn issue_15_a_freeze_is_honoured_and_broken_with_break_glass() {
             .args(args)
             .current_dir(f.path())
             .env("NO_COLOR", "1")
-            .env("EDGEFORM_NOW", "2026-12-27T00:00:00Z")
+            .env("EDGEFORM_NOW", "2020-12-27T00:00:00Z")
             .output()
             .unwrap();
         assert_eq!(out.status.code(), Some(1), "{args:?}: {}", both(&out));

@@ -694,11 +694,11 @@ fn a_target_that_lost_its_live_commit_is_checked_from_the_last_good_commit() {
         .map(String::from)
         .to_vec()
     };
-    let after = "2026-12-27T00:00:00Z";
-    let inside = "2026-12-25T12:00:00Z";
+    let after = "2020-12-27T00:00:00Z";
+    let inside = "2020-12-25T12:00:00Z";
     let f = config(r.port, "http://192.0.2.81");
     let freeze = "name: test\napply:\n  freeze:\n    - name: final\n      \
-                  start: \"2026-12-24T18:00:00Z\"\n      end: \"2026-12-26T06:00:00Z\"\n";
+                  start: \"2020-12-24T18:00:00Z\"\n      end: \"2020-12-26T06:00:00Z\"\n";
     f.write("cluster.yaml", freeze.as_bytes());
     git(f.path(), &["init", "-q", "-b", "main"]);
     signed_commit(f.path(), &alice, "base");
