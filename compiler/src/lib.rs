@@ -15,15 +15,12 @@
 //! - [`fmt`]: canonical YAML of config files (`edgeform fmt`, `import`).
 //! - [`import`]: site documents read from an edge → `sites/*.yaml`.
 //! - `anycast` (crate): the anycast audit; [`validate`] builds its settings
-//!   from `cluster.yaml`, [`cli`] wires it.
+//!   from `cluster.yaml`, the `edgeform` binary wires it.
 //! - [`workspace`]: the one loader: load → check → commit → compile, each
 //!   step separate; every subcommand stops at the step it needs.
-//! - [`cli`]: the `edgeform` command line; `main.rs` only calls [`cli::main`].
 //!
 //! Everything but `load` (and the CLI's writing of results) is pure.
 
-pub mod bundle;
-pub mod cli;
 pub mod clock;
 pub mod compile;
 pub mod country;
@@ -32,14 +29,11 @@ pub mod diff;
 pub mod fmt;
 pub mod import;
 pub mod load;
-pub mod metrics;
 pub mod model;
 pub mod parse;
-pub mod push;
 pub mod report;
 pub mod rule_regex;
 pub mod schema;
-pub mod store;
 pub mod validate;
 pub mod workspace;
 

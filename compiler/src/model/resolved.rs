@@ -141,18 +141,6 @@ impl Node {
         self.roles.contains(&role)
     }
 
-    /// A dedicated connection to this node's Redis master.
-    ///
-    /// # Errors
-    /// No `redis` block, or see [`edgeredis::master`].
-    pub async fn redis_master(&self) -> anyhow::Result<redis::aio::MultiplexedConnection> {
-        let target = self
-            .redis
-            .as_ref()
-            .ok_or_else(|| anyhow::anyhow!("node {} has no redis block", self.name))?;
-        edgeredis::master(target, &self.name).await
-    }
-
     /// Where this node's Redis is, for messages.
     #[must_use]
     pub fn redis_at(&self) -> String {

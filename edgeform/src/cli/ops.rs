@@ -1,0 +1,249 @@
+//! Operator commands: `fmt`, `import`, `completions`.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use anyhow::{Context, Result, bail};
+
+use compiler::import::{self, Problem};
+use compiler::load::{self, Kind, Source};
+use compiler::{compile, fmt, report};
+
+/// `edgeform fmt [--check] [FILE...]`: exit 0 formatted (or already
+/// canonical), 1 when `--check` finds files to change or a file was refused.
+///
+/// # Errors
+/// I/O errors.
+pub fn fmt_cmd(root: &Path, check: bool, only: &[PathBuf]) -> Result<u8> {
+    let repo = load::from_dir(root)?;
+    let wanted = |path: &str| {
+        only.is_empty()
+            || only
+                .iter()
+                .any(|o| Path::new(path) == o || root.join(path) == *o)
+    };
+    let mut changed = Vec::new();
+    let mut refused = 0usize;
+    let mut seen = 0usize;
+    for source in repo.sources.iter().filter(|s| wanted(&s.path)) {
+        seen += 1;
+        let text = match &source.text {
+            Ok(t) => t,
+            Err(why) => {
+                eprintln!("{}: {why}", source.path);
+                refused += 1;
+                continue;
+            }
+        };
+        match fmt::format(source.kind, text) {
+            Ok(Some(out)) if out != *text => changed.push((source.path.clone(), out)),
+            Ok(_) => {}
+            Err(r) => {
+                eprintln!("{}:{}: {}", source.path, r.line, r.message);
+                refused += 1;
+            }
+        }
+    }
+    // See: #19 item 8: name the files that are not config files.
+    let strays: Vec<String> = only
+        .iter()
+        .filter(|o| {
+            !repo
+                .sources
+                .iter()
+                .any(|s| Path::new(&*s.path) == *o || root.join(&*s.path) == **o)
+        })
+        .map(|o| {
+            let missing = if root.join(o).exists() || o.exists() {
+                ""
+            } else {
+                " (no such file)"
+            };
+            format!("{}{missing}", o.display())
+        })
+        .collect();
+    if !strays.is_empty() {
+        bail!(
+            "not a config file of {} (cluster.yaml, sites/, zones/, nodes/): {}; nothing was formatted",
+            root.display(),
+            strays.join(", ")
+        );
+    }
+    if check {
+        for (path, _) in &changed {
+            println!("{path}");
+        }
+        if !changed.is_empty() {
+            eprintln!(
+                "{} file(s) not canonically formatted; run `edgeform fmt`",
+                changed.len()
+            );
+        } else if refused == 0 {
+            eprintln!("canonical formatting: nothing to change ({seen} files)");
+        }
+        return Ok(u8::from(!changed.is_empty() || refused > 0));
+    }
+    for (path, out) in &changed {
+        super::write_atomic(&root.join(&**path), out.as_bytes())?;
+        eprintln!("formatted {path}");
+    }
+    if refused > 0 {
+        eprintln!("{refused} file(s) left as they are (see above)");
+    } else if changed.is_empty() {
+        eprintln!("canonical formatting: nothing to change ({seen} files)");
+    }
+    Ok(u8::from(refused > 0))
+}
+
+/// `edgeform import --node N --out DIR`.
+///
+/// # Errors
+/// Redis, I/O, an unknown node, files in the way.
+pub async fn import_cmd(
+    root: &Path,
+    node: &str,
+    out: &Path,
+    allow_lossy: bool,
+    group_aliases: bool,
+    color: bool,
+) -> Result<u8> {
+    let source = super::valid(root, None, color)?;
+    let Some(n) = source.config.nodes.iter().find(|n| n.name == node) else {
+        bail!("--node {node}: no such node in {}", root.display());
+    };
+    if n.redis.is_none() {
+        bail!("--node {node}: the node has no `redis` block, so there is nothing to read");
+    }
+    let mut con = control::master(n)
+        .await
+        .with_context(|| format!("connecting to {node}'s Redis ({})", n.redis_at()))?;
+    let keys: Vec<Vec<u8>> = control::heal::document_keys(&mut con)
+        .await
+        .with_context(|| format!("listing site:* and suspended:* on {node}"))?
+        .into_iter()
+        .collect();
+    let values = control::apply::get_raw_values(&mut con, &keys).await?;
+    let (live, unreadable) = import::text_entries(keys.into_iter().zip(values));
+    let mut imported = import::import(&live, group_aliases);
+    imported.problems.extend(unreadable);
+
+    // The imported sites with the repository's cluster, zones and nodes:
+    // they must check clean and compile to what the edge holds.
+    let mut repo = source.repo.clone();
+    repo.sources.retain(|s| s.kind != Kind::Site);
+    repo.sources
+        .extend(imported.files.iter().map(|(path, text)| Source {
+            kind: Kind::Site,
+            path: Arc::from(path.as_str()),
+            text: Ok(text.clone()),
+        }));
+    repo.sources.sort_by(|a, b| a.path.cmp(&b.path));
+    let checked = compiler::check(&repo);
+    let Some(config) = &checked.config else {
+        eprint!(
+            "{}",
+            report::diagnostics_human(&checked.diagnostics, &repo, color)
+        );
+        eprintln!(
+            "error: the sites read from {node} do not pass `check` (each file above is \
+             sites/<host>.yaml for the key site:<host>); nothing was written"
+        );
+        print_problems(&imported.problems, &imported.notes, true);
+        return Ok(1);
+    };
+    let compiled = compile::compile(config);
+    let desired: Vec<(String, String)> = compiled
+        .targets
+        .get(node)
+        .map(|t| {
+            t.sites
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect()
+        })
+        .unwrap_or_default();
+    let mut problems = imported.problems.clone();
+    problems.extend(import::verify(&live, &desired, &imported.problems));
+    print_problems(&problems, &imported.notes, !allow_lossy);
+    if !problems.is_empty() && !allow_lossy {
+        eprintln!(
+            "error: {} value(s) on {node} cannot be imported exactly; nothing was written \
+             (--allow-lossy writes the rest)",
+            problems.len()
+        );
+        return Ok(1);
+    }
+
+    let dir = out.join("sites");
+    // Other site files beside the imported ones would serve the same hosts
+    // twice: import into a repository without sites.
+    if let Ok(entries) = std::fs::read_dir(&dir) {
+        let mut others: Vec<String> = entries
+            .filter_map(|e| e.ok())
+            .map(|e| format!("sites/{}", e.file_name().to_string_lossy()))
+            .filter(|p| p.ends_with(".yaml") || p.ends_with(".yml"))
+            .filter(|p| !imported.files.contains_key(p))
+            .collect();
+        others.sort();
+        if let Some(first) = others.first() {
+            bail!(
+                "{} already holds other site files ({first}{}); import into a repository \
+                 without sites/ (nothing was written)",
+                dir.display(),
+                if others.len() > 1 {
+                    format!(" and {} more", others.len() - 1)
+                } else {
+                    String::new()
+                }
+            );
+        }
+    }
+    for (path, text) in &imported.files {
+        let file = out.join(path);
+        if let Ok(existing) = std::fs::read_to_string(&file)
+            && existing != *text
+        {
+            bail!(
+                "{} exists with other content; import into an empty folder (nothing was written)",
+                file.display()
+            );
+        }
+    }
+    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    for (path, text) in &imported.files {
+        super::write_atomic(&out.join(path), text.as_bytes())?;
+    }
+    let hosts = live
+        .keys()
+        .filter(|k| k.starts_with(edgestate::keys::SITE_PREFIX))
+        .count();
+    eprintln!(
+        "imported {} site(s) ({hosts} host(s)) from {node} into {}{}",
+        imported.files.len(),
+        dir.display(),
+        if problems.is_empty() {
+            String::new()
+        } else {
+            format!(" — {} value(s) not exact, see above", problems.len())
+        }
+    );
+    Ok(0)
+}
+
+fn print_problems(problems: &[Problem], notes: &[Problem], fatal: bool) {
+    let level = if fatal { "error" } else { "warning" };
+    for p in problems {
+        eprintln!("{level}: {}: {}", p.key, p.message);
+    }
+    for n in notes {
+        eprintln!("note: {}: {}", n.key, n.message);
+    }
+}
+
+/// `edgeform completions <shell>`: the completion script on stdout.
+pub fn completions(shell: clap_complete::Shell) -> u8 {
+    use clap::CommandFactory;
+    let mut cmd = super::Cli::command();
+    clap_complete::generate(shell, &mut cmd, "edgeform", &mut std::io::stdout());
+    0
+}
