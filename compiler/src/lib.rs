@@ -40,6 +40,8 @@ pub mod report;
 pub mod rule_regex;
 pub mod schema;
 pub mod store;
+#[cfg(test)]
+mod testkit;
 pub mod validate;
 pub mod workspace;
 
