@@ -42,6 +42,8 @@ fn every_problem_of_a_run_is_reported_not_the_first_only() {
         "host: b.example.com\norigin: http://203.0.113.10\n",
     );
     let c = check(&with(&[("sites/b.yaml", b), same_host]));
+    // `gb` fails the schema's pattern and the country rule: one error at
+    // one place, the schema's.
     assert_eq!(
         codes(&c),
         ["invalid-url", "invalid-value", "duplicate-host"],
@@ -536,6 +538,24 @@ fn a_password_in_a_redis_url_is_an_inline_secret_masked_in_the_message() {
         "`redis://…@10.0.0.5` carries credentials; secrets never live in the repository"
     );
     assert_eq!(d.secret.as_deref(), Some(":s3cret"));
+}
+
+#[test]
+fn a_secret_query_parameter_is_an_inline_secret_shown_without_its_value() {
+    let c = node_repo(
+        "name: n\nroles: [ingest]\nregion: eu\nzone: all\nredis: {url: \"redis://10.0.0.5?db=1&password=hunter2\"}\n",
+    );
+    let d = error(&c, "inline-secret", "nodes/n.yaml:5:14");
+    assert_eq!(
+        d.message,
+        "`redis://10.0.0.5?db=1&password=…` carries credentials; secrets never live in the repository"
+    );
+    assert_eq!(d.secret.as_deref(), Some("hunter2"));
+    // A user name alone names an ACL user: no secret.
+    let c = node_repo(
+        "name: n\nroles: [ingest]\nregion: eu\nzone: all\nredis: {url: \"redis://edgeform@10.0.0.5\"}\n",
+    );
+    assert!(c.is_valid(), "{}", lines(&c));
 }
 
 #[test]
