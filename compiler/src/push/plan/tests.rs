@@ -1,14 +1,8 @@
-use std::sync::Arc;
-
 use super::*;
 use crate::push::state::{Desired, Manifest, Summary, content_hash, legacy_hash};
 
 fn desired(keys: &[(&str, &str)], is_edge: bool) -> Desired {
-    let sites: Vec<(Arc<str>, Arc<str>)> = keys
-        .iter()
-        .map(|(k, v)| (Arc::from(*k), Arc::from(*v)))
-        .collect();
-    Desired::for_tests(sites, is_edge)
+    Desired::of_pairs(keys, is_edge)
 }
 
 fn manifest(d: &Desired) -> Manifest {
