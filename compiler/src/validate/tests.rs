@@ -249,6 +249,26 @@ fn addresses_are_canonical_unique_and_not_internal() {
 }
 
 #[test]
+fn a_public_url_on_loopback_needs_the_nodes_loopback_flag() {
+    let c = node_repo(
+        "name: n\nroles: [ingest]\nregion: eu\nzone: all\npublic_url: http://127.0.0.1:8080\n",
+    );
+    error(&c, "loopback-target", "nodes/n.yaml:5:13");
+    let c = node_repo(
+        "name: n\nroles: [ingest]\nregion: eu\nzone: all\npublic_url: http://127.0.0.1:8080\nloopback: true\n",
+    );
+    assert!(c.is_valid(), "{}", lines(&c));
+    let c = node_repo(
+        "name: n\nroles: [ingest]\nregion: eu\nzone: all\npublic_url: http://10.0.0.9:8080/live\n",
+    );
+    assert!(
+        c.is_valid(),
+        "a private address and a path are fine: {}",
+        lines(&c)
+    );
+}
+
+#[test]
 fn the_smoke_listen_must_differ_from_the_live_listen() {
     let c = node_repo(
         "name: n\nroles: [ingest]\nregion: eu\nzone: all\ninstall:\n  ssh: n.example.net:22\n  user: root\n  root: /srv/edgeform\n  listen: 0.0.0.0:80\n  smoke_listen: 0.0.0.0:80\n",
