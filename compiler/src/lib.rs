@@ -34,6 +34,8 @@ pub mod parse;
 pub mod report;
 pub mod rule_regex;
 pub mod schema;
+#[cfg(test)]
+mod testkit;
 pub mod validate;
 pub mod workspace;
 

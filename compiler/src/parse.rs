@@ -554,3 +554,6 @@ pub fn display_pointer(pointer: &str) -> String {
 fn escape_token(key: &str) -> String {
     key.replace('~', "~0").replace('/', "~1")
 }
+
+#[cfg(test)]
+mod tests;

@@ -624,3 +624,6 @@ pub fn diff_markdown(diff: &Diff, base: &str, head: &str) -> String {
     }
     out
 }
+
+#[cfg(test)]
+mod tests;

@@ -387,4 +387,91 @@ mod tests {
             assert_eq!(r.unwrap_err().kind(), RefusalKind::UnsignedHistory);
         }
     }
+
+    #[test]
+    fn a_first_write_is_a_move_and_passes_every_check() {
+        assert!(moving(None, "b"));
+        assert!(moving(Some("a"), "b"));
+        assert!(!moving(Some("b"), "b"));
+        let fresh = Live::default();
+        for action in [Action::Apply, Action::Sync, Action::Heal] {
+            let o = options(action);
+            assert_eq!(
+                decide(
+                    &o,
+                    &desired(1),
+                    &fresh,
+                    &Changes::default(),
+                    Ancestry::Forward.into()
+                ),
+                Ok(Move::Advance),
+                "{action:?}"
+            );
+            let r = decide(
+                &o,
+                &desired(0),
+                &fresh,
+                &Changes::default(),
+                Ancestry::Forward.into(),
+            );
+            assert_eq!(r.unwrap_err().kind(), RefusalKind::Empty, "{action:?}");
+        }
+    }
+
+    #[test]
+    fn the_new_commits_freeze_window_is_named_before_the_live_ones() {
+        let mut o = options(Action::Apply);
+        let relation = Relation {
+            ancestry: Ancestry::Forward,
+            frozen: Some(Frozen {
+                window: "live".into(),
+                until: "2026-12-27T00:00:00Z".into(),
+            }),
+        };
+        assert_eq!(
+            in_force(&o, &relation).map(|f| f.window.as_str()),
+            Some("live")
+        );
+        o.frozen = Some(Frozen {
+            window: "new".into(),
+            until: "2026-12-26T00:00:00Z".into(),
+        });
+        assert_eq!(
+            in_force(&o, &relation).map(|f| f.window.as_str()),
+            Some("new")
+        );
+        let r = decide(
+            &o,
+            &desired(1),
+            &live("a", 1),
+            &Changes::default(),
+            relation,
+        );
+        assert_eq!(
+            r,
+            Err(Refusal::Frozen {
+                window: "new".into(),
+                until: "2026-12-26T00:00:00Z".into()
+            })
+        );
+        assert_eq!(
+            in_force(&options(Action::Apply), &Ancestry::Forward.into()),
+            None
+        );
+    }
+
+    #[test]
+    fn actions_are_named_as_the_cli_and_logs_name_them() {
+        for (action, name) in [
+            (Action::Apply, "apply"),
+            (Action::Sync, "sync"),
+            (Action::Heal, "heal"),
+        ] {
+            assert_eq!(action.as_str(), name);
+            assert_eq!(
+                serde_json::to_string(&action).unwrap(),
+                format!("\"{name}\"")
+            );
+        }
+    }
 }

@@ -398,9 +398,7 @@ async fn heal_locked(
         };
         if drift.is_empty() || options.dry_run {
             redis::cmd("UNWATCH").exec_async(con).await?;
-            let mut drift = drift;
-            drift.sort_by(|a, b| (a.kind, &a.key).cmp(&(b.kind, &b.key)));
-            healed.drift = drift;
+            healed.drift = sorted(drift);
             return Ok(healed);
         }
         let (changes, deletes, rewrite) = body;
@@ -425,9 +423,7 @@ async fn heal_locked(
         .deleting(deletes)
         .recording(entry);
         if multi_exec(con, body).await? {
-            let mut drift = drift;
-            drift.sort_by(|a, b| (a.kind, &a.key).cmp(&(b.kind, &b.key)));
-            healed.drift = drift;
+            healed.drift = sorted(drift);
             return Ok(healed);
         }
     }
@@ -456,10 +452,9 @@ pub async fn compare(
     old: bool,
     healed: &mut Healed,
 ) -> Result<(Vec<Drift>, Repair)> {
-    let current = !old
-        && meta.format.is_some_and(|f| f >= 2)
-        && meta.manifest_digest.as_deref() == Some(desired.digest());
-    if current && let Some(found) = compare_in_redis(con, desired, healed).await? {
+    if manifest_is_current(desired, meta, old)
+        && let Some(found) = compare_in_redis(con, desired, healed).await?
+    {
         return Ok(found);
     }
     compare_everything(con, desired, &mut healed.bytes).await
@@ -478,33 +473,10 @@ async fn compare_keys(
     keys: &[Vec<u8>],
     healed: &mut Healed,
 ) -> Result<Option<(Vec<Drift>, Repair)>> {
-    let current = !old
-        && meta.format.is_some_and(|f| f >= 2)
-        && meta.manifest_digest.as_deref() == Some(desired.digest());
-    let manifest = keys::MANIFEST.as_bytes();
-    if !current
-        || keys.iter().any(|k| {
-            k.as_slice() == keys::META.as_bytes()
-                || (k.starts_with(manifest)
-                    && (k.len() == manifest.len() || k[manifest.len()] == b':'))
-        })
-    {
+    if !keys_suffice(desired, meta, old, keys) {
         return Ok(None);
     }
-    let is_doc = |k: &[u8]| {
-        k.starts_with(keys::SITE_PREFIX.as_bytes())
-            || k.starts_with(keys::SUSPENDED_PREFIX.as_bytes())
-    };
-    // Desired keys to read back; document keys nobody wants to look for.
-    let mut wanted: Vec<(&[u8], &str)> = Vec::new();
-    let mut strays: Vec<&[u8]> = Vec::new();
-    for k in keys {
-        match desired.value(k) {
-            Some(v) => wanted.push((k, v)),
-            None if is_doc(k) => strays.push(k),
-            None => {}
-        }
-    }
+    let (wanted, strays) = sort_out(desired, keys);
     let mut drift = read_back(con, &wanted, &mut healed.bytes, &mut healed.slowest_call).await?;
     let fixes: Vec<String> = drift.iter().map(|d| d.key.clone()).collect();
     let mut unmanaged = Vec::new();
@@ -518,11 +490,7 @@ async fn compare_keys(
         let found: Vec<bool> = redis::from_redis_value(reply)?;
         for (k, there) in chunk.iter().zip(found) {
             if there {
-                drift.push(Drift {
-                    // Written by hand: may be any bytes (#12 item 8).
-                    key: edgestate::untrusted::preview(k, k.len()),
-                    kind: DriftKind::Unmanaged,
-                });
+                drift.push(unmanaged_drift(k));
                 unmanaged.push(k.to_vec());
             }
         }
@@ -532,6 +500,65 @@ async fn compare_keys(
         ..Changes::default()
     };
     Ok(Some((drift, (changes, unmanaged, false))))
+}
+
+/// Whether the target's manifest is the desired one by its meta: format 2
+/// or later, no format-1 `edgeform:manifest` (`old`), and the meta's
+/// manifest digest the desired state's. Only then is the comparison made
+/// inside Redis, or limited to the keys written since the last heal.
+fn manifest_is_current(desired: &Desired, meta: &Meta, old: bool) -> bool {
+    !old && meta.format.is_some_and(|f| f >= 2)
+        && meta.manifest_digest.as_deref() == Some(desired.digest())
+}
+
+/// Whether comparing `keys` alone is enough: the manifest is current and
+/// none of them is the meta or part of the manifest (a write to those
+/// calls for the whole comparison).
+fn keys_suffice(desired: &Desired, meta: &Meta, old: bool, keys: &[Vec<u8>]) -> bool {
+    let manifest = keys::MANIFEST.as_bytes();
+    manifest_is_current(desired, meta, old)
+        && !keys.iter().any(|k| {
+            k.as_slice() == keys::META.as_bytes()
+                || (k.starts_with(manifest)
+                    && (k.len() == manifest.len() || k[manifest.len()] == b':'))
+        })
+}
+
+/// Written keys sorted out (see [`sort_out`]): desired keys with their
+/// values, and documents nobody wants.
+type SortedOut<'a> = (Vec<(&'a [u8], &'a str)>, Vec<&'a [u8]>);
+
+/// `keys` sorted out: the desired ones with their values, to read back,
+/// and the documents nobody wants, to look for. Others are ignored.
+fn sort_out<'a>(desired: &'a Desired, keys: &'a [Vec<u8>]) -> SortedOut<'a> {
+    let mut wanted: Vec<(&[u8], &str)> = Vec::new();
+    let mut strays: Vec<&[u8]> = Vec::new();
+    for k in keys {
+        match desired.value(k) {
+            Some(v) => wanted.push((k, v)),
+            None if is_document(k) => strays.push(k),
+            None => {}
+        }
+    }
+    (wanted, strays)
+}
+
+/// How a key read back differs from its desired value `wanted`: absent
+/// from `MGET` is missing, unless the key `exists` (a key of another type:
+/// changed); another value is changed; `None`: no drift.
+fn value_drift(actual: Option<&[u8]>, exists: bool, wanted: &str) -> Option<DriftKind> {
+    match actual {
+        None if exists => Some(DriftKind::Changed),
+        None => Some(DriftKind::Missing),
+        Some(a) if a != wanted.as_bytes() => Some(DriftKind::Changed),
+        Some(_) => None,
+    }
+}
+
+/// Drift in report order: by kind, then key.
+fn sorted(mut drift: Vec<Drift>) -> Vec<Drift> {
+    drift.sort_by(|a, b| (a.kind, &a.key).cmp(&(b.kind, &b.key)));
+    drift
 }
 
 /// Reads `wanted` (key, desired value) back from the target, 1,000 keys a
@@ -570,11 +597,9 @@ async fn read_back(
             Vec::new().into_iter()
         };
         for (actual, (key, value)) in values.iter().zip(chunk) {
-            let kind = match actual {
-                None if there.next() == Some(true) => DriftKind::Changed,
-                None => DriftKind::Missing,
-                Some(a) if a.as_slice() != value.as_bytes() => DriftKind::Changed,
-                Some(_) => continue,
+            let exists = actual.is_none() && there.next() == Some(true);
+            let Some(kind) = value_drift(actual.as_deref(), exists, value) else {
+                continue;
             };
             drift.push(Drift {
                 key: String::from_utf8_lossy(key).into_owned(),
@@ -650,34 +675,51 @@ async fn compare_in_redis(
         list.sort_unstable();
         list.dedup();
     }
-    if entries != desired.len() || hex128(digest) != desired.digest() {
+    if !walk_describes(desired, entries, digest) {
         return Ok(None);
     }
     // The manifest is the desired one and describes the values; count the
     // documents present: the desired ones present plus any unmanaged.
-    let is_doc = |k: &[u8]| {
-        k.starts_with(keys::SITE_PREFIX.as_bytes())
-            || k.starts_with(keys::SUSPENDED_PREFIX.as_bytes())
-    };
-    let desired_docs = desired
-        .iter()
-        .filter(|(k, _, _)| is_doc(k.as_bytes()))
-        .count();
-    let missing_docs = missing.iter().filter(|k| is_doc(k)).count();
     let mut unmanaged = Vec::new();
-    if present != desired_docs - missing_docs {
+    if !documents_add_up(desired, &missing, present) {
         unmanaged = document_keys_raw(con, &mut healed.bytes)
             .await?
             .into_iter()
             .filter(|k| desired.value(k).is_none())
             .collect();
     }
+    Ok(Some(in_redis_repair(&missing, &changed, unmanaged)))
+}
+
+/// Whether the chains' walk covered the desired manifest: as many entries,
+/// and the same digest (XOR of the entries' digests).
+fn walk_describes(desired: &Desired, entries: usize, digest: u128) -> bool {
+    entries == desired.len() && hex128(digest) == desired.digest()
+}
+
+/// Whether `present` documents are what a target holding the desired
+/// documents, less the `missing` ones, has: else some are unmanaged and
+/// the keys are listed.
+fn documents_add_up(desired: &Desired, missing: &[Vec<u8>], present: usize) -> bool {
+    let desired_docs = desired
+        .iter()
+        .filter(|(k, _, _)| is_document(k.as_bytes()))
+        .count();
+    let missing_docs = missing.iter().filter(|k| is_document(k)).count();
+    present == desired_docs.saturating_sub(missing_docs)
+}
+
+/// The drift and repair of a server-side comparison: `missing` and
+/// `changed` keys are written again (each once), `unmanaged` ones deleted;
+/// the manifest is kept.
+fn in_redis_repair(
+    missing: &[Vec<u8>],
+    changed: &[Vec<u8>],
+    unmanaged: Vec<Vec<u8>>,
+) -> (Vec<Drift>, Repair) {
     let mut drift = Vec::new();
     let mut fixes = Vec::new();
-    for (list, kind) in [
-        (&missing, DriftKind::Missing),
-        (&changed, DriftKind::Changed),
-    ] {
+    for (list, kind) in [(missing, DriftKind::Missing), (changed, DriftKind::Changed)] {
         for k in list {
             let key = String::from_utf8_lossy(k).into_owned();
             drift.push(Drift {
@@ -687,21 +729,28 @@ async fn compare_in_redis(
             fixes.push(key);
         }
     }
-    for k in &unmanaged {
-        drift.push(Drift {
-            // Written by hand: may be any bytes (`\xNN`), never raw
-            // control characters in a log (#12 item 8).
-            key: edgestate::untrusted::preview(k, k.len()),
-            kind: DriftKind::Unmanaged,
-        });
-    }
+    drift.extend(unmanaged.iter().map(|k| unmanaged_drift(k)));
     fixes.sort_unstable();
     fixes.dedup();
     let changes = Changes {
         changed: fixes,
         ..Changes::default()
     };
-    Ok(Some((drift, (changes, unmanaged, false))))
+    (drift, (changes, unmanaged, false))
+}
+
+/// Whether a key is a document (`site:*`, `suspended:*`).
+fn is_document(k: &[u8]) -> bool {
+    k.starts_with(keys::SITE_PREFIX.as_bytes()) || k.starts_with(keys::SUSPENDED_PREFIX.as_bytes())
+}
+
+/// The drift of a document key nobody manages. Written by hand: it may be
+/// any bytes (`\xNN`), never raw control characters in a log.
+fn unmanaged_drift(k: &[u8]) -> Drift {
+    Drift {
+        key: edgestate::untrusted::preview(k, k.len()),
+        kind: DriftKind::Unmanaged,
+    }
 }
 
 /// Chains of [`COMPARE`] calls a heal runs at once, each over its own
@@ -788,7 +837,7 @@ async fn walk(
         let (m, c, bad, digest, n, next, next_cursor, running, running_n, done): Compared =
             redis::from_redis_value(reply)?;
         walked.largest = walked.largest.max(done);
-        if !bad.is_empty() || next < bucket || (next == bucket && next_cursor == cursor) {
+        if !bad.is_empty() || !moves_on(bucket, &cursor, next, &next_cursor) {
             // A bad bucket, or a reply that does not move on.
             return give_up();
         }
@@ -802,11 +851,25 @@ async fn walk(
         carried = running_n;
         // More entries in a bucket (or in all) than the desired manifest
         // has: it cannot describe it; stop hashing a stuffed bucket.
-        if carried > counts.get(bucket).copied().unwrap_or(0) || walked.entries > total {
+        if overfull(counts, bucket, carried, walked.entries, total) {
             return give_up();
         }
     }
     Ok(Some(walked))
+}
+
+/// Whether a [`COMPARE`] reply resuming at (`next`, `next_cursor`) moves
+/// on from the call made at (`bucket`, `cursor`): a later bucket, or the
+/// same one at another cursor.
+fn moves_on(bucket: usize, cursor: &str, next: usize, next_cursor: &str) -> bool {
+    next > bucket || (next == bucket && next_cursor != cursor)
+}
+
+/// Whether the manifest holds more entries than the desired state has —
+/// `carried` in the split `bucket` beyond its desired count, or `entries`
+/// walked beyond the `total` — so it cannot describe it.
+fn overfull(counts: &[usize], bucket: usize, carried: usize, entries: usize, total: usize) -> bool {
+    carried > counts.get(bucket).copied().unwrap_or(0) || entries > total
 }
 
 /// The documents (`site:*`, `suspended:*`) present, counted inside Redis
@@ -869,14 +932,7 @@ async fn compare_everything(
         .into_iter()
         .filter(|k| desired.value(k).is_none())
         .collect();
-    for k in &unmanaged {
-        drift.push(Drift {
-            // Written by hand: may be any bytes (`\xNN`), never raw
-            // control characters in a log (#12 item 8).
-            key: edgestate::untrusted::preview(k, k.len()),
-            kind: DriftKind::Unmanaged,
-        });
-    }
+    drift.extend(unmanaged.iter().map(|k| unmanaged_drift(k)));
     drift.push(Drift {
         key: keys::MANIFEST.to_owned(),
         kind: DriftKind::Manifest,
@@ -910,3 +966,6 @@ async fn gate(
     let a = ancestry(live.meta.commit.as_deref());
     Ok(super::gate::decide(options, desired, &live, &changes, a))
 }
+
+#[cfg(test)]
+mod tests;

@@ -152,6 +152,16 @@ impl Desired {
             sites_summary: Arc::default(),
         }
     }
+
+    /// [`Desired::for_tests`] of `(key, value)` pairs, sorted here.
+    pub(crate) fn of_pairs(pairs: &[(&str, &str)], is_edge: bool) -> Desired {
+        let mut sites: Entries = pairs
+            .iter()
+            .map(|(k, v)| (Arc::from(*k), Arc::from(*v)))
+            .collect();
+        sites.sort();
+        Desired::for_tests(sites, is_edge)
+    }
 }
 
 impl Desired {

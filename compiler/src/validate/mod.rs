@@ -32,6 +32,8 @@ mod cross;
 mod net;
 mod node;
 mod site;
+#[cfg(test)]
+mod tests;
 mod urls;
 mod zone;
 

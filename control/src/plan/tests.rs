@@ -1,14 +1,8 @@
-use std::sync::Arc;
-
 use super::*;
 use crate::state::{Desired, Manifest, Summary, content_hash, legacy_hash};
 
 fn desired(keys: &[(&str, &str)], is_edge: bool) -> Desired {
-    let sites: Vec<(Arc<str>, Arc<str>)> = keys
-        .iter()
-        .map(|(k, v)| (Arc::from(*k), Arc::from(*v)))
-        .collect();
-    Desired::for_tests(sites, is_edge)
+    Desired::of_pairs(keys, is_edge)
 }
 
 fn manifest(d: &Desired) -> Manifest {
@@ -202,4 +196,211 @@ fn a_format_1_manifest_is_compared_with_legacy_hashes() {
         .collect();
     assert!(changes_where(&d, &old, |_| true, true).is_empty());
     assert_eq!(changes(&d, &old).changed.len(), 3);
+}
+
+#[test]
+fn a_share_exactly_at_the_limit_is_allowed_one_key_more_is_refused() {
+    let t = Thresholds::default(); // 25 % deletes, 50 % changes, from 10 keys
+    let ok = Overrides::default();
+    let d = desired(&[("site:a", "1")], true);
+    let l = Live {
+        managed: 20,
+        ..Live::default()
+    };
+    let removing = |n: usize| Changes {
+        removed: (0..n).map(|i| format!("site:x{i}")).collect(),
+        ..Changes::default()
+    };
+    let changing = |n: usize| Changes {
+        changed: (0..n).map(|i| format!("site:x{i}")).collect(),
+        ..Changes::default()
+    };
+    assert_eq!(
+        allowed("x", &d, &l, &removing(5), Ancestry::Forward, t, ok),
+        Ok(())
+    );
+    assert_eq!(
+        allowed("x", &d, &l, &removing(6), Ancestry::Forward, t, ok),
+        Err(Refusal::Deletes {
+            removed: 6,
+            managed: 20,
+            limit: 25
+        })
+    );
+    assert_eq!(
+        allowed("x", &d, &l, &changing(10), Ancestry::Forward, t, ok),
+        Ok(())
+    );
+    assert_eq!(
+        allowed("x", &d, &l, &changing(11), Ancestry::Forward, t, ok),
+        Err(Refusal::Changes {
+            changed: 11,
+            managed: 20,
+            limit: 50
+        })
+    );
+    // Both over: the deletes are named first.
+    let both = Changes {
+        removed: removing(6).removed,
+        changed: changing(11).changed,
+        ..Changes::default()
+    };
+    assert_eq!(
+        allowed("x", &d, &l, &both, Ancestry::Forward, t, ok)
+            .unwrap_err()
+            .kind(),
+        RefusalKind::Deletes
+    );
+    // A target with nothing managed yet has no share to exceed.
+    let fresh = Live::default();
+    assert_eq!(
+        allowed("x", &d, &fresh, &removing(6), Ancestry::Forward, t, ok),
+        Ok(())
+    );
+}
+
+#[test]
+fn an_unsigned_history_is_refused_whatever_the_overrides() {
+    let d = desired(&[("site:a", "1")], true);
+    let l = live(Manifest::new());
+    let all = Overrides {
+        force: true,
+        allow_rollback: true,
+    };
+    let r = allowed(
+        "x",
+        &d,
+        &l,
+        &Changes::default(),
+        Ancestry::Unsigned {
+            commit: "c0ffee".into(),
+            why: "unsigned",
+        },
+        Thresholds::default(),
+        all,
+    );
+    assert_eq!(
+        r,
+        Err(Refusal::UnsignedHistory {
+            commit: "c0ffee".into(),
+            why: "unsigned"
+        })
+    );
+    // Force alone passes a rollback's thresholds but not its ancestry.
+    let force = Overrides {
+        force: true,
+        allow_rollback: false,
+    };
+    let r = allowed(
+        "x",
+        &d,
+        &l,
+        &Changes::default(),
+        Ancestry::Diverged,
+        Thresholds::default(),
+        force,
+    );
+    assert_eq!(r.unwrap_err().kind(), RefusalKind::Diverged);
+}
+
+#[test]
+fn every_refusal_names_its_kind_and_the_way_past_it() {
+    let cases = [
+        (
+            Refusal::Rollback {
+                live: "l".into(),
+                desired: "d".into(),
+            },
+            "rollback",
+            "--allow-rollback",
+        ),
+        (
+            Refusal::UnknownLive { live: "l".into() },
+            "unknown-live",
+            "--allow-rollback",
+        ),
+        (Refusal::Empty, "empty", "--force"),
+        (
+            Refusal::Deletes {
+                removed: 6,
+                managed: 20,
+                limit: 25,
+            },
+            "deletes",
+            "--force",
+        ),
+        (
+            Refusal::Changes {
+                changed: 11,
+                managed: 20,
+                limit: 50,
+            },
+            "changes",
+            "--force",
+        ),
+        (
+            Refusal::Frozen {
+                window: "w".into(),
+                until: "2026-12-26T06:00:00Z".into(),
+            },
+            "frozen",
+            "--break-glass",
+        ),
+        (
+            Refusal::Diverged {
+                live: "l".into(),
+                desired: "d".into(),
+            },
+            "diverged",
+            "--allow-rollback",
+        ),
+    ];
+    for (refusal, kind, way) in cases {
+        assert_eq!(refusal.kind().as_str(), kind);
+        assert_eq!(
+            serde_json::to_string(&refusal.kind()).unwrap(),
+            format!("\"{kind}\"")
+        );
+        assert!(refusal.to_string().contains(way), "{refusal}");
+    }
+    let unsigned = Refusal::UnsignedHistory {
+        commit: "c0ffee".into(),
+        why: "no signature",
+    };
+    assert_eq!(unsigned.kind().as_str(), "unsigned-history");
+    assert!(unsigned.to_string().contains("commit c0ffee"));
+    assert!(unsigned.to_string().contains("(no signature)"));
+    assert_eq!(
+        Refusal::Deletes {
+            removed: 6,
+            managed: 20,
+            limit: 25
+        }
+        .to_string(),
+        "refusing to delete 6 of 20 managed keys (more than 25 %; use --force)"
+    );
+}
+
+#[test]
+fn against_an_empty_target_every_desired_key_is_added_and_nothing_removed() {
+    let d = desired(&[("site:a", "1"), ("suspended:a", "1")], true);
+    let c = changes(&d, &Manifest::new());
+    assert_eq!(c.added, ["edgeform:routing", "site:a", "suspended:a"]);
+    assert!(c.changed.is_empty() && c.removed.is_empty());
+    assert_eq!(c.count(), 3);
+    assert!(!c.is_empty());
+}
+
+#[test]
+fn the_managed_count_sums_well_formed_bucket_values_only() {
+    let live = [
+        Some("00ff 3".to_owned()),
+        None,
+        Some("abcd 12".to_owned()),
+        Some("no-count".to_owned()),
+        Some("abcd x".to_owned()),
+        Some("abcd -1".to_owned()),
+    ];
+    assert_eq!(managed_count(&live), 15);
+    assert_eq!(managed_count(&[]), 0);
 }
