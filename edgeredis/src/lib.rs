@@ -21,7 +21,7 @@
 //! (`SENTINEL get-master-addr-by-name` over TLS), because the redis crate
 //! passes custom certificates to Sentinels only with rustls.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
