@@ -20,15 +20,600 @@
 //! client certificate. Over Sentinel with TLS the master is resolved here
 //! (`SENTINEL get-master-addr-by-name` over TLS), because the redis crate
 //! passes custom certificates to Sentinels only with rustls.
-//!
-//! The description of a target ([`RedisTarget`], its validation, the
-//! messages) is pure and always built; connecting needs the `client`
-//! feature (default), so the config compiler links no Redis client.
 
-mod target;
-pub use target::*;
+use std::path::Path;
+use std::time::Duration;
 
-#[cfg(feature = "client")]
-mod client;
-#[cfg(feature = "client")]
-pub use client::*;
+use anyhow::{Context, Result, bail};
+use redis::aio::MultiplexedConnection;
+use redis::sentinel::{Sentinel, SentinelNodeConnectionInfo};
+use redis::{
+    AsyncConnectionConfig, Client, ClientTlsConfig, IntoConnectionInfo, RedisConnectionInfo,
+    TlsCertificates,
+};
+
+pub use edgestate::target::{
+    RedisTarget, TargetError, TlsFiles, describe, is_insecure, redis_url_accepted, url_user,
+    valid_username,
+};
+
+fn read(path: &Path, key: &str) -> Result<Vec<u8>> {
+    std::fs::read(path).with_context(|| format!("cannot read {} (redis.tls.{key})", path.display()))
+}
+
+/// The certificates `tls` names, read now: a file that cannot be read is
+/// an error naming it.
+///
+/// # Errors
+/// An unreadable file.
+pub fn certificates(tls: &TlsFiles) -> Result<TlsCertificates> {
+    let root_cert = tls
+        .ca_file
+        .as_deref()
+        .map(|p| read(p, "ca_file"))
+        .transpose()?;
+    let client_tls = match (&tls.cert_file, &tls.key_file) {
+        (Some(cert), Some(key)) => Some(ClientTlsConfig {
+            client_cert: read(cert, "cert_file")?,
+            client_key: read(key, "key_file")?,
+        }),
+        _ => None,
+    };
+    Ok(TlsCertificates {
+        client_tls,
+        root_cert,
+    })
+}
+
+/// A client for `url`, with the certificates of `tls` when given.
+fn client(info: redis::ConnectionInfo, tls: Option<&TlsFiles>) -> Result<Client> {
+    Ok(match tls {
+        Some(tls) => Client::build_with_tls(info, certificates(tls)?)?,
+        None => Client::open(info)?,
+    })
+}
+
+/// How long to wait for a TCP connection (per attempt).
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
+
+fn password(env: Option<&str>, node: &str) -> Result<Option<String>> {
+    // `node` names whose setting this is, for the message.
+    match env {
+        None => Ok(None),
+        Some(var) => match std::env::var(var) {
+            Ok(p) if !p.is_empty() => Ok(Some(p)),
+            _ => bail!("environment variable {var} is not set (node {node}'s redis.password_env)"),
+        },
+    }
+}
+
+fn config(pushes: Option<&Pushes>) -> AsyncConnectionConfig {
+    let config = AsyncConnectionConfig::new()
+        .set_connection_timeout(Some(CONNECT_TIMEOUT))
+        .set_response_timeout(None);
+    match pushes {
+        Some(p) => {
+            let p = p.clone();
+            config.set_push_sender(move |info| p.send(info))
+        }
+        None => config,
+    }
+}
+
+/// Where a connection's push messages go (RESP3: client-side caching
+/// invalidations, and a last `Disconnection` when the connection drops).
+pub type Pushes = std::sync::Arc<dyn redis::aio::AsyncPushSender>;
+
+/// RESP3 when the connection takes push messages, else the default; never
+/// `CLIENT SETINFO` (two commands the server runs on every connection, for
+/// `CLIENT LIST` cosmetics: #16, a purge opens one connection per edge).
+fn protocol(settings: RedisConnectionInfo, pushes: Option<&Pushes>) -> RedisConnectionInfo {
+    let settings = settings.set_skip_set_lib_name();
+    match pushes {
+        Some(_) => settings.set_protocol(redis::ProtocolVersion::RESP3),
+        None => settings,
+    }
+}
+
+/// The connection in `slot`, opening one to the master (see [`master`])
+/// when there is none: for tasks that keep a connection across loops and
+/// drop it (set `None`) after an error, so the next use re-resolves.
+///
+/// # Errors
+/// See [`master`].
+pub async fn reuse<'a>(
+    target: &RedisTarget,
+    node: &str,
+    slot: &'a mut Option<MultiplexedConnection>,
+) -> Result<&'a mut MultiplexedConnection> {
+    if slot.is_none() {
+        *slot = Some(master(target, node).await?);
+    }
+    Ok(slot.as_mut().expect("just set"))
+}
+
+/// A dedicated connection to the current master of `target`; `node` names
+/// the node in messages.
+///
+/// # Errors
+/// Missing password variable, unreachable server or sentinels, a sentinel
+/// that does not know the master, or a "master" that is a replica.
+pub async fn master(target: &RedisTarget, node: &str) -> Result<MultiplexedConnection> {
+    connect(target, node, None, None).await
+}
+
+/// Like [`master`], but over RESP3 with the server's push messages handed
+/// to `pushes` (the reconciler's tracked heal, `CLIENT TRACKING`).
+///
+/// # Errors
+/// See [`master`].
+pub async fn master_with_pushes(
+    target: &RedisTarget,
+    node: &str,
+    pushes: Pushes,
+) -> Result<MultiplexedConnection> {
+    connect(target, node, Some(&pushes), None).await
+}
+
+/// Like [`master_with_pushes`], and subscribed to `channel`: the `ROLE`
+/// check and the `SUBSCRIBE` go out together, one round trip instead of
+/// two (`edgeform purge --wait`, #16). A SUBSCRIBE queues nothing, so the
+/// invariant holds: nothing is written before `ROLE` said master (the
+/// caller writes only once this returns).
+///
+/// # Errors
+/// See [`master`]; a refused SUBSCRIBE.
+pub async fn master_subscribed(
+    target: &RedisTarget,
+    node: &str,
+    pushes: Pushes,
+    channel: &str,
+) -> Result<MultiplexedConnection> {
+    connect(target, node, Some(&pushes), Some(channel)).await
+}
+
+async fn connect(
+    target: &RedisTarget,
+    node: &str,
+    pushes: Option<&Pushes>,
+    subscribe: Option<&str>,
+) -> Result<MultiplexedConnection> {
+    let connect = async {
+        match target {
+            RedisTarget::Url {
+                url,
+                username,
+                password_env,
+                tls,
+            } => {
+                if is_insecure(url) {
+                    bail!("{url}: `#insecure` is not allowed, certificates are always verified");
+                }
+                let mut info = url.as_str().into_connection_info()?;
+                let mut redis = info.redis_settings().clone();
+                if let Some(u) = username {
+                    redis = redis.set_username(u.clone());
+                }
+                if let Some(p) = password(password_env.as_deref(), node)? {
+                    redis = redis.set_password(p);
+                }
+                info = info.set_redis_settings(protocol(redis, pushes));
+                let client = client(info, tls.as_ref())?;
+                let con = client
+                    .get_multiplexed_async_connection_with_config(&config(pushes))
+                    .await?;
+                Ok::<_, anyhow::Error>(con)
+            }
+            RedisTarget::Sentinel {
+                sentinels,
+                master,
+                username,
+                password_env,
+                tls: Some(tls),
+            } => {
+                let password = password(password_env.as_deref(), node)?;
+                sentinel_tls(sentinels, master, username.clone(), password, tls, pushes)
+                    .await
+                    .with_context(|| {
+                        format!(
+                            "resolving master `{master}` through {} (TLS)",
+                            sentinels.join(",")
+                        )
+                    })
+            }
+            RedisTarget::Sentinel {
+                sentinels,
+                master,
+                username,
+                password_env,
+                tls: None,
+            } => {
+                let urls: Vec<String> = sentinels.iter().map(|s| format!("redis://{s}")).collect();
+                let mut sentinel = Sentinel::build(urls)?;
+                let mut settings = RedisConnectionInfo::default();
+                if let Some(u) = username {
+                    settings = settings.set_username(u.clone());
+                }
+                if let Some(p) = password(password_env.as_deref(), node)? {
+                    settings = settings.set_password(p);
+                }
+                let info = SentinelNodeConnectionInfo::default()
+                    .set_redis_connection_info(protocol(settings, pushes));
+                let client = sentinel
+                    .async_master_for(master, Some(&info))
+                    .await
+                    .with_context(|| {
+                        format!(
+                            "resolving master `{master}` through {}",
+                            sentinels.join(",")
+                        )
+                    })?;
+                let con = client
+                    .get_multiplexed_async_connection_with_config(&config(pushes))
+                    .await?;
+                Ok(con)
+            }
+        }
+    };
+    let mut con = tokio::time::timeout(CONNECT_TIMEOUT * 3, connect)
+        .await
+        .map_err(|_| anyhow::anyhow!("timed out connecting"))??;
+    // Writing to a replica would fail later and less clearly; check now.
+    // With a channel, its SUBSCRIBE is sent right behind the ROLE on the
+    // same connection (the multiplexer writes both before either reply).
+    let role = match subscribe {
+        None => {
+            redis::cmd("ROLE")
+                .query_async::<Vec<redis::Value>>(&mut con)
+                .await?
+        }
+        Some(channel) => {
+            let mut sub = con.clone();
+            let role = redis::cmd("ROLE");
+            let (role, subscribed) = tokio::join!(
+                role.query_async::<Vec<redis::Value>>(&mut con),
+                sub.subscribe(channel)
+            );
+            let role = role?;
+            subscribed.with_context(|| format!("SUBSCRIBE {channel}"))?;
+            role
+        }
+    };
+    if is_master(&role) {
+        Ok(con)
+    } else {
+        bail!("{} is not a master (ROLE says otherwise)", describe(target))
+    }
+}
+
+/// Whether a `ROLE` reply says master. Pure.
+fn is_master(role: &[redis::Value]) -> bool {
+    match role.first() {
+        Some(redis::Value::BulkString(r)) => r == b"master",
+        Some(redis::Value::SimpleString(r)) => r == "master",
+        _ => false,
+    }
+}
+
+/// The master `name` through Sentinels reached over TLS, then the master
+/// over TLS, both verified with `tls`'s certificates: the first Sentinel
+/// that answers with an address wins.
+async fn sentinel_tls(
+    sentinels: &[String],
+    name: &str,
+    username: Option<String>,
+    password: Option<String>,
+    tls: &TlsFiles,
+    pushes: Option<&Pushes>,
+) -> Result<MultiplexedConnection> {
+    let certs = certificates(tls)?;
+    let mut last = None;
+    for s in sentinels {
+        let asked = async {
+            let client = Client::build_with_tls(format!("rediss://{s}"), certs.clone())?;
+            let mut con = client
+                .get_multiplexed_async_connection_with_config(&config(None))
+                .await?;
+            let addr: Option<(String, u16)> = redis::cmd("SENTINEL")
+                .arg("get-master-addr-by-name")
+                .arg(name)
+                .query_async(&mut con)
+                .await?;
+            addr.ok_or_else(|| anyhow::anyhow!("sentinel {s} does not know master `{name}`"))
+        };
+        match asked.await {
+            Ok((host, port)) => {
+                let mut info = format!("rediss://{host}:{port}").into_connection_info()?;
+                let mut redis = info.redis_settings().clone();
+                if let Some(u) = username {
+                    redis = redis.set_username(u);
+                }
+                if let Some(p) = password {
+                    redis = redis.set_password(p);
+                }
+                info = info.set_redis_settings(protocol(redis, pushes));
+                let client = Client::build_with_tls(info, certs)?;
+                let con = client
+                    .get_multiplexed_async_connection_with_config(&config(pushes))
+                    .await
+                    .with_context(|| format!("master `{name}` at rediss://{host}:{port}"))?;
+                return Ok(con);
+            }
+            Err(e) => last = Some(e.context(format!("sentinel rediss://{s}"))),
+        }
+    }
+    Err(last.unwrap_or_else(|| anyhow::anyhow!("no sentinels")))
+}
+
+/// An error and its causes on one line, each cause said once (the redis
+/// crate repeats its I/O cause in its own message).
+#[must_use]
+pub fn one_line(err: &anyhow::Error) -> String {
+    let mut out = String::new();
+    for cause in err.chain() {
+        // The redis crate's I/O errors say their cause twice in one
+        // message ("Connection refused (os error 111): Connection
+        // refused (os error 111)"): each part is said once.
+        for part in cause.to_string().split(": ") {
+            if part.is_empty() || out.contains(part) {
+                continue;
+            }
+            if !out.is_empty() {
+                out.push_str(": ");
+            }
+            out.push_str(part);
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The pure URL check (what agent.yaml and node files are validated
+    /// with, without the redis crate) accepts exactly what the redis
+    /// crate takes.
+    #[test]
+    fn the_pure_url_check_agrees_with_the_redis_crate() {
+        let urls = [
+            "redis://127.0.0.1:6379",
+            "redis://127.0.0.1",
+            "redis://h:6379/0",
+            "redis://h:6379/15",
+            "redis://h:6379/x",
+            "redis://h:6379//3/",
+            "redis://h:6379/-1",
+            "redis://",
+            "redis:///0",
+            "redis://0.0.0.0:6379",
+            "redis://[::]:6379",
+            "redis://[::1]:6379",
+            "redis://[::1",
+            "redis://h:99999",
+            "redis://h:0",
+            "rediss://h",
+            "rediss://h#insecure",
+            "rediss://h/#insecure",
+            "rediss://h#",
+            "rediss://h#other",
+            "redis://h#other",
+            "redis://user@h",
+            "redis://us%20er@h",
+            "redis://%ff@h",
+            "redis://u:%ff@h",
+            "redis://u:p%41@h",
+            "redis://:pw@h",
+            "redis://h/?protocol=resp3",
+            "redis://h/?protocol=2",
+            "redis://h/?protocol=4",
+            "redis://h/?protocol=4&protocol=3",
+            "redis://h/?username=x",
+            "valkey://h",
+            "valkeys://h#x",
+            "unix:///run/redis.sock",
+            "unix:///run/redis.sock?db=2",
+            "unix:///run/redis.sock?db=x",
+            "unix:///run/redis.sock?protocol=9",
+            "unix://host/run/redis.sock",
+            "unix://localhost/run/redis.sock",
+            "unix:relative",
+            "redis+unix:///run/redis.sock",
+            "http://h",
+            "h:6379",
+            "",
+            "redis:h",
+            "redis://h:6379/0?db=1",
+            "redis://ho st",
+            "redis://h%41",
+        ];
+        for url in urls {
+            assert_eq!(
+                redis_url_accepted(url),
+                url.into_connection_info().is_ok(),
+                "{url}"
+            );
+        }
+    }
+
+    #[test]
+    fn targets_from_parts() {
+        let url = RedisTarget::from_parts(
+            Some("redis://10.0.0.5:6379".into()),
+            None,
+            None,
+            None,
+            None,
+            None,
+        );
+        assert!(matches!(url, Ok(RedisTarget::Url { .. })));
+        let e = RedisTarget::from_parts(Some("http://x".into()), None, None, None, None, None)
+            .unwrap_err();
+        assert_eq!(e[0].pointer(), "/url");
+        let e = RedisTarget::from_parts(None, None, None, None, None, None).unwrap_err();
+        assert_eq!(e, vec![TargetError::Shape]);
+        assert!(
+            e[0].to_string()
+                .contains("`url`, or `sentinels` and `master`")
+        );
+        let e = RedisTarget::from_parts(
+            None,
+            Some(vec!["a:1".into(), "nope".into(), ":2".into()]),
+            Some("m".into()),
+            None,
+            Some("PW".into()),
+            None,
+        )
+        .unwrap_err();
+        let places: Vec<String> = e.iter().map(TargetError::pointer).collect();
+        assert_eq!(places, ["/sentinels/1", "/sentinels/2"]);
+        let ok = RedisTarget::from_parts(
+            None,
+            Some(vec!["a:1".into()]),
+            Some("m".into()),
+            None,
+            Some("PW".into()),
+            None,
+        )
+        .unwrap();
+        assert_eq!(ok.password_env(), Some("PW"));
+    }
+
+    #[test]
+    fn an_acl_user_from_username_or_the_url_without_a_password() {
+        let parts = |url: &str, user: Option<&str>| {
+            RedisTarget::from_parts(
+                Some(url.into()),
+                None,
+                None,
+                user.map(str::to_owned),
+                Some("PW".into()),
+                None,
+            )
+        };
+        let t = parts("redis://edgeform@10.0.0.5:6379", None).unwrap();
+        assert_eq!(t.username(), Some("edgeform"));
+        let t = parts("redis://10.0.0.5:6379", Some("edgeform")).unwrap();
+        assert_eq!(t.username(), Some("edgeform"));
+        let t = parts("redis://edgeform@10.0.0.5:6379", Some("edgeform")).unwrap();
+        assert_eq!(t.username(), Some("edgeform"));
+        assert_eq!(
+            parts("redis://10.0.0.5:6379", None).unwrap().username(),
+            None
+        );
+        let e = |url: &str, user: Option<&str>| parts(url, user).unwrap_err();
+        assert_eq!(
+            e("redis://a@h:1", Some("b")),
+            vec![TargetError::UsernameTwice]
+        );
+        assert_eq!(e("redis://a:pw@h:1", None), vec![TargetError::UrlPassword]);
+        assert_eq!(e("redis://:pw@h:1", None), vec![TargetError::UrlPassword]);
+        assert_eq!(
+            e("redis://h:1?username=a", None),
+            vec![TargetError::UsernameQuery]
+        );
+        assert_eq!(e("redis://h:1", Some("a b")), vec![TargetError::Username]);
+        assert_eq!(e("redis://h:1", Some("")), vec![TargetError::Username]);
+        assert_eq!(
+            e("redis://h:1", Some("")).first().map(TargetError::pointer),
+            Some("/username".into())
+        );
+        let s = RedisTarget::from_parts(
+            None,
+            Some(vec!["a:1".into()]),
+            Some("m".into()),
+            Some("edgeform".into()),
+            Some("PW".into()),
+            None,
+        )
+        .unwrap();
+        assert_eq!(s.username(), Some("edgeform"));
+    }
+
+    // See: #15 item 2
+    #[test]
+    fn r15_2_tls_block_rules() {
+        let tls = TlsFiles {
+            ca_file: Some("/etc/ca.pem".into()),
+            ..TlsFiles::default()
+        };
+        let ok = RedisTarget::from_parts(
+            Some("rediss://10.0.0.5:6380".into()),
+            None,
+            None,
+            None,
+            None,
+            Some(tls.clone()),
+        )
+        .unwrap();
+        assert_eq!(ok.tls(), Some(&tls));
+        // `tls` without rediss://.
+        let e = RedisTarget::from_parts(
+            Some("redis://10.0.0.5:6379".into()),
+            None,
+            None,
+            None,
+            None,
+            Some(tls.clone()),
+        )
+        .unwrap_err();
+        assert_eq!(e, vec![TargetError::TlsWithoutRediss]);
+        assert_eq!(e[0].pointer(), "/tls");
+        // A client certificate without its key.
+        let half = TlsFiles {
+            cert_file: Some("/c.pem".into()),
+            ..tls.clone()
+        };
+        let e = RedisTarget::from_parts(
+            None,
+            Some(vec!["a:1".into()]),
+            Some("m".into()),
+            None,
+            None,
+            Some(half),
+        )
+        .unwrap_err();
+        assert_eq!(e, vec![TargetError::TlsPair]);
+        // Never skip verification.
+        let e = RedisTarget::from_parts(
+            Some("rediss://10.0.0.5:6380/#insecure".into()),
+            None,
+            None,
+            None,
+            None,
+            None,
+        )
+        .unwrap_err();
+        assert_eq!(e, vec![TargetError::Insecure]);
+        assert!(is_insecure("rediss://h:1#insecure"));
+        assert!(!is_insecure("rediss://h:1"));
+    }
+
+    // See: #15 item 2
+    #[test]
+    fn r15_2_unreadable_file_is_named() {
+        let tls = TlsFiles {
+            ca_file: Some("/nonexistent/ca.pem".into()),
+            ..TlsFiles::default()
+        };
+        let e = certificates(&tls).unwrap_err();
+        let line = one_line(&e);
+        assert!(
+            line.starts_with("cannot read /nonexistent/ca.pem (redis.tls.ca_file)"),
+            "{line}"
+        );
+        assert!(!line.contains('\n'));
+    }
+
+    // See: #19 item 7
+    #[test]
+    fn r19_7_one_line_names_each_cause_once() {
+        let e =
+            anyhow::anyhow!("Connection refused (os error 111): Connection refused (os error 111)")
+                .context("connecting to redis://127.0.0.1:1");
+        assert_eq!(
+            one_line(&e),
+            "connecting to redis://127.0.0.1:1: Connection refused (os error 111)"
+        );
+    }
+}

@@ -11,7 +11,9 @@
 //! - [`mqtt`]: the MQTT channel's topics, health report, commands, results;
 //! - [`cmdkey`]: ed25519 command keys and per-node result keys (#15);
 //! - [`untrusted`]: escaping text from outside before it is shown;
-//! - [`backoff`]: jittered reconnect backoff (pure; the caller seeds it).
+//! - [`backoff`]: jittered reconnect backoff (pure; the caller seeds it);
+//! - [`target`]: how a node's Redis and the broker are reached, as
+//!   configured (checked here, connected to by `edgeredis`/`edgemqtt`).
 //!
 //! **Architecture invariant:** this crate does no I/O and needs no runtime.
 //! Every type here serializes deterministically (structs with fixed field
@@ -28,6 +30,7 @@ pub mod purge;
 pub mod route;
 pub mod routing;
 pub mod site;
+pub mod target;
 pub mod untrusted;
 
 /// Version of the compiled format, written to `edgeform:meta` as `format`

@@ -283,6 +283,90 @@ mod tests {
     }
 }
 
+/// nginx's `levels=` syntax (`1`, `1:2`, `1:1:2`, …): the characters per
+/// directory level, outermost first. One to three levels of `1` or `2`;
+/// nginx refuses the rest, and so does this.
+///
+/// # Errors
+/// Empty input, more than three levels, or a level other than `1`/`2`.
+pub fn parse_levels(s: &str) -> Result<Vec<u8>, LevelsError> {
+    let err = |kind| LevelsError {
+        input: s.to_owned(),
+        kind,
+    };
+    if s.is_empty() {
+        return Err(err(LevelsErrorKind::Empty));
+    }
+    let mut lens = Vec::with_capacity(MAX_LEVELS);
+    for part in s.split(':') {
+        if lens.len() == MAX_LEVELS {
+            return Err(err(LevelsErrorKind::TooMany));
+        }
+        lens.push(match part {
+            "1" => 1,
+            "2" => 2,
+            _ => return Err(err(LevelsErrorKind::BadLevel(part.to_owned()))),
+        });
+    }
+    Ok(lens)
+}
+
+/// Most cache directory levels nginx accepts (`NGX_MAX_PATH_LEVEL`).
+pub const MAX_LEVELS: usize = 3;
+
+/// Why a `levels` value was refused.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LevelsError {
+    input: String,
+    kind: LevelsErrorKind,
+}
+
+impl LevelsError {
+    /// The refused input.
+    #[must_use]
+    pub fn input(&self) -> &str {
+        &self.input
+    }
+
+    /// What was wrong with it.
+    #[must_use]
+    pub fn kind(&self) -> &LevelsErrorKind {
+        &self.kind
+    }
+}
+
+/// The ways a `levels` value can be wrong.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum LevelsErrorKind {
+    /// No level at all.
+    Empty,
+    /// More than three levels.
+    TooMany,
+    /// A level that is not `1` or `2` (the offending part).
+    BadLevel(String),
+}
+
+impl std::fmt::Display for LevelsError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let input = &self.input;
+        match &self.kind {
+            LevelsErrorKind::Empty => {
+                write!(f, "levels `{input}`: expected 1 to 3 levels like `1:2`")
+            }
+            LevelsErrorKind::TooMany => write!(f, "levels `{input}`: at most 3 levels"),
+            LevelsErrorKind::BadLevel(part) => {
+                write!(
+                    f,
+                    "levels `{input}`: a level is `1` or `2` characters, not `{part}`"
+                )
+            }
+        }
+    }
+}
+
+impl std::error::Error for LevelsError {}
+
 /// The seed's cache layout: the defaults of a node's `cache` settings.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct CacheDefaults {

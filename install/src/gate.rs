@@ -657,7 +657,7 @@ fn agent(nodes: &[GateNode<'_>], out: &mut Outcome) {
         let text = String::from_utf8_lossy(&f.bytes);
         // Variables are the node's: set there, not here.
         let env = |_: &str| Some("set-on-the-node".to_owned());
-        if let Err(errors) = agent::config::parse_with(&shown, &text, &env, false) {
+        if let Err(errors) = agentconf::parse_with(&shown, &text, &env, false) {
             for e in errors.0 {
                 out.problems.push(Problem {
                     gate: Gate::Agent,

@@ -146,11 +146,11 @@ impl Node {
     pub fn redis_at(&self) -> String {
         self.redis
             .as_ref()
-            .map_or_else(|| "no redis".into(), edgeredis::describe)
+            .map_or_else(|| "no redis".into(), edgestate::target::describe)
     }
 }
 
-pub use edgeredis::RedisTarget;
+pub use edgestate::target::RedisTarget;
 
 /// The nginx cache the purge worker cleans.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -67,9 +67,8 @@ pub fn read_regular(path: &Path, max: u64) -> Result<String, FileError> {
 mod tests {
     use super::*;
 
-    // See: #12 item 9
     #[test]
-    fn r12_9_fifos_devices_and_big_files_are_refused_at_once() {
+    fn fifos_devices_and_big_files_are_refused_at_once() {
         let dir = tempfile::tempdir().unwrap();
         let fifo = dir.path().join("fifo");
         rustix::fs::mknodat(

@@ -1,4 +1,7 @@
-//! What a `redis` block describes, validated without connecting: pure.
+//! How a node's own Redis and the MQTT broker are reached, as a
+//! configuration writes them: the `redis` block of `agent.yaml` and of a
+//! node file, the broker's URL and login. Pure: checked here, connected to
+//! by `edgeredis` and `edgemqtt` (which re-export these types).
 
 use std::path::PathBuf;
 
@@ -151,7 +154,8 @@ impl RedisTarget {
         match (url, sentinels, master) {
             (Some(url), None, None) => {
                 let scheme = url.split_once("://").map(|(s, _)| s);
-                if !matches!(scheme, Some("redis" | "rediss" | "unix")) || !url_parses(&url) {
+                if !matches!(scheme, Some("redis" | "rediss" | "unix")) || !redis_url_accepted(&url)
+                {
                     errors.push(TargetError::Url(format!(
                         "`{url}` is not a redis:// or rediss:// URL"
                     )));
@@ -292,6 +296,11 @@ pub fn url_user(url: &str) -> Result<Option<String>, TargetError> {
 }
 
 fn percent_decode(text: &str) -> String {
+    String::from_utf8_lossy(&percent_decoded(text)).into_owned()
+}
+
+/// `%XY` → the byte (as the `percent-encoding` crate decodes).
+fn percent_decoded(text: &str) -> Vec<u8> {
     let b = text.as_bytes();
     let hex = |c: u8| char::from(c).to_digit(16);
     let mut out = Vec::with_capacity(b.len());
@@ -308,7 +317,7 @@ fn percent_decode(text: &str) -> String {
         out.push(b[i]);
         i += 1;
     }
-    String::from_utf8_lossy(&out).into_owned()
+    out
 }
 
 /// Whether a URL asks the redis crate to skip certificate checks
@@ -319,6 +328,158 @@ pub fn is_insecure(url: &str) -> bool {
         .is_some_and(|(_, fragment)| fragment.eq_ignore_ascii_case("insecure"))
 }
 
+/// Whether the redis crate takes `text` as a connection URL (what its
+/// `IntoConnectionInfo` accepts for a string): `redis`/`rediss`/`valkey`/
+/// `valkeys` with a host that is not a wildcard, a numeric database
+/// path, UTF-8 credentials, a `protocol` of 2/resp2/3/resp3, and on TLS
+/// no fragment but `#insecure`; `unix`/`redis+unix`/`valkey+unix` with a
+/// file path and a numeric `db`. Pure; `edgeredis` proves it agrees with
+/// the redis crate.
+#[must_use]
+pub fn redis_url_accepted(text: &str) -> bool {
+    let Ok(url) = url::Url::parse(text) else {
+        return false;
+    };
+    let query: std::collections::HashMap<_, _> = url.query_pairs().collect();
+    let protocol_ok = query
+        .get("protocol")
+        .is_none_or(|p| matches!(p.as_ref(), "2" | "resp2" | "3" | "resp3"));
+    match url.scheme() {
+        "redis" | "rediss" | "valkey" | "valkeys" => {
+            let host = match url.host() {
+                Some(url::Host::Domain(d)) => d.to_owned(),
+                Some(url::Host::Ipv4(v4)) => v4.to_string(),
+                Some(url::Host::Ipv6(v6)) => v6.to_string(),
+                None => return false,
+            };
+            if host == "0.0.0.0" || host == "::" {
+                return false;
+            }
+            let tls = matches!(url.scheme(), "rediss" | "valkeys");
+            if tls && url.fragment().is_some_and(|f| f != "insecure") {
+                return false;
+            }
+            let db_ok = match url.path().trim_matches('/') {
+                "" => true,
+                path => path.parse::<i64>().is_ok(),
+            };
+            let utf8 = |s: &str| std::str::from_utf8(&percent_decoded(s)).is_ok();
+            db_ok && utf8(url.username()) && url.password().is_none_or(utf8) && protocol_ok
+        }
+        "unix" | "redis+unix" | "valkey+unix" => {
+            url.to_file_path().is_ok()
+                && query.get("db").is_none_or(|d| d.parse::<i64>().is_ok())
+                && protocol_ok
+        }
+        _ => false,
+    }
+}
+
+/// The port a Redis URL names, if it parses and names one (`redis://h:0`
+/// parses but reaches nothing: callers refuse it).
+#[must_use]
+pub fn redis_url_port(text: &str) -> Option<u16> {
+    let url = url::Url::parse(text).ok()?;
+    matches!(
+        url.scheme(),
+        "redis" | "rediss" | "valkey" | "valkeys" | "redis+unix" | "valkey+unix" | "unix"
+    )
+    .then(|| url.port())
+    .flatten()
+}
+
+/// Where the MQTT broker is and how to log in.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Broker {
+    /// `mqtt://host[:1883]` or `mqtts://host[:8883]`.
+    pub url: String,
+    pub username: Option<String>,
+    /// The environment variable holding the password.
+    pub password_env: Option<String>,
+    /// PEM CA certificate(s) to trust for `mqtts://` (default: the system's).
+    pub ca_file: Option<PathBuf>,
+}
+
+/// Why a broker URL is refused: the message, and the URL parser's own
+/// error as its cause when the text is not a URL at all.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BrokerUrlError {
+    pub message: String,
+    pub cause: Option<url::ParseError>,
+}
+
+impl std::fmt::Display for BrokerUrlError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl std::error::Error for BrokerUrlError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.cause
+            .as_ref()
+            .map(|c| c as &(dyn std::error::Error + 'static))
+    }
+}
+
+impl BrokerUrlError {
+    /// The message with its cause (`` `x` is not a URL: relative URL
+    /// without a base ``).
+    #[must_use]
+    pub fn with_cause(&self) -> String {
+        match &self.cause {
+            Some(c) => format!("{}: {c}", self.message),
+            None => self.message.clone(),
+        }
+    }
+}
+
+/// The host, port and whether TLS is used, from a broker URL.
+///
+/// # Errors
+/// Not a URL, another scheme, credentials or a path in the URL, no host,
+/// port 0.
+pub fn parse_broker_url(text: &str) -> Result<(String, u16, bool), BrokerUrlError> {
+    let refuse = |message: String| BrokerUrlError {
+        message,
+        cause: None,
+    };
+    let url = url::Url::parse(text).map_err(|e| BrokerUrlError {
+        message: format!("`{text}` is not a URL"),
+        cause: Some(e),
+    })?;
+    let tls = match url.scheme() {
+        "mqtt" | "tcp" => false,
+        "mqtts" | "ssl" => true,
+        other => {
+            return Err(refuse(format!(
+                "`{text}`: scheme `{other}` is not mqtt:// or mqtts://"
+            )));
+        }
+    };
+    if !url.username().is_empty() || url.password().is_some() {
+        return Err(refuse(format!(
+            "`{text}`: put the username in `username` and the password in an environment variable, not in the URL"
+        )));
+    }
+    if !matches!(url.path(), "" | "/") || url.query().is_some() {
+        return Err(refuse(format!(
+            "`{text}`: a broker URL has no path or query"
+        )));
+    }
+    let host = url
+        .host_str()
+        .filter(|h| !h.is_empty())
+        .ok_or_else(|| refuse(format!("`{text}` has no host")))?
+        .trim_start_matches('[')
+        .trim_end_matches(']')
+        .to_owned();
+    let port = url.port().unwrap_or(if tls { 8883 } else { 1883 });
+    if port == 0 {
+        return Err(refuse(format!("`{text}`: port 0 is not a broker's port")));
+    }
+    Ok((host, port, tls))
+}
 /// Where a master is, for messages: `redis://host:port` or
 /// ``master `name` via sentinel host:port``.
 #[must_use]
@@ -331,75 +492,4 @@ pub fn describe(target: &RedisTarget) -> String {
             format!("master `{master}` via sentinel {}", sentinels.join(","))
         }
     }
-}
-
-/// Whether the redis crate would accept `url` as a connection URL
-/// (`redis://`, `rediss://` or `unix://`), decided here without it: a host
-/// that is not a wildcard address, a numeric database in the path,
-/// UTF-8 user and password, `protocol` 2/3/resp2/resp3, and on `rediss`
-/// no fragment but `#insecure`; a `unix` URL needs a file path and a
-/// numeric `db`. A test of the `client` feature holds this to the redis
-/// crate's own parser.
-#[must_use]
-pub fn url_parses(url: &str) -> bool {
-    let Ok(u) = url::Url::parse(url) else {
-        return false;
-    };
-    let query: Vec<(String, String)> = u.query_pairs().into_owned().collect();
-    let last = |key: &str| {
-        query
-            .iter()
-            .rev()
-            .find(|(k, _)| k == key)
-            .map(|(_, v)| v.as_str())
-    };
-    let protocol_ok = last("protocol").is_none_or(|p| matches!(p, "2" | "resp2" | "3" | "resp3"));
-    match u.scheme() {
-        "redis" | "rediss" => {
-            let host = match u.host() {
-                Some(url::Host::Domain(d)) => d.to_owned(),
-                Some(url::Host::Ipv4(v4)) => v4.to_string(),
-                Some(url::Host::Ipv6(v6)) => v6.to_string(),
-                None => return false,
-            };
-            if host == "0.0.0.0" || host == "::" {
-                return false;
-            }
-            if u.scheme() == "rediss" && u.fragment().is_some_and(|f| f != "insecure") {
-                return false;
-            }
-            let db_ok = match u.path().trim_matches('/') {
-                "" => true,
-                path => path.parse::<i64>().is_ok(),
-            };
-            let utf8 = |part: &str| percent_decoded_utf8(part);
-            db_ok && utf8(u.username()) && u.password().is_none_or(utf8) && protocol_ok
-        }
-        "unix" => {
-            u.to_file_path().is_ok()
-                && last("db").is_none_or(|db| db.parse::<i64>().is_ok())
-                && protocol_ok
-        }
-        _ => false,
-    }
-}
-
-fn percent_decoded_utf8(text: &str) -> bool {
-    let b = text.as_bytes();
-    let hex = |c: u8| char::from(c).to_digit(16);
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        if b[i] == b'%'
-            && i + 2 < b.len()
-            && let (Some(h), Some(l)) = (hex(b[i + 1]), hex(b[i + 2]))
-        {
-            out.push(u8::try_from(h * 16 + l).unwrap_or(0));
-            i += 3;
-            continue;
-        }
-        out.push(b[i]);
-        i += 1;
-    }
-    String::from_utf8(out).is_ok()
 }
