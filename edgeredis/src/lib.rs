@@ -795,7 +795,7 @@ mod tests {
 
     // See: #15 item 2
     #[test]
-    fn r15_2_tls_block_rules() {
+    fn tls_needs_rediss_both_client_files_and_verification() {
         let tls = TlsFiles {
             ca_file: Some("/etc/ca.pem".into()),
             ..TlsFiles::default()
@@ -854,7 +854,7 @@ mod tests {
 
     // See: #15 item 2
     #[test]
-    fn r15_2_unreadable_file_is_named() {
+    fn an_unreadable_tls_file_is_named() {
         let tls = TlsFiles {
             ca_file: Some("/nonexistent/ca.pem".into()),
             ..TlsFiles::default()
@@ -870,7 +870,7 @@ mod tests {
 
     // See: #19 item 7
     #[test]
-    fn r19_7_one_line_names_each_cause_once() {
+    fn one_line_names_each_cause_once() {
         let e =
             anyhow::anyhow!("Connection refused (os error 111): Connection refused (os error 111)")
                 .context("connecting to redis://127.0.0.1:1");

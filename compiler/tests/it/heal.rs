@@ -91,7 +91,7 @@ fn healthy(f: &Fixture) {
 
 // See: #16 (server-side heal: a changed value)
 #[test]
-fn issue_16_a_changed_value_is_found_in_redis() {
+fn a_changed_value_is_found_in_redis() {
     let r = harness::redis(&[]);
     let f = applied(r.port);
     let log = heal(&f);
@@ -126,7 +126,7 @@ fn issue_16_a_changed_value_is_found_in_redis() {
 
 // See: #16 (server-side heal: a missing key)
 #[test]
-fn issue_16_a_missing_key_is_found_in_redis() {
+fn a_missing_key_is_found_in_redis() {
     let r = harness::redis(&[]);
     let f = applied(r.port);
     run(
@@ -147,7 +147,7 @@ fn issue_16_a_missing_key_is_found_in_redis() {
 
 // See: #16 (server-side heal: unmanaged keys, counted in Redis)
 #[test]
-fn issue_16_an_unmanaged_key_is_found_in_redis() {
+fn an_unmanaged_key_is_found_in_redis() {
     let r = harness::redis(&[]);
     let f = applied(r.port);
     run(r.port, &["SET", "site:rogue.example.com", "{}"]);
@@ -172,7 +172,7 @@ fn issue_16_an_unmanaged_key_is_found_in_redis() {
 
 // See: #16 (server-side heal: a tampered manifest, its digests, its meta)
 #[test]
-fn issue_16_a_tampered_manifest_is_found_in_redis() {
+fn a_tampered_manifest_is_found_in_redis() {
     let r = harness::redis(&[]);
     let f = applied(r.port);
     let bucket = format!(
@@ -222,7 +222,7 @@ fn issue_16_a_tampered_manifest_is_found_in_redis() {
 
 // See: #16 (a format-1 target is read the old way and rewritten)
 #[test]
-fn issue_16_a_format_1_target_is_migrated_by_the_first_apply() {
+fn a_format_1_target_is_migrated_by_the_first_apply() {
     let r = harness::redis(&[]);
     let f = applied(r.port);
     // Turn the target into what format 1 wrote: one manifest hash of
@@ -277,7 +277,7 @@ fn issue_16_a_format_1_target_is_migrated_by_the_first_apply() {
 
 // See: #16 (a no-op sync is one read of the meta per target: no lock)
 #[test]
-fn issue_16_a_no_op_sync_reads_the_meta_without_the_lock() {
+fn a_no_op_sync_reads_the_meta_without_the_lock() {
     let r = harness::redis(&[]);
     let f = applied(r.port);
     // Another host holds the lock (not provably dead, never taken over).
@@ -403,7 +403,7 @@ impl Drop for Daemon {
 // See: #16 (the daemon's tracked heal: a healthy target costs one PING, and
 // each kind of drift written while it runs is still found and repaired)
 #[test]
-fn issue_16_the_daemons_tracked_heal_finds_each_kind_of_drift() {
+fn the_daemons_tracked_heal_finds_each_kind_of_drift() {
     let r = harness::redis(&[]);
     let f = applied(r.port);
     let d = Daemon::start(&f);
@@ -598,7 +598,7 @@ fn healthy_split(f: &Fixture) -> String {
 // See: #16 (server-side heal in bounded chunks: no call covers more than
 // its budget; a bucket bigger than the budget is split across calls)
 #[test]
-fn issue_16_a_bucket_bigger_than_the_budget_is_split_across_calls() {
+fn a_bucket_bigger_than_the_budget_is_split_across_calls() {
     let r = harness::redis(&[LISTPACK]);
     let (f, _, _) = applied_big_bucket(r.port);
     let log = healthy_split(&f);
@@ -621,7 +621,7 @@ fn issue_16_a_bucket_bigger_than_the_budget_is_split_across_calls() {
 
 // See: #16 (each kind of drift inside a bucket split across calls)
 #[test]
-fn issue_16_drift_in_a_split_bucket_is_found_in_redis() {
+fn drift_in_a_split_bucket_is_found_in_redis() {
     let r = harness::redis(&[LISTPACK]);
     let (f, _, big) = applied_big_bucket(r.port);
     healthy_split(&f);
@@ -665,7 +665,7 @@ fn issue_16_drift_in_a_split_bucket_is_found_in_redis() {
 
 // See: #16 (a tampered manifest bucket split across calls is found)
 #[test]
-fn issue_16_a_tampered_split_bucket_is_found_in_redis() {
+fn a_tampered_split_bucket_is_found_in_redis() {
     let r = harness::redis(&[LISTPACK]);
     let (f, bucket, big) = applied_big_bucket(r.port);
     let b = &bucket["edgeform:manifest:".len()..];
@@ -701,7 +701,7 @@ fn issue_16_a_tampered_split_bucket_is_found_in_redis() {
 // once: a target far away costs the longest chain's round trips, not the
 // sum of all calls)
 #[test]
-fn issue_16_the_comparison_walks_bucket_ranges_at_once() {
+fn the_comparison_walks_bucket_ranges_at_once() {
     let r = harness::redis(&[LISTPACK]);
     let (f, _, _) = applied_big_bucket(r.port);
     // The scripts loaded (a first call's NOSCRIPT is retried).

@@ -37,7 +37,7 @@ fn codes_for(f: &Fixture, file: &str) -> Vec<&'static str> {
 
 // See: #12 item 1
 #[test]
-fn issue12_item1_link_to_proc_environ_is_refused_and_never_printed() {
+fn link_to_proc_environ_is_refused_and_never_printed() {
     let f = Fixture::with(&[]);
     f.commit("base");
     symlink("/proc/self/environ", f.path().join("sites/env.yaml")).unwrap();
@@ -67,7 +67,7 @@ fn issue12_item1_link_to_proc_environ_is_refused_and_never_printed() {
 
 // See: #12 item 1
 #[test]
-fn issue12_item1_link_to_an_outside_valid_site_is_refused() {
+fn link_to_an_outside_valid_site_is_refused() {
     let outside = tempfile::tempdir().unwrap();
     std::fs::write(
         outside.path().join("b.yaml"),
@@ -92,7 +92,7 @@ fn issue12_item1_link_to_an_outside_valid_site_is_refused() {
 
 // See: #12 item 1
 #[test]
-fn issue12_item1_symlinked_sites_folder_is_refused() {
+fn symlinked_sites_folder_is_refused() {
     let outside = tempfile::tempdir().unwrap();
     std::fs::write(
         outside.path().join("a.yaml"),
@@ -129,7 +129,7 @@ fn check_within(f: &Fixture) -> compiler::Checked {
 
 // See: #12 item 1, item 9
 #[test]
-fn issue12_item9_fifo_and_dev_zero_are_refused_without_reading() {
+fn fifo_and_dev_zero_are_refused_without_reading() {
     let f = Fixture::with(&[]);
     let fifo = f.path().join("sites/f.yaml");
     let made = Command::new("mkfifo").arg(&fifo).status().unwrap();
@@ -173,7 +173,7 @@ fn issue12_item9_fifo_and_dev_zero_are_refused_without_reading() {
 
 // See: #12 item 9
 #[test]
-fn issue12_item9_a_file_over_the_size_cap_is_refused_unread() {
+fn a_file_over_the_size_cap_is_refused_unread() {
     let f = Fixture::with(&[]);
     let big = std::fs::File::create(f.path().join("sites/big.yaml")).unwrap();
     // Sparse: nothing is written, the length is past the cap.
@@ -184,7 +184,7 @@ fn issue12_item9_a_file_over_the_size_cap_is_refused_unread() {
 
 // See: #12 item 1
 #[test]
-fn issue12_item1_committed_links_are_refused_with_rev() {
+fn committed_links_are_refused_with_rev() {
     let outside = tempfile::tempdir().unwrap();
     std::fs::write(
         outside.path().join("b.yaml"),
@@ -235,7 +235,7 @@ fn issue12_item1_committed_links_are_refused_with_rev() {
 
 // See: #12 item 13
 #[test]
-fn issue12_item13_origins_with_control_characters_are_refused_at_their_position() {
+fn origins_with_control_characters_are_refused_at_their_position() {
     for (origin, what) in [
         (r#""http://203.0.113.10\r\n""#, "carriage return"),
         (r#""http://203.0.113.10\n""#, "line feed"),
@@ -275,7 +275,7 @@ fn issue12_item13_origins_with_control_characters_are_refused_at_their_position(
 
 // See: #12 item 13
 #[test]
-fn issue12_item13_redis_url_with_a_non_numeric_database_is_refused() {
+fn redis_url_with_a_non_numeric_database_is_refused() {
     let node = |url: &str| {
         format!(
             "name: edge-1\nroles: [edge]\nregion: eu\nlocation: {{lat: 52.0, lon: 4.0}}\n\
@@ -309,7 +309,7 @@ fn node_with_redis(redis: &str) -> String {
 
 // See: #12 item 5
 #[test]
-fn issue12_item5_secrets_in_redis_urls_and_sentinels_are_never_shown() {
+fn secrets_in_redis_urls_and_sentinels_are_never_shown() {
     let secret = "hunter2-s3cret";
     for redis in [
         format!("{{url: \"redis://10.0.0.5:6379?password={secret}\"}}"),
@@ -356,7 +356,7 @@ fn issue12_item5_secrets_in_redis_urls_and_sentinels_are_never_shown() {
 
 // See: #12 item 16
 #[test]
-fn issue12_item16_snippets_of_huge_values_are_capped() {
+fn snippets_of_huge_values_are_capped() {
     let huge = "a".repeat(5 << 20);
     for (file, at) in [
         (
@@ -385,7 +385,7 @@ fn issue12_item16_snippets_of_huge_values_are_capped() {
 
 // See: #12 item 16
 #[test]
-fn issue12_item16_long_line_snippet_points_at_the_real_column() {
+fn long_line_snippet_points_at_the_real_column() {
     let pad = "x".repeat(1000);
     let f = Fixture::with(&[(
         "sites/a.yaml",
@@ -399,7 +399,7 @@ fn issue12_item16_long_line_snippet_points_at_the_real_column() {
 
 // See: #12 item 14 (and #19 item 5: usage errors exit 64)
 #[test]
-fn issue12_item14_huge_numeric_flags_are_usage_errors_without_a_panic() {
+fn huge_numeric_flags_are_usage_errors_without_a_panic() {
     let f = Fixture::with(&[]);
     let huge = "18446744073709551615";
     for args in [
@@ -479,7 +479,7 @@ fn redis_repo(port: u16) -> Fixture {
 
 // See: #12 item 12
 #[test]
-fn issue12_item12_a_killed_applys_lock_is_taken_over_at_once() {
+fn a_killed_applys_lock_is_taken_over_at_once() {
     let r = harness::redis(&[]);
     let f = redis_repo(r.port);
     // A real apply that stops while holding the lock (test hook), killed
@@ -549,7 +549,7 @@ fn issue12_item12_a_killed_applys_lock_is_taken_over_at_once() {
 
 // See: #12 item 12
 #[test]
-fn issue12_item12_live_or_remote_holders_are_not_taken_over_and_unlock_needs_force() {
+fn live_or_remote_holders_are_not_taken_over_and_unlock_needs_force() {
     let r = harness::redis(&[]);
     let f = redis_repo(r.port);
     // Another host: not provable.
@@ -593,7 +593,7 @@ fn issue12_item12_live_or_remote_holders_are_not_taken_over_and_unlock_needs_for
 
 // See: #12 item 8
 #[test]
-fn issue12_item8_heal_repairs_binary_keys_and_values_and_the_rest_of_the_drift() {
+fn heal_repairs_binary_keys_and_values_and_the_rest_of_the_drift() {
     let r = harness::redis(&[]);
     let f = redis_repo(r.port);
     f.write(
@@ -663,7 +663,7 @@ fn issue12_item8_heal_repairs_binary_keys_and_values_and_the_rest_of_the_drift()
 
 // See: #12 item 8
 #[test]
-fn issue12_item8_import_reports_binary_entries_by_key_and_goes_on_with_allow_lossy() {
+fn import_reports_binary_entries_by_key_and_goes_on_with_allow_lossy() {
     let r = harness::redis(&[]);
     let f = Fixture::empty();
     f.write_all(&BASE[1..]);
@@ -706,7 +706,7 @@ fn issue12_item8_import_reports_binary_entries_by_key_and_goes_on_with_allow_los
 
 // See: #12 item 16
 #[test]
-fn issue12_item16_rule_regexes_pcre_would_run_badly_are_refused() {
+fn rule_regexes_pcre_would_run_badly_are_refused() {
     for (regex, ok) in [
         (r"^(a+)+$", false),
         (r"(a|a)*", false),
@@ -739,7 +739,7 @@ fn issue12_item16_rule_regexes_pcre_would_run_badly_are_refused() {
 
 // See: #12 item 16 (snippets never carry the file's control characters)
 #[test]
-fn issue12_item16_snippets_escape_terminal_control_sequences() {
+fn snippets_escape_terminal_control_sequences() {
     let f = Fixture::with(&[(
         "sites/a.yaml",
         "host: a.example.com\norigin: http://192.0.2.1\n# \u{1b}]0;pwned\u{7}\u{1b}[2J\u{9b}31m\ncached: yes\n",
@@ -756,7 +756,7 @@ fn issue12_item16_snippets_escape_terminal_control_sequences() {
 
 // See: #12 item 16 (CRLF files keep their snippets clean)
 #[test]
-fn issue12_item16_crlf_files_show_no_stray_marks() {
+fn crlf_files_show_no_stray_marks() {
     let f = Fixture::with(&[(
         "sites/a.yaml",
         "host: a.example.com\r\norigin: http://192.0.2.1\r\ncached: yes\r\n",

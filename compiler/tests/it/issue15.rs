@@ -135,7 +135,7 @@ fn refused_everywhere(f: &Fixture, port: u16, a: &str) {
 
 // See: #15 item 1 (a mass deletion: heal refuses exactly as apply; --force)
 #[test]
-fn issue_15_heal_refuses_a_mass_deletion_as_apply_does_and_force_is_honoured() {
+fn heal_refuses_a_mass_deletion_as_apply_does_and_force_is_honoured() {
     let r = harness::redis(&[]);
     let (f, a, b) = mass_deletion(r.port);
     refused_everywhere(&f, r.port, &a);
@@ -152,7 +152,7 @@ fn issue_15_heal_refuses_a_mass_deletion_as_apply_does_and_force_is_honoured() {
 
 // See: #15 item 1 (sync refuses the same move; --force)
 #[test]
-fn issue_15_sync_refuses_a_mass_deletion_as_apply_does_and_force_is_honoured() {
+fn sync_refuses_a_mass_deletion_as_apply_does_and_force_is_honoured() {
     let r = harness::redis(&[]);
     let (f, a, b) = mass_deletion(r.port);
     refused_everywhere(&f, r.port, &a);
@@ -167,7 +167,7 @@ fn issue_15_sync_refuses_a_mass_deletion_as_apply_does_and_force_is_honoured() {
 
 // See: #15 item 1 (repair back to the target's own commit is free)
 #[test]
-fn issue_15_repair_at_the_own_commit_passes_no_threshold() {
+fn repair_at_the_own_commit_passes_no_threshold() {
     let r = harness::redis(&[]);
     let (f, a) = applied(r.port, 300);
     // 200 of 301 documents deleted by hand: far over every threshold,
@@ -189,7 +189,7 @@ fn issue_15_repair_at_the_own_commit_passes_no_threshold() {
 
 // See: #15 item 1 (`reconcile --once heal --dry-run` lists, writes nothing)
 #[test]
-fn issue_15_heal_dry_run_lists_the_drift_and_changes_nothing() {
+fn heal_dry_run_lists_the_drift_and_changes_nothing() {
     let r = harness::redis(&[]);
     let (f, _) = applied(r.port, 20);
     let mut c = con(r.port);
@@ -254,7 +254,7 @@ fn history(f: &Fixture) -> Vec<serde_json::Value> {
 
 // See: #15 item 8 (the audit trail after three applies)
 #[test]
-fn issue_15_history_after_three_applies() {
+fn history_records_each_apply_with_who_what_and_force() {
     let r = harness::redis(&[]);
     let (f, a) = applied(r.port, 20);
     site(&f, 1, "http://192.0.2.2");
@@ -362,7 +362,7 @@ const OUTSIDE: Option<&str> = Some("2020-12-26T06:00:00Z");
 
 // See: #15 item 9 (a freeze honoured by apply and reconcile, broken with --break-glass)
 #[test]
-fn issue_15_a_freeze_is_honoured_and_broken_with_break_glass() {
+fn a_freeze_is_honoured_and_broken_with_break_glass() {
     let r = harness::redis(&[]);
     let (f, a) = repo(r.port, 20, FREEZE);
     // Outside the window (its end is exclusive): applied.
@@ -614,7 +614,7 @@ fn verdict(f: &Fixture, extra: &[&str]) -> (i32, serde_json::Value) {
 
 // See: #15 item 7 (`status --from redis`: 0, 2, 1 without a broker)
 #[test]
-fn issue_15_status_from_redis_verdicts() {
+fn status_from_redis_is_ok_drift_or_offline() {
     let (r1, r2) = (harness::redis(&[]), harness::redis(&[]));
     let f = Fixture::empty();
     f.write("nodes/edge-1.yaml", edge("edge-1", r1.port).as_bytes());
@@ -655,7 +655,7 @@ fn issue_15_status_from_redis_verdicts() {
 
 // See: #15 item 7 (`status` over MQTT: 0, 2, 1 with a real agent)
 #[test]
-fn issue_15_status_over_mqtt_verdicts() {
+fn status_over_mqtt_is_ok_drift_or_offline() {
     let r = harness::redis(&[]);
     let broker = harness::mosquitto();
     let f = Fixture::empty();

@@ -255,7 +255,7 @@ fn forger(
 /// and the wrongly signed forgery (warning, escaped) and exits 1; without
 /// a key (unauthenticated, as documented) the output is printed escaped.
 #[test]
-fn r12_3_forged_results_are_not_accepted() {
+fn forged_results_are_not_accepted() {
     let broker = harness::mosquitto();
     let f = Fixture::with(&[
         ("nodes/edge-1.yaml", &*edge("edge-1", 1)),

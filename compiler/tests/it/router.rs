@@ -298,7 +298,7 @@ fn differential(
 }
 
 #[test]
-fn issue18_item1_geo_router_matches_route_geo_for_every_network() {
+fn geo_router_matches_route_geo_for_every_network() {
     let mut redis = harness::redis(&[]);
     let mut broker = harness::mosquitto();
     let f = repo(redis.port, broker.port);
@@ -441,7 +441,7 @@ fn issue18_item1_geo_router_matches_route_geo_for_every_network() {
 /// in the health snapshot: a newer forbidden replica does not exclude an
 /// older permitted one.
 #[test]
-fn issue18_item3_route_vod_explains_the_placement() {
+fn route_vod_explains_the_placement() {
     let f = Fixture::with(&[
         ("zones/home.yaml", "name: home\nroutes: [10.2.0.0/16]\n"),
         ("zones/other.yaml", "name: other\nroutes: [10.1.0.0/16]\n"),
@@ -518,7 +518,7 @@ fn retain(broker: u16, topic: &str, payload: Vec<u8>) {
 /// mosquitto (retained reports and statuses, as agents publish them), and
 /// `status` shows each node's zone.
 #[test]
-fn issue18_item4_route_health_from_the_broker_and_status_zones() {
+fn route_reads_health_from_the_broker_and_status_shows_zones() {
     let broker = harness::mosquitto();
     let edge = |name: &str, port: u16| {
         format!(
@@ -630,7 +630,7 @@ fn issue18_item4_route_health_from_the_broker_and_status_zones() {
 
 // See: #18 item 4
 #[test]
-fn issue18_item4_status_shows_zones() {
+fn status_shows_each_nodes_zone() {
     let broker = harness::mosquitto();
     let f = Fixture::with(&[
         (

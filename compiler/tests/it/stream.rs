@@ -144,7 +144,7 @@ fn chi_square(observed: &[usize], weights: &[u32]) -> f64 {
 
 // See: #18 item 2
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn issue18_item2_stream_passthrough_follows_weights_and_skips_down_edges() {
+async fn stream_passthrough_follows_weights_and_skips_down_edges() {
     let f = repo();
     let checked = f.check();
     let config = checked.config.as_ref().expect("valid");
