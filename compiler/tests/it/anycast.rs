@@ -434,7 +434,6 @@ fn without_an_anycast_section_it_says_so() {
     );
 }
 
-// See: #12 item 16
 #[test]
 fn compressed_dump_truncated_before_its_first_record_is_an_error() {
     let f = repo();

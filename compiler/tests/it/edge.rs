@@ -1,6 +1,6 @@
 //! The reference edge (`edge/`) against `edgeform explain`: the real nginx
 //! with its Lua module, in front of real loopback origins, fed by a real
-//! `edgeform apply` into a real Redis. See: #14.
+//! `edgeform apply` into a real Redis.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::{Read, Write};
@@ -677,7 +677,6 @@ fn compare(
     })
 }
 
-// See: #14 item 6
 #[test]
 fn explain_equals_the_edge() {
     let s = setup(2);
@@ -784,7 +783,6 @@ fn get_body(port: u16, host: &str, url: &str, headers: &[(&str, &str)]) -> (u16,
     (status, raw)
 }
 
-// See: #14 item 7
 #[test]
 fn an_apply_changes_the_answer_within_a_second_without_reload() {
     let s = setup(2);
@@ -830,7 +828,7 @@ fn an_apply_changes_the_answer_within_a_second_without_reload() {
     );
 }
 
-// See: #14 bad input
+// Bad documents.
 #[test]
 fn bad_documents_fail_alone_and_are_logged_once_per_generation() {
     let s = setup(1);
@@ -888,7 +886,7 @@ fn bad_documents_fail_alone_and_are_logged_once_per_generation() {
     }
 }
 
-// See: #14 item 2 (rate_mode and the challenge)
+// `rate_mode` and the challenge.
 #[test]
 fn rate_limits_cors_and_the_challenge_cookie() {
     let s = setup(1);
@@ -1025,7 +1023,7 @@ fn rate_limits_cors_and_the_challenge_cookie() {
     assert_eq!(get(port, "strict.test", "/", &elsewhere).status, 403);
 }
 
-// See: #14 item 4 (Redis down: last known documents)
+// Redis down: last known documents.
 #[test]
 fn redis_down_serves_the_last_known_documents() {
     let mut s = setup(1);
@@ -1046,7 +1044,7 @@ fn redis_down_serves_the_last_known_documents() {
     assert!(t.elapsed() < Duration::from_secs(1), "{:?}", t.elapsed());
 }
 
-// See: #14 item 7 (the Lua gate) and item 1 (nginx -t in a scratch prefix)
+// The Lua gate, and nginx -t in a scratch prefix.
 #[test]
 fn lua_gate_names_a_broken_file_that_nginx_t_passes() {
     let root = harness::nginx::repo_root();
@@ -1139,7 +1137,6 @@ fn api(port: u16, path: &str, token: Option<&str>) -> (u16, Option<String>, Stri
     (status, etag, body)
 }
 
-// See: #14 item 8
 #[test]
 fn serve_answers_what_build_gives_the_node() {
     let s = setup(1);
@@ -1212,7 +1209,7 @@ fn serve_answers_what_build_gives_the_node() {
     assert!(body.contains(r#""cached":false"#), "{body}");
 }
 
-// See: #14 item 4 (Redis miss → API; API down → a defined error in time)
+// Redis miss → API; API down → a defined error in time.
 #[test]
 fn a_redis_miss_asks_the_api_and_an_api_outage_is_a_fast_error() {
     let redis = harness::redis(&[]);
@@ -1288,7 +1285,6 @@ pub(super) fn start_agent(redis: u16, cache: &Path) -> Agent {
     ))
 }
 
-// See: #14 item 9
 #[test]
 fn purge_through_the_edges_real_cache() {
     let s = setup(1);
@@ -1356,7 +1352,7 @@ pub(super) fn walk(dir: &Path) -> Vec<std::path::PathBuf> {
     out
 }
 
-// See: #14 item 8 (TLS-capable)
+// TLS-capable.
 #[test]
 fn serve_answers_over_tls() {
     let repo = Fixture::with(&[]);
@@ -1416,7 +1412,7 @@ fn serve_answers_over_tls() {
     assert!(text.contains(r#""origin":"http://192.0.2.1""#), "{text}");
 }
 
-// See: #14 item 6 (the Lua address parser is Rust's, string for string)
+// The Lua address parser is Rust's, string for string.
 #[test]
 fn lua_addresses_parse_as_rust_does() {
     let inputs = [

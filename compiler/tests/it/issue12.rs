@@ -1,4 +1,4 @@
-//! Regression tests for #12 (hostile input), compiler side: special files
+//! Hostile input, compiler side: special files
 //! and links in the repository, secrets in URLs, origins as written,
 //! capped snippets.
 
@@ -35,7 +35,6 @@ fn codes_for(f: &Fixture, file: &str) -> Vec<&'static str> {
         .collect()
 }
 
-// See: #12 item 1
 #[test]
 fn link_to_proc_environ_is_refused_and_never_printed() {
     let f = Fixture::with(&[]);
@@ -65,7 +64,6 @@ fn link_to_proc_environ_is_refused_and_never_printed() {
     assert!(text.contains("sites/env.yaml"), "{text}");
 }
 
-// See: #12 item 1
 #[test]
 fn link_to_an_outside_valid_site_is_refused() {
     let outside = tempfile::tempdir().unwrap();
@@ -90,7 +88,6 @@ fn link_to_an_outside_valid_site_is_refused() {
     assert_eq!(codes_for(&f, "cluster.yaml"), ["not-a-file"]);
 }
 
-// See: #12 item 1
 #[test]
 fn symlinked_sites_folder_is_refused() {
     let outside = tempfile::tempdir().unwrap();
@@ -127,7 +124,6 @@ fn check_within(f: &Fixture) -> compiler::Checked {
         .expect("check hung on a special file")
 }
 
-// See: #12 item 1, item 9
 #[test]
 fn fifo_and_dev_zero_are_refused_without_reading() {
     let f = Fixture::with(&[]);
@@ -171,7 +167,6 @@ fn fifo_and_dev_zero_are_refused_without_reading() {
     }
 }
 
-// See: #12 item 9
 #[test]
 fn a_file_over_the_size_cap_is_refused_unread() {
     let f = Fixture::with(&[]);
@@ -182,7 +177,6 @@ fn a_file_over_the_size_cap_is_refused_unread() {
     assert_eq!(codes_for(&f, "sites/big.yaml"), ["file-too-large"]);
 }
 
-// See: #12 item 1
 #[test]
 fn committed_links_are_refused_with_rev() {
     let outside = tempfile::tempdir().unwrap();
@@ -233,7 +227,6 @@ fn committed_links_are_refused_with_rev() {
     let _ = git;
 }
 
-// See: #12 item 13
 #[test]
 fn origins_with_control_characters_are_refused_at_their_position() {
     for (origin, what) in [
@@ -273,7 +266,6 @@ fn origins_with_control_characters_are_refused_at_their_position() {
     }
 }
 
-// See: #12 item 13
 #[test]
 fn redis_url_with_a_non_numeric_database_is_refused() {
     let node = |url: &str| {
@@ -307,7 +299,6 @@ fn node_with_redis(redis: &str) -> String {
     )
 }
 
-// See: #12 item 5
 #[test]
 fn secrets_in_redis_urls_and_sentinels_are_never_shown() {
     let secret = "hunter2-s3cret";
@@ -354,7 +345,6 @@ fn secrets_in_redis_urls_and_sentinels_are_never_shown() {
     }
 }
 
-// See: #12 item 16
 #[test]
 fn snippets_of_huge_values_are_capped() {
     let huge = "a".repeat(5 << 20);
@@ -383,7 +373,6 @@ fn snippets_of_huge_values_are_capped() {
     }
 }
 
-// See: #12 item 16
 #[test]
 fn long_line_snippet_points_at_the_real_column() {
     let pad = "x".repeat(1000);
@@ -397,7 +386,7 @@ fn long_line_snippet_points_at_the_real_column() {
     assert!(text.lines().all(|l| l.chars().count() < 400), "{text}");
 }
 
-// See: #12 item 14 (and #19 item 5: usage errors exit 64)
+// Usage errors exit 64.
 #[test]
 fn huge_numeric_flags_are_usage_errors_without_a_panic() {
     let f = Fixture::with(&[]);
@@ -477,7 +466,6 @@ fn redis_repo(port: u16) -> Fixture {
     f
 }
 
-// See: #12 item 12
 #[test]
 fn a_killed_applys_lock_is_taken_over_at_once() {
     let r = harness::redis(&[]);
@@ -523,7 +511,7 @@ fn a_killed_applys_lock_is_taken_over_at_once() {
     assert_eq!(generation, "1");
 
     // The same once the killed process is reaped (no such pid). A change
-    // (a no-op apply answers from the meta without taking the lock, #16).
+    // (a no-op apply answers from the meta without taking the lock).
     f.write(
         "sites/s99999.yaml",
         b"host: s99999.example.com\norigin: http://192.0.2.9\n",
@@ -547,7 +535,6 @@ fn a_killed_applys_lock_is_taken_over_at_once() {
     assert_eq!(out.status.code(), Some(0), "{}", all_output(&out));
 }
 
-// See: #12 item 12
 #[test]
 fn live_or_remote_holders_are_not_taken_over_and_unlock_needs_force() {
     let r = harness::redis(&[]);
@@ -591,7 +578,6 @@ fn live_or_remote_holders_are_not_taken_over_and_unlock_needs_force() {
     assert_eq!(lock_of(r.port), None);
 }
 
-// See: #12 item 8
 #[test]
 fn heal_repairs_binary_keys_and_values_and_the_rest_of_the_drift() {
     let r = harness::redis(&[]);
@@ -661,7 +647,6 @@ fn heal_repairs_binary_keys_and_values_and_the_rest_of_the_drift() {
     );
 }
 
-// See: #12 item 8
 #[test]
 fn import_reports_binary_entries_by_key_and_goes_on_with_allow_lossy() {
     let r = harness::redis(&[]);
@@ -704,7 +689,6 @@ fn import_reports_binary_entries_by_key_and_goes_on_with_allow_lossy() {
     assert!(!f.path().join("sites/bin.example.com.yaml").exists());
 }
 
-// See: #12 item 16
 #[test]
 fn rule_regexes_pcre_would_run_badly_are_refused() {
     for (regex, ok) in [
@@ -737,7 +721,7 @@ fn rule_regexes_pcre_would_run_badly_are_refused() {
     }
 }
 
-// See: #12 item 16 (snippets never carry the file's control characters)
+// Snippets never carry the file's control characters.
 #[test]
 fn snippets_escape_terminal_control_sequences() {
     let f = Fixture::with(&[(
@@ -754,7 +738,7 @@ fn snippets_escape_terminal_control_sequences() {
     );
 }
 
-// See: #12 item 16 (CRLF files keep their snippets clean)
+// CRLF files keep their snippets clean.
 #[test]
 fn crlf_files_show_no_stray_marks() {
     let f = Fixture::with(&[(

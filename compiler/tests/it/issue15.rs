@@ -1,4 +1,4 @@
-//! #15 items 1, 7, 8, 9 against real `redis-server`s (and mosquitto with
+//! Heal and sync gates, status, the audit trail and freezes against real `redis-server`s (and mosquitto with
 //! a real agent for `status`): heal and sync pass apply's gate when they
 //! move a target to another commit, repair at the target's own commit is
 //! free, `--dry-run` writes nothing; status verdicts and exit codes; the
@@ -133,7 +133,7 @@ fn refused_everywhere(f: &Fixture, port: u16, a: &str) {
     assert_eq!(meta(port)["commit"], a);
 }
 
-// See: #15 item 1 (a mass deletion: heal refuses exactly as apply; --force)
+// A mass deletion: heal refuses exactly as apply; --force.
 #[test]
 fn heal_refuses_a_mass_deletion_as_apply_does_and_force_is_honoured() {
     let r = harness::redis(&[]);
@@ -150,7 +150,7 @@ fn heal_refuses_a_mass_deletion_as_apply_does_and_force_is_honoured() {
     assert_eq!(out.status.code(), Some(0), "{}", both(&out));
 }
 
-// See: #15 item 1 (sync refuses the same move; --force)
+// Sync refuses the same move; --force.
 #[test]
 fn sync_refuses_a_mass_deletion_as_apply_does_and_force_is_honoured() {
     let r = harness::redis(&[]);
@@ -165,7 +165,7 @@ fn sync_refuses_a_mass_deletion_as_apply_does_and_force_is_honoured() {
     assert!(stderr(&out).contains("heal: no drift"), "{}", both(&out));
 }
 
-// See: #15 item 1 (repair back to the target's own commit is free)
+// Repair back to the target's own commit is free.
 #[test]
 fn repair_at_the_own_commit_passes_no_threshold() {
     let r = harness::redis(&[]);
@@ -187,7 +187,7 @@ fn repair_at_the_own_commit_passes_no_threshold() {
     assert_eq!(meta(r.port)["forced"], "false");
 }
 
-// See: #15 item 1 (`reconcile --once heal --dry-run` lists, writes nothing)
+// `reconcile --once heal --dry-run` lists, writes nothing.
 #[test]
 fn heal_dry_run_lists_the_drift_and_changes_nothing() {
     let r = harness::redis(&[]);
@@ -252,7 +252,7 @@ fn history(f: &Fixture) -> Vec<serde_json::Value> {
     serde_json::from_str(&stdout(&out)).unwrap()
 }
 
-// See: #15 item 8 (the audit trail after three applies)
+// The audit trail after three applies.
 #[test]
 fn history_records_each_apply_with_who_what_and_force() {
     let r = harness::redis(&[]);
@@ -360,7 +360,7 @@ const FREEZE: &str = "name: test\napply:\n  freeze:\n    - name: final\n      \
 const INSIDE: Option<&str> = Some("2020-12-25T12:00:00Z");
 const OUTSIDE: Option<&str> = Some("2020-12-26T06:00:00Z");
 
-// See: #15 item 9 (a freeze honoured by apply and reconcile, broken with --break-glass)
+// A freeze honoured by apply and reconcile, broken with --break-glass.
 #[test]
 fn a_freeze_is_honoured_and_broken_with_break_glass() {
     let r = harness::redis(&[]);
@@ -612,7 +612,7 @@ fn verdict(f: &Fixture, extra: &[&str]) -> (i32, serde_json::Value) {
     (out.status.code().unwrap(), v)
 }
 
-// See: #15 item 7 (`status --from redis`: 0, 2, 1 without a broker)
+// `status --from redis`: 0, 2, 1 without a broker.
 #[test]
 fn status_from_redis_is_ok_drift_or_offline() {
     let (r1, r2) = (harness::redis(&[]), harness::redis(&[]));
@@ -653,7 +653,7 @@ fn status_from_redis_is_ok_drift_or_offline() {
     );
 }
 
-// See: #15 item 7 (`status` over MQTT: 0, 2, 1 with a real agent)
+// `status` over MQTT: 0, 2, 1 with a real agent.
 #[test]
 fn status_over_mqtt_is_ok_drift_or_offline() {
     let r = harness::redis(&[]);

@@ -1,4 +1,5 @@
-//! Regression tests for #19 (what a new operator trips on).
+//! What a new operator trips on: errors that name the fix, help texts,
+//! warnings before refusals.
 
 use crate::util::{Fixture, edgeform, git, stderr, stdout};
 
@@ -22,7 +23,6 @@ fn live_commit(port: u16) -> String {
         .unwrap()
 }
 
-// See: #19 item 4
 #[test]
 fn a_folder_without_config_is_an_error_naming_repo() {
     let empty = Fixture::empty();
@@ -63,7 +63,6 @@ fn a_folder_without_config_is_an_error_naming_repo() {
     );
 }
 
-// See: #19 item 3
 #[test]
 fn apply_of_a_dirty_tree_is_refused_without_allow_dirty() {
     let r = harness::redis(&[]);
@@ -132,7 +131,6 @@ fn without_help(cmd: &clap::Command, path: &str, out: &mut Vec<String>) {
     }
 }
 
-// See: #19 item 8
 #[test]
 fn every_flag_of_every_subcommand_has_a_help_text() {
     use clap::CommandFactory as _;
@@ -143,7 +141,6 @@ fn every_flag_of_every_subcommand_has_a_help_text() {
     assert!(missing.is_empty(), "no help text: {missing:#?}");
 }
 
-// See: #19 item 8
 #[test]
 fn help_lists_exit_codes_and_repo_flags_are_global() {
     let f = Fixture::empty();
@@ -167,7 +164,6 @@ fn help_lists_exit_codes_and_repo_flags_are_global() {
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
 }
 
-// See: #19 item 8
 #[test]
 fn fmt_says_nothing_to_change_and_names_a_wrong_file() {
     let f = Fixture::with(&[]);
@@ -209,7 +205,6 @@ fn two_edges(up: u16, down: u16) -> Fixture {
     f
 }
 
-// See: #19 item 6
 #[test]
 fn reconcile_node_works_on_only_those_targets() {
     let r = harness::redis(&[]);
@@ -234,7 +229,6 @@ fn reconcile_node_works_on_only_those_targets() {
     );
 }
 
-// See: #19 item 6
 #[test]
 fn plan_warns_what_apply_would_refuse() {
     let r = harness::redis(&[]);
@@ -288,7 +282,6 @@ fn plan_warns_what_apply_would_refuse() {
     assert!(!stdout(&out).contains("warning"), "{}", stdout(&out));
 }
 
-// See: #19 item 6
 #[test]
 fn the_rollback_message_in_the_docs_is_the_real_one() {
     let message = compiler::push::plan::Refusal::Rollback {
@@ -307,7 +300,6 @@ fn the_rollback_message_in_the_docs_is_the_real_one() {
     );
 }
 
-// See: #19 item 2
 #[test]
 fn plan_adopts_identical_content_on_an_edge_without_manifest() {
     let r = harness::redis(&[]);
@@ -380,7 +372,6 @@ fn plan_adopts_identical_content_on_an_edge_without_manifest() {
     assert_eq!(managed, n);
 }
 
-// See: #19 item 8
 #[test]
 fn route_names_the_decision_before_explaining_it() {
     let repo = crate::util::example_repo();

@@ -1,4 +1,4 @@
-//! #18 item 1: the reference geo router (`router/`, nginx + Lua) against
+//! The reference geo router (`router/`, nginx + Lua) against
 //! `edgeform route --geo`, differentially, with real Redis, mosquitto, the
 //! router's agent (in process) and nginx.
 //!
@@ -436,7 +436,6 @@ fn geo_router_matches_route_geo_for_every_network() {
     drop(router);
 }
 
-// See: #18 item 3
 /// `edgeform route --vod ASSET` explains the placement from the revisions
 /// in the health snapshot: a newer forbidden replica does not exclude an
 /// older permitted one.
@@ -513,7 +512,6 @@ fn retain(broker: u16, topic: &str, payload: Vec<u8>) {
     let _ = client.disconnect();
 }
 
-// See: #18 item 4
 /// `edgeform route --health mqtt` takes the live snapshot from a real
 /// mosquitto (retained reports and statuses, as agents publish them), and
 /// `status` shows each node's zone.
@@ -628,7 +626,6 @@ fn route_reads_health_from_the_broker_and_status_shows_zones() {
     );
 }
 
-// See: #18 item 4
 #[test]
 fn status_shows_each_nodes_zone() {
     let broker = harness::mosquitto();
@@ -653,7 +650,7 @@ fn status_shows_each_nodes_zone() {
         ),
     ]);
     let out = edgeform(f.path(), &["status", "--format", "json"]);
-    // Neither target ever reported: the verdict is OFFLINE (#15 item 7).
+    // Neither target ever reported: the verdict is OFFLINE.
     assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
     let v: serde_json::Value = serde_json::from_str(&stdout(&out)).unwrap();
     assert_eq!(v["verdict"], "offline");

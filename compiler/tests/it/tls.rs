@@ -1,4 +1,4 @@
-//! TLS to an edge's Redis and Sentinel (#15 item 2), against real
+//! TLS to an edge's Redis and Sentinel, against real
 //! `redis-server` processes serving TLS with certificates made by
 //! `openssl` in the test (harness `Certs`). The servers keep a plain
 //! loopback port too, used here only to look at what was applied.
@@ -74,7 +74,6 @@ fn refused(out: &std::process::Output, port: u16, why: &str) {
     assert!(text.contains(why), "`{why}` not in:\n{text}");
 }
 
-// See: #15 item 2
 #[test]
 fn apply_over_tls_verifies_against_the_ca_file() {
     let certs = harness::Certs::new();
@@ -91,7 +90,6 @@ fn apply_over_tls_verifies_against_the_ca_file() {
     assert_eq!(meta(r.port)["generation"], "1");
 }
 
-// See: #15 item 2
 #[test]
 fn wrong_ca_is_refused_and_nothing_applied() {
     let certs = harness::Certs::new();
@@ -103,7 +101,6 @@ fn wrong_ca_is_refused_and_nothing_applied() {
     assert_eq!(dbsize(r.port), 0);
 }
 
-// See: #15 item 2
 #[test]
 fn expired_server_certificate_is_refused() {
     let certs = harness::Certs::expired();
@@ -114,7 +111,6 @@ fn expired_server_certificate_is_refused() {
     assert_eq!(dbsize(r.port), 0);
 }
 
-// See: #15 item 2
 #[test]
 fn unreadable_ca_file_is_named_and_nothing_applied() {
     let certs = harness::Certs::new();
@@ -129,7 +125,6 @@ fn unreadable_ca_file_is_named_and_nothing_applied() {
     assert_eq!(dbsize(r.port), 0);
 }
 
-// See: #15 item 2
 #[test]
 fn a_client_certificate_is_sent_when_the_server_requires_one() {
     let certs = harness::Certs::new();
@@ -155,7 +150,6 @@ fn a_client_certificate_is_sent_when_the_server_requires_one() {
     assert_eq!(meta(r.port)["generation"], "1");
 }
 
-// See: #15 item 2
 #[test]
 fn sentinel_over_tls_resolves_and_applies() {
     let certs = harness::Certs::new();
@@ -176,7 +170,6 @@ fn sentinel_over_tls_resolves_and_applies() {
     assert_eq!(meta(r.port)["generation"], "1");
 }
 
-// See: #15 item 2
 #[test]
 fn tls_without_rediss_is_a_located_error() {
     let f =
