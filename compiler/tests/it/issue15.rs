@@ -1,7 +1,6 @@
-//! Heal and sync gates, status, the audit trail and freezes against real `redis-server`s (and mosquitto with
-//! a real agent for `status`): heal and sync pass apply's gate when they
-//! move a target to another commit, repair at the target's own commit is
-//! free, `--dry-run` writes nothing; status verdicts and exit codes; the
+//! Against real `redis-server`s (and mosquitto with a real agent for
+//! `status`): heal and sync pass apply's gate when they move a target to
+//! another commit, repair at the target's own commit is free, `--dry-run` writes nothing; status verdicts and exit codes; the
 //! audit trail; freeze windows and `--break-glass`.
 
 use std::collections::BTreeMap;

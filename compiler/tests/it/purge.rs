@@ -452,9 +452,10 @@ fn calls(port: u16, command: &str) -> u64 {
         .map_or(0, |rest| rest.split(',').next().unwrap().parse().unwrap())
 }
 
-// `ROLE` and `SUBSCRIBE` go out together: a node whose URL names a replica is refused before anything is written
-// there, with and without --wait, even when that replica would accept
-// the write (`replica-read-only no`).
+// `ROLE` and `SUBSCRIBE` go out together: a node whose URL names a
+// replica is refused before anything is written there, with and without
+// --wait, even when that replica would accept the write
+// (`replica-read-only no`).
 #[test]
 fn a_replica_is_refused_before_anything_is_queued_there() {
     let master = harness::redis(&[]);
@@ -494,8 +495,9 @@ fn a_replica_is_refused_before_anything_is_queued_there() {
     assert!(queued(master.port, "cdn:purge:eu:edge-1").is_empty());
 }
 
-// Purge reads the config without the git status: a broken repository is still refused whole, with the same
-// file:line:col diagnostics as `check`, and nothing is queued.
+// Purge reads the config without the git status: a broken repository is
+// still refused whole, with the same file:line:col diagnostics as
+// `check`, and nothing is queued.
 #[test]
 fn a_broken_repository_queues_nothing_and_says_where() {
     let (r1, r2) = (harness::redis(&[]), harness::redis(&[]));
