@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The reference edge under load (#14 "Performance"): wrk against the edge
+# The reference edge under load (bench/RESULTS.md): wrk against the edge
 # serving cache HITs with the Lua access phase (documents cached per
 # worker) vs the same nginx.conf without it (access
 # phases removed, upstream fixed), same origin, same cache, one worker

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""How long one call of heal's server-side comparison blocks Redis at 1M sites (#16).
+"""How long one call of heal's server-side comparison blocks Redis at 1M sites.
 
 At 1,000,000 sites one edge holds ~1.79M managed keys (1.79 a site, as in bench/scale.py's
 repo), so each of the 256 manifest buckets (`edgeform:manifest:<bb>`) holds ~7,000 entries.

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Where a no-op heal's time goes inside Redis (#16), counted in instructions.
+"""Where a no-op heal's time goes inside Redis, counted in instructions.
 
 Wall time and CPU time are useless on a shared 2-core machine; callgrind's instruction
 counts are the same whatever else runs. Steps: one redis-server, the scale repository
@@ -198,7 +198,7 @@ def main() -> int:
         plain.cli("SAVE")
         vg = Server(work, True, "vg", plain.dir / "dump.rdb")
         servers.append(vg)
-        # The tree's COMPARE (HSCAN under a budget, #16): a budget above the manifest's size
+        # The tree's COMPARE (HSCAN under a budget): a budget above the manifest's size
         # covers all 256 buckets in one call; before, buckets 0..255.
         heal_args = ["edgeform:manifest:", "edgeform:manifest:buckets", str(10**9), "0", "0",
                      "0" * 32, "0"]

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Purge to N agents (#16): N redis-servers, one mosquitto, N edgeform-agents on loopback.
+"""Purge to N agents: N redis-servers, one mosquitto, N edgeform-agents on loopback.
 
 For each N in --edges (default 30 300): starts one redis-server per edge, one
 mosquitto broker every agent connects to (health, status, commands: the
@@ -13,7 +13,7 @@ Redis. Then:
     `edgeform purge --site example.com --url /a.mp4 --wait 30`, process start
     to the last node's result; each run must report 2 × N files removed.
 Prints p50/p90/p99/max per N.
-Goal (#16): p50 < 150 ms, p99 < 500 ms at N = 300; idle RSS < 15 MiB each.
+Goal: p50 < 150 ms, p99 < 500 ms at N = 300; idle RSS < 15 MiB each.
 
 Needs the release binaries (built here if missing):
     cargo build --release --locked -p compiler -p agent --bins

@@ -194,7 +194,7 @@ mod tests {
 
     // See: #19 item 2
     #[test]
-    fn issue19_item2_adopt_sorts_by_live_content() {
+    fn adopt_sorts_by_live_content() {
         let sites: Vec<(Arc<str>, Arc<str>)> = [("site:a", "1"), ("site:b", "2"), ("site:c", "3")]
             .iter()
             .map(|(k, v)| (Arc::from(*k), Arc::from(*v)))

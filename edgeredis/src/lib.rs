@@ -106,7 +106,7 @@ pub type Pushes = std::sync::Arc<dyn redis::aio::AsyncPushSender>;
 
 /// RESP3 when the connection takes push messages, else the default; never
 /// `CLIENT SETINFO` (two commands the server runs on every connection, for
-/// `CLIENT LIST` cosmetics: #16, a purge opens one connection per edge).
+/// `CLIENT LIST` cosmetics, and a purge opens one connection per edge).
 fn protocol(settings: RedisConnectionInfo, pushes: Option<&Pushes>) -> RedisConnectionInfo {
     let settings = settings.set_skip_set_lib_name();
     match pushes {
@@ -157,7 +157,7 @@ pub async fn master_with_pushes(
 
 /// Like [`master_with_pushes`], and subscribed to `channel`: the `ROLE`
 /// check and the `SUBSCRIBE` go out together, one round trip instead of
-/// two (`edgeform purge --wait`, #16). A SUBSCRIBE queues nothing, so the
+/// two (`edgeform purge --wait`). A SUBSCRIBE queues nothing, so the
 /// invariant holds: nothing is written before `ROLE` said master (the
 /// caller writes only once this returns).
 ///
@@ -530,9 +530,8 @@ mod tests {
         assert_eq!(s.username(), Some("edgeform"));
     }
 
-    // See: #15 item 2
     #[test]
-    fn r15_2_tls_block_rules() {
+    fn tls_needs_rediss_both_client_files_and_verification() {
         let tls = TlsFiles {
             ca_file: Some("/etc/ca.pem".into()),
             ..TlsFiles::default()
@@ -589,9 +588,8 @@ mod tests {
         assert!(!is_insecure("rediss://h:1"));
     }
 
-    // See: #15 item 2
     #[test]
-    fn r15_2_unreadable_file_is_named() {
+    fn an_unreadable_tls_file_is_named() {
         let tls = TlsFiles {
             ca_file: Some("/nonexistent/ca.pem".into()),
             ..TlsFiles::default()
@@ -605,9 +603,8 @@ mod tests {
         assert!(!line.contains('\n'));
     }
 
-    // See: #19 item 7
     #[test]
-    fn r19_7_one_line_names_each_cause_once() {
+    fn one_line_names_each_cause_once() {
         let e =
             anyhow::anyhow!("Connection refused (os error 111): Connection refused (os error 111)")
                 .context("connecting to redis://127.0.0.1:1");

@@ -434,9 +434,8 @@ fn without_an_anycast_section_it_says_so() {
     );
 }
 
-// See: #12 item 16
 #[test]
-fn issue12_item16_compressed_dump_truncated_before_its_first_record_is_an_error() {
+fn compressed_dump_truncated_before_its_first_record_is_an_error() {
     let f = repo();
     let raw = lopsided_bview();
     let gz = gzip(&raw);

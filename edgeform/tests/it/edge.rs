@@ -1,6 +1,6 @@
 //! The reference edge (`edge/`) against `edgeform explain`: the real nginx
 //! with its Lua module, in front of real loopback origins, fed by a real
-//! `edgeform apply` into a real Redis. See: #14.
+//! `edgeform apply` into a real Redis.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::{Read, Write};
@@ -677,9 +677,8 @@ fn compare(
     })
 }
 
-// See: #14 item 6
 #[test]
-fn r14_6_explain_equals_the_edge() {
+fn explain_equals_the_edge() {
     let s = setup(2);
     // The workers read the generation in their first 200 ms.
     std::thread::sleep(Duration::from_millis(400));
@@ -784,9 +783,8 @@ fn get_body(port: u16, host: &str, url: &str, headers: &[(&str, &str)]) -> (u16,
     (status, raw)
 }
 
-// See: #14 item 7
 #[test]
-fn r14_7_an_apply_changes_the_answer_within_a_second_without_reload() {
+fn an_apply_changes_the_answer_within_a_second_without_reload() {
     let s = setup(2);
     let port = s.edge.process.port;
     let london = [("X-Forwarded-For", "81.2.69.142")];
@@ -830,9 +828,9 @@ fn r14_7_an_apply_changes_the_answer_within_a_second_without_reload() {
     );
 }
 
-// See: #14 bad input
+// Bad documents.
 #[test]
-fn r14_bad_documents_fail_alone_and_are_logged_once_per_generation() {
+fn bad_documents_fail_alone_and_are_logged_once_per_generation() {
     let s = setup(1);
     let port = s.edge.process.port;
     let mut con = redis::Client::open(format!("redis://127.0.0.1:{}", s.redis.port))
@@ -888,9 +886,9 @@ fn r14_bad_documents_fail_alone_and_are_logged_once_per_generation() {
     }
 }
 
-// See: #14 item 2 (rate_mode and the challenge)
+// `rate_mode` and the challenge.
 #[test]
-fn r14_2_rate_limits_and_the_challenge() {
+fn rate_limits_cors_and_the_challenge_cookie() {
     let s = setup(1);
     let port = s.edge.process.port;
     std::thread::sleep(Duration::from_millis(300));
@@ -1025,9 +1023,9 @@ fn r14_2_rate_limits_and_the_challenge() {
     assert_eq!(get(port, "strict.test", "/", &elsewhere).status, 403);
 }
 
-// See: #14 item 4 (Redis down: last known documents)
+// Redis down: last known documents.
 #[test]
-fn r14_4_redis_down_serves_the_last_known_documents() {
+fn redis_down_serves_the_last_known_documents() {
     let mut s = setup(1);
     let port = s.edge.process.port;
     std::thread::sleep(Duration::from_millis(300));
@@ -1046,9 +1044,9 @@ fn r14_4_redis_down_serves_the_last_known_documents() {
     assert!(t.elapsed() < Duration::from_secs(1), "{:?}", t.elapsed());
 }
 
-// See: #14 item 7 (the Lua gate) and item 1 (nginx -t in a scratch prefix)
+// The Lua gate, and nginx -t in a scratch prefix.
 #[test]
-fn r14_7_lua_gate_and_nginx_t() {
+fn lua_gate_names_a_broken_file_that_nginx_t_passes() {
     let root = harness::nginx::repo_root();
     let gate = root.join("scripts/lua-gate");
     let ok = std::process::Command::new(&gate)
@@ -1139,9 +1137,8 @@ fn api(port: u16, path: &str, token: Option<&str>) -> (u16, Option<String>, Stri
     (status, etag, body)
 }
 
-// See: #14 item 8
 #[test]
-fn r14_8_serve_answers_what_build_gives_the_node() {
+fn serve_answers_what_build_gives_the_node() {
     let s = setup(1);
     let commit = s.repo.commit("sites");
     let api_server = serve(s.repo.path());
@@ -1212,9 +1209,9 @@ fn r14_8_serve_answers_what_build_gives_the_node() {
     assert!(body.contains(r#""cached":false"#), "{body}");
 }
 
-// See: #14 item 4 (Redis miss → API; API down → a defined error in time)
+// Redis miss → API; API down → a defined error in time.
 #[test]
-fn r14_4_a_redis_miss_asks_the_api_and_an_api_outage_is_a_fast_error() {
+fn a_redis_miss_asks_the_api_and_an_api_outage_is_a_fast_error() {
     let redis = harness::redis(&[]);
     let a = origin();
     let repo = Fixture::empty();
@@ -1288,9 +1285,8 @@ pub(super) fn start_agent(redis: u16, cache: &Path) -> Agent {
     ))
 }
 
-// See: #14 item 9
 #[test]
-fn r14_9_purge_through_the_edges_real_cache() {
+fn purge_through_the_edges_real_cache() {
     let s = setup(1);
     let port = s.edge.process.port;
     std::thread::sleep(Duration::from_millis(300));
@@ -1356,9 +1352,9 @@ pub(super) fn walk(dir: &Path) -> Vec<std::path::PathBuf> {
     out
 }
 
-// See: #14 item 8 (TLS-capable)
+// TLS-capable.
 #[test]
-fn r14_8_serve_over_tls() {
+fn serve_answers_over_tls() {
     let repo = Fixture::with(&[]);
     repo.commit("base");
     let d = tempfile::tempdir().unwrap();
@@ -1416,9 +1412,9 @@ fn r14_8_serve_over_tls() {
     assert!(text.contains(r#""origin":"http://192.0.2.1""#), "{text}");
 }
 
-// See: #14 item 6 (the Lua address parser is Rust's, string for string)
+// The Lua address parser is Rust's, string for string.
 #[test]
-fn r14_6_lua_addresses_parse_as_rust_does() {
+fn lua_addresses_parse_as_rust_does() {
     let inputs = [
         "1.2.3.4",
         "01.2.3.4",

@@ -1,4 +1,4 @@
-//! The server-side heal of #16 against a real `redis-server`: each kind of
+//! The server-side heal against a real `redis-server`: each kind of
 //! drift is found by the comparison inside Redis (or, for a tampered
 //! manifest, sends heal to the full comparison) and repaired; a healthy
 //! target costs a few hundred bytes. Also the migration of a format-1
@@ -89,9 +89,9 @@ fn healthy(f: &Fixture) {
     );
 }
 
-// See: #16 (server-side heal: a changed value)
+// Server-side heal: a changed value.
 #[test]
-fn issue_16_a_changed_value_is_found_in_redis() {
+fn a_changed_value_is_found_in_redis() {
     let r = harness::redis(&[]);
     let f = applied(r.port);
     let log = heal(&f);
@@ -124,9 +124,9 @@ fn issue_16_a_changed_value_is_found_in_redis() {
     healthy(&f);
 }
 
-// See: #16 (server-side heal: a missing key)
+// Server-side heal: a missing key.
 #[test]
-fn issue_16_a_missing_key_is_found_in_redis() {
+fn a_missing_key_is_found_in_redis() {
     let r = harness::redis(&[]);
     let f = applied(r.port);
     run(
@@ -145,9 +145,9 @@ fn issue_16_a_missing_key_is_found_in_redis() {
     healthy(&f);
 }
 
-// See: #16 (server-side heal: unmanaged keys, counted in Redis)
+// Server-side heal: unmanaged keys, counted in Redis.
 #[test]
-fn issue_16_an_unmanaged_key_is_found_in_redis() {
+fn an_unmanaged_key_is_found_in_redis() {
     let r = harness::redis(&[]);
     let f = applied(r.port);
     run(r.port, &["SET", "site:rogue.example.com", "{}"]);
@@ -170,9 +170,9 @@ fn issue_16_an_unmanaged_key_is_found_in_redis() {
     healthy(&f);
 }
 
-// See: #16 (server-side heal: a tampered manifest, its digests, its meta)
+// Server-side heal: a tampered manifest, its digests, its meta.
 #[test]
-fn issue_16_a_tampered_manifest_is_found_in_redis() {
+fn a_tampered_manifest_is_found_in_redis() {
     let r = harness::redis(&[]);
     let f = applied(r.port);
     let bucket = format!(
@@ -220,9 +220,9 @@ fn issue_16_a_tampered_manifest_is_found_in_redis() {
     healthy(&f);
 }
 
-// See: #16 (a format-1 target is read the old way and rewritten)
+// A format-1 target is read the old way and rewritten.
 #[test]
-fn issue_16_a_format_1_target_is_migrated_by_the_first_apply() {
+fn a_format_1_target_is_migrated_by_the_first_apply() {
     let r = harness::redis(&[]);
     let f = applied(r.port);
     // Turn the target into what format 1 wrote: one manifest hash of
@@ -275,9 +275,9 @@ fn issue_16_a_format_1_target_is_migrated_by_the_first_apply() {
     healthy(&f);
 }
 
-// See: #16 (a no-op sync is one read of the meta per target: no lock)
+// A no-op sync is one read of the meta per target: no lock.
 #[test]
-fn issue_16_a_no_op_sync_reads_the_meta_without_the_lock() {
+fn a_no_op_sync_reads_the_meta_without_the_lock() {
     let r = harness::redis(&[]);
     let f = applied(r.port);
     // Another host holds the lock (not provably dead, never taken over).
@@ -400,10 +400,10 @@ impl Drop for Daemon {
     }
 }
 
-// See: #16 (the daemon's tracked heal: a healthy target costs one PING, and
-// each kind of drift written while it runs is still found and repaired)
+// The daemon's tracked heal: a healthy target costs one PING, and each
+// kind of drift written while it runs is still found and repaired.
 #[test]
-fn issue_16_the_daemons_tracked_heal_finds_each_kind_of_drift() {
+fn the_daemons_tracked_heal_finds_each_kind_of_drift() {
     let r = harness::redis(&[]);
     let f = applied(r.port);
     let d = Daemon::start(&f);
@@ -595,10 +595,10 @@ fn healthy_split(f: &Fixture) -> String {
     log
 }
 
-// See: #16 (server-side heal in bounded chunks: no call covers more than
-// its budget; a bucket bigger than the budget is split across calls)
+// Server-side heal in bounded chunks: no call covers more than its budget;
+// a bucket bigger than the budget is split across calls.
 #[test]
-fn issue_16_a_bucket_bigger_than_the_budget_is_split_across_calls() {
+fn a_bucket_bigger_than_the_budget_is_split_across_calls() {
     let r = harness::redis(&[LISTPACK]);
     let (f, _, _) = applied_big_bucket(r.port);
     let log = healthy_split(&f);
@@ -619,9 +619,9 @@ fn issue_16_a_bucket_bigger_than_the_budget_is_split_across_calls() {
     }
 }
 
-// See: #16 (each kind of drift inside a bucket split across calls)
+// Each kind of drift inside a bucket split across calls.
 #[test]
-fn issue_16_drift_in_a_split_bucket_is_found_in_redis() {
+fn drift_in_a_split_bucket_is_found_in_redis() {
     let r = harness::redis(&[LISTPACK]);
     let (f, _, big) = applied_big_bucket(r.port);
     healthy_split(&f);
@@ -663,9 +663,9 @@ fn issue_16_drift_in_a_split_bucket_is_found_in_redis() {
     healthy_split(&f);
 }
 
-// See: #16 (a tampered manifest bucket split across calls is found)
+// A tampered manifest bucket split across calls is found.
 #[test]
-fn issue_16_a_tampered_split_bucket_is_found_in_redis() {
+fn a_tampered_split_bucket_is_found_in_redis() {
     let r = harness::redis(&[LISTPACK]);
     let (f, bucket, big) = applied_big_bucket(r.port);
     let b = &bucket["edgeform:manifest:".len()..];
@@ -697,11 +697,11 @@ fn issue_16_a_tampered_split_bucket_is_found_in_redis() {
     }
 }
 
-// See: #16 (heal's calls run in chains over disjoint bucket ranges at
-// once: a target far away costs the longest chain's round trips, not the
-// sum of all calls)
+// Heal's calls run in chains over disjoint bucket ranges at once: a target
+// far away costs the longest chain's round trips, not the sum of all
+// calls.
 #[test]
-fn issue_16_the_comparison_walks_bucket_ranges_at_once() {
+fn the_comparison_walks_bucket_ranges_at_once() {
     let r = harness::redis(&[LISTPACK]);
     let (f, _, _) = applied_big_bucket(r.port);
     // The scripts loaded (a first call's NOSCRIPT is retried).

@@ -1,4 +1,4 @@
-//! Issue 17: role-keyed bundles and the SSH installer, against a real sshd
+//! Role-keyed bundles and the SSH installer, against a real sshd
 //! (harness::sshd) on loopback, a real Redis, and real nginx + Lua. Each
 //! node is its own root folder on this machine; its live nginx is the one
 //! `edgeform install` starts, stopped here by the pid in its run folder.

@@ -1,4 +1,4 @@
-//! Regression tests for #12 (hostile input), compiler side: special files
+//! Hostile input, compiler side: special files
 //! and links in the repository, secrets in URLs, origins as written,
 //! capped snippets.
 
@@ -35,9 +35,8 @@ fn codes_for(f: &Fixture, file: &str) -> Vec<&'static str> {
         .collect()
 }
 
-// See: #12 item 1
 #[test]
-fn issue12_item1_link_to_proc_environ_is_refused_and_never_printed() {
+fn link_to_proc_environ_is_refused_and_never_printed() {
     let f = Fixture::with(&[]);
     f.commit("base");
     symlink("/proc/self/environ", f.path().join("sites/env.yaml")).unwrap();
@@ -65,9 +64,8 @@ fn issue12_item1_link_to_proc_environ_is_refused_and_never_printed() {
     assert!(text.contains("sites/env.yaml"), "{text}");
 }
 
-// See: #12 item 1
 #[test]
-fn issue12_item1_link_to_an_outside_valid_site_is_refused() {
+fn link_to_an_outside_valid_site_is_refused() {
     let outside = tempfile::tempdir().unwrap();
     std::fs::write(
         outside.path().join("b.yaml"),
@@ -90,9 +88,8 @@ fn issue12_item1_link_to_an_outside_valid_site_is_refused() {
     assert_eq!(codes_for(&f, "cluster.yaml"), ["not-a-file"]);
 }
 
-// See: #12 item 1
 #[test]
-fn issue12_item1_symlinked_sites_folder_is_refused() {
+fn symlinked_sites_folder_is_refused() {
     let outside = tempfile::tempdir().unwrap();
     std::fs::write(
         outside.path().join("a.yaml"),
@@ -127,9 +124,8 @@ fn check_within(f: &Fixture) -> compiler::Checked {
         .expect("check hung on a special file")
 }
 
-// See: #12 item 1, item 9
 #[test]
-fn issue12_item9_fifo_and_dev_zero_are_refused_without_reading() {
+fn fifo_and_dev_zero_are_refused_without_reading() {
     let f = Fixture::with(&[]);
     let fifo = f.path().join("sites/f.yaml");
     let made = Command::new("mkfifo").arg(&fifo).status().unwrap();
@@ -171,9 +167,8 @@ fn issue12_item9_fifo_and_dev_zero_are_refused_without_reading() {
     }
 }
 
-// See: #12 item 9
 #[test]
-fn issue12_item9_a_file_over_the_size_cap_is_refused_unread() {
+fn a_file_over_the_size_cap_is_refused_unread() {
     let f = Fixture::with(&[]);
     let big = std::fs::File::create(f.path().join("sites/big.yaml")).unwrap();
     // Sparse: nothing is written, the length is past the cap.
@@ -182,9 +177,8 @@ fn issue12_item9_a_file_over_the_size_cap_is_refused_unread() {
     assert_eq!(codes_for(&f, "sites/big.yaml"), ["file-too-large"]);
 }
 
-// See: #12 item 1
 #[test]
-fn issue12_item1_committed_links_are_refused_with_rev() {
+fn committed_links_are_refused_with_rev() {
     let outside = tempfile::tempdir().unwrap();
     std::fs::write(
         outside.path().join("b.yaml"),
@@ -233,9 +227,8 @@ fn issue12_item1_committed_links_are_refused_with_rev() {
     let _ = git;
 }
 
-// See: #12 item 13
 #[test]
-fn issue12_item13_origins_with_control_characters_are_refused_at_their_position() {
+fn origins_with_control_characters_are_refused_at_their_position() {
     for (origin, what) in [
         (r#""http://203.0.113.10\r\n""#, "carriage return"),
         (r#""http://203.0.113.10\n""#, "line feed"),
@@ -273,9 +266,8 @@ fn issue12_item13_origins_with_control_characters_are_refused_at_their_position(
     }
 }
 
-// See: #12 item 13
 #[test]
-fn issue12_item13_redis_url_with_a_non_numeric_database_is_refused() {
+fn redis_url_with_a_non_numeric_database_is_refused() {
     let node = |url: &str| {
         format!(
             "name: edge-1\nroles: [edge]\nregion: eu\nlocation: {{lat: 52.0, lon: 4.0}}\n\
@@ -307,9 +299,8 @@ fn node_with_redis(redis: &str) -> String {
     )
 }
 
-// See: #12 item 5
 #[test]
-fn issue12_item5_secrets_in_redis_urls_and_sentinels_are_never_shown() {
+fn secrets_in_redis_urls_and_sentinels_are_never_shown() {
     let secret = "hunter2-s3cret";
     for redis in [
         format!("{{url: \"redis://10.0.0.5:6379?password={secret}\"}}"),
@@ -354,9 +345,8 @@ fn issue12_item5_secrets_in_redis_urls_and_sentinels_are_never_shown() {
     }
 }
 
-// See: #12 item 16
 #[test]
-fn issue12_item16_snippets_of_huge_values_are_capped() {
+fn snippets_of_huge_values_are_capped() {
     let huge = "a".repeat(5 << 20);
     for (file, at) in [
         (
@@ -383,9 +373,8 @@ fn issue12_item16_snippets_of_huge_values_are_capped() {
     }
 }
 
-// See: #12 item 16
 #[test]
-fn issue12_item16_long_line_snippet_points_at_the_real_column() {
+fn long_line_snippet_points_at_the_real_column() {
     let pad = "x".repeat(1000);
     let f = Fixture::with(&[(
         "sites/a.yaml",
@@ -397,9 +386,9 @@ fn issue12_item16_long_line_snippet_points_at_the_real_column() {
     assert!(text.lines().all(|l| l.chars().count() < 400), "{text}");
 }
 
-// See: #12 item 14 (and #19 item 5: usage errors exit 64)
+// Usage errors exit 64.
 #[test]
-fn issue12_item14_huge_numeric_flags_are_usage_errors_without_a_panic() {
+fn huge_numeric_flags_are_usage_errors_without_a_panic() {
     let f = Fixture::with(&[]);
     let huge = "18446744073709551615";
     for args in [
@@ -477,9 +466,8 @@ fn redis_repo(port: u16) -> Fixture {
     f
 }
 
-// See: #12 item 12
 #[test]
-fn issue12_item12_a_killed_applys_lock_is_taken_over_at_once() {
+fn a_killed_applys_lock_is_taken_over_at_once() {
     let r = harness::redis(&[]);
     let f = redis_repo(r.port);
     // A real apply that stops while holding the lock (test hook), killed
@@ -523,7 +511,7 @@ fn issue12_item12_a_killed_applys_lock_is_taken_over_at_once() {
     assert_eq!(generation, "1");
 
     // The same once the killed process is reaped (no such pid). A change
-    // (a no-op apply answers from the meta without taking the lock, #16).
+    // (a no-op apply answers from the meta without taking the lock).
     f.write(
         "sites/s99999.yaml",
         b"host: s99999.example.com\norigin: http://192.0.2.9\n",
@@ -547,9 +535,8 @@ fn issue12_item12_a_killed_applys_lock_is_taken_over_at_once() {
     assert_eq!(out.status.code(), Some(0), "{}", all_output(&out));
 }
 
-// See: #12 item 12
 #[test]
-fn issue12_item12_live_or_remote_holders_are_not_taken_over_and_unlock_needs_force() {
+fn live_or_remote_holders_are_not_taken_over_and_unlock_needs_force() {
     let r = harness::redis(&[]);
     let f = redis_repo(r.port);
     // Another host: not provable.
@@ -591,9 +578,8 @@ fn issue12_item12_live_or_remote_holders_are_not_taken_over_and_unlock_needs_for
     assert_eq!(lock_of(r.port), None);
 }
 
-// See: #12 item 8
 #[test]
-fn issue12_item8_heal_repairs_binary_keys_and_values_and_the_rest_of_the_drift() {
+fn heal_repairs_binary_keys_and_values_and_the_rest_of_the_drift() {
     let r = harness::redis(&[]);
     let f = redis_repo(r.port);
     f.write(
@@ -661,9 +647,8 @@ fn issue12_item8_heal_repairs_binary_keys_and_values_and_the_rest_of_the_drift()
     );
 }
 
-// See: #12 item 8
 #[test]
-fn issue12_item8_import_reports_binary_entries_by_key_and_goes_on_with_allow_lossy() {
+fn import_reports_binary_entries_by_key_and_goes_on_with_allow_lossy() {
     let r = harness::redis(&[]);
     let f = Fixture::empty();
     f.write_all(&BASE[1..]);
@@ -704,9 +689,8 @@ fn issue12_item8_import_reports_binary_entries_by_key_and_goes_on_with_allow_los
     assert!(!f.path().join("sites/bin.example.com.yaml").exists());
 }
 
-// See: #12 item 16
 #[test]
-fn issue12_item16_rule_regexes_pcre_would_run_badly_are_refused() {
+fn rule_regexes_pcre_would_run_badly_are_refused() {
     for (regex, ok) in [
         (r"^(a+)+$", false),
         (r"(a|a)*", false),
@@ -737,9 +721,9 @@ fn issue12_item16_rule_regexes_pcre_would_run_badly_are_refused() {
     }
 }
 
-// See: #12 item 16 (snippets never carry the file's control characters)
+// Snippets never carry the file's control characters.
 #[test]
-fn issue12_item16_snippets_escape_terminal_control_sequences() {
+fn snippets_escape_terminal_control_sequences() {
     let f = Fixture::with(&[(
         "sites/a.yaml",
         "host: a.example.com\norigin: http://192.0.2.1\n# \u{1b}]0;pwned\u{7}\u{1b}[2J\u{9b}31m\ncached: yes\n",
@@ -754,9 +738,9 @@ fn issue12_item16_snippets_escape_terminal_control_sequences() {
     );
 }
 
-// See: #12 item 16 (CRLF files keep their snippets clean)
+// CRLF files keep their snippets clean.
 #[test]
-fn issue12_item16_crlf_files_show_no_stray_marks() {
+fn crlf_files_show_no_stray_marks() {
     let f = Fixture::with(&[(
         "sites/a.yaml",
         "host: a.example.com\r\norigin: http://192.0.2.1\r\ncached: yes\r\n",

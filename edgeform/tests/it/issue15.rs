@@ -1,7 +1,6 @@
-//! #15 items 1, 7, 8, 9 against real `redis-server`s (and mosquitto with
-//! a real agent for `status`): heal and sync pass apply's gate when they
-//! move a target to another commit, repair at the target's own commit is
-//! free, `--dry-run` writes nothing; status verdicts and exit codes; the
+//! Against real `redis-server`s (and mosquitto with a real agent for
+//! `status`): heal and sync pass apply's gate when they move a target to
+//! another commit, repair at the target's own commit is free, `--dry-run` writes nothing; status verdicts and exit codes; the
 //! audit trail; freeze windows and `--break-glass`.
 
 use std::collections::BTreeMap;
@@ -133,9 +132,9 @@ fn refused_everywhere(f: &Fixture, port: u16, a: &str) {
     assert_eq!(meta(port)["commit"], a);
 }
 
-// See: #15 item 1 (a mass deletion: heal refuses exactly as apply; --force)
+// A mass deletion: heal refuses exactly as apply; --force.
 #[test]
-fn issue_15_heal_refuses_a_mass_deletion_as_apply_does_and_force_is_honoured() {
+fn heal_refuses_a_mass_deletion_as_apply_does_and_force_is_honoured() {
     let r = harness::redis(&[]);
     let (f, a, b) = mass_deletion(r.port);
     refused_everywhere(&f, r.port, &a);
@@ -150,9 +149,9 @@ fn issue_15_heal_refuses_a_mass_deletion_as_apply_does_and_force_is_honoured() {
     assert_eq!(out.status.code(), Some(0), "{}", both(&out));
 }
 
-// See: #15 item 1 (sync refuses the same move; --force)
+// Sync refuses the same move; --force.
 #[test]
-fn issue_15_sync_refuses_a_mass_deletion_as_apply_does_and_force_is_honoured() {
+fn sync_refuses_a_mass_deletion_as_apply_does_and_force_is_honoured() {
     let r = harness::redis(&[]);
     let (f, a, b) = mass_deletion(r.port);
     refused_everywhere(&f, r.port, &a);
@@ -165,9 +164,9 @@ fn issue_15_sync_refuses_a_mass_deletion_as_apply_does_and_force_is_honoured() {
     assert!(stderr(&out).contains("heal: no drift"), "{}", both(&out));
 }
 
-// See: #15 item 1 (repair back to the target's own commit is free)
+// Repair back to the target's own commit is free.
 #[test]
-fn issue_15_repair_at_the_own_commit_passes_no_threshold() {
+fn repair_at_the_own_commit_passes_no_threshold() {
     let r = harness::redis(&[]);
     let (f, a) = applied(r.port, 300);
     // 200 of 301 documents deleted by hand: far over every threshold,
@@ -187,9 +186,9 @@ fn issue_15_repair_at_the_own_commit_passes_no_threshold() {
     assert_eq!(meta(r.port)["forced"], "false");
 }
 
-// See: #15 item 1 (`reconcile --once heal --dry-run` lists, writes nothing)
+// `reconcile --once heal --dry-run` lists, writes nothing.
 #[test]
-fn issue_15_heal_dry_run_lists_the_drift_and_changes_nothing() {
+fn heal_dry_run_lists_the_drift_and_changes_nothing() {
     let r = harness::redis(&[]);
     let (f, _) = applied(r.port, 20);
     let mut c = con(r.port);
@@ -252,9 +251,9 @@ fn history(f: &Fixture) -> Vec<serde_json::Value> {
     serde_json::from_str(&stdout(&out)).unwrap()
 }
 
-// See: #15 item 8 (the audit trail after three applies)
+// The audit trail after three applies.
 #[test]
-fn issue_15_history_after_three_applies() {
+fn history_records_each_apply_with_who_what_and_force() {
     let r = harness::redis(&[]);
     let (f, a) = applied(r.port, 20);
     site(&f, 1, "http://192.0.2.2");
@@ -360,9 +359,9 @@ const FREEZE: &str = "name: test\napply:\n  freeze:\n    - name: final\n      \
 const INSIDE: Option<&str> = Some("2020-12-25T12:00:00Z");
 const OUTSIDE: Option<&str> = Some("2020-12-26T06:00:00Z");
 
-// See: #15 item 9 (a freeze honoured by apply and reconcile, broken with --break-glass)
+// A freeze honoured by apply and reconcile, broken with --break-glass.
 #[test]
-fn issue_15_a_freeze_is_honoured_and_broken_with_break_glass() {
+fn a_freeze_is_honoured_and_broken_with_break_glass() {
     let r = harness::redis(&[]);
     let (f, a) = repo(r.port, 20, FREEZE);
     // Outside the window (its end is exclusive): applied.
@@ -612,9 +611,9 @@ fn verdict(f: &Fixture, extra: &[&str]) -> (i32, serde_json::Value) {
     (out.status.code().unwrap(), v)
 }
 
-// See: #15 item 7 (`status --from redis`: 0, 2, 1 without a broker)
+// `status --from redis`: 0, 2, 1 without a broker.
 #[test]
-fn issue_15_status_from_redis_verdicts() {
+fn status_from_redis_is_ok_drift_or_offline() {
     let (r1, r2) = (harness::redis(&[]), harness::redis(&[]));
     let f = Fixture::empty();
     f.write("nodes/edge-1.yaml", edge("edge-1", r1.port).as_bytes());
@@ -653,9 +652,9 @@ fn issue_15_status_from_redis_verdicts() {
     );
 }
 
-// See: #15 item 7 (`status` over MQTT: 0, 2, 1 with a real agent)
+// `status` over MQTT: 0, 2, 1 with a real agent.
 #[test]
-fn issue_15_status_over_mqtt_verdicts() {
+fn status_over_mqtt_is_ok_drift_or_offline() {
     let r = harness::redis(&[]);
     let broker = harness::mosquitto();
     let f = Fixture::empty();

@@ -1,4 +1,5 @@
-//! Regression tests for #19 (what a new operator trips on).
+//! What a new operator trips on: errors that name the fix, help texts,
+//! warnings before refusals.
 
 use crate::util::{Fixture, edgeform, git, stderr, stdout};
 
@@ -22,9 +23,8 @@ fn live_commit(port: u16) -> String {
         .unwrap()
 }
 
-// See: #19 item 4
 #[test]
-fn issue19_item4_a_folder_without_config_is_an_error_naming_repo() {
+fn a_folder_without_config_is_an_error_naming_repo() {
     let empty = Fixture::empty();
     let sites = Fixture::with(&[]);
     for (dir, repo) in [(empty.path(), "."), (sites.path(), "sites")] {
@@ -63,9 +63,8 @@ fn issue19_item4_a_folder_without_config_is_an_error_naming_repo() {
     );
 }
 
-// See: #19 item 3
 #[test]
-fn issue19_item3_apply_of_a_dirty_tree_is_refused_without_allow_dirty() {
+fn apply_of_a_dirty_tree_is_refused_without_allow_dirty() {
     let r = harness::redis(&[]);
     let f = Fixture::with(&[]);
     f.write("nodes/edge-1.yaml", edge(r.port).as_bytes());
@@ -132,9 +131,8 @@ fn without_help(cmd: &clap::Command, path: &str, out: &mut Vec<String>) {
     }
 }
 
-// See: #19 item 8
 #[test]
-fn issue19_item8_every_flag_of_every_subcommand_has_a_help_text() {
+fn every_flag_of_every_subcommand_has_a_help_text() {
     use clap::CommandFactory as _;
     let mut cmd = edgeform::cli::Cli::command();
     cmd.build();
@@ -143,9 +141,8 @@ fn issue19_item8_every_flag_of_every_subcommand_has_a_help_text() {
     assert!(missing.is_empty(), "no help text: {missing:#?}");
 }
 
-// See: #19 item 8
 #[test]
-fn issue19_item8_exit_code_footer_and_global_flags() {
+fn help_lists_exit_codes_and_repo_flags_are_global() {
     let f = Fixture::empty();
     let help = stdout(&edgeform(f.path(), &["--help"]));
     for needle in ["(anycast)", "64 usage error", "2 changes pending"] {
@@ -167,9 +164,8 @@ fn issue19_item8_exit_code_footer_and_global_flags() {
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
 }
 
-// See: #19 item 8
 #[test]
-fn issue19_item8_fmt_says_nothing_to_change_and_names_a_wrong_file() {
+fn fmt_says_nothing_to_change_and_names_a_wrong_file() {
     let f = Fixture::with(&[]);
     assert_eq!(edgeform(f.path(), &["fmt"]).status.code(), Some(0));
     let out = edgeform(f.path(), &["fmt"]);
@@ -209,9 +205,8 @@ fn two_edges(up: u16, down: u16) -> Fixture {
     f
 }
 
-// See: #19 item 6
 #[test]
-fn issue19_item6_reconcile_node_works_on_only_those_targets() {
+fn reconcile_node_works_on_only_those_targets() {
     let r = harness::redis(&[]);
     let down = harness::free_port();
     let f = two_edges(r.port, down);
@@ -234,9 +229,8 @@ fn issue19_item6_reconcile_node_works_on_only_those_targets() {
     );
 }
 
-// See: #19 item 6
 #[test]
-fn issue19_item6_plan_warns_what_apply_would_refuse() {
+fn plan_warns_what_apply_would_refuse() {
     let r = harness::redis(&[]);
     let f = Fixture::empty();
     f.write("nodes/edge-1.yaml", edge(r.port).as_bytes());
@@ -288,9 +282,8 @@ fn issue19_item6_plan_warns_what_apply_would_refuse() {
     assert!(!stdout(&out).contains("warning"), "{}", stdout(&out));
 }
 
-// See: #19 item 6
 #[test]
-fn issue19_item6_the_rollback_message_in_the_docs_is_the_real_one() {
+fn the_rollback_message_in_the_docs_is_the_real_one() {
     let message = control::plan::Refusal::Rollback {
         live: "…".into(),
         desired: "…".into(),
@@ -307,9 +300,8 @@ fn issue19_item6_the_rollback_message_in_the_docs_is_the_real_one() {
     );
 }
 
-// See: #19 item 2
 #[test]
-fn issue19_item2_plan_adopts_identical_content_on_an_edge_without_manifest() {
+fn plan_adopts_identical_content_on_an_edge_without_manifest() {
     let r = harness::redis(&[]);
     let f = Fixture::with(&[(
         "sites/b.yaml",
@@ -380,9 +372,8 @@ fn issue19_item2_plan_adopts_identical_content_on_an_edge_without_manifest() {
     assert_eq!(managed, n);
 }
 
-// See: #19 item 8
 #[test]
-fn issue19_item8_route_names_the_decision_before_explaining_it() {
+fn route_names_the_decision_before_explaining_it() {
     let repo = crate::util::example_repo();
     let out = edgeform(&repo, &["route", "--ip", "10.2.77.9", "--stream", "cam1"]);
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));

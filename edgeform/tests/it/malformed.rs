@@ -720,7 +720,7 @@ fn github_annotations() {
     );
 }
 
-/// `regions` keeps the file's order (#16 made it a list): an unknown
+/// `regions` keeps the file's order (a list, not a set): an unknown
 /// region is located at its own name, not at the name in its sorted place.
 #[test]
 fn unknown_region_is_located_at_its_name() {

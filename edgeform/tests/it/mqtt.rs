@@ -24,7 +24,7 @@ fn start_agent(redis: u16, broker: u16, cache: &std::path::Path) -> Agent {
     ))
 }
 
-/// `status --format json`; its exit code must be its verdict's (#15 item 7).
+/// `status --format json`; its exit code must be its verdict's.
 fn status_json(f: &Fixture) -> serde_json::Value {
     let out = edgeform(f.path(), &["status", "--format", "json"]);
     let v: serde_json::Value =
@@ -249,13 +249,12 @@ fn forger(
     stop
 }
 
-// See: #12 item 3
 /// A node with no agent; another broker client answers its commands with
 /// a forged "ok". With a command key, `exec --wait` ignores the unsigned
 /// and the wrongly signed forgery (warning, escaped) and exits 1; without
 /// a key (unauthenticated, as documented) the output is printed escaped.
 #[test]
-fn r12_3_forged_results_are_not_accepted() {
+fn forged_results_are_not_accepted() {
     let broker = harness::mosquitto();
     let f = Fixture::with(&[
         ("nodes/edge-1.yaml", &*edge("edge-1", 1)),

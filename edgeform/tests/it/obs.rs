@@ -1,4 +1,5 @@
-//! Issue #15 items 5, 6, 10 on the control side, against real servers:
+//! Command keys, metrics and JSON logs on the control side, against real
+//! servers:
 //! `edgeform keygen` and `exec --signing-key` (real mosquitto, the agent
 //! library in-process), reconcile metrics (real Redis), JSON logs.
 
@@ -41,10 +42,10 @@ fn exec(dir: &Path, key: &Path, word: &str) -> std::process::Output {
         .unwrap()
 }
 
-// See: #15 item 5 (keygen, exec signing ed25519, results checked with the
-// node's result key; an openssl-made key works the same)
+// keygen, exec signing ed25519, results checked with the node's result
+// key; an openssl-made key works the same.
 #[test]
-fn r15_5_keygen_and_exec_with_an_ed25519_key() {
+fn exec_signs_with_an_ed25519_key_and_checks_the_nodes_result_key() {
     let r = harness::redis(&[]);
     let broker = harness::mosquitto();
     let f = Fixture::with(&[
@@ -212,10 +213,10 @@ fn http_get(port: u16, path: &str) -> String {
     out
 }
 
-// See: #15 item 6 (metrics scraped over HTTP and the textfile parsed, real
-// Redis; promtool) and item 10 (JSON log lines from edgeform)
+// Metrics scraped over HTTP and the textfile parsed (real Redis;
+// promtool), and JSON log lines from edgeform.
 #[test]
-fn r15_6_reconcile_metrics_textfile_and_http() {
+fn reconcile_metrics_over_http_and_textfile_and_json_logs() {
     let r = harness::redis(&[]);
     let (f, head) = sites_repo(20, r.port);
     let out = edgeform(f.path(), &["apply", "--yes"]);
@@ -290,7 +291,7 @@ fn r15_6_reconcile_metrics_textfile_and_http() {
     );
 
     // A lock wait: an apply of a new commit holds the target's lock for a
-    // while (a no-op apply takes no lock: #16), and the daemon's first sync
+    // while (a no-op apply takes no lock), and the daemon's first sync
     // of that commit waits for it.
     f.write(
         "sites/s99999.yaml",
@@ -421,10 +422,10 @@ fn expositions() -> String {
     format!("{}{}", c.encode(), a.encode())
 }
 
-// See: #15 item 6 (alert rules checked by promtool; the dashboard is valid
-// JSON and every metric it and the rules use exists)
+// Alert rules checked by promtool; the dashboard is valid JSON and every
+// metric it and the rules use exists.
 #[test]
-fn r15_6_alert_rules_and_dashboard() {
+fn alert_rules_pass_promtool_and_the_dashboard_uses_real_metrics() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
     let rules = root.join("packaging/prometheus/edgeform-alerts.yml");
     for args in [

@@ -1,4 +1,4 @@
-//! #15 items 3 and 4: `reconcile --pull` from a private repository over
+//! `reconcile --pull` from a private repository over
 //! SSH (a real `sshd` on a loopback port serving a bare repository; key
 //! file, `EDGEFORM_SSH_KEY`, ssh-agent; host keys checked against plain,
 //! `[host]:port` and hashed known_hosts files), and `--require-signed-by`

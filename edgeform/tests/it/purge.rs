@@ -178,7 +178,7 @@ fn bad_requests_queue_nothing() {
             "/x",
         ],
     );
-    // A usage error: EX_USAGE (#19 item 5), was clap's 2.
+    // A usage error: EX_USAGE (64), not clap's 2.
     assert_eq!(out.status.code(), Some(64));
     assert!(queued(r1.port, "cdn:purge:eu:edge-1").is_empty());
     assert!(queued(r2.port, "cdn:purge:us:edge-2").is_empty());
@@ -285,7 +285,7 @@ fn closed_port() -> u16 {
         .port()
 }
 
-// See: #16 (purge --wait to many agents: all at once, woken by the agents)
+// `purge --wait` to many agents: all at once, woken by the agents.
 #[test]
 fn wait_hears_every_real_agent_and_names_a_node_whose_redis_is_down() {
     let redises: Vec<harness::Process> = (0..3).map(|_| harness::redis(&[])).collect();
@@ -380,7 +380,7 @@ fn stand_in(
     })
 }
 
-// See: #16 (the announcement wakes the wait; the slow poll is the fallback)
+// The announcement wakes the wait; the slow poll is the fallback.
 #[test]
 fn wait_is_woken_by_the_announcement_and_polls_slowly_without_one() {
     let (r1, r2) = (harness::redis(&[]), harness::redis(&[]));
@@ -452,10 +452,10 @@ fn calls(port: u16, command: &str) -> u64 {
         .map_or(0, |rest| rest.split(',').next().unwrap().parse().unwrap())
 }
 
-// See: #16 (purge third pass: `ROLE` and `SUBSCRIBE` go out together) —
-// a node whose URL names a replica is refused before anything is written
-// there, with and without --wait, even when that replica would accept
-// the write (`replica-read-only no`).
+// `ROLE` and `SUBSCRIBE` go out together: a node whose URL names a
+// replica is refused before anything is written there, with and without
+// --wait, even when that replica would accept the write
+// (`replica-read-only no`).
 #[test]
 fn a_replica_is_refused_before_anything_is_queued_there() {
     let master = harness::redis(&[]);
@@ -495,9 +495,9 @@ fn a_replica_is_refused_before_anything_is_queued_there() {
     assert!(queued(master.port, "cdn:purge:eu:edge-1").is_empty());
 }
 
-// See: #16 (purge third pass: purge reads the config without the git
-// status) — a broken repository is still refused whole, with the same
-// file:line:col diagnostics as `check`, and nothing is queued.
+// Purge reads the config without the git status: a broken repository is
+// still refused whole, with the same file:line:col diagnostics as
+// `check`, and nothing is queued.
 #[test]
 fn a_broken_repository_queues_nothing_and_says_where() {
     let (r1, r2) = (harness::redis(&[]), harness::redis(&[]));

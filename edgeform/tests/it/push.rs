@@ -39,7 +39,7 @@ fn get(port: u16, key: &str) -> Option<String> {
     redis::cmd("GET").arg(key).query(&mut con(port)).unwrap()
 }
 
-/// Every key, the manifest's bucket hashes (format 2, #16) shown as the
+/// Every key, the manifest's bucket hashes (format 2) shown as the
 /// one `edgeform:manifest` they make up.
 fn keys(port: u16) -> Vec<String> {
     let mut k: Vec<String> = redis::cmd("KEYS").arg("*").query(&mut con(port)).unwrap();
@@ -67,7 +67,7 @@ fn repo(n: usize, port: u16) -> Fixture {
 }
 
 /// `apply --yes`; these tests change files between applies without
-/// committing each step, hence `--allow-dirty` (#19 item 3).
+/// committing each step, hence `--allow-dirty`.
 fn apply(f: &Fixture, extra: &[&str]) -> std::process::Output {
     let mut args = vec!["apply", "--yes", "--allow-dirty"];
     args.extend_from_slice(extra);
@@ -110,7 +110,7 @@ fn first_apply_then_noop_plan_then_prune() {
         get(r.port, "suspended:s00001.example.com").as_deref(),
         Some("1")
     );
-    // Format 2 (#16): the manifest in bucket hashes, 5 entries in all.
+    // Format 2: the manifest in bucket hashes, 5 entries in all.
     let buckets: BTreeMap<String, String> = redis::cmd("HGETALL")
         .arg("edgeform:manifest:buckets")
         .query(&mut con(r.port))
@@ -152,7 +152,7 @@ fn first_apply_then_noop_plan_then_prune() {
         keys(r.port),
         [
             "cdn:purge:eu:edge-1",
-            // The audit trail (#15 item 8).
+            // The audit trail.
             "edgeform:history",
             "edgeform:manifest",
             "edgeform:meta",
@@ -285,7 +285,7 @@ fn thresholds_refuse_mass_deletes_and_changes() {
         "{}",
         stdout(&out)
     );
-    // 21 documents, the manifest, the meta and the history (#15 item 8).
+    // 21 documents, the manifest, the meta and the history.
     assert_eq!(keys(r.port).len(), 24);
     assert_eq!(apply(&f, &["--force"]).status.code(), Some(0));
     assert_eq!(keys(r.port).len(), 18);

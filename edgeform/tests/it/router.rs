@@ -1,4 +1,4 @@
-//! #18 item 1: the reference geo router (`router/`, nginx + Lua) against
+//! The reference geo router (`router/`, nginx + Lua) against
 //! `edgeform route --geo`, differentially, with real Redis, mosquitto, the
 //! router's agent (in process) and nginx.
 //!
@@ -298,7 +298,7 @@ fn differential(
 }
 
 #[test]
-fn issue18_item1_geo_router_matches_route_geo_for_every_network() {
+fn geo_router_matches_route_geo_for_every_network() {
     let mut redis = harness::redis(&[]);
     let mut broker = harness::mosquitto();
     let f = repo(redis.port, broker.port);
@@ -436,12 +436,11 @@ fn issue18_item1_geo_router_matches_route_geo_for_every_network() {
     drop(router);
 }
 
-// See: #18 item 3
 /// `edgeform route --vod ASSET` explains the placement from the revisions
 /// in the health snapshot: a newer forbidden replica does not exclude an
 /// older permitted one.
 #[test]
-fn issue18_item3_route_vod_explains_the_placement() {
+fn route_vod_explains_the_placement() {
     let f = Fixture::with(&[
         ("zones/home.yaml", "name: home\nroutes: [10.2.0.0/16]\n"),
         ("zones/other.yaml", "name: other\nroutes: [10.1.0.0/16]\n"),
@@ -513,12 +512,11 @@ fn retain(broker: u16, topic: &str, payload: Vec<u8>) {
     let _ = client.disconnect();
 }
 
-// See: #18 item 4
 /// `edgeform route --health mqtt` takes the live snapshot from a real
 /// mosquitto (retained reports and statuses, as agents publish them), and
 /// `status` shows each node's zone.
 #[test]
-fn issue18_item4_route_health_from_the_broker_and_status_zones() {
+fn route_reads_health_from_the_broker_and_status_shows_zones() {
     let broker = harness::mosquitto();
     let edge = |name: &str, port: u16| {
         format!(
@@ -628,9 +626,8 @@ fn issue18_item4_route_health_from_the_broker_and_status_zones() {
     );
 }
 
-// See: #18 item 4
 #[test]
-fn issue18_item4_status_shows_zones() {
+fn status_shows_each_nodes_zone() {
     let broker = harness::mosquitto();
     let f = Fixture::with(&[
         (
@@ -653,7 +650,7 @@ fn issue18_item4_status_shows_zones() {
         ),
     ]);
     let out = edgeform(f.path(), &["status", "--format", "json"]);
-    // Neither target ever reported: the verdict is OFFLINE (#15 item 7).
+    // Neither target ever reported: the verdict is OFFLINE.
     assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
     let v: serde_json::Value = serde_json::from_str(&stdout(&out)).unwrap();
     assert_eq!(v["verdict"], "offline");

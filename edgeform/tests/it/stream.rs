@@ -1,4 +1,4 @@
-//! #18 item 2: a router's `stream {}` block, as `build` renders it, run by
+//! A router's `stream {}` block, as `build` renders it, run by
 //! a real nginx (stream module only) in front of loopback TLS listeners,
 //! one per edge, each with its own self-signed certificate (CN = the
 //! edge's name).
@@ -142,9 +142,8 @@ fn chi_square(observed: &[usize], weights: &[u32]) -> f64 {
         .sum()
 }
 
-// See: #18 item 2
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn issue18_item2_stream_passthrough_follows_weights_and_skips_down_edges() {
+async fn stream_passthrough_follows_weights_and_skips_down_edges() {
     let f = repo();
     let checked = f.check();
     let config = checked.config.as_ref().expect("valid");

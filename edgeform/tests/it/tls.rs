@@ -1,4 +1,4 @@
-//! TLS to an edge's Redis and Sentinel (#15 item 2), against real
+//! TLS to an edge's Redis and Sentinel, against real
 //! `redis-server` processes serving TLS with certificates made by
 //! `openssl` in the test (harness `Certs`). The servers keep a plain
 //! loopback port too, used here only to look at what was applied.
@@ -74,9 +74,8 @@ fn refused(out: &std::process::Output, port: u16, why: &str) {
     assert!(text.contains(why), "`{why}` not in:\n{text}");
 }
 
-// See: #15 item 2
 #[test]
-fn r15_2_apply_over_tls_with_the_ca_file() {
+fn apply_over_tls_verifies_against_the_ca_file() {
     let certs = harness::Certs::new();
     let (r, tls) = harness::redis_tls(&certs, false);
     let f = repo(&url_tls(tls, &certs.file("ca.pem")));
@@ -91,9 +90,8 @@ fn r15_2_apply_over_tls_with_the_ca_file() {
     assert_eq!(meta(r.port)["generation"], "1");
 }
 
-// See: #15 item 2
 #[test]
-fn r15_2_wrong_ca_is_refused_and_nothing_applied() {
+fn wrong_ca_is_refused_and_nothing_applied() {
     let certs = harness::Certs::new();
     let other = harness::Certs::new();
     let (r, tls) = harness::redis_tls(&certs, false);
@@ -103,9 +101,8 @@ fn r15_2_wrong_ca_is_refused_and_nothing_applied() {
     assert_eq!(dbsize(r.port), 0);
 }
 
-// See: #15 item 2
 #[test]
-fn r15_2_expired_server_certificate_is_refused() {
+fn expired_server_certificate_is_refused() {
     let certs = harness::Certs::expired();
     let (r, tls) = harness::redis_tls(&certs, false);
     let f = repo(&url_tls(tls, &certs.file("ca.pem")));
@@ -114,9 +111,8 @@ fn r15_2_expired_server_certificate_is_refused() {
     assert_eq!(dbsize(r.port), 0);
 }
 
-// See: #15 item 2
 #[test]
-fn r15_2_unreadable_ca_file_is_named_and_nothing_applied() {
+fn unreadable_ca_file_is_named_and_nothing_applied() {
     let certs = harness::Certs::new();
     let (r, tls) = harness::redis_tls(&certs, false);
     let f = repo(&url_tls(tls, Path::new("/nonexistent/ca.pem")));
@@ -129,9 +125,8 @@ fn r15_2_unreadable_ca_file_is_named_and_nothing_applied() {
     assert_eq!(dbsize(r.port), 0);
 }
 
-// See: #15 item 2
 #[test]
-fn r15_2_client_certificate_when_the_server_requires_one() {
+fn a_client_certificate_is_sent_when_the_server_requires_one() {
     let certs = harness::Certs::new();
     let (r, tls) = harness::redis_tls(&certs, true);
     let f = repo(&url_tls(tls, &certs.file("ca.pem")));
@@ -155,9 +150,8 @@ fn r15_2_client_certificate_when_the_server_requires_one() {
     assert_eq!(meta(r.port)["generation"], "1");
 }
 
-// See: #15 item 2
 #[test]
-fn r15_2_sentinel_over_tls_resolves_and_applies() {
+fn sentinel_over_tls_resolves_and_applies() {
     let certs = harness::Certs::new();
     let (r, tls) = harness::redis_tls(&certs, false);
     let (_sentinel, sentinel_tls) = harness::sentinel_tls("edge-1", tls, &certs);
@@ -176,9 +170,8 @@ fn r15_2_sentinel_over_tls_resolves_and_applies() {
     assert_eq!(meta(r.port)["generation"], "1");
 }
 
-// See: #15 item 2
 #[test]
-fn r15_2_tls_without_rediss_is_a_located_error() {
+fn tls_without_rediss_is_a_located_error() {
     let f =
         repo("{url: \"redis://127.0.0.1:6379\", tls: {ca_file: /etc/ca.pem, cert_file: /c.pem}}");
     let out = edgeform(f.path(), &["check"]);
