@@ -1,4 +1,4 @@
-//! Wall-clock time for the freeze windows (#15 item 9): RFC 3339 parsing
+//! Wall-clock time for the freeze windows: RFC 3339 parsing
 //! (pure) and "now" (the one reader of the clock).
 //!
 //! The clock is moved only by an explicit `--now TIME` (drills, tests),

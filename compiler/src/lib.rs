@@ -67,7 +67,7 @@ pub fn check(repo: &load::Repo) -> Checked {
     // No file keeps its spanned tree (a file with a problem parses again
     // to locate it) and a site's raw value is dropped as soon as its
     // per-file rules have resolved it, in the same worker, so what stays
-    // is the text and the resolved config (#16).
+    // is the text and the resolved config.
     let (files, early): (Vec<parse::ParsedFile>, Vec<validate::Early>) =
         tracing::info_span!("parse").in_scope(|| {
             repo.sources

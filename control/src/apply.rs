@@ -266,7 +266,7 @@ pub async fn apply(
 /// commit are the desired ones, format 2) is reported unchanged from one
 /// read of the meta, without taking the lock: a no-op writes nothing, and
 /// the meta is only ever written in the transaction that writes the
-/// documents, so what it says is a state that was committed whole (#16: a
+/// documents, so what it says is a state that was committed whole (a
 /// no-op sync costs one round trip per target, not lock + WATCH + unlock).
 /// `None` when anything differs or a check would refuse: then the locked
 /// path decides (and reports the refusal).
@@ -314,7 +314,7 @@ async fn read_meta(con: &mut MultiplexedConnection) -> Result<(Meta, bool)> {
 }
 
 /// `EDGEFORM_TEST_HOLD_LOCK_MS`: hold the lock this long before writing,
-/// so a test can kill an apply that holds it (#12 item 12). Unset in
+/// so a test can kill an apply that holds it. Unset in
 /// production.
 async fn hold_for_tests() {
     if let Some(ms) = std::env::var("EDGEFORM_TEST_HOLD_LOCK_MS")
@@ -485,7 +485,7 @@ pub(crate) struct Body<'a> {
     buckets: Option<Vec<u8>>,
     desired: &'a Desired,
     meta: Option<(&'a str, u64)>,
-    /// The audit record written with the meta (#15 item 8).
+    /// The audit record written with the meta.
     history: Option<super::audit::Entry>,
 }
 

@@ -1,4 +1,4 @@
-//! The audit trail (#15 item 8): who moved a target where. Every write
+//! The audit trail: who moved a target where. Every write
 //! transaction (apply, sync, heal) records `applied_by` (user@host),
 //! `forced` and the command in `edgeform:meta`, and pushes one
 //! [`Entry`] onto the target's capped `edgeform:history` list — in the

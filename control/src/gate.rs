@@ -1,4 +1,4 @@
-//! The gate (#15 items 1 and 9): whether a write may move a target,
+//! The gate: whether a write may move a target,
 //! decided **before** writing, for `apply`, `reconcile`'s sync and heal
 //! alike. Pure: what was read and the run's options in, a decision out.
 //!

@@ -3,7 +3,7 @@
 //! nobody manages (`site:*`/`suspended:*` written outside git: git is the
 //! source of truth), a tampered manifest.
 //!
-//! The comparison runs inside the target's Redis (#16): a Lua script,
+//! The comparison runs inside the target's Redis: a Lua script,
 //! called over bounded chunks of manifest entries (HSCAN under a budget of
 //! entries a call, a big bucket split across calls), hashes each value the
 //! manifest names and compares it with the manifest's hash, and recomputes
@@ -138,7 +138,7 @@ pub struct Healed {
 /// ARGV[4], HSCAN cursor ARGV[5]
 /// (`0`: the bucket's start), with ARGV[6]/ARGV[7] the digest (hex) and
 /// entry count of the part of that bucket earlier calls covered. A bucket
-/// bigger than the budget is so split across calls (#16: at 1M sites a
+/// bigger than the budget is so split across calls (at 1M sites a
 /// bucket holds ~7,000 entries); its digest is checked against
 /// `edgeform:manifest:buckets` (ARGV[2]) by the call that finishes it.
 /// Returns the keys that are missing, the keys whose value differs from
@@ -160,69 +160,7 @@ pub struct Healed {
 /// digest then cancels out of the XOR and its count is off by one, so the
 /// bucket reads as bad and heal compares everything — never a false
 /// "healthy".
-const COMPARE: &str = r"
-local prefix, index, budget = ARGV[1], ARGV[2], tonumber(ARGV[3])
-local b, cursor, carry, yn = tonumber(ARGV[4]), ARGV[5], ARGV[6], tonumber(ARGV[7])
-local stop = tonumber(ARGV[8])
-local call, sha1, sub, num, bxor, hex, fmt = redis.call, redis.sha1hex, string.sub, tonumber, bit.bxor, bit.tohex, string.format
-local missing, changed, bad = {}, {}, {}
-local y1, y2, y3, y4 = num(sub(carry, 1, 8), 16), num(sub(carry, 9, 16), 16), num(sub(carry, 17, 24), 16), num(sub(carry, 25, 32), 16)
-local x1, x2, x3, x4, n, done, steps = 0, 0, 0, 0, 0, 0, 0
-while b < stop and steps < 256 do
-  local bb = fmt('%02x', b)
-  local key = prefix .. bb
-  local want
-  local len = cursor == '0' and call('HLEN', key)
-  if len and done + len <= budget then
-    want = len + 1
-  elseif len and done > 0 then
-    break
-  else
-    want = budget - done - 16
-    if want < 1 then
-      if done > 0 then break end
-      want = 1
-    end
-  end
-  steps = steps + 1
-  local r = call('HSCAN', key, cursor, 'COUNT', want)
-  cursor = r[1]
-  local flat = r[2]
-  local count = #flat / 2
-  for s = 1, count, 500 do
-    local ks = {}
-    for i = s, math.min(s + 499, count) do ks[#ks + 1] = flat[2 * i - 1] end
-    local vs = call('MGET', unpack(ks))
-    for j = 1, #ks do
-      local k, h, v = ks[j], flat[2 * (s + j - 1)], vs[j]
-      if not v then
-        if call('EXISTS', k) == 1 then changed[#changed + 1] = k else missing[#missing + 1] = k end
-      elseif sha1(v) ~= h then
-        changed[#changed + 1] = k
-      end
-      local d = sha1(k .. '\0' .. h)
-      y1 = bxor(y1, num(sub(d, 1, 8), 16))
-      y2 = bxor(y2, num(sub(d, 9, 16), 16))
-      y3 = bxor(y3, num(sub(d, 17, 24), 16))
-      y4 = bxor(y4, num(sub(d, 25, 32), 16))
-    end
-  end
-  done = done + count
-  yn = yn + count
-  if cursor == '0' then
-    local value = hex(y1, 8) .. hex(y2, 8) .. hex(y3, 8) .. hex(y4, 8) .. ' ' .. fmt('%d', yn)
-    if call('HGET', index, bb) ~= value then
-      bad[#bad + 1] = b
-    end
-    x1, x2, x3, x4 = bxor(x1, y1), bxor(x2, y2), bxor(x3, y3), bxor(x4, y4)
-    n = n + yn
-    y1, y2, y3, y4, yn = 0, 0, 0, 0, 0
-    b = b + 1
-  end
-end
-return {missing, changed, bad, hex(x1, 8) .. hex(x2, 8) .. hex(x3, 8) .. hex(x4, 8), n,
-  b, cursor, hex(y1, 8) .. hex(y2, 8) .. hex(y3, 8) .. hex(y4, 8), yn, done}
-";
+const COMPARE: &str = include_str!("lua/heal_compare.lua");
 
 /// One SCAN step per document prefix inside Redis, each limited to its
 /// prefix (`MATCH`): ARGV[1] and ARGV[2] are the `site:*` and
@@ -230,19 +168,7 @@ return {missing, changed, bad, hex(x1, 8) .. hex(x2, 8) .. hex(x3, 8) .. hex(x4,
 /// COUNT of each. Returns both next cursors and how many keys they found —
 /// a count, not the keys. Heal never scans outside its prefixes (an ACL
 /// user's keys, docs/operations.md).
-const COUNT: &str = r"
-local out, n = {}, 0
-for i = 1, 2 do
-  if ARGV[i] == 'done' then
-    out[i] = 'done'
-  else
-    local r = redis.call('SCAN', ARGV[i], 'MATCH', ARGV[i + 3], 'COUNT', ARGV[3])
-    n = n + #r[2]
-    out[i] = r[1] == '0' and 'done' or r[1]
-  end
-end
-return {out[1], out[2], n}
-";
+const COUNT: &str = include_str!("lua/heal_count.lua");
 
 /// A [`COMPARE`] reply: missing keys, changed keys, bad buckets, the
 /// digest and entry count of the buckets the call finished, where to
@@ -266,7 +192,7 @@ type Compared = (
 /// a listpack bucket (which HSCAN returns whole) keeps the budget too;
 /// ~24.5 M redis-server instructions a call, 3.4–4.5 ms on this machine
 /// (a whole 7,000-entry bucket, 1M sites: 343.5 M; `bench/heal_buckets.py
-/// --callgrind`, README Performance).
+/// --callgrind`, bench/RESULTS.md).
 const PER_CALL: usize = 512;
 
 /// The per-call budget of [`COMPARE`]: [`PER_CALL`] entries, or
@@ -376,7 +302,7 @@ async fn heal_locked(
         healed.bytes += resp_len(&reply);
         let (meta, old): (BTreeMap<String, String>, bool) = redis::from_redis_value(reply)?;
         let meta = Meta::from_hash(&meta);
-        // Heal is repair, not rollout (#15 item 1): moving the target to
+        // Heal is repair, not rollout: moving the target to
         // another commit passes apply's checks first.
         if let Err(refusal) = gate(con, desired, options, &meta, ancestry).await? {
             if !options.dry_run {
@@ -628,7 +554,7 @@ async fn compare_in_redis(
     // CHAINS walks over disjoint bucket ranges, at once on this connection
     // (each call still bounded; Redis runs them one at a time), and the
     // document count beside them: the heal waits for the longest chain of
-    // round trips, not for their sum (#16: ~3,750 calls a target at 1M
+    // round trips, not for their sum (~3,750 calls a target at 1M
     // sites, each a WAN round trip). The first chain to find the manifest
     // wrong stops the others.
     let stop = Arc::new(AtomicBool::new(false));
@@ -944,7 +870,7 @@ async fn compare_everything(
     Ok((drift, (changes, unmanaged, true)))
 }
 
-/// The gate before a heal writes (#15 item 1): free when the target's
+/// The gate before a heal writes: free when the target's
 /// meta names the desired commit; otherwise the manifest is read as
 /// `apply` reads it and [`super::gate::decide`] judges the move. Called
 /// inside the heal's WATCH.

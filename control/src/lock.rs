@@ -205,8 +205,8 @@ pub(crate) fn hostname() -> String {
         .map_or_else(|_| "host".into(), |h| h.trim().to_owned())
 }
 
-const RELEASE: &str = "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) else return 0 end";
-const TAKE_OVER: &str = "if redis.call('GET', KEYS[1]) == ARGV[1] then redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3]) return 1 else return 0 end";
+const RELEASE: &str = include_str!("lua/lock_release.lua");
+const TAKE_OVER: &str = include_str!("lua/lock_take_over.lua");
 
 /// A held lock.
 pub struct Lock {
@@ -232,7 +232,7 @@ impl Lock {
         );
         let lease_ms = u64::try_from(lease.as_millis()).unwrap_or(u64::MAX);
         let start = Instant::now();
-        // Jittered (#15 item 10): appliers waiting on one lock retry apart.
+        // Jittered: appliers waiting on one lock retry apart.
         let mut pause = edgestate::backoff::Backoff::random(
             Duration::from_millis(20),
             Duration::from_millis(500),
@@ -358,7 +358,6 @@ mod tests {
         }
     }
 
-    // See: #12 item 12
     #[test]
     fn tokens_round_trip_and_old_tokens_parse() {
         let h = here();
@@ -369,7 +368,6 @@ mod tests {
         assert_eq!(Holder::parse("h1:x:1:2:3"), None);
     }
 
-    // See: #12 item 12
     #[test]
     fn only_a_provably_dead_holder_on_this_host_is_dead() {
         let me = here();

@@ -167,7 +167,7 @@ pub fn frozen(source: &Source) -> Option<Frozen> {
 }
 
 /// How one target's sync or heal ended: typed, so logs, exit codes and
-/// metrics count the same thing (#15 item 1).
+/// metrics count the same thing.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Ended {
     /// Nothing to do.

@@ -1,4 +1,4 @@
-//! Control-side metrics (#15 item 6): what the reconciler did to each
+//! Control-side metrics: what the reconciler did to each
 //! target, for Prometheus.
 //!
 //! One [`Metrics`] per process, made by the command line and handed down

@@ -145,7 +145,7 @@ pub enum Refusal {
         managed: usize,
         limit: u32,
     },
-    /// A `cluster.yaml` `apply.freeze` window is open (#15 item 9).
+    /// A `cluster.yaml` `apply.freeze` window is open.
     Frozen {
         window: String,
         until: String,

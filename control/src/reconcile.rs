@@ -272,7 +272,7 @@ pub async fn reconcile(
         Ok((load(root, p.rev.as_deref())?, p))
     };
     // The daemon's heals compare what each target's Redis reports written
-    // (#16); `--once` has no history to go on.
+    // (the tracked heal); `--once` has no history to go on.
     let tracker = once
         .is_none()
         .then(|| std::sync::Arc::new(super::track::Tracker::new(full_heal_every)));
@@ -319,7 +319,6 @@ pub async fn reconcile(
                     "reconcile: a freeze window is open; no target moves to another commit"
                 );
             }
-            // See: #19 item 6
             let jobs = match super::many::jobs(&source, &only) {
                 Ok(jobs) => jobs,
                 Err(e) => {
@@ -357,7 +356,7 @@ pub async fn reconcile(
             if refused { 1 } else { report.exit_code() }
         }
     };
-    // Metrics (#15 item 6): count the run, write the textfile.
+    // Metrics: count the run, write the textfile.
     let metrics = std::sync::Arc::clone(&flags.metrics);
     let run = |which: Once| {
         // From loading the repository (check and compile) to the last target.

@@ -46,13 +46,13 @@ pub struct Guard {
     pub commit: String,
     pub ancestor: std::sync::Arc<super::run::Ancestor>,
     pub thresholds: compiler::model::resolved::Thresholds,
-    /// The freeze window open now (#15 item 9): apply would refuse any
+    /// The freeze window open now: apply would refuse any
     /// target it moves to another commit.
     pub frozen: Option<super::gate::Frozen>,
 }
 
 impl Guard {
-    /// The refusal `apply` would give this target, if any. See: #19 item 6
+    /// The refusal `apply` would give this target, if any.
     #[must_use]
     pub fn refusal(&self, job: &Job, live: &Live, changes: &Changes) -> Option<plan::Refusal> {
         let relation = self.ancestor.relate(live.meta.commit.as_deref());
@@ -104,13 +104,13 @@ pub async fn plan_target(job: Job, show_diffs: bool, guard: &Guard) -> Result<Ta
         .instrument(tracing::info_span!("connect"))
         .await?;
     // Reads the meta only when live is in sync, the differing buckets
-    // otherwise (#16).
+    // otherwise.
     let live: Live = apply::read_live(&mut con, &job.desired)
         .instrument(tracing::info_span!("read_live"))
         .await?;
     let mut changes =
         tracing::info_span!("changes").in_scope(|| apply::live_changes(&job.desired, &live));
-    // See: #19 item 2. No manifest: compare content, not hashes.
+    // No manifest: compare content, not hashes.
     let mut adopted = Vec::new();
     if live.managed == 0 && !changes.added.is_empty() {
         let values = apply::get_values(&mut con, &changes.added)
@@ -192,7 +192,6 @@ mod tests {
     use super::*;
     use crate::state::Desired;
 
-    // See: #19 item 2
     #[test]
     fn adopt_sorts_by_live_content() {
         let sites: Vec<(Arc<str>, Arc<str>)> = [("site:a", "1"), ("site:b", "2"), ("site:c", "3")]

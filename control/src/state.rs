@@ -1,6 +1,6 @@
 //! What a target holds and what it should hold, as content hashes.
 //!
-//! Format 2 (#16): the manifest (managed key → SHA-1 hex of its value) is
+//! Format 2: the manifest (managed key → SHA-1 hex of its value) is
 //! split into 256 hashes `edgeform:manifest:<bb>` by [`keys::bucket`];
 //! `edgeform:manifest:buckets` holds each bucket's digest and count and
 //! the meta the whole manifest's digest, all written in the transaction

@@ -1,4 +1,4 @@
-//! The tracked heal (#16): the reconcile daemon keeps, per target, one
+//! The tracked heal: the reconcile daemon keeps, per target, one
 //! RESP3 connection with `CLIENT TRACKING on BCAST` over the managed
 //! prefixes, so the target's Redis itself tells the daemon every managed
 //! key written (by anyone: a hand edit, a restore, our own apply). A heal

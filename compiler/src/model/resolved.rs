@@ -102,7 +102,7 @@ pub struct Site {
     /// `None`: every region. As written in the file (in its order, so
     /// `regions[i]` locates the i-th name); a list, not a `BTreeSet`,
     /// whose node would cost ~300 bytes per site even for one region
-    /// (#16). Membership is all that is asked of it.
+    /// (at 1,000,000 sites). Membership is all that is asked of it.
     pub regions: Option<Box<[String]>>,
     /// The canonical JSON of the document (shared by host and aliases).
     pub doc: SiteDoc,

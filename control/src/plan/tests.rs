@@ -153,7 +153,7 @@ fn desired_digest_is_the_digest_of_the_same_live_manifest() {
     assert_eq!(d.summary().buckets.iter().map(|b| b.1).sum::<u32>(), 4);
 }
 
-// See: #16 (plan reads only the buckets that differ)
+// Plan reads only the buckets that differ
 #[test]
 fn only_differing_buckets_are_read_and_compared() {
     let all = keys(300);
@@ -186,7 +186,7 @@ fn only_differing_buckets_are_read_and_compared() {
     assert_eq!(differing_buckets(&d, &[]).len(), 256);
 }
 
-// See: #16 (a format-1 target is compared with its SHA-256 hashes)
+// A format-1 target is compared with its SHA-256 hashes
 #[test]
 fn a_format_1_manifest_is_compared_with_legacy_hashes() {
     let d = desired(&[("site:a", "1"), ("site:b", "2")], true);
