@@ -11,7 +11,9 @@
 //! - [`mqtt`]: the MQTT channel's topics, health report, commands, results;
 //! - [`cmdkey`]: ed25519 command keys and per-node result keys (#15);
 //! - [`untrusted`]: escaping text from outside before it is shown;
-//! - [`backoff`]: jittered reconnect backoff (pure; the caller seeds it).
+//! - [`backoff`]: jittered reconnect backoff (pure; the caller seeds it);
+//! - [`lua`]: the Lua tables of the edge and the geo router, generated
+//!   from the definitions here.
 //!
 //! **Architecture invariant:** this crate does no I/O and needs no runtime.
 //! Every type here serializes deterministically (structs with fixed field
@@ -23,6 +25,7 @@ pub mod cmdkey;
 pub mod edge;
 pub mod keys;
 pub mod lpm;
+pub mod lua;
 pub mod mqtt;
 pub mod purge;
 pub mod route;

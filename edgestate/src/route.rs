@@ -233,23 +233,30 @@ fn canonical(ip: IpAddr) -> IpAddr {
     }
 }
 
+/// [`stable_hash`]'s constants: FNV-1a's offset basis and prime, then
+/// SplitMix64's two finalizer multipliers.
+pub const HASH_OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
+pub const HASH_PRIME: u64 = 0x0100_0000_01b3;
+pub const HASH_MIX1: u64 = 0xbf58_476d_1ce4_e5b9;
+pub const HASH_MIX2: u64 = 0x94d0_49bb_1331_11eb;
+
 /// A stable 64-bit hash (FNV-1a, then a SplitMix finalizer): the same on
 /// every node and every version, unlike std's hasher.
 #[must_use]
 pub fn stable_hash(parts: &[&[u8]]) -> u64 {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    let mut h: u64 = HASH_OFFSET;
     for part in parts {
         for b in *part {
             h ^= u64::from(*b);
-            h = h.wrapping_mul(0x0100_0000_01b3);
+            h = h.wrapping_mul(HASH_PRIME);
         }
         h ^= 0xff;
-        h = h.wrapping_mul(0x0100_0000_01b3);
+        h = h.wrapping_mul(HASH_PRIME);
     }
     h ^= h >> 30;
-    h = h.wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    h = h.wrapping_mul(HASH_MIX1);
     h ^= h >> 27;
-    h = h.wrapping_mul(0x94d0_49bb_1331_11eb);
+    h = h.wrapping_mul(HASH_MIX2);
     h ^ (h >> 31)
 }
 
