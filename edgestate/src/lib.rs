@@ -32,6 +32,8 @@ pub mod route;
 pub mod routing;
 pub mod site;
 pub mod untrusted;
+#[cfg(test)]
+mod vectors;
 
 /// Version of the compiled format, written to `edgeform:meta` as `format`
 /// and into the routing table. Bump it when a reader must change.
