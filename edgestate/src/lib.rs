@@ -9,7 +9,7 @@
 //!   fields the seed's `cdn_router.lua` reads;
 //! - [`routing`]: the compiled routing table (`edgeform:routing`);
 //! - [`mqtt`]: the MQTT channel's topics, health report, commands, results;
-//! - [`cmdkey`]: ed25519 command keys and per-node result keys (#15);
+//! - [`cmdkey`]: ed25519 command keys and per-node result keys;
 //! - [`untrusted`]: escaping text from outside before it is shown;
 //! - [`backoff`]: jittered reconnect backoff (pure; the caller seeds it);
 //! - [`lua`]: the Lua tables of the edge and the geo router, generated
@@ -38,7 +38,7 @@ mod vectors;
 /// Version of the compiled format, written to `edgeform:meta` as `format`
 /// and into the routing table. Bump it when a reader must change.
 /// 2: the manifest split into 256 bucket hashes with per-bucket digests,
-/// SHA-1 content hashes, and the manifest's digest in the meta (#16).
+/// SHA-1 content hashes, and the manifest's digest in the meta.
 pub const FORMAT_VERSION: u32 = 2;
 
 /// `500ms`, `5s`, `15m`, `1h` → milliseconds: durations as every edgeform

@@ -219,7 +219,6 @@ mod tests {
 
     #[test]
     fn public_addresses_only_in_pools() {
-        // See: #18 item 2
         for private in [
             "10.2.0.5",
             "172.16.0.1",

@@ -9,7 +9,7 @@
 //! The fields that hold one of a few fixed words (the modes, a rule's
 //! `action` and `match_type`) are [`Word`]s: the compiler borrows the
 //! `&'static str` of its enums, so a million resolved sites do not carry
-//! ~10 small heap strings each (#16); a document read back from JSON owns
+//! ~10 small heap strings each; a document read back from JSON owns
 //! its words. Either way the JSON is the same.
 
 use std::borrow::Cow;
