@@ -29,11 +29,11 @@ local function opt(v)
 end
 
 -- nginx's $host for the well-formed Host values the Lua-side vectors use:
--- lower-case, without its port and one trailing dot (a Host nginx refuses
--- is a vector marked `"lua": "none"`).
+-- lower-case, from the first `:` removed, one trailing dot removed (a
+-- Host nginx refuses is a vector marked `"lua": "none"`).
 local function nginx_host(host)
   local h = string.lower(host)
-  if string.sub(h, 1, 1) ~= "[" then h = h:gsub(":[^:]*$", "") end
+  if string.sub(h, 1, 1) ~= "[" then h = h:gsub(":.*$", "") end
   return (h:gsub("%.$", ""))
 end
 
