@@ -105,6 +105,12 @@ pub fn edge_tables() -> String {
         edge::RATE_STRICT.0,
         edge::RATE_STRICT.1
     );
+    let statuses: Vec<String> = edge::REDIRECT_STATUSES.iter().map(u16::to_string).collect();
+    let _ = writeln!(
+        out,
+        "  -- The statuses an edge rule may redirect with.\n  REDIRECT_STATUSES = {{ {} }},",
+        statuses.join(", ")
+    );
     let _ = writeln!(
         out,
         "  -- Seconds a response the origin gives no freshness for is cached.\n  DEFAULT_TTL = {},",

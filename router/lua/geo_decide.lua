@@ -5,9 +5,10 @@
 -- location; edges within tie_km of the nearest are tied and chosen by
 -- rendezvous hash (edgestate::route::stable_hash: FNV-1a 64, then a
 -- SplitMix finalizer) of the client IP's text as Rust prints it, highest
--- (hash, name) wins. compiler/tests/it/router.rs checks, for every network
--- of MaxMind's test database, that this file and `edgeform route --geo`
--- choose the same edge.
+-- (hash, name) wins. Its constants come from geo_tables.lua (generated
+-- from the Rust); both sides run testdata/route/nearest.jsonl, and
+-- compiler/tests/it/router.rs checks, for every network of MaxMind's test
+-- database, that this file and `edgeform route --geo` choose the same edge.
 
 local bit = require "bit"
 local T = require "geo_tables"   -- generated from the Rust definitions

@@ -2,10 +2,14 @@
 //! document found for its host, the suspension flag and the client's
 //! country → a [`Decision`] with its reasons. No I/O.
 //!
-//! The reference edge's `edge/lua/cdn_router.lua` implements the very same
-//! rules; `edgeform explain` calls this module, and a differential test
-//! (`compiler/tests/it/edge.rs`) drives generated requests through the real
-//! nginx and compares every answer with this one. Change both together.
+//! The reference edge's `edge/lua/edge_decide.lua` implements the very same
+//! rules; `edgeform explain` calls this module. The constants both read
+//! (methods, WAF rules, hotlink extensions, rate limits, default TTL, the
+//! challenge's, [`reason`]) are generated into the Lua ([`crate::lua`]),
+//! both run the shared vectors (`testdata/edge/decide.jsonl`), and a
+//! differential test (`compiler/tests/it/edge.rs`) drives generated
+//! requests through the real nginx and compares every answer with this
+//! one. Change both together.
 //!
 //! Stateful parts are modelled so that both sides agree deterministically:
 //! the rate limit is assumed not exceeded (the decision for a client's
@@ -63,6 +67,8 @@ pub const HOTLINK_EXTENSIONS: [&str; 24] = [
 /// The WAF's rule for a method outside [`METHODS`] (first in the list of
 /// matches, as `X-Edgeform-Waf` names it).
 pub const WAF_BAD_METHOD: &str = "bad-method";
+/// The statuses an edge rule may redirect with.
+pub const REDIRECT_STATUSES: [u16; 4] = [301, 302, 307, 308];
 /// `rate_mode` limits: (requests per second, burst).
 pub const RATE_NORMAL: (u32, u32) = (20, 40);
 pub const RATE_STRICT: (u32, u32) = (5, 10);
@@ -499,7 +505,7 @@ impl Site {
             let field = format!("edge_rules[{i}]");
             let m = matcher(&field, &r.match_type, &r.match_value)?;
             let a = match (&*r.action, r.redirect_status) {
-                ("redirect", Some(s @ (301 | 302 | 307 | 308))) => EdgeAction::Redirect {
+                ("redirect", Some(s)) if REDIRECT_STATUSES.contains(&s) => EdgeAction::Redirect {
                     status: s,
                     to: r.redirect_to.clone(),
                 },

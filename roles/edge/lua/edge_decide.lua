@@ -1,6 +1,8 @@
 -- The per-request decision of the reference edge (docs/edge.md), the Lua
--- twin of edgestate::edge (Rust). Change both together: the differential
--- test (compiler/tests/it/edge.rs) compares them request by request.
+-- twin of edgestate::edge (Rust). Change both together: the tables come
+-- from edge_tables.lua (generated from the Rust), both sides run
+-- testdata/edge/decide.jsonl, and the differential test
+-- (compiler/tests/it/edge.rs) compares them request by request.
 -- No I/O: cdn_router.lua gathers the inputs and acts on the answer.
 
 local ip = require "edge_ip"
@@ -27,6 +29,8 @@ for i, rule in ipairs(T.WAF_RULES) do
   WAF_RULES[i] = { rule[1], needles }
 end
 local HOTLINK_EXT = T.HOTLINK_EXT
+local REDIRECT_STATUS = {}
+for _, st in ipairs(T.REDIRECT_STATUSES) do REDIRECT_STATUS[st] = true end
 
 -- ------------------------------------------------------------ documents
 
@@ -219,7 +223,7 @@ function _M.prepare(doc, null)
     m, err = matcher(field, r.match_type, r.match_value); if not m then return nil, err end
     local st = r.redirect_status ~= null and r.redirect_status or nil
     if r.action == "redirect" then
-      if st ~= 301 and st ~= 302 and st ~= 307 and st ~= 308 then
+      if not REDIRECT_STATUS[st] then
         return nil, field .. ": redirect needs redirect_status 301, 302, 307 or 308"
       end
       m.redirect = st

@@ -24,6 +24,8 @@ return {
   HOTLINK_EXT = { ".jpg", ".jpeg", ".png", ".gif", ".webp", ".avif", ".svg", ".ico", ".mp4", ".webm", ".m4v", ".mov", ".m3u8", ".ts", ".m4s", ".mpd", ".mp3", ".m4a", ".aac", ".ogg", ".woff", ".woff2", ".pdf", ".zip" },
   -- rate_mode limits: requests per second, burst.
   RATE = { normal = { 20, 40 }, strict = { 5, 10 } },
+  -- The statuses an edge rule may redirect with.
+  REDIRECT_STATUSES = { 301, 302, 307, 308 },
   -- Seconds a response the origin gives no freshness for is cached.
   DEFAULT_TTL = 600,
   -- The challenge: its cookie, the proof of work's zero bits, the longest
