@@ -49,7 +49,7 @@ pub fn done_channel(id: &str) -> String {
 /// The message a worker publishes on [`done_channel`] once its result is
 /// in [`done_key`]: the node's name, a newline, and the value it wrote
 /// there — so a waiter learns the result without reading the hash back
-/// (#16, one round trip less per node). The hash stays the record. Pure.
+/// (one round trip less per node). The hash stays the record. Pure.
 #[must_use]
 pub fn announcement(node: &str, value: &str) -> String {
     format!("{node}\n{value}")
@@ -232,9 +232,8 @@ mod tests {
         assert!(Job::parse(r#"{"grep":"a","rm":"-rf /"}"#).is_err());
     }
 
-    // See: #12 item 6, item 7
     #[test]
-    fn r12_6_7_bytes_too_big_or_not_utf8_fail_without_echo() {
+    fn bytes_too_big_or_not_utf8_fail_without_echo() {
         let big = format!(r#"{{"grep":"{}"}}"#, "a".repeat(MAX_JOB_BYTES));
         let e = Job::parse_bytes(big.as_bytes()).unwrap_err();
         assert!(
@@ -246,9 +245,8 @@ mod tests {
         assert!(Job::parse_bytes(br#"{"key":"k"}"#).is_ok());
     }
 
-    // See: #12 item 15
     #[test]
-    fn r12_15_patterns_matching_everything_need_all() {
+    fn patterns_matching_everything_need_all() {
         for p in ["", ".*", "KEY:", "KEY: ", "^KEY: http", "(?s).", "x*"] {
             let e = Job::grep_matcher(p, false).unwrap_err();
             assert!(e.contains("\"all\": true"), "{p}: {e}");
@@ -274,9 +272,9 @@ mod tests {
         );
     }
 
-    // See: #12 item 16 (one engine, one size limit, one verdict)
+    // One engine, one size limit, one verdict.
     #[test]
-    fn r12_16_one_verdict_for_huge_repetitions() {
+    fn one_verdict_for_huge_repetitions() {
         let e = matcher("a{1000}{1000}").unwrap_err();
         assert!(e.contains("size limit"), "{e}");
         assert!(Job::grep_matcher("a{1000}{1000}", true).is_err());
@@ -608,7 +606,7 @@ pub fn key_line_regex(template: &str, hosts: &[&str], uri_regex: &str) -> Result
 mod template_tests {
     use super::*;
 
-    // See: #16 (purge third pass: the announcement carries the result)
+    // The announcement carries the result.
     #[test]
     fn announcements_round_trip_and_bare_names_carry_nothing() {
         let m = announcement("edge-1", "2");
