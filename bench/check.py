@@ -4,7 +4,7 @@
     python3 bench/check.py [--runs 5] [--regen] [--dir .bench/synthetic]
     python3 bench/check.py --sites 1000000 --runs 3 [--bin before=PATH --bin after=PATH]
 
-1. `cargo build --release -p compiler` (skip with --no-build);
+1. `cargo build --release -p edgeform` (skip with --no-build);
 2. generates the synthetic repository with bench/gen_repo.py when the folder
    is missing, when --regen is given, or when it was generated with other
    parameters than asked for;
@@ -116,8 +116,8 @@ def die(msg: str, code: int = 1):
 
 def build() -> float:
     t = time.perf_counter()
-    print("bench: cargo build --release -p compiler", file=sys.stderr, flush=True)
-    p = subprocess.run(["cargo", "build", "--release", "-p", "compiler"], cwd=ROOT)
+    print("bench: cargo build --release -p edgeform", file=sys.stderr, flush=True)
+    p = subprocess.run(["cargo", "build", "--release", "-p", "edgeform"], cwd=ROOT)
     if p.returncode != 0:
         die("release build failed")
     return time.perf_counter() - t

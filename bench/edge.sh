@@ -12,7 +12,7 @@ cd "$(dirname "$0")/.."
 . scripts/lib.sh
 need_packages "${BUILD_PACKAGES[@]}" "${EDGE_PACKAGES[@]}" redis-server
 secs=${1:-10}; rounds=${2:-3}
-cargo build --release --quiet --locked -p compiler
+cargo build --release --quiet --locked -p edgeform
 work=$(mktemp -d)
 trap 'stop_servers; rm -rf "$work"' EXIT
 SERVER_DIR="$work"

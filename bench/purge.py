@@ -16,7 +16,7 @@ Prints p50/p90/p99/max per N.
 Goal: p50 < 150 ms, p99 < 500 ms at N = 300; idle RSS < 15 MiB each.
 
 Needs the release binaries (built here if missing):
-    cargo build --release --locked -p compiler -p agent --bins
+    cargo build --release --locked -p edgeform -p agent --bins
     cargo build --release --locked -p agent --example gen-cache   # or a debug one (target/debug/examples)
 
 Usage: python3 bench/purge.py [--edges 30 300] [--runs 50] [--settle 3] [--no-files]
@@ -223,7 +223,7 @@ def main() -> int:
                 raise SystemExit(f"--bin {b}: no {d / exe}")
         bins.append((label, d))
     if not (EF.exists() and AGENT.exists()) and any(d == RELEASE for _, d in bins):
-        subprocess.run(["cargo", "build", "--release", "--locked", "-p", "compiler", "-p", "agent", "--bins"],
+        subprocess.run(["cargo", "build", "--release", "--locked", "-p", "edgeform", "-p", "agent", "--bins"],
                        cwd=ROOT, check=True)
     # Any profile's gen-cache writes the same files (a debug one from `cargo test` will do).
     gen = next((g for g in (GEN, ROOT / "target" / "debug" / "examples" / "gen-cache") if g.exists()), GEN)
