@@ -860,8 +860,8 @@ fn check_cmd(
     let loaded = workspace::load(&cli.repo, cli.rev.as_deref())?.check();
     // Bundles (roles/): built and gated when the rest is valid.
     let bundles_ok = if loaded.config.is_some() {
-        match install::load_bundles(&loaded)? {
-            Some((roles, bundles)) => install::run_gates(&roles, &bundles, gates),
+        match ::install::node::load_bundles(&loaded)? {
+            Some((roles, bundles)) => ::install::node::run_gates(&roles, &bundles, &gates.set()),
             None => false,
         }
     } else {
@@ -924,13 +924,13 @@ fn build_cmd(cli: &Cli, out: &Path) -> Result<u8> {
     let Some(config) = valid_or_report(&checked) else {
         return Ok(1);
     };
-    let Some((_, bundles)) = install::load_bundles(&checked)? else {
+    let Some((_, bundles)) = ::install::node::load_bundles(&checked)? else {
         eprintln!("nothing was written");
         return Ok(1);
     };
     let compiled = compile::compile(config);
     let written = write_build(out, &compiled)?;
-    let bundles = install::write_bundles(out, &bundles, checked.repo.commit.as_deref())?;
+    let bundles = ::install::node::write_bundles(out, &bundles, checked.repo.commit.as_deref())?;
     eprintln!(
         "wrote {} target(s), {} router snippet(s) and {bundles} bundle(s) to {} ({written} files){}",
         compiled.targets.len(),
