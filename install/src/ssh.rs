@@ -22,7 +22,7 @@ use compiler::workspace;
 
 use crate::gate::Gate;
 use crate::node::{NodeBundle, load_bundles, run_gates, write_release};
-use crate::{Bundle, Install, MANIFEST, Manifest};
+use crate::{Bundle, Install, MANIFEST, Manifest, SmokeRequest};
 
 /// How ssh reaches the nodes.
 #[derive(Debug, Clone, Default)]
@@ -279,20 +279,29 @@ fn upload(r: &Remote<'_>, b: &NodeBundle, id: &str, commit: Option<&str>) -> Ste
 /// atomically; no secrets, an empty file. Whether it changed (the live
 /// server then restarts, as nginx reads its environment at start only).
 fn write_secrets(r: &Remote<'_>, text: &str) -> StepResult<bool> {
-    let root = q(&r.install.root);
-    let script = format!(
+    let out = r.must(Step::Secrets, &secrets_script(&r.install.root, text))?;
+    Ok(out.trim() == "changed")
+}
+
+/// [`write_secrets`]' script: prints `changed` or `same`. The here-document
+/// ends at a line no secret holds, so a value cannot end it early.
+fn secrets_script(root: &str, text: &str) -> String {
+    let root = q(root);
+    let mut end = "EDGEFORM_SECRETS_END".to_owned();
+    while text.lines().any(|l| l == end) {
+        end.push('_');
+    }
+    format!(
         "set -e
 umask 077
 mkdir -p {root}
-         cat > {root}/.secrets.env.new <<'EDGEFORM_SECRETS_END'
-{text}EDGEFORM_SECRETS_END
+         cat > {root}/.secrets.env.new <<'{end}'
+{text}{end}
          chmod 600 {root}/.secrets.env.new
          if cmp -s {root}/.secrets.env.new {root}/secrets.env; then rm -f {root}/.secrets.env.new; echo same;
          else mv -f {root}/.secrets.env.new {root}/secrets.env; echo changed; fi
 "
-    );
-    let out = r.must(Step::Secrets, &script)?;
-    Ok(out.trim() == "changed")
+    )
 }
 
 /// Shell lines that export the node's secrets to what is started next.
@@ -398,42 +407,8 @@ fn smoke(r: &Remote<'_>, b: &NodeBundle, listen: &str) -> StepResult<()> {
     let addr = local_address(listen);
     let mut bad = Vec::new();
     for s in &b.bundle.smoke {
-        let host = s
-            .host
-            .as_deref()
-            .map(|h| format!("-H {}", q(&format!("Host: {h}"))))
-            .unwrap_or_default();
-        let url = q(&format!("http://{addr}{}", s.path));
-        let (_, out, err) = r.run(
-            Step::Smoke,
-            &format!("curl -sS -m 5 {host} -w '\\n%{{http_code}}' {url} 2>&1\n"),
-        )?;
-        let (body, code) = out.rsplit_once('\n').unwrap_or(("", out.as_str()));
-        let code: u16 = code.trim().parse().unwrap_or(0);
-        let shown = format!(
-            "GET {}{}",
-            s.path,
-            s.host
-                .as_deref()
-                .map(|h| format!(" (Host: {h})"))
-                .unwrap_or_default()
-        );
-        if code != s.status {
-            bad.push(format!(
-                "{shown}: expected {}, got {}{}",
-                s.status,
-                code,
-                if code == 0 {
-                    format!(" ({})", one_line(&format!("{body}{err}")))
-                } else {
-                    String::new()
-                }
-            ));
-        } else if let Some(want) = &s.body
-            && !body.contains(want.as_str())
-        {
-            bad.push(format!("{shown}: body does not contain {want:?}"));
-        }
+        let (_, out, err) = r.run(Step::Smoke, &smoke_command(&addr, s))?;
+        bad.extend(smoke_mismatch(s, &out, &err));
     }
     if bad.is_empty() {
         Ok(())
@@ -442,16 +417,64 @@ fn smoke(r: &Remote<'_>, b: &NodeBundle, listen: &str) -> StepResult<()> {
     }
 }
 
+/// The node's shell command for one smoke request to `addr`: the body,
+/// then the status on the last line.
+fn smoke_command(addr: &str, s: &SmokeRequest) -> String {
+    let host = s
+        .host
+        .as_deref()
+        .map(|h| format!("-H {}", q(&format!("Host: {h}"))))
+        .unwrap_or_default();
+    let url = q(&format!("http://{addr}{}", s.path));
+    format!("curl -sS -m 5 {host} -w '\\n%{{http_code}}' {url} 2>&1\n")
+}
+
+/// How [`smoke_command`]'s output (`out`, `err`) differs from the request's
+/// expectation; `None`: as expected.
+fn smoke_mismatch(s: &SmokeRequest, out: &str, err: &str) -> Option<String> {
+    let (body, code) = out.rsplit_once('\n').unwrap_or(("", out));
+    let code: u16 = code.trim().parse().unwrap_or(0);
+    let shown = format!(
+        "GET {}{}",
+        s.path,
+        s.host
+            .as_deref()
+            .map(|h| format!(" (Host: {h})"))
+            .unwrap_or_default()
+    );
+    if code != s.status {
+        Some(format!(
+            "{shown}: expected {}, got {}{}",
+            s.status,
+            code,
+            if code == 0 {
+                format!(" ({})", one_line(&format!("{body}{err}")))
+            } else {
+                String::new()
+            }
+        ))
+    } else if let Some(want) = &s.body
+        && !body.contains(want.as_str())
+    {
+        Some(format!("{shown}: body does not contain {want:?}"))
+    } else {
+        None
+    }
+}
+
 fn switch(r: &Remote<'_>, target: &str) -> StepResult<()> {
-    let root = q(&r.install.root);
-    r.must(
-        Step::Switch,
-        &format!(
-            "set -e; cd {root}; ln -sfn {t} .current.new; mv -T .current.new current\n",
-            t = q(&format!("releases/{target}"))
-        ),
+    r.must(Step::Switch, &switch_script(&r.install.root, target))
+        .map(|_| ())
+}
+
+/// Point `<root>/current` at `releases/<target>`: a new link renamed over
+/// the old one, so `current` is never missing.
+fn switch_script(root: &str, target: &str) -> String {
+    format!(
+        "set -e; cd {root}; ln -sfn {t} .current.new; mv -T .current.new current\n",
+        root = q(root),
+        t = q(&format!("releases/{target}"))
     )
-    .map(|_| ())
 }
 
 /// Reload the live server (start it when it is not running); waits until
@@ -490,19 +513,28 @@ fn reload(r: &Remote<'_>, b: &NodeBundle, restart: bool) -> StepResult<()> {
 
 /// `install.restart_on_change`: the command of every changed file, once each.
 fn restart(r: &Remote<'_>, changed: &BTreeSet<String>) -> StepResult<()> {
-    let mut done = BTreeSet::new();
-    for (file, command) in &r.install.restart_on_change {
-        if changed.contains(file) && done.insert(command) {
-            r.must(Step::Restart, &format!("{command}\n"))
-                .map_err(|e| {
-                    fail(
-                        Step::Restart,
-                        format!("`{command}` ({file} changed): {}", e.message),
-                    )
-                })?;
-        }
+    for (file, command) in restarts(r.install, changed) {
+        r.must(Step::Restart, &format!("{command}\n"))
+            .map_err(|e| {
+                fail(
+                    Step::Restart,
+                    format!("`{command}` ({file} changed): {}", e.message),
+                )
+            })?;
     }
     Ok(())
+}
+
+/// The `restart_on_change` commands the changed files call for, each once
+/// (with the first changed file naming it), in file order.
+fn restarts<'a>(install: &'a Install, changed: &BTreeSet<String>) -> Vec<(&'a str, &'a str)> {
+    let mut done = BTreeSet::new();
+    install
+        .restart_on_change
+        .iter()
+        .filter(|(file, command)| changed.contains(*file) && done.insert(command.as_str()))
+        .map(|(file, command)| (file.as_str(), command.as_str()))
+        .collect()
 }
 
 fn releases(r: &Remote<'_>, step: Step) -> StepResult<(Vec<String>, Option<String>)> {
@@ -511,7 +543,13 @@ fn releases(r: &Remote<'_>, step: Step) -> StepResult<(Vec<String>, Option<Strin
         step,
         &format!("cd {root} && ls -1 releases; echo '--'; readlink current || true\n"),
     )?;
-    let (list, cur) = out.split_once("--\n").unwrap_or((&out, ""));
+    Ok(parse_releases(&out))
+}
+
+/// The releases (oldest first; unfinished `.part` uploads left out) and
+/// the one `current` points to, from `ls -1 releases; echo --; readlink current`.
+fn parse_releases(out: &str) -> (Vec<String>, Option<String>) {
+    let (list, cur) = out.split_once("--\n").unwrap_or((out, ""));
     let mut list: Vec<String> = list
         .lines()
         .filter(|l| l.starts_with('r') && !l.ends_with(".part"))
@@ -519,18 +557,38 @@ fn releases(r: &Remote<'_>, step: Step) -> StepResult<(Vec<String>, Option<Strin
         .collect();
     list.sort();
     let cur = cur.trim().strip_prefix("releases/").map(str::to_owned);
-    Ok((list, cur))
+    (list, cur)
+}
+
+/// The releases beyond the newest `keep` (never the current one).
+fn prunable<'a>(list: &'a [String], cur: Option<&str>, keep: usize) -> Vec<&'a str> {
+    let excess = list.len().saturating_sub(keep);
+    list.iter()
+        .take(excess)
+        .map(String::as_str)
+        .filter(|old| Some(*old) != cur)
+        .collect()
+}
+
+/// The release a rollback from `cur` returns to: the one before it.
+fn rollback_target(list: &[String], cur: Option<&str>) -> Result<String, String> {
+    let Some(cur) = cur else {
+        return Err("nothing is installed".to_owned());
+    };
+    let Some(pos) = list.iter().position(|x| *x == cur) else {
+        return Err(format!("current points to {cur}, which is not a release"));
+    };
+    pos.checked_sub(1)
+        .map(|p| list[p].clone())
+        .ok_or_else(|| format!("{cur} is the oldest release kept; nothing to return to"))
 }
 
 fn prune(r: &Remote<'_>, keep: usize) -> StepResult<usize> {
     let (list, cur) = releases(r, Step::Prune)?;
-    let mut gone = Vec::new();
-    let excess = list.len().saturating_sub(keep);
-    for old in list.iter().take(excess) {
-        if Some(old) != cur.as_ref() {
-            gone.push(q(&format!("{}/releases/{old}", r.install.root)));
-        }
-    }
+    let gone: Vec<String> = prunable(&list, cur.as_deref(), keep)
+        .into_iter()
+        .map(|old| q(&format!("{}/releases/{old}", r.install.root)))
+        .collect();
     if !gone.is_empty() {
         r.must(Step::Prune, &format!("rm -rf {}\n", gone.join(" ")))?;
     }
@@ -613,21 +671,8 @@ fn rollback_one(b: &NodeBundle, ssh: &Ssh) -> StepResult<String> {
     let r = Remote { install, ssh };
     connect(&r)?;
     let (list, cur) = releases(&r, Step::Rollback)?;
-    let Some(cur) = cur else {
-        return Err(fail(Step::Rollback, "nothing is installed"));
-    };
-    let Some(pos) = list.iter().position(|x| *x == cur) else {
-        return Err(fail(
-            Step::Rollback,
-            format!("current points to {cur}, which is not a release"),
-        ));
-    };
-    let Some(prev) = pos.checked_sub(1).map(|p| list[p].clone()) else {
-        return Err(fail(
-            Step::Rollback,
-            format!("{cur} is the oldest release kept; nothing to return to"),
-        ));
-    };
+    let prev = rollback_target(&list, cur.as_deref()).map_err(|e| fail(Step::Rollback, e))?;
+    let cur = cur.unwrap_or_default();
     switch(&r, &prev)?;
     if let Err(e) = reload(&r, b, false) {
         let _ = switch(&r, &cur);
@@ -869,4 +914,439 @@ fn select_for_plan<'a>(
     s: &Selection,
 ) -> Result<Vec<&'a NodeBundle>, String> {
     select(bundles, s)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::ffi::OsStr;
+    use std::os::unix::fs::PermissionsExt;
+
+    use super::*;
+    use crate::Instance;
+
+    /// Strings a remote shell must receive unchanged.
+    const AWKWARD: &[&str] = &[
+        "plain",
+        "",
+        "it's",
+        "'",
+        "''",
+        "$(touch pwned)",
+        "`touch pwned`",
+        "a b\tc",
+        "\"double\"",
+        "back\\slash",
+        "new\nline",
+        "semi; rm -rf /",
+        "$HOME ${HOME} *",
+    ];
+
+    fn sh(script: &str, cwd: &std::path::Path) -> std::process::Output {
+        Command::new("sh")
+            .arg("-c")
+            .arg(script)
+            .current_dir(cwd)
+            .output()
+            .expect("sh runs")
+    }
+
+    fn install_block(extra: serde_json::Value) -> Install {
+        let mut v = serde_json::json!({
+            "ssh": "edge-1.example.net:2222",
+            "user": "deploy",
+            "root": "/srv/edge form",
+            "listen": "0.0.0.0:80",
+            "smoke_listen": "127.0.0.1:8443",
+        });
+        if let (Some(o), Some(e)) = (v.as_object_mut(), extra.as_object()) {
+            o.extend(e.clone());
+        }
+        serde_json::from_value(v).expect("an install block")
+    }
+
+    fn node(name: &str, roles: &[&str], install: bool) -> NodeBundle {
+        let install = install.then(|| install_block(serde_json::json!({})));
+        let (live, candidate) = Instance::pair(install.as_ref());
+        let roles: Vec<String> = roles.iter().map(|r| (*r).to_owned()).collect();
+        NodeBundle {
+            name: name.to_owned(),
+            yaml: serde_json::json!({ "name": name }),
+            roles: roles.clone(),
+            install,
+            live,
+            candidate,
+            bundle: Bundle {
+                node: name.to_owned(),
+                roles,
+                files: Vec::new(),
+                smoke: Vec::new(),
+            },
+        }
+    }
+
+    fn names(v: &[&NodeBundle]) -> Vec<String> {
+        v.iter().map(|b| b.name.clone()).collect()
+    }
+
+    #[test]
+    fn quoted_words_reach_the_shell_unchanged() {
+        let d = tempfile::tempdir().unwrap();
+        for s in AWKWARD {
+            let o = sh(&format!("printf %s {}", q(s)), d.path());
+            assert!(o.status.success(), "{s:?}");
+            assert_eq!(String::from_utf8_lossy(&o.stdout), *s, "{s:?}");
+        }
+        assert!(!d.path().join("pwned").exists());
+        assert_eq!(q("it's"), r"'it'\''s'");
+    }
+
+    #[test]
+    fn ssh_refuses_unknown_host_keys_and_never_prompts() {
+        let install = install_block(serde_json::json!({}));
+        let ssh = Ssh {
+            known_hosts: Some(PathBuf::from("/etc/edge/known_hosts")),
+            identity: Some(PathBuf::from("/etc/edge/id_ed25519")),
+        };
+        let c = Remote {
+            install: &install,
+            ssh: &ssh,
+        }
+        .command("sh -s");
+        assert_eq!(c.get_program(), "ssh");
+        let args: Vec<&OsStr> = c.get_args().collect();
+        let has = |pair: [&str; 2]| {
+            args.windows(2)
+                .any(|w| w[0] == OsStr::new(pair[0]) && w[1] == OsStr::new(pair[1]))
+        };
+        assert!(has(["-p", "2222"]), "{args:?}");
+        assert!(has(["-o", "BatchMode=yes"]), "{args:?}");
+        assert!(has(["-o", "StrictHostKeyChecking=yes"]), "{args:?}");
+        assert!(has(["-i", "/etc/edge/id_ed25519"]), "{args:?}");
+        assert!(has(["-o", "IdentitiesOnly=yes"]), "{args:?}");
+        assert!(args.contains(&OsStr::new("-oUserKnownHostsFile=/etc/edge/known_hosts")));
+        // The destination, then the remote command, last.
+        assert_eq!(
+            &args[args.len() - 2..],
+            [OsStr::new("deploy@edge-1.example.net"), OsStr::new("sh -s")]
+        );
+        // Without --identity, ssh's own choice: no -i.
+        let plain = Ssh {
+            known_hosts: Some(PathBuf::from("/k")),
+            identity: None,
+        };
+        let c = Remote {
+            install: &install,
+            ssh: &plain,
+        }
+        .command("true");
+        assert!(!c.get_args().any(|a| a == "-i"));
+    }
+
+    #[test]
+    fn release_ids_sort_by_time_and_carry_the_version() {
+        let a = release_id("0123456789abcdef0123");
+        let (ms, version) = a.strip_prefix('r').unwrap().split_once('-').unwrap();
+        assert_eq!(ms.len(), 13);
+        assert!(ms.chars().all(|c| c.is_ascii_digit()));
+        assert_eq!(version, "0123456789ab");
+        assert!(release_id("abc").ends_with("-abc"));
+        std::thread::sleep(std::time::Duration::from_millis(2));
+        let b = release_id("0123456789abcdef0123");
+        assert!(b > a, "{b} after {a}");
+        // What `releases` lists as a release.
+        assert_eq!(parse_releases(&format!("{b}\n{a}\n--\n")).0, [a, b]);
+    }
+
+    #[test]
+    fn the_node_reaches_its_own_listen_address_on_loopback() {
+        assert_eq!(local_address("8443"), "127.0.0.1:8443");
+        assert_eq!(local_address("0.0.0.0:8443"), "127.0.0.1:8443");
+        assert_eq!(local_address("[::]:8443"), "[::1]:8443");
+        assert_eq!(local_address("10.0.0.5:80 reuseport"), "10.0.0.5:80");
+        assert_eq!(local_address("127.0.0.1:8443 ssl"), "127.0.0.1:8443");
+    }
+
+    #[test]
+    fn the_release_listing_leaves_out_unfinished_uploads() {
+        let out = "r0000000000002-b\nr0000000000001-a\nr0000000000003-c.part\nlost+found\n--\nreleases/r0000000000002-b\n";
+        let (list, cur) = parse_releases(out);
+        assert_eq!(list, ["r0000000000001-a", "r0000000000002-b"]);
+        assert_eq!(cur.as_deref(), Some("r0000000000002-b"));
+        assert_eq!(parse_releases("--\n"), (Vec::new(), None));
+        assert_eq!(parse_releases("r1\n--\n").1, None);
+    }
+
+    #[test]
+    fn pruning_keeps_the_newest_and_never_the_current_release() {
+        let list: Vec<String> = ["r1", "r2", "r3", "r4"].map(String::from).to_vec();
+        assert_eq!(prunable(&list, Some("r4"), 2), ["r1", "r2"]);
+        assert_eq!(prunable(&list, Some("r1"), 2), ["r2"]);
+        assert_eq!(prunable(&list, None, 5), Vec::<&str>::new());
+        assert_eq!(prunable(&list, Some("r4"), 4), Vec::<&str>::new());
+    }
+
+    #[test]
+    fn rollback_returns_to_the_release_before_the_current_one() {
+        let list: Vec<String> = ["r1", "r2", "r3"].map(String::from).to_vec();
+        assert_eq!(rollback_target(&list, Some("r3")).unwrap(), "r2");
+        assert_eq!(rollback_target(&list, Some("r2")).unwrap(), "r1");
+        assert_eq!(
+            rollback_target(&list, Some("r1")).unwrap_err(),
+            "r1 is the oldest release kept; nothing to return to"
+        );
+        assert_eq!(
+            rollback_target(&list, None).unwrap_err(),
+            "nothing is installed"
+        );
+        assert_eq!(
+            rollback_target(&list, Some("elsewhere")).unwrap_err(),
+            "current points to elsewhere, which is not a release"
+        );
+    }
+
+    #[test]
+    fn selection_by_name_role_or_all_takes_only_installable_nodes() {
+        let nodes = [
+            node("edge-1", &["edge"], true),
+            node("edge-2", &["edge"], true),
+            node("router-1", &["router"], true),
+            node("lab-1", &["edge"], false),
+        ];
+        let all = Selection {
+            all: true,
+            ..Selection::default()
+        };
+        assert_eq!(
+            names(&select(&nodes, &all).unwrap()),
+            ["edge-1", "edge-2", "router-1"]
+        );
+        let edge = Selection {
+            role: Some("edge".into()),
+            ..Selection::default()
+        };
+        assert_eq!(names(&select(&nodes, &edge).unwrap()), ["edge-1", "edge-2"]);
+        let named = Selection {
+            nodes: vec!["router-1".into(), "edge-2".into()],
+            ..Selection::default()
+        };
+        assert_eq!(
+            names(&select(&nodes, &named).unwrap()),
+            ["router-1", "edge-2"]
+        );
+        let no_block = Selection {
+            nodes: vec!["edge-1".into(), "lab-1".into()],
+            ..Selection::default()
+        };
+        assert_eq!(
+            select(&nodes, &no_block).err().unwrap(),
+            "node `lab-1` has no `install` block (docs/install.md)"
+        );
+        let unknown = Selection {
+            nodes: vec!["edge-9".into()],
+            ..Selection::default()
+        };
+        assert!(
+            select(&nodes, &unknown)
+                .err()
+                .unwrap()
+                .starts_with("node `edge-9` is unknown or has no bundle")
+        );
+        let nobody = Selection {
+            role: Some("cache".into()),
+            ..Selection::default()
+        };
+        assert!(
+            select(&nodes, &nobody)
+                .err()
+                .unwrap()
+                .starts_with("no node selected")
+        );
+    }
+
+    #[test]
+    fn each_node_reports_its_release_or_the_step_that_failed() {
+        assert_eq!(
+            outcome_line("edge-1", &Ok("installed r1-abc".to_owned())),
+            "edge-1: installed r1-abc"
+        );
+        assert_eq!(
+            outcome_line(
+                "edge-2",
+                &Err(fail(Step::Smoke, "GET /: expected 200, got 502"))
+            ),
+            "edge-2: failed at step smoke: GET /: expected 200, got 502; the previous release keeps serving"
+        );
+        let steps = [
+            Step::Connect,
+            Step::Upload,
+            Step::Secrets,
+            Step::Gate,
+            Step::Candidate,
+            Step::Smoke,
+            Step::Switch,
+            Step::Reload,
+            Step::Prune,
+            Step::Rollback,
+            Step::Restart,
+        ]
+        .map(Step::as_str);
+        assert_eq!(
+            steps,
+            [
+                "connect",
+                "upload",
+                "secrets",
+                "gate",
+                "candidate",
+                "smoke",
+                "switch",
+                "reload",
+                "prune",
+                "rollback",
+                "restart"
+            ]
+        );
+    }
+
+    #[test]
+    fn a_host_key_ssh_cannot_verify_is_reported_as_refused() {
+        let install = install_block(serde_json::json!({}));
+        let e = ssh_error("Host key verification failed.\r\n", &install);
+        assert!(
+            e.starts_with("host key of edge-1.example.net:2222 not verified"),
+            "{e}"
+        );
+        assert!(e.contains("refused"), "{e}");
+        let e = ssh_error(
+            "ssh: connect to host edge-1 port 2222: Connection refused\n\n",
+            &install,
+        );
+        assert_eq!(
+            e,
+            "ssh to edge-1.example.net:2222: ssh: connect to host edge-1 port 2222: Connection refused"
+        );
+    }
+
+    #[test]
+    fn several_lines_of_output_become_one() {
+        assert_eq!(one_line("  a \n\n b\n"), "a | b");
+        assert_eq!(one_line(""), "");
+    }
+
+    #[test]
+    fn the_switch_replaces_current_in_one_rename() {
+        let d = tempfile::tempdir().unwrap();
+        let root = d.path().join("it's a root");
+        for r in ["r1", "r2"] {
+            std::fs::create_dir_all(root.join("releases").join(r)).unwrap();
+        }
+        let root_s = root.to_str().unwrap();
+        for target in ["r1", "r2", "r1"] {
+            let o = sh(&switch_script(root_s, target), d.path());
+            assert!(o.status.success(), "{o:?}");
+            assert_eq!(
+                std::fs::read_link(root.join("current")).unwrap(),
+                PathBuf::from(format!("releases/{target}"))
+            );
+        }
+        assert!(!root.join(".current.new").exists());
+    }
+
+    #[test]
+    fn secrets_are_written_private_and_reach_the_server_unchanged() {
+        let d = tempfile::tempdir().unwrap();
+        let root = d.path().join("node root");
+        let root_s = root.to_str().unwrap();
+        let mut secrets = BTreeMap::new();
+        for (i, v) in AWKWARD.iter().enumerate() {
+            secrets.insert(format!("S{i}"), (*v).to_owned());
+        }
+        // A value holding the here-document's end line does not end it.
+        secrets.insert(
+            "TRICKY".into(),
+            "x\nEDGEFORM_SECRETS_END\ntouch pwned".into(),
+        );
+        let text = crate::env_file(&secrets);
+        let o = sh(&secrets_script(root_s, &text), d.path());
+        assert!(o.status.success(), "{o:?}");
+        assert_eq!(String::from_utf8_lossy(&o.stdout).trim(), "changed");
+        let file = root.join("secrets.env");
+        assert_eq!(std::fs::read_to_string(&file).unwrap(), text);
+        let mode = std::fs::metadata(&file).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o600);
+        assert!(!d.path().join("pwned").exists());
+        let o = sh(&secrets_script(root_s, &text), d.path());
+        assert_eq!(String::from_utf8_lossy(&o.stdout).trim(), "same");
+        assert!(!root.join(".secrets.env.new").exists());
+        // What the started server sees.
+        for (name, value) in &secrets {
+            let o = sh(
+                &format!("{}printf %s \"${name}\"", with_secrets(root_s)),
+                d.path(),
+            );
+            assert_eq!(String::from_utf8_lossy(&o.stdout), *value, "{name}");
+        }
+        assert!(!d.path().join("pwned").exists());
+        // No secrets: an empty file.
+        let o = sh(&secrets_script(root_s, ""), d.path());
+        assert_eq!(String::from_utf8_lossy(&o.stdout).trim(), "changed");
+        assert_eq!(std::fs::read_to_string(&file).unwrap(), "");
+    }
+
+    #[test]
+    fn smoke_requests_quote_the_host_and_judge_status_then_body() {
+        let s = SmokeRequest {
+            path: "/health?x=1&y=2".into(),
+            host: Some("it's.example".into()),
+            status: 200,
+            body: Some("ok".into()),
+        };
+        assert_eq!(
+            smoke_command("127.0.0.1:8443", &s),
+            "curl -sS -m 5 -H 'Host: it'\\''s.example' -w '\\n%{http_code}' 'http://127.0.0.1:8443/health?x=1&y=2' 2>&1\n"
+        );
+        assert_eq!(smoke_mismatch(&s, "all ok\n200", ""), None);
+        assert_eq!(
+            smoke_mismatch(&s, "down\n200", "").unwrap(),
+            "GET /health?x=1&y=2 (Host: it's.example): body does not contain \"ok\""
+        );
+        assert_eq!(
+            smoke_mismatch(&s, "bad gateway\n502", "").unwrap(),
+            "GET /health?x=1&y=2 (Host: it's.example): expected 200, got 502"
+        );
+        // curl could not connect: status 000, its message shown.
+        assert_eq!(
+            smoke_mismatch(&s, "curl: (7) Failed to connect\n000", "").unwrap(),
+            "GET /health?x=1&y=2 (Host: it's.example): expected 200, got 0 (curl: (7) Failed to connect)"
+        );
+    }
+
+    #[test]
+    fn a_restart_command_runs_once_however_many_of_its_files_changed() {
+        let install = install_block(serde_json::json!({
+            "restart_on_change": {
+                "agent.yaml": "systemctl restart edgeform-agent",
+                "agent.env": "systemctl restart edgeform-agent",
+                "router.conf": "systemctl reload router",
+            }
+        }));
+        let changed: BTreeSet<String> = ["agent.env", "agent.yaml"].map(String::from).into();
+        assert_eq!(
+            restarts(&install, &changed),
+            [("agent.env", "systemctl restart edgeform-agent")]
+        );
+        assert!(restarts(&install, &BTreeSet::new()).is_empty());
+    }
+
+    #[test]
+    fn nodes_run_in_parallel_and_report_in_selection_order() {
+        let nodes: Vec<NodeBundle> = (0..7)
+            .map(|i| node(&format!("edge-{i}"), &["edge"], true))
+            .collect();
+        let chosen: Vec<&NodeBundle> = nodes.iter().collect();
+        for parallel in [1, 3, 64] {
+            let out = for_each(&chosen, parallel, |b| b.name.clone());
+            assert_eq!(out, names(&chosen), "parallel {parallel}");
+        }
+    }
 }
