@@ -29,6 +29,7 @@
 
 pub mod apply;
 pub mod audit;
+pub mod cmd;
 pub mod gate;
 pub mod heal;
 pub mod lock;
