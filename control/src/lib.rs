@@ -32,6 +32,7 @@ pub mod audit;
 pub mod cmd;
 pub mod gate;
 pub mod heal;
+pub mod import;
 pub mod lock;
 pub mod many;
 pub mod metrics;
