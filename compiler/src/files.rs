@@ -107,3 +107,28 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
     std::fs::rename(&tmp, path).with_context(|| format!("writing {}", path.display()))?;
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_atomic_write_replaces_the_file_and_leaves_no_temporary() {
+        let dir =
+            std::env::temp_dir().join(format!("edgeform-write-atomic-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let f = dir.join("edge-1.json");
+        write_atomic(&f, b"old").unwrap();
+        write_atomic(&f, b"new").unwrap();
+        assert_eq!(std::fs::read(&f).unwrap(), b"new");
+        let names: Vec<_> = std::fs::read_dir(&dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(names, ["edge-1.json"]);
+        let e = write_atomic(&dir.join("missing/x.json"), b"x").unwrap_err();
+        assert!(format!("{e:#}").contains("missing/x.tmp~"), "{e:#}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}
