@@ -26,6 +26,7 @@ pub mod compile;
 pub mod country;
 pub mod diagnostic;
 pub mod diff;
+pub mod files;
 pub mod fmt;
 pub mod import;
 pub mod load;

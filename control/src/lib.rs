@@ -29,8 +29,10 @@
 
 pub mod apply;
 pub mod audit;
+pub mod cmd;
 pub mod gate;
 pub mod heal;
+pub mod import;
 pub mod lock;
 pub mod many;
 pub mod metrics;

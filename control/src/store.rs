@@ -424,21 +424,6 @@ impl DirStore {
     }
 }
 
-/// `NAME='value'` lines for a node's environment file (sourced by `sh`,
-/// read by systemd's `EnvironmentFile=`): single quotes, a `'` written as
-/// `'\''`. Pure.
-#[must_use]
-pub fn env_file(secrets: &BTreeMap<String, String>) -> String {
-    let mut out = String::new();
-    for (name, value) in secrets {
-        out.push_str(name);
-        out.push_str("='");
-        out.push_str(&value.replace('\'', r"'\''"));
-        out.push_str("'\n");
-    }
-    out
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -464,8 +449,13 @@ mod tests {
         assert_eq!(s.secret("edge-2", "EDGEFORM_API_TOKEN").unwrap(), None);
         let all = s.secrets("edge-1").unwrap();
         assert_eq!(
-            env_file(&all),
-            "EDGEFORM_API_TOKEN='t0k'\\''en'\nEDGEFORM_CHALLENGE_SECRET='s3cret'\n"
+            all.iter()
+                .map(|(k, v)| (k.as_str(), v.as_str()))
+                .collect::<Vec<_>>(),
+            [
+                ("EDGEFORM_API_TOKEN", "t0k'en"),
+                ("EDGEFORM_CHALLENGE_SECRET", "s3cret")
+            ]
         );
         assert_eq!(
             s.secret_names().unwrap()["edge-1"],

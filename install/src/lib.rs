@@ -4,8 +4,9 @@
 //! dropped) from the node's YAML (`{{ node.cache.key }}`) and the instance
 //! it runs as (`{{ instance.listen }}`).
 //!
-//! Everything here is pure: [`load`] reads the role folders, [`gate`] runs
-//! the external tools, `cli::install` reaches the nodes.
+//! [`load`] reads the role folders, [`gate`] runs
+//! the external tools, [`node`] builds every node's bundle, [`ssh`] reaches
+//! the nodes.
 
 use std::collections::BTreeMap;
 
@@ -16,6 +17,8 @@ use sha2::{Digest, Sha256};
 pub mod confine;
 pub mod gate;
 pub mod load;
+pub mod node;
+pub mod ssh;
 
 /// The template suffix.
 pub const TEMPLATE_SUFFIX: &str = ".tmpl";
@@ -645,6 +648,21 @@ pub fn rebase_paths(v: &Value, root: &str) -> Value {
         ),
         other => other.clone(),
     }
+}
+
+/// `NAME='value'` lines for a node's environment file, `<root>/secrets.env`
+/// (sourced by `sh`, read by systemd's `EnvironmentFile=`): single quotes,
+/// a `'` written as `'\''`. Pure.
+#[must_use]
+pub fn env_file(secrets: &BTreeMap<String, String>) -> String {
+    let mut out = String::new();
+    for (name, value) in secrets {
+        out.push_str(name);
+        out.push_str("='");
+        out.push_str(&value.replace('\'', r"'\''"));
+        out.push_str("'\n");
+    }
+    out
 }
 
 #[cfg(test)]

@@ -720,7 +720,7 @@ pub fn run(cli: &Cli) -> Result<u8> {
             if cli.rev.is_some() {
                 anyhow::bail!("fmt works on the working tree; --rev is not supported");
             }
-            ops::fmt_cmd(&cli.repo, *check, files)
+            compiler::files::fmt(&cli.repo, *check, files)
         }
         Command::Import {
             node,
@@ -731,8 +731,10 @@ pub fn run(cli: &Cli) -> Result<u8> {
             if cli.rev.is_some() {
                 anyhow::bail!("import reads the working tree's nodes; --rev is not supported");
             }
-            runtime()?.block_on(ops::import_cmd(
+            let source = valid(&cli.repo, None, color())?;
+            runtime()?.block_on(control::import::import(
                 &cli.repo,
+                &source,
                 node,
                 out,
                 *allow_lossy,
@@ -860,8 +862,8 @@ fn check_cmd(
     let loaded = workspace::load(&cli.repo, cli.rev.as_deref())?.check();
     // Bundles (roles/): built and gated when the rest is valid.
     let bundles_ok = if loaded.config.is_some() {
-        match install::load_bundles(&loaded)? {
-            Some((roles, bundles)) => install::run_gates(&roles, &bundles, gates),
+        match ::install::node::load_bundles(&loaded)? {
+            Some((roles, bundles)) => ::install::node::run_gates(&roles, &bundles, &gates.set()),
             None => false,
         }
     } else {
@@ -924,13 +926,13 @@ fn build_cmd(cli: &Cli, out: &Path) -> Result<u8> {
     let Some(config) = valid_or_report(&checked) else {
         return Ok(1);
     };
-    let Some((_, bundles)) = install::load_bundles(&checked)? else {
+    let Some((_, bundles)) = ::install::node::load_bundles(&checked)? else {
         eprintln!("nothing was written");
         return Ok(1);
     };
     let compiled = compile::compile(config);
     let written = write_build(out, &compiled)?;
-    let bundles = install::write_bundles(out, &bundles, checked.repo.commit.as_deref())?;
+    let bundles = ::install::node::write_bundles(out, &bundles, checked.repo.commit.as_deref())?;
     eprintln!(
         "wrote {} target(s), {} router snippet(s) and {bundles} bundle(s) to {} ({written} files){}",
         compiled.targets.len(),
@@ -1063,12 +1065,12 @@ fn write_build(out: &Path, compiled: &compile::Compiled) -> Result<usize> {
     let mut names = Vec::new();
     for (name, target) in &compiled.targets {
         let file = format!("{name}.json");
-        write_atomic(&out.join(&file), target.to_json().as_bytes())?;
+        compiler::files::write_atomic(&out.join(&file), target.to_json().as_bytes())?;
         names.push(file);
     }
     for (router, text) in &compiled.nginx {
         let file = format!("{router}.nginx.conf");
-        write_atomic(&out.join(&file), text.as_bytes())?;
+        compiler::files::write_atomic(&out.join(&file), text.as_bytes())?;
         names.push(file);
     }
     let list_path = out.join(BUILD_LIST);
@@ -1080,13 +1082,6 @@ fn write_build(out: &Path, compiled: &compile::Compiled) -> Result<usize> {
             }
         }
     }
-    write_atomic(&list_path, format!("{}\n", names.join("\n")).as_bytes())?;
+    compiler::files::write_atomic(&list_path, format!("{}\n", names.join("\n")).as_bytes())?;
     Ok(names.len())
-}
-
-fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
-    let tmp = path.with_extension("tmp~");
-    std::fs::write(&tmp, bytes).with_context(|| format!("writing {}", tmp.display()))?;
-    std::fs::rename(&tmp, path).with_context(|| format!("writing {}", path.display()))?;
-    Ok(())
 }
