@@ -26,23 +26,18 @@ use tokio::task::JoinSet;
 use compiler::Config;
 use compiler::model::resolved::{Node, Role, Site};
 
-/// What to purge.
-#[derive(Debug, Clone, clap::Args)]
-#[group(required = true, multiple = false)]
+/// What to purge: exactly one of these.
+#[derive(Debug, Clone, Default)]
 pub struct What {
     /// One URL (`https://host/path?query`) or path (`/path`, both schemes):
     /// an exact-key purge, no scan.
-    #[arg(long, value_name = "URL|PATH")]
     pub url: Option<String>,
-    /// Every URL whose path starts with PATH.
-    #[arg(long, value_name = "PATH")]
+    /// Every URL whose path starts with this.
     pub prefix: Option<String>,
-    /// Every URL whose path (with query) matches RE (`^` anchors at the
-    /// path's start).
-    #[arg(long, value_name = "RE")]
+    /// Every URL whose path (with query) matches this regex (`^` anchors
+    /// at the path's start).
     pub regex: Option<String>,
     /// Everything cached for the site.
-    #[arg(long)]
     pub all: bool,
 }
 
@@ -75,7 +70,7 @@ pub fn build_job(id: &str, site: &Site, node: &Node, what: &What) -> Result<Job,
         grep: None,
         key: None,
         keys: None,
-        // Site-scoped, but everything of the site: say so (#12 item 15).
+        // Site-scoped, but everything of the site: say so.
         all: what.all,
     };
     if let Some(url) = &what.url {
@@ -278,7 +273,7 @@ pub async fn purge(
         match results.get(&node.name) {
             Some(v) if v.starts_with(purge::FAILED_PREFIX) => {
                 bad += 1;
-                // The agent's text: shown escaped (#12 item 3).
+                // The agent's text: shown escaped.
                 writeln!(out, "{}: {}", node.name, edgestate::untrusted::escape(v))?;
             }
             Some(v) => writeln!(
@@ -308,7 +303,7 @@ pub async fn purge(
 /// Enqueues (connect, SUBSCRIBE, RPUSH) in flight at once. Each queued
 /// node keeps its connection for the wait anyway, so this bounds only the
 /// connects in flight, not the open sockets; at 64, a 300-edge purge went
-/// in five waves of round trips (#16, third pass).
+/// in five waves of round trips.
 const PARALLEL: usize = 256;
 
 /// While waiting, each node's result is also read this often: an agent
@@ -392,8 +387,8 @@ impl Target {
     ///
     /// The first read is skipped on a link that was subscribed before its
     /// job was queued: no result can predate the subscription, so the
-    /// announcement (or the slow poll) is the first news (#16: one round
-    /// trip less per node).
+    /// announcement (or the slow poll) is the first news (one round trip
+    /// less per node).
     async fn result(&self, key: &str, channel: &str, link: Link) -> String {
         let mut fresh = link.pushes.is_some();
         let mut link = Some(link);
@@ -514,7 +509,7 @@ mod tests {
         ]
     }
 
-    // See: #16 (purge third pass: the announcement carries the result)
+    // The announcement carries the result.
     #[test]
     fn news_of_an_announcement() {
         // This node's, with its value: the result, no read.

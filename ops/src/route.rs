@@ -13,49 +13,36 @@ use edgestate::routing::Location;
 use compiler::Config;
 
 /// Output formats of `route`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RouteFormat {
     Human,
     Json,
 }
 
-/// Arguments of `route`.
-#[derive(Debug, Clone, clap::Args)]
-pub struct RouteArgs {
-    /// The client's IP (the socket peer, unless --peer is given).
-    #[arg(long, value_name = "IP")]
+/// Options of `route`.
+#[derive(Debug, Clone)]
+pub struct RouteOptions {
+    /// The client's IP (the socket peer, unless `peer` is given).
     pub ip: Option<IpAddr>,
     /// The stream to play.
-    #[arg(long, value_name = "STREAM")]
     pub stream: Option<String>,
-    /// The socket peer (e.g. a proxy); with --xff.
-    #[arg(long, value_name = "IP")]
+    /// The socket peer (e.g. a proxy); with `xff`.
     pub peer: Option<IpAddr>,
-    /// The X-Forwarded-For header the peer sent (repeatable: several header
-    /// lines, in order, as the agent reads them).
-    #[arg(long, value_name = "HEADER")]
+    /// The X-Forwarded-For header lines the peer sent, in order.
     pub xff: Vec<String>,
-    /// Health snapshot: {"nodes":{"<name>":{"online","play_sessions","out_kbit","streams","vod"}}},
-    /// or `mqtt`: the live snapshot from the broker in cluster.yaml (every
-    /// node's retained report and status). Without it, every node is
-    /// assumed online, idle and carrying the stream.
-    #[arg(long, value_name = "FILE|mqtt")]
+    /// Health snapshot file, or `mqtt`: the live snapshot from the broker
+    /// in cluster.yaml. Without it, every node is assumed online, idle and
+    /// carrying the stream.
     pub health: Option<PathBuf>,
-    #[command(flatten)]
-    pub broker: crate::cli::mqtt::BrokerFlags,
-    /// Also make the geo decision (the geo router: strictly nearest online edge).
-    #[arg(long, requires = "geoip")]
+    /// How to reach the broker for `health: mqtt`.
+    pub broker: crate::mqtt::BrokerOptions,
+    /// Also make the geo decision (needs `geoip`).
     pub geo: bool,
-    /// Also explain the VOD placement of ASSET (seed 002: allowed zones,
-    /// then highest revision, then zone order and load), from the
-    /// revisions each node reports (`vod` in the health snapshot).
-    #[arg(long, value_name = "ASSET")]
+    /// Also explain the VOD placement of this asset.
     pub vod: Option<String>,
-    /// MaxMind City database for --geo.
-    #[arg(long, value_name = "DB")]
+    /// MaxMind City database for `geo`.
     pub geoip: Option<PathBuf>,
-    /// Output: human (the steps) or json (one object).
-    #[arg(long, value_enum, default_value = "human")]
+    /// Output: the steps, or one JSON object.
     pub format: RouteFormat,
 }
 
@@ -94,7 +81,7 @@ pub fn geo_lookup(db: &Path, ip: IpAddr) -> Result<Option<Location>> {
 ///
 /// # Errors
 /// Missing arguments, unreadable inputs.
-pub fn route(config: &Config, args: &RouteArgs) -> Result<u8> {
+pub fn route(config: &Config, args: &RouteOptions) -> Result<u8> {
     let peer = args
         .peer
         .or(args.ip)
@@ -113,7 +100,7 @@ pub fn route(config: &Config, args: &RouteArgs) -> Result<u8> {
             tokio::runtime::Builder::new_current_thread()
                 .enable_all()
                 .build()?
-                .block_on(crate::cli::mqtt::live_health(config, &args.broker))?
+                .block_on(crate::mqtt::live_health(config, &args.broker))?
         }
         Some(p) => read_health(p)?,
         None => {
@@ -195,7 +182,7 @@ pub fn route(config: &Config, args: &RouteArgs) -> Result<u8> {
                 let _ = writeln!(text, "note: {n}");
             }
             if let Some(d) = &decision {
-                // See: #19 item 8: the decision first, then why.
+                // The decision first, then why.
                 let verdict = match (d.status, &d.node) {
                     (302, Some(n)) => match &d.location {
                         Some(l) => format!("302 → {n} ({l})"),

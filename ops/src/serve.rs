@@ -34,17 +34,15 @@ use compiler::load;
 /// Environment variable holding the bearer token.
 pub const TOKEN_ENV: &str = "EDGEFORM_SERVE_TOKEN";
 
-/// Arguments of `serve`.
-#[derive(Debug, Clone, clap::Args)]
-pub struct ServeArgs {
+/// Options of `serve`.
+#[derive(Debug, Clone)]
+pub struct ServeOptions {
     /// Where to listen, e.g. 127.0.0.1:8440.
-    #[arg(long, value_name = "ADDR")]
     pub listen: SocketAddr,
-    /// Serve HTTPS with this certificate chain (PEM).
-    #[arg(long, value_name = "FILE", requires = "tls_key")]
+    /// Serve HTTPS with this certificate chain (PEM) and [`Self::tls_key`];
+    /// plain HTTP unless both are given.
     pub tls_cert: Option<PathBuf>,
     /// The certificate's private key (PEM, PKCS#8).
-    #[arg(long, value_name = "FILE", requires = "tls_cert")]
     pub tls_key: Option<PathBuf>,
 }
 
@@ -304,7 +302,7 @@ async fn accept_loop(
 /// # Errors
 /// No token in the environment, no git repository, unreadable TLS files,
 /// the address cannot be bound.
-pub async fn serve(repo: &Path, rev: Option<&str>, args: &ServeArgs) -> Result<u8> {
+pub async fn serve(repo: &Path, rev: Option<&str>, args: &ServeOptions) -> Result<u8> {
     let token = std::env::var(TOKEN_ENV)
         .ok()
         .filter(|t| !t.is_empty())
