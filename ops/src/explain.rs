@@ -16,54 +16,39 @@ use serde::Deserialize;
 use compiler::compile::{Compiled, Target};
 
 /// Output formats of `explain`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ExplainFormat {
     Human,
     Json,
 }
 
-/// Arguments of `explain`.
-#[derive(Debug, Clone, clap::Args)]
-pub struct ExplainArgs {
+/// Options of `explain`: one request (`host`, `url`, `ip`), or a `batch`
+/// file of them.
+#[derive(Debug, Clone)]
+pub struct ExplainOptions {
     /// The request's Host.
-    #[arg(long, value_name = "HOST", required_unless_present = "batch")]
     pub host: Option<String>,
     /// The request URI (`/path?query`, or a full URL whose path and query
     /// are used).
-    #[arg(long, value_name = "URL", required_unless_present = "batch")]
     pub url: Option<String>,
-    /// The socket peer's IP (a trusted proxy's X-Forwarded-For, given with
-    /// --header, names the client).
-    #[arg(long, value_name = "IP", required_unless_present = "batch")]
+    /// The socket peer's IP.
     pub ip: Option<IpAddr>,
     /// The request method.
-    #[arg(long, default_value = "GET", value_name = "METHOD")]
     pub method: String,
-    /// A request header, `Name: value` (repeatable): Referer, Origin,
-    /// Cookie, Authorization, X-Forwarded-For,
-    /// Access-Control-Request-Method. Only X-Forwarded-For may be given
-    /// more than once: its lines are one list, in order, as nginx joins
-    /// them (`, `).
-    #[arg(long = "header", value_name = "'NAME: VALUE'")]
+    /// Request headers, `Name: value`; only X-Forwarded-For may repeat
+    /// (its lines are one list, in order).
     pub headers: Vec<String>,
     /// The edge whose documents decide (default: the first, by name, that
     /// carries the host).
-    #[arg(long, value_name = "NODE")]
     pub node: Option<String>,
-    /// MaxMind City/Country database for the client's country (geo_mode).
-    #[arg(long, value_name = "DB")]
+    /// MaxMind City/Country database for the client's country.
     pub geoip: Option<PathBuf>,
-    /// Output: human (the steps) or json (one object).
-    #[arg(long, value_enum, default_value = "human")]
+    /// Output: the steps, or one JSON object.
     pub format: ExplainFormat,
-    /// Explain every request of FILE (`-`: stdin), one JSON object a line
-    /// (`{"host","url","ip","method","headers":{…},"node","id"}`; a
-    /// header's value is a string, or for X-Forwarded-For a list of lines);
-    /// prints one JSON decision a line, in order, with the request's `id`.
-    #[arg(long, value_name = "FILE", conflicts_with_all = ["host", "url", "ip"])]
+    /// Explain every request of this file (`-`: stdin), one JSON object a
+    /// line; prints one JSON decision a line.
     pub batch: Option<PathBuf>,
     /// Unix time for checking clearance cookies (default: now).
-    #[arg(long, value_name = "SECS")]
     pub now: Option<u64>,
 }
 
@@ -370,7 +355,7 @@ fn human(e: &Explained) -> String {
 ///
 /// # Errors
 /// Bad arguments, unreadable files.
-pub fn explain(compiled: &Compiled, args: &ExplainArgs) -> Result<u8> {
+pub fn explain(compiled: &Compiled, args: &ExplainOptions) -> Result<u8> {
     let geoip = match &args.geoip {
         Some(p) => Some(
             maxminddb::Reader::open_readfile(p)

@@ -754,7 +754,7 @@ pub fn run(cli: &Cli) -> Result<u8> {
             let Some(config) = valid_or_report(&checked) else {
                 return Ok(1);
             };
-            explain::explain(&compile::compile(config), args)
+            ::ops::explain::explain(&compile::compile(config), &args.options())
         }
         Command::Serve(args) => {
             init_tracing();
@@ -794,7 +794,11 @@ pub fn run(cli: &Cli) -> Result<u8> {
             let Some(config) = valid_or_report(&checked) else {
                 return Ok(1);
             };
-            anycast::anycast(config, args)
+            ::anycast::audit::audit(
+                config.cluster.anycast.as_ref(),
+                &args.mrt,
+                args.format.into(),
+            )
         }
         Command::Status {
             format,
