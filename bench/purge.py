@@ -162,7 +162,7 @@ def bench(n: int, runs: int, settle: float, template: Path, per_edge: int, bins:
             t = time.perf_counter()
             r = subprocess.run(ef, capture_output=True, text=True,
                                env={**os.environ, "EDGEFORM_TIMING": "1",
-                                    "EDGEFORM_LOG": "compiler::cli::purge=debug"})
+                                    "EDGEFORM_LOG": "ops::purge=debug"})
             dt = time.perf_counter() - t
             if cpu and run > 0:
                 used = {k: (group_cpu(v) - before[k]) * 1000 for k, v in groups.items()}

@@ -15,12 +15,9 @@ use compiler::workspace::{self, Source, Valid};
 use compiler::{Checked, compile, diff};
 
 pub mod anycast;
-pub mod audit;
 pub mod explain;
 pub mod install;
-pub mod keygen;
 mod memory;
-pub mod mqtt;
 pub mod ops;
 pub mod purge;
 pub mod push;
@@ -312,13 +309,13 @@ pub enum Command {
     Status {
         /// Output: human (a table) or json.
         #[arg(long, value_enum, default_value = "human")]
-        format: mqtt::Format,
+        format: Format,
         /// Where to read: the broker's retained reports (mqtt), or each
         /// target's own `edgeform:meta` (redis; no broker needed).
         #[arg(long, value_enum, default_value = "mqtt")]
         from: StatusFrom,
         #[command(flatten)]
-        broker: mqtt::BrokerFlags,
+        broker: BrokerFlags,
     },
     /// A target's audit trail (`edgeform:history`, newest first): when,
     /// which command (apply, sync, heal), commit before → after, who
@@ -330,7 +327,7 @@ pub enum Command {
         node: String,
         /// Output: human or json (an array of entries).
         #[arg(long, value_enum, default_value = "human")]
-        format: mqtt::Format,
+        format: Format,
     },
     /// Send one command to a node's agent over MQTT (only actions its
     /// agent.yaml allows run). Signed when EDGEFORM_COMMAND_KEY is set.
@@ -355,9 +352,9 @@ pub enum Command {
         ttl: std::time::Duration,
         /// Output: human or json (the result, with --wait).
         #[arg(long, value_enum, default_value = "human")]
-        format: mqtt::Format,
+        format: Format,
         #[command(flatten)]
-        broker: mqtt::BrokerFlags,
+        broker: BrokerFlags,
         /// Sign with this ed25519 private key (PKCS#8 PEM, `edgeform
         /// keygen`); results must then carry the node's result key.
         /// Without it, EDGEFORM_COMMAND_KEY (legacy shared HMAC) signs.
@@ -388,6 +385,47 @@ pub enum Command {
         #[command(subcommand)]
         action: secrets::Action,
     },
+}
+
+/// How the CLI logs in to the broker (the URL is in cluster.yaml).
+#[derive(Debug, Clone, clap::Args)]
+pub struct BrokerFlags {
+    /// MQTT username; the password is read from EDGEFORM_MQTT_PASSWORD.
+    #[arg(long, env = "EDGEFORM_MQTT_USERNAME", value_name = "USER")]
+    pub mqtt_username: Option<String>,
+    /// CA certificate(s) (PEM) for an mqtts:// broker.
+    #[arg(long, env = "EDGEFORM_MQTT_CA", value_name = "FILE")]
+    pub mqtt_ca: Option<std::path::PathBuf>,
+    /// Give up reaching the broker after SECS.
+    #[arg(long, default_value_t = 5, value_name = "SECS")]
+    pub connect_timeout: u64,
+}
+
+impl BrokerFlags {
+    /// The library's options.
+    pub fn options(&self) -> ::ops::mqtt::BrokerOptions {
+        ::ops::mqtt::BrokerOptions {
+            mqtt_username: self.mqtt_username.clone(),
+            mqtt_ca: self.mqtt_ca.clone(),
+            connect_timeout: self.connect_timeout,
+        }
+    }
+}
+
+/// Output of `status`, `history` and `exec`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Format {
+    Human,
+    Json,
+}
+
+impl From<Format> for ::ops::mqtt::Format {
+    fn from(f: Format) -> Self {
+        match f {
+            Format::Human => ::ops::mqtt::Format::Human,
+            Format::Json => ::ops::mqtt::Format::Json,
+        }
+    }
 }
 
 /// Where `status` reads.
@@ -690,31 +728,41 @@ pub fn run(cli: &Cli) -> Result<u8> {
             // Sites and nodes only: nothing is compiled, and no commit
             // is needed (no git status of the working tree).
             let config = valid_config(&cli.repo, cli.rev.as_deref(), color())?;
-            // One thread (#16): 300 connections' small replies cost less
-            // CPU without cross-thread wake-ups and work stealing.
+            // One thread: 300 connections' small replies cost less CPU
+            // without cross-thread wake-ups and work stealing.
             tokio::runtime::Builder::new_current_thread()
                 .enable_all()
                 .build()
                 .context("starting the async runtime")?
-                .block_on(purge::purge(&config, site, what, nodes, *wait))
+                .block_on(::ops::purge::purge(
+                    &config,
+                    site,
+                    &what.options(),
+                    nodes,
+                    *wait,
+                ))
         }
         Command::Route(args) => {
             let checked = workspace::load(&cli.repo, cli.rev.as_deref())?.check();
             let Some(config) = valid_or_report(&checked) else {
                 return Ok(1);
             };
-            route::route(config, args)
+            ::ops::route::route(config, &args.options())
         }
         Command::Explain(args) => {
             let checked = workspace::load(&cli.repo, cli.rev.as_deref())?.check();
             let Some(config) = valid_or_report(&checked) else {
                 return Ok(1);
             };
-            explain::explain(&compile::compile(config), args)
+            ::ops::explain::explain(&compile::compile(config), &args.options())
         }
         Command::Serve(args) => {
             init_tracing();
-            runtime()?.block_on(serve::serve(&cli.repo, cli.rev.as_deref(), args))
+            runtime()?.block_on(::ops::serve::serve(
+                &cli.repo,
+                cli.rev.as_deref(),
+                &args.options(),
+            ))
         }
         Command::Fmt { check, files } => {
             if cli.rev.is_some() {
@@ -748,7 +796,11 @@ pub fn run(cli: &Cli) -> Result<u8> {
             let Some(config) = valid_or_report(&checked) else {
                 return Ok(1);
             };
-            anycast::anycast(config, args)
+            ::anycast::audit::audit(
+                config.cluster.anycast.as_ref(),
+                &args.mrt,
+                args.format.into(),
+            )
         }
         Command::Status {
             format,
@@ -757,17 +809,21 @@ pub fn run(cli: &Cli) -> Result<u8> {
         } => {
             let source = valid(&cli.repo, cli.rev.as_deref(), color())?;
             match from {
-                StatusFrom::Mqtt => runtime()?.block_on(mqtt::status(&source, broker, *format)),
-                StatusFrom::Redis => runtime()?.block_on(audit::status_from_redis(
+                StatusFrom::Mqtt => runtime()?.block_on(::ops::mqtt::status(
                     &source,
-                    *format,
+                    &broker.options(),
+                    (*format).into(),
+                )),
+                StatusFrom::Redis => runtime()?.block_on(::ops::audit::status_from_redis(
+                    &source,
+                    (*format).into(),
                     std::time::Duration::from_secs(broker.connect_timeout.max(1)),
                 )),
             }
         }
         Command::History { node, format } => {
             let source = valid(&cli.repo, cli.rev.as_deref(), color())?;
-            runtime()?.block_on(audit::history_cmd(&source, node, *format))
+            runtime()?.block_on(::ops::audit::history_cmd(&source, node, (*format).into()))
         }
         Command::Exec {
             node,
@@ -780,23 +836,23 @@ pub fn run(cli: &Cli) -> Result<u8> {
             signing_key,
         } => {
             let source = valid(&cli.repo, cli.rev.as_deref(), color())?;
-            let exec = mqtt::Exec {
+            let exec = ::ops::mqtt::Exec {
                 node,
                 action,
                 args,
                 wait: *wait,
                 ttl: *ttl,
-                format: *format,
+                format: (*format).into(),
                 signing_key: signing_key.as_deref(),
             };
-            runtime()?.block_on(mqtt::exec(&source, broker, &exec))
+            runtime()?.block_on(::ops::mqtt::exec(&source, &broker.options(), &exec))
         }
         Command::Secrets { action } => secrets::run(&cli.state_dir, action),
         Command::Keygen {
             out,
             result_key,
             signing_key,
-        } => keygen::keygen(out, result_key.as_deref(), signing_key.as_deref()),
+        } => ::ops::keygen::keygen(out, result_key.as_deref(), signing_key.as_deref()),
         Command::Reconcile {
             sync_every,
             heal_every,

@@ -18,16 +18,13 @@ use serde::Serialize;
 use compiler::workspace::Valid;
 
 /// How the CLI logs in to the broker (the URL is in cluster.yaml).
-#[derive(Debug, Clone, clap::Args)]
-pub struct BrokerFlags {
-    /// MQTT username; the password is read from EDGEFORM_MQTT_PASSWORD.
-    #[arg(long, env = "EDGEFORM_MQTT_USERNAME", value_name = "USER")]
+#[derive(Debug, Clone, Default)]
+pub struct BrokerOptions {
+    /// MQTT username; the password is read from [`PASSWORD_ENV`].
     pub mqtt_username: Option<String>,
     /// CA certificate(s) (PEM) for an mqtts:// broker.
-    #[arg(long, env = "EDGEFORM_MQTT_CA", value_name = "FILE")]
     pub mqtt_ca: Option<std::path::PathBuf>,
-    /// Give up reaching the broker after SECS.
-    #[arg(long, default_value_t = 5, value_name = "SECS")]
+    /// Give up reaching the broker after this many seconds.
     pub connect_timeout: u64,
 }
 
@@ -36,7 +33,7 @@ pub const PASSWORD_ENV: &str = "EDGEFORM_MQTT_PASSWORD";
 /// The variable holding the command signing key (when set, `exec` signs).
 pub const COMMAND_KEY_ENV: &str = "EDGEFORM_COMMAND_KEY";
 /// The variable naming the control host's ed25519 private key file
-/// (`exec --signing-key`, #15 item 5).
+/// (`exec --signing-key`).
 pub const SIGNING_KEY_ENV: &str = "EDGEFORM_COMMAND_SIGNING_KEY";
 
 /// How `exec` signs a command and checks its result.
@@ -97,7 +94,8 @@ pub fn load_signing_key(path: &std::path::Path) -> Result<edgestate::cmdkey::Sig
     Ok(key)
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+/// Output of `status`, `history` and `exec`: a human table or JSON.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Format {
     Human,
     Json,
@@ -117,12 +115,12 @@ struct Session {
 }
 
 /// Connect (clean session) and wait for the broker's CONNACK.
-async fn connect(source: &Valid, flags: &BrokerFlags) -> Result<Session> {
+async fn connect(source: &Valid, flags: &BrokerOptions) -> Result<Session> {
     connect_to(&source.config, flags).await
 }
 
 /// [`connect`] from the config alone.
-async fn connect_to(config: &compiler::Config, flags: &BrokerFlags) -> Result<Session> {
+async fn connect_to(config: &compiler::Config, flags: &BrokerOptions) -> Result<Session> {
     let Some(m) = &config.cluster.mqtt else {
         bail!(
             "cluster.yaml has no `mqtt` block (url, topic_prefix): status and exec talk to the nodes through the broker"
@@ -209,7 +207,7 @@ impl Session {
 #[derive(Debug, Clone, Serialize)]
 pub struct Row {
     pub node: String,
-    /// The node's CDN zone from the repository (#18 item 4); `None`:
+    /// The node's CDN zone from the repository; `None`:
     /// unzoned or not in the repository.
     pub zone: Option<String>,
     pub online: bool,
@@ -235,7 +233,7 @@ pub struct Row {
     pub bundle_commit: Option<String>,
 }
 
-/// `status`'s verdict (#15 item 7), and its exit code.
+/// `status`'s verdict, and its exit code.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Verdict {
@@ -455,7 +453,7 @@ pub fn rows(source: &Valid, heard: &Heard, now: u64) -> Vec<Row> {
 ///
 /// # Errors
 /// No `mqtt` in cluster.yaml, the broker unreachable.
-pub async fn status(source: &Valid, flags: &BrokerFlags, format: Format) -> Result<u8> {
+pub async fn status(source: &Valid, flags: &BrokerOptions, format: Format) -> Result<u8> {
     let heard = listen(&source.config, flags).await?;
     let rows = rows(source, &heard, unix_now());
     print_status(
@@ -467,7 +465,7 @@ pub async fn status(source: &Valid, flags: &BrokerFlags, format: Format) -> Resu
 }
 
 /// The live health snapshot from the broker (`edgeform route --health
-/// mqtt`, #18 item 4): every node's retained report and status, read as
+/// mqtt`): every node's retained report and status, read as
 /// the agent's health book reads them (online from the status, or from a
 /// report when no status was heard; the last will wins).
 ///
@@ -475,7 +473,7 @@ pub async fn status(source: &Valid, flags: &BrokerFlags, format: Format) -> Resu
 /// No `mqtt` in cluster.yaml, the broker unreachable.
 pub async fn live_health(
     config: &compiler::Config,
-    flags: &BrokerFlags,
+    flags: &BrokerOptions,
 ) -> Result<edgestate::route::Health> {
     let heard = listen(config, flags).await?;
     Ok(health_of(&heard))
@@ -510,7 +508,7 @@ pub fn health_of(heard: &Heard) -> edgestate::route::Health {
 
 /// Subscribe to every node's health and status and collect the retained
 /// messages until they have been quiet for a moment.
-async fn listen(config: &compiler::Config, flags: &BrokerFlags) -> Result<Heard> {
+async fn listen(config: &compiler::Config, flags: &BrokerOptions) -> Result<Heard> {
     let mut s = connect_to(config, flags).await?;
     let prefix = s.prefix.clone();
     s.client
@@ -679,7 +677,7 @@ pub struct Exec<'a> {
 /// # Errors
 /// No `mqtt` in cluster.yaml, an unknown node, bad `--arg`, the broker
 /// unreachable.
-pub async fn exec(source: &Valid, flags: &BrokerFlags, e: &Exec<'_>) -> Result<u8> {
+pub async fn exec(source: &Valid, flags: &BrokerOptions, e: &Exec<'_>) -> Result<u8> {
     if !source.config.nodes.iter().any(|n| n.name == e.node) {
         let names: Vec<&str> = source
             .config
@@ -761,7 +759,7 @@ pub async fn exec(source: &Valid, flags: &BrokerFlags, e: &Exec<'_>) -> Result<u
         return Ok(0);
     };
     // Only the node's own answer counts: signed for this command with the
-    // key when there is one (#12 item 3); anything else on the topic is
+    // key when there is one; anything else on the topic is
     // reported and ignored, and exec keeps waiting.
     let mut result: Option<CommandResult> = None;
     let got = s
@@ -1110,7 +1108,7 @@ mod tests {
         ];
         let t = table(&rows);
         assert!(t.contains("c1 (desired)"), "{t}");
-        // See: #18 item 4: each node's zone.
+        // Each node's zone has its column.
         assert!(t.starts_with("NODE  ZONE  STATE"), "{t}");
         assert!(t.contains("\na     eu    online"), "{t}");
         assert!(t.contains("\nb     -     offline"), "{t}");
@@ -1140,7 +1138,7 @@ mod tests {
         }
     }
 
-    // See: #15 item 7
+    // The verdict: offline before drift, drift before ok.
     #[test]
     fn verdicts() {
         let nobody = |_: &str| false;

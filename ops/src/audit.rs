@@ -1,5 +1,5 @@
-//! `edgeform history` and `edgeform status --from redis` (#15 items 7
-//! and 8): what each target's own Redis says, without the broker.
+//! `edgeform history` and `edgeform status --from redis` (the
+//! status verdict and the audit trail): what each target's own Redis says, without the broker.
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -10,7 +10,7 @@ use std::time::Duration;
 use anyhow::{Context, Result, bail};
 use edgestate::{keys, untrusted};
 
-use super::mqtt::{Format, Row, print_status};
+use crate::mqtt::{Format, Row, print_status};
 use compiler::model::resolved::Node;
 use compiler::workspace::Valid;
 use control::audit::{Entry, parse_history};

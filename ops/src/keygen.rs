@@ -1,4 +1,4 @@
-//! `edgeform keygen` (#15 item 5): the control host's ed25519 command key
+//! `edgeform keygen`: the control host's ed25519 command key
 //! pair, and each node's result key derived from it.
 //!
 //! The same private key can come from `openssl genpkey -algorithm ed25519
@@ -47,7 +47,7 @@ pub fn keygen(out: &Path, result_key: Option<&str>, signing_key: Option<&Path>) 
                 "--result-key needs --signing-key FILE (or EDGEFORM_COMMAND_SIGNING_KEY): the result key derives from the control key"
             );
         };
-        let control = super::mqtt::load_signing_key(from)?;
+        let control = crate::mqtt::load_signing_key(from)?;
         let key = cmdkey::result_key(&control, node);
         let hex: String = key.iter().map(|b| format!("{b:02x}")).collect();
         create(out, 0o600, &format!("{hex}\n"))?;
