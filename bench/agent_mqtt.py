@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The agent over MQTT (issue #6): idle cost, and one agent's routing fed
+"""The agent over MQTT: idle cost, and one agent's routing fed
 by 300 simulated nodes' health reports. Real redis-server and mosquitto on
 free loopback ports; release builds.
 

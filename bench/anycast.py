@@ -3,7 +3,7 @@
 
     python3 bench/anycast.py [--prefixes 1000000] [--peers 24] [--runs 3] [--no-build]
 
-1. `cargo build --release -p compiler --examples` (skip with --no-build);
+1. `cargo build --release -p edgeform -p anycast --examples` (skip with --no-build);
 2. generates a synthetic RIS-like bview with the `mrt_synth` example into
    .bench/anycast/ (plain, and gzip -1 of it), unless already there with the
    same parameters;
@@ -55,8 +55,10 @@ def main() -> int:
     args = ap.parse_args()
     os.chdir(ROOT)
     if not args.no_build:
-        subprocess.run(["cargo", "build", "--release", "--quiet", "-p", "compiler",
-                        "--bin", "edgeform", "--example", "mrt_synth", "--example", "bgpkit_count"],
+        subprocess.run(["cargo", "build", "--release", "--quiet", "-p", "edgeform", "--bin", "edgeform"],
+                       check=True)
+        subprocess.run(["cargo", "build", "--release", "--quiet", "-p", "anycast",
+                        "--example", "mrt_synth", "--example", "bgpkit_count"],
                        check=True)
     work = ROOT / ".bench" / "anycast"
     work.mkdir(parents=True, exist_ok=True)

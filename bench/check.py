@@ -4,7 +4,7 @@
     python3 bench/check.py [--runs 5] [--regen] [--dir .bench/synthetic]
     python3 bench/check.py --sites 1000000 --runs 3 [--bin before=PATH --bin after=PATH]
 
-1. `cargo build --release -p compiler` (skip with --no-build);
+1. `cargo build --release -p edgeform` (skip with --no-build);
 2. generates the synthetic repository with bench/gen_repo.py when the folder
    is missing, when --regen is given, or when it was generated with other
    parameters than asked for;
@@ -29,7 +29,7 @@
 (each gets its rows; runs interleaved: every binary, then the parse). With
 `--sites` other than 100,000 and no `--dir`, the repository goes to
 `.bench/synthetic-<sites>`; the peak-RSS goal is < 1 GiB up to 100,000
-sites and ≤ 2 GiB above (#16: 1,000,000 sites).
+sites and ≤ 2 GiB above (up to 1,000,000 sites).
 
 Standard library plus PyYAML (with libyaml) only. Exit status: 0 measured,
 1 build/generation/check failure, 2 with --enforce when a goal is missed.
@@ -54,7 +54,7 @@ GEN = ROOT / "bench" / "gen_repo.py"
 
 GOAL_RATIO = 0.25
 GOAL_RSS_BYTES = 1 << 30
-# #16: 1,000,000 sites in at most 2 GiB.
+# 1,000,000 sites in at most 2 GiB.
 GOAL_RSS_BYTES_LARGE = 2 << 30
 
 # Runs a command and reports its wall time, exit code and resource usage.
@@ -116,8 +116,8 @@ def die(msg: str, code: int = 1):
 
 def build() -> float:
     t = time.perf_counter()
-    print("bench: cargo build --release -p compiler", file=sys.stderr, flush=True)
-    p = subprocess.run(["cargo", "build", "--release", "-p", "compiler"], cwd=ROOT)
+    print("bench: cargo build --release -p edgeform", file=sys.stderr, flush=True)
+    p = subprocess.run(["cargo", "build", "--release", "-p", "edgeform"], cwd=ROOT)
     if p.returncode != 0:
         die("release build failed")
     return time.perf_counter() - t

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The reference edge under load (#14 "Performance"): wrk against the edge
+# The reference edge under load (bench/RESULTS.md): wrk against the edge
 # serving cache HITs with the Lua access phase (documents cached per
 # worker) vs the same nginx.conf without it (access
 # phases removed, upstream fixed), same origin, same cache, one worker
@@ -12,7 +12,7 @@ cd "$(dirname "$0")/.."
 . scripts/lib.sh
 need_packages "${BUILD_PACKAGES[@]}" "${EDGE_PACKAGES[@]}" redis-server
 secs=${1:-10}; rounds=${2:-3}
-cargo build --release --quiet --locked -p compiler
+cargo build --release --quiet --locked -p edgeform
 work=$(mktemp -d)
 trap 'stop_servers; rm -rf "$work"' EXIT
 SERVER_DIR="$work"

@@ -1,16 +1,16 @@
 #!/usr/bin/env python3
-"""How long one call of heal's server-side comparison blocks Redis at 1M sites (#16).
+"""How long one call of heal's server-side comparison blocks Redis at 1M sites.
 
 At 1,000,000 sites one edge holds ~1.79M managed keys (1.79 a site, as in bench/scale.py's
 repo), so each of the 256 manifest buckets (`edgeform:manifest:<bb>`) holds ~7,000 entries.
 Before, a COMPARE call covered at least one whole bucket; now it covers at most a budget of
-entries (`PER_CALL` in compiler/src/push/heal.rs), splitting a big bucket across calls with
+entries (`PER_CALL` in control/src/heal.rs), splitting a big bucket across calls with
 HSCAN.
 
 The script fills ONE redis-server with a synthetic edge of that size, written as format 2
 writes it (documents, 256 manifest bucket hashes of SHA-1 content hashes, the per-bucket
 digests in `edgeform:manifest:buckets`), then runs each comparison over the whole manifest,
-driven as compiler/src/push/heal.rs drives it:
+driven as control/src/heal.rs drives it:
   - before: COMPARE from --old-rev (one bucket per call, what `buckets_per_call` gave at this
     size);
   - after: COMPARE from this tree, with each budget of --per-call (the Rust loop: bucket, HSCAN
@@ -49,11 +49,35 @@ from benchlib import cpu_seconds, free_port, wait_port  # noqa: E402
 PREFIX, INDEX = "edgeform:manifest:", "edgeform:manifest:buckets"
 
 
+def heal_source(rev: str | None = None) -> str:
+    """heal.rs of the working tree (rev None) or of a revision: control/src/heal.rs,
+    or compiler/src/push/heal.rs before the control crate existed."""
+    for path in ("control/src/heal.rs", "compiler/src/push/heal.rs"):
+        if rev is None:
+            if (ROOT / path).exists():
+                return (ROOT / path).read_text()
+            continue
+        out = subprocess.run(["git", "show", f"{rev}:{path}"], cwd=ROOT, capture_output=True, text=True)
+        if out.returncode == 0:
+            return f"// rev {rev}\n" + out.stdout
+    raise SystemExit(f"no heal.rs at {rev or 'the working tree'}")
+
+
 def script(source: str, name: str) -> str:
+    """A Redis script of heal.rs: an inline `r"..."` string, or the Lua file it
+    includes (control/src/lua/, read from the same revision as `source`)."""
     m = re.search(rf'const {name}: &str = r"\n(.*?)\n";', source, re.S)
+    if m:
+        return m.group(1)
+    m = re.search(rf'const {name}: &str = include_str!\("([^"]+)"\);', source)
     if not m:
         raise SystemExit(f"no {name} script in heal.rs")
-    return m.group(1)
+    rev = re.match(r"// rev (\S+)\n", source)
+    path = f"control/src/{m.group(1)}"
+    if rev:
+        return subprocess.run(["git", "show", f"{rev.group(1)}:{path}"], cwd=ROOT, capture_output=True,
+                              text=True, check=True).stdout
+    return (ROOT / path).read_text()
 
 
 def per_call_default(source: str) -> int:
@@ -251,9 +275,8 @@ def main() -> int:
     ap.add_argument("--callgrind", action="store_true",
                     help="instead: instructions per call on one full-size bucket under callgrind")
     a = ap.parse_args()
-    source = (ROOT / "compiler/src/push/heal.rs").read_text()
-    old = subprocess.run(["git", "show", f"{a.old_rev}:compiler/src/push/heal.rs"], cwd=ROOT,
-                         capture_output=True, text=True, check=True).stdout
+    source = heal_source()
+    old = heal_source(a.old_rev)
     budgets = [int(x) for x in (a.per_call or str(per_call_default(source))).split(",")]
     keys = int(a.sites * a.keys_per_site)
     if a.callgrind:

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Where a no-op heal's time goes inside Redis (#16), counted in instructions.
+"""Where a no-op heal's time goes inside Redis, counted in instructions.
 
 Wall time and CPU time are useless on a shared 2-core machine; callgrind's instruction
 counts are the same whatever else runs. Steps: one redis-server, the scale repository
@@ -7,7 +7,7 @@ counts are the same whatever else runs. Steps: one redis-server, the scale repos
 an RDB; a second redis-server loads that RDB under `valgrind --tool=callgrind`; each script
 below runs once there and the server's instructions for it are read (callgrind_control -z,
 run, callgrind_control -d). Scripts:
-  - heal's COMPARE (taken from compiler/src/push/heal.rs) over all 256 buckets;
+  - heal's COMPARE (taken from control/src/heal.rs) over all 256 buckets;
   - the same with --old: the script before MGET (a GET per key; from git, --old-rev);
   - fetch only: HGETALL of each bucket + MGET of its keys (what any comparison in Lua pays);
   - SHA-1 of one typical value, once per key (redis.sha1hex);
@@ -35,11 +35,35 @@ from benchlib import cpu_seconds, free_port  # noqa: E402
 from push import EDGEFORM, generate  # noqa: E402
 
 
+def heal_source(rev: str | None = None) -> str:
+    """heal.rs of the working tree (rev None) or of a revision: control/src/heal.rs,
+    or compiler/src/push/heal.rs before the control crate existed."""
+    for path in ("control/src/heal.rs", "compiler/src/push/heal.rs"):
+        if rev is None:
+            if (ROOT / path).exists():
+                return (ROOT / path).read_text()
+            continue
+        out = subprocess.run(["git", "show", f"{rev}:{path}"], cwd=ROOT, capture_output=True, text=True)
+        if out.returncode == 0:
+            return f"// rev {rev}\n" + out.stdout
+    raise SystemExit(f"no heal.rs at {rev or 'the working tree'}")
+
+
 def script(source: str, name: str) -> str:
+    """A Redis script of heal.rs: an inline `r"..."` string, or the Lua file it
+    includes (control/src/lua/, read from the same revision as `source`)."""
     m = re.search(rf'const {name}: &str = r"\n(.*?)\n";', source, re.S)
+    if m:
+        return m.group(1)
+    m = re.search(rf'const {name}: &str = include_str!\("([^"]+)"\);', source)
     if not m:
         raise SystemExit(f"no {name} script in heal.rs")
-    return m.group(1)
+    rev = re.match(r"// rev (\S+)\n", source)
+    path = f"control/src/{m.group(1)}"
+    if rev:
+        return subprocess.run(["git", "show", f"{rev.group(1)}:{path}"], cwd=ROOT, capture_output=True,
+                              text=True, check=True).stdout
+    return (ROOT / path).read_text()
 
 
 FETCH = r"""
@@ -176,9 +200,8 @@ def main() -> int:
     ap.add_argument("--dir", type=Path, default=ROOT / ".bench" / "scale")
     a = ap.parse_args()
     generate(a.dir, 10_000)
-    source = (ROOT / "compiler/src/push/heal.rs").read_text()
-    old = subprocess.run(["git", "show", f"{a.old_rev}:compiler/src/push/heal.rs"], cwd=ROOT,
-                         capture_output=True, text=True).stdout
+    source = heal_source()
+    old = heal_source(a.old_rev)
     work = Path(tempfile.mkdtemp(prefix="edgeform-heal-cost-"))
     servers = []
     try:
@@ -198,7 +221,7 @@ def main() -> int:
         plain.cli("SAVE")
         vg = Server(work, True, "vg", plain.dir / "dump.rdb")
         servers.append(vg)
-        # The tree's COMPARE (HSCAN under a budget, #16): a budget above the manifest's size
+        # The tree's COMPARE (HSCAN under a budget): a budget above the manifest's size
         # covers all 256 buckets in one call; before, buckets 0..255.
         heal_args = ["edgeform:manifest:", "edgeform:manifest:buckets", str(10**9), "0", "0",
                      "0" * 32, "0"]

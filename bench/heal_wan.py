@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""A one-shot heal of one far-away edge (#16): `reconcile --once heal` through a link with a
+"""A one-shot heal of one far-away edge: `reconcile --once heal` through a link with a
 round trip of --rtt-ms (bench/latency_proxy.py between edgeform and a real redis-server).
 
 Heal compares inside the edge's Redis in bounded calls (at most 512 manifest entries each), so

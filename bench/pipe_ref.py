@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Full apply vs the fair reference (#16): `check` + `redis-cli --pipe` of the same entries.
+"""Full apply vs the fair reference: `check` + `redis-cli --pipe` of the same entries.
 
 100,000 sites (bench/push.py's repository, .bench/push), 4 real redis-servers on loopback.
 In one run, side by side, medians of --runs:

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Purge to N agents (#16): N redis-servers, one mosquitto, N edgeform-agents on loopback.
+"""Purge to N agents: N redis-servers, one mosquitto, N edgeform-agents on loopback.
 
 For each N in --edges (default 30 300): starts one redis-server per edge, one
 mosquitto broker every agent connects to (health, status, commands: the
@@ -13,10 +13,10 @@ Redis. Then:
     `edgeform purge --site example.com --url /a.mp4 --wait 30`, process start
     to the last node's result; each run must report 2 × N files removed.
 Prints p50/p90/p99/max per N.
-Goal (#16): p50 < 150 ms, p99 < 500 ms at N = 300; idle RSS < 15 MiB each.
+Goal: p50 < 150 ms, p99 < 500 ms at N = 300; idle RSS < 15 MiB each.
 
 Needs the release binaries (built here if missing):
-    cargo build --release --locked -p compiler -p agent --bins
+    cargo build --release --locked -p edgeform -p agent --bins
     cargo build --release --locked -p agent --example gen-cache   # or a debug one (target/debug/examples)
 
 Usage: python3 bench/purge.py [--edges 30 300] [--runs 50] [--settle 3] [--no-files]
@@ -162,7 +162,7 @@ def bench(n: int, runs: int, settle: float, template: Path, per_edge: int, bins:
             t = time.perf_counter()
             r = subprocess.run(ef, capture_output=True, text=True,
                                env={**os.environ, "EDGEFORM_TIMING": "1",
-                                    "EDGEFORM_LOG": "compiler::cli::purge=debug"})
+                                    "EDGEFORM_LOG": "ops::purge=debug"})
             dt = time.perf_counter() - t
             if cpu and run > 0:
                 used = {k: (group_cpu(v) - before[k]) * 1000 for k, v in groups.items()}
@@ -223,7 +223,7 @@ def main() -> int:
                 raise SystemExit(f"--bin {b}: no {d / exe}")
         bins.append((label, d))
     if not (EF.exists() and AGENT.exists()) and any(d == RELEASE for _, d in bins):
-        subprocess.run(["cargo", "build", "--release", "--locked", "-p", "compiler", "-p", "agent", "--bins"],
+        subprocess.run(["cargo", "build", "--release", "--locked", "-p", "edgeform", "-p", "agent", "--bins"],
                        cwd=ROOT, check=True)
     # Any profile's gen-cache writes the same files (a debug one from `cargo test` will do).
     gen = next((g for g in (GEN, ROOT / "target" / "debug" / "examples" / "gen-cache") if g.exists()), GEN)

@@ -31,7 +31,7 @@ def main():
     ap.add_argument("--runs", type=int, default=30)
     ap.add_argument("--edges", type=int, default=11)
     a = ap.parse_args()
-    subprocess.run(["cargo", "build", "--release", "--quiet", "-p", "compiler", "-p", "agent", "--bins", "--examples"],
+    subprocess.run(["cargo", "build", "--release", "--quiet", "-p", "edgeform", "-p", "agent", "--bins", "--examples"],
                    cwd=ROOT, check=True)
     work = Path(tempfile.mkdtemp(prefix="edgeform-purge-e2e-"))
     procs = []

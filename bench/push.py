@@ -112,7 +112,7 @@ def main() -> int:
     ap.add_argument("--bin", type=Path, default=EDGEFORM, help="the edgeform binary to measure")
     a = ap.parse_args()
     if not a.no_build:
-        subprocess.run(["cargo", "build", "--release", "--quiet", "-p", "compiler"], cwd=ROOT, check=True)
+        subprocess.run(["cargo", "build", "--release", "--quiet", "-p", "edgeform"], cwd=ROOT, check=True)
     generate(a.dir, a.sites)
     load_start = os.getloadavg()
     work = Path(tempfile.mkdtemp(prefix="edgeform-push-bench-"))

@@ -10,7 +10,7 @@ cd "$(dirname "$0")/.."
 . scripts/lib.sh
 need_packages "${BUILD_PACKAGES[@]}" redis-server nginx wrk
 secs=${1:-10}
-cargo build --release --quiet --locked -p compiler -p agent
+cargo build --release --quiet --locked -p edgeform -p agent
 work=$(mktemp -d)
 trap 'stop_servers; rm -rf "$work"' EXIT
 SERVER_DIR="$work"

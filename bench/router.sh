@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The geo router under load (#18 "Performance"): wrk against the reference
+# The geo router under load (bench/RESULTS.md): wrk against the reference
 # router (router/: client from X-Forwarded-For, GeoIP2 city lookup,
 # haversine to every edge, rendezvous tie-break, balancer_by_lua) vs nginx
 # proxying to a fixed upstream, same proxy settings, same upstream (an

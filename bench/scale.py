@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
-"""Benchmark the pusher at scale (#16): N edges, each its own redis-server on loopback.
+"""Benchmark the pusher at scale: N edges, each its own redis-server on loopback.
 
 For each N in --edges (default 30, 100, 300) and each binary given (--bin, repeatable:
-e.g. main's build as "before" and this tree's as "after"), prints the table of #16:
+e.g. main's build as "before" and this tree's as "after"), prints one table:
   - `edgeform check` (the reference);
   - a full `apply` to N empty edges;
   - a no-op `plan`;
@@ -201,7 +201,7 @@ def main() -> int:
     ap.add_argument("--full-runs", type=int, default=1)
     ap.add_argument("--dir", type=Path, default=ROOT / ".bench" / "scale")
     ap.add_argument("--daemon", type=float, default=0, metavar="SECONDS",
-                    help="also run the reconcile daemon this long (600: the issue's 10 minutes)")
+                    help="also run the reconcile daemon this long (600: ten minutes)")
     ap.add_argument("--daemon-at", type=int, default=300, metavar="N")
     ap.add_argument("--speedup", type=float, default=10)
     ap.add_argument("--full-heal-every", type=int, default=None, metavar="N",

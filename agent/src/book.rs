@@ -238,9 +238,8 @@ mod tests {
         assert!(!b.health().nodes.contains_key("a"));
     }
 
-    // See: #12 item 4
     #[test]
-    fn r12_4_only_routing_table_nodes_are_tracked() {
+    fn only_routing_table_nodes_are_tracked() {
         let mut b = Book::for_nodes(BTreeSet::from(["a".to_owned()]));
         assert_eq!(b.take("p", "p/health/a", &report("a", 3)), Ok(true));
         for i in 0..1000 {

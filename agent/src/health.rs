@@ -46,7 +46,7 @@ pub fn transmit_bytes(net_dev: &str) -> Option<u64> {
 
 /// Total receive + transmit bytes over every non-loopback interface in
 /// the text of `/proc/net/dev` (the placement budget's measure,
-/// `network_bandwidth_kbit`, #18 item 4).
+/// `network_bandwidth_kbit`).
 #[must_use]
 pub fn receive_transmit_bytes(net_dev: &str) -> Option<u64> {
     let mut total = 0u64;
@@ -442,7 +442,6 @@ Inter-|   Receive                                                |  Transmit
         assert_eq!(kbit_per_sec((0, t), (5, t)), None);
     }
 
-    // See: #18 item 4
     #[test]
     fn receive_and_transmit_over_non_loopback() {
         assert_eq!(
@@ -452,7 +451,6 @@ Inter-|   Receive                                                |  Transmit
         assert_eq!(receive_transmit_bytes("garbage"), None);
     }
 
-    // See: #18 item 3
     #[test]
     fn vod_holdings_from_a_source_field() {
         let v = serde_json::json!({"movie": [1, 3], "trailer": 2});

@@ -13,7 +13,7 @@
 //!
 //! [`serve`] is the listener: HTTP/1.1 through hyper with a header-read
 //! and idle timeout and a connection cap that closes the oldest
-//! connection rather than refusing a new one (#12 item 10).
+//! connection rather than refusing a new one.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -101,7 +101,7 @@ fn no_table() -> Response {
 }
 
 /// Every X-Forwarded-For line, in order: a trusted proxy appends its own
-/// line after a forged one (#12 item 2).
+/// line after a forged one.
 fn forwarded_for(headers: &HeaderMap) -> Option<String> {
     edgestate::route::join_xff(
         headers
@@ -147,7 +147,7 @@ async fn route(
     answer(&app, &health, &choice, &stream, json.then(|| explain(&d)))
 }
 
-/// `GET /vod/<asset>` (#18 item 3): the VOD placement (seed 002) for the
+/// `GET /vod/<asset>`: the VOD placement (seed 002) for the
 /// client, answered like `/route`: 302 + Location (the node's payload URL
 /// and the asset, or the proxy URL with `{stream}` = the asset), 403, 404,
 /// or 503 + Retry-After; `?format=json` explains it (every replica).

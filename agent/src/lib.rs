@@ -17,7 +17,7 @@ pub mod book;
 pub mod cache;
 pub mod commands;
 pub mod config;
-pub mod files;
+pub use agentconf::files;
 pub mod health;
 pub mod http;
 pub mod metrics;

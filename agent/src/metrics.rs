@@ -40,9 +40,9 @@ pub struct Metrics {
     pub routing_generation: Gauge,
     pub play_sessions: Gauge,
     pub out_kbit: Gauge,
-    /// `build_info{version,node}` 1 (#15 item 6).
+    /// `build_info{version,node}` 1.
     pub build_info: Family<BuildLabels, Gauge>,
-    /// Seconds to run one purge job (#15 item 6).
+    /// Seconds to run one purge job.
     pub purge_duration: Histogram,
     /// 1 while the purge worker holds a connection to the node's Redis.
     pub redis_up: Gauge,

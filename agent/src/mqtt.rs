@@ -85,7 +85,7 @@ pub async fn run(
     let mut nodes = table_nodes(&state);
     let mut book = Book::for_nodes(nodes.clone().unwrap_or_default());
     let mut generation = state.generation();
-    // Jittered (#15 item 10): after a broker restart hundreds of agents
+    // Jittered: after a broker restart hundreds of agents
     // must not reconnect in lock-step.
     let mut backoff =
         edgestate::backoff::Backoff::random(Duration::from_millis(250), Duration::from_secs(10));

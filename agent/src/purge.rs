@@ -40,8 +40,9 @@ use crate::shutdown::Shutdown;
 
 /// How long one BLMOVE waits on the server before looping. Shutdown does
 /// not wait for it (the BLMOVE is dropped in flight); an idle agent makes
-/// one round trip per period (#16: was 1 s plus an LLEN, 600 wake-ups a
-/// second of 300 idle agents and their redis-servers on one host).
+/// one round trip per period (a 1 s period plus an LLEN each time would be
+/// 600 wake-ups a second of 300 idle agents and their redis-servers on
+/// one host).
 const BLOCK_SECS: f64 = 5.0;
 /// Failed jobs kept in `<queue>:failed`.
 const FAILED_KEEP: isize = 1000;
@@ -195,7 +196,7 @@ impl Worker {
                 let _ = tokio::task::spawn_blocking(move || e.refresh()).await;
             }
         });
-        // Jittered (#15 item 10): agents sharing a Redis restart do not
+        // Jittered: agents sharing a Redis restart do not
         // come back in lock-step.
         let mut backoff =
             edgestate::backoff::Backoff::random(Duration::from_millis(100), Duration::from_secs(5));
@@ -275,17 +276,17 @@ impl Worker {
                 .arg("RIGHT")
                 .arg(BLOCK_SECS);
             // Jobs are bytes: a non-UTF-8 one is failed, not a decode
-            // error that drops the connection (#12 item 6).
+            // error that drops the connection.
             let next: Option<Vec<u8>> = tokio::select! {
                 r = blmove.query_async(con) => r.context("BLMOVE")?,
                 // Dropping a BLMOVE in flight is safe: a job it moved
                 // stays in processing and is run at the next start.
                 () = shutdown.wait() => return Ok(()),
             };
-            // The queue depth for /metrics without MQTT too (#15 item 6):
+            // The queue depth for /metrics without MQTT too:
             // read in the MULTI that records a job's result; a BLMOVE that
-            // timed out found the queue empty for its whole second (#16:
-            // no LLEN round trip per job or per idle second).
+            // timed out found the queue empty for its whole second (no
+            // LLEN round trip per job or per idle second).
             let depth = match next {
                 Some(text) => self.handle(con, text).await?,
                 None => 0,

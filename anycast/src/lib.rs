@@ -23,6 +23,7 @@
 //!   event. A withdrawal or a session leaving Established removes the
 //!   route. So a bview and updates files may be given in any order.
 
+pub mod audit;
 pub mod mrt;
 
 use std::collections::BTreeMap;

@@ -391,3 +391,6 @@ pub fn nginx_stream(
     let _ = writeln!(out, "}}");
     out
 }
+
+#[cfg(test)]
+mod tests;

@@ -227,6 +227,26 @@ pub fn change_diff(change: &Change) -> String {
     unified(&change.key, &before, &after)
 }
 
+/// A Redis key or value for messages: valid UTF-8 as is (control
+/// characters escaped), any other byte as `\xNN`.
+#[must_use]
+pub fn escape_bytes(bytes: &[u8]) -> String {
+    let mut out = String::with_capacity(bytes.len());
+    for chunk in bytes.utf8_chunks() {
+        for c in chunk.valid().chars() {
+            if c.is_control() || c == '\\' {
+                out.extend(c.escape_default());
+            } else {
+                out.push(c);
+            }
+        }
+        for b in chunk.invalid() {
+            out.push_str(&format!("\\x{b:02x}"));
+        }
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

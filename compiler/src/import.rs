@@ -59,11 +59,11 @@ pub fn text_entries(
                 live.insert(k, v);
             }
             (Err(e), _) => problems.push(Problem {
-                key: crate::push::escape_bytes(e.as_bytes()),
+                key: crate::diff::escape_bytes(e.as_bytes()),
                 message: "the key is not UTF-8; left out (heal removes it)".into(),
             }),
             (Ok(k), Err(e)) => problems.push(Problem {
-                key: crate::push::escape_bytes(k.as_bytes()),
+                key: crate::diff::escape_bytes(k.as_bytes()),
                 message: format!(
                     "the value is not UTF-8 (at byte {}); left out",
                     e.utf8_error().valid_up_to()

@@ -15,31 +15,28 @@
 //! - [`fmt`]: canonical YAML of config files (`edgeform fmt`, `import`).
 //! - [`import`]: site documents read from an edge → `sites/*.yaml`.
 //! - `anycast` (crate): the anycast audit; [`validate`] builds its settings
-//!   from `cluster.yaml`, [`cli`] wires it.
+//!   from `cluster.yaml`, the `edgeform` binary wires it.
 //! - [`workspace`]: the one loader: load → check → commit → compile, each
 //!   step separate; every subcommand stops at the step it needs.
-//! - [`cli`]: the `edgeform` command line; `main.rs` only calls [`cli::main`].
 //!
 //! Everything but `load` (and the CLI's writing of results) is pure.
 
-pub mod bundle;
-pub mod cli;
 pub mod clock;
 pub mod compile;
 pub mod country;
 pub mod diagnostic;
 pub mod diff;
+pub mod files;
 pub mod fmt;
 pub mod import;
 pub mod load;
-pub mod metrics;
 pub mod model;
 pub mod parse;
-pub mod push;
 pub mod report;
 pub mod rule_regex;
 pub mod schema;
-pub mod store;
+#[cfg(test)]
+mod testkit;
 pub mod validate;
 pub mod workspace;
 
@@ -71,7 +68,7 @@ pub fn check(repo: &load::Repo) -> Checked {
     // No file keeps its spanned tree (a file with a problem parses again
     // to locate it) and a site's raw value is dropped as soon as its
     // per-file rules have resolved it, in the same worker, so what stays
-    // is the text and the resolved config (#16).
+    // is the text and the resolved config.
     let (files, early): (Vec<parse::ParsedFile>, Vec<validate::Early>) =
         tracing::info_span!("parse").in_scope(|| {
             repo.sources

@@ -243,7 +243,7 @@ pub fn from_dir(root: &Path) -> Result<Repo> {
 
 /// [`from_dir`] without HEAD's commit (`commit: None`): no git at all —
 /// opening the git repository initialises libgit2 and with it OpenSSL's
-/// trust store, about half of a small repository's load (#16, `purge`).
+/// trust store, about half of a small repository's load (`purge`).
 ///
 /// # Errors
 /// As [`from_dir`].

@@ -28,7 +28,7 @@ pub enum Raw {
 /// The outcome for one file.
 ///
 /// The spanned tree is not kept: on a large repository the trees of every
-/// file would take ~16× the YAML's size (#16), and only the files with a
+/// file would take ~16× the YAML's size, and only the files with a
 /// problem need one. [`ParsedFile::locate`] parses the file's text again,
 /// once, the first time a position is asked for (a file that already had a
 /// diagnostic while parsing keeps the tree it was parsed into). The text is
@@ -554,3 +554,6 @@ pub fn display_pointer(pointer: &str) -> String {
 fn escape_token(key: &str) -> String {
     key.replace('~', "~0").replace('/', "~1")
 }
+
+#[cfg(test)]
+mod tests;

@@ -11,22 +11,6 @@ use crate::diagnostic::{Diagnostic, Severity};
 use crate::diff::{ChangeKind, Diff, TargetDiff, TargetStatus, change_diff, pretty, unified};
 use crate::load::Repo;
 
-/// Output formats of `check`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum CheckFormat {
-    Human,
-    Json,
-    Github,
-}
-
-/// Output formats of `diff`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum DiffFormat {
-    Human,
-    Json,
-    Markdown,
-}
-
 /// A diagnostic with an excerpt of its file, as miette wants it.
 #[derive(Debug)]
 struct Report<'a> {
@@ -640,3 +624,6 @@ pub fn diff_markdown(diff: &Diff, base: &str, head: &str) -> String {
     }
     out
 }
+
+#[cfg(test)]
+mod tests;

@@ -435,7 +435,6 @@ fn first(h: &Hir) -> Bytes {
 mod tests {
     use super::*;
 
-    // See: #12 item 16
     #[test]
     fn catastrophic_recursive_and_rust_only_patterns_are_refused() {
         for (pattern, want) in [
@@ -500,7 +499,6 @@ mod tests {
         assert_eq!(check(&"a".repeat(MAX_LEN + 1)), Err(Refusal::TooLarge));
     }
 
-    // See: #12 item 16
     #[test]
     fn ordinary_rule_patterns_pass() {
         for pattern in [

@@ -119,7 +119,7 @@ pub fn load(root: &Path, rev: Option<&str>) -> Result<Loaded> {
 
 /// [`load`], but a working tree's files alone, without HEAD's commit
 /// (`repo.commit` is `None`; no git is opened): for commands that need
-/// the config and not which commit it is (`purge`, #16). A revision is
+/// the config and not which commit it is. A revision is
 /// still read through git.
 ///
 /// # Errors
@@ -134,7 +134,6 @@ pub fn load_files(root: &Path, rev: Option<&str>) -> Result<Loaded> {
 }
 
 fn loaded(root: &Path, rev: Option<&str>, repo: Repo) -> Result<Loaded> {
-    // See: #19 item 4
     if repo.sources.is_empty() {
         return Err(NotARepo::Empty {
             root: root.to_owned(),
@@ -170,7 +169,7 @@ impl Loaded {
 
 impl Checked {
     /// The valid config alone: no commit, so no git status of the working
-    /// tree (`purge`, #16: it needs the nodes and the site, not which
+    /// tree (`purge`, it needs the nodes and the site, not which
     /// commit they are).
     ///
     /// # Errors

@@ -3,55 +3,20 @@
 //! password read only from the environment variable the configuration
 //! names (never from a file in git), and for TLS an optional CA file.
 
-use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::{Context, bail};
 use rumqttc::{MqttOptions, TlsConfiguration, Transport};
 
-/// Where the broker is and how to log in.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Broker {
-    /// `mqtt://host[:1883]` or `mqtts://host[:8883]`.
-    pub url: String,
-    pub username: Option<String>,
-    /// The environment variable holding the password.
-    pub password_env: Option<String>,
-    /// PEM CA certificate(s) to trust for `mqtts://` (default: the system's).
-    pub ca_file: Option<PathBuf>,
-}
+pub use edgestate::target::Broker;
 
-/// The host, port and whether TLS is used, from a broker URL.
+/// The host, port and whether TLS is used, from a broker URL
+/// ([`edgestate::target::parse_broker_url`]).
 ///
 /// # Errors
 /// Not a URL, another scheme, credentials or a path in the URL.
 pub fn parse_url(text: &str) -> anyhow::Result<(String, u16, bool)> {
-    let url = url::Url::parse(text).with_context(|| format!("`{text}` is not a URL"))?;
-    let tls = match url.scheme() {
-        "mqtt" | "tcp" => false,
-        "mqtts" | "ssl" => true,
-        other => bail!("`{text}`: scheme `{other}` is not mqtt:// or mqtts://"),
-    };
-    if !url.username().is_empty() || url.password().is_some() {
-        bail!(
-            "`{text}`: put the username in `username` and the password in an environment variable, not in the URL"
-        );
-    }
-    if !matches!(url.path(), "" | "/") || url.query().is_some() {
-        bail!("`{text}`: a broker URL has no path or query");
-    }
-    let host = url
-        .host_str()
-        .filter(|h| !h.is_empty())
-        .with_context(|| format!("`{text}` has no host"))?
-        .trim_start_matches('[')
-        .trim_end_matches(']')
-        .to_owned();
-    let port = url.port().unwrap_or(if tls { 8883 } else { 1883 });
-    if port == 0 {
-        bail!("`{text}`: port 0 is not a broker's port");
-    }
-    Ok((host, port, tls))
+    Ok(edgestate::target::parse_broker_url(text)?)
 }
 
 /// MQTT 3.1.1 options for `client_id`: persistent session when

@@ -1,4 +1,4 @@
-//! Reconnect backoff with jitter (#15 item 10).
+//! Reconnect backoff with jitter.
 //!
 //! Hundreds of agents lose the broker (or their Redis) at the same moment
 //! when it restarts; with a plain doubling backoff they all come back in
@@ -89,9 +89,9 @@ pub fn random_seed() -> u64 {
 mod tests {
     use super::*;
 
-    // See: #15 item 10 (many agents do not reconnect in lock-step)
+    // Many agents do not reconnect in lock-step.
     #[test]
-    fn r15_10_delays_of_many_agents_differ() {
+    fn delays_of_many_agents_differ() {
         let initial = Duration::from_millis(250);
         let max = Duration::from_secs(10);
         // 500 agents, each with its own random seed, as after a broker

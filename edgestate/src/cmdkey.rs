@@ -1,4 +1,4 @@
-//! Per-node command authenticity (#15 item 5): commands signed with an
+//! Per-node command authenticity: commands signed with an
 //! ed25519 key only the control host holds, results signed with a key of
 //! the node's own that no other node can compute.
 //!
@@ -247,9 +247,8 @@ mod tests {
         }
     }
 
-    // See: #15 item 5
     #[test]
-    fn r15_5_only_the_control_key_signs_and_only_accepted_schemes_pass() {
+    fn only_the_control_key_signs_and_only_accepted_schemes_pass() {
         let control = key(1);
         let keys = CommandKeys {
             ed25519: Some(control.verifying_key()),
@@ -294,9 +293,9 @@ mod tests {
         assert!(!CommandKeys::default().required());
     }
 
-    // See: #15 item 5 (a node cannot forge another node's result)
+    // A node cannot forge another node's result.
     #[test]
-    fn r15_5_result_keys_are_per_node() {
+    fn result_keys_are_per_node() {
         let control = key(1);
         let (kn, km) = (result_key(&control, "n"), result_key(&control, "m"));
         assert_ne!(kn, km);

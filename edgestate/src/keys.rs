@@ -19,7 +19,7 @@ pub const MANIFEST_BUCKETS: &str = "edgeform:manifest:buckets";
 pub const META: &str = "edgeform:meta";
 /// The apply lease lock (`SET NX PX` with an owner token).
 pub const LOCK: &str = "edgeform:lock";
-/// List: the target's audit trail, newest first, capped (#15 item 8);
+/// List: the target's audit trail, newest first, capped;
 /// one JSON entry per write, pushed in the write's own MULTI/EXEC.
 pub const HISTORY: &str = "edgeform:history";
 /// The value of a `suspended:<host>` key.

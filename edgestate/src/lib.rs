@@ -9,9 +9,13 @@
 //!   fields the seed's `cdn_router.lua` reads;
 //! - [`routing`]: the compiled routing table (`edgeform:routing`);
 //! - [`mqtt`]: the MQTT channel's topics, health report, commands, results;
-//! - [`cmdkey`]: ed25519 command keys and per-node result keys (#15);
+//! - [`cmdkey`]: ed25519 command keys and per-node result keys;
 //! - [`untrusted`]: escaping text from outside before it is shown;
-//! - [`backoff`]: jittered reconnect backoff (pure; the caller seeds it).
+//! - [`backoff`]: jittered reconnect backoff (pure; the caller seeds it);
+//! - [`target`]: how a node's Redis and the broker are reached, as
+//!   configured (checked here, connected to by `edgeredis`/`edgemqtt`).
+//! - [`lua`]: the Lua tables of the edge and the geo router, generated
+//!   from the definitions here.
 //!
 //! **Architecture invariant:** this crate does no I/O and needs no runtime.
 //! Every type here serializes deterministically (structs with fixed field
@@ -23,17 +27,21 @@ pub mod cmdkey;
 pub mod edge;
 pub mod keys;
 pub mod lpm;
+pub mod lua;
 pub mod mqtt;
 pub mod purge;
 pub mod route;
 pub mod routing;
 pub mod site;
+pub mod target;
 pub mod untrusted;
+#[cfg(test)]
+mod vectors;
 
 /// Version of the compiled format, written to `edgeform:meta` as `format`
 /// and into the routing table. Bump it when a reader must change.
 /// 2: the manifest split into 256 bucket hashes with per-bucket digests,
-/// SHA-1 content hashes, and the manifest's digest in the meta (#16).
+/// SHA-1 content hashes, and the manifest's digest in the meta.
 pub const FORMAT_VERSION: u32 = 2;
 
 /// `500ms`, `5s`, `15m`, `1h` → milliseconds: durations as every edgeform

@@ -147,13 +147,13 @@ pub struct HealthReport {
     /// Whole-host transmit rate over non-loopback interfaces.
     pub out_kbit: Option<u64>,
     pub streams: Option<Vec<String>>,
-    /// VOD assets held: asset → revisions (#18 item 3); absent from older
+    /// VOD assets held: asset → revisions; absent from older
     /// agents' reports.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub vod: Option<std::collections::BTreeMap<String, Vec<u64>>>,
     /// Whole-host receive + transmit rate over non-loopback interfaces:
-    /// what the placement budget `network_bandwidth_kbit` limits (#18
-    /// item 4); absent from older agents' reports.
+    /// what the placement budget `network_bandwidth_kbit` limits; absent
+    /// from older agents' reports.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub net_kbit: Option<u64>,
     pub config: ConfigState,
@@ -463,9 +463,8 @@ mod tests {
         assert!(back.verify("n", b"k"));
     }
 
-    // See: #12 item 3
     #[test]
-    fn r12_3_results_are_bound_to_the_command_node_and_key() {
+    fn results_are_bound_to_the_command_node_and_key() {
         let mut c = Command {
             id: "1".into(),
             action: "reload".into(),

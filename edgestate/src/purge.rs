@@ -49,7 +49,7 @@ pub fn done_channel(id: &str) -> String {
 /// The message a worker publishes on [`done_channel`] once its result is
 /// in [`done_key`]: the node's name, a newline, and the value it wrote
 /// there — so a waiter learns the result without reading the hash back
-/// (#16, one round trip less per node). The hash stays the record. Pure.
+/// (one round trip less per node). The hash stays the record. Pure.
 #[must_use]
 pub fn announcement(node: &str, value: &str) -> String {
     format!("{node}\n{value}")
@@ -232,9 +232,8 @@ mod tests {
         assert!(Job::parse(r#"{"grep":"a","rm":"-rf /"}"#).is_err());
     }
 
-    // See: #12 item 6, item 7
     #[test]
-    fn r12_6_7_bytes_too_big_or_not_utf8_fail_without_echo() {
+    fn bytes_too_big_or_not_utf8_fail_without_echo() {
         let big = format!(r#"{{"grep":"{}"}}"#, "a".repeat(MAX_JOB_BYTES));
         let e = Job::parse_bytes(big.as_bytes()).unwrap_err();
         assert!(
@@ -246,9 +245,8 @@ mod tests {
         assert!(Job::parse_bytes(br#"{"key":"k"}"#).is_ok());
     }
 
-    // See: #12 item 15
     #[test]
-    fn r12_15_patterns_matching_everything_need_all() {
+    fn patterns_matching_everything_need_all() {
         for p in ["", ".*", "KEY:", "KEY: ", "^KEY: http", "(?s).", "x*"] {
             let e = Job::grep_matcher(p, false).unwrap_err();
             assert!(e.contains("\"all\": true"), "{p}: {e}");
@@ -274,14 +272,98 @@ mod tests {
         );
     }
 
-    // See: #12 item 16 (one engine, one size limit, one verdict)
+    // One engine, one size limit, one verdict.
     #[test]
-    fn r12_16_one_verdict_for_huge_repetitions() {
+    fn one_verdict_for_huge_repetitions() {
         let e = matcher("a{1000}{1000}").unwrap_err();
         assert!(e.contains("size limit"), "{e}");
         assert!(Job::grep_matcher("a{1000}{1000}", true).is_err());
     }
 }
+
+/// nginx's `levels=` syntax (`1`, `1:2`, `1:1:2`, …): the characters per
+/// directory level, outermost first. One to three levels of `1` or `2`;
+/// nginx refuses the rest, and so does this.
+///
+/// # Errors
+/// Empty input, more than three levels, or a level other than `1`/`2`.
+pub fn parse_levels(s: &str) -> Result<Vec<u8>, LevelsError> {
+    let err = |kind| LevelsError {
+        input: s.to_owned(),
+        kind,
+    };
+    if s.is_empty() {
+        return Err(err(LevelsErrorKind::Empty));
+    }
+    let mut lens = Vec::with_capacity(MAX_LEVELS);
+    for part in s.split(':') {
+        if lens.len() == MAX_LEVELS {
+            return Err(err(LevelsErrorKind::TooMany));
+        }
+        lens.push(match part {
+            "1" => 1,
+            "2" => 2,
+            _ => return Err(err(LevelsErrorKind::BadLevel(part.to_owned()))),
+        });
+    }
+    Ok(lens)
+}
+
+/// Most cache directory levels nginx accepts (`NGX_MAX_PATH_LEVEL`).
+pub const MAX_LEVELS: usize = 3;
+
+/// Why a `levels` value was refused.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LevelsError {
+    input: String,
+    kind: LevelsErrorKind,
+}
+
+impl LevelsError {
+    /// The refused input.
+    #[must_use]
+    pub fn input(&self) -> &str {
+        &self.input
+    }
+
+    /// What was wrong with it.
+    #[must_use]
+    pub fn kind(&self) -> &LevelsErrorKind {
+        &self.kind
+    }
+}
+
+/// The ways a `levels` value can be wrong.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum LevelsErrorKind {
+    /// No level at all.
+    Empty,
+    /// More than three levels.
+    TooMany,
+    /// A level that is not `1` or `2` (the offending part).
+    BadLevel(String),
+}
+
+impl std::fmt::Display for LevelsError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let input = &self.input;
+        match &self.kind {
+            LevelsErrorKind::Empty => {
+                write!(f, "levels `{input}`: expected 1 to 3 levels like `1:2`")
+            }
+            LevelsErrorKind::TooMany => write!(f, "levels `{input}`: at most 3 levels"),
+            LevelsErrorKind::BadLevel(part) => {
+                write!(
+                    f,
+                    "levels `{input}`: a level is `1` or `2` characters, not `{part}`"
+                )
+            }
+        }
+    }
+}
+
+impl std::error::Error for LevelsError {}
 
 /// The seed's cache layout: the defaults of a node's `cache` settings.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -524,7 +606,7 @@ pub fn key_line_regex(template: &str, hosts: &[&str], uri_regex: &str) -> Result
 mod template_tests {
     use super::*;
 
-    // See: #16 (purge third pass: the announcement carries the result)
+    // The announcement carries the result.
     #[test]
     fn announcements_round_trip_and_bare_names_carry_nothing() {
         let m = announcement("edge-1", "2");

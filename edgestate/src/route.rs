@@ -43,11 +43,11 @@ pub struct NodeHealth {
     /// The report is the last one known while its source is unreachable.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub stale: bool,
-    /// VOD assets the node holds: asset → the revisions it has (#18 item 3).
+    /// VOD assets the node holds: asset → the revisions it has.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub vod: Option<BTreeMap<String, Vec<u64>>>,
     /// Receive + transmit kbit/s of the whole host: what
-    /// `network_bandwidth_kbit` (the placement budget) limits (#18 item 4).
+    /// `network_bandwidth_kbit` (the placement budget) limits.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub net_kbit: Option<u64>,
 }
@@ -233,23 +233,30 @@ fn canonical(ip: IpAddr) -> IpAddr {
     }
 }
 
+/// [`stable_hash`]'s constants: FNV-1a's offset basis and prime, then
+/// SplitMix64's two finalizer multipliers.
+pub const HASH_OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
+pub const HASH_PRIME: u64 = 0x0100_0000_01b3;
+pub const HASH_MIX1: u64 = 0xbf58_476d_1ce4_e5b9;
+pub const HASH_MIX2: u64 = 0x94d0_49bb_1331_11eb;
+
 /// A stable 64-bit hash (FNV-1a, then a SplitMix finalizer): the same on
 /// every node and every version, unlike std's hasher.
 #[must_use]
 pub fn stable_hash(parts: &[&[u8]]) -> u64 {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    let mut h: u64 = HASH_OFFSET;
     for part in parts {
         for b in *part {
             h ^= u64::from(*b);
-            h = h.wrapping_mul(0x0100_0000_01b3);
+            h = h.wrapping_mul(HASH_PRIME);
         }
         h ^= 0xff;
-        h = h.wrapping_mul(0x0100_0000_01b3);
+        h = h.wrapping_mul(HASH_PRIME);
     }
     h ^= h >> 30;
-    h = h.wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    h = h.wrapping_mul(HASH_MIX1);
     h ^= h >> 27;
-    h = h.wrapping_mul(0x94d0_49bb_1331_11eb);
+    h = h.wrapping_mul(HASH_MIX2);
     h ^ (h >> 31)
 }
 
@@ -1123,9 +1130,8 @@ pub fn encode_segment(segment: &str) -> String {
 mod hostile_tests {
     use super::*;
 
-    // See: #12 item 2
     #[test]
-    fn r12_2_xff_lines_join_in_order() {
+    fn xff_lines_join_in_order() {
         let lines: [&[u8]; 2] = [b"192.0.2.66", b"198.51.100.9"];
         assert_eq!(join_xff(lines).as_deref(), Some("192.0.2.66, 198.51.100.9"));
         assert_eq!(join_xff(std::iter::empty()), None);
@@ -1136,9 +1142,8 @@ mod hostile_tests {
         assert_eq!(xff_last(&join_xff(bad_last).unwrap()), "5.6.7.8\u{fffd}");
     }
 
-    // See: #12 item 16
     #[test]
-    fn r12_16_segments_are_percent_encoded() {
+    fn segments_are_percent_encoded() {
         assert_eq!(encode_segment("cam-1_a.b~"), "cam-1_a.b~");
         assert_eq!(encode_segment("a b/c?d#e%"), "a%20b%2Fc%3Fd%23e%25");
         assert_eq!(

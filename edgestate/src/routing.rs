@@ -183,10 +183,12 @@ pub fn is_public(ip: std::net::IpAddr) -> bool {
     }
 }
 
+/// The mean Earth radius [`haversine_km`] uses.
+pub const EARTH_RADIUS_KM: f64 = 6371.0088;
+
 /// Great-circle distance in km (haversine, mean Earth radius).
 #[must_use]
 pub fn haversine_km(a: Location, b: Location) -> f64 {
-    const EARTH_RADIUS_KM: f64 = 6371.0088;
     let (lat1, lat2) = (a.lat.to_radians(), b.lat.to_radians());
     let dlat = lat2 - lat1;
     let dlon = (b.lon - a.lon).to_radians();
@@ -217,7 +219,6 @@ mod tests {
 
     #[test]
     fn public_addresses_only_in_pools() {
-        // See: #18 item 2
         for private in [
             "10.2.0.5",
             "172.16.0.1",

@@ -9,7 +9,7 @@
 //! The fields that hold one of a few fixed words (the modes, a rule's
 //! `action` and `match_type`) are [`Word`]s: the compiler borrows the
 //! `&'static str` of its enums, so a million resolved sites do not carry
-//! ~10 small heap strings each (#16); a document read back from JSON owns
+//! ~10 small heap strings each; a document read back from JSON owns
 //! its words. Either way the JSON is the same.
 
 use std::borrow::Cow;
@@ -64,6 +64,68 @@ pub struct EdgeRule {
     pub redirect_to: Option<String>,
 }
 
+/// The JSON type of a document field, as the edge's Lua checks it before
+/// it reads the document (`?`: may be absent or `null`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FieldType {
+    Array,
+    Boolean,
+    String,
+    /// An optional string.
+    OptString,
+    /// An optional integer in `0..=u16::MAX`.
+    OptU16,
+    /// An optional integer in `0..=u32::MAX`.
+    OptU32,
+}
+
+impl FieldType {
+    /// The name the edge's Lua (`edge_decide.lua`'s shape check) reads.
+    #[must_use]
+    pub fn lua_name(self) -> &'static str {
+        match self {
+            FieldType::Array => "array",
+            FieldType::Boolean => "boolean",
+            FieldType::String => "string",
+            FieldType::OptString => "string?",
+            FieldType::OptU16 => "uint16?",
+            FieldType::OptU32 => "uint32?",
+        }
+    }
+}
+
+/// [`SiteDoc`]'s fields and their JSON types: what the edge checks a
+/// document against (a unit test holds it to the struct).
+pub const SITE_FIELDS: [(&str, FieldType); 12] = [
+    ("cache_rules", FieldType::Array),
+    ("cached", FieldType::Boolean),
+    ("cors_mode", FieldType::String),
+    ("edge_rules", FieldType::Array),
+    ("geo_codes", FieldType::String),
+    ("geo_mode", FieldType::String),
+    ("hotlink_mode", FieldType::String),
+    ("ip_list", FieldType::String),
+    ("ip_mode", FieldType::String),
+    ("origin", FieldType::String),
+    ("rate_mode", FieldType::String),
+    ("waf_mode", FieldType::String),
+];
+/// [`CacheRule`]'s fields.
+pub const CACHE_RULE_FIELDS: [(&str, FieldType); 4] = [
+    ("action", FieldType::String),
+    ("match_type", FieldType::String),
+    ("match_value", FieldType::String),
+    ("ttl", FieldType::OptU32),
+];
+/// [`EdgeRule`]'s fields.
+pub const EDGE_RULE_FIELDS: [(&str, FieldType); 5] = [
+    ("action", FieldType::String),
+    ("match_type", FieldType::String),
+    ("match_value", FieldType::String),
+    ("redirect_status", FieldType::OptU16),
+    ("redirect_to", FieldType::OptString),
+];
+
 impl SiteDoc {
     /// The canonical JSON text stored in Redis: sorted keys, no whitespace.
     #[must_use]
@@ -76,6 +138,88 @@ impl SiteDoc {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn full_doc() -> serde_json::Value {
+        serde_json::json!({
+            "cache_rules": [{"action": "ttl", "match_type": "ext", "match_value": ".mp4", "ttl": 60}],
+            "cached": true, "cors_mode": "off",
+            "edge_rules": [{"action": "redirect", "match_type": "prefix", "match_value": "/a",
+                            "redirect_status": 301, "redirect_to": "/b"}],
+            "geo_codes": "", "geo_mode": "off", "hotlink_mode": "off", "ip_list": "",
+            "ip_mode": "off", "origin": "http://o.test", "rate_mode": "off", "waf_mode": "off"
+        })
+    }
+
+    fn json_type(v: &serde_json::Value) -> FieldType {
+        match v {
+            serde_json::Value::Array(_) => FieldType::Array,
+            serde_json::Value::Bool(_) => FieldType::Boolean,
+            _ => FieldType::String,
+        }
+    }
+
+    /// Holds one field table to its struct: the same names; a required
+    /// field's absence refused, an optional one's (and its `null`)
+    /// accepted; the declared type the only one accepted (strings for
+    /// numbers refused, a number above the width refused).
+    fn check_fields<T: serde::de::DeserializeOwned>(
+        full: &serde_json::Value,
+        fields: &[(&str, FieldType)],
+    ) {
+        let obj = full.as_object().unwrap();
+        let names: Vec<&str> = obj.keys().map(String::as_str).collect();
+        let declared: Vec<&str> = fields.iter().map(|f| f.0).collect();
+        assert_eq!(names, declared);
+        assert!(serde_json::from_value::<T>(full.clone()).is_ok());
+        for &(name, ty) in fields {
+            let mut without = obj.clone();
+            without.remove(name);
+            let optional = matches!(
+                ty,
+                FieldType::OptString | FieldType::OptU16 | FieldType::OptU32
+            );
+            let parsed = serde_json::from_value::<T>(without.into()).is_ok();
+            assert_eq!(parsed, optional, "{name}: absent");
+            let mut null = obj.clone();
+            null.insert(name.into(), serde_json::Value::Null);
+            let parsed = serde_json::from_value::<T>(null.into()).is_ok();
+            assert_eq!(parsed, optional, "{name}: null");
+            let max = match ty {
+                FieldType::OptU16 => Some(u64::from(u16::MAX)),
+                FieldType::OptU32 => Some(u64::from(u32::MAX)),
+                _ => None,
+            };
+            if let Some(max) = max {
+                for (v, ok) in [(max, true), (max + 1, false)] {
+                    let mut o = obj.clone();
+                    o.insert(name.into(), v.into());
+                    let parsed = serde_json::from_value::<T>(o.into()).is_ok();
+                    assert_eq!(parsed, ok, "{name}: {v}");
+                }
+                let mut o = obj.clone();
+                o.insert(name.into(), "1".into());
+                assert!(serde_json::from_value::<T>(o.into()).is_err(), "{name}");
+            } else if !optional {
+                assert_eq!(json_type(&obj[name]), ty, "{name}");
+                for other in [serde_json::json!([]), true.into(), "x".into()] {
+                    if json_type(&other) != ty {
+                        let mut o = obj.clone();
+                        o.insert(name.into(), other);
+                        let parsed = serde_json::from_value::<T>(o.into()).is_ok();
+                        assert!(!parsed, "{name}: wrong type accepted");
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn field_tables_describe_the_document_structs() {
+        let full = full_doc();
+        check_fields::<SiteDoc>(&full, &SITE_FIELDS);
+        check_fields::<CacheRule>(&full["cache_rules"][0], &CACHE_RULE_FIELDS);
+        check_fields::<EdgeRule>(&full["edge_rules"][0], &EDGE_RULE_FIELDS);
+    }
 
     /// The seed's own example document, field for field.
     #[test]

@@ -6,13 +6,13 @@
 use std::sync::OnceLock;
 
 use agent::book::Book;
-use agent::config::Config;
+use agentconf::Config;
 use libfuzzer_sys::fuzz_target;
 
 fn actions() -> &'static Config {
     static C: OnceLock<Config> = OnceLock::new();
     C.get_or_init(|| {
-        agent::config::parse(
+        agentconf::parse(
             "agent.yaml",
             "node: n\nregion: r\nredis: {url: redis://x}\nactions:\n  \
              echo:\n    argv: [/usr/bin/echo, \"{w}\"]\n    args: {w: \"[a-z]+\"}\n  \
@@ -24,7 +24,7 @@ fn actions() -> &'static Config {
 
 fuzz_target!(|data: &[u8]| {
     if let Ok(text) = std::str::from_utf8(data) {
-        if let Err(e) = agent::config::parse("agent.yaml", text) {
+        if let Err(e) = agentconf::parse("agent.yaml", text) {
             assert!(!e.message.is_empty());
             let _ = e.to_string();
         }

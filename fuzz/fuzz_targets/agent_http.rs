@@ -121,6 +121,8 @@ fuzz_target!(|data: &[u8]| {
                 out_kbit: Some(1),
                 streams: Some(vec![stream.to_owned(), "cam1".into()]),
                 stale: false,
+                vod: None,
+                net_kbit: None,
             },
         );
     }

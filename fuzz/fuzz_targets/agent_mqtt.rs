@@ -53,7 +53,7 @@ fuzz_target!(|data: &[u8]| {
         assert!(!r.verify(command(), "n", b"not-the-key"));
         let shown = edgestate::untrusted::escape(&r.stdout);
         assert!(!shown.chars().any(char::is_control));
-        let _ = compiler::cli::mqtt::describe(&r);
+        let _ = ops::mqtt::describe(&r);
     }
     let preview = edgestate::untrusted::preview(payload, 200);
     assert!(!preview.chars().any(char::is_control));

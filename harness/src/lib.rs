@@ -615,7 +615,7 @@ fn mosquitto_conf(fixed: Option<u16>, dir: tempfile::TempDir, listener: &str) ->
         let log = d.path().join("mosquitto.log");
         // max_queued_messages: the default (1000 per client) drops QoS 1
         // commands beyond it while an agent works through a burst; see
-        // docs/operations.md (#12 item 11).
+        // docs/operations.md.
         // A caller's own limits (in `listener`) replace the default.
         let queued = if listener.contains("max_queued_messages") {
             ""

@@ -310,6 +310,57 @@ pub fn stream(stream_conf: impl Fn(&str) -> String) -> Edge {
     panic!("nginx (stream) did not start:\n{last}");
 }
 
+/// An nginx with the Lua module (as the edge loads it: its PCRE, its
+/// `lua_regex_match_limit`) whose every request runs `content_lua`, a
+/// `content_by_lua_block` body, with `lua_dirs` on the package path: the
+/// pure Lua modules on test input, answered over HTTP. The process's
+/// `port` is the listen port.
+///
+/// # Panics
+/// When nginx does not come up (its error log is shown).
+#[must_use]
+pub fn lua_runner(lua_dirs: &[PathBuf], content_lua: &str) -> Edge {
+    let mut last = String::new();
+    let path: String = lua_dirs
+        .iter()
+        .map(|d| format!("{}/?.lua;", d.display()))
+        .collect();
+    for _ in 0..5 {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let port = free_port();
+        let prefix = dir.path().display().to_string();
+        let user = std::env::var("USER").unwrap_or_default();
+        let user = if user.is_empty() { "root".into() } else { user };
+        let text = format!(
+            "load_module /usr/lib/nginx/modules/ndk_http_module.so;\n\
+             load_module /usr/lib/nginx/modules/ngx_http_lua_module.so;\n\
+             user {user};\ndaemon off;\nmaster_process on;\nworker_processes 1;\n\
+             pid {prefix}/nginx.pid;\nerror_log {prefix}/error.log notice;\n\
+             events {{ worker_connections 64; }}\n\
+             http {{\n  access_log off;\n  client_body_temp_path {prefix}/client_body;\n\
+             \x20 client_max_body_size 16m;\n  client_body_buffer_size 16m;\n\
+             \x20 lua_package_path \"{path}/usr/share/lua/5.1/?.lua;/usr/share/lua/5.1/?/init.lua;;\";\n\
+             \x20 lua_regex_match_limit 100000;\n\
+             \x20 server {{\n    listen 127.0.0.1:{port};\n\
+             \x20   location / {{ content_by_lua_block {{\n{content_lua}\n    }} }}\n  }}\n}}\n"
+        );
+        let conf = dir.path().join("nginx.conf");
+        std::fs::write(&conf, text).expect("write nginx.conf");
+        match start(dir, prefix, &conf, port) {
+            Ok(process) => {
+                let cache_dir = process.dir.path().to_path_buf();
+                return Edge {
+                    process,
+                    conf,
+                    cache_dir,
+                };
+            }
+            Err(log) => last = log,
+        }
+    }
+    panic!("nginx (Lua runner) did not start:\n{last}");
+}
+
 /// What differs between geo routers (`router/`, docs/router.md).
 #[derive(Debug, Clone)]
 pub struct RouterOptions {

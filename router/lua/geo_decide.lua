@@ -5,18 +5,20 @@
 -- location; edges within tie_km of the nearest are tied and chosen by
 -- rendezvous hash (edgestate::route::stable_hash: FNV-1a 64, then a
 -- SplitMix finalizer) of the client IP's text as Rust prints it, highest
--- (hash, name) wins. compiler/tests/it/router.rs checks, for every network
--- of MaxMind's test database, that this file and `edgeform route --geo`
--- choose the same edge.
+-- (hash, name) wins. Its constants come from geo_tables.lua (generated
+-- from the Rust); both sides run testdata/route/nearest.jsonl, and
+-- compiler/tests/it/router.rs checks, for every network of MaxMind's test
+-- database, that this file and `edgeform route --geo` choose the same edge.
 
 local bit = require "bit"
+local T = require "geo_tables"   -- generated from the Rust definitions
 local bxor, rshift = bit.bxor, bit.rshift
 local byte, format, concat = string.byte, string.format, table.concat
 local sin, cos, asin, sqrt, min = math.sin, math.cos, math.asin, math.sqrt, math.min
 
 local _M = {}
 
-local EARTH_RADIUS_KM = 6371.0088
+local EARTH_RADIUS_KM = T.EARTH_RADIUS_KM
 local RAD = math.pi / 180 -- Rust's f64::to_radians: x * (PI / 180)
 
 local function rad(x) return x * RAD end
@@ -33,10 +35,7 @@ function _M.haversine_km(alat, alon, blat, blon)
   return 2.0 * EARTH_RADIUS_KM * asin(min(sqrt(h), 1.0))
 end
 
-local OFFSET = 0xcbf29ce484222325ULL
-local PRIME = 0x100000001b3ULL
-local M1 = 0xbf58476d1ce4e5b9ULL
-local M2 = 0x94d049bb133111ebULL
+local OFFSET, PRIME, M1, M2 = T.HASH_OFFSET, T.HASH_PRIME, T.HASH_MIX1, T.HASH_MIX2
 
 -- edgestate::route::stable_hash(&[a, b]) as a uint64 cdata.
 function _M.stable_hash(a, b)
@@ -109,6 +108,14 @@ function _M.edges(routing)
   table.sort(out, function(a, b) return a.name < b.name end)
   return out
 end
+
+-- The table's tie distance (geo.tie_km), else the default.
+function _M.tie_km(routing)
+  local geo = type(routing) == "table" and routing.geo
+  return type(geo) == "table" and tonumber(geo.tie_km) or T.DEFAULT_TIE_KM
+end
+
+_M.RETRY_AFTER = T.RETRY_AFTER
 
 -- The decision: the chosen edge (an entry of `edges`) or nil.
 -- `online(name)` says whether the agent knows the edge online; `key` is

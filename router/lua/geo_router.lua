@@ -27,7 +27,7 @@ local conf = {}
 local generation        -- edgeform:meta generation of the table in use
 local edges = {}        -- geo_decide.edges(table)
 local trusted = {}      -- networks whose X-Forwarded-For is believed
-local tie_km = 100
+local tie_km = decide.tie_km(nil)
 local routing_stale = true   -- no table yet, or Redis unreachable
 local health = {}       -- node → online (true/false)
 local health_text       -- the file's last content
@@ -63,7 +63,7 @@ local function load_table(text)
   end
   trusted = list
   edges = decide.edges(t)
-  tie_km = type(t.geo) == "table" and tonumber(t.geo.tie_km) or 100
+  tie_km = decide.tie_km(t)
   epoch = epoch + 1
   return true
 end
@@ -154,19 +154,9 @@ function _M.init_worker()
   ngx.timer.every(conf.poll, tick)
 end
 
--- The client: (bytes, text) — as the edge finds it (cdn_router.lua).
-local function client_ip()
-  local peer_text = ngx.var.remote_addr
-  local peer = ip.parse(peer_text)
-  if not peer then return nil end
-  local is_trusted = false
-  for _, n in ipairs(trusted) do
-    if ip.contains(n, peer) then is_trusted = true break end
-  end
-  if not is_trusted then return peer end
-  local xff = ngx.var.http_x_forwarded_for
-  if not xff then return peer end
-  return ip.parse(ip.xff_last(xff)) or peer
+-- The client's bytes, as the edge finds it (edge_ip.client).
+local function client_ip(xff)
+  return (ip.client(trusted, ngx.var.remote_addr, xff))
 end
 
 local function is_online(name)
@@ -191,7 +181,7 @@ function _M.access()
   if xff then raw = raw .. "|" .. xff end
   local d = decisions:get(raw)
   if not d or d.epoch ~= epoch then
-    local client = client_ip()
+    local client = client_ip(xff)
     if not client then
       return ngx.exit(400)
     end
@@ -211,7 +201,7 @@ function _M.access()
   end
   if not d.edge then
     ngx.var.router_note = d.note
-    ngx.var.router_retry = "5"
+    ngx.var.router_retry = tostring(decide.RETRY_AFTER)
     return ngx.exit(503)
   end
   ngx.ctx.edge = d.edge

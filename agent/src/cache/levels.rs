@@ -14,7 +14,7 @@ use std::str::FromStr;
 use md5::{Digest, Md5};
 
 /// Most levels nginx accepts (`NGX_MAX_PATH_LEVEL`).
-const MAX_LEVELS: usize = 3;
+const MAX_LEVELS: usize = edgestate::purge::MAX_LEVELS;
 
 /// Length of a cache file's name: the hex md5 of the key.
 pub(crate) const NAME_LEN: usize = 32;
@@ -35,27 +35,13 @@ impl Levels {
     /// Empty input, more than three levels, or a level other than `1`/`2`
     /// (nginx refuses the same).
     pub fn parse(s: &str) -> Result<Levels, LevelsError> {
-        let err = |kind| LevelsError {
-            input: s.to_owned(),
-            kind,
-        };
-        if s.is_empty() {
-            return Err(err(LevelsErrorKind::Empty));
-        }
+        let parsed = edgestate::purge::parse_levels(s)?;
         let mut lens = [0; MAX_LEVELS];
-        let mut count = 0u8;
-        for part in s.split(':') {
-            let Some(slot) = lens.get_mut(usize::from(count)) else {
-                return Err(err(LevelsErrorKind::TooMany));
-            };
-            *slot = match part {
-                "1" => 1,
-                "2" => 2,
-                _ => return Err(err(LevelsErrorKind::BadLevel(part.to_owned()))),
-            };
-            count += 1;
-        }
-        Ok(Levels { lens, count })
+        lens[..parsed.len()].copy_from_slice(&parsed);
+        Ok(Levels {
+            lens,
+            count: u8::try_from(parsed.len()).unwrap_or(0),
+        })
     }
 
     /// Characters per level, first (outermost) level first: `[1, 2]` for
@@ -152,58 +138,7 @@ pub(crate) fn hex_name(digest: &[u8; 16]) -> HexName {
     HexName(out)
 }
 
-/// Why a `levels` value was refused.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct LevelsError {
-    input: String,
-    kind: LevelsErrorKind,
-}
-
-impl LevelsError {
-    /// The refused input.
-    #[must_use]
-    pub fn input(&self) -> &str {
-        &self.input
-    }
-
-    /// What was wrong with it.
-    #[must_use]
-    pub fn kind(&self) -> &LevelsErrorKind {
-        &self.kind
-    }
-}
-
-/// The ways a `levels` value can be wrong.
-#[derive(Clone, Debug, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum LevelsErrorKind {
-    /// No level at all.
-    Empty,
-    /// More than three levels.
-    TooMany,
-    /// A level that is not `1` or `2` (the offending part).
-    BadLevel(String),
-}
-
-impl fmt::Display for LevelsError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let input = &self.input;
-        match &self.kind {
-            LevelsErrorKind::Empty => {
-                write!(f, "levels `{input}`: expected 1 to 3 levels like `1:2`")
-            }
-            LevelsErrorKind::TooMany => write!(f, "levels `{input}`: at most 3 levels"),
-            LevelsErrorKind::BadLevel(part) => {
-                write!(
-                    f,
-                    "levels `{input}`: a level is `1` or `2` characters, not `{part}`"
-                )
-            }
-        }
-    }
-}
-
-impl std::error::Error for LevelsError {}
+pub use edgestate::purge::{LevelsError, LevelsErrorKind};
 
 #[cfg(test)]
 mod tests;

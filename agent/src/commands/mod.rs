@@ -226,7 +226,7 @@ async fn handle(
     let (mut out, authenticated) = answer(config, &mqtt.keys, con, taken, &cmd, unix_now()).await;
     if authenticated {
         // The answer to an ed25519 command is signed with this node's own
-        // result key; to a legacy one with the shared key (#15 item 5).
+        // result key; to a legacy one with the shared key.
         let key = match mqtt.keys.verify(&cmd, node) {
             Ok(edgestate::cmdkey::Scheme::Ed25519) => mqtt.result_key.as_deref(),
             Ok(edgestate::cmdkey::Scheme::Hmac) => mqtt.command_key.as_deref(),
@@ -439,9 +439,8 @@ mod tests {
         }
     }
 
-    // See: #13 item 3 (whether a refusal claims the id, by kind)
     #[test]
-    fn r13_3_only_policy_refusals_claim_the_id() {
+    fn only_policy_refusals_claim_the_id() {
         let c = config();
         let key: &[u8] = b"k";
         // Unsigned, and signed with another key: unauthenticated.

@@ -350,7 +350,6 @@ fn signed_commands_when_a_key_is_configured() {
         (res.status, res.stdout.as_str()),
         (Outcome::Ok, "said hi\n")
     );
-    // See: #12 item 3. The result is signed for this command; the
     // refusals of unauthenticated ones are not.
     assert!(res.verify(&good, "edge-1", b"s3cret"), "{res:?}");
     assert!(!res.verify(&wrong, "edge-1", b"s3cret"));
@@ -434,7 +433,7 @@ fn routing_health_from_mqtt_survives_the_broker() {
     );
     assert!(body.contains("edgeform_agent_mqtt_connected 1"), "{body}");
     // edge-a and edge-b; the agent's own edge-1 is not in this routing
-    // table, so it is not tracked (#12 item 4; this was 3 before).
+    // table, so it is not tracked.
     assert!(
         body.contains("edgeform_agent_cluster_nodes_reporting 2"),
         "{body}"
@@ -588,12 +587,11 @@ fn rss_kib(pid: u32) -> u64 {
         .unwrap()
 }
 
-// See: #12 item 4
 /// 50,000 health reports and statuses for invented nodes: ignored (only
 /// routing-table nodes are tracked), counted, memory bounded, and `/route`
 /// keeps answering from the real nodes' health.
 #[test]
-fn r12_4_reports_for_invented_nodes_are_ignored_with_bounded_memory() {
+fn reports_for_invented_nodes_are_ignored_with_bounded_memory() {
     let r = harness::redis(&[]);
     let broker = harness::mosquitto();
     let dir = tempfile::tempdir().unwrap();
@@ -656,7 +654,9 @@ fn r12_4_reports_for_invented_nodes_are_ignored_with_bounded_memory() {
         std::thread::sleep(Duration::from_millis(200));
     }
     let after = rss_kib(pid);
-    eprintln!("r12_4: agent RSS {before} KiB before, {after} KiB after {n} invented reports");
+    eprintln!(
+        "invented reports: agent RSS {before} KiB before, {after} KiB after {n} invented reports"
+    );
     assert!(
         after < before + 30 * 1024,
         "RSS grew from {before} KiB to {after} KiB"
@@ -665,13 +665,12 @@ fn r12_4_reports_for_invented_nodes_are_ignored_with_bounded_memory() {
     assert_eq!(get(http, "/route/cam1", "").0, 302);
 }
 
-// See: #12 item 4 (broker ACLs)
 /// The shipped `packaging/mosquitto.acl` on a real mosquitto with
 /// password logins: the agent works (online, health, commands), and a
 /// forged retained `status/edge-1 = offline` sent with another agent's
 /// credentials is refused by the broker.
 #[test]
-fn r12_4_broker_acl_confines_each_agent_to_its_own_topics() {
+fn broker_acl_confines_each_agent_to_its_own_topics() {
     let acl = std::fs::read_to_string(
         Path::new(env!("CARGO_MANIFEST_DIR")).join("../packaging/mosquitto.acl"),
     )
@@ -743,12 +742,11 @@ fn r12_4_broker_acl_confines_each_agent_to_its_own_topics() {
     );
 }
 
-// See: #12 item 11
 /// 3,000 valid commands published at once: every one is answered (run),
 /// none lost between the broker's queue and the agent; a refused command
 /// holds its id only until it expires (plus an hour), not for 7 days.
 #[test]
-fn r12_11_a_burst_of_3000_commands_is_fully_answered() {
+fn a_burst_of_3000_commands_is_fully_answered() {
     let r = harness::redis(&[]);
     let broker = harness::mosquitto();
     let dir = tempfile::tempdir().unwrap();
@@ -814,12 +812,11 @@ fn r12_11_a_burst_of_3000_commands_is_fully_answered() {
     assert!(ttl("b0000") > 6 * 24 * 3600);
 }
 
-// See: #12 item 16
 /// `mqtts://` without `ca_file` uses the system's trust store: a broker
 /// whose CA is not in it is refused loudly (logged, retried), never
 /// silently off; `--check-config` refuses a `ca_file` that is missing.
 #[test]
-fn r12_16_mqtts_without_ca_file_uses_the_system_store_and_says_so() {
+fn mqtts_without_ca_file_uses_the_system_store_and_says_so() {
     let r = harness::redis(&[]);
     let (broker, _ca) = harness::mosquitto_tls("edge-1", "pw");
     let dir = tempfile::tempdir().unwrap();

@@ -1,5 +1,5 @@
-//! Issue #15 items 5, 6, 10 on the agent side, against real servers:
-//! JSON log lines, ed25519 command keys (real mosquitto), metrics.
+//! Observability and command keys on the agent side, against real
+//! servers: JSON log lines, ed25519 command keys (real mosquitto), metrics.
 
 use std::time::Duration;
 
@@ -20,9 +20,8 @@ fn json_lines(log: &str) -> Vec<serde_json::Value> {
         .collect()
 }
 
-// See: #15 item 10 (--log-format json)
 #[test]
-fn r15_10_json_log_lines_parse() {
+fn json_log_lines_parse() {
     let r = harness::redis(&[]);
     let dir = tempfile::tempdir().unwrap();
     let mut agent = Agent::start_env(
@@ -73,10 +72,10 @@ fn key_files(dir: &std::path::Path, control: &SigningKey, node: &str) -> String 
     )
 }
 
-// See: #15 item 5 (a command signed with another node's material is
-// refused: real mosquitto, real agent)
+/// A command signed with another node's material is refused (real
+/// mosquitto, real agent).
 #[test]
-fn r15_5_ed25519_commands_and_other_nodes_material_refused() {
+fn ed25519_commands_and_other_nodes_material_refused() {
     let r = harness::redis(&[]);
     let broker = harness::mosquitto();
     let dir = tempfile::tempdir().unwrap();
@@ -141,9 +140,8 @@ fn r15_5_ed25519_commands_and_other_nodes_material_refused() {
     );
 }
 
-// See: #15 item 5 (migration: the shared key accepted only while configured)
 #[test]
-fn r15_5_migration_accepts_both_until_the_shared_key_goes() {
+fn migration_accepts_both_until_the_shared_key_goes() {
     let r = harness::redis(&[]);
     let broker = harness::mosquitto();
     let dir = tempfile::tempdir().unwrap();
@@ -192,9 +190,8 @@ fn r15_5_migration_accepts_both_until_the_shared_key_goes() {
     assert!(res.reason.unwrap().contains("HMAC key is retired"));
 }
 
-// See: #15 item 5 (an unreadable key file: one line naming the file)
 #[test]
-fn r15_5_unreadable_or_wrong_key_files_are_one_line_errors() {
+fn unreadable_or_wrong_key_files_are_one_line_errors() {
     let dir = tempfile::tempdir().unwrap();
     let config = dir.path().join("agent.yaml");
     let missing = dir.path().join("nope.pub");
@@ -263,10 +260,10 @@ fn scrape(port: u16) -> std::collections::BTreeMap<String, f64> {
         .collect()
 }
 
-// See: #15 item 6 (agent: build_info, purge duration histogram, queue
-// depth, redis_up, on a separate metrics listener; real Redis)
+/// build_info, the purge duration histogram, queue depth and redis_up,
+/// on a separate metrics listener (real Redis).
 #[test]
-fn r15_6_agent_metrics_on_a_separate_listener() {
+fn agent_metrics_on_a_separate_listener() {
     let mut r = harness::redis(&[]);
     let cache = crate::util::Cache::new();
     let file = cache.put("static", "httpexample.com/a.mp4");

@@ -112,11 +112,10 @@ fn sample_agent_yaml_sets_every_key() {
     }
 }
 
-// See: #19 item 7, #13 item 5
 /// `--check-config` on the sample with nothing deployed reports every
 /// missing variable and the missing CA file in one run, each at its line.
 #[test]
-fn r19_7_check_config_reports_every_missing_variable_and_the_ca_file() {
+fn check_config_reports_every_missing_variable_and_the_ca_file() {
     let out = Command::new(env!("CARGO_BIN_EXE_edgeform-agent"))
         .arg("--config")
         .arg(sample())
@@ -144,11 +143,10 @@ fn r19_7_check_config_reports_every_missing_variable_and_the_ca_file() {
     assert!(err.contains("4 errors in"), "{err}");
 }
 
-// See: #19 item 7
 /// Without `--config` and no /etc/edgeform/agent.yaml: a hint, not
 /// `agent.yaml:0:0: cannot read`.
 #[test]
-fn r19_7_no_config_gives_a_hint() {
+fn no_config_gives_a_hint() {
     if Path::new("/etc/edgeform/agent.yaml").exists() {
         return;
     }

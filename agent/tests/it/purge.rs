@@ -277,12 +277,11 @@ fn peak_rss_kib(pid: u32) -> u64 {
         .unwrap()
 }
 
-// See: #12 item 6, item 7
 /// A 20 MB regex job and a non-UTF-8 job on a real Redis are failed
 /// without echoing them, the agent stays small and connected, and the
 /// normal job queued after them runs.
 #[test]
-fn r12_6_7_huge_and_non_utf8_jobs_fail_and_the_next_job_runs() {
+fn huge_and_non_utf8_jobs_fail_and_the_next_job_runs() {
     let r = harness::redis(&[]);
     let cache = Cache::new();
     let f = cache.put("static", "httpexample.com/after");
@@ -331,7 +330,7 @@ fn r12_6_7_huge_and_non_utf8_jobs_fail_and_the_next_job_runs() {
     );
     let rss = peak_rss_kib(agent.child.as_ref().unwrap().id());
     eprintln!(
-        "r12_6_7: agent peak RSS {rss} KiB after a {}-byte job",
+        "huge job: agent peak RSS {rss} KiB after a {}-byte job",
         huge.len()
     );
     assert!(rss < 200 * 1024, "peak RSS {rss} KiB");
@@ -342,11 +341,10 @@ fn r12_6_7_huge_and_non_utf8_jobs_fail_and_the_next_job_runs() {
     assert_eq!(processing, 0);
 }
 
-// See: #12 item 7
 /// A job found in processing that was already started three times without
 /// finishing (it killed the agent each time) is failed unrun.
 #[test]
-fn r12_7_a_poison_job_is_failed_after_three_unfinished_starts() {
+fn a_poison_job_is_failed_after_three_unfinished_starts() {
     let r = harness::redis(&[]);
     let cache = Cache::new();
     let f = cache.put("static", "httpexample.com/poison");
@@ -385,11 +383,10 @@ fn r12_7_a_poison_job_is_failed_after_three_unfinished_starts() {
     assert_eq!(left, 0);
 }
 
-// See: #12 item 15
 /// A raw pattern that matches every key is failed unless the job says
 /// `"all": true`; the seed's and `edgeform purge`'s scoped jobs run.
 #[test]
-fn r12_15_unscoped_patterns_need_the_all_flag() {
+fn unscoped_patterns_need_the_all_flag() {
     let r = harness::redis(&[]);
     let cache = Cache::new();
     let a = cache.put("static", "httpexample.com/a");
@@ -408,10 +405,9 @@ fn r12_15_unscoped_patterns_need_the_all_flag() {
     assert!(!exists(&a) && !exists(&b));
 }
 
-// See: #19 item 7
 /// Redis unreachable: the log names the URL once and the cause once.
 #[test]
-fn r19_7_redis_errors_name_the_url_once() {
+fn redis_errors_name_the_url_once() {
     let port = harness::free_port();
     let cache = Cache::new();
     let agent = Agent::start(port, &cache.dirs());
@@ -438,9 +434,8 @@ fn tls_redis(port: u16, ca: &std::path::Path) -> String {
     )
 }
 
-// See: #15 item 2
 #[test]
-fn r15_2_purge_over_tls_redis() {
+fn purge_over_tls_redis() {
     let certs = harness::Certs::new();
     let (r, tls) = harness::redis_tls(&certs, false);
     let cache = Cache::new();
@@ -455,9 +450,8 @@ fn r15_2_purge_over_tls_redis() {
     assert!(!exists(&file));
 }
 
-// See: #15 item 2
 #[test]
-fn r15_2_agent_refuses_a_redis_with_a_wrong_ca() {
+fn agent_refuses_a_redis_with_a_wrong_ca() {
     let certs = harness::Certs::new();
     let other = harness::Certs::new();
     let (r, tls) = harness::redis_tls(&certs, false);
@@ -492,7 +486,6 @@ fn r15_2_agent_refuses_a_redis_with_a_wrong_ca() {
     assert!(exists(&file));
 }
 
-// See: #16 (purge --wait without polling)
 #[test]
 fn each_result_is_announced_on_the_done_channel_after_it_is_recorded() {
     let r = harness::redis(&[]);
@@ -509,8 +502,7 @@ fn each_result_is_announced_on_the_done_channel_after_it_is_recorded() {
     push_job(r.port, r#"{"id":"ann","key":"httpexample.com/announced"}"#);
     let msg = pubsub.get_message().unwrap();
     assert_eq!(msg.get_channel_name(), "cdn:purge:done:ann");
-    // The node and its value (#16, third pass: the waiter need not read
-    // the hash back).
+    // The node and its value (the waiter need not read the hash back).
     assert_eq!(msg.get_payload::<String>().unwrap(), "edge-1\n1");
     // The hash (the record) is already written when the announcement comes.
     let v: Option<String> = redis::cmd("HGET")

@@ -242,12 +242,11 @@ fn agent_with(
     (agent, http, dir)
 }
 
-// See: #12 item 2
 /// Behind a trusted proxy that appends its own `X-Forwarded-For` line
 /// (HAProxy), the client is the last address of the last line: a forged
 /// first line changes nothing.
 #[test]
-fn r12_2_two_xff_lines_the_last_address_wins() {
+fn two_xff_lines_the_last_address_wins() {
     let r = harness::redis(&[]);
     let mut t = table("https://a.example.net");
     t.trusted_proxies = vec!["127.0.0.0/8".into()];
@@ -269,11 +268,10 @@ fn r12_2_two_xff_lines_the_last_address_wins() {
     );
 }
 
-// See: #12 item 16
 /// The `Location` header is percent-encoded: a stream name with spaces,
 /// non-ASCII or a `/` cannot change the URL (and is not dropped).
 #[test]
-fn r12_16_location_is_percent_encoded() {
+fn location_is_percent_encoded() {
     let r = harness::redis(&[]);
     let t = table("https://a.example.net/live/");
     let (_agent, http, _dir) = agent_with(&r, &t, &["cam é/x?y"]);
@@ -287,13 +285,12 @@ fn r12_16_location_is_percent_encoded() {
 
 const HEADER_TIMEOUT_SECS: u64 = agent::http::HEADER_TIMEOUT.as_secs();
 
-// See: #12 item 10
 /// Under `ulimit -n 1024` (hard), 1,100 idle connections do not stop
 /// `/route`: the connection cap (below the descriptor limit) closes the
 /// oldest ones, and an idle connection is closed after the header-read
 /// timeout anyway.
 #[test]
-fn r12_10_idle_connections_do_not_stop_route() {
+fn idle_connections_do_not_stop_route() {
     use rustix::process::{Resource, getrlimit, setrlimit};
     // This test process needs descriptors for 1,100 client sockets.
     let mut limit = getrlimit(Resource::Nofile);
@@ -358,7 +355,7 @@ fn r12_10_idle_connections_do_not_stop_route() {
     let waited = Instant::now();
     let got = last.read(&mut buf);
     eprintln!(
-        "r12_10: last idle connection: {got:?} after {:?} (flood started {:?} ago)",
+        "idle connections: last idle connection: {got:?} after {:?} (flood started {:?} ago)",
         waited.elapsed(),
         started.elapsed()
     );
@@ -371,11 +368,10 @@ fn r12_10_idle_connections_do_not_stop_route() {
     );
 }
 
-// See: #12 item 9
 /// `routing.health_file` (and a metric source) on a fifo: the agent does
 /// not hang, says why, keeps serving, and stops on SIGTERM.
 #[test]
-fn r12_9_a_fifo_health_file_neither_hangs_nor_blocks_sigterm() {
+fn a_fifo_health_file_neither_hangs_nor_blocks_sigterm() {
     let r = harness::redis(&[]);
     let dir = tempfile::tempdir().unwrap();
     let fifo = dir.path().join("health.fifo");
@@ -417,7 +413,6 @@ fn r12_9_a_fifo_health_file_neither_hangs_nor_blocks_sigterm() {
     assert!(asked.elapsed() < Duration::from_secs(5));
 }
 
-// See: #18 item 3
 /// `GET /vod/<asset>` over real HTTP: the placement among the revisions
 /// nodes report (health `vod`), seed 002's order, explained in JSON.
 #[test]

@@ -102,7 +102,7 @@ pub struct Site {
     /// `None`: every region. As written in the file (in its order, so
     /// `regions[i]` locates the i-th name); a list, not a `BTreeSet`,
     /// whose node would cost ~300 bytes per site even for one region
-    /// (#16). Membership is all that is asked of it.
+    /// (at 1,000,000 sites). Membership is all that is asked of it.
     pub regions: Option<Box<[String]>>,
     /// The canonical JSON of the document (shared by host and aliases).
     pub doc: SiteDoc,
@@ -141,28 +141,16 @@ impl Node {
         self.roles.contains(&role)
     }
 
-    /// A dedicated connection to this node's Redis master.
-    ///
-    /// # Errors
-    /// No `redis` block, or see [`edgeredis::master`].
-    pub async fn redis_master(&self) -> anyhow::Result<redis::aio::MultiplexedConnection> {
-        let target = self
-            .redis
-            .as_ref()
-            .ok_or_else(|| anyhow::anyhow!("node {} has no redis block", self.name))?;
-        edgeredis::master(target, &self.name).await
-    }
-
     /// Where this node's Redis is, for messages.
     #[must_use]
     pub fn redis_at(&self) -> String {
         self.redis
             .as_ref()
-            .map_or_else(|| "no redis".into(), edgeredis::describe)
+            .map_or_else(|| "no redis".into(), edgestate::target::describe)
     }
 }
 
-pub use edgeredis::RedisTarget;
+pub use edgestate::target::RedisTarget;
 
 /// The nginx cache the purge worker cleans.
 #[derive(Debug, Clone, PartialEq, Eq)]

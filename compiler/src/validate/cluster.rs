@@ -92,7 +92,7 @@ pub(super) fn cluster(ctx: &mut Ctx<'_>, raw: &raw::Cluster) -> Cluster {
 }
 
 /// `apply.freeze`: each time an RFC 3339 time, `end` after `start`,
-/// names unique (#15 item 9).
+/// names unique.
 fn freeze_windows(ctx: &mut Ctx<'_>, raw: &[raw::FreezeWindow]) -> Vec<FreezeWindow> {
     let mut out: Vec<FreezeWindow> = Vec::with_capacity(raw.len());
     for (i, w) in raw.iter().enumerate() {

@@ -11,7 +11,7 @@ pub(super) fn unique_hosts(sites: &[(Site, &ParsedFile)], out: &mut Vec<Diagnost
     // Where a name was first seen: the site's index, and 0 for `host` or
     // `i + 1` for `aliases[i]` (the pointer is only written out for a
     // duplicate). Two `u32`s, not a file reference and an `Option<usize>`:
-    // at 1,000,000 sites the map holds ~1.64 M names (#16).
+    // at 1,000,000 sites the map holds ~1.64 M names.
     let names = sites.iter().map(|(s, _)| 1 + s.aliases.len()).sum();
     let mut seen: HashMap<&str, (u32, u32)> = HashMap::with_capacity(names);
     let pointer = |at: u32| match at {
@@ -189,7 +189,7 @@ pub(super) fn references(
             ));
         }
     }
-    // See: #18 item 2. Routers' pools hold public addresses only.
+    // Routers' pools hold public addresses only.
     let any_public_edge = nodes.iter().any(|(n, _)| {
         n.has(Role::Edge)
             && n.addresses

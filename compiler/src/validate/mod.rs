@@ -32,6 +32,8 @@ mod cross;
 mod net;
 mod node;
 mod site;
+#[cfg(test)]
+mod tests;
 mod urls;
 mod zone;
 
@@ -94,7 +96,7 @@ fn help(d: &mut Diagnostic, text: impl Into<String>) {
 /// A file's typed content after the rules that need that file alone. A
 /// site is resolved right away (all its rules are per-file), so its raw
 /// value is dropped in the worker that parsed it and the raw values of a
-/// large repository are never all held at once (#16). Cluster, zone and
+/// large repository are never all held at once. Cluster, zone and
 /// node files wait for [`validate`].
 #[derive(Debug)]
 // Large on purpose: a repository is nearly all sites, and this list's

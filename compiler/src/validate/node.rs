@@ -1,7 +1,7 @@
 //! `nodes/*.yaml`: roles, addresses, location, Redis target, cache settings.
 
 use super::*;
-use edgeredis::TlsFiles;
+use edgestate::target::TlsFiles;
 use std::path::PathBuf;
 
 pub(super) fn node(ctx: &mut Ctx<'_>, raw: &raw::Node) -> Node {
@@ -313,12 +313,12 @@ pub(super) fn redis(ctx: &mut Ctx<'_>, raw: &raw::Redis) -> Option<RedisTarget> 
         );
     }
     if let Some(u) = &raw.username
-        && !edgeredis::valid_username(u)
+        && !edgestate::target::valid_username(u)
     {
         ctx.error(
             "invalid-redis",
             "/redis/username",
-            edgeredis::TargetError::Username.to_string(),
+            edgestate::target::TargetError::Username.to_string(),
         );
     }
     let mut username = raw.username.clone();
@@ -326,13 +326,13 @@ pub(super) fn redis(ctx: &mut Ctx<'_>, raw: &raw::Redis) -> Option<RedisTarget> 
         (Some(url), None, None) => {
             // A user part without a password names the ACL user: no
             // secret in it. (With a password it is an inline secret.)
-            match edgeredis::url_user(url) {
+            match edgestate::target::url_user(url) {
                 Ok(Some(user)) => {
                     if username.as_ref().is_some_and(|u| *u != user) {
                         ctx.error(
                             "invalid-redis",
                             "/redis/username",
-                            edgeredis::TargetError::UsernameTwice.to_string(),
+                            edgestate::target::TargetError::UsernameTwice.to_string(),
                         );
                     }
                     username = Some(user);
@@ -344,7 +344,7 @@ pub(super) fn redis(ctx: &mut Ctx<'_>, raw: &raw::Redis) -> Option<RedisTarget> 
                         false,
                     );
                 }
-                Ok(None) | Err(edgeredis::TargetError::UrlPassword) => {
+                Ok(None) | Err(edgestate::target::TargetError::UrlPassword) => {
                     check_url(ctx, "/redis/url", url, &["redis", "rediss"], false);
                 }
                 Err(e) => {
@@ -352,7 +352,7 @@ pub(super) fn redis(ctx: &mut Ctx<'_>, raw: &raw::Redis) -> Option<RedisTarget> 
                     ctx.error("invalid-redis", "/redis/url", e.to_string());
                 }
             }
-            if edgeredis::is_insecure(url) {
+            if edgestate::target::is_insecure(url) {
                 ctx.error(
                     "invalid-redis",
                     "/redis/url",

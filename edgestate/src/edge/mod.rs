@@ -2,10 +2,14 @@
 //! document found for its host, the suspension flag and the client's
 //! country → a [`Decision`] with its reasons. No I/O.
 //!
-//! The reference edge's `edge/lua/cdn_router.lua` implements the very same
-//! rules; `edgeform explain` calls this module, and a differential test
-//! (`compiler/tests/it/edge.rs`) drives generated requests through the real
-//! nginx and compares every answer with this one. Change both together.
+//! The reference edge's `edge/lua/edge_decide.lua` implements the very same
+//! rules; `edgeform explain` calls this module. The constants both read
+//! (methods, WAF rules, hotlink extensions, rate limits, default TTL, the
+//! challenge's, [`reason`]) are generated into the Lua ([`crate::lua`]),
+//! both run the shared vectors (`testdata/edge/decide.jsonl`), and a
+//! differential test (`compiler/tests/it/edge.rs`) drives generated
+//! requests through the real nginx and compares every answer with this
+//! one. Change both together.
 //!
 //! Stateful parts are modelled so that both sides agree deterministically:
 //! the rate limit is assumed not exceeded (the decision for a client's
@@ -34,8 +38,8 @@ pub const CLEARANCE_COOKIE: &str = "edgeform_clearance";
 /// must start with this many zero bits (2^16 = 65,536 hashes expected).
 pub const CHALLENGE_BITS: u32 = 16;
 /// Longest expiry (decimal digits) and work counter a clearance may carry.
-const MAX_EXPIRY_DIGITS: usize = 12;
-const MAX_COUNTER_DIGITS: usize = 16;
+pub const MAX_EXPIRY_DIGITS: usize = 12;
+pub const MAX_COUNTER_DIGITS: usize = 16;
 /// Methods the WAF accepts.
 pub const METHODS: [&str; 7] = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"];
 /// WAF rules: name and the substrings that trigger it, in order.
@@ -60,11 +64,74 @@ pub const HOTLINK_EXTENSIONS: [&str; 24] = [
     ".mov", ".m3u8", ".ts", ".m4s", ".mpd", ".mp3", ".m4a", ".aac", ".ogg", ".woff", ".woff2",
     ".pdf", ".zip",
 ];
+/// The WAF's rule for a method outside [`METHODS`] (first in the list of
+/// matches, as `X-Edgeform-Waf` names it).
+pub const WAF_BAD_METHOD: &str = "bad-method";
+/// The statuses an edge rule may redirect with.
+pub const REDIRECT_STATUSES: [u16; 4] = [301, 302, 307, 308];
 /// `rate_mode` limits: (requests per second, burst).
 pub const RATE_NORMAL: (u32, u32) = (20, 40);
 pub const RATE_STRICT: (u32, u32) = (5, 10);
 /// Default cache time of a response the origin gives no freshness for.
 pub const DEFAULT_TTL_SECS: u32 = 600;
+
+/// Declares the reason constants and [`reason::ALL`], the list the edge's
+/// Lua tables are generated from.
+macro_rules! reasons {
+    ($($(#[doc = $doc:literal])* $name:ident = $value:literal;)*) => {
+        $($(#[doc = $doc])* pub const $name: &str = $value;)*
+        /// Every reason, by constant name: what `edge_tables.lua` holds.
+        pub const ALL: &[(&str, &str)] = &[$((stringify!($name), $name)),*];
+    };
+}
+
+/// The machine-readable reasons (`X-Edgeform-Reason`) the edge answers
+/// with (docs/edge.md, "Evaluation order").
+pub mod reason {
+    reasons! {
+        /// nginx refuses the request before the edge's Lua runs.
+        BAD_REQUEST = "bad-request";
+        /// The path cannot be normalised.
+        BAD_PATH = "bad-path";
+        /// A 308 to the path's normalised form.
+        NON_CANONICAL_PATH = "non-canonical-path";
+        /// No document for the host or its wildcard.
+        UNKNOWN_HOST = "unknown-host";
+        /// The document does not parse or check.
+        BAD_DOCUMENT = "bad-document";
+        SUSPENDED = "suspended";
+        IP_NOT_ALLOWED = "ip-not-allowed";
+        IP_BLOCKED = "ip-blocked";
+        GEO_NOT_ALLOWED = "geo-not-allowed";
+        GEO_BLOCKED = "geo-blocked";
+        WAF_BAD_METHOD = "waf-bad-method";
+        WAF_TRAVERSAL = "waf-traversal";
+        WAF_SQLI = "waf-sqli";
+        WAF_XSS = "waf-xss";
+        HOTLINK = "hotlink";
+        CORS_ORIGIN = "cors-origin";
+        CORS_PREFLIGHT = "cors-preflight";
+        CHALLENGE = "challenge";
+        EDGE_RULE = "edge-rule";
+        /// The edge's rate limiter (stateful: never a decision of this
+        /// module, which assumes a client's first requests).
+        RATE_LIMITED = "rate-limited";
+        /// No document in Redis and the control plane's read API is
+        /// unreachable (the edge's I/O, not this module).
+        CONTROL_PLANE_UNREACHABLE = "control-plane-unreachable";
+    }
+
+    /// The reason of a strict WAF's refusal for its first matching rule.
+    #[must_use]
+    pub fn waf(rule: &str) -> &'static str {
+        match rule {
+            super::WAF_BAD_METHOD => WAF_BAD_METHOD,
+            "traversal" => WAF_TRAVERSAL,
+            "sqli" => WAF_SQLI,
+            _ => WAF_XSS,
+        }
+    }
+}
 
 /// The outcome class.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -438,7 +505,7 @@ impl Site {
             let field = format!("edge_rules[{i}]");
             let m = matcher(&field, &r.match_type, &r.match_value)?;
             let a = match (&*r.action, r.redirect_status) {
-                ("redirect", Some(s @ (301 | 302 | 307 | 308))) => EdgeAction::Redirect {
+                ("redirect", Some(s)) if REDIRECT_STATUSES.contains(&s) => EdgeAction::Redirect {
                     status: s,
                     to: r.redirect_to.clone(),
                 },
@@ -671,7 +738,7 @@ fn same_site(a: &str, b: &str) -> bool {
 pub fn waf_matches(method: &str, uri: &str) -> Vec<&'static str> {
     let mut hits = Vec::new();
     if !METHODS.contains(&method) {
-        hits.push("bad-method");
+        hits.push(WAF_BAD_METHOD);
     }
     let text = norm::waf_text(uri);
     for (name, needles) in WAF_RULES {
@@ -769,7 +836,7 @@ pub fn decide(req: &Request<'_>, found: Found<'_>, clearance: Clearance<'_>) -> 
             "nginx refuses the method `{}` (400, before the edge's Lua)",
             req.method
         ));
-        return refuse(d, Verdict::Blocked, 400, "bad-request");
+        return refuse(d, Verdict::Blocked, 400, reason::BAD_REQUEST);
     }
     let canonical = norm::canonical_path(path);
     if let Err(e) = canonical
@@ -779,19 +846,19 @@ pub fn decide(req: &Request<'_>, found: Found<'_>, clearance: Clearance<'_>) -> 
             "nginx refuses the request: {} (400, before the edge's Lua)",
             e.describe()
         ));
-        return refuse(d, Verdict::Blocked, 400, "bad-request");
+        return refuse(d, Verdict::Blocked, 400, reason::BAD_REQUEST);
     }
     let Some(host) = norm::nginx_host(req.host) else {
         d.reasons.push(format!(
             "nginx refuses the Host `{}` (400, before the edge's Lua)",
             req.host
         ));
-        return refuse(d, Verdict::Blocked, 400, "bad-request");
+        return refuse(d, Verdict::Blocked, 400, reason::BAD_REQUEST);
     };
     match canonical {
         Err(e) => {
             d.reasons.push(format!("{}: refused", e.describe()));
-            return refuse(d, Verdict::Blocked, 400, "bad-path");
+            return refuse(d, Verdict::Blocked, 400, reason::BAD_PATH);
         }
         Ok(canonical) if canonical != path => {
             let mut target = canonical;
@@ -804,7 +871,7 @@ pub fn decide(req: &Request<'_>, found: Found<'_>, clearance: Clearance<'_>) -> 
             ));
             d.verdict = Verdict::Redirect;
             d.status = 308;
-            d.reason = Some("non-canonical-path");
+            d.reason = Some(reason::NON_CANONICAL_PATH);
             d.location = Some(target);
             return d;
         }
@@ -813,13 +880,13 @@ pub fn decide(req: &Request<'_>, found: Found<'_>, clearance: Clearance<'_>) -> 
     let (key, site, suspended) = match found {
         Found::None => {
             d.reasons.push(format!("no document for `{host}`"));
-            return refuse(d, Verdict::NotFound, 404, "unknown-host");
+            return refuse(d, Verdict::NotFound, 404, reason::UNKNOWN_HOST);
         }
         Found::Bad { key, error } => {
             d.site = Some(key.to_owned());
             d.reasons
                 .push(format!("document site:{key} is invalid: {error}"));
-            return refuse(d, Verdict::Error, 502, "bad-document");
+            return refuse(d, Verdict::Error, 502, reason::BAD_DOCUMENT);
         }
         Found::Site {
             key,
@@ -834,7 +901,7 @@ pub fn decide(req: &Request<'_>, found: Found<'_>, clearance: Clearance<'_>) -> 
     let path: &str = &matched;
     if suspended {
         d.reasons.push(format!("suspended:{key} is set"));
-        return refuse(d, Verdict::Suspended, 503, "suspended");
+        return refuse(d, Verdict::Suspended, 503, reason::SUSPENDED);
     }
     let client = req.client_ip;
     // 4. IP policy.
@@ -846,13 +913,13 @@ pub fn decide(req: &Request<'_>, found: Found<'_>, clearance: Clearance<'_>) -> 
                 d.reasons.push(format!(
                     "ip_mode allow: client {who} is in no listed network"
                 ));
-                return refuse(d, Verdict::Blocked, 403, "ip-not-allowed");
+                return refuse(d, Verdict::Blocked, 403, reason::IP_NOT_ALLOWED);
             }
             (Mode::Block, true) => {
                 d.reasons.push(format!(
                     "ip_mode block: client {who} is in a listed network"
                 ));
-                return refuse(d, Verdict::Blocked, 403, "ip-blocked");
+                return refuse(d, Verdict::Blocked, 403, reason::IP_BLOCKED);
             }
             _ => d.reasons.push(format!("ip policy passes client {who}")),
         }
@@ -867,12 +934,12 @@ pub fn decide(req: &Request<'_>, found: Found<'_>, clearance: Clearance<'_>) -> 
             (Mode::Allow, false) => {
                 d.reasons
                     .push(format!("geo_mode allow: country {country} is not listed"));
-                return refuse(d, Verdict::Blocked, 403, "geo-not-allowed");
+                return refuse(d, Verdict::Blocked, 403, reason::GEO_NOT_ALLOWED);
             }
             (Mode::Block, true) => {
                 d.reasons
                     .push(format!("geo_mode block: country {country} is listed"));
-                return refuse(d, Verdict::Blocked, 403, "geo-blocked");
+                return refuse(d, Verdict::Blocked, 403, reason::GEO_BLOCKED);
             }
             _ => d
                 .reasons
@@ -887,13 +954,7 @@ pub fn decide(req: &Request<'_>, found: Found<'_>, clearance: Clearance<'_>) -> 
                 d.reasons
                     .push(format!("waf strict: rule `{first}` matches"));
                 d.waf = hits;
-                let reason = match first {
-                    "bad-method" => "waf-bad-method",
-                    "traversal" => "waf-traversal",
-                    "sqli" => "waf-sqli",
-                    _ => "waf-xss",
-                };
-                return refuse(d, Verdict::Blocked, 403, reason);
+                return refuse(d, Verdict::Blocked, 403, reason::waf(first));
             }
             d.reasons.push(format!(
                 "waf detect: rules {} match (logged, X-Edgeform-Waf)",
@@ -915,7 +976,7 @@ pub fn decide(req: &Request<'_>, found: Found<'_>, clearance: Clearance<'_>) -> 
         if !ok {
             d.reasons
                 .push(format!("hotlink block: asset requested from `{referer}`"));
-            return refuse(d, Verdict::Blocked, 403, "hotlink");
+            return refuse(d, Verdict::Blocked, 403, reason::HOTLINK);
         }
         d.reasons.push("hotlink: same-site referer".into());
     }
@@ -928,13 +989,13 @@ pub fn decide(req: &Request<'_>, found: Found<'_>, clearance: Clearance<'_>) -> 
             if !ok {
                 d.reasons
                     .push(format!("cors strict: cross-site Origin `{origin}`"));
-                return refuse(d, Verdict::Blocked, 403, "cors-origin");
+                return refuse(d, Verdict::Blocked, 403, reason::CORS_ORIGIN);
             }
         }
         if req.method == "OPTIONS" && req.acr_method.is_some() {
             d.reasons
                 .push("cors: preflight answered by the edge".into());
-            return refuse(d, Verdict::Preflight, 204, "cors-preflight");
+            return refuse(d, Verdict::Preflight, 204, reason::CORS_PREFLIGHT);
         }
         d.reasons.push(format!("cors: Origin `{origin}` allowed"));
     }
@@ -958,7 +1019,7 @@ pub fn decide(req: &Request<'_>, found: Found<'_>, clearance: Clearance<'_>) -> 
                     "rate_mode strict: clearance cookie invalid, expired or without the proof of work: challenge".into()
                 }
             });
-            return refuse(d, Verdict::Challenged, 403, "challenge");
+            return refuse(d, Verdict::Challenged, 403, reason::CHALLENGE);
         }
         d.reasons
             .push("rate_mode strict: valid clearance cookie".into());
@@ -983,7 +1044,7 @@ pub fn decide(req: &Request<'_>, found: Found<'_>, clearance: Clearance<'_>) -> 
         match action {
             EdgeAction::Block => {
                 d.reasons.push(format!("edge rule {} blocks", m.describe()));
-                return refuse(d, Verdict::Blocked, 403, "edge-rule");
+                return refuse(d, Verdict::Blocked, 403, reason::EDGE_RULE);
             }
             EdgeAction::Redirect { status, to } => {
                 let mut target = to.clone().unwrap_or_else(|| "/".to_owned());

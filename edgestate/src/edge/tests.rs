@@ -1,4 +1,4 @@
-//! Table tests of the edge decision (`docs/edge.md`). See: #14 item 2.
+//! Table tests of the edge decision (`docs/edge.md`).
 
 use std::net::IpAddr;
 
@@ -69,9 +69,8 @@ fn run(c: &Case<'_>) -> Decision {
     )
 }
 
-// See: #14 item 2
 #[test]
-fn r14_2_every_field_has_its_effect() {
+fn every_field_has_its_effect() {
     let cases = [
         Case { ..C },
         Case {
@@ -187,9 +186,8 @@ fn r14_2_every_field_has_its_effect() {
     }
 }
 
-// See: #14 item 2
 #[test]
-fn r14_2_redirects_and_cache() {
+fn redirects_and_cache() {
     let rules = r#"{"edge_rules":[
         {"action":"redirect","match_type":"prefix","match_value":"/old/","redirect_status":301},
         {"action":"redirect","match_type":"prefix","match_value":"/v1/","redirect_status":302,"redirect_to":"/v2/"},
@@ -266,9 +264,8 @@ const NOCACHE: Cache = Cache {
     ttl: None,
 };
 
-// See: #14 item 2
 #[test]
-fn r14_2_challenge_cookie_verifies() {
+fn challenge_cookie_verifies() {
     let site = Site::parse(&doc(r#"{"rate_mode":"strict"}"#)).unwrap();
     let ip: IpAddr = "81.2.69.142".parse().unwrap();
     let secret = b"s3cret";
@@ -343,9 +340,8 @@ fn r14_2_challenge_cookie_verifies() {
     assert_eq!(hex, "effcdf6ae5eb2fa2d27416d5f184df9c259a7c79");
 }
 
-// See: #14 bad input
 #[test]
-fn r14_bad_documents_have_a_kind() {
+fn bad_documents_have_a_kind() {
     let missing = doc("{}").replace(r#""cached":true,"#, "");
     let cases = [
         ("not json", DocErrorKind::Shape),

@@ -766,7 +766,7 @@ fn drained_nodes_are_never_chosen() {
     assert_eq!(p.node, "o1-b");
 }
 
-// See: #18 item 3. VOD table tests, one per sentence of seed 002: "For
+// VOD table tests, one per sentence of seed 002: "For
 // VOD, central first filters available placements by allowed zones, then
 // selects the highest available revision, followed by zone and load. A
 // newer forbidden replica cannot exclude an older permitted replica; a
@@ -923,7 +923,6 @@ fn vod_unrestricted_allows_every_node_and_never_a_drained_one() {
     );
 }
 
-// See: #18 item 4
 /// `network_bandwidth_kbit`, the placement budget (RX+TX): a replica on a
 /// node at or over it is not chosen; 0 never; a missing measure excludes
 /// a limited node; unlimited nodes need no measure.

@@ -243,23 +243,10 @@ function _M.forget()
   misses:flush_all()
 end
 
+local function read_xff() return ngx.var.http_x_forwarded_for end
+
 local function client_ip()
-  local peer_text = ngx.var.remote_addr
-  local peer = ip.parse(peer_text)
-  if not peer then return nil, peer_text end
-  local is_trusted = false
-  for _, n in ipairs(trusted) do
-    if ip.contains(n, peer) then is_trusted = true break end
-  end
-  if not is_trusted then return peer, ip.text(peer, peer_text) end
-  local xff = ngx.var.http_x_forwarded_for
-  if not xff then return peer, ip.text(peer, peer_text) end
-  -- The last entry is what the trusted proxy appended; what comes before
-  -- it is the client's own text and does not matter (docs/edge.md).
-  local last_text = ip.xff_last(xff)
-  local last = ip.parse(last_text)
-  if not last then return peer, ip.text(peer, peer_text) end
-  return last, ip.text(last, last_text)
+  return ip.client(trusted, ngx.var.remote_addr, read_xff)
 end
 
 local function over_limit(key, rate)

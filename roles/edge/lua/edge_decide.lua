@@ -1,45 +1,40 @@
 -- The per-request decision of the reference edge (docs/edge.md), the Lua
--- twin of edgestate::edge (Rust). Change both together: the differential
--- test (compiler/tests/it/edge.rs) compares them request by request.
+-- twin of edgestate::edge (Rust). Change both together: the tables come
+-- from edge_tables.lua (generated from the Rust), both sides run
+-- testdata/edge/decide.jsonl, and the differential test
+-- (compiler/tests/it/edge.rs) compares them request by request.
 -- No I/O: cdn_router.lua gathers the inputs and acts on the answer.
 
 local ip = require "edge_ip"
 local norm = require "edge_norm"
+local T = require "edge_tables"   -- generated from the Rust definitions
 
 local find, sub, lower, byte = string.find, string.sub, string.lower, string.byte
 local type, pairs, ipairs, tonumber, floor = type, pairs, ipairs, tonumber, math.floor
 
 local _M = {}
 
-_M.RATE = { normal = { 20, 40 }, strict = { 5, 10 } }
-_M.DEFAULT_TTL = 600
+_M.RATE = T.RATE
+_M.DEFAULT_TTL = T.DEFAULT_TTL
+_M.REASON = T.REASON
+local R = T.REASON
 
-local METHODS = { GET = true, HEAD = true, POST = true, PUT = true, PATCH = true,
-                  DELETE = true, OPTIONS = true }
-local WAF_RULES = {
-  { "traversal", { "../", "..\\", "/etc/passwd" } },
-  { "sqli", { "union select", "' or '1'='1", " or 1=1", "sleep(", "information_schema", ";--" } },
-  { "xss", { "<script", "javascript:", "onerror=", "onload=" } },
-}
+local METHODS = {}
+for _, m in ipairs(T.METHODS) do METHODS[m] = true end
 -- The needles in the WAF's spelling (edge_norm.waf_fold), once.
-for _, rule in ipairs(WAF_RULES) do
-  for i, needle in ipairs(rule[2]) do rule[2][i] = norm.waf_fold(needle) end
+local WAF_RULES = {}
+for i, rule in ipairs(T.WAF_RULES) do
+  local needles = {}
+  for j, needle in ipairs(rule[2]) do needles[j] = norm.waf_fold(needle) end
+  WAF_RULES[i] = { rule[1], needles }
 end
-local HOTLINK_EXT = { ".jpg", ".jpeg", ".png", ".gif", ".webp", ".avif", ".svg", ".ico",
-  ".mp4", ".webm", ".m4v", ".mov", ".m3u8", ".ts", ".m4s", ".mpd", ".mp3", ".m4a", ".aac",
-  ".ogg", ".woff", ".woff2", ".pdf", ".zip" }
+local HOTLINK_EXT = T.HOTLINK_EXT
+local REDIRECT_STATUS = {}
+for _, st in ipairs(T.REDIRECT_STATUSES) do REDIRECT_STATUS[st] = true end
 
 -- ------------------------------------------------------------ documents
 
-local FIELDS = {
-  cache_rules = "array", cached = "boolean", cors_mode = "string", edge_rules = "array",
-  geo_codes = "string", geo_mode = "string", hotlink_mode = "string", ip_list = "string",
-  ip_mode = "string", origin = "string", rate_mode = "string", waf_mode = "string",
-}
-local CACHE_RULE = { action = "string", match_type = "string", match_value = "string",
-                     ttl = "uint32?" }
-local EDGE_RULE = { action = "string", match_type = "string", match_value = "string",
-                    redirect_status = "uint16?", redirect_to = "string?" }
+local FIELDS, CACHE_RULE, EDGE_RULE = T.FIELDS, T.CACHE_RULE, T.EDGE_RULE
 
 local function is_array(v)
   if type(v) ~= "table" then return false end
@@ -228,7 +223,7 @@ function _M.prepare(doc, null)
     m, err = matcher(field, r.match_type, r.match_value); if not m then return nil, err end
     local st = r.redirect_status ~= null and r.redirect_status or nil
     if r.action == "redirect" then
-      if st ~= 301 and st ~= 302 and st ~= 307 and st ~= 308 then
+      if not REDIRECT_STATUS[st] then
         return nil, field .. ": redirect needs redirect_status 301, 302, 307 or 308"
       end
       m.redirect = st
@@ -245,7 +240,7 @@ end
 
 function _M.waf_matches(method, uri)
   local hits = {}
-  if not METHODS[method] then hits[#hits + 1] = "bad-method" end
+  if not METHODS[method] then hits[#hits + 1] = T.WAF_BAD_METHOD end
   local text = norm.waf_text(uri)
   for _, rule in ipairs(WAF_RULES) do
     for _, needle in ipairs(rule[2]) do
@@ -287,7 +282,7 @@ end
 -- `<expiry>.<hmac>` bound to the site and the client address; its script
 -- finds a counter n such that SHA-1 of `<nonce>.<n>` starts with
 -- CHALLENGE_BITS zero bits, and sends `<nonce>.<n>` back as the cookie.
-_M.CHALLENGE_BITS = 16
+_M.CHALLENGE_BITS = T.CHALLENGE_BITS
 
 function _M.challenge_nonce(secret, site, client_bytes, expiry)
   local mac = ngx.hmac_sha1(secret, site .. "|" .. ip.hex(client_bytes) .. "|" .. expiry)
@@ -316,12 +311,12 @@ function _M.path_check(uri)
   local canon, err = norm.canonical_path(path)
   if not canon then
     if norm.BY_NGINX[err] then
-      return { verdict = "blocked", status = 400, reason = "bad-request" }
+      return { verdict = "blocked", status = 400, reason = R.BAD_REQUEST }
     end
-    return { verdict = "blocked", status = 400, reason = "bad-path" }
+    return { verdict = "blocked", status = 400, reason = R.BAD_PATH }
   end
   if canon == path then return nil end
-  return { verdict = "redirect", status = 308, reason = "non-canonical-path",
+  return { verdict = "redirect", status = 308, reason = R.NON_CANONICAL_PATH,
            location = q and (canon .. sub(uri, q)) or canon }
 end
 
@@ -339,7 +334,7 @@ end
 -- than now, the nonce the edge issues, n 1-16 digits, and the work done.
 function _M.clearance_valid(secret, site, client_bytes, now, value)
   local e, mac, n = value:match("^(%d+)%.([^.]*)%.(%d+)$")
-  if not e or #e > 12 or #n > 16 then return false end
+  if not e or #e > T.MAX_EXPIRY_DIGITS or #n > T.MAX_COUNTER_DIGITS then return false end
   local exp = tonumber(e)
   return exp > now
     and _M.challenge_nonce(secret, site, client_bytes, exp) == e .. "." .. mac
@@ -356,7 +351,7 @@ end
 -- {secret, now}.
 function _M.decide(req, key, site, suspended, clearance)
   local d = { verdict = "proxy", status = 200, site = key, cached = false }
-  if suspended then return refuse(d, "suspended", 503, "suspended") end
+  if suspended then return refuse(d, "suspended", 503, R.SUSPENDED) end
   local uri = req.uri
   local q = find(uri, "?", 1, true)
   local path, query = uri, nil
@@ -372,21 +367,21 @@ function _M.decide(req, key, site, suspended, clearance)
         if ip.contains(n, client) then inside = true break end
       end
     end
-    if site.ip == "allow" and not inside then return refuse(d, "blocked", 403, "ip-not-allowed") end
-    if site.ip == "block" and inside then return refuse(d, "blocked", 403, "ip-blocked") end
+    if site.ip == "allow" and not inside then return refuse(d, "blocked", 403, R.IP_NOT_ALLOWED) end
+    if site.ip == "block" and inside then return refuse(d, "blocked", 403, R.IP_BLOCKED) end
   end
 
   if site.geo ~= "off" then
     local listed = req.country ~= nil and site.geo_codes[req.country] == true
-    if site.geo == "allow" and not listed then return refuse(d, "blocked", 403, "geo-not-allowed") end
-    if site.geo == "block" and listed then return refuse(d, "blocked", 403, "geo-blocked") end
+    if site.geo == "allow" and not listed then return refuse(d, "blocked", 403, R.GEO_NOT_ALLOWED) end
+    if site.geo == "block" and listed then return refuse(d, "blocked", 403, R.GEO_BLOCKED) end
   end
 
   if site.waf ~= "off" then
     local hits = _M.waf_matches(req.method, uri)
     if hits[1] then
       d.waf = hits
-      if site.waf == "strict" then return refuse(d, "blocked", 403, "waf-" .. hits[1]) end
+      if site.waf == "strict" then return refuse(d, "blocked", 403, T.WAF_REASON[hits[1]]) end
     end
   end
 
@@ -398,36 +393,36 @@ function _M.decide(req, key, site, suspended, clearance)
     end
     if asset then
       local h = url_host(req.referer)
-      if not (h and same_site(h, req.host)) then return refuse(d, "blocked", 403, "hotlink") end
+      if not (h and same_site(h, req.host)) then return refuse(d, "blocked", 403, R.HOTLINK) end
     end
   end
 
   if site.cors ~= "off" and req.origin then
     if site.cors == "strict" then
       local h = url_host(req.origin)
-      if not (h and same_site(h, req.host)) then return refuse(d, "blocked", 403, "cors-origin") end
+      if not (h and same_site(h, req.host)) then return refuse(d, "blocked", 403, R.CORS_ORIGIN) end
     end
     d.cors = site.cors
     if req.method == "OPTIONS" and req.acr_method then
-      return refuse(d, "preflight", 204, "cors-preflight")
+      return refuse(d, "preflight", 204, R.CORS_PREFLIGHT)
     end
   end
 
   if site.rate == "strict" then
-    local token = req.cookie and cookie_value(req.cookie, "edgeform_clearance")
+    local token = req.cookie and cookie_value(req.cookie, T.CLEARANCE_COOKIE)
     local valid = false
     if token and clearance.secret and client then
       valid = _M.clearance_valid(clearance.secret, key, client, clearance.now, token)
     end
-    if not valid then return refuse(d, "challenged", 403, "challenge") end
+    if not valid then return refuse(d, "challenged", 403, R.CHALLENGE) end
   end
   d.rate = site.rate ~= "off" and site.rate or nil
 
   for _, m in ipairs(site.edge_rules) do
     local hit, rerr = matches(m, path)
-    if rerr then d.regex_error = rerr return refuse(d, "error", 502, "bad-document") end
+    if rerr then d.regex_error = rerr return refuse(d, "error", 502, R.BAD_DOCUMENT) end
     if hit then
-      if not m.redirect then return refuse(d, "blocked", 403, "edge-rule") end
+      if not m.redirect then return refuse(d, "blocked", 403, R.EDGE_RULE) end
       local target = m.to or "/"
       if m[1] == "prefix" then target = _M.join_redirect(target, sub(path, #m[2] + 1)) end
       if query then
@@ -444,7 +439,7 @@ function _M.decide(req, key, site, suspended, clearance)
     local rule
     for _, m in ipairs(site.cache_rules) do
       local hit, rerr = matches(m, path)
-      if rerr then d.regex_error = rerr return refuse(d, "error", 502, "bad-document") end
+      if rerr then d.regex_error = rerr return refuse(d, "error", 502, R.BAD_DOCUMENT) end
       if hit then rule = m break end
     end
     if req.authorization then

@@ -95,6 +95,31 @@ function _M.xff_last(xff)
   return last:match("^[ \t]*(.-)[ \t]*$")
 end
 
+-- The client address (docs/edge.md, "Client, host, path"), as
+-- edgestate::route::Router::client_ip chooses it: the peer, or, when the
+-- peer is inside one of the `trusted` networks (from _M.net), the last
+-- X-Forwarded-For entry; a last entry that is not an address falls back
+-- to the peer. `xff` is the header's text, nil, or a function returning
+-- it (called only for a trusted peer). Returns the address's bytes and its
+-- text (_M.text), or nil and the peer's text when the peer does not parse.
+function _M.client(trusted, peer_text, xff)
+  local peer = _M.parse(peer_text)
+  if not peer then return nil, peer_text end
+  local is_trusted = false
+  for _, n in ipairs(trusted) do
+    if _M.contains(n, peer) then is_trusted = true break end
+  end
+  if not is_trusted then return peer, _M.text(peer, peer_text) end
+  if type(xff) == "function" then xff = xff() end
+  if not xff then return peer, _M.text(peer, peer_text) end
+  -- The last entry is what the trusted proxy appended; what comes before
+  -- it is the client's own text and does not matter.
+  local last_text = _M.xff_last(xff)
+  local last = _M.parse(last_text)
+  if not last then return peer, _M.text(peer, peer_text) end
+  return last, _M.text(last, last_text)
+end
+
 function _M.hex(bytes)
   return (bytes:gsub(".", function(c) return string.format("%02x", byte(c)) end))
 end

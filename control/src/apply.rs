@@ -1,0 +1,784 @@
+//! Writing one target: a lease lock, then one WATCH/MULTI/EXEC that writes
+//! changed keys, deletes managed keys no longer desired (prune), and updates
+//! `edgeform:manifest` and `edgeform:meta` together. A reader never sees
+//! half an apply: the documents and the new generation appear at once.
+//! The transaction's body is streamed in chunks (encoding the next while
+//! the server queues the last), never encoded whole.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail};
+use edgestate::keys;
+use redis::aio::MultiplexedConnection;
+use tracing::Instrument as _;
+
+pub use super::lock::Lock;
+use super::plan::{self, Changes, Overrides};
+use super::state::{Desired, Live, Manifest, Meta};
+use compiler::clock::now_rfc3339;
+use compiler::model::resolved::Thresholds;
+
+/// Fields per HSET/MGET/DEL command inside a transaction or batch.
+const BATCH: usize = 1000;
+
+/// Read what plan and apply compare, in proportion to what differs:
+/// the meta (and whether a format-1 manifest exists); when the meta's
+/// manifest digest is the desired one, nothing more. Otherwise the 256
+/// bucket digests, and the manifest of the buckets that differ. A format-1
+/// target is read whole (the next apply migrates it).
+///
+/// # Errors
+/// Redis errors, or a manifest that is not a hash of UTF-8 strings.
+pub async fn read_live(con: &mut MultiplexedConnection, desired: &Desired) -> Result<Live> {
+    let (meta, old) = read_meta(con).await?;
+    let current = meta.format.is_some_and(|f| f >= 2) && meta.manifest_digest.is_some();
+    if old || (!current && meta.generation > 0) {
+        let manifest: redis::Value = redis::cmd("HGETALL")
+            .arg(keys::MANIFEST)
+            .query_async(con)
+            .await
+            .context("reading edgeform:manifest (format 1)")?;
+        return Ok(Live::legacy(manifest_from(manifest)?, meta));
+    }
+    let digest = meta
+        .manifest_digest
+        .clone()
+        .unwrap_or_else(|| super::state::hex128(0));
+    if digest == desired.digest() {
+        return Ok(Live {
+            managed: desired.len(),
+            meta,
+            digest,
+            ..Live::default()
+        });
+    }
+    let mut get = redis::cmd("HMGET");
+    get.arg(keys::MANIFEST_BUCKETS);
+    for b in 0..keys::BUCKETS {
+        get.arg(format!("{b:02x}"));
+    }
+    let stored: Vec<Option<String>> = get
+        .query_async(con)
+        .await
+        .context("reading edgeform:manifest:buckets")?;
+    let differ = plan::differing_buckets(desired, &stored);
+    let mut pipe = redis::pipe();
+    for b in &differ {
+        pipe.cmd("HGETALL").arg(keys::manifest_bucket(*b));
+    }
+    let replies: Vec<redis::Value> = if differ.is_empty() {
+        Vec::new()
+    } else {
+        pipe.query_async(con)
+            .await
+            .context("reading edgeform:manifest buckets")?
+    };
+    let mut manifest = Manifest::new();
+    for reply in replies {
+        manifest.extend(manifest_from(reply)?);
+    }
+    Ok(Live {
+        manifest,
+        meta,
+        managed: plan::managed_count(&stored),
+        digest,
+        legacy: false,
+        read_buckets: differ,
+    })
+}
+
+/// What differs between `desired` and what [`read_live`] read.
+#[must_use]
+pub fn live_changes(desired: &Desired, live: &Live) -> Changes {
+    if live.legacy {
+        return plan::changes_where(desired, &live.manifest, |_| true, true);
+    }
+    let mut read = [false; keys::BUCKETS];
+    for b in &live.read_buckets {
+        read[usize::from(*b)] = true;
+    }
+    plan::changes_where(
+        desired,
+        &live.manifest,
+        |k| read[usize::from(keys::bucket(k.as_bytes()))],
+        false,
+    )
+}
+
+/// HGETALL's reply as a [`Manifest`], taking the reply's strings over
+/// without copying them.
+fn manifest_from(reply: redis::Value) -> Result<Manifest> {
+    let items = match reply {
+        redis::Value::Array(items) => items,
+        redis::Value::Map(pairs) => pairs.into_iter().flat_map(|(k, v)| [k, v]).collect(),
+        redis::Value::Nil => Vec::new(),
+        other => bail!("{} is not a hash: {other:?}", keys::MANIFEST),
+    };
+    let text = |v: redis::Value| -> Result<String> {
+        match v {
+            redis::Value::BulkString(b) => String::from_utf8(b)
+                .with_context(|| format!("{} holds a non-UTF-8 string", keys::MANIFEST)),
+            other => bail!("{} holds {other:?}", keys::MANIFEST),
+        }
+    };
+    let mut manifest = Manifest::with_capacity(items.len() / 2);
+    let mut items = items.into_iter();
+    while let (Some(k), Some(v)) = (items.next(), items.next()) {
+        manifest.insert(text(k)?, text(v)?);
+    }
+    Ok(manifest)
+}
+
+/// Values of `keys` as bytes (None where absent), in batches: for
+/// import, which must read what is there, UTF-8 or not.
+///
+/// # Errors
+/// Redis errors.
+pub async fn get_raw_values<K: redis::ToRedisArgs + Sync>(
+    con: &mut MultiplexedConnection,
+    keys: &[K],
+) -> Result<Vec<Option<Vec<u8>>>> {
+    let mut out = Vec::with_capacity(keys.len());
+    for chunk in keys.chunks(BATCH) {
+        let values: Vec<Option<Vec<u8>>> = redis::cmd("MGET").arg(chunk).query_async(con).await?;
+        out.extend(values);
+    }
+    Ok(out)
+}
+
+/// Values of `keys` (None where absent), in batches.
+///
+/// # Errors
+/// Redis errors.
+pub async fn get_values(
+    con: &mut MultiplexedConnection,
+    keys: &[String],
+) -> Result<Vec<Option<String>>> {
+    let mut out = Vec::with_capacity(keys.len());
+    for chunk in keys.chunks(BATCH) {
+        let values: Vec<Option<String>> = redis::cmd("MGET").arg(chunk).query_async(con).await?;
+        out.extend(values);
+    }
+    Ok(out)
+}
+
+/// What a saved plan saw on a target; apply refuses when it moved.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Expect {
+    pub generation: u64,
+    pub manifest_digest: String,
+}
+
+/// Settings of one apply.
+#[derive(Debug, Clone)]
+pub struct Options {
+    pub commit: String,
+    pub thresholds: Thresholds,
+    pub overrides: Overrides,
+    pub lease: Duration,
+    pub lock_wait: Duration,
+    /// Which command writes: decides what the gate checks
+    /// ([`super::gate::decide`]).
+    pub action: super::gate::Action,
+    /// The freeze window open when the run started, if any.
+    pub frozen: Option<super::gate::Frozen>,
+    /// `--break-glass`: write through an open freeze window.
+    pub break_glass: bool,
+    /// Heal: find and report the drift, write nothing.
+    pub dry_run: bool,
+    /// Who writes, recorded in the meta and the history.
+    pub audit: super::audit::Audit,
+    /// Where the lock wait is counted.
+    pub metrics: std::sync::Arc<crate::metrics::Metrics>,
+}
+
+impl Options {
+    /// The history entry of a write of `generation` over `previous`.
+    #[must_use]
+    pub fn entry(
+        &self,
+        relation: &super::gate::Relation,
+        previous: Option<&str>,
+        generation: u64,
+        written: usize,
+        deleted: usize,
+    ) -> super::audit::Entry {
+        super::audit::Entry {
+            at: compiler::clock::rfc3339(self.audit.now),
+            action: self.action.as_str().to_owned(),
+            commit: self.commit.clone(),
+            previous_commit: previous.map(str::to_owned),
+            generation,
+            applied_by: self.audit.applied_by.clone(),
+            command: self.audit.command.clone(),
+            forced: self.overrides.force,
+            break_glass: self.break_glass,
+            freeze: super::gate::in_force(self, relation)
+                .filter(|_| self.break_glass)
+                .map(|f| f.window.clone()),
+            written,
+            deleted,
+            clock_moved: self.audit.moved.map(compiler::clock::rfc3339),
+        }
+    }
+}
+
+/// The result of applying one target.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outcome {
+    /// Live already equals desired (same content and commit).
+    Unchanged {
+        generation: u64,
+    },
+    Applied {
+        changes: Changes,
+        generation: u64,
+    },
+}
+
+/// Apply `desired` to one target over `con` (lock, checks, transaction).
+///
+/// `ancestry` tells where the desired commit stands relative to a live one.
+///
+/// # Errors
+/// Lock timeout, a refusal (rollback, thresholds, empty, stale plan),
+/// Redis errors, or repeated transaction conflicts.
+pub async fn apply(
+    con: &mut MultiplexedConnection,
+    desired: &Desired,
+    options: &Options,
+    expect: Option<&Expect>,
+    ancestry: &super::gate::Relate<'_>,
+) -> Result<Outcome> {
+    if let Some(unchanged) = unchanged_without_lock(con, desired, options, expect, ancestry).await?
+    {
+        return Ok(unchanged);
+    }
+    let lock = Lock::acquire(con, options.lease, options.lock_wait, &options.metrics).await?;
+    hold_for_tests().await;
+    let result = transaction(con, desired, options, expect, ancestry).await;
+    lock.release(con).await;
+    result
+}
+
+/// A target already in the desired state (the meta's manifest digest and
+/// commit are the desired ones, format 2) is reported unchanged from one
+/// read of the meta, without taking the lock: a no-op writes nothing, and
+/// the meta is only ever written in the transaction that writes the
+/// documents, so what it says is a state that was committed whole (a
+/// no-op sync costs one round trip per target, not lock + WATCH + unlock).
+/// `None` when anything differs or a check would refuse: then the locked
+/// path decides (and reports the refusal).
+async fn unchanged_without_lock(
+    con: &mut MultiplexedConnection,
+    desired: &Desired,
+    options: &Options,
+    expect: Option<&Expect>,
+    ancestry: &super::gate::Relate<'_>,
+) -> Result<Option<Outcome>> {
+    let (meta, old) = read_meta(con).await?;
+    if old
+        || meta.format.is_none_or(|f| f < 2)
+        || meta.manifest_digest.as_deref() != Some(desired.digest())
+        || meta.commit.as_deref() != Some(options.commit.as_str())
+    {
+        return Ok(None);
+    }
+    let live = Live {
+        managed: desired.len(),
+        digest: desired.digest().to_owned(),
+        meta,
+        ..Live::default()
+    };
+    if check(desired, &live, options, expect, ancestry).is_err() {
+        return Ok(None);
+    }
+    Ok(Some(Outcome::Unchanged {
+        generation: live.meta.generation,
+    }))
+}
+
+/// `edgeform:meta`, and whether a format-1 `edgeform:manifest` exists
+/// (one round trip).
+async fn read_meta(con: &mut MultiplexedConnection) -> Result<(Meta, bool)> {
+    let (meta, old): (BTreeMap<String, String>, bool) = redis::pipe()
+        .cmd("HGETALL")
+        .arg(keys::META)
+        .cmd("EXISTS")
+        .arg(keys::MANIFEST)
+        .query_async(con)
+        .await
+        .context("reading edgeform:meta")?;
+    Ok((Meta::from_hash(&meta), old))
+}
+
+/// `EDGEFORM_TEST_HOLD_LOCK_MS`: hold the lock this long before writing,
+/// so a test can kill an apply that holds it. Unset in
+/// production.
+async fn hold_for_tests() {
+    if let Some(ms) = std::env::var("EDGEFORM_TEST_HOLD_LOCK_MS")
+        .ok()
+        .and_then(|v| v.parse::<u64>().ok())
+    {
+        tokio::time::sleep(Duration::from_millis(ms.min(600_000))).await;
+    }
+}
+
+async fn transaction(
+    con: &mut MultiplexedConnection,
+    desired: &Desired,
+    options: &Options,
+    expect: Option<&Expect>,
+    ancestry: &super::gate::Relate<'_>,
+) -> Result<Outcome> {
+    for _attempt in 0..5 {
+        redis::cmd("WATCH")
+            .arg(keys::MANIFEST)
+            .arg(keys::MANIFEST_BUCKETS)
+            .arg(keys::META)
+            .exec_async(con)
+            .await?;
+        let live = read_live(con, desired)
+            .instrument(tracing::info_span!("read_live"))
+            .await?;
+        let checked = tracing::info_span!("check")
+            .in_scope(|| check(desired, &live, options, expect, ancestry));
+        let changes = match checked {
+            Ok(c) => c,
+            Err(e) => {
+                redis::cmd("UNWATCH").exec_async(con).await?;
+                return Err(e);
+            }
+        };
+        if changes.is_empty()
+            && !live.legacy
+            && live.digest == desired.digest()
+            && live.meta.commit.as_deref() == Some(options.commit.as_str())
+        {
+            redis::cmd("UNWATCH").exec_async(con).await?;
+            return Ok(Outcome::Unchanged {
+                generation: live.meta.generation,
+            });
+        }
+        let generation = live.meta.generation + 1;
+        let entry = options.entry(
+            &ancestry(live.meta.commit.as_deref()),
+            live.meta.commit.as_deref(),
+            generation,
+            changes.added.len() + changes.changed.len(),
+            changes.removed.len(),
+        );
+        let body =
+            Body::new(desired, &changes, &live, &options.commit, generation).recording(entry);
+        let done = multi_exec(con, body)
+            .instrument(tracing::info_span!("multi_exec"))
+            .await?;
+        if done {
+            return Ok(Outcome::Applied {
+                changes,
+                generation,
+            });
+        }
+        // WATCH saw a concurrent write to the manifest or meta: re-read.
+    }
+    bail!("the target kept changing under the transaction (5 WATCH conflicts); try again")
+}
+
+fn check(
+    desired: &Desired,
+    live: &Live,
+    options: &Options,
+    expect: Option<&Expect>,
+    ancestry: &super::gate::Relate<'_>,
+) -> Result<Changes> {
+    let changes = live_changes(desired, live);
+    if let Some(e) = expect
+        && (e.generation != live.meta.generation || e.manifest_digest != live.digest)
+    {
+        bail!(
+            "stale plan: the target moved since it was planned (generation {} then, {} now); plan again",
+            e.generation,
+            live.meta.generation
+        );
+    }
+    let a = ancestry(live.meta.commit.as_deref());
+    // A typed error: callers count refusals by kind (`Refusal::kind`).
+    super::gate::decide(options, desired, live, &changes, a).map_err(anyhow::Error::new)?;
+    Ok(changes)
+}
+
+/// Bytes of commands sent per round trip inside MULTI: large enough that
+/// round trips cost little, small enough that the server parses one chunk
+/// while the next is encoded.
+const CHUNK_BYTES: usize = 1 << 21;
+
+/// One transaction on a connection that has WATCHed what it read: MULTI,
+/// the body streamed in chunks (each chunk's `QUEUED` replies checked while
+/// the next chunk is encoded), EXEC. Nothing is applied before EXEC, so a
+/// reader sees all of it or none of it.
+///
+/// Returns `false` when EXEC reports a WATCH conflict (nothing applied).
+///
+/// # Errors
+/// Redis errors; a command the server refused to queue (the transaction
+/// is discarded).
+pub(crate) async fn multi_exec(
+    con: &mut MultiplexedConnection,
+    mut body: Body<'_>,
+) -> Result<bool> {
+    redis::cmd("MULTI").exec_async(con).await?;
+    let mut next = body.chunk();
+    while let Some(chunk) = next.take() {
+        let (sent, following) =
+            tokio::join!(con.send_packed_commands(&chunk, 0, chunk.len()), async {
+                body.chunk()
+            });
+        let refused = match sent {
+            Ok(replies) => replies.into_iter().find_map(|r| match r {
+                redis::Value::SimpleString(s) if s == "QUEUED" => None,
+                redis::Value::Okay => None,
+                other => Some(anyhow::anyhow!(
+                    "the server refused a queued command: {other:?}"
+                )),
+            }),
+            Err(e) => Some(anyhow::Error::from(e)),
+        };
+        if let Some(e) = refused {
+            let _: Result<(), _> = redis::cmd("DISCARD").exec_async(con).await;
+            return Err(e.context("MULTI/EXEC (discarded)"));
+        }
+        next = following;
+    }
+    let done: Option<Vec<redis::Value>> = redis::cmd("EXEC")
+        .query_async(con)
+        .await
+        .context("MULTI/EXEC")?;
+    let Some(replies) = done else {
+        return Ok(false);
+    };
+    if let Some(e) = replies.iter().find_map(|r| match r {
+        redis::Value::ServerError(e) => Some(e),
+        _ => None,
+    }) {
+        bail!("MULTI/EXEC: a command failed inside the transaction: {e:?}");
+    }
+    Ok(true)
+}
+
+/// What one transaction writes, produced chunk by chunk: every added or
+/// changed document (MSET) with its manifest field (HSET into its
+/// bucket's hash), deletions of keys no longer desired (DEL, HDEL), the
+/// digests of the buckets that were read (they differed), then the meta
+/// with the manifest's digest. A format-1 target first loses its old
+/// manifest and gets every manifest field in format 2.
+pub(crate) struct Body<'a> {
+    entries: Box<dyn Iterator<Item = (&'a str, &'a str, &'a str)> + Send + 'a>,
+    writes: Box<dyn Iterator<Item = &'a str> + Send + 'a>,
+    next_write: Option<&'a str>,
+    /// Write every manifest field (migration), not only the changed ones.
+    all_fields: bool,
+    clear: bool,
+    removed: std::slice::Chunks<'a, String>,
+    /// Further keys to delete, as bytes (heal: unmanaged keys).
+    deletes: Vec<Vec<u8>>,
+    buckets: Option<Vec<u8>>,
+    desired: &'a Desired,
+    meta: Option<(&'a str, u64)>,
+    /// The audit record written with the meta.
+    history: Option<super::audit::Entry>,
+}
+
+impl<'a> Body<'a> {
+    pub(crate) fn new(
+        desired: &'a Desired,
+        changes: &'a Changes,
+        live: &Live,
+        commit: &'a str,
+        generation: u64,
+    ) -> Body<'a> {
+        // `added` and `changed` are disjoint and each in desired order:
+        // merged, they are the desired keys to write, in order.
+        let mut writes: Box<dyn Iterator<Item = &'a str> + Send + 'a> =
+            Box::new(merge_sorted(&changes.added, &changes.changed));
+        let next_write = writes.next();
+        let buckets = if live.legacy {
+            (0..=u8::MAX).collect()
+        } else {
+            live.read_buckets.clone()
+        };
+        Body {
+            entries: Box::new(desired.iter()),
+            writes,
+            next_write,
+            all_fields: live.legacy,
+            clear: live.legacy,
+            removed: changes.removed.chunks(BATCH),
+            deletes: Vec::new(),
+            buckets: Some(buckets),
+            desired,
+            meta: Some((commit, generation)),
+            history: None,
+        }
+    }
+
+    /// Also record `entry`: the meta's audit fields and one
+    /// `edgeform:history` entry, in the same transaction.
+    pub(crate) fn recording(mut self, entry: super::audit::Entry) -> Body<'a> {
+        self.history = Some(entry);
+        self
+    }
+
+    /// Also delete `keys` (before the meta is written).
+    pub(crate) fn deleting(mut self, keys: Vec<Vec<u8>>) -> Body<'a> {
+        self.deletes = keys;
+        self
+    }
+
+    /// The next chunk of commands, `None` when all were given.
+    pub(crate) fn chunk(&mut self) -> Option<redis::Pipeline> {
+        let mut pipe = redis::pipe();
+        let mut bytes = 0;
+        if std::mem::take(&mut self.clear) {
+            pipe.cmd("DEL")
+                .arg(keys::MANIFEST)
+                .arg(keys::MANIFEST_BUCKETS);
+            pipe.cmd("DEL")
+                .arg((0..=u8::MAX).map(keys::manifest_bucket).collect::<Vec<_>>());
+        }
+        // Manifest fields gathered per bucket over the whole chunk: a few
+        // HSETs of many fields rather than 256 small ones per batch.
+        let mut fields: BTreeMap<u8, redis::Cmd> = BTreeMap::new();
+        let flush = |pipe: &mut redis::Pipeline, fields: &mut BTreeMap<u8, redis::Cmd>| {
+            for (_, c) in std::mem::take(fields) {
+                pipe.add_command(c);
+            }
+        };
+        while bytes < CHUNK_BYTES {
+            let mut docs = redis::Cmd::with_capacity(2 * BATCH + 1, 1 << 20);
+            docs.arg("MSET");
+            let mut n = 0;
+            let mut f = 0;
+            while n < BATCH && f < BATCH {
+                if self.next_write.is_none() && !self.all_fields {
+                    break;
+                }
+                let Some((key, value, hash)) = self.entries.next() else {
+                    self.next_write = None;
+                    self.all_fields = false;
+                    break;
+                };
+                let doc = self.next_write == Some(key);
+                if doc {
+                    docs.arg(key).arg(value);
+                    bytes += key.len() + value.len();
+                    n += 1;
+                    self.next_write = self.writes.next();
+                }
+                if doc || self.all_fields {
+                    fields
+                        .entry(keys::bucket(key.as_bytes()))
+                        .or_insert_with_key(|b| {
+                            let mut c = redis::cmd("HSET");
+                            c.arg(keys::manifest_bucket(*b));
+                            c
+                        })
+                        .arg(key)
+                        .arg(hash);
+                    bytes += key.len() + hash.len();
+                    f += 1;
+                }
+            }
+            if n > 0 || f > 0 {
+                if n > 0 {
+                    pipe.add_command(docs);
+                }
+                continue;
+            }
+            flush(&mut pipe, &mut fields);
+            if let Some(chunk) = self.removed.next() {
+                pipe.cmd("DEL").arg(chunk);
+                let mut by_bucket: BTreeMap<u8, Vec<&String>> = BTreeMap::new();
+                for k in chunk {
+                    by_bucket
+                        .entry(keys::bucket(k.as_bytes()))
+                        .or_default()
+                        .push(k);
+                }
+                for (b, ks) in by_bucket {
+                    pipe.cmd("HDEL").arg(keys::manifest_bucket(b)).arg(ks);
+                }
+                bytes += chunk.iter().map(|k| 2 * k.len()).sum::<usize>();
+                continue;
+            }
+            if !self.deletes.is_empty() {
+                let n = self.deletes.len().min(BATCH);
+                let chunk: Vec<Vec<u8>> = self.deletes.drain(..n).collect();
+                bytes += chunk.iter().map(Vec::len).sum::<usize>();
+                pipe.cmd("DEL").arg(chunk);
+                continue;
+            }
+            if let Some(buckets) = self.buckets.take() {
+                if !buckets.is_empty() {
+                    let summary = self.desired.summary();
+                    let mut c = redis::cmd("HSET");
+                    c.arg(keys::MANIFEST_BUCKETS);
+                    for b in buckets {
+                        c.arg(format!("{b:02x}"))
+                            .arg(summary.bucket_value(usize::from(b)));
+                    }
+                    pipe.add_command(c);
+                }
+                continue;
+            }
+            if let Some((commit, generation)) = self.meta.take() {
+                set_meta(
+                    &mut pipe,
+                    commit,
+                    generation,
+                    self.desired,
+                    self.history.as_ref(),
+                );
+            }
+            break;
+        }
+        flush(&mut pipe, &mut fields);
+        (!pipe.is_empty()).then_some(pipe)
+    }
+}
+
+/// Two sorted, disjoint lists merged in order.
+fn merge_sorted<'a>(a: &'a [String], b: &'a [String]) -> impl Iterator<Item = &'a str> + Send + 'a {
+    let mut a = a.iter().map(String::as_str).peekable();
+    let mut b = b.iter().map(String::as_str).peekable();
+    std::iter::from_fn(move || match (a.peek(), b.peek()) {
+        (Some(x), Some(y)) if y < x => b.next(),
+        (Some(_), _) => a.next(),
+        (None, _) => b.next(),
+    })
+}
+
+/// Append the `edgeform:meta` update that ends every write transaction.
+/// Its reply is the one kept: EXEC's nil (a WATCH conflict) then reads as
+/// `None`, success as `Some`.
+pub(crate) fn set_meta(
+    pipe: &mut redis::Pipeline,
+    commit: &str,
+    generation: u64,
+    desired: &Desired,
+    history: Option<&super::audit::Entry>,
+) {
+    if let Some(entry) = history {
+        // Before the meta: the meta's reply stays the last one.
+        super::audit::record(pipe, entry);
+    }
+    let mut hset = redis::cmd("HSET");
+    hset.arg(keys::META)
+        .arg("commit")
+        .arg(commit)
+        .arg("generation")
+        .arg(generation)
+        .arg("applied_at")
+        .arg(now_rfc3339())
+        .arg("format")
+        .arg(edgestate::FORMAT_VERSION)
+        .arg("manifest_digest")
+        .arg(desired.digest())
+        .arg("managed")
+        .arg(desired.len());
+    if let Some(entry) = history {
+        super::audit::meta_fields(&mut hset, entry);
+    }
+    pipe.add_command(hset);
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+
+    fn names(cmd: &redis::Cmd) -> Vec<String> {
+        cmd.args_iter()
+            .map(|a| match a {
+                redis::Arg::Simple(b) => String::from_utf8_lossy(b).into_owned(),
+                _ => "<cursor>".into(),
+            })
+            .collect()
+    }
+
+    #[test]
+    fn body_writes_changes_then_prunes_then_meta_in_chunks() {
+        let sites: Vec<(Arc<str>, Arc<str>)> = (0..2500)
+            .map(|i| {
+                (
+                    Arc::from(format!("site:s{i:05}")),
+                    Arc::from("x".repeat(2100)),
+                )
+            })
+            .collect();
+        let desired = Desired::for_tests(sites, true);
+        // Every other site changed, the routing table added, two to prune.
+        let changes = Changes {
+            added: vec![keys::ROUTING.to_owned()],
+            changed: (0..2500)
+                .step_by(2)
+                .map(|i| format!("site:s{i:05}"))
+                .collect(),
+            removed: vec!["site:gone".into(), "suspended:gone".into()],
+        };
+        let live = Live {
+            read_buckets: vec![1, 2],
+            ..Live::default()
+        };
+        let mut body = Body::new(&desired, &changes, &live, "abc", 7);
+        let mut cmds = Vec::new();
+        let mut chunks = 0;
+        while let Some(chunk) = body.chunk() {
+            chunks += 1;
+            cmds.extend(chunk.cmd_iter().map(names));
+        }
+        // 1,251 writes of ~2 KB each are more than one 2 MiB chunk.
+        assert!(chunks >= 2, "{chunks} chunks");
+        let written: Vec<&str> = cmds
+            .iter()
+            .filter(|c| c[0] == "MSET")
+            .flat_map(|c| c[1..].chunks(2).map(|kv| kv[0].as_str()))
+            .collect();
+        let mut want: Vec<&str> = changes.changed.iter().map(String::as_str).collect();
+        want.insert(0, keys::ROUTING);
+        assert_eq!(written, want);
+        // Each manifest field lands in its bucket's hash.
+        let mut fields: Vec<&str> = cmds
+            .iter()
+            .filter(|c| c[0] == "HSET" && c[1].starts_with("edgeform:manifest:"))
+            .filter(|c| c[1] != keys::MANIFEST_BUCKETS)
+            .flat_map(|c| {
+                c[2..].chunks(2).map(|kv| {
+                    assert_eq!(c[1], keys::manifest_bucket(keys::bucket(kv[0].as_bytes())));
+                    kv[0].as_str()
+                })
+            })
+            .collect();
+        fields.sort_unstable();
+        assert_eq!(fields, want);
+        assert!(cmds.iter().all(|c| c.len() <= 2 * BATCH + 2));
+        let n = cmds.len();
+        let del = cmds.iter().position(|c| c[0] == "DEL").unwrap();
+        assert_eq!(cmds[del], ["DEL", "site:gone", "suspended:gone"]);
+        assert!(cmds[del + 1..n - 2].iter().all(|c| c[0] == "HDEL"));
+        assert_eq!(
+            cmds[n - 2],
+            [
+                "HSET".to_owned(),
+                keys::MANIFEST_BUCKETS.to_owned(),
+                "01".into(),
+                desired.summary().bucket_value(1),
+                "02".into(),
+                desired.summary().bucket_value(2)
+            ]
+        );
+        assert_eq!(cmds[n - 1][..2], ["HSET".to_owned(), keys::META.to_owned()]);
+        assert!(body.chunk().is_none());
+    }
+}

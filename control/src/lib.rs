@@ -1,0 +1,101 @@
+//! The control plane: desired state (compiled from git by `compiler`)
+//! into every target's own Redis master — plan, apply, heal, reconcile.
+//! **Only this crate writes to Redis.**
+//!
+//! - `edgeredis` (crate): reach a target's master by URL or through its
+//!   Sentinels, password from the environment variable the node names.
+//! - [`state`]: what a target holds: `edgeform:manifest` (key → content
+//!   hash) and `edgeform:meta`; desired content hashes.
+//! - [`plan`]: pure: desired vs live → added/changed/removed, and the
+//!   safety checks (rollback, empty, thresholds).
+//! - [`lock`]: the apply lease lock; who holds it, taking over a dead
+//!   holder's lock, `unlock`.
+//! - [`apply`]: lease lock, then one WATCH/MULTI/EXEC per target.
+//! - [`heal`]: full live-content comparison and repair.
+//! - [`run`]: every target concurrently (bounded), each outcome reported,
+//!   one failing target never stopping the others.
+//! - [`many`]: which targets, and apply/heal/sync over all of them.
+//! - [`saved`]: one target's plan and the saved-plan file format.
+//! - [`reconcile`]: the scheduled jobs, daemon loop, signals, `--pull`.
+//! - `gitsource` (crate): credentials and SSH host key checks for
+//!   `--pull`; `--require-signed-by`'s allowed signers and signatures.
+//! - [`metrics`]: what the reconciler did, for Prometheus (one `Arc`
+//!   handed down in [`many::Settings`]).
+//! - [`store`]: the control host's state directory (secrets, the last
+//!   good commit).
+//! - [`gate`]: pure: whether a write may move a target to another commit
+//!   (thresholds, rollback, empty state, freeze), before writing.
+//! - [`audit`]: who wrote what: meta fields and `edgeform:history`.
+
+pub mod apply;
+pub mod audit;
+pub mod cmd;
+pub mod gate;
+pub mod heal;
+pub mod import;
+pub mod lock;
+pub mod many;
+pub mod metrics;
+pub mod plan;
+pub mod reconcile;
+pub mod run;
+pub mod saved;
+pub mod state;
+pub mod store;
+pub mod track;
+
+use std::sync::Arc;
+
+use compiler::compile::Target;
+use compiler::model::resolved::Node;
+
+/// One target to work on: its node (how to connect) and what it must hold.
+#[derive(Debug, Clone)]
+pub struct Job {
+    pub node: Arc<Node>,
+    pub desired: Arc<state::Desired>,
+}
+
+/// What the desired state came from, written to `edgeform:meta`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Origin {
+    /// Commit id (`+dirty` when the working tree differs from it), or
+    /// `worktree` outside git.
+    pub commit: String,
+}
+
+/// Build the jobs for the compiled targets, hashing each distinct value
+/// list once (edges of a region share one list).
+#[must_use]
+pub fn jobs(
+    config: &compiler::Config,
+    compiled: &compiler::compile::Compiled,
+    only: &[String],
+) -> Vec<Job> {
+    let mut cache = state::HashCache::default();
+    config
+        .nodes
+        .iter()
+        .filter(|n| n.redis.is_some())
+        .filter(|n| only.is_empty() || only.iter().any(|o| o == &n.name))
+        .filter_map(|n| {
+            let target: &Target = compiled.targets.get(&n.name)?;
+            Some(Job {
+                node: Arc::new(n.clone()),
+                desired: Arc::new(cache.desired(target, n)),
+            })
+        })
+        .collect()
+}
+
+/// A dedicated connection to `node`'s Redis master.
+///
+/// # Errors
+/// No `redis` block, or see [`edgeredis::master`].
+pub async fn master(node: &Node) -> anyhow::Result<redis::aio::MultiplexedConnection> {
+    let target = node
+        .redis
+        .as_ref()
+        .ok_or_else(|| anyhow::anyhow!("node {} has no redis block", node.name))?;
+    edgeredis::master(target, &node.name).await
+}

@@ -1,0 +1,430 @@
+//! The apply lease lock on a target (`edgeform:lock`) and who holds it.
+//!
+//! The token names its holder: `host:pid:start:pidns:nonce` (`start` is
+//! the process start time from `/proc/<pid>/stat`, `pidns` the inode of
+//! its pid namespace). A lock whose holder is on this host, in this pid
+//! namespace, and provably dead (no such process, a zombie, or the pid
+//! now belongs to a process started at another time) is taken over at
+//! once, atomically (compare-and-set on the token in a Lua script), and
+//! logged. Any other lock waits for its lease (5 minutes) or for
+//! `edgeform unlock --node N --force`.
+//!
+//! [`judge`] is pure; [`Holder::current`] and [`process`] read `/proc`.
+
+use std::time::{Duration, Instant};
+
+use anyhow::{Result, bail};
+use redis::aio::MultiplexedConnection;
+
+use edgestate::keys;
+
+/// Who holds (or would hold) a lock.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Holder {
+    pub host: String,
+    pub pid: u32,
+    /// Start time in clock ticks since boot (field 22 of `/proc/<pid>/stat`);
+    /// absent in tokens written before it was recorded.
+    pub start: Option<u64>,
+    /// Inode of the pid namespace (`/proc/<pid>/ns/pid`).
+    pub pidns: Option<u64>,
+}
+
+/// What `/proc` says about a pid on this host.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Process {
+    pub start: u64,
+    /// Killed but not yet reaped: dead.
+    pub zombie: bool,
+}
+
+/// Whether a holder is provably dead.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Liveness {
+    Dead(Dead),
+    /// Running, or not provable from here.
+    NotProvable(Why),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Dead {
+    NoSuchProcess,
+    Zombie,
+    PidReused,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Why {
+    Running,
+    OtherHost,
+    OtherPidNamespace,
+    UnknownToken,
+}
+
+impl Dead {
+    #[must_use]
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Dead::NoSuchProcess => "no such process",
+            Dead::Zombie => "the process has exited",
+            Dead::PidReused => "the pid belongs to a newer process",
+        }
+    }
+}
+
+impl Why {
+    #[must_use]
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Why::Running => "the holder is running",
+            Why::OtherHost => "the holder is on another host",
+            Why::OtherPidNamespace => "the holder is in another pid namespace",
+            Why::UnknownToken => "the token does not name a holder",
+        }
+    }
+}
+
+impl Holder {
+    /// This process. Reads `/proc`.
+    #[must_use]
+    pub fn current() -> Holder {
+        let pid = std::process::id();
+        Holder {
+            host: hostname(),
+            pid,
+            start: process(pid).map(|p| p.start),
+            pidns: pidns("self"),
+        }
+    }
+
+    /// The lock token: the holder and a nonce unique to this acquisition.
+    #[must_use]
+    pub fn token(&self, nonce: u128) -> String {
+        let opt = |v: Option<u64>| v.map_or_else(String::new, |v| v.to_string());
+        format!(
+            "{}:{}:{}:{}:{nonce}",
+            self.host,
+            self.pid,
+            opt(self.start),
+            opt(self.pidns)
+        )
+    }
+
+    /// The holder a token names (`host:pid:start:pidns:nonce`, or the
+    /// older `host:pid:nonce`).
+    #[must_use]
+    pub fn parse(token: &str) -> Option<Holder> {
+        let parts: Vec<&str> = token.split(':').collect();
+        let num = |s: &str| -> Option<Option<u64>> {
+            if s.is_empty() {
+                Some(None)
+            } else {
+                s.parse().ok().map(Some)
+            }
+        };
+        match parts[..] {
+            [host, pid, start, pidns, _nonce] if !host.is_empty() => Some(Holder {
+                host: host.to_owned(),
+                pid: pid.parse().ok()?,
+                start: num(start)?,
+                pidns: num(pidns)?,
+            }),
+            [host, pid, _nonce] if !host.is_empty() => Some(Holder {
+                host: host.to_owned(),
+                pid: pid.parse().ok()?,
+                start: None,
+                pidns: None,
+            }),
+            _ => None,
+        }
+    }
+}
+
+/// Whether `holder` is provably dead, seen from `here` with `process`
+/// what `/proc` says about `holder.pid` (None: no such process). Pure.
+#[must_use]
+pub fn judge(holder: &Holder, here: &Holder, process: Option<Process>) -> Liveness {
+    if holder.host != here.host {
+        return Liveness::NotProvable(Why::OtherHost);
+    }
+    if holder.pidns.is_some() && here.pidns.is_some() && holder.pidns != here.pidns {
+        return Liveness::NotProvable(Why::OtherPidNamespace);
+    }
+    match process {
+        None => Liveness::Dead(Dead::NoSuchProcess),
+        Some(p) if p.zombie => Liveness::Dead(Dead::Zombie),
+        Some(p) if holder.start.is_some_and(|s| s != p.start) => Liveness::Dead(Dead::PidReused),
+        Some(_) => Liveness::NotProvable(Why::Running),
+    }
+}
+
+/// Judge a token seen on a target, from this process. Reads `/proc`.
+#[must_use]
+pub fn judge_token(token: &str) -> Liveness {
+    let Some(holder) = Holder::parse(token) else {
+        return Liveness::NotProvable(Why::UnknownToken);
+    };
+    let here = Holder::current();
+    let seen = if holder.host == here.host {
+        process(holder.pid)
+    } else {
+        None
+    };
+    judge(&holder, &here, seen)
+}
+
+/// `/proc/<pid>/stat`'s start time and state; None when there is no such
+/// process.
+#[must_use]
+pub fn process(pid: u32) -> Option<Process> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    parse_stat(&stat)
+}
+
+/// Fields after the command name (which may hold spaces and parentheses):
+/// state is field 3, starttime field 22.
+fn parse_stat(stat: &str) -> Option<Process> {
+    let rest = &stat[stat.rfind(')')? + 1..];
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let state = *fields.first()?;
+    let start = fields.get(19)?.parse().ok()?;
+    Some(Process {
+        start,
+        zombie: matches!(state, "Z" | "X" | "x"),
+    })
+}
+
+fn pidns(of: &str) -> Option<u64> {
+    let link = std::fs::read_link(format!("/proc/{of}/ns/pid")).ok()?;
+    let text = link.to_str()?;
+    text.strip_prefix("pid:[")?.strip_suffix(']')?.parse().ok()
+}
+
+pub(crate) fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map_or_else(|_| "host".into(), |h| h.trim().to_owned())
+}
+
+const RELEASE: &str = include_str!("lua/lock_release.lua");
+const TAKE_OVER: &str = include_str!("lua/lock_take_over.lua");
+
+/// A held lock.
+pub struct Lock {
+    token: String,
+}
+
+impl Lock {
+    /// Take the lock, waiting up to `wait` for another holder to finish;
+    /// a provably dead holder's lock is taken over at once.
+    ///
+    /// # Errors
+    /// Still held by someone else after `wait` (the holder is named).
+    pub async fn acquire(
+        con: &mut MultiplexedConnection,
+        lease: Duration,
+        wait: Duration,
+        metrics: &crate::metrics::Metrics,
+    ) -> Result<Lock> {
+        let token = Holder::current().token(
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_nanos()),
+        );
+        let lease_ms = u64::try_from(lease.as_millis()).unwrap_or(u64::MAX);
+        let start = Instant::now();
+        // Jittered: appliers waiting on one lock retry apart.
+        let mut pause = edgestate::backoff::Backoff::random(
+            Duration::from_millis(20),
+            Duration::from_millis(500),
+        );
+        let mut judged: Option<String> = None;
+        let mut waited = false;
+        let counted = |waited: bool| {
+            if waited {
+                metrics.lock_waited(start.elapsed());
+            }
+        };
+        loop {
+            let ok: Option<String> = redis::cmd("SET")
+                .arg(keys::LOCK)
+                .arg(&token)
+                .arg("NX")
+                .arg("PX")
+                .arg(lease_ms)
+                .query_async(con)
+                .await?;
+            if ok.is_some() {
+                counted(waited);
+                return Ok(Lock { token });
+            }
+            let holder: Option<String> = redis::cmd("GET").arg(keys::LOCK).query_async(con).await?;
+            if let Some(held) = &holder
+                && judged.as_ref() != Some(held)
+            {
+                judged = Some(held.clone());
+                if let Liveness::Dead(why) = judge_token(held) {
+                    let took: i64 = redis::Script::new(TAKE_OVER)
+                        .key(keys::LOCK)
+                        .arg(held)
+                        .arg(&token)
+                        .arg(lease_ms)
+                        .invoke_async(con)
+                        .await?;
+                    if took == 1 {
+                        tracing::warn!(holder = %held, reason = why.as_str(), "took over the apply lock of a dead holder");
+                        counted(waited);
+                        return Ok(Lock { token });
+                    }
+                }
+            }
+            if start.elapsed() >= wait {
+                bail!(
+                    "locked by another apply ({}) for more than {:?}; if that apply is gone, \
+                     `edgeform unlock --node <node> --force`",
+                    holder.unwrap_or_else(|| "unknown".into()),
+                    wait
+                );
+            }
+            waited = true;
+            tokio::time::sleep(pause.next_delay()).await;
+        }
+    }
+
+    /// Release the lock if it is still ours.
+    pub async fn release(self, con: &mut MultiplexedConnection) {
+        let _: Result<i64, _> = redis::Script::new(RELEASE)
+            .key(keys::LOCK)
+            .arg(&self.token)
+            .invoke_async(con)
+            .await;
+    }
+}
+
+/// What `edgeform unlock` did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Unlocked {
+    NoLock,
+    /// Removed: the holder's token, and why it was provably dead (None:
+    /// removed by `--force`).
+    Removed {
+        holder: String,
+        dead: Option<Dead>,
+    },
+    /// Left alone: the holder may be alive.
+    Refused {
+        holder: String,
+        why: Why,
+    },
+}
+
+/// Remove a target's lock when its holder is provably dead, or with
+/// `force` whoever holds it. Compare-and-delete: a lock taken by someone
+/// else in between is never removed.
+///
+/// # Errors
+/// Redis errors.
+pub async fn unlock(con: &mut MultiplexedConnection, force: bool) -> Result<Unlocked> {
+    let holder: Option<String> = redis::cmd("GET").arg(keys::LOCK).query_async(con).await?;
+    let Some(holder) = holder else {
+        return Ok(Unlocked::NoLock);
+    };
+    let dead = match judge_token(&holder) {
+        Liveness::Dead(d) => Some(d),
+        Liveness::NotProvable(why) if !force => return Ok(Unlocked::Refused { holder, why }),
+        Liveness::NotProvable(_) => None,
+    };
+    let removed: i64 = redis::Script::new(RELEASE)
+        .key(keys::LOCK)
+        .arg(&holder)
+        .invoke_async(con)
+        .await?;
+    if removed == 1 {
+        Ok(Unlocked::Removed { holder, dead })
+    } else {
+        Ok(Unlocked::NoLock)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn here() -> Holder {
+        Holder {
+            host: "h1".into(),
+            pid: 10,
+            start: Some(500),
+            pidns: Some(4_026_531_836),
+        }
+    }
+
+    #[test]
+    fn tokens_round_trip_and_old_tokens_parse() {
+        let h = here();
+        assert_eq!(Holder::parse(&h.token(42)), Some(h));
+        let old = Holder::parse("h1:77:1700000000000000000").unwrap();
+        assert_eq!((old.pid, old.start, old.pidns), (77, None, None));
+        assert_eq!(Holder::parse("garbage"), None);
+        assert_eq!(Holder::parse("h1:x:1:2:3"), None);
+    }
+
+    #[test]
+    fn only_a_provably_dead_holder_on_this_host_is_dead() {
+        let me = here();
+        let other = |f: &dyn Fn(&mut Holder)| {
+            let mut h = here();
+            h.pid = 20;
+            f(&mut h);
+            h
+        };
+        let alive = Some(Process {
+            start: 500,
+            zombie: false,
+        });
+        let h = other(&|_| {});
+        assert_eq!(judge(&h, &me, None), Liveness::Dead(Dead::NoSuchProcess));
+        assert_eq!(judge(&h, &me, alive), Liveness::NotProvable(Why::Running));
+        let zombie = Some(Process {
+            start: 500,
+            zombie: true,
+        });
+        assert_eq!(judge(&h, &me, zombie), Liveness::Dead(Dead::Zombie));
+        let reused = Some(Process {
+            start: 900,
+            zombie: false,
+        });
+        assert_eq!(judge(&h, &me, reused), Liveness::Dead(Dead::PidReused));
+        // Without a recorded start time a running pid is not provably dead.
+        let old = other(&|h| h.start = None);
+        assert_eq!(
+            judge(&old, &me, reused),
+            Liveness::NotProvable(Why::Running)
+        );
+        let remote = other(&|h| h.host = "h2".into());
+        assert_eq!(
+            judge(&remote, &me, None),
+            Liveness::NotProvable(Why::OtherHost)
+        );
+        let container = other(&|h| h.pidns = Some(1));
+        assert_eq!(
+            judge(&container, &me, None),
+            Liveness::NotProvable(Why::OtherPidNamespace)
+        );
+    }
+
+    #[test]
+    fn stat_with_parentheses_in_the_name() {
+        let stat =
+            "123 (a) b (c)) S 1 123 123 0 -1 4194560 100 0 0 0 1 2 0 0 20 0 1 0 98765 1000 10";
+        assert_eq!(
+            parse_stat(stat),
+            Some(Process {
+                start: 98765,
+                zombie: false
+            })
+        );
+        let me = process(std::process::id()).unwrap();
+        assert!(!me.zombie);
+        assert_eq!(Holder::current().start, Some(me.start));
+    }
+}

@@ -1,0 +1,402 @@
+//! The reconciler: the scheduled sync and heal jobs, the daemon loop and
+//! its signals, and the network pull (`--pull REMOTE/BRANCH`).
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+
+use super::many::{Settings, heal_all, sync_all};
+use crate::store::Store as _;
+use compiler::workspace::{self, Source};
+use gitsource::{remote, signed};
+
+/// Load, check and compile for one run; an invalid repository is logged
+/// (every diagnostic) and the run pushes nothing.
+fn load(root: &Path, rev: Option<&str>) -> Result<Source> {
+    match workspace::load(root, rev)?.check().valid() {
+        Ok(valid) => Ok(valid.compile()),
+        Err(invalid) => {
+            for d in &invalid.diagnostics {
+                tracing::error!(at = %d.location(), code = d.code, "{}", compiler::report::clip(&d.message));
+            }
+            anyhow::bail!(
+                "{} is invalid ({}); nothing was pushed",
+                invalid.root.display(),
+                invalid.summary()
+            )
+        }
+    }
+}
+
+/// Which scheduled job to run once.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Once {
+    Sync,
+    Heal,
+}
+
+/// Fetch `remote/branch` through git2 and return the fetched commit id.
+/// Private remotes: SSH (key file or ssh-agent, host key checked against
+/// a known_hosts file) or HTTPS (token), see [`gitsource::remote`].
+///
+/// # Errors
+/// A [`gitsource::remote::PullError`]: no such remote, unreadable key or
+/// known_hosts file, refused host key, no or refused credentials, fetch
+/// failure.
+pub fn pull(root: &Path, spec: &str, auth: &remote::Auth) -> Result<String> {
+    use remote::PullError;
+    let (name, branch) = spec
+        .split_once('/')
+        .ok_or_else(|| PullError::Spec(spec.to_owned()))?;
+    let repo =
+        git2::Repository::discover(root).map_err(|_| PullError::NoRepository(root.to_owned()))?;
+    let mut r = repo
+        .find_remote(name)
+        .map_err(|_| PullError::NoRemote(name.to_owned()))?;
+    let refspec = format!("+refs/heads/{branch}:refs/remotes/{name}/{branch}");
+    remote::fetch(&mut r, &refspec, spec, auth)?;
+    let id = repo
+        .revparse_single(spec)?
+        .peel_to_commit()?
+        .id()
+        .to_string();
+    Ok(id)
+}
+
+fn log_refused(refused: &signed::RefusedCommit) {
+    tracing::error!(
+        commit = %refused.commit,
+        reason = refused.refusal.as_str(),
+        kept = refused.kept.as_deref().unwrap_or("none"),
+        "reconcile: {refused}"
+    );
+}
+
+/// The revision one run pushes, the refusal when the newest one may not
+/// be pushed (`--require-signed-by`) but an earlier good one is kept, and
+/// the allowed signers every target's history is checked against.
+struct Pick {
+    rev: Option<String>,
+    refused: Option<signed::RefusedCommit>,
+    signers: Option<signed::AllowedSigners>,
+    /// The last good commit before this run's (what a target without a
+    /// live commit is checked from).
+    since: Option<String>,
+    /// The commit verified for this run, to be kept as the last good one
+    /// once a target has it.
+    verified: Option<String>,
+}
+
+/// The revision to push: the pulled commit, `--rev`, or (with
+/// `--require-signed-by`, which never pushes a working tree) `HEAD`;
+/// with `--require-signed-by`, only when its signature verifies and,
+/// after the last good commit (`last_good`: the last one verified and
+/// applied, kept in the state directory across restarts and `--once`
+/// runs),
+/// when it descends from it (unless `allow_rollback`) through a history
+/// signed throughout. A verified commit becomes the last good one once a
+/// target has it (the run's end). A refused commit falls back to
+/// `last_good` or, without one, fails the run. (Each target's own live commit is checked the same way by the
+/// gate.)
+fn pick(
+    root: &Path,
+    rev: Option<&str>,
+    pull_spec: Option<&str>,
+    git: &remote::GitOptions,
+    auth: &remote::Auth,
+    allow_rollback: bool,
+    last_good: &std::cell::RefCell<Option<String>>,
+) -> Result<Pick> {
+    let rev = match pull_spec {
+        Some(spec) => Some(pull(root, spec, auth)?),
+        None => rev.map(str::to_owned),
+    };
+    let Some(signers) = &git.require_signed_by else {
+        return Ok(Pick {
+            rev,
+            refused: None,
+            signers: None,
+            since: None,
+            verified: None,
+        });
+    };
+    let signers = signed::AllowedSigners::load(signers)?;
+    let repo =
+        git2::Repository::discover(root).context("--require-signed-by needs a git repository")?;
+    let commit = repo
+        .revparse_single(rev.as_deref().unwrap_or("HEAD"))
+        .with_context(|| format!("no revision {}", rev.as_deref().unwrap_or("HEAD")))?
+        .peel_to_commit()?
+        .id();
+    let verdict = match signed::verify(&repo, &commit.to_string(), &signers)? {
+        Ok(v) => match history(&repo, last_good, commit, &signers, allow_rollback)? {
+            Ok(()) => Ok(v),
+            Err(refusal) => Err(refusal),
+        },
+        Err(refusal) => Err(refusal),
+    };
+    let commit = commit.to_string();
+    let since = last_good.borrow().clone();
+    match verdict {
+        Ok(v) => {
+            tracing::info!(%commit, signer = %v.principal, "reconcile: signature verified");
+            Ok(Pick {
+                rev: Some(commit.clone()),
+                refused: None,
+                signers: Some(signers),
+                since,
+                verified: Some(commit),
+            })
+        }
+        Err(refusal) => {
+            let refused = signed::RefusedCommit {
+                commit,
+                refusal,
+                kept: last_good.borrow().clone(),
+            };
+            match refused.kept.clone() {
+                Some(good) => {
+                    log_refused(&refused);
+                    Ok(Pick {
+                        rev: Some(good),
+                        refused: Some(refused),
+                        signers: Some(signers),
+                        since,
+                        verified: None,
+                    })
+                }
+                // Logged by the run, as its one error.
+                None => Err(refused.into()),
+            }
+        }
+    }
+}
+
+/// Whether `commit` may follow the last good commit: descends from it
+/// (unless `allow_rollback`) and every commit between them verifies.
+/// With none known (a new state directory), only the tip was verified:
+/// said in a warning.
+fn history(
+    repo: &git2::Repository,
+    last_good: &std::cell::RefCell<Option<String>>,
+    commit: git2::Oid,
+    signers: &signed::AllowedSigners,
+    allow_rollback: bool,
+) -> Result<Result<(), signed::Refusal>> {
+    let Some(good) = last_good.borrow().clone() else {
+        tracing::warn!(
+            %commit,
+            "reconcile: no last good commit is known (state directory): only this commit's \
+             signature was verified, not its history; it becomes the last good commit"
+        );
+        return Ok(Ok(()));
+    };
+    let good_id = git2::Oid::from_str(&good)?;
+    if repo.find_commit(good_id).is_err() {
+        anyhow::bail!(
+            "the last good commit {good} (state directory) is not in the repository: \
+             fetch it, or see docs/operations.md to start the signed history again"
+        );
+    }
+    if good_id == commit {
+        return Ok(Ok(()));
+    }
+    if !allow_rollback && !repo.graph_descendant_of(commit, good_id)? {
+        return Ok(Err(signed::Refusal::NotDescendant { last_good: good }));
+    }
+    Ok(
+        signed::verify_history(repo, good_id, commit, signers)?.map_err(|(commit, r)| {
+            signed::Refusal::UnsignedHistory {
+                commit,
+                why: r.as_str(),
+            }
+        }),
+    )
+}
+
+/// `edgeform reconcile`: sync every `sync_every`, heal every
+/// `heal_every`, until SIGTERM or ctrl-c (or one job with `once`).
+///
+/// Only the targets in `only` (all when empty; an unknown name fails each
+/// run, logged).
+///
+/// # Errors
+/// Only setup errors; a failing target or an invalid revision is logged
+/// and retried at the next tick.
+#[allow(clippy::too_many_arguments)]
+pub async fn reconcile(
+    root: PathBuf,
+    rev: Option<String>,
+    only: Vec<String>,
+    pull_spec: Option<String>,
+    sync_every: Duration,
+    heal_every: Duration,
+    once: Option<Once>,
+    flags: Settings,
+    git: remote::GitOptions,
+    full_heal_every: u32,
+    state_dir: PathBuf,
+) -> Result<u8> {
+    let auth = git.auth();
+    if once.is_none() {
+        // The daemon fails at start on a file it could never use, rather
+        // than logging the same error on every tick.
+        if let Some(path) = &git.require_signed_by {
+            signed::AllowedSigners::load(path)?;
+        }
+        if let Some(key) = &auth.ssh_key {
+            remote::check_key_file(key)?;
+        }
+    }
+    // The last good commit, kept in the state directory so that `--once`
+    // runs and a restarted daemon check a new commit's history from it.
+    let store = match &git.require_signed_by {
+        Some(_) => Some(crate::store::DirStore::open(&state_dir)?),
+        None => None,
+    };
+    let last_good = std::cell::RefCell::new(match &store {
+        Some(s) => s.last_good()?,
+        None => None,
+    });
+    let load_source = |root: &Path| -> Result<(Source, Pick)> {
+        let p = pick(
+            root,
+            rev.as_deref(),
+            pull_spec.as_deref(),
+            &git,
+            &auth,
+            flags.allow_rollback,
+            &last_good,
+        )?;
+        Ok((load(root, p.rev.as_deref())?, p))
+    };
+    // The daemon's heals compare what each target's Redis reports written
+    // (the tracked heal); `--once` has no history to go on.
+    let tracker = once
+        .is_none()
+        .then(|| std::sync::Arc::new(super::track::Tracker::new(full_heal_every)));
+    let run = |which: Once| {
+        let last_good = &last_good;
+        let store = store.as_ref();
+        let tracker = tracker.clone();
+        let root = root.clone();
+        let only = only.clone();
+        let mut flags = flags.clone();
+        let source = load_source(&root);
+        async move {
+            let (source, pick) = match source {
+                Ok(s) => s,
+                Err(e) => {
+                    match e.downcast_ref::<signed::RefusedCommit>() {
+                        Some(refused) => log_refused(refused),
+                        None => {
+                            tracing::error!(cause = %edgeredis::one_line(&e), "reconcile: nothing pushed");
+                        }
+                    }
+                    return 1;
+                }
+            };
+            let Pick {
+                refused,
+                signers,
+                since,
+                verified,
+                ..
+            } = pick;
+            let refused = refused.is_some();
+            flags.signers = signers;
+            flags.last_good = since;
+            if let Some(w) = compiler::model::resolved::FreezeWindow::open_at_any(
+                &source.config.cluster.freeze,
+                &compiler::clock::freeze_instants(),
+            ) {
+                tracing::warn!(
+                    window = %w.name,
+                    reason = %w.reason.as_deref().map(edgestate::untrusted::escape).unwrap_or_default(),
+                    until = %compiler::clock::rfc3339(w.end),
+                    break_glass = flags.break_glass,
+                    "reconcile: a freeze window is open; no target moves to another commit"
+                );
+            }
+            let jobs = match super::many::jobs(&source, &only) {
+                Ok(jobs) => jobs,
+                Err(e) => {
+                    tracing::error!(cause = %edgeredis::one_line(&e), "reconcile: nothing pushed");
+                    return 1;
+                }
+            };
+            tracing::info!(commit = %source.commit, targets = jobs.len(), job = ?which, "reconcile");
+            let report = match which {
+                Once::Sync => sync_all(&source, jobs, &flags, &root).await,
+                Once::Heal => heal_all(&source, jobs, &flags, &root, tracker).await,
+            };
+            // The verified commit is the last good one once a target has
+            // it (a run that moved none, e.g. every target frozen, keeps
+            // the previous one).
+            if let Some(commit) = verified
+                && report.targets.iter().any(|(_, e)| {
+                    matches!(
+                        e,
+                        super::many::Ended::InSync | super::many::Ended::Written(_)
+                    )
+                })
+                && last_good.borrow().as_deref() != Some(commit.as_str())
+            {
+                if let Some(store) = store
+                    && let Err(e) = store.set_last_good(&commit)
+                {
+                    tracing::error!(cause = %e, "reconcile: cannot keep the last good commit");
+                    return 1;
+                }
+                *last_good.borrow_mut() = Some(commit);
+            }
+            // A refused newer commit fails the run even when the last good
+            // one was kept in place.
+            if refused { 1 } else { report.exit_code() }
+        }
+    };
+    // Metrics: count the run, write the textfile.
+    let metrics = std::sync::Arc::clone(&flags.metrics);
+    let run = |which: Once| {
+        // From loading the repository (check and compile) to the last target.
+        let start = std::time::Instant::now();
+        let job = run(which);
+        let metrics = std::sync::Arc::clone(&metrics);
+        async move {
+            let code = job.await;
+            let name = match which {
+                Once::Sync => "sync",
+                Once::Heal => "heal",
+            };
+            tracing::info!(
+                job = name,
+                exit = code,
+                elapsed_ms = start.elapsed().as_millis(),
+                "reconcile: run done"
+            );
+            // Exit code 1: a target failed or was refused (2: drift seen
+            // by a dry run, which is not a failure).
+            metrics.run_done(name, code == 1);
+            code
+        }
+    };
+    if let Some(which) = once {
+        return Ok(run(which).await);
+    }
+    let mut sync = tokio::time::interval(sync_every);
+    let mut heal = tokio::time::interval(heal_every);
+    sync.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    heal.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    loop {
+        tokio::select! {
+            _ = sync.tick() => { run(Once::Sync).await; }
+            _ = heal.tick() => { run(Once::Heal).await; }
+            _ = tokio::signal::ctrl_c() => break,
+            _ = term.recv() => break,
+        }
+    }
+    tracing::info!("reconcile: stopped");
+    Ok(0)
+}

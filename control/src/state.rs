@@ -1,0 +1,372 @@
+//! What a target holds and what it should hold, as content hashes.
+//!
+//! Format 2: the manifest (managed key → SHA-1 hex of its value) is
+//! split into 256 hashes `edgeform:manifest:<bb>` by [`keys::bucket`];
+//! `edgeform:manifest:buckets` holds each bucket's digest and count and
+//! the meta the whole manifest's digest, all written in the transaction
+//! that writes the documents. A no-op plan reads the meta; a change reads
+//! the 256 bucket digests and only the buckets that differ. SHA-1 because
+//! Redis's Lua has it (`redis.sha1hex`): heal compares values with the
+//! manifest inside the edge's Redis.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, OnceLock};
+
+use edgestate::keys;
+use sha2::{Digest, Sha256};
+
+use compiler::compile::{Entries, Target};
+use compiler::model::resolved::{Node, Role};
+
+/// Content hash of a value: SHA-1, hex (what `redis.sha1hex` gives).
+#[must_use]
+pub fn content_hash(value: &str) -> String {
+    sha1_smol::Sha1::from(value.as_bytes()).digest().to_string()
+}
+
+/// Format 1's content hash: the first 128 bits of SHA-256, hex. Read only
+/// to migrate a target written by format 1.
+#[must_use]
+pub fn legacy_hash(value: &str) -> String {
+    let digest = Sha256::digest(value.as_bytes());
+    digest[..16].iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// A manifest as read from a target: key → content hash. A hash map: a
+/// plan only looks keys up, so 100,000 live entries need no sorting.
+pub type Manifest = HashMap<String, String>;
+
+/// The digest of one manifest entry: the first 128 bits of
+/// SHA-1(key ‖ 0 ‖ hash). A bucket's digest is the XOR of its entries'
+/// (order-independent, so Lua can compute it from HGETALL in any order).
+#[must_use]
+pub fn entry_digest(key: &[u8], hash: &[u8]) -> u128 {
+    let mut h = sha1_smol::Sha1::new();
+    h.update(key);
+    h.update(b"\0");
+    h.update(hash);
+    let d = h.digest().bytes();
+    let mut first = [0u8; 16];
+    first.copy_from_slice(&d[..16]);
+    u128::from_be_bytes(first)
+}
+
+/// Digest and entry count of each bucket, and of the whole.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Summary {
+    pub buckets: Vec<(u128, u32)>,
+    pub digest: String,
+}
+
+impl Summary {
+    /// Summarise `(key, hash)` pairs (any order).
+    pub fn of<'a>(entries: impl IntoIterator<Item = (&'a str, &'a str)>) -> Summary {
+        let mut buckets = vec![(0u128, 0u32); keys::BUCKETS];
+        for (k, h) in entries {
+            let b = &mut buckets[usize::from(keys::bucket(k.as_bytes()))];
+            b.0 ^= entry_digest(k.as_bytes(), h.as_bytes());
+            b.1 += 1;
+        }
+        let all = buckets.iter().fold(0u128, |a, b| a ^ b.0);
+        Summary {
+            buckets,
+            digest: hex128(all),
+        }
+    }
+
+    /// Add one entry.
+    pub fn add(&mut self, key: &str, hash: &str) {
+        let d = entry_digest(key.as_bytes(), hash.as_bytes());
+        let b = &mut self.buckets[usize::from(keys::bucket(key.as_bytes()))];
+        b.0 ^= d;
+        b.1 += 1;
+        let all = u128::from_str_radix(&self.digest, 16).unwrap_or(0) ^ d;
+        self.digest = hex128(all);
+    }
+
+    /// The `edgeform:manifest:buckets` field value of bucket `b`.
+    #[must_use]
+    pub fn bucket_value(&self, b: usize) -> String {
+        let (d, n) = self.buckets[b];
+        bucket_value(d, n)
+    }
+}
+
+/// `<digest hex> <count>`, as stored per bucket.
+#[must_use]
+pub fn bucket_value(digest: u128, count: u32) -> String {
+    format!("{} {count}", hex128(digest))
+}
+
+#[must_use]
+pub fn hex128(v: u128) -> String {
+    format!("{v:032x}")
+}
+
+/// A hash over a whole format-1 manifest, given as `(key, hash)` pairs
+/// **sorted by key**: what a saved plan recorded for a format-1 target.
+#[must_use]
+pub fn legacy_digest<'a>(sorted: impl IntoIterator<Item = (&'a str, &'a str)>) -> String {
+    let mut h = Sha256::new();
+    for (k, v) in sorted {
+        h.update(k.as_bytes());
+        h.update(b"\0");
+        h.update(v.as_bytes());
+        h.update(b"\n");
+    }
+    let d = h.finalize();
+    d[..16].iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// What one target must hold: every key, its value and its hash (sorted).
+#[derive(Debug, Clone)]
+pub struct Desired {
+    pub node: String,
+    pub is_edge: bool,
+    pub routing: Arc<str>,
+    pub routing_hash: String,
+    pub sites: Arc<Entries>,
+    pub site_hashes: Arc<Vec<String>>,
+    /// The [`Summary`] of this state's manifest, computed once when first
+    /// asked for and shared by every target that holds the same state.
+    pub summary: Arc<OnceLock<Summary>>,
+    /// The [`Summary`] of the site entries alone, shared by every target
+    /// that holds the same site list (whatever its routing table).
+    pub sites_summary: Arc<OnceLock<Summary>>,
+}
+
+#[cfg(test)]
+impl Desired {
+    /// A desired state holding `sites` (sorted `(key, value)` pairs) and
+    /// the routing table `{}`, for tests.
+    pub(crate) fn for_tests(sites: Entries, is_edge: bool) -> Desired {
+        let hashes = sites.iter().map(|(_, v)| content_hash(v)).collect();
+        Desired {
+            node: "e".into(),
+            is_edge,
+            routing: "{}".into(),
+            routing_hash: content_hash("{}"),
+            sites: Arc::new(sites),
+            site_hashes: Arc::new(hashes),
+            summary: Arc::default(),
+            sites_summary: Arc::default(),
+        }
+    }
+
+    /// [`Desired::for_tests`] of `(key, value)` pairs, sorted here.
+    pub(crate) fn of_pairs(pairs: &[(&str, &str)], is_edge: bool) -> Desired {
+        let mut sites: Entries = pairs
+            .iter()
+            .map(|(k, v)| (Arc::from(*k), Arc::from(*v)))
+            .collect();
+        sites.sort();
+        Desired::for_tests(sites, is_edge)
+    }
+}
+
+impl Desired {
+    /// `(key, value, hash)` for every key, sorted by key.
+    pub fn iter(&self) -> impl Iterator<Item = (&str, &str, &str)> {
+        std::iter::once((
+            edgestate::keys::ROUTING,
+            &*self.routing,
+            self.routing_hash.as_str(),
+        ))
+        .chain(
+            self.sites
+                .iter()
+                .zip(self.site_hashes.iter())
+                .map(|((k, v), h)| (&**k, &**v, h.as_str())),
+        )
+    }
+
+    #[must_use]
+    pub fn len(&self) -> usize {
+        1 + self.sites.len()
+    }
+
+    #[must_use]
+    pub fn is_empty(&self) -> bool {
+        false
+    }
+
+    /// Whether `key` is one of the desired keys (binary search).
+    #[must_use]
+    pub fn contains(&self, key: &str) -> bool {
+        key == edgestate::keys::ROUTING
+            || self.sites.binary_search_by(|(k, _)| (**k).cmp(key)).is_ok()
+    }
+
+    /// The digest of the manifest this state gives (what a plan was made
+    /// for); equal to a live manifest's digest exactly when they agree.
+    #[must_use]
+    pub fn digest(&self) -> &str {
+        &self.summary().digest
+    }
+
+    /// Per-bucket digests and counts of this state's manifest.
+    #[must_use]
+    pub fn summary(&self) -> &Summary {
+        self.summary.get_or_init(|| {
+            let sites = self.sites_summary.get_or_init(|| {
+                Summary::of(
+                    self.sites
+                        .iter()
+                        .zip(self.site_hashes.iter())
+                        .map(|((k, _), h)| (&**k, h.as_str())),
+                )
+            });
+            let mut all = sites.clone();
+            all.add(keys::ROUTING, &self.routing_hash);
+            all
+        })
+    }
+
+    /// The value of a desired key (binary search).
+    #[must_use]
+    pub fn value(&self, key: &[u8]) -> Option<&str> {
+        if key == keys::ROUTING.as_bytes() {
+            return Some(&self.routing);
+        }
+        let i = self
+            .sites
+            .binary_search_by(|(k, _)| k.as_bytes().cmp(key))
+            .ok()?;
+        Some(&self.sites[i].1)
+    }
+
+    /// Number of `site:` keys.
+    #[must_use]
+    pub fn site_count(&self) -> usize {
+        self.sites
+            .iter()
+            .filter(|(k, _)| k.starts_with(edgestate::keys::SITE_PREFIX))
+            .count()
+    }
+}
+
+/// Hashes each shared value list once, and shares the digest between
+/// targets that hold the same state (edges of a region).
+#[derive(Default)]
+pub struct HashCache {
+    by_list: HashMap<usize, Arc<Vec<String>>>,
+    sites_summaries: HashMap<usize, Arc<OnceLock<Summary>>>,
+    digests: HashMap<(usize, String), Arc<OnceLock<Summary>>>,
+}
+
+impl HashCache {
+    pub fn desired(&mut self, target: &Target, node: &Node) -> Desired {
+        let ptr = Arc::as_ptr(&target.sites) as usize;
+        let site_hashes = self
+            .by_list
+            .entry(ptr)
+            .or_insert_with(|| {
+                use rayon::prelude::*;
+                Arc::new(
+                    target
+                        .sites
+                        .par_iter()
+                        .map(|(_, v)| content_hash(v))
+                        .collect(),
+                )
+            })
+            .clone();
+        let routing_hash = content_hash(&target.routing);
+        let summary = self
+            .digests
+            .entry((ptr, routing_hash.clone()))
+            .or_default()
+            .clone();
+        Desired {
+            node: node.name.clone(),
+            is_edge: node.has(Role::Edge),
+            routing_hash,
+            routing: target.routing.clone(),
+            sites: target.sites.clone(),
+            site_hashes,
+            summary,
+            sites_summary: self.sites_summaries.entry(ptr).or_default().clone(),
+        }
+    }
+}
+
+/// `edgeform:meta` as read.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Meta {
+    pub commit: Option<String>,
+    pub generation: u64,
+    pub applied_at: Option<String>,
+    pub format: Option<u32>,
+    /// Format 2: the manifest's digest ([`Summary::digest`]).
+    pub manifest_digest: Option<String>,
+}
+
+impl Meta {
+    #[must_use]
+    pub fn from_hash(h: &BTreeMap<String, String>) -> Meta {
+        Meta {
+            commit: h.get("commit").cloned(),
+            generation: h
+                .get("generation")
+                .and_then(|g| g.parse().ok())
+                .unwrap_or(0),
+            applied_at: h.get("applied_at").cloned(),
+            format: h.get("format").and_then(|f| f.parse().ok()),
+            manifest_digest: h.get("manifest_digest").cloned(),
+        }
+    }
+}
+
+/// What plan and apply read from a target.
+#[derive(Debug, Clone, Default)]
+pub struct Live {
+    /// The live manifest entries that were read: all of them on a format-1
+    /// target, only the buckets that differ from the desired on format 2.
+    pub manifest: Manifest,
+    pub meta: Meta,
+    /// How many keys the live manifest names in all (the thresholds'
+    /// base), counted whether or not they were read.
+    pub managed: usize,
+    /// The live manifest's digest (the stale-plan check compares it).
+    pub digest: String,
+    /// A format-1 target (one `edgeform:manifest` hash, SHA-256 hashes):
+    /// the next apply rewrites its manifest in format 2.
+    pub legacy: bool,
+    /// Format 2: the buckets whose manifest was read (they differ).
+    pub read_buckets: Vec<u8>,
+}
+
+impl Live {
+    /// A format-1 target's state from its whole manifest.
+    #[must_use]
+    pub fn legacy(manifest: Manifest, meta: Meta) -> Live {
+        let mut sorted: Vec<(&str, &str)> = manifest
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.as_str()))
+            .collect();
+        sorted.sort_unstable();
+        let digest = legacy_digest(sorted);
+        Live {
+            managed: manifest.len(),
+            manifest,
+            meta,
+            digest,
+            legacy: true,
+            read_buckets: Vec::new(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hashes() {
+        assert_eq!(
+            content_hash("abc"),
+            "a9993e364706816aba3e25717850c26c9cd0d89d"
+        );
+        assert_eq!(legacy_hash("abc"), "ba7816bf8f01cfea414140de5dae2223");
+    }
+}

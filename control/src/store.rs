@@ -1,0 +1,530 @@
+//! The control host's state: what must never be in git. One interface,
+//! [`Store`], for every piece of it — node secrets now; certificates, the
+//! purge outbox and the last good signed commit later — so a shared
+//! backend (a Redis the control hosts reach) can replace the directory
+//! for two control hosts without touching the callers.
+//!
+//! [`DirStore`] keeps it in the state directory (`--state-dir`, env
+//! `EDGEFORM_STATE_DIR`, default `/var/lib/edgeform`): folders `0700`,
+//! files `0600`, written atomically (a temporary file renamed), read
+//! without following links. A directory that others can read or write is
+//! refused, never used.
+//!
+//! Layout: `<state>/secrets/<node>/<NAME>` (one file per secret, the value
+//! as written); `<state>/last-good-commit` (the last commit `reconcile
+//! --require-signed-by` verified, a hex commit id).
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::io::{Read, Write};
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+
+/// The default state directory.
+pub const DEFAULT_DIR: &str = "/var/lib/edgeform";
+/// The variable that names another one (as `--state-dir`).
+pub const DIR_ENV: &str = "EDGEFORM_STATE_DIR";
+/// The longest secret value kept.
+pub const MAX_SECRET_BYTES: usize = 4096;
+
+/// Why the state cannot be read or written.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StoreError {
+    /// A folder or file others may read or write (or not ours), or a link.
+    Unsafe { path: PathBuf, why: String },
+    /// The file system said no.
+    Io { path: PathBuf, cause: String },
+    /// A node name that is not a node's name.
+    NodeName(String),
+    /// A last good commit that is not a hex commit id.
+    Commit(String),
+    /// A secret name that is not an environment variable name
+    /// (`[A-Z][A-Z0-9_]*`, at most 64).
+    SecretName(String),
+    /// Empty, too long, or with a control character (a line break).
+    SecretValue,
+}
+
+impl fmt::Display for StoreError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Unsafe { path, why } => write!(
+                f,
+                "state directory: {} is not safe to use ({why}); it must be ours, 0700 (files 0600), and no link",
+                path.display()
+            ),
+            Self::Io { path, cause } => write!(f, "state directory: {}: {cause}", path.display()),
+            Self::NodeName(n) => write!(
+                f,
+                "`{n}` is not a node name (lowercase letters, digits, `-`)"
+            ),
+            Self::SecretName(n) => write!(
+                f,
+                "`{n}` is not a secret name: an environment variable name, `[A-Z][A-Z0-9_]*` (at most 64)"
+            ),
+            Self::Commit(c) => write!(
+                f,
+                "`{}` is not a commit id (40 or 64 hex digits)",
+                edgestate::untrusted::escape(c)
+            ),
+            Self::SecretValue => write!(
+                f,
+                "a secret is one line of at most {MAX_SECRET_BYTES} bytes, not empty, without control characters"
+            ),
+        }
+    }
+}
+
+impl std::error::Error for StoreError {}
+
+/// What the control host keeps outside git. Implementations: the state
+/// directory ([`DirStore`]); later a shared backend.
+pub trait Store: Send + Sync {
+    /// `node`'s secret `name`, if set.
+    ///
+    /// # Errors
+    /// The store cannot be read, or the names are invalid.
+    fn secret(&self, node: &str, name: &str) -> Result<Option<String>, StoreError>;
+
+    /// Every secret of `node`, by name.
+    ///
+    /// # Errors
+    /// The store cannot be read.
+    fn secrets(&self, node: &str) -> Result<BTreeMap<String, String>, StoreError>;
+
+    /// Set `node`'s secret `name` to `value`.
+    ///
+    /// # Errors
+    /// Invalid names or value, or the store cannot be written.
+    fn set_secret(&self, node: &str, name: &str, value: &str) -> Result<(), StoreError>;
+
+    /// Remove it; whether it was there.
+    ///
+    /// # Errors
+    /// The store cannot be written.
+    fn remove_secret(&self, node: &str, name: &str) -> Result<bool, StoreError>;
+
+    /// The names of every node's secrets (never the values).
+    ///
+    /// # Errors
+    /// The store cannot be read.
+    fn secret_names(&self) -> Result<BTreeMap<String, Vec<String>>, StoreError>;
+
+    /// The last commit `reconcile --require-signed-by` verified (signed,
+    /// through a signed history), if any: where the next commit's history
+    /// is verified from, across restarts and `--once` runs.
+    ///
+    /// # Errors
+    /// The store cannot be read, or holds something else than a commit id.
+    fn last_good(&self) -> Result<Option<String>, StoreError>;
+
+    /// Remember `commit` as the last good one.
+    ///
+    /// # Errors
+    /// Not a commit id, or the store cannot be written.
+    fn set_last_good(&self, commit: &str) -> Result<(), StoreError>;
+}
+
+/// Whether `commit` is a full hex commit id (SHA-1 or SHA-256).
+#[must_use]
+pub fn valid_commit(commit: &str) -> bool {
+    matches!(commit.len(), 40 | 64) && commit.bytes().all(|b| b.is_ascii_hexdigit())
+}
+
+/// The file of the last good commit, in the state directory.
+const LAST_GOOD: &str = "last-good-commit";
+
+/// Whether `name` can be a node's name (as `nodes/*.yaml` allow).
+#[must_use]
+pub fn valid_node(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 63
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && !name.starts_with('-')
+}
+
+/// Whether `name` can be a secret's name: an environment variable name.
+#[must_use]
+pub fn valid_secret_name(name: &str) -> bool {
+    let b = name.as_bytes();
+    !b.is_empty()
+        && b.len() <= 64
+        && b[0].is_ascii_uppercase()
+        && b.iter()
+            .all(|c| c.is_ascii_uppercase() || c.is_ascii_digit() || *c == b'_')
+}
+
+/// Whether `value` can be a secret's value.
+#[must_use]
+pub fn valid_secret_value(value: &str) -> bool {
+    !value.is_empty() && value.len() <= MAX_SECRET_BYTES && !value.chars().any(char::is_control)
+}
+
+/// The state directory.
+#[derive(Debug, Clone)]
+pub struct DirStore {
+    root: PathBuf,
+}
+
+fn io(path: &Path, e: &std::io::Error) -> StoreError {
+    StoreError::Io {
+        path: path.to_owned(),
+        cause: e
+            .to_string()
+            .split(" (os error")
+            .next()
+            .unwrap_or_default()
+            .to_owned(),
+    }
+}
+
+const O_NOFOLLOW: i32 = 0o400_000;
+
+/// The current user's id (from `/proc/self/status`).
+fn my_uid() -> Option<u32> {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()?
+        .lines()
+        .find_map(|l| l.strip_prefix("Uid:"))?
+        .split_whitespace()
+        .nth(1)?
+        .parse()
+        .ok()
+}
+
+impl DirStore {
+    /// The state directory at `root`, created (`0700`) when missing.
+    ///
+    /// # Errors
+    /// It exists and is a link, not a folder, not ours, or open to others;
+    /// it cannot be created.
+    pub fn open(root: &Path) -> Result<DirStore, StoreError> {
+        let store = DirStore {
+            root: root.to_owned(),
+        };
+        store.folder(root)?;
+        Ok(store)
+    }
+
+    /// Where it is.
+    #[must_use]
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    /// Make sure `dir` is a safe folder: created `0700` when missing.
+    fn folder(&self, dir: &Path) -> Result<(), StoreError> {
+        match std::fs::symlink_metadata(dir) {
+            Ok(m) => check_safe(dir, &m, true),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                if let Some(parent) = dir.parent()
+                    && dir != self.root
+                {
+                    self.folder(parent)?;
+                }
+                std::fs::DirBuilder::new()
+                    .recursive(dir == self.root)
+                    .mode(0o700)
+                    .create(dir)
+                    .map_err(|e| io(dir, &e))?;
+                // The umask may have taken bits away, never added any; set
+                // exactly 0700.
+                std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
+                    .map_err(|e| io(dir, &e))
+            }
+            Err(e) => Err(io(dir, &e)),
+        }
+    }
+
+    fn node_dir(&self, node: &str) -> Result<PathBuf, StoreError> {
+        if !valid_node(node) {
+            return Err(StoreError::NodeName(node.to_owned()));
+        }
+        Ok(self.root.join("secrets").join(node))
+    }
+
+    fn read(&self, path: &Path) -> Result<Option<String>, StoreError> {
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(O_NOFOLLOW)
+            .open(path);
+        let file = match file {
+            Ok(f) => f,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(io(path, &e)),
+        };
+        let meta = file.metadata().map_err(|e| io(path, &e))?;
+        check_safe(path, &meta, false)?;
+        let mut text = String::new();
+        file.take(MAX_SECRET_BYTES as u64 + 1)
+            .read_to_string(&mut text)
+            .map_err(|e| io(path, &e))?;
+        Ok(Some(text))
+    }
+}
+
+/// A folder (`dir`) or file of the store: ours, not a link, nothing for
+/// group or others.
+fn check_safe(path: &Path, m: &std::fs::Metadata, dir: bool) -> Result<(), StoreError> {
+    let unsafe_ = |why: String| StoreError::Unsafe {
+        path: path.to_owned(),
+        why,
+    };
+    if m.file_type().is_symlink() {
+        return Err(unsafe_("a link".into()));
+    }
+    if dir && !m.is_dir() {
+        return Err(unsafe_("not a folder".into()));
+    }
+    if !dir && !m.is_file() {
+        return Err(unsafe_("not a regular file".into()));
+    }
+    if let Some(uid) = my_uid()
+        && m.uid() != uid
+    {
+        return Err(unsafe_(format!("owned by uid {}, not {uid}", m.uid())));
+    }
+    let mode = m.mode() & 0o777;
+    if mode & 0o077 != 0 {
+        return Err(unsafe_(format!("mode {mode:04o}")));
+    }
+    Ok(())
+}
+
+impl Store for DirStore {
+    fn secret(&self, node: &str, name: &str) -> Result<Option<String>, StoreError> {
+        if !valid_secret_name(name) {
+            return Err(StoreError::SecretName(name.to_owned()));
+        }
+        let dir = self.node_dir(node)?;
+        if let Ok(m) = std::fs::symlink_metadata(&dir) {
+            check_safe(&dir, &m, true)?;
+        }
+        self.read(&dir.join(name))
+    }
+
+    fn secrets(&self, node: &str) -> Result<BTreeMap<String, String>, StoreError> {
+        let dir = self.node_dir(node)?;
+        let mut out = BTreeMap::new();
+        let entries = match std::fs::read_dir(&dir) {
+            Ok(e) => e,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(out),
+            Err(e) => return Err(io(&dir, &e)),
+        };
+        let m = std::fs::symlink_metadata(&dir).map_err(|e| io(&dir, &e))?;
+        check_safe(&dir, &m, true)?;
+        for e in entries {
+            let e = e.map_err(|e| io(&dir, &e))?;
+            let Some(name) = e.file_name().to_str().map(str::to_owned) else {
+                continue;
+            };
+            // Temporary files of an interrupted write, anything else.
+            if !valid_secret_name(&name) {
+                continue;
+            }
+            if let Some(v) = self.read(&e.path())? {
+                out.insert(name, v);
+            }
+        }
+        Ok(out)
+    }
+
+    fn set_secret(&self, node: &str, name: &str, value: &str) -> Result<(), StoreError> {
+        if !valid_secret_name(name) {
+            return Err(StoreError::SecretName(name.to_owned()));
+        }
+        if !valid_secret_value(value) {
+            return Err(StoreError::SecretValue);
+        }
+        let dir = self.node_dir(node)?;
+        self.write(&dir, name, value)
+    }
+
+    fn remove_secret(&self, node: &str, name: &str) -> Result<bool, StoreError> {
+        if !valid_secret_name(name) {
+            return Err(StoreError::SecretName(name.to_owned()));
+        }
+        let path = self.node_dir(node)?.join(name);
+        match std::fs::remove_file(&path) {
+            Ok(()) => Ok(true),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(false),
+            Err(e) => Err(io(&path, &e)),
+        }
+    }
+
+    fn secret_names(&self) -> Result<BTreeMap<String, Vec<String>>, StoreError> {
+        let dir = self.root.join("secrets");
+        let mut out = BTreeMap::new();
+        let entries = match std::fs::read_dir(&dir) {
+            Ok(e) => e,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(out),
+            Err(e) => return Err(io(&dir, &e)),
+        };
+        for e in entries {
+            let e = e.map_err(|e| io(&dir, &e))?;
+            let Some(node) = e.file_name().to_str().map(str::to_owned) else {
+                continue;
+            };
+            if !valid_node(&node) {
+                continue;
+            }
+            let names: Vec<String> = self.secrets(&node)?.into_keys().collect();
+            if !names.is_empty() {
+                out.insert(node, names);
+            }
+        }
+        Ok(out)
+    }
+
+    fn last_good(&self) -> Result<Option<String>, StoreError> {
+        let Some(text) = self.read(&self.root.join(LAST_GOOD))? else {
+            return Ok(None);
+        };
+        let commit = text.trim();
+        if !valid_commit(commit) {
+            return Err(StoreError::Commit(commit.to_owned()));
+        }
+        Ok(Some(commit.to_ascii_lowercase()))
+    }
+
+    fn set_last_good(&self, commit: &str) -> Result<(), StoreError> {
+        if !valid_commit(commit) {
+            return Err(StoreError::Commit(commit.to_owned()));
+        }
+        self.write(&self.root, LAST_GOOD, commit)
+    }
+}
+
+impl DirStore {
+    /// Write `value` to `dir/name` atomically (`dir` made safe, the file
+    /// 0600, a temporary file renamed over it).
+    fn write(&self, dir: &Path, name: &str, value: &str) -> Result<(), StoreError> {
+        self.folder(dir)?;
+        let path = dir.join(name);
+        let tmp = dir.join(format!(".{name}.{}.tmp", std::process::id()));
+        let _ = std::fs::remove_file(&tmp);
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .custom_flags(O_NOFOLLOW)
+            .open(&tmp)
+            .map_err(|e| io(&tmp, &e))?;
+        let written = f
+            .set_permissions(std::fs::Permissions::from_mode(0o600))
+            .and_then(|()| f.write_all(value.as_bytes()))
+            .and_then(|()| f.sync_all());
+        if let Err(e) = written {
+            let _ = std::fs::remove_file(&tmp);
+            return Err(io(&tmp, &e));
+        }
+        std::fs::rename(&tmp, &path).map_err(|e| io(&path, &e))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn secrets_round_trip_with_private_modes() {
+        let d = tempfile::tempdir().unwrap();
+        let root = d.path().join("state");
+        let s = DirStore::open(&root).unwrap();
+        let mode = |p: &Path| std::fs::metadata(p).unwrap().mode() & 0o777;
+        assert_eq!(mode(&root), 0o700);
+        s.set_secret("edge-1", "EDGEFORM_API_TOKEN", "t0k'en")
+            .unwrap();
+        s.set_secret("edge-1", "EDGEFORM_CHALLENGE_SECRET", "s3cret")
+            .unwrap();
+        assert_eq!(mode(&root.join("secrets")), 0o700);
+        assert_eq!(mode(&root.join("secrets/edge-1")), 0o700);
+        assert_eq!(mode(&root.join("secrets/edge-1/EDGEFORM_API_TOKEN")), 0o600);
+        assert_eq!(
+            s.secret("edge-1", "EDGEFORM_API_TOKEN").unwrap().as_deref(),
+            Some("t0k'en")
+        );
+        assert_eq!(s.secret("edge-2", "EDGEFORM_API_TOKEN").unwrap(), None);
+        let all = s.secrets("edge-1").unwrap();
+        assert_eq!(
+            all.iter()
+                .map(|(k, v)| (k.as_str(), v.as_str()))
+                .collect::<Vec<_>>(),
+            [
+                ("EDGEFORM_API_TOKEN", "t0k'en"),
+                ("EDGEFORM_CHALLENGE_SECRET", "s3cret")
+            ]
+        );
+        assert_eq!(
+            s.secret_names().unwrap()["edge-1"],
+            ["EDGEFORM_API_TOKEN", "EDGEFORM_CHALLENGE_SECRET"]
+        );
+        assert!(s.remove_secret("edge-1", "EDGEFORM_API_TOKEN").unwrap());
+        assert!(!s.remove_secret("edge-1", "EDGEFORM_API_TOKEN").unwrap());
+    }
+
+    #[test]
+    fn the_last_good_commit_survives_a_new_store_and_must_be_a_commit_id() {
+        let d = tempfile::tempdir().unwrap();
+        let root = d.path().join("state");
+        let s = DirStore::open(&root).unwrap();
+        assert_eq!(s.last_good().unwrap(), None);
+        let c = "0123456789abcdef0123456789abcdef01234567";
+        s.set_last_good(c).unwrap();
+        let mode = std::fs::metadata(root.join(LAST_GOOD)).unwrap().mode() & 0o777;
+        assert_eq!(mode, 0o600);
+        assert_eq!(
+            DirStore::open(&root)
+                .unwrap()
+                .last_good()
+                .unwrap()
+                .as_deref(),
+            Some(c)
+        );
+        assert_eq!(
+            s.set_last_good("HEAD"),
+            Err(StoreError::Commit("HEAD".into()))
+        );
+        std::fs::write(root.join(LAST_GOOD), "main\n").unwrap();
+        std::fs::set_permissions(root.join(LAST_GOOD), std::fs::Permissions::from_mode(0o600))
+            .unwrap();
+        assert_eq!(s.last_good(), Err(StoreError::Commit("main".into())));
+    }
+
+    #[test]
+    fn bad_names_values_and_open_folders_are_refused() {
+        let d = tempfile::tempdir().unwrap();
+        let s = DirStore::open(&d.path().join("state")).unwrap();
+        assert_eq!(
+            s.set_secret("../x", "A", "v"),
+            Err(StoreError::NodeName("../x".into()))
+        );
+        assert_eq!(
+            s.set_secret("edge-1", "a", "v"),
+            Err(StoreError::SecretName("a".into()))
+        );
+        assert_eq!(
+            s.set_secret("edge-1", "A", "two\nlines"),
+            Err(StoreError::SecretValue)
+        );
+        assert_eq!(
+            s.set_secret("edge-1", "A", ""),
+            Err(StoreError::SecretValue)
+        );
+        let open = d.path().join("open");
+        std::fs::create_dir(&open).unwrap();
+        std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o755)).unwrap();
+        assert!(matches!(
+            DirStore::open(&open),
+            Err(StoreError::Unsafe { .. })
+        ));
+        let link = d.path().join("link");
+        std::os::unix::fs::symlink(d.path().join("state"), &link).unwrap();
+        assert!(matches!(
+            DirStore::open(&link),
+            Err(StoreError::Unsafe { .. })
+        ));
+    }
+}

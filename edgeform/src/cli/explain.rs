@@ -1,0 +1,77 @@
+//! `edgeform explain`'s flags; the explanation is [`ops::explain`].
+
+use std::net::IpAddr;
+use std::path::PathBuf;
+
+/// Output formats of `explain`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum ExplainFormat {
+    Human,
+    Json,
+}
+
+/// Arguments of `explain`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct ExplainArgs {
+    /// The request's Host.
+    #[arg(long, value_name = "HOST", required_unless_present = "batch")]
+    pub host: Option<String>,
+    /// The request URI (`/path?query`, or a full URL whose path and query
+    /// are used).
+    #[arg(long, value_name = "URL", required_unless_present = "batch")]
+    pub url: Option<String>,
+    /// The socket peer's IP (a trusted proxy's X-Forwarded-For, given with
+    /// --header, names the client).
+    #[arg(long, value_name = "IP", required_unless_present = "batch")]
+    pub ip: Option<IpAddr>,
+    /// The request method.
+    #[arg(long, default_value = "GET", value_name = "METHOD")]
+    pub method: String,
+    /// A request header, `Name: value` (repeatable): Referer, Origin,
+    /// Cookie, Authorization, X-Forwarded-For,
+    /// Access-Control-Request-Method. Only X-Forwarded-For may be given
+    /// more than once: its lines are one list, in order, as nginx joins
+    /// them (`, `).
+    #[arg(long = "header", value_name = "'NAME: VALUE'")]
+    pub headers: Vec<String>,
+    /// The edge whose documents decide (default: the first, by name, that
+    /// carries the host).
+    #[arg(long, value_name = "NODE")]
+    pub node: Option<String>,
+    /// MaxMind City/Country database for the client's country (geo_mode).
+    #[arg(long, value_name = "DB")]
+    pub geoip: Option<PathBuf>,
+    /// Output: human (the steps) or json (one object).
+    #[arg(long, value_enum, default_value = "human")]
+    pub format: ExplainFormat,
+    /// Explain every request of FILE (`-`: stdin), one JSON object a line
+    /// (`{"host","url","ip","method","headers":{…},"node","id"}`; a
+    /// header's value is a string, or for X-Forwarded-For a list of lines);
+    /// prints one JSON decision a line, in order, with the request's `id`.
+    #[arg(long, value_name = "FILE", conflicts_with_all = ["host", "url", "ip"])]
+    pub batch: Option<PathBuf>,
+    /// Unix time for checking clearance cookies (default: now).
+    #[arg(long, value_name = "SECS")]
+    pub now: Option<u64>,
+}
+
+impl ExplainArgs {
+    /// The library's options.
+    pub fn options(&self) -> ::ops::explain::ExplainOptions {
+        ::ops::explain::ExplainOptions {
+            host: self.host.clone(),
+            url: self.url.clone(),
+            ip: self.ip,
+            method: self.method.clone(),
+            headers: self.headers.clone(),
+            node: self.node.clone(),
+            geoip: self.geoip.clone(),
+            format: match self.format {
+                ExplainFormat::Human => ::ops::explain::ExplainFormat::Human,
+                ExplainFormat::Json => ::ops::explain::ExplainFormat::Json,
+            },
+            batch: self.batch.clone(),
+            now: self.now,
+        }
+    }
+}

@@ -1,0 +1,34 @@
+//! The compiler's one integration-test binary (matklad's layout).
+
+mod acl;
+mod anycast;
+mod challenge;
+mod cli;
+mod edge;
+mod edge_paths;
+mod example;
+mod first_use;
+mod heal;
+mod history;
+mod hostile;
+mod install;
+mod malformed;
+mod mqtt;
+mod obs;
+mod ops;
+mod outage;
+mod private;
+mod proxied;
+mod purge;
+mod push;
+mod role_gate;
+mod router;
+mod rule_regex_edge;
+mod schema;
+mod serve;
+mod stream;
+mod targets;
+mod tls;
+mod untrusted_input;
+mod util;
+mod write_gate;

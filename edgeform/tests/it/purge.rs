@@ -1,0 +1,519 @@
+//! `edgeform purge`: jobs on the right queues, patterns checked with the
+//! agent's engine, `--wait` reporting per node and timing out by name.
+
+use crate::util::{Fixture, edgeform, stderr, stdout};
+
+fn edge(name: &str, region: &str, port: u16, key: &str) -> String {
+    format!(
+        "name: {name}\nroles: [edge]\nregion: {region}\nlocation: {{lat: 52.0, lon: 4.0}}\n\
+         redis: {{url: \"redis://127.0.0.1:{port}\"}}\ncache: {{key: \"{key}\"}}\n"
+    )
+}
+
+fn con(port: u16) -> redis::Connection {
+    redis::Client::open(format!("redis://127.0.0.1:{port}"))
+        .unwrap()
+        .get_connection()
+        .unwrap()
+}
+
+fn queued(port: u16, queue: &str) -> Vec<serde_json::Value> {
+    let items: Vec<String> = redis::cmd("LRANGE")
+        .arg(queue)
+        .arg(0)
+        .arg(-1)
+        .query(&mut con(port))
+        .unwrap();
+    items
+        .iter()
+        .map(|s| serde_json::from_str(s).unwrap())
+        .collect()
+}
+
+fn setup(eu: u16, us: u16) -> Fixture {
+    Fixture::with(&[
+        (
+            "nodes/edge-1.yaml",
+            &*edge("edge-1", "eu", eu, "$scheme$host$request_uri"),
+        ),
+        (
+            "nodes/edge-2.yaml",
+            &*edge("edge-2", "us", us, "$host$uri$is_args$args"),
+        ),
+        (
+            "sites/a.yaml",
+            "host: a.example.com\naliases: [www.a.example.com]\norigin: http://192.0.2.1\n",
+        ),
+        (
+            "sites/eu.yaml",
+            "host: eu.example.com\norigin: http://192.0.2.2\nregions: [eu]\n",
+        ),
+    ])
+}
+
+#[test]
+fn jobs_land_on_every_carrier_with_its_own_key_template() {
+    let (r1, r2) = (harness::redis(&[]), harness::redis(&[]));
+    let f = setup(r1.port, r2.port);
+    let out = edgeform(
+        f.path(),
+        &["purge", "--site", "a.example.com", "--url", "/v/a.mp4?x=1"],
+    );
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let id = stdout(&out).trim().to_owned();
+    let j1 = &queued(r1.port, "cdn:purge:eu:edge-1")[0];
+    let j2 = &queued(r2.port, "cdn:purge:us:edge-2")[0];
+    assert_eq!(j1["id"], id.as_str());
+    assert_eq!(j2["id"], id.as_str());
+    assert_eq!(j1["site"], "a.example.com");
+    // Both schemes, host and alias, each node's template.
+    let k1: Vec<&str> = j1["keys"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|k| k.as_str().unwrap())
+        .collect();
+    assert_eq!(
+        k1,
+        [
+            "httpa.example.com/v/a.mp4?x=1",
+            "httpwww.a.example.com/v/a.mp4?x=1",
+            "httpsa.example.com/v/a.mp4?x=1",
+            "httpswww.a.example.com/v/a.mp4?x=1"
+        ]
+    );
+    assert!(
+        j2["keys"]
+            .as_array()
+            .unwrap()
+            .contains(&serde_json::json!("a.example.com/v/a.mp4?x=1"))
+    );
+
+    // A full URL: that scheme and host only.
+    let out = edgeform(
+        f.path(),
+        &[
+            "purge",
+            "--site",
+            "a.example.com",
+            "--url",
+            "https://www.a.example.com/b",
+        ],
+    );
+    assert_eq!(out.status.code(), Some(0));
+    let j = &queued(r1.port, "cdn:purge:eu:edge-1")[1];
+    assert_eq!(j["keys"], serde_json::json!(["httpswww.a.example.com/b"]));
+
+    // A prefix: a grep job over the KEY line, checked by the agent's engine.
+    let out = edgeform(
+        f.path(),
+        &["purge", "--site", "a.example.com", "--prefix", "/img/"],
+    );
+    assert_eq!(out.status.code(), Some(0));
+    let grep = queued(r1.port, "cdn:purge:eu:edge-1")[2]["grep"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let re = edgestate::purge::matcher(&grep).unwrap();
+    assert!(re.is_match(b"KEY: httpswww.a.example.com/img/x.png"));
+    assert!(!re.is_match(b"KEY: httpa.example.com/css/x.css"));
+
+    // A region-limited site goes to its region's edges only.
+    let out = edgeform(f.path(), &["purge", "--site", "eu.example.com", "--all"]);
+    assert_eq!(out.status.code(), Some(0));
+    assert_eq!(queued(r1.port, "cdn:purge:eu:edge-1").len(), 4);
+    assert_eq!(queued(r2.port, "cdn:purge:us:edge-2").len(), 3);
+}
+
+#[test]
+fn bad_requests_queue_nothing() {
+    let (r1, r2) = (harness::redis(&[]), harness::redis(&[]));
+    let f = setup(r1.port, r2.port);
+    for (args, says) in [
+        (
+            vec!["--site", "a.example.com", "--regex", "(?=lookahead)"],
+            "refuses",
+        ),
+        (
+            vec!["--site", "a.example.com", "--regex", "(a)\\1"],
+            "refuses",
+        ),
+        (
+            vec!["--site", "nope.example.com", "--all"],
+            "no site has the hostname",
+        ),
+        (
+            vec![
+                "--site",
+                "a.example.com",
+                "--url",
+                "https://other.example.com/x",
+            ],
+            "not a hostname of site",
+        ),
+        (
+            vec!["--site", "a.example.com", "--prefix", "img/"],
+            "must start with `/`",
+        ),
+        (
+            vec!["--site", "eu.example.com", "--all", "--node", "edge-2"],
+            "not an edge",
+        ),
+    ] {
+        let mut a = vec!["purge"];
+        a.extend(args.iter().copied());
+        let out = edgeform(f.path(), &a);
+        assert_eq!(out.status.code(), Some(1), "{args:?}");
+        assert!(stderr(&out).contains(says), "{args:?}: {}", stderr(&out));
+    }
+    // Two patterns at once is a usage error (exit 2 from clap).
+    let out = edgeform(
+        f.path(),
+        &[
+            "purge",
+            "--site",
+            "a.example.com",
+            "--all",
+            "--prefix",
+            "/x",
+        ],
+    );
+    // A usage error: EX_USAGE (64), not clap's 2.
+    assert_eq!(out.status.code(), Some(64));
+    assert!(queued(r1.port, "cdn:purge:eu:edge-1").is_empty());
+    assert!(queued(r2.port, "cdn:purge:us:edge-2").is_empty());
+}
+
+#[test]
+fn wait_reports_each_node_and_names_the_pending_on_timeout() {
+    let (r1, r2) = (harness::redis(&[]), harness::redis(&[]));
+    let f = setup(r1.port, r2.port);
+    // A stand-in worker on edge-1 only: takes the job, records a count.
+    let port = r1.port;
+    let worker = std::thread::spawn(move || {
+        let mut c = con(port);
+        let job: Option<(String, String)> = redis::cmd("BLPOP")
+            .arg("cdn:purge:eu:edge-1")
+            .arg(10)
+            .query(&mut c)
+            .unwrap();
+        let v: serde_json::Value = serde_json::from_str(&job.unwrap().1).unwrap();
+        let id = v["id"].as_str().unwrap().to_owned();
+        redis::cmd("HSET")
+            .arg(format!("cdn:purge:done:{id}"))
+            .arg("edge-1")
+            .arg("3")
+            .exec(&mut c)
+            .unwrap();
+    });
+    let out = edgeform(
+        f.path(),
+        &["purge", "--site", "a.example.com", "--all", "--wait", "2"],
+    );
+    worker.join().unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        stdout(&out).contains("edge-1: 3 file(s) removed"),
+        "{}",
+        stdout(&out)
+    );
+    assert!(
+        stderr(&out).contains("still pending: edge-2"),
+        "{}",
+        stderr(&out)
+    );
+    // Failed results are shown and exit 1.
+    redis::cmd("DEL")
+        .arg("cdn:purge:us:edge-2")
+        .exec(&mut con(r2.port))
+        .unwrap();
+    let port = r2.port;
+    let worker = std::thread::spawn(move || {
+        let mut c = con(port);
+        let job: Option<(String, String)> = redis::cmd("BRPOP")
+            .arg("cdn:purge:us:edge-2")
+            .arg(10)
+            .query(&mut c)
+            .unwrap();
+        let v: serde_json::Value = serde_json::from_str(&job.unwrap().1).unwrap();
+        let id = v["id"].as_str().unwrap().to_owned();
+        redis::cmd("HSET")
+            .arg(format!("cdn:purge:done:{id}"))
+            .arg("edge-2")
+            .arg("failed: disk on fire")
+            .exec(&mut c)
+            .unwrap();
+    });
+    let out = edgeform(
+        f.path(),
+        &[
+            "purge",
+            "--site",
+            "a.example.com",
+            "--all",
+            "--node",
+            "edge-2",
+            "--wait",
+            "5",
+        ],
+    );
+    worker.join().unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        stdout(&out).contains("edge-2: failed: disk on fire"),
+        "{}{}",
+        stdout(&out),
+        stderr(&out)
+    );
+}
+
+/// The in-process agent of `name` on its own Redis and cache folder.
+fn agent_for(name: &str, redis: u16, cache: &std::path::Path) -> crate::util::Agent {
+    crate::util::Agent::start(&format!(
+        "node: {name}\nregion: eu\nredis: {{url: \"redis://127.0.0.1:{redis}\"}}\n\
+         cache: {{dirs: [\"{}\"], levels: \"1:2\"}}\n",
+        cache.display()
+    ))
+}
+
+/// A loopback port nothing listens on.
+fn closed_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+// `purge --wait` to many agents: all at once, woken by the agents.
+#[test]
+fn wait_hears_every_real_agent_and_names_a_node_whose_redis_is_down() {
+    let redises: Vec<harness::Process> = (0..3).map(|_| harness::redis(&[])).collect();
+    let down = closed_port();
+    let caches: Vec<tempfile::TempDir> = (0..3).map(|_| tempfile::tempdir().unwrap()).collect();
+    let levels = agent::cache::Levels::parse("1:2").unwrap();
+    let key = "$scheme$host$request_uri";
+    let mut files = Vec::new();
+    let mut repo: Vec<(String, String)> = vec![(
+        "sites/a.yaml".into(),
+        "host: a.example.com\norigin: http://192.0.2.1\n".into(),
+    )];
+    for (i, (r, c)) in redises.iter().zip(&caches).enumerate() {
+        let name = format!("edge-{}", i + 1);
+        repo.push((format!("nodes/{name}.yaml"), edge(&name, "eu", r.port, key)));
+        for k in ["httpa.example.com/v/a.mp4", "httpsa.example.com/v/a.mp4"] {
+            files.push(agent::cache::write_cache_file(c.path(), &levels, k, b"body").unwrap());
+        }
+    }
+    repo.push(("nodes/edge-9.yaml".into(), edge("edge-9", "eu", down, key)));
+    let docs: Vec<(&str, &str)> = repo.iter().map(|(p, t)| (p.as_str(), t.as_str())).collect();
+    let f = crate::util::Fixture::with(&docs);
+    let _agents: Vec<_> = redises
+        .iter()
+        .zip(&caches)
+        .enumerate()
+        .map(|(i, (r, c))| agent_for(&format!("edge-{}", i + 1), r.port, c.path()))
+        .collect();
+    let out = edgeform(
+        f.path(),
+        &[
+            "purge",
+            "--site",
+            "a.example.com",
+            "--url",
+            "/v/a.mp4",
+            "--wait",
+            "20",
+        ],
+    );
+    // One node not queued: exit 1, the others still finish and are shown.
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    for name in ["edge-1", "edge-2", "edge-3"] {
+        assert!(
+            stdout(&out).contains(&format!("{name}: 2 file(s) removed")),
+            "{}{}",
+            stdout(&out),
+            stderr(&out)
+        );
+    }
+    assert!(
+        stderr(&out).contains(&format!("edge-9: NOT QUEUED (redis://127.0.0.1:{down})")),
+        "{}",
+        stderr(&out)
+    );
+    assert!(
+        stderr(&out).contains("on 3 node(s): edge-1, edge-2, edge-3"),
+        "{}",
+        stderr(&out)
+    );
+    assert!(!stderr(&out).contains("still pending"), "{}", stderr(&out));
+    assert!(
+        files.iter().all(|p| !p.exists()),
+        "every cached copy removed"
+    );
+}
+
+/// A stand-in worker for edge-1: takes the job, waits `delay`, then
+/// records `value` (and announces it when `announce`).
+fn stand_in(
+    port: u16,
+    delay: std::time::Duration,
+    value: &'static str,
+    announce: bool,
+) -> std::thread::JoinHandle<()> {
+    std::thread::spawn(move || {
+        let mut c = con(port);
+        let job: Option<(String, String)> = redis::cmd("BLPOP")
+            .arg("cdn:purge:eu:edge-1")
+            .arg(10)
+            .query(&mut c)
+            .unwrap();
+        let v: serde_json::Value = serde_json::from_str(&job.unwrap().1).unwrap();
+        let key = format!("cdn:purge:done:{}", v["id"].as_str().unwrap());
+        std::thread::sleep(delay);
+        let mut pipe = redis::pipe();
+        pipe.atomic().cmd("HSET").arg(&key).arg("edge-1").arg(value);
+        if announce {
+            pipe.cmd("PUBLISH").arg(&key).arg("edge-1");
+        }
+        pipe.exec(&mut c).unwrap();
+    })
+}
+
+// The announcement wakes the wait; the slow poll is the fallback.
+#[test]
+fn wait_is_woken_by_the_announcement_and_polls_slowly_without_one() {
+    let (r1, r2) = (harness::redis(&[]), harness::redis(&[]));
+    let f = setup(r1.port, r2.port);
+    let purge = |wait: &str| {
+        edgeform(
+            f.path(),
+            &[
+                "purge",
+                "--site",
+                "a.example.com",
+                "--all",
+                "--node",
+                "edge-1",
+                "--wait",
+                wait,
+            ],
+        )
+    };
+    // Announced 300 ms after the job was taken, with a 1 s deadline: only
+    // the announcement can deliver it in time (the fallback poll comes a
+    // full second after the first read, past the deadline).
+    let worker = stand_in(r1.port, std::time::Duration::from_millis(300), "4", true);
+    let out = purge("1");
+    worker.join().unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert!(
+        stdout(&out).contains("edge-1: 4 file(s) removed"),
+        "{}",
+        stdout(&out)
+    );
+    // The same result without an announcement (an agent older than it):
+    // missed within 1 s, found by the poll with a longer wait.
+    let worker = stand_in(r1.port, std::time::Duration::from_millis(300), "5", false);
+    let out = purge("1");
+    worker.join().unwrap();
+    assert_eq!(out.status.code(), Some(1), "{}", stdout(&out));
+    assert!(
+        stderr(&out).contains("still pending: edge-1"),
+        "{}",
+        stderr(&out)
+    );
+    let worker = stand_in(r1.port, std::time::Duration::from_millis(300), "6", false);
+    let t = std::time::Instant::now();
+    let out = purge("10");
+    worker.join().unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert!(
+        stdout(&out).contains("edge-1: 6 file(s) removed"),
+        "{}",
+        stdout(&out)
+    );
+    assert!(
+        t.elapsed() >= std::time::Duration::from_millis(900),
+        "{:?}",
+        t.elapsed()
+    );
+}
+
+/// How many times `command` ran on the Redis at `port` (`INFO
+/// commandstats`), 0 when never.
+fn calls(port: u16, command: &str) -> u64 {
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query(&mut con(port))
+        .unwrap();
+    info.lines()
+        .find_map(|l| l.strip_prefix(&format!("cmdstat_{command}:calls=")))
+        .map_or(0, |rest| rest.split(',').next().unwrap().parse().unwrap())
+}
+
+// `ROLE` and `SUBSCRIBE` go out together: a node whose URL names a
+// replica is refused before anything is written there, with and without
+// --wait, even when that replica would accept the write
+// (`replica-read-only no`).
+#[test]
+fn a_replica_is_refused_before_anything_is_queued_there() {
+    let master = harness::redis(&[]);
+    let replica = harness::redis(&[
+        &format!("replicaof 127.0.0.1 {}", master.port),
+        "replica-read-only no",
+    ]);
+    let f = setup(replica.port, master.port);
+    for wait in [None, Some("1")] {
+        let mut args = vec![
+            "purge",
+            "--site",
+            "a.example.com",
+            "--url",
+            "/a.mp4",
+            "--node",
+            "edge-1",
+        ];
+        args.extend(wait.iter().flat_map(|w| ["--wait", w]));
+        let out = edgeform(f.path(), &args);
+        assert_eq!(out.status.code(), Some(1), "{wait:?}: {}", stderr(&out));
+        let err = stderr(&out);
+        assert!(
+            err.contains(&format!(
+                "edge-1: NOT QUEUED (redis://127.0.0.1:{}): redis://127.0.0.1:{} is not a master",
+                replica.port, replica.port
+            )),
+            "{wait:?}: {err}"
+        );
+        assert!(err.contains("on 0 node(s)"), "{wait:?}: {err}");
+    }
+    // Never written: no RPUSH reached the replica, nothing is queued on
+    // either server.
+    assert_eq!(calls(replica.port, "rpush"), 0);
+    assert_eq!(calls(replica.port, "role"), 2);
+    assert!(queued(replica.port, "cdn:purge:eu:edge-1").is_empty());
+    assert!(queued(master.port, "cdn:purge:eu:edge-1").is_empty());
+}
+
+// Purge reads the config without the git status: a broken repository is
+// still refused whole, with the same file:line:col diagnostics as
+// `check`, and nothing is queued.
+#[test]
+fn a_broken_repository_queues_nothing_and_says_where() {
+    let (r1, r2) = (harness::redis(&[]), harness::redis(&[]));
+    let f = setup(r1.port, r2.port);
+    f.write(
+        "sites/b.yaml",
+        b"host: b.example.com\norigin: http://192.0.2.9\nbogus_key: 1\n",
+    );
+    let out = edgeform(
+        f.path(),
+        &["purge", "--site", "a.example.com", "--url", "/a.mp4"],
+    );
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    let err = stderr(&out);
+    assert!(err.contains("sites/b.yaml:3:1"), "{err}");
+    assert!(err.contains("is invalid (1 error"), "{err}");
+    assert!(queued(r1.port, "cdn:purge:eu:edge-1").is_empty());
+    assert!(queued(r2.port, "cdn:purge:us:edge-2").is_empty());
+}

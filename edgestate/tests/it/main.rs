@@ -1,0 +1,3 @@
+//! edgestate's integration tests: what needs a real process.
+
+mod lua_vectors;

@@ -1,0 +1,532 @@
+//! `edgeform purge`: one job onto every targeted node's own queue.
+//!
+//! All targets at once (at most [`PARALLEL`] connecting): each node's
+//! master is reached, and with `--wait` the connection speaks RESP3 and
+//! SUBSCRIBEs to `cdn:purge:done:<id>` before the job is queued. The wait
+//! then takes each node's result from its agent's announcement on that
+//! channel (`PUBLISH`, node name and value), and reads the hash
+//! `cdn:purge:done:<id>` (the record) on an announcement without a value
+//! and every [`FALLBACK_POLL`] regardless, for an agent that does not
+//! announce. No polling storm: at 300 nodes, no read at all when every
+//! agent announces.
+
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use edgestate::purge::{self, Job, Request};
+use redis::aio::MultiplexedConnection;
+use redis::{PushInfo, PushKind};
+use tokio::sync::Semaphore;
+use tokio::sync::mpsc::UnboundedReceiver;
+use tokio::task::JoinSet;
+
+use compiler::Config;
+use compiler::model::resolved::{Node, Role, Site};
+
+/// What to purge: exactly one of these.
+#[derive(Debug, Clone, Default)]
+pub struct What {
+    /// One URL (`https://host/path?query`) or path (`/path`, both schemes):
+    /// an exact-key purge, no scan.
+    pub url: Option<String>,
+    /// Every URL whose path starts with this.
+    pub prefix: Option<String>,
+    /// Every URL whose path (with query) matches this regex (`^` anchors
+    /// at the path's start).
+    pub regex: Option<String>,
+    /// Everything cached for the site.
+    pub all: bool,
+}
+
+fn job_id() -> String {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    format!("{nanos:x}-{:x}", std::process::id())
+}
+
+fn find_site<'a>(sites: &'a [Site], host: &str) -> Option<&'a Site> {
+    sites
+        .iter()
+        .find(|s| s.host == host || s.aliases.iter().any(|a| a == host))
+}
+
+/// The job for one node (its own cache key template).
+///
+/// # Errors
+/// A pattern the agent's engine refuses, a URL for another site, a key
+/// template edgeform cannot compute.
+pub fn build_job(id: &str, site: &Site, node: &Node, what: &What) -> Result<Job, String> {
+    let template = &node.cache.key;
+    let hosts: Vec<&str> = std::iter::once(site.host.as_str())
+        .chain(site.aliases.iter().map(String::as_str))
+        .collect();
+    let mut job = Job {
+        id: Some(id.to_owned()),
+        site: Some(site.host.clone()),
+        grep: None,
+        key: None,
+        keys: None,
+        // Site-scoped, but everything of the site: say so.
+        all: what.all,
+    };
+    if let Some(url) = &what.url {
+        let (schemes, host, uri): (Vec<&str>, Vec<&str>, &str) =
+            if let Some(rest) = url.strip_prefix('/').map(|_| url.as_str()) {
+                (vec!["http", "https"], hosts.clone(), rest)
+            } else {
+                let (scheme, rest) = url
+                    .split_once("://")
+                    .ok_or_else(|| format!("`{url}` is neither a URL nor a /path"))?;
+                if scheme != "http" && scheme != "https" {
+                    return Err(format!("`{url}`: only http and https URLs are cached"));
+                }
+                let (host, path) = rest
+                    .find('/')
+                    .map_or((rest, "/"), |i| (&rest[..i], &rest[i..]));
+                if !hosts.contains(&host) {
+                    return Err(format!("`{host}` is not a hostname of site {}", site.host));
+                }
+                (vec![scheme], vec![host], path)
+            };
+        if host.iter().any(|h| h.starts_with("*.")) {
+            return Err("a wildcard site needs a full URL with the real hostname for --url".into());
+        }
+        // The form the edge caches under: `//api/me` is `/api/me`.
+        let uri = &purge::canonical_request_uri(uri)?;
+        let mut keys = Vec::new();
+        for s in &schemes {
+            for h in &host {
+                keys.push(purge::expand_key(
+                    template,
+                    &Request {
+                        scheme: s,
+                        host: h,
+                        request_uri: uri,
+                    },
+                )?);
+            }
+        }
+        job.keys = Some(keys);
+        return Ok(job);
+    }
+    let uri_regex = if let Some(prefix) = &what.prefix {
+        if !prefix.starts_with('/') {
+            return Err(format!("--prefix `{prefix}` must start with `/`"));
+        }
+        regex::escape(&purge::canonical_request_uri(prefix)?)
+    } else if let Some(re) = &what.regex {
+        purge::matcher(re).map_err(|e| format!("the agent's regex engine refuses `{re}`: {e}"))?;
+        match re.strip_prefix('^') {
+            Some(anchored) => anchored.to_owned(),
+            None => format!("/.*?(?:{re})"),
+        }
+    } else {
+        "/".to_owned()
+    };
+    let pattern = purge::key_line_regex(template, &hosts, &uri_regex)?;
+    // The agent's own verdict: one engine, one size limit, one scope guard.
+    Job::grep_matcher(&pattern, job.all)
+        .map_err(|e| format!("the built pattern `{pattern}` is refused: {e}"))?;
+    job.grep = Some(pattern);
+    Ok(job)
+}
+
+/// `edgeform purge`.
+///
+/// # Errors
+/// Unknown site or node, a refused pattern, every target unreachable.
+pub async fn purge(
+    config: &Config,
+    host: &str,
+    what: &What,
+    only: &[String],
+    wait: Option<u64>,
+) -> Result<u8> {
+    let site = find_site(&config.sites, host)
+        .with_context(|| format!("no site has the hostname `{host}`"))?;
+    let carriers: Vec<&Node> = config
+        .nodes
+        .iter()
+        .filter(|n| n.has(Role::Edge) && n.redis.is_some())
+        .filter(|n| site.regions.as_ref().is_none_or(|r| r.contains(&n.region)))
+        .collect();
+    let targets: Vec<&Node> = if only.is_empty() {
+        carriers
+    } else {
+        only.iter()
+            .map(|name| {
+                carriers
+                    .iter()
+                    .find(|n| &n.name == name)
+                    .copied()
+                    .with_context(|| {
+                        format!(
+                            "--node {name}: not an edge (with a redis block) carrying {}",
+                            site.host
+                        )
+                    })
+            })
+            .collect::<Result<_>>()?
+    };
+    if targets.is_empty() {
+        bail!(
+            "no edge carries {} (edges with a redis block in its regions)",
+            site.host
+        );
+    }
+    let started = Instant::now();
+    let id = job_id();
+    // Build every node's job first: a refused pattern queues nothing.
+    let mut jobs = Vec::new();
+    for node in &targets {
+        let job = build_job(&id, site, node, what).map_err(|e| anyhow::anyhow!("{e}"))?;
+        jobs.push((*node, job));
+    }
+    // Every enqueue at once (bounded): connect, SUBSCRIBE to the result
+    // channel when waiting, RPUSH; the connection is kept for the wait.
+    let channel = wait.map(|_| purge::done_channel(&id));
+    let limit = Arc::new(Semaphore::new(PARALLEL));
+    let mut tasks = JoinSet::new();
+    for (i, (node, job)) in jobs.iter().enumerate() {
+        let target = Target::of(node)?;
+        let (job, channel, limit) = (job.to_json(), channel.clone(), limit.clone());
+        tasks.spawn(async move {
+            let _slot = limit.acquire_owned().await;
+            let link = target.enqueue(job, channel.as_deref()).await;
+            (i, target, link)
+        });
+    }
+    let mut links: Vec<Option<(Target, Result<Link>)>> = jobs.iter().map(|_| None).collect();
+    while let Some(done) = tasks.join_next().await {
+        let (i, target, link) = done.context("an enqueue task failed")?;
+        links[i] = Some((target, link));
+    }
+    let mut queued = Vec::new();
+    let mut failed = 0;
+    for (node, (target, link)) in jobs
+        .iter()
+        .map(|(n, _)| *n)
+        .zip(links.into_iter().flatten())
+    {
+        match link {
+            Ok(link) => queued.push((node, target, link)),
+            Err(e) => {
+                failed += 1;
+                eprintln!(
+                    "{}: NOT QUEUED ({}): {}",
+                    node.name,
+                    node.redis_at(),
+                    edgeredis::one_line(&e)
+                );
+            }
+        }
+    }
+    let enqueued = started.elapsed();
+    let mut out = std::io::stdout().lock();
+    writeln!(out, "{id}")?;
+    eprintln!(
+        "queued purge {id} for {} on {} node(s): {}",
+        site.host,
+        queued.len(),
+        queued
+            .iter()
+            .map(|(n, _, _)| n.name.as_str())
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+    let (Some(secs), Some(channel)) = (wait, channel) else {
+        phases(targets.len(), queued.len(), enqueued, &[]);
+        return Ok(u8::from(failed > 0));
+    };
+    // Every node waited for at once: its result, its notification or the
+    // slow poll, until the deadline.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(secs);
+    let mut waits = JoinSet::new();
+    let mut names = Vec::new();
+    for (node, target, link) in queued {
+        names.push(node);
+        let (key, channel) = (purge::done_key(&id), channel.clone());
+        waits.spawn(async move {
+            let result = tokio::time::timeout_at(deadline, target.result(&key, &channel, link))
+                .await
+                .ok();
+            (target.name, result, started.elapsed())
+        });
+    }
+    let mut results: BTreeMap<String, String> = BTreeMap::new();
+    let mut arrivals = Vec::new();
+    while let Some(done) = waits.join_next().await {
+        let (name, result, at) = done.context("a wait task failed")?;
+        if let Some(v) = result {
+            arrivals.push(at);
+            results.insert(name, v);
+        }
+    }
+    let queued = names;
+    phases(targets.len(), queued.len(), enqueued, &arrivals);
+    let mut bad = failed;
+    for node in &queued {
+        match results.get(&node.name) {
+            Some(v) if v.starts_with(purge::FAILED_PREFIX) => {
+                bad += 1;
+                // The agent's text: shown escaped.
+                writeln!(out, "{}: {}", node.name, edgestate::untrusted::escape(v))?;
+            }
+            Some(v) => writeln!(
+                out,
+                "{}: {} file(s) removed",
+                node.name,
+                edgestate::untrusted::escape(v)
+            )?,
+            None => {}
+        }
+    }
+    let pending: Vec<&str> = queued
+        .iter()
+        .filter(|n| !results.contains_key(&n.name))
+        .map(|n| n.name.as_str())
+        .collect();
+    if !pending.is_empty() {
+        eprintln!(
+            "timed out after {secs} s; still pending: {}",
+            pending.join(", ")
+        );
+        return Ok(1);
+    }
+    Ok(u8::from(bad > 0))
+}
+
+/// Enqueues (connect, SUBSCRIBE, RPUSH) in flight at once. Each queued
+/// node keeps its connection for the wait anyway, so this bounds only the
+/// connects in flight, not the open sockets; at 64, a 300-edge purge went
+/// in five waves of round trips.
+const PARALLEL: usize = 256;
+
+/// While waiting, each node's result is also read this often: an agent
+/// that does not announce its result (one older than the announcement)
+/// is still heard from, a second late at most.
+const FALLBACK_POLL: Duration = Duration::from_secs(1);
+
+/// One node to purge, owned by its task.
+struct Target {
+    name: String,
+    region: String,
+    redis: edgeredis::RedisTarget,
+}
+
+/// A queued node's connection; when waiting, subscribed to the result
+/// channel, its messages (and a disconnection) arriving in `pushes`.
+struct Link {
+    con: MultiplexedConnection,
+    pushes: Option<UnboundedReceiver<PushInfo>>,
+}
+
+impl Target {
+    fn of(node: &Node) -> Result<Target> {
+        Ok(Target {
+            name: node.name.clone(),
+            region: node.region.clone(),
+            redis: node
+                .redis
+                .clone()
+                .with_context(|| format!("node {} has no redis block", node.name))?,
+        })
+    }
+
+    /// A connection to the node's master; with `channel`, speaking RESP3
+    /// and subscribed to it before anything is queued, so no announcement
+    /// is missed.
+    async fn connect(&self, channel: Option<&str>) -> Result<Link> {
+        let Some(channel) = channel else {
+            let con = edgeredis::master(&self.redis, &self.name).await?;
+            return Ok(Link { con, pushes: None });
+        };
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        // ROLE and SUBSCRIBE in one round trip; nothing is written before
+        // ROLE said master.
+        let con = match edgeredis::master_subscribed(
+            &self.redis,
+            &self.name,
+            std::sync::Arc::new(tx),
+            channel,
+        )
+        .await
+        {
+            Ok(con) => con,
+            // A server without RESP3 (Redis < 6): the slow poll alone.
+            Err(e) if resp3_refused(&e) => {
+                let con = edgeredis::master(&self.redis, &self.name).await?;
+                return Ok(Link { con, pushes: None });
+            }
+            Err(e) => return Err(e),
+        };
+        Ok(Link {
+            con,
+            pushes: Some(rx),
+        })
+    }
+
+    async fn enqueue(&self, job: String, channel: Option<&str>) -> Result<Link> {
+        let mut link = self.connect(channel).await?;
+        redis::cmd("RPUSH")
+            .arg(edgestate::keys::purge_queue(&self.region, &self.name))
+            .arg(job)
+            .exec_async(&mut link.con)
+            .await?;
+        Ok(link)
+    }
+
+    /// The node's result in `key`: read now (it may be in already), then
+    /// again on each announcement on `channel` and every
+    /// [`FALLBACK_POLL`]. A lost connection is opened again (the caller's
+    /// deadline bounds all of it).
+    ///
+    /// The first read is skipped on a link that was subscribed before its
+    /// job was queued: no result can predate the subscription, so the
+    /// announcement (or the slow poll) is the first news (one round trip
+    /// less per node).
+    async fn result(&self, key: &str, channel: &str, link: Link) -> String {
+        let mut fresh = link.pushes.is_some();
+        let mut link = Some(link);
+        loop {
+            if link.is_none() {
+                link = self.connect(Some(channel)).await.ok();
+            }
+            if std::mem::take(&mut fresh) {
+                // Subscribed before the RPUSH: nothing to read yet.
+            } else if let Some(l) = link.as_mut() {
+                match redis::cmd("HGET")
+                    .arg(key)
+                    .arg(&self.name)
+                    .query_async::<Option<String>>(&mut l.con)
+                    .await
+                {
+                    Ok(Some(v)) => return v,
+                    Ok(None) => {}
+                    Err(_) => link = None,
+                }
+            }
+            let news = tokio::select! {
+                () = tokio::time::sleep(FALLBACK_POLL) => News::Poll,
+                news = announced(link.as_mut(), &self.name) => news,
+            };
+            match news {
+                News::Result(v) => return v,
+                News::Poll => {}
+                News::Lost => link = None,
+            }
+        }
+    }
+}
+
+/// What ended a wait for news of one node.
+#[derive(Debug, PartialEq, Eq)]
+enum News {
+    /// Read the hash: the slow poll, or an announcement without its value
+    /// (an older agent).
+    Poll,
+    /// The node's announcement, with its value.
+    Result(String),
+    /// The connection is gone.
+    Lost,
+}
+
+/// What a channel message means to the waiter of `node`: its result, a
+/// reason to read the hash, or nothing (another node's announcement on a
+/// shared Redis). Pure.
+fn news_of(data: &[redis::Value], node: &str) -> Option<News> {
+    let message = match data.get(1) {
+        Some(redis::Value::BulkString(b)) => String::from_utf8_lossy(b),
+        _ => return Some(News::Poll),
+    };
+    match purge::parse_announcement(&message) {
+        (n, _) if n != node => None,
+        (_, Some(value)) => Some(News::Result(value.to_owned())),
+        (_, None) => Some(News::Poll),
+    }
+}
+
+/// Whether connecting failed because the server does not speak RESP3.
+fn resp3_refused(e: &anyhow::Error) -> bool {
+    e.chain()
+        .filter_map(|c| c.downcast_ref::<redis::RedisError>())
+        .any(|r| r.kind() == redis::ErrorKind::RESP3NotSupported)
+}
+
+/// Until an announcement for `node` arrives or the connection is lost;
+/// never without a subscription.
+async fn announced(link: Option<&mut Link>, node: &str) -> News {
+    let Some(pushes) = link.and_then(|l| l.pushes.as_mut()) else {
+        return std::future::pending().await;
+    };
+    loop {
+        match pushes.recv().await {
+            Some(push) if push.kind == PushKind::Message => {
+                if let Some(news) = news_of(&push.data, node) {
+                    return news;
+                }
+            }
+            Some(push) if push.kind == PushKind::Disconnection => return News::Lost,
+            // Subscription confirmations.
+            Some(_) => {}
+            None => return News::Lost,
+        }
+    }
+}
+
+/// Where the time went (`EDGEFORM_TIMING=1
+/// EDGEFORM_LOG=compiler::cli::purge=debug`), in ms
+/// since the targets were known: every enqueue done, the first, median and
+/// last result.
+fn phases(targets: usize, queued: usize, enqueued: Duration, arrivals: &[Duration]) {
+    let ms = |d: Option<&Duration>| d.map_or(-1.0, |d| d.as_secs_f64() * 1000.0);
+    let mut sorted = arrivals.to_vec();
+    sorted.sort();
+    tracing::debug!(
+        targets,
+        queued,
+        results = sorted.len(),
+        enqueue_ms = ms(Some(&enqueued)),
+        first_result_ms = ms(sorted.first()),
+        median_result_ms = ms(sorted.get(sorted.len() / 2)),
+        last_result_ms = ms(sorted.last()),
+        "purge phases"
+    );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn message(payload: &str) -> Vec<redis::Value> {
+        vec![
+            redis::Value::BulkString(b"cdn:purge:done:x".to_vec()),
+            redis::Value::BulkString(payload.as_bytes().to_vec()),
+        ]
+    }
+
+    // The announcement carries the result.
+    #[test]
+    fn news_of_an_announcement() {
+        // This node's, with its value: the result, no read.
+        assert_eq!(
+            news_of(&message("edge-1\n2"), "edge-1"),
+            Some(News::Result("2".into()))
+        );
+        assert_eq!(
+            news_of(&message("edge-1\nfailed: disk"), "edge-1"),
+            Some(News::Result("failed: disk".into()))
+        );
+        // An older agent's bare name: read the hash.
+        assert_eq!(news_of(&message("edge-1"), "edge-1"), Some(News::Poll));
+        // Another node on the same Redis: nothing for this waiter.
+        assert_eq!(news_of(&message("edge-2\n5"), "edge-1"), None);
+        assert_eq!(news_of(&message("edge-2"), "edge-1"), None);
+        // A message of another shape: read the hash.
+        assert_eq!(news_of(&[], "edge-1"), Some(News::Poll));
+    }
+}
