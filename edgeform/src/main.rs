@@ -4,7 +4,7 @@
 /// ~2 million small allocations made in rayon workers while their parse
 /// trees come and go, and glibc's per-thread arenas keep the holes
 /// (peak RSS 2,085 MiB against 1,697 MiB, user CPU 74.8 s against 56.5 s;
-/// #16, README "check memory, second pass").
+/// bench/RESULTS.md, "`edgeform check` memory").
 #[global_allocator]
 static GLOBAL: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 

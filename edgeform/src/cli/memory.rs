@@ -3,7 +3,7 @@
 //! resident memory now and its peak so far (`VmRSS`, `VmHWM` of
 //! `/proc/self/status`), e.g.
 //! `memory: after validate: rss 1234 MiB, peak 1300 MiB`. A measuring aid
-//! for large repositories (#16); prints nothing where `/proc` is missing.
+//! for large repositories; prints nothing where `/proc` is missing.
 
 use tracing::span;
 use tracing_subscriber::Layer;
