@@ -147,7 +147,7 @@ async fn route(
     answer(&app, &health, &choice, &stream, json.then(|| explain(&d)))
 }
 
-/// `GET /vod/<asset>`: the VOD placement (seed 002) for the
+/// `GET /vod/<asset>`: the VOD placement (the CDN-zones VOD rule) for the
 /// client, answered like `/route`: 302 + Location (the node's payload URL
 /// and the asset, or the proxy URL with `{stream}` = the asset), 403, 404,
 /// or 503 + Retry-After; `?format=json` explains it (every replica).

@@ -59,7 +59,7 @@ impl std::fmt::Display for KeyError {
 
 impl std::error::Error for KeyError {}
 
-/// An ed25519 private key in PKCS#8 PEM (`-----BEGIN PRIVATE KEY-----`),
+/// An ed25519 private key in PKCS8 PEM (`-----BEGIN PRIVATE KEY-----`),
 /// as `edgeform keygen` and `openssl genpkey -algorithm ed25519` write it.
 ///
 /// # Errors
@@ -68,7 +68,7 @@ pub fn signing_key_from_pem(text: &str) -> Result<SigningKey, KeyError> {
     SigningKey::from_pkcs8_pem(text.trim()).map_err(|e| KeyError {
         kind: KeyErrorKind::NotEd25519Pem,
         message: format!(
-            "not an ed25519 private key in PKCS#8 PEM (-----BEGIN PRIVATE KEY-----): {e}"
+            "not an ed25519 private key in PKCS8 PEM (-----BEGIN PRIVATE KEY-----): {e}"
         ),
     })
 }
@@ -85,7 +85,7 @@ pub fn verifying_key_from_pem(text: &str) -> Result<VerifyingKey, KeyError> {
     })
 }
 
-/// The private key as PKCS#8 PEM.
+/// The private key as PKCS8 PEM.
 #[must_use]
 pub fn signing_key_pem(key: &SigningKey) -> String {
     key.to_pkcs8_pem(ed25519_dalek::pkcs8::spki::der::pem::LineEnding::LF)

@@ -899,7 +899,7 @@ fn placement_budget(limit: Option<u64>, net_kbit: Option<u64>) -> Option<String>
 }
 
 impl Router {
-    /// Where a viewer gets VOD `asset` (seed 002): replicas are the
+    /// Where a viewer gets VOD `asset` (the CDN-zones VOD rule): replicas are the
     /// revisions nodes report holding; only online, undrained nodes of the
     /// allowed zones (the client's zone chain, or every node when routing
     /// is unrestricted) are available; then [`choose_placement_in`].

@@ -68,7 +68,7 @@ impl Signer {
     }
 }
 
-/// Read the control host's ed25519 private key (PKCS#8 PEM).
+/// Read the control host's ed25519 private key (PKCS8 PEM).
 ///
 /// # Errors
 /// One line naming the file: unreadable, or not such a key.

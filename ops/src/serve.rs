@@ -42,7 +42,7 @@ pub struct ServeOptions {
     /// Serve HTTPS with this certificate chain (PEM) and [`Self::tls_key`];
     /// plain HTTP unless both are given.
     pub tls_cert: Option<PathBuf>,
-    /// The certificate's private key (PEM, PKCS#8).
+    /// The certificate's private key (PEM, PKCS8).
     pub tls_key: Option<PathBuf>,
 }
 

@@ -414,7 +414,7 @@ fn a_fifo_health_file_neither_hangs_nor_blocks_sigterm() {
 }
 
 /// `GET /vod/<asset>` over real HTTP: the placement among the revisions
-/// nodes report (health `vod`), seed 002's order, explained in JSON.
+/// nodes report (health `vod`), the CDN-zones VOD order, explained in JSON.
 #[test]
 fn vod_over_http_with_real_redis() {
     let r = harness::redis(&[]);

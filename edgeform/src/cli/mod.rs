@@ -355,14 +355,14 @@ pub enum Command {
         format: Format,
         #[command(flatten)]
         broker: BrokerFlags,
-        /// Sign with this ed25519 private key (PKCS#8 PEM, `edgeform
+        /// Sign with this ed25519 private key (PKCS8 PEM, `edgeform
         /// keygen`); results must then carry the node's result key.
         /// Without it, EDGEFORM_COMMAND_KEY (legacy shared HMAC) signs.
         #[arg(long, env = "EDGEFORM_COMMAND_SIGNING_KEY", value_name = "FILE")]
         signing_key: Option<PathBuf>,
     },
     /// Make the command signing key pair (ed25519): FILE, the private key
-    /// (PKCS#8 PEM, mode 0600) only the control host holds, and FILE.pub
+    /// (PKCS8 PEM, mode 0600) only the control host holds, and FILE.pub
     /// for every agent's `command_public_key_file`. With --result-key
     /// NODE: write that node's result key (its `result_key_file`),
     /// derived from --signing-key. Never overwrites a file. Exit 0, 1 on

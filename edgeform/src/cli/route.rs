@@ -38,7 +38,7 @@ pub struct RouteArgs {
     /// Also make the geo decision (the geo router: strictly nearest online edge).
     #[arg(long, requires = "geoip")]
     pub geo: bool,
-    /// Also explain the VOD placement of ASSET (seed 002: allowed zones,
+    /// Also explain the VOD placement of ASSET (the CDN-zones rule: allowed zones,
     /// then highest revision, then zone order and load), from the
     /// revisions each node reports (`vod` in the health snapshot).
     #[arg(long, value_name = "ASSET")]

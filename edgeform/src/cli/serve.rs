@@ -12,7 +12,7 @@ pub struct ServeArgs {
     /// Serve HTTPS with this certificate chain (PEM).
     #[arg(long, value_name = "FILE", requires = "tls_key")]
     pub tls_cert: Option<PathBuf>,
-    /// The certificate's private key (PEM, PKCS#8).
+    /// The certificate's private key (PEM, PKCS8).
     #[arg(long, value_name = "FILE", requires = "tls_cert")]
     pub tls_key: Option<PathBuf>,
 }

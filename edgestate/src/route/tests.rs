@@ -766,7 +766,7 @@ fn drained_nodes_are_never_chosen() {
     assert_eq!(p.node, "o1-b");
 }
 
-// VOD table tests, one per sentence of seed 002: "For
+// VOD table tests, one per sentence of the CDN-zones VOD rule: "For
 // VOD, central first filters available placements by allowed zones, then
 // selects the highest available revision, followed by zone and load. A
 // newer forbidden replica cannot exclude an older permitted replica; a
