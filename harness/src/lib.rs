@@ -13,6 +13,8 @@ pub mod nginx;
 
 pub mod haproxy;
 
+pub mod netns;
+
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
