@@ -320,6 +320,22 @@ pub fn stream(stream_conf: impl Fn(&str) -> String) -> Edge {
 /// When nginx does not come up (its error log is shown).
 #[must_use]
 pub fn lua_runner(lua_dirs: &[PathBuf], content_lua: &str) -> Edge {
+    lua_runner_with(lua_dirs, "", "", content_lua)
+}
+
+/// Like [`lua_runner`], with more directives: `main_conf` at the top level
+/// (e.g. `env NAME=value;`), `http_conf` in the `http` block (e.g.
+/// `lua_ssl_trusted_certificate`, an `init_by_lua_block`).
+///
+/// # Panics
+/// When nginx does not come up (its error log is shown).
+#[must_use]
+pub fn lua_runner_with(
+    lua_dirs: &[PathBuf],
+    main_conf: &str,
+    http_conf: &str,
+    content_lua: &str,
+) -> Edge {
     let mut last = String::new();
     let path: String = lua_dirs
         .iter()
@@ -335,9 +351,9 @@ pub fn lua_runner(lua_dirs: &[PathBuf], content_lua: &str) -> Edge {
             "load_module /usr/lib/nginx/modules/ndk_http_module.so;\n\
              load_module /usr/lib/nginx/modules/ngx_http_lua_module.so;\n\
              user {user};\ndaemon off;\nmaster_process on;\nworker_processes 1;\n\
-             pid {prefix}/nginx.pid;\nerror_log {prefix}/error.log notice;\n\
+             pid {prefix}/nginx.pid;\nerror_log {prefix}/error.log notice;\n{main_conf}\n\
              events {{ worker_connections 64; }}\n\
-             http {{\n  access_log off;\n  client_body_temp_path {prefix}/client_body;\n\
+             http {{\n  access_log off;\n  client_body_temp_path {prefix}/client_body;\n{http_conf}\n\
              \x20 client_max_body_size 16m;\n  client_body_buffer_size 16m;\n\
              \x20 lua_package_path \"{path}/usr/share/lua/5.1/?.lua;/usr/share/lua/5.1/?/init.lua;;\";\n\
              \x20 lua_regex_match_limit 100000;\n\
@@ -372,6 +388,12 @@ pub struct RouterOptions {
     pub edge_port: u16,
     pub geoip_db: PathBuf,
     pub workers: u32,
+    /// The node's `redis` block as JSON (default: `redis://127.0.0.1:<redis_port>`).
+    pub redis: Option<String>,
+    /// `password_env`'s variable and its value (nginx's `env NAME=value;`).
+    pub redis_password: Option<(String, String)>,
+    /// The CA the Redis certificate must chain to (default: the system store).
+    pub redis_ca: Option<PathBuf>,
 }
 
 impl RouterOptions {
@@ -384,6 +406,9 @@ impl RouterOptions {
             edge_port,
             geoip_db: repo_root().join("testdata/geoip/GeoLite2-City-Test.mmdb"),
             workers: 1,
+            redis: None,
+            redis_password: None,
+            redis_ca: None,
         }
     }
 }
@@ -405,8 +430,26 @@ pub fn router_conf(prefix: &Path, listen: &str, o: &RouterOptions) -> Result<Str
         ("ROUTER_DIR", root.join("router").display().to_string()),
         ("EDGE_DIR", root.join("edge").display().to_string()),
         ("GEOIP_DB", o.geoip_db.display().to_string()),
-        ("REDIS_HOST", "127.0.0.1".into()),
-        ("REDIS_PORT", o.redis_port.to_string()),
+        (
+            "REDIS",
+            o.redis
+                .clone()
+                .unwrap_or_else(|| format!(r#"{{"url": "redis://127.0.0.1:{}"}}"#, o.redis_port)),
+        ),
+        (
+            "REDIS_PASSWORD_ENV",
+            o.redis_password.as_ref().map_or_else(
+                || "EDGEFORM_REDIS_PASSWORD".into(),
+                |(k, v)| format!("{k}={v}"),
+            ),
+        ),
+        (
+            "REDIS_CA_FILE",
+            o.redis_ca.as_ref().map_or_else(
+                || "/etc/ssl/certs/ca-certificates.crt".into(),
+                |p| p.display().to_string(),
+            ),
+        ),
         ("HEALTH_FILE", o.health_file.display().to_string()),
         ("EDGE_PORT", o.edge_port.to_string()),
         ("LISTEN", listen.to_owned()),

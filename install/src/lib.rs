@@ -413,13 +413,10 @@ pub fn render(file: &str, template: &str, context: &Value) -> Result<String, Vec
         } else {
             match lookup(context, reference) {
                 Some(v) => match apply(filter, v) {
-                    Some(text) => out.push_str(&text),
-                    None => errors.push(err(
+                    Ok(text) => out.push_str(&text),
+                    Err(why) => errors.push(err(
                         ErrorKind::TemplateSyntax,
-                        format!(
-                            "`{reference}` = {v} has no {} (a URL like redis://host:6379)",
-                            filter.unwrap_or_default()
-                        ),
+                        format!("`{reference}` = {v} {why}"),
                     )),
                 },
                 None => {
@@ -487,18 +484,76 @@ fn known_at(context: &Value, reference: &str) -> String {
     String::new()
 }
 
-/// `{{ x | host }}`, `{{ x | port }}`: the host or port of a URL value.
-const FILTERS: [&str; 2] = ["host", "port"];
+/// The filters, `{{ x | NAME }}` (docs/install.md, "Templates"):
+/// - `host`, `port`: the host or port of a URL value;
+/// - `json`: the value as compact JSON, for a Lua long string
+///   (`[==[{{ node.redis | json }}]==]`): a value whose JSON holds `]]` or
+///   `]=` (which could end the long string) is refused;
+/// - `nginx_env`: for a `redis` block, nginx's `env VAR;` for its
+///   `password_env` (the password stays in the environment), or a comment
+///   when it has none;
+/// - `ca_file`: for a `redis` block, its `tls.ca_file`, else the system
+///   trust store (what `lua_ssl_trusted_certificate` verifies against).
+const FILTERS: [&str; 5] = ["host", "port", "json", "nginx_env", "ca_file"];
 
-fn apply(filter: Option<&str>, v: &Value) -> Option<String> {
+/// The system trust store (Debian's `ca-certificates`).
+pub const SYSTEM_CA_FILE: &str = "/etc/ssl/certs/ca-certificates.crt";
+
+/// A filter's output, or why the value has none (said after the value).
+fn apply(filter: Option<&str>, v: &Value) -> Result<String, String> {
     let Some(f) = filter else {
-        return Some(scalar(v));
+        return Ok(scalar(v));
     };
-    let url = url::Url::parse(v.as_str()?).ok()?;
+    let url = || {
+        v.as_str()
+            .and_then(|s| url::Url::parse(s).ok())
+            .ok_or_else(|| format!("has no {f} (a URL like redis://host:6379)"))
+    };
+    let no = || format!("has no {f} (a URL like redis://host:6379)");
     match f {
-        "host" => url.host_str().map(str::to_owned),
-        "port" => url.port_or_known_default().map(|p| p.to_string()),
-        _ => None,
+        "host" => url()?.host_str().map(str::to_owned).ok_or_else(no),
+        "port" => url()?
+            .port_or_known_default()
+            .map(|p| p.to_string())
+            .ok_or_else(no),
+        "json" => {
+            let text = v.to_string();
+            if text.contains("]]") || text.contains("]=") {
+                Err("cannot be written into a Lua long string: its JSON holds `]]` or `]=`".into())
+            } else {
+                Ok(text)
+            }
+        }
+        "nginx_env" | "ca_file" => {
+            let Value::Object(block) = v else {
+                return Err(format!(
+                    "is not a redis block (`{f}` reads `password_env` and `tls`)"
+                ));
+            };
+            if f == "ca_file" {
+                return match block.get("tls").and_then(|t| t.get("ca_file")) {
+                    None | Some(Value::Null) => Ok(SYSTEM_CA_FILE.to_owned()),
+                    Some(Value::String(p)) if !p.is_empty() && !p.contains([';', '\n', ' ']) => {
+                        Ok(p.clone())
+                    }
+                    Some(_) => Err("has a `tls.ca_file` nginx cannot read as one file name".into()),
+                };
+            }
+            match block.get("password_env") {
+                None | Some(Value::Null) => {
+                    Ok("# (no redis.password_env: no Redis password)".to_owned())
+                }
+                Some(Value::String(var))
+                    if !var.is_empty()
+                        && !var.starts_with(|c: char| c.is_ascii_digit())
+                        && var.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') =>
+                {
+                    Ok(format!("env {var};"))
+                }
+                Some(_) => Err("has a `password_env` that is not a variable name".into()),
+            }
+        }
+        _ => Err(format!("has no {f}")),
     }
 }
 
@@ -668,6 +723,40 @@ pub fn env_file(secrets: &BTreeMap<String, String>) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_redis_filters_pass_the_block_as_data_and_refuse_what_would_break_out() {
+        let cx = serde_json::json!({"node": {
+            "a": {"url": "redis://u@127.0.0.1:6401", "password_env": "EDGE_PW"},
+            "s": {"sentinels": ["10.0.0.5:26379"], "master": "m", "tls": {"ca_file": "/etc/r/ca.pem"}},
+            "close": {"url": "redis://h:1", "tls": {"ca_file": "/x]]y"}},
+            "close2": {"master": "a]=]"},
+            "env": {"password_env": "1BAD"},
+        }});
+        let t = "{{ node.a | json }}|{{ node.a | nginx_env }}|{{ node.a | ca_file }}|\
+                 {{ node.s | nginx_env }}|{{ node.s | ca_file }}|{{ node.a.url | port }}";
+        assert_eq!(
+            render("t", t, &cx).unwrap(),
+            r#"{"password_env":"EDGE_PW","url":"redis://u@127.0.0.1:6401"}|env EDGE_PW;|/etc/ssl/certs/ca-certificates.crt|# (no redis.password_env: no Redis password)|/etc/r/ca.pem|6401"#
+        );
+        for bad in [
+            "{{ node.close | json }}",
+            "{{ node.close2 | json }}",
+            "{{ node.env | nginx_env }}",
+            "{{ node.a.url | ca_file }}",
+        ] {
+            let e = render("roles/edge/nginx.conf.tmpl", bad, &cx).unwrap_err();
+            assert_eq!(e[0].kind, ErrorKind::TemplateSyntax, "{bad}");
+            assert!(
+                e[0].to_string()
+                    .starts_with("roles/edge/nginx.conf.tmpl:1:1: `node."),
+                "{}",
+                e[0]
+            );
+        }
+        let e = render("t", "{{ node.close | json }}", &cx).unwrap_err();
+        assert!(e[0].message.contains("Lua long string"), "{}", e[0]);
+    }
 
     #[test]
     fn render_fills_fields_and_reports_every_unknown_one_with_its_position() {
