@@ -282,6 +282,18 @@ local function describe()
   return (cfg.tls and "rediss://" or "redis://") .. cfg.host .. ":" .. cfg.port
 end
 
+-- A refused login or certificate is a configuration problem, not an
+-- outage: logged at most every 10 s per worker and kind, whatever the
+-- callers log about the outage itself.
+local logged_at = {}
+local function complain(kind, msg)
+  local now = ngx.now()
+  if (logged_at[kind] or 0) + 10 <= now then
+    logged_at[kind] = now
+    ngx.log(ngx.ERR, cfg.label, ": ", msg)
+  end
+end
+
 -- The connection's TLS: the CA (lua_ssl_trusted_certificate), the name of a
 -- host name, the client certificate if configured.
 local function handshake(r, host)
@@ -299,14 +311,28 @@ local function handshake(r, host)
     local ok, err = sock:setclientcert(client_cert, client_key)
     if not ok then return nil, "client certificate: " .. tostring(err) end
   end
+  -- lua-resty-core 0.1.25's sslhandshake: with reused_session `false` it
+  -- answers `true` even when the certificate failed verification (the
+  -- connection is closed behind it); with nil a success is the session
+  -- (cdata), a refusal nil + why — or, when the refusal comes after a
+  -- yield, an "assertion failed!" error (nginx logs the reason): under
+  -- pcall, both are a refusal.
+  local name
   if _M.is_ip(host) then
     if not cfg.ca_file then
       return nil, "TLS to the IP address " .. host .. " needs redis.tls.ca_file"
     end
     -- The chain against tls.ca_file; nginx cannot match an IP SAN.
-    return sock:sslhandshake(false, nil, true)
+  else
+    name = host
   end
-  return sock:sslhandshake(false, host, true)
+  local done, session, err = pcall(sock.sslhandshake, sock, nil, name, true)
+  if not done then
+    sock:close()
+    return nil, "the server's certificate was refused (nginx's error log says why)"
+  end
+  if not session then return nil, err or "no TLS session" end
+  return true
 end
 
 local function open(host, port)
@@ -394,7 +420,11 @@ local function setup(r, host)
   local ok, err
   if cfg.tls then
     ok, err = handshake(r, host)
-    if not ok then return nil, "TLS: " .. tostring(err), "connection" end
+    if not ok then
+      err = "TLS: " .. tostring(err)
+      complain("tls", describe() .. " at " .. host .. ": " .. err)
+      return nil, err, "connection"
+    end
   end
   if cfg.password_env then
     local password = cfg.password or os.getenv(cfg.password_env)
@@ -409,8 +439,10 @@ local function setup(r, host)
       ok, err = r:auth(password)
     end
     if not ok then
-      return nil, "AUTH" .. (cfg.username and (" as " .. cfg.username) or "")
-        .. " refused: " .. tostring(err), ok == nil and "connection" or nil
+      err = "AUTH" .. (cfg.username and (" as " .. cfg.username) or "")
+        .. " refused: " .. tostring(err)
+      if ok == false then complain("auth", describe() .. ": " .. err) end
+      return nil, err, ok == nil and "connection" or nil
     end
   elseif cfg.username then
     return nil, "redis.username " .. cfg.username .. " needs redis.password_env"
