@@ -560,7 +560,7 @@ fn nginx(nodes: &[GateNode<'_>], roles: &Roles, scratch: &Path, out: &mut Outcom
             .and_then(Value::as_str)
             .filter(|p| p.starts_with(&root) && !Path::new(p).exists())
         {
-            let _ = std::fs::copy(super::SYSTEM_CA_FILE, ca);
+            let _ = std::fs::copy(roletmpl::SYSTEM_CA_FILE, ca);
         }
         // Lua files stay out: `nginx -t` runs no Lua (the lua gate
         // compiles them), so none of the bundle's code can run here.

@@ -39,11 +39,7 @@ function _M.init(c)
   conf = c
   conf.redis_timeout = conf.redis_timeout or 200
   -- The node's redis block (docs/edge.md "Redis"): password, TLS, Sentinel.
-  local block = conf.redis
-  if block == nil and conf.redis_host then
-    block = { url = "redis://" .. conf.redis_host .. ":" .. conf.redis_port }
-  end
-  edge_redis.init(block, { timeout = conf.redis_timeout, label = "edgeform" })
+  edge_redis.init(conf.redis, { timeout = conf.redis_timeout, label = "edgeform" })
   conf.poll = conf.poll or 0.2
   -- Entries per worker of each cache (docs/edge.md "Freshness").
   conf.doc_cache = conf.doc_cache or 20000
