@@ -653,3 +653,212 @@ fn the_router_follows_a_sentinel_failover_and_routes_meanwhile() {
         (got != (200, String::new(), "edge-new".into())).then(|| format!("{got:?}"))
     });
 }
+
+// The reference edge (the installed template, harness::nginx::edge) reads
+// its documents through the same client.
+
+/// A site document proxying to `origin`.
+fn site_doc(origin: &str) -> String {
+    format!(
+        r#"{{"cache_rules":[],"cached":false,"cors_mode":"off","edge_rules":[],"geo_codes":"","geo_mode":"off","hotlink_mode":"off","ip_list":"","ip_mode":"off","origin":"{origin}","rate_mode":"off","waf_mode":"off"}}"#
+    )
+}
+
+/// `site:<host>` and the generation, with redis-cli `args` (port, auth, TLS).
+fn publish(args: &[&str], host: &str, origin: &str, generation: u32) {
+    let with = |more: &[&str]| {
+        let mut all = args.to_vec();
+        all.extend(more);
+        redis_cli(&all)
+    };
+    assert_eq!(
+        with(&["SET", &format!("site:{host}"), &site_doc(origin)]),
+        "OK"
+    );
+    with(&[
+        "HSET",
+        "edgeform:meta",
+        "generation",
+        &generation.to_string(),
+    ]);
+}
+
+/// GET / for `host` from the edge: (status, body).
+fn get_host(edge: &Edge, host: &str) -> (u16, String) {
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", edge.process.port)).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    write!(s, "GET / HTTP/1.0\r\nHost: {host}\r\n\r\n").unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).unwrap();
+    let (head, body) = out.split_once("\r\n\r\n").unwrap_or((&out, ""));
+    let status = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    (status, body.to_owned())
+}
+
+/// An origin at 127.0.0.1:<port> answering `name`.
+fn origin(name: &'static str) -> String {
+    let port = harness::free_port();
+    edge_listener("127.0.0.1", port, name);
+    format!("http://127.0.0.1:{port}")
+}
+
+#[test]
+fn the_edge_authenticates_and_keeps_serving_what_it_read_when_the_password_stops_working() {
+    let r = harness::redis(&["requirepass def4ult", "user edge on >3dge ~* &* +@all"]);
+    let port = r.port.to_string();
+    let admin = ["-p", port.as_str(), "--no-auth-warning", "-a", "def4ult"];
+    let o1 = origin("origin-1");
+    publish(&admin, "a.example", &o1, 1);
+    assert_eq!(
+        redis_cli(&[&admin[..], &["SET", "site:b.example", &site_doc(&o1)]].concat()),
+        "OK"
+    );
+    let mut o = harness::nginx::EdgeOptions::new(r.port);
+    o.redis = Some(serde_json::json!({
+        "url": format!("redis://edge@127.0.0.1:{}", r.port),
+        "password_env": "EDGE_TEST_REDIS_PW",
+    }));
+    o.redis_password = Some(("EDGE_TEST_REDIS_PW".into(), "3dge".into()));
+    let edge = harness::nginx::edge(&o);
+    assert!(
+        !std::fs::read_to_string(&edge.conf)
+            .unwrap()
+            .contains("3dge\n"),
+        "the rendered file names the variable, not the password"
+    );
+    assert_eq!(get_host(&edge, "a.example"), (200, "origin-1".into()));
+    // The user's password changes, its connections dropped.
+    assert_eq!(
+        redis_cli(
+            &[
+                &admin[..],
+                &["ACL", "SETUSER", "edge", "resetpass", ">other"]
+            ]
+            .concat()
+        ),
+        "OK"
+    );
+    redis_cli(&[&admin[..], &["CLIENT", "KILL", "USER", "edge"]].concat());
+    std::thread::sleep(Duration::from_millis(500));
+    // What it read keeps serving; a host it never read cannot be.
+    assert_eq!(get_host(&edge, "a.example"), (200, "origin-1".into()));
+    assert_eq!(get_host(&edge, "b.example").0, 503);
+    let log = edge.error_log();
+    assert!(log.contains("AUTH as edge refused: WRONGPASS"), "{log}");
+    assert!(!log.contains("exited on signal"), "{log}");
+    // An edge with the wrong password from the start reads nothing.
+    o.redis_password = Some(("EDGE_TEST_REDIS_PW".into(), "wrong".into()));
+    let wrong = harness::nginx::edge(&o);
+    assert_eq!(get_host(&wrong, "a.example").0, 503);
+}
+
+#[test]
+fn the_edge_reads_a_tls_only_redis_and_refuses_another_ca() {
+    let certs = harness::Certs::new();
+    let r = harness::redis_tls_only(&certs, false, &[]);
+    let ca = certs.file("ca.pem");
+    let port = r.port.to_string();
+    let cli = [
+        "--tls",
+        "--cacert",
+        ca.to_str().unwrap(),
+        "-h",
+        "127.0.0.1",
+        "-p",
+        port.as_str(),
+    ];
+    let o1 = origin("origin-tls");
+    publish(&cli, "a.example", &o1, 1);
+    // `localhost` by /etc/hosts, checked against the certificate.
+    let mut o = harness::nginx::EdgeOptions::new(r.port);
+    o.redis = Some(serde_json::json!({
+        "url": format!("rediss://localhost:{}", r.port),
+        "tls": {"ca_file": ca.display().to_string()},
+    }));
+    let edge = harness::nginx::edge(&o);
+    let conf = std::fs::read_to_string(&edge.conf).unwrap();
+    assert!(
+        conf.contains(&format!("lua_ssl_trusted_certificate {};", ca.display())),
+        "{conf}"
+    );
+    assert_eq!(
+        get_host(&edge, "a.example"),
+        (200, "origin-tls".into()),
+        "{}",
+        edge.error_log()
+    );
+    let other = harness::Certs::new();
+    o.redis = Some(serde_json::json!({
+        "url": format!("rediss://localhost:{}", r.port),
+        "tls": {"ca_file": other.file("ca.pem").display().to_string()},
+    }));
+    let refused = harness::nginx::edge(&o);
+    assert_eq!(get_host(&refused, "a.example").0, 503);
+    assert!(
+        refused.error_log().contains("TLS: "),
+        "{}",
+        refused.error_log()
+    );
+}
+
+#[test]
+fn the_edge_keeps_serving_through_a_sentinel_failover_then_reads_the_new_master() {
+    let mut master = harness::redis(&[]);
+    let replica = harness::redis(&[&format!("replicaof 127.0.0.1 {}", master.port)]);
+    let sentinel = harness::sentinel("edge-1", master.port);
+    let (o1, o2) = (origin("origin-old"), origin("origin-new"));
+    let mport = master.port.to_string();
+    publish(&["-p", mport.as_str()], "a.example", &o1, 1);
+    let mut o = harness::nginx::EdgeOptions::new(master.port);
+    o.redis = Some(serde_json::json!({
+        "sentinels": [format!("127.0.0.1:{}", sentinel.port)],
+        "master": "edge-1",
+    }));
+    let edge = std::sync::Arc::new(harness::nginx::edge(&o));
+    assert_eq!(get_host(&edge, "a.example"), (200, "origin-old".into()));
+    wait_for("replication", Duration::from_secs(10), || {
+        let r = harness::raw_command(replica.port, "GET site:a.example").unwrap_or_default();
+        (!r.contains("origin")).then_some(r)
+    });
+    // Traffic all along: every answer is a document's.
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let traffic = {
+        let (edge, stop) = (edge.clone(), stop.clone());
+        std::thread::spawn(move || {
+            let mut answers = Vec::new();
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                answers.push(get_host(&edge, "a.example"));
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            answers
+        })
+    };
+    master.kill();
+    wait_for("failover", Duration::from_secs(30), || {
+        let r = harness::raw_command(sentinel.port, "SENTINEL get-master-addr-by-name edge-1")
+            .unwrap_or_default();
+        (!r.contains(&replica.port.to_string())).then_some(r)
+    });
+    wait_for("a writable new master", Duration::from_secs(15), || {
+        let r = harness::raw_command(replica.port, "SET probe 1").unwrap_or_default();
+        (!r.starts_with("+OK")).then_some(r)
+    });
+    let rport = replica.port.to_string();
+    publish(&["-p", rport.as_str()], "a.example", &o2, 2);
+    wait_for("the new master's document", Duration::from_secs(10), || {
+        let got = get_host(&edge, "a.example");
+        (got != (200, "origin-new".to_owned())).then(|| format!("{got:?}"))
+    });
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let answers = traffic.join().unwrap();
+    assert!(answers.len() > 10, "{}", answers.len());
+    let bad: Vec<_> = answers
+        .iter()
+        .filter(|(s, b)| *s != 200 || (b != "origin-old" && b != "origin-new"))
+        .collect();
+    assert!(bad.is_empty(), "{bad:?}\n{}", edge.error_log());
+}
