@@ -708,9 +708,24 @@ fn origin(name: &'static str) -> String {
 
 #[test]
 fn the_edge_authenticates_and_keeps_serving_what_it_read_when_the_password_stops_working() {
-    let r = harness::redis(&["requirepass def4ult", "user edge on >3dge ~* &* +@all"]);
+    let r = harness::redis(&["requirepass def4ult"]);
     let port = r.port.to_string();
     let admin = ["-p", port.as_str(), "--no-auth-warning", "-a", "def4ult"];
+    // The edge's user with exactly the rules docs/operations.md gives it.
+    let docs =
+        std::fs::read_to_string(harness::nginx::repo_root().join("docs/operations.md")).unwrap();
+    let rules = docs
+        .lines()
+        .find_map(|l| l.strip_prefix("ACL SETUSER edge-lua "))
+        .expect("docs/operations.md has the edge-lua user");
+    let mut setuser = admin.to_vec();
+    setuser.extend(["ACL", "SETUSER", "edge"]);
+    setuser.extend(
+        rules
+            .split_whitespace()
+            .map(|w| if w == "><password>" { ">3dge" } else { w }),
+    );
+    assert_eq!(redis_cli(&setuser), "OK");
     let o1 = origin("origin-1");
     publish(&admin, "a.example", &o1, 1);
     assert_eq!(
