@@ -856,7 +856,7 @@ fn the_edge_keeps_serving_through_a_sentinel_failover_then_reads_the_new_master(
     wait_for("failover", Duration::from_secs(30), || {
         let r = harness::raw_command(sentinel.port, "SENTINEL get-master-addr-by-name edge-1")
             .unwrap_or_default();
-        (!r.contains(&replica.port.to_string())).then_some(r)
+        (!r.contains(&replica.port.to_string())).then(|| format!("{r}\n{}", sentinel.log()))
     });
     wait_for("a writable new master", Duration::from_secs(15), || {
         let r = harness::raw_command(replica.port, "SET probe 1").unwrap_or_default();
@@ -864,9 +864,9 @@ fn the_edge_keeps_serving_through_a_sentinel_failover_then_reads_the_new_master(
     });
     let rport = replica.port.to_string();
     publish(&["-p", rport.as_str()], "a.example", &o2, 2);
-    wait_for("the new master's document", Duration::from_secs(10), || {
+    wait_for("the new master's document", Duration::from_secs(20), || {
         let got = get_host(&edge, "a.example");
-        (got != (200, "origin-new".to_owned())).then(|| format!("{got:?}"))
+        (got != (200, "origin-new".to_owned())).then(|| format!("{got:?}\n{}", edge.error_log()))
     });
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     let answers = traffic.join().unwrap();
