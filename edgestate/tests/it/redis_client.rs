@@ -56,9 +56,11 @@ fn runner(block: &str, env: &[(&str, &str)], ca: Option<&Path>, hosts: Option<&P
             ca.display()
         ));
     }
+    // A generous timeout: these tests are about behaviour, on a machine
+    // that may be busy (a TLS handshake under load can take 200 ms).
     let hosts = hosts.map_or_else(
-        || "nil".to_owned(),
-        |h| format!("{{ hosts_file = \"{}\" }}", h.display()),
+        || "{ timeout = 2000 }".to_owned(),
+        |h| format!("{{ timeout = 2000, hosts_file = \"{}\" }}", h.display()),
     );
     http.push_str(&format!(
         "init_by_lua_block {{ require(\"edge_redis\").init([==[{block}]==], {hosts}) }}\n"
