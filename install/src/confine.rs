@@ -40,6 +40,12 @@ pub const SYSTEM_LUA_DIRS: [&str; 5] = [
     "/usr/local/lib/lua/5.1/",
 ];
 
+/// The system trust store: the one file outside the scratch folder a
+/// `*_trusted_certificate` directive may name (a PEM bundle of public CAs,
+/// what `lua_ssl_trusted_certificate` and `proxy_ssl_trusted_certificate`
+/// verify against when the node names no CA of its own).
+pub const SYSTEM_TRUST_STORE: &str = roletmpl::SYSTEM_CA_FILE;
+
 /// Directives whose arguments are URIs, names, headers or expressions,
 /// never files `nginx -t` reads.
 pub const URI_DIRECTIVES: [&str; 39] = [
@@ -213,6 +219,8 @@ fn walk(
                         && inside(candidate, bounds).is_none()
                         && !(matches!(d.name.as_str(), "error_log" | "access_log")
                             && LOG_DEVICES.contains(&candidate))
+                        && !(d.name.ends_with("_trusted_certificate")
+                            && candidate == SYSTEM_TRUST_STORE)
                     {
                         refuse(format!(
                             "`{} {a}` points outside the gate's scratch folder: take paths from \
@@ -639,11 +647,14 @@ mod tests {
                     \x20 server { location /admin { return 301 /x; } root /etc; }\n\
                     \x20 init_by_lua_block { local s = \"x\" -- y\n ngx.say(s) }\n\
                     \x20 include /etc/y;\n\
+                    \x20 lua_ssl_trusted_certificate /etc/ssl/certs/ca-certificates.crt;\n\
+                    \x20 lua_ssl_trusted_certificate /etc/ssl/private/x.pem;\n\
+                    \x20 ssl_certificate /etc/ssl/certs/ca-certificates.crt;\n\
                     }\n";
         let lines: Vec<usize> = refused(text).iter().map(|r| r.0).collect();
         assert_eq!(
             lines,
-            vec![2, 3, 4, 6, 8, 10, 11, 13, 16, 17, 20],
+            vec![2, 3, 4, 6, 8, 10, 11, 13, 16, 17, 20, 22, 23],
             "{:?}",
             refused(text)
         );

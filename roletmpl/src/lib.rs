@@ -1,6 +1,6 @@
 //! The role templates' engine (`roles/<role>/*.tmpl`, docs/install.md):
 //! `{{ a.b.0 }}` replaced by the value at that path of a JSON context,
-//! and filters (`host`, `port`, `json`, `nginx_env`, `ca_file`). The installer
+//! and filters (`host`, `port`, `lua`, `nginx_env`, `ca_file`). The installer
 //! renders bundles with it and the test harness renders the same edge
 //! template with it, so the installed edge is the tested edge.
 
@@ -166,15 +166,17 @@ fn known_at(context: &Value, reference: &str) -> String {
 
 /// The filters, `{{ x | NAME }}` (docs/install.md, "Templates"):
 /// - `host`, `port`: the host or port of a URL value;
-/// - `json`: the value as compact JSON, for a Lua long string
-///   (`[==[{{ node.redis | json }}]==]`): a value whose JSON holds `]]` or
-///   `]=` (which could end the long string) is refused;
+/// - `lua`: the value as a Lua literal (`{url = "redis://…", sentinels =
+///   {"a:1"}}`), for a Lua block: every string quoted with any byte but
+///   plain printable ASCII written `\ddd`, so no value can end the string,
+///   the block or the directive it is written into (and no brace or
+///   newline appears inside a string, which the nginx gate refuses);
 /// - `nginx_env`: for a `redis` block, nginx's `env VAR;` for its
 ///   `password_env` (the password stays in the environment), or a comment
 ///   when it has none;
 /// - `ca_file`: for a `redis` block, its `tls.ca_file`, else the system
 ///   trust store (what `lua_ssl_trusted_certificate` verifies against).
-const FILTERS: [&str; 5] = ["host", "port", "json", "nginx_env", "ca_file"];
+const FILTERS: [&str; 5] = ["host", "port", "lua", "nginx_env", "ca_file"];
 
 /// The system trust store (Debian's `ca-certificates`).
 pub const SYSTEM_CA_FILE: &str = "/etc/ssl/certs/ca-certificates.crt";
@@ -196,13 +198,10 @@ fn apply(filter: Option<&str>, v: &Value) -> Result<String, String> {
             .port_or_known_default()
             .map(|p| p.to_string())
             .ok_or_else(no),
-        "json" => {
-            let text = v.to_string();
-            if text.contains("]]") || text.contains("]=") {
-                Err("cannot be written into a Lua long string: its JSON holds `]]` or `]=`".into())
-            } else {
-                Ok(text)
-            }
+        "lua" => {
+            let mut out = String::new();
+            lua_literal(v, &mut out);
+            Ok(out)
         }
         "nginx_env" | "ca_file" => {
             let Value::Object(block) = v else {
@@ -237,6 +236,63 @@ fn apply(filter: Option<&str>, v: &Value) -> Result<String, String> {
     }
 }
 
+/// `v` as a Lua literal: `nil`, booleans and numbers as JSON writes them,
+/// strings quoted (see [`lua_string`]), lists and maps as table
+/// constructors (keys as names when they are identifiers).
+fn lua_literal(v: &Value, out: &mut String) {
+    match v {
+        Value::Null => out.push_str("nil"),
+        Value::Bool(_) | Value::Number(_) => out.push_str(&v.to_string()),
+        Value::String(s) => lua_string(s, out),
+        Value::Array(items) => {
+            out.push('{');
+            for (i, item) in items.iter().enumerate() {
+                if i > 0 {
+                    out.push_str(", ");
+                }
+                lua_literal(item, out);
+            }
+            out.push('}');
+        }
+        Value::Object(m) => {
+            out.push('{');
+            for (i, (k, item)) in m.iter().enumerate() {
+                if i > 0 {
+                    out.push_str(", ");
+                }
+                let name = k.starts_with(|c: char| c.is_ascii_alphabetic() || c == '_')
+                    && k.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
+                if name {
+                    out.push_str(k);
+                } else {
+                    out.push('[');
+                    lua_string(k, out);
+                    out.push(']');
+                }
+                out.push_str(" = ");
+                lua_literal(item, out);
+            }
+            out.push('}');
+        }
+    }
+}
+
+/// A quoted Lua string: letters, digits, space and `-./:_@%+=,~^!#$&*()<>?|`
+/// as they are; every other byte (quotes, backslash, brackets, braces,
+/// `;`, control characters, UTF-8) as `\ddd`, which Lua reads back as
+/// that byte.
+fn lua_string(s: &str, out: &mut String) {
+    out.push('"');
+    for b in s.bytes() {
+        if b.is_ascii_alphanumeric() || b" -./:_@%+=,~^!#$&*()<>?|".contains(&b) {
+            out.push(char::from(b));
+        } else {
+            out.push_str(&format!("\\{b:03}"));
+        }
+    }
+    out.push('"');
+}
+
 fn scalar(v: &Value) -> String {
     match v {
         Value::String(s) => s.clone(),
@@ -249,25 +305,28 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_redis_filters_pass_the_block_as_data_and_refuse_what_would_break_out() {
+    fn the_redis_filters_pass_the_block_as_data_that_cannot_break_out() {
         let cx = serde_json::json!({"node": {
             "a": {"url": "redis://u@127.0.0.1:6401", "password_env": "EDGE_PW"},
             "s": {"sentinels": ["10.0.0.5:26379"], "master": "m", "tls": {"ca_file": "/etc/r/ca.pem"}},
-            "close": {"url": "redis://h:1", "tls": {"ca_file": "/x]]y"}},
-            "close2": {"master": "a]=]"},
+            "hostile": {"master": "a\"]]}) os.exit() --{\n\\é", "x-y": [1, true, null]},
             "env": {"password_env": "1BAD"},
         }});
-        let t = "{{ node.a | json }}|{{ node.a | nginx_env }}|{{ node.a | ca_file }}|\
-                 {{ node.s | nginx_env }}|{{ node.s | ca_file }}|{{ node.a.url | port }}";
+        let t = "{{ node.a | lua }}|{{ node.a | nginx_env }}|{{ node.a | ca_file }}|\
+                 {{ node.s | nginx_env }}|{{ node.s | ca_file }}|{{ node.a.url | port }}|{{ node.s | lua }}";
         assert_eq!(
             render("t", t, &cx).unwrap(),
-            r#"{"password_env":"EDGE_PW","url":"redis://u@127.0.0.1:6401"}|env EDGE_PW;|/etc/ssl/certs/ca-certificates.crt|# (no redis.password_env: no Redis password)|/etc/r/ca.pem|6401"#
+            r#"{password_env = "EDGE_PW", url = "redis://u@127.0.0.1:6401"}|env EDGE_PW;|/etc/ssl/certs/ca-certificates.crt|# (no redis.password_env: no Redis password)|/etc/r/ca.pem|6401|{master = "m", sentinels = {"10.0.0.5:26379"}, tls = {ca_file = "/etc/r/ca.pem"}}"#
+        );
+        // Quotes, brackets, braces, newlines and UTF-8 only as \ddd.
+        assert_eq!(
+            render("t", "{{ node.hostile | lua }}", &cx).unwrap(),
+            r#"{master = "a\034\093\093\125) os.exit() --\123\010\092\195\169", ["x-y"] = {1, true, nil}}"#
         );
         for bad in [
-            "{{ node.close | json }}",
-            "{{ node.close2 | json }}",
             "{{ node.env | nginx_env }}",
             "{{ node.a.url | ca_file }}",
+            "{{ node.a.url | nginx_env }}",
         ] {
             let e = render("roles/edge/nginx.conf.tmpl", bad, &cx).unwrap_err();
             assert_eq!(e[0].kind, ErrorKind::TemplateSyntax, "{bad}");
@@ -278,8 +337,6 @@ mod tests {
                 e[0]
             );
         }
-        let e = render("t", "{{ node.close | json }}", &cx).unwrap_err();
-        assert!(e[0].message.contains("Lua long string"), "{}", e[0]);
     }
 
     #[test]

@@ -77,7 +77,7 @@ impl Lab {
         let port = |_: u8| harness::free_port();
         let yaml = format!(
             "name: {name}\nroles: [edge]\nregion: eu\nlocation: {{lat: 52.0, lon: 4.0}}\n\
-             redis: {{url: \"redis://127.0.0.1:{redis}\", password_env: EDGEFORM_REDIS_PASSWORD}}\n\
+             redis: {{url: \"redis://127.0.0.1:{redis}\"}}\n\
              cache: {{dirs: [\"{root}/cache\"], levels: \"1:2\", key: $scheme$host$request_uri}}\n\
              install:\n  ssh: \"127.0.0.1:{ssh}\"\n  user: {user}\n  root: {root}\n\
              \x20 listen: \"127.0.0.1:{live}\"\n  smoke_listen: \"127.0.0.1:{smoke}\"\n  keep: 3\n\

@@ -311,17 +311,23 @@ fn a_sentinel_edge_with_tls_and_a_password_is_bundled_and_passes_the_nginx_gate(
     for want in [
         "env EDGE1_REDIS_PASSWORD;",
         "lua_ssl_trusted_certificate /etc/edgeform/redis-ca.pem;",
-        r#"redis = [==[{"master":"edge-1","password_env":"EDGE1_REDIS_PASSWORD","sentinels":["10.0.0.5:26379","10.0.0.6:26379"],"tls":{"ca_file":"/etc/edgeform/redis-ca.pem"},"username":"edge"}]==],"#,
+        r#"redis = {master = "edge-1", password_env = "EDGE1_REDIS_PASSWORD", sentinels = {"10.0.0.5:26379", "10.0.0.6:26379"}, tls = {ca_file = "/etc/edgeform/redis-ca.pem"}, username = "edge"},"#,
     ] {
         assert!(conf.contains(want), "{want}\n{conf}");
     }
-    // A value that would end the Lua long string it is written into.
-    node("{sentinels: [\"10.0.0.5:26379\"], master: \"a]]os.exit()--\"}");
+    // A value written to end the string and the block: data all the same.
+    node("{sentinels: [\"10.0.0.5:26379\"], master: \"a\\\"]]}) os.exit() --{\"}");
     let (code, err) = repo.check();
-    assert_eq!(code, Some(1), "{err}");
+    assert_eq!(code, Some(0), "{err}");
+    let out = edgeform(
+        repo.dir.path(),
+        &["build", "--out", &repo.path("out2").display().to_string()],
+    );
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let conf = std::fs::read_to_string(repo.path("out2/bundles/edge-1/nginx.conf")).unwrap();
     assert!(
-        err.contains("roles/edge/nginx.conf.tmpl:") && err.contains("Lua long string"),
-        "{err}"
+        conf.contains(r#"master = "a\034\093\093\125) os.exit() --\123""#),
+        "{conf}"
     );
 }
 

@@ -56,9 +56,11 @@ fn runner(block: &str, env: &[(&str, &str)], ca: Option<&Path>, hosts: Option<&P
             ca.display()
         ));
     }
+    // A generous timeout: these tests are about behaviour, on a machine
+    // that may be busy (a TLS handshake under load can take 200 ms).
     let hosts = hosts.map_or_else(
-        || "nil".to_owned(),
-        |h| format!("{{ hosts_file = \"{}\" }}", h.display()),
+        || "{ timeout = 2000 }".to_owned(),
+        |h| format!("{{ timeout = 2000, hosts_file = \"{}\" }}", h.display()),
     );
     http.push_str(&format!(
         "init_by_lua_block {{ require(\"edge_redis\").init([==[{block}]==], {hosts}) }}\n"
@@ -745,7 +747,14 @@ fn the_edge_authenticates_and_keeps_serving_what_it_read_when_the_password_stops
             .contains("3dge\n"),
         "the rendered file names the variable, not the password"
     );
-    assert_eq!(get_host(&edge, "a.example"), (200, "origin-1".into()));
+    wait_for(
+        "a document as the ACL user",
+        Duration::from_secs(10),
+        || {
+            let got = get_host(&edge, "a.example");
+            (got != (200, "origin-1".to_owned())).then(|| format!("{got:?}\n{}", edge.error_log()))
+        },
+    );
     // The user's password changes, its connections dropped.
     assert_eq!(
         redis_cli(
@@ -800,12 +809,12 @@ fn the_edge_reads_a_tls_only_redis_and_refuses_another_ca() {
         conf.contains(&format!("lua_ssl_trusted_certificate {};", ca.display())),
         "{conf}"
     );
-    assert_eq!(
-        get_host(&edge, "a.example"),
-        (200, "origin-tls".into()),
-        "{}",
-        edge.error_log()
-    );
+    // (Eventually: a TLS handshake on a busy machine may pass the edge's
+    // 200 ms Redis timeout once.)
+    wait_for("a document over TLS", Duration::from_secs(10), || {
+        let got = get_host(&edge, "a.example");
+        (got != (200, "origin-tls".to_owned())).then(|| format!("{got:?}\n{}", edge.error_log()))
+    });
     let other = harness::Certs::new();
     o.redis = Some(serde_json::json!({
         "url": format!("rediss://localhost:{}", r.port),
@@ -834,7 +843,10 @@ fn the_edge_keeps_serving_through_a_sentinel_failover_then_reads_the_new_master(
         "master": "edge-1",
     }));
     let edge = std::sync::Arc::new(harness::nginx::edge(&o));
-    assert_eq!(get_host(&edge, "a.example"), (200, "origin-old".into()));
+    wait_for("a document via Sentinel", Duration::from_secs(10), || {
+        let got = get_host(&edge, "a.example");
+        (got != (200, "origin-old".to_owned())).then(|| format!("{got:?}\n{}", edge.error_log()))
+    });
     wait_for("replication", Duration::from_secs(10), || {
         let r = harness::raw_command(replica.port, "GET site:a.example").unwrap_or_default();
         (!r.contains("origin")).then_some(r)
@@ -856,7 +868,7 @@ fn the_edge_keeps_serving_through_a_sentinel_failover_then_reads_the_new_master(
     wait_for("failover", Duration::from_secs(30), || {
         let r = harness::raw_command(sentinel.port, "SENTINEL get-master-addr-by-name edge-1")
             .unwrap_or_default();
-        (!r.contains(&replica.port.to_string())).then_some(r)
+        (!r.contains(&replica.port.to_string())).then(|| format!("{r}\n{}", sentinel.log()))
     });
     wait_for("a writable new master", Duration::from_secs(15), || {
         let r = harness::raw_command(replica.port, "SET probe 1").unwrap_or_default();
@@ -864,9 +876,9 @@ fn the_edge_keeps_serving_through_a_sentinel_failover_then_reads_the_new_master(
     });
     let rport = replica.port.to_string();
     publish(&["-p", rport.as_str()], "a.example", &o2, 2);
-    wait_for("the new master's document", Duration::from_secs(10), || {
+    wait_for("the new master's document", Duration::from_secs(20), || {
         let got = get_host(&edge, "a.example");
-        (got != (200, "origin-new".to_owned())).then(|| format!("{got:?}"))
+        (got != (200, "origin-new".to_owned())).then(|| format!("{got:?}\n{}", edge.error_log()))
     });
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     let answers = traffic.join().unwrap();
