@@ -4,6 +4,9 @@
 pub const SITE_PREFIX: &str = "site:";
 /// Prefix of the suspension flags: `suspended:<host>` = `"1"`.
 pub const SUSPENDED_PREFIX: &str = "suspended:";
+/// Prefix of the certificate documents: `tls:<host>` (chain, key,
+/// not-after, fingerprint; [`crate::tls`]).
+pub const TLS_PREFIX: &str = "tls:";
 /// The compiled routing table (JSON).
 pub const ROUTING: &str = "edgeform:routing";
 /// The manifest as a whole (format 1: one hash, managed key → content
@@ -53,6 +56,12 @@ pub fn site(host: &str) -> String {
 #[must_use]
 pub fn suspended(host: &str) -> String {
     format!("{SUSPENDED_PREFIX}{host}")
+}
+
+/// `tls:<host>`.
+#[must_use]
+pub fn tls(host: &str) -> String {
+    format!("{TLS_PREFIX}{host}")
 }
 
 /// The node's purge queue, `cdn:purge:<region>:<node>` (the seed's name).
