@@ -15,7 +15,7 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use edgestate::tls::CertDoc;
+use edgestate::tls::TlsDoc;
 
 use crate::diagnostic::Diagnostic;
 use crate::load::Repo;
@@ -35,7 +35,9 @@ pub struct Certificate {
     pub key: String,
     /// Lowercase hex SHA-256 of the leaf's DER.
     pub fingerprint: String,
-    /// The leaf's validity, seconds since the epoch.
+    /// When the chain is valid, seconds since the epoch: the latest
+    /// not-before and the earliest not-after of its certificates (the
+    /// leaf's, unless an issuer's is tighter).
     pub not_before: i64,
     pub not_after: i64,
     /// The leaf's DNS names (subjectAltName), lower-case.
@@ -67,8 +69,8 @@ impl Certificate {
 
     /// The `tls:<host>` document.
     #[must_use]
-    pub fn doc(&self) -> CertDoc {
-        CertDoc {
+    pub fn doc(&self) -> TlsDoc {
+        TlsDoc {
             chain: self.chain.clone(),
             fingerprint: self.fingerprint.clone(),
             key: self.key.clone(),

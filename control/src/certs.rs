@@ -118,14 +118,14 @@ pub fn parse(name: &str, chain: &str, key: &str) -> Result<Certificate, CertErro
         err(
             CertErrorKind::NotPem,
             name,
-            "the chain is not PEM certificates (-----BEGIN CERTIFICATE-----)",
+            "the chain is not PEM certificates",
         )
     })?;
     let Some(leaf) = certs.first() else {
         return Err(err(
             CertErrorKind::NotPem,
             name,
-            "the chain holds no PEM certificate (-----BEGIN CERTIFICATE-----)",
+            "the chain holds no PEM certificate",
         ));
     };
     if key.contains("ENCRYPTED") {
@@ -142,7 +142,7 @@ pub fn parse(name: &str, chain: &str, key: &str) -> Result<Certificate, CertErro
             err(
                 CertErrorKind::KeyNotPem,
                 name,
-                "the key is not a PEM private key (-----BEGIN PRIVATE KEY-----)",
+                "the key is not a PEM private key",
             )
         })?;
     for (i, pair) in certs.windows(2).enumerate() {

@@ -4,9 +4,6 @@
 pub const SITE_PREFIX: &str = "site:";
 /// Prefix of the suspension flags: `suspended:<host>` = `"1"`.
 pub const SUSPENDED_PREFIX: &str = "suspended:";
-/// Prefix of the certificate documents: `tls:<host>` (chain, key,
-/// not-after, fingerprint; [`crate::tls`]).
-pub const TLS_PREFIX: &str = "tls:";
 /// The compiled routing table (JSON).
 pub const ROUTING: &str = "edgeform:routing";
 /// The manifest as a whole (format 1: one hash, managed key → content

@@ -14,7 +14,7 @@ use serde::{Deserialize, Serialize};
 /// whitespace).
 #[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct CertDoc {
+pub struct TlsDoc {
     /// PEM, the leaf first, then each issuer in turn.
     pub chain: String,
     /// Lowercase hex SHA-256 of the leaf's DER.
@@ -25,17 +25,17 @@ pub struct CertDoc {
     pub not_after: i64,
 }
 
-impl std::fmt::Debug for CertDoc {
+impl std::fmt::Debug for TlsDoc {
     /// Never the key.
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("CertDoc")
+        f.debug_struct("TlsDoc")
             .field("fingerprint", &self.fingerprint)
             .field("not_after", &self.not_after)
             .finish_non_exhaustive()
     }
 }
 
-impl CertDoc {
+impl TlsDoc {
     /// The canonical JSON text stored in Redis.
     #[must_use]
     pub fn to_canonical_json(&self) -> String {
@@ -44,8 +44,8 @@ impl CertDoc {
 
     /// The same document with the key replaced by [`redacted_key`].
     #[must_use]
-    pub fn redacted(&self) -> CertDoc {
-        CertDoc {
+    pub fn redacted(&self) -> TlsDoc {
+        TlsDoc {
             key: redacted_key(&self.fingerprint),
             ..self.clone()
         }
@@ -73,7 +73,7 @@ pub fn shown<'a>(key: &str, value: &'a str) -> std::borrow::Cow<'a, str> {
     if !is_cert_key(key) {
         return std::borrow::Cow::Borrowed(value);
     }
-    match serde_json::from_str::<CertDoc>(value) {
+    match serde_json::from_str::<TlsDoc>(value) {
         Ok(doc) => std::borrow::Cow::Owned(doc.redacted().to_canonical_json()),
         Err(_) => std::borrow::Cow::Owned(format!(
             "\"not a certificate document ({} bytes, not shown)\"",
@@ -86,8 +86,8 @@ pub fn shown<'a>(key: &str, value: &'a str) -> std::borrow::Cow<'a, str> {
 mod tests {
     use super::*;
 
-    fn doc() -> CertDoc {
-        CertDoc {
+    fn doc() -> TlsDoc {
+        TlsDoc {
             chain: "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n".into(),
             fingerprint: "ab".repeat(32),
             key: "-----BEGIN PRIVATE KEY-----\nMC4CAQ\n-----END PRIVATE KEY-----\n".into(),
@@ -104,7 +104,7 @@ mod tests {
             .collect();
         let at: Vec<usize> = fields.iter().map(|f| text.find(f).unwrap()).collect();
         assert!(at.windows(2).all(|w| w[0] < w[1]));
-        assert_eq!(serde_json::from_str::<CertDoc>(&text).unwrap(), doc());
+        assert_eq!(serde_json::from_str::<TlsDoc>(&text).unwrap(), doc());
     }
 
     #[test]

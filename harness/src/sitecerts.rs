@@ -11,7 +11,7 @@ pub struct SiteCerts {
 }
 
 impl SiteCerts {
-    /// A fresh CA (`ca.pem`, `ca.key`), valid 30 days.
+    /// A fresh CA (`ca.pem`, `ca.key`), valid ten years.
     ///
     /// # Panics
     /// When `openssl` fails.
@@ -30,7 +30,7 @@ impl SiteCerts {
                 "ec_paramgen_curve:P-256",
                 "-nodes",
                 "-days",
-                "30",
+                "3650",
                 "-subj",
                 "/CN=edgeform test site CA",
                 "-addext",

@@ -184,7 +184,10 @@ pub(super) fn site(ctx: &mut Ctx<'_>, raw: &raw::Site) -> Site {
             "`origin_tls_verify` has no effect with an `http://` origin".into(),
         );
     }
-    let _ = max_body_size;
+
+    // The document's optional fields: present only when not the default.
+    let tls_doc = tls.as_ref().map(Tls::doc_value);
+    let https_redirect = raw.https_redirect && tls.is_some();
 
     Site {
         file: ctx.file.path.clone(),
@@ -208,10 +211,10 @@ pub(super) fn site(ctx: &mut Ctx<'_>, raw: &raw::Site) -> Site {
             waf_mode: raw.waf_mode.as_str().into(),
             cors_mode: raw.cors_mode.as_str().into(),
             hotlink_mode: raw.hotlink_mode.as_str().into(),
-            https_redirect: false,
-            max_body_size: None,
-            origin_tls_verify: true,
-            tls: None,
+            https_redirect,
+            max_body_size,
+            origin_tls_verify: raw.origin_tls_verify,
+            tls: tls_doc,
             cache_rules,
             edge_rules,
         },

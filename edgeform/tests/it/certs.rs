@@ -291,11 +291,11 @@ fn certificates_flow_from_import_to_every_edge_and_key_material_is_never_shown()
         .unwrap();
     for host in ["shop.example.com", "www.example.com"] {
         let v = get(&mut con, &format!("tls:{host}")).expect("pushed");
-        let d: edgestate::tls::CertDoc = serde_json::from_str(&v).unwrap();
+        let d: edgestate::tls::TlsDoc = serde_json::from_str(&v).unwrap();
         assert_eq!(d.fingerprint, fingerprint);
         assert!(d.key.contains("PRIVATE KEY"), "the edge gets the key");
         assert!(d.chain.matches("BEGIN CERTIFICATE").count() == 2);
-        assert_eq!(edgestate::tls::CertDoc::to_canonical_json(&d), v);
+        assert_eq!(edgestate::tls::TlsDoc::to_canonical_json(&d), v);
     }
     assert_eq!(get(&mut con, "tls:other.example.com"), None);
     // A changed value shows in plan by fingerprint: corrupt one, plan, heal.
@@ -317,7 +317,7 @@ fn certificates_flow_from_import_to_every_edge_and_key_material_is_never_shown()
     record("heal", &o);
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     assert!(stderr(&o).contains("tls:www.example.com"), "{}", stderr(&o));
-    let healed: edgestate::tls::CertDoc =
+    let healed: edgestate::tls::TlsDoc =
         serde_json::from_str(&get(&mut con, "tls:www.example.com").unwrap()).unwrap();
     assert_eq!(healed.fingerprint, fingerprint);
     for args in [
