@@ -182,3 +182,101 @@ fn every_host_and_alias_gets_the_document_and_build_never_shows_the_key() {
         assert!(after.contains("redacted (certificate sha256:"), "{after}");
     }
 }
+
+fn site_errors(site: &str) -> Vec<String> {
+    let checked = crate::testkit::check(&[NODE, ("sites/s.yaml", site)]);
+    checked.diagnostics.iter().map(line).collect()
+}
+
+#[test]
+fn the_new_site_keys_are_refused_with_their_place() {
+    let base = "host: s.example.com\norigin: https://203.0.113.10\n";
+    for (extra, want) in [
+        (
+            "tls: {acme: true}\n",
+            "sites/s.yaml:3:13 error unsupported-tls",
+        ),
+        ("tls: {}\n", "sites/s.yaml:3:6 error invalid-tls"),
+        (
+            "tls: {certificate: a, acme: true}\n",
+            "sites/s.yaml:3:6 error invalid-tls",
+        ),
+        ("tls: {certificate: Shop}\n", "sites/s.yaml:3:20 error"),
+        (
+            "https_redirect: true\n",
+            "sites/s.yaml:3:17 error redirect-without-tls",
+        ),
+        (
+            "max_body_size: 2g\n",
+            "sites/s.yaml:3:16 error invalid-size",
+        ),
+        (
+            "max_body_size: 10 MB\n",
+            "sites/s.yaml:3:16 error invalid-size",
+        ),
+        ("max_body_size: 0\n", "sites/s.yaml:3:16 error invalid-size"),
+    ] {
+        let out = site_errors(&format!("{base}{extra}"));
+        assert!(
+            out.iter().any(|l| l.starts_with(want)),
+            "{extra}: want {want}, got {out:#?}"
+        );
+    }
+    let out =
+        site_errors("host: s.example.com\norigin: http://203.0.113.10\norigin_tls_verify: false\n");
+    assert!(
+        out.iter()
+            .any(|l| l.starts_with("sites/s.yaml:3:20 warning ignored-field")),
+        "{out:#?}"
+    );
+}
+
+#[test]
+fn sizes_read_as_nginx_reads_them() {
+    use crate::validate::parse_size;
+    assert_eq!(parse_size("512k"), Some(512 << 10));
+    assert_eq!(parse_size("25M"), Some(25 << 20));
+    assert_eq!(parse_size("1g"), Some(1 << 30));
+    assert_eq!(parse_size("1048576"), Some(1 << 20));
+    for bad in ["", "k", "1.5m", "-1", "10 m", "1t", "99999999999999999999"] {
+        assert_eq!(parse_size(bad), None, "{bad}");
+    }
+}
+
+#[test]
+fn the_document_carries_the_new_fields_only_when_not_the_default() {
+    let plain = valid(&[NODE, PLAIN]);
+    let text = plain.sites[0].doc.to_canonical_json();
+    for field in [
+        "tls",
+        "https_redirect",
+        "max_body_size",
+        "origin_tls_verify",
+    ] {
+        assert!(!text.contains(field), "{text}");
+    }
+    let config = valid(&[
+        NODE,
+        (
+            "sites/s.yaml",
+            "host: s.example.com\norigin: https://203.0.113.10\ntls: {certificate: shop}\n\
+             https_redirect: true\nmax_body_size: 25m\norigin_tls_verify: false\n",
+        ),
+    ]);
+    let site = &config.sites[0];
+    assert_eq!(site.tls, Some(Tls::Certificate("shop".into())));
+    let doc: serde_json::Value = serde_json::from_str(&site.doc.to_canonical_json()).unwrap();
+    assert_eq!(doc["tls"], "certificate:shop");
+    assert_eq!(doc["https_redirect"], true);
+    assert_eq!(doc["max_body_size"], 25 << 20);
+    assert_eq!(doc["origin_tls_verify"], false);
+    // A byte count as written.
+    let config = valid(&[
+        NODE,
+        (
+            "sites/s.yaml",
+            "host: s.example.com\norigin: https://203.0.113.10\nmax_body_size: 1000\n",
+        ),
+    ]);
+    assert_eq!(config.sites[0].doc.max_body_size, Some(1000));
+}

@@ -13,7 +13,7 @@ use std::path::Path;
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use crate::util::{Fixture, edgeform, stderr, stdout};
+use crate::util::{Fixture, stderr, stdout};
 
 fn node(port: u16) -> String {
     format!(
@@ -126,6 +126,12 @@ fn serve_get(port: u16, key: &str) -> (u16, String) {
     (status, raw)
 }
 
+/// Keep `o`'s output to search at the end.
+fn record(shown: &mut Vec<(String, String)>, what: &str, o: &Output) {
+    shown.push((format!("{what} stdout"), stdout(o)));
+    shown.push((format!("{what} stderr"), stderr(o)));
+}
+
 fn all_files(dir: &Path) -> Vec<(String, String)> {
     let mut out = Vec::new();
     for e in std::fs::read_dir(dir).unwrap() {
@@ -160,10 +166,6 @@ fn certificates_flow_from_import_to_every_edge_and_key_material_is_never_shown()
     let state_root = tempfile::tempdir().unwrap();
     let state = state_root.path().join("state");
     let mut shown: Vec<(String, String)> = Vec::new();
-    let mut record = |what: &str, o: &Output| {
-        shown.push((format!("{what} stdout"), stdout(o)));
-        shown.push((format!("{what} stderr"), stderr(o)));
-    };
     let file = |c: &str| certs.file(c).display().to_string();
 
     // Import: the good one, and each kind of bad input refused.
@@ -180,11 +182,14 @@ fn certificates_flow_from_import_to_every_edge_and_key_material_is_never_shown()
             &file("shop.key"),
         ],
     );
-    record("import", &o);
+    record(&mut shown, "import", &o);
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     for (args, why) in [
         (["old", &file("old.chain.pem"), &file("old.key")], "expired"),
-        (["bad", &file("shop.key"), &file("shop.key")], "not PEM"),
+        (
+            ["bad", &file("shop.key"), &file("shop.key")],
+            "no PEM certificate",
+        ),
         (
             ["bad", &file("shop.chain.pem"), &file("wrong.key")],
             "is not the leaf",
@@ -197,12 +202,12 @@ fn certificates_flow_from_import_to_every_edge_and_key_material_is_never_shown()
                 "certs", "import", args[0], "--cert", args[1], "--key", args[2],
             ],
         );
-        record("refused import", &o);
+        record(&mut shown, "refused import", &o);
         assert_eq!(o.status.code(), Some(1), "{why}: {}", stderr(&o));
         assert!(stderr(&o).contains(why), "{why}: {}", stderr(&o));
     }
     let o = run(f.path(), &state, &["certs", "list"]);
-    record("list", &o);
+    record(&mut shown, "list", &o);
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     let listed = stdout(&o);
     assert_eq!(listed.lines().count(), 1, "{listed}");
@@ -211,7 +216,7 @@ fn certificates_flow_from_import_to_every_edge_and_key_material_is_never_shown()
         "{listed}"
     );
     let o = run(f.path(), &state, &["certs", "list", "--format", "json"]);
-    record("list json", &o);
+    record(&mut shown, "list json", &o);
     let json: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
     let fingerprint = json[0]["fingerprint"].as_str().unwrap().to_owned();
     assert_eq!(fingerprint.len(), 64);
@@ -220,7 +225,7 @@ fn certificates_flow_from_import_to_every_edge_and_key_material_is_never_shown()
     f.write("sites/shop.yaml", TLS_SITE.as_bytes());
     f.commit("tls");
     let o = run(f.path(), &state, &["check"]);
-    record("check", &o);
+    record(&mut shown, "check", &o);
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     // No state directory (a pull request's CI): noted, not checked.
     let o = run(
@@ -228,7 +233,7 @@ fn certificates_flow_from_import_to_every_edge_and_key_material_is_never_shown()
         &state_root.path().join("none"),
         &["check", "--format", "json"],
     );
-    record("check without state", &o);
+    record(&mut shown, "check without state", &o);
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     assert!(
         stdout(&o).contains("certificate `shop` not checked (no state directory)"),
@@ -247,7 +252,7 @@ fn certificates_flow_from_import_to_every_edge_and_key_material_is_never_shown()
         &state,
         &["build", "--out", out_dir.to_str().unwrap()],
     );
-    record("build", &o);
+    record(&mut shown, "build", &o);
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     let built: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(out_dir.join("edge-1.json")).unwrap())
@@ -266,7 +271,7 @@ fn certificates_flow_from_import_to_every_edge_and_key_material_is_never_shown()
         &state,
         &["diff", "--base", "HEAD~1", "--head", "HEAD"],
     );
-    record("diff", &o);
+    record(&mut shown, "diff", &o);
     assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
     assert!(
         stdout(&o).contains("tls:shop.example.com"),
@@ -278,12 +283,12 @@ fn certificates_flow_from_import_to_every_edge_and_key_material_is_never_shown()
         &state,
         &["diff", "--base", "HEAD~1", "--format", "json"],
     );
-    record("diff json", &o);
+    record(&mut shown, "diff json", &o);
     let o = run(f.path(), &state, &["plan"]);
-    record("plan", &o);
+    record(&mut shown, "plan", &o);
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     let o = run(f.path(), &state, &["apply", "--yes"]);
-    record("apply", &o);
+    record(&mut shown, "apply", &o);
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     let mut con = redis::Client::open(format!("redis://127.0.0.1:{}", r.port))
         .unwrap()
@@ -294,6 +299,12 @@ fn certificates_flow_from_import_to_every_edge_and_key_material_is_never_shown()
         let d: edgestate::tls::TlsDoc = serde_json::from_str(&v).unwrap();
         assert_eq!(d.fingerprint, fingerprint);
         assert!(d.key.contains("PRIVATE KEY"), "the edge gets the key");
+        // The base64 needle is the key as pushed: a leak would be seen.
+        assert!(
+            v.contains(&needles.0[1]),
+            "{} not in the pushed key",
+            needles.0[1]
+        );
         assert!(d.chain.matches("BEGIN CERTIFICATE").count() == 2);
         assert_eq!(edgestate::tls::TlsDoc::to_canonical_json(&d), v);
     }
@@ -305,16 +316,16 @@ fn certificates_flow_from_import_to_every_edge_and_key_material_is_never_shown()
         .query(&mut con)
         .unwrap();
     let o = run(f.path(), &state, &["plan", "--format", "json"]);
-    record("plan json", &o);
+    record(&mut shown, "plan json", &o);
     let o = run(
         f.path(),
         &state,
         &["reconcile", "--once", "heal", "--dry-run"],
     );
-    record("heal dry run", &o);
+    record(&mut shown, "heal dry run", &o);
     assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
     let o = run(f.path(), &state, &["reconcile", "--once", "heal"]);
-    record("heal", &o);
+    record(&mut shown, "heal", &o);
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     assert!(stderr(&o).contains("tls:www.example.com"), "{}", stderr(&o));
     let healed: edgestate::tls::TlsDoc =
@@ -327,7 +338,7 @@ fn certificates_flow_from_import_to_every_edge_and_key_material_is_never_shown()
         &["status", "--from", "redis", "--format", "json"],
     ] {
         let o = run(f.path(), &state, args);
-        record(&args.join(" "), &o);
+        record(&mut shown, &args.join(" "), &o);
     }
 
     // serve never hands out a certificate document.
@@ -348,11 +359,11 @@ fn certificates_flow_from_import_to_every_edge_and_key_material_is_never_shown()
     // warns on `check --rev` of an old commit.
     let later = "2099-01-01T00:00:00Z";
     let o = run(f.path(), &state, &["--now", later, "apply", "--yes"]);
-    record("apply expired", &o);
+    record(&mut shown, "apply expired", &o);
     assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
     assert!(stderr(&o).contains("expired at"), "{}", stderr(&o));
     let o = run(f.path(), &state, &["--now", later, "check"]);
-    record("check expired", &o);
+    record(&mut shown, "check expired", &o);
     assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
     assert!(stderr(&o).contains("certificate-expired"), "{}", stderr(&o));
     let o = run(
@@ -360,7 +371,7 @@ fn certificates_flow_from_import_to_every_edge_and_key_material_is_never_shown()
         &state,
         &["--now", later, "--rev", "HEAD", "check"],
     );
-    record("check --rev expired", &o);
+    record(&mut shown, "check --rev expired", &o);
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     assert!(stderr(&o).contains("certificate-expired"), "{}", stderr(&o));
 
@@ -378,14 +389,14 @@ fn certificates_flow_from_import_to_every_edge_and_key_material_is_never_shown()
             &file("wrong.key"),
         ],
     );
-    record("import wrong", &o);
+    record(&mut shown, "import wrong", &o);
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     f.write(
         "sites/shop.yaml",
         TLS_SITE.replace("shop}", "wrong}").as_bytes(),
     );
     let o = run(f.path(), &state, &["check"]);
-    record("check wrong name", &o);
+    record(&mut shown, "check wrong name", &o);
     assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
     assert!(
         stderr(&o).contains("certificate `wrong` does not cover `shop.example.com`"),
@@ -397,12 +408,12 @@ fn certificates_flow_from_import_to_every_edge_and_key_material_is_never_shown()
     f.write("sites/shop.yaml", PLAIN_SITE.as_bytes());
     f.commit("no tls");
     let o = run(f.path(), &state, &["apply", "--yes"]);
-    record("apply pruned", &o);
+    record(&mut shown, "apply pruned", &o);
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     assert_eq!(get(&mut con, "tls:shop.example.com"), None);
     assert_eq!(get(&mut con, "tls:www.example.com"), None);
     let o = run(f.path(), &state, &["diff", "--base", "HEAD~1"]);
-    record("diff pruned", &o);
+    record(&mut shown, "diff pruned", &o);
 
     for (what, text) in shown.iter().chain(all_files(&out_dir).iter()) {
         needles.assert_absent(what, text);
