@@ -100,7 +100,7 @@ pub struct Compiled {
 }
 
 /// A key, its value, and the regions it is limited to (`None`: all).
-type Placed<'a> = (Arc<str>, Arc<str>, Option<&'a [String]>);
+pub(crate) type Placed<'a> = (Arc<str>, Arc<str>, Option<&'a [String]>);
 
 /// Compile without certificates: no `tls:*` key (`serve`, `explain`, and
 /// wherever no state directory is at hand). Pure and deterministic.

@@ -377,10 +377,7 @@ impl<'a> Locator<'a> {
 /// site's regions. Sites whose certificate is missing get none (the
 /// callers that push refuse them first: [`missing`]).
 #[must_use]
-pub fn docs<'c>(
-    config: &'c Config,
-    certs: &Certificates,
-) -> Vec<(Arc<str>, Arc<str>, Option<&'c [String]>)> {
+pub fn docs<'c>(config: &'c Config, certs: &Certificates) -> Vec<crate::compile::Placed<'c>> {
     let mut texts: BTreeMap<&str, Arc<str>> = BTreeMap::new();
     let mut out = Vec::new();
     for site in &config.sites {
@@ -411,10 +408,7 @@ pub fn used(config: &Config) -> Vec<&str> {
     let mut names: Vec<&str> = config
         .sites
         .iter()
-        .filter_map(|s| match &s.tls {
-            Some(Tls::Certificate(n)) => Some(n.as_str()),
-            None => None,
-        })
+        .filter_map(|s| s.tls.as_ref().map(|Tls::Certificate(n)| n.as_str()))
         .collect();
     names.sort_unstable();
     names.dedup();

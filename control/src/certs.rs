@@ -455,7 +455,9 @@ pub fn for_push_from(dir: &Path, config: &Config, now: i64) -> Result<Certificat
 /// What `check`, `build`, `diff` and `explain` know of the certificates
 /// at `dir`: [`used`]'s, or why nothing (no state directory here, as on a
 /// pull request's CI; an unusable one).
-#[must_use]
+///
+/// # Errors
+/// Why nothing is known: no state directory, or an unusable one.
 pub fn known_at(dir: &Path, config: &Config) -> Result<(Certificates, Vec<CertError>), String> {
     if compiler::tls::used(config).is_empty() {
         return Ok((Certificates::default(), Vec::new()));
