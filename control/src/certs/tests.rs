@@ -166,3 +166,76 @@ fn only_certificates_travel_from_the_chain_file() {
     let kept = store.certificate("shop").unwrap().unwrap();
     assert!(!kept.chain.contains("PRIVATE"));
 }
+
+/// A repository of one edge and `sites`, checked (in a temp dir).
+fn config(sites: &[(&str, &str)]) -> (tempfile::TempDir, Config) {
+    let d = tempfile::tempdir().unwrap();
+    let mut files = vec![(
+        "nodes/edge-1.yaml",
+        "name: edge-1\nroles: [edge]\nregion: eu\nlocation: {lat: 52.0, lon: 4.0}\n\
+         addresses: [198.51.100.1]\nredis: {url: \"redis://127.0.0.1:6379\"}\n",
+    )];
+    files.extend_from_slice(sites);
+    for (path, text) in files {
+        let p = d.path().join(path);
+        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+        std::fs::write(p, text).unwrap();
+    }
+    let repo = compiler::load::from_dir(d.path()).unwrap();
+    let checked = compiler::check(&repo);
+    let config = checked.config.expect("valid");
+    (d, config)
+}
+
+#[test]
+fn a_push_needs_every_certificate_present_valid_and_covering_its_sites() {
+    let c = certs();
+    let d = tempfile::tempdir().unwrap();
+    let store = DirStore::open(&d.path().join("state")).unwrap();
+    import(
+        &store,
+        "wild",
+        &c.file("wild.chain.pem"),
+        &c.file("wild.key"),
+        now(),
+    )
+    .unwrap();
+    let (_r, wild_site) = config(&[(
+        "sites/a.yaml",
+        "host: a.example.com\naliases: [\"*.example.com\"]\norigin: http://192.0.2.1\ntls: {certificate: wild}\n",
+    )]);
+    // A wildcard certificate covers one label and the same wildcard.
+    let certs = for_push(&store, &wild_site, now()).unwrap();
+    let docs = compiler::tls::docs(&wild_site, &certs);
+    let keys: Vec<&str> = docs.iter().map(|(k, _, _)| &**k).collect();
+    assert_eq!(keys, ["tls:a.example.com", "tls:*.example.com"]);
+    // Expired by the time of the push: refused, typed.
+    let e = for_push(&store, &wild_site, now() + 400 * 86_400).unwrap_err();
+    assert_eq!(e.kind, CertErrorKind::Expired, "{e}");
+    // Not covering a name.
+    let (_r, apex) = config(&[(
+        "sites/a.yaml",
+        "host: example.com\norigin: http://192.0.2.1\ntls: {certificate: wild}\n",
+    )]);
+    let e = for_push(&store, &apex, now()).unwrap_err();
+    assert_eq!(e.kind, CertErrorKind::NameMismatch, "{e}");
+    // Missing, and no state directory at all.
+    let (_r, missing) = config(&[(
+        "sites/a.yaml",
+        "host: a.example.com\norigin: http://192.0.2.1\ntls: {certificate: nope}\n",
+    )]);
+    let e = for_push(&store, &missing, now()).unwrap_err();
+    assert_eq!(e.kind, CertErrorKind::Missing, "{e}");
+    let e = for_push_from(&d.path().join("none"), &missing, now()).unwrap_err();
+    assert_eq!(e.kind, CertErrorKind::Missing, "{e}");
+    // No site with `tls`: no state directory needed.
+    let (_r, plain) = config(&[(
+        "sites/a.yaml",
+        "host: a.example.com\norigin: http://192.0.2.1\n",
+    )]);
+    assert!(
+        for_push_from(&d.path().join("none"), &plain, now())
+            .unwrap()
+            .is_empty()
+    );
+}
