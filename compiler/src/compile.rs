@@ -20,6 +20,7 @@ use edgestate::{FORMAT_VERSION, keys};
 use rayon::prelude::*;
 
 use crate::model::resolved::{Config, Node, Role};
+use crate::tls::Certificates;
 
 /// Key → value pairs, sorted by key.
 pub type Entries = Vec<(Arc<str>, Arc<str>)>;
@@ -31,7 +32,8 @@ pub struct Target {
     pub region: String,
     /// `edgeform:routing`'s value.
     pub routing: Arc<str>,
-    /// `site:*` and `suspended:*`, sorted (shared by edges of a region).
+    /// `site:*`, `suspended:*` and `tls:*`, sorted (shared by edges of a
+    /// region).
     pub sites: Arc<Entries>,
 }
 
@@ -53,8 +55,17 @@ impl Target {
         false
     }
 
+    /// [`Self::entries`] as they may be shown: a `tls:*` document with
+    /// the fingerprint in place of its key ([`edgestate::tls::shown`]).
+    pub fn shown_entries(&self) -> impl Iterator<Item = (&str, std::borrow::Cow<'_, str>)> {
+        self.entries()
+            .map(|(k, v)| (k, edgestate::tls::shown(k, v)))
+    }
+
     /// The target's file in `build --out`: a sorted JSON object of key →
-    /// value, one entry per line, with a final newline.
+    /// value, one entry per line, with a final newline. Certificate
+    /// documents hold the fingerprint in place of the key: key material
+    /// is pushed, never written to disk.
     #[must_use]
     pub fn to_json(&self) -> String {
         let mut out = String::with_capacity(
@@ -65,14 +76,14 @@ impl Target {
                 .sum::<usize>(),
         );
         out.push_str("{\n");
-        for (i, (k, v)) in self.entries().enumerate() {
+        for (i, (k, v)) in self.shown_entries().enumerate() {
             if i > 0 {
                 out.push_str(",\n");
             }
             out.push_str("  ");
             out.push_str(&serde_json::to_string(k).unwrap_or_default());
             out.push_str(": ");
-            out.push_str(&serde_json::to_string(v).unwrap_or_default());
+            out.push_str(&serde_json::to_string(&*v).unwrap_or_default());
         }
         out.push_str("\n}\n");
         out
@@ -89,11 +100,21 @@ pub struct Compiled {
 }
 
 /// A key, its value, and the regions it is limited to (`None`: all).
-type Placed<'a> = (Arc<str>, Arc<str>, Option<&'a [String]>);
+pub(crate) type Placed<'a> = (Arc<str>, Arc<str>, Option<&'a [String]>);
 
-/// Compile. Pure and deterministic.
+/// Compile without certificates: no `tls:*` key (`serve`, `explain`, and
+/// wherever no state directory is at hand). Pure and deterministic.
 #[must_use]
 pub fn compile(config: &Config) -> Compiled {
+    compile_with(config, &Certificates::default())
+}
+
+/// Compile, with `tls:<host>` for the host and each alias of every site
+/// whose certificate is in `certs` (read by the caller from the state
+/// directory: the compiler reads no store), on every edge carrying the
+/// site. Pure and deterministic.
+#[must_use]
+pub fn compile_with(config: &Config, certs: &Certificates) -> Compiled {
     // Every site document once, host and aliases sharing the text.
     let mut all: Vec<Placed<'_>> = config
         .sites
@@ -116,6 +137,7 @@ pub fn compile(config: &Config) -> Compiled {
             out
         })
         .collect();
+    all.extend(crate::tls::docs(config, certs));
     all.par_sort_unstable_by(|a, b| a.0.cmp(&b.0));
 
     let targets_nodes: Vec<&Node> = config.nodes.iter().filter(|n| n.redis.is_some()).collect();

@@ -152,10 +152,24 @@ fn target_changes(before: Option<&Target>, after: Option<&Target>) -> Vec<Change
         (Some(a), Some(b)) if Arc::ptr_eq(&a.sites, &b.sites) && a.routing == b.routing => {
             Vec::new()
         }
-        (a, b) => diff_entries(
-            a.into_iter().flat_map(Target::entries),
-            b.into_iter().flat_map(Target::entries),
-        ),
+        (a, b) => {
+            let mut changes = diff_entries(
+                a.into_iter().flat_map(Target::entries),
+                b.into_iter().flat_map(Target::entries),
+            );
+            // A diff never holds a key: certificate documents are shown
+            // with the fingerprint in its place.
+            for c in &mut changes {
+                if edgestate::tls::is_cert_key(&c.key) {
+                    let shown = |v: &Option<Arc<str>>| {
+                        v.as_ref()
+                            .map(|v| Arc::from(edgestate::tls::shown(&c.key, v).as_ref()))
+                    };
+                    (c.before, c.after) = (shown(&c.before), shown(&c.after));
+                }
+            }
+            changes
+        }
     }
 }
 

@@ -43,6 +43,10 @@ pub fn order(kind: Kind, path: &[&str]) -> &'static [&'static str] {
             "aliases",
             "origin",
             "loopback",
+            "origin_tls_verify",
+            "tls",
+            "https_redirect",
+            "max_body_size",
             "cached",
             "suspended",
             "geo_mode",
@@ -57,6 +61,7 @@ pub fn order(kind: Kind, path: &[&str]) -> &'static [&'static str] {
             "edge_rules",
             "regions",
         ],
+        (Kind::Site, ["tls"]) => &["certificate", "acme"],
         (Kind::Site, ["cache_rules"]) => &["match_type", "match_value", "action", "ttl"],
         (Kind::Site, ["edge_rules"]) => &[
             "match_type",
@@ -138,6 +143,7 @@ pub fn order(kind: Kind, path: &[&str]) -> &'static [&'static str] {
 /// Every mapping path [`order`] knows, per kind (for the schema test).
 pub const ORDERED_PATHS: &[(Kind, &[&str])] = &[
     (Kind::Site, &[]),
+    (Kind::Site, &["tls"]),
     (Kind::Site, &["cache_rules"]),
     (Kind::Site, &["edge_rules"]),
     (Kind::Zone, &[]),

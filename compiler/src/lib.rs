@@ -9,6 +9,8 @@
 //!   [`rule_regex`]: the regex subset rules may use (PCRE on the edge).
 //! - [`compile`]: `Config` → per-target Redis key/values and router
 //!   nginx snippets. Deterministic.
+//! - [`tls`]: certificates handed in as data: `check`'s rules and the
+//!   `tls:<host>` documents.
 //! - [`diff`]: two compilations → per-target added/changed/removed keys.
 //! - [`report`]: rendering diagnostics and diffs (human, json, github,
 //!   markdown).
@@ -37,6 +39,7 @@ pub mod rule_regex;
 pub mod schema;
 #[cfg(test)]
 mod testkit;
+pub mod tls;
 pub mod validate;
 pub mod workspace;
 

@@ -223,12 +223,19 @@ impl Checked {
 }
 
 impl Valid {
-    /// Compile every target.
+    /// Compile every target, without certificates (no `tls:*` key).
     #[must_use]
     pub fn compile(self) -> Source {
+        self.compile_with(&crate::tls::Certificates::default())
+    }
+
+    /// Compile every target, with the certificates the caller read
+    /// (`tls:<host>` for the sites that use them).
+    #[must_use]
+    pub fn compile_with(self, certs: &crate::tls::Certificates) -> Source {
         let compiled = {
             let _span = tracing::info_span!("compile").entered();
-            compile::compile(&self.config)
+            compile::compile_with(&self.config, certs)
         };
         Source {
             repo: self.repo,

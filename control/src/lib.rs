@@ -29,6 +29,7 @@
 
 pub mod apply;
 pub mod audit;
+pub mod certs;
 pub mod cmd;
 pub mod gate;
 pub mod heal;

@@ -13,9 +13,15 @@ use gitsource::{remote, signed};
 
 /// Load, check and compile for one run; an invalid repository is logged
 /// (every diagnostic) and the run pushes nothing.
-fn load(root: &Path, rev: Option<&str>) -> Result<Source> {
+fn load(root: &Path, rev: Option<&str>, state_dir: &Path) -> Result<Source> {
     match workspace::load(root, rev)?.check().valid() {
-        Ok(valid) => Ok(valid.compile()),
+        Ok(valid) => {
+            // Every certificate a site uses, valid now, or nothing is
+            // pushed (an expired one refuses the run, typed).
+            let now = i64::try_from(compiler::clock::now()?).unwrap_or(i64::MAX);
+            let certs = crate::certs::for_push_from(state_dir, &valid.config, now)?;
+            Ok(valid.compile_with(&certs))
+        }
         Err(invalid) => {
             for d in &invalid.diagnostics {
                 tracing::error!(at = %d.location(), code = d.code, "{}", compiler::report::clip(&d.message));
@@ -269,7 +275,7 @@ pub async fn reconcile(
             flags.allow_rollback,
             &last_good,
         )?;
-        Ok((load(root, p.rev.as_deref())?, p))
+        Ok((load(root, p.rev.as_deref(), &state_dir)?, p))
     };
     // The daemon's heals compare what each target's Redis reports written
     // (the tracked heal); `--once` has no history to go on.

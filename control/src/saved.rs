@@ -133,8 +133,14 @@ pub async fn plan_target(job: Job, show_diffs: bool, guard: &Guard) -> Result<Ta
                 .find(|(k, _, _)| k == key)
                 .map(|(_, v, _)| v)
                 .unwrap_or_default();
-            let b = before.as_deref().map(pretty).unwrap_or_default();
-            diffs.push((key.clone(), unified(key, &b, &pretty(after))));
+            // A certificate document is shown with its fingerprint in
+            // place of the key, on both sides.
+            let b = before
+                .as_deref()
+                .map(|v| pretty(&edgestate::tls::shown(key, v)))
+                .unwrap_or_default();
+            let a = pretty(&edgestate::tls::shown(key, after));
+            diffs.push((key.clone(), unified(key, &b, &a)));
         }
     }
     let desired_digest = desired_digest(&job.desired);

@@ -12,7 +12,9 @@
 //!
 //! Layout: `<state>/secrets/<node>/<NAME>` (one file per secret, the value
 //! as written); `<state>/last-good-commit` (the last commit `reconcile
-//! --require-signed-by` verified, a hex commit id).
+//! --require-signed-by` verified, a hex commit id);
+//! `<state>/certs/<NAME>/chain.pem` and `key.pem` (a certificate as
+//! `edgeform certs import` checked it; the folder is replaced as a whole).
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -26,6 +28,8 @@ pub const DEFAULT_DIR: &str = "/var/lib/edgeform";
 pub const DIR_ENV: &str = "EDGEFORM_STATE_DIR";
 /// The longest secret value kept.
 pub const MAX_SECRET_BYTES: usize = 4096;
+/// The largest certificate chain or key file kept.
+pub const MAX_CERT_BYTES: usize = 64 * 1024;
 
 /// Why the state cannot be read or written.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -43,6 +47,11 @@ pub enum StoreError {
     SecretName(String),
     /// Empty, too long, or with a control character (a line break).
     SecretValue,
+    /// A certificate name that is not one (`[a-z0-9][a-z0-9._-]*`, at
+    /// most 64).
+    CertName(String),
+    /// A chain or key file over [`MAX_CERT_BYTES`].
+    CertTooLarge(PathBuf),
 }
 
 impl fmt::Display for StoreError {
@@ -70,6 +79,16 @@ impl fmt::Display for StoreError {
             Self::SecretValue => write!(
                 f,
                 "a secret is one line of at most {MAX_SECRET_BYTES} bytes, not empty, without control characters"
+            ),
+            Self::CertName(n) => write!(
+                f,
+                "`{}` is not a certificate name (`[a-z0-9][a-z0-9._-]*`, at most 64)",
+                edgestate::untrusted::escape(n)
+            ),
+            Self::CertTooLarge(p) => write!(
+                f,
+                "state directory: {} is larger than {MAX_CERT_BYTES} bytes",
+                p.display()
             ),
         }
     }
@@ -123,7 +142,49 @@ pub trait Store: Send + Sync {
     /// # Errors
     /// Not a commit id, or the store cannot be written.
     fn set_last_good(&self, commit: &str) -> Result<(), StoreError>;
+
+    /// The certificate `name` (chain and key, PEM, as imported), if any.
+    ///
+    /// # Errors
+    /// An invalid name, or the store cannot be read.
+    fn certificate(&self, name: &str) -> Result<Option<StoredCert>, StoreError>;
+
+    /// Keep `cert` as `name`, replacing any certificate of that name as a
+    /// whole. The caller has checked it (`control::certs::import`).
+    ///
+    /// # Errors
+    /// An invalid name, or the store cannot be written.
+    fn set_certificate(&self, name: &str, cert: &StoredCert) -> Result<(), StoreError>;
+
+    /// The names of the certificates kept, sorted.
+    ///
+    /// # Errors
+    /// The store cannot be read.
+    fn certificate_names(&self) -> Result<Vec<String>, StoreError>;
 }
+
+/// A certificate as kept: the chain (leaf first) and its private key,
+/// PEM. `Debug` never shows the key.
+#[derive(Clone, PartialEq, Eq)]
+pub struct StoredCert {
+    pub chain: String,
+    pub key: String,
+}
+
+impl fmt::Debug for StoredCert {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("StoredCert")
+            .field("chain_bytes", &self.chain.len())
+            .finish_non_exhaustive()
+    }
+}
+
+/// The certificates' folder, in the state directory.
+const CERTS: &str = "certs";
+/// A certificate's chain file.
+const CHAIN_FILE: &str = "chain.pem";
+/// A certificate's key file.
+const KEY_FILE: &str = "key.pem";
 
 /// Whether `commit` is a full hex commit id (SHA-1 or SHA-256).
 #[must_use]
@@ -246,6 +307,11 @@ impl DirStore {
     }
 
     fn read(&self, path: &Path) -> Result<Option<String>, StoreError> {
+        self.read_capped(path, MAX_SECRET_BYTES)
+    }
+
+    /// A file of the store, at most `cap` bytes read.
+    fn read_capped(&self, path: &Path, cap: usize) -> Result<Option<String>, StoreError> {
         let file = std::fs::OpenOptions::new()
             .read(true)
             .custom_flags(O_NOFOLLOW)
@@ -258,7 +324,7 @@ impl DirStore {
         let meta = file.metadata().map_err(|e| io(path, &e))?;
         check_safe(path, &meta, false)?;
         let mut text = String::new();
-        file.take(MAX_SECRET_BYTES as u64 + 1)
+        file.take(cap as u64 + 1)
             .read_to_string(&mut text)
             .map_err(|e| io(path, &e))?;
         Ok(Some(text))
@@ -395,6 +461,107 @@ impl Store for DirStore {
         }
         self.write(&self.root, LAST_GOOD, commit)
     }
+
+    fn certificate(&self, name: &str) -> Result<Option<StoredCert>, StoreError> {
+        if !valid_cert_name(name) {
+            return Err(StoreError::CertName(name.to_owned()));
+        }
+        let dir = self.root.join(CERTS).join(name);
+        match std::fs::symlink_metadata(&dir) {
+            Ok(m) => check_safe(&dir, &m, true)?,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(io(&dir, &e)),
+        }
+        let read = |file: &str| -> Result<Option<String>, StoreError> {
+            let path = dir.join(file);
+            let text = self.read_capped(&path, MAX_CERT_BYTES)?;
+            if text.as_ref().is_some_and(|t| t.len() > MAX_CERT_BYTES) {
+                return Err(StoreError::CertTooLarge(path));
+            }
+            Ok(text)
+        };
+        match (read(CHAIN_FILE)?, read(KEY_FILE)?) {
+            (Some(chain), Some(key)) => Ok(Some(StoredCert { chain, key })),
+            _ => Ok(None),
+        }
+    }
+
+    fn set_certificate(&self, name: &str, cert: &StoredCert) -> Result<(), StoreError> {
+        if !valid_cert_name(name) {
+            return Err(StoreError::CertName(name.to_owned()));
+        }
+        let certs = self.root.join(CERTS);
+        self.folder(&certs)?;
+        // Written whole in a new folder, then swapped in: a reader sees the
+        // old pair or the new one (or, for an instant, none: refused
+        // loudly), never a chain with another's key.
+        let pid = std::process::id();
+        let fresh = certs.join(format!(".{name}.{pid}.new"));
+        let old = certs.join(format!(".{name}.{pid}.old"));
+        let _ = std::fs::remove_dir_all(&fresh);
+        self.write(&fresh, CHAIN_FILE, &cert.chain)?;
+        self.write(&fresh, KEY_FILE, &cert.key)?;
+        let dir = certs.join(name);
+        let _ = std::fs::remove_dir_all(&old);
+        let had = match std::fs::rename(&dir, &old) {
+            Ok(()) => true,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => false,
+            Err(e) => return Err(io(&dir, &e)),
+        };
+        std::fs::rename(&fresh, &dir).map_err(|e| io(&dir, &e))?;
+        if had {
+            let _ = std::fs::remove_dir_all(&old);
+        }
+        Ok(())
+    }
+
+    fn certificate_names(&self) -> Result<Vec<String>, StoreError> {
+        let dir = self.root.join(CERTS);
+        let entries = match std::fs::read_dir(&dir) {
+            Ok(e) => e,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+            Err(e) => return Err(io(&dir, &e)),
+        };
+        let mut out = Vec::new();
+        for e in entries {
+            let e = e.map_err(|e| io(&dir, &e))?;
+            // Folders of an interrupted import start with `.`.
+            if let Some(name) = e.file_name().to_str()
+                && valid_cert_name(name)
+            {
+                out.push(name.to_owned());
+            }
+        }
+        out.sort();
+        Ok(out)
+    }
+}
+
+/// Whether `name` can name a certificate (as `tls: {certificate: NAME}`
+/// allows).
+#[must_use]
+pub fn valid_cert_name(name: &str) -> bool {
+    compiler::validate::valid_cert_name(name)
+}
+
+impl DirStore {
+    /// The state directory at `root` when it exists (never created: `check`
+    /// on a pull request's CI must not make one); `None` when it does not.
+    ///
+    /// # Errors
+    /// It exists and is a link, not a folder, not ours, or open to others.
+    pub fn open_existing(root: &Path) -> Result<Option<DirStore>, StoreError> {
+        match std::fs::symlink_metadata(root) {
+            Ok(m) => {
+                check_safe(root, &m, true)?;
+                Ok(Some(DirStore {
+                    root: root.to_owned(),
+                }))
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(io(root, &e)),
+        }
+    }
 }
 
 impl DirStore {
@@ -491,6 +658,48 @@ mod tests {
         std::fs::set_permissions(root.join(LAST_GOOD), std::fs::Permissions::from_mode(0o600))
             .unwrap();
         assert_eq!(s.last_good(), Err(StoreError::Commit("main".into())));
+    }
+
+    #[test]
+    fn certificates_round_trip_whole_with_private_modes() {
+        let d = tempfile::tempdir().unwrap();
+        let root = d.path().join("state");
+        let s = DirStore::open(&root).unwrap();
+        assert_eq!(s.certificate("shop").unwrap(), None);
+        let one = StoredCert {
+            chain: "chain one".into(),
+            key: "key one".into(),
+        };
+        s.set_certificate("shop", &one).unwrap();
+        let mode = |p: &Path| std::fs::metadata(p).unwrap().mode() & 0o777;
+        assert_eq!(mode(&root.join("certs")), 0o700);
+        assert_eq!(mode(&root.join("certs/shop")), 0o700);
+        assert_eq!(mode(&root.join("certs/shop/key.pem")), 0o600);
+        assert_eq!(mode(&root.join("certs/shop/chain.pem")), 0o600);
+        assert_eq!(s.certificate("shop").unwrap(), Some(one));
+        let two = StoredCert {
+            chain: "chain two".into(),
+            key: "key two".into(),
+        };
+        s.set_certificate("shop", &two).unwrap();
+        assert_eq!(s.certificate("shop").unwrap(), Some(two.clone()));
+        assert!(!format!("{two:?}").contains("key two"));
+        assert_eq!(s.certificate_names().unwrap(), ["shop"]);
+        assert_eq!(
+            s.set_certificate("../x", &two),
+            Err(StoreError::CertName("../x".into()))
+        );
+        assert_eq!(
+            std::fs::read_dir(root.join("certs")).unwrap().count(),
+            1,
+            "no folder of the replaced pair is left"
+        );
+        assert!(
+            DirStore::open_existing(&d.path().join("nope"))
+                .unwrap()
+                .is_none()
+        );
+        assert!(DirStore::open_existing(&root).unwrap().is_some());
     }
 
     #[test]

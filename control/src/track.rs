@@ -40,7 +40,12 @@ pub const MAX_DIRTY: usize = 10_000;
 
 /// The prefixes Redis reports writes under (BCAST mode): the documents,
 /// and the meta, manifest and routing table under `edgeform:`.
-const PREFIXES: [&str; 3] = [keys::SITE_PREFIX, keys::SUSPENDED_PREFIX, "edgeform:"];
+const PREFIXES: [&str; 4] = [
+    keys::SITE_PREFIX,
+    keys::SUSPENDED_PREFIX,
+    keys::TLS_PREFIX,
+    "edgeform:",
+];
 
 /// Written under `edgeform:` by every apply and heal, but not state:
 /// ignored (else each heal's own lock would make the next one look).

@@ -7,6 +7,7 @@
 //! - [`edge`]: the reference edge's per-request decision (`edgeform explain`);
 //! - [`site`]: the per-hostname document (`site:<host>`), with exactly the
 //!   fields the seed's `cdn_router.lua` reads;
+//! - [`tls`]: the certificate document (`tls:<host>`) and its redaction;
 //! - [`routing`]: the compiled routing table (`edgeform:routing`);
 //! - [`mqtt`]: the MQTT channel's topics, health report, commands, results;
 //! - [`cmdkey`]: ed25519 command keys and per-node result keys;
@@ -34,6 +35,7 @@ pub mod route;
 pub mod routing;
 pub mod site;
 pub mod target;
+pub mod tls;
 pub mod untrusted;
 #[cfg(test)]
 mod vectors;

@@ -130,7 +130,7 @@ pub fn edge_tables() -> String {
         out,
         "  -- The site document's fields and JSON types (`?`: may be absent or null).\n  \
          FIELDS = {},\n  CACHE_RULE = {},\n  EDGE_RULE = {},",
-        fields(&site::SITE_FIELDS),
+        fields(&site::all_site_fields()),
         fields(&site::CACHE_RULE_FIELDS),
         fields(&site::EDGE_RULE_FIELDS)
     );

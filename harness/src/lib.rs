@@ -12,6 +12,8 @@ pub mod sshd;
 pub mod nginx;
 
 pub mod haproxy;
+pub mod sitecerts;
+pub use sitecerts::SiteCerts;
 
 pub mod netns;
 

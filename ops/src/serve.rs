@@ -3,7 +3,8 @@
 //! for a Redis miss, not the primary path").
 //!
 //! `GET /v1/nodes/<node>/keys/<key>` answers exactly the value `edgeform
-//! build` gives that node for that key, with `ETag` = the commit. The
+//! build` gives that node for that key (never a `tls:*` certificate
+//! document: 404), with `ETag` = the commit. The
 //! repository is read at `--rev` (default `HEAD`) through git2; the
 //! revision is resolved again on every request and the documents are
 //! recompiled when it moves, by one request while the others keep getting
@@ -198,7 +199,14 @@ async fn get_key(
         )
             .into_response();
     };
-    match value(target, &key) {
+    // Never a certificate document: one bearer token must not hand out
+    // every private key (an edge reads its own from its Redis only).
+    let found = if edgestate::tls::is_cert_key(&key) {
+        None
+    } else {
+        value(target, &key)
+    };
+    match found {
         Some(v) => (
             StatusCode::OK,
             [

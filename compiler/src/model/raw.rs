@@ -75,6 +75,27 @@ pub struct Site {
     /// (RFC 1918, ULA) origins need no flag.
     #[serde(default)]
     pub loopback: bool,
+    /// With an `https://` origin: verify the origin's certificate (against
+    /// the system's trust store) and send its host as SNI. `false` is the
+    /// explicit opt-out; it has no effect on an `http://` origin.
+    #[serde(default = "yes")]
+    #[schemars(default = "yes")]
+    pub origin_tls_verify: bool,
+    /// HTTPS for the site's host and aliases: `{certificate: NAME}`, a
+    /// certificate imported on the control host with `edgeform certs
+    /// import NAME` (never in git). Absent: the site is served over plain
+    /// HTTP only.
+    #[serde(default)]
+    pub tls: Option<Tls>,
+    /// `true` answers plain-HTTP requests with a 301 to `https://`.
+    /// Requires `tls`.
+    #[serde(default)]
+    pub https_redirect: bool,
+    /// The largest request body the edge accepts (413 beyond): bytes, or
+    /// an nginx size (`512k`, `25m`, `1g`). At most `1g`. Absent: the
+    /// edge's default (100m).
+    #[serde(default)]
+    pub max_body_size: Option<BodySize>,
     /// Whether responses are cached at the edge.
     #[serde(default = "yes")]
     #[schemars(default = "yes")]
@@ -124,6 +145,35 @@ pub struct Site {
 
 fn yes() -> bool {
     true
+}
+
+/// How the site's hostnames get a certificate. Exactly one key.
+#[derive(Debug, Clone, Default, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Tls {
+    /// The name of a certificate imported with `edgeform certs import
+    /// NAME --cert chain.pem --key key.pem` into the control host's state
+    /// directory. It must cover the host and every alias.
+    #[serde(default)]
+    #[schemars(regex(pattern = CERT_NAME_PATTERN), length(max = 64))]
+    pub certificate: Option<String>,
+    /// Certificates from an ACME CA: not supported yet (a later release);
+    /// refused with a clear error.
+    #[serde(default)]
+    pub acme: Option<bool>,
+}
+
+/// Certificate names (`tls.certificate`, `edgeform certs import NAME`).
+pub const CERT_NAME_PATTERN: &str = r"^[a-z0-9][a-z0-9._-]*$";
+
+/// A size: bytes, or an nginx size string (`512k`, `25m`, `1g`).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, JsonSchema)]
+#[serde(untagged)]
+pub enum BodySize {
+    /// Bytes.
+    Bytes(u64),
+    /// `<digits>` with an optional `k`, `m` or `g` (powers of 1024).
+    Text(String),
 }
 
 /// `off`, `allow` or `block`.

@@ -104,9 +104,42 @@ pub struct Site {
     /// whose node would cost ~300 bytes per site even for one region
     /// (at 1,000,000 sites). Membership is all that is asked of it.
     pub regions: Option<Box<[String]>>,
+    /// How its hostnames get a certificate (`None`: plain HTTP only).
+    pub tls: Option<Tls>,
     /// The canonical JSON of the document (shared by host and aliases).
     pub doc: SiteDoc,
 }
+
+impl Site {
+    /// The host, then each alias.
+    pub fn hosts(&self) -> impl Iterator<Item = &str> {
+        std::iter::once(self.host.as_str()).chain(self.aliases.iter().map(String::as_str))
+    }
+}
+
+/// How a site's hostnames get a certificate (`tls`). ACME (`{acme: true}`)
+/// will be a second variant.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Tls {
+    /// An operator-provided certificate, by its name in the state
+    /// directory (`edgeform certs import NAME`).
+    Certificate(String),
+}
+
+impl Tls {
+    /// The document's spelling (`"certificate:NAME"`).
+    #[must_use]
+    pub fn doc_value(&self) -> String {
+        match self {
+            Tls::Certificate(name) => format!("certificate:{name}"),
+        }
+    }
+}
+
+/// The edge-wide ceiling of `max_body_size` (1 GiB).
+pub const MAX_BODY_CEILING: u64 = 1 << 30;
+/// The edge's body size limit when a site sets none (100 MiB).
+pub const DEFAULT_BODY_SIZE: u64 = 100 << 20;
 
 #[derive(Debug, Clone)]
 pub struct Zone {

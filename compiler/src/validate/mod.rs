@@ -22,8 +22,8 @@ use crate::country;
 use crate::diagnostic::Diagnostic;
 use crate::model::raw::{self, AccessMode, CacheAction, EdgeAction, MatchType, Role};
 use crate::model::resolved::{
-    Anycast, AnycastPrefix, CacheSettings, Cluster, Config, FreezeWindow, Mqtt, Node, RedisTarget,
-    Site, Thresholds, Upstream, Zone,
+    Anycast, AnycastPrefix, CacheSettings, Cluster, Config, FreezeWindow, MAX_BODY_CEILING, Mqtt,
+    Node, RedisTarget, Site, Thresholds, Tls, Upstream, Zone,
 };
 use crate::parse::{ParsedFile, Raw};
 
@@ -44,6 +44,7 @@ use self::cross::*;
 use self::net::*;
 use self::node::*;
 use self::site::*;
+pub use self::site::{parse_size, valid_cert_name};
 use self::urls::*;
 use self::zone::*;
 

@@ -172,12 +172,30 @@ pub(super) fn site(ctx: &mut Ctx<'_>, raw: &raw::Site) -> Site {
         );
     }
 
+    let tls = check_tls(ctx, raw);
+    let max_body_size = raw
+        .max_body_size
+        .as_ref()
+        .and_then(|size| check_body_size(ctx, size));
+    if !raw.origin_tls_verify && !raw.origin.starts_with("https://") {
+        ctx.warning(
+            "ignored-field",
+            "/origin_tls_verify",
+            "`origin_tls_verify` has no effect with an `http://` origin".into(),
+        );
+    }
+
+    // The document's optional fields: present only when not the default.
+    let tls_doc = tls.as_ref().map(Tls::doc_value);
+    let https_redirect = raw.https_redirect && tls.is_some();
+
     Site {
         file: ctx.file.path.clone(),
         host: raw.host.clone(),
         aliases: raw.aliases.clone(),
         suspended: raw.suspended,
         regions,
+        tls,
         doc: SiteDoc {
             origin: raw.origin.clone(),
             cached: raw.cached,
@@ -193,6 +211,10 @@ pub(super) fn site(ctx: &mut Ctx<'_>, raw: &raw::Site) -> Site {
             waf_mode: raw.waf_mode.as_str().into(),
             cors_mode: raw.cors_mode.as_str().into(),
             hotlink_mode: raw.hotlink_mode.as_str().into(),
+            https_redirect,
+            max_body_size,
+            origin_tls_verify: raw.origin_tls_verify,
+            tls: tls_doc,
             cache_rules,
             edge_rules,
         },
@@ -326,4 +348,158 @@ fn check_redirect_target(ctx: &mut Ctx<'_>, base: &str, rule: &raw::EdgeRule) {
             );
         }
     }
+}
+
+/// `tls` and `https_redirect`: one way to get a certificate, a valid name;
+/// a redirect to HTTPS only where there is HTTPS.
+fn check_tls(ctx: &mut Ctx<'_>, raw: &raw::Site) -> Option<Tls> {
+    let tls = match &raw.tls {
+        None => None,
+        Some(raw::Tls {
+            certificate: Some(_),
+            acme: Some(_),
+        }) => {
+            let d = ctx.error(
+                "invalid-tls",
+                "/tls",
+                "`tls` takes one of `certificate` and `acme`, not both".into(),
+            );
+            help(d, "keep `certificate: NAME` (ACME is not supported yet)");
+            None
+        }
+        Some(raw::Tls {
+            acme: Some(acme), ..
+        }) => {
+            let d = ctx.error(
+                "unsupported-tls",
+                "/tls/acme",
+                if *acme {
+                    "`tls: {acme: true}` is not supported yet".into()
+                } else {
+                    "`acme: false` says nothing: `tls` needs `certificate: NAME`".into()
+                },
+            );
+            help(
+                d,
+                "import a certificate (`edgeform certs import NAME --cert chain.pem --key key.pem`) \
+                 and write `tls: {certificate: NAME}`",
+            );
+            None
+        }
+        Some(raw::Tls {
+            certificate: Some(name),
+            acme: None,
+        }) => {
+            if valid_cert_name(name) {
+                Some(Tls::Certificate(name.clone()))
+            } else {
+                // The schema's pattern already said why; no second error.
+                None
+            }
+        }
+        Some(raw::Tls {
+            certificate: None,
+            acme: None,
+        }) => {
+            let d = ctx.error(
+                "invalid-tls",
+                "/tls",
+                "`tls` needs `certificate: NAME`".into(),
+            );
+            help(
+                d,
+                "name a certificate imported with `edgeform certs import NAME`, or remove `tls`",
+            );
+            None
+        }
+    };
+    if raw.https_redirect && raw.tls.is_none() {
+        let d = ctx.error(
+            "redirect-without-tls",
+            "/https_redirect",
+            "`https_redirect: true` needs `tls`: without a certificate the site has no HTTPS \
+             to redirect to"
+                .into(),
+        );
+        help(
+            d,
+            "add `tls: {certificate: NAME}`, or remove `https_redirect`",
+        );
+    }
+    tls
+}
+
+/// Whether `name` can name a certificate ([`raw::CERT_NAME_PATTERN`], at
+/// most 64 bytes).
+#[must_use]
+pub fn valid_cert_name(name: &str) -> bool {
+    let b = name.as_bytes();
+    !b.is_empty()
+        && b.len() <= 64
+        && (b[0].is_ascii_lowercase() || b[0].is_ascii_digit())
+        && b.iter().all(|c| {
+            c.is_ascii_lowercase() || c.is_ascii_digit() || matches!(c, b'.' | b'_' | b'-')
+        })
+}
+
+/// `max_body_size` in bytes: at least 1, at most [`MAX_BODY_CEILING`].
+fn check_body_size(ctx: &mut Ctx<'_>, size: &raw::BodySize) -> Option<u64> {
+    let bytes = match size {
+        raw::BodySize::Bytes(n) => Some(*n),
+        raw::BodySize::Text(t) => parse_size(t),
+    };
+    match bytes {
+        None => {
+            let d = ctx.error(
+                "invalid-size",
+                "/max_body_size",
+                format!(
+                    "`{}` is not a size",
+                    edgestate::untrusted::escape(match size {
+                        raw::BodySize::Text(t) => t,
+                        raw::BodySize::Bytes(_) => "",
+                    })
+                ),
+            );
+            help(
+                d,
+                "bytes, or digits with `k`, `m` or `g`: `512k`, `25m`, `1g`",
+            );
+            None
+        }
+        Some(0) => {
+            ctx.error(
+                "invalid-size",
+                "/max_body_size",
+                "`max_body_size` of 0 refuses every request with a body".into(),
+            );
+            None
+        }
+        Some(n) if n > MAX_BODY_CEILING => {
+            let d = ctx.error(
+                "invalid-size",
+                "/max_body_size",
+                format!("{n} bytes is over the edge's ceiling of 1g ({MAX_BODY_CEILING} bytes)"),
+            );
+            help(d, "at most `1g`");
+            None
+        }
+        Some(n) => Some(n),
+    }
+}
+
+/// An nginx size: digits, then an optional `k`/`m`/`g` (either case,
+/// powers of 1024). `None`: not one, or too large to count.
+#[must_use]
+pub fn parse_size(text: &str) -> Option<u64> {
+    let (digits, unit) = match text.as_bytes().last()? {
+        b'k' | b'K' => (&text[..text.len() - 1], 1u64 << 10),
+        b'm' | b'M' => (&text[..text.len() - 1], 1 << 20),
+        b'g' | b'G' => (&text[..text.len() - 1], 1 << 30),
+        _ => (text, 1),
+    };
+    if digits.is_empty() || digits.len() > 19 || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    digits.parse::<u64>().ok()?.checked_mul(unit)
 }

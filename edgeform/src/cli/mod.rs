@@ -15,6 +15,7 @@ use compiler::workspace::{self, Source, Valid};
 use compiler::{Checked, compile, diff};
 
 pub mod anycast;
+pub mod certs;
 pub mod explain;
 pub mod install;
 mod memory;
@@ -385,6 +386,14 @@ pub enum Command {
         #[command(subcommand)]
         action: secrets::Action,
     },
+    /// Operator-provided TLS certificates in the state directory
+    /// (--state-dir), never in git: `import` checks and keeps one, `list`
+    /// shows name, hosts, not-after and fingerprint. Keys are never
+    /// printed. Exit 0, 1 refused or a broken certificate.
+    Certs {
+        #[command(subcommand)]
+        action: certs::Action,
+    },
 }
 
 /// How the CLI logs in to the broker (the URL is in cluster.yaml).
@@ -678,7 +687,7 @@ pub fn run(cli: &Cli) -> Result<u8> {
             ..
         } => {
             compiler::clock::now()?;
-            let source = source(&cli.repo, cli.rev.as_deref(), color())?;
+            let source = source(&cli.repo, cli.rev.as_deref(), &cli.state_dir, color())?;
             let code = runtime()?.block_on(push::plan(
                 &cli.repo,
                 &source,
@@ -704,6 +713,7 @@ pub fn run(cli: &Cli) -> Result<u8> {
             runtime()?.block_on(push::apply_cmd(
                 &cli.repo,
                 cli.rev.as_deref(),
+                &cli.state_dir,
                 nodes,
                 plan.as_deref(),
                 *yes,
@@ -754,7 +764,10 @@ pub fn run(cli: &Cli) -> Result<u8> {
             let Some(config) = valid_or_report(&checked) else {
                 return Ok(1);
             };
-            ::ops::explain::explain(&compile::compile(config), &args.options())
+            ::ops::explain::explain(
+                &compile::compile_with(config, &shown_certificates(cli, config)),
+                &args.options(),
+            )
         }
         Command::Serve(args) => {
             init_tracing();
@@ -848,6 +861,7 @@ pub fn run(cli: &Cli) -> Result<u8> {
             runtime()?.block_on(::ops::mqtt::exec(&source, &broker.options(), &exec))
         }
         Command::Secrets { action } => secrets::run(&cli.state_dir, action),
+        Command::Certs { action } => certs::run(&cli.state_dir, action),
         Command::Keygen {
             out,
             result_key,
@@ -915,7 +929,18 @@ fn check_cmd(
     path_prefix: &str,
     gates: &install::GateFlags,
 ) -> Result<u8> {
-    let loaded = workspace::load(&cli.repo, cli.rev.as_deref())?.check();
+    let mut loaded = workspace::load(&cli.repo, cli.rev.as_deref())?.check();
+    // Certificates: checked where the state directory holds them.
+    if let Some(config) = &loaded.config {
+        let mut found = certificate_diagnostics(cli, config, &loaded.repo)?;
+        if !found.is_empty() {
+            loaded.diagnostics.append(&mut found);
+            compiler::diagnostic::sort(&mut loaded.diagnostics);
+            if compiler::diagnostic::has_errors(&loaded.diagnostics) {
+                loaded.config = None;
+            }
+        }
+    }
     // Bundles (roles/): built and gated when the rest is valid.
     let bundles_ok = if loaded.config.is_some() {
         match ::install::node::load_bundles(&loaded)? {
@@ -976,6 +1001,78 @@ fn check_cmd(
     Ok(code)
 }
 
+/// `check`'s certificate rules ([`compiler::tls::check`]) with what the
+/// state directory holds, or a note that nothing was checked.
+fn certificate_diagnostics(
+    cli: &Cli,
+    config: &compiler::Config,
+    repo: &compiler::load::Repo,
+) -> Result<Vec<compiler::Diagnostic>> {
+    if compiler::tls::used(config).is_empty() {
+        return Ok(Vec::new());
+    }
+    let now = i64::try_from(compiler::clock::now()?).unwrap_or(i64::MAX);
+    let checking = if cli.rev.is_some() {
+        compiler::tls::Checking::Revision
+    } else {
+        compiler::tls::Checking::WorkingTree
+    };
+    let known = control::certs::known_at(&cli.state_dir, config);
+    let place = cli.state_dir.display().to_string();
+    Ok(match &known {
+        Err(why) => compiler::tls::check(
+            config,
+            repo,
+            &compiler::tls::Known::Nothing(why.clone()),
+            now,
+            checking,
+        ),
+        Ok((certs, problems)) => compiler::tls::check(
+            config,
+            repo,
+            &compiler::tls::Known::Store {
+                certs,
+                place,
+                broken: problems
+                    .iter()
+                    .map(|e| (e.name.clone(), e.detail.clone()))
+                    .collect(),
+            },
+            now,
+            checking,
+        ),
+    })
+}
+
+/// The certificates `build`, `diff` and `explain` compile with: what the
+/// state directory holds (nothing on a pull request's CI), each problem
+/// said once on stderr.
+fn shown_certificates(cli: &Cli, config: &compiler::Config) -> compiler::tls::Certificates {
+    match control::certs::known_at(&cli.state_dir, config) {
+        Ok((certs, problems)) => {
+            for e in problems {
+                eprintln!("warning: {e}: its tls:* keys are left out");
+            }
+            let missing: Vec<&str> = compiler::tls::used(config)
+                .into_iter()
+                .filter(|n| certs.get(n).is_none())
+                .collect();
+            if !missing.is_empty() {
+                eprintln!(
+                    "note: certificate(s) {} not in the state directory {}: their tls:* keys are left out",
+                    missing.join(", "),
+                    cli.state_dir.display()
+                );
+            }
+            certs
+        }
+        Err(why) => {
+            eprintln!("note: certificates not read ({why}): no tls:* key is compiled");
+            compiler::tls::Certificates::default()
+        }
+    }
+}
+
 /// `edgeform build`.
 fn build_cmd(cli: &Cli, out: &Path) -> Result<u8> {
     let checked = workspace::load(&cli.repo, cli.rev.as_deref())?.check();
@@ -986,7 +1083,7 @@ fn build_cmd(cli: &Cli, out: &Path) -> Result<u8> {
         eprintln!("nothing was written");
         return Ok(1);
     };
-    let compiled = compile::compile(config);
+    let compiled = compile::compile_with(config, &shown_certificates(cli, config));
     let written = write_build(out, &compiled)?;
     let bundles = ::install::node::write_bundles(out, &bundles, checked.repo.commit.as_deref())?;
     eprintln!(
@@ -1019,7 +1116,7 @@ fn diff_cmd(cli: &Cli, base: &str, head: Option<&str>, format: DiffFormat) -> Re
     };
     // An invalid base compiles to nothing: every key shows as added.
     let base_compiled = match &base_checked.config {
-        Some(c) => compile::compile(c),
+        Some(c) => compile::compile_with(c, &shown_certificates(cli, c)),
         None => {
             eprintln!(
                 "warning: base {base_label} does not pass `check`; diffing against an empty compilation"
@@ -1027,7 +1124,7 @@ fn diff_cmd(cli: &Cli, base: &str, head: Option<&str>, format: DiffFormat) -> Re
             compile::Compiled::default()
         }
     };
-    let head_compiled = compile::compile(head_config);
+    let head_compiled = compile::compile_with(head_config, &shown_certificates(cli, head_config));
     let d = diff::diff(&base_compiled, &head_compiled);
     let text = match format {
         DiffFormat::Human => report::diff_human(&d, &base_label, &head_label),
@@ -1090,8 +1187,18 @@ fn report_invalid(invalid: &workspace::Invalid, color: bool) -> anyhow::Error {
 ///
 /// # Errors
 /// See [`valid`].
-pub(crate) fn source(root: &Path, rev: Option<&str>, color: bool) -> Result<Source> {
-    Ok(valid(root, rev, color)?.compile())
+pub(crate) fn source(
+    root: &Path,
+    rev: Option<&str>,
+    state_dir: &Path,
+    color: bool,
+) -> Result<Source> {
+    let valid = valid(root, rev, color)?;
+    let now = i64::try_from(compiler::clock::now()?).unwrap_or(i64::MAX);
+    // Every certificate a site uses, valid now, or nothing is pushed.
+    let certs = control::certs::for_push_from(state_dir, &valid.config, now)
+        .map_err(|e| anyhow::Error::new(e).context("nothing was pushed"))?;
+    Ok(valid.compile_with(&certs))
 }
 
 /// The config when valid; otherwise print the diagnostics and `None`.

@@ -173,6 +173,7 @@ pub async fn plan(
 pub async fn apply_cmd(
     root: &Path,
     rev: Option<&str>,
+    state_dir: &Path,
     only: &[String],
     plan_file: Option<&Path>,
     yes: bool,
@@ -184,7 +185,7 @@ pub async fn apply_cmd(
     // A saved plan applies exactly what it was made from: its commit, or
     // the working tree (checked against the plan's digests).
     let rev = saved.as_ref().and_then(|p| p.rev.as_deref()).or(rev);
-    let source = super::source(root, rev, color)?;
+    let source = super::source(root, rev, state_dir, color)?;
     control::cmd::apply(
         root,
         source,

@@ -2,6 +2,7 @@
 
 mod acl;
 mod anycast;
+mod certs;
 mod challenge;
 mod cli;
 mod edge;

@@ -54,6 +54,10 @@ local function is_object(v)
   return true
 end
 
+-- The largest value of each integer type; "uint64" stops at 2^53, the
+-- last integer a double holds exactly (edgestate::site::MAX_EXACT_INT).
+local UINT_MAX = { uint16 = 65535, uint32 = 4294967295, uint64 = 9007199254740992 }
+
 local function check_type(want, v, null)
   local optional = sub(want, -1) == "?"
   if optional then
@@ -63,8 +67,8 @@ local function check_type(want, v, null)
     return false, "missing"
   end
   if want == "array" then return is_array(v) end
-  if want == "uint32" or want == "uint16" then
-    local max = want == "uint32" and 4294967295 or 65535
+  local max = UINT_MAX[want]
+  if max then
     return type(v) == "number" and v == floor(v) and v >= 0 and v <= max
   end
   return type(v) == want

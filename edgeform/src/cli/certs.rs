@@ -1,0 +1,129 @@
+//! `edgeform certs import|list`: operator-provided certificates in the
+//! control host's state directory ([`control::certs`]), never in git.
+//! Nothing prints key material: certificates are shown by name, names,
+//! not-after and SHA-256 fingerprint.
+
+use std::io::Write as _;
+use std::path::{Path, PathBuf};
+
+use anyhow::Result;
+
+use control::store::DirStore;
+
+/// What to do.
+#[derive(Debug, clap::Subcommand)]
+pub enum Action {
+    /// Check a certificate chain and its key and keep them as NAME (sites
+    /// say `tls: {certificate: NAME}`). Refused: not PEM, a key that is
+    /// not the leaf's or is encrypted, a chain out of order (leaf first,
+    /// then each issuer), a certificate expired or not yet valid.
+    /// Replaces an earlier NAME; the next apply pushes it.
+    Import {
+        /// The certificate's name (`[a-z0-9][a-z0-9._-]*`).
+        #[arg(value_name = "NAME")]
+        name: String,
+        /// The chain, PEM: the leaf first, then each issuer.
+        #[arg(long = "cert", value_name = "CHAIN.pem")]
+        cert: PathBuf,
+        /// The leaf's private key, PEM, unencrypted.
+        #[arg(long = "key", value_name = "KEY.pem")]
+        key: PathBuf,
+    },
+    /// Every certificate kept: name, DNS names, not-after, SHA-256
+    /// fingerprint (never the key).
+    List {
+        /// Output: human (a table) or json.
+        #[arg(long, value_enum, default_value = "human")]
+        format: super::Format,
+    },
+}
+
+/// Run `action` on the state directory `dir`.
+///
+/// # Errors
+/// The state directory is unsafe or unusable.
+pub fn run(dir: &Path, action: &Action) -> Result<u8> {
+    let now = i64::try_from(compiler::clock::now()?).unwrap_or(i64::MAX);
+    match action {
+        Action::Import { name, cert, key } => {
+            let store = DirStore::open(dir)?;
+            match control::certs::import(&store, name, cert, key, now) {
+                Ok(c) => {
+                    eprintln!(
+                        "imported certificate `{name}` into {}: {} (not after {}, sha256:{}); \
+                         the next apply pushes it to every edge carrying a site that uses it",
+                        store.root().display(),
+                        c.names.join(", "),
+                        compiler::clock::rfc3339(u64::try_from(c.not_after).unwrap_or(0)),
+                        c.fingerprint
+                    );
+                    Ok(0)
+                }
+                Err(e) => {
+                    eprintln!("error: {e}; nothing was imported");
+                    Ok(1)
+                }
+            }
+        }
+        Action::List { format } => {
+            let Some(store) = DirStore::open_existing(dir)? else {
+                if *format == super::Format::Json {
+                    println!("[]");
+                }
+                return Ok(0);
+            };
+            let listed = control::certs::list(&store)?;
+            let mut out = std::io::stdout().lock();
+            let mut bad = false;
+            match format {
+                super::Format::Human => {
+                    for (name, c) in &listed {
+                        match c {
+                            Ok(c) => writeln!(
+                                out,
+                                "{name}\t{}\t{}\tsha256:{}{}",
+                                c.names.join(","),
+                                compiler::clock::rfc3339(u64::try_from(c.not_after).unwrap_or(0)),
+                                c.fingerprint,
+                                match control::certs::check_now(c, now) {
+                                    Ok(()) => String::new(),
+                                    Err(e) => format!("\t{}", e.kind.as_str()),
+                                }
+                            )?,
+                            Err(e) => {
+                                bad = true;
+                                writeln!(out, "{name}\t-\t-\t-\t{}", e.kind.as_str())?;
+                                eprintln!("error: {e}");
+                            }
+                        }
+                    }
+                }
+                super::Format::Json => {
+                    let items: Vec<serde_json::Value> = listed
+                        .iter()
+                        .map(|(name, c)| match c {
+                            Ok(c) => serde_json::json!({
+                                "name": name,
+                                "hosts": c.names,
+                                "not_after": c.not_after,
+                                "not_after_rfc3339": compiler::clock::rfc3339(u64::try_from(c.not_after).unwrap_or(0)),
+                                "fingerprint": c.fingerprint,
+                                "problem": control::certs::check_now(c, now).err().map(|e| e.kind.as_str()),
+                            }),
+                            Err(e) => {
+                                bad = true;
+                                serde_json::json!({
+                                    "name": name,
+                                    "problem": e.kind.as_str(),
+                                    "error": e.to_string(),
+                                })
+                            }
+                        })
+                        .collect();
+                    writeln!(out, "{}", serde_json::Value::Array(items))?;
+                }
+            }
+            Ok(u8::from(bad))
+        }
+    }
+}
