@@ -105,6 +105,11 @@ fn edge_decision(vec: &Value, base: &Value) -> Map<String, Value> {
         .map(canonical);
     let req = edge::Request {
         method: text(r, "method").unwrap_or("GET"),
+        scheme: text(r, "scheme")
+            .map(|s| edge::Scheme::parse(s).expect("scheme: http or https"))
+            .unwrap_or_default(),
+        sni: text(r, "sni"),
+        content_length: text(r, "content_length"),
         host: text(r, "host").unwrap_or("site.test"),
         uri: text(r, "uri").unwrap_or("/"),
         client_ip: client,
