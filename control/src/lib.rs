@@ -40,6 +40,8 @@ pub mod plan;
 pub mod reconcile;
 pub mod run;
 pub mod saved;
+#[cfg(test)]
+mod skew_tests;
 pub mod state;
 pub mod store;
 pub mod track;
