@@ -76,6 +76,8 @@ pub enum Step {
     Prune,
     Rollback,
     Restart,
+    /// Recording the edge's `edgeform:bundle` after the switch.
+    Declare,
 }
 
 impl Step {
@@ -89,6 +91,7 @@ impl Step {
             Step::Candidate => "candidate",
             Step::Smoke => "smoke",
             Step::Switch => "switch",
+            Step::Declare => "declare",
             Step::Reload => "reload",
             Step::Prune => "prune",
             Step::Rollback => "rollback",
@@ -755,10 +758,15 @@ fn for_each<T: Send>(
 ///
 /// # Errors
 /// I/O errors and the secrets' errors.
+/// `declare(node, rolled_back)` runs on each edge after its switch: it
+/// records what the edge's code now reads in its Redis (`edgeform:bundle`,
+/// the version-skew gate's input). Its failure fails the node's install
+/// (the release stays installed; apply refuses the new fields there).
 pub fn install(
     checked: &workspace::Checked,
     options: &InstallOptions,
     secrets: &dyn Fn(&str) -> Result<BTreeMap<String, String>>,
+    declare: &(dyn Fn(&str, bool) -> Result<(), String> + Sync),
 ) -> Result<u8> {
     let Some((roles, bundles)) = load_bundles(checked)? else {
         eprintln!("nothing was installed");
@@ -793,12 +801,26 @@ pub fn install(
         }
     }
     let results = for_each(&chosen, options.parallel, |b| {
-        if options.rollback {
+        let done = if options.rollback {
             rollback_one(b, &options.ssh)
         } else {
             let text = env.get(&b.name).map_or("", String::as_str);
             install_one(b, &options.ssh, commit, text)
+        }?;
+        if !b.roles.iter().any(|r| r == "edge") {
+            return Ok(done);
         }
+        declare(&b.name, options.rollback)
+            .map(|()| done)
+            .map_err(|e| {
+                fail(
+                    Step::Declare,
+                    format!(
+                        "the release is switched, but edgeform:bundle was not written: {e} \
+                     (apply refuses documents with new fields there until it is; run install again)"
+                    ),
+                )
+            })
     });
     let mut failed = 0;
     for (b, r) in chosen.iter().zip(results) {
@@ -814,6 +836,9 @@ pub fn install(
 fn outcome_line(node: &str, r: &StepResult<String>) -> String {
     match r {
         Ok(msg) => format!("{node}: {msg}"),
+        Err(e) if e.step == Step::Declare => {
+            format!("{node}: failed at step {}: {}", e.step.as_str(), e.message)
+        }
         Err(e) => format!(
             "{node}: failed at step {}: {}; the previous release keeps serving",
             e.step.as_str(),
