@@ -165,3 +165,63 @@ async fn an_edge_declaring_the_seed_fields_refuses_https_redirect_another_applie
         .unwrap();
     assert!(matches!(r, Outcome::Applied { .. }), "{r:?}");
 }
+
+/// A node whose Redis is the server on `port`.
+fn node(port: u16) -> compiler::model::resolved::Node {
+    compiler::model::resolved::Node {
+        file: "nodes/e.yaml".into(),
+        name: "e".into(),
+        roles: [compiler::model::raw::Role::Edge].into(),
+        region: "eu".into(),
+        zone: None,
+        public_url: None,
+        location: None,
+        addresses: Vec::new(),
+        redis: Some(edgestate::target::RedisTarget::Url {
+            url: format!("redis://127.0.0.1:{port}"),
+            username: None,
+            password_env: None,
+            tls: None,
+        }),
+        playback_session_limit: None,
+        playback_bandwidth_kbit: None,
+        network_bandwidth_kbit: None,
+        drain: false,
+        cache: compiler::model::resolved::CacheSettings::default(),
+    }
+}
+
+/// What `edgeform install` writes after a switch (and removes after a
+/// rollback) is what apply then reads.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn install_declares_the_bundle_apply_reads_and_a_rollback_removes_it() {
+    let r = harness::redis(&[]);
+    let mut c = con(r.port).await;
+    let redirect = Desired::of_pairs(&[("site:a.test", REDIRECT_DOC)], true);
+    install_first(apply(&mut c, &redirect, "c1", Action::Apply).await);
+
+    crate::declare_bundle(&node(r.port), Some(&Bundle::current()))
+        .await
+        .unwrap();
+    let h: BTreeMap<String, String> = redis::cmd("HGETALL")
+        .arg(edgestate::keys::BUNDLE)
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    assert_eq!(Bundle::from_hash(&h), Bundle::current());
+    let out = apply(&mut c, &redirect, "c1", Action::Apply).await.unwrap();
+    assert!(matches!(out, Outcome::Applied { .. }), "{out:?}");
+
+    crate::declare_bundle(&node(r.port), None).await.unwrap();
+    let exists: bool = redis::cmd("EXISTS")
+        .arg(edgestate::keys::BUNDLE)
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    assert!(!exists);
+    let next = Desired::of_pairs(
+        &[("site:a.test", REDIRECT_DOC), ("site:b.test", REDIRECT_DOC)],
+        true,
+    );
+    install_first(apply(&mut c, &next, "c2", Action::Apply).await);
+}

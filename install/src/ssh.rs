@@ -76,8 +76,6 @@ pub enum Step {
     Prune,
     Rollback,
     Restart,
-    /// Recording the edge's `edgeform:bundle` after the switch.
-    Declare,
 }
 
 impl Step {
@@ -91,7 +89,6 @@ impl Step {
             Step::Candidate => "candidate",
             Step::Smoke => "smoke",
             Step::Switch => "switch",
-            Step::Declare => "declare",
             Step::Reload => "reload",
             Step::Prune => "prune",
             Step::Rollback => "rollback",
@@ -760,8 +757,8 @@ fn for_each<T: Send>(
 /// I/O errors and the secrets' errors.
 /// `declare(node, rolled_back)` runs on each edge after its switch: it
 /// records what the edge's code now reads in its Redis (`edgeform:bundle`,
-/// the version-skew gate's input). Its failure fails the node's install
-/// (the release stays installed; apply refuses the new fields there).
+/// the version-skew gate's input). Its failure is a warning on the node's
+/// line (the release is installed; apply refuses the new fields there).
 pub fn install(
     checked: &workspace::Checked,
     options: &InstallOptions,
@@ -810,17 +807,16 @@ pub fn install(
         if !b.roles.iter().any(|r| r == "edge") {
             return Ok(done);
         }
-        declare(&b.name, options.rollback)
-            .map(|()| done)
-            .map_err(|e| {
-                fail(
-                    Step::Declare,
-                    format!(
-                        "the release is switched, but edgeform:bundle was not written: {e} \
-                     (apply refuses documents with new fields there until it is; run install again)"
-                    ),
-                )
-            })
+        // The release serves whatever happens here; a bundle not recorded
+        // only makes apply refuse the new fields there (safe), so it is a
+        // warning on the node's line, not a failed install.
+        Ok(match declare(&b.name, options.rollback) {
+            Ok(()) => done,
+            Err(e) => format!(
+                "{done}; warning: edgeform:bundle was not written: {e} (apply refuses documents \
+                 with newer fields there until it is: run install again)"
+            ),
+        })
     });
     let mut failed = 0;
     for (b, r) in chosen.iter().zip(results) {
@@ -836,9 +832,6 @@ pub fn install(
 fn outcome_line(node: &str, r: &StepResult<String>) -> String {
     match r {
         Ok(msg) => format!("{node}: {msg}"),
-        Err(e) if e.step == Step::Declare => {
-            format!("{node}: failed at step {}: {}", e.step.as_str(), e.message)
-        }
         Err(e) => format!(
             "{node}: failed at step {}: {}; the previous release keeps serving",
             e.step.as_str(),
