@@ -74,7 +74,7 @@ impl Certificate {
             chain: self.chain.clone(),
             fingerprint: self.fingerprint.clone(),
             key: self.key.clone(),
-            not_after: self.not_after,
+            not_after: u64::try_from(self.not_after).unwrap_or(0),
         }
     }
 }

@@ -9,6 +9,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
+use edgestate::bundle::Bundle;
 use edgestate::keys;
 use redis::aio::MultiplexedConnection;
 use tracing::Instrument as _;
@@ -31,7 +32,7 @@ const BATCH: usize = 1000;
 /// # Errors
 /// Redis errors, or a manifest that is not a hash of UTF-8 strings.
 pub async fn read_live(con: &mut MultiplexedConnection, desired: &Desired) -> Result<Live> {
-    let (meta, old) = read_meta(con).await?;
+    let (meta, old, bundle) = read_meta(con).await?;
     let current = meta.format.is_some_and(|f| f >= 2) && meta.manifest_digest.is_some();
     if old || (!current && meta.generation > 0) {
         let manifest: redis::Value = redis::cmd("HGETALL")
@@ -39,7 +40,9 @@ pub async fn read_live(con: &mut MultiplexedConnection, desired: &Desired) -> Re
             .query_async(con)
             .await
             .context("reading edgeform:manifest (format 1)")?;
-        return Ok(Live::legacy(manifest_from(manifest)?, meta));
+        let mut live = Live::legacy(manifest_from(manifest)?, meta);
+        live.bundle = bundle;
+        return Ok(live);
     }
     let digest = meta
         .manifest_digest
@@ -50,6 +53,7 @@ pub async fn read_live(con: &mut MultiplexedConnection, desired: &Desired) -> Re
             managed: desired.len(),
             meta,
             digest,
+            bundle,
             ..Live::default()
         });
     }
@@ -85,6 +89,7 @@ pub async fn read_live(con: &mut MultiplexedConnection, desired: &Desired) -> Re
         digest,
         legacy: false,
         read_buckets: differ,
+        bundle,
     })
 }
 
@@ -277,7 +282,7 @@ async fn unchanged_without_lock(
     expect: Option<&Expect>,
     ancestry: &super::gate::Relate<'_>,
 ) -> Result<Option<Outcome>> {
-    let (meta, old) = read_meta(con).await?;
+    let (meta, old, bundle) = read_meta(con).await?;
     if old
         || meta.format.is_none_or(|f| f < 2)
         || meta.manifest_digest.as_deref() != Some(desired.digest())
@@ -289,6 +294,7 @@ async fn unchanged_without_lock(
         managed: desired.len(),
         digest: desired.digest().to_owned(),
         meta,
+        bundle,
         ..Live::default()
     };
     if check(desired, &live, options, expect, ancestry).is_err() {
@@ -301,16 +307,21 @@ async fn unchanged_without_lock(
 
 /// `edgeform:meta`, and whether a format-1 `edgeform:manifest` exists
 /// (one round trip).
-async fn read_meta(con: &mut MultiplexedConnection) -> Result<(Meta, bool)> {
-    let (meta, old): (BTreeMap<String, String>, bool) = redis::pipe()
-        .cmd("HGETALL")
-        .arg(keys::META)
-        .cmd("EXISTS")
-        .arg(keys::MANIFEST)
-        .query_async(con)
-        .await
-        .context("reading edgeform:meta")?;
-    Ok((Meta::from_hash(&meta), old))
+/// The meta, whether a format-1 manifest exists, and what the edge's
+/// installed code reads (`edgeform:bundle`), in one round trip.
+async fn read_meta(con: &mut MultiplexedConnection) -> Result<(Meta, bool, Bundle)> {
+    let (meta, old, bundle): (BTreeMap<String, String>, bool, BTreeMap<String, String>) =
+        redis::pipe()
+            .cmd("HGETALL")
+            .arg(keys::META)
+            .cmd("EXISTS")
+            .arg(keys::MANIFEST)
+            .cmd("HGETALL")
+            .arg(keys::BUNDLE)
+            .query_async(con)
+            .await
+            .context("reading edgeform:meta and edgeform:bundle")?;
+    Ok((Meta::from_hash(&meta), old, Bundle::from_hash(&bundle)))
 }
 
 /// `EDGEFORM_TEST_HOLD_LOCK_MS`: hold the lock this long before writing,

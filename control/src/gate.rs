@@ -103,6 +103,9 @@ pub fn decide(
     changes: &Changes,
     relation: Relation,
 ) -> Result<Move, Refusal> {
+    // A repair too: an edge reinstalled with older code must not be sent
+    // what it cannot read.
+    plan::skew(desired, live)?;
     let moves = moving(live.meta.commit.as_deref(), &options.commit);
     if !moves && options.action != Action::Apply {
         return Ok(Move::Repair);

@@ -41,6 +41,8 @@ pub mod plan;
 pub mod reconcile;
 pub mod run;
 pub mod saved;
+#[cfg(test)]
+mod skew_tests;
 pub mod state;
 pub mod store;
 pub mod track;
@@ -99,4 +101,34 @@ pub async fn master(node: &Node) -> anyhow::Result<redis::aio::MultiplexedConnec
         .as_ref()
         .ok_or_else(|| anyhow::anyhow!("node {} has no redis block", node.name))?;
     edgeredis::master(target, &node.name).await
+}
+
+/// Write what `node`'s installed edge code reads into its Redis
+/// (`edgeform:bundle`, replaced whole), or remove it (`None`: the seed's
+/// fields are assumed, as after a rollback to code of unknown reach).
+/// What plan and apply check documents against (docs/operations.md,
+/// "Version skew").
+///
+/// # Errors
+/// Connection and Redis errors.
+pub async fn declare_bundle(
+    node: &Node,
+    bundle: Option<&edgestate::bundle::Bundle>,
+) -> anyhow::Result<()> {
+    let mut con = master(node).await?;
+    let mut pipe = redis::pipe();
+    pipe.atomic()
+        .cmd("DEL")
+        .arg(edgestate::keys::BUNDLE)
+        .ignore();
+    if let Some(b) = bundle {
+        let mut hset = redis::cmd("HSET");
+        hset.arg(edgestate::keys::BUNDLE);
+        for (k, v) in b.to_hash() {
+            hset.arg(k).arg(v);
+        }
+        pipe.add_command(hset).ignore();
+    }
+    let () = pipe.query_async(&mut con).await?;
+    Ok(())
 }

@@ -161,6 +161,16 @@ pub enum Refusal {
         commit: String,
         why: &'static str,
     },
+    /// The documents use a field (or `tls:*` keys) the target's installed
+    /// edge code does not read (`edgeform:bundle`): it would answer those
+    /// sites 502. Never overridden: install the edge first.
+    InstallFirst {
+        node: String,
+        /// What the installed code reads, in words.
+        reads: String,
+        /// What the documents use that it does not, in words.
+        uses: String,
+    },
 }
 
 /// The kind of a [`Refusal`], for logs and metrics (a label value that
@@ -176,6 +186,7 @@ pub enum RefusalKind {
     Frozen,
     Diverged,
     UnsignedHistory,
+    InstallFirst,
 }
 
 impl RefusalKind {
@@ -190,6 +201,7 @@ impl RefusalKind {
             RefusalKind::Frozen => "frozen",
             RefusalKind::Diverged => "diverged",
             RefusalKind::UnsignedHistory => "unsigned-history",
+            RefusalKind::InstallFirst => "install-first",
         }
     }
 }
@@ -206,6 +218,7 @@ impl Refusal {
             Refusal::Frozen { .. } => RefusalKind::Frozen,
             Refusal::Diverged { .. } => RefusalKind::Diverged,
             Refusal::UnsignedHistory { .. } => RefusalKind::UnsignedHistory,
+            Refusal::InstallFirst { .. } => RefusalKind::InstallFirst,
         }
     }
 }
@@ -258,8 +271,30 @@ impl std::fmt::Display for Refusal {
                 "refusing a history with commit {commit} that is not signed by an allowed signer \
                  ({why}): every commit from the live one to the new one must be"
             ),
+            Refusal::InstallFirst { node, reads, uses } => write!(
+                f,
+                "install first: {node}'s installed code reads {reads}; this commit's {uses} \
+                 (run `edgeform install {node}`, then apply)"
+            ),
         }
     }
+}
+
+/// The version-skew gate (docs/operations.md, "Version skew"): the
+/// documents may use only what the target's installed edge code reads.
+///
+/// # Errors
+/// [`Refusal::InstallFirst`] naming the first document of each field.
+pub fn skew(desired: &Desired, live: &Live) -> Result<(), Refusal> {
+    let missing = live.bundle.missing(desired.uses());
+    if missing.is_empty() {
+        return Ok(());
+    }
+    Err(Refusal::InstallFirst {
+        node: desired.node.clone(),
+        reads: live.bundle.describe(),
+        uses: missing.describe(),
+    })
 }
 
 /// The safety checks of one target's apply (README, "Pushing to the edges").
@@ -276,6 +311,8 @@ pub fn allowed(
     overrides: Overrides,
 ) -> Result<(), Refusal> {
     let live_commit = live.meta.commit.clone().unwrap_or_default();
+    // What the edge cannot read is refused whatever the overrides.
+    skew(desired, live)?;
     // Unsigned history is refused whatever the overrides.
     if let Ancestry::Unsigned { commit, why } = ancestry {
         return Err(Refusal::UnsignedHistory { commit, why });

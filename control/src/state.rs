@@ -133,6 +133,9 @@ pub struct Desired {
     /// The [`Summary`] of the site entries alone, shared by every target
     /// that holds the same site list (whatever its routing table).
     pub sites_summary: Arc<OnceLock<Summary>>,
+    /// What the documents use beyond the seed (optional fields, `tls:`
+    /// keys), found once and shared by every target of the same list.
+    pub uses: Arc<OnceLock<edgestate::bundle::Uses>>,
 }
 
 #[cfg(test)]
@@ -150,6 +153,7 @@ impl Desired {
             site_hashes: Arc::new(hashes),
             summary: Arc::default(),
             sites_summary: Arc::default(),
+            uses: Arc::default(),
         }
     }
 
@@ -235,6 +239,14 @@ impl Desired {
         Some(&self.sites[i].1)
     }
 
+    /// What the documents use beyond the seed (computed once).
+    #[must_use]
+    pub fn uses(&self) -> &edgestate::bundle::Uses {
+        self.uses.get_or_init(|| {
+            edgestate::bundle::Uses::of(self.sites.iter().map(|(k, v)| (&**k, &**v)))
+        })
+    }
+
     /// Number of `site:` keys.
     #[must_use]
     pub fn site_count(&self) -> usize {
@@ -252,6 +264,7 @@ pub struct HashCache {
     by_list: HashMap<usize, Arc<Vec<String>>>,
     sites_summaries: HashMap<usize, Arc<OnceLock<Summary>>>,
     digests: HashMap<(usize, String), Arc<OnceLock<Summary>>>,
+    uses: HashMap<usize, Arc<OnceLock<edgestate::bundle::Uses>>>,
 }
 
 impl HashCache {
@@ -286,6 +299,7 @@ impl HashCache {
             site_hashes,
             summary,
             sites_summary: self.sites_summaries.entry(ptr).or_default().clone(),
+            uses: self.uses.entry(ptr).or_default().clone(),
         }
     }
 }
@@ -318,7 +332,7 @@ impl Meta {
 }
 
 /// What plan and apply read from a target.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct Live {
     /// The live manifest entries that were read: all of them on a format-1
     /// target, only the buckets that differ from the desired on format 2.
@@ -334,6 +348,23 @@ pub struct Live {
     pub legacy: bool,
     /// Format 2: the buckets whose manifest was read (they differ).
     pub read_buckets: Vec<u8>,
+    /// What the edge's installed code reads (`edgeform:bundle`; absent:
+    /// the seed's fields).
+    pub bundle: edgestate::bundle::Bundle,
+}
+
+impl Default for Live {
+    fn default() -> Live {
+        Live {
+            manifest: Manifest::default(),
+            meta: Meta::default(),
+            managed: 0,
+            digest: String::new(),
+            legacy: false,
+            read_buckets: Vec::new(),
+            bundle: edgestate::bundle::Bundle::seed(),
+        }
+    }
 }
 
 impl Live {
@@ -353,6 +384,7 @@ impl Live {
             digest,
             legacy: true,
             read_buckets: Vec::new(),
+            bundle: edgestate::bundle::Bundle::seed(),
         }
     }
 }

@@ -3,6 +3,8 @@
 //! This crate is the API boundary between the compiler (which writes) and
 //! the agent and the edge's Lua (which read). It owns:
 //!
+//! - [`bundle`]: what an edge's installed code reads (`edgeform:bundle`)
+//!   and what documents use: the version-skew gate;
 //! - [`keys`]: every Redis key name edgeform reads or writes;
 //! - [`edge`]: the reference edge's per-request decision (`edgeform explain`);
 //! - [`site`]: the per-hostname document (`site:<host>`), with exactly the
@@ -15,6 +17,8 @@
 //! - [`backoff`]: jittered reconnect backoff (pure; the caller seeds it);
 //! - [`target`]: how a node's Redis and the broker are reached, as
 //!   configured (checked here, connected to by `edgeredis`/`edgemqtt`).
+//! - [`tls`]: the certificate document (`tls:<host>`) and the TLS outcome
+//!   of a handshake (`edgeform explain --scheme https`);
 //! - [`lua`]: the Lua tables of the edge and the geo router, generated
 //!   from the definitions here.
 //!
@@ -24,6 +28,7 @@
 //! byte-identical `build` output depend on it.
 
 pub mod backoff;
+pub mod bundle;
 pub mod cmdkey;
 pub mod edge;
 pub mod keys;

@@ -296,6 +296,7 @@ pub fn edge(o: &EdgeOptions) -> Edge {
         let prefix = dir.path().display().to_string();
         match start(dir, prefix, &conf, port) {
             Ok(process) => {
+                declare_bundle(o);
                 return Edge {
                     process,
                     conf,
@@ -306,6 +307,52 @@ pub fn edge(o: &EdgeOptions) -> Edge {
         }
     }
     panic!("nginx did not start:\n{last}");
+}
+
+/// What the started edge's code reads, written into its Redis as an
+/// installed edge's is (`edgeform:bundle`, the version-skew gate's
+/// input): the document fields its generated `edge_tables.lua` checks, and
+/// `tls` when its Lua has the certificate module (`edge_tls.lua`). Best
+/// effort: an edge started before (or without) its Redis declares nothing,
+/// and apply then refuses it the newer fields, as on a real edge.
+pub fn declare_bundle(o: &EdgeOptions) {
+    let lua = o
+        .lua_dir
+        .clone()
+        .unwrap_or_else(|| repo_root().join("roles/edge/lua"));
+    let Ok(tables) = std::fs::read_to_string(lua.join("edge_tables.lua")) else {
+        return;
+    };
+    let Some(fields) = tables
+        .split_once("\n  FIELDS = {\n")
+        .and_then(|(_, rest)| rest.split_once("\n  },"))
+        .map(|(block, _)| {
+            block
+                .lines()
+                .filter_map(|l| l.trim().split_once(" = ").map(|(k, _)| k))
+                .collect::<Vec<_>>()
+        })
+    else {
+        return;
+    };
+    let tls = if lua.join("edge_tls.lua").exists() {
+        "1"
+    } else {
+        "0"
+    };
+    let _ = std::process::Command::new("redis-cli")
+        .args(["-h", "127.0.0.1", "-p", &o.redis_port.to_string()])
+        .args([
+            "HSET",
+            "edgeform:bundle",
+            "site_fields",
+            &fields.join(","),
+            "tls",
+            tls,
+        ])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .status();
 }
 
 /// `nginx -t` on a rendered configuration: (success, output).

@@ -755,10 +755,15 @@ fn for_each<T: Send>(
 ///
 /// # Errors
 /// I/O errors and the secrets' errors.
+/// `declare(node, rolled_back)` runs on each edge after its switch: it
+/// records what the edge's code now reads in its Redis (`edgeform:bundle`,
+/// the version-skew gate's input). Its failure is a warning on the node's
+/// line (the release is installed; apply refuses the new fields there).
 pub fn install(
     checked: &workspace::Checked,
     options: &InstallOptions,
     secrets: &dyn Fn(&str) -> Result<BTreeMap<String, String>>,
+    declare: &(dyn Fn(&str, bool) -> Result<(), String> + Sync),
 ) -> Result<u8> {
     let Some((roles, bundles)) = load_bundles(checked)? else {
         eprintln!("nothing was installed");
@@ -793,12 +798,25 @@ pub fn install(
         }
     }
     let results = for_each(&chosen, options.parallel, |b| {
-        if options.rollback {
+        let done = if options.rollback {
             rollback_one(b, &options.ssh)
         } else {
             let text = env.get(&b.name).map_or("", String::as_str);
             install_one(b, &options.ssh, commit, text)
+        }?;
+        if !b.roles.iter().any(|r| r == "edge") {
+            return Ok(done);
         }
+        // The release serves whatever happens here; a bundle not recorded
+        // only makes apply refuse the new fields there (safe), so it is a
+        // warning on the node's line, not a failed install.
+        Ok(match declare(&b.name, options.rollback) {
+            Ok(()) => done,
+            Err(e) => format!(
+                "{done}; warning: edgeform:bundle was not written: {e} (apply refuses documents \
+                 with newer fields there until it is: run install again)"
+            ),
+        })
     });
     let mut failed = 0;
     for (b, r) in chosen.iter().zip(results) {

@@ -48,8 +48,14 @@ pub struct ExplainOptions {
     /// Explain every request of this file (`-`: stdin), one JSON object a
     /// line; prints one JSON decision a line.
     pub batch: Option<PathBuf>,
-    /// Unix time for checking clearance cookies (default: now).
+    /// Unix time for checking clearance cookies and certificates' expiry
+    /// (default: now).
     pub now: Option<u64>,
+    /// `https`: the request comes over TLS (the certificate's outcome is
+    /// reported first).
+    pub scheme: edge::Scheme,
+    /// The TLS server name (default with https: the host).
+    pub sni: Option<String>,
 }
 
 /// One request of a batch file.
@@ -65,6 +71,11 @@ struct BatchRequest {
     headers: BTreeMap<String, HeaderLines>,
     #[serde(default)]
     node: Option<String>,
+    /// `http` (default) or `https`.
+    #[serde(default)]
+    scheme: Option<String>,
+    #[serde(default)]
+    sni: Option<String>,
     #[serde(default)]
     id: serde_json::Value,
 }
@@ -110,6 +121,8 @@ struct Explainer<'a> {
 
 /// A decision and what was looked up for it.
 struct Explained {
+    /// The handshake's outcome (https only).
+    tls: Option<edgestate::tls::TlsAnswer>,
     decision: edge::Decision,
     node: Option<String>,
     client: Option<IpAddr>,
@@ -173,7 +186,7 @@ impl Explainer<'_> {
         Ok(c.and_then(|c| c.country.iso_code.map(str::to_owned)))
     }
 
-    #[allow(clippy::too_many_arguments)]
+    #[allow(clippy::too_many_arguments, clippy::too_many_lines)]
     fn explain(
         &mut self,
         node: Option<&str>,
@@ -182,6 +195,7 @@ impl Explainer<'_> {
         peer: IpAddr,
         method: &str,
         headers: &Headers,
+        tls: Option<&str>,
     ) -> Result<Explained> {
         let norm = edge::normalize_host(host);
         let candidates = edge::lookup_hosts(&norm);
@@ -215,10 +229,24 @@ impl Explainer<'_> {
         drop(router);
         let country = self.country(client)?;
         let uri = request_uri(url);
+        // The handshake first: the certificate the edge serves for the SNI,
+        // from the node's tls:<host> documents.
+        let handshake = tls.map(|sni| {
+            let docs = chosen.map(|(_, t)| t);
+            edgestate::tls::outcome(Some(sni), &norm, self.now, |k| {
+                docs.and_then(|t| find_value(t, k))
+            })
+        });
         let req = Request {
             method,
             host,
             uri,
+            scheme: if tls.is_some() {
+                edge::Scheme::Https
+            } else {
+                edge::Scheme::Http
+            },
+            sni: tls,
             client_ip: Some(client),
             country: country.as_deref(),
             referer: header(headers, "referer"),
@@ -226,6 +254,7 @@ impl Explainer<'_> {
             acr_method: header(headers, "access-control-request-method"),
             cookie: header(headers, "cookie"),
             authorization: header(headers, "authorization"),
+            content_length: header(headers, "content-length"),
         };
         let clearance = Clearance {
             secret: self.secret.as_deref(),
@@ -274,6 +303,16 @@ impl Explainer<'_> {
             }
         };
         let mut reasons = pre;
+        if let Some(a) = &handshake {
+            reasons.extend(a.reasons.iter().map(|r| format!("tls: {r}")));
+            if a.tls == edgestate::tls::TlsOutcome::NoCertificate {
+                reasons.push(
+                    "tls: the handshake fails, no request reaches the edge; what follows is \
+                     the decision had it arrived"
+                        .into(),
+                );
+            }
+        }
         reasons.push(match &country {
             Some(c) => format!("client {client}, country {c}"),
             None if self.geoip.is_some() => format!("client {client}, country unknown"),
@@ -285,6 +324,7 @@ impl Explainer<'_> {
         reasons.append(&mut decision.reasons);
         decision.reasons = reasons;
         Ok(Explained {
+            tls: handshake,
             decision,
             node: chosen.map(|(n, _)| n.clone()),
             client: Some(client),
@@ -296,6 +336,8 @@ impl Explainer<'_> {
 /// One answer: the decision's fields, then what was looked up.
 #[derive(serde::Serialize)]
 struct Out<'a> {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    tls: Option<&'static str>,
     #[serde(flatten)]
     decision: &'a edge::Decision,
     node: Option<&'a str>,
@@ -307,6 +349,7 @@ struct Out<'a> {
 
 fn to_json(e: &Explained, id: Option<&serde_json::Value>) -> String {
     serde_json::to_string(&Out {
+        tls: e.tls.as_ref().map(|a| a.tls.as_str()),
         decision: &e.decision,
         node: e.node.as_deref(),
         client_ip: e.client,
@@ -322,6 +365,13 @@ fn human(e: &Explained) -> String {
     let mut s = String::new();
     for (i, r) in d.reasons.iter().enumerate() {
         let _ = writeln!(s, "  {}. {r}", i + 1);
+    }
+    if let Some(a) = &e.tls {
+        let _ = write!(s, "tls: {}", a.tls.as_str());
+        if let Some(k) = &a.key {
+            let _ = write!(s, " ({k})");
+        }
+        s.push('\n');
     }
     let verdict = serde_json::to_value(d.verdict).unwrap_or_default();
     let _ = write!(
@@ -349,6 +399,17 @@ fn human(e: &Explained) -> String {
     }
     s.push('\n');
     s
+}
+
+/// The server name of an https request: `sni`, else the host without its
+/// port (what a client sends); `None` for http.
+fn tls_name(scheme: edge::Scheme, sni: Option<&str>, host: &str) -> Result<Option<String>> {
+    match (scheme, sni) {
+        (edge::Scheme::Http, Some(_)) => bail!("--sni needs --scheme https"),
+        (edge::Scheme::Http, None) => Ok(None),
+        (edge::Scheme::Https, Some(s)) => Ok(Some(s.to_owned())),
+        (edge::Scheme::Https, None) => Ok(Some(edge::normalize_host(host))),
+    }
 }
 
 /// `edgeform explain`.
@@ -407,7 +468,28 @@ pub fn explain(compiled: &Compiled, args: &ExplainOptions) -> Result<u8> {
                         .with_context(|| format!("{}:{}", path.display(), n + 1))?;
                 }
             }
-            let e = ex.explain(node, &r.host, &r.url, r.ip, &r.method, &headers)?;
+            let scheme = match r.scheme.as_deref() {
+                None => edge::Scheme::Http,
+                Some(s) => edge::Scheme::parse(s).with_context(|| {
+                    format!(
+                        "{}:{}: scheme `{}` is not http or https",
+                        path.display(),
+                        n + 1,
+                        edgestate::untrusted::escape(s)
+                    )
+                })?,
+            };
+            let sni = tls_name(scheme, r.sni.as_deref(), &r.host)
+                .with_context(|| format!("{}:{}", path.display(), n + 1))?;
+            let e = ex.explain(
+                node,
+                &r.host,
+                &r.url,
+                r.ip,
+                &r.method,
+                &headers,
+                sni.as_deref(),
+            )?;
             writeln!(out, "{}", to_json(&e, Some(&r.id)))?;
         }
         out.flush()?;
@@ -425,11 +507,199 @@ pub fn explain(compiled: &Compiled, args: &ExplainOptions) -> Result<u8> {
         // nothing else (a tab or U+00A0 stays part of it).
         add_header(&mut headers, k.trim(), v.trim_matches(' ').to_owned())?;
     }
-    let e = ex.explain(args.node.as_deref(), host, url, ip, &args.method, &headers)?;
+    let sni = tls_name(args.scheme, args.sni.as_deref(), host)?;
+    let e = ex.explain(
+        args.node.as_deref(),
+        host,
+        url,
+        ip,
+        &args.method,
+        &headers,
+        sni.as_deref(),
+    )?;
     match args.format {
         ExplainFormat::Json => writeln!(out, "{}", to_json(&e, None))?,
         ExplainFormat::Human => out.write_all(human(&e).as_bytes())?,
     }
     out.flush()?;
     Ok(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+    use std::sync::Arc;
+
+    use super::*;
+    use edgestate::routing::{GeoSettings, RoutingTable};
+    use edgestate::tls::TlsDoc;
+
+    const DOC: &str = r#"{"cache_rules":[],"cached":true,"cors_mode":"off","edge_rules":[],"geo_codes":"","geo_mode":"off","hotlink_mode":"off","ip_list":"","ip_mode":"off","origin":"http://o.test","rate_mode":"off","waf_mode":"off"}"#;
+    const REDIRECT: &str = r#"{"cache_rules":[],"cached":true,"cors_mode":"off","edge_rules":[],"geo_codes":"","geo_mode":"off","hotlink_mode":"off","https_redirect":true,"ip_list":"","ip_mode":"off","origin":"http://o.test","rate_mode":"off","tls":"certificate:a","waf_mode":"off"}"#;
+
+    fn cert(not_after: u64) -> String {
+        TlsDoc {
+            chain: "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n".into(),
+            fingerprint: "0f".repeat(32),
+            key: "-----BEGIN PRIVATE KEY-----\nMIIE\n-----END PRIVATE KEY-----\n".into(),
+            not_after,
+        }
+        .to_canonical_json()
+    }
+
+    /// A compiled key set as `build` gives it, with the certificate
+    /// documents the contract adds (`tls:<host>`).
+    fn compiled() -> Compiled {
+        let table = RoutingTable {
+            format: edgestate::FORMAT_VERSION,
+            cluster: "t".into(),
+            trusted_proxies: Vec::new(),
+            geo: GeoSettings::default(),
+            zones: BTreeMap::new(),
+            nodes: BTreeMap::new(),
+            router_pool: None,
+        };
+        let mut sites: Vec<(Arc<str>, Arc<str>)> = [
+            ("site:a.test", DOC.to_owned()),
+            ("site:b.test", DOC.to_owned()),
+            ("site:old.test", DOC.to_owned()),
+            ("site:plain.test", REDIRECT.to_owned()),
+            ("site:*.w.test", DOC.to_owned()),
+            ("tls:a.test", cert(2_000)),
+            ("tls:b.test", cert(2_000)),
+            ("tls:old.test", cert(999)),
+            ("tls:plain.test", cert(2_000)),
+            ("tls:*.w.test", cert(2_000)),
+        ]
+        .into_iter()
+        .map(|(k, v)| (Arc::from(k), Arc::from(v.as_str())))
+        .collect();
+        sites.sort();
+        let mut targets = BTreeMap::new();
+        targets.insert(
+            "edge-1".to_owned(),
+            Target {
+                node: "edge-1".into(),
+                region: "eu".into(),
+                routing: serde_json::to_string(&table).unwrap().into(),
+                sites: Arc::new(sites),
+            },
+        );
+        Compiled {
+            targets,
+            nginx: BTreeMap::new(),
+        }
+    }
+
+    fn run(
+        c: &Compiled,
+        host: &str,
+        url: &str,
+        scheme: edge::Scheme,
+        sni: Option<&str>,
+    ) -> Explained {
+        let mut ex = Explainer {
+            compiled: c,
+            geoip: None,
+            secret: None,
+            now: 1_000,
+            routers: BTreeMap::new(),
+            sites: BTreeMap::new(),
+        };
+        let sni = tls_name(scheme, sni, host).unwrap();
+        ex.explain(
+            None,
+            host,
+            url,
+            "192.0.2.1".parse().unwrap(),
+            "GET",
+            &Headers::new(),
+            sni.as_deref(),
+        )
+        .unwrap()
+    }
+
+    fn answer(e: &Explained) -> (Option<&'static str>, u16, Option<&'static str>) {
+        (
+            e.tls.as_ref().map(|a| a.tls.as_str()),
+            e.decision.status,
+            e.decision.reason,
+        )
+    }
+
+    #[test]
+    fn https_reports_the_certificate_before_the_verdict() {
+        let c = compiled();
+        let https = edge::Scheme::Https;
+        assert_eq!(
+            answer(&run(&c, "a.test", "/", https, None)),
+            (Some("ok"), 200, None)
+        );
+        assert_eq!(
+            answer(&run(&c, "A.test:443", "/", https, Some("a.TEST."))),
+            (Some("ok"), 200, None)
+        );
+        assert_eq!(
+            answer(&run(&c, "x.w.test", "/", https, None)),
+            (Some("ok"), 200, None)
+        );
+        assert_eq!(
+            answer(&run(&c, "old.test", "/", https, None)),
+            (Some("expired"), 200, None)
+        );
+        // No certificate: the handshake fails, said first.
+        let e = run(&c, "nocert.test", "/", https, None);
+        assert_eq!(
+            answer(&e),
+            (Some("no-certificate"), 404, Some("unknown-host"))
+        );
+        assert!(
+            e.decision
+                .reasons
+                .iter()
+                .any(|r| r.contains("handshake fails")),
+            "{:?}",
+            e.decision.reasons
+        );
+        // Another site's SNI: its certificate does not cover the host, and
+        // the request is misdirected.
+        assert_eq!(
+            answer(&run(&c, "b.test", "/", https, Some("a.test"))),
+            (Some("name-mismatch"), 421, Some("misdirected-request"))
+        );
+        // https_redirect: 301 on http, served on https.
+        let e = run(&c, "plain.test", "/p?q=1", edge::Scheme::Http, None);
+        assert_eq!(answer(&e), (None, 301, Some("https-redirect")));
+        assert_eq!(
+            e.decision.location.as_deref(),
+            Some("https://plain.test/p?q=1")
+        );
+        assert_eq!(
+            answer(&run(&c, "plain.test", "/", https, None)),
+            (Some("ok"), 200, None)
+        );
+        // --sni without https is an error.
+        assert!(tls_name(edge::Scheme::Http, Some("a.test"), "a.test").is_err());
+    }
+
+    #[test]
+    fn json_and_text_carry_tls_first_and_only_with_https() {
+        let c = compiled();
+        let e = run(&c, "old.test", "/", edge::Scheme::Https, None);
+        let json = to_json(&e, None);
+        assert!(
+            json.starts_with(r#"{"tls":"expired","verdict":"proxy""#),
+            "{json}"
+        );
+        assert!(
+            !json.contains("PRIVATE KEY") && !json.contains("MIIE"),
+            "{json}"
+        );
+        let text = human(&e);
+        let tls_at = text.find("tls: expired (tls:old.test)").expect(&text);
+        assert!(tls_at < text.find("verdict:").unwrap(), "{text}");
+        assert!(!text.contains("PRIVATE KEY"), "{text}");
+        let http = to_json(&run(&c, "a.test", "/", edge::Scheme::Http, None), None);
+        assert!(!http.contains("\"tls\""), "{http}");
+    }
 }

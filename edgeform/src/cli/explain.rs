@@ -50,9 +50,25 @@ pub struct ExplainArgs {
     /// prints one JSON decision a line, in order, with the request's `id`.
     #[arg(long, value_name = "FILE", conflicts_with_all = ["host", "url", "ip"])]
     pub batch: Option<PathBuf>,
-    /// Unix time for checking clearance cookies (default: now).
+    /// Unix time for checking clearance cookies and certificates' expiry
+    /// (default: now).
     #[arg(long, value_name = "SECS")]
     pub now: Option<u64>,
+    /// How the request reaches the edge: with https, the TLS outcome
+    /// (`ok`, `no-certificate`, `expired`, `name-mismatch`) comes first.
+    #[arg(long, value_enum, default_value = "http")]
+    pub scheme: Scheme,
+    /// The TLS server name the client sends (default with https: the
+    /// host); another name than the host is a misdirected request (421).
+    #[arg(long, value_name = "NAME")]
+    pub sni: Option<String>,
+}
+
+/// `--scheme`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Scheme {
+    Http,
+    Https,
 }
 
 impl ExplainArgs {
@@ -72,6 +88,11 @@ impl ExplainArgs {
             },
             batch: self.batch.clone(),
             now: self.now,
+            scheme: match self.scheme {
+                Scheme::Http => edgestate::edge::Scheme::Http,
+                Scheme::Https => edgestate::edge::Scheme::Https,
+            },
+            sni: self.sni.clone(),
         }
     }
 }

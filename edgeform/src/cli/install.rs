@@ -129,7 +129,23 @@ pub fn install_cmd(
         use control::store::Store;
         Ok(control::store::DirStore::open(state_dir)?.secrets(node)?)
     };
-    install::ssh::install(&checked, &options, &secrets)
+    // After an edge's switch: what its code reads, in its own Redis (the
+    // version-skew gate); after a rollback, removed (the older release is
+    // assumed to read the seed's fields only).
+    let rt = super::runtime()?;
+    let nodes = checked.config.as_ref().map(|c| &c.nodes);
+    let declare = |name: &str, rolled_back: bool| -> Result<(), String> {
+        let node = nodes
+            .and_then(|n| n.iter().find(|n| n.name == name))
+            .ok_or_else(|| format!("node {name} is not in the configuration"))?;
+        let bundle = edgestate::bundle::Bundle::current();
+        rt.block_on(control::declare_bundle(
+            node,
+            (!rolled_back).then_some(&bundle),
+        ))
+        .map_err(|e| format!("{e:#}"))
+    };
+    install::ssh::install(&checked, &options, &secrets, &declare)
 }
 
 /// `edgeform plan --bundles`.

@@ -8,6 +8,7 @@ mod cli;
 mod edge;
 mod edge_paths;
 mod example;
+mod explain_https;
 mod first_use;
 mod heal;
 mod history;
