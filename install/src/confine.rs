@@ -9,6 +9,8 @@
 //! - `lua_package_path`/`lua_package_cpath` entries are inside the scratch
 //!   folder or under one of [`SYSTEM_LUA_DIRS`];
 //! - `include` stays inside the scratch folder;
+//! - `proxy_ssl_trusted_certificate` may name the system's trust store
+//!   ([`SYSTEM_CA_FILES`]);
 //! - `ssl_engine` and `engine:` keys (OpenSSL engines are shared objects)
 //!   are refused;
 //! - every other argument that is an absolute path, or climbs with `..`,
@@ -96,6 +98,11 @@ const DATA_BLOCKS: [&str; 6] = [
 
 /// Log targets outside the scratch folder that are not files.
 const LOG_DEVICES: [&str; 3] = ["/dev/null", "/dev/stderr", "/dev/stdout"];
+
+/// The system's trust store (public certificates, read only) that
+/// `proxy_ssl_trusted_certificate` may name outside the scratch folder:
+/// the edge verifies its HTTPS origins against it.
+pub const SYSTEM_CA_FILES: [&str; 1] = ["/etc/ssl/certs/ca-certificates.crt"];
 
 /// The message for a file the confinement cannot read exactly as nginx
 /// does: refused, never guessed.
@@ -213,6 +220,8 @@ fn walk(
                         && inside(candidate, bounds).is_none()
                         && !(matches!(d.name.as_str(), "error_log" | "access_log")
                             && LOG_DEVICES.contains(&candidate))
+                        && !(d.name == "proxy_ssl_trusted_certificate"
+                            && SYSTEM_CA_FILES.contains(&candidate))
                     {
                         refuse(format!(
                             "`{} {a}` points outside the gate's scratch folder: take paths from \
