@@ -22,6 +22,14 @@ pub const LOCK: &str = "edgeform:lock";
 /// List: the target's audit trail, newest first, capped;
 /// one JSON entry per write, pushed in the write's own MULTI/EXEC.
 pub const HISTORY: &str = "edgeform:history";
+/// Prefix of the certificate documents: `tls:<host>` (chain, key,
+/// not-after, fingerprint; `edgestate::tls::TlsDoc`).
+pub const TLS_PREFIX: &str = "tls:";
+/// Hash: what the edge's installed code reads (`site_fields`: the
+/// comma-joined document fields; `tls`: `"1"` when it serves `tls:*`),
+/// written by whatever installs or starts the edge. Absent: the seed's
+/// twelve fields and no `tls:*` (docs/operations.md, "Version skew").
+pub const BUNDLE: &str = "edgeform:bundle";
 /// The value of a `suspended:<host>` key.
 pub const SUSPENDED_VALUE: &str = "1";
 
@@ -53,6 +61,12 @@ pub fn site(host: &str) -> String {
 #[must_use]
 pub fn suspended(host: &str) -> String {
     format!("{SUSPENDED_PREFIX}{host}")
+}
+
+/// `tls:<host>`.
+#[must_use]
+pub fn tls(host: &str) -> String {
+    format!("{TLS_PREFIX}{host}")
 }
 
 /// The node's purge queue, `cdn:purge:<region>:<node>` (the seed's name).

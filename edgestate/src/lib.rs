@@ -14,6 +14,8 @@
 //! - [`backoff`]: jittered reconnect backoff (pure; the caller seeds it);
 //! - [`target`]: how a node's Redis and the broker are reached, as
 //!   configured (checked here, connected to by `edgeredis`/`edgemqtt`).
+//! - [`tls`]: the certificate document (`tls:<host>`) and the TLS outcome
+//!   of a handshake (`edgeform explain --scheme https`);
 //! - [`lua`]: the Lua tables of the edge and the geo router, generated
 //!   from the definitions here.
 //!
@@ -34,6 +36,7 @@ pub mod route;
 pub mod routing;
 pub mod site;
 pub mod target;
+pub mod tls;
 pub mod untrusted;
 #[cfg(test)]
 mod vectors;

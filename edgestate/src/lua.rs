@@ -118,6 +118,14 @@ pub fn edge_tables() -> String {
     );
     let _ = writeln!(
         out,
+        "  -- Request body limits (bytes): a site's default max_body_size, and\n  \
+         -- the ceiling (nginx's client_max_body_size; a document above it is bad).\n  \
+         DEFAULT_MAX_BODY_SIZE = {},\n  MAX_BODY_SIZE_CEILING = {},",
+        edge::DEFAULT_MAX_BODY_SIZE,
+        edge::MAX_BODY_SIZE_CEILING
+    );
+    let _ = writeln!(
+        out,
         "  -- The challenge: its cookie, the proof of work's zero bits, the longest\n  \
          -- expiry and counter (decimal digits) a clearance may carry.\n  \
          CLEARANCE_COOKIE = {},\n  CHALLENGE_BITS = {},\n  MAX_EXPIRY_DIGITS = {},\n  MAX_COUNTER_DIGITS = {},",
@@ -130,7 +138,7 @@ pub fn edge_tables() -> String {
         out,
         "  -- The site document's fields and JSON types (`?`: may be absent or null).\n  \
          FIELDS = {},\n  CACHE_RULE = {},\n  EDGE_RULE = {},",
-        fields(&site::SITE_FIELDS),
+        fields(&site::all_site_fields()),
         fields(&site::CACHE_RULE_FIELDS),
         fields(&site::EDGE_RULE_FIELDS)
     );

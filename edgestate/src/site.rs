@@ -32,11 +32,73 @@ pub struct SiteDoc {
     pub geo_codes: String,
     pub geo_mode: Word,
     pub hotlink_mode: Word,
+    /// `http` requests get a 301 to `https://` (present only when true).
+    #[serde(
+        default,
+        deserialize_with = "false_unless_true",
+        skip_serializing_if = "is_false"
+    )]
+    pub https_redirect: bool,
     pub ip_list: String,
     pub ip_mode: Word,
+    /// The largest request body in bytes (`Content-Length`) the edge
+    /// accepts; absent: the edge's default.
+    #[serde(
+        default,
+        deserialize_with = "exact_int",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub max_body_size: Option<u64>,
     pub origin: String,
+    /// Whether an `https://` origin's certificate is verified (present
+    /// only when false: the explicit opt-out).
+    #[serde(
+        default = "yes",
+        deserialize_with = "true_unless_false",
+        skip_serializing_if = "is_true"
+    )]
+    pub origin_tls_verify: bool,
     pub rate_mode: Word,
+    /// How the site's hostnames get a certificate: `certificate:NAME`
+    /// (later `acme`); absent: no HTTPS for the site.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tls: Option<String>,
     pub waf_mode: Word,
+}
+
+// The optional fields are present only when not the default, so a site
+// that does not use them gives the seed's document byte for byte (and an
+// edge whose code does not read them never sees them). Read back, absent
+// and `null` are the default, as the edge's Lua reads them.
+#[allow(clippy::trivially_copy_pass_by_ref)] // serde's skip_serializing_if signature
+fn is_false(v: &bool) -> bool {
+    !*v
+}
+#[allow(clippy::trivially_copy_pass_by_ref)] // serde's skip_serializing_if signature
+fn is_true(v: &bool) -> bool {
+    *v
+}
+fn yes() -> bool {
+    true
+}
+fn false_unless_true<'de, D: serde::Deserializer<'de>>(d: D) -> Result<bool, D::Error> {
+    Ok(Option::<bool>::deserialize(d)?.unwrap_or(false))
+}
+fn exact_int<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<u64>, D::Error> {
+    match Option::<u64>::deserialize(d)? {
+        Some(v) if v > MAX_EXACT_INT => Err(serde::de::Error::custom(format_args!(
+            "{v} is above 2^53, the largest integer the edge reads exactly"
+        ))),
+        v => Ok(v),
+    }
+}
+
+/// 2^53: the largest integer a double (the edge's Lua number) holds
+/// exactly, the ceiling of a [`FieldType::OptU64`] field.
+pub const MAX_EXACT_INT: u64 = 1 << 53;
+
+fn true_unless_false<'de, D: serde::Deserializer<'de>>(d: D) -> Result<bool, D::Error> {
+    Ok(Option::<bool>::deserialize(d)?.unwrap_or(true))
 }
 
 /// A cache rule: `ttl` is present exactly when `action` is `ttl`.
@@ -71,12 +133,17 @@ pub enum FieldType {
     Array,
     Boolean,
     String,
+    /// An optional boolean.
+    OptBool,
     /// An optional string.
     OptString,
     /// An optional integer in `0..=u16::MAX`.
     OptU16,
     /// An optional integer in `0..=u32::MAX`.
     OptU32,
+    /// An optional integer in `0..=2^53` ([`MAX_EXACT_INT`]: the edge's
+    /// Lua holds numbers as doubles).
+    OptU64,
 }
 
 impl FieldType {
@@ -87,15 +154,27 @@ impl FieldType {
             FieldType::Array => "array",
             FieldType::Boolean => "boolean",
             FieldType::String => "string",
+            FieldType::OptBool => "boolean?",
             FieldType::OptString => "string?",
             FieldType::OptU16 => "uint16?",
             FieldType::OptU32 => "uint32?",
+            FieldType::OptU64 => "uint64?",
         }
+    }
+
+    /// Whether the field may be absent (or `null`).
+    #[must_use]
+    pub fn optional(self) -> bool {
+        !matches!(
+            self,
+            FieldType::Array | FieldType::Boolean | FieldType::String
+        )
     }
 }
 
-/// [`SiteDoc`]'s fields and their JSON types: what the edge checks a
-/// document against (a unit test holds it to the struct).
+/// [`SiteDoc`]'s seed fields and their JSON types: always present, what
+/// every edge reads (a unit test holds them, with
+/// [`SITE_OPTIONAL_FIELDS`], to the struct).
 pub const SITE_FIELDS: [(&str, FieldType); 12] = [
     ("cache_rules", FieldType::Array),
     ("cached", FieldType::Boolean),
@@ -110,6 +189,29 @@ pub const SITE_FIELDS: [(&str, FieldType); 12] = [
     ("rate_mode", FieldType::String),
     ("waf_mode", FieldType::String),
 ];
+/// [`SiteDoc`]'s optional fields: present only when not the default. An
+/// edge reads them only when its installed code says so (`edgeform:bundle`,
+/// docs/operations.md "Version skew").
+pub const SITE_OPTIONAL_FIELDS: [(&str, FieldType); 4] = [
+    ("https_redirect", FieldType::OptBool),
+    ("max_body_size", FieldType::OptU64),
+    ("origin_tls_verify", FieldType::OptBool),
+    ("tls", FieldType::OptString),
+];
+
+/// Every field of [`SiteDoc`], seed and optional, in the document's
+/// (alphabetical) order.
+#[must_use]
+pub fn all_site_fields() -> Vec<(&'static str, FieldType)> {
+    let mut all: Vec<_> = SITE_FIELDS
+        .iter()
+        .chain(SITE_OPTIONAL_FIELDS.iter())
+        .copied()
+        .collect();
+    all.sort_by_key(|f| f.0);
+    all
+}
+
 /// [`CacheRule`]'s fields.
 pub const CACHE_RULE_FIELDS: [(&str, FieldType); 4] = [
     ("action", FieldType::String),
@@ -145,8 +247,10 @@ mod tests {
             "cached": true, "cors_mode": "off",
             "edge_rules": [{"action": "redirect", "match_type": "prefix", "match_value": "/a",
                             "redirect_status": 301, "redirect_to": "/b"}],
-            "geo_codes": "", "geo_mode": "off", "hotlink_mode": "off", "ip_list": "",
-            "ip_mode": "off", "origin": "http://o.test", "rate_mode": "off", "waf_mode": "off"
+            "geo_codes": "", "geo_mode": "off", "hotlink_mode": "off", "https_redirect": true,
+            "ip_list": "", "ip_mode": "off", "max_body_size": 1_048_576,
+            "origin": "https://o.test", "origin_tls_verify": false, "rate_mode": "off",
+            "tls": "certificate:example", "waf_mode": "off"
         })
     }
 
@@ -154,6 +258,7 @@ mod tests {
         match v {
             serde_json::Value::Array(_) => FieldType::Array,
             serde_json::Value::Bool(_) => FieldType::Boolean,
+            serde_json::Value::Number(_) => FieldType::OptU64,
             _ => FieldType::String,
         }
     }
@@ -174,10 +279,7 @@ mod tests {
         for &(name, ty) in fields {
             let mut without = obj.clone();
             without.remove(name);
-            let optional = matches!(
-                ty,
-                FieldType::OptString | FieldType::OptU16 | FieldType::OptU32
-            );
+            let optional = ty.optional();
             let parsed = serde_json::from_value::<T>(without.into()).is_ok();
             assert_eq!(parsed, optional, "{name}: absent");
             let mut null = obj.clone();
@@ -187,22 +289,33 @@ mod tests {
             let max = match ty {
                 FieldType::OptU16 => Some(u64::from(u16::MAX)),
                 FieldType::OptU32 => Some(u64::from(u32::MAX)),
+                FieldType::OptU64 => Some(MAX_EXACT_INT),
                 _ => None,
             };
             if let Some(max) = max {
-                for (v, ok) in [(max, true), (max + 1, false)] {
+                let cases: [(serde_json::Value, bool); 3] = [
+                    (max.into(), true),
+                    ((max + 1).into(), false),
+                    ((-1).into(), false),
+                ];
+                for (v, ok) in cases {
                     let mut o = obj.clone();
-                    o.insert(name.into(), v.into());
+                    o.insert(name.into(), v.clone());
                     let parsed = serde_json::from_value::<T>(o.into()).is_ok();
                     assert_eq!(parsed, ok, "{name}: {v}");
                 }
                 let mut o = obj.clone();
                 o.insert(name.into(), "1".into());
                 assert!(serde_json::from_value::<T>(o.into()).is_err(), "{name}");
-            } else if !optional {
-                assert_eq!(json_type(&obj[name]), ty, "{name}");
-                for other in [serde_json::json!([]), true.into(), "x".into()] {
-                    if json_type(&other) != ty {
+            } else {
+                let base = match ty {
+                    FieldType::OptBool => FieldType::Boolean,
+                    FieldType::OptString => FieldType::String,
+                    other => other,
+                };
+                assert_eq!(json_type(&obj[name]), base, "{name}");
+                for other in [serde_json::json!([]), true.into(), "x".into(), 1.into()] {
+                    if json_type(&other) != base {
                         let mut o = obj.clone();
                         o.insert(name.into(), other);
                         let parsed = serde_json::from_value::<T>(o.into()).is_ok();
@@ -216,7 +329,7 @@ mod tests {
     #[test]
     fn field_tables_describe_the_document_structs() {
         let full = full_doc();
-        check_fields::<SiteDoc>(&full, &SITE_FIELDS);
+        check_fields::<SiteDoc>(&full, &all_site_fields());
         check_fields::<CacheRule>(&full["cache_rules"][0], &CACHE_RULE_FIELDS);
         check_fields::<EdgeRule>(&full["edge_rules"][0], &EDGE_RULE_FIELDS);
     }
@@ -235,6 +348,10 @@ mod tests {
             waf_mode: "strict".into(),
             cors_mode: "strict".into(),
             hotlink_mode: "block".into(),
+            https_redirect: false,
+            max_body_size: None,
+            origin_tls_verify: true,
+            tls: None,
             cache_rules: vec![CacheRule {
                 match_type: "ext".into(),
                 match_value: ".mp4".into(),
@@ -263,5 +380,45 @@ mod tests {
         assert!(matches!(back.cache_rules[0].action, Cow::Owned(_)));
         assert_eq!(back.to_canonical_json(), text);
         assert_eq!(back.waf_mode, "strict");
+        // The optional fields at their defaults are not in the text.
+        for (name, _) in SITE_OPTIONAL_FIELDS {
+            assert!(!text.contains(&format!("\"{name}\"")), "{name}");
+        }
+    }
+
+    /// The optional fields appear only when not the default, in sorted
+    /// position; read back, absent and `null` are the default.
+    #[test]
+    fn optional_fields_appear_only_when_not_the_default() {
+        let mut doc: SiteDoc = serde_json::from_value(full_doc()).unwrap();
+        assert!(doc.https_redirect && !doc.origin_tls_verify);
+        assert_eq!(doc.max_body_size, Some(1_048_576));
+        assert_eq!(doc.tls.as_deref(), Some("certificate:example"));
+        let text = doc.to_canonical_json();
+        let value: serde_json::Value = serde_json::from_str(&text).unwrap();
+        assert_eq!(text, serde_json::to_string(&value).unwrap());
+        assert_eq!(value, full_doc());
+
+        doc.https_redirect = false;
+        doc.origin_tls_verify = true;
+        doc.max_body_size = None;
+        doc.tls = None;
+        let text = doc.to_canonical_json();
+        let value: serde_json::Value = serde_json::from_str(&text).unwrap();
+        let keys: Vec<&str> = value
+            .as_object()
+            .unwrap()
+            .keys()
+            .map(String::as_str)
+            .collect();
+        let seed: Vec<&str> = SITE_FIELDS.iter().map(|f| f.0).collect();
+        assert_eq!(keys, seed);
+
+        let mut nulls = full_doc();
+        for (name, _) in SITE_OPTIONAL_FIELDS {
+            nulls[name] = serde_json::Value::Null;
+        }
+        let back: SiteDoc = serde_json::from_value(nulls).unwrap();
+        assert_eq!(back, doc);
     }
 }

@@ -105,6 +105,11 @@ fn edge_decision(vec: &Value, base: &Value) -> Map<String, Value> {
         .map(canonical);
     let req = edge::Request {
         method: text(r, "method").unwrap_or("GET"),
+        scheme: text(r, "scheme")
+            .map(|s| edge::Scheme::parse(s).expect("scheme: http or https"))
+            .unwrap_or_default(),
+        sni: text(r, "sni"),
+        content_length: text(r, "content_length"),
         host: text(r, "host").unwrap_or("site.test"),
         uri: text(r, "uri").unwrap_or("/"),
         client_ip: client,
@@ -236,9 +241,51 @@ fn client_choice(vec: &Value) -> Option<IpAddr> {
     router.client_ip_proxied(peer, text(vec, "proxy"), text(vec, "xff"), &mut Vec::new())
 }
 
+/// This crate's TLS outcome for a certificate vector: (outcome, key).
+fn tls_choice(vec: &Value) -> (String, Option<String>) {
+    let stored: std::collections::BTreeMap<String, String> = vec["docs"]
+        .as_object()
+        .expect("docs")
+        .iter()
+        .map(|(k, v)| {
+            let text = v.as_str().map_or_else(|| v.to_string(), str::to_owned);
+            (k.clone(), text)
+        })
+        .collect();
+    let a = crate::tls::outcome(
+        text(vec, "sni"),
+        text(vec, "host").expect("host"),
+        vec["now"].as_u64().expect("now"),
+        |k| stored.get(k).map(String::as_str),
+    );
+    (a.tls.as_str().to_owned(), a.key)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn tls_outcomes_match_the_shared_vectors() {
+        let mut failures = Vec::new();
+        let mut ran = 0;
+        for (line, v) in read("edge/tls.jsonl") {
+            ran += 1;
+            let want = (
+                text(&v["want"], "tls").expect("want.tls").to_owned(),
+                text(&v["want"], "key").map(str::to_owned),
+            );
+            let got = tls_choice(&v);
+            if got != want {
+                failures.push(format!(
+                    "{}: got {got:?}, want {want:?}",
+                    name("edge/tls.jsonl", line, &v)
+                ));
+            }
+        }
+        assert!(ran > 30, "only {ran} vectors");
+        assert!(failures.is_empty(), "{}", failures.join("\n"));
+    }
 
     fn name(file: &str, line: usize, v: &Value) -> String {
         format!(

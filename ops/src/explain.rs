@@ -226,6 +226,8 @@ impl Explainer<'_> {
             acr_method: header(headers, "access-control-request-method"),
             cookie: header(headers, "cookie"),
             authorization: header(headers, "authorization"),
+            content_length: header(headers, "content-length"),
+            ..Request::default()
         };
         let clearance = Clearance {
             secret: self.secret.as_deref(),

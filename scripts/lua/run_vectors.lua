@@ -13,6 +13,7 @@ local FILES = {
   { "testdata/edge/client_ip.jsonl", "client" },
   { "testdata/edge/paths.jsonl", "paths" },
   { "testdata/edge/waf.jsonl", "waf" },
+  { "testdata/edge/tls.jsonl", "tls" },
   { "testdata/route/nearest.jsonl", "route" },
 }
 

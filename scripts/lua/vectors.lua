@@ -85,6 +85,9 @@ function _M.edge(vec, base, with_ngx)
     method = opt(r.method) or "GET",
     host = host,
     uri = uri,
+    scheme = opt(r.scheme),
+    sni = opt(r.sni),
+    content_length = opt(r.content_length),
     client = client,
     country = country,
     referer = opt(r.referer),
@@ -171,6 +174,26 @@ function _M.waf(vec)
   return {}
 end
 
+-- One certificate vector (tls.jsonl) → its differences from `want`.
+local tls_pick = require "edge_tls_pick"
+
+function _M.tls(vec)
+  local stored = {}
+  for k, v in pairs(vec.docs or {}) do
+    stored[k] = type(v) == "string" and v or cjson.encode(v)
+  end
+  local outcome, key = tls_pick.pick(opt(vec.sni), vec.host, vec.now,
+    function(k) return stored[k] end)
+  local out = {}
+  if outcome ~= vec.want.tls then
+    out[#out + 1] = "tls " .. outcome .. ", want " .. tostring(vec.want.tls)
+  end
+  if key ~= opt(vec.want.key) then
+    out[#out + 1] = "key " .. tostring(key) .. ", want " .. tostring(opt(vec.want.key))
+  end
+  return out
+end
+
 -- The Lua decisions of an edge file's vectors, one JSON line per vector
 -- line (`null`: not run here), for the nginx runner's caller to compare.
 function _M.edge_json(lines, with_ngx)
@@ -196,7 +219,7 @@ function _M.edge_json(lines, with_ngx)
 end
 
 -- Every vector of one file: failures (text) and how many ran.
--- kind: "edge" | "route" | "client" | "paths" | "waf".
+-- kind: "edge" | "route" | "client" | "paths" | "waf" | "tls".
 function _M.check_lines(kind, lines, with_ngx, where)
   local failures, ran, base = {}, 0, nil
   for n, line in ipairs(lines) do
@@ -224,6 +247,8 @@ function _M.check_lines(kind, lines, with_ngx, where)
             return _M.path(vec)
           elseif kind == "waf" then
             return _M.waf(vec)
+          elseif kind == "tls" then
+            return _M.tls(vec)
           else
             local got = _M.client(vec)
             local want = opt(vec.want) and ip.parse(vec.want)

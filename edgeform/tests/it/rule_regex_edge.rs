@@ -229,6 +229,7 @@ fn regex_rules_check_refuses_what_the_edge_reads_otherwise_and_bounds_redos() {
                 acr_method: None,
                 cookie: None,
                 authorization: None,
+                ..edgestate::edge::Request::default()
             },
             edgestate::edge::Found::Site {
                 key: &host,

@@ -74,6 +74,16 @@ pub const RATE_NORMAL: (u32, u32) = (20, 40);
 pub const RATE_STRICT: (u32, u32) = (5, 10);
 /// Default cache time of a response the origin gives no freshness for.
 pub const DEFAULT_TTL_SECS: u32 = 600;
+/// The request body (`Content-Length`, bytes) a site without
+/// `max_body_size` accepts: 100m.
+pub const DEFAULT_MAX_BODY_SIZE: u64 = 100 * 1024 * 1024;
+/// The edge-wide ceiling of `max_body_size`: 1g, nginx's
+/// `client_max_body_size` on the edge (a larger body is refused by nginx
+/// before the edge's Lua). A document above it is bad.
+pub const MAX_BODY_SIZE_CEILING: u64 = 1024 * 1024 * 1024;
+/// The largest `Content-Length` nginx reads (its `off_t`); a longer or
+/// non-numeric one is its own 400.
+const NGINX_MAX_CONTENT_LENGTH: u64 = i64::MAX as u64;
 
 /// Declares the reason constants and [`reason::ALL`], the list the edge's
 /// Lua tables are generated from.
@@ -113,6 +123,14 @@ pub mod reason {
         CORS_PREFLIGHT = "cors-preflight";
         CHALLENGE = "challenge";
         EDGE_RULE = "edge-rule";
+        /// An `http` request to a site with `https_redirect`: 301 to https.
+        HTTPS_REDIRECT = "https-redirect";
+        /// An `https` request whose `Host` is not the connection's SNI
+        /// (a reused HTTP/2 connection): 421.
+        MISDIRECTED_REQUEST = "misdirected-request";
+        /// `Content-Length` above the site's `max_body_size` (or the
+        /// default): 413.
+        BODY_TOO_LARGE = "body-too-large";
         /// The edge's rate limiter (stateful: never a decision of this
         /// module, which assumes a client's first requests).
         RATE_LIMITED = "rate-limited";
@@ -279,6 +297,9 @@ pub struct Site {
     waf: Level,
     cors: Level,
     hotlink: bool,
+    https_redirect: bool,
+    /// The site's `max_body_size`, else [`DEFAULT_MAX_BODY_SIZE`].
+    max_body: u64,
     cache_rules: Vec<(Matcher, CacheAction)>,
     edge_rules: Vec<(Matcher, EdgeAction)>,
 }
@@ -478,6 +499,16 @@ impl Site {
                 ));
             }
         };
+        let max_body = doc.max_body_size.unwrap_or(DEFAULT_MAX_BODY_SIZE);
+        if max_body > MAX_BODY_SIZE_CEILING {
+            return Err(bad(
+                DocErrorKind::Value,
+                format!(
+                    "max_body_size: {max_body} is above the edge's ceiling \
+                     {MAX_BODY_SIZE_CEILING} (1g)"
+                ),
+            ));
+        }
         let mut cache_rules = Vec::new();
         for (i, r) in doc.cache_rules.iter().enumerate() {
             let field = format!("cache_rules[{i}]");
@@ -538,9 +569,40 @@ impl Site {
             waf,
             cors,
             hotlink,
+            https_redirect: doc.https_redirect,
+            max_body,
             cache_rules,
             edge_rules,
         })
+    }
+}
+
+/// How the request reached the edge.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Scheme {
+    #[default]
+    Http,
+    Https,
+}
+
+impl Scheme {
+    #[must_use]
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Scheme::Http => "http",
+            Scheme::Https => "https",
+        }
+    }
+
+    /// `http` or `https`.
+    #[must_use]
+    pub fn parse(text: &str) -> Option<Scheme> {
+        match text {
+            "http" => Some(Scheme::Http),
+            "https" => Some(Scheme::Https),
+            _ => None,
+        }
     }
 }
 
@@ -549,6 +611,13 @@ impl Site {
 #[derive(Debug, Clone, Default)]
 pub struct Request<'a> {
     pub method: &'a str,
+    /// `https` for a request on a TLS listener.
+    pub scheme: Scheme,
+    /// The TLS ClientHello's server name (`https` only; `None` or empty:
+    /// none sent).
+    pub sni: Option<&'a str>,
+    /// The `Content-Length` header as sent.
+    pub content_length: Option<&'a str>,
     /// The `Host` header (any case, with or without port).
     pub host: &'a str,
     /// The request URI as sent: path and optional `?query`.
@@ -580,6 +649,39 @@ pub struct Clearance<'a> {
 #[must_use]
 pub fn normalize_host(host: &str) -> String {
     norm::nginx_host(host).unwrap_or_else(|| host.to_ascii_lowercase())
+}
+
+/// A `Content-Length` as nginx reads it: decimal digits only, at most its
+/// `off_t`; `None`: nginx refuses the request (400).
+fn nginx_content_length(text: &str) -> Option<u64> {
+    if text.is_empty() || !text.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    let digits = text.trim_start_matches('0');
+    if digits.len() > 19 {
+        return None;
+    }
+    let n: u64 = if digits.is_empty() {
+        0
+    } else {
+        digits.parse().ok()?
+    };
+    (n <= NGINX_MAX_CONTENT_LENGTH).then_some(n)
+}
+
+/// Whether an `https` request's Host is not its connection's SNI
+/// (compared as the edge reads both: [`crate::tls::normalize_sni`] and
+/// nginx's `$host`). No SNI, or an empty one: never misdirected.
+#[must_use]
+pub fn misdirected(scheme: Scheme, sni: Option<&str>, host: &str) -> bool {
+    let Some(sni) = sni.filter(|s| !s.is_empty()) else {
+        return false;
+    };
+    if scheme != Scheme::Https {
+        return false;
+    }
+    let sni = sni.strip_suffix('.').unwrap_or(sni);
+    !sni.eq_ignore_ascii_case(host)
 }
 
 /// The keys' hosts to try, in order: the host, then its wildcard.
@@ -855,6 +957,26 @@ pub fn decide(req: &Request<'_>, found: Found<'_>, clearance: Clearance<'_>) -> 
         ));
         return refuse(d, Verdict::Blocked, 400, reason::BAD_REQUEST);
     };
+    let content_length = match req.content_length {
+        None => None,
+        Some(text) => {
+            let Some(n) = nginx_content_length(text) else {
+                d.reasons.push(format!(
+                    "nginx refuses the Content-Length `{}` (400, before the edge's Lua)",
+                    crate::untrusted::escape(text)
+                ));
+                return refuse(d, Verdict::Blocked, 400, reason::BAD_REQUEST);
+            };
+            if n > MAX_BODY_SIZE_CEILING {
+                d.reasons.push(format!(
+                    "Content-Length {n} is above the edge's ceiling {MAX_BODY_SIZE_CEILING} \
+                     (1g): nginx refuses it (413, before the edge's Lua)"
+                ));
+                return refuse(d, Verdict::Blocked, 413, reason::BODY_TOO_LARGE);
+            }
+            Some(n)
+        }
+    };
     match canonical {
         Err(e) => {
             d.reasons.push(format!("{}: refused", e.describe()));
@@ -899,9 +1021,43 @@ pub fn decide(req: &Request<'_>, found: Found<'_>, clearance: Clearance<'_>) -> 
     // Every path rule reads the path without its segments' parameters.
     let matched = norm::match_path(path);
     let path: &str = &matched;
+    // 3a. A request on a connection made for another name.
+    if misdirected(req.scheme, req.sni, &host) {
+        d.reasons.push(format!(
+            "https: Host `{host}` is not the connection's SNI `{}`: misdirected (421)",
+            crate::untrusted::escape(req.sni.unwrap_or_default())
+        ));
+        return refuse(d, Verdict::Blocked, 421, reason::MISDIRECTED_REQUEST);
+    }
     if suspended {
         d.reasons.push(format!("suspended:{key} is set"));
         return refuse(d, Verdict::Suspended, 503, reason::SUSPENDED);
+    }
+    // 3b. HTTP to a site that wants HTTPS.
+    if site.https_redirect && req.scheme == Scheme::Http {
+        let target = format!("https://{host}{}", req.uri);
+        d.reasons.push(format!(
+            "https_redirect: http is redirected 301 to {target}"
+        ));
+        d.verdict = Verdict::Redirect;
+        d.status = 301;
+        d.reason = Some(reason::HTTPS_REDIRECT);
+        d.location = Some(target);
+        return d;
+    }
+    // 3c. The body's size, as announced.
+    if let Some(n) = content_length {
+        if n > site.max_body {
+            d.reasons.push(format!(
+                "Content-Length {n} is above max_body_size {} (413)",
+                site.max_body
+            ));
+            return refuse(d, Verdict::Blocked, 413, reason::BODY_TOO_LARGE);
+        }
+        d.reasons.push(format!(
+            "Content-Length {n} within max_body_size {}",
+            site.max_body
+        ));
     }
     let client = req.client_ip;
     // 4. IP policy.

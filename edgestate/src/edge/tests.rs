@@ -57,6 +57,7 @@ fn run(c: &Case<'_>) -> Decision {
         },
         cookie: None,
         authorization: None,
+        ..Request::default()
     };
     decide(
         &req,

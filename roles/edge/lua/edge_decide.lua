@@ -54,6 +54,10 @@ local function is_object(v)
   return true
 end
 
+-- The largest value of each integer type; "uint64" stops at 2^53, the
+-- last integer a double holds exactly (edgestate::site::MAX_EXACT_INT).
+local UINT_MAX = { uint16 = 65535, uint32 = 4294967295, uint64 = 9007199254740992 }
+
 local function check_type(want, v, null)
   local optional = sub(want, -1) == "?"
   if optional then
@@ -63,8 +67,8 @@ local function check_type(want, v, null)
     return false, "missing"
   end
   if want == "array" then return is_array(v) end
-  if want == "uint32" or want == "uint16" then
-    local max = want == "uint32" and 4294967295 or 65535
+  local max = UINT_MAX[want]
+  if max then
     return type(v) == "number" and v == floor(v) and v >= 0 and v <= max
   end
   return type(v) == want
@@ -186,6 +190,15 @@ function _M.prepare(doc, null)
     return nil, "hotlink_mode: unknown mode `" .. doc.hotlink_mode .. "`"
   end
   s.hotlink = doc.hotlink_mode == "block"
+  s.https_redirect = doc.https_redirect == true
+  local max_body = doc.max_body_size
+  if max_body == nil or max_body == null then max_body = T.DEFAULT_MAX_BODY_SIZE end
+  if max_body > T.MAX_BODY_SIZE_CEILING then
+    return nil, "max_body_size: " .. string.format("%.0f", max_body)
+      .. " is above the edge's ceiling " .. T.MAX_BODY_SIZE_CEILING .. " (1g)"
+  end
+  -- Compared as decimal text with Content-Length (exact at any length).
+  s.max_body = string.format("%.0f", max_body)
   -- What the access phase must read for this site (the rest is skipped).
   s.need_client = s.ip ~= "off" or s.geo ~= "off" or s.rate ~= "off"
   s.need_country = s.geo ~= "off"
@@ -341,17 +354,49 @@ function _M.clearance_valid(secret, site, client_bytes, now, value)
     and leading_zeros(ngx.sha1_bin(value), _M.CHALLENGE_BITS)
 end
 
+-- Whether an https request's Host (nginx's $host) is not its connection's
+-- SNI: compared without case and without one trailing dot of the SNI. No
+-- SNI (nil or ""): never.
+function _M.misdirected(scheme, sni, host)
+  if scheme ~= "https" or sni == nil or sni == "" then return false end
+  if sub(sni, -1) == "." then sni = sub(sni, 1, -2) end
+  return lower(sni) ~= host
+end
+
+-- Whether a Content-Length (decimal digits: nginx refused any other
+-- before the Lua) is above a limit given as decimal text.
+local function above(length, limit)
+  if not find(length, "^%d+$") then return false end
+  length = length:gsub("^0+", "")
+  if #length ~= #limit then return #length > #limit end
+  return length > limit
+end
+_M.above = above
+
 local function refuse(d, verdict, status, reason)
   d.verdict, d.status, d.reason = verdict, status, reason
   return d
 end
 
--- req: method, host (normalised), uri, client (bytes or nil), country,
+-- req: method, host (normalised), uri, scheme ("http" when nil), sni,
+-- content_length (the header's text), client (bytes or nil), country,
 -- referer, origin, acr_method, cookie. site: from prepare(). clearance:
 -- {secret, now}.
 function _M.decide(req, key, site, suspended, clearance)
   local d = { verdict = "proxy", status = 200, site = key, cached = false }
+  local scheme = req.scheme or "http"
+  if _M.misdirected(scheme, req.sni, req.host) then
+    return refuse(d, "blocked", 421, R.MISDIRECTED_REQUEST)
+  end
   if suspended then return refuse(d, "suspended", 503, R.SUSPENDED) end
+  if site.https_redirect and scheme == "http" then
+    d.verdict, d.status, d.reason = "redirect", 301, R.HTTPS_REDIRECT
+    d.location = "https://" .. req.host .. req.uri
+    return d
+  end
+  if req.content_length and above(req.content_length, site.max_body) then
+    return refuse(d, "blocked", 413, R.BODY_TOO_LARGE)
+  end
   local uri = req.uri
   local q = find(uri, "?", 1, true)
   local path, query = uri, nil

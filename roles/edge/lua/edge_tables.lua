@@ -28,6 +28,10 @@ return {
   REDIRECT_STATUSES = { 301, 302, 307, 308 },
   -- Seconds a response the origin gives no freshness for is cached.
   DEFAULT_TTL = 600,
+  -- Request body limits (bytes): a site's default max_body_size, and
+  -- the ceiling (nginx's client_max_body_size; a document above it is bad).
+  DEFAULT_MAX_BODY_SIZE = 104857600,
+  MAX_BODY_SIZE_CEILING = 1073741824,
   -- The challenge: its cookie, the proof of work's zero bits, the longest
   -- expiry and counter (decimal digits) a clearance may carry.
   CLEARANCE_COOKIE = "edgeform_clearance",
@@ -43,10 +47,14 @@ return {
     geo_codes = "string",
     geo_mode = "string",
     hotlink_mode = "string",
+    https_redirect = "boolean?",
     ip_list = "string",
     ip_mode = "string",
+    max_body_size = "uint64?",
     origin = "string",
+    origin_tls_verify = "boolean?",
     rate_mode = "string",
+    tls = "string?",
     waf_mode = "string",
   },
   CACHE_RULE = {
@@ -83,6 +91,9 @@ return {
     CORS_PREFLIGHT = "cors-preflight",
     CHALLENGE = "challenge",
     EDGE_RULE = "edge-rule",
+    HTTPS_REDIRECT = "https-redirect",
+    MISDIRECTED_REQUEST = "misdirected-request",
+    BODY_TOO_LARGE = "body-too-large",
     RATE_LIMITED = "rate-limited",
     CONTROL_PLANE_UNREACHABLE = "control-plane-unreachable",
   },
