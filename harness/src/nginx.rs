@@ -498,6 +498,51 @@ pub fn lua_runner(lua_dirs: &[PathBuf], content_lua: &str) -> Edge {
     panic!("nginx (Lua runner) did not start:\n{last}");
 }
 
+/// An HTTPS origin: nginx answering `200 tls origin` over TLS with the
+/// certificate `crt`/`key`. The process's `port` is the listen port.
+///
+/// # Panics
+/// When nginx does not come up (its error log is shown).
+#[must_use]
+pub fn tls_origin(crt: &Path, key: &Path) -> Edge {
+    let mut last = String::new();
+    for _ in 0..5 {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let port = free_port();
+        let prefix = dir.path().display().to_string();
+        let user = std::env::var("USER").unwrap_or_default();
+        let user = if user.is_empty() { "root".into() } else { user };
+        let text = format!(
+            "user {user};\ndaemon off;\nmaster_process on;\nworker_processes 1;\n\
+             pid {prefix}/nginx.pid;\nerror_log {prefix}/error.log notice;\n\
+             events {{ worker_connections 64; }}\n\
+             http {{\n  access_log off;\n  client_body_temp_path {prefix}/client_body;\n\
+             \x20 proxy_temp_path {prefix}/proxy_temp;\n\
+             \x20 server {{\n    listen 127.0.0.1:{port} ssl;\n\
+             \x20   ssl_certificate {};\n    ssl_certificate_key {};\n\
+             \x20   location / {{ return 200 \"tls origin\\n\"; }}\n  }}\n}}\n",
+            crt.display(),
+            key.display()
+        );
+        let conf = dir.path().join("nginx.conf");
+        std::fs::write(&conf, text).expect("write nginx.conf");
+        match start(dir, prefix, &conf, port) {
+            Ok(process) => {
+                let cache_dir = process.dir.path().to_path_buf();
+                return Edge {
+                    process,
+                    conf,
+                    cache_dir,
+                    https_port: 0,
+                    proxy_port: 0,
+                };
+            }
+            Err(log) => last = log,
+        }
+    }
+    panic!("nginx (TLS origin) did not start:\n{last}");
+}
+
 /// What differs between geo routers (`router/`, docs/router.md).
 #[derive(Debug, Clone)]
 pub struct RouterOptions {

@@ -1,3 +1,4 @@
 //! edgestate's integration tests: what needs a real process.
 
+mod edge_tls;
 mod lua_vectors;

@@ -373,7 +373,7 @@ function _M.access()
   local req = {
     scheme = https and "https" or "http",
     sni = https and var.ssl_server_name or nil,
-    content_length = tonumber(var.http_content_length),
+    content_length = var.http_content_length,
     method = method,
     host = host,
     uri = request_uri,

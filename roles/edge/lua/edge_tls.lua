@@ -15,8 +15,8 @@
 -- host keeps working. Redis down: the certificates last read keep serving.
 
 local ssl = require "ngx.ssl"
-local cjson = require "cjson.safe"
 local lrucache = require "resty.lrucache"
+local pick = require "edge_tls_pick"
 local router = require "cdn_router"
 
 local ngx = ngx
@@ -24,43 +24,23 @@ local log, ERR, INFO = ngx.log, ngx.ERR, ngx.INFO
 
 local _M = {}
 
-local certs     -- per worker: tls key → {cert, key, not_after, gen} | {err, gen}
-local misses    -- per worker: sni → {key | none, gen}: where an SNI was found
+local certs     -- per worker: tls key → {cert, key, not_after, text, gen} | {err, text, gen}
+local misses    -- per worker: name → {key | none, gen}: where a name was found
 local CERT_CACHE, MISS_CACHE = 10000, 10000
-local MAX_SNI = 253
 
 function _M.init_worker()
   certs = lrucache.new(CERT_CACHE)
   misses = lrucache.new(MISS_CACHE)
 end
 
--- The SNI as a lookup name: lower case, only `a-z 0-9 . - _` and at most
--- 253 bytes; nil for anything else (non-ASCII, spaces, NUL, oversized).
-function _M.name(sni)
-  if type(sni) ~= "string" or sni == "" or #sni > MAX_SNI then return nil end
-  sni = sni:lower()
-  if sni:find("[^a-z0-9%.%-_]") or sni:find("..", 1, true) then return nil end
-  return sni
-end
-
--- The wildcard key of a name: `*.<name minus its first label>`, nil for a
--- single label.
-function _M.wildcard(name)
-  local rest = name:match("^[^.]+%.(.+)$")
-  return rest and ("*." .. rest) or nil
-end
-
--- A `tls:` document's text → {cert, key, not_after} or nil + why.
+-- A `tls:` document's text → {cert, key, not_after} or nil + why
+-- (edge_tls_pick.parse's shape, then the PEMs as OpenSSL reads them).
 local function parse(text)
-  local doc = cjson.decode(text)
-  if type(doc) ~= "table" then return nil, "not JSON" end
-  if type(doc.chain) ~= "string" or type(doc.key) ~= "string"
-      or type(doc.not_after) ~= "number" then
-    return nil, "chain, key or not_after missing"
-  end
-  local cert, err = ssl.parse_pem_cert(doc.chain)
+  local doc, err = pick.parse(text)
+  if not doc then return nil, err end
+  local cert, key
+  cert, err = ssl.parse_pem_cert(doc.chain)
   if not cert then return nil, "chain: " .. tostring(err) end
-  local key
   key, err = ssl.parse_pem_priv_key(doc.key)
   if not key then return nil, "key: " .. tostring(err) end
   return { cert = cert, key = key, not_after = doc.not_after }
@@ -96,7 +76,7 @@ function _M.lookup(name)
     local e = certs:get(m.key)
     if e and e.gen == gen then return e end
   end
-  local wild = _M.wildcard(name)
+  local wild = pick.hosts(name)[2]
   local r, err = router.redis()
   local vals
   if r then
@@ -130,7 +110,7 @@ end
 -- ssl_certificate_by_lua: set the SNI's certificate or fail the handshake.
 function _M.certificate()
   local sni = ssl.server_name()
-  local name = _M.name(sni)
+  local name = pick.normalize(sni)
   if not name then
     log(INFO, "edgeform tls: handshake refused: ", sni and "SNI not a host name" or "no SNI")
     return ngx.exit(ngx.ERROR)
