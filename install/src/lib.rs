@@ -188,9 +188,18 @@ impl Instance {
     }
 
     /// The live instance's HTTPS listeners from the node YAML's `https`
-    /// block (defaults `443` and `10443`).
+    /// block (defaults `443` and `10443`); the candidate's from
+    /// `install.candidate_vars` `https_listen`/`proxy_listen` when given.
     #[must_use]
     pub fn with_https(mut self, node_yaml: &Value) -> Instance {
+        if self.name == "candidate" {
+            if let Some(l) = self.vars.get("https_listen") {
+                self.https_listen.clone_from(l);
+            }
+            if let Some(l) = self.vars.get("proxy_listen") {
+                self.proxy_listen.clone_from(l);
+            }
+        }
         if self.name == "live" {
             let https = node_yaml.get("https");
             let field = |f: &str| https.and_then(|h| h.get(f)).and_then(Value::as_str);
