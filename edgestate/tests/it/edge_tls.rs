@@ -246,6 +246,19 @@ fn certificates_by_sni_from_redis_and_every_bad_case_fails_only_its_handshake() 
     let (code, _) = curl(https, "a.test", &["--tlsv1.1", "--tls-max", "1.1"], "/");
     assert_ne!(code, 0, "TLS 1.1 refused");
 
+    // Session resumption: a second handshake with the first's session.
+    let sess = s.dir.path().join("session.pem");
+    let resume = |flag: &str| {
+        let o = run(Command::new("openssl")
+            .args(["s_client", "-connect", &format!("127.0.0.1:{https}")])
+            .args(["-servername", "a.test", "-tls1_2", flag])
+            .arg(&sess)
+            .stdin(Stdio::null()));
+        String::from_utf8_lossy(&o.stdout).into_owned()
+    };
+    assert!(resume("-sess_out").contains("New, TLSv1.2"));
+    assert!(resume("-sess_in").contains("Reused, TLSv1.2"), "resumed");
+
     // A Host other than the SNI: 421 (misdirected request).
     let (_, out) = curl(
         https,
