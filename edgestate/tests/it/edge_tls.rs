@@ -468,6 +468,18 @@ fn proxy_defaults_body_limit_websocket_and_verified_https_origins() {
         "site:optout.test",
         &site_doc(&url, ",\"origin_tls_verify\":false"),
     );
+    // The same through the TTL hop (a `ttl` cache rule on `.js`).
+    let ttl = |extra: &str| {
+        site_doc(&url, extra)
+            .replace("\"cache_rules\":[]", "\"cache_rules\":[{\"action\":\"ttl\",\"match_type\":\"ext\",\"match_value\":\".js\",\"ttl\":60}]")
+            .replace("\"cached\":false", "\"cached\":true")
+    };
+    set(p, "site:ttl-origin.test", &ttl(""));
+    set(
+        p,
+        "site:ttl-optout.test",
+        &ttl(",\"origin_tls_verify\":false"),
+    );
     bump(p);
     let code = |host: &str, port: u16| {
         let o = run(Command::new("curl")
@@ -478,6 +490,35 @@ fn proxy_defaults_body_limit_websocket_and_verified_https_origins() {
     };
     assert_eq!(code("tls-origin.test", edge), "502");
     assert_eq!(code("optout.test", edge), "200", "{}", s.edge.error_log());
+    let code_js = |host: &str, port: u16| {
+        let o = run(Command::new("curl")
+            .args(["-s", "-o", "/dev/null", "-w", "%{http_code}", "-H"])
+            .arg(format!("Host: {host}"))
+            .arg(format!("http://127.0.0.1:{port}/a.js")));
+        String::from_utf8_lossy(&o.stdout).into_owned()
+    };
+    assert_eq!(
+        code_js("ttl-origin.test", edge),
+        "502",
+        "the hop verifies too"
+    );
+    assert_eq!(
+        code_js("ttl-optout.test", edge),
+        "200",
+        "{}",
+        s.edge.error_log()
+    );
+    // A viewer's own X-Edgeform-TLS-Verify changes nothing.
+    let o = run(Command::new("curl")
+        .args(["-s", "-o", "/dev/null", "-w", "%{http_code}"])
+        .args([
+            "-H",
+            "Host: ttl-origin.test",
+            "-H",
+            "X-Edgeform-TLS-Verify: off",
+        ])
+        .arg(format!("http://127.0.0.1:{edge}/b.js")));
+    assert_eq!(String::from_utf8_lossy(&o.stdout), "502");
     // The same origin, its CA trusted (the edge's trust store replaced):
     // verified and served.
     let mut o = EdgeOptions::new(p);
