@@ -340,7 +340,7 @@ pub struct Node {
     pub install: Option<Box<Install>>,
     /// An edge's HTTPS listeners (docs/edge.md, "HTTPS").
     #[serde(default)]
-    pub https: Option<Https>,
+    pub https: Option<Box<Https>>,
 }
 
 /// `https:` of an edge: where it terminates TLS (docs/edge.md, "HTTPS").
