@@ -52,7 +52,8 @@ install:
   listen: 127.0.0.1:$eport
   smoke_listen: 127.0.0.1:$pport
   vars: {api: "false", api_url: "http://127.0.0.1:9", cache_max_size: 1g, geoip_db: "$PWD/testdata/geoip/GeoLite2-City-Test.mmdb", resolver: 127.0.0.1, ttl_hop_port: "$hop1", workers: "1"}
-  candidate_vars: {ttl_hop_port: "$hop2"}
+  candidate_vars: {ttl_hop_port: "$hop2", https_listen: "127.0.0.1:$(free)", proxy_listen: "127.0.0.1:$(free)"}
+https: {listen: "127.0.0.1:$(free)", proxy_listen: "127.0.0.1:$(free)"}
 YAML
 cat > "$repo/sites/bench.yaml" <<YAML
 host: bench.test
@@ -71,7 +72,11 @@ target/release/edgeform --repo "$repo" apply --yes >/dev/null 2>&1
 
 target/release/edgeform --repo "$repo" build --out "$work/out" >/dev/null 2>&1
 bundle="$work/out/bundles/edge-1"
-mkdir -p "$work/cache" "$work/root/run/live" "$work/root/run/candidate" "$work/edge" "$work/plain"
+mkdir -p "$work/cache" "$work/root/run/live" "$work/root/run/candidate" "$work/edge" "$work/plain" "$work/root/tls"
+# The TLS listeners' placeholder certificate, as `edgeform install` makes it on a node.
+openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days 36500 \
+  -subj '/CN=edgeform placeholder' -keyout "$work/root/tls/placeholder.key" \
+  -out "$work/root/tls/placeholder.crt" >/dev/null 2>&1
 cp "$bundle/nginx.conf" "$work/edge/nginx.conf"
 cp "$bundle/candidate/nginx.conf" "$work/plain/nginx.conf"
 # The same configuration without the Lua access phase.

@@ -320,15 +320,16 @@ pub fn pool_with(config: &Config, router: &Node, addresses: Addresses) -> Vec<Po
 pub struct StreamOptions {
     /// nginx `listen` argument (`443`; a test: `127.0.0.1:<port>`).
     pub listen: String,
-    /// The edges' TLS port (443; a test: its listeners' port).
-    pub edge_port: u16,
+    /// The port every edge is reached on; `None` (what `build` writes):
+    /// each edge's own `https.proxy_listen` port (default 10443).
+    pub edge_port: Option<u16>,
 }
 
 impl Default for StreamOptions {
     fn default() -> Self {
         StreamOptions {
             listen: "443".into(),
-            edge_port: 443,
+            edge_port: None,
         }
     }
 }
@@ -381,6 +382,12 @@ pub fn nginx_stream(
             std::net::IpAddr::V4(a) => a.to_string(),
             std::net::IpAddr::V6(a) => format!("[{a}]"),
         };
+        let port = o.edge_port.unwrap_or_else(|| {
+            config.nodes.iter().find(|n| n.name == m.node).map_or(
+                crate::model::resolved::HttpsListen::default().proxy_port,
+                |n| n.https.proxy_port,
+            )
+        });
         let (down, note) = if m.down {
             (" down", ", drained")
         } else {
@@ -388,14 +395,20 @@ pub fn nginx_stream(
         };
         let _ = writeln!(
             out,
-            "        server {host}:{} weight={} max_fails={} fail_timeout={}s{down};  # {} {:.1} km{note}",
-            o.edge_port, m.weight, geo.max_fails, geo.fail_timeout_s, m.node, m.distance_km
+            "        server {host}:{port} weight={} max_fails={} fail_timeout={}s{down};  # {} {:.1} km{note}",
+            m.weight, geo.max_fails, geo.fail_timeout_s, m.node, m.distance_km
         );
     }
     let _ = writeln!(out, "    }}");
     let _ = writeln!(out, "    server {{");
     let _ = writeln!(out, "        listen {};", o.listen);
     let _ = writeln!(out, "        proxy_pass {UPSTREAM};");
+    let _ = writeln!(
+        out,
+        "        # The viewer's address to the edge's PROXY-protocol listener\n\
+         \x20       # (`https.proxy_listen`; nginx writes PROXY v1)."
+    );
+    let _ = writeln!(out, "        proxy_protocol on;");
     let _ = writeln!(
         out,
         "        # A dead edge is given up on quickly; the next one is tried."

@@ -86,6 +86,7 @@ pub fn order(kind: Kind, path: &[&str]) -> &'static [&'static str] {
             "playback_bandwidth_kbit",
             "network_bandwidth_kbit",
             "cache",
+            "https",
             "install",
         ],
         (Kind::Node, ["location"]) => &["lat", "lon"],
@@ -99,6 +100,7 @@ pub fn order(kind: Kind, path: &[&str]) -> &'static [&'static str] {
         ],
         (Kind::Node, ["redis", "tls"]) => &["ca_file", "cert_file", "key_file"],
         (Kind::Node, ["cache"]) => &["dirs", "levels", "key"],
+        (Kind::Node, ["https"]) => &["listen", "proxy_listen"],
         (Kind::Node, ["install"]) => &[
             "ssh",
             "user",

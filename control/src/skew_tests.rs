@@ -188,6 +188,7 @@ fn node(port: u16) -> compiler::model::resolved::Node {
         network_bandwidth_kbit: None,
         drain: false,
         cache: compiler::model::resolved::CacheSettings::default(),
+        https: Default::default(),
     }
 }
 

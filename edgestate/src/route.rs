@@ -388,6 +388,62 @@ impl Router {
         ip
     }
 
+    /// Whether `peer` is a router of the routing table (one of the
+    /// addresses of a node with the `router` role): the only peers whose
+    /// PROXY-protocol header the edge believes (docs/edge.md, "The
+    /// viewer's address through the routers").
+    #[must_use]
+    pub fn is_router(&self, peer: IpAddr) -> bool {
+        let peer = canonical(peer);
+        self.table
+            .nodes
+            .values()
+            .filter(|n| has_role(n, "router"))
+            .flat_map(|n| n.addresses.iter())
+            .any(|a| a.parse::<IpAddr>().is_ok_and(|a| canonical(a) == peer))
+    }
+
+    /// The client address of a request that arrived on the edge's
+    /// PROXY-protocol listener (`proxy`: the address the header gave) or
+    /// on a plain one (`proxy` `None`: [`Router::client_ip`]). Through
+    /// PROXY, the peer must be a router ([`Router::is_router`]) and the
+    /// header's address stands for the peer — then the same
+    /// `X-Forwarded-For` rule; `None`: refused (a non-router's header, or
+    /// a header address that does not parse).
+    #[must_use]
+    pub fn client_ip_proxied(
+        &self,
+        peer: IpAddr,
+        proxy: Option<&str>,
+        xff: Option<&str>,
+        reasons: &mut Vec<String>,
+    ) -> Option<IpAddr> {
+        let Some(proxy) = proxy else {
+            return Some(self.client_ip(peer, xff, reasons));
+        };
+        if !self.is_router(peer) {
+            reasons.push(format!(
+                "peer {} sent a PROXY header but is not a router: refused",
+                canonical(peer)
+            ));
+            return None;
+        }
+        let Ok(viewer) = proxy.parse::<IpAddr>() else {
+            reasons.push(format!(
+                "router {} sent a malformed PROXY address `{}`: refused",
+                canonical(peer),
+                crate::untrusted::escape(proxy)
+            ));
+            return None;
+        };
+        reasons.push(format!(
+            "router {}: the viewer is the PROXY address {}",
+            canonical(peer),
+            canonical(viewer)
+        ));
+        Some(self.client_ip(viewer, xff, reasons))
+    }
+
     fn client(&self, peer: IpAddr, xff: Option<&str>, notes: &mut Notes) -> IpAddr {
         let peer = canonical(peer);
         if !self.trusted.iter().any(|t| t.contains(peer)) {

@@ -198,7 +198,7 @@ fn route_choice(vec: &Value) -> Option<String> {
 }
 
 /// This crate's client address for a client-IP vector.
-fn client_choice(vec: &Value) -> IpAddr {
+fn client_choice(vec: &Value) -> Option<IpAddr> {
     let trusted = vec["trusted"]
         .as_array()
         .into_iter()
@@ -211,12 +211,34 @@ fn client_choice(vec: &Value) -> IpAddr {
         trusted_proxies: trusted,
         geo: GeoSettings::default(),
         zones: std::collections::BTreeMap::new(),
-        nodes: std::collections::BTreeMap::new(),
+        nodes: vec["routers"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .enumerate()
+            .map(|(i, a)| {
+                (
+                    format!("router-{i}"),
+                    crate::routing::Node {
+                        roles: vec!["router".into()],
+                        region: "vectors".into(),
+                        zone: None,
+                        public_url: None,
+                        location: None,
+                        addresses: vec![a.as_str().expect("routers: strings").to_owned()],
+                        playback_session_limit: None,
+                        playback_bandwidth_kbit: None,
+                        network_bandwidth_kbit: None,
+                        drain: false,
+                    },
+                )
+            })
+            .collect(),
         router_pool: None,
     };
     let router = Router::new(table).expect("trusted networks");
     let peer: IpAddr = text(vec, "peer").expect("peer").parse().expect("peer");
-    router.client_ip(peer, text(vec, "xff"), &mut Vec::new())
+    router.client_ip_proxied(peer, text(vec, "proxy"), text(vec, "xff"), &mut Vec::new())
 }
 
 /// This crate's TLS outcome for a certificate vector: (outcome, key).
@@ -318,11 +340,15 @@ mod tests {
     fn client_addresses_match_the_shared_vectors() {
         let mut failures = Vec::new();
         for (line, v) in read("edge/client_ip.jsonl") {
-            let want: IpAddr = text(&v, "want").expect("want").parse().expect("want");
+            // `want`: the address, or "refused".
+            let want: Option<IpAddr> = match text(&v, "want").expect("want") {
+                "refused" => None,
+                w => Some(w.parse().expect("want")),
+            };
             let got = client_choice(&v);
             if got != want {
                 failures.push(format!(
-                    "{}: chose {got}, want {want}",
+                    "{}: chose {got:?}, want {want:?}",
                     name("edge/client_ip.jsonl", line, &v)
                 ));
             }

@@ -33,6 +33,9 @@ pub struct EdgeOptions {
     /// `redis.password_env`'s variable and its value, given to nginx as
     /// `env NAME=value;` (as the node secrets are).
     pub redis_password: Option<(String, String)>,
+    /// The CA file the edge verifies HTTPS origins against in place of
+    /// the system's trust store (a test CA; the rendered path is replaced).
+    pub origin_ca: Option<PathBuf>,
 }
 
 impl EdgeOptions {
@@ -54,6 +57,7 @@ impl EdgeOptions {
             lua_dir: None,
             redis: None,
             redis_password: None,
+            origin_ca: None,
         }
     }
 }
@@ -72,6 +76,10 @@ pub struct Edge {
     pub process: Process,
     pub conf: PathBuf,
     pub cache_dir: PathBuf,
+    /// The direct HTTPS listener's port (0: none).
+    pub https_port: u16,
+    /// The routers' PROXY-protocol HTTPS listener's port (0: none).
+    pub proxy_port: u16,
 }
 
 impl Edge {
@@ -136,17 +144,27 @@ pub fn render(template: &str, vars: &[(&str, String)]) -> Result<String, String>
 /// installer ships (docs/install.md), rendered here by the same engine.
 pub const EDGE_TEMPLATE: &str = "roles/edge/nginx.conf.tmpl";
 
+/// Where a test edge listens: plain HTTP, the TTL hop's port, direct
+/// HTTPS and the routers' PROXY-protocol HTTPS (`host:port` each).
+#[derive(Debug, Clone)]
+pub struct Listeners {
+    pub listen: String,
+    pub ttl_port: u16,
+    pub https_listen: String,
+    pub proxy_listen: String,
+}
+
 /// The template context (`node.*`, `instance.*`, as `install` builds it
-/// from a node's YAML) of a test edge: `listen` and the TTL hop's port
-/// on loopback, pid file, logs and temp files in `prefix`.
+/// from a node's YAML) of a test edge: its listeners on loopback, pid
+/// file, logs, temp files and the placeholder certificate in `prefix`.
 #[must_use]
 pub fn edge_context(
     prefix: &Path,
-    listen: &str,
-    ttl_port: u16,
+    l: &Listeners,
     cache: &Path,
     o: &EdgeOptions,
 ) -> serde_json::Value {
+    let (listen, ttl_port) = (l.listen.as_str(), l.ttl_port);
     let user = std::env::var("USER").unwrap_or_default();
     let user = if user.is_empty() { "root".into() } else { user };
     let prefix = prefix.display().to_string();
@@ -183,6 +201,8 @@ pub fn edge_context(
             "run": prefix,
             "root": prefix,
             "vars": {"ttl_hop_port": ttl_port.to_string()},
+            "https_listen": l.https_listen,
+            "proxy_listen": l.proxy_listen,
         },
         "roles": ["edge"],
     })
@@ -201,6 +221,56 @@ pub fn write_conf(
     ttl_port: u16,
     o: &EdgeOptions,
 ) -> (PathBuf, PathBuf) {
+    let l = Listeners {
+        listen: listen.to_owned(),
+        ttl_port,
+        https_listen: format!("127.0.0.1:{}", free_port()),
+        proxy_listen: format!("127.0.0.1:{}", free_port()),
+    };
+    write_conf_with(prefix, &l, o)
+}
+
+/// The placeholder certificate of the edge's TLS listeners
+/// (`<root>/tls/placeholder.crt`, `.key`), made as the installer makes
+/// it on a node (`install::placeholder_script`): self-signed, no site
+/// name.
+///
+/// # Panics
+/// When `openssl` fails.
+pub fn placeholder(root: &Path) {
+    let dir = root.join("tls");
+    std::fs::create_dir_all(&dir).expect("tls dir");
+    let st = std::process::Command::new("openssl")
+        .args([
+            "req",
+            "-x509",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:P-256",
+            "-nodes",
+            "-days",
+            "36500",
+            "-subj",
+            "/CN=edgeform placeholder",
+            "-keyout",
+        ])
+        .arg(dir.join("placeholder.key"))
+        .arg("-out")
+        .arg(dir.join("placeholder.crt"))
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .status()
+        .expect("run openssl");
+    assert!(st.success(), "openssl: the placeholder certificate");
+}
+
+/// [`write_conf`] with every listener given.
+///
+/// # Panics
+/// Unreadable template, a field the template needs that the context lacks.
+#[must_use]
+pub fn write_conf_with(prefix: &Path, l: &Listeners, o: &EdgeOptions) -> (PathBuf, PathBuf) {
     let root = repo_root();
     let template = std::fs::read_to_string(root.join(EDGE_TEMPLATE)).expect("edge template");
     let cache = o.cache_dir.clone().unwrap_or_else(|| prefix.join("cache"));
@@ -214,7 +284,10 @@ pub fn write_conf(
         std::fs::remove_file(&link).expect("replace the lua link");
     }
     std::os::unix::fs::symlink(&lua, &link).expect("link the lua folder");
-    let cx = edge_context(prefix, listen, ttl_port, &cache, o);
+    if !prefix.join("tls/placeholder.crt").exists() {
+        placeholder(prefix);
+    }
+    let cx = edge_context(prefix, l, &cache, o);
     let mut text = match roletmpl::render(EDGE_TEMPLATE, &template, &cx) {
         Ok(t) => t,
         Err(es) => panic!(
@@ -237,6 +310,12 @@ pub fn write_conf(
     }
     for (name, value) in secrets {
         text = text.replace(&format!("env {name};"), &format!("env {name}={value};"));
+    }
+    if let Some(ca) = &o.origin_ca {
+        text = text.replace(
+            "proxy_ssl_trusted_certificate /etc/ssl/certs/ca-certificates.crt;",
+            &format!("proxy_ssl_trusted_certificate {};", ca.display()),
+        );
     }
     let conf = prefix.join("nginx.conf");
     std::fs::write(&conf, text).expect("write nginx.conf");
@@ -292,7 +371,14 @@ pub fn edge(o: &EdgeOptions) -> Edge {
     for _ in 0..5 {
         let dir = tempfile::tempdir().expect("tempdir");
         let (port, ttl_port) = (free_port(), free_port());
-        let (conf, cache_dir) = write_conf(dir.path(), &format!("127.0.0.1:{port}"), ttl_port, o);
+        let (https_port, proxy_port) = (free_port(), free_port());
+        let l = Listeners {
+            listen: format!("127.0.0.1:{port}"),
+            ttl_port,
+            https_listen: format!("127.0.0.1:{https_port}"),
+            proxy_listen: format!("127.0.0.1:{proxy_port}"),
+        };
+        let (conf, cache_dir) = write_conf_with(dir.path(), &l, o);
         let prefix = dir.path().display().to_string();
         match start(dir, prefix, &conf, port) {
             Ok(process) => {
@@ -301,6 +387,8 @@ pub fn edge(o: &EdgeOptions) -> Edge {
                     process,
                     conf,
                     cache_dir,
+                    https_port,
+                    proxy_port,
                 };
             }
             Err(log) => last = log,
@@ -407,6 +495,8 @@ pub fn stream(stream_conf: impl Fn(&str) -> String) -> Edge {
                     process,
                     conf,
                     cache_dir,
+                    https_port: 0,
+                    proxy_port: 0,
                 };
             }
             Err(log) => last = log,
@@ -474,12 +564,59 @@ pub fn lua_runner_with(
                     process,
                     conf,
                     cache_dir,
+                    https_port: 0,
+                    proxy_port: 0,
                 };
             }
             Err(log) => last = log,
         }
     }
     panic!("nginx (Lua runner) did not start:\n{last}");
+}
+
+/// An HTTPS origin: nginx answering `200 tls origin` over TLS with the
+/// certificate `crt`/`key`. The process's `port` is the listen port.
+///
+/// # Panics
+/// When nginx does not come up (its error log is shown).
+#[must_use]
+pub fn tls_origin(crt: &Path, key: &Path) -> Edge {
+    let mut last = String::new();
+    for _ in 0..5 {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let port = free_port();
+        let prefix = dir.path().display().to_string();
+        let user = std::env::var("USER").unwrap_or_default();
+        let user = if user.is_empty() { "root".into() } else { user };
+        let text = format!(
+            "user {user};\ndaemon off;\nmaster_process on;\nworker_processes 1;\n\
+             pid {prefix}/nginx.pid;\nerror_log {prefix}/error.log notice;\n\
+             events {{ worker_connections 64; }}\n\
+             http {{\n  access_log off;\n  client_body_temp_path {prefix}/client_body;\n\
+             \x20 proxy_temp_path {prefix}/proxy_temp;\n\
+             \x20 server {{\n    listen 127.0.0.1:{port} ssl;\n\
+             \x20   ssl_certificate {};\n    ssl_certificate_key {};\n\
+             \x20   location / {{ return 200 \"tls origin\\n\"; }}\n  }}\n}}\n",
+            crt.display(),
+            key.display()
+        );
+        let conf = dir.path().join("nginx.conf");
+        std::fs::write(&conf, text).expect("write nginx.conf");
+        match start(dir, prefix, &conf, port) {
+            Ok(process) => {
+                let cache_dir = process.dir.path().to_path_buf();
+                return Edge {
+                    process,
+                    conf,
+                    cache_dir,
+                    https_port: 0,
+                    proxy_port: 0,
+                };
+            }
+            Err(log) => last = log,
+        }
+    }
+    panic!("nginx (TLS origin) did not start:\n{last}");
 }
 
 /// What differs between geo routers (`router/`, docs/router.md).
@@ -584,6 +721,8 @@ pub fn router(o: &RouterOptions) -> Edge {
                     process,
                     conf,
                     cache_dir,
+                    https_port: 0,
+                    proxy_port: 0,
                 };
             }
             Err(log) => last = log,

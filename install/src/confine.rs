@@ -9,6 +9,9 @@
 //! - `lua_package_path`/`lua_package_cpath` entries are inside the scratch
 //!   folder or under one of [`SYSTEM_LUA_DIRS`];
 //! - `include` stays inside the scratch folder;
+//! - `proxy_ssl_trusted_certificate` and `lua_ssl_trusted_certificate` may
+//!   name the system's trust store
+//!   ([`SYSTEM_TRUST_STORE`]);
 //! - `ssl_engine` and `engine:` keys (OpenSSL engines are shared objects)
 //!   are refused;
 //! - every other argument that is an absolute path, or climbs with `..`,
@@ -219,8 +222,10 @@ fn walk(
                         && inside(candidate, bounds).is_none()
                         && !(matches!(d.name.as_str(), "error_log" | "access_log")
                             && LOG_DEVICES.contains(&candidate))
-                        && !(d.name.ends_with("_trusted_certificate")
-                            && candidate == SYSTEM_TRUST_STORE)
+                        && !(matches!(
+                            d.name.as_str(),
+                            "proxy_ssl_trusted_certificate" | "lua_ssl_trusted_certificate"
+                        ) && candidate == SYSTEM_TRUST_STORE)
                     {
                         refuse(format!(
                             "`{} {a}` points outside the gate's scratch folder: take paths from \

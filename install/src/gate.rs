@@ -522,6 +522,8 @@ fn nginx(nodes: &[GateNode<'_>], roles: &Roles, scratch: &Path, out: &mut Outcom
             run: format!("{root}{}", n.live.run),
             root: format!("{root}{}", n.live.root),
             vars: n.live.vars.clone(),
+            https_listen: n.live.https_listen.clone(),
+            proxy_listen: n.live.proxy_listen.clone(),
         };
         let bundle = match super::bundle(
             n.name,
@@ -562,6 +564,15 @@ fn nginx(nodes: &[GateNode<'_>], roles: &Roles, scratch: &Path, out: &mut Outcom
         {
             let _ = std::fs::copy(roletmpl::SYSTEM_CA_FILE, ca);
         }
+        // The edge's TLS listeners need the placeholder certificate the
+        // installer makes on the node.
+        let _ = std::process::Command::new("sh")
+            .arg("-c")
+            .arg(super::placeholder_script(&format!(
+                "'{}/tls'",
+                gate_instance.root.replace('\'', "'\\''")
+            )))
+            .status();
         // Lua files stay out: `nginx -t` runs no Lua (the lua gate
         // compiles them), so none of the bundle's code can run here.
         for f in bundle.files.iter().filter(|f| !f.path.ends_with(".lua")) {

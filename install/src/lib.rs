@@ -133,6 +133,13 @@ pub struct Instance {
     pub root: String,
     /// `install.vars`, with `install.candidate_vars` over them for the candidate.
     pub vars: BTreeMap<String, String>,
+    /// The edge's direct HTTPS listener (live: `https.listen`, default
+    /// `443`; candidate: the smoke host, the smoke port + 1).
+    pub https_listen: String,
+    /// The edge's PROXY-protocol listener for the routers (live:
+    /// `https.proxy_listen`, default `10443`; candidate: the smoke host,
+    /// the smoke port + 2).
+    pub proxy_listen: String,
 }
 
 impl Instance {
@@ -151,6 +158,13 @@ impl Instance {
         if let Some(i) = install {
             cvars.extend(i.candidate_vars.clone());
         }
+        // The candidate's HTTPS listeners: loopback alternates next to its
+        // smoke address, never the live ports.
+        let (smoke_host, smoke_port) = match smoke.rsplit_once(':') {
+            Some((h, p)) => (h.to_owned(), p.parse::<u16>().unwrap_or(8443)),
+            None => ("127.0.0.1".to_owned(), smoke.parse::<u16>().unwrap_or(8443)),
+        };
+        let alt = |n: u16| format!("{smoke_host}:{}", smoke_port.saturating_add(n));
         (
             Instance {
                 name: "live".into(),
@@ -158,6 +172,8 @@ impl Instance {
                 run: format!("{root}/run/live"),
                 root: root.clone(),
                 vars,
+                https_listen: HTTPS_LISTEN.into(),
+                proxy_listen: PROXY_LISTEN.into(),
             },
             Instance {
                 name: "candidate".into(),
@@ -165,16 +181,65 @@ impl Instance {
                 run: format!("{root}/run/candidate"),
                 root,
                 vars: cvars,
+                https_listen: alt(1),
+                proxy_listen: alt(2),
             },
         )
+    }
+
+    /// The live instance's HTTPS listeners from the node YAML's `https`
+    /// block (defaults `443` and `10443`); the candidate's from
+    /// `install.candidate_vars` `https_listen`/`proxy_listen` when given.
+    #[must_use]
+    pub fn with_https(mut self, node_yaml: &Value) -> Instance {
+        if self.name == "candidate" {
+            if let Some(l) = self.vars.get("https_listen") {
+                self.https_listen.clone_from(l);
+            }
+            if let Some(l) = self.vars.get("proxy_listen") {
+                self.proxy_listen.clone_from(l);
+            }
+        }
+        if self.name == "live" {
+            let https = node_yaml.get("https");
+            let field = |f: &str| https.and_then(|h| h.get(f)).and_then(Value::as_str);
+            if let Some(l) = field("listen") {
+                l.clone_into(&mut self.https_listen);
+            }
+            if let Some(l) = field("proxy_listen") {
+                l.clone_into(&mut self.proxy_listen);
+            }
+        }
+        self
     }
 
     fn to_json(&self) -> Value {
         serde_json::json!({
             "name": self.name, "listen": self.listen, "run": self.run, "root": self.root,
-            "vars": self.vars,
+            "vars": self.vars, "https_listen": self.https_listen,
+            "proxy_listen": self.proxy_listen,
         })
     }
+}
+
+/// An edge's default direct HTTPS listener (node YAML `https.listen`).
+pub const HTTPS_LISTEN: &str = "443";
+/// An edge's default PROXY-protocol listener (`https.proxy_listen`).
+pub const PROXY_LISTEN: &str = "10443";
+
+/// The placeholder certificate every TLS listener of an edge needs
+/// (`<root>/tls/placeholder.crt` and `.key`; never served: docs/edge.md,
+/// "HTTPS"): a shell script that makes it with `openssl` in `dir` unless it
+/// is there — self-signed, no site name (`CN=edgeform placeholder`),
+/// P-256. Run by the installer on the node and by the nginx gate.
+#[must_use]
+pub fn placeholder_script(dir: &str) -> String {
+    format!(
+        "mkdir -p {dir} && if [ ! -s {dir}/placeholder.crt ] || [ ! -s {dir}/placeholder.key ]; then \
+         openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days 36500 \
+         -subj '/CN=edgeform placeholder' -keyout {dir}/placeholder.key \
+         -out {dir}/placeholder.crt >/dev/null 2>&1 && chmod 600 {dir}/placeholder.key; fi"
+    )
 }
 
 /// A node's `install` block (docs/install.md).

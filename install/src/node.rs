@@ -60,6 +60,7 @@ pub fn node_bundles(
         };
         let install = Some(install);
         let (live, candidate) = Instance::pair(install.as_ref());
+        let (live, candidate) = (live.with_https(&yaml), candidate.with_https(&yaml));
         let node_roles: Vec<String> = node.roles.iter().map(|r| r.as_str().to_owned()).collect();
         match crate::bundle(&node.name, &yaml, &node_roles, roles, &live, &candidate) {
             Ok(Some(b)) => out.push(NodeBundle {

@@ -244,8 +244,18 @@ fn upload(r: &Remote<'_>, b: &NodeBundle, id: &str, commit: Option<&str>) -> Ste
     write_release(stage.path(), &b.bundle, commit)
         .map_err(|e| fail(Step::Upload, format!("{e:#}")))?;
     let dir = format!("{}/releases/{id}", r.install.root);
+    // An edge's TLS listeners need the placeholder certificate, made once
+    // on the node (never shipped: its key stays there).
+    let placeholder = if b.roles.iter().any(|r| r == "edge") {
+        format!(
+            "; {}",
+            crate::placeholder_script(&q(&format!("{}/tls", r.install.root)))
+        )
+    } else {
+        String::new()
+    };
     let remote = format!(
-        "set -e; rm -rf {p}; mkdir -p {p}; tar -C {p} -xpf -; mv {p} {d}",
+        "set -e; rm -rf {p}; mkdir -p {p}; tar -C {p} -xpf -; mv {p} {d}{placeholder}",
         p = q(&format!("{dir}.part")),
         d = q(&dir)
     );

@@ -118,7 +118,8 @@ end
 function _M.client(vec)
   local trusted = {}
   for _, t in ipairs(vec.trusted or {}) do trusted[#trusted + 1] = ip.net(t) end
-  return (ip.client(trusted, vec.peer, opt(vec.xff)))
+  local routers = ip.routers(opt(vec.routers) or {})
+  return (ip.client_proxied(trusted, routers, vec.peer, opt(vec.proxy), opt(vec.xff)))
 end
 
 local function same(a, b)

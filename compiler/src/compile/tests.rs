@@ -17,7 +17,7 @@ const EDGE_AMS: (&str, &str) = (
 );
 const EDGE_NYC: (&str, &str) = (
     "nodes/edge-nyc.yaml",
-    "name: edge-nyc\nroles: [edge]\nregion: us\nzone: eu\nlocation: {lat: 40.71, lon: -74.0}\naddresses: [198.51.100.12]\nredis: {url: redis://10.0.0.12:6379}\ndrain: true\n",
+    "name: edge-nyc\nroles: [edge]\nregion: us\nzone: eu\nlocation: {lat: 40.71, lon: -74.0}\naddresses: [198.51.100.12]\nredis: {url: redis://10.0.0.12:6379}\ndrain: true\nhttps: {listen: \"0.0.0.0:443\", proxy_listen: \"0.0.0.0:11443\"}\n",
 );
 const ROUTER: (&str, &str) = (
     "nodes/router-ams.yaml",
@@ -176,12 +176,14 @@ fn a_routers_nginx_stream_block_lists_its_pool_with_weights_and_down_edges() {
     assert_eq!(
         servers,
         [
-            "        server 198.51.100.11:443 weight=10 max_fails=3 fail_timeout=30s;  # edge-ams 11.6 km",
-            "        server 198.51.100.12:443 weight=1 max_fails=3 fail_timeout=30s down;  # edge-nyc 5856.2 km, drained",
+            "        server 198.51.100.11:10443 weight=10 max_fails=3 fail_timeout=30s;  # edge-ams 11.6 km",
+            "        server 198.51.100.12:11443 weight=1 max_fails=3 fail_timeout=30s down;  # edge-nyc 5856.2 km, drained",
         ]
     );
     assert!(text.contains("    upstream edgeform_edges_443 {\n        least_conn;\n"));
     assert!(text.contains("        listen 443;\n        proxy_pass edgeform_edges_443;\n"));
+    // The viewer's address to each edge's PROXY-protocol listener.
+    assert!(text.contains("        proxy_protocol on;\n"), "{text}");
 }
 
 #[test]

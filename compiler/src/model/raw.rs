@@ -388,6 +388,25 @@ pub struct Node {
     /// live (docs/install.md).
     #[serde(default)]
     pub install: Option<Box<Install>>,
+    /// An edge's HTTPS listeners (docs/edge.md, "HTTPS").
+    #[serde(default)]
+    pub https: Option<Box<Https>>,
+}
+
+/// `https:` of an edge: where it terminates TLS (docs/edge.md, "HTTPS").
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Https {
+    /// Direct HTTPS viewers: an nginx `listen` address, `[host:]port`
+    /// (default `443`).
+    #[serde(default)]
+    #[schemars(length(min = 1))]
+    pub listen: Option<String>,
+    /// Where the routers' 443 pool connects, with the PROXY protocol
+    /// (default `10443`): its port is the pool's port for this edge.
+    #[serde(default)]
+    #[schemars(length(min = 1))]
+    pub proxy_listen: Option<String>,
 }
 
 /// `install:` of a node: the SSH installer's settings (docs/install.md).

@@ -166,6 +166,49 @@ pub struct Node {
     /// Excluded from new routing decisions, kept in the config.
     pub drain: bool,
     pub cache: CacheSettings,
+    /// The edge's HTTPS listeners.
+    pub https: HttpsListen,
+}
+
+/// An edge's HTTPS listeners (`https:` of its YAML, defaults filled in).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HttpsListen {
+    /// Direct viewers (nginx `listen`, default `443`).
+    pub listen: String,
+    /// The routers' PROXY-protocol listener (default `10443`).
+    pub proxy_listen: String,
+    /// `proxy_listen`'s port: where the routers' 443 pool connects.
+    pub proxy_port: u16,
+}
+
+/// The default direct HTTPS listener of an edge.
+pub const HTTPS_LISTEN: &str = "443";
+/// The default PROXY-protocol listener of an edge (the routers' pool).
+pub const PROXY_LISTEN: &str = "10443";
+
+impl Default for HttpsListen {
+    fn default() -> Self {
+        HttpsListen {
+            listen: HTTPS_LISTEN.into(),
+            proxy_listen: PROXY_LISTEN.into(),
+            proxy_port: 10443,
+        }
+    }
+}
+
+/// The port of an nginx `listen` address `[host:]port` (`[v6]:port`);
+/// `None` when it has none.
+#[must_use]
+pub fn listen_port(listen: &str) -> Option<u16> {
+    let port = match listen.rsplit_once(':') {
+        Some((host, p)) if !host.is_empty() && (!host.contains(':') || host.ends_with(']')) => p,
+        Some(_) => return None,
+        None => listen,
+    };
+    if port.is_empty() || !port.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    port.parse::<u16>().ok().filter(|p| *p > 0)
 }
 
 impl Node {

@@ -96,6 +96,7 @@ pub(super) fn node(ctx: &mut Ctx<'_>, raw: &raw::Node) -> Node {
             "`cache.dirs` must not be empty".into(),
         );
     }
+    let https = https(ctx, raw);
     if let Some(i) = &raw.install
         && i.listen == i.smoke_listen
     {
@@ -150,7 +151,54 @@ pub(super) fn node(ctx: &mut Ctx<'_>, raw: &raw::Node) -> Node {
         network_bandwidth_kbit: raw.network_bandwidth_kbit,
         drain: raw.drain,
         cache,
+        https,
     }
+}
+
+/// `https:`: each listener `[host:]port`, the two different; only on an
+/// edge.
+fn https(ctx: &mut Ctx<'_>, raw: &raw::Node) -> crate::model::resolved::HttpsListen {
+    use crate::model::resolved::{HttpsListen, listen_port};
+    let mut out = HttpsListen::default();
+    let Some(h) = &raw.https else {
+        return out;
+    };
+    if !raw.roles.contains(&Role::Edge) {
+        ctx.error(
+            "https-not-edge",
+            "/https",
+            format!("node `{}` has `https` but is not an edge", raw.name),
+        );
+    }
+    for (field, value) in [("listen", &h.listen), ("proxy_listen", &h.proxy_listen)] {
+        let Some(v) = value else { continue };
+        match listen_port(v) {
+            Some(port) => {
+                if field == "listen" {
+                    out.listen.clone_from(v);
+                } else {
+                    out.proxy_listen.clone_from(v);
+                    out.proxy_port = port;
+                }
+            }
+            None => {
+                let d = ctx.error(
+                    "invalid-listen",
+                    &format!("/https/{field}"),
+                    format!("`https.{field}` `{v}` is not an nginx listen address `[host:]port`"),
+                );
+                help(d, "e.g. `443`, `0.0.0.0:443` or `[::]:443`");
+            }
+        }
+    }
+    if listen_port(&out.listen) == Some(out.proxy_port) {
+        ctx.error(
+            "https-listen-conflict",
+            "/https/proxy_listen",
+            "`https.proxy_listen` must differ from `https.listen`: routers' PROXY-protocol connections need their own port".to_owned(),
+        );
+    }
+    out
 }
 
 /// Whether an `install.vars` name looks like a secret's: a part (split on

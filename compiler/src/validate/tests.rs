@@ -269,6 +269,24 @@ fn a_public_url_on_loopback_needs_the_nodes_loopback_flag() {
 }
 
 #[test]
+fn an_edges_https_listeners_are_listen_addresses_on_two_ports() {
+    let edge = |https: &str| {
+        node_repo(&format!(
+            "name: n\nroles: [edge]\nregion: eu\nzone: all\nlocation: {{lat: 1.0, lon: 2.0}}\nhttps:\n{https}"
+        ))
+    };
+    let c = edge("  listen: 0.0.0.0:443\n  proxy_listen: \"[::]:10443\"\n");
+    assert!(c.is_valid(), "{}", lines(&c));
+    let c = edge("  listen: \"443\"\n  proxy_listen: 0.0.0.0:443\n");
+    error(&c, "https-listen-conflict", "nodes/n.yaml:8:17");
+    let c = edge("  proxy_listen: 0.0.0.0:http\n");
+    error(&c, "invalid-listen", "nodes/n.yaml:7:17");
+    let c =
+        node_repo("name: n\nroles: [ingest]\nregion: eu\nzone: all\nhttps: {listen: \"443\"}\n");
+    error(&c, "https-not-edge", "nodes/n.yaml:5:8");
+}
+
+#[test]
 fn the_smoke_listen_must_differ_from_the_live_listen() {
     let c = node_repo(
         "name: n\nroles: [ingest]\nregion: eu\nzone: all\ninstall:\n  ssh: n.example.net:22\n  user: root\n  root: /srv/edgeform\n  listen: 0.0.0.0:80\n  smoke_listen: 0.0.0.0:80\n",

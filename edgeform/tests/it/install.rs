@@ -84,8 +84,10 @@ impl Lab {
              \x20 vars: {{workers: \"1\", resolver: 127.0.0.1, cache_max_size: 100m, \
              geoip_db: geoip/GeoLite2-City.mmdb, api: \"false\", api_url: \"http://127.0.0.1:9\", \
              ttl_hop_port: \"{hop}\"}}\n\
-             \x20 candidate_vars: {{ttl_hop_port: \"{chop}\"}}\n\
-             \x20 restart_on_change: {{agent.yaml: \"echo restarted >> {root}/agent-restarts\"}}\n",
+             \x20 candidate_vars: {{ttl_hop_port: \"{chop}\", https_listen: \"127.0.0.1:{chl}\", \
+             proxy_listen: \"127.0.0.1:{cpl}\"}}\n\
+             \x20 restart_on_change: {{agent.yaml: \"echo restarted >> {root}/agent-restarts\"}}\n\
+             https: {{listen: \"127.0.0.1:{hl}\", proxy_listen: \"127.0.0.1:{pl}\"}}\n",
             redis = self.redis_port,
             root = root.display(),
             ssh = self.sshd.port(),
@@ -94,6 +96,10 @@ impl Lab {
             smoke = port(1),
             hop = port(2),
             chop = port(3),
+            hl = port(4),
+            pl = port(5),
+            chl = port(6),
+            cpl = port(7),
         );
         std::fs::write(self.repo.path().join(format!("nodes/{name}.yaml")), yaml).unwrap();
         self.names.push(name.to_owned());

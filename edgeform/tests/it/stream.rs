@@ -98,6 +98,20 @@ fn listen_tls(
             let _ = tcp.set_nodelay(true);
             let (acceptor, count) = (acceptor.clone(), count.clone());
             tokio::spawn(async move {
+                // The router speaks PROXY protocol v1 first: one line,
+                // then the viewer's bytes unchanged.
+                let mut tcp = tcp;
+                let mut line = Vec::new();
+                let mut byte = [0u8; 1];
+                while line.len() < 108 && !line.ends_with(b"\r\n") {
+                    if tcp.read_exact(&mut byte).await.is_err() {
+                        return;
+                    }
+                    line.push(byte[0]);
+                }
+                if !line.starts_with(b"PROXY TCP4 127.0.0.1 ") {
+                    return;
+                }
                 if let Ok(mut tls) = acceptor.accept(tcp).await {
                     count.fetch_add(1, Ordering::SeqCst);
                     let _ = tls.write_all(name.as_bytes()).await;
@@ -195,7 +209,7 @@ async fn stream_passthrough_follows_weights_and_skips_down_edges() {
 
     let options = StreamOptions {
         listen: String::new(),
-        edge_port: port,
+        edge_port: Some(port),
     };
     let nginx = harness::nginx::stream(|listen| {
         let o = StreamOptions {

@@ -20,7 +20,7 @@ local decide = require "edge_decide"
 local ip = require "edge_ip"
 
 local ngx = ngx
-local log, ERR, WARN = ngx.log, ngx.ERR, ngx.WARN
+local log, ERR, WARN, INFO = ngx.log, ngx.ERR, ngx.WARN, ngx.INFO
 
 local _M = {}
 
@@ -30,6 +30,7 @@ local wild_of         -- per worker: host → {key = its wildcard key, gen}
 local misses          -- per worker: host → {none | api_error, expires, gen}
 local generation      -- the live generation as last read (string), nil before
 local trusted = {}    -- networks whose X-Forwarded-For is believed
+local routers = {}    -- router addresses (bytes → true) whose PROXY header is believed
 
 local NEGATIVE_TTL = 5      -- seconds an API "no such key" is remembered
 local API_ERROR_TTL = 1     -- seconds an unreachable API is not asked again
@@ -49,10 +50,30 @@ end
 
 local connect, release = edge_redis.connect, edge_redis.release
 
+-- The routers of the routing table: every address of a node with the
+-- `router` role (their PROXY-protocol header gives the viewer's address).
+local function router_addresses(nodes)
+  local list = {}
+  if type(nodes) ~= "table" then return list end
+  for _, n in pairs(nodes) do
+    local is_router = false
+    if type(n) == "table" and type(n.roles) == "table" then
+      for _, role in ipairs(n.roles) do
+        if role == "router" then is_router = true end
+      end
+    end
+    if is_router and type(n.addresses) == "table" then
+      for _, a in ipairs(n.addresses) do list[#list + 1] = a end
+    end
+  end
+  return list
+end
+
 local function load_trusted(r)
   local text = r:get("edgeform:routing")
   if not text or text == ngx.null then
     trusted = {}
+    routers = {}
     return
   end
   local table_, err = cjson.decode(text)
@@ -66,6 +87,7 @@ local function load_trusted(r)
     if net then list[#list + 1] = net else log(ERR, "bad trusted proxy ", tostring(t)) end
   end
   trusted = list
+  routers = ip.routers(router_addresses(table_.nodes))
 end
 
 -- Read the generation; on a change, forget every document.
@@ -121,6 +143,9 @@ local function prepare(key, text, suspended)
   local doc, err = cjson.decode(text)
   if doc then
     entry.site, err = decide.prepare(doc, cjson.null)
+    -- `origin_tls_verify: false`: this site's https:// origin is fetched
+    -- through the hop's location that does not verify it.
+    entry.tls_unverified = type(doc) == "table" and doc.origin_tls_verify == false
   end
   if not entry.site then
     entry.err = err
@@ -227,6 +252,12 @@ local function lookup(host)
   return remember(host, entry, gen)
 end
 
+-- For edge_tls.lua (certificates by SNI): the same Redis client and the
+-- generation its per-worker cache is tied to.
+_M.redis = connect
+_M.release = release
+function _M.generation() return generation end
+
 -- For bench/edge.sh: the lookup alone, and emptying this worker's cache.
 _M.lookup = lookup
 function _M.forget()
@@ -237,8 +268,11 @@ end
 
 local function read_xff() return ngx.var.http_x_forwarded_for end
 
-local function client_ip()
-  return ip.client(trusted, ngx.var.remote_addr, read_xff)
+-- `proxy`: the PROXY header's address on the routers' listener, nil on
+-- the others (checked against the routers before the access phase reads
+-- anything else).
+local function client_ip(proxy)
+  return ip.client_proxied(trusted, routers, ngx.var.remote_addr, proxy, read_xff)
 end
 
 local function over_limit(key, rate)
@@ -296,6 +330,15 @@ function _M.access()
     return answer(pc.status, pc.reason, pc.status == 400 and (pc.reason .. "\n") or "")
   end
   if generation == nil then poll() end
+  -- The routers' PROXY-protocol listener: only a router's header is
+  -- believed (a new router works once the routing table names it).
+  local proxy = ngx.var.proxy_protocol_addr
+  if proxy == "" then
+    proxy = nil
+  elseif not ip.client_proxied(trusted, routers, ngx.var.remote_addr, proxy) then
+    log(INFO, "edgeform: PROXY header from ", ngx.var.remote_addr, ", not a router: refused")
+    return ngx.exit(444)
+  end
   local host = ngx.var.host
   local entry = lookup(host)
   if entry.none then return answer(404, "unknown-host", "unknown host\n") end
@@ -309,7 +352,7 @@ function _M.access()
   local client, country
   if site.need_client then
     local client_text
-    client, client_text = client_ip()
+    client, client_text = client_ip(proxy)
     if client and site.need_country then
       ngx.var.edge_client_ip = client_text
       country = ngx.var.edge_country
@@ -318,7 +361,11 @@ function _M.access()
   end
   local var = ngx.var
   local method = ngx.req.get_method()
+  local https = var.https == "on"
   local req = {
+    scheme = https and "https" or "http",
+    sni = https and var.ssl_server_name or nil,
+    content_length = var.http_content_length,
     method = method,
     host = host,
     uri = request_uri,
@@ -366,14 +413,25 @@ function _M.access()
     if d.cached then
       ngx.var.edge_nocache = "0"
     end
-    if d.ttl then
+    local unverified = entry.tls_unverified and d.origin:sub(1, 8) == "https://"
+    if d.ttl or unverified then
       ngx.var.edge_upstream = conf.ttl_hop
       ngx.req.set_header("X-Edgeform-Origin", d.origin)
-      ngx.req.set_header("X-Edgeform-TTL", tostring(d.ttl))
+      if d.ttl then
+        ngx.req.set_header("X-Edgeform-TTL", tostring(d.ttl))
+      else
+        ngx.req.clear_header("X-Edgeform-TTL")
+      end
+      if unverified then
+        ngx.req.set_header("X-Edgeform-TLS-Verify", "off")
+      else
+        ngx.req.clear_header("X-Edgeform-TLS-Verify")
+      end
     else
       ngx.var.edge_upstream = d.origin
       ngx.req.clear_header("X-Edgeform-Origin")
       ngx.req.clear_header("X-Edgeform-TTL")
+      ngx.req.clear_header("X-Edgeform-TLS-Verify")
     end
     return
   end

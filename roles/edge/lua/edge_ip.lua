@@ -120,6 +120,33 @@ function _M.client(trusted, peer_text, xff)
   return last, _M.text(last, last_text)
 end
 
+-- The routers' addresses (edgeform:routing's nodes with the `router`
+-- role) as a set of address bytes, for _M.client_proxied; addresses that
+-- do not parse are left out.
+function _M.routers(addresses)
+  local set = {}
+  for _, a in ipairs(addresses) do
+    local b = type(a) == "string" and _M.parse(a)
+    if b then set[b] = true end
+  end
+  return set
+end
+
+-- The client address of a request on the PROXY-protocol listener
+-- (`proxy_text`: the header's address) or a plain one (`proxy_text` nil:
+-- _M.client), as edgestate::route::Router::client_ip_proxied: through
+-- PROXY the peer must be one of `routers` (_M.routers) and the header's
+-- address stands for the peer, then the same X-Forwarded-For rule. A
+-- non-router's header, or a header address that does not parse: nil,
+-- "refused".
+function _M.client_proxied(trusted, routers, peer_text, proxy_text, xff)
+  if proxy_text == nil then return _M.client(trusted, peer_text, xff) end
+  local peer = _M.parse(peer_text)
+  if not peer or not routers[peer] then return nil, "refused" end
+  if not _M.parse(proxy_text) then return nil, "refused" end
+  return _M.client(trusted, proxy_text, xff)
+end
+
 function _M.hex(bytes)
   return (bytes:gsub(".", function(c) return string.format("%02x", byte(c)) end))
 end

@@ -1,0 +1,137 @@
+-- edge_tls.lua: the certificate of a TLS handshake, chosen by SNI from the
+-- node's Redis (docs/edge.md, "HTTPS"), in ssl_certificate_by_lua.
+--
+-- `tls:<sni>`, else the one-label wildcard `tls:*.<sni minus its first
+-- label>` (contract: `{"chain", "fingerprint", "key", "not_after"}`).
+-- Parsed certificates are kept per worker, tagged with the generation
+-- cdn_router polls from edgeform:meta, as documents are: after an apply
+-- (a new or renewed certificate) the next handshake re-reads it, with the
+-- same worker processes. The listener's own certificate is a neutral
+-- placeholder that is never served: every handshake either gets a site's
+-- certificate here or fails — no SNI, an SNI that is not a plain ASCII
+-- host name (or longer than 253 bytes), no `tls:` document, an expired or
+-- corrupt one. A corrupt document is logged once per generation per
+-- worker (cached as a failure until the generation changes); every other
+-- host keeps working. Redis down: the certificates last read keep serving.
+
+local ssl = require "ngx.ssl"
+local lrucache = require "resty.lrucache"
+local pick = require "edge_tls_pick"
+local router = require "cdn_router"
+
+local ngx = ngx
+local log, ERR, INFO = ngx.log, ngx.ERR, ngx.INFO
+
+local _M = {}
+
+local certs     -- per worker: tls key → {cert, key, not_after, text, gen} | {err, text, gen}
+local misses    -- per worker: name → {key | none, gen}: where a name was found
+local CERT_CACHE, MISS_CACHE = 10000, 10000
+
+function _M.init_worker()
+  certs = lrucache.new(CERT_CACHE)
+  misses = lrucache.new(MISS_CACHE)
+end
+
+-- A `tls:` document's text → {cert, key, not_after} or nil + why
+-- (edge_tls_pick.parse's shape, then the PEMs as OpenSSL reads them).
+local function parse(text)
+  local doc, err = pick.parse(text)
+  if not doc then return nil, err end
+  local cert, key
+  cert, err = ssl.parse_pem_cert(doc.chain)
+  if not cert then return nil, "chain: " .. tostring(err) end
+  key, err = ssl.parse_pem_priv_key(doc.key)
+  if not key then return nil, "key: " .. tostring(err) end
+  return { cert = cert, key = key, not_after = doc.not_after }
+end
+
+-- The entry of one tls key from its text (same text and generation:
+-- the entry already parsed).
+local function prepare(key, text, gen)
+  local old = certs:get(key)
+  if old and old.text == text then
+    if old.err and old.gen ~= gen then
+      log(ERR, "edgeform: ", key, " is a bad certificate document: ", old.err)
+    end
+    old.gen = gen
+    return old
+  end
+  local entry, err = parse(text)
+  if not entry then
+    entry = { err = err }
+    log(ERR, "edgeform: ", key, " is a bad certificate document: ", err)
+  end
+  entry.text, entry.gen = text, gen
+  certs:set(key, entry)
+  return entry
+end
+
+-- The certificate entry for a name, or nil: {cert, key, not_after} or {err}.
+function _M.lookup(name)
+  local gen = router.generation()
+  local m = misses:get(name)
+  if m and m.gen == gen then
+    if m.none then return nil end
+    local e = certs:get(m.key)
+    if e and e.gen == gen then return e end
+  end
+  local wild = pick.hosts(name)[2]
+  local r, err = router.redis()
+  local vals
+  if r then
+    if wild then
+      vals, err = r:mget("tls:" .. name, "tls:" .. wild)
+    else
+      vals, err = r:mget("tls:" .. name)
+    end
+    if vals then router.release(r) end
+  end
+  if not vals then
+    -- Redis unreachable: what this name last resolved to, of any generation.
+    log(INFO, "edgeform: redis unreachable for the certificate of ", name, ": ", err)
+    if m and m.key then return certs:get(m.key) end
+    return nil
+  end
+  local key, text
+  if vals[1] ~= ngx.null then
+    key, text = "tls:" .. name, vals[1]
+  elseif wild and vals[2] ~= ngx.null then
+    key, text = "tls:" .. wild, vals[2]
+  end
+  if not key then
+    misses:set(name, { none = true, gen = gen })
+    return nil
+  end
+  misses:set(name, { key = key, gen = gen })
+  return prepare(key, text, gen)
+end
+
+-- ssl_certificate_by_lua: set the SNI's certificate or fail the handshake.
+function _M.certificate()
+  local sni = ssl.server_name()
+  local name = pick.normalize(sni)
+  if not name then
+    log(INFO, "edgeform tls: handshake refused: ", sni and "SNI not a host name" or "no SNI")
+    return ngx.exit(ngx.ERROR)
+  end
+  local e = _M.lookup(name)
+  if not e or e.err then
+    log(INFO, "edgeform tls: handshake refused for ", name, ": ",
+      e and "bad certificate document" or "no certificate")
+    return ngx.exit(ngx.ERROR)
+  end
+  if e.not_after < ngx.time() then
+    log(INFO, "edgeform tls: handshake refused for ", name, ": certificate expired")
+    return ngx.exit(ngx.ERROR)
+  end
+  local ok, err = ssl.clear_certs()
+  if ok then ok, err = ssl.set_cert(e.cert) end
+  if ok then ok, err = ssl.set_priv_key(e.key) end
+  if not ok then
+    log(ERR, "edgeform tls: setting the certificate of ", name, " failed: ", err)
+    return ngx.exit(ngx.ERROR)
+  end
+end
+
+return _M
