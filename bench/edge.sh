@@ -7,12 +7,19 @@
 # --batch` per-request cost over 200,000 requests.
 #
 #   bench/edge.sh [seconds per round, default 10] [rounds, default 3]
+#
+# EDGEFORM=PATH uses that binary (no release build; it only applies the
+# repository, and `explain --batch` is timed only for a release build).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/lib.sh
 need_packages "${BUILD_PACKAGES[@]}" "${EDGE_PACKAGES[@]}" redis-server
 secs=${1:-10}; rounds=${2:-3}
-cargo build --release --quiet --locked -p edgeform
+if [ -z "${EDGEFORM:-}" ]; then
+  cargo build --release --quiet --locked -p edgeform
+  EDGEFORM=target/release/edgeform
+fi
+echo "load at the start: $(cut -d' ' -f1-3 /proc/loadavg)"
 work=$(mktemp -d)
 trap 'stop_servers; rm -rf "$work"' EXIT
 SERVER_DIR="$work"
@@ -55,7 +62,7 @@ cache_rules:
 edge_rules:
   - {match_type: prefix, match_value: /old/, action: redirect, redirect_status: 301}
 YAML
-target/release/edgeform --repo "$repo" apply --yes >/dev/null 2>&1
+"$EDGEFORM" --repo "$repo" apply --yes >/dev/null 2>&1
 
 render() { # PREFIX LISTEN HOP
   mkdir -p "$1/cache"
@@ -164,6 +171,9 @@ print(f"throughput ratio (median of per-round ratios): {r:.2f}; CPU ratio withou
 print(f"Lua access phase: {ce - cp:.1f} us CPU per request (lookup + decision + headers)")
 PY
 
+echo "load at the end of the wrk rounds: $(cut -d' ' -f1-3 /proc/loadavg)"
+
+case "$EDGEFORM" in */release/*) ;; *) echo "explain --batch: not timed ($EDGEFORM is not a release build)"; exit 0;; esac
 # explain --batch: 200,000 requests after the compile.
 python3 - "$work/req.jsonl" <<'PY'
 import json, sys, random
@@ -186,8 +196,8 @@ print(time.perf_counter() - t, (r1.ru_utime - r0.ru_utime) + (r1.ru_stime - r0.r
 geo="$PWD/testdata/geoip/GeoLite2-City-Test.mmdb"
 one=(); all=(); onec=(); allc=()
 for _ in 1 2 3; do
-  read -r w c < <(t target/release/edgeform --repo "$repo" explain --batch "$work/one.jsonl" --geoip "$geo"); one+=("$w"); onec+=("$c")
-  read -r w c < <(t target/release/edgeform --repo "$repo" explain --batch "$work/req.jsonl" --geoip "$geo"); all+=("$w"); allc+=("$c")
+  read -r w c < <(t "$EDGEFORM" --repo "$repo" explain --batch "$work/one.jsonl" --geoip "$geo"); one+=("$w"); onec+=("$c")
+  read -r w c < <(t "$EDGEFORM" --repo "$repo" explain --batch "$work/req.jsonl" --geoip "$geo"); all+=("$w"); allc+=("$c")
 done
 python3 - "$(median "${one[@]}")" "$(median "${all[@]}")" "$(median "${onec[@]}")" "$(median "${allc[@]}")" <<'PY'
 import sys

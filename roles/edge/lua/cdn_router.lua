@@ -370,18 +370,18 @@ function _M.access()
 
   local v = d.verdict
   if v == "proxy" then
-    ngx.var.edge_origin_host = d.origin_host
+    var.edge_origin_host = d.origin_host
     if d.cached then
-      ngx.var.edge_nocache = "0"
+      var.edge_nocache = "0"
     end
+    -- The hop's request headers come from variables (the template's
+    -- proxy_set_header: empty sends none and drops a viewer's own).
     if d.ttl then
-      ngx.var.edge_upstream = conf.ttl_hop
-      ngx.req.set_header("X-Edgeform-Origin", d.origin)
-      ngx.req.set_header("X-Edgeform-TTL", tostring(d.ttl))
+      var.edge_upstream = conf.ttl_hop
+      var.edge_hop_origin = d.origin
+      var.edge_hop_ttl = d.ttl
     else
-      ngx.var.edge_upstream = d.origin
-      ngx.req.clear_header("X-Edgeform-Origin")
-      ngx.req.clear_header("X-Edgeform-TTL")
+      var.edge_upstream = d.origin
     end
     return
   end

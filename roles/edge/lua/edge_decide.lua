@@ -22,12 +22,16 @@ local R = T.REASON
 local METHODS = {}
 for _, m in ipairs(T.METHODS) do METHODS[m] = true end
 -- The needles in the WAF's spelling (edge_norm.waf_fold), once.
-local WAF_RULES = {}
-for i, rule in ipairs(T.WAF_RULES) do
-  local needles = {}
-  for j, needle in ipairs(rule[2]) do needles[j] = norm.waf_fold(needle) end
-  WAF_RULES[i] = { rule[1], needles }
+-- One flat list, in rule order (one loop: LuaJIT compiles it whole):
+-- WAF_NEEDLES[i] is found → the rule WAF_NEEDLE_RULE[i] matches.
+local WAF_NEEDLES, WAF_NEEDLE_RULE = {}, {}
+for _, rule in ipairs(T.WAF_RULES) do
+  for _, needle in ipairs(rule[2]) do
+    WAF_NEEDLES[#WAF_NEEDLES + 1] = norm.waf_fold(needle)
+    WAF_NEEDLE_RULE[#WAF_NEEDLES] = rule[1]
+  end
 end
+local WAF_NEEDLE_COUNT = #WAF_NEEDLES
 local HOTLINK_EXT = T.HOTLINK_EXT
 local REDIRECT_STATUS = {}
 for _, st in ipairs(T.REDIRECT_STATUSES) do REDIRECT_STATUS[st] = true end
@@ -242,12 +246,12 @@ function _M.waf_matches(method, uri)
   local hits = {}
   if not METHODS[method] then hits[#hits + 1] = T.WAF_BAD_METHOD end
   local text = norm.waf_text(uri)
-  for _, rule in ipairs(WAF_RULES) do
-    for _, needle in ipairs(rule[2]) do
-      if find(text, needle, 1, true) then
-        hits[#hits + 1] = rule[1]
-        break
-      end
+  local last   -- the rule of the last hit: each rule is listed once
+  for i = 1, WAF_NEEDLE_COUNT do
+    local rule = WAF_NEEDLE_RULE[i]
+    if rule ~= last and find(text, WAF_NEEDLES[i], 1, true) then
+      hits[#hits + 1] = rule
+      last = rule
     end
   end
   return hits
