@@ -99,13 +99,13 @@ row() { # WORKERS SHARED(yes|no)
     n=$((n + $(grep -oP '\d+(?= requests in)' <<<"$out")))
   done
   m1=$(mget_calls); t1=$(date +%s.%N)
-  line+=$(python3 -c "n,m=$n,$m1-$m0; print(f' {n/($t1-$t0):,.0f} | {m/n:.3f} | {1-m/n:.3f} |')")
+  line+=$(python3 -c "n,m=$n,$m1-$m0; print(f' {n/($t1-$t0):,.0f} | {m/n:.3f} | {max(0.0, 1-m/n):.3f} |')")
   # Then uniformly random hosts.
   m0=$(mget_calls)
   out=$(wrk -t1 -c32 -d"${secs}s" -s "$work/random_host.lua" "http://127.0.0.1:$port/a.mp4")
   m1=$(mget_calls)
   n=$(grep -oP '\d+(?= requests in)' <<<"$out"); rps=$(grep -oP 'Requests/sec:\s+\K[\d.]+' <<<"$out")
-  line+=$(python3 -c "n,m=$n,$m1-$m0; print(f' {float($rps):,.0f} | {m/n:.3f} | **{1-m/n:.3f}** |')")
+  line+=$(python3 -c "n,m=$n,$m1-$m0; print(f' {float($rps):,.0f} | {m/n:.3f} | **{max(0.0, 1-m/n):.3f}** |')")
   kill "$pid"; wait "$pid" 2>/dev/null || true
   echo "$line"
 }
