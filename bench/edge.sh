@@ -72,21 +72,29 @@ render() { # PREFIX LISTEN HOP
     API_ON=false API_URL=http://127.0.0.1:9 NODE=edge-1 \
     TTL_HOP_PORT="$3" LISTEN="$2"
 }
+fport=$(free); hop3=$(free)
 render "$work/edge" "127.0.0.1:$eport" "$hop1"
 render "$work/plain" "127.0.0.1:$pport" "$hop2"
-# The same configuration without the Lua access phase.
-python3 - "$work/plain/nginx.conf" "$oport" <<'PY'
+render "$work/empty" "127.0.0.1:$fport" "$hop3"
+# The same configuration without the Lua access phase; and with an empty
+# one (`return`: the fixed cost of running any Lua phase at all).
+python3 - "$work/plain/nginx.conf" "$oport" "$work/empty/nginx.conf" <<'PY'
 import sys, re
-p, port = sys.argv[1], sys.argv[2]
-s = open(p).read()
-s = re.sub(r'\n\s*access_by_lua_block \{[^}]*\}', '', s)
-s = re.sub(r'\n\s*header_filter_by_lua_block \{[^}]*\}', '', s)
-s = s.replace('set $edge_upstream "";', 'set $edge_upstream "http://127.0.0.1:%s";' % port)
-s = s.replace('set $edge_origin_host "";', 'set $edge_origin_host "bench.test";')
-s = s.replace('set $edge_nocache "1";', 'set $edge_nocache "0";')
-open(p, 'w').write(s)
+for p, empty in ((sys.argv[1], False), (sys.argv[3], True)):
+    port = sys.argv[2]
+    s = open(p).read()
+    s = re.sub(r'\n\s*access_by_lua_block \{[^}]*\}', '', s)
+    s = re.sub(r'\n\s*header_filter_by_lua_block \{[^}]*\}', '', s)
+    s = s.replace('set $edge_upstream "";', 'set $edge_upstream "http://127.0.0.1:%s";' % port)
+    s = s.replace('set $edge_origin_host "";', 'set $edge_origin_host "bench.test";')
+    s = s.replace('set $edge_nocache "1";', 'set $edge_nocache "0";')
+    if empty:
+        s = s.replace('            proxy_pass $edge_upstream;',
+                      '            access_by_lua_block { return }\n            proxy_pass $edge_upstream;', 1)
+    open(p, 'w').write(s)
 PY
 grep -q access_by_lua "$work/plain/nginx.conf" && { echo "plain config still has Lua" >&2; exit 1; }
+grep -q 'access_by_lua_block { return }' "$work/empty/nginx.conf" || { echo "no empty Lua phase" >&2; exit 1; }
 # The document lookup alone, timed inside the edge's worker (monotonic clock).
 python3 - "$work/edge/nginx.conf" <<'PY'
 import sys
@@ -126,9 +134,10 @@ open(p, "w").write(s)
 PY
 EDGEFORM_CHALLENGE_SECRET=bench taskset -c 1 nginx -p "$work/edge" -c "$work/edge/nginx.conf" & SERVER_PIDS+=($!)
 taskset -c 1 nginx -p "$work/plain" -c "$work/plain/nginx.conf" & SERVER_PIDS+=($!)
-wait_port "$eport"; wait_port "$pport"
+taskset -c 1 nginx -p "$work/empty" -c "$work/empty/nginx.conf" & SERVER_PIDS+=($!)
+wait_port "$eport"; wait_port "$pport"; wait_port "$fport"
 sleep 0.5
-for p in "$eport" "$pport"; do
+for p in "$eport" "$pport" "$fport"; do
   for _ in 1 2; do curl -s -o /dev/null -H 'Host: bench.test' "http://127.0.0.1:$p/a.mp4"; done
   st=$(curl -s -o /dev/null -D - -H 'Host: bench.test' "http://127.0.0.1:$p/a.mp4" | tr -d '\r' | awk -F': ' 'tolower($1)=="x-cache-status"{print $2}')
   [ "$st" = HIT ] || { echo "port $p: expected a cache HIT, got '$st'" >&2; exit 1; }
@@ -142,7 +151,7 @@ echo "document lookup (both missed: MGET from local Redis, parse, prepare): p50 
 worker_of() { local m; m=$(cat "$1/nginx.pid"); for c in $(cat "/proc/$m/task/$m/children"); do
   grep -q "worker process" "/proc/$c/cmdline" 2>/dev/null && echo "$c"; done; true; }
 ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
-ew=$(worker_of "$work/edge"); pw=$(worker_of "$work/plain")
+ew=$(worker_of "$work/edge"); pw=$(worker_of "$work/plain"); fw=$(worker_of "$work/empty")
 # One round: requests/s and the worker's CPU microseconds per request
 # (utime + stime from /proc: robust when other processes share the CPU).
 run_wrk() { # port worker-pid
@@ -159,24 +168,28 @@ print(f"{rps:.0f} {(t1 - t0) / hz / n * 1e6:.2f}")
 PY
 }
 echo "wrk: ${rounds} rounds of ${secs}s each side, interleaved, 1 thread, 32 connections, cache HITs" >&2
-ratios=(); cpu_e=(); cpu_p=(); rps_e=(); rps_p=()
+ratios=(); cpu_e=(); cpu_p=(); cpu_f=(); rps_e=(); rps_p=(); rps_f=(); diff=(); fixed=()
 for i in $(seq 1 "$rounds"); do
   read -r re ce < <(run_wrk "$eport" "$ew"); read -r rp cp < <(run_wrk "$pport" "$pw")
-  rps_e+=("$re"); rps_p+=("$rp"); cpu_e+=("$ce"); cpu_p+=("$cp")
+  read -r rf cf < <(run_wrk "$fport" "$fw")
+  rps_e+=("$re"); rps_p+=("$rp"); rps_f+=("$rf"); cpu_e+=("$ce"); cpu_p+=("$cp"); cpu_f+=("$cf")
   ratios+=("$(python3 -c "print($re/$rp)")")
-  echo "  round $i: edge $re req/s ($ce us CPU/req), without Lua $rp req/s ($cp us CPU/req)" >&2
+  diff+=("$(python3 -c "print($ce-$cp)")"); fixed+=("$(python3 -c "print($cf-$cp)")")
+  echo "  round $i: edge $re req/s ($ce us CPU/req), without Lua $rp req/s ($cp us CPU/req), empty Lua phase $rf req/s ($cf us CPU/req)" >&2
 done
 median() { printf '%s\n' "$@" | sort -g | awk '{a[NR]=$1} END{print a[int((NR+1)/2)]}'; }
 python3 - "$(median "${rps_e[@]}")" "$(median "${rps_p[@]}")" "$(median "${ratios[@]}")" \
-  "$(median "${cpu_e[@]}")" "$(median "${cpu_p[@]}")" <<'PY'
+  "$(median "${cpu_e[@]}")" "$(median "${cpu_p[@]}")" "$(median "${rps_f[@]}")" "$(median "${cpu_f[@]}")" \
+  "$(median "${diff[@]}")" "$(median "${fixed[@]}")" <<'PY'
 import sys
-e, p, r, ce, cp = map(float, sys.argv[1:6])
+e, p, r, ce, cp, f, cf, d, fx = map(float, sys.argv[1:10])
 print(f"edge (Lua access phase, documents cached): {e:,.0f} req/s, {ce:.1f} us worker CPU per request")
 print(f"same nginx.conf without the Lua phase:     {p:,.0f} req/s, {cp:.1f} us worker CPU per request")
-print(f"throughput ratio (median of per-round ratios): {r:.2f}; CPU ratio without/with Lua: {cp/ce:.2f}  (goal >= 0.8)")
-print(f"Lua access phase: {ce - cp:.1f} us CPU per request (lookup + decision + headers)")
+print(f"same nginx.conf, an empty Lua phase:       {f:,.0f} req/s, {cf:.1f} us worker CPU per request")
+print(f"throughput ratio (median of per-round ratios): {r:.2f} (goal >= 0.85); CPU ratio without/with Lua: {cp/ce:.2f}")
+print(f"Lua access phase: {d:.1f} us CPU per request (median of per-round differences; lookup + decision + headers; goal <= 5),"
+      f" of which {fx:.1f} us any Lua phase costs (empty phase - none)")
 PY
-
 echo "load at the end of the wrk rounds: $(cut -d' ' -f1-3 /proc/loadavg)"
 
 case "$EDGEFORM" in */release/*) ;; *) echo "explain --batch: not timed ($EDGEFORM is not a release build)"; exit 0;; esac
