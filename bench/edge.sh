@@ -8,8 +8,9 @@
 #
 #   bench/edge.sh [seconds per round, default 10] [rounds, default 3]
 #
-# EDGEFORM=PATH uses that binary (no release build; it only applies the
-# repository, and `explain --batch` is timed only for a release build).
+# EDGEFORM=PATH uses that binary (no release build; it only applies and
+# builds the repository, and `explain --batch` is timed only for a release
+# build).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/lib.sh
@@ -41,6 +42,10 @@ wait_port "$oport"
 # A repository with one site in front of that origin, applied to Redis.
 repo="$work/repo"; mkdir -p "$repo/sites" "$repo/nodes"
 echo "name: bench" > "$repo/cluster.yaml"
+# The edge is the edge role's bundle (roles/edge/, as installed), built
+# by `edgeform build`: live on $eport (the edge), candidate on $pport (made
+# the edge without Lua below), pid files and logs under $work/root/run/.
+cp -r roles "$repo/roles"
 cat > "$repo/nodes/edge-1.yaml" <<YAML
 name: edge-1
 roles: [edge]
@@ -48,6 +53,14 @@ region: eu
 location: {lat: 52.0, lon: 4.0}
 redis: {url: "redis://127.0.0.1:$rport"}
 cache: {dirs: ["$work/cache"], levels: "1:2", key: \$scheme\$host\$request_uri}
+install:
+  ssh: 127.0.0.1:22
+  user: $(id -un)
+  root: $work/root
+  listen: 127.0.0.1:$eport
+  smoke_listen: 127.0.0.1:$pport
+  vars: {api: "false", api_url: "http://127.0.0.1:9", cache_max_size: 1g, geoip_db: "$PWD/testdata/geoip/GeoLite2-City-Test.mmdb", resolver: 127.0.0.1, ttl_hop_port: "$hop1", workers: "1"}
+  candidate_vars: {ttl_hop_port: "$hop2"}
 YAML
 cat > "$repo/sites/bench.yaml" <<YAML
 host: bench.test
@@ -64,18 +77,16 @@ edge_rules:
 YAML
 "$EDGEFORM" --repo "$repo" apply --yes >/dev/null 2>&1
 
-render() { # PREFIX LISTEN HOP
-  mkdir -p "$1/cache"
-  edge/render "$1/nginx.conf" USER="$(id -un)" WORKERS=1 PREFIX="$1" ACCESS_LOG=off RESOLVER=127.0.0.1 \
-    CACHE_DIR="$work/cache" CACHE_LEVELS=1:2 CACHE_MAX_SIZE=1g 'CACHE_KEY=$scheme$host$request_uri' \
-    GEOIP_DB="$PWD/testdata/geoip/GeoLite2-City-Test.mmdb" REDIS_HOST=127.0.0.1 REDIS_PORT="$rport" \
-    API_ON=false API_URL=http://127.0.0.1:9 NODE=edge-1 \
-    TTL_HOP_PORT="$3" LISTEN="$2"
-}
+"$EDGEFORM" --repo "$repo" build --out "$work/out" >/dev/null 2>&1
+bundle="$work/out/bundles/edge-1"
+mkdir -p "$work/cache" "$work/root/run/live" "$work/root/run/candidate" "$work/edge" "$work/plain"
+cp "$bundle/nginx.conf" "$work/edge/nginx.conf"
+cp "$bundle/candidate/nginx.conf" "$work/plain/nginx.conf"
+# A third instance, from the candidate's: its own port, TTL hop and run folder.
 fport=$(free); hop3=$(free)
-render "$work/edge" "127.0.0.1:$eport" "$hop1"
-render "$work/plain" "127.0.0.1:$pport" "$hop2"
-render "$work/empty" "127.0.0.1:$fport" "$hop3"
+mkdir -p "$work/root/run/empty" "$work/empty"
+sed -e "s|127.0.0.1:$pport|127.0.0.1:$fport|g" -e "s|$hop2|$hop3|g" \
+  -e "s|$work/root/run/candidate|$work/root/run/empty|g" "$bundle/candidate/nginx.conf" > "$work/empty/nginx.conf"
 # The same configuration without the Lua access phase; and with an empty
 # one (`return`: the fixed cost of running any Lua phase at all).
 python3 - "$work/plain/nginx.conf" "$oport" "$work/empty/nginx.conf" <<'PY'
@@ -95,6 +106,7 @@ for p, empty in ((sys.argv[1], False), (sys.argv[3], True)):
 PY
 grep -q access_by_lua "$work/plain/nginx.conf" && { echo "plain config still has Lua" >&2; exit 1; }
 grep -q 'access_by_lua_block { return }' "$work/empty/nginx.conf" || { echo "no empty Lua phase" >&2; exit 1; }
+grep -q "$work/root/run/empty" "$work/empty/nginx.conf" || { echo "the empty instance's run folder" >&2; exit 1; }
 # The document lookup alone, timed inside the edge's worker (monotonic clock).
 python3 - "$work/edge/nginx.conf" <<'PY'
 import sys
@@ -132,9 +144,9 @@ bench = r"""
 s = s.replace("        # The control plane's read API", bench + "        # The control plane's read API", 1)
 open(p, "w").write(s)
 PY
-EDGEFORM_CHALLENGE_SECRET=bench taskset -c 1 nginx -p "$work/edge" -c "$work/edge/nginx.conf" & SERVER_PIDS+=($!)
-taskset -c 1 nginx -p "$work/plain" -c "$work/plain/nginx.conf" & SERVER_PIDS+=($!)
-taskset -c 1 nginx -p "$work/empty" -c "$work/empty/nginx.conf" & SERVER_PIDS+=($!)
+EDGEFORM_CHALLENGE_SECRET=bench taskset -c 1 nginx -p "$bundle/" -c "$work/edge/nginx.conf" & SERVER_PIDS+=($!)
+taskset -c 1 nginx -p "$bundle/" -c "$work/plain/nginx.conf" & SERVER_PIDS+=($!)
+taskset -c 1 nginx -p "$bundle/" -c "$work/empty/nginx.conf" & SERVER_PIDS+=($!)
 wait_port "$eport"; wait_port "$pport"; wait_port "$fport"
 sleep 0.5
 for p in "$eport" "$pport" "$fport"; do
@@ -151,7 +163,7 @@ echo "document lookup (both missed: MGET from local Redis, parse, prepare): p50 
 worker_of() { local m; m=$(cat "$1/nginx.pid"); for c in $(cat "/proc/$m/task/$m/children"); do
   grep -q "worker process" "/proc/$c/cmdline" 2>/dev/null && echo "$c"; done; true; }
 ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
-ew=$(worker_of "$work/edge"); pw=$(worker_of "$work/plain"); fw=$(worker_of "$work/empty")
+ew=$(worker_of "$work/root/run/live"); pw=$(worker_of "$work/root/run/candidate"); fw=$(worker_of "$work/root/run/empty")
 # One round: requests/s and the worker's CPU microseconds per request
 # (utime + stime from /proc: robust when other processes share the CPU).
 run_wrk() { # port worker-pid
@@ -190,6 +202,7 @@ print(f"throughput ratio (median of per-round ratios): {r:.2f} (goal >= 0.85); C
 print(f"Lua access phase: {d:.1f} us CPU per request (median of per-round differences; lookup + decision + headers; goal <= 5),"
       f" of which {fx:.1f} us any Lua phase costs (empty phase - none)")
 PY
+
 echo "load at the end of the wrk rounds: $(cut -d' ' -f1-3 /proc/loadavg)"
 
 case "$EDGEFORM" in */release/*) ;; *) echo "explain --batch: not timed ($EDGEFORM is not a release build)"; exit 0;; esac

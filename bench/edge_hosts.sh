@@ -17,11 +17,19 @@
 # writes (SPEC §2, one `site:<host>` each; the bench site of bench/edge.sh
 # with `cached: false`, so every request goes to the origin and no cache
 # folder fills up); what is measured is the edge's lookup, not the push.
+#
+# The edge is the edge role's bundle (`edgeform build`, roles/edge/, as
+# installed), copied per row with its worker count, port and run folder.
+# EDGEFORM=PATH uses that binary instead of a release build.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/lib.sh
-need_packages "${EDGE_PACKAGES[@]}" redis-server
+need_packages "${BUILD_PACKAGES[@]}" "${EDGE_PACKAGES[@]}" redis-server
 hosts=${1:-100000}; secs=${2:-10}
+if [ -z "${EDGEFORM:-}" ]; then
+  cargo build --release --quiet --locked -p edgeform
+  EDGEFORM=target/release/edgeform
+fi
 work=$(mktemp -d)
 trap 'stop_servers; rm -rf "$work"' EXIT
 SERVER_DIR="$work"
@@ -61,6 +69,31 @@ for i in range(n):
 w(cmd("HSET", "edgeform:meta", "generation", "1"))
 PY
 redis-cli -p "$rport" --pipe < "$work/docs.resp" >/dev/null
+
+# The bundle: a node of its own (no site: `build` only renders the template).
+repo="$work/repo"; mkdir -p "$repo/sites" "$repo/nodes"
+echo "name: bench" > "$repo/cluster.yaml"
+cp -r roles "$repo/roles"
+lport=$(free); cport=$(free); hop=$(free); hop2=$(free)
+cat > "$repo/nodes/edge-1.yaml" <<YAML
+name: edge-1
+roles: [edge]
+region: eu
+location: {lat: 52.0, lon: 4.0}
+redis: {url: "redis://127.0.0.1:$rport"}
+cache: {dirs: ["$work/cache"], levels: "1:2", key: \$scheme\$host\$request_uri}
+install:
+  ssh: 127.0.0.1:22
+  user: $(id -un)
+  root: $work/root
+  listen: 127.0.0.1:$lport
+  smoke_listen: 127.0.0.1:$cport
+  vars: {api: "false", api_url: "http://127.0.0.1:9", cache_max_size: 1g, geoip_db: "$PWD/testdata/geoip/GeoLite2-City-Test.mmdb", resolver: 127.0.0.1, ttl_hop_port: "$hop", workers: "1"}
+  candidate_vars: {ttl_hop_port: "$hop2"}
+YAML
+"$EDGEFORM" --repo "$repo" build --out "$work/out" >/dev/null
+bundle="$work/out/bundles/edge-1"
+mkdir -p "$work/cache"
 cat > "$work/random_host.lua" <<LUA
 math.randomseed(os.time())
 request = function()
@@ -79,15 +112,13 @@ LUA
 }
 
 mget_calls() { redis-cli -p "$rport" info commandstats | tr -d '\r' | awk -F'[=,:]' '/^cmdstat_mget:/{print $3}' | grep . || echo 0; }
-hop=$(free)
 row() { # WORKERS SHARED(yes|no)
-  local dir="$work/edge-$1-$2" port; port=$(free); mkdir -p "$dir/cache"
-  edge/render "$dir/nginx.conf" USER="$(id -un)" WORKERS="$1" PREFIX="$dir" ACCESS_LOG=off RESOLVER=127.0.0.1 \
-    CACHE_DIR="$dir/cache" CACHE_LEVELS=1:2 CACHE_MAX_SIZE=1g 'CACHE_KEY=$scheme$host$request_uri' \
-    GEOIP_DB="$PWD/testdata/geoip/GeoLite2-City-Test.mmdb" REDIS_HOST=127.0.0.1 REDIS_PORT="$rport" \
-    API_ON=false API_URL=http://127.0.0.1:9 NODE=edge-1 TTL_HOP_PORT="$hop" LISTEN="127.0.0.1:$port"
+  local dir="$work/root/run/edge-$1-$2" port; port=$(free); mkdir -p "$dir"
+  sed -e "s|^worker_processes 1;|worker_processes $1;|" -e "s|127.0.0.1:$lport|127.0.0.1:$port|" \
+    -e "s|$work/root/run/live|$dir|g" "$bundle/nginx.conf" > "$dir/nginx.conf"
+  grep -q "^worker_processes $1;" "$dir/nginx.conf" || { echo "worker_processes not set" >&2; exit 1; }
   if [ "$2" = no ]; then sed -i '/lua_shared_dict edge_docs\|lua_shared_dict edge_wild/d' "$dir/nginx.conf"; fi
-  nginx -p "$dir" -c "$dir/nginx.conf" & local pid=$!
+  nginx -p "$bundle/" -c "$dir/nginx.conf" & local pid=$!
   wait_port "$port"; sleep 0.5
   local line="| $1 | $2 |"
   local m0 m1 out n=0 rps=0 t0 t1

@@ -66,7 +66,7 @@ write_health
 
 mkdir -p "$work/router" "$work/plain"
 router/render "$work/router/nginx.conf" USER="$(id -un)" WORKERS=1 PREFIX="$work/router" ACCESS_LOG=off \
-  GEOIP_DB="$PWD/testdata/geoip/GeoLite2-City-Test.mmdb" REDIS_HOST=127.0.0.1 REDIS_PORT="$rport" \
+  GEOIP_DB="$PWD/testdata/geoip/GeoLite2-City-Test.mmdb" REDIS="{\"url\": \"redis://127.0.0.1:$rport\"}" REDIS_PASSWORD_ENV=EDGEFORM_REDIS_PASSWORD REDIS_CA_FILE=/etc/ssl/certs/ca-certificates.crt \
   HEALTH_FILE="$work/health.json" EDGE_PORT="$uport" LISTEN="127.0.0.1:$gport"
 # The reference: the same server without the Lua phases, proxying to the
 # fixed upstream (same proxy settings, same keepalive pool).

@@ -13,6 +13,8 @@ pub mod nginx;
 
 pub mod haproxy;
 
+pub mod netns;
+
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
@@ -524,6 +526,61 @@ pub fn redis_tls(certs: &Certs, require_client_cert: bool) -> (Process, u16) {
     let p = redis(&extra);
     // Ready on the plain port means the TLS listener is bound too.
     (p, tls_port)
+}
+
+/// A redis-server serving only TLS (with `certs`; `port 0`: no plain
+/// listener at all), so a client that reaches it really speaks TLS. The
+/// process's `port` is the TLS port; `extra` are more config lines (e.g.
+/// `requirepass`). Client certificates optional, or required with
+/// `require_client_cert`.
+///
+/// # Panics
+/// When it does not come up.
+#[must_use]
+pub fn redis_tls_only(certs: &Certs, require_client_cert: bool, extra: &[&str]) -> Process {
+    let mut last = String::new();
+    for _ in 0..5 {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let port = free_port();
+        let log = dir.path().join("redis.log");
+        let auth = if require_client_cert {
+            "yes"
+        } else {
+            "optional"
+        };
+        let mut conf = format!(
+            "port 0\nbind 127.0.0.1\nsave \"\"\nappendonly no\ndaemonize no\n\
+             dir {}\nprotected-mode no\n",
+            dir.path().display()
+        );
+        for line in certs.redis_conf(port, auth) {
+            conf.push_str(&line);
+            conf.push('\n');
+        }
+        for line in extra {
+            conf.push_str(line);
+            conf.push('\n');
+        }
+        let conf_path = dir.path().join("redis.conf");
+        std::fs::write(&conf_path, conf).expect("write conf");
+        let args = vec![conf_path.display().to_string()];
+        let child = spawn("redis-server", &args, dir.path(), &log).expect("spawn redis-server");
+        let mut p = Process {
+            child: Some(child),
+            port,
+            dir,
+            log,
+            binary: "redis-server",
+            args,
+        };
+        if wait_ready(&mut p, |port| {
+            TcpStream::connect(("127.0.0.1", port)).is_ok()
+        }) {
+            return p;
+        }
+        last = p.log();
+    }
+    panic!("redis-server (TLS only) did not start:\n{last}");
 }
 
 /// A Sentinel serving TLS on the returned port, monitoring `master_name`

@@ -1,5 +1,6 @@
-//! The reference edge (`edge/`): nginx with the Lua module, rendered from
-//! `edge/nginx.conf.template` into a temp prefix, on a free loopback port,
+//! The reference edge: nginx with the Lua module, the edge role's template
+//! (`roles/edge/nginx.conf.tmpl`, the installed one) rendered into a temp
+//! prefix by the installer's engine (`roletmpl`), on a free loopback port,
 //! stopped with SIGTERM (a SIGKILLed nginx master leaves its workers).
 //!
 //! Needs the Debian packages `scripts/test` installs (nginx,
@@ -27,6 +28,11 @@ pub struct EdgeOptions {
     pub workers: u32,
     /// Replace the Lua folder (the Lua gate's tests use a broken copy).
     pub lua_dir: Option<PathBuf>,
+    /// The node's `redis` block (default: `{url: redis://127.0.0.1:<redis_port>}`).
+    pub redis: Option<serde_json::Value>,
+    /// `redis.password_env`'s variable and its value, given to nginx as
+    /// `env NAME=value;` (as the node secrets are).
+    pub redis_password: Option<(String, String)>,
 }
 
 impl EdgeOptions {
@@ -46,6 +52,8 @@ impl EdgeOptions {
             challenge_secret: "test-challenge-secret".into(),
             workers: 1,
             lua_dir: None,
+            redis: None,
+            redis_password: None,
         }
     }
 }
@@ -105,8 +113,8 @@ impl Drop for Edge {
     }
 }
 
-/// Fill the template: every `{{NAME}}` from `vars`; an unfilled one is an
-/// error naming it.
+/// Fill a `{{NAME}}` template (the router's): every `{{NAME}}` from
+/// `vars`; an unfilled one is an error naming it.
 ///
 /// # Errors
 /// A placeholder without a value.
@@ -124,10 +132,68 @@ pub fn render(template: &str, vars: &[(&str, String)]) -> Result<String, String>
     }
 }
 
-/// Render the edge's nginx.conf into `prefix` and return its path.
+/// The edge role's template, `roles/edge/nginx.conf.tmpl`: the one the
+/// installer ships (docs/install.md), rendered here by the same engine.
+pub const EDGE_TEMPLATE: &str = "roles/edge/nginx.conf.tmpl";
+
+/// The template context (`node.*`, `instance.*`, as `install` builds it
+/// from a node's YAML) of a test edge: `listen` and the TTL hop's port
+/// on loopback, pid file, logs and temp files in `prefix`.
+#[must_use]
+pub fn edge_context(
+    prefix: &Path,
+    listen: &str,
+    ttl_port: u16,
+    cache: &Path,
+    o: &EdgeOptions,
+) -> serde_json::Value {
+    let user = std::env::var("USER").unwrap_or_default();
+    let user = if user.is_empty() { "root".into() } else { user };
+    let prefix = prefix.display().to_string();
+    serde_json::json!({
+        "node": {
+            "name": o.node,
+            "roles": ["edge"],
+            "redis": o.redis.clone().unwrap_or_else(
+                || serde_json::json!({"url": format!("redis://127.0.0.1:{}", o.redis_port)})
+            ),
+            "cache": {
+                "dirs": [cache.display().to_string()],
+                "levels": o.cache_levels,
+                "key": o.cache_key,
+            },
+            "install": {
+                "user": user,
+                "root": prefix,
+                "listen": listen,
+                "vars": {
+                    "api": o.api_url.is_some().to_string(),
+                    "api_url": o.api_url.clone().unwrap_or_else(|| "http://127.0.0.1:9".into()),
+                    "cache_max_size": "1g",
+                    "geoip_db": o.geoip_db.display().to_string(),
+                    "resolver": "127.0.0.1",
+                    "ttl_hop_port": ttl_port.to_string(),
+                    "workers": o.workers.to_string(),
+                },
+            },
+        },
+        "instance": {
+            "name": "harness",
+            "listen": listen,
+            "run": prefix,
+            "root": prefix,
+            "vars": {"ttl_hop_port": ttl_port.to_string()},
+        },
+        "roles": ["edge"],
+    })
+}
+
+/// Render the edge's nginx.conf (the edge role's template) into `prefix`
+/// and return its path and the cache folder. `<prefix>/lua` links to the
+/// Lua folder (`roles/edge/lua`, or `o.lua_dir`), as the bundle's `lua/`.
 ///
 /// # Panics
-/// Unreadable template, unfilled placeholder.
+/// Unreadable template, a field the template needs that the context lacks.
 #[must_use]
 pub fn write_conf(
     prefix: &Path,
@@ -136,48 +202,40 @@ pub fn write_conf(
     o: &EdgeOptions,
 ) -> (PathBuf, PathBuf) {
     let root = repo_root();
-    let template =
-        std::fs::read_to_string(root.join("edge/nginx.conf.template")).expect("edge template");
+    let template = std::fs::read_to_string(root.join(EDGE_TEMPLATE)).expect("edge template");
     let cache = o.cache_dir.clone().unwrap_or_else(|| prefix.join("cache"));
     std::fs::create_dir_all(&cache).expect("cache dir");
-    let edge_dir = match &o.lua_dir {
-        Some(lua) => lua.parent().expect("lua dir has a parent").to_path_buf(),
-        None => root.join("edge"),
-    };
-    let user = std::env::var("USER").unwrap_or_else(|_| "root".into());
-    let vars = [
-        ("USER", if user.is_empty() { "root".into() } else { user }),
-        ("WORKERS", o.workers.to_string()),
-        ("PREFIX", prefix.display().to_string()),
-        ("ACCESS_LOG", "off".into()),
-        ("RESOLVER", "127.0.0.1".into()),
-        ("EDGE_DIR", edge_dir.display().to_string()),
-        ("CACHE_DIR", cache.display().to_string()),
-        ("CACHE_LEVELS", o.cache_levels.clone()),
-        ("CACHE_MAX_SIZE", "1g".into()),
-        ("CACHE_KEY", o.cache_key.clone()),
-        ("GEOIP_DB", o.geoip_db.display().to_string()),
-        ("REDIS_HOST", "127.0.0.1".into()),
-        ("REDIS_PORT", o.redis_port.to_string()),
-        ("API_ON", o.api_url.is_some().to_string()),
-        (
-            "API_URL",
-            o.api_url
-                .clone()
-                .unwrap_or_else(|| "http://127.0.0.1:9".into()),
+    let lua = o
+        .lua_dir
+        .clone()
+        .unwrap_or_else(|| root.join("roles/edge/lua"));
+    let link = prefix.join("lua");
+    if link.symlink_metadata().is_ok() {
+        std::fs::remove_file(&link).expect("replace the lua link");
+    }
+    std::os::unix::fs::symlink(&lua, &link).expect("link the lua folder");
+    let cx = edge_context(prefix, listen, ttl_port, &cache, o);
+    let mut text = match roletmpl::render(EDGE_TEMPLATE, &template, &cx) {
+        Ok(t) => t,
+        Err(es) => panic!(
+            "render the edge template: {}",
+            es.iter()
+                .map(ToString::to_string)
+                .collect::<Vec<_>>()
+                .join("; ")
         ),
-        ("NODE", o.node.clone()),
-        ("TTL_HOP_PORT", ttl_port.to_string()),
-        ("LISTEN", listen.to_owned()),
-    ];
-    let mut text = render(&template, &vars).expect("render the edge template");
+    };
     // Node secrets come from nginx's environment (`env NAME;`); the
     // harness gives the values with nginx's own `env NAME=value;` form
     // rather than the environment of a process it shares with every test.
-    for (name, value) in [
-        ("EDGEFORM_CHALLENGE_SECRET", &o.challenge_secret),
-        ("EDGEFORM_API_TOKEN", &o.api_token),
-    ] {
+    let mut secrets = vec![
+        ("EDGEFORM_CHALLENGE_SECRET", o.challenge_secret.as_str()),
+        ("EDGEFORM_API_TOKEN", o.api_token.as_str()),
+    ];
+    if let Some((name, value)) = &o.redis_password {
+        secrets.push((name.as_str(), value.as_str()));
+    }
+    for (name, value) in secrets {
         text = text.replace(&format!("env {name};"), &format!("env {name}={value};"));
     }
     let conf = prefix.join("nginx.conf");
@@ -320,6 +378,22 @@ pub fn stream(stream_conf: impl Fn(&str) -> String) -> Edge {
 /// When nginx does not come up (its error log is shown).
 #[must_use]
 pub fn lua_runner(lua_dirs: &[PathBuf], content_lua: &str) -> Edge {
+    lua_runner_with(lua_dirs, "", "", content_lua)
+}
+
+/// Like [`lua_runner`], with more directives: `main_conf` at the top level
+/// (e.g. `env NAME=value;`), `http_conf` in the `http` block (e.g.
+/// `lua_ssl_trusted_certificate`, an `init_by_lua_block`).
+///
+/// # Panics
+/// When nginx does not come up (its error log is shown).
+#[must_use]
+pub fn lua_runner_with(
+    lua_dirs: &[PathBuf],
+    main_conf: &str,
+    http_conf: &str,
+    content_lua: &str,
+) -> Edge {
     let mut last = String::new();
     let path: String = lua_dirs
         .iter()
@@ -335,9 +409,9 @@ pub fn lua_runner(lua_dirs: &[PathBuf], content_lua: &str) -> Edge {
             "load_module /usr/lib/nginx/modules/ndk_http_module.so;\n\
              load_module /usr/lib/nginx/modules/ngx_http_lua_module.so;\n\
              user {user};\ndaemon off;\nmaster_process on;\nworker_processes 1;\n\
-             pid {prefix}/nginx.pid;\nerror_log {prefix}/error.log notice;\n\
+             pid {prefix}/nginx.pid;\nerror_log {prefix}/error.log notice;\n{main_conf}\n\
              events {{ worker_connections 64; }}\n\
-             http {{\n  access_log off;\n  client_body_temp_path {prefix}/client_body;\n\
+             http {{\n  access_log off;\n  client_body_temp_path {prefix}/client_body;\n{http_conf}\n\
              \x20 client_max_body_size 16m;\n  client_body_buffer_size 16m;\n\
              \x20 lua_package_path \"{path}/usr/share/lua/5.1/?.lua;/usr/share/lua/5.1/?/init.lua;;\";\n\
              \x20 lua_regex_match_limit 100000;\n\
@@ -372,6 +446,12 @@ pub struct RouterOptions {
     pub edge_port: u16,
     pub geoip_db: PathBuf,
     pub workers: u32,
+    /// The node's `redis` block as JSON (default: `redis://127.0.0.1:<redis_port>`).
+    pub redis: Option<String>,
+    /// `password_env`'s variable and its value (nginx's `env NAME=value;`).
+    pub redis_password: Option<(String, String)>,
+    /// The CA the Redis certificate must chain to (default: the system store).
+    pub redis_ca: Option<PathBuf>,
 }
 
 impl RouterOptions {
@@ -384,6 +464,9 @@ impl RouterOptions {
             edge_port,
             geoip_db: repo_root().join("testdata/geoip/GeoLite2-City-Test.mmdb"),
             workers: 1,
+            redis: None,
+            redis_password: None,
+            redis_ca: None,
         }
     }
 }
@@ -405,8 +488,26 @@ pub fn router_conf(prefix: &Path, listen: &str, o: &RouterOptions) -> Result<Str
         ("ROUTER_DIR", root.join("router").display().to_string()),
         ("EDGE_DIR", root.join("edge").display().to_string()),
         ("GEOIP_DB", o.geoip_db.display().to_string()),
-        ("REDIS_HOST", "127.0.0.1".into()),
-        ("REDIS_PORT", o.redis_port.to_string()),
+        (
+            "REDIS",
+            o.redis
+                .clone()
+                .unwrap_or_else(|| format!(r#"{{"url": "redis://127.0.0.1:{}"}}"#, o.redis_port)),
+        ),
+        (
+            "REDIS_PASSWORD_ENV",
+            o.redis_password.as_ref().map_or_else(
+                || "EDGEFORM_REDIS_PASSWORD".into(),
+                |(k, v)| format!("{k}={v}"),
+            ),
+        ),
+        (
+            "REDIS_CA_FILE",
+            o.redis_ca.as_ref().map_or_else(
+                || "/etc/ssl/certs/ca-certificates.crt".into(),
+                |p| p.display().to_string(),
+            ),
+        ),
         ("HEALTH_FILE", o.health_file.display().to_string()),
         ("EDGE_PORT", o.edge_port.to_string()),
         ("LISTEN", listen.to_owned()),

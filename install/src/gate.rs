@@ -552,6 +552,16 @@ fn nginx(nodes: &[GateNode<'_>], roles: &Roles, scratch: &Path, out: &mut Outcom
             }
         }
         let _ = std::fs::create_dir_all(&gate_instance.run);
+        // The Redis CA (`lua_ssl_trusted_certificate`, loaded by `nginx -t`)
+        // is a file of the node, not of the bundle: the system store stands
+        // in for it here; the node's own gate reads the real one.
+        if let Some(ca) = yaml
+            .pointer("/redis/tls/ca_file")
+            .and_then(Value::as_str)
+            .filter(|p| p.starts_with(&root) && !Path::new(p).exists())
+        {
+            let _ = std::fs::copy(roletmpl::SYSTEM_CA_FILE, ca);
+        }
         // Lua files stay out: `nginx -t` runs no Lua (the lua gate
         // compiles them), so none of the bundle's code can run here.
         for f in bundle.files.iter().filter(|f| !f.path.ends_with(".lua")) {

@@ -11,7 +11,7 @@
 -- table and health keep routing, and the response says so
 -- (X-Edgeform-Stale: routing and/or health).
 
-local redis = require "nginx.redis"
+local edge_redis = require "edge_redis"
 local cjson = require "cjson.safe"
 local balancer = require "ngx.balancer"
 local lrucache = require "resty.lrucache"
@@ -45,6 +45,8 @@ local DECISIONS = 50000
 function _M.init(c)
   conf = c
   conf.redis_timeout = conf.redis_timeout or 200
+  -- The node's redis block (docs/router.md "Redis"): password, TLS, Sentinel.
+  edge_redis.init(conf.redis, { timeout = conf.redis_timeout, label = "edgeform router" })
   conf.poll = conf.poll or 0.2
   conf.edge_port = conf.edge_port or 80
   -- A snapshot older than this (the agent stopped writing it) is stale.
@@ -70,11 +72,9 @@ end
 
 -- Read the generation; on a change, the table.
 local function poll_redis()
-  local r = redis:new()
-  r:set_timeout(conf.redis_timeout)
-  local ok, err = r:connect(conf.redis_host, conf.redis_port)
-  if not ok then return nil, err end
-  local gen
+  local r, err = edge_redis.connect()
+  if not r then return nil, err end
+  local ok, gen
   gen, err = r:hget("edgeform:meta", "generation")
   if not gen then return nil, err end
   if gen == ngx.null then gen = "none" end
@@ -87,7 +87,7 @@ local function poll_redis()
     if not ok then return nil, "edgeform:routing unreadable: " .. tostring(err) end
     generation = gen
   end
-  r:set_keepalive(10000, 8)
+  edge_redis.release(r)
   return true
 end
 

@@ -294,7 +294,7 @@ fn acl_users_with_the_documented_least_privilege_run_every_role() {
             .unwrap_err();
         assert_eq!(e.code(), Some("NOPERM"), "{cmd:?}: {e}");
     }
-    // What the edge's and router's Lua read (they do not AUTH yet).
+    // What the edge's and router's Lua read (edgestate's redis_client tests run the real edge as this user).
     let mut lua = as_user("edge-lua", CONTROL_PASSWORD);
     let docs: Vec<Option<String>> = redis::cmd("MGET")
         .arg(&["site:s0.example.com", "suspended:s0.example.com"][..])

@@ -275,6 +275,57 @@ fn links_in_role_folders_are_refused_and_a_link_loop_ends_quickly() {
 }
 
 #[test]
+fn a_sentinel_edge_with_tls_and_a_password_is_bundled_and_passes_the_nginx_gate() {
+    let repo = Repo::new();
+    let node = |redis: &str| {
+        let text = std::fs::read_to_string(repo.path("nodes/edge-1.yaml")).unwrap();
+        let line = text
+            .lines()
+            .find(|l| l.starts_with("redis:"))
+            .unwrap()
+            .to_owned();
+        std::fs::write(
+            repo.path("nodes/edge-1.yaml"),
+            text.replace(&line, &format!("redis: {redis}")),
+        )
+        .unwrap();
+    };
+    // The CA file is the node's (absent here): the gate stands the system
+    // store in for it.
+    node(
+        "{sentinels: [\"10.0.0.5:26379\", \"10.0.0.6:26379\"], master: edge-1, username: edge, \
+         password_env: EDGE1_REDIS_PASSWORD, tls: {ca_file: /etc/edgeform/redis-ca.pem}}",
+    );
+    let (code, err) = repo.check();
+    assert_eq!(code, Some(0), "{err}");
+    assert!(
+        !err.contains("nginx gate") || !err.contains("refused"),
+        "{err}"
+    );
+    let out = edgeform(
+        repo.dir.path(),
+        &["build", "--out", &repo.path("out").display().to_string()],
+    );
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let conf = std::fs::read_to_string(repo.path("out/bundles/edge-1/nginx.conf")).unwrap();
+    for want in [
+        "env EDGE1_REDIS_PASSWORD;",
+        "lua_ssl_trusted_certificate /etc/edgeform/redis-ca.pem;",
+        r#"redis = [==[{"master":"edge-1","password_env":"EDGE1_REDIS_PASSWORD","sentinels":["10.0.0.5:26379","10.0.0.6:26379"],"tls":{"ca_file":"/etc/edgeform/redis-ca.pem"},"username":"edge"}]==],"#,
+    ] {
+        assert!(conf.contains(want), "{want}\n{conf}");
+    }
+    // A value that would end the Lua long string it is written into.
+    node("{sentinels: [\"10.0.0.5:26379\"], master: \"a]]os.exit()--\"}");
+    let (code, err) = repo.check();
+    assert_eq!(code, Some(1), "{err}");
+    assert!(
+        err.contains("roles/edge/nginx.conf.tmpl:") && err.contains("Lua long string"),
+        "{err}"
+    );
+}
+
+#[test]
 fn check_passes_on_a_copy_of_the_example_repository_with_the_nginx_gate_on() {
     // Its nodes listen on `0.0.0.0:80`: the gate, as nobody in its own
     // network namespace, still opens that port.

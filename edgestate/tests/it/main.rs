@@ -1,4 +1,5 @@
 //! edgestate's integration tests: what needs a real process.
 
 mod lua_vectors;
+mod redis_client;
 mod shared_documents;

@@ -13,7 +13,7 @@
 -- never read goes to the control plane's read API (edgeform serve), if
 -- configured, with a short timeout and brief negative caching.
 
-local redis = require "nginx.redis"
+local edge_redis = require "edge_redis"
 local cjson = require "cjson.safe"
 local lrucache = require "resty.lrucache"
 local decide = require "edge_decide"
@@ -46,6 +46,8 @@ local CHALLENGE_TTL = 3600
 function _M.init(c)
   conf = c
   conf.redis_timeout = conf.redis_timeout or 200
+  -- The node's redis block (docs/edge.md "Redis"): password, TLS, Sentinel.
+  edge_redis.init(conf.redis, { timeout = conf.redis_timeout, label = "edgeform" })
   conf.poll = conf.poll or 0.2
   -- Entries per worker of each cache (docs/edge.md "Freshness").
   conf.doc_cache = conf.doc_cache or 20000
@@ -53,17 +55,7 @@ function _M.init(c)
   conf.miss_cache = conf.miss_cache or 10000
 end
 
-local function connect()
-  local r = redis:new()
-  r:set_timeout(conf.redis_timeout)
-  local ok, err = r:connect(conf.redis_host, conf.redis_port)
-  if not ok then return nil, err end
-  return r
-end
-
-local function release(r)
-  r:set_keepalive(10000, 32)
-end
+local connect, release = edge_redis.connect, edge_redis.release
 
 local function load_trusted(r)
   local text = r:get("edgeform:routing")

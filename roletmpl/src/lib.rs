@@ -1,0 +1,311 @@
+//! The role templates' engine (`roles/<role>/*.tmpl`, docs/install.md):
+//! `{{ a.b.0 }}` replaced by the value at that path of a JSON context,
+//! and filters (`host`, `port`, `json`, `nginx_env`, `ca_file`). The installer
+//! renders bundles with it and the test harness renders the same edge
+//! template with it, so the installed edge is the tested edge.
+
+use serde_json::Value;
+
+/// What is wrong with a template reference.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ErrorKind {
+    /// A reference names a field the context does not have.
+    UnknownField,
+    /// `{{` without `}}`, an empty or malformed reference, an unknown filter,
+    /// a filter on a value it does not apply to.
+    TemplateSyntax,
+}
+
+/// One problem, at its `file:line:col`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Error {
+    pub kind: ErrorKind,
+    pub file: String,
+    pub line: usize,
+    pub column: usize,
+    pub message: String,
+}
+
+impl std::fmt::Display for Error {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{}:{}:{}: {}",
+            self.file, self.line, self.column, self.message
+        )
+    }
+}
+
+/// Render one template: every `{{ a.b.0 }}` replaced by the value at that
+/// path of `context` (strings as they are, numbers and booleans as JSON,
+/// lists and maps as JSON flow — valid YAML). Every problem is reported,
+/// each at its `file:line:col`.
+///
+/// # Errors
+/// Unknown fields, malformed references.
+pub fn render(file: &str, template: &str, context: &Value) -> Result<String, Vec<Error>> {
+    let mut out = String::with_capacity(template.len());
+    let mut errors = Vec::new();
+    let mut rest = template;
+    let mut offset = 0;
+    while let Some(i) = rest.find("{{") {
+        out.push_str(&rest[..i]);
+        let start = offset + i;
+        let (line, column) = line_col(template, start);
+        let err = |kind, message: String| Error {
+            kind,
+            file: file.to_owned(),
+            line,
+            column,
+            message,
+        };
+        let Some(j) = rest[i + 2..].find("}}") else {
+            errors.push(err(
+                ErrorKind::TemplateSyntax,
+                "`{{` without a closing `}}`".into(),
+            ));
+            rest = "";
+            break;
+        };
+        let inner = rest[i + 2..i + 2 + j].trim();
+        let (reference, filter) = match inner.split_once('|') {
+            Some((r, f)) => (r.trim(), Some(f.trim())),
+            None => (inner, None),
+        };
+        let valid = !reference.is_empty()
+            && reference.split('.').all(|p| {
+                !p.is_empty()
+                    && p.chars()
+                        .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
+            });
+        if !valid {
+            errors.push(err(
+                ErrorKind::TemplateSyntax,
+                format!(
+                    "`{{{{ {inner} }}}}` is not a field reference (e.g. `{{{{ node.name }}}}`)"
+                ),
+            ));
+        } else if let Some(f) = filter.filter(|f| !FILTERS.contains(f)) {
+            errors.push(err(
+                ErrorKind::TemplateSyntax,
+                format!("unknown filter `{f}` (filters: {})", FILTERS.join(", ")),
+            ));
+        } else {
+            match lookup(context, reference) {
+                Some(v) => match apply(filter, v) {
+                    Ok(text) => out.push_str(&text),
+                    Err(why) => errors.push(err(
+                        ErrorKind::TemplateSyntax,
+                        format!("`{reference}` = {v} {why}"),
+                    )),
+                },
+                None => {
+                    let known = known_at(context, reference);
+                    errors.push(err(
+                        ErrorKind::UnknownField,
+                        format!("unknown field `{reference}`{known}"),
+                    ));
+                }
+            }
+        }
+        let consumed = i + 2 + j + 2;
+        rest = &rest[consumed..];
+        offset += consumed;
+    }
+    out.push_str(rest);
+    if errors.is_empty() {
+        Ok(out)
+    } else {
+        Err(errors)
+    }
+}
+
+fn line_col(text: &str, at: usize) -> (usize, usize) {
+    let before = &text[..at];
+    let line = before.matches('\n').count() + 1;
+    let column = before
+        .rfind('\n')
+        .map_or(before.chars().count(), |n| before[n + 1..].chars().count())
+        + 1;
+    (line, column)
+}
+
+fn lookup<'a>(context: &'a Value, reference: &str) -> Option<&'a Value> {
+    let mut v = context;
+    for part in reference.split('.') {
+        v = match v {
+            Value::Object(m) => m.get(part)?,
+            Value::Array(a) => a.get(part.parse::<usize>().ok()?)?,
+            _ => return None,
+        };
+    }
+    Some(v)
+}
+
+/// ` (this node has: a, b)` for the deepest existing parent.
+fn known_at(context: &Value, reference: &str) -> String {
+    let parts: Vec<&str> = reference.split('.').collect();
+    for n in (0..parts.len()).rev() {
+        let parent = if n == 0 {
+            Some(context)
+        } else {
+            lookup(context, &parts[..n].join("."))
+        };
+        if let Some(Value::Object(m)) = parent {
+            let keys: Vec<&str> = m.keys().map(String::as_str).collect();
+            let at = if n == 0 {
+                String::new()
+            } else {
+                format!("`{}` has: ", parts[..n].join("."))
+            };
+            return format!(" ({at}{})", keys.join(", "));
+        }
+    }
+    String::new()
+}
+
+/// The filters, `{{ x | NAME }}` (docs/install.md, "Templates"):
+/// - `host`, `port`: the host or port of a URL value;
+/// - `json`: the value as compact JSON, for a Lua long string
+///   (`[==[{{ node.redis | json }}]==]`): a value whose JSON holds `]]` or
+///   `]=` (which could end the long string) is refused;
+/// - `nginx_env`: for a `redis` block, nginx's `env VAR;` for its
+///   `password_env` (the password stays in the environment), or a comment
+///   when it has none;
+/// - `ca_file`: for a `redis` block, its `tls.ca_file`, else the system
+///   trust store (what `lua_ssl_trusted_certificate` verifies against).
+const FILTERS: [&str; 5] = ["host", "port", "json", "nginx_env", "ca_file"];
+
+/// The system trust store (Debian's `ca-certificates`).
+pub const SYSTEM_CA_FILE: &str = "/etc/ssl/certs/ca-certificates.crt";
+
+/// A filter's output, or why the value has none (said after the value).
+fn apply(filter: Option<&str>, v: &Value) -> Result<String, String> {
+    let Some(f) = filter else {
+        return Ok(scalar(v));
+    };
+    let no = || format!("has no {f} (a URL like redis://host:6379)");
+    let url = || {
+        v.as_str()
+            .and_then(|s| url::Url::parse(s).ok())
+            .ok_or_else(no)
+    };
+    match f {
+        "host" => url()?.host_str().map(str::to_owned).ok_or_else(no),
+        "port" => url()?
+            .port_or_known_default()
+            .map(|p| p.to_string())
+            .ok_or_else(no),
+        "json" => {
+            let text = v.to_string();
+            if text.contains("]]") || text.contains("]=") {
+                Err("cannot be written into a Lua long string: its JSON holds `]]` or `]=`".into())
+            } else {
+                Ok(text)
+            }
+        }
+        "nginx_env" | "ca_file" => {
+            let Value::Object(block) = v else {
+                return Err(format!(
+                    "is not a redis block (`{f}` reads `password_env` and `tls`)"
+                ));
+            };
+            if f == "ca_file" {
+                return match block.get("tls").and_then(|t| t.get("ca_file")) {
+                    None | Some(Value::Null) => Ok(SYSTEM_CA_FILE.to_owned()),
+                    Some(Value::String(p)) if !p.is_empty() && !p.contains([';', '\n', ' ']) => {
+                        Ok(p.clone())
+                    }
+                    Some(_) => Err("has a `tls.ca_file` nginx cannot read as one file name".into()),
+                };
+            }
+            match block.get("password_env") {
+                None | Some(Value::Null) => {
+                    Ok("# (no redis.password_env: no Redis password)".to_owned())
+                }
+                Some(Value::String(var))
+                    if !var.is_empty()
+                        && !var.starts_with(|c: char| c.is_ascii_digit())
+                        && var.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') =>
+                {
+                    Ok(format!("env {var};"))
+                }
+                Some(_) => Err("has a `password_env` that is not a variable name".into()),
+            }
+        }
+        _ => Err(format!("has no {f}")),
+    }
+}
+
+fn scalar(v: &Value) -> String {
+    match v {
+        Value::String(s) => s.clone(),
+        other => other.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_redis_filters_pass_the_block_as_data_and_refuse_what_would_break_out() {
+        let cx = serde_json::json!({"node": {
+            "a": {"url": "redis://u@127.0.0.1:6401", "password_env": "EDGE_PW"},
+            "s": {"sentinels": ["10.0.0.5:26379"], "master": "m", "tls": {"ca_file": "/etc/r/ca.pem"}},
+            "close": {"url": "redis://h:1", "tls": {"ca_file": "/x]]y"}},
+            "close2": {"master": "a]=]"},
+            "env": {"password_env": "1BAD"},
+        }});
+        let t = "{{ node.a | json }}|{{ node.a | nginx_env }}|{{ node.a | ca_file }}|\
+                 {{ node.s | nginx_env }}|{{ node.s | ca_file }}|{{ node.a.url | port }}";
+        assert_eq!(
+            render("t", t, &cx).unwrap(),
+            r#"{"password_env":"EDGE_PW","url":"redis://u@127.0.0.1:6401"}|env EDGE_PW;|/etc/ssl/certs/ca-certificates.crt|# (no redis.password_env: no Redis password)|/etc/r/ca.pem|6401"#
+        );
+        for bad in [
+            "{{ node.close | json }}",
+            "{{ node.close2 | json }}",
+            "{{ node.env | nginx_env }}",
+            "{{ node.a.url | ca_file }}",
+        ] {
+            let e = render("roles/edge/nginx.conf.tmpl", bad, &cx).unwrap_err();
+            assert_eq!(e[0].kind, ErrorKind::TemplateSyntax, "{bad}");
+            assert!(
+                e[0].to_string()
+                    .starts_with("roles/edge/nginx.conf.tmpl:1:1: `node."),
+                "{}",
+                e[0]
+            );
+        }
+        let e = render("t", "{{ node.close | json }}", &cx).unwrap_err();
+        assert!(e[0].message.contains("Lua long string"), "{}", e[0]);
+    }
+
+    #[test]
+    fn render_fills_fields_and_reports_every_unknown_one_with_its_position() {
+        let cx = serde_json::json!({"node": {"name": "e1", "url": "redis://h:6390", "cache": {"dirs": ["/a", "/b"], "levels": "1:2"}, "n": 3}});
+        assert_eq!(
+            render(
+                "t",
+                "x {{ node.name }} {{node.cache.dirs.1}} {{ node.n }} {{ node.url | host }}:{{ node.url | port }}",
+                &cx
+            )
+            .unwrap(),
+            "x e1 /b 3 h:6390"
+        );
+        let e = render("f", "\n {{ node.nope }} {{ node.name | bogus }}", &cx).unwrap_err();
+        assert_eq!(e.len(), 2);
+        assert_eq!(
+            (e[0].kind, e[0].line, e[0].column),
+            (ErrorKind::UnknownField, 2, 2)
+        );
+        assert_eq!(e[1].kind, ErrorKind::TemplateSyntax);
+        assert!(
+            e[0].to_string()
+                .starts_with("f:2:2: unknown field `node.nope`"),
+            "{}",
+            e[0]
+        );
+    }
+}
