@@ -308,6 +308,31 @@ function _M.forget(shared)
   end
 end
 
+-- The client's country (GeoIP, nil: none), remembered per worker by
+-- address: the database is read once when nginx starts, so an address's
+-- country cannot change while the worker runs. Two generations of
+-- COUNTRY_MEMO addresses (the older dropped whole when the newer is full).
+local COUNTRY_MEMO = 10000
+local countries, old_countries, n_countries = {}, {}, 0
+
+local function country_of(text)
+  local c = countries[text]
+  if c == nil then
+    c = old_countries[text]
+    if c == nil then
+      -- $edge_country reads $edge_client_ip, set by the caller.
+      c = ngx.var.edge_country or ""
+    end
+    n_countries = n_countries + 1
+    if n_countries > COUNTRY_MEMO then
+      old_countries, countries, n_countries = countries, {}, 1
+    end
+    countries[text] = c
+  end
+  if c == "" then return nil end
+  return c
+end
+
 local function read_xff() return ngx.var.http_x_forwarded_for end
 
 local function client_ip()
@@ -385,8 +410,7 @@ function _M.access()
     client, client_text = client_ip()
     if client and site.need_country then
       ngx.var.edge_client_ip = client_text
-      country = ngx.var.edge_country
-      if country == "" then country = nil end
+      country = country_of(client_text)
     end
   end
   local var = ngx.var
