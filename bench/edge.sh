@@ -7,12 +7,20 @@
 # --batch` per-request cost over 200,000 requests.
 #
 #   bench/edge.sh [seconds per round, default 10] [rounds, default 3]
+#
+# EDGEFORM=PATH uses that binary (no release build; it only applies and
+# builds the repository, and `explain --batch` is timed only for a release
+# build).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/lib.sh
 need_packages "${BUILD_PACKAGES[@]}" "${EDGE_PACKAGES[@]}" redis-server
 secs=${1:-10}; rounds=${2:-3}
-cargo build --release --quiet --locked -p edgeform
+if [ -z "${EDGEFORM:-}" ]; then
+  cargo build --release --quiet --locked -p edgeform
+  EDGEFORM=target/release/edgeform
+fi
+echo "load at the start: $(cut -d' ' -f1-3 /proc/loadavg)"
 work=$(mktemp -d)
 trap 'stop_servers; rm -rf "$work"' EXIT
 SERVER_DIR="$work"
@@ -68,9 +76,9 @@ cache_rules:
 edge_rules:
   - {match_type: prefix, match_value: /old/, action: redirect, redirect_status: 301}
 YAML
-target/release/edgeform --repo "$repo" apply --yes >/dev/null 2>&1
+"$EDGEFORM" --repo "$repo" apply --yes >/dev/null 2>&1
 
-target/release/edgeform --repo "$repo" build --out "$work/out" >/dev/null 2>&1
+"$EDGEFORM" --repo "$repo" build --out "$work/out" >/dev/null 2>&1
 bundle="$work/out/bundles/edge-1"
 mkdir -p "$work/cache" "$work/root/run/live" "$work/root/run/candidate" "$work/edge" "$work/plain" "$work/root/tls"
 # The TLS listeners' placeholder certificate, as `edgeform install` makes it on a node.
@@ -79,19 +87,31 @@ openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days 36500
   -out "$work/root/tls/placeholder.crt" >/dev/null 2>&1
 cp "$bundle/nginx.conf" "$work/edge/nginx.conf"
 cp "$bundle/candidate/nginx.conf" "$work/plain/nginx.conf"
-# The same configuration without the Lua access phase.
-python3 - "$work/plain/nginx.conf" "$oport" <<'PY'
+# A third instance, from the candidate's: its own port, TTL hop and run folder.
+fport=$(free); hop3=$(free)
+mkdir -p "$work/root/run/empty" "$work/empty"
+sed -e "s|127.0.0.1:$pport|127.0.0.1:$fport|g" -e "s|$hop2|$hop3|g" \
+  -e "s|$work/root/run/candidate|$work/root/run/empty|g" "$bundle/candidate/nginx.conf" > "$work/empty/nginx.conf"
+# The same configuration without the Lua access phase; and with an empty
+# one (`return`: the fixed cost of running any Lua phase at all).
+python3 - "$work/plain/nginx.conf" "$oport" "$work/empty/nginx.conf" <<'PY'
 import sys, re
-p, port = sys.argv[1], sys.argv[2]
-s = open(p).read()
-s = re.sub(r'\n\s*access_by_lua_block \{[^}]*\}', '', s)
-s = re.sub(r'\n\s*header_filter_by_lua_block \{[^}]*\}', '', s)
-s = s.replace('set $edge_upstream "";', 'set $edge_upstream "http://127.0.0.1:%s";' % port)
-s = s.replace('set $edge_origin_host "";', 'set $edge_origin_host "bench.test";')
-s = s.replace('set $edge_nocache "1";', 'set $edge_nocache "0";')
-open(p, 'w').write(s)
+for p, empty in ((sys.argv[1], False), (sys.argv[3], True)):
+    port = sys.argv[2]
+    s = open(p).read()
+    s = re.sub(r'\n\s*access_by_lua_block \{[^}]*\}', '', s)
+    s = re.sub(r'\n\s*header_filter_by_lua_block \{[^}]*\}', '', s)
+    s = s.replace('set $edge_upstream "";', 'set $edge_upstream "http://127.0.0.1:%s";' % port)
+    s = s.replace('set $edge_origin_host "";', 'set $edge_origin_host "bench.test";')
+    s = s.replace('set $edge_nocache "1";', 'set $edge_nocache "0";')
+    if empty:
+        s = s.replace('            proxy_pass $edge_upstream;',
+                      '            access_by_lua_block { return }\n            proxy_pass $edge_upstream;', 1)
+    open(p, 'w').write(s)
 PY
 grep -q access_by_lua "$work/plain/nginx.conf" && { echo "plain config still has Lua" >&2; exit 1; }
+grep -q 'access_by_lua_block { return }' "$work/empty/nginx.conf" || { echo "no empty Lua phase" >&2; exit 1; }
+grep -q "$work/root/run/empty" "$work/empty/nginx.conf" || { echo "the empty instance's run folder" >&2; exit 1; }
 # The document lookup alone, timed inside the edge's worker (monotonic clock).
 python3 - "$work/edge/nginx.conf" <<'PY'
 import sys
@@ -105,19 +125,24 @@ bench = r"""
                 local t = ffi.new("bench_ts")
                 local function us() ffi.C.clock_gettime(1, t) return tonumber(t.s) * 1e6 + tonumber(t.ns) / 1e3 end
                 local r = require "cdn_router"
+                -- cold: nil (worker cache hit), "worker" (the worker's cache
+                -- emptied: from the workers' shared cache), "all" (both
+                -- emptied: MGET from Redis).
                 local function p50(n, cold)
                     local v = {}
                     for i = 1, n do
-                        if cold then r.forget() end
+                        if cold then r.forget(cold == "all") end
                         local a = us(); r.lookup("bench.test"); v[i] = us() - a
                     end
                     table.sort(v)
                     return v[math.floor(n / 2)], v[math.floor(n * 0.99)]
                 end
                 r.lookup("bench.test")
-                local c50, c99 = p50(100000, false)
-                local m50, m99 = p50(5000, true)
-                ngx.say(string.format("cached %.2f %.2f miss %.1f %.1f", c50, c99, m50, m99))
+                local c50, c99 = p50(100000, nil)
+                local s50, s99 = p50(5000, "worker")
+                local m50, m99 = p50(5000, "all")
+                ngx.say(string.format("cached %.2f %.2f shared %.1f %.1f miss %.1f %.1f",
+                    c50, c99, s50, s99, m50, m99))
             }
         }
 """
@@ -126,22 +151,24 @@ open(p, "w").write(s)
 PY
 EDGEFORM_CHALLENGE_SECRET=bench taskset -c 1 nginx -p "$bundle/" -c "$work/edge/nginx.conf" & SERVER_PIDS+=($!)
 taskset -c 1 nginx -p "$bundle/" -c "$work/plain/nginx.conf" & SERVER_PIDS+=($!)
-wait_port "$eport"; wait_port "$pport"
+taskset -c 1 nginx -p "$bundle/" -c "$work/empty/nginx.conf" & SERVER_PIDS+=($!)
+wait_port "$eport"; wait_port "$pport"; wait_port "$fport"
 sleep 0.5
-for p in "$eport" "$pport"; do
+for p in "$eport" "$pport" "$fport"; do
   for _ in 1 2; do curl -s -o /dev/null -H 'Host: bench.test' "http://127.0.0.1:$p/a.mp4"; done
   st=$(curl -s -o /dev/null -D - -H 'Host: bench.test' "http://127.0.0.1:$p/a.mp4" | tr -d '\r' | awk -F': ' 'tolower($1)=="x-cache-status"{print $2}')
   [ "$st" = HIT ] || { echo "port $p: expected a cache HIT, got '$st'" >&2; exit 1; }
 done
 
-read -r _ c50 c99 _ m50 m99 < <(curl -s -H 'Host: bench.test' "http://127.0.0.1:$eport/_bench_lookup")
-echo "document lookup (per worker cache hit): p50 ${c50} us, p99 ${c99} us (goal p50 <= 50 us)"
-echo "document lookup (cache miss: MGET from local Redis, parse, prepare): p50 ${m50} us, p99 ${m99} us"
+read -r _ c50 c99 _ s50 s99 _ m50 m99 < <(curl -s -H 'Host: bench.test' "http://127.0.0.1:$eport/_bench_lookup")
+echo "document lookup (per worker cache hit): p50 ${c50} us, p99 ${c99} us"
+echo "document lookup (worker cache miss, from the workers' shared cache: copy, parse, prepare): p50 ${s50} us, p99 ${s99} us (goal p50 <= 50 us)"
+echo "document lookup (both missed: MGET from local Redis, parse, prepare): p50 ${m50} us, p99 ${m99} us"
 # The one worker of an nginx master (not the cache manager/loader).
 worker_of() { local m; m=$(cat "$1/nginx.pid"); for c in $(cat "/proc/$m/task/$m/children"); do
   grep -q "worker process" "/proc/$c/cmdline" 2>/dev/null && echo "$c"; done; true; }
 ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
-ew=$(worker_of "$work/root/run/live"); pw=$(worker_of "$work/root/run/candidate")
+ew=$(worker_of "$work/root/run/live"); pw=$(worker_of "$work/root/run/candidate"); fw=$(worker_of "$work/root/run/empty")
 # One round: requests/s and the worker's CPU microseconds per request
 # (utime + stime from /proc: robust when other processes share the CPU).
 run_wrk() { # port worker-pid
@@ -158,24 +185,32 @@ print(f"{rps:.0f} {(t1 - t0) / hz / n * 1e6:.2f}")
 PY
 }
 echo "wrk: ${rounds} rounds of ${secs}s each side, interleaved, 1 thread, 32 connections, cache HITs" >&2
-ratios=(); cpu_e=(); cpu_p=(); rps_e=(); rps_p=()
+ratios=(); cpu_e=(); cpu_p=(); cpu_f=(); rps_e=(); rps_p=(); rps_f=(); diff=(); fixed=()
 for i in $(seq 1 "$rounds"); do
   read -r re ce < <(run_wrk "$eport" "$ew"); read -r rp cp < <(run_wrk "$pport" "$pw")
-  rps_e+=("$re"); rps_p+=("$rp"); cpu_e+=("$ce"); cpu_p+=("$cp")
+  read -r rf cf < <(run_wrk "$fport" "$fw")
+  rps_e+=("$re"); rps_p+=("$rp"); rps_f+=("$rf"); cpu_e+=("$ce"); cpu_p+=("$cp"); cpu_f+=("$cf")
   ratios+=("$(python3 -c "print($re/$rp)")")
-  echo "  round $i: edge $re req/s ($ce us CPU/req), without Lua $rp req/s ($cp us CPU/req)" >&2
+  diff+=("$(python3 -c "print($ce-$cp)")"); fixed+=("$(python3 -c "print($cf-$cp)")")
+  echo "  round $i: edge $re req/s ($ce us CPU/req), without Lua $rp req/s ($cp us CPU/req), empty Lua phase $rf req/s ($cf us CPU/req)" >&2
 done
 median() { printf '%s\n' "$@" | sort -g | awk '{a[NR]=$1} END{print a[int((NR+1)/2)]}'; }
 python3 - "$(median "${rps_e[@]}")" "$(median "${rps_p[@]}")" "$(median "${ratios[@]}")" \
-  "$(median "${cpu_e[@]}")" "$(median "${cpu_p[@]}")" <<'PY'
+  "$(median "${cpu_e[@]}")" "$(median "${cpu_p[@]}")" "$(median "${rps_f[@]}")" "$(median "${cpu_f[@]}")" \
+  "$(median "${diff[@]}")" "$(median "${fixed[@]}")" <<'PY'
 import sys
-e, p, r, ce, cp = map(float, sys.argv[1:6])
+e, p, r, ce, cp, f, cf, d, fx = map(float, sys.argv[1:10])
 print(f"edge (Lua access phase, documents cached): {e:,.0f} req/s, {ce:.1f} us worker CPU per request")
 print(f"same nginx.conf without the Lua phase:     {p:,.0f} req/s, {cp:.1f} us worker CPU per request")
-print(f"throughput ratio (median of per-round ratios): {r:.2f}; CPU ratio without/with Lua: {cp/ce:.2f}  (goal >= 0.8)")
-print(f"Lua access phase: {ce - cp:.1f} us CPU per request (lookup + decision + headers)")
+print(f"same nginx.conf, an empty Lua phase:       {f:,.0f} req/s, {cf:.1f} us worker CPU per request")
+print(f"throughput ratio (median of per-round ratios): {r:.2f} (goal >= 0.85); CPU ratio without/with Lua: {cp/ce:.2f}")
+print(f"Lua access phase: {d:.1f} us CPU per request (median of per-round differences; lookup + decision + headers; goal <= 5),"
+      f" of which {fx:.1f} us any Lua phase costs (empty phase - none)")
 PY
 
+echo "load at the end of the wrk rounds: $(cut -d' ' -f1-3 /proc/loadavg)"
+
+case "$EDGEFORM" in */release/*) ;; *) echo "explain --batch: not timed ($EDGEFORM is not a release build)"; exit 0;; esac
 # explain --batch: 200,000 requests after the compile.
 python3 - "$work/req.jsonl" <<'PY'
 import json, sys, random
@@ -198,8 +233,8 @@ print(time.perf_counter() - t, (r1.ru_utime - r0.ru_utime) + (r1.ru_stime - r0.r
 geo="$PWD/testdata/geoip/GeoLite2-City-Test.mmdb"
 one=(); all=(); onec=(); allc=()
 for _ in 1 2 3; do
-  read -r w c < <(t target/release/edgeform --repo "$repo" explain --batch "$work/one.jsonl" --geoip "$geo"); one+=("$w"); onec+=("$c")
-  read -r w c < <(t target/release/edgeform --repo "$repo" explain --batch "$work/req.jsonl" --geoip "$geo"); all+=("$w"); allc+=("$c")
+  read -r w c < <(t "$EDGEFORM" --repo "$repo" explain --batch "$work/one.jsonl" --geoip "$geo"); one+=("$w"); onec+=("$c")
+  read -r w c < <(t "$EDGEFORM" --repo "$repo" explain --batch "$work/req.jsonl" --geoip "$geo"); all+=("$w"); allc+=("$c")
 done
 python3 - "$(median "${one[@]}")" "$(median "${all[@]}")" "$(median "${onec[@]}")" "$(median "${allc[@]}")" <<'PY'
 import sys

@@ -151,6 +151,8 @@ fn all_files(dir: &Path) -> Vec<(String, String)> {
 #[test]
 fn certificates_flow_from_import_to_every_edge_and_key_material_is_never_shown() {
     let r = harness::redis(&[]);
+    // The edge's installed code reads certificates (the version-skew gate).
+    harness::nginx::declare_bundle(&harness::nginx::EdgeOptions::new(r.port));
     let certs = harness::SiteCerts::new();
     certs
         .issue("shop", &["shop.example.com", "www.example.com"], 90)

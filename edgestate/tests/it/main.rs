@@ -4,3 +4,4 @@ mod bundle;
 mod edge_tls;
 mod lua_vectors;
 mod redis_client;
+mod shared_documents;

@@ -20,6 +20,7 @@ local decide = require "edge_decide"
 local ip = require "edge_ip"
 
 local ngx = ngx
+local find, sub = string.find, string.sub
 local log, ERR, WARN, INFO = ngx.log, ngx.ERR, ngx.WARN, ngx.INFO
 
 local _M = {}
@@ -31,6 +32,13 @@ local misses          -- per worker: host → {none | api_error, expires, gen}
 local generation      -- the live generation as last read (string), nil before
 local trusted = {}    -- networks whose X-Forwarded-For is believed
 local routers = {}    -- router addresses (bytes → true) whose PROXY header is believed
+
+-- Shared by the node's workers (docs/edge.md "Freshness"), when the
+-- template declares them: site key → "<generation>\n<document text>"
+-- (flags 1: suspended), and a host served by a wildcard → "<generation>\n
+-- <wildcard key>". One worker's Redis read serves every worker; the
+-- prepared form stays per worker. Negative answers are never shared.
+local shared_docs, shared_wild
 
 local NEGATIVE_TTL = 5      -- seconds an API "no such key" is remembered
 local API_ERROR_TTL = 1     -- seconds an unreachable API is not asked again
@@ -115,6 +123,7 @@ local function tick(premature)
 end
 
 function _M.init_worker()
+  shared_docs, shared_wild = ngx.shared.edge_docs, ngx.shared.edge_wild
   docs = lrucache.new(conf.doc_cache)
   wild_of = lrucache.new(conf.wild_cache)
   misses = lrucache.new(conf.miss_cache)
@@ -171,6 +180,53 @@ local function from_api(host, wild)
   return { none = true, expires = ngx.now() + NEGATIVE_TTL, gen = generation }
 end
 
+-- "<generation>\n<rest>" → generation, rest.
+local function shared_split(v)
+  local nl = find(v, "\n", 1, true)
+  if not nl then return nil end
+  return sub(v, 1, nl - 1), sub(v, nl + 1)
+end
+
+-- What another worker read for a host (any generation with `any_gen`:
+-- Redis is unreachable), prepared in this worker, and its generation;
+-- nil when not shared.
+local function shared_lookup(host, wild, any_gen)
+  if not shared_docs then return nil end
+  local v, flags = shared_docs:get(host)
+  if v then
+    local g, text = shared_split(v)
+    if g and (any_gen or g == generation) then return prepare(host, text, flags == 1), g end
+  end
+  if not wild then return nil end
+  v = shared_wild:get(host)
+  local g, key
+  if v then g, key = shared_split(v) end
+  if not g or not (any_gen or g == generation) then return nil end
+  v, flags = shared_docs:get(key)
+  if not v then return nil end
+  local g2, text = shared_split(v)
+  if g2 and (any_gen or g2 == generation) then return prepare(key, text, flags == 1), g2 end
+end
+
+-- Share what this worker read from Redis of generation `gen`: the
+-- document under `key` (host's own, or its wildcard), or nothing (key nil).
+local function share(host, key, text, suspended, gen)
+  if not shared_docs then return end
+  if not key then
+    shared_docs:delete(host)
+    shared_wild:delete(host)
+    return
+  end
+  -- Full: the least recently used entries go (set, not safe_set).
+  shared_docs:set(key, gen .. "\n" .. text, 0, suspended and 1 or 0)
+  if key ~= host then
+    shared_wild:set(host, gen .. "\n" .. key)
+    shared_docs:delete(host)
+  else
+    shared_wild:delete(host)
+  end
+end
+
 -- Remember what was found for a host: a document under its key (and the
 -- host's wildcard key when it was found under one), or a negative answer.
 local function remember(host, entry, gen)
@@ -212,8 +268,12 @@ local function lookup(host)
     return miss
   end
   local gen = generation
-  local wild = host:match("^[^.]*%.(.+)$")
-  wild = wild and ("*." .. wild)
+  local wild
+  local dot = find(host, ".", 1, true)
+  if dot and dot < #host then wild = "*" .. sub(host, dot) end
+  -- Read by another worker in this generation.
+  local shared = shared_lookup(host, wild, false)
+  if shared then return remember(host, shared, gen) end
   local r, err = connect()
   local vals
   if r then
@@ -232,6 +292,10 @@ local function lookup(host)
       local w = docs:get(via.key)
       if w then return w end
     end
+    -- The last document any worker read for it.
+    -- Kept under its own generation: the next request tries Redis again.
+    local shared_last, shared_gen = shared_lookup(host, wild, true)
+    if shared_last then return remember(host, shared_last, shared_gen) end
     -- At most one line a second per worker: a flood of unknown hosts
     -- during an outage must not flood the error log too.
     if now - warned_at >= 1 then
@@ -242,11 +306,15 @@ local function lookup(host)
   end
   if vals[1] ~= ngx.null then
     entry = prepare(host, vals[1], vals[2] == "1")
+    share(host, host, vals[1], vals[2] == "1", gen)
   elseif wild and vals[3] ~= ngx.null then
     entry = prepare(wild, vals[3], vals[4] == "1")
+    share(host, wild, vals[3], vals[4] == "1", gen)
   elseif conf.api then
+    share(host, nil)
     entry = from_api(host, wild)
   else
+    share(host, nil)
     entry = { none = true }
   end
   return remember(host, entry, gen)
@@ -260,10 +328,40 @@ function _M.generation() return generation end
 
 -- For bench/edge.sh: the lookup alone, and emptying this worker's cache.
 _M.lookup = lookup
-function _M.forget()
+-- `shared` too: the node's shared caches.
+function _M.forget(shared)
   docs:flush_all()
   wild_of:flush_all()
   misses:flush_all()
+  if shared and shared_docs then
+    shared_docs:flush_all()
+    shared_wild:flush_all()
+  end
+end
+
+-- The client's country (GeoIP, nil: none), remembered per worker by
+-- address: the database is read once when nginx starts, so an address's
+-- country cannot change while the worker runs. Two generations of
+-- COUNTRY_MEMO addresses (the older dropped whole when the newer is full).
+local COUNTRY_MEMO = 10000
+local countries, old_countries, n_countries = {}, {}, 0
+
+local function country_of(text)
+  local c = countries[text]
+  if c == nil then
+    c = old_countries[text]
+    if c == nil then
+      -- $edge_country reads $edge_client_ip, set by the caller.
+      c = ngx.var.edge_country or ""
+    end
+    n_countries = n_countries + 1
+    if n_countries > COUNTRY_MEMO then
+      old_countries, countries, n_countries = countries, {}, 1
+    end
+    countries[text] = c
+  end
+  if c == "" then return nil end
+  return c
 end
 
 local function read_xff() return ngx.var.http_x_forwarded_for end
@@ -355,8 +453,7 @@ function _M.access()
     client, client_text = client_ip(proxy)
     if client and site.need_country then
       ngx.var.edge_client_ip = client_text
-      country = ngx.var.edge_country
-      if country == "" then country = nil end
+      country = country_of(client_text)
     end
   end
   local var = ngx.var
@@ -409,29 +506,25 @@ function _M.access()
 
   local v = d.verdict
   if v == "proxy" then
-    ngx.var.edge_origin_host = d.origin_host
+    var.edge_origin_host = d.origin_host
     if d.cached then
-      ngx.var.edge_nocache = "0"
+      var.edge_nocache = "0"
     end
-    local unverified = entry.tls_unverified and d.origin:sub(1, 8) == "https://"
+    -- The hop's request headers come from variables (the template's
+    -- proxy_set_header: empty sends none and drops a viewer's own). The
+    -- hop also fetches an https:// origin a site does not verify.
+    local unverified = entry.tls_unverified and sub(d.origin, 1, 8) == "https://"
     if d.ttl or unverified then
-      ngx.var.edge_upstream = conf.ttl_hop
-      ngx.req.set_header("X-Edgeform-Origin", d.origin)
+      var.edge_upstream = conf.ttl_hop
+      var.edge_hop_origin = d.origin
       if d.ttl then
-        ngx.req.set_header("X-Edgeform-TTL", tostring(d.ttl))
-      else
-        ngx.req.clear_header("X-Edgeform-TTL")
+        var.edge_hop_ttl = d.ttl
       end
       if unverified then
-        ngx.req.set_header("X-Edgeform-TLS-Verify", "off")
-      else
-        ngx.req.clear_header("X-Edgeform-TLS-Verify")
+        var.edge_hop_tls_verify = "off"
       end
     else
-      ngx.var.edge_upstream = d.origin
-      ngx.req.clear_header("X-Edgeform-Origin")
-      ngx.req.clear_header("X-Edgeform-TTL")
-      ngx.req.clear_header("X-Edgeform-TLS-Verify")
+      var.edge_upstream = d.origin
     end
     return
   end

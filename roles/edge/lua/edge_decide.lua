@@ -22,12 +22,16 @@ local R = T.REASON
 local METHODS = {}
 for _, m in ipairs(T.METHODS) do METHODS[m] = true end
 -- The needles in the WAF's spelling (edge_norm.waf_fold), once.
-local WAF_RULES = {}
-for i, rule in ipairs(T.WAF_RULES) do
-  local needles = {}
-  for j, needle in ipairs(rule[2]) do needles[j] = norm.waf_fold(needle) end
-  WAF_RULES[i] = { rule[1], needles }
+-- One flat list, in rule order (one loop: LuaJIT compiles it whole):
+-- WAF_NEEDLES[i] is found → the rule WAF_NEEDLE_RULE[i] matches.
+local WAF_NEEDLES, WAF_NEEDLE_RULE = {}, {}
+for _, rule in ipairs(T.WAF_RULES) do
+  for _, needle in ipairs(rule[2]) do
+    WAF_NEEDLES[#WAF_NEEDLES + 1] = norm.waf_fold(needle)
+    WAF_NEEDLE_RULE[#WAF_NEEDLES] = rule[1]
+  end
 end
+local WAF_NEEDLE_COUNT = #WAF_NEEDLES
 local HOTLINK_EXT = T.HOTLINK_EXT
 local REDIRECT_STATUS = {}
 for _, st in ipairs(T.REDIRECT_STATUSES) do REDIRECT_STATUS[st] = true end
@@ -171,6 +175,54 @@ local function matches(m, path)
   return from ~= nil
 end
 
+-- What depends only on the request's URI (the WAF rules it matches) or on
+-- a rule list and the path (the first rule matching) is remembered per
+-- worker: an edge sees the same URIs again and again. Both are pure
+-- functions of those inputs, so every decision is the one computed afresh.
+-- Bounded: two generations of MEMO_MAX keys (the older dropped whole when
+-- the newer is full), keys of at most MEMO_LONGEST bytes (longer: not kept).
+local MEMO_MAX, MEMO_LONGEST = 10000, 512
+local WEAK_KEYS = { __mode = "k" }
+
+-- A memo: key → its slot (a table, created empty; `weak`: weak keys).
+local function memo(weak)
+  local cur, old, n = {}, {}, 0
+  return function(k)
+    local v = cur[k]
+    if v then return v end
+    v = old[k]
+    if not v then v = weak and setmetatable({}, WEAK_KEYS) or {} end
+    n = n + 1
+    if n > MEMO_MAX then old, cur, n = cur, {}, 1 end
+    cur[k] = v
+    return v
+  end
+end
+
+local rule_memo = memo(true)   -- path → {rule list → its first match}
+
+-- The first rule of `rules` (a prepared list) matching `path`: the rule,
+-- or false, or nil and the regex error (a match past the limit).
+local function first_match(rules, path)
+  if rules[1] == nil then return false end
+  local slot = #path <= MEMO_LONGEST and rule_memo(path)
+  if slot then
+    local known = slot[rules]
+    if known ~= nil then
+      if type(known) == "string" then return nil, known end
+      return known
+    end
+  end
+  local found, err = false, nil
+  for i = 1, #rules do
+    local hit, rerr = matches(rules[i], path)
+    if rerr then found, err = nil, rerr break end
+    if hit then found = rules[i] break end
+  end
+  if slot then slot[rules] = err or found end
+  return found, err
+end
+
 -- A decoded document → a prepared site table, or nil and what is wrong.
 -- `null` is cjson.null.
 function _M.prepare(doc, null)
@@ -251,18 +303,32 @@ end
 
 -- ------------------------------------------------------------ the decision
 
-function _M.waf_matches(method, uri)
+local waf_memo = memo(false)
+
+-- The WAF rules the URI matches, in rule order (a shared list: read only).
+local function waf_uri_hits(uri)
+  local slot = #uri <= MEMO_LONGEST and waf_memo(uri)
+  if slot and slot.hits then return slot.hits end
   local hits = {}
-  if not METHODS[method] then hits[#hits + 1] = T.WAF_BAD_METHOD end
   local text = norm.waf_text(uri)
-  for _, rule in ipairs(WAF_RULES) do
-    for _, needle in ipairs(rule[2]) do
-      if find(text, needle, 1, true) then
-        hits[#hits + 1] = rule[1]
-        break
-      end
+  local last   -- the rule of the last hit: each rule is listed once
+  for i = 1, WAF_NEEDLE_COUNT do
+    local rule = WAF_NEEDLE_RULE[i]
+    if rule ~= last and find(text, WAF_NEEDLES[i], 1, true) then
+      hits[#hits + 1] = rule
+      last = rule
     end
   end
+  if slot then slot.hits = hits end
+  return hits
+end
+
+-- The WAF rules a request matches (read only: the list may be shared).
+function _M.waf_matches(method, uri)
+  local rules = waf_uri_hits(uri)
+  if METHODS[method] then return rules end
+  local hits = { T.WAF_BAD_METHOD }
+  for i = 1, #rules do hits[i + 1] = rules[i] end
   return hits
 end
 
@@ -463,30 +529,25 @@ function _M.decide(req, key, site, suspended, clearance)
   end
   d.rate = site.rate ~= "off" and site.rate or nil
 
-  for _, m in ipairs(site.edge_rules) do
-    local hit, rerr = matches(m, path)
-    if rerr then d.regex_error = rerr return refuse(d, "error", 502, R.BAD_DOCUMENT) end
-    if hit then
-      if not m.redirect then return refuse(d, "blocked", 403, R.EDGE_RULE) end
-      local target = m.to or "/"
-      if m[1] == "prefix" then target = _M.join_redirect(target, sub(path, #m[2] + 1)) end
-      if query then
-        target = target .. (find(target, "?", 1, true) and "&" or "?") .. query
-      end
-      d.verdict, d.status, d.location = "redirect", m.redirect, target
-      return d
+  local m, rerr = first_match(site.edge_rules, path)
+  if rerr then d.regex_error = rerr return refuse(d, "error", 502, R.BAD_DOCUMENT) end
+  if m then
+    if not m.redirect then return refuse(d, "blocked", 403, R.EDGE_RULE) end
+    local target = m.to or "/"
+    if m[1] == "prefix" then target = _M.join_redirect(target, sub(path, #m[2] + 1)) end
+    if query then
+      target = target .. (find(target, "?", 1, true) and "&" or "?") .. query
     end
+    d.verdict, d.status, d.location = "redirect", m.redirect, target
+    return d
   end
 
   d.origin = site.origin
   d.origin_host = site.origin_host_is_ip and req.host or site.origin_authority
   if site.cached and (req.method == "GET" or req.method == "HEAD") then
     local rule
-    for _, m in ipairs(site.cache_rules) do
-      local hit, rerr = matches(m, path)
-      if rerr then d.regex_error = rerr return refuse(d, "error", 502, R.BAD_DOCUMENT) end
-      if hit then rule = m break end
-    end
+    rule, rerr = first_match(site.cache_rules, path)
+    if rerr then d.regex_error = rerr return refuse(d, "error", 502, R.BAD_DOCUMENT) end
     if req.authorization then
       d.cached = false
     elseif not rule then

@@ -7,17 +7,35 @@ local tonumber, floor = tonumber, math.floor
 
 local _M = {}
 
+-- Four dotted decimal parts, each 0-255 without a leading zero (as Rust's
+-- std parses them), by bytes: string patterns are not compiled by LuaJIT.
 local function parse_v4(s)
-  if not find(s, "^%d+%.%d+%.%d+%.%d+$") then return nil end
-  local out = {}
-  for part in s:gmatch("%d+") do
-    -- Rust refuses leading zeros and values above 255.
-    if #part > 1 and sub(part, 1, 1) == "0" then return nil end
-    local n = tonumber(part)
-    if not n or n > 255 then return nil end
-    out[#out + 1] = char(n)
+  local len = #s
+  if len < 7 or len > 15 then return nil end
+  local a, b, c
+  local part, digits, first, k = 0, 0, 0, 0
+  for i = 1, len + 1 do
+    local ch = i <= len and byte(s, i) or 46   -- a final "." ends the last part
+    if ch >= 48 and ch <= 57 then
+      if digits == 0 then first = ch end
+      digits = digits + 1
+      part = part * 10 + ch - 48
+    elseif ch == 46 then
+      if digits == 0 or digits > 3 or (digits > 1 and first == 48) or part > 255 then
+        return nil
+      end
+      k = k + 1
+      if k == 1 then a = part elseif k == 2 then b = part elseif k == 3 then c = part
+      elseif k == 4 then
+        if i <= len then return nil end
+        return char(a, b, c, part)
+      end
+      part, digits = 0, 0
+    else
+      return nil
+    end
   end
-  return table.concat(out)
+  return nil
 end
 
 local function groups(s)
@@ -81,6 +99,9 @@ end
 -- The text form for logs and the GeoIP lookup (IPv4 dotted; IPv6 as given).
 function _M.text(bytes, given)
   if #bytes == 4 then
+    -- Dotted text that parsed is already the canonical form (no leading
+    -- zeros, each part <= 255): no new string per request.
+    if given and not find(given, ":", 1, true) then return given end
     return byte(bytes, 1) .. "." .. byte(bytes, 2) .. "." .. byte(bytes, 3) .. "." .. byte(bytes, 4)
   end
   return given

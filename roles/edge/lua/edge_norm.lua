@@ -105,9 +105,15 @@ function _M.canonical_path(path)
 end
 
 -- Whether a path is already canonical, cheaply for the common case.
+-- (By bytes and plain finds: LuaJIT compiles these, not string patterns.)
 function _M.is_plain(path)
-  return not find(path, "[%%\\#%z\1-\31\127]") and not find(path, "//", 1, true)
-    and not find(path, "/.", 1, true) and byte(path, 1) == 47
+  if byte(path, 1) ~= 47 then return false end
+  for i = 2, #path do
+    local c = byte(path, i)
+    -- %, \, #, NUL and the other controls, DEL
+    if c < 32 or c == 37 or c == 92 or c == 35 or c == 127 then return false end
+  end
+  return not find(path, "//", 1, true) and not find(path, "/.", 1, true)
 end
 
 -- The path every rule matches: each segment's `;…` removed.
@@ -119,8 +125,11 @@ end
 -- The name an `ext` match reads: the last segment, trailing `/`s ignored,
 -- up to its first `;`.
 function _M.ext_subject(path)
-  local trimmed = path:gsub("/+$", "")
-  local last = trimmed:match("([^/]*)$") or ""
+  local trimmed = path
+  if byte(path, -1) == 47 then trimmed = path:gsub("/+$", "") end
+  local i = #trimmed
+  while i > 0 and byte(trimmed, i) ~= 47 do i = i - 1 end
+  local last = sub(trimmed, i + 1)
   local semi = find(last, ";", 1, true)
   if semi then last = sub(last, 1, semi - 1) end
   return last
@@ -132,6 +141,16 @@ end
 
 -- The WAF's spelling of text and needles alike (edgestate::edge::norm::waf_fold).
 function _M.waf_fold(text)
+  -- Without a space, `=` or comment mark nothing changes (most URIs): the
+  -- text itself, no byte-by-byte copy.
+  local same = true
+  for i = 1, #text do
+    local c = byte(text, i)
+    if c == 32 or c == 61 or (c >= 9 and c <= 13) then same = false break end
+  end
+  if same and not find(text, "/*", 1, true) and not find(text, "*/", 1, true) then
+    return text
+  end
   local out, n = {}, 0
   local pending = false
   local i, len = 1, #text
@@ -167,7 +186,7 @@ local function unhex(h) return char(tonumber(h, 16)) end
 function _M.waf_text(uri)
   local t = uri
   for _ = 1, _M.WAF_DECODE_ROUNDS do
-    if not find(t, "%%%x%x") then break end
+    if not find(t, "%", 1, true) or not find(t, "%%%x%x") then break end
     t = t:gsub("%%(%x%x)", unhex)
   end
   if find(t, "+", 1, true) then t = t:gsub("%+", " ") end
