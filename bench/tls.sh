@@ -6,13 +6,12 @@
 # 1. new TLS handshakes: the edge as shipped (certificate by SNI from
 #    Redis, ssl_certificate_by_lua, the worker's cache) vs the same
 #    nginx.conf with the same certificate as a static `ssl_certificate`
-#    (no Lua certificate phase). h2load (HTTP/1.1 over TLS, every request
-#    `Connection: close`, so every request is a new connection and a full
-#    handshake: h2load keeps no session) for handshakes/s; a Python client
-#    doing the same handshakes one after the other, once full and once
-#    resuming the previous session (TLS 1.3 ticket), for what resumption
-#    gives. Each request is `GET /_hs` answered `204` by a bench-only
-#    location without a Lua phase, so the figure is the handshake's.
+#    (no Lua certificate phase). h2load, HTTP/1.1 over TLS, every request
+#    `Connection: close`: full handshakes with one connection per client
+#    (-c 100 -n 100, repeated), resumed ones with clients that reconnect
+#    (h2load resumes its previous session: a TLS 1.3 ticket). Each request
+#    is `GET /_hs` answered `204` by a bench-only location without a Lua
+#    phase, so the figure is the handshake's.
 # 2. h2 requests/s through the edge (cached HITs, keep-alive, h2load,
 #    HTTPS on the edge's TLS listener) vs the same edge over plain HTTP
 #    (h2load --h1, keep-alive), and HTTP/1.1 over TLS beside.
@@ -171,7 +170,21 @@ report = r"""        location = /_bench_cert {
                 v = {}
                 for i = 1, 2000 do tls.forget(); local a = us(); tls.lookup("bench.test"); v[i] = us() - a end
                 local m50, m99 = pct(v)
-                ngx.say(string.format("cached %.3f %.3f miss %.1f %.1f", c50, c99, m50, m99))
+                -- The miss's steps alone, on the stored text.
+                local ssl, pick = require "ngx.ssl", require "edge_tls_pick"
+                local r = assert(require("cdn_router").redis())
+                local text = r:get("tls:bench.test")
+                require("cdn_router").release(r)
+                local doc = assert(pick.parse(text))
+                local function step(f)
+                    local w = {}
+                    for i = 1, 500 do local a = us(); f(); w[i] = us() - a end
+                    return (pct(w))
+                end
+                local j = step(function() pick.parse(text) end)
+                local c = step(function() assert(ssl.parse_pem_cert(doc.chain)) end)
+                local k = step(function() assert(ssl.parse_pem_priv_key(doc.key)) end)
+                ngx.say(string.format("cached %.3f %.3f miss %.1f %.1f json %.1f cert %.1f key %.1f", c50, c99, m50, m99, j, c, k))
             }
         }
 """
@@ -216,9 +229,10 @@ hz=$(getconf CLK_TCK)
 
 # h2load runs → "<rate> <us worker CPU per unit>", unit = requests (with
 # Connection: close, connections), rate from h2load's own clock (the sum
-# of its runs' times, not process start-up). `h2 pid args` is one run of
-# $secs s (-D; keep-alive); `h2loop pid args` repeats a run of a fixed -n
-# until $secs s have passed (h2load's -D never ends once it reconnects).
+# of its runs' times, not process start-up). `h2loop pid args` repeats a
+# run of a fixed -n until $secs s have passed (h2load's -D never ends once
+# a client reconnects, and nginx ends a keep-alive connection after 1,000
+# requests: keepalive_requests).
 h2sum() { # t0 t1 outputs-file
   python3 - "$1" "$2" "$hz" "$3" <<'PY'
 import re, sys
@@ -236,13 +250,6 @@ for run in outs.split("\x00"):
 print(f"{n / secs:.0f} {(t1 - t0) / hz / n * 1e6:.1f}")
 PY
 }
-h2() { # worker-pid h2load-args...
-  local w=$1 t0 t1; shift
-  t0=$(ticks "$w")
-  taskset -c 0 h2load -t1 -D "$secs" "$@" > "$work/h2.out" 2>&1 || true
-  t1=$(ticks "$w")
-  h2sum "$t0" "$t1" "$work/h2.out"
-}
 h2loop() { # worker-pid h2load-args...
   local w=$1 t0 t1 end; shift
   : > "$work/h2.out"
@@ -256,9 +263,10 @@ h2loop() { # worker-pid h2load-args...
   h2sum "$t0" "$t1" "$work/h2.out"
 }
 
-read -r _ c50 c99 _ m50 m99 < <(curl -s -H 'Host: bench.test' "http://127.0.0.1:$eport/_bench_cert")
+read -r _ c50 c99 _ m50 m99 _ sj _ sc _ sk < <(curl -s -H 'Host: bench.test' "http://127.0.0.1:$eport/_bench_cert")
 echo "certificate lookup (edge_tls.lookup, worker cache hit): p50 ${c50} us, p99 ${c99} us (goal p50 <= 20 us)"
 echo "certificate lookup (worker caches emptied: MGET from local Redis, parse, PEMs): p50 ${m50} us, p99 ${m99} us"
+echo "  of which (p50 of 500 each): the document's JSON ${sj} us, parse_pem_cert ${sc} us, parse_pem_priv_key ${sk} us"
 
 # Does a resumed handshake run the certificate phase? Its count around
 # one h2load run of 4,000 reconnecting requests.
@@ -272,7 +280,9 @@ full=(--h1 -c 100 -n 100 -H 'Connection: close')
 # Resumed: 32 clients reconnecting after every request (each the TLS 1.3
 # ticket of its previous connection: 32 of every 4,000 handshakes full).
 resumed=(--h1 -c 32 -n 4000 -H 'Connection: close')
-keep=(-c 32 -m 1)
+# Keep-alive: 32 clients of 1,000 requests each (nginx's keepalive_requests;
+# its first request pays a full handshake: 32 of 32,000).
+keep=(-c 32 -m 1 -n 32000)
 echo "${rounds} rounds of ${secs}s per measure and side, interleaved; h2load -t1 on CPU 0" >&2
 declare -A A
 for i in $(seq 1 "$rounds"); do
@@ -280,9 +290,9 @@ for i in $(seq 1 "$rounds"); do
   read -r A[hs_s_r$i] A[hs_s_c$i] < <(h2loop "$sw" "${full[@]}" --connect-to="127.0.0.1:$shttps" https://bench.test/_hs)
   read -r A[res_e_r$i] A[res_e_c$i] < <(h2loop "$ew" "${resumed[@]}" --connect-to="127.0.0.1:$ehttps" https://bench.test/_hs)
   read -r A[res_s_r$i] A[res_s_c$i] < <(h2loop "$sw" "${resumed[@]}" --connect-to="127.0.0.1:$shttps" https://bench.test/_hs)
-  read -r A[h2_r$i] A[h2_c$i] < <(h2 "$ew" "${keep[@]}" --connect-to="127.0.0.1:$ehttps" https://bench.test/a.mp4)
-  read -r A[h1_r$i] A[h1_c$i] < <(h2 "$ew" "${keep[@]}" --h1 --connect-to="127.0.0.1:$eport" http://bench.test/a.mp4)
-  read -r A[t1_r$i] A[t1_c$i] < <(h2 "$ew" "${keep[@]}" --h1 --connect-to="127.0.0.1:$ehttps" https://bench.test/a.mp4)
+  read -r A[h2_r$i] A[h2_c$i] < <(h2loop "$ew" "${keep[@]}" --connect-to="127.0.0.1:$ehttps" https://bench.test/a.mp4)
+  read -r A[h1_r$i] A[h1_c$i] < <(h2loop "$ew" "${keep[@]}" --h1 --connect-to="127.0.0.1:$eport" http://bench.test/a.mp4)
+  read -r A[t1_r$i] A[t1_c$i] < <(h2loop "$ew" "${keep[@]}" --h1 --connect-to="127.0.0.1:$ehttps" https://bench.test/a.mp4)
   echo "  round $i: full handshakes/s (us worker CPU each): Lua ${A[hs_e_r$i]} (${A[hs_e_c$i]}), static ${A[hs_s_r$i]} (${A[hs_s_c$i]});" \
     "resumed: Lua ${A[res_e_r$i]} (${A[res_e_c$i]}), static ${A[res_s_r$i]} (${A[res_s_c$i]});" \
     "keep-alive req/s: h2 ${A[h2_r$i]} (${A[h2_c$i]}), http/1.1 ${A[h1_r$i]} (${A[h1_c$i]}), https/1.1 ${A[t1_r$i]} (${A[t1_c$i]})" >&2
@@ -310,6 +320,9 @@ print(f"  ratio Lua/static (median of per-round ratios): {ratio('hs_e_r', 'hs_s_
 print(f"resumed handshakes (TLS 1.3 tickets): Lua {med('res_e_r'):,.0f}/s {med('res_e_c'):.1f} us; "
       f"static {med('res_s_r'):,.0f}/s {med('res_s_c'):.1f} us; ratio Lua/static {ratio('res_e_r', 'res_s_r'):.2f}; "
       f"resumed/full CPU: Lua {ratio('res_e_c', 'hs_e_c'):.2f}, static {ratio('res_s_c', 'hs_s_c'):.2f}")
+busy = lambda r, c: st.median([x * y / 1e6 for x, y in zip(d[r], d[c])])
+print("share of its core the worker used (rate x CPU; below ~0.9 the one-thread client on CPU 0 was the bound, "
+      "compare CPU): " + ", ".join(f"{k} {busy(k + '_r', k + '_c'):.2f}" for k in ("hs_e", "hs_s", "res_e", "res_s", "h2", "h1", "t1")))
 print(f"certificate phase per handshake, timed in the worker: {phn} phases, p50 {p50:.1f} us, p99 {p99:.1f} us (goal p50 <= 20 us)")
 print(f"edge cached HITs, keep-alive, 32 connections: h2 over TLS {med('h2_r'):,.0f} req/s {med('h2_c'):.1f} us; "
       f"HTTP/1.1 plain {med('h1_r'):,.0f} req/s {med('h1_c'):.1f} us; HTTP/1.1 over TLS {med('t1_r'):,.0f} req/s {med('t1_c'):.1f} us")
