@@ -448,8 +448,14 @@ fn human(e: &Explained) -> String {
         verdict.as_str().unwrap_or_default(),
         d.status
     );
-    if let Some(r) = d.reason {
-        let _ = write!(s, " (X-Edgeform-Reason: {r})");
+    match d.reason {
+        Some(PROXY_REFUSED) => {
+            let _ = write!(s, " (no answer, the connection is closed: {PROXY_REFUSED})");
+        }
+        Some(r) => {
+            let _ = write!(s, " (X-Edgeform-Reason: {r})");
+        }
+        None => {}
     }
     if let Some(l) = &d.location {
         let _ = write!(s, " → {l}");
