@@ -368,7 +368,8 @@ fn quote(s: &str) -> String {
 
 /// One curl process for `shots`, in order (connections reused where
 /// curl reuses them): each request's answer (status 0: no answer —
-/// handshake failed or the connection was closed) and HTTP version.
+/// handshake failed or the connection was closed) and `<HTTP version>
+/// <curl's exit code>`.
 fn curl(cmd: Command, ca: &Path, shots: &[(Req, Way)]) -> Vec<(Resp, String)> {
     let mut cmd = cmd;
     let mut conf = String::new();
@@ -418,7 +419,7 @@ fn curl(cmd: Command, ca: &Path, shots: &[(Req, Way)]) -> Vec<(Resp, String)> {
             m => conf.push_str(&format!("request = {}\n", quote(m))),
         }
         conf.push_str(&format!(
-            "write-out = \"{{\\\"i\\\":{i},\\\"code\\\":\\\"%{{http_code}}\\\",\\\"v\\\":\\\"%{{http_version}}\\\",\\\"h\\\":%{{header_json}}}}#END#\\n\"\n"
+            "write-out = \"{{\\\"i\\\":{i},\\\"code\\\":\\\"%{{http_code}}\\\",\\\"v\\\":\\\"%{{http_version}}\\\",\\\"exit\\\":%{{exitcode}},\\\"h\\\":%{{header_json}}}}#END#\\n\"\n"
         ));
     }
     let file = tempfile::NamedTempFile::new().unwrap();
@@ -445,7 +446,11 @@ fn curl(cmd: Command, ca: &Path, shots: &[(Req, Way)]) -> Vec<(Resp, String)> {
                 status: v["code"].as_str().and_then(|c| c.parse().ok()).unwrap_or(0),
                 headers,
             },
-            v["v"].as_str().unwrap_or_default().to_owned(),
+            format!(
+                "{} {}",
+                v["v"].as_str().unwrap_or_default(),
+                v["exit"].as_i64().unwrap_or(-1)
+            ),
         );
     }
     got
@@ -487,16 +492,30 @@ fn judge(
     want: &serde_json::Value,
     cached: &mut BTreeSet<String>,
 ) -> Option<String> {
-    let (resp, version) = got;
+    let resp = &got.0;
     // No certificate or an expired one: the handshake fails. A name
     // mismatch is a handshake that succeeds (the SNI's certificate) for a
     // request the decision then answers (421, or nginx's 400).
     let handshake_fails = matches!(want["tls"].as_str(), Some("no-certificate" | "expired"));
     let status = want["status"].as_u64().unwrap_or(0);
-    let problem = if handshake_fails || status == 444 {
-        // The handshake fails, or the edge closes the connection.
-        (resp.status != 0).then(|| format!("answered {} where explain says no answer", resp.status))
-    } else if resp.status != 0 && version != if w.http2 { "2" } else { "1.1" } {
+    let (version, exit) = got.1.split_once(' ').unwrap_or_default();
+    let problem = if handshake_fails {
+        // curl's "SSL connect error": the edge failed the handshake.
+        (resp.status != 0 || exit != "35").then(|| {
+            format!(
+                "answered {} (curl exit {exit}) where the handshake fails",
+                resp.status
+            )
+        })
+    } else if status == 444 {
+        // The connection closed (an empty reply, a reset stream).
+        (resp.status != 0 || exit == "35" || exit == "0").then(|| {
+            format!(
+                "answered {} (curl exit {exit}) where explain says no answer",
+                resp.status
+            )
+        })
+    } else if version != if w.http2 { "2" } else { "1.1" } {
         Some(format!("HTTP version {version}"))
     } else {
         let scheme = if w.tls { "https" } else { "http" };
@@ -541,7 +560,7 @@ fn differ(
     for i in order {
         let ((r, w), g, e) = (&shots[i], &got[i], &want[i]);
         let mut e2 = e.clone();
-        e2["http2_answered"] = serde_json::Value::Bool(g.1 == "2");
+        e2["http2_answered"] = serde_json::Value::Bool(g.1.starts_with("2 "));
         seen.push(e2);
         assert_eq!(e["id"], r.id);
         if let Some(p) = judge(s, r, w, g, e, cached) {
