@@ -630,7 +630,7 @@ fn explain_equals_the_edge_over_https_directly_and_through_a_router() {
     // (the router's PROXY address 127.0.0.1 is a trusted proxy: its
     // X-Forwarded-For names the client, as on the direct listener).
     let mut shots = Vec::new();
-    for mut r in generate(800) {
+    for mut r in generate(1500) {
         if r.url.contains('#') {
             continue; // a fragment: curl does not send it
         }
