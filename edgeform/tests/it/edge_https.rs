@@ -801,41 +801,54 @@ fn explain_equals_the_edge_over_https_directly_and_through_a_router() {
         countries.insert(addr.to_string(), *country);
     }
 
-    // 4. The rate limit is the viewer's, not the router's: one viewer
-    // over normal.test's burst is limited, the next viewer is not.
-    let over = {
-        let viewer = harness::netns::Viewer::new(Ipv4Addr::new(89, 160, 20, 112));
-        let mut w = way(Some("normal.test"), router, true);
+    // 4. The rate limit and the challenge are the viewer's, not the
+    // router's: on strict.test (5/s, burst 10) one viewer with its own
+    // clearance cookie goes over the burst, the next viewer through the
+    // same router is served.
+    let strict = |viewer: &harness::netns::Viewer, n: usize, ids: &mut Ids| {
+        let token = edgestate::edge::clearance_token(
+            SECRET.as_bytes(),
+            "strict.test",
+            std::net::IpAddr::V4(viewer.addr),
+            4_000_000_000,
+        );
+        let cookie = format!("edgeform_clearance={token}");
+        let mut w = way(Some("strict.test"), router, true);
         w.addr = viewer.gateway.to_string();
-        let shots: Vec<(Req, Way)> = (0..60)
+        let shots: Vec<(Req, Way)> = (0..n)
             .map(|_| {
-                (
-                    request(ids.next(), "normal.test", "/", "GET", &[]),
-                    w.clone(),
-                )
+                let r = request(
+                    ids.next(),
+                    "strict.test",
+                    "/",
+                    "GET",
+                    &[("Cookie", &cookie)],
+                );
+                (r, w.clone())
             })
             .collect();
         curl(viewer.command("curl"), &s.ca.file("ca.pem"), &shots)
     };
+    let over = strict(
+        &harness::netns::Viewer::new(Ipv4Addr::new(89, 160, 20, 112)),
+        30,
+        &mut ids,
+    );
     let limited = over
         .iter()
         .filter(|(r, _)| r.status == 429 && r.header("x-edgeform-reason") == Some("rate-limited"))
         .count();
-    assert!(limited > 0, "no 429 after 60 requests from one viewer");
-    {
-        let viewer = harness::netns::Viewer::new(Ipv4Addr::new(216, 160, 83, 56));
-        let mut w = way(Some("normal.test"), router, true);
-        w.addr = viewer.gateway.to_string();
-        let got = curl(
-            viewer.command("curl"),
-            &s.ca.file("ca.pem"),
-            &[(request(ids.next(), "normal.test", "/", "GET", &[]), w)],
-        );
-        assert_eq!(
-            got[0].0.status, 200,
-            "another viewer through the same router"
-        );
-    }
+    assert_eq!(over[0].0.status, 200, "the viewer's own clearance cookie");
+    assert!(limited > 0, "no 429 after 30 requests from one viewer");
+    let next = strict(
+        &harness::netns::Viewer::new(Ipv4Addr::new(216, 160, 83, 56)),
+        1,
+        &mut ids,
+    );
+    assert_eq!(
+        next[0].0.status, 200,
+        "another viewer through the same router"
+    );
 
     // Every HTTPS outcome and the viewer-address answers were exercised.
     let said = |field: &str| -> BTreeSet<String> {
@@ -864,7 +877,7 @@ fn explain_equals_the_edge_over_https_directly_and_through_a_router() {
     assert!(h2 > 100, "only {h2} answers over h2");
     eprintln!(
         "https differential: {compared} requests compared, {} disagreements, viewers {countries:?}, \
-         {limited} of 60 rate-limited, {h2} answered over h2, {:.1} s",
+         {limited} of 30 rate-limited, {h2} answered over h2, {:.1} s",
         bad.len(),
         started.elapsed().as_secs_f64()
     );
