@@ -530,7 +530,8 @@ function _M.access()
   end
   if v == "redirect" then
     ngx.header["Location"] = d.location
-    return answer(d.status, nil, "")
+    -- The decision's reason (https-redirect; an edge rule's has none).
+    return answer(d.status, d.reason, "")
   end
   if v == "challenged" then
     local nonce = decide.challenge_nonce(conf.secret or "", entry.key, client or "",
