@@ -330,10 +330,10 @@ impl Explainer<'_> {
                 }
             }
         };
-        // A refused PROXY header: what nginx and the path check answer
-        // first stands; any other request is dropped before the edge
-        // looks the host up.
-        if client.is_none() && !decision_before_lookup(&decision) {
+        // A refused PROXY header: what nginx answers before the edge's Lua
+        // stands; anything else (the path check included) is dropped
+        // before the edge answers.
+        if client.is_none() && !answered_by_nginx(&decision) {
             decision = edge::Decision {
                 verdict: edge::Verdict::Blocked,
                 status: 444,
@@ -387,17 +387,12 @@ impl Explainer<'_> {
     }
 }
 
-/// Whether the edge answers `d` before it looks the host up (nginx's
-/// own refusals, the path's form): also on a refused PROXY header.
-fn decision_before_lookup(d: &edge::Decision) -> bool {
+/// Whether nginx itself answers `d`, before the edge's Lua runs (so also
+/// on a refused PROXY header, which the Lua refuses first).
+fn answered_by_nginx(d: &edge::Decision) -> bool {
     matches!(
         d.reason,
-        Some(
-            edge::reason::BAD_REQUEST
-                | edge::reason::BAD_PATH
-                | edge::reason::NON_CANONICAL_PATH
-                | edge::reason::BODY_TOO_LARGE
-        )
+        Some(edge::reason::BAD_REQUEST | edge::reason::BODY_TOO_LARGE)
     ) && d.site.is_none()
 }
 
@@ -843,8 +838,12 @@ mod tests {
                 e.decision.reasons
             );
         }
-        // What the edge answers before the PROXY check stands.
+        // The PROXY check comes before the path check: a non-canonical
+        // path from a non-router is not answered either.
         let e = ask("192.0.2.9", "81.2.69.142", "//a");
+        assert_eq!(answer(&e), (Some("ok"), 444, Some(PROXY_REFUSED)));
+        // From a router, the path check answers.
+        let e = ask("198.51.100.7", "81.2.69.142", "//a");
         assert_eq!(e.decision.status, 308);
     }
 }

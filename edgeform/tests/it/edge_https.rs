@@ -734,13 +734,17 @@ fn explain_equals_the_edge_over_https_directly_and_through_a_router() {
         },
     ));
     // A PROXY header straight to the edge's PROXY listener: from a
-    // router's address believed, from another (127.0.0.5) refused.
-    for (from, http2) in [
-        ("127.0.0.1", false),
-        ("127.0.0.5", false),
-        ("127.0.0.5", true),
+    // router's address believed, from another (127.0.0.5) refused — before
+    // the path check (a non-canonical or bad path is not answered either).
+    for (from, http2, path) in [
+        ("127.0.0.1", false, "/"),
+        ("127.0.0.5", false, "/"),
+        ("127.0.0.5", true, "/"),
+        ("127.0.0.1", false, "//a/./b"),
+        ("127.0.0.5", false, "//a/./b"),
+        ("127.0.0.5", false, "/a/%2e%2e/%2e%2e/b"),
     ] {
-        let mut r = request(ids.next(), "plain.test", "/", "GET", &[]);
+        let mut r = request(ids.next(), "plain.test", path, "GET", &[]);
         r.ip = from.into();
         r.proxy = Some(from.into());
         r.sni = Some("plain.test".into());

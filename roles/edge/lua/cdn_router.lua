@@ -420,22 +420,23 @@ setTimeout(run,0);}run();})();</script></body></html>
 ]]
 
 function _M.access()
-  -- The path's form first (docs/edge.md, "The normalised path").
-  local request_uri = ngx.var.request_uri
-  local pc = decide.path_check(request_uri)
-  if pc then
-    if pc.location then ngx.header["Location"] = pc.location end
-    return answer(pc.status, pc.reason, pc.status == 400 and (pc.reason .. "\n") or "")
-  end
   if generation == nil then poll() end
-  -- The routers' PROXY-protocol listener: only a router's header is
-  -- believed (a new router works once the routing table names it).
+  -- The routers' PROXY-protocol listener first: only a router's header
+  -- is believed (a new router works once the routing table names it);
+  -- anyone else's connection is closed before any answer.
   local proxy = ngx.var.proxy_protocol_addr
   if proxy == "" then
     proxy = nil
   elseif not ip.client_proxied(trusted, routers, ngx.var.remote_addr, proxy) then
     log(INFO, "edgeform: PROXY header from ", ngx.var.remote_addr, ", not a router: refused")
     return ngx.exit(444)
+  end
+  -- Then the path's form (docs/edge.md, "The normalised path").
+  local request_uri = ngx.var.request_uri
+  local pc = decide.path_check(request_uri)
+  if pc then
+    if pc.location then ngx.header["Location"] = pc.location end
+    return answer(pc.status, pc.reason, pc.status == 400 and (pc.reason .. "\n") or "")
   end
   local host = ngx.var.host
   local entry = lookup(host)
