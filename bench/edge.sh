@@ -22,10 +22,14 @@ if [ -z "${EDGEFORM:-}" ]; then
 fi
 echo "load at the start: $(cut -d' ' -f1-3 /proc/loadavg)"
 work=$(mktemp -d)
+# The origin's worker (not root) reads its body from here.
+chmod 755 "$work"
 trap 'stop_servers; rm -rf "$work"' EXIT
 SERVER_DIR="$work"
 free() { python3 -c 'import socket;s=socket.socket();s.bind(("127.0.0.1",0));print(s.getsockname()[1])'; }
 rport=$(free); oport=$(free); eport=$(free); pport=$(free); hop1=$(free); hop2=$(free)
+# The candidate's TLS listeners (the third instance below gets its own).
+phttps=$(free); pproxy=$(free)
 start_redis "$rport"
 
 # The origin: nginx answering a fixed 2 KiB body (not what is measured).
@@ -60,7 +64,7 @@ install:
   listen: 127.0.0.1:$eport
   smoke_listen: 127.0.0.1:$pport
   vars: {api: "false", api_url: "http://127.0.0.1:9", cache_max_size: 1g, geoip_db: "$PWD/testdata/geoip/GeoLite2-City-Test.mmdb", resolver: 127.0.0.1, ttl_hop_port: "$hop1", workers: "1"}
-  candidate_vars: {ttl_hop_port: "$hop2", https_listen: "127.0.0.1:$(free)", proxy_listen: "127.0.0.1:$(free)"}
+  candidate_vars: {ttl_hop_port: "$hop2", https_listen: "127.0.0.1:$phttps", proxy_listen: "127.0.0.1:$pproxy"}
 https: {listen: "127.0.0.1:$(free)", proxy_listen: "127.0.0.1:$(free)"}
 YAML
 cat > "$repo/sites/bench.yaml" <<YAML
@@ -87,10 +91,11 @@ openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days 36500
   -out "$work/root/tls/placeholder.crt" >/dev/null 2>&1
 cp "$bundle/nginx.conf" "$work/edge/nginx.conf"
 cp "$bundle/candidate/nginx.conf" "$work/plain/nginx.conf"
-# A third instance, from the candidate's: its own port, TTL hop and run folder.
-fport=$(free); hop3=$(free)
+# A third instance, from the candidate's: its own ports, TTL hop and run folder.
+fport=$(free); hop3=$(free); fhttps=$(free); fproxy=$(free)
 mkdir -p "$work/root/run/empty" "$work/empty"
 sed -e "s|127.0.0.1:$pport|127.0.0.1:$fport|g" -e "s|$hop2|$hop3|g" \
+  -e "s|127.0.0.1:$phttps|127.0.0.1:$fhttps|g" -e "s|127.0.0.1:$pproxy|127.0.0.1:$fproxy|g" \
   -e "s|$work/root/run/candidate|$work/root/run/empty|g" "$bundle/candidate/nginx.conf" > "$work/empty/nginx.conf"
 # The same configuration without the Lua access phase; and with an empty
 # one (`return`: the fixed cost of running any Lua phase at all).
@@ -156,8 +161,8 @@ wait_port "$eport"; wait_port "$pport"; wait_port "$fport"
 sleep 0.5
 for p in "$eport" "$pport" "$fport"; do
   for _ in 1 2; do curl -s -o /dev/null -H 'Host: bench.test' "http://127.0.0.1:$p/a.mp4"; done
-  st=$(curl -s -o /dev/null -D - -H 'Host: bench.test' "http://127.0.0.1:$p/a.mp4" | tr -d '\r' | awk -F': ' 'tolower($1)=="x-cache-status"{print $2}')
-  [ "$st" = HIT ] || { echo "port $p: expected a cache HIT, got '$st'" >&2; exit 1; }
+  st=$(curl -s -o /dev/null -D - -H 'Host: bench.test' "http://127.0.0.1:$p/a.mp4" | tr -d '\r' | awk -F': ' 'NR==1{split($0, w, " "); print w[2]} tolower($1)=="x-cache-status"{print $2}' | tr '\n' ' ')
+  [ "$st" = "200 HIT " ] || { echo "port $p: expected a 200 cache HIT, got '$st'" >&2; exit 1; }
 done
 
 read -r _ c50 c99 _ s50 s99 _ m50 m99 < <(curl -s -H 'Host: bench.test' "http://127.0.0.1:$eport/_bench_lookup")
