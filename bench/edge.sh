@@ -31,10 +31,10 @@ if [ -z "${EDGEFORM:-}" ]; then
 fi
 echo "load at the start: $(cut -d' ' -f1-3 /proc/loadavg)"
 work=$(mktemp -d)
+# The origin's worker (not root) reads its body from here.
+chmod 755 "$work"
 trap 'stop_servers; rm -rf "$work"' EXIT
 SERVER_DIR="$work"
-# The origin's worker runs as nobody: it must reach its folder in here.
-chmod 755 "$work"
 free() { python3 -c 'import socket;s=socket.socket();s.bind(("127.0.0.1",0));print(s.getsockname()[1])'; }
 rport=$(free); oport=$(free); eport=$(free); pport=$(free); hop1=$(free); hop2=$(free)
 # The TLS listeners: live (the edge), candidate (without Lua), the empty-phase instance.
@@ -114,7 +114,7 @@ openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days 36500
   -out "$work/root/tls/placeholder.crt" >/dev/null 2>&1
 cp "$bundle/nginx.conf" "$work/edge/nginx.conf"
 cp "$bundle/candidate/nginx.conf" "$work/plain/nginx.conf"
-# A third instance, from the candidate's: its own port, TTL hop and run folder.
+# A third instance, from the candidate's: its own ports, TTL hop and run folder.
 fport=$(free); hop3=$(free)
 mkdir -p "$work/root/run/empty" "$work/empty"
 sed -e "s|127.0.0.1:$pport|127.0.0.1:$fport|g" -e "s|$hop2|$hop3|g" \

@@ -40,6 +40,7 @@ pub mod route;
 pub mod routing;
 pub mod site;
 pub mod target;
+pub mod time;
 pub mod tls;
 pub mod untrusted;
 #[cfg(test)]

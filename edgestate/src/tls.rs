@@ -274,12 +274,16 @@ pub fn outcome<'a>(
     a.not_after = Some(doc.not_after);
     a.reasons.push(format!(
         "certificate {key} (sha256:{}, not after {})",
-        doc.fingerprint, doc.not_after
+        doc.fingerprint,
+        crate::time::rfc3339(doc.not_after)
     ));
     if now > doc.not_after {
         a.tls = TlsOutcome::Expired;
-        a.reasons
-            .push(format!("expired: not after {} < now {now}", doc.not_after));
+        a.reasons.push(format!(
+            "expired: not after {}, now {}",
+            crate::time::rfc3339(doc.not_after),
+            crate::time::rfc3339(now)
+        ));
     } else if !covers(cert_host, host) {
         a.tls = TlsOutcome::NameMismatch;
         a.reasons.push(format!(

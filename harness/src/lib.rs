@@ -227,18 +227,49 @@ pub fn redis_on(port: u16, extra: &[&str]) -> Process {
 }
 
 fn start_redis(extra: &[&str], fixed: Option<u16>) -> Process {
+    let auth = extra
+        .iter()
+        .find_map(|l| l.strip_prefix("requirepass "))
+        .map(str::to_owned);
+    start_redis_conf(
+        "redis-server",
+        fixed,
+        |port| {
+            let mut lines = vec![format!("port {port}")];
+            lines.extend(extra.iter().map(|l| (*l).to_owned()));
+            lines
+        },
+        |port| {
+            let cmd = match &auth {
+                Some(pw) => format!("AUTH {pw}\r\nPING"),
+                None => "PING".to_owned(),
+            };
+            raw_command(port, &cmd).is_ok_and(|r| r.contains("PONG") || r.starts_with("+OK"))
+        },
+    )
+}
+
+/// Start a redis-server on `fixed` or a free port (retrying on another
+/// free one): no persistence, its folder a new temporary one, then
+/// `lines(port)`; up when `ready(port)`. `what` names it in the panic.
+fn start_redis_conf(
+    what: &str,
+    fixed: Option<u16>,
+    lines: impl Fn(u16) -> Vec<String>,
+    ready: impl Fn(u16) -> bool,
+) -> Process {
     let mut last = String::new();
     for _ in 0..5 {
         let dir = tempfile::tempdir().expect("tempdir");
         let port = fixed.unwrap_or_else(free_port);
         let log = dir.path().join("redis.log");
         let mut conf = format!(
-            "port {port}\nbind 127.0.0.1\nsave \"\"\nappendonly no\ndaemonize no\n\
+            "bind 127.0.0.1\nsave \"\"\nappendonly no\ndaemonize no\n\
              dir {}\nprotected-mode no\n",
             dir.path().display()
         );
-        for line in extra {
-            conf.push_str(line);
+        for line in lines(port) {
+            conf.push_str(&line);
             conf.push('\n');
         }
         let conf_path = dir.path().join("redis.conf");
@@ -253,23 +284,12 @@ fn start_redis(extra: &[&str], fixed: Option<u16>) -> Process {
             binary: "redis-server",
             args,
         };
-        let auth = extra
-            .iter()
-            .find_map(|l| l.strip_prefix("requirepass "))
-            .map(str::to_owned);
-        let ok = wait_ready(&mut p, |port| {
-            let cmd = match &auth {
-                Some(pw) => format!("AUTH {pw}\r\nPING"),
-                None => "PING".to_owned(),
-            };
-            raw_command(port, &cmd).is_ok_and(|r| r.contains("PONG") || r.starts_with("+OK"))
-        });
-        if ok {
+        if wait_ready(&mut p, &ready) {
             return p;
         }
         last = p.log();
     }
-    panic!("redis-server did not start:\n{last}");
+    panic!("{what} did not start:\n{last}");
 }
 
 /// Start a Sentinel monitoring `master_name` at 127.0.0.1:`master_port`,
@@ -540,49 +560,22 @@ pub fn redis_tls(certs: &Certs, require_client_cert: bool) -> (Process, u16) {
 /// When it does not come up.
 #[must_use]
 pub fn redis_tls_only(certs: &Certs, require_client_cert: bool, extra: &[&str]) -> Process {
-    let mut last = String::new();
-    for _ in 0..5 {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let port = free_port();
-        let log = dir.path().join("redis.log");
-        let auth = if require_client_cert {
-            "yes"
-        } else {
-            "optional"
-        };
-        let mut conf = format!(
-            "port 0\nbind 127.0.0.1\nsave \"\"\nappendonly no\ndaemonize no\n\
-             dir {}\nprotected-mode no\n",
-            dir.path().display()
-        );
-        for line in certs.redis_conf(port, auth) {
-            conf.push_str(&line);
-            conf.push('\n');
-        }
-        for line in extra {
-            conf.push_str(line);
-            conf.push('\n');
-        }
-        let conf_path = dir.path().join("redis.conf");
-        std::fs::write(&conf_path, conf).expect("write conf");
-        let args = vec![conf_path.display().to_string()];
-        let child = spawn("redis-server", &args, dir.path(), &log).expect("spawn redis-server");
-        let mut p = Process {
-            child: Some(child),
-            port,
-            dir,
-            log,
-            binary: "redis-server",
-            args,
-        };
-        if wait_ready(&mut p, |port| {
-            TcpStream::connect(("127.0.0.1", port)).is_ok()
-        }) {
-            return p;
-        }
-        last = p.log();
-    }
-    panic!("redis-server (TLS only) did not start:\n{last}");
+    let auth = if require_client_cert {
+        "yes"
+    } else {
+        "optional"
+    };
+    start_redis_conf(
+        "redis-server (TLS only)",
+        None,
+        |port| {
+            let mut lines = vec!["port 0".to_owned()];
+            lines.extend(certs.redis_conf(port, auth));
+            lines.extend(extra.iter().map(|l| (*l).to_owned()));
+            lines
+        },
+        |port| TcpStream::connect(("127.0.0.1", port)).is_ok(),
+    )
 }
 
 /// A Sentinel serving TLS on the returned port, monitoring `master_name`

@@ -361,6 +361,47 @@ fn start(
     Err(log)
 }
 
+/// Start an nginx whose whole configuration is `conf_text(prefix, port)`
+/// (the prefix folder, a free loopback port it must listen on), retrying
+/// on another port when it does not come up; `what` names it in the panic.
+fn start_text(what: &str, conf_text: impl Fn(&Path, u16) -> String) -> Edge {
+    let mut last = String::new();
+    for _ in 0..5 {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let port = free_port();
+        let text = conf_text(dir.path(), port);
+        let conf = dir.path().join("nginx.conf");
+        std::fs::write(&conf, text).expect("write nginx.conf");
+        let prefix = dir.path().display().to_string();
+        match start(dir, prefix, &conf, port) {
+            Ok(process) => {
+                let cache_dir = process.dir.path().to_path_buf();
+                return Edge {
+                    process,
+                    conf,
+                    cache_dir,
+                    https_port: 0,
+                    proxy_port: 0,
+                };
+            }
+            Err(log) => last = log,
+        }
+    }
+    panic!("nginx ({what}) did not start:\n{last}");
+}
+
+/// The top of a test nginx's configuration: the user, foreground, one
+/// worker, its pid and error log in `prefix`.
+fn main_head(prefix: &Path, log_level: &str) -> String {
+    let user = std::env::var("USER").unwrap_or_default();
+    let user = if user.is_empty() { "root".into() } else { user };
+    let prefix = prefix.display();
+    format!(
+        "user {user};\ndaemon off;\nmaster_process on;\nworker_processes 1;\n\
+         pid {prefix}/nginx.pid;\nerror_log {prefix}/error.log {log_level};\n"
+    )
+}
+
 /// Start the reference edge on a free loopback port.
 ///
 /// # Panics
@@ -470,39 +511,16 @@ pub fn nginx_t(prefix: &Path, conf: &Path) -> (bool, String) {
 /// When nginx does not come up (its error log is shown).
 #[must_use]
 pub fn stream(stream_conf: impl Fn(&str) -> String) -> Edge {
-    let mut last = String::new();
-    for _ in 0..5 {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let port = free_port();
-        let prefix = dir.path().display().to_string();
-        let include = dir.path().join("router.nginx.conf");
+    start_text("stream", |prefix, port| {
+        let include = prefix.join("router.nginx.conf");
         std::fs::write(&include, stream_conf(&format!("127.0.0.1:{port}"))).expect("write");
-        let user = std::env::var("USER").unwrap_or_default();
-        let user = if user.is_empty() { "root".into() } else { user };
-        let text = format!(
-            "load_module /usr/lib/nginx/modules/ngx_stream_module.so;\n\
-             user {user};\ndaemon off;\nmaster_process on;\nworker_processes 1;\n\
-             pid {prefix}/nginx.pid;\nerror_log {prefix}/error.log info;\n\
+        format!(
+            "load_module /usr/lib/nginx/modules/ngx_stream_module.so;\n{}\
              events {{ worker_connections 1024; }}\ninclude {};\n",
+            main_head(prefix, "info"),
             include.display()
-        );
-        let conf = dir.path().join("nginx.conf");
-        std::fs::write(&conf, text).expect("write nginx.conf");
-        match start(dir, prefix, &conf, port) {
-            Ok(process) => {
-                let cache_dir = process.dir.path().to_path_buf();
-                return Edge {
-                    process,
-                    conf,
-                    cache_dir,
-                    https_port: 0,
-                    proxy_port: 0,
-                };
-            }
-            Err(log) => last = log,
-        }
-    }
-    panic!("nginx (stream) did not start:\n{last}");
+        )
+    })
 }
 
 /// An nginx with the Lua module (as the edge loads it: its PCRE, its
@@ -531,47 +549,26 @@ pub fn lua_runner_with(
     http_conf: &str,
     content_lua: &str,
 ) -> Edge {
-    let mut last = String::new();
     let path: String = lua_dirs
         .iter()
         .map(|d| format!("{}/?.lua;", d.display()))
         .collect();
-    for _ in 0..5 {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let port = free_port();
-        let prefix = dir.path().display().to_string();
-        let user = std::env::var("USER").unwrap_or_default();
-        let user = if user.is_empty() { "root".into() } else { user };
-        let text = format!(
+    start_text("Lua runner", |dir, port| {
+        let prefix = dir.display();
+        format!(
             "load_module /usr/lib/nginx/modules/ndk_http_module.so;\n\
              load_module /usr/lib/nginx/modules/ngx_http_lua_module.so;\n\
-             user {user};\ndaemon off;\nmaster_process on;\nworker_processes 1;\n\
-             pid {prefix}/nginx.pid;\nerror_log {prefix}/error.log notice;\n{main_conf}\n\
+             {}{main_conf}\n\
              events {{ worker_connections 64; }}\n\
              http {{\n  access_log off;\n  client_body_temp_path {prefix}/client_body;\n{http_conf}\n\
              \x20 client_max_body_size 16m;\n  client_body_buffer_size 16m;\n\
              \x20 lua_package_path \"{path}/usr/share/lua/5.1/?.lua;/usr/share/lua/5.1/?/init.lua;;\";\n\
              \x20 lua_regex_match_limit 100000;\n\
              \x20 server {{\n    listen 127.0.0.1:{port};\n\
-             \x20   location / {{ content_by_lua_block {{\n{content_lua}\n    }} }}\n  }}\n}}\n"
-        );
-        let conf = dir.path().join("nginx.conf");
-        std::fs::write(&conf, text).expect("write nginx.conf");
-        match start(dir, prefix, &conf, port) {
-            Ok(process) => {
-                let cache_dir = process.dir.path().to_path_buf();
-                return Edge {
-                    process,
-                    conf,
-                    cache_dir,
-                    https_port: 0,
-                    proxy_port: 0,
-                };
-            }
-            Err(log) => last = log,
-        }
-    }
-    panic!("nginx (Lua runner) did not start:\n{last}");
+             \x20   location / {{ content_by_lua_block {{\n{content_lua}\n    }} }}\n  }}\n}}\n",
+            main_head(dir, "notice")
+        )
+    })
 }
 
 /// An HTTPS origin: nginx answering `200 tls origin` over TLS with the
@@ -581,42 +578,20 @@ pub fn lua_runner_with(
 /// When nginx does not come up (its error log is shown).
 #[must_use]
 pub fn tls_origin(crt: &Path, key: &Path) -> Edge {
-    let mut last = String::new();
-    for _ in 0..5 {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let port = free_port();
-        let prefix = dir.path().display().to_string();
-        let user = std::env::var("USER").unwrap_or_default();
-        let user = if user.is_empty() { "root".into() } else { user };
-        let text = format!(
-            "user {user};\ndaemon off;\nmaster_process on;\nworker_processes 1;\n\
-             pid {prefix}/nginx.pid;\nerror_log {prefix}/error.log notice;\n\
-             events {{ worker_connections 64; }}\n\
+    start_text("TLS origin", |dir, port| {
+        let prefix = dir.display();
+        format!(
+            "{}events {{ worker_connections 64; }}\n\
              http {{\n  access_log off;\n  client_body_temp_path {prefix}/client_body;\n\
              \x20 proxy_temp_path {prefix}/proxy_temp;\n\
              \x20 server {{\n    listen 127.0.0.1:{port} ssl;\n\
              \x20   ssl_certificate {};\n    ssl_certificate_key {};\n\
              \x20   location / {{ return 200 \"tls origin\\n\"; }}\n  }}\n}}\n",
+            main_head(dir, "notice"),
             crt.display(),
             key.display()
-        );
-        let conf = dir.path().join("nginx.conf");
-        std::fs::write(&conf, text).expect("write nginx.conf");
-        match start(dir, prefix, &conf, port) {
-            Ok(process) => {
-                let cache_dir = process.dir.path().to_path_buf();
-                return Edge {
-                    process,
-                    conf,
-                    cache_dir,
-                    https_port: 0,
-                    proxy_port: 0,
-                };
-            }
-            Err(log) => last = log,
-        }
-    }
-    panic!("nginx (TLS origin) did not start:\n{last}");
+        )
+    })
 }
 
 /// What differs between geo routers (`router/`, docs/router.md).
@@ -705,28 +680,7 @@ pub fn router_conf(prefix: &Path, listen: &str, o: &RouterOptions) -> Result<Str
 /// When nginx does not come up (its error log is shown).
 #[must_use]
 pub fn router(o: &RouterOptions) -> Edge {
-    let mut last = String::new();
-    for _ in 0..5 {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let port = free_port();
-        let text = router_conf(dir.path(), &format!("127.0.0.1:{port}"), o)
-            .expect("render the router template");
-        let conf = dir.path().join("nginx.conf");
-        std::fs::write(&conf, text).expect("write nginx.conf");
-        let prefix = dir.path().display().to_string();
-        match start(dir, prefix, &conf, port) {
-            Ok(process) => {
-                let cache_dir = process.dir.path().to_path_buf();
-                return Edge {
-                    process,
-                    conf,
-                    cache_dir,
-                    https_port: 0,
-                    proxy_port: 0,
-                };
-            }
-            Err(log) => last = log,
-        }
-    }
-    panic!("nginx (router) did not start:\n{last}");
+    start_text("router", |dir, port| {
+        router_conf(dir, &format!("127.0.0.1:{port}"), o).expect("render the router template")
+    })
 }

@@ -56,6 +56,11 @@ pub struct ExplainOptions {
     pub scheme: edge::Scheme,
     /// The TLS server name (default with https: the host).
     pub sni: Option<String>,
+    /// The PROXY-protocol header's address: the request came through a
+    /// router's 443 pool to the edge's PROXY listener, `ip` being that
+    /// router (the peer). Believed only from a router of the routing
+    /// table ([`Router::client_ip_proxied`]); otherwise refused.
+    pub proxy: Option<String>,
 }
 
 /// One request of a batch file.
@@ -76,6 +81,9 @@ struct BatchRequest {
     scheme: Option<String>,
     #[serde(default)]
     sni: Option<String>,
+    /// The PROXY header's address (the viewer behind router `ip`).
+    #[serde(default)]
+    proxy: Option<String>,
     #[serde(default)]
     id: serde_json::Value,
 }
@@ -119,6 +127,11 @@ struct Explainer<'a> {
     sites: BTreeMap<String, BTreeMap<String, Result<Arc<Site>, DocError>>>,
 }
 
+/// The reason of a request refused on the PROXY listener: the edge closes
+/// the connection without an answer (nginx's 444), so no
+/// `X-Edgeform-Reason` is ever sent with it.
+pub const PROXY_REFUSED: &str = "proxy-refused";
+
 /// A decision and what was looked up for it.
 struct Explained {
     /// The handshake's outcome (https only).
@@ -127,6 +140,14 @@ struct Explained {
     node: Option<String>,
     client: Option<IpAddr>,
     country: Option<String>,
+}
+
+/// Where a request came from: the socket peer, and the PROXY header's
+/// address when it arrived on the routers' listener.
+#[derive(Clone, Copy)]
+struct From<'a> {
+    peer: IpAddr,
+    proxy: Option<&'a str>,
 }
 
 fn header<'h>(headers: &'h Headers, name: &str) -> Option<&'h str> {
@@ -192,7 +213,7 @@ impl Explainer<'_> {
         node: Option<&str>,
         host: &str,
         url: &str,
-        peer: IpAddr,
+        from: From<'_>,
         method: &str,
         headers: &Headers,
         tls: Option<&str>,
@@ -217,17 +238,24 @@ impl Explainer<'_> {
                     .or_else(|| self.compiled.targets.iter().next()),
             };
         let mut pre = Vec::new();
-        let (client, router) = match chosen {
+        let xff = forwarded_for(headers);
+        // Through PROXY the viewer stands for the peer, if the peer is a
+        // router (the routing table's); no table: no router to believe.
+        let client = match chosen {
             Some((name, t)) => {
                 let router = self.router(name, t)?;
-                let xff = forwarded_for(headers);
-                let ip = router.client_ip(peer, xff.as_deref(), &mut pre);
-                (ip, Some(router))
+                router.client_ip_proxied(from.peer, from.proxy, xff.as_deref(), &mut pre)
             }
-            None => (peer, None),
+            None if from.proxy.is_some() => {
+                pre.push("no routing table: no router's PROXY header is believed".into());
+                None
+            }
+            None => Some(from.peer),
         };
-        drop(router);
-        let country = self.country(client)?;
+        let country = match client {
+            Some(ip) => self.country(ip)?,
+            None => None,
+        };
         let uri = request_uri(url);
         // The handshake first: the certificate the edge serves for the SNI,
         // from the node's tls:<host> documents.
@@ -247,7 +275,7 @@ impl Explainer<'_> {
                 edge::Scheme::Http
             },
             sni: tls,
-            client_ip: Some(client),
+            client_ip: client,
             country: country.as_deref(),
             referer: header(headers, "referer"),
             origin: header(headers, "origin"),
@@ -302,6 +330,30 @@ impl Explainer<'_> {
                 }
             }
         };
+        // A refused PROXY header: what nginx answers before the edge's Lua
+        // stands; anything else (the path check included) is dropped
+        // before the edge answers.
+        if client.is_none() && !answered_by_nginx(&decision) {
+            decision = edge::Decision {
+                verdict: edge::Verdict::Blocked,
+                status: 444,
+                location: None,
+                cache: edge::Cache {
+                    cached: false,
+                    ttl: None,
+                },
+                origin: None,
+                origin_host: None,
+                reason: Some(PROXY_REFUSED),
+                waf: Vec::new(),
+                site: None,
+                reasons: vec![
+                    "the PROXY header is refused: the edge closes the connection without an \
+                     answer (444)"
+                        .into(),
+                ],
+            };
+        }
         let mut reasons = pre;
         if let Some(a) = &handshake {
             reasons.extend(a.reasons.iter().map(|r| format!("tls: {r}")));
@@ -313,11 +365,13 @@ impl Explainer<'_> {
                 );
             }
         }
-        reasons.push(match &country {
-            Some(c) => format!("client {client}, country {c}"),
-            None if self.geoip.is_some() => format!("client {client}, country unknown"),
-            None => format!("client {client} (no --geoip: country unknown)"),
-        });
+        if let Some(client) = client {
+            reasons.push(match &country {
+                Some(c) => format!("client {client}, country {c}"),
+                None if self.geoip.is_some() => format!("client {client}, country unknown"),
+                None => format!("client {client} (no --geoip: country unknown)"),
+            });
+        }
         if let Some((name, _)) = chosen {
             reasons.push(format!("documents of node {name}"));
         }
@@ -327,10 +381,19 @@ impl Explainer<'_> {
             tls: handshake,
             decision,
             node: chosen.map(|(n, _)| n.clone()),
-            client: Some(client),
+            client,
             country,
         })
     }
+}
+
+/// Whether nginx itself answers `d`, before the edge's Lua runs (so also
+/// on a refused PROXY header, which the Lua refuses first).
+fn answered_by_nginx(d: &edge::Decision) -> bool {
+    matches!(
+        d.reason,
+        Some(edge::reason::BAD_REQUEST | edge::reason::BODY_TOO_LARGE)
+    ) && d.site.is_none()
 }
 
 /// One answer: the decision's fields, then what was looked up.
@@ -380,8 +443,14 @@ fn human(e: &Explained) -> String {
         verdict.as_str().unwrap_or_default(),
         d.status
     );
-    if let Some(r) = d.reason {
-        let _ = write!(s, " (X-Edgeform-Reason: {r})");
+    match d.reason {
+        Some(PROXY_REFUSED) => {
+            let _ = write!(s, " (no answer, the connection is closed: {PROXY_REFUSED})");
+        }
+        Some(r) => {
+            let _ = write!(s, " (X-Edgeform-Reason: {r})");
+        }
+        None => {}
     }
     if let Some(l) = &d.location {
         let _ = write!(s, " → {l}");
@@ -485,7 +554,10 @@ pub fn explain(compiled: &Compiled, args: &ExplainOptions) -> Result<u8> {
                 node,
                 &r.host,
                 &r.url,
-                r.ip,
+                From {
+                    peer: r.ip,
+                    proxy: r.proxy.as_deref(),
+                },
                 &r.method,
                 &headers,
                 sni.as_deref(),
@@ -512,7 +584,10 @@ pub fn explain(compiled: &Compiled, args: &ExplainOptions) -> Result<u8> {
         args.node.as_deref(),
         host,
         url,
-        ip,
+        From {
+            peer: ip,
+            proxy: args.proxy.as_deref(),
+        },
         &args.method,
         &headers,
         sni.as_deref(),
@@ -556,7 +631,22 @@ mod tests {
             trusted_proxies: Vec::new(),
             geo: GeoSettings::default(),
             zones: BTreeMap::new(),
-            nodes: BTreeMap::new(),
+            nodes: [(
+                "router-1".to_owned(),
+                edgestate::routing::Node {
+                    roles: vec!["router".into()],
+                    region: "eu".into(),
+                    zone: None,
+                    public_url: None,
+                    location: None,
+                    addresses: vec!["198.51.100.7".into()],
+                    playback_session_limit: None,
+                    playback_bandwidth_kbit: None,
+                    network_bandwidth_kbit: None,
+                    drain: false,
+                },
+            )]
+            .into(),
             router_pool: None,
         };
         let mut sites: Vec<(Arc<str>, Arc<str>)> = [
@@ -611,7 +701,10 @@ mod tests {
             None,
             host,
             url,
-            "192.0.2.1".parse().unwrap(),
+            From {
+                peer: "192.0.2.1".parse().unwrap(),
+                proxy: None,
+            },
             "GET",
             &Headers::new(),
             sni.as_deref(),
@@ -701,5 +794,56 @@ mod tests {
         assert!(!text.contains("PRIVATE KEY"), "{text}");
         let http = to_json(&run(&c, "a.test", "/", edge::Scheme::Http, None), None);
         assert!(!http.contains("\"tls\""), "{http}");
+    }
+
+    #[test]
+    fn a_proxy_header_is_believed_from_a_router_only() {
+        let c = compiled();
+        let mut ex = Explainer {
+            compiled: &c,
+            geoip: None,
+            secret: None,
+            now: 1_000,
+            routers: BTreeMap::new(),
+            sites: BTreeMap::new(),
+        };
+        let mut ask = |peer: &str, proxy: &str, url: &str| {
+            ex.explain(
+                None,
+                "a.test",
+                url,
+                From {
+                    peer: peer.parse().unwrap(),
+                    proxy: Some(proxy),
+                },
+                "GET",
+                &Headers::new(),
+                Some("a.test"),
+            )
+            .unwrap()
+        };
+        // From the router: the viewer is the PROXY address.
+        let e = ask("198.51.100.7", "81.2.69.142", "/");
+        assert_eq!(answer(&e), (Some("ok"), 200, None));
+        assert_eq!(e.client, Some("81.2.69.142".parse().unwrap()));
+        // From anyone else, or an address that does not parse: refused,
+        // the connection closed without an answer.
+        for (peer, proxy) in [("192.0.2.9", "81.2.69.142"), ("198.51.100.7", "x")] {
+            let e = ask(peer, proxy, "/");
+            assert_eq!(answer(&e), (Some("ok"), 444, Some(PROXY_REFUSED)));
+            assert_eq!(e.client, None);
+            assert!(
+                e.decision.reasons.iter().any(|r| r.contains("refused")),
+                "{:?}",
+                e.decision.reasons
+            );
+        }
+        // The PROXY check comes before the path check: a non-canonical
+        // path from a non-router is not answered either.
+        let e = ask("192.0.2.9", "81.2.69.142", "//a");
+        assert_eq!(answer(&e), (Some("ok"), 444, Some(PROXY_REFUSED)));
+        // From a router, the path check answers.
+        let e = ask("198.51.100.7", "81.2.69.142", "//a");
+        assert_eq!(e.decision.status, 308);
     }
 }

@@ -262,9 +262,13 @@ impl Verdict {
 /// wins over drift.
 #[must_use]
 pub fn verdict(rows: &[Row], heard: impl Fn(&str) -> bool) -> (Verdict, String) {
-    let counted = rows
+    let counts = |r: &&Row| r.desired_commit.is_some() || heard(&r.node);
+    let counted = rows.iter().filter(counts);
+    let silent: Vec<&str> = rows
         .iter()
-        .filter(|r| r.desired_commit.is_some() || heard(&r.node));
+        .filter(|r| !counts(r))
+        .map(|r| r.node.as_str())
+        .collect();
     let offline: Vec<&str> = counted
         .clone()
         .filter(|r| !r.online)
@@ -292,10 +296,14 @@ pub fn verdict(rows: &[Row], heard: impl Fn(&str) -> bool) -> (Verdict, String) 
             format!("not on the desired commit: {}", names(&behind)),
         )
     } else {
-        (
-            Verdict::Ok,
-            "every node online, every target on the desired commit".into(),
-        )
+        let mut why = String::from("every node online, every target on the desired commit");
+        if !silent.is_empty() {
+            why.push_str(&format!(
+                " ({} not counted: no Redis and never heard from, so not expected to report)",
+                names(&silent)
+            ));
+        }
+        (Verdict::Ok, why)
     }
 }
 
@@ -1147,7 +1155,13 @@ mod tests {
             row("o", false, None, false),
         ];
         // An origin with no agent that never said anything is not expected.
-        assert_eq!(verdict(&ok, nobody).0, Verdict::Ok);
+        let (v, why) = verdict(&ok, nobody);
+        assert_eq!(v, Verdict::Ok);
+        assert_eq!(
+            why,
+            "every node online, every target on the desired commit (o not counted: no Redis \
+             and never heard from, so not expected to report)"
+        );
         // ... but once heard (its last will: offline), it counts.
         assert_eq!(verdict(&ok, |n| n == "o").0, Verdict::Offline);
         let behind = [row("a", true, Some("c1"), true), row("b", true, None, true)];

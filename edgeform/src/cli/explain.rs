@@ -45,9 +45,10 @@ pub struct ExplainArgs {
     #[arg(long, value_enum, default_value = "human")]
     pub format: ExplainFormat,
     /// Explain every request of FILE (`-`: stdin), one JSON object a line
-    /// (`{"host","url","ip","method","headers":{…},"node","id"}`; a
-    /// header's value is a string, or for X-Forwarded-For a list of lines);
-    /// prints one JSON decision a line, in order, with the request's `id`.
+    /// (`{"host","url","ip","method","headers":{…},"node","scheme","sni",
+    /// "proxy","id"}`; a header's value is a string, or for X-Forwarded-For
+    /// a list of lines; `"sni":""` is a ClientHello without SNI); prints
+    /// one JSON decision a line, in order, with the request's `id`.
     #[arg(long, value_name = "FILE", conflicts_with_all = ["host", "url", "ip"])]
     pub batch: Option<PathBuf>,
     /// Unix time for checking clearance cookies and certificates' expiry
@@ -62,6 +63,13 @@ pub struct ExplainArgs {
     /// host); another name than the host is a misdirected request (421).
     #[arg(long, value_name = "NAME")]
     pub sni: Option<String>,
+    /// The request came through a router's 443 pool: ADDR is the viewer
+    /// its PROXY-protocol header gives, --ip the router (the peer). The
+    /// edge believes it only from a router of the routing table, then
+    /// decides on the viewer as on a direct client; from anyone else the
+    /// connection is closed (status 444, `proxy-refused`).
+    #[arg(long, value_name = "ADDR", requires = "ip")]
+    pub proxy: Option<String>,
 }
 
 /// `--scheme`.
@@ -93,6 +101,7 @@ impl ExplainArgs {
                 Scheme::Https => edgestate::edge::Scheme::Https,
             },
             sni: self.sni.clone(),
+            proxy: self.proxy.clone(),
         }
     }
 }

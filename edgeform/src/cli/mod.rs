@@ -1087,7 +1087,7 @@ fn build_cmd(cli: &Cli, out: &Path) -> Result<u8> {
     let written = write_build(out, &compiled)?;
     let bundles = ::install::node::write_bundles(out, &bundles, checked.repo.commit.as_deref())?;
     eprintln!(
-        "wrote {} target(s), {} router snippet(s) and {bundles} bundle(s) to {} ({written} files){}",
+        "wrote {} target(s), {} router snippet(s) and {bundles} bundle(s) to {} ({written} file(s)){}",
         compiled.targets.len(),
         compiled.nginx.len(),
         out.display(),

@@ -13,20 +13,20 @@ use harness::nginx::{Edge, EdgeOptions};
 
 use crate::util::{Agent, Fixture, edgeform, stderr};
 
-const SECRET: &str = "differential-secret";
+pub(super) const SECRET: &str = "differential-secret";
 
 // ------------------------------------------------------------ the origin
 
 /// What an origin saw: test id → (Host header, method).
-type Hits = Arc<Mutex<BTreeMap<u64, (String, String)>>>;
+pub(super) type Hits = Arc<Mutex<BTreeMap<u64, (String, String)>>>;
 
 /// A loopback HTTP origin recording every request's `X-Test-Id`.
-struct Origin {
-    port: u16,
-    hits: Hits,
+pub(super) struct Origin {
+    pub(super) port: u16,
+    pub(super) hits: Hits,
 }
 
-fn origin() -> Origin {
+pub(super) fn origin() -> Origin {
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     let port = listener.local_addr().unwrap().port();
     let hits: Hits = Arc::default();
@@ -113,23 +113,32 @@ pub(super) fn read_head(s: &mut TcpStream) -> Option<(String, usize)> {
 
 /// One request of the differential test (also a line of `explain --batch`).
 #[derive(Debug, Clone, serde::Serialize)]
-struct Req {
-    id: u64,
-    host: String,
-    url: String,
-    ip: String,
-    method: String,
-    headers: BTreeMap<String, String>,
+pub(super) struct Req {
+    pub(super) id: u64,
+    pub(super) host: String,
+    pub(super) url: String,
+    pub(super) ip: String,
+    pub(super) method: String,
+    pub(super) headers: BTreeMap<String, String>,
+    /// `https` (absent: http).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(super) scheme: Option<String>,
+    /// The TLS server name (`""`: none).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(super) sni: Option<String>,
+    /// The PROXY header's address (`ip` is then the router).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(super) proxy: Option<String>,
 }
 
-#[derive(Debug, Default)]
-struct Resp {
-    status: u16,
-    headers: BTreeMap<String, String>,
+#[derive(Debug, Default, Clone)]
+pub(super) struct Resp {
+    pub(super) status: u16,
+    pub(super) headers: BTreeMap<String, String>,
 }
 
 impl Resp {
-    fn header(&self, name: &str) -> Option<&str> {
+    pub(super) fn header(&self, name: &str) -> Option<&str> {
         self.headers
             .get(&name.to_ascii_lowercase())
             .map(String::as_str)
@@ -181,7 +190,7 @@ pub(super) fn node_yaml(redis_port: u16, cache_dir: &Path) -> String {
 }
 
 /// Sites covering every field and mode; `a` and `b` are the two origins.
-fn sites(a: u16, b: u16) -> Vec<(String, String)> {
+pub(super) fn sites(a: u16, b: u16) -> Vec<(String, String)> {
     let oa = format!("origin: http://127.0.0.1:{a}\nloopback: true\n");
     let ob = format!("origin: http://127.0.0.1:{b}\nloopback: true\n");
     let rules = "cache_rules:\n\
@@ -409,7 +418,7 @@ const CLIENTS: &[&str] = &[
     "::ffff:81.2.69.142",
 ];
 
-fn generate(n: u64) -> Vec<Req> {
+pub(super) fn generate(n: u64) -> Vec<Req> {
     let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
     let mut per_client: BTreeMap<(String, String), u32> = BTreeMap::new();
     let mut out = Vec::new();
@@ -546,12 +555,24 @@ fn generate(n: u64) -> Vec<Req> {
             ip: "127.0.0.1".into(),
             method,
             headers,
+            scheme: None,
+            sni: None,
+            proxy: None,
         });
     }
     out
 }
 
-fn explain_batch(repo: &Path, reqs: &[Req]) -> Vec<serde_json::Value> {
+pub(super) fn explain_batch(repo: &Path, reqs: &[Req]) -> Vec<serde_json::Value> {
+    explain_batch_in(repo, None, reqs)
+}
+
+/// [`explain_batch`] with the certificates of the state directory `state`.
+pub(super) fn explain_batch_in(
+    repo: &Path,
+    state: Option<&Path>,
+    reqs: &[Req],
+) -> Vec<serde_json::Value> {
     let file = repo.join("requests.jsonl");
     let text: String = reqs
         .iter()
@@ -559,15 +580,17 @@ fn explain_batch(repo: &Path, reqs: &[Req]) -> Vec<serde_json::Value> {
         .collect();
     std::fs::write(&file, text).unwrap();
     let geoip = harness::nginx::repo_root().join("testdata/geoip/GeoLite2-City-Test.mmdb");
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_edgeform"))
-        .args(["explain", "--batch"])
+    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_edgeform"));
+    cmd.args(["explain", "--batch"])
         .arg(&file)
         .arg("--geoip")
         .arg(&geoip)
         .current_dir(repo)
-        .env("EDGEFORM_CHALLENGE_SECRET", SECRET)
-        .output()
-        .unwrap();
+        .env("EDGEFORM_CHALLENGE_SECRET", SECRET);
+    if let Some(state) = state {
+        cmd.env("EDGEFORM_STATE_DIR", state);
+    }
+    let out = cmd.output().unwrap();
     assert!(out.status.success(), "explain: {}", stderr(&out));
     String::from_utf8_lossy(&out.stdout)
         .lines()
@@ -576,8 +599,11 @@ fn explain_batch(repo: &Path, reqs: &[Req]) -> Vec<serde_json::Value> {
 }
 
 /// Compare one observed answer with explain's decision; `None` = agree.
-fn compare(
-    s: &Setup,
+/// `origins`: the two origins the sites proxy to; `scheme`: the cache
+/// key's first part.
+pub(super) fn compare(
+    origins: (&Origin, &Origin),
+    scheme: &str,
     r: &Req,
     got: &Resp,
     want: &serde_json::Value,
@@ -624,7 +650,7 @@ fn compare(
     }
     // Cache status and the origin hit.
     let host = edgestate::edge::normalize_host(&r.host);
-    let cache_key = format!("http{host}{}", r.url);
+    let cache_key = format!("{scheme}{host}{}", r.url);
     let cacheable_method = r.method == "GET" || r.method == "HEAD";
     let expect_cache = match verdict {
         "proxy" if !cacheable_method => None,
@@ -645,8 +671,9 @@ fn compare(
     if expect_cache == Some("MISS") {
         cached_keys.insert(cache_key);
     }
-    let hit_a = s.a.hits.lock().unwrap().get(&r.id).cloned();
-    let hit_b = s.b.hits.lock().unwrap().get(&r.id).cloned();
+    let (a, b) = origins;
+    let hit_a = a.hits.lock().unwrap().get(&r.id).cloned();
+    let hit_b = b.hits.lock().unwrap().get(&r.id).cloned();
     let expect_origin = (verdict == "proxy" && expect_cache != Some("HIT")).then(|| {
         (
             want["origin"].as_str().unwrap_or_default().to_owned(),
@@ -654,8 +681,8 @@ fn compare(
         )
     });
     let observed = match (&hit_a, &hit_b) {
-        (Some((h, _)), None) => Some((format!("http://127.0.0.1:{}", s.a.port), h.clone())),
-        (None, Some((h, _))) => Some((format!("http://127.0.0.1:{}", s.b.port), h.clone())),
+        (Some((h, _)), None) => Some((format!("http://127.0.0.1:{}", a.port), h.clone())),
+        (None, Some((h, _))) => Some((format!("http://127.0.0.1:{}", b.port), h.clone())),
         (None, None) => None,
         _ => Some(("both origins".into(), String::new())),
     };
@@ -696,7 +723,7 @@ fn explain_equals_the_edge() {
         *verdicts
             .entry(want["verdict"].as_str().unwrap_or_default().to_owned())
             .or_default() += 1;
-        if let Some(p) = compare(&s, r, &got, want, &mut cached_keys) {
+        if let Some(p) = compare((&s.a, &s.b), "http", r, &got, want, &mut cached_keys) {
             eprintln!("DISAGREE {p}");
             disagreements.push(p);
         }
@@ -761,6 +788,9 @@ fn get(port: u16, host: &str, url: &str, headers: &[(&str, &str)]) -> Resp {
                 .iter()
                 .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
                 .collect(),
+            scheme: None,
+            sni: None,
+            proxy: None,
         },
     )
 }
@@ -1012,6 +1042,9 @@ fn rate_limits_cors_and_the_challenge_cookie() {
                 ("Cookie".to_owned(), nbsp.clone()),
             ]
             .into(),
+            scheme: None,
+            sni: None,
+            proxy: None,
         }],
     );
     assert_eq!(said[0]["status"], 403, "{}", said[0]);

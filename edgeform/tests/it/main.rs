@@ -6,6 +6,7 @@ mod certs;
 mod challenge;
 mod cli;
 mod edge;
+mod edge_https;
 mod edge_paths;
 mod example;
 mod explain_https;

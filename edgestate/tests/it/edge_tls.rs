@@ -571,74 +571,6 @@ fn tls_origin(dir: &Path) -> Edge {
     harness::nginx::tls_origin(&crt, &key)
 }
 
-/// A network namespace holding a viewer at 81.2.69.142 (GB in MaxMind's
-/// test database), linked to this host's 81.2.69.1 by a veth pair;
-/// removed on drop.
-struct Viewer {
-    ns: String,
-    host_if: String,
-}
-
-impl Viewer {
-    fn new() -> Viewer {
-        let id = std::process::id();
-        let (ns, host_if, peer_if) = (format!("efv{id}"), format!("efa{id}"), format!("efb{id}"));
-        let ip = |args: &[&str]| {
-            let o = run(Command::new("ip").args(args));
-            assert!(
-                o.status.success(),
-                "ip {args:?} (network namespaces need root): {}",
-                String::from_utf8_lossy(&o.stderr)
-            );
-        };
-        ip(&["netns", "add", &ns]);
-        let v = Viewer {
-            ns: ns.clone(),
-            host_if: host_if.clone(),
-        };
-        ip(&[
-            "link", "add", &host_if, "type", "veth", "peer", "name", &peer_if,
-        ]);
-        ip(&["link", "set", &peer_if, "netns", &ns]);
-        ip(&["addr", "add", "81.2.69.1/24", "dev", &host_if]);
-        ip(&["link", "set", &host_if, "up"]);
-        ip(&[
-            "netns",
-            "exec",
-            &ns,
-            "ip",
-            "addr",
-            "add",
-            "81.2.69.142/24",
-            "dev",
-            &peer_if,
-        ]);
-        ip(&["netns", "exec", &ns, "ip", "link", "set", &peer_if, "up"]);
-        ip(&["netns", "exec", &ns, "ip", "link", "set", "lo", "up"]);
-        v
-    }
-
-    /// curl from the viewer's namespace: (exit code, stdout).
-    fn curl(&self, args: &[&str]) -> (i32, String) {
-        let o = run(Command::new("ip")
-            .args(["netns", "exec", &self.ns, "curl"])
-            .args(args));
-        (
-            o.status.code().unwrap_or(-1),
-            String::from_utf8_lossy(&o.stdout).into_owned(),
-        )
-    }
-}
-
-impl Drop for Viewer {
-    fn drop(&mut self) {
-        let _ = Command::new("ip")
-            .args(["link", "del", &self.host_if])
-            .status();
-        let _ = Command::new("ip").args(["netns", "del", &self.ns]).status();
-    }
-}
-
 /// A viewer at a real public address reaches the edge over HTTPS through
 /// the router's stream pool (PROXY protocol) and is geo-decided GB there:
 /// a site blocking GB refuses it, the same site allowing only GB serves
@@ -663,9 +595,10 @@ fn a_viewer_in_great_britain_through_the_router_pool_is_geo_decided_gb() {
     set(p, "site:gb-block.test", &doc(block));
     set(p, "site:gb-only.test", &doc(only));
     bump(p);
-    let viewer = Viewer::new();
+    let viewer = harness::netns::Viewer::new(std::net::Ipv4Addr::new(81, 2, 69, 142));
+    let gateway = viewer.gateway;
     // The router's 443 pool on every address of this host (the viewer
-    // reaches it at 81.2.69.1), PROXY protocol to the edge.
+    // reaches it at its gateway), PROXY protocol to the edge.
     let router = harness::nginx::stream(|listen| {
         let port = listen.rsplit_once(':').unwrap().1;
         format!(
@@ -675,7 +608,7 @@ fn a_viewer_in_great_britain_through_the_router_pool_is_geo_decided_gb() {
     });
     let via = router.process.port;
     let get = |host: &str| {
-        viewer.curl(&[
+        let o = run(viewer.command("curl").args([
             "-sk",
             "--http2",
             "--max-time",
@@ -683,9 +616,13 @@ fn a_viewer_in_great_britain_through_the_router_pool_is_geo_decided_gb() {
             "-w",
             " %{http_code}",
             "--resolve",
-            &format!("{host}:{via}:81.2.69.1"),
+            &format!("{host}:{via}:{gateway}"),
             &format!("https://{host}:{via}/"),
-        ])
+        ]));
+        (
+            o.status.code().unwrap_or(-1),
+            String::from_utf8_lossy(&o.stdout).into_owned(),
+        )
     };
     let (code, out) = get("gb-block.test");
     assert_eq!(code, 0, "{out}");

@@ -54,6 +54,12 @@ function _M.init(c)
   conf.doc_cache = conf.doc_cache or 20000
   conf.wild_cache = conf.wild_cache or 20000
   conf.miss_cache = conf.miss_cache or 10000
+  -- The access phase is one long function with its helpers inlined:
+  -- LuaJIT's default limits abort its trace ("trace too long") and leave
+  -- it to the interpreter. Larger limits (as OpenResty suggests for large
+  -- Lua code) let it compile whole; they change no result.
+  require("jit").opt.start("maxtrace=8000", "maxrecord=16000", "maxirconst=2000", "maxside=200",
+    "maxsnap=1000", "sizemcode=64", "maxmcode=8192")
 end
 
 local connect, release = edge_redis.connect, edge_redis.release
@@ -351,8 +357,11 @@ local function country_of(text)
   if c == nil then
     c = old_countries[text]
     if c == nil then
-      -- $edge_country reads $edge_client_ip, set by the caller.
-      c = ngx.var.edge_country or ""
+      -- $edge_country reads $edge_client_ip (set only here: nothing else
+      -- reads it).
+      local var = ngx.var
+      var.edge_client_ip = text
+      c = var.edge_country or ""
     end
     n_countries = n_countries + 1
     if n_countries > COUNTRY_MEMO then
@@ -368,9 +377,9 @@ local function read_xff() return ngx.var.http_x_forwarded_for end
 
 -- `proxy`: the PROXY header's address on the routers' listener, nil on
 -- the others (checked against the routers before the access phase reads
--- anything else).
-local function client_ip(proxy)
-  return ip.client_proxied(trusted, routers, ngx.var.remote_addr, proxy, read_xff)
+-- anything else); `peer`: $remote_addr.
+local function client_ip(peer, proxy)
+  return ip.client_proxied(trusted, routers, peer, proxy, read_xff)
 end
 
 local function over_limit(key, rate)
@@ -419,25 +428,44 @@ if((h0(v)>>>(32-bits))===0){document.cookie="edgeform_clearance="+v+
 setTimeout(run,0);}run();})();</script></body></html>
 ]]
 
+-- $edge_request (the template's map): "$https\n$proxy_protocol_addr\n
+-- $remote_addr\n$host\n$http_content_length\n$request_uri" → https
+-- ("on" or ""), the PROXY header's address (nil: none), peer, host,
+-- Content-Length (nil: none or empty, which the decision treats alike),
+-- request URI. Only the URI (last) may hold a newline.
+local function request_line(v)
+  local a = find(v, "\n", 1, true)
+  local b = find(v, "\n", a + 1, true)
+  local c = find(v, "\n", b + 1, true)
+  local d = find(v, "\n", c + 1, true)
+  local e = find(v, "\n", d + 1, true)
+  local proxy, length
+  if b > a + 1 then proxy = sub(v, a + 1, b - 1) end
+  if e > d + 1 then length = sub(v, d + 1, e - 1) end
+  return a > 1, proxy, sub(v, b + 1, c - 1), sub(v, c + 1, d - 1), length, sub(v, e + 1)
+end
+
+-- The clearance inputs of a site whose rate mode is not `strict` (the
+-- decision reads them only for `strict`): no table, no clock read.
+local NO_CLEARANCE = {}
+
 function _M.access()
-  -- The path's form first (docs/edge.md, "The normalised path").
-  local request_uri = ngx.var.request_uri
+  local var = ngx.var
+  local https, proxy, peer, host, content_length, request_uri = request_line(var.edge_request)
+  if generation == nil then poll() end
+  -- The routers' PROXY-protocol listener first: only a router's header
+  -- is believed (a new router works once the routing table names it);
+  -- anyone else's connection is closed before any answer.
+  if proxy and not ip.client_proxied(trusted, routers, peer, proxy) then
+    log(INFO, "edgeform: PROXY header from ", peer, ", not a router: refused")
+    return ngx.exit(444)
+  end
+  -- Then the path's form (docs/edge.md, "The normalised path").
   local pc = decide.path_check(request_uri)
   if pc then
     if pc.location then ngx.header["Location"] = pc.location end
     return answer(pc.status, pc.reason, pc.status == 400 and (pc.reason .. "\n") or "")
   end
-  if generation == nil then poll() end
-  -- The routers' PROXY-protocol listener: only a router's header is
-  -- believed (a new router works once the routing table names it).
-  local proxy = ngx.var.proxy_protocol_addr
-  if proxy == "" then
-    proxy = nil
-  elseif not ip.client_proxied(trusted, routers, ngx.var.remote_addr, proxy) then
-    log(INFO, "edgeform: PROXY header from ", ngx.var.remote_addr, ", not a router: refused")
-    return ngx.exit(444)
-  end
-  local host = ngx.var.host
   local entry = lookup(host)
   if entry.none then return answer(404, "unknown-host", "unknown host\n") end
   if entry.api_error then
@@ -450,19 +478,16 @@ function _M.access()
   local client, country
   if site.need_client then
     local client_text
-    client, client_text = client_ip(proxy)
+    client, client_text = client_ip(peer, proxy)
     if client and site.need_country then
-      ngx.var.edge_client_ip = client_text
       country = country_of(client_text)
     end
   end
-  local var = ngx.var
   local method = ngx.req.get_method()
-  local https = var.https == "on"
   local req = {
     scheme = https and "https" or "http",
     sni = https and var.ssl_server_name or nil,
-    content_length = var.http_content_length,
+    content_length = content_length,
     method = method,
     host = host,
     uri = request_uri,
@@ -474,8 +499,9 @@ function _M.access()
     cookie = site.rate == "strict" and var.http_cookie or nil,
     authorization = site.cached and var.http_authorization or nil,
   }
-  local d = decide.decide(req, entry.key, entry.site, entry.suspended,
-    { secret = conf.secret, now = ngx.time() })
+  -- The clearance cookie is checked only by a `strict` rate mode.
+  local d = decide.decide(req, entry.key, site, entry.suspended,
+    site.rate == "strict" and { secret = conf.secret, now = ngx.time() } or NO_CLEARANCE)
   -- Response headers through variables the template's add_header sends
   -- (no header-filter Lua phase per request).
   if d.waf then
@@ -530,7 +556,8 @@ function _M.access()
   end
   if v == "redirect" then
     ngx.header["Location"] = d.location
-    return answer(d.status, nil, "")
+    -- The decision's reason (https-redirect; an edge rule's has none).
+    return answer(d.status, d.reason, "")
   end
   if v == "challenged" then
     local nonce = decide.challenge_nonce(conf.secret or "", entry.key, client or "",

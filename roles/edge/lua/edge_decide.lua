@@ -303,11 +303,13 @@ end
 
 -- ------------------------------------------------------------ the decision
 
-local waf_memo = memo(false)
+-- URI → {hits = the WAF rules it matches, path = its path_check answer
+-- (false: canonical)}.
+local uri_memo = memo(false)
 
 -- The WAF rules the URI matches, in rule order (a shared list: read only).
 local function waf_uri_hits(uri)
-  local slot = #uri <= MEMO_LONGEST and waf_memo(uri)
+  local slot = #uri <= MEMO_LONGEST and uri_memo(uri)
   if slot and slot.hits then return slot.hits end
   local hits = {}
   local text = norm.waf_text(uri)
@@ -383,7 +385,7 @@ end
 -- The request path's form, before anything else (docs/edge.md, step 0):
 -- nil when canonical, else a decision (400 bad-path, or 308 to the
 -- canonical path with the query as sent).
-function _M.path_check(uri)
+local function path_check(uri)
   local q = find(uri, "?", 1, true)
   local path = q and sub(uri, 1, q - 1) or uri
   if norm.is_plain(path) then return nil end
@@ -397,6 +399,18 @@ function _M.path_check(uri)
   if canon == path then return nil end
   return { verdict = "redirect", status = 308, reason = R.NON_CANONICAL_PATH,
            location = q and (canon .. sub(uri, q)) or canon }
+end
+
+-- path_check, remembered per URI (the answer is read only: it may be shared).
+function _M.path_check(uri)
+  local slot = #uri <= MEMO_LONGEST and uri_memo(uri)
+  if not slot then return path_check(uri) end
+  local known = slot.path
+  if known == nil then
+    known = path_check(uri) or false
+    slot.path = known
+  end
+  return known or nil
 end
 
 local function leading_zeros(digest, bits)

@@ -82,10 +82,7 @@ local function parse_v6(s)
   return bytes
 end
 
--- parse("192.0.2.1") → 4 bytes; parse("2001:db8::1") → 16 bytes;
--- "::ffff:1.2.3.4" → 4 bytes; anything else → nil.
-function _M.parse(s)
-  if type(s) ~= "string" or s == "" then return nil end
+local function parse(s)
   if find(s, ":", 1, true) then
     local b = parse_v6(s)
     if b and sub(b, 1, 12) == "\0\0\0\0\0\0\0\0\0\0\255\255" then
@@ -94,6 +91,30 @@ function _M.parse(s)
     return b
   end
   return parse_v4(s)
+end
+
+-- Texts parsed, remembered (an edge sees the same peers again and again;
+-- a pure function, so the answer is the one computed afresh): two
+-- generations of PARSED_MAX texts (the older dropped whole when the newer
+-- is full), texts of at most PARSED_LONGEST bytes (the longest address
+-- text; longer ones are parsed, never kept).
+local PARSED_MAX, PARSED_LONGEST = 10000, 45
+local parsed, old_parsed, n_parsed = {}, {}, 0
+
+-- parse("192.0.2.1") → 4 bytes; parse("2001:db8::1") → 16 bytes;
+-- "::ffff:1.2.3.4" → 4 bytes; anything else → nil.
+function _M.parse(s)
+  if type(s) ~= "string" or s == "" then return nil end
+  local b = parsed[s]
+  if b == nil then
+    if #s > PARSED_LONGEST then return parse(s) end
+    b = old_parsed[s]
+    if b == nil then b = parse(s) or false end
+    n_parsed = n_parsed + 1
+    if n_parsed > PARSED_MAX then old_parsed, parsed, n_parsed = parsed, {}, 1 end
+    parsed[s] = b
+  end
+  return b or nil
 end
 
 -- The text form for logs and the GeoIP lookup (IPv4 dotted; IPv6 as given).
