@@ -6,7 +6,12 @@
 # each pinned to CPU 1, wrk pinned to CPU 0. Then `edgeform explain
 # --batch` per-request cost over 200,000 requests.
 #
-#   bench/edge.sh [seconds per round, default 10] [rounds, default 3]
+#   bench/edge.sh [seconds per round, default 10] [rounds, default 3] [http|https]
+#
+# https: the same three instances over their TLS listeners (the site has
+# a certificate, pushed by apply; every instance keeps the Lua certificate
+# phase), h2load -t1 -c32 -m1 keep-alive HTTP/2 instead of wrk: the Lua
+# access phase's cost on HTTPS keep-alive requests.
 #
 # EDGEFORM=PATH uses that binary (no release build; it only applies and
 # builds the repository, and `explain --batch` is timed only for a release
@@ -14,8 +19,12 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/lib.sh
-need_packages "${BUILD_PACKAGES[@]}" "${EDGE_PACKAGES[@]}" redis-server
-secs=${1:-10}; rounds=${2:-3}
+secs=${1:-10}; rounds=${2:-3}; scheme=${3:-http}
+case "$scheme" in
+  http) need_packages "${BUILD_PACKAGES[@]}" "${EDGE_PACKAGES[@]}" redis-server ;;
+  https) need_packages "${BUILD_PACKAGES[@]}" "${EDGE_PACKAGES[@]}" redis-server nghttp2-client ;;
+  *) echo "usage: bench/edge.sh [seconds] [rounds] [http|https]" >&2; exit 64 ;;
+esac
 if [ -z "${EDGEFORM:-}" ]; then
   cargo build --release --quiet --locked -p edgeform
   EDGEFORM=target/release/edgeform
@@ -28,8 +37,8 @@ trap 'stop_servers; rm -rf "$work"' EXIT
 SERVER_DIR="$work"
 free() { python3 -c 'import socket;s=socket.socket();s.bind(("127.0.0.1",0));print(s.getsockname()[1])'; }
 rport=$(free); oport=$(free); eport=$(free); pport=$(free); hop1=$(free); hop2=$(free)
-# The candidate's TLS listeners (the third instance below gets its own).
-phttps=$(free); pproxy=$(free)
+# The TLS listeners: live (the edge), candidate (without Lua), the empty-phase instance.
+ehttps=$(free); eproxy=$(free); phttps=$(free); pproxy=$(free); fhttps=$(free); fproxy=$(free)
 start_redis "$rport"
 
 # The origin: nginx answering a fixed 2 KiB body (not what is measured).
@@ -65,7 +74,7 @@ install:
   smoke_listen: 127.0.0.1:$pport
   vars: {api: "false", api_url: "http://127.0.0.1:9", cache_max_size: 1g, geoip_db: "$PWD/testdata/geoip/GeoLite2-City-Test.mmdb", resolver: 127.0.0.1, ttl_hop_port: "$hop1", workers: "1"}
   candidate_vars: {ttl_hop_port: "$hop2", https_listen: "127.0.0.1:$phttps", proxy_listen: "127.0.0.1:$pproxy"}
-https: {listen: "127.0.0.1:$(free)", proxy_listen: "127.0.0.1:$(free)"}
+https: {listen: "127.0.0.1:$ehttps", proxy_listen: "127.0.0.1:$eproxy"}
 YAML
 cat > "$repo/sites/bench.yaml" <<YAML
 host: bench.test
@@ -80,7 +89,21 @@ cache_rules:
 edge_rules:
   - {match_type: prefix, match_value: /old/, action: redirect, redirect_status: 301}
 YAML
-"$EDGEFORM" --repo "$repo" apply --yes >/dev/null 2>&1
+if [ "$scheme" = https ]; then
+  # The site's certificate, imported and pushed as on a control host; the
+  # edge declares that its code serves certificates (edgeform:bundle, as
+  # `edgeform install` writes it).
+  export EDGEFORM_STATE_DIR="$work/state"
+  openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days 365 \
+    -subj /CN=bench.test -addext subjectAltName=DNS:bench.test \
+    -keyout "$work/site.key" -out "$work/site.crt" >/dev/null 2>&1
+  "$EDGEFORM" certs import bench --repo "$repo" --cert "$work/site.crt" --key "$work/site.key" >/dev/null 2>&1
+  echo "tls: {certificate: bench}" >> "$repo/sites/bench.yaml"
+  fields=$(python3 -c 'import sys; b = open(sys.argv[1]).read().split("\n  FIELDS = {\n")[1].split("\n  },")[0]
+print(",".join(l.strip().split(" = ")[0] for l in b.splitlines() if " = " in l))' roles/edge/lua/edge_tables.lua)
+  redis-cli -p "$rport" hset edgeform:bundle site_fields "$fields" tls 1 >/dev/null
+fi
+"$EDGEFORM" --repo "$repo" apply --yes >/dev/null 2>&1 || { "$EDGEFORM" --repo "$repo" apply --yes; exit 1; }
 
 "$EDGEFORM" --repo "$repo" build --out "$work/out" >/dev/null 2>&1
 bundle="$work/out/bundles/edge-1"
@@ -92,7 +115,7 @@ openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days 36500
 cp "$bundle/nginx.conf" "$work/edge/nginx.conf"
 cp "$bundle/candidate/nginx.conf" "$work/plain/nginx.conf"
 # A third instance, from the candidate's: its own ports, TTL hop and run folder.
-fport=$(free); hop3=$(free); fhttps=$(free); fproxy=$(free)
+fport=$(free); hop3=$(free)
 mkdir -p "$work/root/run/empty" "$work/empty"
 sed -e "s|127.0.0.1:$pport|127.0.0.1:$fport|g" -e "s|$hop2|$hop3|g" \
   -e "s|127.0.0.1:$phttps|127.0.0.1:$fhttps|g" -e "s|127.0.0.1:$pproxy|127.0.0.1:$fproxy|g" \
@@ -159,10 +182,14 @@ taskset -c 1 nginx -p "$bundle/" -c "$work/plain/nginx.conf" & SERVER_PIDS+=($!)
 taskset -c 1 nginx -p "$bundle/" -c "$work/empty/nginx.conf" & SERVER_PIDS+=($!)
 wait_port "$eport"; wait_port "$pport"; wait_port "$fport"
 sleep 0.5
-for p in "$eport" "$pport" "$fport"; do
-  for _ in 1 2; do curl -s -o /dev/null -H 'Host: bench.test' "http://127.0.0.1:$p/a.mp4"; done
-  st=$(curl -s -o /dev/null -D - -H 'Host: bench.test' "http://127.0.0.1:$p/a.mp4" | tr -d '\r' | awk -F': ' 'NR==1{split($0, w, " "); print w[2]} tolower($1)=="x-cache-status"{print $2}' | tr '\n' ' ')
-  [ "$st" = "200 HIT " ] || { echo "port $p: expected a 200 cache HIT, got '$st'" >&2; exit 1; }
+if [ "$scheme" = https ]; then ports=("$ehttps" "$phttps" "$fhttps"); else ports=("$eport" "$pport" "$fport"); fi
+for p in "${ports[@]}"; do
+  wait_port "$p"
+  url="$scheme://bench.test:$p/a.mp4"
+  for _ in 1 2; do curl -sk -o /dev/null --resolve "bench.test:$p:127.0.0.1" "$url"; done
+  st=$(curl -sk -o /dev/null -w '%{http_code} %{size_download} ' -D - --resolve "bench.test:$p:127.0.0.1" "$url" \
+    | tr -d '\r' | awk -F': ' 'tolower($1)=="x-cache-status"{h=$2} /^[0-9]+ [0-9]+ $/{s=$0} END{print s h}')
+  [ "$st" = "200 2048 HIT" ] || { echo "$url: expected 200, 2 KiB, a cache HIT; got '$st'" >&2; exit 1; }
 done
 
 read -r _ c50 c99 _ s50 s99 _ m50 m99 < <(curl -s -H 'Host: bench.test' "http://127.0.0.1:$eport/_bench_lookup")
@@ -176,20 +203,53 @@ ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
 ew=$(worker_of "$work/root/run/live"); pw=$(worker_of "$work/root/run/candidate"); fw=$(worker_of "$work/root/run/empty")
 # One round: requests/s and the worker's CPU microseconds per request
 # (utime + stime from /proc: robust when other processes share the CPU).
-run_wrk() { # port worker-pid
-  local t0 t1 out
+# https: h2load, keep-alive HTTP/2 over the TLS listener, SNI and
+# :authority bench.test, one request at a time per connection as wrk's
+# (each run's 32 first requests pay a full handshake: 32 of 32,000).
+run_wrk() { # http port, worker-pid
+  local t0 t1 out p
+  p=$1; [ "$scheme" = https ] && case "$1" in "$eport") p=$ehttps;; "$pport") p=$phttps;; "$fport") p=$fhttps;; esac
   t0=$(ticks "$2")
-  out=$(taskset -c 0 wrk -t1 -c32 -d"${secs}s" -H 'Host: bench.test' "http://127.0.0.1:$1/a.mp4")
+  if [ "$scheme" = https ]; then
+    # Runs of 32 clients x 1,000 requests (nginx ends a keep-alive
+    # connection after 1,000: keepalive_requests; h2load's -D never ends
+    # once a client reconnects) until $secs s have passed.
+    out=""; local end=$((SECONDS + secs))
+    while [ "$SECONDS" -lt "$end" ]; do
+      out+=$(taskset -c 0 h2load -t1 -c32 -m1 -n 32000 --connect-to="127.0.0.1:$p" https://bench.test/a.mp4 2>&1 || true)
+      out+=$'\x01'
+    done
+  else
+    out=$(taskset -c 0 wrk -t1 -c32 -d"${secs}s" -H 'Host: bench.test' "http://127.0.0.1:$p/a.mp4")
+  fi
   t1=$(ticks "$2")
   python3 - "$out" "$t0" "$t1" "$(getconf CLK_TCK)" <<'PY'
 import re, sys
 out, t0, t1, hz = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
-n = int(re.search(r"(\d+) requests in", out).group(1))
-rps = float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))
+m = re.search(r"(\d+) requests in", out)
+if m:  # wrk
+    n = int(m.group(1))
+    rps = float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))
+else:  # h2load runs: 2xx only, none failed; its own clock, summed
+    n = t = 0
+    for run in out.split("\x01"):
+        if not run.strip():
+            continue
+        m = re.search(r"requests: \d+ total, \d+ started, \d+ done, (\d+) succeeded, (\d+) failed", run)
+        if not m or int(m.group(1)) == 0 or int(m.group(2)) > 0:
+            sys.exit("h2load: " + run[-600:])
+        n += int(m.group(1))
+        f = re.search(r"finished in ([\d.]+)(m?s)", run)
+        t += float(f.group(1)) / (1000 if f.group(2) == "ms" else 1)
+    rps = n / t
 print(f"{rps:.0f} {(t1 - t0) / hz / n * 1e6:.2f}")
 PY
 }
-echo "wrk: ${rounds} rounds of ${secs}s each side, interleaved, 1 thread, 32 connections, cache HITs" >&2
+if [ "$scheme" = https ]; then
+  echo "h2load over TLS (HTTP/2): ${rounds} rounds of ${secs}s each side, interleaved, 1 thread, 32 connections, 1 stream each, cache HITs" >&2
+else
+  echo "wrk: ${rounds} rounds of ${secs}s each side, interleaved, 1 thread, 32 connections, cache HITs" >&2
+fi
 ratios=(); cpu_e=(); cpu_p=(); cpu_f=(); rps_e=(); rps_p=(); rps_f=(); diff=(); fixed=()
 for i in $(seq 1 "$rounds"); do
   read -r re ce < <(run_wrk "$eport" "$ew"); read -r rp cp < <(run_wrk "$pport" "$pw")
@@ -202,9 +262,10 @@ done
 median() { printf '%s\n' "$@" | sort -g | awk '{a[NR]=$1} END{print a[int((NR+1)/2)]}'; }
 python3 - "$(median "${rps_e[@]}")" "$(median "${rps_p[@]}")" "$(median "${ratios[@]}")" \
   "$(median "${cpu_e[@]}")" "$(median "${cpu_p[@]}")" "$(median "${rps_f[@]}")" "$(median "${cpu_f[@]}")" \
-  "$(median "${diff[@]}")" "$(median "${fixed[@]}")" <<'PY'
+  "$(median "${diff[@]}")" "$(median "${fixed[@]}")" "$scheme" <<'PY'
 import sys
 e, p, r, ce, cp, f, cf, d, fx = map(float, sys.argv[1:10])
+print(f"scheme: {sys.argv[10]}")
 print(f"edge (Lua access phase, documents cached): {e:,.0f} req/s, {ce:.1f} us worker CPU per request")
 print(f"same nginx.conf without the Lua phase:     {p:,.0f} req/s, {cp:.1f} us worker CPU per request")
 print(f"same nginx.conf, an empty Lua phase:       {f:,.0f} req/s, {cf:.1f} us worker CPU per request")

@@ -33,6 +33,13 @@ function _M.init_worker()
   misses = lrucache.new(MISS_CACHE)
 end
 
+-- Empty this worker's certificate caches (benchmarks: the next lookup
+-- reads Redis and parses again).
+function _M.forget()
+  certs:flush_all()
+  misses:flush_all()
+end
+
 -- A `tls:` document's text → {cert, key, not_after} or nil + why
 -- (edge_tls_pick.parse's shape, then the PEMs as OpenSSL reads them).
 local function parse(text)
