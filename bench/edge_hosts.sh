@@ -31,6 +31,8 @@ if [ -z "${EDGEFORM:-}" ]; then
   EDGEFORM=target/release/edgeform
 fi
 work=$(mktemp -d)
+# The origin's worker (not root) reads its body from here.
+chmod 755 "$work"
 trap 'stop_servers; rm -rf "$work"' EXIT
 SERVER_DIR="$work"
 free() { python3 -c 'import socket;s=socket.socket();s.bind(("127.0.0.1",0));print(s.getsockname()[1])'; }
