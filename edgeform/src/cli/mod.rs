@@ -1048,28 +1048,44 @@ fn certificate_diagnostics(
 /// state directory holds (nothing on a pull request's CI), each problem
 /// said once on stderr.
 fn shown_certificates(cli: &Cli, config: &compiler::Config) -> compiler::tls::Certificates {
+    let (certs, notes) = certificates_noted(cli, config);
+    for note in notes {
+        eprintln!("{note}");
+    }
+    certs
+}
+
+/// [`shown_certificates`] with its notes returned rather than said (`diff`
+/// compiles two revisions and says each note once).
+fn certificates_noted(
+    cli: &Cli,
+    config: &compiler::Config,
+) -> (compiler::tls::Certificates, Vec<String>) {
     match control::certs::known_at(&cli.state_dir, config) {
         Ok((certs, problems)) => {
-            for e in problems {
-                eprintln!("warning: {e}: its tls:* keys are left out");
-            }
+            let mut notes: Vec<String> = problems
+                .into_iter()
+                .map(|e| format!("warning: {e}: its tls:* keys are left out"))
+                .collect();
             let missing: Vec<&str> = compiler::tls::used(config)
                 .into_iter()
                 .filter(|n| certs.get(n).is_none())
                 .collect();
             if !missing.is_empty() {
-                eprintln!(
+                notes.push(format!(
                     "note: certificate(s) {} not in the state directory {}: their tls:* keys are left out",
                     missing.join(", "),
                     cli.state_dir.display()
-                );
+                ));
             }
-            certs
+            (certs, notes)
         }
-        Err(why) => {
-            eprintln!("note: certificates not read ({why}): no tls:* key is compiled");
-            compiler::tls::Certificates::default()
-        }
+        Err(why) => (
+            compiler::tls::Certificates::default(),
+            vec![format!(
+                "note: certificates not read ({why}): no tls:* key is compiled"
+            )],
+        ),
     }
 }
 
@@ -1115,8 +1131,13 @@ fn diff_cmd(cli: &Cli, base: &str, head: Option<&str>, format: DiffFormat) -> Re
         return Ok(1);
     };
     // An invalid base compiles to nothing: every key shows as added.
+    let mut notes = std::collections::BTreeSet::new();
     let base_compiled = match &base_checked.config {
-        Some(c) => compile::compile_with(c, &shown_certificates(cli, c)),
+        Some(c) => {
+            let (certs, said) = certificates_noted(cli, c);
+            notes.extend(said);
+            compile::compile_with(c, &certs)
+        }
         None => {
             eprintln!(
                 "warning: base {base_label} does not pass `check`; diffing against an empty compilation"
@@ -1124,7 +1145,12 @@ fn diff_cmd(cli: &Cli, base: &str, head: Option<&str>, format: DiffFormat) -> Re
             compile::Compiled::default()
         }
     };
-    let head_compiled = compile::compile_with(head_config, &shown_certificates(cli, head_config));
+    let (head_certs, said) = certificates_noted(cli, head_config);
+    notes.extend(said);
+    for note in notes {
+        eprintln!("{note}");
+    }
+    let head_compiled = compile::compile_with(head_config, &head_certs);
     let d = diff::diff(&base_compiled, &head_compiled);
     let text = match format {
         DiffFormat::Human => report::diff_human(&d, &base_label, &head_label),

@@ -246,6 +246,20 @@ fn certificates_flow_from_import_to_every_edge_and_key_material_is_never_shown()
         !state_root.path().join("none").exists(),
         "check made no state directory"
     );
+    // diff compiles two revisions: each note is said once.
+    let o = run(
+        f.path(),
+        &state_root.path().join("none"),
+        &["diff", "--base", "HEAD", "--head", "HEAD"],
+    );
+    record(&mut shown, "diff without state", &o);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert_eq!(
+        stderr(&o).matches("note: certificates not read").count(),
+        1,
+        "{}",
+        stderr(&o)
+    );
 
     // Build: the fingerprint in place of the key.
     let out_dir = state_root.path().join("out");
