@@ -19,6 +19,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/lib.sh
+. bench/edgelib.sh
 secs=${1:-10}; rounds=${2:-3}; scheme=${3:-http}
 case "$scheme" in
   http) need_packages "${BUILD_PACKAGES[@]}" "${EDGE_PACKAGES[@]}" redis-server ;;
@@ -59,23 +60,7 @@ echo "name: bench" > "$repo/cluster.yaml"
 # by `edgeform build`: live on $eport (the edge), candidate on $pport (made
 # the edge without Lua below), pid files and logs under $work/root/run/.
 cp -r roles "$repo/roles"
-cat > "$repo/nodes/edge-1.yaml" <<YAML
-name: edge-1
-roles: [edge]
-region: eu
-location: {lat: 52.0, lon: 4.0}
-redis: {url: "redis://127.0.0.1:$rport"}
-cache: {dirs: ["$work/cache"], levels: "1:2", key: \$scheme\$host\$request_uri}
-install:
-  ssh: 127.0.0.1:22
-  user: $(id -un)
-  root: $work/root
-  listen: 127.0.0.1:$eport
-  smoke_listen: 127.0.0.1:$pport
-  vars: {api: "false", api_url: "http://127.0.0.1:9", cache_max_size: 1g, geoip_db: "$PWD/testdata/geoip/GeoLite2-City-Test.mmdb", resolver: 127.0.0.1, ttl_hop_port: "$hop1", workers: "1"}
-  candidate_vars: {ttl_hop_port: "$hop2", https_listen: "127.0.0.1:$phttps", proxy_listen: "127.0.0.1:$pproxy"}
-https: {listen: "127.0.0.1:$ehttps", proxy_listen: "127.0.0.1:$eproxy"}
-YAML
+edge_node "$repo" "$rport" "$work" "$eport" "$pport" "$hop1" "$hop2" "$ehttps" "$eproxy" "$phttps" "$pproxy"
 cat > "$repo/sites/bench.yaml" <<YAML
 host: bench.test
 origin: http://127.0.0.1:$oport
@@ -108,10 +93,7 @@ fi
 "$EDGEFORM" --repo "$repo" build --out "$work/out" >/dev/null 2>&1
 bundle="$work/out/bundles/edge-1"
 mkdir -p "$work/cache" "$work/root/run/live" "$work/root/run/candidate" "$work/edge" "$work/plain" "$work/root/tls"
-# The TLS listeners' placeholder certificate, as `edgeform install` makes it on a node.
-openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days 36500 \
-  -subj '/CN=edgeform placeholder' -keyout "$work/root/tls/placeholder.key" \
-  -out "$work/root/tls/placeholder.crt" >/dev/null 2>&1
+edge_placeholder "$work"
 cp "$bundle/nginx.conf" "$work/edge/nginx.conf"
 cp "$bundle/candidate/nginx.conf" "$work/plain/nginx.conf"
 # A third instance, from the candidate's: its own ports, TTL hop and run folder.

@@ -24,6 +24,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/lib.sh
+. bench/edgelib.sh
 need_packages "${BUILD_PACKAGES[@]}" "${EDGE_PACKAGES[@]}" redis-server
 hosts=${1:-100000}; secs=${2:-10}
 if [ -z "${EDGEFORM:-}" ]; then
@@ -77,22 +78,9 @@ repo="$work/repo"; mkdir -p "$repo/sites" "$repo/nodes"
 echo "name: bench" > "$repo/cluster.yaml"
 cp -r roles "$repo/roles"
 lport=$(free); cport=$(free); hop=$(free); hop2=$(free)
-cat > "$repo/nodes/edge-1.yaml" <<YAML
-name: edge-1
-roles: [edge]
-region: eu
-location: {lat: 52.0, lon: 4.0}
-redis: {url: "redis://127.0.0.1:$rport"}
-cache: {dirs: ["$work/cache"], levels: "1:2", key: \$scheme\$host\$request_uri}
-install:
-  ssh: 127.0.0.1:22
-  user: $(id -un)
-  root: $work/root
-  listen: 127.0.0.1:$lport
-  smoke_listen: 127.0.0.1:$cport
-  vars: {api: "false", api_url: "http://127.0.0.1:9", cache_max_size: 1g, geoip_db: "$PWD/testdata/geoip/GeoLite2-City-Test.mmdb", resolver: 127.0.0.1, ttl_hop_port: "$hop", workers: "1"}
-  candidate_vars: {ttl_hop_port: "$hop2"}
-YAML
+https1=$(free); proxy1=$(free); https2=$(free); proxy2=$(free)
+edge_node "$repo" "$rport" "$work" "$lport" "$cport" "$hop" "$hop2" "$https1" "$proxy1" "$https2" "$proxy2"
+edge_placeholder "$work"
 "$EDGEFORM" --repo "$repo" build --out "$work/out" >/dev/null
 bundle="$work/out/bundles/edge-1"
 mkdir -p "$work/cache"

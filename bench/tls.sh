@@ -29,6 +29,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/lib.sh
+. bench/edgelib.sh
 need_packages "${BUILD_PACKAGES[@]}" "${EDGE_PACKAGES[@]}" redis-server nghttp2-client python3
 secs=${1:-10}; rounds=${2:-3}
 if [ -z "${EDGEFORM:-}" ]; then
@@ -67,23 +68,7 @@ export EDGEFORM_STATE_DIR="$work/state"
 echo "name: bench" > "$repo/cluster.yaml"
 cp -r roles "$repo/roles"
 "$EDGEFORM" certs import bench --repo "$repo" --cert "$work/site.crt" --key "$work/site.key" >/dev/null 2>&1
-cat > "$repo/nodes/edge-1.yaml" <<YAML
-name: edge-1
-roles: [edge]
-region: eu
-location: {lat: 52.0, lon: 4.0}
-redis: {url: "redis://127.0.0.1:$rport"}
-cache: {dirs: ["$work/cache"], levels: "1:2", key: \$scheme\$host\$request_uri}
-install:
-  ssh: 127.0.0.1:22
-  user: $(id -un)
-  root: $work/root
-  listen: 127.0.0.1:$eport
-  smoke_listen: 127.0.0.1:$sport
-  vars: {api: "false", api_url: "http://127.0.0.1:9", cache_max_size: 1g, geoip_db: "$PWD/testdata/geoip/GeoLite2-City-Test.mmdb", resolver: 127.0.0.1, ttl_hop_port: "$hop1", workers: "1"}
-  candidate_vars: {ttl_hop_port: "$hop2", https_listen: "127.0.0.1:$shttps", proxy_listen: "127.0.0.1:$sproxy"}
-https: {listen: "127.0.0.1:$ehttps", proxy_listen: "127.0.0.1:$eproxy"}
-YAML
+edge_node "$repo" "$rport" "$work" "$eport" "$sport" "$hop1" "$hop2" "$ehttps" "$eproxy" "$shttps" "$sproxy"
 cat > "$repo/sites/bench.yaml" <<YAML
 host: bench.test
 origin: http://127.0.0.1:$oport
@@ -109,9 +94,7 @@ redis-cli -p "$rport" hset edgeform:bundle site_fields "$fields" tls 1 >/dev/nul
 "$EDGEFORM" --repo "$repo" build --out "$work/out" >/dev/null 2>&1
 bundle="$work/out/bundles/edge-1"
 mkdir -p "$work/cache" "$work/root/run/live" "$work/root/run/candidate" "$work/edge" "$work/static" "$work/root/tls"
-openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days 36500 \
-  -subj '/CN=edgeform placeholder' -keyout "$work/root/tls/placeholder.key" \
-  -out "$work/root/tls/placeholder.crt" >/dev/null 2>&1
+edge_placeholder "$work"
 # edge: the live instance as shipped, plus bench-only locations (/_hs, the
 # lookup timer) and a timer around its certificate phase. static: the
 # candidate instance (own ports, hop, run folder; the same template) with
