@@ -1165,3 +1165,90 @@ fn pull_over_http_with_the_token_from_the_environment() {
     assert_eq!(meta(r.port)["commit"], second);
     assert!(origin_of(r.port).unwrap().contains("192.0.2.82"));
 }
+
+/// The reconcile daemon in `dir` with `args`, its log in `log`.
+fn daemon(dir: &Path, args: &[&str], log: &Path) -> std::process::Child {
+    Command::new(env!("CARGO_BIN_EXE_edgeform"))
+        .args(args)
+        .current_dir(dir)
+        .env("EDGEFORM_STATE_DIR", state_dir(dir))
+        .env("NO_COLOR", "1")
+        .env_remove("EDGEFORM_SSH_KEY")
+        .env_remove("EDGEFORM_GIT_TOKEN")
+        .env_remove("SSH_AUTH_SOCK")
+        .stderr(std::fs::File::create(log).unwrap())
+        .spawn()
+        .unwrap()
+}
+
+/// Wait up to 30 s for `done`; the log in the panic.
+fn wait_until(log: &Path, what: &str, mut done: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !done() {
+        assert!(
+            Instant::now() < deadline,
+            "{what}:\n{}",
+            std::fs::read_to_string(log).unwrap_or_default()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// A restarted daemon remembers the last good signed commit (the state
+/// directory): with an unsigned commit on HEAD, it pushes the last good
+/// commit to a target that lost everything, never the unsigned one.
+#[test]
+fn a_restarted_daemon_pushes_the_last_good_commit_while_head_is_unsigned() {
+    let r = harness::redis(&[]);
+    let keys = tempfile::tempdir().unwrap();
+    let (alice, alice_pub) = keypair(keys.path(), "alice");
+    let allowed = keys.path().join("allowed_signers");
+    std::fs::write(&allowed, format!("alice@example.net {alice_pub}\n")).unwrap();
+    let f = config(r.port, "http://192.0.2.81");
+    git(f.path(), &["init", "-q", "-b", "main"]);
+    let good = signed_commit(f.path(), &alice, "signed");
+    let args = [
+        "reconcile",
+        "--sync-every",
+        "1s",
+        "--heal-every",
+        "1s",
+        "--require-signed-by",
+        allowed.to_str().unwrap(),
+    ];
+    let logs = tempfile::tempdir().unwrap();
+    let first = logs.path().join("first.log");
+    let mut d = daemon(f.path(), &args, &first);
+    wait_until(&first, "the signed commit applied", || {
+        meta(r.port).get("commit") == Some(&good)
+    });
+    let _ = d.kill();
+    let _ = d.wait();
+
+    // HEAD moves to an unsigned commit; the target loses everything.
+    set_origin(&f, "http://192.0.2.99");
+    git(f.path(), &["commit", "-qam", "unsigned"]);
+    let unsigned = head(f.path());
+    redis::cmd("FLUSHALL").exec(&mut con(r.port)).unwrap();
+
+    let second = logs.path().join("second.log");
+    let mut d = daemon(f.path(), &args, &second);
+    wait_until(&second, "the last good commit pushed again", || {
+        meta(r.port).get("commit") == Some(&good)
+    });
+    // A few more runs: still the last good commit, never the unsigned one.
+    std::thread::sleep(Duration::from_millis(2500));
+    let _ = d.kill();
+    let _ = d.wait();
+    let log = std::fs::read_to_string(&second).unwrap();
+    assert_eq!(meta(r.port).get("commit"), Some(&good), "{log}");
+    assert!(origin_of(r.port).unwrap().contains("192.0.2.81"), "{log}");
+    assert!(
+        log.contains(&unsigned),
+        "the refusal names the commit: {log}"
+    );
+    assert!(
+        !log.contains("only this commit's signature was verified"),
+        "the restarted daemon knew its last good commit: {log}"
+    );
+}
