@@ -244,27 +244,43 @@ pub async fn flush(store: &DirStore, node: &Node) -> Result<Flushed> {
             return Err(e.context(format!("{} jobs kept for {}", all.len(), node.name)));
         }
     };
-    for mut e in all {
-        let (done, in_queue, in_processing): (bool, Option<i64>, Option<i64>) = redis::pipe()
-            .atomic()
-            .cmd("HEXISTS")
-            .arg(purge::done_key(&e.id))
-            .arg(&node.name)
-            .cmd("LPOS")
-            .arg(&queue)
-            .arg(&e.job)
-            .cmd("LPOS")
-            .arg(&processing)
-            .arg(&e.job)
-            .query_async(&mut con)
-            .await
-            .with_context(|| format!("reading purge {} on {}", e.id, node.name))?;
+    // One snapshot (MULTI: the agent moves a job from the queue to the
+    // processing list and records it atomically): the queue, the
+    // processing list and each job's record. Commands of the documented
+    // control ACL only (LRANGE, HGET).
+    let mut pipe = redis::pipe();
+    pipe.atomic()
+        .cmd("LRANGE")
+        .arg(&queue)
+        .arg(0)
+        .arg(-1)
+        .cmd("LRANGE")
+        .arg(&processing)
+        .arg(0)
+        .arg(-1);
+    for e in &all {
+        pipe.cmd("HGET").arg(purge::done_key(&e.id)).arg(&node.name);
+    }
+    let snapshot: Vec<redis::Value> = pipe
+        .query_async(&mut con)
+        .await
+        .with_context(|| format!("reading the purge queue of {}", node.name))?;
+    let list = |v: Option<&redis::Value>| -> Vec<String> {
+        v.and_then(|v| redis::from_redis_value::<Vec<String>>(v.clone()).ok())
+            .unwrap_or_default()
+    };
+    let on_node: std::collections::HashSet<String> = list(snapshot.first())
+        .into_iter()
+        .chain(list(snapshot.get(1)))
+        .collect();
+    for (i, mut e) in all.into_iter().enumerate() {
+        let done = matches!(snapshot.get(i + 2), Some(v) if !matches!(v, redis::Value::Nil));
         if done {
             remove(store, &node.name, &e)?;
             out.done += 1;
             continue;
         }
-        if in_queue.is_some() || in_processing.is_some() {
+        if on_node.contains(&e.job) {
             out.left += 1;
             continue;
         }
