@@ -1114,6 +1114,40 @@ mod tests {
     }
 
     #[test]
+    fn status_rows_carry_the_outbox_depth_of_this_host() {
+        let dir =
+            std::env::temp_dir().join(format!("edgeform-status-outbox-{}", std::process::id()));
+        let store = control::store::DirStore::open(&dir).unwrap();
+        control::outbox::spool(&store, "a", "1-1", "{}").unwrap();
+        control::outbox::spool(&store, "a", "2-1", "{}").unwrap();
+        let row = |node: &str| Row {
+            node: node.into(),
+            zone: None,
+            online: true,
+            age_s: None,
+            commit: None,
+            desired_commit: None,
+            purge_queue: None,
+            outbox: None,
+            play_sessions: None,
+            bundle: None,
+            bundle_commit: None,
+            out_kbit: None,
+            applied_at: None,
+            applied_by: None,
+            error: None,
+        };
+        let mut rows = vec![row("a"), row("b")];
+        with_outbox(&mut rows, &dir);
+        let _ = std::fs::remove_dir_all(&dir);
+        assert_eq!(rows[0].outbox, Some(2));
+        assert_eq!(rows[1].outbox, None);
+        let json = serde_json::to_value(&rows).unwrap();
+        assert_eq!(json[0]["outbox"], 2);
+        assert!(json[1].get("outbox").is_none());
+    }
+
+    #[test]
     fn table_summarises() {
         let rows = vec![
             Row {
