@@ -323,6 +323,17 @@ impl Worker {
                     purge::MAX_ATTEMPTS
                 )),
             )
+        } else if let Some((id, outcome)) = self.already_ran(con, &bytes).await? {
+            // Delivered again (a purge outbox re-queues a job its Redis
+            // seemed to lose): the recorded result stands, nothing runs.
+            tracing::info!(id = %id, "purge job already ran here; not run again");
+            return match self.finish(con, &bytes, Some(&id), &outcome).await {
+                Ok(depth) => Ok(depth),
+                Err(e) => {
+                    self.pending = Some((bytes, Some(id), outcome));
+                    Err(e)
+                }
+            };
         } else {
             let engine = self
                 .engine
@@ -354,6 +365,34 @@ impl Worker {
                 Err(e)
             }
         }
+    }
+
+    /// The id and recorded result of a job this node already ran (its
+    /// `cdn:purge:done:<id>` holds this node's result).
+    async fn already_ran(
+        &self,
+        con: &mut MultiplexedConnection,
+        bytes: &[u8],
+    ) -> Result<Option<(String, Outcome)>> {
+        let Some(id) = (bytes.len() <= purge::MAX_JOB_BYTES)
+            .then(|| Job::parse_bytes(bytes).ok().and_then(|j| j.id))
+            .flatten()
+        else {
+            return Ok(None);
+        };
+        let recorded: Option<String> = redis::cmd("HGET")
+            .arg(purge::done_key(&id))
+            .arg(&self.config.node)
+            .query_async(con)
+            .await
+            .context("reading the job's record")?;
+        Ok(recorded.map(|v| {
+            let outcome = match v.strip_prefix(purge::FAILED_PREFIX) {
+                Some(why) => Outcome::Failed(why.to_owned()),
+                None => Outcome::Removed(v.parse().unwrap_or(0)),
+            };
+            (id, outcome)
+        }))
     }
 
     /// Record the result and take the job out of processing, atomically;

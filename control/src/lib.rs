@@ -37,6 +37,7 @@ pub mod import;
 pub mod lock;
 pub mod many;
 pub mod metrics;
+pub mod outbox;
 pub mod plan;
 pub mod reconcile;
 pub mod run;

@@ -66,6 +66,11 @@ pub struct JobResult {
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct NodeLabel {
+    pub node: String,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct Version {
     pub version: String,
 }
@@ -83,6 +88,10 @@ pub struct Metrics {
     pub heal_seconds: Histogram,
     pub lock_waits: Counter,
     pub lock_wait_seconds: Counter<f64, AtomicU64>,
+    /// Purge jobs kept in this host's outbox, per node.
+    pub outbox_jobs: Family<NodeLabel, Gauge>,
+    /// Unix time the oldest kept purge job of a node was kept.
+    pub outbox_oldest: Family<NodeLabel, Gauge>,
     /// The commit each target's info metric names (to drop the old one).
     commits: Mutex<BTreeMap<String, String>>,
     /// Where `--metrics-textfile` writes after each run.
@@ -123,6 +132,8 @@ impl Metrics {
             heal_seconds: Histogram::new(duration_buckets()),
             lock_waits: Counter::default(),
             lock_wait_seconds: Counter::default(),
+            outbox_jobs: Family::default(),
+            outbox_oldest: Family::default(),
             commits: Mutex::new(BTreeMap::new()),
             textfile: Mutex::new(None),
         };
@@ -175,6 +186,16 @@ impl Metrics {
             "lock_wait_seconds",
             "Time spent waiting for targets' apply locks",
             m.lock_wait_seconds.clone(),
+        );
+        registry.register(
+            "purge_outbox_jobs",
+            "Purge jobs kept in this host's outbox for a node (not yet recorded done there)",
+            m.outbox_jobs.clone(),
+        );
+        registry.register(
+            "purge_outbox_oldest_timestamp_seconds",
+            "Unix time the oldest purge job kept for a node was kept",
+            m.outbox_oldest.clone(),
         );
         let build: Family<Version, Gauge> = Family::default();
         build
@@ -283,6 +304,23 @@ impl Metrics {
             && let Err(e) = write_atomically(&path, &to_textfile(&self.encode()))
         {
             tracing::error!(file = %path.display(), cause = %e, "metrics: cannot write the textfile");
+        }
+    }
+
+    /// The purge outbox as it is now (nodes no longer in it are dropped).
+    pub fn outbox(&self, depths: &BTreeMap<String, crate::outbox::Depth>) {
+        self.outbox_jobs.clear();
+        self.outbox_oldest.clear();
+        for (node, d) in depths {
+            let label = NodeLabel { node: node.clone() };
+            self.outbox_jobs
+                .get_or_create(&label)
+                .set(i64::try_from(d.waiting + d.delivered).unwrap_or(i64::MAX));
+            if let Some(t) = d.oldest {
+                self.outbox_oldest
+                    .get_or_create(&label)
+                    .set(i64::try_from(t).unwrap_or(i64::MAX));
+            }
         }
     }
 

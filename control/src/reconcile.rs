@@ -290,6 +290,7 @@ pub async fn reconcile(
         let only = only.clone();
         let mut flags = flags.clone();
         let source = load_source(&root);
+        let state_dir = state_dir.clone();
         async move {
             let (source, pick) = match source {
                 Ok(s) => s,
@@ -332,6 +333,14 @@ pub async fn reconcile(
                     return 1;
                 }
             };
+            // Purge jobs kept for nodes whose Redis did not answer: each
+            // run delivers what it can, in order.
+            if let Ok(Some(outbox)) = crate::store::DirStore::open_existing(&state_dir) {
+                crate::outbox::flush_all(&outbox, &source.config.nodes).await;
+                if let Ok(depths) = crate::outbox::depths(&outbox) {
+                    flags.metrics.outbox(&depths);
+                }
+            }
             tracing::info!(commit = %source.commit, targets = jobs.len(), job = ?which, "reconcile");
             let report = match which {
                 Once::Sync => sync_all(&source, jobs, &flags, &root).await,

@@ -276,7 +276,7 @@ impl DirStore {
     }
 
     /// Make sure `dir` is a safe folder: created `0700` when missing.
-    fn folder(&self, dir: &Path) -> Result<(), StoreError> {
+    pub(crate) fn folder(&self, dir: &Path) -> Result<(), StoreError> {
         match std::fs::symlink_metadata(dir) {
             Ok(m) => check_safe(dir, &m, true),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
@@ -311,7 +311,11 @@ impl DirStore {
     }
 
     /// A file of the store, at most `cap` bytes read.
-    fn read_capped(&self, path: &Path, cap: usize) -> Result<Option<String>, StoreError> {
+    pub(crate) fn read_capped(
+        &self,
+        path: &Path,
+        cap: usize,
+    ) -> Result<Option<String>, StoreError> {
         let file = std::fs::OpenOptions::new()
             .read(true)
             .custom_flags(O_NOFOLLOW)
@@ -567,7 +571,7 @@ impl DirStore {
 impl DirStore {
     /// Write `value` to `dir/name` atomically (`dir` made safe, the file
     /// 0600, a temporary file renamed over it).
-    fn write(&self, dir: &Path, name: &str, value: &str) -> Result<(), StoreError> {
+    pub(crate) fn write(&self, dir: &Path, name: &str, value: &str) -> Result<(), StoreError> {
         self.folder(dir)?;
         let path = dir.join(name);
         let tmp = dir.join(format!(".{name}.{}.tmp", std::process::id()));

@@ -215,6 +215,10 @@ pub struct Row {
     pub commit: Option<String>,
     pub desired_commit: Option<String>,
     pub purge_queue: Option<u64>,
+    /// Purge jobs kept for the node in this host's outbox (not yet
+    /// recorded done on the node), when any.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub outbox: Option<usize>,
     pub play_sessions: Option<u64>,
     pub out_kbit: Option<u64>,
     /// `--from redis`: when and by whom the target was last written.
@@ -339,6 +343,16 @@ pub fn print_status(
                 Verdict::Drift => "DRIFT",
                 Verdict::Offline => "OFFLINE",
             };
+            for r in rows {
+                if let Some(n) = r.outbox {
+                    writeln!(
+                        out,
+                        "purge outbox: {} job(s) kept on this host for {} (edgeform purge --flush)",
+                        n,
+                        untrusted::escape(&r.node)
+                    )?;
+                }
+            }
             writeln!(out, "verdict: {word}: {why}")?;
         }
     }
@@ -441,6 +455,7 @@ pub fn rows(source: &Valid, heard: &Heard, now: u64) -> Vec<Row> {
                     .any(|n| n.name == name && n.redis.is_some())
                     .then(|| source.commit.clone()),
                 purge_queue: r.and_then(|r| r.purge.queue),
+                outbox: None,
                 play_sessions: r.and_then(|r| r.play_sessions),
                 out_kbit: r.and_then(|r| r.out_kbit),
                 applied_at: None,
@@ -457,13 +472,33 @@ pub fn rows(source: &Valid, heard: &Heard, now: u64) -> Vec<Row> {
         .collect()
 }
 
+/// Fill each row's purge outbox depth from the state store at
+/// `state_dir` (nothing when there is none).
+pub fn with_outbox(rows: &mut [Row], state_dir: &std::path::Path) {
+    let Ok(Some(store)) = control::store::DirStore::open_existing(state_dir) else {
+        return;
+    };
+    let Ok(depths) = control::outbox::depths(&store) else {
+        return;
+    };
+    for r in rows {
+        r.outbox = depths.get(&r.node).map(|d| d.waiting + d.delivered);
+    }
+}
+
 /// `edgeform status`.
 ///
 /// # Errors
 /// No `mqtt` in cluster.yaml, the broker unreachable.
-pub async fn status(source: &Valid, flags: &BrokerOptions, format: Format) -> Result<u8> {
+pub async fn status(
+    source: &Valid,
+    flags: &BrokerOptions,
+    format: Format,
+    state_dir: &std::path::Path,
+) -> Result<u8> {
     let heard = listen(&source.config, flags).await?;
-    let rows = rows(source, &heard, unix_now());
+    let mut rows = rows(source, &heard, unix_now());
+    with_outbox(&mut rows, state_dir);
     print_status(
         &rows,
         |n| heard.reports.contains_key(n) || heard.status.contains_key(n),
@@ -1079,6 +1114,40 @@ mod tests {
     }
 
     #[test]
+    fn status_rows_carry_the_outbox_depth_of_this_host() {
+        let dir =
+            std::env::temp_dir().join(format!("edgeform-status-outbox-{}", std::process::id()));
+        let store = control::store::DirStore::open(&dir).unwrap();
+        control::outbox::spool(&store, "a", "1-1", "{}").unwrap();
+        control::outbox::spool(&store, "a", "2-1", "{}").unwrap();
+        let row = |node: &str| Row {
+            node: node.into(),
+            zone: None,
+            online: true,
+            age_s: None,
+            commit: None,
+            desired_commit: None,
+            purge_queue: None,
+            outbox: None,
+            play_sessions: None,
+            bundle: None,
+            bundle_commit: None,
+            out_kbit: None,
+            applied_at: None,
+            applied_by: None,
+            error: None,
+        };
+        let mut rows = vec![row("a"), row("b")];
+        with_outbox(&mut rows, &dir);
+        let _ = std::fs::remove_dir_all(&dir);
+        assert_eq!(rows[0].outbox, Some(2));
+        assert_eq!(rows[1].outbox, None);
+        let json = serde_json::to_value(&rows).unwrap();
+        assert_eq!(json[0]["outbox"], 2);
+        assert!(json[1].get("outbox").is_none());
+    }
+
+    #[test]
     fn table_summarises() {
         let rows = vec![
             Row {
@@ -1089,6 +1158,7 @@ mod tests {
                 commit: Some("c1".into()),
                 desired_commit: Some("c1".into()),
                 purge_queue: Some(0),
+                outbox: None,
                 play_sessions: Some(5),
                 bundle: None,
                 bundle_commit: None,
@@ -1105,6 +1175,7 @@ mod tests {
                 commit: None,
                 desired_commit: Some("c1".into()),
                 purge_queue: None,
+                outbox: None,
                 play_sessions: None,
                 bundle: None,
                 bundle_commit: None,
@@ -1136,6 +1207,7 @@ mod tests {
             commit: commit.map(Into::into),
             desired_commit: target.then(|| "c2".into()),
             purge_queue: None,
+            outbox: None,
             play_sessions: None,
             out_kbit: None,
             applied_at: None,

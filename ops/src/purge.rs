@@ -12,6 +12,7 @@
 
 use std::collections::BTreeMap;
 use std::io::Write;
+use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -145,6 +146,7 @@ pub async fn purge(
     what: &What,
     only: &[String],
     wait: Option<u64>,
+    state_dir: &Path,
 ) -> Result<u8> {
     let site = find_site(&config.sites, host)
         .with_context(|| format!("no site has the hostname `{host}`"))?;
@@ -190,12 +192,32 @@ pub async fn purge(
     // channel when waiting, RPUSH; the connection is kept for the wait.
     let channel = wait.map(|_| purge::done_channel(&id));
     let limit = Arc::new(Semaphore::new(PARALLEL));
+    // Jobs kept earlier for a node go first: delivered before this one,
+    // or this one is kept behind them.
+    let kept = control::store::DirStore::open_existing(state_dir)
+        .ok()
+        .flatten();
     let mut tasks = JoinSet::new();
     for (i, (node, job)) in jobs.iter().enumerate() {
         let target = Target::of(node)?;
         let (job, channel, limit) = (job.to_json(), channel.clone(), limit.clone());
+        let older = kept
+            .clone()
+            .filter(|s| control::outbox::has_waiting(s, &node.name).unwrap_or(false))
+            .map(|s| (s, (*node).clone()));
         tasks.spawn(async move {
             let _slot = limit.acquire_owned().await;
+            if let Some((store, node)) = older {
+                let flushed = control::outbox::flush(&store, &node).await;
+                let waiting = control::outbox::has_waiting(&store, &node.name).unwrap_or(true);
+                if let Err(e) = flushed {
+                    return (i, target, Err(e));
+                }
+                if waiting {
+                    let e = anyhow::anyhow!("older jobs kept for this node are not delivered yet");
+                    return (i, target, Err(e));
+                }
+            }
             let link = target.enqueue(job, channel.as_deref()).await;
             (i, target, link)
         });
@@ -207,24 +229,48 @@ pub async fn purge(
     }
     let mut queued = Vec::new();
     let mut failed = 0;
-    for (node, (target, link)) in jobs
-        .iter()
-        .map(|(n, _)| *n)
-        .zip(links.into_iter().flatten())
-    {
+    let mut spooled = 0;
+    for ((node, job), (target, link)) in jobs.iter().zip(links.into_iter().flatten()) {
+        let node = *node;
         match link {
             Ok(link) => queued.push((node, target, link)),
             Err(e) => {
-                failed += 1;
-                eprintln!(
-                    "{}: NOT QUEUED ({}): {}",
-                    node.name,
-                    node.redis_at(),
-                    edgeredis::one_line(&e)
-                );
+                // Kept in this host's outbox; delivered by `purge --flush`
+                // and the reconcile daemon.
+                let kept = control::store::DirStore::open(state_dir)
+                    .and_then(|s| control::outbox::spool(&s, &node.name, &id, &job.to_json()));
+                match kept {
+                    Ok(()) => {
+                        spooled += 1;
+                        eprintln!(
+                            "{}: SPOOLED ({}): {}; kept in {} until its Redis answers",
+                            node.name,
+                            node.redis_at(),
+                            edgeredis::one_line(&e),
+                            state_dir.join("outbox").join(&node.name).display()
+                        );
+                    }
+                    Err(why) => {
+                        failed += 1;
+                        eprintln!(
+                            "{}: NOT QUEUED ({}): {}; not kept: {why}",
+                            node.name,
+                            node.redis_at(),
+                            edgeredis::one_line(&e)
+                        );
+                    }
+                }
             }
         }
     }
+    // 1: a job lost or failed; 3: every job queued or kept, some kept.
+    let code = |bad: usize| {
+        if bad > 0 {
+            1
+        } else {
+            u8::from(spooled > 0) * SPOOLED_EXIT
+        }
+    };
     let enqueued = started.elapsed();
     let mut out = std::io::stdout().lock();
     writeln!(out, "{id}")?;
@@ -240,7 +286,7 @@ pub async fn purge(
     );
     let (Some(secs), Some(channel)) = (wait, channel) else {
         phases(targets.len(), queued.len(), enqueued, &[]);
-        return Ok(u8::from(failed > 0));
+        return Ok(code(failed));
     };
     // Every node waited for at once: its result, its notification or the
     // slow poll, until the deadline.
@@ -297,7 +343,57 @@ pub async fn purge(
         );
         return Ok(1);
     }
-    Ok(u8::from(bad > 0))
+    Ok(code(bad))
+}
+
+/// The exit code of a purge whose every job was queued or kept in the
+/// outbox, some kept (not 1: nothing was lost; not 0: not every node has
+/// it yet).
+pub const SPOOLED_EXIT: u8 = 3;
+
+/// `edgeform purge --flush`: deliver every node's kept jobs now. Prints
+/// one line per node with kept jobs; exit 0 when every outbox is empty or
+/// delivered, 3 when a node's Redis still does not answer.
+///
+/// # Errors
+/// The store unreadable.
+pub async fn flush(config: &Config, state_dir: &Path) -> Result<u8> {
+    let Some(store) = control::store::DirStore::open_existing(state_dir)? else {
+        eprintln!("no state store at {}: nothing kept", state_dir.display());
+        return Ok(0);
+    };
+    let before = control::outbox::depths(&store)?;
+    let nodes: Vec<Node> = config.nodes.clone();
+    let results = control::outbox::flush_all(&store, &nodes).await;
+    let mut out = std::io::stdout().lock();
+    let mut code = 0;
+    for (name, depth) in &before {
+        match results.get(name) {
+            Some(Ok(f)) => writeln!(
+                out,
+                "{name}: {} queued, {} queued again, {} done, {} tracked",
+                f.queued, f.requeued, f.done, f.left
+            )?,
+            Some(Err(e)) => {
+                code = SPOOLED_EXIT;
+                writeln!(
+                    out,
+                    "{name}: {} kept, not delivered: {}",
+                    depth.waiting + depth.delivered,
+                    edgeredis::one_line(e)
+                )?;
+            }
+            None => {
+                code = SPOOLED_EXIT;
+                writeln!(
+                    out,
+                    "{name}: {} kept for a node that is not an edge of this repository",
+                    depth.waiting + depth.delivered
+                )?;
+            }
+        }
+    }
+    Ok(code)
 }
 
 /// Enqueues (connect, SUBSCRIBE, RPUSH) in flight at once. Each queued

@@ -159,11 +159,19 @@ pub enum Command {
         flags: push::PushFlags,
     },
     /// Purge cached objects of a site: one job on every targeted node's own
-    /// queue (default: every edge carrying the site). Prints the job id.
+    /// queue (default: every edge carrying the site). Prints the job id. A
+    /// job a node's Redis does not take is kept in the state store's outbox
+    /// (`SPOOLED`, exit 3) and delivered by `--flush` or the daemon; exit 1
+    /// when a job could not be kept either (`NOT QUEUED`).
     Purge {
         /// The site (host or alias).
-        #[arg(long, value_name = "HOST")]
-        site: String,
+        #[arg(long, value_name = "HOST", required_unless_present = "flush")]
+        site: Option<String>,
+        /// Deliver the jobs kept in this host's outbox (in order, each
+        /// node's before any newer job) and report per node; exit 3 when a
+        /// node's Redis still does not answer.
+        #[arg(long, conflicts_with_all = ["site", "nodes", "wait"])]
+        flush: bool,
         #[command(flatten)]
         what: purge::What,
         /// Only these nodes (repeatable).
@@ -731,6 +739,7 @@ pub fn run(cli: &Cli) -> Result<u8> {
         )),
         Command::Purge {
             site,
+            flush,
             what,
             nodes,
             wait,
@@ -744,13 +753,28 @@ pub fn run(cli: &Cli) -> Result<u8> {
                 .enable_all()
                 .build()
                 .context("starting the async runtime")?
-                .block_on(::ops::purge::purge(
-                    &config,
-                    site,
-                    &what.options(),
-                    nodes,
-                    *wait,
-                ))
+                .block_on(async {
+                    match site {
+                        _ if *flush => {
+                            if what.given() {
+                                anyhow::bail!("--flush delivers kept jobs; it takes no --url/--prefix/--regex/--all");
+                            }
+                            ::ops::purge::flush(&config, &cli.state_dir).await
+                        }
+                        Some(site) if what.given() => {
+                            ::ops::purge::purge(
+                                &config,
+                                site,
+                                &what.options(),
+                                nodes,
+                                *wait,
+                                &cli.state_dir,
+                            )
+                            .await
+                        }
+                        _ => anyhow::bail!("purge needs one of --url, --prefix, --regex, --all"),
+                    }
+                })
         }
         Command::Route(args) => {
             let checked = workspace::load(&cli.repo, cli.rev.as_deref())?.check();
@@ -826,6 +850,7 @@ pub fn run(cli: &Cli) -> Result<u8> {
                     &source,
                     &broker.options(),
                     (*format).into(),
+                    &cli.state_dir,
                 )),
                 StatusFrom::Redis => runtime()?.block_on(::ops::audit::status_from_redis(
                     &source,

@@ -2,7 +2,7 @@
 
 /// What to purge.
 #[derive(Debug, Clone, clap::Args)]
-#[group(required = true, multiple = false)]
+#[group(multiple = false)]
 pub struct What {
     /// One URL (`https://host/path?query`) or path (`/path`, both schemes):
     /// an exact-key purge, no scan.
@@ -21,6 +21,11 @@ pub struct What {
 }
 
 impl What {
+    /// Whether one of the flags is given.
+    pub fn given(&self) -> bool {
+        self.url.is_some() || self.prefix.is_some() || self.regex.is_some() || self.all
+    }
+
     /// The library's options.
     pub fn options(&self) -> ::ops::purge::What {
         ::ops::purge::What {

@@ -413,6 +413,14 @@ fn expositions() -> String {
     c.apply_seconds.observe(0.1);
     c.heal_seconds.observe(0.1);
     c.run_done("sync", false);
+    c.outbox(&std::collections::BTreeMap::from([(
+        "edge-9".to_owned(),
+        control::outbox::Depth {
+            waiting: 1,
+            delivered: 0,
+            oldest: Some(1),
+        },
+    )]));
     let a = agent::metrics::Metrics::default();
     a.set_build("edge-1");
     a.purge_duration.observe(0.01);

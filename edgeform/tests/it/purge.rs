@@ -314,8 +314,10 @@ fn wait_hears_every_real_agent_and_names_a_node_whose_redis_is_down() {
         .enumerate()
         .map(|(i, (r, c))| agent_for(&format!("edge-{}", i + 1), r.port, c.path()))
         .collect();
-    let out = edgeform(
+    // No state store to keep a job in: the down node's job is lost.
+    let out = edgeform_with_state(
         f.path(),
+        std::path::Path::new("/dev/null/state"),
         &[
             "purge",
             "--site",
@@ -475,7 +477,7 @@ fn a_replica_is_refused_before_anything_is_queued_there() {
             "edge-1",
         ];
         args.extend(wait.iter().flat_map(|w| ["--wait", w]));
-        let out = edgeform(f.path(), &args);
+        let out = edgeform_with_state(f.path(), std::path::Path::new("/dev/null/state"), &args);
         assert_eq!(out.status.code(), Some(1), "{wait:?}: {}", stderr(&out));
         let err = stderr(&out);
         assert!(
@@ -516,4 +518,173 @@ fn a_broken_repository_queues_nothing_and_says_where() {
     assert!(err.contains("is invalid (1 error"), "{err}");
     assert!(queued(r1.port, "cdn:purge:eu:edge-1").is_empty());
     assert!(queued(r2.port, "cdn:purge:us:edge-2").is_empty());
+}
+
+/// `edgeform` with its state store at `state`.
+fn edgeform_with_state(
+    dir: &std::path::Path,
+    state: &std::path::Path,
+    args: &[&str],
+) -> std::process::Output {
+    std::process::Command::new(env!("CARGO_BIN_EXE_edgeform"))
+        .args(args)
+        .current_dir(dir)
+        .env("NO_COLOR", "1")
+        .env("EDGEFORM_STATE_DIR", state)
+        .output()
+        .unwrap()
+}
+
+fn ids(port: u16, queue: &str) -> Vec<String> {
+    queued(port, queue)
+        .iter()
+        .map(|j| j["id"].as_str().unwrap().to_owned())
+        .collect()
+}
+
+fn kept(state: &std::path::Path, node: &str) -> usize {
+    std::fs::read_dir(state.join("outbox").join(node)).map_or(0, |d| d.count())
+}
+
+// A node whose Redis is down gets every purge when it returns: kept in
+// the outbox (fsync'd), delivered in order before a newer job, queued
+// again when its Redis restarts empty, dropped once the agent records it;
+// an agent runs a re-delivered id no second time.
+#[test]
+fn a_purge_for_a_stopped_redis_is_kept_and_delivered_in_order_when_it_returns() {
+    let mut r = harness::redis(&[]);
+    let port = r.port;
+    let cache = tempfile::tempdir().unwrap();
+    let state = tempfile::tempdir().unwrap();
+    let state = state.path().join("state");
+    let key = "$scheme$host$request_uri";
+    let f = Fixture::with(&[
+        ("nodes/edge-1.yaml", &*edge("edge-1", "eu", port, key)),
+        (
+            "sites/a.yaml",
+            "host: a.example.com\norigin: http://192.0.2.1\n",
+        ),
+    ]);
+    let queue = "cdn:purge:eu:edge-1";
+    let purge = |url: &str| {
+        edgeform_with_state(
+            f.path(),
+            &state,
+            &["purge", "--site", "a.example.com", "--url", url],
+        )
+    };
+    r.stop();
+    let mut spooled = Vec::new();
+    for url in ["/v/1.mp4", "/v/2.mp4"] {
+        let out = purge(url);
+        assert_eq!(out.status.code(), Some(3), "{}", stderr(&out));
+        assert!(
+            stderr(&out).contains(&format!("edge-1: SPOOLED (redis://127.0.0.1:{port})")),
+            "{}",
+            stderr(&out)
+        );
+        spooled.push(stdout(&out).trim().to_owned());
+    }
+    assert_eq!(kept(&state, "edge-1"), 2);
+    // Still down: --flush keeps them and says so (exit 3).
+    let out = edgeform_with_state(f.path(), &state, &["purge", "--flush"]);
+    assert_eq!(out.status.code(), Some(3), "{}", stderr(&out));
+    assert!(
+        stdout(&out).contains("edge-1: 2 kept, not delivered"),
+        "{}",
+        stdout(&out)
+    );
+
+    // Back (empty): a newer purge goes behind the kept ones.
+    r.restart();
+    let out = purge("/v/3.mp4");
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let third = stdout(&out).trim().to_owned();
+    let mut order = spooled.clone();
+    order.push(third.clone());
+    assert_eq!(ids(port, queue), order);
+    // Delivered, not done: still tracked.
+    assert_eq!(kept(&state, "edge-1"), 2);
+
+    // Restarted without persistence: the queue is lost; --flush queues the
+    // tracked jobs again, in order (the newer one was never kept).
+    r.restart();
+    assert!(ids(port, queue).is_empty());
+    let out = edgeform_with_state(f.path(), &state, &["purge", "--flush"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert!(
+        stdout(&out).contains("edge-1: 0 queued, 2 queued again, 0 done, 2 tracked"),
+        "{}",
+        stdout(&out)
+    );
+    assert_eq!(ids(port, queue), spooled);
+
+    // A real agent runs them; the reconcile daemon's run drops them once
+    // recorded.
+    let levels = agent::cache::Levels::parse("1:2").unwrap();
+    let file =
+        agent::cache::write_cache_file(cache.path(), &levels, "httpa.example.com/v/1.mp4", b"x")
+            .unwrap();
+    let _agent = agent_for("edge-1", port, cache.path());
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while !ids(port, queue).is_empty() || file.exists() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the agent ran the jobs"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let _ = edgeform_with_state(f.path(), &state, &["reconcile", "--once", "heal"]);
+    assert_eq!(kept(&state, "edge-1"), 0, "recorded jobs leave the outbox");
+
+    // The first id queued again by hand: recorded, so not run again (a
+    // new copy of the object stays cached).
+    let file =
+        agent::cache::write_cache_file(cache.path(), &levels, "httpa.example.com/v/1.mp4", b"y")
+            .unwrap();
+    let first = serde_json::json!({"id": spooled[0], "site": "a.example.com",
+        "keys": ["httpa.example.com/v/1.mp4", "httpsa.example.com/v/1.mp4"]});
+    redis::cmd("RPUSH")
+        .arg(queue)
+        .arg(first.to_string())
+        .exec(&mut con(port))
+        .unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while !ids(port, queue).is_empty() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the agent took the job"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    assert!(file.exists(), "an id already recorded is not run again");
+}
+
+// No writable state store: the job is not kept, `NOT QUEUED`, exit 1.
+#[test]
+fn a_purge_that_cannot_be_kept_says_so_and_exits_1() {
+    let down = closed_port();
+    let f = Fixture::with(&[
+        (
+            "nodes/edge-1.yaml",
+            &*edge("edge-1", "eu", down, "$host$uri"),
+        ),
+        (
+            "sites/a.yaml",
+            "host: a.example.com\norigin: http://192.0.2.1\n",
+        ),
+    ]);
+    let out = edgeform_with_state(
+        f.path(),
+        std::path::Path::new("/dev/null/state"),
+        &["purge", "--site", "a.example.com", "--all"],
+    );
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains(&format!("edge-1: NOT QUEUED (redis://127.0.0.1:{down})")),
+        "{}",
+        stderr(&out)
+    );
+    assert!(stderr(&out).contains("not kept"), "{}", stderr(&out));
 }

@@ -1,0 +1,370 @@
+//! The purge outbox: a job that could not be queued on a node's Redis is
+//! kept in the state store of the host that ran `purge`
+//! (`<state>/outbox/<node>/<sequence>-<id>`, one fsync'd file per job,
+//! written atomically), in order, and delivered by `edgeform purge --flush`
+//! and the reconcile daemon when the node's Redis answers.
+//!
+//! Delivery is in order and stops at the first failure, so an older job
+//! always reaches the queue before a newer one. A delivered job stays in
+//! the outbox until the node records `cdn:purge:done:<id>`; one that is in
+//! neither the queue, the processing list nor the record (the node's
+//! Redis restarted without persistence) is queued again. The agent runs an
+//! id it already recorded no second time, so a re-delivery is harmless.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result};
+use compiler::model::resolved::Node;
+use edgestate::purge;
+use serde::{Deserialize, Serialize};
+
+use crate::store::{DirStore, StoreError, valid_node};
+
+/// The largest job file read back (a job is at most
+/// [`purge::MAX_JOB_BYTES`], plus the envelope).
+const MAX_ENTRY_BYTES: usize = purge::MAX_JOB_BYTES + 4096;
+
+/// One kept job.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct Entry {
+    /// The job id (`cdn:purge:done:<id>` is its record).
+    pub id: String,
+    /// The job as queued (JSON text).
+    pub job: String,
+    /// When it was kept (Unix seconds).
+    pub spooled_at: u64,
+    /// When it was last queued on the node (Unix seconds), if ever.
+    #[serde(default)]
+    pub delivered_at: Option<u64>,
+    /// Its file name (the order), not stored.
+    #[serde(skip)]
+    pub file: String,
+}
+
+/// What one node's outbox holds.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Depth {
+    /// Jobs kept and never queued, or lost and waiting to be queued again.
+    pub waiting: usize,
+    /// Jobs queued on the node, not yet recorded done there.
+    pub delivered: usize,
+    /// When the oldest job was kept (Unix seconds).
+    pub oldest: Option<u64>,
+}
+
+fn now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+/// Whether `id` can be part of a file name (the ids `purge` makes).
+fn valid_id(id: &str) -> bool {
+    !id.is_empty()
+        && id.len() <= 64
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+}
+
+fn dir(store: &DirStore, node: &str) -> Result<PathBuf, StoreError> {
+    if !valid_node(node) {
+        return Err(StoreError::NodeName(node.to_owned()));
+    }
+    Ok(store.root().join("outbox").join(node))
+}
+
+/// Flush a folder's entry list to disk (a rename or removal survives a crash).
+fn sync_dir(path: &Path) {
+    if let Ok(d) = std::fs::File::open(path) {
+        let _ = d.sync_all();
+    }
+}
+
+/// Keep `job` (id `id`) for `node`, after every job already kept for it.
+///
+/// # Errors
+/// A bad node name or id, the store not writable.
+pub fn spool(store: &DirStore, node: &str, id: &str, job: &str) -> Result<(), StoreError> {
+    if !valid_id(id) {
+        return Err(StoreError::NodeName(format!("job id {id}")));
+    }
+    let dir = dir(store, node)?;
+    store.folder(&store.root().join("outbox"))?;
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    // After the last kept one even if the clock went back.
+    let last = entries(store, node)?
+        .last()
+        .and_then(|e| e.file.split('-').next()?.parse::<u128>().ok())
+        .unwrap_or(0);
+    let seq = nanos.max(last + 1);
+    let entry = Entry {
+        id: id.to_owned(),
+        job: job.to_owned(),
+        spooled_at: now(),
+        delivered_at: None,
+        file: String::new(),
+    };
+    let text = serde_json::to_string(&entry).unwrap_or_default();
+    store.write(&dir, &format!("{seq:039}-{id}"), &text)?;
+    sync_dir(&dir);
+    Ok(())
+}
+
+/// `node`'s kept jobs, oldest first. A file that does not parse is skipped
+/// (and stays for an operator to see).
+///
+/// # Errors
+/// The folder unsafe or unreadable.
+pub fn entries(store: &DirStore, node: &str) -> Result<Vec<Entry>, StoreError> {
+    let dir = dir(store, node)?;
+    let list = match std::fs::read_dir(&dir) {
+        Ok(l) => l,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => {
+            return Err(StoreError::Io {
+                path: dir,
+                cause: e.kind().to_string(),
+            });
+        }
+    };
+    let mut names: Vec<String> = list
+        .filter_map(|e| e.ok()?.file_name().into_string().ok())
+        .filter(|n| !n.starts_with('.'))
+        .collect();
+    names.sort();
+    let mut out = Vec::new();
+    for name in names {
+        let Some(text) = store.read_capped(&dir.join(&name), MAX_ENTRY_BYTES)? else {
+            continue;
+        };
+        if let Ok(mut e) = serde_json::from_str::<Entry>(&text) {
+            e.file = name;
+            out.push(e);
+        }
+    }
+    Ok(out)
+}
+
+/// Every node's outbox that holds something.
+///
+/// # Errors
+/// The store unreadable.
+pub fn depths(store: &DirStore) -> Result<BTreeMap<String, Depth>, StoreError> {
+    let root = store.root().join("outbox");
+    let mut out = BTreeMap::new();
+    let Ok(list) = std::fs::read_dir(&root) else {
+        return Ok(out);
+    };
+    for node in list.filter_map(|e| e.ok()?.file_name().into_string().ok()) {
+        if !valid_node(&node) {
+            continue;
+        }
+        let all = entries(store, &node)?;
+        if all.is_empty() {
+            continue;
+        }
+        let delivered = all.iter().filter(|e| e.delivered_at.is_some()).count();
+        out.insert(
+            node,
+            Depth {
+                waiting: all.len() - delivered,
+                delivered,
+                oldest: all.iter().map(|e| e.spooled_at).min(),
+            },
+        );
+    }
+    Ok(out)
+}
+
+fn rewrite(store: &DirStore, node: &str, e: &Entry) -> Result<(), StoreError> {
+    let dir = dir(store, node)?;
+    let text = serde_json::to_string(e).unwrap_or_default();
+    store.write(&dir, &e.file, &text)?;
+    sync_dir(&dir);
+    Ok(())
+}
+
+fn remove(store: &DirStore, node: &str, e: &Entry) -> Result<(), StoreError> {
+    let dir = dir(store, node)?;
+    match std::fs::remove_file(dir.join(&e.file)) {
+        Ok(()) => {}
+        Err(x) if x.kind() == std::io::ErrorKind::NotFound => {}
+        Err(x) => {
+            return Err(StoreError::Io {
+                path: dir.join(&e.file),
+                cause: x.kind().to_string(),
+            });
+        }
+    }
+    sync_dir(&dir);
+    Ok(())
+}
+
+/// What one flush of a node did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Flushed {
+    /// Queued now for the first time.
+    pub queued: usize,
+    /// Queued again: the node's Redis had lost them.
+    pub requeued: usize,
+    /// Recorded done by the node, taken out of the outbox.
+    pub done: usize,
+    /// Still kept (queued and not done yet, or not delivered).
+    pub left: usize,
+    /// Jobs not delivered (the node's Redis did not answer).
+    pub waiting: usize,
+}
+
+/// Deliver `node`'s outbox, in order: a job recorded done leaves it, a job
+/// on the node's queue or processing list stays tracked, any other job is
+/// queued (again). Nothing is delivered after a failure.
+///
+/// # Errors
+/// The node's Redis does not answer (or is not a master), the store
+/// cannot be written; the jobs stay kept.
+pub async fn flush(store: &DirStore, node: &Node) -> Result<Flushed> {
+    let all = entries(store, &node.name)?;
+    let mut out = Flushed::default();
+    if all.is_empty() {
+        return Ok(out);
+    }
+    let redis = node
+        .redis
+        .as_ref()
+        .with_context(|| format!("node {} has no redis block", node.name))?;
+    let queue = edgestate::keys::purge_queue(&node.region, &node.name);
+    let processing = purge::processing_key(&queue);
+    let mut con = match edgeredis::master(redis, &node.name).await {
+        Ok(c) => c,
+        Err(e) => {
+            return Err(e.context(format!("{} jobs kept for {}", all.len(), node.name)));
+        }
+    };
+    // One snapshot (MULTI: the agent moves a job from the queue to the
+    // processing list and records it atomically): the queue, the
+    // processing list and each job's record. Commands of the documented
+    // control ACL only (LRANGE, HGET).
+    let mut pipe = redis::pipe();
+    pipe.atomic()
+        .cmd("LRANGE")
+        .arg(&queue)
+        .arg(0)
+        .arg(-1)
+        .cmd("LRANGE")
+        .arg(&processing)
+        .arg(0)
+        .arg(-1);
+    for e in &all {
+        pipe.cmd("HGET").arg(purge::done_key(&e.id)).arg(&node.name);
+    }
+    let snapshot: Vec<redis::Value> = pipe
+        .query_async(&mut con)
+        .await
+        .with_context(|| format!("reading the purge queue of {}", node.name))?;
+    let list = |v: Option<&redis::Value>| -> Vec<String> {
+        v.and_then(|v| redis::from_redis_value::<Vec<String>>(v.clone()).ok())
+            .unwrap_or_default()
+    };
+    let on_node: std::collections::HashSet<String> = list(snapshot.first())
+        .into_iter()
+        .chain(list(snapshot.get(1)))
+        .collect();
+    for (i, mut e) in all.into_iter().enumerate() {
+        let done = matches!(snapshot.get(i + 2), Some(v) if !matches!(v, redis::Value::Nil));
+        if done {
+            remove(store, &node.name, &e)?;
+            out.done += 1;
+            continue;
+        }
+        if on_node.contains(&e.job) {
+            out.left += 1;
+            continue;
+        }
+        redis::cmd("RPUSH")
+            .arg(&queue)
+            .arg(&e.job)
+            .exec_async(&mut con)
+            .await
+            .with_context(|| format!("queueing purge {} on {}", e.id, node.name))?;
+        if e.delivered_at.is_some() {
+            out.requeued += 1;
+        } else {
+            out.queued += 1;
+        }
+        e.delivered_at = Some(now());
+        rewrite(store, &node.name, &e)?;
+        out.left += 1;
+    }
+    Ok(out)
+}
+
+/// Whether `node` has kept jobs that are not on its queue yet (a newer job
+/// must then be kept behind them, not queued first).
+///
+/// # Errors
+/// The store unreadable.
+pub fn has_waiting(store: &DirStore, node: &str) -> Result<bool, StoreError> {
+    Ok(entries(store, node)?
+        .iter()
+        .any(|e| e.delivered_at.is_none()))
+}
+
+/// Flush every node of `nodes` that has kept jobs; a node whose Redis does
+/// not answer is logged and skipped (the next call retries).
+pub async fn flush_all(store: &DirStore, nodes: &[Node]) -> BTreeMap<String, Result<Flushed>> {
+    let mut out = BTreeMap::new();
+    let Ok(kept) = depths(store) else {
+        return out;
+    };
+    for node in nodes.iter().filter(|n| kept.contains_key(&n.name)) {
+        let r = flush(store, node).await;
+        match &r {
+            Ok(f) => tracing::info!(
+                node = %node.name,
+                queued = f.queued,
+                requeued = f.requeued,
+                done = f.done,
+                left = f.left,
+                "purge outbox flushed"
+            ),
+            Err(e) => {
+                tracing::warn!(node = %node.name, error = %edgeredis::one_line(e), "purge outbox kept")
+            }
+        }
+        out.insert(node.name.clone(), r);
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kept_jobs_come_back_in_order_with_private_files() {
+        use std::os::unix::fs::PermissionsExt;
+        let d = tempfile::tempdir().unwrap();
+        let s = DirStore::open(&d.path().join("state")).unwrap();
+        for id in ["b-1", "a-2", "c-3"] {
+            spool(&s, "edge-1", id, &format!("{{\"id\":\"{id}\"}}")).unwrap();
+        }
+        let e = entries(&s, "edge-1").unwrap();
+        assert_eq!(
+            e.iter().map(|e| e.id.as_str()).collect::<Vec<_>>(),
+            ["b-1", "a-2", "c-3"]
+        );
+        let mode = std::fs::metadata(d.path().join("state/outbox/edge-1").join(&e[0].file))
+            .unwrap()
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o777, 0o600);
+        let depth = depths(&s).unwrap();
+        assert_eq!(depth["edge-1"].waiting, 3);
+        assert!(spool(&s, "../x", "a", "{}").is_err());
+        assert!(spool(&s, "edge-1", "../a", "{}").is_err());
+    }
+}
