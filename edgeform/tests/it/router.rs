@@ -552,6 +552,7 @@ fn route_reads_health_from_the_broker_and_status_shows_zones() {
             redis: edgestate::mqtt::RedisState::default(),
             version: "t".into(),
             bundle: None,
+            serving: None,
         })
         .unwrap()
     };
