@@ -171,6 +171,7 @@ impl Book {
                             stale: e.stale,
                             vod: r.and_then(|r| r.vod.clone()),
                             net_kbit: r.and_then(|r| r.net_kbit),
+                            serving: r.and_then(|r| r.serving),
                         },
                     )
                 })
@@ -199,6 +200,7 @@ mod tests {
             redis: RedisState::default(),
             version: "0".into(),
             bundle: None,
+            serving: None,
         })
         .unwrap()
     }

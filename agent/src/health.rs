@@ -314,9 +314,17 @@ pub async fn report(
     let mut net_total = sample_net_total();
     let mut warned: Vec<String> = Vec::new();
     let mut wait = config.health.interval.min(Duration::from_secs(1));
+    let serving = Arc::new(crate::probe::Serving::default());
+    tokio::spawn(crate::probe::run(
+        config.health.probe.clone(),
+        serving.clone(),
+        shutdown.clone(),
+    ));
     loop {
+        // A change of the serving state is reported at once.
         tokio::select! {
             () = tokio::time::sleep(wait) => {}
+            () = serving.changed.notified() => {}
             () = shutdown.wait() => return,
         }
         wait = config.health.interval;
@@ -376,6 +384,7 @@ pub async fn report(
             redis,
             version: VERSION.to_owned(),
             bundle: config.health.bundle_manifest.as_deref().map(bundle_state),
+            serving: serving.get(),
         };
         if let Some(q) = report.purge.queue {
             metrics.purge_queue.set(gauge_value(q));

@@ -22,6 +22,7 @@ pub mod health;
 pub mod http;
 pub mod metrics;
 pub mod mqtt;
+pub mod probe;
 pub mod purge;
 pub mod routing;
 pub mod shutdown;

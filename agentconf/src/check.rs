@@ -234,6 +234,7 @@ fn document(cx: &mut Cx<'_>, r: &raw::Config) -> Option<Config> {
             streams: None,
             bundle_manifest: None,
             vod: None,
+            probe: Vec::new(),
         }),
         Some(v) => cx.open(v, "/health").and_then(|v| health(cx, v)),
     };
@@ -619,12 +620,31 @@ fn health(cx: &mut Cx<'_>, m: &raw::Health) -> Option<HealthConfig> {
     let play_sessions = source(cx, m.play_sessions.as_ref(), "play_sessions");
     let streams = source(cx, m.streams.as_ref(), "streams");
     let vod = source(cx, m.vod.as_ref(), "vod");
+    let mut probe = Vec::new();
+    for (i, text) in cx
+        .strings(&m.probe, "/health", "probe")
+        .unwrap_or_default()
+        .iter()
+        .enumerate()
+    {
+        match text
+            .strip_prefix("http://")
+            .map(str::parse::<std::net::SocketAddr>)
+        {
+            Some(Ok(addr)) => probe.push(crate::Probe { addr }),
+            _ => cx.at(
+                &format!("/health/probe/{i}"),
+                "a probe is `http://IP:PORT`: a plain-HTTP listener of this node's edge".into(),
+            ),
+        }
+    }
     Some(HealthConfig {
         interval: interval?,
         play_sessions: play_sessions?,
         streams: streams?,
         bundle_manifest,
         vod: vod?,
+        probe,
     })
 }
 

@@ -89,6 +89,17 @@ pub struct HealthConfig {
     /// VOD assets held: the field is an object asset → revision or list of
     /// revisions.
     pub vod: Option<Source>,
+    /// The edge's own listeners the agent probes every second with a
+    /// request for the reserved host (docs/edge.md, "The serving probe");
+    /// empty: no probe, and the report has no `serving`.
+    pub probe: Vec<Probe>,
+}
+
+/// One listener of the edge the agent probes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Probe {
+    /// A plain-HTTP listener (`http://IP:PORT`).
+    pub addr: std::net::SocketAddr,
 }
 
 /// Where a metric is read: a JSON document from a URL or a file, and the

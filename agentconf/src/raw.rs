@@ -254,6 +254,7 @@ pub struct Health {
     pub bundle_manifest: Text,
     #[serde(default, deserialize_with = "present")]
     pub vod: Option<Field<Source>>,
+    pub probe: Option<Field<Vec<Field<String>>>>,
 }
 
 /// One metric source of `health:`.

@@ -402,7 +402,7 @@ fn unknown_keys_are_refused_at_the_key_with_the_keys_the_section_takes() {
             "health:\n  intervall: 5s\n",
             5,
             3,
-            "`interval`, `play_sessions`, `streams`, `bundle_manifest`, `vod`",
+            "`interval`, `play_sessions`, `streams`, `bundle_manifest`, `vod`, `probe`",
         ),
         (
             "health:\n  vod: {file: /v.json, field: x, every: 1s}\n",
@@ -732,6 +732,12 @@ fn paths_and_durations_are_checked_at_their_value() {
             16,
             "is not an address:port",
         ),
+        (
+            "health: {probe: [\"http://127.0.0.1:80\", \"https://127.0.0.1:443\"]}\n",
+            4,
+            41,
+            "a probe is `http://IP:PORT`",
+        ),
     ] {
         let (l, c, m) = one_error(text);
         assert_eq!((l, c), (line, column), "{text}: {m}");
@@ -741,7 +747,7 @@ fn paths_and_durations_are_checked_at_their_value() {
         "agent.yaml",
         &format!(
             "{BASE}state_dir: /srv/./agent/\nrouting: {{refresh: 250ms, share_health: /run/h.json}}\n\
-             health:\n  vod: {{url: \"http://127.0.0.1/v\", field: /vod}}\n  bundle_manifest: /opt/e/current/manifest.json\n"
+             health:\n  vod: {{url: \"http://127.0.0.1/v\", field: /vod}}\n  bundle_manifest: /opt/e/current/manifest.json\n  probe: [\"http://127.0.0.1:80\"]\n"
         ),
         &|_| None,
         false,
@@ -759,6 +765,12 @@ fn paths_and_durations_are_checked_at_their_value() {
             from: SourceFrom::Url("http://127.0.0.1/v".into()),
             field: "/vod".into()
         })
+    );
+    assert_eq!(
+        c.health.probe,
+        [crate::Probe {
+            addr: "127.0.0.1:80".parse().unwrap()
+        }]
     );
 }
 

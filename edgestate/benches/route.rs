@@ -81,6 +81,7 @@ fn main() {
                 stale: false,
                 vod: None,
                 net_kbit: None,
+                serving: None,
             },
         );
     }

@@ -165,6 +165,12 @@ pub struct HealthReport {
     /// not configured, so older readers are unaffected.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub bundle: Option<BundleState>,
+    /// Whether the node's edge answers the agent's probe on every
+    /// configured listener (docs/edge.md, "The serving probe"); left out
+    /// when the agent probes nothing. `false`: routing treats the node as
+    /// offline.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub serving: Option<bool>,
 }
 
 /// The installed bundle's version and the commit it was built from.
@@ -530,6 +536,7 @@ mod tests {
             redis: RedisState::default(),
             version: "0".into(),
             bundle: None,
+            serving: None,
         };
         let v = serde_json::to_value(&r).unwrap();
         assert!(v["play_sessions"].is_null() && v["config"]["commit"].is_null());

@@ -50,6 +50,19 @@ pub struct NodeHealth {
     /// `network_bandwidth_kbit` (the placement budget) limits.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub net_kbit: Option<u64>,
+    /// Whether the node's edge answers its agent's probe (absent: the
+    /// agent probes nothing). `false` excludes the node like `online:
+    /// false`, with the reason "not serving".
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub serving: Option<bool>,
+}
+
+impl NodeHealth {
+    /// Online and not known to be failing its probe.
+    #[must_use]
+    pub fn up(&self) -> bool {
+        self.online == Some(true) && self.serving != Some(false)
+    }
 }
 
 /// A health snapshot: `{"nodes": {"<name>": {...}}}`.
@@ -124,6 +137,8 @@ enum Why {
     NoReport,
     OnlineMissing,
     Offline,
+    /// Online, but its edge does not answer its agent's probe.
+    NotServing,
     NotCarried,
     SessionsMissing,
     SessionLimitZero,
@@ -140,6 +155,7 @@ impl Why {
             Why::NoReport => "no health report".into(),
             Why::OnlineMissing => "online missing".into(),
             Why::Offline => "offline".into(),
+            Why::NotServing => "not serving".into(),
             Why::NotCarried => format!("does not carry {stream}"),
             Why::SessionsMissing => "play_sessions missing".into(),
             Why::SessionLimitZero => "playback_session_limit is 0".into(),
@@ -511,6 +527,9 @@ impl Router {
                 Why::Offline
             });
         }
+        if h.serving == Some(false) {
+            return Some(Why::NotServing);
+        }
         let carries = has_role(node, "edge")
             || h.streams
                 .as_ref()
@@ -793,9 +812,16 @@ impl Router {
                 reasons.push(format!("{name} excluded: drained"));
                 continue;
             }
-            if health.nodes.get(name).and_then(|h| h.online) != Some(true) {
-                reasons.push(format!("{name} excluded: not online"));
-                continue;
+            match health.nodes.get(name) {
+                Some(h) if h.up() => {}
+                Some(h) if h.online == Some(true) => {
+                    reasons.push(format!("{name} excluded: not serving"));
+                    continue;
+                }
+                _ => {
+                    reasons.push(format!("{name} excluded: not online"));
+                    continue;
+                }
             }
             distances.push((name.clone(), haversine_km(client_location, loc)));
         }
@@ -1043,6 +1069,8 @@ impl Router {
                 Some("drained".to_owned())
             } else if h.online != Some(true) {
                 Some("offline".to_owned())
+            } else if h.serving == Some(false) {
+                Some("not serving".to_owned())
             } else if let Some(why) =
                 node.and_then(|n| placement_budget(n.network_bandwidth_kbit, h.net_kbit))
             {

@@ -123,6 +123,7 @@ fuzz_target!(|data: &[u8]| {
                 stale: false,
                 vod: None,
                 net_kbit: None,
+                serving: None,
             },
         );
     }

@@ -542,6 +542,7 @@ pub fn health_of(heard: &Heard) -> edgestate::route::Health {
                         stale: false,
                         vod: r.and_then(|r| r.vod.clone()),
                         net_kbit: r.and_then(|r| r.net_kbit),
+                        serving: r.and_then(|r| r.serving),
                     },
                 )
             })

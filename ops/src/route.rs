@@ -124,6 +124,7 @@ pub fn route(config: &Config, args: &RouteOptions) -> Result<u8> {
                                 stale: false,
                                 vod: None,
                                 net_kbit: None,
+                                serving: None,
                             },
                         )
                     })

@@ -106,8 +106,11 @@ local function poll_health()
     local online, stale, names = {}, false, {}
     for name, n in pairs(h.nodes) do
       if type(n) == "table" then
-        online[name] = n.online == true
-        if n.online == true then names[#names + 1] = name end
+        -- An edge whose agent's probe fails (`serving: false`) is
+        -- treated like an offline one (docs/router.md).
+        local up = n.online == true and n.serving ~= false
+        online[name] = up
+        if up then names[#names + 1] = name end
         if n.stale == true then stale = true end
       end
     end
@@ -193,6 +196,7 @@ function _M.access()
       d.note = "no location for " .. text
     else
       d.edge = decide.nearest(edges, is_online, lat, lon, text, tie_km)
+      d.lat, d.lon, d.key = lat, lon, text
       if not d.edge or not d.edge.addr then
         d.edge, d.note = nil, "no online edge"
       end
@@ -205,12 +209,36 @@ function _M.access()
     return ngx.exit(503)
   end
   ngx.ctx.edge = d.edge
+  ngx.ctx.decision = d
   ngx.var.router_edge = d.edge.name
 end
 
+-- The next nearest online edge but the ones in `failed` (a retry after a
+-- connect error), or nil.
+local function next_edge(d, failed)
+  local function usable(name) return not failed[name] and is_online(name) end
+  local e = decide.nearest(edges, usable, d.lat, d.lon, d.key, tie_km)
+  if e and e.addr then return e end
+  return nil
+end
+
 function _M.balance()
-  local e = ngx.ctx.edge
+  local ctx = ngx.ctx
+  local e = ctx.edge
   if not e then return ngx.exit(502) end
+  if balancer.get_last_failure() then
+    -- The chosen edge refused or timed out the connection (nginx retries
+    -- only where `proxy_next_upstream` allows, at most
+    -- `proxy_next_upstream_tries`): the next nearest online edge.
+    ctx.failed = ctx.failed or {}
+    ctx.failed[e.name] = true
+    e = ctx.decision and next_edge(ctx.decision, ctx.failed)
+    if not e then return ngx.exit(502) end
+    log(WARN, "edgeform router: ", next(ctx.failed), " failed; retrying ", e.name)
+    ctx.edge = e
+  else
+    balancer.set_more_tries(1)
+  end
   local ok, err = balancer.set_current_peer(e.addr, conf.edge_port)
   if not ok then
     log(ERR, "edgeform router: cannot proxy to ", e.name, " (", e.addr, "): ", err)

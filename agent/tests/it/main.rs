@@ -5,6 +5,7 @@
 mod mqtt;
 mod obs;
 mod packaging;
+mod probe;
 mod purge;
 mod replay;
 mod route;

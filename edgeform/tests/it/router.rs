@@ -552,6 +552,7 @@ fn route_reads_health_from_the_broker_and_status_shows_zones() {
             redis: edgestate::mqtt::RedisState::default(),
             version: "t".into(),
             bundle: None,
+            serving: None,
         })
         .unwrap()
     };
@@ -689,5 +690,135 @@ fn route_geo_canonicalises_ipv4_mapped_clients() {
     };
     for ip in ["81.2.69.142", "81.2.69.160", "216.160.83.57"] {
         assert_eq!(choice(&format!("::ffff:{ip}")), choice(ip), "{ip}");
+    }
+}
+
+/// The geo router with an edge that refuses connections (no listener) and
+/// one whose agent reports it not serving: a connect error is retried once
+/// on the next nearest online edge, so the viewer is answered; an edge
+/// reported `serving: false` is skipped like an offline one, as
+/// `edgeform route --geo` says.
+#[test]
+fn geo_router_retries_the_next_edge_and_skips_an_edge_not_serving() {
+    let redis = harness::redis(&[]);
+    let broker = harness::mosquitto();
+    let f = repo(redis.port, broker.port);
+    let out = edgeform(f.path(), &["apply", "--yes", "--node", "router-1"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let edge_port = harness::free_port();
+    for (name, addr, _, _) in EDGES {
+        // edge-london's nginx is dead: nothing listens at its address.
+        if *name != "edge-london" {
+            edge_listener(addr, edge_port, name);
+        }
+        set_status(broker.port, name, "online");
+    }
+    let shared = tempfile::tempdir().unwrap();
+    let health = shared.path().join("health.json");
+    let cache = tempfile::tempdir().unwrap();
+    let _agent = Agent::start(&format!(
+        "node: router-1\nregion: eu\nredis: {{url: \"redis://127.0.0.1:{}\"}}\n\
+         cache: {{dirs: [{}]}}\nmqtt: {{url: \"mqtt://127.0.0.1:{}\"}}\n\
+         health: {{interval: 500ms}}\n\
+         routing: {{refresh: 200ms, share_health: {}}}\n",
+        redis.port,
+        cache.path().display(),
+        broker.port,
+        health.display()
+    ));
+    let snapshot = || -> serde_json::Value {
+        std::fs::read_to_string(&health)
+            .ok()
+            .and_then(|t| serde_json::from_str(&t).ok())
+            .unwrap_or_default()
+    };
+    wait_for("every edge online in the shared snapshot", 20, || {
+        let s = snapshot();
+        EDGES
+            .iter()
+            .all(|(n, _, _, _)| s["nodes"][n]["online"] == true)
+    });
+    let router = harness::nginx::router(&harness::nginx::RouterOptions::new(
+        redis.port,
+        health.clone(),
+        edge_port,
+    ));
+    let port = router.process.port;
+    let london: Vec<IpAddr> = every_network(&geoip_db())
+        .into_iter()
+        .filter(|ip| ip.to_string().starts_with("81.2.69."))
+        .collect();
+    wait_for("the router to load table and health", 20, || {
+        let r = get(port, Some(&london[0].to_string()));
+        r.status == 200 && !r.headers.contains_key("x-edgeform-stale")
+    });
+    let frozen = shared.path().join("all-online.json");
+    std::fs::copy(&health, &frozen).unwrap();
+    let choices: Vec<(IpAddr, Option<String>)> = london
+        .iter()
+        .map(|ip| (*ip, cli_choice(f.path(), *ip, &frozen)))
+        .collect();
+    let mut retried = 0;
+    for (ip, cli) in &choices {
+        let r = get(port, Some(&ip.to_string()));
+        assert_eq!(r.status, 200, "{ip}: {:?}", r.headers);
+        if cli.as_deref() == Some("edge-london") {
+            // Refused: answered by the next nearest online edge.
+            assert_ne!(r.body, "edge-london");
+            retried += 1;
+        } else {
+            assert_eq!(Some(&r.body), cli.as_ref(), "{ip}");
+        }
+    }
+    assert!(
+        retried > 0,
+        "no London client chose edge-london: {choices:?}"
+    );
+
+    // edge-oxford's agent reports it not serving (its listener is up: only
+    // the report can steer around it).
+    let on_oxford: Vec<IpAddr> = choices
+        .iter()
+        .filter(|(_, c)| c.as_deref() == Some("edge-oxford"))
+        .map(|(ip, _)| *ip)
+        .collect();
+    assert!(!on_oxford.is_empty(), "{choices:?}");
+    retain(
+        broker.port,
+        "edgeform/health/edge-oxford",
+        serde_json::to_vec(&edgestate::mqtt::HealthReport {
+            node: "edge-oxford".into(),
+            ts: 1,
+            interval_ms: Some(5000),
+            play_sessions: Some(0),
+            out_kbit: Some(0),
+            streams: None,
+            vod: None,
+            net_kbit: None,
+            config: edgestate::mqtt::ConfigState::default(),
+            purge: edgestate::mqtt::PurgeState::default(),
+            redis: edgestate::mqtt::RedisState::default(),
+            version: "t".into(),
+            bundle: None,
+            serving: Some(false),
+        })
+        .unwrap(),
+    );
+    wait_for("the router to skip edge-oxford", 20, || {
+        get(port, Some(&on_oxford[0].to_string())).body != "edge-oxford"
+    });
+    std::fs::copy(&health, &frozen).unwrap();
+    let s: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&frozen).unwrap()).unwrap();
+    assert_eq!(s["nodes"]["edge-oxford"]["serving"], false, "{s}");
+    for ip in &on_oxford {
+        let cli = cli_choice(f.path(), *ip, &frozen);
+        assert_ne!(cli.as_deref(), Some("edge-oxford"), "{ip}");
+        let r = get(port, Some(&ip.to_string()));
+        assert_eq!(r.status, 200, "{ip}");
+        assert_ne!(r.body, "edge-oxford", "{ip}");
+        if cli.as_deref() != Some("edge-london") {
+            assert_eq!(Some(&r.body), cli.as_ref(), "{ip}");
+        }
     }
 }

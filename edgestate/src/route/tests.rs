@@ -91,6 +91,7 @@ fn health(entries: &[Report<'_>]) -> Health {
                         stale: false,
                         vod: None,
                         net_kbit: None,
+                        serving: None,
                     },
                 )
             })
@@ -791,6 +792,7 @@ fn vod_health(entries: &[Held<'_>]) -> Health {
                         streams: Some(Vec::new()),
                         stale: false,
                         net_kbit: Some(0),
+                        serving: None,
                         vod: Some(
                             held.iter()
                                 .map(|(a, r)| ((*a).to_owned(), r.to_vec()))
@@ -973,4 +975,87 @@ fn vod_placement_budget_network_bandwidth_kbit() {
     h.nodes.get_mut("spare").unwrap().net_kbit = Some(5000);
     let d = r.vod(Some(ip("192.0.2.1")), None, "movie", &h);
     assert_eq!(d.node.as_deref(), Some("free"));
+}
+
+/// A node online but failing its agent's probe (`serving: false`) is
+/// excluded like an offline one, with its reason, by the stream decision,
+/// the geo router and VOD; `serving` absent (no probe) changes nothing.
+#[test]
+fn a_node_not_serving_is_treated_like_an_offline_one() {
+    let not_serving = |mut h: Health, name: &str| {
+        h.nodes.get_mut(name).unwrap().serving = Some(false);
+        h
+    };
+    // Streams.
+    let r = T::new()
+        .node("a", node(&["edge"], None))
+        .node("b", node(&["edge"], None))
+        .router();
+    let up = health(&[
+        ("a", true, Some(0), None, &["cam"]),
+        ("b", true, Some(50), None, &["cam"]),
+    ]);
+    assert_eq!(
+        r.decide(Some(ip("192.0.2.1")), None, "cam", &up)
+            .node
+            .as_deref(),
+        Some("a")
+    );
+    let h = not_serving(up, "a");
+    let d = r.decide(Some(ip("192.0.2.1")), None, "cam", &h);
+    assert_eq!(d.node.as_deref(), Some("b"), "{:#?}", d.reasons);
+    let listed = d
+        .zones
+        .iter()
+        .flat_map(|z| &z.nodes)
+        .find(|c| c.node == "a")
+        .unwrap();
+    assert!(!listed.eligible && listed.reason.as_deref() == Some("not serving"));
+    assert_eq!(
+        r.decide_quick(Some(ip("192.0.2.1")), None, "cam", &h).node,
+        d.node
+    );
+
+    // Geo: the nearest edge not serving is skipped for the next one.
+    let mut t = T::new();
+    for (name, lat, lon) in [("ams", 52.37, 4.90), ("fra", 50.11, 8.68)] {
+        let mut n = node(&["edge"], None);
+        n.location = Some(Location { lat, lon });
+        t = t.node(name, n);
+    }
+    let g = t.router();
+    let h = not_serving(
+        health(&[
+            ("ams", true, Some(0), None, &[]),
+            ("fra", true, Some(0), None, &[]),
+        ]),
+        "ams",
+    );
+    let london = Location {
+        lat: 51.5142,
+        lon: -0.0931,
+    };
+    let d = g.nearest(ip("81.2.69.142"), london, &h);
+    assert_eq!(d.node.as_deref(), Some("fra"));
+    assert!(
+        d.reasons.iter().any(|r| r == "ams excluded: not serving"),
+        "{:#?}",
+        d.reasons
+    );
+
+    // VOD: the newest replica's node is not serving: the next one wins.
+    let h = not_serving(
+        vod_health(&[
+            ("a", true, 0, &[("movie", &[6])]),
+            ("b", true, 9, &[("movie", &[5])]),
+        ]),
+        "a",
+    );
+    let d = r.vod(Some(ip("192.0.2.1")), None, "movie", &h);
+    assert_eq!((d.node.as_deref(), d.revision), (Some("b"), Some(5)));
+    assert!(
+        d.replicas
+            .iter()
+            .any(|x| x.node == "a" && x.reason.as_deref() == Some("not serving"))
+    );
 }

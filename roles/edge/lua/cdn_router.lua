@@ -449,9 +449,16 @@ end
 -- decision reads them only for `strict`): no table, no clock read.
 local NO_CLEARANCE = {}
 
+-- The host the agent's probe asks for (`.invalid`: never a site's).
+local PROBE_HOST = "edgeform-probe.invalid"
+
 function _M.access()
   local var = ngx.var
   local https, proxy, peer, host, content_length, request_uri = request_line(var.edge_request)
+  -- The agent's serving probe (docs/edge.md, "The serving probe"): the
+  -- reserved host is answered here, before any lookup, so an edge whose
+  -- Redis is down still passes (it serves its last-known documents).
+  if host == PROBE_HOST and not proxy then return answer(204, "probe") end
   if generation == nil then poll() end
   -- The routers' PROXY-protocol listener first: only a router's header
   -- is believed (a new router works once the routing table names it);
@@ -460,6 +467,7 @@ function _M.access()
     log(INFO, "edgeform: PROXY header from ", peer, ", not a router: refused")
     return ngx.exit(444)
   end
+  if host == PROBE_HOST then return answer(204, "probe") end
   -- Then the path's form (docs/edge.md, "The normalised path").
   local pc = decide.path_check(request_uri)
   if pc then
