@@ -187,3 +187,124 @@ fn a_random_host_flood_during_a_redis_outage_leaves_known_sites_serving() {
         );
     }
 }
+
+fn redis_run(port: u16, args: &[&str]) {
+    let mut c = redis::cmd(args[0]);
+    for a in &args[1..] {
+        c.arg(*a);
+    }
+    let mut con = redis::Client::open(format!("redis://127.0.0.1:{port}"))
+        .unwrap()
+        .get_connection()
+        .unwrap();
+    c.exec(&mut con).unwrap();
+}
+
+/// GET `host` until it answers `want` (the edge polls every 200 ms) or
+/// 5 s pass; the last status.
+fn settle(port: u16, host: &str, want: u16) -> u16 {
+    let t = Instant::now();
+    loop {
+        let s = get(port, host).0;
+        if s == want || t.elapsed() > Duration::from_secs(5) {
+            return s;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// The edge's Redis loses its data — FLUSHALL, `edgeform:meta` deleted,
+/// a restart without persistence, its generation going backwards — and
+/// the sites the edge served keep serving from what it last read; a host
+/// it never read gets what Redis has; the next write (a re-push) moves it
+/// again, even to a lower generation.
+#[test]
+fn an_edge_whose_redis_loses_its_data_keeps_serving_the_sites_it_knew() {
+    let mut redis = harness::redis(&[]);
+    let origin = crate::proxied::origin();
+    let repo = Fixture::empty();
+    repo.write(
+        "nodes/edge-1.yaml",
+        format!(
+            "name: edge-1\nroles: [edge]\nregion: eu\nlocation: {{lat: 52.0, lon: 4.0}}\n\
+             addresses: [198.51.100.1]\nredis: {{url: \"redis://127.0.0.1:{}\"}}\n",
+            redis.port
+        )
+        .as_bytes(),
+    );
+    for (file, host) in [
+        ("sites/a.yaml", "a.test"),
+        ("sites/b.yaml", "b.test"),
+        ("sites/wild.yaml", "\"*.wild.test\""),
+    ] {
+        repo.write(
+            file,
+            format!(
+                "host: {host}\norigin: http://127.0.0.1:{origin}\nloopback: true\ncached: false\n"
+            )
+            .as_bytes(),
+        );
+    }
+    let apply = || {
+        let out = edgeform(repo.path(), &["apply", "--yes"]);
+        assert_eq!(out.status.code(), Some(0), "apply: {}", stderr(&out));
+    };
+    apply();
+    let mut o = EdgeOptions::new(redis.port);
+    o.workers = 2;
+    let edge = harness::nginx::edge(&o);
+    let port = edge.process.port;
+    std::thread::sleep(Duration::from_millis(300));
+    // Read by the edge: a.test and a host under the wildcard (b.test never).
+    for _ in 0..4 {
+        for host in ["a.test", "shop.wild.test"] {
+            assert_eq!(get(port, host).0, 200, "{host} before");
+        }
+    }
+    let known = |what: &str| {
+        for _ in 0..4 {
+            for host in ["a.test", "shop.wild.test"] {
+                assert_eq!(
+                    get(port, host),
+                    (200, None),
+                    "{host} after {what}\n{}",
+                    edge.error_log()
+                );
+            }
+        }
+    };
+    // FLUSHALL: the known sites serve; b.test, never read, is what Redis
+    // has (nothing).
+    redis_run(redis.port, &["FLUSHALL"]);
+    std::thread::sleep(Duration::from_millis(500));
+    known("FLUSHALL");
+    assert_eq!(get(port, "b.test").0, 404);
+    assert!(edge.error_log().contains("redis lost its data"));
+    // The re-push (generation 1 again) moves the edge: b.test serves.
+    apply();
+    assert_eq!(settle(port, "b.test", 200), 200);
+    known("the re-push");
+    // edgeform:meta deleted with a site's document.
+    redis_run(redis.port, &["DEL", "edgeform:meta", "site:a.test"]);
+    std::thread::sleep(Duration::from_millis(500));
+    known("DEL edgeform:meta");
+    apply();
+    // A restart without persistence.
+    redis.restart();
+    std::thread::sleep(Duration::from_millis(700));
+    known("a Redis restart without persistence");
+    apply();
+    // The generation going backwards (an older snapshot) with a document
+    // gone: held, until Redis moves again.
+    redis_run(redis.port, &["HSET", "edgeform:meta", "generation", "99"]);
+    std::thread::sleep(Duration::from_millis(500));
+    known("generation 99");
+    redis_run(redis.port, &["HSET", "edgeform:meta", "generation", "98"]);
+    redis_run(redis.port, &["DEL", "site:a.test"]);
+    std::thread::sleep(Duration::from_millis(500));
+    known("the generation going backwards");
+    // Then Redis moves (any new value): the edge follows what it has.
+    redis_run(redis.port, &["HSET", "edgeform:meta", "generation", "100"]);
+    assert_eq!(settle(port, "a.test", 404), 404);
+    assert_eq!(get(port, "shop.wild.test").0, 200);
+}
