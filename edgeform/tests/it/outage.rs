@@ -308,3 +308,98 @@ fn an_edge_whose_redis_loses_its_data_keeps_serving_the_sites_it_knew() {
     assert_eq!(settle(port, "a.test", 404), 404);
     assert_eq!(get(port, "shop.wild.test").0, 200);
 }
+
+/// Wait until `key` exists in the Redis at `port` (10 s at most); how long
+/// it took.
+fn until_exists(port: u16, key: &str) -> Option<Duration> {
+    let t = Instant::now();
+    while t.elapsed() < Duration::from_secs(10) {
+        if let Ok(mut c) = redis::Client::open(format!("redis://127.0.0.1:{port}"))
+            .and_then(|c| c.get_connection())
+            && redis::cmd("EXISTS")
+                .arg(key)
+                .query::<bool>(&mut c)
+                .unwrap_or(false)
+        {
+            return Some(t.elapsed());
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    None
+}
+
+/// The reconcile daemon (ticks an hour apart) re-pushes a target whose
+/// Redis lost its data — FLUSHALL, `edgeform:meta` deleted, a restart
+/// without persistence — within seconds, and the edge serves its known
+/// site all along.
+#[test]
+fn the_daemon_re_pushes_at_once_a_target_whose_redis_lost_its_data() {
+    let mut redis = harness::redis(&[]);
+    let origin = crate::proxied::origin();
+    let repo = Fixture::empty();
+    repo.write(
+        "nodes/edge-1.yaml",
+        format!(
+            "name: edge-1\nroles: [edge]\nregion: eu\nlocation: {{lat: 52.0, lon: 4.0}}\n\
+             addresses: [198.51.100.1]\nredis: {{url: \"redis://127.0.0.1:{}\"}}\n",
+            redis.port
+        )
+        .as_bytes(),
+    );
+    for (file, host) in [("sites/a.yaml", "a.test"), ("sites/b.yaml", "b.test")] {
+        repo.write(
+            file,
+            format!(
+                "host: {host}\norigin: http://127.0.0.1:{origin}\nloopback: true\ncached: false\n"
+            )
+            .as_bytes(),
+        );
+    }
+    repo.commit("sites");
+    let log = tempfile::NamedTempFile::new().unwrap();
+    let mut daemon = std::process::Command::new(env!("CARGO_BIN_EXE_edgeform"))
+        .args(["reconcile", "--sync-every", "1h", "--heal-every", "1h"])
+        .current_dir(repo.path())
+        .env("NO_COLOR", "1")
+        .stderr(log.reopen().unwrap())
+        .spawn()
+        .unwrap();
+    let daemon_log = || std::fs::read_to_string(log.path()).unwrap_or_default();
+    assert!(
+        until_exists(redis.port, "site:a.test").is_some(),
+        "{}",
+        daemon_log()
+    );
+    let mut o = EdgeOptions::new(redis.port);
+    o.workers = 1;
+    let edge = harness::nginx::edge(&o);
+    let port = edge.process.port;
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(get(port, "a.test").0, 200);
+    // Let the first heal's tracking connection open (the first tick).
+    std::thread::sleep(Duration::from_millis(1000));
+    let mut took = Vec::new();
+    for what in ["FLUSHALL", "DEL edgeform:meta", "restart"] {
+        match what {
+            "FLUSHALL" => redis_run(redis.port, &["FLUSHALL"]),
+            "DEL edgeform:meta" => redis_run(redis.port, &["DEL", "edgeform:meta", "site:b.test"]),
+            _ => redis.restart(),
+        }
+        assert_eq!(get(port, "a.test").0, 200, "a.test after {what}");
+        let back = until_exists(redis.port, "edgeform:meta")
+            .and_then(|t| until_exists(redis.port, "site:b.test").map(|u| t.max(u)));
+        let Some(back) = back else {
+            let _ = daemon.kill();
+            panic!("not re-pushed after {what}:\n{}", daemon_log());
+        };
+        took.push((what, back));
+        assert_eq!(settle(port, "b.test", 200), 200, "b.test after {what}");
+        assert_eq!(get(port, "a.test").0, 200, "a.test after {what}");
+    }
+    let _ = daemon.kill();
+    let _ = daemon.wait();
+    eprintln!("re-pushed after: {took:?}");
+    for (what, t) in took {
+        assert!(t < Duration::from_secs(5), "{what}: re-pushed after {t:?}");
+    }
+}
