@@ -403,3 +403,39 @@ fn the_daemon_re_pushes_at_once_a_target_whose_redis_lost_its_data() {
         assert!(t < Duration::from_secs(5), "{what}: re-pushed after {t:?}");
     }
 }
+
+/// The edge role's Redis settings (`roles/edge/redis-persistence.conf`,
+/// included last) keep the documents across a crash: written, a second
+/// and a half later kill -9, started again: still there.
+#[test]
+fn the_edge_roles_redis_persistence_keeps_the_documents_across_a_crash() {
+    let conf = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../roles/edge/redis-persistence.conf")
+        .canonicalize()
+        .unwrap();
+    let include = format!("include {}", conf.display());
+    let mut redis = harness::redis(&[include.as_str()]);
+    redis_run(
+        redis.port,
+        &["HSET", "edgeform:meta", "generation", "7", "commit", "c"],
+    );
+    redis_run(redis.port, &["SET", "site:a.test", "{}"]);
+    std::thread::sleep(Duration::from_millis(1500));
+    redis.kill();
+    redis.restart();
+    assert!(
+        until_exists(redis.port, "site:a.test").is_some(),
+        "{}",
+        redis.log()
+    );
+    let mut c = redis::Client::open(format!("redis://127.0.0.1:{}", redis.port))
+        .unwrap()
+        .get_connection()
+        .unwrap();
+    let g: Option<String> = redis::cmd("HGET")
+        .arg("edgeform:meta")
+        .arg("generation")
+        .query(&mut c)
+        .unwrap();
+    assert_eq!(g.as_deref(), Some("7"));
+}
