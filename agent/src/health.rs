@@ -268,7 +268,11 @@ async fn redis_state(
                 queue: Some(q),
                 processing: Some(p),
             },
-            RedisState { ok: true, role },
+            RedisState {
+                ok: true,
+                role,
+                data_lost: false,
+            },
         ))
     };
     match read.await {
@@ -282,9 +286,46 @@ async fn redis_state(
                 RedisState {
                     ok: false,
                     role: None,
+                    data_lost: false,
                 },
             )
         }
+    }
+}
+
+/// The generations of `edgeform:meta` the agent has read, as the edge
+/// follows them (docs/edge.md "Freshness"): `serving` moves forward, and
+/// not to a missing meta or a lower generation (Redis lost its data),
+/// unless Redis was written again after such a loss.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+struct Generations {
+    /// The generation the edge serves (`None` inside: none yet or no meta).
+    serving: Option<Option<u64>>,
+    /// The generation last read.
+    seen: Option<Option<u64>>,
+}
+
+impl Generations {
+    /// `read`: the meta's generation (`None`: no meta). Whether the Redis
+    /// has lost its data since.
+    fn read(&mut self, read: Option<u64>) -> bool {
+        let moved = match self.serving {
+            None => true,
+            Some(serving) => {
+                if read == serving || read.is_none() {
+                    false
+                } else if self.seen != self.serving && Some(read) != self.seen {
+                    true
+                } else {
+                    !matches!((read, serving), (Some(r), Some(s)) if r < s)
+                }
+            }
+        };
+        if moved {
+            self.serving = Some(read);
+        }
+        self.seen = Some(read);
+        self.seen != self.serving
     }
 }
 
@@ -313,6 +354,7 @@ pub async fn report(
     let mut net = sample_net();
     let mut net_total = sample_net_total();
     let mut warned: Vec<String> = Vec::new();
+    let mut generations = Generations::default();
     let mut wait = config.health.interval.min(Duration::from_secs(1));
     let serving = Arc::new(crate::probe::Serving::default());
     tokio::spawn(crate::probe::run(
@@ -369,7 +411,13 @@ pub async fn report(
                 }
             },
         };
-        let (cfg, purge, redis) = redis_state(&config, &mut con).await;
+        let (cfg, purge, mut redis) = redis_state(&config, &mut con).await;
+        if redis.ok {
+            redis.data_lost = generations.read(cfg.generation);
+            if redis.data_lost {
+                tracing::warn!(generation = ?cfg.generation, "health: the local Redis lost its data (edgeform:meta gone or older)");
+            }
+        }
         let report = HealthReport {
             node: config.node.clone(),
             ts: crate::unix_now(),
@@ -424,6 +472,20 @@ fn bundle_state(path: &std::path::Path) -> edgestate::mqtt::BundleState {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_missing_or_older_generation_is_data_lost_until_redis_is_written_again() {
+        let mut g = Generations::default();
+        assert!(!g.read(None));
+        assert!(!g.read(Some(7)));
+        assert!(g.read(None), "meta gone");
+        assert!(!g.read(Some(1)), "re-pushed after the flush");
+        assert!(!g.read(Some(2)));
+        assert!(g.read(Some(1)), "older");
+        assert!(g.read(Some(1)));
+        assert!(!g.read(Some(3)), "written again");
+        assert!(!g.read(Some(3)));
+    }
 
     const NET_DEV: &str = "\
 Inter-|   Receive                                                |  Transmit

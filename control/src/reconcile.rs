@@ -221,6 +221,12 @@ fn history(
     )
 }
 
+/// How long an urgent heal waits for the rest of a loss's pushes, how
+/// often it is tried again while a target fails, and for how long.
+const URGENT_SETTLE: Duration = Duration::from_millis(200);
+const URGENT_RETRY: Duration = Duration::from_secs(1);
+const URGENT_RETRY_FOR: Duration = Duration::from_secs(60);
+
 /// `edgeform reconcile`: sync every `sync_every`, heal every
 /// `heal_every`, until SIGTERM or ctrl-c (or one job with `once`).
 ///
@@ -229,7 +235,8 @@ fn history(
 ///
 /// # Errors
 /// Only setup errors; a failing target or an invalid revision is logged
-/// and retried at the next tick.
+/// and retried at the next tick; a target whose Redis may have lost its
+/// data (the tracker's pushes) is healed at once.
 #[allow(clippy::too_many_arguments)]
 pub async fn reconcile(
     root: PathBuf,
@@ -404,10 +411,40 @@ pub async fn reconcile(
     sync.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     heal.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    // A target's Redis that may have lost its data is healed at once (the
+    // tracker says so), and again every second while a target fails (the
+    // Redis restarting) for up to a minute.
+    let urgent = tracker.as_ref().map_or_else(
+        || std::sync::Arc::new(tokio::sync::Notify::new()),
+        |t| t.urgent(),
+    );
+    let mut retry_until: Option<tokio::time::Instant> = None;
     loop {
+        let retry = async {
+            match retry_until {
+                Some(_) => tokio::time::sleep(URGENT_RETRY).await,
+                None => std::future::pending().await,
+            }
+        };
         tokio::select! {
             _ = sync.tick() => { run(Once::Sync).await; }
             _ = heal.tick() => { run(Once::Heal).await; }
+            () = urgent.notified() => {
+                // Let the burst of pushes of one loss arrive.
+                tokio::time::sleep(URGENT_SETTLE).await;
+                tracing::warn!("reconcile: a target's Redis may have lost its data; healing now");
+                retry_until = Some(tokio::time::Instant::now() + URGENT_RETRY_FOR);
+                if run(Once::Heal).await != 1 {
+                    retry_until = None;
+                }
+            }
+            () = retry => {
+                if run(Once::Heal).await != 1
+                    || retry_until.is_some_and(|t| tokio::time::Instant::now() >= t)
+                {
+                    retry_until = None;
+                }
+            }
             _ = tokio::signal::ctrl_c() => break,
             _ = term.recv() => break,
         }

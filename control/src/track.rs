@@ -78,9 +78,18 @@ struct Seen {
     /// Compare everything next time, and why.
     everything: Option<&'static str>,
     dirty: BTreeSet<Vec<u8>>,
+    /// The target's Redis may have lost its data (a flush, the meta
+    /// written or deleted, the connection lost: a restart): heal now.
+    urgent: Option<Arc<tokio::sync::Notify>>,
 }
 
 impl Seen {
+    fn urgent(&self) {
+        if let Some(n) = &self.urgent {
+            n.notify_one();
+        }
+    }
+
     fn pushed(&mut self, connection: u64, info: &PushInfo) {
         match info.kind {
             PushKind::Invalidate => match info.data.first() {
@@ -89,6 +98,9 @@ impl Seen {
                         if let Value::BulkString(k) = k
                             && !ignored(k)
                         {
+                            if k == keys::META.as_bytes() {
+                                self.urgent();
+                            }
                             self.dirty.insert(k.clone());
                         }
                     }
@@ -98,12 +110,16 @@ impl Seen {
                     }
                 }
                 // A flush (FLUSHALL/FLUSHDB, SWAPDB): every key may be gone.
-                _ => self.everything = Some("the database was flushed"),
+                _ => {
+                    self.everything = Some("the database was flushed");
+                    self.urgent();
+                }
             },
             PushKind::Disconnection => {
                 self.everything = Some("the tracking connection was lost");
                 if connection == self.connection {
                     self.lost = true;
+                    self.urgent();
                 }
             }
             _ => {}
@@ -145,6 +161,7 @@ pub struct Tracker {
     targets: Mutex<HashMap<String, Arc<Target>>>,
     full_every: u32,
     connections: std::sync::atomic::AtomicU64,
+    urgent: Arc<tokio::sync::Notify>,
 }
 
 /// A heal begun on a tracked target: what to compare, and what the
@@ -166,7 +183,18 @@ impl Tracker {
             targets: Mutex::new(HashMap::new()),
             full_every: full_every.max(1),
             connections: std::sync::atomic::AtomicU64::new(0),
+            urgent: Arc::new(tokio::sync::Notify::new()),
         }
+    }
+
+    /// Notified when a tracked target's Redis may have lost its data: the
+    /// database flushed, `edgeform:meta` written or deleted, the tracking
+    /// connection lost (a restart). The daemon heals at once rather than
+    /// at its next tick (a write of our own apply notifies too: one more
+    /// comparison, sooner).
+    #[must_use]
+    pub fn urgent(&self) -> Arc<tokio::sync::Notify> {
+        self.urgent.clone()
     }
 
     fn target(&self, node: &str) -> Arc<Target> {
@@ -246,6 +274,7 @@ impl Tracker {
             *seen = Seen {
                 connection: id,
                 everything: Some("a new tracking connection"),
+                urgent: Some(self.urgent.clone()),
                 ..Seen::default()
             };
         }
@@ -324,6 +353,36 @@ mod tests {
             [b"site:a".as_slice(), b"suspended:b"]
         );
         assert_eq!(s.everything, None);
+    }
+
+    #[test]
+    fn a_flush_the_meta_written_and_a_lost_connection_ask_for_a_heal_now() {
+        let urgent = Arc::new(tokio::sync::Notify::new());
+        let asked = |s: &mut Seen, connection: u64, info: &PushInfo| {
+            s.pushed(connection, info);
+            // A permit is stored when someone asked (no waiter yet).
+            let n = urgent.notified();
+            tokio::pin!(n);
+            n.as_mut().enable()
+        };
+        let mut s = Seen {
+            connection: 1,
+            urgent: Some(urgent.clone()),
+            ..Seen::default()
+        };
+        assert!(!asked(&mut s, 1, &invalidate(&["site:a", "edgeform:lock"])));
+        assert!(asked(&mut s, 1, &invalidate(&["edgeform:meta"])));
+        let flush = PushInfo {
+            kind: PushKind::Invalidate,
+            data: vec![Value::Nil],
+        };
+        assert!(asked(&mut s, 1, &flush));
+        let gone = PushInfo {
+            kind: PushKind::Disconnection,
+            data: vec![],
+        };
+        assert!(!asked(&mut s, 0, &gone));
+        assert!(asked(&mut s, 1, &gone));
     }
 
     #[test]

@@ -200,6 +200,11 @@ pub struct PurgeState {
 pub struct RedisState {
     pub ok: bool,
     pub role: Option<String>,
+    /// The Redis lost its data: `edgeform:meta` gone or its generation
+    /// lower than the one read before, and nothing written since (the
+    /// edge keeps serving what it had read; the control plane re-pushes).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub data_lost: bool,
 }
 
 /// The action of `edgeform exec`'s probe: a name no `agent.yaml` can

@@ -134,6 +134,26 @@ fn health_report_status_and_last_will() {
     assert_eq!(report.redis.role.as_deref(), Some("master"));
     assert!(report.out_kbit.is_some(), "/proc/net/dev is readable here");
     assert!(!report.version.is_empty());
+    assert!(!report.redis.data_lost);
+    assert!(v["redis"].get("data_lost").is_none(), "only when lost: {v}");
+
+    // The Redis loses its data (FLUSHALL): reported until it is written
+    // again (a re-push, even of a lower generation).
+    redis::cmd("FLUSHALL").exec(&mut c).unwrap();
+    let lost = |want: bool| {
+        m.wait("edgeform/health/edge-1", 10, |p| {
+            serde_json::from_slice::<HealthReport>(p).is_ok_and(|r| r.redis.data_lost == want)
+        })
+        .is_some()
+    };
+    assert!(lost(true), "data_lost never reported:\n{}", agent.log());
+    redis::cmd("HSET")
+        .arg("edgeform:meta")
+        .arg("generation")
+        .arg(1)
+        .exec(&mut c)
+        .unwrap();
+    assert!(lost(false), "data_lost never cleared:\n{}", agent.log());
 
     // An unreadable source is null, never a guess; the next report says so.
     std::fs::write(&stats, "{").unwrap();

@@ -187,3 +187,255 @@ fn a_random_host_flood_during_a_redis_outage_leaves_known_sites_serving() {
         );
     }
 }
+
+fn redis_run(port: u16, args: &[&str]) {
+    let mut c = redis::cmd(args[0]);
+    for a in &args[1..] {
+        c.arg(*a);
+    }
+    let mut con = redis::Client::open(format!("redis://127.0.0.1:{port}"))
+        .unwrap()
+        .get_connection()
+        .unwrap();
+    c.exec(&mut con).unwrap();
+}
+
+/// GET `host` until it answers `want` (the edge polls every 200 ms) or
+/// 5 s pass; the last status.
+fn settle(port: u16, host: &str, want: u16) -> u16 {
+    let t = Instant::now();
+    loop {
+        let s = get(port, host).0;
+        if s == want || t.elapsed() > Duration::from_secs(5) {
+            return s;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// The edge's Redis loses its data — FLUSHALL, `edgeform:meta` deleted,
+/// a restart without persistence, its generation going backwards — and
+/// the sites the edge served keep serving from what it last read; a host
+/// it never read gets what Redis has; the next write (a re-push) moves it
+/// again, even to a lower generation.
+#[test]
+fn an_edge_whose_redis_loses_its_data_keeps_serving_the_sites_it_knew() {
+    let mut redis = harness::redis(&[]);
+    let origin = crate::proxied::origin();
+    let repo = Fixture::empty();
+    repo.write(
+        "nodes/edge-1.yaml",
+        format!(
+            "name: edge-1\nroles: [edge]\nregion: eu\nlocation: {{lat: 52.0, lon: 4.0}}\n\
+             addresses: [198.51.100.1]\nredis: {{url: \"redis://127.0.0.1:{}\"}}\n",
+            redis.port
+        )
+        .as_bytes(),
+    );
+    for (file, host) in [
+        ("sites/a.yaml", "a.test"),
+        ("sites/b.yaml", "b.test"),
+        ("sites/wild.yaml", "\"*.wild.test\""),
+    ] {
+        repo.write(
+            file,
+            format!(
+                "host: {host}\norigin: http://127.0.0.1:{origin}\nloopback: true\ncached: false\n"
+            )
+            .as_bytes(),
+        );
+    }
+    let apply = || {
+        let out = edgeform(repo.path(), &["apply", "--yes"]);
+        assert_eq!(out.status.code(), Some(0), "apply: {}", stderr(&out));
+    };
+    apply();
+    let mut o = EdgeOptions::new(redis.port);
+    o.workers = 2;
+    let edge = harness::nginx::edge(&o);
+    let port = edge.process.port;
+    std::thread::sleep(Duration::from_millis(300));
+    // Read by the edge: a.test and a host under the wildcard (b.test never).
+    for _ in 0..4 {
+        for host in ["a.test", "shop.wild.test"] {
+            assert_eq!(get(port, host).0, 200, "{host} before");
+        }
+    }
+    let known = |what: &str| {
+        for _ in 0..4 {
+            for host in ["a.test", "shop.wild.test"] {
+                assert_eq!(
+                    get(port, host),
+                    (200, None),
+                    "{host} after {what}\n{}",
+                    edge.error_log()
+                );
+            }
+        }
+    };
+    // FLUSHALL: the known sites serve; b.test, never read, is what Redis
+    // has (nothing).
+    redis_run(redis.port, &["FLUSHALL"]);
+    std::thread::sleep(Duration::from_millis(500));
+    known("FLUSHALL");
+    assert_eq!(get(port, "b.test").0, 404);
+    assert!(edge.error_log().contains("redis lost its data"));
+    // The re-push (generation 1 again) moves the edge: b.test serves.
+    apply();
+    assert_eq!(settle(port, "b.test", 200), 200);
+    known("the re-push");
+    // edgeform:meta deleted with a site's document.
+    redis_run(redis.port, &["DEL", "edgeform:meta", "site:a.test"]);
+    std::thread::sleep(Duration::from_millis(500));
+    known("DEL edgeform:meta");
+    apply();
+    // A restart without persistence.
+    redis.restart();
+    std::thread::sleep(Duration::from_millis(700));
+    known("a Redis restart without persistence");
+    apply();
+    // The generation going backwards (an older snapshot) with a document
+    // gone: held, until Redis moves again.
+    redis_run(redis.port, &["HSET", "edgeform:meta", "generation", "99"]);
+    std::thread::sleep(Duration::from_millis(500));
+    known("generation 99");
+    redis_run(redis.port, &["HSET", "edgeform:meta", "generation", "98"]);
+    redis_run(redis.port, &["DEL", "site:a.test"]);
+    std::thread::sleep(Duration::from_millis(500));
+    known("the generation going backwards");
+    // Then Redis moves (any new value): the edge follows what it has.
+    redis_run(redis.port, &["HSET", "edgeform:meta", "generation", "100"]);
+    assert_eq!(settle(port, "a.test", 404), 404);
+    assert_eq!(get(port, "shop.wild.test").0, 200);
+}
+
+/// Wait until `key` exists in the Redis at `port` (10 s at most); how long
+/// it took.
+fn until_exists(port: u16, key: &str) -> Option<Duration> {
+    let t = Instant::now();
+    while t.elapsed() < Duration::from_secs(10) {
+        if let Ok(mut c) = redis::Client::open(format!("redis://127.0.0.1:{port}"))
+            .and_then(|c| c.get_connection())
+            && redis::cmd("EXISTS")
+                .arg(key)
+                .query::<bool>(&mut c)
+                .unwrap_or(false)
+        {
+            return Some(t.elapsed());
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    None
+}
+
+/// The reconcile daemon (ticks an hour apart) re-pushes a target whose
+/// Redis lost its data — FLUSHALL, `edgeform:meta` deleted, a restart
+/// without persistence — within seconds, and the edge serves its known
+/// site all along.
+#[test]
+fn the_daemon_re_pushes_at_once_a_target_whose_redis_lost_its_data() {
+    let mut redis = harness::redis(&[]);
+    let origin = crate::proxied::origin();
+    let repo = Fixture::empty();
+    repo.write(
+        "nodes/edge-1.yaml",
+        format!(
+            "name: edge-1\nroles: [edge]\nregion: eu\nlocation: {{lat: 52.0, lon: 4.0}}\n\
+             addresses: [198.51.100.1]\nredis: {{url: \"redis://127.0.0.1:{}\"}}\n",
+            redis.port
+        )
+        .as_bytes(),
+    );
+    for (file, host) in [("sites/a.yaml", "a.test"), ("sites/b.yaml", "b.test")] {
+        repo.write(
+            file,
+            format!(
+                "host: {host}\norigin: http://127.0.0.1:{origin}\nloopback: true\ncached: false\n"
+            )
+            .as_bytes(),
+        );
+    }
+    repo.commit("sites");
+    let log = tempfile::NamedTempFile::new().unwrap();
+    let mut daemon = std::process::Command::new(env!("CARGO_BIN_EXE_edgeform"))
+        .args(["reconcile", "--sync-every", "1h", "--heal-every", "1h"])
+        .current_dir(repo.path())
+        .env("NO_COLOR", "1")
+        .stderr(log.reopen().unwrap())
+        .spawn()
+        .unwrap();
+    let daemon_log = || std::fs::read_to_string(log.path()).unwrap_or_default();
+    assert!(
+        until_exists(redis.port, "site:a.test").is_some(),
+        "{}",
+        daemon_log()
+    );
+    let mut o = EdgeOptions::new(redis.port);
+    o.workers = 1;
+    let edge = harness::nginx::edge(&o);
+    let port = edge.process.port;
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(get(port, "a.test").0, 200);
+    // Let the first heal's tracking connection open (the first tick).
+    std::thread::sleep(Duration::from_millis(1000));
+    let mut took = Vec::new();
+    for what in ["FLUSHALL", "DEL edgeform:meta", "restart"] {
+        match what {
+            "FLUSHALL" => redis_run(redis.port, &["FLUSHALL"]),
+            "DEL edgeform:meta" => redis_run(redis.port, &["DEL", "edgeform:meta", "site:b.test"]),
+            _ => redis.restart(),
+        }
+        assert_eq!(get(port, "a.test").0, 200, "a.test after {what}");
+        let back = until_exists(redis.port, "edgeform:meta")
+            .and_then(|t| until_exists(redis.port, "site:b.test").map(|u| t.max(u)));
+        let Some(back) = back else {
+            let _ = daemon.kill();
+            panic!("not re-pushed after {what}:\n{}", daemon_log());
+        };
+        took.push((what, back));
+        assert_eq!(settle(port, "b.test", 200), 200, "b.test after {what}");
+        assert_eq!(get(port, "a.test").0, 200, "a.test after {what}");
+    }
+    let _ = daemon.kill();
+    let _ = daemon.wait();
+    eprintln!("re-pushed after: {took:?}");
+    for (what, t) in took {
+        assert!(t < Duration::from_secs(5), "{what}: re-pushed after {t:?}");
+    }
+}
+
+/// The edge role's Redis settings (`roles/edge/redis-persistence.conf`,
+/// included last) keep the documents across a crash: written, a second
+/// and a half later kill -9, started again: still there.
+#[test]
+fn the_edge_roles_redis_persistence_keeps_the_documents_across_a_crash() {
+    let conf = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../roles/edge/redis-persistence.conf")
+        .canonicalize()
+        .unwrap();
+    let include = format!("include {}", conf.display());
+    let mut redis = harness::redis(&[include.as_str()]);
+    redis_run(
+        redis.port,
+        &["HSET", "edgeform:meta", "generation", "7", "commit", "c"],
+    );
+    redis_run(redis.port, &["SET", "site:a.test", "{}"]);
+    std::thread::sleep(Duration::from_millis(1500));
+    redis.kill();
+    redis.restart();
+    assert!(
+        until_exists(redis.port, "site:a.test").is_some(),
+        "{}",
+        redis.log()
+    );
+    let mut c = redis::Client::open(format!("redis://127.0.0.1:{}", redis.port))
+        .unwrap()
+        .get_connection()
+        .unwrap();
+    let g: Option<String> = redis::cmd("HGET")
+        .arg("edgeform:meta")
+        .arg("generation")
+        .query(&mut c)
+        .unwrap();
+    assert_eq!(g.as_deref(), Some("7"));
+}

@@ -104,6 +104,22 @@ local function load_trusted(r)
   routers = ip.routers(router_addresses(table_.nodes))
 end
 
+-- Whether Redis moved to generation `gen` (a string, "none": no
+-- edgeform:meta) from what this worker serves and what it last read
+-- (`seen`). Redis that lost its data (meta gone: FLUSHALL, a restart
+-- without persistence) or went backwards (an older snapshot) does not
+-- move it: the last known documents keep serving, and a host never read
+-- gets what Redis has. The next write after that (the control plane's
+-- heal, generation live + 1) moves it, whatever its number.
+local seen            -- the generation last read from Redis
+local function moved(gen)
+  if generation == nil then return true end
+  if gen == generation or gen == "none" then return false end
+  if seen ~= generation and gen ~= seen then return true end
+  local new, old = tonumber(gen), tonumber(generation)
+  return not (new and old and new < old)
+end
+
 -- Read the generation; on a change, forget every document.
 local function poll()
   local r, err = connect()
@@ -112,7 +128,13 @@ local function poll()
   gen, err = r:hget("edgeform:meta", "generation")
   if not gen then return nil, err end
   if gen == ngx.null then gen = "none" end
-  if gen ~= generation then
+  local move = moved(gen)
+  if not move and gen ~= seen and gen ~= generation then
+    log(ERR, "edgeform: redis lost its data (generation ", gen, ", serving ", generation,
+      "): keeping the last known documents")
+  end
+  seen = gen
+  if move then
     -- Entries of the old generation stay, stale: the next request re-reads
     -- them, and while Redis is unreachable they are the last known state.
     load_trusted(r)
@@ -331,6 +353,8 @@ end
 _M.redis = connect
 _M.release = release
 function _M.generation() return generation end
+-- Redis lost its data or went backwards, and nothing was written since.
+function _M.data_lost() return seen ~= nil and seen ~= generation end
 
 -- For bench/edge.sh: the lookup alone, and emptying this worker's cache.
 _M.lookup = lookup
