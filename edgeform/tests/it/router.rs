@@ -313,31 +313,7 @@ fn geo_router_matches_route_geo_for_every_network() {
         set_status(broker.port, name, "online");
     }
 
-    let shared = tempfile::tempdir().unwrap();
-    let health = shared.path().join("health.json");
-    let cache = tempfile::tempdir().unwrap();
-    let agent = Agent::start(&format!(
-        "node: router-1\nregion: eu\nredis: {{url: \"redis://127.0.0.1:{}\"}}\n\
-         cache: {{dirs: [{}]}}\nmqtt: {{url: \"mqtt://127.0.0.1:{}\"}}\n\
-         health: {{interval: 500ms}}\n\
-         routing: {{refresh: 200ms, share_health: {}}}\n",
-        redis.port,
-        cache.path().display(),
-        broker.port,
-        health.display()
-    ));
-    let snapshot = || -> serde_json::Value {
-        std::fs::read_to_string(&health)
-            .ok()
-            .and_then(|t| serde_json::from_str(&t).ok())
-            .unwrap_or_default()
-    };
-    wait_for("every edge online in the shared snapshot", 20, || {
-        let s = snapshot();
-        EDGES
-            .iter()
-            .all(|(n, _, _, _)| s["nodes"][n]["online"] == true)
-    });
+    let (agent, shared, _cache, health) = routing_agent(redis.port, broker.port);
 
     let router = harness::nginx::router(&harness::nginx::RouterOptions::new(
         redis.port,
@@ -713,31 +689,7 @@ fn geo_router_retries_the_next_edge_and_skips_an_edge_not_serving() {
         }
         set_status(broker.port, name, "online");
     }
-    let shared = tempfile::tempdir().unwrap();
-    let health = shared.path().join("health.json");
-    let cache = tempfile::tempdir().unwrap();
-    let _agent = Agent::start(&format!(
-        "node: router-1\nregion: eu\nredis: {{url: \"redis://127.0.0.1:{}\"}}\n\
-         cache: {{dirs: [{}]}}\nmqtt: {{url: \"mqtt://127.0.0.1:{}\"}}\n\
-         health: {{interval: 500ms}}\n\
-         routing: {{refresh: 200ms, share_health: {}}}\n",
-        redis.port,
-        cache.path().display(),
-        broker.port,
-        health.display()
-    ));
-    let snapshot = || -> serde_json::Value {
-        std::fs::read_to_string(&health)
-            .ok()
-            .and_then(|t| serde_json::from_str(&t).ok())
-            .unwrap_or_default()
-    };
-    wait_for("every edge online in the shared snapshot", 20, || {
-        let s = snapshot();
-        EDGES
-            .iter()
-            .all(|(n, _, _, _)| s["nodes"][n]["online"] == true)
-    });
+    let (_agent, shared, _cache, health) = routing_agent(redis.port, broker.port);
     let router = harness::nginx::router(&harness::nginx::RouterOptions::new(
         redis.port,
         health.clone(),
@@ -821,4 +773,42 @@ fn geo_router_retries_the_next_edge_and_skips_an_edge_not_serving() {
             assert_eq!(Some(&r.body), cli.as_ref(), "{ip}");
         }
     }
+}
+
+/// The router node's agent sharing every edge's health (`share_health`)
+/// into a file, once the snapshot has every edge online: the agent, the
+/// snapshot's folder, its cache folder and the snapshot's path.
+fn routing_agent(
+    redis_port: u16,
+    broker_port: u16,
+) -> (
+    Agent,
+    tempfile::TempDir,
+    tempfile::TempDir,
+    std::path::PathBuf,
+) {
+    let shared = tempfile::tempdir().unwrap();
+    let health = shared.path().join("health.json");
+    let cache = tempfile::tempdir().unwrap();
+    let agent = Agent::start(&format!(
+        "node: router-1\nregion: eu\nredis: {{url: \"redis://127.0.0.1:{redis_port}\"}}\n\
+         cache: {{dirs: [{}]}}\nmqtt: {{url: \"mqtt://127.0.0.1:{broker_port}\"}}\n\
+         health: {{interval: 500ms}}\n\
+         routing: {{refresh: 200ms, share_health: {}}}\n",
+        cache.path().display(),
+        health.display()
+    ));
+    let snapshot = || -> serde_json::Value {
+        std::fs::read_to_string(&health)
+            .ok()
+            .and_then(|t| serde_json::from_str(&t).ok())
+            .unwrap_or_default()
+    };
+    wait_for("every edge online in the shared snapshot", 20, || {
+        let s = snapshot();
+        EDGES
+            .iter()
+            .all(|(n, _, _, _)| s["nodes"][n]["online"] == true)
+    });
+    (agent, shared, cache, health)
 }
