@@ -172,7 +172,7 @@ pub fn now_rfc3339() -> String {
     rfc3339(secs)
 }
 
-pub use edgestate::time::rfc3339;
+pub use edgestate::time::{rfc3339, rfc3339_signed};
 
 #[cfg(test)]
 mod tests {

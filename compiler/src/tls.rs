@@ -287,7 +287,7 @@ fn check_one(
             "certificate-expired",
             format!(
                 "certificate `{name}` expired at {}",
-                rfc3339(cert.not_after)
+                crate::clock::rfc3339_signed(cert.not_after)
             ),
         ))
     } else if now < cert.not_before {
@@ -295,7 +295,7 @@ fn check_one(
             "certificate-not-yet-valid",
             format!(
                 "certificate `{name}` is not valid before {}",
-                rfc3339(cert.not_before)
+                crate::clock::rfc3339_signed(cert.not_before)
             ),
         ))
     } else {
@@ -322,7 +322,7 @@ fn check_one(
                 span,
                 format!(
                     "certificate `{name}` expires at {} (in {days} days)",
-                    rfc3339(cert.not_after)
+                    crate::clock::rfc3339_signed(cert.not_after)
                 ),
             )
             .with_help(format!(
@@ -331,10 +331,6 @@ fn check_one(
             )),
         );
     }
-}
-
-fn rfc3339(secs: i64) -> String {
-    crate::clock::rfc3339(u64::try_from(secs).unwrap_or(0))
 }
 
 /// Spans of pointers in the repository's files, each file parsed once.

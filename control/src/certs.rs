@@ -245,7 +245,7 @@ pub fn check_now(cert: &Certificate, now: i64) -> Result<(), CertError> {
             name,
             format!(
                 "expired at {} (sha256:{})",
-                rfc3339(cert.not_after),
+                compiler::clock::rfc3339_signed(cert.not_after),
                 cert.fingerprint
             ),
         ));
@@ -254,14 +254,13 @@ pub fn check_now(cert: &Certificate, now: i64) -> Result<(), CertError> {
         return Err(err(
             CertErrorKind::NotYetValid,
             name,
-            format!("not valid before {}", rfc3339(cert.not_before)),
+            format!(
+                "not valid before {}",
+                compiler::clock::rfc3339_signed(cert.not_before)
+            ),
         ));
     }
     Ok(())
-}
-
-fn rfc3339(secs: i64) -> String {
-    compiler::clock::rfc3339(u64::try_from(secs).unwrap_or(0))
 }
 
 fn read_file(name: &str, what: &str, path: &Path) -> Result<String, CertError> {

@@ -24,6 +24,13 @@ pub fn rfc3339(secs: u64) -> String {
     )
 }
 
+/// [`rfc3339`] of a signed time (a certificate's validity, as OpenSSL
+/// gives it): before the epoch is written as the epoch.
+#[must_use]
+pub fn rfc3339_signed(secs: i64) -> String {
+    rfc3339(u64::try_from(secs).unwrap_or(0))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

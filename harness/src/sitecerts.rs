@@ -5,7 +5,7 @@
 
 use std::path::{Path, PathBuf};
 
-/// A CA and the certificates made with [`SiteCerts::issue`].
+/// A CA and the certificates made with [`SiteCerts::sign`].
 pub struct SiteCerts {
     dir: tempfile::TempDir,
 }
@@ -46,13 +46,13 @@ impl SiteCerts {
         SiteCerts { dir }
     }
 
-    /// Issue `name`: `<name>.pem` (the leaf), `<name>.key`,
+    /// Sign a leaf `name` with the CA: `<name>.pem`, `<name>.key`,
     /// `<name>.chain.pem` (leaf, then the CA), for the DNS names `dns`,
     /// valid `days` days from now (`-1`: expired yesterday).
     ///
     /// # Panics
     /// When `openssl` fails.
-    pub fn issue(&self, name: &str, dns: &[&str], days: i32) -> &SiteCerts {
+    pub fn sign(&self, name: &str, dns: &[&str], days: i32) -> &SiteCerts {
         let d = self.dir.path();
         let san = dns
             .iter()

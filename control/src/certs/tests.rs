@@ -16,9 +16,9 @@ fn now() -> i64 {
 
 fn certs() -> SiteCerts {
     let c = SiteCerts::new();
-    c.issue("shop", &["shop.example.com", "www.example.com"], 90)
-        .issue("wild", &["*.example.com"], 90)
-        .issue("old", &["shop.example.com"], -1);
+    c.sign("shop", &["shop.example.com", "www.example.com"], 90)
+        .sign("wild", &["*.example.com"], 90)
+        .sign("old", &["shop.example.com"], -1);
     c
 }
 
@@ -63,7 +63,7 @@ fn a_good_certificate_is_imported_reencoded_and_read_back() {
 #[test]
 fn bad_input_is_refused_by_kind_and_nothing_is_stored() {
     let c = certs();
-    c.issue("other", &["other.example.com"], 90);
+    c.sign("other", &["other.example.com"], 90);
     let d = tempfile::tempdir().unwrap();
     let store = DirStore::open(&d.path().join("state")).unwrap();
     let not_pem = c.dir().join("not.pem");

@@ -54,7 +54,7 @@ pub fn run(dir: &Path, action: &Action) -> Result<u8> {
                          the next apply pushes it to every edge carrying a site that uses it",
                         store.root().display(),
                         c.names.join(", "),
-                        compiler::clock::rfc3339(u64::try_from(c.not_after).unwrap_or(0)),
+                        compiler::clock::rfc3339_signed(c.not_after),
                         c.fingerprint
                     );
                     Ok(0)
@@ -83,7 +83,7 @@ pub fn run(dir: &Path, action: &Action) -> Result<u8> {
                                 out,
                                 "{name}\t{}\t{}\tsha256:{}{}",
                                 c.names.join(","),
-                                compiler::clock::rfc3339(u64::try_from(c.not_after).unwrap_or(0)),
+                                compiler::clock::rfc3339_signed(c.not_after),
                                 c.fingerprint,
                                 match control::certs::check_now(c, now) {
                                     Ok(()) => String::new(),
@@ -106,7 +106,7 @@ pub fn run(dir: &Path, action: &Action) -> Result<u8> {
                                 "name": name,
                                 "hosts": c.names,
                                 "not_after": c.not_after,
-                                "not_after_rfc3339": compiler::clock::rfc3339(u64::try_from(c.not_after).unwrap_or(0)),
+                                "not_after_rfc3339": compiler::clock::rfc3339_signed(c.not_after),
                                 "fingerprint": c.fingerprint,
                                 "problem": control::certs::check_now(c, now).err().map(|e| e.kind.as_str()),
                             }),

@@ -155,10 +155,10 @@ fn certificates_flow_from_import_to_every_edge_and_key_material_is_never_shown()
     harness::nginx::declare_bundle(&harness::nginx::EdgeOptions::new(r.port));
     let certs = harness::SiteCerts::new();
     certs
-        .issue("shop", &["shop.example.com", "www.example.com"], 90)
-        .issue("wild", &["*.example.com"], 90)
-        .issue("old", &["shop.example.com"], -1)
-        .issue("wrong", &["elsewhere.example.net"], 90);
+        .sign("shop", &["shop.example.com", "www.example.com"], 90)
+        .sign("wild", &["*.example.com"], 90)
+        .sign("old", &["shop.example.com"], -1)
+        .sign("wrong", &["elsewhere.example.net"], 90);
     let needles = Needles::of(&certs.file("shop.key"));
     let f = Fixture::empty();
     f.write("nodes/edge-1.yaml", node(r.port).as_bytes());

@@ -104,7 +104,7 @@ impl Ca {
 
     /// `<name>.chain.pem` (leaf, CA) and `<name>.key` for `dns`, valid
     /// from [`ISSUED`] to `until`.
-    fn issue(&self, name: &str, dns: &[&str], until: &str) {
+    fn sign(&self, name: &str, dns: &[&str], until: &str) {
         let d = self.dir.path();
         let san: Vec<String> = dns.iter().map(|n| format!("DNS:{n}")).collect();
         std::fs::write(
@@ -258,9 +258,9 @@ fn setup() -> Setup {
     let redis = harness::redis(&[]);
     let (a, b) = (origin(), origin());
     let ca = Ca::new();
-    ca.issue("all", ALL_NAMES, "20361231000000Z");
-    ca.issue("wild", &["*.wild.test"], "20361231000000Z");
-    ca.issue("old", &["expired.test"], "20240701000000Z");
+    ca.sign("all", ALL_NAMES, "20361231000000Z");
+    ca.sign("wild", &["*.wild.test"], "20361231000000Z");
+    ca.sign("old", &["expired.test"], "20240701000000Z");
     let state_root = tempfile::tempdir().unwrap();
     let state = state_root.path().join("state");
     let repo = Fixture::empty();
