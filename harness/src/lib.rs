@@ -4,7 +4,8 @@
 //! and stopped by pid when dropped. Never a mock.
 //!
 //! Tests need the Debian packages `redis-server`, `mosquitto`,
-//! `openssh-server` (for [`sshd`]) and `haproxy` (for [`haproxy`]);
+//! `openssh-server` (for [`sshd`]), `haproxy` (for [`haproxy`]) and
+//! `dnsmasq-base` (for [`dnsmasq`]);
 //! `scripts/test` installs them.
 
 pub mod sshd;

@@ -5,7 +5,7 @@
 //!
 //! Needs the Debian packages `scripts/test` installs (nginx,
 //! libnginx-mod-http-lua, libnginx-mod-http-geoip2, lua-nginx-redis,
-//! lua-cjson).
+//! lua-nginx-dns, lua-cjson).
 
 use std::path::{Path, PathBuf};
 

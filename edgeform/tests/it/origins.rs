@@ -256,3 +256,59 @@ fn a_site_with_several_origins_fails_over_and_serves_stale_when_all_fail() {
     assert_eq!(got[1]["origins"].as_array().map(Vec::len), Some(2));
     assert_eq!(got[2]["stale"], false, "a POST is never cached");
 }
+
+/// `https://` origins by name: the primary refuses, the secondary —
+/// whose certificate names only itself — answers, so the second try was
+/// made with the secondary's own name as SNI and verified name; on the
+/// edge's own path and through the TTL hop.
+#[test]
+fn https_origins_each_get_their_own_tls_name() {
+    let redis = harness::redis(&[]);
+    let dns = harness::dnsmasq(&[
+        ("origin-a.test", "127.0.0.1"),
+        ("origin-b.test", "127.0.0.1"),
+    ]);
+    let certs = harness::SiteCerts::new();
+    certs.sign("b", &["origin-b.test"], 30);
+    let b = harness::nginx::tls_origin(&certs.file("b.chain.pem"), &certs.file("b.key"));
+    let (dead, bp) = (refused_port(), b.process.port);
+    let repo = Fixture::empty();
+    repo.write(
+        "nodes/edge-1.yaml",
+        format!(
+            "name: edge-1\nroles: [edge]\nregion: eu\nlocation: {{lat: 52.0, lon: 4.0}}\n\
+             addresses: [198.51.100.1]\nredis: {{url: \"redis://127.0.0.1:{}\"}}\n",
+            redis.port
+        )
+        .as_bytes(),
+    );
+    let origins = format!("origins: [https://origin-a.test:{dead}, https://origin-b.test:{bp}]\n");
+    repo.write(
+        "sites/direct.yaml",
+        format!("host: direct.test\n{origins}cached: false\n").as_bytes(),
+    );
+    repo.write(
+        "sites/hop.yaml",
+        format!(
+            "host: hop.test\n{origins}\
+             cache_rules: [{{match_type: ext, match_value: .js, action: ttl, ttl: 60}}]\n"
+        )
+        .as_bytes(),
+    );
+    let mut o = EdgeOptions::new(redis.port);
+    o.resolver = format!("127.0.0.1:{}", dns.port);
+    o.origin_ca = Some(certs.file("ca.pem"));
+    let edge = harness::nginx::edge(&o);
+    let out = edgeform(repo.path(), &["apply", "--yes"]);
+    assert_eq!(out.status.code(), Some(0), "apply: {}", stderr(&out));
+    std::thread::sleep(Duration::from_millis(300));
+    for (host, path) in [("direct.test", "/"), ("hop.test", "/app.js")] {
+        let a = request(edge.process.port, "GET", host, path);
+        assert_eq!(
+            (a.status, a.body.as_str()),
+            (200, "tls origin\n"),
+            "{host}: {}",
+            edge.error_log()
+        );
+    }
+}
