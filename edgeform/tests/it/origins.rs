@@ -260,7 +260,8 @@ fn a_site_with_several_origins_fails_over_and_serves_stale_when_all_fail() {
 /// `https://` origins by name: the primary refuses, the secondary —
 /// whose certificate names only itself — answers, so the second try was
 /// made with the secondary's own name as SNI and verified name; on the
-/// edge's own path and through the TTL hop.
+/// edge's own path and through the TTL hop (verified, and not verified for
+/// a site that opts out).
 #[test]
 fn https_origins_each_get_their_own_tls_name() {
     let redis = harness::redis(&[]);
@@ -295,6 +296,11 @@ fn https_origins_each_get_their_own_tls_name() {
         )
         .as_bytes(),
     );
+    // Not verified: through the hop's second location, the same tries.
+    repo.write(
+        "sites/optout.yaml",
+        format!("host: optout.test\n{origins}origin_tls_verify: false\ncached: false\n").as_bytes(),
+    );
     let mut o = EdgeOptions::new(redis.port);
     o.resolver = format!("127.0.0.1:{}", dns.port);
     o.origin_ca = Some(certs.file("ca.pem"));
@@ -302,7 +308,11 @@ fn https_origins_each_get_their_own_tls_name() {
     let out = edgeform(repo.path(), &["apply", "--yes"]);
     assert_eq!(out.status.code(), Some(0), "apply: {}", stderr(&out));
     std::thread::sleep(Duration::from_millis(300));
-    for (host, path) in [("direct.test", "/"), ("hop.test", "/app.js")] {
+    for (host, path) in [
+        ("direct.test", "/"),
+        ("hop.test", "/app.js"),
+        ("optout.test", "/"),
+    ] {
         let a = request(edge.process.port, "GET", host, path);
         assert_eq!(
             (a.status, a.body.as_str()),
