@@ -38,8 +38,10 @@ BUILD_PACKAGES=(git pkg-config libssl-dev make)
 # module. openssl makes its placeholder and test certificates; iproute2's
 # `ip netns` holds the HTTPS test's viewer at a public address. luajit2 is OpenResty's LuaJIT branch the module links against;
 # never install Debian's `luajit`, which conflicts and removes the module.
+# lua-nginx-dns resolves the names of a site's several origins
+# (edge_origins.lua).
 EDGE_PACKAGES=(nginx libnginx-mod-http-lua libnginx-mod-http-ndk lua-resty-core
-  lua-resty-lrucache luajit2 lua-nginx-redis lua-cjson libnginx-mod-http-geoip2
+  lua-resty-lrucache luajit2 lua-nginx-redis lua-nginx-dns lua-cjson libnginx-mod-http-geoip2
   libnginx-mod-stream wrk curl openssl iproute2)
 
 # Servers started by the demo, stopped by pid on exit.

@@ -42,6 +42,7 @@ pub fn order(kind: Kind, path: &[&str]) -> &'static [&'static str] {
             "host",
             "aliases",
             "origin",
+            "origins",
             "loopback",
             "origin_tls_verify",
             "tls",

@@ -192,7 +192,7 @@ fn parse_into(source: &Source, out: &mut ParsedFile<'_>) -> Option<Raw> {
 
 fn required_help(kind: Kind) -> &'static str {
     match kind {
-        Kind::Site => "a site needs at least `host` and `origin`",
+        Kind::Site => "a site needs at least `host` and `origin` (or `origins`)",
         Kind::Zone => "a zone needs at least `name`",
         Kind::Node => "a node needs at least `name`, `roles` and `region`",
         Kind::Cluster => "",
@@ -321,7 +321,9 @@ fn pattern_message(kind: Kind, pointer: &str, value: &str) -> (String, Option<&'
             format!("`{value}` is not an ISO 3166-1 alpha-2 country code"),
             Some("two upper-case letters, e.g. `DE`, `US`"),
         ),
-        "origin" | "public_url" => (format!("`{value}` is not an http:// or https:// URL"), None),
+        "origin" | "origins" | "public_url" => {
+            (format!("`{value}` is not an http:// or https:// URL"), None)
+        }
         "url" if kind == Kind::Node => (format!("`{value}` is not a redis:// URL"), None),
         "url" => (format!("`{value}` is not an mqtt:// or mqtts:// URL"), None),
         "name" | "region" | "regions" => (

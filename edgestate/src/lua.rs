@@ -126,6 +126,11 @@ pub fn edge_tables() -> String {
     );
     let _ = writeln!(
         out,
+        "  -- The most origins a site has (origin and its fallback_origins).\n  MAX_ORIGINS = {},",
+        site::MAX_ORIGINS
+    );
+    let _ = writeln!(
+        out,
         "  -- The challenge: its cookie, the proof of work's zero bits, the longest\n  \
          -- expiry and counter (decimal digits) a clearance may carry.\n  \
          CLEARANCE_COOKIE = {},\n  CHALLENGE_BITS = {},\n  MAX_EXPIRY_DIGITS = {},\n  MAX_COUNTER_DIGITS = {},",

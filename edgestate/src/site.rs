@@ -29,6 +29,15 @@ pub struct SiteDoc {
     pub cached: bool,
     pub cors_mode: Word,
     pub edge_rules: Vec<EdgeRule>,
+    /// The origins tried after `origin`, in order, when it fails (connect
+    /// error, timeout, 5xx) for an idempotent request; the same scheme as
+    /// `origin` (present only when the site has more than one origin).
+    #[serde(
+        default,
+        deserialize_with = "empty_unless_given",
+        skip_serializing_if = "Vec::is_empty"
+    )]
+    pub fallback_origins: Vec<String>,
     pub geo_codes: String,
     pub geo_mode: Word,
     pub hotlink_mode: Word,
@@ -84,6 +93,9 @@ fn yes() -> bool {
 fn false_unless_true<'de, D: serde::Deserializer<'de>>(d: D) -> Result<bool, D::Error> {
     Ok(Option::<bool>::deserialize(d)?.unwrap_or(false))
 }
+fn empty_unless_given<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<String>, D::Error> {
+    Ok(Option::<Vec<String>>::deserialize(d)?.unwrap_or_default())
+}
 fn exact_int<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<u64>, D::Error> {
     match Option::<u64>::deserialize(d)? {
         Some(v) if v > MAX_EXACT_INT => Err(serde::de::Error::custom(format_args!(
@@ -131,6 +143,8 @@ pub struct EdgeRule {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum FieldType {
     Array,
+    /// An optional array.
+    OptArray,
     Boolean,
     String,
     /// An optional boolean.
@@ -152,6 +166,7 @@ impl FieldType {
     pub fn lua_name(self) -> &'static str {
         match self {
             FieldType::Array => "array",
+            FieldType::OptArray => "array?",
             FieldType::Boolean => "boolean",
             FieldType::String => "string",
             FieldType::OptBool => "boolean?",
@@ -192,12 +207,17 @@ pub const SITE_FIELDS: [(&str, FieldType); 12] = [
 /// [`SiteDoc`]'s optional fields: present only when not the default. An
 /// edge reads them only when its installed code says so (`edgeform:bundle`,
 /// docs/operations.md "Version skew").
-pub const SITE_OPTIONAL_FIELDS: [(&str, FieldType); 4] = [
+pub const SITE_OPTIONAL_FIELDS: [(&str, FieldType); 5] = [
+    ("fallback_origins", FieldType::OptArray),
     ("https_redirect", FieldType::OptBool),
     ("max_body_size", FieldType::OptU64),
     ("origin_tls_verify", FieldType::OptBool),
     ("tls", FieldType::OptString),
 ];
+
+/// The most origins a site has: `origin` and up to three
+/// `fallback_origins` (each failed one costs a try of the request).
+pub const MAX_ORIGINS: usize = 4;
 
 /// Every field of [`SiteDoc`], seed and optional, in the document's
 /// (alphabetical) order.
@@ -247,6 +267,7 @@ mod tests {
             "cached": true, "cors_mode": "off",
             "edge_rules": [{"action": "redirect", "match_type": "prefix", "match_value": "/a",
                             "redirect_status": 301, "redirect_to": "/b"}],
+            "fallback_origins": ["https://o2.test"],
             "geo_codes": "", "geo_mode": "off", "hotlink_mode": "off", "https_redirect": true,
             "ip_list": "", "ip_mode": "off", "max_body_size": 1_048_576,
             "origin": "https://o.test", "origin_tls_verify": false, "rate_mode": "off",
@@ -311,6 +332,7 @@ mod tests {
                 let base = match ty {
                     FieldType::OptBool => FieldType::Boolean,
                     FieldType::OptString => FieldType::String,
+                    FieldType::OptArray => FieldType::Array,
                     other => other,
                 };
                 assert_eq!(json_type(&obj[name]), base, "{name}");
@@ -365,6 +387,7 @@ mod tests {
                 redirect_status: Some(301),
                 redirect_to: None,
             }],
+            fallback_origins: Vec::new(),
         };
         let text = doc.to_canonical_json();
         // Canonical: equal to serde_json's sorted-map rendering.
@@ -394,6 +417,7 @@ mod tests {
         assert!(doc.https_redirect && !doc.origin_tls_verify);
         assert_eq!(doc.max_body_size, Some(1_048_576));
         assert_eq!(doc.tls.as_deref(), Some("certificate:example"));
+        assert_eq!(doc.fallback_origins, ["https://o2.test"]);
         let text = doc.to_canonical_json();
         let value: serde_json::Value = serde_json::from_str(&text).unwrap();
         assert_eq!(text, serde_json::to_string(&value).unwrap());
@@ -403,6 +427,7 @@ mod tests {
         doc.origin_tls_verify = true;
         doc.max_body_size = None;
         doc.tls = None;
+        doc.fallback_origins.clear();
         let text = doc.to_canonical_json();
         let value: serde_json::Value = serde_json::from_str(&text).unwrap();
         let keys: Vec<&str> = value

@@ -36,7 +36,7 @@ fn read(name: &str) -> Vec<(usize, Value)> {
 }
 
 /// The decision's fields both sides compare, in order.
-const FIELDS: [&str; 9] = [
+const FIELDS: [&str; 10] = [
     "verdict",
     "status",
     "reason",
@@ -45,6 +45,7 @@ const FIELDS: [&str; 9] = [
     "ttl",
     "origin",
     "origin_host",
+    "fallback_origins",
     "waf",
 ];
 
@@ -147,6 +148,7 @@ fn edge_decision(vec: &Value, base: &Value) -> Map<String, Value> {
         "ttl": d.cache.ttl,
         "origin": d.origin,
         "origin_host": d.origin_host,
+        "fallback_origins": (!d.fallback_origins.is_empty()).then_some(&d.fallback_origins),
         "waf": d.waf,
     });
     normalized(&v)

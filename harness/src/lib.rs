@@ -4,7 +4,8 @@
 //! and stopped by pid when dropped. Never a mock.
 //!
 //! Tests need the Debian packages `redis-server`, `mosquitto`,
-//! `openssh-server` (for [`sshd`]) and `haproxy` (for [`haproxy`]);
+//! `openssh-server` (for [`sshd`]), `haproxy` (for [`haproxy`]) and
+//! `dnsmasq-base` (for [`dnsmasq`]);
 //! `scripts/test` installs them.
 
 pub mod sshd;
@@ -208,6 +209,53 @@ fn wait_ready(p: &mut Process, ready: impl Fn(u16) -> bool) -> bool {
         std::thread::sleep(Duration::from_millis(15));
     }
     false
+}
+
+/// Start a DNS server (Debian's `dnsmasq-base`) on a free loopback port
+/// (UDP and TCP) that answers each `(name, IPv4 address)` of `names` —
+/// the name and every name under it — with a 30 s TTL, and nothing else
+/// (no upstream, no `/etc/hosts`): refused.
+///
+/// # Panics
+/// When it does not come up after a few attempts (the log is shown).
+#[must_use]
+pub fn dnsmasq(names: &[(&str, &str)]) -> Process {
+    let mut last = String::new();
+    for _ in 0..5 {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let port = free_port();
+        let log = dir.path().join("dnsmasq.log");
+        let mut args = vec![
+            "--keep-in-foreground".to_owned(),
+            format!("--port={port}"),
+            "--listen-address=127.0.0.1".to_owned(),
+            "--bind-interfaces".to_owned(),
+            "--no-resolv".to_owned(),
+            "--no-hosts".to_owned(),
+            "--local-ttl=30".to_owned(),
+            format!("--pid-file={}", dir.path().join("dnsmasq.pid").display()),
+        ];
+        for (name, addr) in names {
+            args.push(format!("--address=/{name}/{addr}"));
+        }
+        let child = spawn("dnsmasq", &args, dir.path(), &log).expect("spawn dnsmasq");
+        let mut p = Process {
+            child: Some(child),
+            port,
+            dir,
+            log,
+            binary: "dnsmasq",
+            args,
+        };
+        if wait_ready(&mut p, |port| {
+            TcpStream::connect(("127.0.0.1", port)).is_ok()
+        }) {
+            return p;
+        }
+        last = p.log();
+        p.kill();
+    }
+    panic!("dnsmasq did not start:\n{last}");
 }
 
 /// Start a Redis server on a free port (`extra` are more config lines,

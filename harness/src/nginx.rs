@@ -5,7 +5,7 @@
 //!
 //! Needs the Debian packages `scripts/test` installs (nginx,
 //! libnginx-mod-http-lua, libnginx-mod-http-geoip2, lua-nginx-redis,
-//! lua-cjson).
+//! lua-nginx-dns, lua-cjson).
 
 use std::path::{Path, PathBuf};
 
@@ -36,6 +36,11 @@ pub struct EdgeOptions {
     /// The CA file the edge verifies HTTPS origins against in place of
     /// the system's trust store (a test CA; the rendered path is replaced).
     pub origin_ca: Option<PathBuf>,
+    /// The node's `install.vars.resolver` (nginx's `resolver`, and the
+    /// DNS server a site's several origins are resolved with): default
+    /// `127.0.0.1`; a test's DNS server is `127.0.0.1:<port>`
+    /// ([`crate::dnsmasq`]).
+    pub resolver: String,
 }
 
 impl EdgeOptions {
@@ -58,6 +63,7 @@ impl EdgeOptions {
             redis: None,
             redis_password: None,
             origin_ca: None,
+            resolver: "127.0.0.1".into(),
         }
     }
 }
@@ -189,7 +195,7 @@ pub fn edge_context(
                     "api_url": o.api_url.clone().unwrap_or_else(|| "http://127.0.0.1:9".into()),
                     "cache_max_size": "1g",
                     "geoip_db": o.geoip_db.display().to_string(),
-                    "resolver": "127.0.0.1",
+                    "resolver": o.resolver,
                     "ttl_hop_port": ttl_port.to_string(),
                     "workers": o.workers.to_string(),
                 },
@@ -592,6 +598,43 @@ pub fn tls_origin(crt: &Path, key: &Path) -> Edge {
             key.display()
         )
     })
+}
+
+/// A plain-HTTP origin: nginx answering every request with `status` and
+/// the body `<name> <Host> <method> <URI>` (and `X-Origin: <name>`,
+/// `Cache-Control: max-age=1`), logging each request (`<name> <method>
+/// <URI>`) to `access.log` in its folder ([`origin_requests`]). The
+/// process's `port` is the listen port.
+///
+/// # Panics
+/// When nginx does not come up (its error log is shown).
+#[must_use]
+pub fn origin(name: &str, status: u16) -> Edge {
+    start_text("origin", |dir, port| {
+        let prefix = dir.display();
+        format!(
+            "{}events {{ worker_connections 64; }}\n\
+             http {{\n  log_format o \"{name} $request_method $request_uri\";\n\
+             \x20 access_log {prefix}/access.log o;\n\
+             \x20 client_body_temp_path {prefix}/client_body;\n\
+             \x20 proxy_temp_path {prefix}/proxy_temp;\n\
+             \x20 server {{\n    listen 127.0.0.1:{port};\n\
+             \x20   location / {{\n      add_header X-Origin {name} always;\n\
+             \x20     add_header Cache-Control \"max-age=1\" always;\n\
+             \x20     return {status} \"{name} $host $request_method $request_uri\\n\";\n    }}\n  }}\n}}\n",
+            main_head(dir, "notice"),
+        )
+    })
+}
+
+/// The requests an [`origin`] received: `<name> <method> <URI>` each.
+#[must_use]
+pub fn origin_requests(origin: &Edge) -> Vec<String> {
+    std::fs::read_to_string(origin.process.dir.path().join("access.log"))
+        .unwrap_or_default()
+        .lines()
+        .map(str::to_owned)
+        .collect()
 }
 
 /// What differs between geo routers (`router/`, docs/router.md).

@@ -344,6 +344,7 @@ impl Explainer<'_> {
                 },
                 origin: None,
                 origin_host: None,
+                fallback_origins: Vec::new(),
                 reason: Some(PROXY_REFUSED),
                 waf: Vec::new(),
                 site: None,
@@ -406,8 +407,32 @@ struct Out<'a> {
     node: Option<&'a str>,
     client_ip: Option<IpAddr>,
     country: Option<&'a str>,
+    /// A proxied request's origins, in the order the edge tries them
+    /// (`origin`, then `fallback_origins`).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    origins: Vec<&'a str>,
+    /// For a proxied request: whether a stale cached copy can answer when
+    /// every origin fails (the response is cached: the edge's
+    /// `proxy_cache_use_stale`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    stale: Option<bool>,
     #[serde(skip_serializing_if = "Option::is_none")]
     id: Option<&'a serde_json::Value>,
+}
+
+/// A proxied decision's origins in the order they are tried.
+fn origin_order(d: &edge::Decision) -> Vec<&str> {
+    d.origin
+        .iter()
+        .chain(d.fallback_origins.iter())
+        .map(String::as_str)
+        .collect()
+}
+
+/// Whether a stale copy can answer a proxied decision when every origin
+/// fails: only a cached response has one.
+fn stale_possible(d: &edge::Decision) -> Option<bool> {
+    d.origin.as_ref().map(|_| d.cache.cached)
 }
 
 fn to_json(e: &Explained, id: Option<&serde_json::Value>) -> String {
@@ -417,6 +442,8 @@ fn to_json(e: &Explained, id: Option<&serde_json::Value>) -> String {
         node: e.node.as_deref(),
         client_ip: e.client,
         country: e.country.as_deref(),
+        origins: origin_order(&e.decision),
+        stale: stale_possible(&e.decision),
         id,
     })
     .unwrap_or_default()
@@ -467,6 +494,19 @@ fn human(e: &Explained) -> String {
         );
     }
     s.push('\n');
+    if d.origin.is_some() {
+        let _ = writeln!(
+            s,
+            "origins, in order: {}\nwhen every origin fails: {}",
+            origin_order(d).join(" → "),
+            if stale_possible(d) == Some(true) {
+                "a cached copy is served stale (X-Cache-Status: STALE); without one, \
+                 the last origin's 5xx or 502/504"
+            } else {
+                "the last origin's 5xx or 502/504 (not cached: no stale copy)"
+            }
+        );
+    }
     s
 }
 

@@ -21,7 +21,7 @@ local _M = {}
 
 -- The decision's fields both sides compare, in order.
 _M.FIELDS = { "verdict", "status", "reason", "location", "cached", "ttl", "origin",
-              "origin_host", "waf" }
+              "origin_host", "fallback_origins", "waf" }
 
 local function opt(v)
   if v == null then return nil end

@@ -66,9 +66,18 @@ pub struct Site {
     #[schemars(inner(regex(pattern = HOST_PATTERN), length(max = 253)))]
     pub aliases: Vec<String>,
     /// The origin: `http://` or `https://`, a host, an optional port; no
-    /// path, query or credentials.
+    /// path, query or credentials. A site has `origin` or `origins`.
+    #[serde(default)]
     #[schemars(regex(pattern = r"^https?://"))]
-    pub origin: String,
+    pub origin: Option<String>,
+    /// Several origins, in the order the edge tries them (each written as
+    /// `origin` is, one scheme for all, at most 4): the next one on a
+    /// connect error, a timeout or a 5xx answer; a POST or PATCH only
+    /// while it was never sent. Each gets its own host as `Host` and SNI.
+    /// A site has `origin` or `origins`.
+    #[serde(default)]
+    #[schemars(inner(regex(pattern = r"^https?://")))]
+    pub origins: Vec<String>,
     /// `true` allows an origin on a loopback, link-local (cloud metadata),
     /// unspecified or `localhost` address, which is refused otherwise: the
     /// edge would connect to itself or its host's own services. Private

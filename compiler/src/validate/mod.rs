@@ -15,7 +15,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::IpAddr;
 
 use edgestate::routing::{Bucket, GeoSettings, Location};
-use edgestate::site::{CacheRule, EdgeRule, SiteDoc};
+use edgestate::site::{CacheRule, EdgeRule, MAX_ORIGINS, SiteDoc};
 use ipnet::IpNet;
 
 use crate::country;

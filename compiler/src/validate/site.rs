@@ -3,8 +3,8 @@
 use super::*;
 
 pub(super) fn site(ctx: &mut Ctx<'_>, raw: &raw::Site) -> Site {
-    check_url(ctx, "/origin", &raw.origin, &["http", "https"], true);
-    check_target(ctx, "/origin", &raw.origin, raw.loopback, "site");
+    let origins = check_origins(ctx, raw);
+    let origin = origins.first().cloned().unwrap_or_default();
 
     let mut geo_codes = Vec::with_capacity(raw.geo_codes.len());
     for (i, code) in raw.geo_codes.iter().enumerate() {
@@ -177,7 +177,7 @@ pub(super) fn site(ctx: &mut Ctx<'_>, raw: &raw::Site) -> Site {
         .max_body_size
         .as_ref()
         .and_then(|size| check_body_size(ctx, size));
-    if !raw.origin_tls_verify && !raw.origin.starts_with("https://") {
+    if !raw.origin_tls_verify && !origin.starts_with("https://") {
         ctx.warning(
             "ignored-field",
             "/origin_tls_verify",
@@ -197,7 +197,8 @@ pub(super) fn site(ctx: &mut Ctx<'_>, raw: &raw::Site) -> Site {
         regions,
         tls,
         doc: SiteDoc {
-            origin: raw.origin.clone(),
+            origin,
+            fallback_origins: origins.into_iter().skip(1).collect(),
             cached: raw.cached,
             geo_mode: raw.geo_mode.as_str().into(),
             geo_codes: geo_codes.join(","),
@@ -219,6 +220,91 @@ pub(super) fn site(ctx: &mut Ctx<'_>, raw: &raw::Site) -> Site {
             edge_rules,
         },
     }
+}
+
+/// `origin`, or `origins` (one scheme, no duplicates, at most
+/// [`MAX_ORIGINS`]): each checked as a URL and a target. The origins in
+/// order (empty when neither is given, which is an error).
+fn check_origins(ctx: &mut Ctx<'_>, raw: &raw::Site) -> Vec<String> {
+    let list: Vec<(String, &String)> = match (&raw.origin, raw.origins.as_slice()) {
+        (Some(o), []) => vec![("/origin".to_owned(), o)],
+        (Some(_), _) => {
+            let d = ctx.error(
+                "invalid-value",
+                "/origins",
+                "a site has `origin` or `origins`, not both".into(),
+            );
+            help(
+                d,
+                "list every origin, the first tried first, under `origins`",
+            );
+            return Vec::new();
+        }
+        (None, []) => {
+            // At `origins: []` when written, else the file's start.
+            let d = ctx.error(
+                "missing-key",
+                "/origins",
+                "a site needs `origin` (or a non-empty `origins` list)".into(),
+            );
+            help(d, "e.g. `origin: https://origin.example.com`");
+            return Vec::new();
+        }
+        (None, list) => list
+            .iter()
+            .enumerate()
+            .map(|(i, o)| (format!("/origins/{i}"), o))
+            .collect(),
+    };
+    if list.len() > MAX_ORIGINS {
+        let d = ctx.error(
+            "too-many-origins",
+            &format!("/origins/{MAX_ORIGINS}"),
+            format!(
+                "{} origins: the edge tries at most {MAX_ORIGINS} for one request",
+                list.len()
+            ),
+        );
+        help(d, "keep the first few in the order they should be tried");
+    }
+    let mut out: Vec<String> = Vec::with_capacity(list.len());
+    for (pointer, o) in &list {
+        check_url(ctx, pointer, o, &["http", "https"], true);
+        check_target(ctx, pointer, o, raw.loopback, "site");
+        if out.contains(o) {
+            ctx.error(
+                "duplicate-value",
+                pointer,
+                format!("`{o}` is listed twice: it would be tried twice"),
+            );
+            continue;
+        }
+        if let Some(first) = out.first()
+            && scheme_of(first) != scheme_of(o)
+        {
+            let d = ctx.error(
+                "mixed-origin-schemes",
+                pointer,
+                format!(
+                    "`{o}` is not of the first origin's scheme (`{}://`)",
+                    scheme_of(first)
+                ),
+            );
+            help(
+                d,
+                "the edge proxies a request with one scheme, whichever origin answers: \
+                 list only http:// or only https:// origins",
+            );
+            continue;
+        }
+        out.push((*o).clone());
+    }
+    out.truncate(MAX_ORIGINS);
+    out
+}
+
+fn scheme_of(url: &str) -> &str {
+    url.split_once("://").map_or("", |(s, _)| s)
 }
 
 pub(super) fn check_match(ctx: &mut Ctx<'_>, base: &str, kind: MatchType, value: &str) {

@@ -86,6 +86,77 @@ fn an_origin_on_loopback_needs_the_loopback_flag() {
 }
 
 #[test]
+fn several_origins_are_one_ordered_list_of_one_scheme() {
+    // One list, in order: the document's `origin` and `fallback_origins`.
+    let c = site_repo(
+        "host: s.example.com\norigins:\n  - http://203.0.113.10\n  - http://o2.example.com:8080\n",
+    );
+    assert!(c.is_valid(), "{}", lines(&c));
+    let config = valid(&with(&[(
+        S,
+        "host: s.example.com\norigins: [http://203.0.113.10, http://o2.example.com]\n",
+    )]));
+    let doc = &config
+        .sites
+        .iter()
+        .find(|s| s.host == "s.example.com")
+        .unwrap()
+        .doc;
+    assert_eq!(doc.origin, "http://203.0.113.10");
+    assert_eq!(doc.fallback_origins, ["http://o2.example.com"]);
+    // A list of one is `origin`: the same document, byte for byte.
+    let one = valid(&with(&[(
+        S,
+        "host: s.example.com\norigins: [http://203.0.113.10]\n",
+    )]));
+    let plain = valid(&with(&[(
+        S,
+        "host: s.example.com\norigin: http://203.0.113.10\n",
+    )]));
+    let text = |c: &crate::model::resolved::Config| {
+        c.sites
+            .iter()
+            .find(|s| s.host == "s.example.com")
+            .unwrap()
+            .doc
+            .to_canonical_json()
+    };
+    assert_eq!(text(&one), text(&plain));
+    assert!(!text(&one).contains("fallback_origins"));
+
+    // Mixed schemes, a duplicate, each located at its entry.
+    let c = site_repo(
+        "host: s.example.com\norigins:\n  - http://203.0.113.10\n  - https://o2.example.com\n  \
+         - http://203.0.113.10\n",
+    );
+    let d = error(&c, "mixed-origin-schemes", "sites/s.yaml:4:5");
+    assert!(d.message.contains("`http://`"), "{}", d.message);
+    error(&c, "duplicate-value", "sites/s.yaml:5:5");
+    assert_eq!(c.diagnostics.len(), 2, "{}", lines(&c));
+    // Five origins: the fifth is where the list is too long.
+    let c = site_repo(
+        "host: s.example.com\norigins: [http://a.example.com, http://b.example.com, \
+         http://c.example.com, http://d.example.com, http://e.example.com]\n",
+    );
+    error(&c, "too-many-origins", "sites/s.yaml:2:99");
+    // Both keys, neither, or an empty list.
+    let c = site_repo(
+        "host: s.example.com\norigin: http://203.0.113.10\norigins: [http://203.0.113.11]\n",
+    );
+    error(&c, "invalid-value", "sites/s.yaml:3:10");
+    let c = site_repo("host: s.example.com\norigins: []\n");
+    error(&c, "missing-key", "sites/s.yaml:2:10");
+    let c = site_repo("host: s.example.com\ncached: false\n");
+    error(&c, "missing-key", "sites/s.yaml:1:1");
+    // Each entry is an origin URL and a target as `origin` is.
+    let c = site_repo(
+        "host: s.example.com\norigins: [http://203.0.113.10, http://127.0.0.1:81, http://x/app]\n",
+    );
+    error(&c, "loopback-target", "sites/s.yaml:2:32");
+    error(&c, "invalid-url", "sites/s.yaml:2:53");
+}
+
+#[test]
 fn a_country_must_be_assigned_and_uk_is_told_it_is_gb() {
     let c = site_repo(&site("geo_mode: block\ngeo_codes: [GB, UK, GB]\n"));
     let d = error(&c, "invalid-country", "sites/s.yaml:4:17");

@@ -19,6 +19,7 @@ mod malformed;
 mod mqtt;
 mod obs;
 mod ops;
+mod origins;
 mod outage;
 mod private;
 mod proxied;

@@ -22,7 +22,7 @@ use std::net::IpAddr;
 use serde::Serialize;
 
 use crate::lpm::Prefix;
-use crate::site::SiteDoc;
+use crate::site::{MAX_ORIGINS, SiteDoc};
 
 pub mod norm;
 #[cfg(test)]
@@ -186,6 +186,11 @@ pub struct Decision {
     pub origin: Option<String>,
     /// The `Host` header sent to the origin (for `proxy`).
     pub origin_host: Option<String>,
+    /// The origins tried after `origin` when it fails, in order (for
+    /// `proxy`; empty: the site has one origin). `explain` shows the
+    /// whole order as its `origins`.
+    #[serde(skip)]
+    pub fallback_origins: Vec<String>,
     /// The machine-readable reason (`X-Edgeform-Reason`) of a refusal.
     pub reason: Option<&'static str>,
     /// WAF rules matched (detect mode: sent as `X-Edgeform-Waf`).
@@ -286,6 +291,8 @@ enum EdgeAction {
 #[derive(Debug, Clone)]
 pub struct Site {
     origin: String,
+    /// `fallback_origins`: each an origin of `origin`'s scheme.
+    fallbacks: Vec<String>,
     origin_host_is_ip: bool,
     origin_authority: String,
     cached: bool,
@@ -440,6 +447,37 @@ fn split_host_port(authority: &str) -> (&str, Option<&str>) {
     }
 }
 
+/// `fallback_origins`: at most [`MAX_ORIGINS`] origins in all, each an
+/// http(s) origin of `origin`'s scheme (the edge proxies one request with
+/// one scheme, whichever origin answers).
+fn check_fallbacks(origin: &str, list: &[String]) -> Result<Vec<String>, DocError> {
+    if list.len() >= MAX_ORIGINS {
+        return Err(bad(
+            DocErrorKind::Value,
+            format!(
+                "fallback_origins: {} origins in all, the edge tries at most {MAX_ORIGINS}",
+                list.len() + 1
+            ),
+        ));
+    }
+    let scheme = origin.split_once("://").map(|(s, _)| s);
+    for (i, o) in list.iter().enumerate() {
+        if split_origin(o).is_none() {
+            return Err(bad(
+                DocErrorKind::Value,
+                format!("fallback_origins[{i}]: `{o}` is not an http(s) origin"),
+            ));
+        }
+        if o.split_once("://").map(|(s, _)| s) != scheme {
+            return Err(bad(
+                DocErrorKind::Value,
+                format!("fallback_origins[{i}]: `{o}` is not of the scheme of origin"),
+            ));
+        }
+    }
+    Ok(list.to_vec())
+}
+
 impl Site {
     /// Parse and check a `site:` value.
     ///
@@ -462,6 +500,7 @@ impl Site {
                 format!("origin: `{}` is not an http(s) origin", doc.origin),
             )
         })?;
+        let fallbacks = check_fallbacks(&doc.origin, &doc.fallback_origins)?;
         let geo = mode("geo_mode", &doc.geo_mode)?;
         let geo_codes = split_list(&doc.geo_codes)
             .map(|c| {
@@ -558,6 +597,7 @@ impl Site {
         }
         Ok(Site {
             origin: doc.origin.clone(),
+            fallbacks,
             origin_host_is_ip,
             origin_authority,
             cached: doc.cached,
@@ -865,6 +905,7 @@ fn base(verdict: Verdict, status: u16) -> Decision {
         },
         origin: None,
         origin_host: None,
+        fallback_origins: Vec::new(),
         reason: None,
         waf: Vec::new(),
         site: None,
@@ -1229,11 +1270,19 @@ pub fn decide(req: &Request<'_>, found: Found<'_>, clearance: Clearance<'_>) -> 
     } else {
         site.origin_authority.clone()
     });
+    d.fallback_origins.clone_from(&site.fallbacks);
     d.reasons.push(format!(
         "proxy to {} (Host: {})",
         site.origin,
         d.origin_host.as_deref().unwrap_or_default()
     ));
+    if !site.fallbacks.is_empty() {
+        d.reasons.push(format!(
+            "on a connect error, timeout or 5xx, then {} in turn, each with its own \
+             Host (a POST or PATCH only while it was never sent)",
+            site.fallbacks.join(", then ")
+        ));
+    }
     if !site.cached {
         d.reasons.push("cached: false: cache bypassed".into());
     } else if req.method != "GET" && req.method != "HEAD" {

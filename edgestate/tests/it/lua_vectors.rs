@@ -9,7 +9,7 @@ use std::io::{Read, Write};
 
 use serde_json::Value;
 
-const FIELDS: [&str; 9] = [
+const FIELDS: [&str; 10] = [
     "verdict",
     "status",
     "reason",
@@ -18,6 +18,7 @@ const FIELDS: [&str; 9] = [
     "ttl",
     "origin",
     "origin_host",
+    "fallback_origins",
     "waf",
 ];
 

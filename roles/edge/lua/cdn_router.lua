@@ -18,6 +18,7 @@ local cjson = require "cjson.safe"
 local lrucache = require "resty.lrucache"
 local decide = require "edge_decide"
 local ip = require "edge_ip"
+local origins = require "edge_origins"
 
 local ngx = ngx
 local find, sub = string.find, string.sub
@@ -572,9 +573,27 @@ function _M.access()
     -- proxy_set_header: empty sends none and drops a viewer's own). The
     -- hop also fetches an https:// origin a site does not verify.
     local unverified = entry.tls_unverified and sub(d.origin, 1, 8) == "https://"
+    -- Several origins (docs/edge.md, "Origin failover"): resolved here,
+    -- tried in turn by the `edge_origins` upstream's balancer. None
+    -- resolved: the first is proxied to as a single origin (nginx's
+    -- resolver, its error).
+    local upstream, peers = d.origin, nil
+    if d.fallback_origins then
+      local scheme
+      peers, scheme = origins.peers(d.origin, d.fallback_origins, host)
+      if peers[1] then
+        upstream = scheme .. "://edge_origins"
+        var.edge_origin_host = peers[1][3]
+      else
+        peers = nil
+      end
+    end
     if d.ttl or unverified then
       var.edge_upstream = conf.ttl_hop
-      var.edge_hop_origin = d.origin
+      var.edge_hop_origin = upstream
+      if peers then
+        var.edge_hop_peers = origins.encode(peers)
+      end
       if d.ttl then
         var.edge_hop_ttl = d.ttl
       end
@@ -582,7 +601,8 @@ function _M.access()
         var.edge_hop_tls_verify = "off"
       end
     else
-      var.edge_upstream = d.origin
+      if peers then ngx.ctx.edge_peers = peers end
+      var.edge_upstream = upstream
     end
     return
   end

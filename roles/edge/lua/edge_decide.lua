@@ -122,6 +122,10 @@ local function split_host_port(a)
 end
 _M.split_host_port = split_host_port
 
+-- An origin URL → its Host header (host[:port], the port when not the
+-- scheme's), whether its host is an IP address, the bare host (no
+-- brackets), the port (text, nil: the scheme's), the scheme; nil when it
+-- is not an http(s) origin.
 local function split_origin(origin)
   local scheme, rest = origin:match("^(%a[%w+.-]*)://(.*)$")
   if scheme ~= "http" and scheme ~= "https" then return nil end
@@ -133,7 +137,30 @@ local function split_origin(origin)
   local host_is_ip = ip.parse(bare) ~= nil
   local header = host
   if port and port ~= default then header = host .. ":" .. port end
-  return header, host_is_ip
+  return header, host_is_ip, bare, port, scheme
+end
+_M.split_origin = split_origin
+
+-- `fallback_origins` (nil or null: none): at most MAX_ORIGINS origins in
+-- all, each an http(s) origin of `origin`'s scheme (one request is
+-- proxied with one scheme, whichever origin answers). The list, or nil
+-- (none), or false and what is wrong.
+local function fallbacks(origin, list, null)
+  if list == nil or list == null or #list == 0 then return nil end
+  if #list >= T.MAX_ORIGINS then
+    return false, "fallback_origins: " .. (#list + 1) .. " origins in all, the edge tries at most "
+      .. T.MAX_ORIGINS
+  end
+  local scheme = origin:match("^(%a[%w+.-]*)://")
+  for i, o in ipairs(list) do
+    local where = "fallback_origins[" .. (i - 1) .. "]: "
+    if type(o) ~= "string" then return false, where .. "not a string" end
+    if not split_origin(o) then return false, where .. "`" .. o .. "` is not an http(s) origin" end
+    if o:match("^(%a[%w+.-]*)://") ~= scheme then
+      return false, where .. "`" .. o .. "` is not of the scheme of origin"
+    end
+  end
+  return list
 end
 
 local function matcher(field, kind, value)
@@ -233,6 +260,8 @@ function _M.prepare(doc, null)
   if not s.origin_authority then
     return nil, "origin: `" .. doc.origin .. "` is not an http(s) origin"
   end
+  s.fallbacks, err = fallbacks(doc.origin, doc.fallback_origins, null)
+  if s.fallbacks == false then return nil, err end
   s.geo, err = mode("geo_mode", doc.geo_mode, "allow"); if err then return nil, err end
   s.ip, err = mode("ip_mode", doc.ip_mode, "allow"); if err then return nil, err end
   s.rate, err = mode("rate_mode", doc.rate_mode, "normal"); if err then return nil, err end
@@ -558,6 +587,7 @@ function _M.decide(req, key, site, suspended, clearance)
 
   d.origin = site.origin
   d.origin_host = site.origin_host_is_ip and req.host or site.origin_authority
+  d.fallback_origins = site.fallbacks
   if site.cached and (req.method == "GET" or req.method == "HEAD") then
     local rule
     rule, rerr = first_match(site.cache_rules, path)

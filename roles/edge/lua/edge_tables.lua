@@ -32,6 +32,8 @@ return {
   -- the ceiling (nginx's client_max_body_size; a document above it is bad).
   DEFAULT_MAX_BODY_SIZE = 104857600,
   MAX_BODY_SIZE_CEILING = 1073741824,
+  -- The most origins a site has (origin and its fallback_origins).
+  MAX_ORIGINS = 4,
   -- The challenge: its cookie, the proof of work's zero bits, the longest
   -- expiry and counter (decimal digits) a clearance may carry.
   CLEARANCE_COOKIE = "edgeform_clearance",
@@ -44,6 +46,7 @@ return {
     cached = "boolean",
     cors_mode = "string",
     edge_rules = "array",
+    fallback_origins = "array?",
     geo_codes = "string",
     geo_mode = "string",
     hotlink_mode = "string",
