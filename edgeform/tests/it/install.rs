@@ -962,6 +962,25 @@ fn an_edge_with_an_older_bundle_is_refused_what_it_cannot_read_and_status_shows_
     );
     assert!(!bundle_field(r1, "site_fields").contains("max_body_size"));
     assert!(bundle_field(r2, "site_fields").contains("max_body_size"));
+    // The installed agent.yaml probes the live edge's three listeners (one
+    // rendering: no candidate copy).
+    let current = lab.root("edge-2").join("current");
+    let agent_yaml = std::fs::read_to_string(current.join("agent.yaml")).unwrap();
+    let y = lab.node_yaml("edge-2");
+    let https = y.lines().find(|l| l.starts_with("https:")).unwrap();
+    let port_of = |text: &str, key: &str| {
+        let at = text.find(key).unwrap() + key.len();
+        text[at..at + text[at..].find('"').unwrap()].to_owned()
+    };
+    for (scheme, port) in [
+        ("http", port_of(&y, "  listen: \"127.0.0.1:")),
+        ("https", port_of(https, "{listen: \"127.0.0.1:")),
+        ("proxy", port_of(https, "proxy_listen: \"127.0.0.1:")),
+    ] {
+        let want = format!("- \"{scheme}://127.0.0.1:{port}\"");
+        assert!(agent_yaml.contains(&want), "{want}\n{agent_yaml}");
+    }
+    assert!(!current.join("candidate/agent.yaml").exists());
 
     lab.write(
         "sites/upload.yaml",
