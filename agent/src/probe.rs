@@ -1,19 +1,28 @@
 //! The serving probe (docs/edge.md, "The serving probe"): every second a
 //! request for the reserved host on each configured listener of the
-//! node's own edge. The edge answers that host from its Lua phase before
-//! any lookup (204), so an edge whose Redis is down still passes: it
-//! serves its last-known documents. Any listener that does not answer 204
-//! within the timeout makes the node "not serving", and routing treats it
-//! like an offline node.
+//! node's own edge — plain HTTP, HTTPS (TLS with SNI the reserved host,
+//! whose handshake the edge completes with its placeholder certificate),
+//! and the routers' PROXY-protocol listener (a `PROXY UNKNOWN` header, then
+//! TLS). The edge answers that host from its Lua phase before any lookup
+//! (204), so an edge whose Redis is down still passes: it serves its
+//! last-known documents. Any listener that does not answer 204 within the
+//! timeout makes the node "not serving", and routing treats it like an
+//! offline node.
+//!
+//! TLS is OpenSSL through `tokio-native-tls` (what the agent's Redis and
+//! MQTT TLS already use, so no second TLS stack): the placeholder
+//! certificate is self-signed and names no host, so the probe does not
+//! verify it — it proves the listener's handshake and Lua phase run, not
+//! who the edge is (it is the agent's own node, on loopback).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::time::Duration;
 
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::Notify;
 
-use crate::config::Probe;
+use crate::config::{Probe, ProbeKind};
 use crate::shutdown::Shutdown;
 
 /// The host the edge answers itself (`.invalid`: never a real site).
@@ -53,17 +62,49 @@ impl Serving {
     }
 }
 
+/// The TLS client of the `https` and `proxy` probes: no verification
+/// (the edge's placeholder certificate is self-signed and names no host).
+///
+/// # Errors
+/// OpenSSL could not make a client context.
+pub fn tls_connector() -> Result<tokio_native_tls::TlsConnector, native_tls::Error> {
+    let c = native_tls::TlsConnector::builder()
+        .danger_accept_invalid_certs(true)
+        .danger_accept_invalid_hostnames(true)
+        .build()?;
+    Ok(tokio_native_tls::TlsConnector::from(c))
+}
+
 /// Whether the listener answers the reserved host with 204.
-pub async fn probe_once(p: &Probe) -> bool {
-    tokio::time::timeout(TIMEOUT, exchange(p))
+pub async fn probe_once(p: &Probe, tls: &tokio_native_tls::TlsConnector) -> bool {
+    tokio::time::timeout(TIMEOUT, connect_and_ask(p, tls))
         .await
         .ok()
         .and_then(Result::ok)
         .is_some_and(|status| status == 204)
 }
 
-async fn exchange(p: &Probe) -> std::io::Result<u16> {
+async fn connect_and_ask(p: &Probe, tls: &tokio_native_tls::TlsConnector) -> std::io::Result<u16> {
     let mut s = tokio::net::TcpStream::connect(p.addr).await?;
+    match p.kind {
+        ProbeKind::Http => exchange(s).await,
+        ProbeKind::Https | ProbeKind::Proxy => {
+            if p.kind == ProbeKind::Proxy {
+                // A PROXY v1 header without an address: the edge takes the
+                // connection as the peer's own (the probe host is answered
+                // before the routers-only check a real header meets).
+                s.write_all(b"PROXY UNKNOWN\r\n").await?;
+            }
+            let t = tls
+                .connect(PROBE_HOST, s)
+                .await
+                .map_err(std::io::Error::other)?;
+            exchange(t).await
+        }
+    }
+}
+
+async fn exchange<S: AsyncRead + AsyncWrite + Unpin>(mut s: S) -> std::io::Result<u16> {
     let req = format!(
         "GET / HTTP/1.1\r\nHost: {PROBE_HOST}\r\nUser-Agent: edgeform-agent-probe\r\nConnection: close\r\n\r\n"
     );
@@ -94,11 +135,31 @@ pub async fn run(probes: Vec<Probe>, serving: Arc<Serving>, mut shutdown: Shutdo
     if probes.is_empty() {
         return;
     }
+    let tls = match tls_connector() {
+        Ok(t) => t,
+        Err(e) => {
+            // Without a TLS client no HTTPS listener can pass: reported as
+            // not serving rather than left unprobed.
+            tracing::error!(error = %e, "probe: no TLS client; the edge is reported not serving");
+            serving.set(false);
+            return;
+        }
+    };
     loop {
-        let mut all = true;
+        // The listeners at once: one hung listener costs one timeout, not
+        // one per listener.
+        let mut set = tokio::task::JoinSet::new();
         for p in &probes {
-            if !probe_once(p).await {
-                tracing::debug!(addr = %p.addr, "probe: the edge did not answer the reserved host");
+            let (p, tls) = (p.clone(), tls.clone());
+            set.spawn(async move { (probe_once(&p, &tls).await, p) });
+        }
+        let mut all = true;
+        while let Some(done) = set.join_next().await {
+            let ok = done.as_ref().is_ok_and(|(ok, _)| *ok);
+            if !ok {
+                if let Ok((_, p)) = &done {
+                    tracing::debug!(addr = %p.addr, kind = p.kind.scheme(), "probe: the edge did not answer the reserved host");
+                }
                 all = false;
             }
         }

@@ -627,14 +627,23 @@ fn health(cx: &mut Cx<'_>, m: &raw::Health) -> Option<HealthConfig> {
         .iter()
         .enumerate()
     {
-        match text
-            .strip_prefix("http://")
-            .map(str::parse::<std::net::SocketAddr>)
-        {
-            Some(Ok(addr)) => probe.push(crate::Probe { addr }),
-            _ => cx.at(
+        let parsed = [
+            crate::ProbeKind::Http,
+            crate::ProbeKind::Https,
+            crate::ProbeKind::Proxy,
+        ]
+        .into_iter()
+        .find_map(|kind| {
+            let rest = text.strip_prefix(kind.scheme())?.strip_prefix("://")?;
+            Some((kind, rest.parse::<std::net::SocketAddr>().ok()?))
+        });
+        match parsed {
+            Some((kind, addr)) => probe.push(crate::Probe { addr, kind }),
+            None => cx.at(
                 &format!("/health/probe/{i}"),
-                "a probe is `http://IP:PORT`: a plain-HTTP listener of this node's edge".into(),
+                "a probe is `http://IP:PORT`, `https://IP:PORT` or `proxy://IP:PORT`: \
+                 a plain-HTTP, HTTPS or PROXY-protocol listener of this node's edge"
+                    .into(),
             ),
         }
     }

@@ -98,8 +98,34 @@ pub struct HealthConfig {
 /// One listener of the edge the agent probes.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Probe {
-    /// A plain-HTTP listener (`http://IP:PORT`).
+    /// The listener's address (`IP:PORT`).
     pub addr: std::net::SocketAddr,
+    /// How it is spoken to (the URL's scheme).
+    pub kind: ProbeKind,
+}
+
+/// How a probed listener is spoken to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ProbeKind {
+    /// `http://IP:PORT`: plain HTTP.
+    Http,
+    /// `https://IP:PORT`: TLS with SNI the reserved probe host.
+    Https,
+    /// `proxy://IP:PORT`: the routers' PROXY-protocol listener: a PROXY v1
+    /// header (`PROXY UNKNOWN`, no address), then TLS as `https`.
+    Proxy,
+}
+
+impl ProbeKind {
+    /// The URL scheme naming it in agent.yaml.
+    #[must_use]
+    pub fn scheme(self) -> &'static str {
+        match self {
+            ProbeKind::Http => "http",
+            ProbeKind::Https => "https",
+            ProbeKind::Proxy => "proxy",
+        }
+    }
 }
 
 /// Where a metric is read: a JSON document from a URL or a file, and the

@@ -733,10 +733,10 @@ fn paths_and_durations_are_checked_at_their_value() {
             "is not an address:port",
         ),
         (
-            "health: {probe: [\"http://127.0.0.1:80\", \"https://127.0.0.1:443\"]}\n",
+            "health: {probe: [\"http://127.0.0.1:80\", \"tls://127.0.0.1:443\"]}\n",
             4,
             41,
-            "a probe is `http://IP:PORT`",
+            "a probe is `http://IP:PORT`, `https://IP:PORT` or `proxy://IP:PORT`",
         ),
     ] {
         let (l, c, m) = one_error(text);
@@ -747,7 +747,7 @@ fn paths_and_durations_are_checked_at_their_value() {
         "agent.yaml",
         &format!(
             "{BASE}state_dir: /srv/./agent/\nrouting: {{refresh: 250ms, share_health: /run/h.json}}\n\
-             health:\n  vod: {{url: \"http://127.0.0.1/v\", field: /vod}}\n  bundle_manifest: /opt/e/current/manifest.json\n  probe: [\"http://127.0.0.1:80\"]\n"
+             health:\n  vod: {{url: \"http://127.0.0.1/v\", field: /vod}}\n  bundle_manifest: /opt/e/current/manifest.json\n  probe: [\"http://127.0.0.1:80\", \"https://127.0.0.1:443\", \"proxy://[::1]:10443\"]\n"
         ),
         &|_| None,
         false,
@@ -768,9 +768,20 @@ fn paths_and_durations_are_checked_at_their_value() {
     );
     assert_eq!(
         c.health.probe,
-        [crate::Probe {
-            addr: "127.0.0.1:80".parse().unwrap()
-        }]
+        [
+            crate::Probe {
+                addr: "127.0.0.1:80".parse().unwrap(),
+                kind: crate::ProbeKind::Http,
+            },
+            crate::Probe {
+                addr: "127.0.0.1:443".parse().unwrap(),
+                kind: crate::ProbeKind::Https,
+            },
+            crate::Probe {
+                addr: "[::1]:10443".parse().unwrap(),
+                kind: crate::ProbeKind::Proxy,
+            },
+        ]
     );
 }
 

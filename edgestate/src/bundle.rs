@@ -14,6 +14,13 @@ pub const SITE_FIELDS_FIELD: &str = "site_fields";
 /// The hash's field saying the code serves `tls:*` (`"1"`).
 pub const TLS_FIELD: &str = "tls";
 
+/// The edge role's declaration of what its code reads, shipped in every
+/// edge bundle (`roles/edge/reads.json`, generated from this crate with
+/// the Lua tables: [`crate::lua`]): the installer writes it into the
+/// edge's `edgeform:bundle` after the switch, so the skew gate knows what
+/// the release it installed reads — an older release, an older file.
+pub const READS_FILE: &str = "reads.json";
+
 /// What an edge's installed code reads.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Bundle {
@@ -71,14 +78,43 @@ impl Bundle {
         ]
     }
 
-    /// What `uses` needs that this bundle does not read.
+    /// The text of a [`READS_FILE`]: `{"site_fields": [...], "tls": bool}`.
+    #[must_use]
+    pub fn to_reads_json(&self) -> String {
+        let v = serde_json::json!({ "site_fields": self.site_fields, "tls": self.tls });
+        let mut text = serde_json::to_string_pretty(&v).unwrap_or_default();
+        text.push('\n');
+        text
+    }
+
+    /// A [`READS_FILE`]'s bundle (the seed's fields always read); `None`
+    /// when it is not that shape.
+    #[must_use]
+    pub fn from_reads_json(text: &[u8]) -> Option<Bundle> {
+        let v: serde_json::Value = serde_json::from_slice(text).ok()?;
+        let mut b = Bundle::seed();
+        for f in v.get("site_fields")?.as_array()? {
+            b.site_fields.insert(f.as_str()?.to_owned());
+        }
+        b.tls = v.get("tls")?.as_bool()?;
+        Some(b)
+    }
+
+    /// What `uses` needs that this bundle does not read. A field the
+    /// documents list in `skippable` ([`crate::site::listed_when_present`])
+    /// is not needed by code that reads the list: it skips it.
     #[must_use]
     pub fn missing(&self, uses: &Uses) -> Uses {
+        let skips = self.site_fields.contains(crate::site::SKIPPABLE_FIELD);
         Uses {
             fields: uses
                 .fields
                 .iter()
-                .filter(|(f, _)| !self.site_fields.contains(**f))
+                .filter(|(f, _)| {
+                    let read = self.site_fields.contains(**f);
+                    let skipped = skips && crate::site::listed_when_present(f);
+                    !read && !skipped
+                })
                 .map(|(f, k)| (*f, k.clone()))
                 .collect(),
             tls_key: uses.tls_key.clone().filter(|_| !self.tls),
@@ -186,6 +222,27 @@ mod tests {
         assert_eq!(Bundle::from_hash(&h), cur);
         assert!(h["site_fields"].contains("https_redirect"));
         assert_eq!(h["tls"], "1");
+    }
+
+    #[test]
+    fn the_reads_file_round_trips_and_always_holds_the_seed() {
+        let cur = Bundle::current();
+        assert_eq!(
+            Bundle::from_reads_json(cur.to_reads_json().as_bytes()),
+            Some(cur)
+        );
+        let old = Bundle::from_reads_json(br#"{"site_fields": ["https_redirect"], "tls": false}"#)
+            .unwrap();
+        assert!(old.site_fields.contains("origin") && old.site_fields.contains("https_redirect"));
+        assert!(!old.site_fields.contains("max_body_size") && !old.tls);
+        for bad in [
+            &b"{}"[..],
+            b"[]",
+            b"{\"site_fields\": [1], \"tls\": true}",
+            b"x",
+        ] {
+            assert_eq!(Bundle::from_reads_json(bad), None);
+        }
     }
 
     #[test]

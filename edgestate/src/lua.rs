@@ -3,7 +3,9 @@
 //! `roles/edge/lua/edge_tables.lua` (methods, WAF rules, hotlink
 //! extensions, rate limits, default TTL, the challenge's constants, the
 //! document's fields, the reasons) and `router/lua/geo_tables.lua` (the
-//! Earth radius, the stable hash's constants, the default tie distance).
+//! Earth radius, the stable hash's constants, the default tie distance),
+//! and `roles/edge/reads.json` (what the edge code reads: the version-skew
+//! gate's declaration, [`crate::bundle::READS_FILE`]).
 //!
 //! The committed files are exactly what [`edge_tables`] and [`geo_tables`]
 //! return; a unit test fails when they differ, and rewrites them under
@@ -19,6 +21,9 @@ use crate::site::{self, FieldType};
 /// Where the generated files live, from the workspace root.
 pub const EDGE_TABLES_PATH: &str = "roles/edge/lua/edge_tables.lua";
 pub const GEO_TABLES_PATH: &str = "router/lua/geo_tables.lua";
+/// What the edge role's code reads ([`crate::bundle::READS_FILE`]), kept
+/// with its Lua tables.
+pub const EDGE_READS_PATH: &str = "roles/edge/reads.json";
 
 const HEADER: &str = "-- Generated from the Rust definitions in edgestate (edgestate/src/lua.rs):\n\
      -- do not edit. `EDGEFORM_BLESS=1 cargo test -p edgestate lua` rewrites it.\n";
@@ -210,6 +215,10 @@ mod tests {
         for (path, generated) in [
             (EDGE_TABLES_PATH, edge_tables()),
             (GEO_TABLES_PATH, geo_tables()),
+            (
+                EDGE_READS_PATH,
+                crate::bundle::Bundle::current().to_reads_json(),
+            ),
         ] {
             let file = root.join(path);
             let committed = std::fs::read_to_string(&file).unwrap_or_default();

@@ -68,6 +68,16 @@ pub struct SiteDoc {
     )]
     pub origin_tls_verify: bool,
     pub rate_mode: Word,
+    /// The present fields an edge whose code does not read them may skip
+    /// (docs/operations.md, "Version skew"): [`FieldClass::Skippable`]
+    /// fields newer than this list ([`FIELDS_BEFORE_SKIPPABLE`]); set by
+    /// [`SiteDoc::mark_skippable`], present only when not empty.
+    #[serde(
+        default,
+        deserialize_with = "empty_unless_list",
+        skip_serializing_if = "Vec::is_empty"
+    )]
+    pub skippable: Vec<String>,
     /// How the site's hostnames get a certificate: `certificate:NAME`
     /// (later `acme`); absent: no HTTPS for the site.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -109,6 +119,10 @@ fn exact_int<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<u64>, D::E
 /// exactly, the ceiling of a [`FieldType::OptU64`] field.
 pub const MAX_EXACT_INT: u64 = 1 << 53;
 
+fn empty_unless_list<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<String>, D::Error> {
+    Ok(Option::<Vec<String>>::deserialize(d)?.unwrap_or_default())
+}
+
 fn true_unless_false<'de, D: serde::Deserializer<'de>>(d: D) -> Result<bool, D::Error> {
     Ok(Option::<bool>::deserialize(d)?.unwrap_or(true))
 }
@@ -143,8 +157,6 @@ pub struct EdgeRule {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum FieldType {
     Array,
-    /// An optional array.
-    OptArray,
     Boolean,
     String,
     /// An optional boolean.
@@ -158,6 +170,8 @@ pub enum FieldType {
     /// An optional integer in `0..=2^53` ([`MAX_EXACT_INT`]: the edge's
     /// Lua holds numbers as doubles).
     OptU64,
+    /// An optional list of strings.
+    OptStrings,
 }
 
 impl FieldType {
@@ -166,7 +180,6 @@ impl FieldType {
     pub fn lua_name(self) -> &'static str {
         match self {
             FieldType::Array => "array",
-            FieldType::OptArray => "array?",
             FieldType::Boolean => "boolean",
             FieldType::String => "string",
             FieldType::OptBool => "boolean?",
@@ -174,6 +187,7 @@ impl FieldType {
             FieldType::OptU16 => "uint16?",
             FieldType::OptU32 => "uint32?",
             FieldType::OptU64 => "uint64?",
+            FieldType::OptStrings => "array?",
         }
     }
 
@@ -207,17 +221,82 @@ pub const SITE_FIELDS: [(&str, FieldType); 12] = [
 /// [`SiteDoc`]'s optional fields: present only when not the default. An
 /// edge reads them only when its installed code says so (`edgeform:bundle`,
 /// docs/operations.md "Version skew").
-pub const SITE_OPTIONAL_FIELDS: [(&str, FieldType); 5] = [
-    ("fallback_origins", FieldType::OptArray),
+pub const SITE_OPTIONAL_FIELDS: [(&str, FieldType); 6] = [
+    ("fallback_origins", FieldType::OptStrings),
     ("https_redirect", FieldType::OptBool),
     ("max_body_size", FieldType::OptU64),
     ("origin_tls_verify", FieldType::OptBool),
+    ("skippable", FieldType::OptStrings),
     ("tls", FieldType::OptString),
 ];
 
 /// The most origins a site has: `origin` and up to three
 /// `fallback_origins` (each failed one costs a try of the request).
 pub const MAX_ORIGINS: usize = 4;
+
+/// What an edge whose code does not read an optional field may do with a
+/// document that has it (docs/operations.md, "Version skew"). The edge
+/// cannot know an unknown field's class, so the document carries it: the
+/// compiler lists the present [`FieldClass::Skippable`] fields in
+/// `skippable`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FieldClass {
+    /// It restricts or redirects (geo, IP, WAF, rate, body size, a
+    /// redirect, the list itself): served without it, the site would be
+    /// more open than its owner wrote. Never skipped: the edge answers
+    /// the document 502 `bad-document`, and `apply` refuses the target
+    /// ("install first").
+    Restricts,
+    /// Skipping it cannot open a policy (the site is served as if it were
+    /// absent: at worst less well, never less guarded). An edge that does
+    /// not read it logs and skips it when the document lists it.
+    Skippable,
+}
+
+/// Every optional field's class (a unit test holds every field of
+/// [`SITE_OPTIONAL_FIELDS`] to one).
+pub const SITE_FIELD_CLASSES: [(&str, FieldClass); 6] = [
+    // Absent, the edge proxies to `origin` alone: no failover, no
+    // policy opened.
+    ("fallback_origins", FieldClass::Skippable),
+    ("https_redirect", FieldClass::Restricts),
+    ("max_body_size", FieldClass::Restricts),
+    // Absent, the edge verifies the origin's certificate: stricter.
+    ("origin_tls_verify", FieldClass::Skippable),
+    // An edge that does not know the list cannot know what it may skip.
+    ("skippable", FieldClass::Restricts),
+    // The certificate's source; the edge serves `tls:<host>` keys alone.
+    ("tls", FieldClass::Skippable),
+];
+
+/// The list of fields an older edge may skip ([`SiteDoc::skippable`]).
+pub const SKIPPABLE_FIELD: &str = "skippable";
+
+/// The optional fields older than `skippable`: every edge that reads the
+/// list reads them, so they are never listed (and the documents that use
+/// them stay byte for byte what they were).
+pub const FIELDS_BEFORE_SKIPPABLE: [&str; 4] = [
+    "https_redirect",
+    "max_body_size",
+    "origin_tls_verify",
+    "tls",
+];
+
+/// An optional field's class; `None` for a name that is not one.
+#[must_use]
+pub fn field_class(name: &str) -> Option<FieldClass> {
+    SITE_FIELD_CLASSES
+        .iter()
+        .find(|(n, _)| *n == name)
+        .map(|(_, c)| *c)
+}
+
+/// Whether an edge that reads `skippable` but not `name` serves a document
+/// listing it: a [`FieldClass::Skippable`] field newer than the list.
+#[must_use]
+pub fn listed_when_present(name: &str) -> bool {
+    field_class(name) == Some(FieldClass::Skippable) && !FIELDS_BEFORE_SKIPPABLE.contains(&name)
+}
 
 /// Every field of [`SiteDoc`], seed and optional, in the document's
 /// (alphabetical) order.
@@ -249,6 +328,39 @@ pub const EDGE_RULE_FIELDS: [(&str, FieldType); 5] = [
 ];
 
 impl SiteDoc {
+    /// Whether the optional field `name` is present in the JSON (not its
+    /// default).
+    #[must_use]
+    pub fn has_optional(&self, name: &str) -> bool {
+        match name {
+            "fallback_origins" => !self.fallback_origins.is_empty(),
+            "https_redirect" => self.https_redirect,
+            "max_body_size" => self.max_body_size.is_some(),
+            "origin_tls_verify" => !self.origin_tls_verify,
+            "skippable" => !self.skippable.is_empty(),
+            "tls" => self.tls.is_some(),
+            _ => false,
+        }
+    }
+
+    /// Set `skippable` from the present fields ([`listed_when_present`]);
+    /// the compiler calls it once the fields are set.
+    pub fn mark_skippable(&mut self) {
+        self.skippable = SITE_OPTIONAL_FIELDS
+            .iter()
+            .map(|f| f.0)
+            .filter(|f| listed_when_present(f) && self.has_optional(f))
+            .map(str::to_owned)
+            .collect();
+    }
+
+    /// [`SiteDoc::mark_skippable`], by value.
+    #[must_use]
+    pub fn marked(mut self) -> SiteDoc {
+        self.mark_skippable();
+        self
+    }
+
     /// The canonical JSON text stored in Redis: sorted keys, no whitespace.
     #[must_use]
     pub fn to_canonical_json(&self) -> String {
@@ -271,8 +383,48 @@ mod tests {
             "geo_codes": "", "geo_mode": "off", "hotlink_mode": "off", "https_redirect": true,
             "ip_list": "", "ip_mode": "off", "max_body_size": 1_048_576,
             "origin": "https://o.test", "origin_tls_verify": false, "rate_mode": "off",
-            "tls": "certificate:example", "waf_mode": "off"
+            "skippable": ["a_newer_field"], "tls": "certificate:example", "waf_mode": "off"
         })
+    }
+
+    /// Every optional field has a class (and `has_optional` knows it);
+    /// only classes of real fields; the fields older than the list are
+    /// never listed, so the documents compiled before it are unchanged;
+    /// a newer skippable field (`fallback_origins`) is listed.
+    #[test]
+    fn every_optional_field_has_a_class_and_todays_documents_list_nothing() {
+        let optional: Vec<&str> = SITE_OPTIONAL_FIELDS.iter().map(|f| f.0).collect();
+        let classed: Vec<&str> = SITE_FIELD_CLASSES.iter().map(|f| f.0).collect();
+        assert_eq!(
+            classed, optional,
+            "SITE_FIELD_CLASSES: one per optional field, same order"
+        );
+        for f in FIELDS_BEFORE_SKIPPABLE {
+            assert!(optional.contains(&f), "{f}");
+        }
+        for (name, class) in SITE_FIELD_CLASSES {
+            assert!(field_class(name) == Some(class));
+        }
+        assert_eq!(field_class("skippable"), Some(FieldClass::Restricts));
+        assert_eq!(field_class("geo_mode"), None, "seed fields are always read");
+        let mut doc: SiteDoc = serde_json::from_value(full_doc()).unwrap();
+        for f in &optional {
+            assert!(doc.has_optional(f), "{f}");
+        }
+        // Every field present: the newer skippable one listed.
+        doc.mark_skippable();
+        assert_eq!(doc.skippable, ["fallback_origins"]);
+        // Without it, nothing listed, and the text is what it was
+        // without the list.
+        doc.fallback_origins.clear();
+        doc.mark_skippable();
+        assert!(doc.skippable.is_empty());
+        let text = doc.to_canonical_json();
+        assert!(!text.contains("skippable"), "{text}");
+        let mut v = full_doc();
+        v.as_object_mut().unwrap().remove("skippable");
+        v.as_object_mut().unwrap().remove("fallback_origins");
+        assert_eq!(text, serde_json::to_string(&v).unwrap());
     }
 
     fn json_type(v: &serde_json::Value) -> FieldType {
@@ -332,7 +484,7 @@ mod tests {
                 let base = match ty {
                     FieldType::OptBool => FieldType::Boolean,
                     FieldType::OptString => FieldType::String,
-                    FieldType::OptArray => FieldType::Array,
+                    FieldType::OptStrings => FieldType::Array,
                     other => other,
                 };
                 assert_eq!(json_type(&obj[name]), base, "{name}");
@@ -373,6 +525,7 @@ mod tests {
             https_redirect: false,
             max_body_size: None,
             origin_tls_verify: true,
+            skippable: Vec::new(),
             tls: None,
             cache_rules: vec![CacheRule {
                 match_type: "ext".into(),
@@ -426,6 +579,7 @@ mod tests {
         doc.https_redirect = false;
         doc.origin_tls_verify = true;
         doc.max_body_size = None;
+        doc.skippable = Vec::new();
         doc.tls = None;
         doc.fallback_origins.clear();
         let text = doc.to_canonical_json();

@@ -228,8 +228,8 @@ pub const HTTPS_LISTEN: &str = "443";
 pub const PROXY_LISTEN: &str = "10443";
 
 /// The placeholder certificate every TLS listener of an edge needs
-/// (`<root>/tls/placeholder.crt` and `.key`; never served: docs/edge.md,
-/// "HTTPS"): a shell script that makes it with `openssl` in `dir` unless it
+/// (`<root>/tls/placeholder.crt` and `.key`; served only to the serving
+/// probe's reserved host: docs/edge.md, "HTTPS"): a shell script that makes it with `openssl` in `dir` unless it
 /// is there — self-signed, no site name (`CN=edgeform placeholder`),
 /// P-256. Run by the installer on the node and by the nginx gate.
 #[must_use]
@@ -444,12 +444,16 @@ pub fn render(file: &str, template: &str, context: &Value) -> Result<String, Vec
     })
 }
 
-/// The template context of a node: `node` (its YAML), `instance`, `role`.
+/// The template context of a node: `node` (its YAML), `instance` (the
+/// process this rendering is for), `live` (the live instance in both
+/// renderings: what the node's long-running services, such as the
+/// agent's serving probe, talk to), `roles`.
 #[must_use]
-pub fn context(node_yaml: &Value, instance: &Instance, roles: &[String]) -> Value {
+pub fn context(node_yaml: &Value, instance: &Instance, live: &Instance, roles: &[String]) -> Value {
     serde_json::json!({
         "node": node_yaml,
         "instance": instance.to_json(),
+        "live": live.to_json(),
         "roles": roles,
     })
 }
@@ -476,8 +480,8 @@ pub fn bundle(
     if mine.is_empty() {
         return Ok(None);
     }
-    let live_cx = context(node_yaml, live, &mine);
-    let cand_cx = context(node_yaml, candidate, &mine);
+    let live_cx = context(node_yaml, live, live, &mine);
+    let cand_cx = context(node_yaml, candidate, live, &mine);
     let mut files: BTreeMap<String, BundleFile> = BTreeMap::new();
     let mut errors = Vec::new();
     let mut add = |f: BundleFile, errors: &mut Vec<Error>| {

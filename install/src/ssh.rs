@@ -24,6 +24,13 @@ use crate::gate::Gate;
 use crate::node::{NodeBundle, load_bundles, run_gates, write_release};
 use crate::{Bundle, Install, MANIFEST, Manifest, SmokeRequest};
 
+/// The edge role's declaration of what its code reads (the same name as
+/// `edgestate::bundle::READS_FILE`; the CLI parses it).
+pub const READS_FILE: &str = "reads.json";
+
+/// [`install`]'s `declare(node, rolled_back, reads)`.
+pub type Declare<'a> = dyn Fn(&str, bool, Option<&[u8]>) -> Result<(), String> + Sync + 'a;
+
 /// How ssh reaches the nodes.
 #[derive(Debug, Clone, Default)]
 pub struct Ssh {
@@ -765,15 +772,17 @@ fn for_each<T: Send>(
 ///
 /// # Errors
 /// I/O errors and the secrets' errors.
-/// `declare(node, rolled_back)` runs on each edge after its switch: it
-/// records what the edge's code now reads in its Redis (`edgeform:bundle`,
-/// the version-skew gate's input). Its failure is a warning on the node's
+/// `declare(node, rolled_back, reads)` runs on each edge after its
+/// switch, with the installed bundle's `reads.json` (the role's
+/// declaration of what its code reads; `None` when the bundle has none):
+/// it records that in the edge's Redis (`edgeform:bundle`, the
+/// version-skew gate's input). Its failure is a warning on the node's
 /// line (the release is installed; apply refuses the new fields there).
 pub fn install(
     checked: &workspace::Checked,
     options: &InstallOptions,
     secrets: &dyn Fn(&str) -> Result<BTreeMap<String, String>>,
-    declare: &(dyn Fn(&str, bool) -> Result<(), String> + Sync),
+    declare: &Declare<'_>,
 ) -> Result<u8> {
     let Some((roles, bundles)) = load_bundles(checked)? else {
         eprintln!("nothing was installed");
@@ -820,7 +829,8 @@ pub fn install(
         // The release serves whatever happens here; a bundle not recorded
         // only makes apply refuse the new fields there (safe), so it is a
         // warning on the node's line, not a failed install.
-        Ok(match declare(&b.name, options.rollback) {
+        let reads = b.bundle.file(READS_FILE).map(|f| f.bytes.as_slice());
+        Ok(match declare(&b.name, options.rollback, reads) {
             Ok(()) => done,
             Err(e) => format!(
                 "{done}; warning: edgeform:bundle was not written: {e} (apply refuses documents \

@@ -15,12 +15,50 @@ use compiler::model::resolved::Node;
 use compiler::workspace::Valid;
 use control::audit::{Entry, parse_history};
 
+/// Every target's installed edge code (`edgeform:bundle`; absent: the
+/// seed's), read from its own Redis within `timeout`; a target that does
+/// not answer is left out.
+pub async fn read_bundles(
+    source: &Valid,
+    timeout: Duration,
+) -> BTreeMap<String, edgestate::bundle::Bundle> {
+    let mut set = tokio::task::JoinSet::new();
+    for node in source.config.nodes.iter().filter(|n| n.redis.is_some()) {
+        let node = node.clone();
+        set.spawn(async move {
+            let read = tokio::time::timeout(timeout, async {
+                let mut con = control::master(&node).await?;
+                let h: BTreeMap<String, String> = redis::cmd("HGETALL")
+                    .arg(keys::BUNDLE)
+                    .query_async(&mut con)
+                    .await?;
+                anyhow::Ok(h)
+            })
+            .await;
+            (node.name, read)
+        });
+    }
+    let mut out = BTreeMap::new();
+    while let Some(joined) = set.join_next().await {
+        if let Ok((name, Ok(Ok(h)))) = joined {
+            out.insert(name, edgestate::bundle::Bundle::from_hash(&h));
+        }
+    }
+    out
+}
+
 /// `edgeform status --from redis`: every target's `edgeform:meta` (and
-/// purge queue length), read directly; the verdict as for MQTT.
+/// purge queue length, installed edge code), read directly; the verdict
+/// as for MQTT. `certs`: as [`crate::mqtt::status`]'s.
 ///
 /// # Errors
 /// Writing the output.
-pub async fn status_from_redis(source: &Valid, format: Format, timeout: Duration) -> Result<u8> {
+pub async fn status_from_redis(
+    source: &Valid,
+    format: Format,
+    timeout: Duration,
+    certs: &compiler::tls::Certificates,
+) -> Result<u8> {
     let targets: Vec<Arc<Node>> = source
         .config
         .nodes
@@ -42,27 +80,37 @@ pub async fn status_from_redis(source: &Valid, format: Format, timeout: Duration
         });
     }
     let mut rows = Vec::new();
+    let mut bundles = BTreeMap::new();
     while let Some(joined) = set.join_next().await {
         let Ok((node, read)) = joined else { continue };
         let desired_commit = Some(source.commit.clone());
         rows.push(match read {
-            Ok((meta, queue)) => Row {
-                node: node.name.clone(),
-                zone: node.zone.clone(),
-                online: true,
-                age_s: None,
-                commit: meta.get("commit").cloned(),
-                desired_commit,
-                purge_queue: Some(queue),
-                outbox: None,
-                play_sessions: None,
-                out_kbit: None,
-                applied_at: meta.get("applied_at").cloned(),
-                applied_by: meta.get("applied_by").cloned(),
-                error: None,
-                bundle: None,
-                bundle_commit: None,
-            },
+            Ok((meta, queue, bundle)) => {
+                bundles.insert(
+                    node.name.clone(),
+                    edgestate::bundle::Bundle::from_hash(&bundle),
+                );
+                Row {
+                    node: node.name.clone(),
+                    zone: node.zone.clone(),
+                    online: true,
+                    age_s: None,
+                    commit: meta.get("commit").cloned(),
+                    desired_commit,
+                    purge_queue: Some(queue),
+                    outbox: None,
+                    play_sessions: None,
+                    out_kbit: None,
+                    applied_at: meta.get("applied_at").cloned(),
+                    applied_by: meta.get("applied_by").cloned(),
+                    error: None,
+                    bundle: None,
+                    bundle_commit: None,
+                    serving: None,
+                    install_first: Vec::new(),
+                    skew: None,
+                }
+            }
             Err(e) => Row {
                 node: node.name.clone(),
                 zone: node.zone.clone(),
@@ -78,6 +126,9 @@ pub async fn status_from_redis(source: &Valid, format: Format, timeout: Duration
                 applied_by: None,
                 bundle: None,
                 bundle_commit: None,
+                serving: None,
+                install_first: Vec::new(),
+                skew: None,
                 error: Some(format!(
                     "unreachable ({}): {}",
                     node.redis_at(),
@@ -87,20 +138,26 @@ pub async fn status_from_redis(source: &Valid, format: Format, timeout: Duration
         });
     }
     rows.sort_by(|a, b| a.node.cmp(&b.node));
+    let compiled = compiler::compile::compile_with(&source.config, certs);
+    crate::mqtt::with_skew(&mut rows, &compiled, &bundles);
     print_status(&rows, |_| false, format, true)
 }
 
-async fn read_meta(node: &Node) -> Result<(BTreeMap<String, String>, u64)> {
+type MetaRead = (BTreeMap<String, String>, u64, BTreeMap<String, String>);
+
+async fn read_meta(node: &Node) -> Result<MetaRead> {
     let mut con = control::master(node).await?;
-    let (meta, queue): (BTreeMap<String, String>, u64) = redis::pipe()
+    let read: MetaRead = redis::pipe()
         .cmd("HGETALL")
         .arg(keys::META)
         .cmd("LLEN")
         .arg(keys::purge_queue(&node.region, &node.name))
+        .cmd("HGETALL")
+        .arg(keys::BUNDLE)
         .query_async(&mut con)
         .await
         .context("reading edgeform:meta")?;
-    Ok((meta, queue))
+    Ok(read)
 }
 
 /// `edgeform history --node N`: the target's `edgeform:history`, newest

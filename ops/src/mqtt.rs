@@ -235,6 +235,21 @@ pub struct Row {
     pub bundle: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub bundle_commit: Option<String>,
+    /// The agent's serving probe (docs/edge.md, "The serving probe"):
+    /// `false` when a listener of the node's edge does not answer; absent
+    /// when the agent does not probe (or no report).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub serving: Option<bool>,
+    /// Version skew (docs/operations.md, "Version skew"): what this
+    /// commit's documents for the target use that its installed edge code
+    /// (`edgeform:bundle`) does not read — field names, and `tls:*` — so
+    /// `apply` refuses the target ("install first"). Empty: none, or the
+    /// target's Redis was not read.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub install_first: Vec<String>,
+    /// The same in words (`site:a.test uses max_body_size`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub skew: Option<String>,
 }
 
 /// `status`'s verdict, and its exit code.
@@ -278,6 +293,24 @@ pub fn verdict(rows: &[Row], heard: impl Fn(&str) -> bool) -> (Verdict, String) 
         .filter(|r| !r.online)
         .map(|r| r.node.as_str())
         .collect();
+    // Online (its agent reports) but its edge does not answer: routing
+    // already sends nobody there; as bad as offline for the verdict.
+    let not_serving: Vec<&str> = counted
+        .clone()
+        .filter(|r| r.online && r.serving == Some(false))
+        .map(|r| r.node.as_str())
+        .collect();
+    let skewed: Vec<String> = counted
+        .clone()
+        .filter(|r| !r.install_first.is_empty())
+        .map(|r| {
+            format!(
+                "{} ({})",
+                untrusted::escape(&r.node),
+                r.install_first.join(", ")
+            )
+        })
+        .collect();
     let behind: Vec<&str> = counted
         .filter(|r| r.desired_commit.is_some() && r.commit != r.desired_commit)
         .map(|r| r.node.as_str())
@@ -288,17 +321,23 @@ pub fn verdict(rows: &[Row], heard: impl Fn(&str) -> bool) -> (Verdict, String) 
             .collect::<Vec<_>>()
             .join(", ")
     };
+    let mut parts = Vec::new();
     if !offline.is_empty() {
-        let mut why = format!("offline or unreachable: {}", names(&offline));
-        if !behind.is_empty() {
-            why.push_str(&format!("; not on the desired commit: {}", names(&behind)));
-        }
-        (Verdict::Offline, why)
-    } else if !behind.is_empty() {
-        (
-            Verdict::Drift,
-            format!("not on the desired commit: {}", names(&behind)),
-        )
+        parts.push(format!("offline or unreachable: {}", names(&offline)));
+    }
+    if !not_serving.is_empty() {
+        parts.push(format!("not serving: {}", names(&not_serving)));
+    }
+    if !behind.is_empty() {
+        parts.push(format!("not on the desired commit: {}", names(&behind)));
+    }
+    if !skewed.is_empty() {
+        parts.push(format!("install first: {}", skewed.join(", ")));
+    }
+    if !offline.is_empty() || !not_serving.is_empty() {
+        (Verdict::Offline, parts.join("; "))
+    } else if !parts.is_empty() {
+        (Verdict::Drift, parts.join("; "))
     } else {
         let mut why = String::from("every node online, every target on the desired commit");
         if !silent.is_empty() {
@@ -349,6 +388,17 @@ pub fn print_status(
                         out,
                         "purge outbox: {} job(s) kept on this host for {} (edgeform purge --flush)",
                         n,
+                        untrusted::escape(&r.node)
+                    )?;
+                }
+            }
+            for r in rows {
+                if let Some(skew) = &r.skew {
+                    writeln!(
+                        out,
+                        "install first: {}'s installed edge code does not read what this commit uses: {} (edgeform install {}, then apply)",
+                        untrusted::escape(&r.node),
+                        skew,
                         untrusted::escape(&r.node)
                     )?;
                 }
@@ -467,6 +517,9 @@ pub fn rows(source: &Valid, heard: &Heard, now: u64) -> Vec<Row> {
                 bundle_commit: r
                     .and_then(|r| r.bundle.as_ref())
                     .and_then(|b| b.commit.clone()),
+                serving: r.and_then(|r| r.serving),
+                install_first: Vec::new(),
+                skew: None,
             }
         })
         .collect()
@@ -486,7 +539,43 @@ pub fn with_outbox(rows: &mut [Row], state_dir: &std::path::Path) {
     }
 }
 
-/// `edgeform status`.
+/// Fill each target's version skew (docs/operations.md, "Version skew"):
+/// what the documents `compiled` for it use that its installed edge code
+/// (`bundles`: its `edgeform:bundle`, by node) does not read. A target
+/// whose bundle was not read is left as it is. Pure.
+pub fn with_skew(
+    rows: &mut [Row],
+    compiled: &compiler::compile::Compiled,
+    bundles: &BTreeMap<String, edgestate::bundle::Bundle>,
+) {
+    // Edges of a region share their documents: scanned once.
+    let mut uses: std::collections::HashMap<usize, edgestate::bundle::Uses> =
+        std::collections::HashMap::new();
+    for r in rows {
+        let (Some(t), Some(b)) = (compiled.targets.get(&r.node), bundles.get(&r.node)) else {
+            continue;
+        };
+        let u = uses
+            .entry(std::sync::Arc::as_ptr(&t.sites) as *const () as usize)
+            .or_insert_with(|| {
+                edgestate::bundle::Uses::of(t.sites.iter().map(|(k, v)| (&**k, &**v)))
+            });
+        let missing = b.missing(u);
+        if missing.is_empty() {
+            continue;
+        }
+        r.install_first = missing
+            .fields
+            .keys()
+            .map(|f| (*f).to_owned())
+            .chain(missing.tls_key.as_ref().map(|_| "tls:*".to_owned()))
+            .collect();
+        r.skew = Some(missing.describe());
+    }
+}
+
+/// `edgeform status`. `certs`: the certificates `apply` would push (the
+/// documents' `tls:*` keys count for the version skew).
 ///
 /// # Errors
 /// No `mqtt` in cluster.yaml, the broker unreachable.
@@ -495,10 +584,20 @@ pub async fn status(
     flags: &BrokerOptions,
     format: Format,
     state_dir: &std::path::Path,
+    certs: &compiler::tls::Certificates,
 ) -> Result<u8> {
-    let heard = listen(&source.config, flags).await?;
+    // Each target's installed code is read from its own Redis while the
+    // broker's retained reports arrive.
+    let bundle_timeout = Duration::from_secs(flags.connect_timeout.clamp(1, 3));
+    let (heard, bundles) = tokio::join!(
+        listen(&source.config, flags),
+        crate::audit::read_bundles(source, bundle_timeout)
+    );
+    let heard = heard?;
     let mut rows = rows(source, &heard, unix_now());
     with_outbox(&mut rows, state_dir);
+    let compiled = compiler::compile::compile_with(&source.config, certs);
+    with_skew(&mut rows, &compiled, &bundles);
     print_status(
         &rows,
         |n| heard.reports.contains_key(n) || heard.status.contains_key(n),
@@ -641,9 +740,10 @@ pub fn table(rows: &[Row]) -> String {
         "KBIT/S".into(),
         "PURGE QUEUE".into(),
     ]];
-    let (mut online, mut synced, mut targets) = (0, 0, 0);
+    let (mut online, mut synced, mut targets, mut not_serving) = (0, 0, 0, 0);
     for r in rows {
         online += usize::from(r.online);
+        not_serving += usize::from(r.online && r.serving == Some(false));
         let commit = match (&r.commit, &r.desired_commit) {
             _ if r.age_s.is_none() => "(no report)".to_owned(),
             (Some(c), Some(d)) if c == d => {
@@ -659,7 +759,12 @@ pub fn table(rows: &[Row]) -> String {
         lines.push([
             untrusted::escape(&r.node),
             r.zone.clone().unwrap_or_else(dash),
-            if r.online { "online" } else { "offline" }.into(),
+            match (r.online, r.serving) {
+                (true, Some(false)) => "not serving",
+                (true, _) => "online",
+                (false, _) => "offline",
+            }
+            .into(),
             r.age_s.map_or_else(dash, |a| format!("{a}s")),
             commit,
             match (&r.bundle, &r.bundle_commit) {
@@ -677,8 +782,13 @@ pub fn table(rows: &[Row]) -> String {
         ]);
     }
     let mut out = align(&lines);
+    let serving = if not_serving > 0 {
+        format!(" ({not_serving} not serving)")
+    } else {
+        String::new()
+    };
     out.push_str(&format!(
-        "{online}/{} online, {synced}/{targets} targets on the desired commit\n",
+        "{online}/{} online{serving}, {synced}/{targets} targets on the desired commit\n",
         rows.len()
     ));
     out
@@ -1133,6 +1243,9 @@ mod tests {
             play_sessions: None,
             bundle: None,
             bundle_commit: None,
+            serving: None,
+            install_first: Vec::new(),
+            skew: None,
             out_kbit: None,
             applied_at: None,
             applied_by: None,
@@ -1163,6 +1276,9 @@ mod tests {
                 play_sessions: Some(5),
                 bundle: None,
                 bundle_commit: None,
+                serving: None,
+                install_first: Vec::new(),
+                skew: None,
                 out_kbit: Some(1200),
                 applied_at: None,
                 applied_by: None,
@@ -1180,6 +1296,9 @@ mod tests {
                 play_sessions: None,
                 bundle: None,
                 bundle_commit: None,
+                serving: None,
+                install_first: Vec::new(),
+                skew: None,
                 out_kbit: None,
                 applied_at: None,
                 applied_by: None,
@@ -1216,6 +1335,9 @@ mod tests {
             error: None,
             bundle: None,
             bundle_commit: None,
+            serving: None,
+            install_first: Vec::new(),
+            skew: None,
         }
     }
 

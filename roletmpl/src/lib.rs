@@ -175,8 +175,12 @@ fn known_at(context: &Value, reference: &str) -> String {
 ///   `password_env` (the password stays in the environment), or a comment
 ///   when it has none;
 /// - `ca_file`: for a `redis` block, its `tls.ca_file`, else the system
-///   trust store (what `lua_ssl_trusted_certificate` verifies against).
-const FILTERS: [&str; 5] = ["host", "port", "lua", "nginx_env", "ca_file"];
+///   trust store (what `lua_ssl_trusted_certificate` verifies against);
+/// - `loopback`: for an nginx `listen` value (`80`, `0.0.0.0:80`, `*:80`,
+///   `[::]:443`, `10.0.0.5:80`), the `IP:PORT` a process on the node itself
+///   reaches it at: `127.0.0.1` (`[::1]` for `[::]`) for a wildcard or a
+///   bare port, else the address as given (the agent's serving probe).
+const FILTERS: [&str; 6] = ["host", "port", "lua", "nginx_env", "ca_file", "loopback"];
 
 /// The system trust store (Debian's `ca-certificates`).
 pub const SYSTEM_CA_FILE: &str = "/etc/ssl/certs/ca-certificates.crt";
@@ -198,6 +202,9 @@ fn apply(filter: Option<&str>, v: &Value) -> Result<String, String> {
             .port_or_known_default()
             .map(|p| p.to_string())
             .ok_or_else(no),
+        "loopback" => v.as_str().and_then(loopback).ok_or_else(|| {
+            "has no loopback address (a listen value: PORT, IP:PORT or [IPv6]:PORT)".into()
+        }),
         "lua" => {
             let mut out = String::new();
             lua_literal(v, &mut out);
@@ -234,6 +241,29 @@ fn apply(filter: Option<&str>, v: &Value) -> Result<String, String> {
         }
         _ => Err(format!("has no {f}")),
     }
+}
+
+/// The `IP:PORT` on the node itself of an nginx `listen` value.
+fn loopback(listen: &str) -> Option<String> {
+    let listen = listen.trim();
+    let (host, port) = if listen.bytes().all(|b| b.is_ascii_digit()) {
+        ("", listen)
+    } else if let Some(rest) = listen.strip_prefix('[') {
+        let (h, p) = rest.split_once("]:")?;
+        (h, p)
+    } else {
+        listen.rsplit_once(':')?
+    };
+    let port: u16 = port.parse().ok().filter(|p| *p != 0)?;
+    let ip: std::net::IpAddr = match host {
+        "" | "*" => std::net::Ipv4Addr::LOCALHOST.into(),
+        h => match h.parse::<std::net::IpAddr>().ok()? {
+            std::net::IpAddr::V4(a) if a.is_unspecified() => std::net::Ipv4Addr::LOCALHOST.into(),
+            std::net::IpAddr::V6(a) if a.is_unspecified() => std::net::Ipv6Addr::LOCALHOST.into(),
+            a => a,
+        },
+    };
+    Some(std::net::SocketAddr::new(ip, port).to_string())
 }
 
 /// `v` as a Lua literal: `nil`, booleans and numbers as JSON writes them,
@@ -337,6 +367,30 @@ mod tests {
                 e[0]
             );
         }
+    }
+
+    #[test]
+    fn loopback_is_where_the_node_itself_reaches_a_listener() {
+        for (listen, want) in [
+            ("80", Some("127.0.0.1:80")),
+            ("0.0.0.0:443", Some("127.0.0.1:443")),
+            ("*:10443", Some("127.0.0.1:10443")),
+            ("[::]:443", Some("[::1]:443")),
+            ("10.0.0.5:8080", Some("10.0.0.5:8080")),
+            ("[2001:db8::1]:80", Some("[2001:db8::1]:80")),
+            ("edge.example.net:80", None),
+            ("0", None),
+            ("127.0.0.1", None),
+            ("", None),
+        ] {
+            assert_eq!(loopback(listen).as_deref(), want, "{listen}");
+        }
+        let cx = serde_json::json!({"l": "0.0.0.0:80", "n": 3});
+        assert_eq!(
+            render("t", "{{ l | loopback }}", &cx).unwrap(),
+            "127.0.0.1:80"
+        );
+        assert!(render("t", "{{ n | loopback }}", &cx).is_err());
     }
 
     #[test]

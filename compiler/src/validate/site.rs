@@ -215,10 +215,12 @@ pub(super) fn site(ctx: &mut Ctx<'_>, raw: &raw::Site) -> Site {
             https_redirect,
             max_body_size,
             origin_tls_verify: raw.origin_tls_verify,
+            skippable: Vec::new(),
             tls: tls_doc,
             cache_rules,
             edge_rules,
-        },
+        }
+        .marked(),
     }
 }
 

@@ -129,16 +129,26 @@ pub fn install_cmd(
         use control::store::Store;
         Ok(control::store::DirStore::open(state_dir)?.secrets(node)?)
     };
-    // After an edge's switch: what its code reads, in its own Redis (the
+    // After an edge's switch: what its code reads — the installed
+    // bundle's own declaration (`reads.json`, the edge role's; a bundle
+    // without one reads the seed's fields only) — in its own Redis (the
     // version-skew gate); after a rollback, removed (the older release is
     // assumed to read the seed's fields only).
     let rt = super::runtime()?;
     let nodes = checked.config.as_ref().map(|c| &c.nodes);
-    let declare = |name: &str, rolled_back: bool| -> Result<(), String> {
+    let declare = |name: &str, rolled_back: bool, reads: Option<&[u8]>| -> Result<(), String> {
         let node = nodes
             .and_then(|n| n.iter().find(|n| n.name == name))
             .ok_or_else(|| format!("node {name} is not in the configuration"))?;
-        let bundle = edgestate::bundle::Bundle::current();
+        let bundle = match reads {
+            None => edgestate::bundle::Bundle::seed(),
+            Some(text) => edgestate::bundle::Bundle::from_reads_json(text).ok_or_else(|| {
+                format!(
+                    "the bundle's {} is not a reads declaration",
+                    install::ssh::READS_FILE
+                )
+            })?,
+        };
         rt.block_on(control::declare_bundle(
             node,
             (!rolled_back).then_some(&bundle),

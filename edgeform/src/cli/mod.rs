@@ -310,10 +310,13 @@ pub enum Command {
         force: bool,
     },
     /// Every node's last health report over MQTT (or, with `--from
-    /// redis`, every target's own meta): online/offline, report age,
-    /// applied vs desired commit (this repo, compiled), purge queue, play
-    /// sessions, kbit/s; then a verdict. Exit 0 all online and on the
-    /// desired commit, 2 drift (a target behind), 1 a node offline or
+    /// redis`, every target's own meta): online/offline/not serving
+    /// (the agent's probe of its edge), report age, applied vs desired
+    /// commit (this repo, compiled), installed bundle and version skew
+    /// ("install first": documents its edge code cannot read, from its
+    /// `edgeform:bundle`), purge queue, play sessions, kbit/s; then a
+    /// verdict. Exit 0 all online and on the desired commit, 2 drift (a
+    /// target behind, or skewed), 1 a node offline, not serving or
     /// unreachable (or the broker unreachable).
     Status {
         /// Output: human (a table) or json.
@@ -845,17 +848,21 @@ pub fn run(cli: &Cli) -> Result<u8> {
             broker,
         } => {
             let source = valid(&cli.repo, cli.rev.as_deref(), color())?;
+            // The version skew counts the certificates apply would push.
+            let (certs, _) = certificates_noted(cli, &source.config);
             match from {
                 StatusFrom::Mqtt => runtime()?.block_on(::ops::mqtt::status(
                     &source,
                     &broker.options(),
                     (*format).into(),
                     &cli.state_dir,
+                    &certs,
                 )),
                 StatusFrom::Redis => runtime()?.block_on(::ops::audit::status_from_redis(
                     &source,
                     (*format).into(),
                     std::time::Duration::from_secs(broker.connect_timeout.max(1)),
+                    &certs,
                 )),
             }
         }

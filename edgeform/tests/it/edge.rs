@@ -916,6 +916,92 @@ fn bad_documents_fail_alone_and_are_logged_once_per_generation() {
     }
 }
 
+// Version skew: listed newer fields.
+#[test]
+fn listed_newer_fields_are_skipped_and_any_other_unknown_field_is_a_bad_document() {
+    let s = setup(1);
+    let port = s.edge.process.port;
+    let mut con = redis::Client::open(format!("redis://127.0.0.1:{}", s.redis.port))
+        .unwrap()
+        .get_connection()
+        .unwrap();
+    let good: String = redis::cmd("GET")
+        .arg("site:plain.test")
+        .query(&mut con)
+        .unwrap();
+    let with = |extra: &str| good.replacen('{', &format!("{{{extra},"), 1);
+    let docs = [
+        (
+            "skipped.test",
+            with(r#""a_newer_field":{"x":1},"skippable":["a_newer_field"]"#),
+        ),
+        ("unlisted.test", with(r#""a_newer_field":1"#)),
+        (
+            "mixed.test",
+            with(r#""a_newer_field":1,"another":2,"skippable":["a_newer_field"]"#),
+        ),
+        (
+            "limited.test",
+            with(r#""max_body_size":1,"skippable":["max_body_size"]"#),
+        ),
+    ];
+    for (host, text) in &docs {
+        let _: () = redis::cmd("SET")
+            .arg(format!("site:{host}"))
+            .arg(text)
+            .query(&mut con)
+            .unwrap();
+    }
+    let post = |host: &str| {
+        send(
+            port,
+            &Req {
+                id: 7,
+                host: host.into(),
+                url: "/".into(),
+                ip: "127.0.0.1".into(),
+                method: "POST".into(),
+                headers: BTreeMap::new(),
+                scheme: None,
+                sni: None,
+                proxy: None,
+            },
+        )
+    };
+    for _ in 0..3 {
+        assert_eq!(get(port, "skipped.test", "/", &[]).status, 200);
+        for host in ["unlisted.test", "mixed.test"] {
+            let r = get(port, host, "/", &[]);
+            assert_eq!(
+                (r.status, r.header("x-edgeform-reason")),
+                (502, Some("bad-document")),
+                "{host}"
+            );
+        }
+        // Listing a field this edge reads changes nothing: it restricts.
+        let r = post("limited.test");
+        assert_eq!(
+            (r.status, r.header("x-edgeform-reason")),
+            (413, Some("body-too-large"))
+        );
+        assert_eq!(post("skipped.test").status, 200);
+    }
+    let log = s.edge.error_log();
+    let skipped = "site:skipped.test skips field(s) this edge's code does not read: a_newer_field";
+    assert_eq!(log.matches(skipped).count(), 1, "{log}");
+    assert!(!log.contains("site:limited.test skips"), "{log}");
+    assert!(
+        log.contains(
+            "site:unlisted.test is a bad document: document: unknown field `a_newer_field`"
+        )
+    );
+    assert!(log.contains("site:mixed.test is a bad document: document: unknown field `another`"));
+    // Explain (the Rust twin) agrees.
+    assert!(edgestate::edge::Site::parse(&docs[0].1).is_ok());
+    assert!(edgestate::edge::Site::parse(&docs[1].1).is_err());
+    assert!(edgestate::edge::Site::parse(&docs[2].1).is_err());
+}
+
 // `rate_mode` and the challenge.
 #[test]
 fn rate_limits_cors_and_the_challenge_cookie() {

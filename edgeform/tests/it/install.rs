@@ -22,6 +22,8 @@ struct Lab {
     sshd: Sshd,
     _redis: harness::Process,
     redis_port: u16,
+    /// Nodes' own Redis servers ([`Lab::own_redis`]).
+    own: Vec<harness::Process>,
     names: Vec<String>,
 }
 
@@ -59,6 +61,7 @@ impl Lab {
             sshd: sshd(),
             redis_port: redis.port,
             _redis: redis,
+            own: Vec::new(),
             names: Vec::new(),
         };
         for i in 1..=nodes {
@@ -71,8 +74,25 @@ impl Lab {
         self.nodes.path().join(node)
     }
 
+    /// `nodes` edges each with its own Redis (the version-skew gate reads
+    /// each edge's `edgeform:bundle`).
+    fn own_redis(nodes: usize) -> Lab {
+        let mut lab = Lab::new(0);
+        for i in 1..=nodes {
+            let r = harness::redis(&[]);
+            lab.add_node_on(&format!("edge-{i}"), r.port);
+            lab.own.push(r);
+        }
+        lab
+    }
+
     /// nodes/<name>.yaml: its own root, live and smoke ports.
     fn add_node(&mut self, name: &str) {
+        self.add_node_on(name, self.redis_port);
+    }
+
+    /// [`Lab::add_node`] with the node's Redis on `redis_port`.
+    fn add_node_on(&mut self, name: &str, redis_port: u16) {
         let root = self.root(name);
         let port = |_: u8| harness::free_port();
         let yaml = format!(
@@ -88,7 +108,7 @@ impl Lab {
              proxy_listen: \"127.0.0.1:{cpl}\"}}\n\
              \x20 restart_on_change: {{agent.yaml: \"echo restarted >> {root}/agent-restarts\"}}\n\
              https: {{listen: \"127.0.0.1:{hl}\", proxy_listen: \"127.0.0.1:{pl}\"}}\n",
-            redis = self.redis_port,
+            redis = redis_port,
             root = root.display(),
             ssh = self.sshd.port(),
             user = Sshd::user(),
@@ -614,7 +634,8 @@ fn unknown_host_key_and_bad_role_folders_install_nothing() {
 
 /// `status`: the installed bundle's version (read by the agent from
 /// `health.bundle_manifest`, the node's `current/manifest.json`) next to
-/// the applied commit.
+/// the applied commit; an edge whose listener does not answer the agent's
+/// probe is `not serving` in the table, the verdict and the JSON.
 #[test]
 fn status_shows_the_installed_bundle_next_to_the_applied_commit() {
     use crate::util::{Agent, Fixture};
@@ -653,18 +674,19 @@ fn status_shows_the_installed_bundle_next_to_the_applied_commit() {
     let _agent = Agent::start(&format!(
         "node: edge-1\nregion: eu\nredis: {{url: \"redis://127.0.0.1:{}\"}}\n\
          cache: {{dirs: [{}]}}\nmqtt: {{url: \"mqtt://127.0.0.1:{}\"}}\n\
-         health: {{interval: 500ms, bundle_manifest: {}}}\n",
+         health: {{interval: 500ms, bundle_manifest: {}, probe: [\"http://127.0.0.1:{}\"]}}\n",
         redis.port,
         node.path().join("cache").display(),
         broker.port,
-        manifest.display()
+        manifest.display(),
+        harness::free_port()
     ));
     let deadline = Instant::now() + Duration::from_secs(20);
     let row = loop {
         let out = edgeform(f.path(), &["status", "--format", "json"]);
         let v: serde_json::Value = serde_json::from_str(&stdout(&out)).unwrap_or_default();
         let row = v["nodes"][0].clone();
-        if row["bundle"].is_string() && row["commit"].is_string() {
+        if row["bundle"].is_string() && row["commit"].is_string() && row["serving"] == false {
             break row;
         }
         assert!(Instant::now() < deadline, "no bundle reported: {v}");
@@ -680,6 +702,14 @@ fn status_shows_the_installed_bundle_next_to_the_applied_commit() {
     let text = stdout(&out);
     assert!(text.contains("BUNDLE"), "{text}");
     assert!(text.contains("9e01aa7c44f2 (from 5be1c2d09a7e)"), "{text}");
+    // Nothing listens where the agent probes: online, not serving.
+    assert_eq!(out.status.code(), Some(1), "{text}");
+    assert!(text.contains("\nedge-1  -     not serving"), "{text}");
+    assert!(text.contains("1/1 online (1 not serving)"), "{text}");
+    assert!(
+        text.contains("verdict: OFFLINE: not serving: edge-1"),
+        "{text}"
+    );
 }
 
 /// The live nginx master's pid.
@@ -877,4 +907,152 @@ fn node_secrets_reach_nginx_through_an_environment_file_and_never_the_bundle() {
     assert!(!stdout(&out).contains("leaked-token-1"), "{v}");
     let out = lab.edgeform(&["check"]);
     assert!(!stderr(&out).contains("leaked-token-1"), "{}", stderr(&out));
+}
+
+/// A field of `edgeform:bundle` on a Redis.
+fn bundle_field(redis_port: u16, field: &str) -> String {
+    let out = std::process::Command::new("redis-cli")
+        .args([
+            "-p",
+            &redis_port.to_string(),
+            "HGET",
+            "edgeform:bundle",
+            field,
+        ])
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&out.stdout).trim().to_owned()
+}
+
+/// The version-skew gate with the real installer: edge-1 gets an older
+/// edge bundle (its `reads.json` and its Lua know no `max_body_size`),
+/// edge-2 the current one. A site using `max_body_size` is refused on
+/// edge-1 only — the typed `install-first` refusal, nothing written
+/// there — and applied on edge-2; `status` shows the skew per node (table,
+/// verdict and JSON); installing the current bundle on edge-1 clears it.
+#[test]
+fn an_edge_with_an_older_bundle_is_refused_what_it_cannot_read_and_status_shows_the_skew() {
+    let lab = Lab::own_redis(2);
+    let (r1, r2) = (lab.own[0].port, lab.own[1].port);
+    let current_reads = lab.read("roles/edge/reads.json");
+    let current_tables = lab.read("roles/edge/lua/edge_tables.lua");
+    // The older release: no max_body_size in what it declares or reads.
+    let older_reads = current_reads.replace("    \"max_body_size\",\n", "");
+    let older_tables = current_tables.replace("    max_body_size = \"uint64?\",\n", "");
+    assert!(older_reads != current_reads && older_tables != current_tables);
+    lab.write("roles/edge/reads.json", &older_reads);
+    lab.write("roles/edge/lua/edge_tables.lua", &older_tables);
+    let out = lab.install(&["--node", "edge-1"]);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}\n{}",
+        stdout(&out),
+        stderr(&out)
+    );
+    lab.write("roles/edge/reads.json", &current_reads);
+    lab.write("roles/edge/lua/edge_tables.lua", &current_tables);
+    let out = lab.install(&["--node", "edge-2"]);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}\n{}",
+        stdout(&out),
+        stderr(&out)
+    );
+    assert!(!bundle_field(r1, "site_fields").contains("max_body_size"));
+    assert!(bundle_field(r2, "site_fields").contains("max_body_size"));
+    // The installed agent.yaml probes the live edge's three listeners (one
+    // rendering: no candidate copy).
+    let current = lab.root("edge-2").join("current");
+    let agent_yaml = std::fs::read_to_string(current.join("agent.yaml")).unwrap();
+    let y = lab.node_yaml("edge-2");
+    let https = y.lines().find(|l| l.starts_with("https:")).unwrap();
+    let port_of = |text: &str, key: &str| {
+        let at = text.find(key).unwrap() + key.len();
+        text[at..at + text[at..].find('"').unwrap()].to_owned()
+    };
+    for (scheme, port) in [
+        ("http", port_of(&y, "  listen: \"127.0.0.1:")),
+        ("https", port_of(https, "{listen: \"127.0.0.1:")),
+        ("proxy", port_of(https, "proxy_listen: \"127.0.0.1:")),
+    ] {
+        let want = format!("- \"{scheme}://127.0.0.1:{port}\"");
+        assert!(agent_yaml.contains(&want), "{want}\n{agent_yaml}");
+    }
+    assert!(!current.join("candidate/agent.yaml").exists());
+
+    lab.write(
+        "sites/upload.yaml",
+        "host: upload.example.com\norigin: http://192.0.2.1\nmax_body_size: 1m\n",
+    );
+    for args in [
+        &["init", "-q", "-b", "main"][..],
+        &["add", "-A"],
+        &["commit", "-qm", "lab"],
+    ] {
+        crate::util::git(lab.repo.path(), args);
+    }
+    let out = lab.edgeform(&["plan", "--format", "json"]);
+    let plan = stdout(&out);
+    assert!(plan.contains("install-first"), "{plan}\n{}", stderr(&out));
+    let out = lab.edgeform(&["apply", "--yes"]);
+    let text = format!("{}\n{}", stdout(&out), stderr(&out));
+    assert_ne!(out.status.code(), Some(0), "{text}");
+    assert!(
+        text.contains("install first: edge-1's installed code reads the seed's site fields and fallback_origins, https_redirect, origin_tls_verify, skippable, tls, and tls:*; this commit's site:upload.example.com uses max_body_size"),
+        "{text}"
+    );
+    assert!(!text.contains("install first: edge-2"), "{text}");
+    // edge-2 serves the site (its origin, a documentation address, does not
+    // answer); edge-1 was not written: the host is unknown there, never a
+    // 502 bad-document.
+    let (status, _) = get(lab.live_port("edge-2"), "upload.example.com", "/");
+    assert!(matches!(status, 502 | 504), "{status}");
+    assert_eq!(
+        get(lab.live_port("edge-1"), "upload.example.com", "/"),
+        (404, "unknown host\n".to_owned())
+    );
+
+    let out = lab.edgeform(&["status", "--from", "redis", "--format", "json"]);
+    let v: serde_json::Value = serde_json::from_str(&stdout(&out)).unwrap();
+    assert_eq!(v["nodes"][0]["node"], "edge-1");
+    assert_eq!(
+        v["nodes"][0]["install_first"],
+        serde_json::json!(["max_body_size"])
+    );
+    assert!(v["nodes"][1].get("install_first").is_none(), "{v}");
+    assert_eq!(v["verdict"], "drift");
+    let out = lab.edgeform(&["status", "--from", "redis"]);
+    let text = stdout(&out);
+    assert_eq!(out.status.code(), Some(2), "{text}");
+    assert!(
+        text.contains("install first: edge-1's installed edge code does not read what this commit uses: site:upload.example.com uses max_body_size"),
+        "{text}"
+    );
+    assert!(
+        text.contains("install first: edge-1 (max_body_size)"),
+        "{text}"
+    );
+
+    // The current bundle on edge-1: the skew is gone, apply converges.
+    let out = lab.install(&["--node", "edge-1"]);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}\n{}",
+        stdout(&out),
+        stderr(&out)
+    );
+    let out = lab.edgeform(&["apply", "--yes"]);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}\n{}",
+        stdout(&out),
+        stderr(&out)
+    );
+    let out = lab.edgeform(&["status", "--from", "redis", "--format", "json"]);
+    let v: serde_json::Value = serde_json::from_str(&stdout(&out)).unwrap();
+    assert_eq!(v["verdict"], "ok", "{v}");
 }

@@ -478,14 +478,39 @@ fn check_fallbacks(origin: &str, list: &[String]) -> Result<Vec<String>, DocErro
     Ok(list.to_vec())
 }
 
+/// A document with unknown fields it lists in `skippable`, read without
+/// them (docs/operations.md, "Version skew"; as the edge's Lua); `None`
+/// when it still does not read (another unknown field, a bad list).
+fn skip_listed(json: &str) -> Option<SiteDoc> {
+    let mut v: serde_json::Value = serde_json::from_str(json).ok()?;
+    let obj = v.as_object_mut()?;
+    let known: Vec<&str> = crate::site::all_site_fields().iter().map(|f| f.0).collect();
+    let listed: Vec<String> = match obj.get(crate::site::SKIPPABLE_FIELD)? {
+        serde_json::Value::Array(items) => items
+            .iter()
+            .map(|i| i.as_str().map(str::to_owned))
+            .collect::<Option<_>>()?,
+        _ => return None,
+    };
+    for name in &listed {
+        if !known.contains(&name.as_str()) {
+            obj.remove(name);
+        }
+    }
+    serde_json::from_value(v).ok()
+}
+
 impl Site {
     /// Parse and check a `site:` value.
     ///
     /// # Errors
     /// What the edge answers `bad-document` for.
     pub fn parse(json: &str) -> Result<Site, DocError> {
-        let doc: SiteDoc = serde_json::from_str(json)
-            .map_err(|e| bad(DocErrorKind::Shape, format!("not a site document: {e}")))?;
+        let doc: SiteDoc = match serde_json::from_str(json) {
+            Ok(doc) => doc,
+            Err(e) => skip_listed(json)
+                .ok_or_else(|| bad(DocErrorKind::Shape, format!("not a site document: {e}")))?,
+        };
         Site::from_doc(&doc)
     }
 

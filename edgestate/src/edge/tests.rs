@@ -436,3 +436,27 @@ fn a_clearance_needs_the_proof_of_work() {
     let t = clearance_token(secret, "h.test", v4, 5000);
     assert!(clearance_valid(secret, "h.test", mapped, 0, &t));
 }
+
+/// Version skew (docs/operations.md): an unknown field the document lists
+/// in `skippable` is skipped, as the edge's Lua skips it; any other
+/// unknown field, a bad list, or a listed field this code reads with a bad
+/// value keeps the document bad.
+#[test]
+fn listed_unknown_fields_are_skipped_and_any_other_is_a_bad_document() {
+    assert!(Site::parse(&doc(r#"{"newer":{"x":1},"skippable":["newer"]}"#)).is_ok());
+    for bad in [
+        r#"{"newer":1}"#,
+        r#"{"newer":1,"other":2,"skippable":["newer"]}"#,
+        r#"{"max_body_size":"x","skippable":["max_body_size"]}"#,
+        r#"{"newer":1,"skippable":"newer"}"#,
+        r#"{"newer":1,"skippable":[1]}"#,
+    ] {
+        assert!(Site::parse(&doc(bad)).is_err(), "{bad}");
+    }
+    // Listed, a restricting field this code reads is applied.
+    let s = Site::parse(&doc(
+        r#"{"max_body_size":10,"skippable":["max_body_size"]}"#,
+    ))
+    .unwrap();
+    assert_eq!(s.max_body, 10);
+}

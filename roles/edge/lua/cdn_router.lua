@@ -189,6 +189,11 @@ local function prepare(key, text, suspended)
     entry.err = err
     -- Once per generation per worker: the entry is cached until then.
     log(ERR, "edgeform: site:", key, " is a bad document: ", err)
+  elseif entry.site.skipped then
+    -- Likewise once: newer fields this code skips (the document lists
+    -- them as skippable; docs/operations.md, "Version skew").
+    log(WARN, "edgeform: site:", key, " skips field(s) this edge's code does not read: ",
+      table.concat(entry.site.skipped, ", "), " (listed skippable; install the newer edge)")
   end
   return entry
 end

@@ -253,9 +253,27 @@ end
 -- A decoded document → a prepared site table, or nil and what is wrong.
 -- `null` is cjson.null.
 function _M.prepare(doc, null)
+  -- Unknown fields the document lists in `skippable` (docs/operations.md,
+  -- "Version skew"): newer fields whose absence opens no policy, skipped
+  -- (s.skipped; the caller logs them once per generation). Any other
+  -- unknown field keeps the document bad; a field this code reads is
+  -- read, listed or not.
+  local skipped
+  local list = type(doc) == "table" and doc.skippable or nil
+  if list ~= nil and list ~= null then
+    if not is_array(list) then return nil, "document.skippable: not a list" end
+    for _, k in ipairs(list) do
+      if type(k) ~= "string" then return nil, "document.skippable: not a list of names" end
+      if FIELDS[k] == nil and doc[k] ~= nil then
+        doc[k] = nil
+        skipped = skipped or {}
+        skipped[#skipped + 1] = k
+      end
+    end
+  end
   local err = check_shape(doc, FIELDS, "document", null)
   if err then return nil, err end
-  local s = { origin = doc.origin, cached = doc.cached }
+  local s = { origin = doc.origin, cached = doc.cached, skipped = skipped }
   s.origin_authority, s.origin_host_is_ip = split_origin(doc.origin)
   if not s.origin_authority then
     return nil, "origin: `" .. doc.origin .. "` is not an http(s) origin"

@@ -57,6 +57,7 @@ return {
     origin = "string",
     origin_tls_verify = "boolean?",
     rate_mode = "string",
+    skippable = "array?",
     tls = "string?",
     waf_mode = "string",
   },

@@ -7,8 +7,9 @@
 -- cdn_router polls from edgeform:meta, as documents are: after an apply
 -- (a new or renewed certificate) the next handshake re-reads it, with the
 -- same worker processes. The listener's own certificate is a neutral
--- placeholder that is never served: every handshake either gets a site's
--- certificate here or fails — no SNI, an SNI that is not a plain ASCII
+-- placeholder served to one name only, the agent's serving probe's
+-- reserved host (`edgeform-probe.invalid`, never a site's): every other
+-- handshake either gets a site's certificate here or fails — no SNI, an SNI that is not a plain ASCII
 -- host name (or longer than 253 bytes), no `tls:` document, an expired or
 -- corrupt one. A corrupt document is logged once per generation per
 -- worker (cached as a failure until the generation changes); every other
@@ -114,6 +115,9 @@ function _M.lookup(name)
   return prepare(key, text, gen)
 end
 
+-- The host the agent's serving probe asks for (cdn_router's PROBE_HOST).
+local PROBE_HOST = "edgeform-probe.invalid"
+
 -- ssl_certificate_by_lua: set the SNI's certificate or fail the handshake.
 function _M.certificate()
   local sni = ssl.server_name()
@@ -122,6 +126,10 @@ function _M.certificate()
     log(INFO, "edgeform tls: handshake refused: ", sni and "SNI not a host name" or "no SNI")
     return ngx.exit(ngx.ERROR)
   end
+  -- The agent's serving probe (docs/edge.md, "The serving probe"): the
+  -- listener's placeholder certificate, without any lookup (Redis down
+  -- still passes), and for this one reserved name only.
+  if name == PROBE_HOST then return end
   local e = _M.lookup(name)
   if not e or e.err then
     log(INFO, "edgeform tls: handshake refused for ", name, ": ",
