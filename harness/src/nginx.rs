@@ -116,19 +116,20 @@ impl Edge {
 }
 
 impl Edge {
-    /// A crash: SIGKILL to the master's children (workers, cache
-    /// manager), then to the master, so no worker keeps a listener open.
+    /// A crash: SIGKILL to the master, then to the children it had
+    /// (workers, cache manager), so no worker keeps a listener open (the
+    /// master first: it would start a new worker for one killed).
     /// [`Process::restart`] on `process` starts it again.
     pub fn crash(&mut self) {
         let pid = self.process.pid();
         let children =
             std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children")).unwrap_or_default();
+        self.process.kill();
         for child in children.split_whitespace() {
             let _ = std::process::Command::new("kill")
                 .args(["-KILL", child])
                 .status();
         }
-        self.process.kill();
     }
 }
 
@@ -749,4 +750,28 @@ pub fn static_origin(root: &Path) -> Edge {
             root.display()
         )
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A crashed edge leaves nothing listening (no orphaned worker), and
+    /// starts again on the same port.
+    #[test]
+    fn a_crashed_edge_leaves_no_worker_and_restarts() {
+        let mut o = EdgeOptions::new(1);
+        o.workers = 2;
+        let mut e = edge(&o);
+        let port = e.process.port;
+        e.crash();
+        let refused = || std::net::TcpStream::connect(("127.0.0.1", port)).is_err();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        while !refused() && std::time::Instant::now() < deadline {
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        assert!(refused(), "a worker still listens on {port}");
+        e.process.restart();
+        assert!(!refused());
+    }
 }

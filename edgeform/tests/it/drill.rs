@@ -547,16 +547,23 @@ impl Cluster {
 
     /// Every router's shared health has every edge online and serving.
     fn routable(&self) -> bool {
-        self.routers.iter().all(|r| {
-            let s: serde_json::Value = std::fs::read_to_string(&r.health)
-                .ok()
-                .and_then(|t| serde_json::from_str(&t).ok())
-                .unwrap_or_default();
-            self.edges.iter().all(|e| {
-                let n = &s["nodes"][&e.name];
+        (0..self.edges.len()).all(|i| self.routed_to(i) == self.routers.len())
+    }
+
+    /// How many routers' shared health has edge `i` online and serving.
+    fn routed_to(&self, i: usize) -> usize {
+        let name = &self.edges[i].name;
+        self.routers
+            .iter()
+            .filter(|r| {
+                let s: serde_json::Value = std::fs::read_to_string(&r.health)
+                    .ok()
+                    .and_then(|t| serde_json::from_str(&t).ok())
+                    .unwrap_or_default();
+                let n = &s["nodes"][name];
                 n["online"] == true && n["serving"] != false
             })
-        })
+            .count()
     }
 
     /// Every edge recorded the purge `id` as done.
@@ -824,6 +831,9 @@ struct Row {
     judged_gap: f64,
     /// Edges that recorded the purge (None: the purge was lost at once).
     purged: Option<usize>,
+    /// An edge stopped: seconds until both routers' health left it out
+    /// (`Some(None)`: not within the hold).
+    detected: Option<Option<f64>>,
     /// The purge kept a job in the outbox (`SPOOLED`, exit 3).
     spooled: bool,
     /// HTTP requests answered, per edge the geo router chose first
@@ -874,6 +884,25 @@ fn run_fault(c: &mut Cluster, load: &Load, n: usize, f: &'static Fault, hold: Du
         eprintln!("fault {}: purge not queued nor kept: {e}", f.name);
     }
     let desired = c.apply(n);
+    // An edge stopped: how long until both routers' health leaves it out.
+    let edge = f.parts.iter().find_map(|p| match p {
+        Part::EdgeNginx(i) | Part::Agent(i) => Some(*i),
+        _ => None,
+    });
+    let detected = edge.and_then(|i| {
+        until(hold.saturating_sub(killed.elapsed()), || {
+            c.routed_to(i) == 0
+        })
+        .then(|| killed.elapsed().as_secs_f64())
+    });
+    if let (Some(i), None) = (edge, detected) {
+        eprintln!(
+            "fault {}: within the hold the routers still route to {}: {}",
+            f.name,
+            c.edges[i].name,
+            std::fs::read_to_string(&c.routers[0].health).unwrap_or_default()
+        );
+    }
     // The hold is the fault's length, not a wait for something.
     std::thread::sleep(hold.saturating_sub(killed.elapsed()));
     for p in f.parts.iter().rev() {
@@ -914,6 +943,7 @@ fn run_fault(c: &mut Cluster, load: &Load, n: usize, f: &'static Fault, hold: Du
         // request while the primary origin is down.
         judged_gap: max_gap(&recs, |u| !origin_down || cached(u)),
         purged,
+        detected: edge.map(|_| detected),
         spooled: purge.as_ref().is_ok_and(|(_, kept)| *kept),
         served_by: recs
             .iter()
@@ -933,8 +963,8 @@ fn table(rows: &[Row], edges: usize, hold: Duration) -> String {
         "Faults held {} s each; viewers: {} URLs (cached/uncached × HTTP/HTTPS) through both \
          routers; goal: no judged gap over {} s after a single fault, every purge delivered, \
          every edge converged.\n\n\
-         | fault | sent | 2xx/3xx | failed | failed (cached) | max gap s | judged gap s | geo router chose (HTTP) | purges delivered | applies converged | settled s | goal |\n\
-         |---|---|---|---|---|---|---|---|---|---|---|---|\n",
+         | fault | sent | 2xx/3xx | failed | failed (cached) | max gap s | judged gap s | geo router chose (HTTP) | routers left the edge out after s | purges delivered | applies converged | settled s | goal |\n\
+         |---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
         hold.as_secs(),
         URLS.len(),
         (HEALTH_INTERVAL + Duration::from_secs(1)).as_secs()
@@ -949,7 +979,7 @@ fn table(rows: &[Row], edges: usize, hold: Duration) -> String {
             format!("MISSED: {}", misses.join("; "))
         };
         t.push_str(&format!(
-            "| {} | {} | {} | {} | {} | {:.1} | {:.1} | {} | {} | {}/{edges} | {:.1} | {goal} |\n",
+            "| {} | {} | {} | {} | {} | {:.1} | {:.1} | {} | {} | {} | {}/{edges} | {:.1} | {goal} |\n",
             r.fault.name,
             r.sent,
             r.answered,
@@ -962,6 +992,11 @@ fn table(rows: &[Row], edges: usize, hold: Duration) -> String {
                 .map(|(e, n)| format!("{e} {n}"))
                 .collect::<Vec<_>>()
                 .join(", "),
+            match r.detected {
+                None => "—".to_owned(),
+                Some(None) => "not in the hold".to_owned(),
+                Some(Some(s)) => format!("{s:.1}"),
+            },
             r.delivered(edges),
             r.converged,
             r.settled,
