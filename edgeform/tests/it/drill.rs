@@ -208,7 +208,7 @@ struct EdgeNode {
 /// with nginx), its geo router and its 443 pool.
 struct RouterNode {
     _redis: Process,
-    _agent: Process,
+    agent: Process,
     http: Edge,
     pool: Edge,
     health: PathBuf,
@@ -510,7 +510,7 @@ impl Cluster {
             });
             routers.push(RouterNode {
                 _redis: redis,
-                _agent: agent,
+                agent,
                 http: geo,
                 pool,
                 health,
@@ -620,6 +620,28 @@ impl Cluster {
         commit
     }
 
+    /// Every process's log into `dir` (nginx: its error log).
+    fn keep_logs(&self, dir: &Path) {
+        std::fs::create_dir_all(dir).unwrap();
+        let mut logs = vec![
+            ("daemon".to_owned(), self.daemon.log()),
+            ("broker".to_owned(), self.broker.log()),
+        ];
+        for e in &self.edges {
+            logs.push((format!("{}.nginx", e.name), e.nginx.error_log()));
+            logs.push((format!("{}.agent", e.name), e.agent.log()));
+            logs.push((format!("{}.redis", e.name), e.redis.log()));
+        }
+        for (r, (name, _, _)) in self.routers.iter().zip(ROUTERS) {
+            logs.push((format!("{name}.geo"), r.http.error_log()));
+            logs.push((format!("{name}.pool"), r.pool.error_log()));
+            logs.push((format!("{name}.agent"), r.agent.log()));
+        }
+        for (name, text) in logs {
+            std::fs::write(dir.join(format!("{name}.log")), text).unwrap();
+        }
+    }
+
     fn state(&self) -> PathBuf {
         self.root.path().join("state")
     }
@@ -700,6 +722,8 @@ struct Rec {
     ok: bool,
     /// The edge that answered through a geo router (HTTP).
     edge: Option<String>,
+    /// The viewer's line.
+    line: String,
 }
 
 /// The viewers: processes in a network namespace, their records.
@@ -752,6 +776,7 @@ impl Load {
                         url: (*url).to_owned(),
                         ok,
                         edge: f.get(5).map(|e| (*e).to_owned()),
+                        line: line.clone(),
                     });
                 }
             });
@@ -820,6 +845,8 @@ fn max_gap(recs: &[Rec], judged: impl Fn(&str) -> bool) -> f64 {
 /// One fault's measured outcome.
 struct Row {
     fault: &'static Fault,
+    /// Killed, restarted, settled (µs since the epoch).
+    times: [u64; 3],
     sent: usize,
     answered: usize,
     failed: usize,
@@ -909,6 +936,7 @@ fn run_fault(c: &mut Cluster, load: &Load, n: usize, f: &'static Fault, hold: Du
         c.restart(*p);
     }
     let restarted = Instant::now();
+    let t_restart = now_us();
     let purged = purge.as_ref().ok().map(|(id, _)| {
         until(SETTLE, || c.purged(id) == c.edges.len());
         c.purged(id)
@@ -929,11 +957,13 @@ fn run_fault(c: &mut Cluster, load: &Load, n: usize, f: &'static Fault, hold: Du
         );
     }
     let settled = restarted.elapsed().as_secs_f64();
-    let recs = load.between(t0, now_us());
+    let t1 = now_us();
+    let recs = load.between(t0, t1);
     let origin_down = f.parts.contains(&Part::PrimaryOrigin);
     let cached = |u: &str| u.ends_with(".mp4");
     Row {
         fault: f,
+        times: [t0, t_restart, t1],
         sent: recs.len(),
         answered: recs.iter().filter(|r| r.ok).count(),
         failed: recs.iter().filter(|r| !r.ok).count(),
@@ -1022,6 +1052,23 @@ fn table(rows: &[Row], edges: usize, hold: Duration) -> String {
     t
 }
 
+/// Every request's line and each fault's kill, restart and settle, in
+/// time order: `start end url curl-exit status edge`, `# time fault what`.
+fn records(load: &Load, rows: &[Row]) -> String {
+    let mut lines: Vec<(u64, String)> = load
+        .between(0, u64::MAX)
+        .into_iter()
+        .map(|r| (r.start, r.line))
+        .collect();
+    for r in rows {
+        for (t, what) in r.times.iter().zip(["killed", "restarted", "settled"]) {
+            lines.push((*t, format!("# {t} {} {what}", r.fault.name)));
+        }
+    }
+    lines.sort();
+    lines.into_iter().map(|(_, l)| l + "\n").collect()
+}
+
 /// Bring the cluster up, run `faults` with `hold` each under load, print
 /// the table (and write it to `$EDGEFORM_DRILL_TABLE` when set); fail
 /// when a single-fault goal is missed or a purge is lost.
@@ -1044,6 +1091,12 @@ fn drill(faults: &[&'static Fault], hold: Duration) {
     eprintln!("\n{t}");
     if let Ok(path) = std::env::var("EDGEFORM_DRILL_TABLE") {
         std::fs::write(path, &t).unwrap();
+    }
+    if let Ok(path) = std::env::var("EDGEFORM_DRILL_RECORDS") {
+        std::fs::write(path, records(&load, &rows)).unwrap();
+    }
+    if let Ok(dir) = std::env::var("EDGEFORM_DRILL_LOGS") {
+        c.keep_logs(Path::new(&dir));
     }
     let missed: Vec<String> = rows
         .iter()
