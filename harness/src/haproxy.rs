@@ -48,7 +48,8 @@ pub fn forwarding(backend: u16, accept_proxy: bool) -> Process {
             port,
             dir,
             log,
-            binary: "haproxy",
+            binary: "haproxy".into(),
+            addr: std::net::Ipv4Addr::LOCALHOST,
             args,
         };
         if wait_ready(&mut p, |port| {

@@ -104,9 +104,12 @@ pub struct Process {
     pub port: u16,
     pub dir: tempfile::TempDir,
     log: PathBuf,
-    /// How it was started, for [`Process::restart`].
-    binary: &'static str,
+    /// How it was started, for [`Process::restart`]: a program name
+    /// (looked up in the system's folders) or a path.
+    binary: String,
     args: Vec<String>,
+    /// The address it listens on with `port` (readiness and restart).
+    addr: std::net::Ipv4Addr,
 }
 
 impl Process {
@@ -161,9 +164,10 @@ impl Process {
         let mut last = String::new();
         for _ in 0..50 {
             let child =
-                spawn(self.binary, &self.args, self.dir.path(), &self.log).expect("respawn");
+                spawn(&self.binary, &self.args, self.dir.path(), &self.log).expect("respawn");
             self.child = Some(child);
-            if wait_ready(self, |port| TcpStream::connect(("127.0.0.1", port)).is_ok()) {
+            let addr = self.addr;
+            if wait_ready(self, |port| TcpStream::connect((addr, port)).is_ok()) {
                 return;
             }
             // The port may still be in TIME_WAIT or the old process lingering.
@@ -186,7 +190,12 @@ impl Drop for Process {
 
 fn spawn(binary: &str, args: &[String], dir: &Path, log: &Path) -> std::io::Result<Child> {
     let log_file = std::fs::File::create(log)?;
-    Command::new(find(binary))
+    let program = if binary.contains('/') {
+        PathBuf::from(binary)
+    } else {
+        find(binary)
+    };
+    Command::new(program)
         .args(args)
         .current_dir(dir)
         .stdin(Stdio::null())
@@ -244,8 +253,9 @@ pub fn dnsmasq(names: &[(&str, &str)]) -> Process {
             port,
             dir,
             log,
-            binary: "dnsmasq",
+            binary: "dnsmasq".to_owned(),
             args,
+            addr: std::net::Ipv4Addr::LOCALHOST,
         };
         if wait_ready(&mut p, |port| {
             TcpStream::connect(("127.0.0.1", port)).is_ok()
@@ -256,6 +266,38 @@ pub fn dnsmasq(names: &[(&str, &str)]) -> Process {
         p.kill();
     }
     panic!("dnsmasq did not start:\n{last}");
+}
+
+/// Start `program` (a path, e.g. a binary this workspace built) with
+/// `args` in a new temporary folder (its log there), up when
+/// `addr:port` accepts a connection; restartable and killed on drop like
+/// every [`Process`].
+///
+/// # Panics
+/// When it does not come up within 10 s (its log is shown).
+#[must_use]
+pub fn program(program: &Path, args: Vec<String>, addr: std::net::Ipv4Addr, port: u16) -> Process {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let log = dir.path().join("process.log");
+    let binary = program.display().to_string();
+    let child = spawn(&binary, &args, dir.path(), &log).unwrap_or_else(|e| panic!("{binary}: {e}"));
+    let mut p = Process {
+        child: Some(child),
+        port,
+        dir,
+        log,
+        binary,
+        args,
+        addr,
+    };
+    if !wait_ready(&mut p, |port| TcpStream::connect((addr, port)).is_ok()) {
+        panic!(
+            "{} did not come up on {addr}:{port}:\n{}",
+            p.binary,
+            p.log()
+        );
+    }
+    p
 }
 
 /// Start a Redis server on a free port (`extra` are more config lines,
@@ -329,7 +371,8 @@ fn start_redis_conf(
             port,
             dir,
             log,
-            binary: "redis-server",
+            binary: "redis-server".into(),
+            addr: std::net::Ipv4Addr::LOCALHOST,
             args,
         };
         if wait_ready(&mut p, &ready) {
@@ -378,7 +421,8 @@ fn sentinel_with(master_name: &str, master_port: u16, extra: &[String]) -> Proce
             port,
             dir,
             log,
-            binary: "redis-server",
+            binary: "redis-server".into(),
+            addr: std::net::Ipv4Addr::LOCALHOST,
             args,
         };
         let name = master_name.to_owned();
@@ -736,7 +780,8 @@ fn mosquitto_conf(fixed: Option<u16>, dir: tempfile::TempDir, listener: &str) ->
             port,
             dir: d,
             log,
-            binary: "mosquitto",
+            binary: "mosquitto".into(),
+            addr: std::net::Ipv4Addr::LOCALHOST,
             args,
         };
         if wait_ready(&mut p, |port| {

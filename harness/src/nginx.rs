@@ -121,6 +121,24 @@ impl Edge {
     }
 }
 
+impl Edge {
+    /// A crash: SIGKILL to the master, then to the children it had
+    /// (workers, cache manager), so no worker keeps a listener open (the
+    /// master first: it would start a new worker for one killed).
+    /// [`Process::restart`] on `process` starts it again.
+    pub fn crash(&mut self) {
+        let pid = self.process.pid();
+        let children =
+            std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children")).unwrap_or_default();
+        self.process.kill();
+        for child in children.split_whitespace() {
+            let _ = std::process::Command::new("kill")
+                .args(["-KILL", child])
+                .status();
+        }
+    }
+}
+
 impl Drop for Edge {
     fn drop(&mut self) {
         self.process.stop();
@@ -328,14 +346,14 @@ pub fn write_conf_with(prefix: &Path, l: &Listeners, o: &EdgeOptions) -> (PathBu
     (conf, cache)
 }
 
-/// Run `nginx -p <prefix> -c <conf>` in `dir` and wait until `port`
-/// answers. On failure the process is stopped and its output and error
-/// log are returned, for the caller's retry and panic message.
+/// Run `nginx -p <prefix> -c <conf>` in `dir` and wait until
+/// `addr:port` answers. On failure the process is stopped and its output
+/// and error log are returned, for the caller's retry and panic message.
 fn start(
     dir: tempfile::TempDir,
     prefix: String,
     conf: &Path,
-    port: u16,
+    (addr, port): (std::net::Ipv4Addr, u16),
 ) -> Result<Process, String> {
     let log = dir.path().join("nginx.out");
     let args = vec![
@@ -350,11 +368,12 @@ fn start(
         port,
         dir,
         log,
-        binary: "nginx",
+        binary: "nginx".into(),
+        addr,
         args,
     };
     if wait_ready(&mut p, |port| {
-        std::net::TcpStream::connect(("127.0.0.1", port)).is_ok()
+        std::net::TcpStream::connect((addr, port)).is_ok()
     }) {
         return Ok(p);
     }
@@ -379,7 +398,7 @@ fn start_text(what: &str, conf_text: impl Fn(&Path, u16) -> String) -> Edge {
         let conf = dir.path().join("nginx.conf");
         std::fs::write(&conf, text).expect("write nginx.conf");
         let prefix = dir.path().display().to_string();
-        match start(dir, prefix, &conf, port) {
+        match start(dir, prefix, &conf, (std::net::Ipv4Addr::LOCALHOST, port)) {
             Ok(process) => {
                 let cache_dir = process.dir.path().to_path_buf();
                 return Edge {
@@ -416,7 +435,6 @@ fn main_head(prefix: &Path, log_level: &str) -> String {
 pub fn edge(o: &EdgeOptions) -> Edge {
     let mut last = String::new();
     for _ in 0..5 {
-        let dir = tempfile::tempdir().expect("tempdir");
         let (port, ttl_port) = (free_port(), free_port());
         let (https_port, proxy_port) = (free_port(), free_port());
         let l = Listeners {
@@ -425,23 +443,41 @@ pub fn edge(o: &EdgeOptions) -> Edge {
             https_listen: format!("127.0.0.1:{https_port}"),
             proxy_listen: format!("127.0.0.1:{proxy_port}"),
         };
-        let (conf, cache_dir) = write_conf_with(dir.path(), &l, o);
-        let prefix = dir.path().display().to_string();
-        match start(dir, prefix, &conf, port) {
-            Ok(process) => {
-                declare_bundle(o);
-                return Edge {
-                    process,
-                    conf,
-                    cache_dir,
-                    https_port,
-                    proxy_port,
-                };
-            }
+        match edge_on(o, &l) {
+            Ok(edge) => return edge,
             Err(log) => last = log,
         }
     }
     panic!("nginx did not start:\n{last}");
+}
+
+/// Start the reference edge on the listeners `l` (each `IPv4:port`, e.g.
+/// `127.0.0.2:<port>` for one of several edges sharing a port, as a
+/// router reaches every edge on the same one); up when its plain
+/// listener answers.
+///
+/// # Errors
+/// nginx did not come up: its output and error log.
+pub fn edge_on(o: &EdgeOptions, l: &Listeners) -> Result<Edge, String> {
+    let split = |hp: &str| -> (std::net::Ipv4Addr, u16) {
+        let (h, p) = hp.rsplit_once(':').unwrap_or((hp, "0"));
+        (
+            h.parse().unwrap_or(std::net::Ipv4Addr::LOCALHOST),
+            p.parse().unwrap_or(0),
+        )
+    };
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (conf, cache_dir) = write_conf_with(dir.path(), l, o);
+    let prefix = dir.path().display().to_string();
+    let process = start(dir, prefix, &conf, split(&l.listen))?;
+    declare_bundle(o);
+    Ok(Edge {
+        process,
+        conf,
+        cache_dir,
+        https_port: split(&l.https_listen).1,
+        proxy_port: split(&l.proxy_listen).1,
+    })
 }
 
 /// What the started edge's code reads, written into its Redis as an
@@ -723,7 +759,62 @@ pub fn router_conf(prefix: &Path, listen: &str, o: &RouterOptions) -> Result<Str
 /// When nginx does not come up (its error log is shown).
 #[must_use]
 pub fn router(o: &RouterOptions) -> Edge {
+    router_on(o, "127.0.0.1")
+}
+
+/// [`router`] listening on `host` (e.g. `0.0.0.0`: network-namespace
+/// viewers reach it at their gateway) and a free port.
+///
+/// # Panics
+/// When nginx does not come up (its error log is shown).
+#[must_use]
+pub fn router_on(o: &RouterOptions, host: &str) -> Edge {
     start_text("router", |dir, port| {
-        router_conf(dir, &format!("127.0.0.1:{port}"), o).expect("render the router template")
+        router_conf(dir, &format!("{host}:{port}"), o).expect("render the router template")
     })
+}
+
+/// A static origin: nginx serving the files under `root` on a free
+/// loopback port (the process's `port`), restartable like every
+/// [`Process`].
+///
+/// # Panics
+/// When nginx does not come up (its error log is shown).
+#[must_use]
+pub fn static_origin(root: &Path) -> Edge {
+    start_text("static origin", |dir, port| {
+        let prefix = dir.display();
+        format!(
+            "{}events {{ worker_connections 256; }}\n\
+             http {{\n  access_log off;\n  client_body_temp_path {prefix}/client_body;\n\
+             \x20 proxy_temp_path {prefix}/proxy_temp;\n\
+             \x20 server {{\n    listen 127.0.0.1:{port};\n    root {};\n  }}\n}}\n",
+            main_head(dir, "notice"),
+            root.display()
+        )
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A crashed edge leaves nothing listening (no orphaned worker), and
+    /// starts again on the same port.
+    #[test]
+    fn a_crashed_edge_leaves_no_worker_and_restarts() {
+        let mut o = EdgeOptions::new(1);
+        o.workers = 2;
+        let mut e = edge(&o);
+        let port = e.process.port;
+        e.crash();
+        let refused = || std::net::TcpStream::connect(("127.0.0.1", port)).is_err();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        while !refused() && std::time::Instant::now() < deadline {
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        assert!(refused(), "a worker still listens on {port}");
+        e.process.restart();
+        assert!(!refused());
+    }
 }

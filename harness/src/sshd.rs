@@ -135,7 +135,8 @@ pub fn sshd() -> Sshd {
             port,
             dir,
             log,
-            binary: "sshd",
+            binary: "sshd".into(),
+            addr: std::net::Ipv4Addr::LOCALHOST,
             args,
         };
         // sshd answers a TCP connect with its banner once it listens.

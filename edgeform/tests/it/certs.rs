@@ -13,7 +13,7 @@ use std::path::Path;
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use crate::util::{Fixture, stderr, stdout};
+use crate::util::{Fixture, edgeform_with_state as run, stderr, stdout};
 
 fn node(port: u16) -> String {
     format!(
@@ -26,17 +26,6 @@ const PLAIN_SITE: &str =
     "host: shop.example.com\naliases: [www.example.com]\norigin: https://192.0.2.1\n";
 const TLS_SITE: &str = "host: shop.example.com\naliases: [www.example.com]\norigin: https://192.0.2.1\ntls: {certificate: shop}\n";
 const OTHER_SITE: &str = "host: other.example.com\norigin: http://192.0.2.1\n";
-
-/// `edgeform` with the state directory `state`.
-fn run(dir: &Path, state: &Path, args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_edgeform"))
-        .args(args)
-        .current_dir(dir)
-        .env("NO_COLOR", "1")
-        .env("EDGEFORM_STATE_DIR", state)
-        .output()
-        .unwrap()
-}
 
 fn get(con: &mut redis::Connection, key: &str) -> Option<String> {
     redis::cmd("GET").arg(key).query(con).unwrap()

@@ -18,7 +18,7 @@ use compiler::compile::{Addresses, StreamOptions, nginx_stream, pool_with};
 use harness::nginx::{Edge, EdgeOptions};
 
 use super::edge::{Origin, Req, Resp, SECRET, compare, explain_batch_in, generate, origin, sites};
-use crate::util::{Fixture, stderr};
+use crate::util::{Fixture, edgeform_with_state as edgeform_at, stderr};
 
 /// Every certificate is valid from this date; `apply` runs "then" (the
 /// global `--now`), so one that has expired since is pushed, as a
@@ -242,16 +242,6 @@ struct Setup {
     router: Edge,
     a: Origin,
     b: Origin,
-}
-
-fn edgeform_at(s_repo: &Path, state: &Path, args: &[&str]) -> std::process::Output {
-    Command::new(env!("CARGO_BIN_EXE_edgeform"))
-        .args(args)
-        .current_dir(s_repo)
-        .env("NO_COLOR", "1")
-        .env("EDGEFORM_STATE_DIR", state)
-        .output()
-        .unwrap()
 }
 
 fn setup() -> Setup {

@@ -5,6 +5,7 @@ mod anycast;
 mod certs;
 mod challenge;
 mod cli;
+mod drill;
 mod edge;
 mod edge_https;
 mod edge_paths;

@@ -1,7 +1,7 @@
 //! `edgeform purge`: jobs on the right queues, patterns checked with the
 //! agent's engine, `--wait` reporting per node and timing out by name.
 
-use crate::util::{Fixture, edgeform, stderr, stdout};
+use crate::util::{Fixture, edgeform, edgeform_with_state, stderr, stdout};
 
 fn edge(name: &str, region: &str, port: u16, key: &str) -> String {
     format!(
@@ -518,21 +518,6 @@ fn a_broken_repository_queues_nothing_and_says_where() {
     assert!(err.contains("is invalid (1 error"), "{err}");
     assert!(queued(r1.port, "cdn:purge:eu:edge-1").is_empty());
     assert!(queued(r2.port, "cdn:purge:us:edge-2").is_empty());
-}
-
-/// `edgeform` with its state store at `state`.
-fn edgeform_with_state(
-    dir: &std::path::Path,
-    state: &std::path::Path,
-    args: &[&str],
-) -> std::process::Output {
-    std::process::Command::new(env!("CARGO_BIN_EXE_edgeform"))
-        .args(args)
-        .current_dir(dir)
-        .env("NO_COLOR", "1")
-        .env("EDGEFORM_STATE_DIR", state)
-        .output()
-        .unwrap()
 }
 
 fn ids(port: u16, queue: &str) -> Vec<String> {

@@ -109,6 +109,18 @@ pub fn edgeform(dir: &Path, args: &[&str]) -> Output {
         .unwrap()
 }
 
+/// Run `edgeform` with `args` in `dir`, its state store at `state`
+/// (`EDGEFORM_STATE_DIR`); `NO_COLOR` set.
+pub fn edgeform_with_state(dir: &Path, state: &Path, args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_edgeform"))
+        .args(args)
+        .current_dir(dir)
+        .env("NO_COLOR", "1")
+        .env("EDGEFORM_STATE_DIR", state)
+        .output()
+        .unwrap()
+}
+
 pub fn stdout(o: &Output) -> String {
     String::from_utf8_lossy(&o.stdout).into_owned()
 }
