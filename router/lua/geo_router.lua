@@ -236,6 +236,8 @@ function _M.balance()
     if not e then return ngx.exit(502) end
     log(WARN, "edgeform router: ", next(ctx.failed), " failed; retrying ", e.name)
     ctx.edge = e
+    -- X-Edgeform-Edge names the edge that answered, not the first choice.
+    ngx.var.router_edge = e.name
   else
     balancer.set_more_tries(1)
   end

@@ -715,8 +715,14 @@ fn geo_router_retries_the_next_edge_and_skips_an_edge_not_serving() {
         let r = get(port, Some(&ip.to_string()));
         assert_eq!(r.status, 200, "{ip}: {:?}", r.headers);
         if cli.as_deref() == Some("edge-london") {
-            // Refused: answered by the next nearest online edge.
+            // Refused: answered by the next nearest online edge, which
+            // the router's header names.
             assert_ne!(r.body, "edge-london");
+            assert_eq!(
+                r.headers.get("x-edgeform-edge").map(String::as_str),
+                Some(r.body.as_str()),
+                "{ip}"
+            );
             retried += 1;
         } else {
             assert_eq!(Some(&r.body), cli.as_ref(), "{ip}");
