@@ -632,3 +632,45 @@ fn a_viewer_in_great_britain_through_the_router_pool_is_geo_decided_gb() {
     assert!(out.contains("xff=81.2.69.142 "), "{out}");
     assert!(out.ends_with(" 200"), "allowed as GB: {out}");
 }
+
+/// Redis emptied (FLUSHALL: its data lost) or unreachable: every worker
+/// keeps serving the certificate any one of them last read — a worker
+/// that never read the name too (the workers' shared `edge_certs`).
+#[test]
+fn every_worker_keeps_the_last_read_certificate_when_redis_is_emptied_or_down() {
+    let mut redis = harness::redis(&[]);
+    let p = redis.port;
+    let dir = tempfile::tempdir().unwrap();
+    redis_cli(p, &["HSET", "edgeform:meta", "generation", "1"]);
+    let (chain, key, fp) = certificate(dir.path(), "a", &["a.test"]);
+    set(p, "tls:a.test", &tls_doc(&chain, &key, &fp, now() + 86400));
+    let mut o = EdgeOptions::new(p);
+    o.workers = 4;
+    let edge = harness::nginx::edge(&o);
+    let https = edge.https_port;
+    // One handshake: one worker has read the certificate.
+    assert_eq!(served(https, Some("a.test")), Some(fp.clone()));
+
+    redis_cli(p, &["FLUSHALL"]);
+    std::thread::sleep(Duration::from_millis(600));
+    for i in 0..16 {
+        assert_eq!(
+            served(https, Some("a.test")),
+            Some(fp.clone()),
+            "emptied, handshake {i}"
+        );
+    }
+    redis.kill();
+    for i in 0..16 {
+        assert_eq!(
+            served(https, Some("a.test")),
+            Some(fp.clone()),
+            "down, handshake {i}"
+        );
+    }
+    assert_eq!(
+        served(https, Some("b.test")),
+        None,
+        "never read: no certificate"
+    );
+}

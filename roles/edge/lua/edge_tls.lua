@@ -13,7 +13,13 @@
 -- host name (or longer than 253 bytes), no `tls:` document, an expired or
 -- corrupt one. A corrupt document is logged once per generation per
 -- worker (cached as a failure until the generation changes); every other
--- host keeps working. Redis down: the certificates last read keep serving.
+-- host keeps working. Redis down: the certificates last read keep serving,
+-- by any worker: each name's last `tls:` key and text read from Redis are
+-- also kept in the workers' shared dict `edge_certs` (memory only, never
+-- on disk), so a worker that never read a name still completes its
+-- handshake from what another worker read. (A name whose `tls:` key is
+-- gone keeps its last certificate there: it is read only while Redis is
+-- unreachable or has lost its data, when a miss may be the loss itself.)
 
 local ssl = require "ngx.ssl"
 local lrucache = require "resty.lrucache"
@@ -28,17 +34,26 @@ local _M = {}
 local certs     -- per worker: tls key → {cert, key, not_after, text, gen} | {err, text, gen}
 local misses    -- per worker: name → {key | none, gen}: where a name was found
 local CERT_CACHE, MISS_CACHE = 10000, 10000
+-- Shared by the workers (absent in a config without it): "name" → the tls
+-- key it last resolved to, "=tls:<host>" → that key's last text.
+local shared
 
 function _M.init_worker()
   certs = lrucache.new(CERT_CACHE)
   misses = lrucache.new(MISS_CACHE)
+  shared = ngx.shared.edge_certs
 end
 
--- Empty this worker's certificate caches (benchmarks: the next lookup
--- reads Redis and parses again).
-function _M.forget()
-  certs:flush_all()
-  misses:flush_all()
+-- Keep what a name resolved to for the other workers (the text only when
+-- it changed: most handshakes re-read the same certificate).
+local function share(name, key, text)
+  if not shared then return end
+  if shared:get(name) ~= key then shared:set(name, key) end
+  local skey = "=" .. key
+  if shared:get(skey) ~= text then
+    local ok, err = shared:set(skey, text)
+    if not ok then log(ERR, "edgeform tls: edge_certs: ", err) end
+  end
 end
 
 -- A `tls:` document's text → {cert, key, not_after} or nil + why
@@ -75,6 +90,23 @@ local function prepare(key, text, gen)
   return entry
 end
 
+-- Redis unreachable: what any worker last read for this name, or nil.
+local function shared_last(name, gen)
+  if not shared then return nil end
+  local key = shared:get(name)
+  if not key then return nil end
+  local text = shared:get("=" .. key)
+  if not text then return nil end
+  return prepare(key, text, gen)
+end
+
+-- Empty this worker's certificate caches (benchmarks: the next lookup
+-- reads Redis and parses again).
+function _M.forget()
+  certs:flush_all()
+  misses:flush_all()
+end
+
 -- The certificate entry for a name, or nil: {cert, key, not_after} or {err}.
 function _M.lookup(name)
   local gen = router.generation()
@@ -95,11 +127,19 @@ function _M.lookup(name)
     end
     if vals then router.release(r) end
   end
+  if vals and router.data_lost() then
+    -- Redis lost its data (cdn_router keeps its last known documents):
+    -- its answer is not the node's certificates; the last ones read are.
+    vals, err = nil, "redis lost its data"
+  end
   if not vals then
     -- Redis unreachable: what this name last resolved to, of any generation.
     log(INFO, "edgeform: redis unreachable for the certificate of ", name, ": ", err)
-    if m and m.key then return certs:get(m.key) end
-    return nil
+    if m and m.key then
+      local e = certs:get(m.key)
+      if e then return e end
+    end
+    return shared_last(name, gen)
   end
   local key, text
   if vals[1] ~= ngx.null then
@@ -112,7 +152,9 @@ function _M.lookup(name)
     return nil
   end
   misses:set(name, { key = key, gen = gen })
-  return prepare(key, text, gen)
+  local e = prepare(key, text, gen)
+  if not e.err then share(name, key, text) end
+  return e
 end
 
 -- The host the agent's serving probe asks for (cdn_router's PROBE_HOST).
