@@ -15,7 +15,7 @@ use std::time::Duration;
 use harness::nginx::{Edge, EdgeOptions};
 
 use super::edge::{node_yaml, read_head, start_agent, walk};
-use crate::util::{Fixture, edgeform, stderr, stdout};
+use crate::util::{Answer, Fixture, edgeform, exchange, stderr, stdout};
 
 /// What the origin saw, in order: (method, request target, headers).
 type Seen = Arc<Mutex<Vec<(String, String, BTreeMap<String, String>)>>>;
@@ -98,17 +98,12 @@ impl Origin {
     }
 }
 
-#[derive(Debug)]
-struct Answer {
-    status: u16,
-    headers: BTreeMap<String, String>,
-    body: String,
+trait Reasons {
+    fn reason(&self) -> Option<&str>;
+    fn cache(&self) -> Option<&str>;
 }
 
-impl Answer {
-    fn header(&self, name: &str) -> Option<&str> {
-        self.headers.get(name).map(String::as_str)
-    }
+impl Reasons for Answer {
     fn reason(&self) -> Option<&str> {
         self.header("x-edgeform-reason")
     }
@@ -119,33 +114,12 @@ impl Answer {
 
 /// One request, its target written as given (raw bytes of the request line).
 fn ask(port: u16, host: &str, target: &str, headers: &[(&str, &str)]) -> Answer {
-    let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
     let mut text = format!("GET {target} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n");
     for (k, v) in headers {
         text.push_str(&format!("{k}: {v}\r\n"));
     }
     text.push_str("\r\n");
-    s.write_all(text.as_bytes()).unwrap();
-    let mut raw = Vec::new();
-    let _ = s.read_to_end(&mut raw);
-    let raw = String::from_utf8_lossy(&raw);
-    let (head, body) = raw.split_once("\r\n\r\n").unwrap_or((&raw, ""));
-    let mut lines = head.split("\r\n");
-    let status = lines
-        .next()
-        .and_then(|l| l.split(' ').nth(1))
-        .and_then(|c| c.parse().ok())
-        .unwrap_or(0);
-    let headers = lines
-        .filter_map(|l| l.split_once(':'))
-        .map(|(k, v)| (k.trim().to_ascii_lowercase(), v.trim().to_owned()))
-        .collect();
-    Answer {
-        status,
-        headers,
-        body: body.to_owned(),
-    }
+    exchange(port, &text, Duration::from_secs(10))
 }
 
 const SITE: &str = "host: p.test\n\

@@ -176,6 +176,17 @@ impl Lab {
         self.edgeform(&v)
     }
 
+    /// The lab's files as the first commit of its repository.
+    fn commit(&self) {
+        for args in [
+            &["init", "-q", "-b", "main"][..],
+            &["add", "-A"],
+            &["commit", "-qm", "lab"],
+        ] {
+            crate::util::git(self.repo.path(), args);
+        }
+    }
+
     fn write(&self, path: &str, text: &str) {
         let p = self.repo.path().join(path);
         std::fs::create_dir_all(p.parent().unwrap()).unwrap();
@@ -215,6 +226,18 @@ impl Drop for Lab {
 }
 
 /// `GET path` with `Host` on a loopback port: (status, body).
+/// Exit status 0, or the output shown.
+#[track_caller]
+fn succeeded(out: &std::process::Output) {
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}\n{}",
+        stdout(out),
+        stderr(out)
+    );
+}
+
 fn get(port: u16, host: &str, path: &str) -> (u16, String) {
     let Ok(mut s) = TcpStream::connect(("127.0.0.1", port)) else {
         return (0, String::new());
@@ -271,13 +294,7 @@ fn add_extra_lua(lab: &Lab) {
 fn install_three_nodes_then_a_new_lua_file_reaches_old_and_fresh_nodes_and_rollback() {
     let mut lab = Lab::new(3);
     let out = lab.install(&["--all", "--parallel", "3"]);
-    assert_eq!(
-        out.status.code(),
-        Some(0),
-        "{}\n{}",
-        stdout(&out),
-        stderr(&out)
-    );
+    succeeded(&out);
     for n in ["edge-1", "edge-2", "edge-3"] {
         assert!(
             stdout(&out).contains(&format!("{n}: installed r")),
@@ -354,13 +371,7 @@ fn install_three_nodes_then_a_new_lua_file_reaches_old_and_fresh_nodes_and_rollb
     // A freshly provisioned node and the old ones all get it.
     lab.add_node("edge-4");
     let out = lab.install(&["--role", "edge", "--parallel", "2"]);
-    assert_eq!(
-        out.status.code(),
-        Some(0),
-        "{}\n{}",
-        stdout(&out),
-        stderr(&out)
-    );
+    succeeded(&out);
     for n in ["edge-1", "edge-2", "edge-3", "edge-4"] {
         assert_eq!(
             std::fs::read_to_string(lab.root(n).join("current/lua/edge_extra.lua")).unwrap(),
@@ -379,13 +390,7 @@ fn install_three_nodes_then_a_new_lua_file_reaches_old_and_fresh_nodes_and_rollb
     // --rollback: edge-1 returns to the release before.
     let before = lab.current("edge-1");
     let out = lab.install(&["--node", "edge-1", "--rollback"]);
-    assert_eq!(
-        out.status.code(),
-        Some(0),
-        "{}\n{}",
-        stdout(&out),
-        stderr(&out)
-    );
+    succeeded(&out);
     assert!(
         stdout(&out).contains("rolled back from"),
         "{}",
@@ -423,13 +428,7 @@ fn lua_nginx_and_agent_errors_stop_check_and_the_node_gate_and_a_failing_smoke_t
  {
     let lab = Lab::new(1);
     let out = lab.install(&["--node", "edge-1"]);
-    assert_eq!(
-        out.status.code(),
-        Some(0),
-        "{}\n{}",
-        stdout(&out),
-        stderr(&out)
-    );
+    succeeded(&out);
     serves_old(&lab, "edge-1");
     let current = lab.current("edge-1");
 
@@ -814,13 +813,7 @@ fn node_secrets_reach_nginx_through_an_environment_file_and_never_the_bundle() {
         "sites/viaapi.yaml",
         "host: viaapi.example.com\norigin: http://192.0.2.1\n",
     );
-    for args in [
-        &["init", "-q", "-b", "main"][..],
-        &["add", "-A"],
-        &["commit", "-qm", "lab"],
-    ] {
-        crate::util::git(lab.repo.path(), args);
-    }
+    lab.commit();
     set_secret(&lab, "edge-1", "EDGEFORM_API_TOKEN", token);
     set_secret(&lab, "edge-1", "EDGEFORM_CHALLENGE_SECRET", secret);
     let mode = |p: &Path| {
@@ -840,13 +833,7 @@ fn node_secrets_reach_nginx_through_an_environment_file_and_never_the_bundle() {
     // The smoke test's unknown host goes through the API too: it passes
     // only with the token.
     let out = lab.install(&["--all"]);
-    assert_eq!(
-        out.status.code(),
-        Some(0),
-        "{}\n{}",
-        stdout(&out),
-        stderr(&out)
-    );
+    succeeded(&out);
     serves_old(&lab, "edge-1");
     let port = lab.live_port("edge-1");
     // A host only the API knows: its document arrives (the origin, a
@@ -880,13 +867,7 @@ fn node_secrets_reach_nginx_through_an_environment_file_and_never_the_bundle() {
     let _serve = api(&lab, api_port, rotated);
     set_secret(&lab, "edge-1", "EDGEFORM_API_TOKEN", rotated);
     let out = lab.install(&["--all"]);
-    assert_eq!(
-        out.status.code(),
-        Some(0),
-        "{}\n{}",
-        stdout(&out),
-        stderr(&out)
-    );
+    succeeded(&out);
     assert_ne!(live_pid(&lab, "edge-1"), pid, "restarted");
     let status = via_api();
     assert!(matches!(status, 502 | 504), "{status}");
@@ -943,23 +924,11 @@ fn an_edge_with_an_older_bundle_is_refused_what_it_cannot_read_and_status_shows_
     lab.write("roles/edge/reads.json", &older_reads);
     lab.write("roles/edge/lua/edge_tables.lua", &older_tables);
     let out = lab.install(&["--node", "edge-1"]);
-    assert_eq!(
-        out.status.code(),
-        Some(0),
-        "{}\n{}",
-        stdout(&out),
-        stderr(&out)
-    );
+    succeeded(&out);
     lab.write("roles/edge/reads.json", &current_reads);
     lab.write("roles/edge/lua/edge_tables.lua", &current_tables);
     let out = lab.install(&["--node", "edge-2"]);
-    assert_eq!(
-        out.status.code(),
-        Some(0),
-        "{}\n{}",
-        stdout(&out),
-        stderr(&out)
-    );
+    succeeded(&out);
     assert!(!bundle_field(r1, "site_fields").contains("max_body_size"));
     assert!(bundle_field(r2, "site_fields").contains("max_body_size"));
     // The installed agent.yaml probes the live edge's three listeners (one
@@ -986,13 +955,7 @@ fn an_edge_with_an_older_bundle_is_refused_what_it_cannot_read_and_status_shows_
         "sites/upload.yaml",
         "host: upload.example.com\norigin: http://192.0.2.1\nmax_body_size: 1m\n",
     );
-    for args in [
-        &["init", "-q", "-b", "main"][..],
-        &["add", "-A"],
-        &["commit", "-qm", "lab"],
-    ] {
-        crate::util::git(lab.repo.path(), args);
-    }
+    lab.commit();
     let out = lab.edgeform(&["plan", "--format", "json"]);
     let plan = stdout(&out);
     assert!(plan.contains("install-first"), "{plan}\n{}", stderr(&out));
@@ -1037,21 +1000,9 @@ fn an_edge_with_an_older_bundle_is_refused_what_it_cannot_read_and_status_shows_
 
     // The current bundle on edge-1: the skew is gone, apply converges.
     let out = lab.install(&["--node", "edge-1"]);
-    assert_eq!(
-        out.status.code(),
-        Some(0),
-        "{}\n{}",
-        stdout(&out),
-        stderr(&out)
-    );
+    succeeded(&out);
     let out = lab.edgeform(&["apply", "--yes"]);
-    assert_eq!(
-        out.status.code(),
-        Some(0),
-        "{}\n{}",
-        stdout(&out),
-        stderr(&out)
-    );
+    succeeded(&out);
     let out = lab.edgeform(&["status", "--from", "redis", "--format", "json"]);
     let v: serde_json::Value = serde_json::from_str(&stdout(&out)).unwrap();
     assert_eq!(v["verdict"], "ok", "{v}");

@@ -6,64 +6,27 @@
 //! through the TTL hop; with every origin down, a cached object is served
 //! stale (docs/edge.md, "Origin failover", "Stale answers").
 
-use std::io::{Read, Write};
-use std::net::TcpStream;
 use std::time::Duration;
 
 use harness::nginx::{EdgeOptions, origin, origin_requests};
 
-use crate::util::{Fixture, edgeform, stderr};
-
-/// One answer: status, headers (lower-case names), body.
-struct Answer {
-    status: u16,
-    headers: Vec<(String, String)>,
-    body: String,
-}
-
-impl Answer {
-    fn header(&self, name: &str) -> Option<&str> {
-        self.headers
-            .iter()
-            .find(|(k, _)| k == name)
-            .map(|(_, v)| v.as_str())
-    }
-}
+use crate::util::{Answer, Fixture, edgeform, exchange, stderr};
 
 /// `method` `path` for `host` on the edge (a POST with a small body).
 fn request(port: u16, method: &str, host: &str, path: &str) -> Answer {
-    let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
     let body = if method == "POST" { "a=1" } else { "" };
     let length = if method == "POST" {
         "Content-Length: 3\r\n"
     } else {
         ""
     };
-    write!(
-        s,
-        "{method} {path} HTTP/1.1\r\nHost: {host}\r\n{length}Connection: close\r\n\r\n{body}"
+    exchange(
+        port,
+        &format!(
+            "{method} {path} HTTP/1.1\r\nHost: {host}\r\n{length}Connection: close\r\n\r\n{body}"
+        ),
+        Duration::from_secs(20),
     )
-    .unwrap();
-    let mut raw = Vec::new();
-    let _ = s.read_to_end(&mut raw);
-    let raw = String::from_utf8_lossy(&raw).into_owned();
-    let (head, body) = raw.split_once("\r\n\r\n").unwrap_or((&raw, ""));
-    let mut lines = head.lines();
-    let status = lines
-        .next()
-        .and_then(|l| l.split(' ').nth(1))
-        .and_then(|c| c.parse().ok())
-        .unwrap_or(0);
-    let headers = lines
-        .filter_map(|l| l.split_once(':'))
-        .map(|(k, v)| (k.trim().to_ascii_lowercase(), v.trim().to_owned()))
-        .collect();
-    Answer {
-        status,
-        headers,
-        body: body.to_owned(),
-    }
 }
 
 /// A port nothing listens on (bound, then released).

@@ -13,7 +13,7 @@
 
 use std::collections::BTreeMap;
 use std::io::{Read, Write};
-use std::net::{IpAddr, TcpListener, TcpStream};
+use std::net::{IpAddr, TcpListener};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -156,41 +156,16 @@ fn edge_listener(addr: &str, port: u16, name: &'static str) {
     });
 }
 
-/// Status, headers (lowercase names), body.
-pub struct Resp {
-    pub status: u16,
-    pub headers: BTreeMap<String, String>,
-    pub body: String,
-}
+pub use crate::util::Answer as Resp;
 
 pub fn get(port: u16, xff: Option<&str>) -> Resp {
-    let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
     let mut text =
         "GET /live/s.m3u8 HTTP/1.1\r\nHost: cdn.example\r\nConnection: close\r\n".to_owned();
     if let Some(x) = xff {
         text.push_str(&format!("X-Forwarded-For: {x}\r\n"));
     }
     text.push_str("\r\n");
-    s.write_all(text.as_bytes()).unwrap();
-    let mut raw = String::new();
-    let _ = s.read_to_string(&mut raw);
-    let (head, body) = raw.split_once("\r\n\r\n").unwrap_or((&raw, ""));
-    let mut lines = head.lines();
-    let status = lines
-        .next()
-        .and_then(|l| l.split(' ').nth(1))
-        .and_then(|c| c.parse().ok())
-        .unwrap_or(0);
-    let headers = lines
-        .filter_map(|l| l.split_once(':'))
-        .map(|(k, v)| (k.trim().to_ascii_lowercase(), v.trim().to_owned()))
-        .collect();
-    Resp {
-        status,
-        headers,
-        body: body.to_owned(),
-    }
+    crate::util::exchange(port, &text, Duration::from_secs(10))
 }
 
 /// The router's choice for `ip`: the edge that answered (its body; the

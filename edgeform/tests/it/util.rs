@@ -178,3 +178,46 @@ impl Drop for Agent {
         }
     }
 }
+
+/// An HTTP/1.1 answer read off a raw connection: status (0 when none),
+/// headers (lower-case names), body.
+#[derive(Debug, Default, Clone)]
+pub struct Answer {
+    pub status: u16,
+    pub headers: std::collections::BTreeMap<String, String>,
+    pub body: String,
+}
+
+impl Answer {
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers.get(name).map(String::as_str)
+    }
+}
+
+/// Send `request` (raw bytes, `Connection: close`) to 127.0.0.1:`port`
+/// and read the whole answer (at most `timeout` per read).
+pub fn exchange(port: u16, request: &str, timeout: std::time::Duration) -> Answer {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    s.set_read_timeout(Some(timeout)).unwrap();
+    s.write_all(request.as_bytes()).unwrap();
+    let mut raw = Vec::new();
+    let _ = s.read_to_end(&mut raw);
+    let raw = String::from_utf8_lossy(&raw);
+    let (head, body) = raw.split_once("\r\n\r\n").unwrap_or((&raw, ""));
+    let mut lines = head.split("\r\n");
+    let status = lines
+        .next()
+        .and_then(|l| l.split(' ').nth(1))
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    let headers = lines
+        .filter_map(|l| l.split_once(':'))
+        .map(|(k, v)| (k.trim().to_ascii_lowercase(), v.trim().to_owned()))
+        .collect();
+    Answer {
+        status,
+        headers,
+        body: body.to_owned(),
+    }
+}
