@@ -260,12 +260,7 @@ fn setup() -> Setup {
     );
     repo.write(
         "nodes/edge-1.yaml",
-        format!(
-            "name: edge-1\nroles: [edge]\nregion: eu\nlocation: {{lat: 52.0, lon: 4.0}}\n\
-             addresses: [198.51.100.1]\nredis: {{url: \"redis://127.0.0.1:{}\"}}\n",
-            redis.port
-        )
-        .as_bytes(),
+        crate::util::edge_1_node(redis.port).as_bytes(),
     );
     // The router whose PROXY header the edge believes: 127.0.0.1.
     repo.write(

@@ -53,12 +53,7 @@ fn a_site_with_several_origins_fails_over_and_serves_stale_when_all_fail() {
     let repo = Fixture::empty();
     repo.write(
         "nodes/edge-1.yaml",
-        format!(
-            "name: edge-1\nroles: [edge]\nregion: eu\nlocation: {{lat: 52.0, lon: 4.0}}\n\
-             addresses: [198.51.100.1]\nredis: {{url: \"redis://127.0.0.1:{}\"}}\n",
-            redis.port
-        )
-        .as_bytes(),
+        crate::util::edge_1_node(redis.port).as_bytes(),
     );
     let sites = [
         // Refused, then a name (its own Host).
@@ -239,12 +234,7 @@ fn https_origins_each_get_their_own_tls_name() {
     let repo = Fixture::empty();
     repo.write(
         "nodes/edge-1.yaml",
-        format!(
-            "name: edge-1\nroles: [edge]\nregion: eu\nlocation: {{lat: 52.0, lon: 4.0}}\n\
-             addresses: [198.51.100.1]\nredis: {{url: \"redis://127.0.0.1:{}\"}}\n",
-            redis.port
-        )
-        .as_bytes(),
+        crate::util::edge_1_node(redis.port).as_bytes(),
     );
     let origins = format!("origins: [https://origin-a.test:{dead}, https://origin-b.test:{bp}]\n");
     repo.write(

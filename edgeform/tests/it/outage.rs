@@ -225,12 +225,7 @@ fn an_edge_whose_redis_loses_its_data_keeps_serving_the_sites_it_knew() {
     let repo = Fixture::empty();
     repo.write(
         "nodes/edge-1.yaml",
-        format!(
-            "name: edge-1\nroles: [edge]\nregion: eu\nlocation: {{lat: 52.0, lon: 4.0}}\n\
-             addresses: [198.51.100.1]\nredis: {{url: \"redis://127.0.0.1:{}\"}}\n",
-            redis.port
-        )
-        .as_bytes(),
+        crate::util::edge_1_node(redis.port).as_bytes(),
     );
     for (file, host) in [
         ("sites/a.yaml", "a.test"),
@@ -339,12 +334,7 @@ fn the_daemon_re_pushes_at_once_a_target_whose_redis_lost_its_data() {
     let repo = Fixture::empty();
     repo.write(
         "nodes/edge-1.yaml",
-        format!(
-            "name: edge-1\nroles: [edge]\nregion: eu\nlocation: {{lat: 52.0, lon: 4.0}}\n\
-             addresses: [198.51.100.1]\nredis: {{url: \"redis://127.0.0.1:{}\"}}\n",
-            redis.port
-        )
-        .as_bytes(),
+        crate::util::edge_1_node(redis.port).as_bytes(),
     );
     for (file, host) in [("sites/a.yaml", "a.test"), ("sites/b.yaml", "b.test")] {
         repo.write(

@@ -221,3 +221,12 @@ pub fn exchange(port: u16, request: &str, timeout: std::time::Duration) -> Answe
         body: body.to_owned(),
     }
 }
+
+/// `nodes/edge-1.yaml` of a one-edge repository whose Redis is
+/// 127.0.0.1:`redis_port`.
+pub fn edge_1_node(redis_port: u16) -> String {
+    format!(
+        "name: edge-1\nroles: [edge]\nregion: eu\nlocation: {{lat: 52.0, lon: 4.0}}\n\
+         addresses: [198.51.100.1]\nredis: {{url: \"redis://127.0.0.1:{redis_port}\"}}\n"
+    )
+}
