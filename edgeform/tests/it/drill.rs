@@ -310,23 +310,21 @@ impl Cluster {
             )
             .as_bytes(),
         );
-        for ((name, addr, loc), redis) in EDGES.iter().zip(&edge_redis) {
-            repo.write(
-                &format!("nodes/{name}.yaml"),
-                format!(
-                    "name: {name}\nroles: [edge]\nregion: eu\nlocation: {loc}\n\
-                     addresses: [{addr}]\nloopback: true\n\
-                     redis: {{url: \"redis://127.0.0.1:{}\"}}\n",
-                    redis.port
-                )
-                .as_bytes(),
+        let nodes = EDGES
+            .iter()
+            .zip(&edge_redis)
+            .map(|(node, redis)| (node, "edge", redis))
+            .chain(
+                ROUTERS
+                    .iter()
+                    .zip(&router_redis)
+                    .map(|(node, redis)| (node, "router", redis)),
             );
-        }
-        for ((name, addr, loc), redis) in ROUTERS.iter().zip(&router_redis) {
+        for ((name, addr, loc), role, redis) in nodes {
             repo.write(
                 &format!("nodes/{name}.yaml"),
                 format!(
-                    "name: {name}\nroles: [router]\nregion: eu\nlocation: {loc}\n\
+                    "name: {name}\nroles: [{role}]\nregion: eu\nlocation: {loc}\n\
                      addresses: [{addr}]\nloopback: true\n\
                      redis: {{url: \"redis://127.0.0.1:{}\"}}\n",
                     redis.port
