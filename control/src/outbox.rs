@@ -317,6 +317,8 @@ pub fn has_waiting(store: &DirStore, node: &str) -> Result<bool, StoreError> {
 /// not answer is logged and skipped (the next call retries).
 pub async fn flush_all(store: &DirStore, nodes: &[Node]) -> BTreeMap<String, Result<Flushed>> {
     let mut out = BTreeMap::new();
+    let names: Vec<&str> = nodes.iter().map(|n| n.name.as_str()).collect();
+    drop_removed(store, &names);
     let Ok(kept) = depths(store) else {
         return out;
     };
@@ -340,9 +342,56 @@ pub async fn flush_all(store: &DirStore, nodes: &[Node]) -> BTreeMap<String, Res
     out
 }
 
+/// Drop the jobs kept for nodes no longer in the repository (`known`):
+/// nothing can deliver them, and they would hold the outbox metric and
+/// its alert up forever. Each dropped job is logged (node and id).
+/// Returns how many were dropped per node.
+pub fn drop_removed(store: &DirStore, known: &[&str]) -> BTreeMap<String, usize> {
+    let mut dropped = BTreeMap::new();
+    let Ok(kept) = depths(store) else {
+        return dropped;
+    };
+    for node in kept.keys().filter(|n| !known.contains(&n.as_str())) {
+        let Ok(all) = entries(store, node) else {
+            continue;
+        };
+        let mut n = 0;
+        for e in &all {
+            match remove(store, node, e) {
+                Ok(()) => {
+                    tracing::warn!(%node, id = %e.id, "purge outbox: job dropped, the node is no longer in the repository");
+                    n += 1;
+                }
+                Err(x) => {
+                    tracing::warn!(%node, id = %e.id, error = %x, "purge outbox: job of a removed node not dropped")
+                }
+            }
+        }
+        if let Ok(d) = dir(store, node) {
+            sync_dir(&d);
+        }
+        dropped.insert(node.clone(), n);
+    }
+    dropped
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn jobs_of_a_node_no_longer_in_the_repository_are_dropped() {
+        let d = tempfile::tempdir().unwrap();
+        let s = DirStore::open(&d.path().join("state")).unwrap();
+        spool(&s, "edge-1", "a-1", "{}").unwrap();
+        spool(&s, "gone-1", "b-1", "{}").unwrap();
+        spool(&s, "gone-1", "b-2", "{}").unwrap();
+        let dropped = drop_removed(&s, &["edge-1", "edge-2"]);
+        assert_eq!(dropped, BTreeMap::from([("gone-1".to_owned(), 2)]));
+        let left = depths(&s).unwrap();
+        assert_eq!(left.keys().collect::<Vec<_>>(), ["edge-1"]);
+        assert!(drop_removed(&s, &["edge-1"]).is_empty());
+    }
 
     #[test]
     fn kept_jobs_come_back_in_order_with_private_files() {
