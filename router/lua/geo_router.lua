@@ -17,6 +17,7 @@ local balancer = require "ngx.balancer"
 local lrucache = require "resty.lrucache"
 local ip = require "edge_ip"
 local decide = require "geo_decide"
+local generation_rule = require "edge_generation"
 
 local ngx = ngx
 local log, ERR, WARN = ngx.log, ngx.ERR, ngx.WARN
@@ -25,6 +26,7 @@ local _M = {}
 
 local conf = {}
 local generation        -- edgeform:meta generation of the table in use
+local seen              -- the generation the last poll read
 local edges = {}        -- geo_decide.edges(table)
 local trusted = {}      -- networks whose X-Forwarded-For is believed
 local tie_km = decide.tie_km(nil)
@@ -78,7 +80,15 @@ local function poll_redis()
   gen, err = r:hget("edgeform:meta", "generation")
   if not gen then return nil, err end
   if gen == ngx.null then gen = "none" end
-  if gen ~= generation then
+  -- Redis that lost its data or went back to an older snapshot does not
+  -- replace the table in use (edge_generation.lua): the next write does.
+  if generation_rule.lost(gen, generation, seen) then
+    log(ERR, "edgeform router: redis lost its data (generation ", gen, ", using ",
+      generation, "): keeping the routing table in use")
+  end
+  local move = gen ~= generation and generation_rule.moves(gen, generation, seen)
+  seen = gen
+  if move then
     local text
     text, err = r:get("edgeform:routing")
     if not text then return nil, err end

@@ -793,3 +793,49 @@ fn routing_agent(
     });
     (agent, shared, cache, health)
 }
+
+/// The geo router's Redis going back to an older snapshot (a lower
+/// generation) does not replace the routing table in use; the next
+/// write (a higher generation than the one in use) does.
+#[test]
+fn geo_router_keeps_its_table_when_redis_goes_back_a_generation() {
+    let redis = harness::redis(&[]);
+    let broker = harness::mosquitto();
+    let f = repo(redis.port, broker.port);
+    let out = edgeform(f.path(), &["apply", "--yes", "--node", "router-1"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let edge_port = harness::free_port();
+    for (name, addr, _, _) in EDGES {
+        edge_listener(addr, edge_port, name);
+        set_status(broker.port, name, "online");
+    }
+    let (_agent, _shared, _cache, health) = routing_agent(redis.port, broker.port);
+    let router = harness::nginx::router(&harness::nginx::RouterOptions::new(
+        redis.port, health, edge_port,
+    ));
+    let port = router.process.port;
+    let viewer = Some("81.2.69.142");
+    wait_for("the router to load table and health", 20, || {
+        get(port, viewer).status == 200
+    });
+    let cmd = |c: &str| harness::raw_command(redis.port, c).unwrap();
+    let live: u64 = cmd("HGET edgeform:meta generation")
+        .lines()
+        .nth(1)
+        .and_then(|l| l.parse().ok())
+        .unwrap();
+    // An older snapshot: a lower generation and a table with no edge.
+    cmd(r#"SET edgeform:routing "{\"nodes\":{}}""#);
+    cmd(&format!("HSET edgeform:meta generation {}", live - 1));
+    wait_for("the router to notice", 10, || {
+        router.error_log().contains("redis lost its data")
+    });
+    for _ in 0..5 {
+        assert_eq!(get(port, viewer).status, 200, "the table in use kept");
+    }
+    // The next write moves it.
+    cmd(&format!("HSET edgeform:meta generation {}", live + 1));
+    wait_for("the router to load the new table", 10, || {
+        get(port, viewer).status == 503
+    });
+}

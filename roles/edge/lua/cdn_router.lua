@@ -19,6 +19,7 @@ local lrucache = require "resty.lrucache"
 local decide = require "edge_decide"
 local ip = require "edge_ip"
 local origins = require "edge_origins"
+local generation_rule = require "edge_generation"
 
 local ngx = ngx
 local find, sub = string.find, string.sub
@@ -105,21 +106,11 @@ local function load_trusted(r)
   routers = ip.routers(router_addresses(table_.nodes))
 end
 
--- Whether Redis moved to generation `gen` (a string, "none": no
--- edgeform:meta) from what this worker serves and what it last read
--- (`seen`). Redis that lost its data (meta gone: FLUSHALL, a restart
--- without persistence) or went backwards (an older snapshot) does not
--- move it: the last known documents keep serving, and a host never read
--- gets what Redis has. The next write after that (the control plane's
--- heal, generation live + 1) moves it, whatever its number.
-local seen            -- the generation last read from Redis
-local function moved(gen)
-  if generation == nil then return true end
-  if gen == generation or gen == "none" then return false end
-  if seen ~= generation and gen ~= seen then return true end
-  local new, old = tonumber(gen), tonumber(generation)
-  return not (new and old and new < old)
-end
+-- The generation last read from Redis (`seen`): Redis that lost its data
+-- or went backwards does not move what this worker serves (the rule:
+-- edge_generation.lua); a host never read gets what Redis has.
+local seen
+local function moved(gen) return generation_rule.moves(gen, generation, seen) end
 
 -- Read the generation; on a change, forget every document.
 local function poll()
@@ -130,7 +121,7 @@ local function poll()
   if not gen then return nil, err end
   if gen == ngx.null then gen = "none" end
   local move = moved(gen)
-  if not move and gen ~= seen and gen ~= generation then
+  if generation_rule.lost(gen, generation, seen) then
     log(ERR, "edgeform: redis lost its data (generation ", gen, ", serving ", generation,
       "): keeping the last known documents")
   end
