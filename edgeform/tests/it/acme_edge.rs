@@ -132,7 +132,7 @@ fn the_edge_answers_acme_challenges_from_redis_before_any_site_rule() {
     apply(&f, &state, None);
     let edge = harness::nginx::edge(&o);
     let port = edge.process.port;
-    set(redis.port, &format!("acme:{TOKEN}"), KEY_AUTH);
+    set(redis.port, &edgestate::keys::acme(TOKEN), KEY_AUTH);
     std::thread::sleep(Duration::from_millis(300));
 
     // The rules apply to any other path (the sites are as hostile as
@@ -392,7 +392,7 @@ fn the_geo_router_sends_an_unlocated_challenge_to_an_online_edge() {
     for (name, addr) in [("edge-2", "127.0.0.3"), ("edge-3", "127.0.0.4")] {
         super::router::edge_listener(addr, edge_port, name);
     }
-    set(edge_redis.port, &format!("acme:{TOKEN}"), KEY_AUTH);
+    set(edge_redis.port, &edgestate::keys::acme(TOKEN), KEY_AUTH);
     let dir = tempfile::tempdir().unwrap();
     let health = dir.path().join("health.json");
     write_health(&health, &["edge-1", "edge-2", "edge-3"], &[]);
