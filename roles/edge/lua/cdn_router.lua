@@ -521,8 +521,8 @@ function _M.access()
   end
   -- Then ACME HTTP-01 challenges (docs/edge.md, "ACME challenges"): from
   -- acme:<token>, before the document and every site rule.
-  local token, bad = decide.acme_check(ngx.req.get_method(), https and "https" or "http",
-    request_uri)
+  local method = ngx.req.get_method()
+  local token, bad = decide.acme_check(method, https and "https" or "http", request_uri)
   if bad then return answer(bad.status, bad.reason, "not found\n") end
   if token then return acme_answer(token) end
   local entry = lookup(host)
@@ -542,7 +542,6 @@ function _M.access()
       country = country_of(client_text)
     end
   end
-  local method = ngx.req.get_method()
   local req = {
     scheme = https and "https" or "http",
     sni = https and var.ssl_server_name or nil,
