@@ -30,6 +30,12 @@ pub const TLS_PREFIX: &str = "tls:";
 /// written by whatever installs or starts the edge. Absent: the seed's
 /// twelve fields and no `tls:*` (docs/operations.md, "Version skew").
 pub const BUNDLE: &str = "edgeform:bundle";
+/// Prefix of ACME HTTP-01 challenge answers: `acme:<token>` = the key
+/// authorization `<token>.<thumbprint>` (a string, written with a TTL by
+/// the control plane while the order lives; read by the edge on :80,
+/// docs/edge.md "ACME challenges"). Not a document: no manifest entry,
+/// never pruned or healed.
+pub const ACME_PREFIX: &str = "acme:";
 /// The value of a `suspended:<host>` key.
 pub const SUSPENDED_VALUE: &str = "1";
 
@@ -69,6 +75,12 @@ pub fn tls(host: &str) -> String {
     format!("{TLS_PREFIX}{host}")
 }
 
+/// `acme:<token>`.
+#[must_use]
+pub fn acme(token: &str) -> String {
+    format!("{ACME_PREFIX}{token}")
+}
+
 /// The node's purge queue, `cdn:purge:<region>:<node>` (the seed's name).
 #[must_use]
 pub fn purge_queue(region: &str, node: &str) -> String {
@@ -98,6 +110,8 @@ mod tests {
     #[test]
     fn names() {
         assert_eq!(site("example.com"), "site:example.com");
+        assert_eq!(acme("tok_EN-1"), "acme:tok_EN-1");
+        assert!(!is_document(&acme("tok_EN-1")));
         assert_eq!(suspended("*.example.com"), "suspended:*.example.com");
         assert_eq!(purge_queue("eu", "edge-1"), "cdn:purge:eu:edge-1");
         assert!(is_document("site:a.b"));

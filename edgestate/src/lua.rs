@@ -146,6 +146,14 @@ pub fn edge_tables() -> String {
     );
     let _ = writeln!(
         out,
+        "  -- ACME HTTP-01 challenges: the path, the token's shortest and longest.\n  \
+         ACME_CHALLENGE_PREFIX = {},\n  ACME_TOKEN_MIN = {},\n  ACME_TOKEN_MAX = {},",
+        lua_str(edge::ACME_CHALLENGE_PREFIX),
+        edge::ACME_TOKEN_MIN,
+        edge::ACME_TOKEN_MAX
+    );
+    let _ = writeln!(
+        out,
         "  -- The site document's fields and JSON types (`?`: may be absent or null).\n  \
          FIELDS = {},\n  CACHE_RULE = {},\n  EDGE_RULE = {},",
         fields(&site::all_site_fields()),

@@ -791,18 +791,10 @@ impl Router {
         d
     }
 
-    /// Geo routing: the strictly nearest online edge to `client_location`;
-    /// edges within `tie_km` of the nearest are tied and chosen by
-    /// rendezvous hash of the client IP.
-    #[must_use]
-    pub fn nearest(
-        &self,
-        client: IpAddr,
-        client_location: Location,
-        health: &Health,
-    ) -> GeoDecision {
-        let mut reasons = Vec::new();
-        let mut distances: Vec<(String, f64)> = Vec::new();
+    /// The edges geo routing may choose: edge role, a location, not
+    /// drained, online and serving (by name); why the others are not.
+    fn geo_candidates(&self, health: &Health, reasons: &mut Vec<String>) -> Vec<(&str, Location)> {
+        let mut out = Vec::new();
         for (name, node) in &self.table.nodes {
             if !has_role(node, "edge") {
                 continue;
@@ -823,8 +815,61 @@ impl Router {
                     continue;
                 }
             }
-            distances.push((name.clone(), haversine_km(client_location, loc)));
+            out.push((name.as_str(), loc));
         }
+        out
+    }
+
+    /// Geo routing of an ACME HTTP-01 challenge (`GET`/`HEAD` whose
+    /// request URI starts with `/.well-known/acme-challenge/`) from a
+    /// client GeoIP has no location for (a CA's validation address often
+    /// has none): instead of 503, the online edge of highest rendezvous
+    /// hash of the request's host (nginx's `$host`: lower-case, no port)
+    /// — deterministic (the control plane and `route --geo` predict it),
+    /// one edge per host, and a change of health moves only the hosts of
+    /// the edge that changed. `host` is as sent (normalised here).
+    #[must_use]
+    pub fn acme_unlocated(&self, host: &str, health: &Health) -> GeoDecision {
+        let mut reasons = Vec::new();
+        let candidates = self.geo_candidates(health, &mut reasons);
+        let host = crate::edge::normalize_host(host);
+        let chosen = candidates
+            .iter()
+            .map(|(n, _)| *n)
+            .max_by_key(|n| (stable_hash(&[host.as_bytes(), n.as_bytes()]), *n))
+            .map(str::to_owned);
+        match &chosen {
+            Some(n) => reasons.push(format!(
+                "an ACME challenge from a client with no location: the online edge of \
+                 highest rendezvous hash of the host `{host}` among {}: {n}",
+                candidates.len()
+            )),
+            None => reasons.push("no online edge".into()),
+        }
+        GeoDecision {
+            node: chosen,
+            distance_km: None,
+            tied: Vec::new(),
+            reasons,
+        }
+    }
+
+    /// Geo routing: the strictly nearest online edge to `client_location`;
+    /// edges within `tie_km` of the nearest are tied and chosen by
+    /// rendezvous hash of the client IP.
+    #[must_use]
+    pub fn nearest(
+        &self,
+        client: IpAddr,
+        client_location: Location,
+        health: &Health,
+    ) -> GeoDecision {
+        let mut reasons = Vec::new();
+        let mut distances: Vec<(String, f64)> = self
+            .geo_candidates(health, &mut reasons)
+            .into_iter()
+            .map(|(name, loc)| (name.to_owned(), haversine_km(client_location, loc)))
+            .collect();
         distances.sort_by(|a, b| a.1.total_cmp(&b.1).then_with(|| a.0.cmp(&b.0)));
         let Some(nearest) = distances.first().map(|d| d.1) else {
             reasons.push("no online edge".into());

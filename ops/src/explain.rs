@@ -404,6 +404,10 @@ struct Out<'a> {
     tls: Option<&'static str>,
     #[serde(flatten)]
     decision: &'a edge::Decision,
+    /// Who answers without the site's rules: `edge` for an ACME challenge
+    /// (from the edge's Redis, docs/edge.md "ACME challenges").
+    #[serde(skip_serializing_if = "Option::is_none")]
+    answered_by: Option<&'static str>,
     node: Option<&'a str>,
     client_ip: Option<IpAddr>,
     country: Option<&'a str>,
@@ -439,6 +443,7 @@ fn to_json(e: &Explained, id: Option<&serde_json::Value>) -> String {
     serde_json::to_string(&Out {
         tls: e.tls.as_ref().map(|a| a.tls.as_str()),
         decision: &e.decision,
+        answered_by: (e.decision.verdict == edge::Verdict::AcmeChallenge).then_some("edge"),
         node: e.node.as_deref(),
         client_ip: e.client,
         country: e.country.as_deref(),

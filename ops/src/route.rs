@@ -42,6 +42,9 @@ pub struct RouteOptions {
     pub vod: Option<String>,
     /// MaxMind City database for `geo`.
     pub geoip: Option<PathBuf>,
+    /// With `geo`: the request is an ACME HTTP-01 challenge for this Host
+    /// (a client with no location still gets an edge).
+    pub acme_host: Option<String>,
     /// Output: the steps, or one JSON object.
     pub format: RouteFormat,
 }
@@ -155,7 +158,12 @@ pub fn route(config: &Config, args: &RouteOptions) -> Result<u8> {
     let geo: Option<(Option<Location>, Option<GeoDecision>)> = match (&args.geoip, args.geo) {
         (Some(db), true) => {
             let loc = geo_lookup(db, client)?;
-            Some((loc, loc.map(|l| router.nearest(client, l, &health))))
+            let decision = match (loc, &args.acme_host) {
+                (Some(l), _) => Some(router.nearest(client, l, &health)),
+                (None, Some(host)) => Some(router.acme_unlocated(host, &health)),
+                (None, None) => None,
+            };
+            Some((loc, decision))
         }
         _ => None,
     };
@@ -226,6 +234,17 @@ pub fn route(config: &Config, args: &RouteOptions) -> Result<u8> {
                             g.node.as_deref().unwrap_or("none"),
                             g.distance_km
                                 .map_or_else(String::new, |d| format!("{d:.0} km"))
+                        );
+                    }
+                    (None, Some(g)) => {
+                        let _ = writeln!(text, "geo: the database has no location for {client}");
+                        for r in &g.reasons {
+                            let _ = writeln!(text, "  - {r}");
+                        }
+                        let _ = writeln!(
+                            text,
+                            "geo decision: {}",
+                            g.node.as_deref().unwrap_or("none (503)")
                         );
                     }
                     _ => {

@@ -145,4 +145,30 @@ function _M.nearest(edges, online, lat, lon, key, tie_km)
   return best
 end
 
+-- An ACME HTTP-01 challenge from a client with no location (the twin of
+-- edgestate::route::Router::acme_unlocated): the online edge of highest
+-- (stable_hash(host, name), name), host as nginx's $host. Deterministic:
+-- the control plane and `edgeform route --geo --acme-host` predict it.
+function _M.acme_unlocated(edges, online, host)
+  local best, best_hash
+  for _, e in ipairs(edges) do
+    if online(e.name) then
+      local h = _M.stable_hash(host, e.name)
+      if not best or h > best_hash or (h == best_hash and e.name > best.name) then
+        best, best_hash = e, h
+      end
+    end
+  end
+  return best
+end
+
+-- Whether a request is an ACME HTTP-01 challenge for the router: GET or
+-- HEAD, its request URI (as sent) under /.well-known/acme-challenge/. The
+-- edge checks the token; anything else the edge answers as usual.
+local ACME_PREFIX = "/.well-known/acme-challenge/"
+function _M.is_acme(method, request_uri)
+  return (method == "GET" or method == "HEAD")
+    and request_uri:sub(1, #ACME_PREFIX) == ACME_PREFIX
+end
+
 return _M

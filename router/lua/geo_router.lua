@@ -204,6 +204,7 @@ function _M.access()
     local lat, lon = tonumber(ngx.var.router_lat), tonumber(ngx.var.router_lon)
     if not lat or not lon then
       d.note = "no location for " .. text
+      d.unlocated = true
     else
       d.edge = decide.nearest(edges, is_online, lat, lon, text, tie_km)
       d.lat, d.lon, d.key = lat, lon, text
@@ -212,6 +213,19 @@ function _M.access()
       end
     end
     if #raw <= 160 then decisions:set(raw, d) end
+  end
+  if not d.edge and d.unlocated and decide.is_acme(ngx.req.get_method(), ngx.var.request_uri) then
+    -- An ACME challenge from a client with no location (a CA's validation
+    -- address): an edge by the host, not a 503 (docs/router.md, "ACME
+    -- challenges"). Not remembered: the choice depends on the host.
+    local host = ngx.var.host
+    local e = decide.acme_unlocated(edges, is_online, host)
+    if e and e.addr then
+      ngx.ctx.edge = e
+      ngx.ctx.decision = { acme_host = host }
+      ngx.var.router_edge = e.name
+      return
+    end
   end
   if not d.edge then
     ngx.var.router_note = d.note
@@ -227,7 +241,12 @@ end
 -- connect error), or nil.
 local function next_edge(d, failed)
   local function usable(name) return not failed[name] and is_online(name) end
-  local e = decide.nearest(edges, usable, d.lat, d.lon, d.key, tie_km)
+  local e
+  if d.acme_host then
+    e = decide.acme_unlocated(edges, usable, d.acme_host)
+  else
+    e = decide.nearest(edges, usable, d.lat, d.lon, d.key, tie_km)
+  end
   if e and e.addr then return e end
   return nil
 end

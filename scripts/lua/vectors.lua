@@ -64,6 +64,12 @@ function _M.edge(vec, base, with_ngx)
   -- cdn_router.access: the path's form, then the document.
   local pc = decide.path_check(uri)
   if pc then return answer(pc) end
+  -- Then ACME challenges, before the document.
+  local token, bad = decide.acme_check(opt(r.method) or "GET", opt(r.scheme), uri)
+  if bad then return answer(bad) end
+  if token then
+    return answer({ verdict = "acme_challenge", status = 200, reason = R.ACME_CHALLENGE })
+  end
   local host = nginx_host(opt(r.host) or "site.test")
   local doc, err
   if opt(vec.doc_text) ~= nil then

@@ -46,6 +46,11 @@ pub struct RouteArgs {
     /// MaxMind City database for --geo.
     #[arg(long, value_name = "DB")]
     pub geoip: Option<PathBuf>,
+    /// With --geo: the request is an ACME HTTP-01 challenge
+    /// (`/.well-known/acme-challenge/…`) for this Host: a client GeoIP
+    /// cannot locate still gets an edge (rendezvous hash of the host).
+    #[arg(long, value_name = "HOST", requires = "geo")]
+    pub acme_host: Option<String>,
     /// Output: human (the steps) or json (one object).
     #[arg(long, value_enum, default_value = "human")]
     pub format: RouteFormat,
@@ -64,6 +69,7 @@ impl RouteArgs {
             geo: self.geo,
             vod: self.vod.clone(),
             geoip: self.geoip.clone(),
+            acme_host: self.acme_host.clone(),
             format: match self.format {
                 RouteFormat::Human => ::ops::route::RouteFormat::Human,
                 RouteFormat::Json => ::ops::route::RouteFormat::Json,

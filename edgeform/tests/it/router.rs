@@ -132,7 +132,7 @@ fn repo(router_redis: u16, broker: u16) -> Fixture {
 }
 
 /// A loopback HTTP listener that answers every request with `name`.
-fn edge_listener(addr: &str, port: u16, name: &'static str) {
+pub(super) fn edge_listener(addr: &str, port: u16, name: &'static str) {
     let listener = TcpListener::bind((addr, port)).unwrap();
     std::thread::spawn(move || {
         for s in listener.incoming() {

@@ -137,6 +137,17 @@ pub mod reason {
         /// No document in Redis and the control plane's read API is
         /// unreachable (the edge's I/O, not this module).
         CONTROL_PLANE_UNREACHABLE = "control-plane-unreachable";
+        /// An ACME HTTP-01 challenge answered from `acme:<token>`, before
+        /// any site rule.
+        ACME_CHALLENGE = "acme-challenge";
+        /// A challenge path whose token is not a token (alphabet, length):
+        /// 404 without reading Redis.
+        ACME_BAD_TOKEN = "acme-bad-token";
+        /// No `acme:<token>` in the edge's Redis (the edge's I/O): 404.
+        ACME_UNKNOWN_TOKEN = "acme-unknown-token";
+        /// The edge's Redis is unreachable for a challenge (the edge's
+        /// I/O): 503.
+        ACME_REDIS_UNREACHABLE = "acme-redis-unreachable";
     }
 
     /// The reason of a strict WAF's refusal for its first matching rule.
@@ -163,6 +174,9 @@ pub enum Verdict {
     Suspended,
     Preflight,
     Error,
+    /// An ACME HTTP-01 challenge: the edge answers it from its Redis
+    /// (`acme:<token>`), before any site rule.
+    AcmeChallenge,
 }
 
 /// Caching of a proxied response.
@@ -974,6 +988,51 @@ pub fn join_redirect(target: &str, rest: &str) -> String {
     out
 }
 
+/// The path of ACME HTTP-01 challenges (RFC 8555 §8.3), answered on the
+/// plain-HTTP listeners only.
+pub const ACME_CHALLENGE_PREFIX: &str = "/.well-known/acme-challenge/";
+/// The shortest and longest token the edge looks up (RFC 8555 asks for
+/// at least 128 bits of entropy: 22 base64url characters; CAs send 43).
+pub const ACME_TOKEN_MIN: usize = 8;
+pub const ACME_TOKEN_MAX: usize = 128;
+
+/// What a request is for the challenge answer (docs/edge.md, "ACME
+/// challenges").
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Acme {
+    /// A challenge for this token: the edge reads `acme:<token>`.
+    Token(String),
+    /// The challenge path with no valid token: 404, Redis not read.
+    BadToken,
+}
+
+/// Whether `token` is one the edge looks up: base64url alphabet (no
+/// padding), [`ACME_TOKEN_MIN`]..=[`ACME_TOKEN_MAX`] characters.
+#[must_use]
+pub fn acme_token_valid(token: &str) -> bool {
+    (ACME_TOKEN_MIN..=ACME_TOKEN_MAX).contains(&token.len())
+        && token
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+}
+
+/// The challenge a request asks for: `GET`/`HEAD` on `http` whose
+/// matched path ([`norm::match_path`] of the canonical path) starts with
+/// [`ACME_CHALLENGE_PREFIX`]; `None`: not a challenge (site rules apply).
+#[must_use]
+pub fn acme_challenge(method: &str, scheme: Scheme, canonical_path: &str) -> Option<Acme> {
+    if scheme != Scheme::Http || !matches!(method, "GET" | "HEAD") {
+        return None;
+    }
+    let path = norm::match_path(canonical_path);
+    let token = path.strip_prefix(ACME_CHALLENGE_PREFIX)?;
+    Some(if acme_token_valid(token) {
+        Acme::Token(token.to_owned())
+    } else {
+        Acme::BadToken
+    })
+}
+
 /// What the document lookup found for the request's host.
 #[derive(Debug, Clone, Copy)]
 pub enum Found<'a> {
@@ -1064,6 +1123,29 @@ pub fn decide(req: &Request<'_>, found: Found<'_>, clearance: Clearance<'_>) -> 
             return d;
         }
         Ok(_) => {}
+    }
+    // 0b. ACME challenges: before the document and every site rule.
+    match acme_challenge(req.method, req.scheme, path) {
+        None => {}
+        Some(Acme::Token(token)) => {
+            d.reasons.push(format!(
+                "ACME HTTP-01 challenge: the edge answers it from its Redis key acme:{token} \
+                 (200, the key authorization, application/octet-stream; 404 {} when absent, \
+                 503 {} when Redis is unreachable), before any site rule",
+                reason::ACME_UNKNOWN_TOKEN,
+                reason::ACME_REDIS_UNREACHABLE
+            ));
+            d.verdict = Verdict::AcmeChallenge;
+            d.reason = Some(reason::ACME_CHALLENGE);
+            return d;
+        }
+        Some(Acme::BadToken) => {
+            d.reasons.push(format!(
+                "ACME challenge path with no valid token (base64url, {ACME_TOKEN_MIN} to \
+                 {ACME_TOKEN_MAX} characters): 404, Redis not read"
+            ));
+            return refuse(d, Verdict::NotFound, 404, reason::ACME_BAD_TOKEN);
+        }
     }
     let (key, site, suspended) = match found {
         Found::None => {

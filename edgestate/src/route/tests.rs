@@ -1059,3 +1059,43 @@ fn a_node_not_serving_is_treated_like_an_offline_one() {
             .any(|x| x.node == "a" && x.reason.as_deref() == Some("not serving"))
     );
 }
+
+#[test]
+fn an_unlocated_acme_challenge_goes_to_the_host_s_rendezvous_edge() {
+    let r = geo_router();
+    let all = health(&[
+        ("ams", true, Some(0), None, &[]),
+        ("ams2", true, Some(0), None, &[]),
+        ("fra", true, Some(0), None, &[]),
+        ("nyc", true, Some(0), None, &[]),
+    ]);
+    let mut chosen: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for i in 0..64 {
+        let host = format!("site-{i}.test");
+        let d = r.acme_unlocated(&host, &all);
+        // The Host as sent: case and port do not matter ($host).
+        let again = r.acme_unlocated(&format!("SITE-{i}.test:80"), &all);
+        assert_eq!(d.node, again.node);
+        chosen.entry(d.node.unwrap()).or_default().push(host);
+    }
+    assert_eq!(chosen.len(), 4, "spread over every edge: {chosen:?}");
+    // fra goes offline: only its hosts move.
+    let without = health(&[
+        ("ams", true, Some(0), None, &[]),
+        ("ams2", true, Some(0), None, &[]),
+        ("fra", false, Some(0), None, &[]),
+        ("nyc", true, Some(0), None, &[]),
+    ]);
+    for (edge, hosts) in &chosen {
+        for h in hosts {
+            let d = r.acme_unlocated(h, &without);
+            if edge == "fra" {
+                assert_ne!(d.node.as_deref(), Some("fra"));
+            } else {
+                assert_eq!(d.node.as_deref(), Some(edge.as_str()), "{h}");
+            }
+        }
+    }
+    let none = health(&[]);
+    assert_eq!(r.acme_unlocated("a.test", &none).node, None);
+}

@@ -45,6 +45,9 @@ local shared_docs, shared_wild
 local NEGATIVE_TTL = 5      -- seconds an API "no such key" is remembered
 local API_ERROR_TTL = 1     -- seconds an unreachable API is not asked again
 local CHALLENGE_TTL = 3600
+local R_ACME = decide.REASON.ACME_CHALLENGE
+local R_ACME_UNKNOWN = decide.REASON.ACME_UNKNOWN_TOKEN
+local R_ACME_REDIS = decide.REASON.ACME_REDIS_UNREACHABLE
 
 function _M.init(c)
   conf = c
@@ -466,6 +469,27 @@ local function request_line(v)
   return a > 1, proxy, sub(v, b + 1, c - 1), sub(v, c + 1, d - 1), length, sub(v, e + 1)
 end
 
+-- A challenge's key authorization from acme:<token> (the token is
+-- checked: base64url, bounded length): 200 with it as sent by the
+-- control plane, 404 when absent, 503 when Redis is unreachable. Never
+-- cached (the edge's cache is not on this path: no upstream is set).
+local function acme_answer(token)
+  ngx.header["Cache-Control"] = "no-store"
+  local r, err = connect()
+  local v
+  if r then
+    v, err = r:get("acme:" .. token)
+    if v then release(r) end
+  end
+  if not v then
+    log(WARN, "edgeform: redis unreachable for an acme challenge: ", err)
+    return answer(503, R_ACME_REDIS, "redis unreachable\n")
+  end
+  if v == ngx.null then return answer(404, R_ACME_UNKNOWN, "not found\n") end
+  ngx.header["Content-Length"] = #v
+  return answer(200, R_ACME, v, "application/octet-stream")
+end
+
 -- The clearance inputs of a site whose rate mode is not `strict` (the
 -- decision reads them only for `strict`): no table, no clock read.
 local NO_CLEARANCE = {}
@@ -495,6 +519,12 @@ function _M.access()
     if pc.location then ngx.header["Location"] = pc.location end
     return answer(pc.status, pc.reason, pc.status == 400 and (pc.reason .. "\n") or "")
   end
+  -- Then ACME HTTP-01 challenges (docs/edge.md, "ACME challenges"): from
+  -- acme:<token>, before the document and every site rule.
+  local method = ngx.req.get_method()
+  local token, bad = decide.acme_check(method, https and "https" or "http", request_uri)
+  if bad then return answer(bad.status, bad.reason, "not found\n") end
+  if token then return acme_answer(token) end
   local entry = lookup(host)
   if entry.none then return answer(404, "unknown-host", "unknown host\n") end
   if entry.api_error then
@@ -512,7 +542,6 @@ function _M.access()
       country = country_of(client_text)
     end
   end
-  local method = ngx.req.get_method()
   local req = {
     scheme = https and "https" or "http",
     sni = https and var.ssl_server_name or nil,

@@ -448,6 +448,28 @@ local function path_check(uri)
            location = q and (canon .. sub(uri, q)) or canon }
 end
 
+-- ACME HTTP-01 challenges (docs/edge.md, "ACME challenges"), after
+-- path_check and before the document: nil (not a challenge: site rules
+-- apply), or the token to read as acme:<token>, or a 404 decision (the
+-- challenge path without a valid token: Redis is not read). GET and HEAD
+-- on plain HTTP only; the path is the one every rule matches.
+local ACME_PREFIX, ACME_MIN, ACME_MAX = T.ACME_CHALLENGE_PREFIX, T.ACME_TOKEN_MIN, T.ACME_TOKEN_MAX
+local ACME_PREFIX_LEN = #ACME_PREFIX
+local ACME_BAD = { verdict = "not_found", status = 404, reason = R.ACME_BAD_TOKEN }
+function _M.acme_check(method, scheme, uri)
+  if scheme == "https" or (method ~= "GET" and method ~= "HEAD") then return nil end
+  -- The matched path's segments are prefixes of the URI's: no
+  -- "/.well-known" in the URI, no challenge (the common case, one find).
+  if not find(uri, "/.well-known", 1, true) then return nil end
+  local q = find(uri, "?", 1, true)
+  local path = norm.match_path(q and sub(uri, 1, q - 1) or uri)
+  if sub(path, 1, ACME_PREFIX_LEN) ~= ACME_PREFIX then return nil end
+  local token = sub(path, ACME_PREFIX_LEN + 1)
+  local n = #token
+  if n < ACME_MIN or n > ACME_MAX or find(token, "[^A-Za-z0-9_-]") then return nil, ACME_BAD end
+  return token
+end
+
 -- path_check, remembered per URI (the answer is read only: it may be shared).
 function _M.path_check(uri)
   local slot = #uri <= MEMO_LONGEST and uri_memo(uri)

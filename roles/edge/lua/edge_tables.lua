@@ -40,6 +40,10 @@ return {
   CHALLENGE_BITS = 16,
   MAX_EXPIRY_DIGITS = 12,
   MAX_COUNTER_DIGITS = 16,
+  -- ACME HTTP-01 challenges: the path, the token's shortest and longest.
+  ACME_CHALLENGE_PREFIX = "/.well-known/acme-challenge/",
+  ACME_TOKEN_MIN = 8,
+  ACME_TOKEN_MAX = 128,
   -- The site document's fields and JSON types (`?`: may be absent or null).
   FIELDS = {
     cache_rules = "array",
@@ -100,5 +104,9 @@ return {
     BODY_TOO_LARGE = "body-too-large",
     RATE_LIMITED = "rate-limited",
     CONTROL_PLANE_UNREACHABLE = "control-plane-unreachable",
+    ACME_CHALLENGE = "acme-challenge",
+    ACME_BAD_TOKEN = "acme-bad-token",
+    ACME_UNKNOWN_TOKEN = "acme-unknown-token",
+    ACME_REDIS_UNREACHABLE = "acme-redis-unreachable",
   },
 }
