@@ -147,43 +147,37 @@ pub async fn account(store: &dyn Store, settings: &Settings) -> Result<Account, 
 }
 
 /// Where challenge keys go: the Redis of every node the CA's request can
-/// reach.
-pub trait ChallengeSink {
-    /// Set `key` to `value` for `ttl` everywhere.
+/// reach (see [`issue_sites`] for which), one connection each, by node.
+pub struct RedisSink {
+    pub nodes: Vec<(String, redis::aio::MultiplexedConnection)>,
+}
+
+impl RedisSink {
+    /// Set `key` to `value` for `ttl` on every node.
     ///
     /// # Errors
-    /// Any node could not be written (the caller removes what was).
-    fn put(&self, key: &str, value: &str, ttl: Duration) -> Result<(), String>;
-    /// Remove `key` everywhere it can (best effort; the TTL ends the rest).
-    fn remove(&self, key: &str);
-}
-
-/// Redis servers by URL, written one after the other.
-pub struct RedisSink {
-    pub clients: Vec<redis::Client>,
-}
-
-impl ChallengeSink for RedisSink {
-    fn put(&self, key: &str, value: &str, ttl: Duration) -> Result<(), String> {
-        for c in &self.clients {
-            let mut conn = c
-                .get_connection_with_timeout(Duration::from_secs(5))
-                .map_err(|e| format!("Redis {}: {e}", c.get_connection_info().addr()))?;
+    /// The first node that could not be written (the caller removes what
+    /// was written).
+    pub async fn put(&mut self, key: &str, value: &str, ttl: Duration) -> Result<(), String> {
+        for (node, conn) in &mut self.nodes {
             redis::cmd("SET")
                 .arg(key)
                 .arg(value)
                 .arg("EX")
                 .arg(ttl.as_secs().max(1))
-                .query::<()>(&mut conn)
-                .map_err(|e| format!("Redis {}: {e}", c.get_connection_info().addr()))?;
+                .query_async::<()>(conn)
+                .await
+                .map_err(|e| format!("node {node}'s Redis did not take the challenge: {e}"))?;
         }
         Ok(())
     }
 
-    fn remove(&self, key: &str) {
-        for c in &self.clients {
-            if let Ok(mut conn) = c.get_connection_with_timeout(Duration::from_secs(5)) {
-                let _ = redis::cmd("DEL").arg(key).query::<()>(&mut conn);
+    /// Remove `key` from every node it can (best effort: the TTL ends the
+    /// rest).
+    pub async fn remove(&mut self, key: &str) {
+        for (node, conn) in &mut self.nodes {
+            if let Err(e) = redis::cmd("DEL").arg(key).query_async::<()>(conn).await {
+                tracing::warn!(node = %node, key, error = %e, "challenge key not removed (its TTL will)");
             }
         }
     }
@@ -197,14 +191,14 @@ impl ChallengeSink for RedisSink {
 pub async fn issue(
     account: &Account,
     store: &dyn Store,
-    sink: &dyn ChallengeSink,
+    sink: &mut RedisSink,
     req: &Request,
     now: i64,
 ) -> Result<Certificate, Vec<Failure>> {
     let mut keys = Vec::new();
     let out = order(account, store, sink, req, now, &mut keys).await;
     for k in &keys {
-        sink.remove(k);
+        sink.remove(k).await;
     }
     out
 }
@@ -216,7 +210,7 @@ fn all(req: &Request, f: impl Fn(&str) -> Failure) -> Vec<Failure> {
 async fn order(
     account: &Account,
     store: &dyn Store,
-    sink: &dyn ChallengeSink,
+    sink: &mut RedisSink,
     req: &Request,
     now: i64,
     keys: &mut Vec<String>,
@@ -251,6 +245,7 @@ async fn order(
         let key = challenge_key(&ch.token);
         keys.push(key.clone());
         sink.put(&key, ch.key_authorization().as_str(), ORDER_LIFE)
+            .await
             .map_err(|e| vec![Failure::local(&host, e)])?;
         ch.set_ready().await.map_err(|e| ca_or_local(&e))?;
     }
@@ -335,6 +330,107 @@ async fn invalid_order(order: &mut instant_acme::Order, req: &Request) -> Vec<Fa
         Some(p) => all(req, |h| Failure::ca(h, p)),
         None => all(req, |h| Failure::local(h, "the order went invalid")),
     }
+}
+
+/// What `edgeform certs issue` did for one site: its host, and the
+/// certificate kept or each failed host with its problem.
+pub type SiteOutcome = (String, Result<Certificate, Vec<Failure>>);
+
+/// Why `certs issue` could not start at all.
+#[derive(Debug)]
+pub enum IssueError {
+    /// No site has `tls: {acme: true}` (or none is `--site`).
+    NoSite,
+    /// `cluster.yaml` has no `acme` section.
+    NoCa,
+    /// No edge node has a Redis to answer challenges from.
+    NoEdge,
+    /// An edge's Redis cannot be reached: writing the challenges to only
+    /// some edges would fail whenever the router sends the CA elsewhere.
+    Edge(String),
+    /// The account cannot be opened or made.
+    Account(String),
+}
+
+impl std::fmt::Display for IssueError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::NoSite => f.write_str("no site has `tls: {acme: true}`"),
+            Self::NoCa => f.write_str("cluster.yaml has no `acme` (the CA's directory)"),
+            Self::NoEdge => f.write_str("no edge node has a Redis to answer challenges from"),
+            Self::Edge(e) | Self::Account(e) => f.write_str(e),
+        }
+    }
+}
+
+/// `edgeform certs issue [--site HOST]`: order the certificate of every
+/// `tls: {acme: true}` site (or the one whose host is `only`), one order
+/// per site covering host and aliases, one after the other; a site that
+/// fails does not stop the next.
+///
+/// The challenges go to the Redis of **every edge node** of `config`
+/// (whatever the site's `regions`): the :80 geo router sends the CA's
+/// request to the nearest healthy edge, not to one carrying the site. Each
+/// must be reachable before any order starts.
+///
+/// # Errors
+/// Nothing to do or no way to do it ([`IssueError`]); per-site failures
+/// are in the outcomes.
+pub async fn issue_sites(
+    config: &compiler::Config,
+    store: &dyn Store,
+    only: Option<&str>,
+    now: i64,
+) -> Result<Vec<SiteOutcome>, IssueError> {
+    let requests: Vec<Request> = config
+        .sites
+        .iter()
+        .filter(|s| only.is_none_or(|h| h == s.host))
+        .filter_map(|s| match &s.tls {
+            Some(compiler::model::resolved::Tls::Acme(name)) => Some(Request {
+                name: name.clone(),
+                hosts: s.hosts().map(str::to_owned).collect(),
+            }),
+            _ => None,
+        })
+        .collect();
+    if requests.is_empty() {
+        return Err(IssueError::NoSite);
+    }
+    let Some(ca) = &config.cluster.acme else {
+        return Err(IssueError::NoCa);
+    };
+    let settings = Settings {
+        directory: ca.directory.clone(),
+        contact: ca.contact.clone(),
+        ca_file: ca.ca_file.as_ref().map(PathBuf::from),
+    };
+    let mut sink = RedisSink { nodes: Vec::new() };
+    for node in &config.nodes {
+        if !node.roles.contains(&compiler::model::raw::Role::Edge) {
+            continue;
+        }
+        let Some(target) = &node.redis else { continue };
+        let conn = edgeredis::master(target, &node.name)
+            .await
+            .map_err(|e| IssueError::Edge(format!("edge {}: {e:#}", node.name)))?;
+        sink.nodes.push((node.name.clone(), conn));
+    }
+    if sink.nodes.is_empty() {
+        return Err(IssueError::NoEdge);
+    }
+    let account = account(store, &settings)
+        .await
+        .map_err(IssueError::Account)?;
+    // `now` is when the command started; each order starts later.
+    let began = std::time::Instant::now();
+    let mut out = Vec::new();
+    for req in &requests {
+        let started = now.saturating_add(i64::try_from(began.elapsed().as_secs()).unwrap_or(0));
+        let r = issue(&account, store, &mut sink, req, started).await;
+        out.push((req.hosts[0].clone(), r));
+    }
+    Ok(out)
 }
 
 /// A fresh P-256 key (PKCS#8 PEM) and a CSR (DER) for `hosts`.

@@ -204,3 +204,71 @@ fn tls_cert(d: &Path) {
         "tls.pem",
     ]);
 }
+
+/// A stand-in for the edge's challenge answer until a test runs the real
+/// edge: an HTTP server on a free loopback port answering `GET
+/// /.well-known/acme-challenge/<token>` with Redis's `acme:<token>` (the
+/// Redis at 127.0.0.1:`redis_port`), 404 without one, and 404 always for
+/// requests whose `Host` is `refused` (a name nobody answers for). It
+/// runs until the test process ends.
+///
+/// # Panics
+/// When it cannot listen.
+#[must_use]
+pub fn challenge_answerer(redis_port: u16, refused: &'static str) -> u16 {
+    use std::io::{BufRead, BufReader, Write};
+    let listener = std::net::TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).expect("listen");
+    let port = listener.local_addr().expect("port").port();
+    std::thread::spawn(move || {
+        for stream in listener.incoming() {
+            let Ok(mut stream) = stream else { continue };
+            let Ok(read) = stream.try_clone() else {
+                continue;
+            };
+            let mut reader = BufReader::new(read);
+            let mut first = String::new();
+            let _ = reader.read_line(&mut first);
+            let mut host = String::new();
+            loop {
+                let mut line = String::new();
+                if reader.read_line(&mut line).unwrap_or(0) == 0 || line.trim().is_empty() {
+                    break;
+                }
+                if let Some((k, v)) = line.split_once(':')
+                    && k.eq_ignore_ascii_case("host")
+                {
+                    host = v.trim().split(':').next().unwrap_or("").to_owned();
+                }
+            }
+            let token = first
+                .split_whitespace()
+                .nth(1)
+                .and_then(|p| p.strip_prefix("/.well-known/acme-challenge/"))
+                .filter(|t| {
+                    !t.is_empty()
+                        && t.bytes()
+                            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+                })
+                .unwrap_or("")
+                .to_owned();
+            let value = if host == refused || token.is_empty() {
+                None
+            } else {
+                super::raw_command(redis_port, &format!("GET acme:{token}"))
+                    .ok()
+                    .filter(|r| r.starts_with('$') && !r.starts_with("$-1"))
+                    .and_then(|r| r.lines().nth(1).map(str::to_owned))
+            };
+            let answer = match value {
+                Some(v) => format!(
+                    "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{v}",
+                    v.len()
+                ),
+                None => "HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+                    .to_owned(),
+            };
+            let _ = stream.write_all(answer.as_bytes());
+        }
+    });
+    port
+}

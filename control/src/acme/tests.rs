@@ -1,8 +1,7 @@
 //! Orders against a real pebble, its challenges answered over real HTTP
 //! from a real Redis by the `acme:<token>` keys this module writes.
 
-use std::io::{BufRead, BufReader, Write};
-use std::net::{Ipv4Addr, TcpListener};
+use std::net::Ipv4Addr;
 use std::os::unix::fs::PermissionsExt;
 
 use openssl::stack::Stack;
@@ -20,61 +19,6 @@ fn now() -> i64 {
             .as_secs(),
     )
     .unwrap()
-}
-
-/// An HTTP server on a free loopback port answering
-/// `GET /.well-known/acme-challenge/<token>` with Redis's `acme:<token>`
-/// (404 without one), except for requests whose `Host` is `refused`: 404
-/// always (a name whose challenge nobody answers).
-fn answerer(redis_port: u16, refused: &'static str) -> u16 {
-    let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).unwrap();
-    let port = listener.local_addr().unwrap().port();
-    std::thread::spawn(move || {
-        let client = redis::Client::open(format!("redis://127.0.0.1:{redis_port}")).unwrap();
-        for stream in listener.incoming() {
-            let Ok(mut stream) = stream else { continue };
-            let mut reader = BufReader::new(stream.try_clone().unwrap());
-            let mut first = String::new();
-            let _ = reader.read_line(&mut first);
-            let mut host = String::new();
-            loop {
-                let mut line = String::new();
-                if reader.read_line(&mut line).unwrap_or(0) == 0 || line.trim().is_empty() {
-                    break;
-                }
-                if let Some((k, v)) = line.split_once(':')
-                    && k.eq_ignore_ascii_case("host")
-                {
-                    host = v.trim().split(':').next().unwrap_or("").to_owned();
-                }
-            }
-            let token = first
-                .split_whitespace()
-                .nth(1)
-                .and_then(|p| p.strip_prefix("/.well-known/acme-challenge/"))
-                .unwrap_or("")
-                .to_owned();
-            let value: Option<String> = if host == refused || token.is_empty() {
-                None
-            } else {
-                let mut c = client.get_connection().unwrap();
-                redis::cmd("GET")
-                    .arg(challenge_key(&token))
-                    .query(&mut c)
-                    .unwrap()
-            };
-            let answer = match value {
-                Some(v) => format!(
-                    "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{v}",
-                    v.len()
-                ),
-                None => "HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
-                    .to_owned(),
-            };
-            let _ = stream.write_all(answer.as_bytes());
-        }
-    });
-    port
 }
 
 fn verify(chain: &str, root: &str) {
@@ -109,7 +53,7 @@ fn acme_keys(redis_port: u16) -> Vec<String> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pebble_issues_through_the_redis_keys_and_a_failed_order_keeps_the_old_certificate() {
     let redis = harness::redis(&[]);
-    let http = answerer(redis.port, "down.test");
+    let http = harness::pebble::challenge_answerer(redis.port, "down.test");
     let pebble = harness::pebble(&harness::PebbleOptions {
         http_port: http,
         answer: Ipv4Addr::LOCALHOST,
@@ -122,8 +66,13 @@ async fn pebble_issues_through_the_redis_keys_and_a_failed_order_keeps_the_old_c
         contact: vec!["mailto:ops@example.com".into()],
         ca_file: Some(pebble.tls_ca()),
     };
-    let sink = RedisSink {
-        clients: vec![redis::Client::open(format!("redis://127.0.0.1:{}", redis.port)).unwrap()],
+    let conn = redis::Client::open(format!("redis://127.0.0.1:{}", redis.port))
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let mut sink = RedisSink {
+        nodes: vec![("edge-1".into(), conn)],
     };
 
     // The account is made on first use, kept 0600, and reused.
@@ -140,7 +89,9 @@ async fn pebble_issues_through_the_redis_keys_and_a_failed_order_keeps_the_old_c
         name: "shop".into(),
         hosts: vec!["shop.test".into(), "www.shop.test".into()],
     };
-    let cert = issue(&account, &store, &sink, &shop, now()).await.unwrap();
+    let cert = issue(&account, &store, &mut sink, &shop, now())
+        .await
+        .unwrap();
     assert_eq!(cert.names, ["shop.test", "www.shop.test"]);
     let kept = store.certificate("shop").unwrap().unwrap();
     assert_eq!(kept.chain, cert.chain);
@@ -152,7 +103,9 @@ async fn pebble_issues_through_the_redis_keys_and_a_failed_order_keeps_the_old_c
         name: "blog".into(),
         hosts: vec!["blog.test".into()],
     };
-    let b = issue(&account, &store, &sink, &blog, now()).await.unwrap();
+    let b = issue(&account, &store, &mut sink, &blog, now())
+        .await
+        .unwrap();
     assert_eq!(b.names, ["blog.test"]);
     verify(&b.chain, &pebble.root());
 
@@ -162,7 +115,7 @@ async fn pebble_issues_through_the_redis_keys_and_a_failed_order_keeps_the_old_c
         name: "shop".into(),
         hosts: vec!["shop.test".into(), "down.test".into()],
     };
-    let failures = issue(&account, &store, &sink, &bad, now())
+    let failures = issue(&account, &store, &mut sink, &bad, now())
         .await
         .unwrap_err();
     assert_eq!(failures.len(), 1, "{failures:?}");
@@ -180,6 +133,8 @@ async fn pebble_issues_through_the_redis_keys_and_a_failed_order_keeps_the_old_c
     assert!(acme_keys(redis.port).is_empty(), "challenge keys left");
 
     // A failure does not stop the next order.
-    let after = issue(&account, &store, &sink, &blog, now()).await.unwrap();
+    let after = issue(&account, &store, &mut sink, &blog, now())
+        .await
+        .unwrap();
     assert_ne!(after.fingerprint, b.fingerprint);
 }
