@@ -92,8 +92,9 @@ pub struct Site {
     pub origin_tls_verify: bool,
     /// HTTPS for the site's host and aliases: `{certificate: NAME}`, a
     /// certificate imported on the control host with `edgeform certs
-    /// import NAME` (never in git). Absent: the site is served over plain
-    /// HTTP only.
+    /// import NAME` (never in git), or `{acme: true}`, one issued by the
+    /// cluster's ACME CA with `edgeform certs issue`. Absent: the site is
+    /// served over plain HTTP only.
     #[serde(default)]
     pub tls: Option<Tls>,
     /// `true` answers plain-HTTP requests with a 301 to `https://`.

@@ -317,7 +317,7 @@ fn an_acme_site_names_its_issued_certificate_and_the_cluster_names_the_ca() {
     assert!(
         lines
             .iter()
-            .any(|l| l.starts_with("cluster.yaml:3:14 error invalid-value")),
+            .any(|l| l.starts_with("cluster.yaml:3:13 error invalid-value")),
         "{lines:#?}"
     );
 }
