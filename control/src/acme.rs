@@ -339,8 +339,9 @@ pub type SiteOutcome = (String, Result<Certificate, Vec<Failure>>);
 /// Why `certs issue` could not start at all.
 #[derive(Debug)]
 pub enum IssueError {
-    /// No site has `tls: {acme: true}` (or none is `--site`).
-    NoSite,
+    /// No site has `tls: {acme: true}`; with `--site HOST`, the site of
+    /// that host has not (or there is none).
+    NoSite(Option<String>),
     /// `cluster.yaml` has no `acme` section.
     NoCa,
     /// No edge node has a Redis to answer challenges from.
@@ -355,7 +356,13 @@ pub enum IssueError {
 impl std::fmt::Display for IssueError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            Self::NoSite => f.write_str("no site has `tls: {acme: true}`"),
+            Self::NoSite(None) => f.write_str("no site has `tls: {acme: true}`"),
+            Self::NoSite(Some(host)) => {
+                write!(
+                    f,
+                    "no site whose host is `{host}` has `tls: {{acme: true}}`"
+                )
+            }
             Self::NoCa => f.write_str("cluster.yaml has no `acme` (the CA's directory)"),
             Self::NoEdge => f.write_str("no edge node has a Redis to answer challenges from"),
             Self::Edge(e) | Self::Account(e) => f.write_str(e),
@@ -395,7 +402,7 @@ pub async fn issue_sites(
         })
         .collect();
     if requests.is_empty() {
-        return Err(IssueError::NoSite);
+        return Err(IssueError::NoSite(only.map(str::to_owned)));
     }
     let Some(ca) = &config.cluster.acme else {
         return Err(IssueError::NoCa);
