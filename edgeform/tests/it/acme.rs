@@ -80,7 +80,11 @@ fn certs_issue_orders_each_acme_site_and_names_the_host_that_failed() {
     let after = std::fs::read_to_string(state.join("certs/acme.shop.test/chain.pem")).unwrap();
     assert_eq!(before, after);
 
-    let o = run(f.path(), &state, &["certs", "issue", "--site", "nosuch.test"]);
+    let o = run(
+        f.path(),
+        &state,
+        &["certs", "issue", "--site", "nosuch.test"],
+    );
     assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
     assert!(stderr(&o).contains("`nosuch.test`"), "{}", stderr(&o));
 
