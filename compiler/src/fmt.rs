@@ -113,7 +113,16 @@ pub fn order(kind: Kind, path: &[&str]) -> &'static [&'static str] {
             "candidate_vars",
             "restart_on_change",
         ],
-        (Kind::Cluster, []) => &["name", "trusted_proxies", "mqtt", "apply", "geo", "anycast"],
+        (Kind::Cluster, []) => &[
+            "name",
+            "trusted_proxies",
+            "mqtt",
+            "apply",
+            "geo",
+            "anycast",
+            "acme",
+        ],
+        (Kind::Cluster, ["acme"]) => &["directory", "contact", "ca_file"],
         (Kind::Cluster, ["mqtt"]) => &["url", "topic_prefix"],
         (Kind::Cluster, ["apply"]) => &[
             "max_delete_percent",
@@ -164,6 +173,7 @@ pub const ORDERED_PATHS: &[(Kind, &[&str])] = &[
     (Kind::Cluster, &["anycast"]),
     (Kind::Cluster, &["anycast", "prefixes"]),
     (Kind::Cluster, &["anycast", "upstreams"]),
+    (Kind::Cluster, &["acme"]),
 ];
 
 /// A mapping's entries in canonical order.

@@ -161,12 +161,20 @@ pub fn check(
     let mut out = Vec::new();
     let mut files = Locator::new(repo);
     for site in &config.sites {
-        let Some(Tls::Certificate(name)) = &site.tls else {
+        let Some(tls) = &site.tls else {
             continue;
+        };
+        let name = tls.certificate();
+        let (pointer, get_it) = match tls {
+            Tls::Certificate(_) => (
+                "/tls/certificate",
+                format!("edgeform certs import {name} --cert chain.pem --key key.pem"),
+            ),
+            Tls::Acme(_) => ("/tls/acme", "edgeform certs issue".to_owned()),
         };
         match known {
             Known::Nothing(why) => {
-                let span = files.locate(&site.file, "/tls/certificate");
+                let span = files.locate(&site.file, pointer);
                 out.push(
                     Diagnostic::warning(
                         "certificate-not-checked",
@@ -186,7 +194,7 @@ pub fn check(
                 broken,
             } => match certs.get(name) {
                 None if broken.contains_key(name) => {
-                    let span = files.locate(&site.file, "/tls/certificate");
+                    let span = files.locate(&site.file, pointer);
                     out.push(
                         Diagnostic::error(
                             "certificate-unusable",
@@ -194,13 +202,11 @@ pub fn check(
                             span,
                             format!("certificate `{name}` in {place}: {}", broken[name]),
                         )
-                        .with_help(format!(
-                            "import it again: edgeform certs import {name} --cert chain.pem --key key.pem"
-                        )),
+                        .with_help(format!("get it again: {get_it}")),
                     );
                 }
                 None => {
-                    let span = files.locate(&site.file, "/tls/certificate");
+                    let span = files.locate(&site.file, pointer);
                     out.push(
                         Diagnostic::warning(
                             "certificate-not-checked",
@@ -211,9 +217,7 @@ pub fn check(
                                  {place}): `apply` refuses a site whose certificate is missing"
                             ),
                         )
-                        .with_help(format!(
-                            "edgeform certs import {name} --cert chain.pem --key key.pem"
-                        )),
+                        .with_help(get_it.clone()),
                     );
                 }
                 Some(cert) => {
@@ -377,7 +381,7 @@ pub fn docs<'c>(config: &'c Config, certs: &Certificates) -> Vec<crate::compile:
     let mut texts: BTreeMap<&str, Arc<str>> = BTreeMap::new();
     let mut out = Vec::new();
     for site in &config.sites {
-        let Some(Tls::Certificate(name)) = &site.tls else {
+        let Some(name) = site.tls.as_ref().map(Tls::certificate) else {
             continue;
         };
         let Some(cert) = certs.get(name) else {
@@ -404,7 +408,7 @@ pub fn used(config: &Config) -> Vec<&str> {
     let mut names: Vec<&str> = config
         .sites
         .iter()
-        .filter_map(|s| s.tls.as_ref().map(|Tls::Certificate(n)| n.as_str()))
+        .filter_map(|s| s.tls.as_ref().map(Tls::certificate))
         .collect();
     names.sort_unstable();
     names.dedup();

@@ -406,10 +406,10 @@ pub fn for_push(store: &dyn Store, config: &Config, now: i64) -> Result<Certific
         certs.by_name.insert(name.to_owned(), cert);
     }
     for site in &config.sites {
-        let Some(Tls::Certificate(name)) = &site.tls else {
+        let Some(name) = site.tls.as_ref().map(Tls::certificate) else {
             continue;
         };
-        let cert = &certs.by_name[name.as_str()];
+        let cert = &certs.by_name[name];
         if let Some(host) = site.hosts().find(|h| !cert.covers(h)) {
             return Err(err(
                 CertErrorKind::NameMismatch,

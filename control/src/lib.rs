@@ -27,6 +27,7 @@
 //!   (thresholds, rollback, empty state, freeze), before writing.
 //! - [`audit`]: who wrote what: meta fields and `edgeform:history`.
 
+pub mod acme;
 pub mod apply;
 pub mod audit;
 pub mod certs;

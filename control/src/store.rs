@@ -161,6 +161,19 @@ pub trait Store: Send + Sync {
     /// # Errors
     /// The store cannot be read.
     fn certificate_names(&self) -> Result<Vec<String>, StoreError>;
+
+    /// The ACME account's credentials (JSON, as the ACME client wrote
+    /// them), if an account was made.
+    ///
+    /// # Errors
+    /// The store cannot be read.
+    fn acme_account(&self) -> Result<Option<String>, StoreError>;
+
+    /// Keep the ACME account's credentials (`acme/account.json`, 0600).
+    ///
+    /// # Errors
+    /// The store cannot be written.
+    fn set_acme_account(&self, json: &str) -> Result<(), StoreError>;
 }
 
 /// A certificate as kept: the chain (leaf first) and its private key,
@@ -178,6 +191,10 @@ impl fmt::Debug for StoredCert {
             .finish_non_exhaustive()
     }
 }
+
+/// The ACME account's folder and file, in the state directory.
+const ACME_DIR: &str = "acme";
+const ACME_ACCOUNT: &str = "account.json";
 
 /// The certificates' folder, in the state directory.
 const CERTS: &str = "certs";
@@ -517,6 +534,14 @@ impl Store for DirStore {
             let _ = std::fs::remove_dir_all(&old);
         }
         Ok(())
+    }
+
+    fn acme_account(&self) -> Result<Option<String>, StoreError> {
+        self.read(&self.root.join(ACME_DIR).join(ACME_ACCOUNT))
+    }
+
+    fn set_acme_account(&self, json: &str) -> Result<(), StoreError> {
+        self.write(&self.root.join(ACME_DIR), ACME_ACCOUNT, json)
     }
 
     fn certificate_names(&self) -> Result<Vec<String>, StoreError> {

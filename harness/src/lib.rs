@@ -15,6 +15,9 @@ pub mod nginx;
 pub mod haproxy;
 pub mod sitecerts;
 pub use sitecerts::SiteCerts;
+/// A real ACME CA (pebble) with its DNS.
+pub mod pebble;
+pub use pebble::{Pebble, PebbleOptions, pebble};
 
 pub mod netns;
 

@@ -92,8 +92,9 @@ pub struct Site {
     pub origin_tls_verify: bool,
     /// HTTPS for the site's host and aliases: `{certificate: NAME}`, a
     /// certificate imported on the control host with `edgeform certs
-    /// import NAME` (never in git). Absent: the site is served over plain
-    /// HTTP only.
+    /// import NAME` (never in git), or `{acme: true}`, one issued by the
+    /// cluster's ACME CA with `edgeform certs issue`. Absent: the site is
+    /// served over plain HTTP only.
     #[serde(default)]
     pub tls: Option<Tls>,
     /// `true` answers plain-HTTP requests with a 301 to `https://`.
@@ -166,8 +167,9 @@ pub struct Tls {
     #[serde(default)]
     #[schemars(regex(pattern = CERT_NAME_PATTERN), length(max = 64))]
     pub certificate: Option<String>,
-    /// Certificates from an ACME CA: not supported yet (a later release);
-    /// refused with a clear error.
+    /// `true`: a certificate for the host and every alias from the
+    /// cluster's ACME CA (`cluster.yaml` `acme`), issued over HTTP-01 by
+    /// `edgeform certs issue` (no wildcard host or alias).
     #[serde(default)]
     pub acme: Option<bool>,
 }
@@ -565,6 +567,26 @@ pub struct Cluster {
     /// and the transit providers you announce them through.
     #[serde(default)]
     pub anycast: Option<Anycast>,
+    /// The ACME CA that issues the certificates of `tls: {acme: true}`
+    /// sites (`edgeform certs issue`).
+    #[serde(default)]
+    pub acme: Option<Acme>,
+}
+
+/// The ACME CA (RFC 8555) for `tls: {acme: true}` sites.
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Acme {
+    /// The CA's directory URL, `https://`.
+    #[schemars(regex(pattern = r"^https://"))]
+    pub directory: String,
+    /// The account's contacts, `mailto:` URIs (the CA's expiry notices).
+    #[serde(default)]
+    pub contact: Vec<String>,
+    /// A PEM file of roots to trust for the directory's HTTPS instead of
+    /// the system's (a private or test CA), on the control host.
+    #[serde(default)]
+    pub ca_file: Option<String>,
 }
 
 /// The anycast audit: which upstream each route collector peer's best path

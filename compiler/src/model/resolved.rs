@@ -35,6 +35,16 @@ pub struct Cluster {
     pub geo: GeoSettings,
     /// `None`: no `anycast` section.
     pub anycast: Option<Anycast>,
+    /// `None`: no `acme` section (no site can use `tls: {acme: true}`).
+    pub acme: Option<Acme>,
+}
+
+/// `cluster.yaml` `acme`: the CA for `tls: {acme: true}` sites.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Acme {
+    pub directory: String,
+    pub contact: Vec<String>,
+    pub ca_file: Option<String>,
 }
 
 /// The anycast audit's settings (`cluster.yaml` `anycast`): the audit's
@@ -117,23 +127,41 @@ impl Site {
     }
 }
 
-/// How a site's hostnames get a certificate (`tls`). ACME (`{acme: true}`)
-/// will be a second variant.
+/// How a site's hostnames get a certificate (`tls`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Tls {
     /// An operator-provided certificate, by its name in the state
     /// directory (`edgeform certs import NAME`).
     Certificate(String),
+    /// A certificate from the cluster's ACME CA (`tls: {acme: true}`),
+    /// issued by `edgeform certs issue` into the state directory under
+    /// this name ([`acme_certificate_name`]), covering host and aliases.
+    Acme(String),
 }
 
 impl Tls {
-    /// The document's spelling (`"certificate:NAME"`).
+    /// The certificate's name in the state directory, however it got there.
     #[must_use]
-    pub fn doc_value(&self) -> String {
+    pub fn certificate(&self) -> &str {
         match self {
-            Tls::Certificate(name) => format!("certificate:{name}"),
+            Tls::Certificate(name) | Tls::Acme(name) => name,
         }
     }
+
+    /// The document's spelling (`"certificate:NAME"`: the edge serves an
+    /// issued certificate like an imported one).
+    #[must_use]
+    pub fn doc_value(&self) -> String {
+        format!("certificate:{}", self.certificate())
+    }
+}
+
+/// The state directory's name for the certificate of an ACME site whose
+/// host is `host`: `acme.<host>` (valid as a certificate name while the
+/// host is at most 59 bytes; longer ones are refused by `check`).
+#[must_use]
+pub fn acme_certificate_name(host: &str) -> String {
+    format!("acme.{host}")
 }
 
 /// The edge-wide ceiling of `max_body_size` (1 GiB).

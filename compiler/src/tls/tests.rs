@@ -193,8 +193,12 @@ fn the_new_site_keys_are_refused_with_their_place() {
     let base = "host: s.example.com\norigin: https://203.0.113.10\n";
     for (extra, want) in [
         (
-            "tls: {acme: true}\n",
-            "sites/s.yaml:3:13 error unsupported-tls",
+            "tls: {acme: false}\n",
+            "sites/s.yaml:3:13 error invalid-tls",
+        ),
+        (
+            "aliases: [\"*.example.com\"]\ntls: {acme: true}\n",
+            "sites/s.yaml:3:11 error acme-wildcard",
         ),
         ("tls: {}\n", "sites/s.yaml:3:6 error invalid-tls"),
         (
@@ -279,4 +283,41 @@ fn the_document_carries_the_new_fields_only_when_not_the_default() {
         ),
     ]);
     assert_eq!(config.sites[0].doc.max_body_size, Some(1000));
+}
+
+#[test]
+fn an_acme_site_names_its_issued_certificate_and_the_cluster_names_the_ca() {
+    let config = valid(&[
+        NODE,
+        (
+            "cluster.yaml",
+            "acme:\n  directory: https://acme.example.net/dir\n  contact: [\"mailto:ops@example.com\"]\n",
+        ),
+        (
+            "sites/s.yaml",
+            "host: s.example.com\naliases: [www.s.example.com]\norigin: https://203.0.113.10\n\
+             tls: {acme: true}\nhttps_redirect: true\n",
+        ),
+    ]);
+    let site = &config.sites[0];
+    assert_eq!(site.tls, Some(Tls::Acme("acme.s.example.com".into())));
+    let doc: serde_json::Value = serde_json::from_str(&site.doc.to_canonical_json()).unwrap();
+    assert_eq!(doc["tls"], "certificate:acme.s.example.com");
+    let acme = config.cluster.acme.as_ref().unwrap();
+    assert_eq!(acme.directory, "https://acme.example.net/dir");
+    assert_eq!(acme.contact, ["mailto:ops@example.com"]);
+    let checked = crate::testkit::check(&[
+        NODE,
+        (
+            "cluster.yaml",
+            "acme:\n  directory: https://a.example.net/dir\n  contact: [ops@example.com]\n",
+        ),
+    ]);
+    let lines: Vec<String> = checked.diagnostics.iter().map(line).collect();
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.starts_with("cluster.yaml:3:13 error invalid-value")),
+        "{lines:#?}"
+    );
 }

@@ -11,6 +11,7 @@ pub(super) fn cluster_defaults() -> Cluster {
         freeze: Vec::new(),
         geo: default_geo(),
         anycast: None,
+        acme: None,
     }
 }
 
@@ -80,6 +81,24 @@ pub(super) fn cluster(ctx: &mut Ctx<'_>, raw: &raw::Cluster) -> Cluster {
         }
     }
     let anycast = raw.anycast.as_ref().map(|a| anycast(ctx, a));
+    let acme = raw.acme.as_ref().map(|a| {
+        check_url(ctx, "/acme/directory", &a.directory, &["https"], false);
+        for (i, c) in a.contact.iter().enumerate() {
+            if !c.starts_with("mailto:") || c.len() <= "mailto:".len() {
+                let d = ctx.error(
+                    "invalid-value",
+                    &format!("/acme/contact/{i}"),
+                    format!("`{c}` is not a `mailto:` URI"),
+                );
+                help(d, "e.g. mailto:ops@example.com");
+            }
+        }
+        Acme {
+            directory: a.directory.clone(),
+            contact: a.contact.clone(),
+            ca_file: a.ca_file.clone(),
+        }
+    });
     Cluster {
         name: raw.name.clone().unwrap_or_else(|| "edgeform".into()),
         trusted_proxies,
@@ -88,6 +107,7 @@ pub(super) fn cluster(ctx: &mut Ctx<'_>, raw: &raw::Cluster) -> Cluster {
         freeze,
         geo,
         anycast,
+        acme,
     }
 }
 

@@ -22,8 +22,8 @@ use crate::country;
 use crate::diagnostic::Diagnostic;
 use crate::model::raw::{self, AccessMode, CacheAction, EdgeAction, MatchType, Role};
 use crate::model::resolved::{
-    Anycast, AnycastPrefix, CacheSettings, Cluster, Config, FreezeWindow, MAX_BODY_CEILING, Mqtt,
-    Node, RedisTarget, Site, Thresholds, Tls, Upstream, Zone,
+    Acme, Anycast, AnycastPrefix, CacheSettings, Cluster, Config, FreezeWindow, MAX_BODY_CEILING,
+    Mqtt, Node, RedisTarget, Site, Thresholds, Tls, Upstream, Zone,
 };
 use crate::parse::{ParsedFile, Raw};
 

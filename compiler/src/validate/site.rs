@@ -1,6 +1,7 @@
 //! `sites/*.yaml`: origin, geo and IP lists, rules (match values, rule regexes), and the wire document.
 
 use super::*;
+use crate::model::resolved::acme_certificate_name;
 
 pub(super) fn site(ctx: &mut Ctx<'_>, raw: &raw::Site) -> Site {
     let origins = check_origins(ctx, raw);
@@ -452,28 +453,31 @@ fn check_tls(ctx: &mut Ctx<'_>, raw: &raw::Site) -> Option<Tls> {
                 "/tls",
                 "`tls` takes one of `certificate` and `acme`, not both".into(),
             );
-            help(d, "keep `certificate: NAME` (ACME is not supported yet)");
+            help(
+                d,
+                "keep `certificate: NAME` (imported) or `acme: true` (issued by the cluster's CA)",
+            );
             None
         }
         Some(raw::Tls {
-            acme: Some(acme), ..
+            acme: Some(false), ..
         }) => {
             let d = ctx.error(
-                "unsupported-tls",
+                "invalid-tls",
                 "/tls/acme",
-                if *acme {
-                    "`tls: {acme: true}` is not supported yet".into()
-                } else {
-                    "`acme: false` says nothing: `tls` needs `certificate: NAME`".into()
-                },
+                "`acme: false` says nothing: `tls` needs `certificate: NAME` or `acme: true`"
+                    .into(),
             );
             help(
                 d,
                 "import a certificate (`edgeform certs import NAME --cert chain.pem --key key.pem`) \
-                 and write `tls: {certificate: NAME}`",
+                 and write `tls: {certificate: NAME}`, or write `tls: {acme: true}`",
             );
             None
         }
+        Some(raw::Tls {
+            acme: Some(true), ..
+        }) => check_acme(ctx, raw),
         Some(raw::Tls {
             certificate: Some(name),
             acme: None,
@@ -515,6 +519,50 @@ fn check_tls(ctx: &mut Ctx<'_>, raw: &raw::Site) -> Option<Tls> {
         );
     }
     tls
+}
+
+/// `tls: {acme: true}`: HTTP-01 proves one name at a time, so no wildcard
+/// host or alias; the certificate's name ([`acme_certificate_name`]) must
+/// be a valid one.
+fn check_acme(ctx: &mut Ctx<'_>, raw: &raw::Site) -> Option<Tls> {
+    let mut ok = true;
+    let names = std::iter::once(("/host".to_owned(), &raw.host)).chain(
+        raw.aliases
+            .iter()
+            .enumerate()
+            .map(|(i, a)| (format!("/aliases/{i}"), a)),
+    );
+    for (pointer, name) in names {
+        if name.starts_with("*.") {
+            ok = false;
+            let d = ctx.error(
+                "acme-wildcard",
+                &pointer,
+                format!(
+                    "`{name}` is a wildcard: `tls: {{acme: true}}` validates over HTTP-01, which \
+                     cannot prove a wildcard"
+                ),
+            );
+            help(
+                d,
+                "list the hosts you serve instead, or import a wildcard certificate \
+                 (`tls: {certificate: NAME}`)",
+            );
+        }
+    }
+    let name = acme_certificate_name(&raw.host);
+    if !valid_cert_name(&name) {
+        ok = false;
+        ctx.error(
+            "invalid-tls",
+            "/tls/acme",
+            format!(
+                "the ACME certificate's name `{name}` is longer than 64 bytes (a host of at most \
+                 59 bytes)"
+            ),
+        );
+    }
+    ok.then_some(Tls::Acme(name))
 }
 
 /// Whether `name` can name a certificate ([`raw::CERT_NAME_PATTERN`], at

@@ -29,6 +29,17 @@ pub enum Action {
         #[arg(long = "key", value_name = "KEY.pem")]
         key: PathBuf,
     },
+    /// Order the certificate of every `tls: {acme: true}` site (or the
+    /// one whose host is --site) from cluster.yaml's `acme` CA over
+    /// HTTP-01: the challenges go to every edge node's Redis
+    /// (`acme:<token>`, removed when the order ends). Kept as
+    /// `acme.<host>`; the next apply pushes it. Exit 1 naming each failed
+    /// host with the CA's problem document (its old certificate kept).
+    Issue {
+        /// Only the site whose host is HOST.
+        #[arg(long, value_name = "HOST")]
+        site: Option<String>,
+    },
     /// Every certificate kept: name, DNS names, not-after, SHA-256
     /// fingerprint (never the key).
     List {
@@ -38,13 +49,19 @@ pub enum Action {
     },
 }
 
-/// Run `action` on the state directory `dir`.
+/// Run `action` on the state directory `dir` (`config`: the repository's,
+/// read only by `issue`).
 ///
 /// # Errors
-/// The state directory is unsafe or unusable.
-pub fn run(dir: &Path, action: &Action) -> Result<u8> {
+/// The state directory is unsafe or unusable; the repository is invalid.
+pub fn run(
+    dir: &Path,
+    action: &Action,
+    config: impl FnOnce() -> Result<compiler::Config>,
+) -> Result<u8> {
     let now = i64::try_from(compiler::clock::now()?).unwrap_or(i64::MAX);
     match action {
+        Action::Issue { site } => issue(dir, &config()?, site.as_deref(), now),
         Action::Import { name, cert, key } => {
             let store = DirStore::open(dir)?;
             match control::certs::import(&store, name, cert, key, now) {
@@ -126,4 +143,46 @@ pub fn run(dir: &Path, action: &Action) -> Result<u8> {
             Ok(u8::from(bad))
         }
     }
+}
+
+/// `certs issue`: one line per site, the failures on stderr.
+fn issue(dir: &Path, config: &compiler::Config, site: Option<&str>, now: i64) -> Result<u8> {
+    let store = DirStore::open(dir)?;
+    let outcomes =
+        super::runtime()?.block_on(control::acme::issue_sites(config, &store, site, now));
+    let outcomes = match outcomes {
+        Ok(o) => o,
+        Err(e) => {
+            eprintln!("error: {e}; nothing was issued");
+            return Ok(1);
+        }
+    };
+    let mut failed = false;
+    for (site, outcome) in &outcomes {
+        match outcome {
+            Ok(c) => eprintln!(
+                "issued certificate `{}` for site {site}: {} (not after {}, sha256:{})",
+                c.name,
+                c.names.join(", "),
+                compiler::clock::rfc3339_signed(c.not_after),
+                c.fingerprint
+            ),
+            Err(failures) => {
+                failed = true;
+                for f in failures {
+                    eprintln!(
+                        "error: site {site}: host {} got no certificate: {}",
+                        f.host, f.problem
+                    );
+                }
+            }
+        }
+    }
+    if outcomes.iter().any(|(_, o)| o.is_ok()) {
+        eprintln!("the next apply (or reconcile) pushes the new certificates to the edges");
+    }
+    if failed {
+        eprintln!("the sites that failed keep their old certificate");
+    }
+    Ok(u8::from(failed))
 }

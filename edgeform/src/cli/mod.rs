@@ -397,10 +397,11 @@ pub enum Command {
         #[command(subcommand)]
         action: secrets::Action,
     },
-    /// Operator-provided TLS certificates in the state directory
-    /// (--state-dir), never in git: `import` checks and keeps one, `list`
-    /// shows name, hosts, not-after and fingerprint. Keys are never
-    /// printed. Exit 0, 1 refused or a broken certificate.
+    /// TLS certificates in the state directory (--state-dir), never in
+    /// git: `import` checks and keeps one, `issue` orders the ACME sites'
+    /// from the cluster's CA, `list` shows name, hosts, not-after and
+    /// fingerprint. Keys are never printed. Exit 0, 1 refused, a failed
+    /// order or a broken certificate.
     Certs {
         #[command(subcommand)]
         action: certs::Action,
@@ -535,7 +536,7 @@ EDGEFORM_LOG_FORMAT (text or json).
 Every file key: docs/configuration.md. Operating it: docs/operations.md.
 `edgeform <command> --help` explains a command's flags.";
 
-fn runtime() -> Result<tokio::runtime::Runtime> {
+pub(crate) fn runtime() -> Result<tokio::runtime::Runtime> {
     tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -893,7 +894,9 @@ pub fn run(cli: &Cli) -> Result<u8> {
             runtime()?.block_on(::ops::mqtt::exec(&source, &broker.options(), &exec))
         }
         Command::Secrets { action } => secrets::run(&cli.state_dir, action),
-        Command::Certs { action } => certs::run(&cli.state_dir, action),
+        Command::Certs { action } => certs::run(&cli.state_dir, action, || {
+            valid_config(&cli.repo, cli.rev.as_deref(), color())
+        }),
         Command::Keygen {
             out,
             result_key,

@@ -1,6 +1,7 @@
 //! The compiler's one integration-test binary (matklad's layout).
 
 mod acl;
+mod acme;
 mod acme_edge;
 mod anycast;
 mod certs;

@@ -1,0 +1,457 @@
+//! Certificates from an ACME CA (RFC 8555) over HTTP-01, through the
+//! edges: for each name of an order, the challenge's key authorization is
+//! written as `acme:<token>` (with a TTL of the order's life, [`ORDER_LIFE`])
+//! into the Redis of every node the CA's request can reach; the edge
+//! answers `GET /.well-known/acme-challenge/<token>` from it. The keys are
+//! removed when the order ends, whatever the outcome.
+//!
+//! The client is the `instant-acme` crate; the account key is kept in the
+//! state directory ([`Store::acme_account`], `acme/account.json`, 0600),
+//! made on first use. The certificate's key is fresh for every order
+//! (P-256, made and put in the CSR with OpenSSL). What the CA returns goes
+//! through the same checks as an imported certificate ([`certs::parse`],
+//! [`certs::check_now`], and it must name every host) before it replaces
+//! the certificate of that name as a whole: a failed order keeps the old
+//! one, and nothing half-made is stored.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use compiler::tls::Certificate;
+use instant_acme::{
+    Account, AccountCredentials, AuthorizationStatus, ChallengeType, Identifier, NewAccount,
+    NewOrder, OrderStatus, Problem, RetryPolicy,
+};
+use openssl::ec::{EcGroup, EcKey};
+use openssl::hash::MessageDigest;
+use openssl::nid::Nid;
+use openssl::pkey::PKey;
+use openssl::stack::Stack;
+use openssl::x509::X509ReqBuilder;
+use openssl::x509::extension::SubjectAlternativeName;
+
+use crate::certs;
+use crate::store::{Store, StoredCert};
+
+/// How long an order may take, from its creation to the certificate: the
+/// bound of every poll, and the TTL of its challenge keys (a key outlives
+/// no order, even when this process dies before removing it).
+pub const ORDER_LIFE: Duration = Duration::from_secs(600);
+
+/// `cluster.yaml`'s `acme`: the CA's directory URL, the account's contacts
+/// (`mailto:` URIs), and a PEM file of roots to trust for the directory's
+/// HTTPS instead of the system's (a private or test CA).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Settings {
+    pub directory: String,
+    pub contact: Vec<String>,
+    pub ca_file: Option<PathBuf>,
+}
+
+/// One certificate to order: its name in the state directory and the DNS
+/// names it must cover (a site's host and aliases).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Request {
+    pub name: String,
+    pub hosts: Vec<String>,
+}
+
+/// Why a host got no certificate: the host and the CA's problem document
+/// (RFC 7807, as JSON), or what went wrong on this side (as a problem
+/// document of type `about:blank`, [`Failure::local`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Failure {
+    pub host: String,
+    /// The problem document, JSON.
+    pub problem: String,
+    /// Whether the CA said it (false: this side, e.g. Redis or the store).
+    pub from_ca: bool,
+}
+
+impl Failure {
+    fn ca(host: &str, p: &Problem) -> Failure {
+        Failure {
+            host: host.to_owned(),
+            problem: problem_json(p),
+            from_ca: true,
+        }
+    }
+
+    fn local(host: &str, detail: impl std::fmt::Display) -> Failure {
+        Failure {
+            host: host.to_owned(),
+            problem: serde_json::json!({"type": "about:blank", "detail": detail.to_string()})
+                .to_string(),
+            from_ca: false,
+        }
+    }
+}
+
+fn problem_json(p: &Problem) -> String {
+    let mut v = serde_json::json!({});
+    if let Some(t) = &p.r#type {
+        v["type"] = t.clone().into();
+    }
+    if let Some(d) = &p.detail {
+        v["detail"] = d.clone().into();
+    }
+    if let Some(s) = p.status {
+        v["status"] = s.into();
+    }
+    v.to_string()
+}
+
+/// Open the account: the one in `store`, or a new one at the CA (kept in
+/// `store` before it is used).
+///
+/// # Errors
+/// The CA cannot be reached or refuses; the store cannot be read or
+/// written; the kept credentials do not parse.
+pub async fn account(store: &dyn Store, settings: &Settings) -> Result<Account, String> {
+    let builder = || match &settings.ca_file {
+        Some(f) => Account::builder_with_root(f),
+        None => Account::builder(),
+    };
+    if let Some(json) = store.acme_account().map_err(|e| e.to_string())? {
+        let creds: AccountCredentials = serde_json::from_str(&json)
+            .map_err(|e| format!("acme/account.json in the state directory: {e}"))?;
+        return builder()
+            .map_err(|e| e.to_string())?
+            .from_credentials(creds)
+            .await
+            .map_err(|e| format!("ACME account: {e}"));
+    }
+    let contact: Vec<&str> = settings.contact.iter().map(String::as_str).collect();
+    let (account, creds) = builder()
+        .map_err(|e| e.to_string())?
+        .create(
+            &NewAccount {
+                contact: &contact,
+                terms_of_service_agreed: true,
+                only_return_existing: false,
+            },
+            settings.directory.clone(),
+            None,
+        )
+        .await
+        .map_err(|e| format!("ACME account at {}: {e}", settings.directory))?;
+    let json = serde_json::to_string(&creds).map_err(|e| e.to_string())?;
+    store.set_acme_account(&json).map_err(|e| e.to_string())?;
+    Ok(account)
+}
+
+/// Where challenge keys go: the Redis of every node the CA's request can
+/// reach (see [`issue_sites`] for which), one connection each, by node.
+pub struct RedisSink {
+    pub nodes: Vec<(String, redis::aio::MultiplexedConnection)>,
+}
+
+impl RedisSink {
+    /// Set `key` to `value` for `ttl` on every node.
+    ///
+    /// # Errors
+    /// The first node that could not be written (the caller removes what
+    /// was written).
+    pub async fn put(&mut self, key: &str, value: &str, ttl: Duration) -> Result<(), String> {
+        for (node, conn) in &mut self.nodes {
+            redis::cmd("SET")
+                .arg(key)
+                .arg(value)
+                .arg("EX")
+                .arg(ttl.as_secs().max(1))
+                .query_async::<()>(conn)
+                .await
+                .map_err(|e| format!("node {node}'s Redis did not take the challenge: {e}"))?;
+        }
+        Ok(())
+    }
+
+    /// Remove `key` from every node it can (best effort: the TTL ends the
+    /// rest).
+    pub async fn remove(&mut self, key: &str) {
+        for (node, conn) in &mut self.nodes {
+            if let Err(e) = redis::cmd("DEL").arg(key).query_async::<()>(conn).await {
+                tracing::warn!(node = %node, key, error = %e, "challenge key not removed (its TTL will)");
+            }
+        }
+    }
+}
+
+/// Order `req`'s certificate and keep it in `store` as `req.name`; on any
+/// failure, the hosts that failed with the problem (the store unchanged).
+///
+/// # Errors
+/// Each failed host with its problem document.
+pub async fn issue(
+    account: &Account,
+    store: &dyn Store,
+    sink: &mut RedisSink,
+    req: &Request,
+    now: i64,
+) -> Result<Certificate, Vec<Failure>> {
+    let mut keys = Vec::new();
+    let out = order(account, store, sink, req, now, &mut keys).await;
+    for k in &keys {
+        sink.remove(k).await;
+    }
+    out
+}
+
+fn all(req: &Request, f: impl Fn(&str) -> Failure) -> Vec<Failure> {
+    req.hosts.iter().map(|h| f(h)).collect()
+}
+
+async fn order(
+    account: &Account,
+    store: &dyn Store,
+    sink: &mut RedisSink,
+    req: &Request,
+    now: i64,
+    keys: &mut Vec<String>,
+) -> Result<Certificate, Vec<Failure>> {
+    // `now` is when the order starts; the certificate is checked at the
+    // time it arrives (a CA may start its validity at issuance).
+    let started = std::time::Instant::now();
+    let ca_or_local = |e: &instant_acme::Error| -> Vec<Failure> {
+        match e {
+            instant_acme::Error::Api(p) => all(req, |h| Failure::ca(h, p)),
+            other => all(req, |h| Failure::local(h, other)),
+        }
+    };
+    let ids: Vec<Identifier> = req.hosts.iter().cloned().map(Identifier::Dns).collect();
+    let mut order = account
+        .new_order(&NewOrder::new(&ids))
+        .await
+        .map_err(|e| ca_or_local(&e))?;
+    let mut authzs = order.authorizations();
+    while let Some(authz) = authzs.next().await {
+        let mut authz = authz.map_err(|e| ca_or_local(&e))?;
+        if authz.status != AuthorizationStatus::Pending {
+            continue;
+        }
+        let host = authz.identifier().to_string();
+        let Some(mut ch) = authz.challenge(ChallengeType::Http01) else {
+            return Err(vec![Failure::local(
+                &host,
+                "the CA offers no http-01 challenge",
+            )]);
+        };
+        let key = edgestate::keys::acme(&ch.token);
+        keys.push(key.clone());
+        sink.put(&key, ch.key_authorization().as_str(), ORDER_LIFE)
+            .await
+            .map_err(|e| vec![Failure::local(&host, e)])?;
+        ch.set_ready().await.map_err(|e| ca_or_local(&e))?;
+    }
+    let retry = RetryPolicy::new()
+        .initial_delay(Duration::from_millis(250))
+        .backoff(2.0)
+        .timeout(ORDER_LIFE);
+    let status = match order.poll_ready(&retry).await {
+        Ok(s) => s,
+        // The order went invalid: its problem, attributed per host below.
+        Err(instant_acme::Error::Api(_)) => OrderStatus::Invalid,
+        Err(e) => return Err(ca_or_local(&e)),
+    };
+    if status != OrderStatus::Ready {
+        return Err(invalid_order(&mut order, req).await);
+    }
+    let (csr, key_pem) = csr(&req.hosts).map_err(|e| all(req, |h| Failure::local(h, &e)))?;
+    order
+        .finalize_csr(&csr)
+        .await
+        .map_err(|e| ca_or_local(&e))?;
+    let chain = order
+        .poll_certificate(&retry)
+        .await
+        .map_err(|e| ca_or_local(&e))?;
+    let cert = certs::parse(&req.name, &chain, &key_pem)
+        .and_then(|c| {
+            let elapsed = i64::try_from(started.elapsed().as_secs()).unwrap_or(i64::MAX);
+            certs::check_now(&c, now.saturating_add(elapsed).saturating_add(1)).map(|()| c)
+        })
+        .map_err(|e| all(req, |h| Failure::local(h, &e)))?;
+    let missing: Vec<Failure> = req
+        .hosts
+        .iter()
+        .filter(|h| !cert.covers(h))
+        .map(|h| Failure::local(h, "the CA's certificate does not name this host"))
+        .collect();
+    if !missing.is_empty() {
+        return Err(missing);
+    }
+    store
+        .set_certificate(
+            &req.name,
+            &StoredCert {
+                chain: cert.chain.clone(),
+                key: cert.key.clone(),
+            },
+        )
+        .map_err(|e| all(req, |h| Failure::local(h, &e)))?;
+    Ok(cert)
+}
+
+/// The hosts of an order that went invalid, each with its problem: the
+/// hosts whose challenge the CA failed, with its problem; when none did,
+/// every host not valid, with the order's problem.
+async fn invalid_order(order: &mut instant_acme::Order, req: &Request) -> Vec<Failure> {
+    let order_problem = order.state().error.clone();
+    let mut own = Vec::new();
+    let mut others = Vec::new();
+    let mut authzs = order.authorizations();
+    while let Some(authz) = authzs.next().await {
+        let Ok(authz) = authz else { continue };
+        if authz.status == AuthorizationStatus::Valid {
+            continue;
+        }
+        let host = authz.identifier().to_string();
+        match authz.challenges.iter().find_map(|c| c.error.as_ref()) {
+            Some(p) => own.push(Failure::ca(&host, p)),
+            None => others.push(match &order_problem {
+                Some(p) => Failure::ca(&host, p),
+                None => Failure::local(&host, format!("authorization {:?}", authz.status)),
+            }),
+        }
+    }
+    if !own.is_empty() {
+        return own;
+    }
+    if !others.is_empty() {
+        return others;
+    }
+    match &order_problem {
+        Some(p) => all(req, |h| Failure::ca(h, p)),
+        None => all(req, |h| Failure::local(h, "the order went invalid")),
+    }
+}
+
+/// What `edgeform certs issue` did for one site: its host, and the
+/// certificate kept or each failed host with its problem.
+pub type SiteOutcome = (String, Result<Certificate, Vec<Failure>>);
+
+/// Why `certs issue` could not start at all.
+#[derive(Debug)]
+pub enum IssueError {
+    /// No site has `tls: {acme: true}`; with `--site HOST`, the site of
+    /// that host has not (or there is none).
+    NoSite(Option<String>),
+    /// `cluster.yaml` has no `acme` section.
+    NoCa,
+    /// No edge node has a Redis to answer challenges from.
+    NoEdge,
+    /// An edge's Redis cannot be reached: writing the challenges to only
+    /// some edges would fail whenever the router sends the CA elsewhere.
+    Edge(String),
+    /// The account cannot be opened or made.
+    Account(String),
+}
+
+impl std::fmt::Display for IssueError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::NoSite(None) => f.write_str("no site has `tls: {acme: true}`"),
+            Self::NoSite(Some(host)) => {
+                write!(
+                    f,
+                    "no site whose host is `{host}` has `tls: {{acme: true}}`"
+                )
+            }
+            Self::NoCa => f.write_str("cluster.yaml has no `acme` (the CA's directory)"),
+            Self::NoEdge => f.write_str("no edge node has a Redis to answer challenges from"),
+            Self::Edge(e) | Self::Account(e) => f.write_str(e),
+        }
+    }
+}
+
+/// `edgeform certs issue [--site HOST]`: order the certificate of every
+/// `tls: {acme: true}` site (or the one whose host is `only`), one order
+/// per site covering host and aliases, one after the other; a site that
+/// fails does not stop the next.
+///
+/// The challenges go to the Redis of **every edge node** of `config`
+/// (whatever the site's `regions`): the :80 geo router sends the CA's
+/// request to the nearest healthy edge, not to one carrying the site. Each
+/// must be reachable before any order starts.
+///
+/// # Errors
+/// Nothing to do or no way to do it ([`IssueError`]); per-site failures
+/// are in the outcomes.
+pub async fn issue_sites(
+    config: &compiler::Config,
+    store: &dyn Store,
+    only: Option<&str>,
+    now: i64,
+) -> Result<Vec<SiteOutcome>, IssueError> {
+    let requests: Vec<Request> = config
+        .sites
+        .iter()
+        .filter(|s| only.is_none_or(|h| h == s.host))
+        .filter_map(|s| match &s.tls {
+            Some(compiler::model::resolved::Tls::Acme(name)) => Some(Request {
+                name: name.clone(),
+                hosts: s.hosts().map(str::to_owned).collect(),
+            }),
+            _ => None,
+        })
+        .collect();
+    if requests.is_empty() {
+        return Err(IssueError::NoSite(only.map(str::to_owned)));
+    }
+    let Some(ca) = &config.cluster.acme else {
+        return Err(IssueError::NoCa);
+    };
+    let settings = Settings {
+        directory: ca.directory.clone(),
+        contact: ca.contact.clone(),
+        ca_file: ca.ca_file.as_ref().map(PathBuf::from),
+    };
+    let mut sink = RedisSink { nodes: Vec::new() };
+    for node in &config.nodes {
+        if !node.roles.contains(&compiler::model::raw::Role::Edge) {
+            continue;
+        }
+        let Some(target) = &node.redis else { continue };
+        let conn = edgeredis::master(target, &node.name)
+            .await
+            .map_err(|e| IssueError::Edge(format!("edge {}: {e:#}", node.name)))?;
+        sink.nodes.push((node.name.clone(), conn));
+    }
+    if sink.nodes.is_empty() {
+        return Err(IssueError::NoEdge);
+    }
+    let account = account(store, &settings)
+        .await
+        .map_err(IssueError::Account)?;
+    // `now` is when the command started; each order starts later.
+    let began = std::time::Instant::now();
+    let mut out = Vec::new();
+    for req in &requests {
+        let started = now.saturating_add(i64::try_from(began.elapsed().as_secs()).unwrap_or(0));
+        let r = issue(&account, store, &mut sink, req, started).await;
+        out.push((req.hosts[0].clone(), r));
+    }
+    Ok(out)
+}
+
+/// A fresh P-256 key (PKCS#8 PEM) and a CSR (DER) for `hosts`.
+fn csr(hosts: &[String]) -> Result<(Vec<u8>, String), openssl::error::ErrorStack> {
+    let group = EcGroup::from_curve_name(Nid::X9_62_PRIME256V1)?;
+    let key = PKey::from_ec_key(EcKey::generate(&group)?)?;
+    let mut b = X509ReqBuilder::new()?;
+    b.set_pubkey(&key)?;
+    let mut san = SubjectAlternativeName::new();
+    for h in hosts {
+        san.dns(h);
+    }
+    let mut exts = Stack::new()?;
+    exts.push(san.build(&b.x509v3_context(None))?)?;
+    b.add_extensions(&exts)?;
+    b.sign(&key, MessageDigest::sha256())?;
+    let der = b.build().to_der()?;
+    let pem = String::from_utf8(key.private_key_to_pem_pkcs8()?).unwrap_or_default();
+    Ok((der, pem))
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,274 @@
+//! A real ACME CA for tests: Debian's `pebble` (Let's Encrypt's test CA)
+//! with `pebble-challtestsrv` as its DNS, each on free loopback ports,
+//! stopped by pid on drop like every [`Process`].
+//!
+//! Pebble resolves every name through the challtestsrv, which answers
+//! every A query with one address (IPv6 off), and validates HTTP-01 on
+//! that address at `http_port`: the test's edge, or any server that
+//! answers the challenges. `PEBBLE_VA_NOSLEEP=1` (no random validation
+//! delay) and `PEBBLE_WFE_NONCEREJECT=0` (no random `badNonce`), so runs
+//! are quick and repeatable.
+
+use std::net::Ipv4Addr;
+use std::path::{Path, PathBuf};
+
+use super::Process;
+
+/// A running pebble and its DNS.
+pub struct Pebble {
+    pub acme: Process,
+    pub dns: Process,
+    /// The management port (roots, intermediates).
+    pub management: u16,
+    files: tempfile::TempDir,
+}
+
+/// What to start pebble with.
+pub struct PebbleOptions {
+    /// The port pebble validates HTTP-01 on.
+    pub http_port: u16,
+    /// The address every test name resolves to.
+    pub answer: Ipv4Addr,
+    /// Lifetime of the certificates it issues, seconds (pebble's
+    /// default, about five years, when `None`).
+    pub validity_secs: Option<u64>,
+}
+
+impl Pebble {
+    /// The ACME directory URL.
+    #[must_use]
+    pub fn directory(&self) -> String {
+        format!("https://127.0.0.1:{}/dir", self.acme.port)
+    }
+
+    /// The PEM file of the CA that signed pebble's own HTTPS certificate
+    /// (for the client's `ca_file`).
+    #[must_use]
+    pub fn tls_ca(&self) -> PathBuf {
+        self.files.path().join("tls-ca.pem")
+    }
+
+    /// The root that issued certificates chain to, PEM, from pebble's
+    /// management endpoint (a new one each pebble run).
+    ///
+    /// # Panics
+    /// When `curl` cannot fetch it.
+    #[must_use]
+    pub fn root(&self) -> String {
+        let out = std::process::Command::new("curl")
+            .args(["-sSf", "--cacert"])
+            .arg(self.tls_ca())
+            .arg(format!("https://127.0.0.1:{}/roots/0", self.management))
+            .output()
+            .expect("curl");
+        assert!(
+            out.status.success(),
+            "pebble root: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout).expect("PEM")
+    }
+}
+
+/// Start pebble and its DNS.
+///
+/// # Panics
+/// When `openssl` fails or either does not come up (its log is shown).
+#[must_use]
+pub fn pebble(opts: &PebbleOptions) -> Pebble {
+    let files = tempfile::tempdir().expect("tempdir");
+    let d = files.path();
+    tls_cert(d);
+    let dns_port = super::free_port();
+    let dns_mgmt = super::free_port();
+    let dns = super::program(
+        Path::new("/usr/bin/pebble-challtestsrv"),
+        vec![
+            "-dns01".into(),
+            format!("127.0.0.1:{dns_port}"),
+            "-http01".into(),
+            String::new(),
+            "-https01".into(),
+            String::new(),
+            "-tlsalpn01".into(),
+            String::new(),
+            "-management".into(),
+            format!("127.0.0.1:{dns_mgmt}"),
+            "-defaultIPv4".into(),
+            opts.answer.to_string(),
+            "-defaultIPv6".into(),
+            String::new(),
+        ],
+        Ipv4Addr::LOCALHOST,
+        dns_mgmt,
+    );
+    let port = super::free_port();
+    let management = super::free_port();
+    let mut config = serde_json::json!({"pebble": {
+        "listenAddress": format!("127.0.0.1:{port}"),
+        "managementListenAddress": format!("127.0.0.1:{management}"),
+        "certificate": d.join("tls.pem"),
+        "privateKey": d.join("tls.key"),
+        "httpPort": opts.http_port,
+        "tlsPort": super::free_port(),
+        "ocspResponderURL": "",
+        "externalAccountBindingRequired": false,
+    }});
+    if let Some(secs) = opts.validity_secs {
+        config["pebble"]["certificateValidityPeriod"] = secs.into();
+    }
+    let config_path = d.join("pebble.json");
+    std::fs::write(&config_path, config.to_string()).expect("write pebble.json");
+    let acme = super::program(
+        Path::new("/usr/bin/env"),
+        vec![
+            "PEBBLE_VA_NOSLEEP=1".into(),
+            "PEBBLE_WFE_NONCEREJECT=0".into(),
+            "pebble".into(),
+            "-config".into(),
+            config_path.display().to_string(),
+            "-dnsserver".into(),
+            format!("127.0.0.1:{dns_port}"),
+        ],
+        Ipv4Addr::LOCALHOST,
+        port,
+    );
+    Pebble {
+        acme,
+        dns,
+        management,
+        files,
+    }
+}
+
+/// A CA (`tls-ca.pem`) and, signed by it, pebble's HTTPS certificate for
+/// 127.0.0.1 and localhost (`tls.pem`, `tls.key`).
+fn tls_cert(d: &Path) {
+    let run = |args: &[&str]| super::run_in(d, "openssl", args);
+    run(&[
+        "req",
+        "-x509",
+        "-newkey",
+        "ec",
+        "-pkeyopt",
+        "ec_paramgen_curve:P-256",
+        "-nodes",
+        "-days",
+        "30",
+        "-subj",
+        "/CN=pebble test TLS CA",
+        "-addext",
+        "basicConstraints=critical,CA:TRUE",
+        "-addext",
+        "keyUsage=critical,keyCertSign,cRLSign",
+        "-keyout",
+        "tls-ca.key",
+        "-out",
+        "tls-ca.pem",
+    ]);
+    std::fs::write(
+        d.join("tls.ext"),
+        "subjectAltName=IP:127.0.0.1,DNS:localhost\nbasicConstraints=CA:FALSE\n\
+         extendedKeyUsage=serverAuth\n",
+    )
+    .expect("write ext");
+    run(&[
+        "req",
+        "-newkey",
+        "ec",
+        "-pkeyopt",
+        "ec_paramgen_curve:P-256",
+        "-nodes",
+        "-subj",
+        "/CN=localhost",
+        "-keyout",
+        "tls.key",
+        "-out",
+        "tls.csr",
+    ]);
+    run(&[
+        "x509",
+        "-req",
+        "-in",
+        "tls.csr",
+        "-CA",
+        "tls-ca.pem",
+        "-CAkey",
+        "tls-ca.key",
+        "-CAcreateserial",
+        "-days",
+        "30",
+        "-extfile",
+        "tls.ext",
+        "-out",
+        "tls.pem",
+    ]);
+}
+
+/// A stand-in for the edge's challenge answer until a test runs the real
+/// edge: an HTTP server on a free loopback port answering `GET
+/// /.well-known/acme-challenge/<token>` with Redis's `acme:<token>` (the
+/// Redis at 127.0.0.1:`redis_port`), 404 without one, and 404 always for
+/// requests whose `Host` is `refused` (a name nobody answers for). It
+/// runs until the test process ends.
+///
+/// # Panics
+/// When it cannot listen.
+#[must_use]
+pub fn challenge_answerer(redis_port: u16, refused: &'static str) -> u16 {
+    use std::io::{BufRead, BufReader, Write};
+    let listener = std::net::TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).expect("listen");
+    let port = listener.local_addr().expect("port").port();
+    std::thread::spawn(move || {
+        for stream in listener.incoming() {
+            let Ok(mut stream) = stream else { continue };
+            let Ok(read) = stream.try_clone() else {
+                continue;
+            };
+            let mut reader = BufReader::new(read);
+            let mut first = String::new();
+            let _ = reader.read_line(&mut first);
+            let mut host = String::new();
+            loop {
+                let mut line = String::new();
+                if reader.read_line(&mut line).unwrap_or(0) == 0 || line.trim().is_empty() {
+                    break;
+                }
+                if let Some((k, v)) = line.split_once(':')
+                    && k.eq_ignore_ascii_case("host")
+                {
+                    host = v.trim().split(':').next().unwrap_or("").to_owned();
+                }
+            }
+            let token = first
+                .split_whitespace()
+                .nth(1)
+                .and_then(|p| p.strip_prefix("/.well-known/acme-challenge/"))
+                .filter(|t| {
+                    !t.is_empty()
+                        && t.bytes()
+                            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+                })
+                .unwrap_or("")
+                .to_owned();
+            let value = if host == refused || token.is_empty() {
+                None
+            } else {
+                super::raw_command(redis_port, &format!("GET acme:{token}"))
+                    .ok()
+                    .filter(|r| r.starts_with('$') && !r.starts_with("$-1"))
+                    .and_then(|r| r.lines().nth(1).map(str::to_owned))
+            };
+            let answer = match value {
+                Some(v) => format!(
+                    "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{v}",
+                    v.len()
+                ),
+                None => "HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+                    .to_owned(),
+            };
+            let _ = stream.write_all(answer.as_bytes());
+        }
+    });
+    port
+}
