@@ -20,7 +20,10 @@ pub struct Pebble {
     pub dns: Process,
     /// The management port (roots, intermediates).
     pub management: u16,
-    files: tempfile::TempDir,
+    /// Pebble's configuration (kept while it runs).
+    _files: tempfile::TempDir,
+    /// Pebble's HTTPS certificate and its CA.
+    tls: super::sitecerts::SiteCerts,
 }
 
 /// What to start pebble with.
@@ -45,7 +48,7 @@ impl Pebble {
     /// (for the client's `ca_file`).
     #[must_use]
     pub fn tls_ca(&self) -> PathBuf {
-        self.files.path().join("tls-ca.pem")
+        self.tls.file("ca.pem")
     }
 
     /// The root that issued certificates chain to, PEM, from pebble's
@@ -78,7 +81,9 @@ impl Pebble {
 pub fn pebble(opts: &PebbleOptions) -> Pebble {
     let files = tempfile::tempdir().expect("tempdir");
     let d = files.path();
-    tls_cert(d);
+    // Pebble's own HTTPS certificate, for 127.0.0.1 and localhost.
+    let tls = super::sitecerts::SiteCerts::new();
+    tls.sign("tls", &["localhost", "127.0.0.1"], 30);
     let dns_port = super::free_port();
     let dns_mgmt = super::free_port();
     let dns = super::program(
@@ -107,8 +112,8 @@ pub fn pebble(opts: &PebbleOptions) -> Pebble {
     let mut config = serde_json::json!({"pebble": {
         "listenAddress": format!("127.0.0.1:{port}"),
         "managementListenAddress": format!("127.0.0.1:{management}"),
-        "certificate": d.join("tls.pem"),
-        "privateKey": d.join("tls.key"),
+        "certificate": tls.file("tls.pem"),
+        "privateKey": tls.file("tls.key"),
         "httpPort": opts.http_port,
         "tlsPort": super::free_port(),
         "ocspResponderURL": "",
@@ -137,72 +142,9 @@ pub fn pebble(opts: &PebbleOptions) -> Pebble {
         acme,
         dns,
         management,
-        files,
+        _files: files,
+        tls,
     }
-}
-
-/// A CA (`tls-ca.pem`) and, signed by it, pebble's HTTPS certificate for
-/// 127.0.0.1 and localhost (`tls.pem`, `tls.key`).
-fn tls_cert(d: &Path) {
-    let run = |args: &[&str]| super::run_in(d, "openssl", args);
-    run(&[
-        "req",
-        "-x509",
-        "-newkey",
-        "ec",
-        "-pkeyopt",
-        "ec_paramgen_curve:P-256",
-        "-nodes",
-        "-days",
-        "30",
-        "-subj",
-        "/CN=pebble test TLS CA",
-        "-addext",
-        "basicConstraints=critical,CA:TRUE",
-        "-addext",
-        "keyUsage=critical,keyCertSign,cRLSign",
-        "-keyout",
-        "tls-ca.key",
-        "-out",
-        "tls-ca.pem",
-    ]);
-    std::fs::write(
-        d.join("tls.ext"),
-        "subjectAltName=IP:127.0.0.1,DNS:localhost\nbasicConstraints=CA:FALSE\n\
-         extendedKeyUsage=serverAuth\n",
-    )
-    .expect("write ext");
-    run(&[
-        "req",
-        "-newkey",
-        "ec",
-        "-pkeyopt",
-        "ec_paramgen_curve:P-256",
-        "-nodes",
-        "-subj",
-        "/CN=localhost",
-        "-keyout",
-        "tls.key",
-        "-out",
-        "tls.csr",
-    ]);
-    run(&[
-        "x509",
-        "-req",
-        "-in",
-        "tls.csr",
-        "-CA",
-        "tls-ca.pem",
-        "-CAkey",
-        "tls-ca.key",
-        "-CAcreateserial",
-        "-days",
-        "30",
-        "-extfile",
-        "tls.ext",
-        "-out",
-        "tls.pem",
-    ]);
 }
 
 /// A stand-in for the edge's challenge answer until a test runs the real

@@ -47,8 +47,9 @@ impl SiteCerts {
     }
 
     /// Sign a leaf `name` with the CA: `<name>.pem`, `<name>.key`,
-    /// `<name>.chain.pem` (leaf, then the CA), for the DNS names `dns`,
-    /// valid `days` days from now (`-1`: expired yesterday).
+    /// `<name>.chain.pem` (leaf, then the CA), for the names `dns` (an IP
+    /// address is an IP name), valid `days` days from now (`-1`: expired
+    /// yesterday).
     ///
     /// # Panics
     /// When `openssl` fails.
@@ -56,7 +57,13 @@ impl SiteCerts {
         let d = self.dir.path();
         let san = dns
             .iter()
-            .map(|n| format!("DNS:{n}"))
+            .map(|n| {
+                if n.parse::<std::net::IpAddr>().is_ok() {
+                    format!("IP:{n}")
+                } else {
+                    format!("DNS:{n}")
+                }
+            })
             .collect::<Vec<_>>()
             .join(",");
         std::fs::write(
