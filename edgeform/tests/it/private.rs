@@ -1219,8 +1219,12 @@ fn a_restarted_daemon_pushes_the_last_good_commit_while_head_is_unsigned() {
     let logs = tempfile::tempdir().unwrap();
     let first = logs.path().join("first.log");
     let mut d = daemon(f.path(), &args, &first);
-    wait_until(&first, "the signed commit applied", || {
+    // Applied, and kept as the last good commit (written just after the
+    // apply's report).
+    let kept = state_dir(f.path()).join("last-good-commit");
+    wait_until(&first, "the signed commit applied and kept", || {
         meta(r.port).get("commit") == Some(&good)
+            && std::fs::read_to_string(&kept).is_ok_and(|t| t.trim() == good)
     });
     let _ = d.kill();
     let _ = d.wait();
