@@ -1,7 +1,8 @@
 //! `edgeform certs issue` against a real ACME CA (pebble, with its DNS
 //! resolving every test name to 127.0.0.1), the challenges written to the
-//! edge's real Redis as `acme:<token>` and answered over real HTTP from
-//! it; then `apply` pushes the issued certificates as `tls:<host>`.
+//! edge's real Redis as `acme:<token>` and answered by the real edge from
+//! it (directly, and through the real geo router); then `apply` pushes
+//! the issued certificates as `tls:<host>`.
 
 use std::net::Ipv4Addr;
 
@@ -15,13 +16,23 @@ fn get(con: &mut redis::Connection, key: &str) -> Option<String> {
 fn certs_issue_orders_each_acme_site_and_names_the_host_that_failed() {
     let r = harness::redis(&[]);
     // The edge's installed code reads certificates (the version-skew gate).
-    harness::nginx::declare_bundle(&harness::nginx::EdgeOptions::new(r.port));
-    let http = harness::pebble::challenge_answerer(r.port, "down.test");
+    let o = harness::nginx::EdgeOptions::new(r.port);
+    harness::nginx::declare_bundle(&o);
+    // The real edge answers the challenges (before any document).
+    let edge = harness::nginx::edge(&o);
     let pebble = harness::pebble(&harness::PebbleOptions {
-        http_port: http,
+        http_port: edge.process.port,
         answer: Ipv4Addr::LOCALHOST,
         validity_secs: None,
     });
+    // down.test resolves where nothing listens: its validation fails.
+    let added = std::process::Command::new("curl")
+        .args(["-sSf", "-X", "POST", "-d"])
+        .arg(r#"{"host":"down.test","addresses":["127.0.0.2"]}"#)
+        .arg(format!("http://127.0.0.1:{}/add-a", pebble.dns.port))
+        .output()
+        .unwrap();
+    assert!(added.status.success(), "{added:?}");
     let f = Fixture::empty();
     f.write(
         "cluster.yaml",
