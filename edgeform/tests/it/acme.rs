@@ -26,13 +26,7 @@ fn certs_issue_orders_each_acme_site_and_names_the_host_that_failed() {
         validity_secs: None,
     });
     // down.test resolves where nothing listens: its validation fails.
-    let added = std::process::Command::new("curl")
-        .args(["-sSf", "-X", "POST", "-d"])
-        .arg(r#"{"host":"down.test","addresses":["127.0.0.2"]}"#)
-        .arg(format!("http://127.0.0.1:{}/add-a", pebble.dns.port))
-        .output()
-        .unwrap();
-    assert!(added.status.success(), "{added:?}");
+    pebble.resolve("down.test", Ipv4Addr::new(127, 0, 0, 2));
     let f = Fixture::empty();
     f.write(
         "cluster.yaml",
