@@ -177,6 +177,10 @@ impl RedisSink {
     }
 }
 
+/// How far ahead of the local clock a just-issued certificate may start
+/// (whole-second clocks on both sides, and the CA's clock).
+const ISSUED_CLOCK_SKEW_SECS: i64 = 300;
+
 /// Order `req`'s certificate and keep it in `store` as `req.name`; on any
 /// failure, the hosts that failed with the problem (the store unchanged).
 ///
@@ -268,7 +272,13 @@ async fn order(
     let cert = certs::parse(&req.name, &chain, &key_pem)
         .and_then(|c| {
             let elapsed = i64::try_from(started.elapsed().as_secs()).unwrap_or(i64::MAX);
-            certs::check_now(&c, now.saturating_add(elapsed).saturating_add(1)).map(|()| c)
+            let at = now.saturating_add(elapsed).saturating_add(1);
+            // `now` and the elapsed times are whole seconds, and a CA
+            // (pebble) may start the validity at the very second it
+            // issues: a fresh certificate starting at most
+            // `ISSUED_CLOCK_SKEW_SECS` ahead is checked from its start.
+            let at = at.max(c.not_before.min(at.saturating_add(ISSUED_CLOCK_SKEW_SECS)));
+            certs::check_now(&c, at).map(|()| c)
         })
         .map_err(|e| all(req, |h| Failure::local(h, &e)))?;
     let missing: Vec<Failure> = req

@@ -4,8 +4,8 @@
 //!
 //! Pebble resolves every name through the challtestsrv, which answers
 //! every A query with one address (IPv6 off), and validates HTTP-01 on
-//! that address at `http_port`: the test's edge, or any server that
-//! answers the challenges. `PEBBLE_VA_NOSLEEP=1` (no random validation
+//! that address at `http_port`: the test's edge or geo router
+//! ([`Pebble::resolve`] points one name elsewhere). `PEBBLE_VA_NOSLEEP=1` (no random validation
 //! delay) and `PEBBLE_WFE_NONCEREJECT=0` (no random `badNonce`), so runs
 //! are quick and repeatable.
 
@@ -49,6 +49,25 @@ impl Pebble {
     #[must_use]
     pub fn tls_ca(&self) -> PathBuf {
         self.tls.file("ca.pem")
+    }
+
+    /// Make the DNS resolve `host` to `addr` instead of the default
+    /// answer (e.g. where nothing listens, so its validation fails).
+    ///
+    /// # Panics
+    /// When the DNS's management endpoint refuses.
+    pub fn resolve(&self, host: &str, addr: Ipv4Addr) {
+        let out = std::process::Command::new("curl")
+            .args(["-sSf", "-X", "POST", "-d"])
+            .arg(serde_json::json!({"host": host, "addresses": [addr.to_string()]}).to_string())
+            .arg(format!("http://127.0.0.1:{}/add-a", self.dns.port))
+            .output()
+            .expect("curl");
+        assert!(
+            out.status.success(),
+            "add-a {host}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
     }
 
     /// The root that issued certificates chain to, PEM, from pebble's
@@ -145,72 +164,4 @@ pub fn pebble(opts: &PebbleOptions) -> Pebble {
         _files: files,
         tls,
     }
-}
-
-/// A stand-in for the edge's challenge answer until a test runs the real
-/// edge: an HTTP server on a free loopback port answering `GET
-/// /.well-known/acme-challenge/<token>` with Redis's `acme:<token>` (the
-/// Redis at 127.0.0.1:`redis_port`), 404 without one, and 404 always for
-/// requests whose `Host` is `refused` (a name nobody answers for). It
-/// runs until the test process ends.
-///
-/// # Panics
-/// When it cannot listen.
-#[must_use]
-pub fn challenge_answerer(redis_port: u16, refused: &'static str) -> u16 {
-    use std::io::{BufRead, BufReader, Write};
-    let listener = std::net::TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).expect("listen");
-    let port = listener.local_addr().expect("port").port();
-    std::thread::spawn(move || {
-        for stream in listener.incoming() {
-            let Ok(mut stream) = stream else { continue };
-            let Ok(read) = stream.try_clone() else {
-                continue;
-            };
-            let mut reader = BufReader::new(read);
-            let mut first = String::new();
-            let _ = reader.read_line(&mut first);
-            let mut host = String::new();
-            loop {
-                let mut line = String::new();
-                if reader.read_line(&mut line).unwrap_or(0) == 0 || line.trim().is_empty() {
-                    break;
-                }
-                if let Some((k, v)) = line.split_once(':')
-                    && k.eq_ignore_ascii_case("host")
-                {
-                    host = v.trim().split(':').next().unwrap_or("").to_owned();
-                }
-            }
-            let token = first
-                .split_whitespace()
-                .nth(1)
-                .and_then(|p| p.strip_prefix("/.well-known/acme-challenge/"))
-                .filter(|t| {
-                    !t.is_empty()
-                        && t.bytes()
-                            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
-                })
-                .unwrap_or("")
-                .to_owned();
-            let value = if host == refused || token.is_empty() {
-                None
-            } else {
-                super::raw_command(redis_port, &format!("GET acme:{token}"))
-                    .ok()
-                    .filter(|r| r.starts_with('$') && !r.starts_with("$-1"))
-                    .and_then(|r| r.lines().nth(1).map(str::to_owned))
-            };
-            let answer = match value {
-                Some(v) => format!(
-                    "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{v}",
-                    v.len()
-                ),
-                None => "HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
-                    .to_owned(),
-            };
-            let _ = stream.write_all(answer.as_bytes());
-        }
-    });
-    port
 }

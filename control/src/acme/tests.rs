@@ -53,12 +53,17 @@ fn acme_keys(redis_port: u16) -> Vec<String> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pebble_issues_through_the_redis_keys_and_a_failed_order_keeps_the_old_certificate() {
     let redis = harness::redis(&[]);
-    let http = harness::pebble::challenge_answerer(redis.port, "down.test");
+    // The real edge answers the challenges from its Redis.
+    let o = harness::nginx::EdgeOptions::new(redis.port);
+    harness::nginx::declare_bundle(&o);
+    let edge = harness::nginx::edge(&o);
     let pebble = harness::pebble(&harness::PebbleOptions {
-        http_port: http,
+        http_port: edge.process.port,
         answer: Ipv4Addr::LOCALHOST,
         validity_secs: None,
     });
+    // down.test resolves where nothing listens: its validation fails.
+    pebble.resolve("down.test", Ipv4Addr::new(127, 0, 0, 2));
     let d = tempfile::tempdir().unwrap();
     let store = DirStore::open(&d.path().join("state")).unwrap();
     let settings = Settings {

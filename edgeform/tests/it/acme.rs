@@ -1,7 +1,8 @@
 //! `edgeform certs issue` against a real ACME CA (pebble, with its DNS
 //! resolving every test name to 127.0.0.1), the challenges written to the
-//! edge's real Redis as `acme:<token>` and answered over real HTTP from
-//! it; then `apply` pushes the issued certificates as `tls:<host>`.
+//! edge's real Redis as `acme:<token>` and answered by the real edge from
+//! it (directly, and through the real geo router); then `apply` pushes
+//! the issued certificates as `tls:<host>`.
 
 use std::net::Ipv4Addr;
 
@@ -15,13 +16,17 @@ fn get(con: &mut redis::Connection, key: &str) -> Option<String> {
 fn certs_issue_orders_each_acme_site_and_names_the_host_that_failed() {
     let r = harness::redis(&[]);
     // The edge's installed code reads certificates (the version-skew gate).
-    harness::nginx::declare_bundle(&harness::nginx::EdgeOptions::new(r.port));
-    let http = harness::pebble::challenge_answerer(r.port, "down.test");
+    let o = harness::nginx::EdgeOptions::new(r.port);
+    harness::nginx::declare_bundle(&o);
+    // The real edge answers the challenges (before any document).
+    let edge = harness::nginx::edge(&o);
     let pebble = harness::pebble(&harness::PebbleOptions {
-        http_port: http,
+        http_port: edge.process.port,
         answer: Ipv4Addr::LOCALHOST,
         validity_secs: None,
     });
+    // down.test resolves where nothing listens: its validation fails.
+    pebble.resolve("down.test", Ipv4Addr::new(127, 0, 0, 2));
     let f = Fixture::empty();
     f.write(
         "cluster.yaml",
@@ -98,4 +103,212 @@ fn certs_issue_orders_each_acme_site_and_names_the_host_that_failed() {
         let doc = get(&mut con, &format!("tls:{host}")).unwrap_or_default();
         assert!(doc.contains("BEGIN CERTIFICATE"), "tls:{host}: {doc}");
     }
+}
+
+/// SHA-256 fingerprint (lowercase hex) of the first certificate in `pem`.
+fn fingerprint(pem: &[u8]) -> String {
+    use std::io::Write;
+    let mut child = std::process::Command::new("openssl")
+        .args(["x509", "-noout", "-fingerprint", "-sha256"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    child.stdin.take().unwrap().write_all(pem).unwrap();
+    let out = child.wait_with_output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    let hex = text.trim().rsplit('=').next().unwrap_or_default();
+    hex.replace(':', "").to_ascii_lowercase()
+}
+
+/// The certificate the edge's HTTPS listener presents for `host` when
+/// offered h2 by ALPN, and the protocol it chose.
+fn served(https_port: u16, host: &str) -> (String, String) {
+    use std::io::Write;
+    let mut child = std::process::Command::new("openssl")
+        .args([
+            "s_client",
+            "-alpn",
+            "h2,http/1.1",
+            "-servername",
+            host,
+            "-connect",
+        ])
+        .arg(format!("127.0.0.1:{https_port}"))
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let _ = child.stdin.take().unwrap().write_all(b"");
+    let out = child.wait_with_output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let alpn = text
+        .lines()
+        .find_map(|l| l.strip_prefix("ALPN protocol: "))
+        .unwrap_or("none")
+        .to_owned();
+    (fingerprint(text.as_bytes()), alpn)
+}
+
+/// End to end through the real components: pebble validates every
+/// HTTP-01 challenge on the real geo router's :80-equivalent port, which
+/// sends the unlocated CA (127.0.0.1) to the real edge, which answers from
+/// its own Redis; `apply` then pushes the certificates and the same edge
+/// workers serve each host over HTTPS with h2 and the issued certificate,
+/// verified against pebble's root — no reload.
+#[test]
+fn certs_issue_through_the_real_router_and_edge_then_served_over_h2() {
+    let started = std::time::Instant::now();
+    let edge_redis = harness::redis(&[]);
+    let router_redis = harness::redis(&[]);
+    let origin = crate::proxied::origin();
+    let mut o = harness::nginx::EdgeOptions::new(edge_redis.port);
+    o.workers = 2;
+    harness::nginx::declare_bundle(&o);
+    let f = Fixture::empty();
+    f.write(
+        "nodes/edge-1.yaml",
+        edge_1_node(edge_redis.port)
+            .replace("198.51.100.1", "127.0.0.1")
+            .replacen("redis:", "loopback: true\nredis:", 1)
+            .as_bytes(),
+    );
+    f.write(
+        "nodes/router-1.yaml",
+        format!(
+            "name: router-1\nroles: [router]\nregion: eu\nlocation: {{lat: 52.0, lon: 4.0}}\n\
+             addresses: [127.0.0.20]\nloopback: true\n\
+             redis: {{url: \"redis://127.0.0.1:{}\"}}\n",
+            router_redis.port
+        )
+        .as_bytes(),
+    );
+    // A plain-HTTP site the edge serves already.
+    f.write(
+        "sites/plain.test.yaml",
+        format!(
+            "host: plain.test\norigin: http://127.0.0.1:{origin}\nloopback: true\ncached: false\n"
+        )
+        .as_bytes(),
+    );
+    f.commit("nodes and a plain site");
+    let state_root = tempfile::tempdir().unwrap();
+    let state = state_root.path().join("state");
+    for node in ["edge-1", "router-1"] {
+        let out = run(f.path(), &state, &["apply", "--yes", "--node", node]);
+        assert!(out.status.success(), "apply {node}: {}", stderr(&out));
+    }
+    let edge = harness::nginx::edge(&o);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    while edge.worker_pids().len() != 2 && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let workers = edge.worker_pids();
+    assert_eq!(workers.len(), 2, "{workers:?}");
+    let dir = tempfile::tempdir().unwrap();
+    let health = dir.path().join("health.json");
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    std::fs::write(
+        &health,
+        serde_json::json!({"at": now, "nodes": {"edge-1": {"online": true}}}).to_string(),
+    )
+    .unwrap();
+    let router = harness::nginx::router(&harness::nginx::RouterOptions::new(
+        router_redis.port,
+        health,
+        edge.process.port,
+    ));
+    let pebble = harness::pebble(&harness::PebbleOptions {
+        http_port: router.process.port,
+        answer: Ipv4Addr::LOCALHOST,
+        validity_secs: None,
+    });
+
+    f.write(
+        "cluster.yaml",
+        format!(
+            "acme:\n  directory: {}\n  contact: [\"mailto:ops@example.com\"]\n  ca_file: {}\n",
+            pebble.directory(),
+            pebble.tls_ca().display()
+        )
+        .as_bytes(),
+    );
+    let hosts: &[(&str, &[&str])] = &[
+        ("shop.test", &["www.shop.test", "m.shop.test"]),
+        ("blog.test", &[]),
+        ("docs.test", &[]),
+    ];
+    for (host, aliases) in hosts {
+        f.write(
+            &format!("sites/{host}.yaml"),
+            format!(
+                "host: {host}\naliases: {aliases:?}\norigin: http://127.0.0.1:{origin}\n\
+                 loopback: true\ncached: false\ntls: {{acme: true}}\n"
+            )
+            .as_bytes(),
+        );
+    }
+    f.commit("acme sites");
+    let out = run(f.path(), &state, &["certs", "issue"]);
+    assert!(
+        out.status.success(),
+        "{}\nrouter: {}\nedge: {}",
+        stderr(&out),
+        router.error_log(),
+        edge.error_log()
+    );
+    let out = run(f.path(), &state, &["apply", "--yes"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+
+    let root = dir.path().join("root.pem");
+    std::fs::write(&root, pebble.root()).unwrap();
+    for (host, aliases) in hosts {
+        let chain = std::fs::read(state.join(format!("certs/acme.{host}/chain.pem"))).unwrap();
+        let issued = fingerprint(&chain);
+        assert_eq!(issued.len(), 64, "{host}");
+        for name in std::iter::once(host).chain(aliases.iter()) {
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+            let (fp, alpn) = loop {
+                let got = served(edge.https_port, name);
+                if got.0 == issued || std::time::Instant::now() > deadline {
+                    break got;
+                }
+                std::thread::sleep(std::time::Duration::from_millis(100));
+            };
+            assert_eq!(fp, issued, "{name}: {}", edge.error_log());
+            assert_eq!(alpn, "h2", "{name}");
+            // A full h2 request, the chain verified against pebble's root.
+            let out = std::process::Command::new("curl")
+                .args([
+                    "-sS",
+                    "--http2",
+                    "-o",
+                    "/dev/null",
+                    "-w",
+                    "%{http_version} %{http_code}",
+                ])
+                .arg("--cacert")
+                .arg(&root)
+                .arg("--resolve")
+                .arg(format!("{name}:{}:127.0.0.1", edge.https_port))
+                .arg(format!("https://{name}:{}/", edge.https_port))
+                .output()
+                .unwrap();
+            assert_eq!(
+                String::from_utf8_lossy(&out.stdout),
+                "2 200",
+                "{name}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+    }
+    assert_eq!(edge.worker_pids(), workers, "the edge reloaded");
+    eprintln!(
+        "issued through router and edge, served over h2: {:.1} s",
+        started.elapsed().as_secs_f64()
+    );
 }
