@@ -444,7 +444,7 @@ pub async fn issue_sites(
     Ok(out)
 }
 
-/// A fresh P-256 key (PKCS#8 PEM) and a CSR (DER) for `hosts`.
+/// A fresh P-256 key (PEM, PKCS8 form) and a CSR (DER) for `hosts`.
 fn csr(hosts: &[String]) -> Result<(Vec<u8>, String), openssl::error::ErrorStack> {
     let group = EcGroup::from_curve_name(Nid::X9_62_PRIME256V1)?;
     let key = PKey::from_ec_key(EcKey::generate(&group)?)?;

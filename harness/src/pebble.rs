@@ -165,3 +165,21 @@ pub fn pebble(opts: &PebbleOptions) -> Pebble {
         tls,
     }
 }
+
+/// The real edge on the Redis at 127.0.0.1:`redis_port` (its bundle
+/// declared: it reads certificates) and pebble validating HTTP-01 on it:
+/// every test name resolves to the edge, but `down.test` resolves where
+/// nothing listens, so its validation fails.
+#[must_use]
+pub fn behind_edge(redis_port: u16) -> (super::nginx::Edge, Pebble) {
+    let o = super::nginx::EdgeOptions::new(redis_port);
+    super::nginx::declare_bundle(&o);
+    let edge = super::nginx::edge(&o);
+    let pebble = pebble(&PebbleOptions {
+        http_port: edge.process.port,
+        answer: Ipv4Addr::LOCALHOST,
+        validity_secs: None,
+    });
+    pebble.resolve("down.test", Ipv4Addr::new(127, 0, 0, 2));
+    (edge, pebble)
+}

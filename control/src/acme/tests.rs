@@ -1,7 +1,6 @@
 //! Orders against a real pebble, its challenges answered over real HTTP
 //! from a real Redis by the `acme:<token>` keys this module writes.
 
-use std::net::Ipv4Addr;
 use std::os::unix::fs::PermissionsExt;
 
 use openssl::stack::Stack;
@@ -53,17 +52,9 @@ fn acme_keys(redis_port: u16) -> Vec<String> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pebble_issues_through_the_redis_keys_and_a_failed_order_keeps_the_old_certificate() {
     let redis = harness::redis(&[]);
-    // The real edge answers the challenges from its Redis.
-    let o = harness::nginx::EdgeOptions::new(redis.port);
-    harness::nginx::declare_bundle(&o);
-    let edge = harness::nginx::edge(&o);
-    let pebble = harness::pebble(&harness::PebbleOptions {
-        http_port: edge.process.port,
-        answer: Ipv4Addr::LOCALHOST,
-        validity_secs: None,
-    });
-    // down.test resolves where nothing listens: its validation fails.
-    pebble.resolve("down.test", Ipv4Addr::new(127, 0, 0, 2));
+    // The real edge answers the challenges from its Redis; down.test's
+    // validation fails.
+    let (_edge, pebble) = harness::pebble::behind_edge(redis.port);
     let d = tempfile::tempdir().unwrap();
     let store = DirStore::open(&d.path().join("state")).unwrap();
     let settings = Settings {

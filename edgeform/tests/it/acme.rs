@@ -15,18 +15,9 @@ fn get(con: &mut redis::Connection, key: &str) -> Option<String> {
 #[test]
 fn certs_issue_orders_each_acme_site_and_names_the_host_that_failed() {
     let r = harness::redis(&[]);
-    // The edge's installed code reads certificates (the version-skew gate).
-    let o = harness::nginx::EdgeOptions::new(r.port);
-    harness::nginx::declare_bundle(&o);
-    // The real edge answers the challenges (before any document).
-    let edge = harness::nginx::edge(&o);
-    let pebble = harness::pebble(&harness::PebbleOptions {
-        http_port: edge.process.port,
-        answer: Ipv4Addr::LOCALHOST,
-        validity_secs: None,
-    });
-    // down.test resolves where nothing listens: its validation fails.
-    pebble.resolve("down.test", Ipv4Addr::new(127, 0, 0, 2));
+    // The real edge answers the challenges from its Redis; down.test's
+    // validation fails.
+    let (_edge, pebble) = harness::pebble::behind_edge(r.port);
     let f = Fixture::empty();
     f.write(
         "cluster.yaml",
@@ -54,7 +45,7 @@ fn certs_issue_orders_each_acme_site_and_names_the_host_that_failed() {
     let state_root = tempfile::tempdir().unwrap();
     let state = state_root.path().join("state");
 
-    // Before any issue, apply refuses the sites whose certificate is missing.
+    // Before the first `certs issue`, apply refuses the sites whose certificate is missing.
     let o = run(f.path(), &state, &["apply", "--yes"]);
     assert!(!o.status.success(), "{}", stderr(&o));
 
