@@ -66,6 +66,9 @@ pub struct Failure {
     pub problem: String,
     /// Whether the CA said it (false: this side, e.g. Redis or the store).
     pub from_ca: bool,
+    /// The CA asked to wait this many seconds before trying again
+    /// (`rateLimited` with `Retry-After`).
+    pub retry_after: Option<u64>,
 }
 
 impl Failure {
@@ -74,6 +77,7 @@ impl Failure {
             host: host.to_owned(),
             problem: problem_json(p),
             from_ca: true,
+            retry_after: None,
         }
     }
 
@@ -83,6 +87,7 @@ impl Failure {
             problem: serde_json::json!({"type": "about:blank", "detail": detail.to_string()})
                 .to_string(),
             from_ca: false,
+            retry_after: None,
         }
     }
 }
@@ -374,26 +379,11 @@ impl std::fmt::Display for IssueError {
     }
 }
 
-/// `edgeform certs issue [--site HOST]`: order the certificate of every
-/// `tls: {acme: true}` site (or the one whose host is `only`), one order
-/// per site covering host and aliases, one after the other; a site that
-/// fails does not stop the next.
-///
-/// The challenges go to the Redis of **every edge node** of `config`
-/// (whatever the site's `regions`): the :80 geo router sends the CA's
-/// request to the nearest healthy edge, not to one carrying the site. Each
-/// must be reachable before any order starts.
-///
-/// # Errors
-/// Nothing to do or no way to do it ([`IssueError`]); per-site failures
-/// are in the outcomes.
-pub async fn issue_sites(
-    config: &compiler::Config,
-    store: &dyn Store,
-    only: Option<&str>,
-    now: i64,
-) -> Result<Vec<SiteOutcome>, IssueError> {
-    let requests: Vec<Request> = config
+/// The ACME sites of `config` (or the one whose host is `only`): one
+/// request per site, covering its host and aliases.
+#[must_use]
+pub fn requests(config: &compiler::Config, only: Option<&str>) -> Vec<Request> {
+    config
         .sites
         .iter()
         .filter(|s| only.is_none_or(|h| h == s.host))
@@ -404,18 +394,31 @@ pub async fn issue_sites(
             }),
             _ => None,
         })
-        .collect();
-    if requests.is_empty() {
-        return Err(IssueError::NoSite(only.map(str::to_owned)));
-    }
+        .collect()
+}
+
+/// `config`'s `acme` as [`Settings`].
+///
+/// # Errors
+/// `cluster.yaml` has no `acme` section.
+pub fn settings(config: &compiler::Config) -> Result<Settings, IssueError> {
     let Some(ca) = &config.cluster.acme else {
         return Err(IssueError::NoCa);
     };
-    let settings = Settings {
+    Ok(Settings {
         directory: ca.directory.clone(),
         contact: ca.contact.clone(),
         ca_file: ca.ca_file.as_ref().map(PathBuf::from),
-    };
+    })
+}
+
+/// The challenge sink of `config`: a connection to the Redis of **every
+/// edge node** (whatever a site's `regions`): the :80 geo router sends the
+/// CA's request to the nearest healthy edge, not to one carrying the site.
+///
+/// # Errors
+/// An edge's Redis cannot be reached, or there is no edge.
+pub async fn sink(config: &compiler::Config) -> Result<RedisSink, IssueError> {
     let mut sink = RedisSink { nodes: Vec::new() };
     for node in &config.nodes {
         if !node.roles.contains(&compiler::model::raw::Role::Edge) {
@@ -430,18 +433,57 @@ pub async fn issue_sites(
     if sink.nodes.is_empty() {
         return Err(IssueError::NoEdge);
     }
+    Ok(sink)
+}
+
+/// Order each of `requests`, one after the other (a site that fails does
+/// not stop the next); `now` is when the first starts. Each outcome is
+/// keyed by the request's first host (the site's).
+///
+/// # Errors
+/// The CA account cannot be opened or made.
+pub async fn issue_requests(
+    config: &compiler::Config,
+    store: &dyn Store,
+    requests: &[Request],
+    now: i64,
+) -> Result<Vec<SiteOutcome>, IssueError> {
+    let settings = settings(config)?;
+    let mut sink = sink(config).await?;
     let account = account(store, &settings)
         .await
         .map_err(IssueError::Account)?;
     // `now` is when the command started; each order starts later.
     let began = std::time::Instant::now();
     let mut out = Vec::new();
-    for req in &requests {
+    for req in requests {
         let started = now.saturating_add(i64::try_from(began.elapsed().as_secs()).unwrap_or(0));
         let r = issue(&account, store, &mut sink, req, started).await;
         out.push((req.hosts[0].clone(), r));
     }
     Ok(out)
+}
+
+/// `edgeform certs issue [--site HOST]`: order the certificate of every
+/// `tls: {acme: true}` site (or the one whose host is `only`), one order
+/// per site covering host and aliases ([`issue_requests`]). The
+/// challenges go to every edge ([`sink`]), each reachable before any order
+/// starts.
+///
+/// # Errors
+/// Nothing to do or no way to do it ([`IssueError`]); per-site failures
+/// are in the outcomes.
+pub async fn issue_sites(
+    config: &compiler::Config,
+    store: &dyn Store,
+    only: Option<&str>,
+    now: i64,
+) -> Result<Vec<SiteOutcome>, IssueError> {
+    let requests = requests(config, only);
+    if requests.is_empty() {
+        return Err(IssueError::NoSite(only.map(str::to_owned)));
+    }
+    issue_requests(config, store, &requests, now).await
 }
 
 /// A fresh P-256 key (PEM, PKCS8 form) and a CSR (DER) for `hosts`.

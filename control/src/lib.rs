@@ -17,6 +17,7 @@
 //! - [`many`]: which targets, and apply/heal/sync over all of them.
 //! - [`saved`]: one target's plan and the saved-plan file format.
 //! - [`reconcile`]: the scheduled jobs, daemon loop, signals, `--pull`.
+//! - [`renew`]: when an ACME certificate is renewed (pure rules).
 //! - `gitsource` (crate): credentials and SSH host key checks for
 //!   `--pull`; `--require-signed-by`'s allowed signers and signatures.
 //! - [`metrics`]: what the reconciler did, for Prometheus (one `Arc`
@@ -41,6 +42,7 @@ pub mod metrics;
 pub mod outbox;
 pub mod plan;
 pub mod reconcile;
+pub mod renew;
 pub mod run;
 pub mod saved;
 #[cfg(test)]

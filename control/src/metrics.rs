@@ -17,7 +17,9 @@
 //! {target,job}`, `applied_commit_info{target,commit}` (1), `drift_repaired_total
 //! {target,kind}`, `refusals_total{target,job,reason}`, `failures_total{target,job}`,
 //! `runs_total{job,result}`, `apply_duration_seconds`, `heal_duration_seconds`
-//! (histograms), `lock_waits_total`, `lock_wait_seconds_total`, `build_info{version}`.
+//! (histograms), `lock_waits_total`, `lock_wait_seconds_total`, `build_info{version}`;
+//! and the ACME certificates' `edgeform_certificate_expiry_timestamp_seconds{host}`
+//! and `edgeform_certificate_renewal_failures_total{host}`.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -71,6 +73,11 @@ pub struct NodeLabel {
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct HostLabel {
+    pub host: String,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct Version {
     pub version: String,
 }
@@ -78,6 +85,8 @@ pub struct Version {
 /// Every control-side metric.
 pub struct Metrics {
     registry: Registry,
+    /// `edgeform_certificate_…`, encoded after `registry`.
+    certificates: Registry,
     pub last_success: Family<TargetJob, Gauge<f64, AtomicU64>>,
     pub applied_commit: Family<TargetCommit, Gauge>,
     pub drift_repaired: Family<TargetKind, Counter>,
@@ -92,6 +101,11 @@ pub struct Metrics {
     pub outbox_jobs: Family<NodeLabel, Gauge>,
     /// Unix time the oldest kept purge job of a node was kept.
     pub outbox_oldest: Family<NodeLabel, Gauge>,
+    /// `edgeform_certificate_expiry_timestamp_seconds{host}`: the not-after
+    /// of the certificate each ACME site's host is served (no prefix).
+    pub cert_expiry: Family<HostLabel, Gauge>,
+    /// `edgeform_certificate_renewal_failures_total{host}`.
+    pub renewal_failures: Family<HostLabel, Counter>,
     /// The commit each target's info metric names (to drop the old one).
     commits: Mutex<BTreeMap<String, String>>,
     /// Where `--metrics-textfile` writes after each run.
@@ -122,6 +136,7 @@ impl Metrics {
         let mut registry = Registry::with_prefix("edgeform_reconcile");
         let m = Metrics {
             registry: Registry::default(),
+            certificates: Registry::default(),
             last_success: Family::default(),
             applied_commit: Family::default(),
             drift_repaired: Family::default(),
@@ -134,6 +149,8 @@ impl Metrics {
             lock_wait_seconds: Counter::default(),
             outbox_jobs: Family::default(),
             outbox_oldest: Family::default(),
+            cert_expiry: Family::default(),
+            renewal_failures: Family::default(),
             commits: Mutex::new(BTreeMap::new()),
             textfile: Mutex::new(None),
         };
@@ -204,7 +221,22 @@ impl Metrics {
             })
             .set(1);
         registry.register("build_info", "The edgeform version (value 1)", build);
-        Metrics { registry, ..m }
+        let mut certificates = Registry::with_prefix("edgeform_certificate");
+        certificates.register(
+            "expiry_timestamp_seconds",
+            "Unix time the certificate served for an ACME site's host expires (not after)",
+            m.cert_expiry.clone(),
+        );
+        certificates.register(
+            "renewal_failures",
+            "Failed renewals of the certificate of an ACME site's host",
+            m.renewal_failures.clone(),
+        );
+        Metrics {
+            registry,
+            certificates,
+            ..m
+        }
     }
 }
 
@@ -324,6 +356,25 @@ impl Metrics {
         }
     }
 
+    /// The certificate served for `host` (an ACME site's host or alias)
+    /// expires at `not_after` (Unix seconds).
+    pub fn certificate_expiry(&self, host: &str, not_after: i64) {
+        self.cert_expiry
+            .get_or_create(&HostLabel {
+                host: host.to_owned(),
+            })
+            .set(not_after);
+    }
+
+    /// A renewal of `host`'s certificate failed.
+    pub fn renewal_failed(&self, host: &str) {
+        self.renewal_failures
+            .get_or_create(&HostLabel {
+                host: host.to_owned(),
+            })
+            .inc();
+    }
+
     /// Write the textfile to `path` after every run from now on.
     pub fn set_textfile(&self, path: Option<PathBuf>) {
         *self
@@ -337,7 +388,10 @@ impl Metrics {
     pub fn encode(&self) -> String {
         let mut out = String::new();
         // Writing to a String cannot fail.
-        let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
+        use prometheus_client::encoding::text::{encode_eof, encode_registry};
+        let _ = encode_registry(&mut out, &self.registry);
+        let _ = encode_registry(&mut out, &self.certificates);
+        let _ = encode_eof(&mut out);
         out
     }
 }

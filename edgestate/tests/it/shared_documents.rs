@@ -142,3 +142,56 @@ fn one_redis_read_serves_every_worker_through_an_outage_until_the_next_generatio
         std::thread::sleep(Duration::from_millis(100));
     }
 }
+
+/// Redis emptied (FLUSHALL), then nginx reloaded: the new workers start
+/// from the generation the node served (kept in the shared dict), so they
+/// see the loss as a loss and serve the last known document, not 404 as a
+/// node of generation "none" would; the next write (a heal) moves them.
+#[test]
+fn workers_started_after_redis_lost_its_data_keep_the_nodes_generation() {
+    let r = harness::redis(&[]);
+    let port = r.port;
+    redis(port, &["SET", "site:shared.test", &document("/one")]);
+    redis(port, &["HSET", "edgeform:meta", "generation", "7"]);
+    let mut o = harness::nginx::EdgeOptions::new(port);
+    o.workers = 2;
+    let edge = harness::nginx::edge(&o);
+    let web = edge.process.port;
+    assert_eq!(get(web, "shared.test"), (301, Some("/one".into())));
+
+    redis(port, &["FLUSHALL"]);
+    let old = edge.worker_pids();
+    let status = std::process::Command::new("kill")
+        .args(["-HUP", &edge.process.pid().to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let t = Instant::now();
+    while edge.worker_pids().iter().any(|p| old.contains(p)) || edge.worker_pids().len() < 2 {
+        assert!(t.elapsed() < Duration::from_secs(10), "no reload");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    for i in 0..20 {
+        assert_eq!(
+            get(web, "shared.test"),
+            (301, Some("/one".into())),
+            "#{i} after the reload\n{}",
+            edge.error_log()
+        );
+    }
+    assert!(
+        edge.error_log()
+            .contains("redis lost its data (generation none, serving 7)"),
+        "{}",
+        edge.error_log()
+    );
+
+    // The heal's write (any generation but the lost one's "none").
+    redis(port, &["SET", "site:shared.test", &document("/two")]);
+    redis(port, &["HSET", "edgeform:meta", "generation", "1"]);
+    let t = Instant::now();
+    while (0..10).any(|_| get(web, "shared.test") != (301, Some("/two".into()))) {
+        assert!(t.elapsed() < Duration::from_secs(5), "{}", edge.error_log());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}

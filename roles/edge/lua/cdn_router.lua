@@ -115,6 +115,13 @@ end
 local seen
 local function moved(gen) return generation_rule.moves(gen, generation, seen) end
 
+-- The generation the node's workers serve, in edge_wild under a key no
+-- host has: a worker that starts later (nginx reloaded, a worker
+-- restarted) begins from it, so Redis that lost its data before that
+-- worker's first poll is seen as lost there too, not as generation "none".
+local SERVING = " serving"
+local trusted_loaded = false
+
 -- Read the generation; on a change, forget every document.
 local function poll()
   local r, err = connect()
@@ -123,20 +130,43 @@ local function poll()
   gen, err = r:hget("edgeform:meta", "generation")
   if not gen then return nil, err end
   if gen == ngx.null then gen = "none" end
+  if generation == nil and shared_wild then
+    generation = shared_wild:get(SERVING)
+    seen = generation
+  end
   local move = moved(gen)
   if generation_rule.lost(gen, generation, seen) then
     log(ERR, "edgeform: redis lost its data (generation ", gen, ", serving ", generation,
       "): keeping the last known documents")
   end
   seen = gen
+  if move or (not trusted_loaded and gen == generation) then
+    load_trusted(r)
+    trusted_loaded = true
+  end
   if move then
     -- Entries of the old generation stay, stale: the next request re-reads
     -- them, and while Redis is unreachable they are the last known state.
-    load_trusted(r)
     generation = gen
+  end
+  -- (A read also keeps the key recently used: edge_wild evicts the least.)
+  if shared_wild and generation and (move or shared_wild:get(SERVING) == nil) then
+    shared_wild:set(SERVING, generation)
   end
   release(r)
   return true
+end
+
+-- A worker that has not read a generation yet polls before it decides
+-- (its timer's first poll may still be in flight): at most one such poll
+-- per poll interval, so a Redis down at start does not slow every request.
+local first_tried = 0
+local function poll_first()
+  if generation ~= nil then return end
+  local now = ngx.now()
+  if now - first_tried < conf.poll then return end
+  first_tried = now
+  poll()
 end
 
 local function tick(premature)
@@ -239,7 +269,8 @@ end
 -- Share what this worker read from Redis of generation `gen`: the
 -- document under `key` (host's own, or its wildcard), or nothing (key nil).
 local function share(host, key, text, suspended, gen)
-  if not shared_docs then return end
+  -- (gen nil: this worker and the node have not read a generation yet.)
+  if not shared_docs or not gen then return end
   if not key then
     shared_docs:delete(host)
     shared_wild:delete(host)
@@ -283,6 +314,7 @@ local warned_at = 0   -- when a Redis miss during an outage was last logged
 -- The entry for a host: { key, site | err, suspended } or { none } or
 -- { api_error }.
 local function lookup(host)
+  poll_first()
   local now = ngx.now()
   local entry = docs:get(host)
   if entry and entry.gen == generation then return entry end
@@ -352,7 +384,10 @@ end
 -- generation its per-worker cache is tied to.
 _M.redis = connect
 _M.release = release
-function _M.generation() return generation end
+function _M.generation()
+  poll_first()
+  return generation
+end
 -- Redis lost its data or went backwards, and nothing was written since.
 function _M.data_lost() return seen ~= nil and seen ~= generation end
 

@@ -13,13 +13,16 @@
 -- host name (or longer than 253 bytes), no `tls:` document, an expired or
 -- corrupt one. A corrupt document is logged once per generation per
 -- worker (cached as a failure until the generation changes); every other
--- host keeps working. Redis down: the certificates last read keep serving,
--- by any worker: each name's last `tls:` key and text read from Redis are
--- also kept in the workers' shared dict `edge_certs` (memory only, never
--- on disk), so a worker that never read a name still completes its
--- handshake from what another worker read. (A name whose `tls:` key is
--- gone keeps its last certificate there: it is read only while Redis is
--- unreachable or has lost its data, when a miss may be the loss itself.)
+-- host keeps working. Each name's last `tls:` key (tagged with the
+-- generation it was read in) and text are also kept in the workers' shared
+-- dict `edge_certs` (memory only, never on disk): a worker that never read
+-- a name takes what another worker read in its generation, without asking
+-- Redis again — so Redis emptied (FLUSHALL) before this worker's poll saw
+-- it cannot turn a known name into a miss. Redis down or emptied: the
+-- certificates last read, of any generation, keep serving, by any worker.
+-- (A name whose `tls:` key is gone keeps its last certificate there: of an
+-- older generation it is read only while Redis is unreachable or has lost
+-- its data, when a miss may be the loss itself.)
 
 local ssl = require "ngx.ssl"
 local lrucache = require "resty.lrucache"
@@ -34,8 +37,9 @@ local _M = {}
 local certs     -- per worker: tls key → {cert, key, not_after, text, gen} | {err, text, gen}
 local misses    -- per worker: name → {key | none, gen}: where a name was found
 local CERT_CACHE, MISS_CACHE = 10000, 10000
--- Shared by the workers (absent in a config without it): "name" → the tls
--- key it last resolved to, "=tls:<host>" → that key's last text.
+-- Shared by the workers (absent in a config without it): "name" →
+-- "<generation>\n<the tls key it last resolved to>", "=tls:<host>" → that
+-- key's last text.
 local shared
 
 function _M.init_worker()
@@ -44,16 +48,32 @@ function _M.init_worker()
   shared = ngx.shared.edge_certs
 end
 
--- Keep what a name resolved to for the other workers (the text only when
--- it changed: most handshakes re-read the same certificate).
-local function share(name, key, text)
-  if not shared then return end
-  if shared:get(name) ~= key then shared:set(name, key) end
+-- Keep what a name resolved to in generation `gen` for the other workers
+-- (the text only when it changed: most handshakes re-read the same
+-- certificate).
+local function share(name, key, text, gen)
+  if not shared or not gen then return end
+  local tagged = gen .. "\n" .. key
+  if shared:get(name) ~= tagged then shared:set(name, tagged) end
   local skey = "=" .. key
   if shared:get(skey) ~= text then
     local ok, err = shared:set(skey, text)
     if not ok then log(ERR, "edgeform tls: edge_certs: ", err) end
   end
+end
+
+-- What any worker last read for a name: its tls key and text, and the
+-- generation it was read in; nil when none.
+local function shared_get(name)
+  if not shared then return nil end
+  local v = shared:get(name)
+  if not v then return nil end
+  local nl = v:find("\n", 1, true)
+  if not nl then return nil end
+  local key = v:sub(nl + 1)
+  local text = shared:get("=" .. key)
+  if not text then return nil end
+  return key, text, v:sub(1, nl - 1)
 end
 
 -- A `tls:` document's text → {cert, key, not_after} or nil + why
@@ -90,21 +110,21 @@ local function prepare(key, text, gen)
   return entry
 end
 
--- Redis unreachable: what any worker last read for this name, or nil.
-local function shared_last(name, gen)
-  if not shared then return nil end
-  local key = shared:get(name)
-  if not key then return nil end
-  local text = shared:get("=" .. key)
-  if not text then return nil end
+-- What any worker last read for this name (`any_gen`: of any generation,
+-- else of this worker's `gen` only), as this worker's entry; or nil.
+local function shared_last(name, gen, any_gen)
+  local key, text, read_in = shared_get(name)
+  if not key or not (any_gen or read_in == gen) then return nil end
+  if not any_gen then misses:set(name, { key = key, gen = gen }) end
   return prepare(key, text, gen)
 end
 
--- Empty this worker's certificate caches (benchmarks: the next lookup
--- reads Redis and parses again).
+-- Empty this worker's certificate caches and the workers' shared one
+-- (benchmarks: the next lookup reads Redis and parses again).
 function _M.forget()
   certs:flush_all()
   misses:flush_all()
+  if shared then shared:flush_all() end
 end
 
 -- The certificate entry for a name, or nil: {cert, key, not_after} or {err}.
@@ -116,6 +136,10 @@ function _M.lookup(name)
     local e = certs:get(m.key)
     if e and e.gen == gen then return e end
   end
+  -- Read by another worker in this generation: the same answer Redis gave
+  -- it (whatever Redis holds now: it may have lost its data since).
+  local e = shared_last(name, gen, false)
+  if e then return e end
   local wild = pick.hosts(name)[2]
   local r, err = router.redis()
   local vals
@@ -136,10 +160,10 @@ function _M.lookup(name)
     -- Redis unreachable: what this name last resolved to, of any generation.
     log(INFO, "edgeform: redis unreachable for the certificate of ", name, ": ", err)
     if m and m.key then
-      local e = certs:get(m.key)
-      if e then return e end
+      local last = certs:get(m.key)
+      if last then return last end
     end
-    return shared_last(name, gen)
+    return shared_last(name, gen, true)
   end
   local key, text
   if vals[1] ~= ngx.null then
@@ -152,8 +176,8 @@ function _M.lookup(name)
     return nil
   end
   misses:set(name, { key = key, gen = gen })
-  local e = prepare(key, text, gen)
-  if not e.err then share(name, key, text) end
+  e = prepare(key, text, gen)
+  if not e.err then share(name, key, text, gen) end
   return e
 end
 
