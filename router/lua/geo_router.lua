@@ -161,6 +161,19 @@ local function tick(premature)
   health_stale = not fresh
 end
 
+-- A worker that has no table yet (its timer's first poll may still be in
+-- flight: a router just started or reloaded) polls before it routes,
+-- rather than answer 503 "no online edge" meanwhile: at most once per
+-- poll interval, so a Redis down at start does not slow every request.
+local first_tried = 0
+local function tick_first()
+  if generation ~= nil then return end
+  local now = ngx.now()
+  if now - first_tried < conf.poll then return end
+  first_tried = now
+  tick(false)
+end
+
 function _M.init_worker()
   decisions = lrucache.new(DECISIONS)
   ngx.timer.at(0, tick)
@@ -184,6 +197,7 @@ local function stale_header()
 end
 
 function _M.access()
+  tick_first()
   local stale = stale_header()
   if stale then ngx.var.router_stale = stale end
   -- The decision cache is keyed by what the client is derived from (the

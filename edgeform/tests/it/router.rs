@@ -797,8 +797,11 @@ fn routing_agent(
 /// The geo router's Redis going back to an older snapshot (a lower
 /// generation) does not replace the routing table in use; the next
 /// write (a higher generation than the one in use) does.
+/// A router started (or restarted) routes from its first request, not
+/// 503 until its timer's first poll; a Redis gone back a generation does
+/// not replace the table in use.
 #[test]
-fn geo_router_keeps_its_table_when_redis_goes_back_a_generation() {
+fn geo_router_routes_from_its_first_request_and_keeps_its_table_when_redis_goes_back() {
     let redis = harness::redis(&[]);
     let broker = harness::mosquitto();
     let f = repo(redis.port, broker.port);
@@ -810,7 +813,7 @@ fn geo_router_keeps_its_table_when_redis_goes_back_a_generation() {
         set_status(broker.port, name, "online");
     }
     let (_agent, _shared, _cache, health) = routing_agent(redis.port, broker.port);
-    let router = harness::nginx::router(&harness::nginx::RouterOptions::new(
+    let mut router = harness::nginx::router(&harness::nginx::RouterOptions::new(
         redis.port, health, edge_port,
     ));
     let port = router.process.port;
@@ -818,6 +821,11 @@ fn geo_router_keeps_its_table_when_redis_goes_back_a_generation() {
     wait_for("the router to load table and health", 20, || {
         get(port, viewer).status == 200
     });
+    for i in 0..3 {
+        router.process.restart();
+        let r = get(port, viewer);
+        assert_eq!(r.status, 200, "restart {i}: {:?}\n{}", r.headers, router.error_log());
+    }
     let cmd = |c: &str| harness::raw_command(redis.port, c).unwrap();
     let live: u64 = cmd("HGET edgeform:meta generation")
         .lines()
