@@ -824,7 +824,13 @@ fn geo_router_routes_from_its_first_request_and_keeps_its_table_when_redis_goes_
     for i in 0..3 {
         router.process.restart();
         let r = get(port, viewer);
-        assert_eq!(r.status, 200, "restart {i}: {:?}\n{}", r.headers, router.error_log());
+        assert_eq!(
+            r.status,
+            200,
+            "restart {i}: {:?}\n{}",
+            r.headers,
+            router.error_log()
+        );
     }
     let cmd = |c: &str| harness::raw_command(redis.port, c).unwrap();
     let live: u64 = cmd("HGET edgeform:meta generation")
