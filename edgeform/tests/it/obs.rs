@@ -636,14 +636,18 @@ fn certs_list_and_status_show_issuer_expiry_and_renewal() {
     let json: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
     assert_eq!(json[0]["renewal_due"], true);
 
-    // status: the soonest is the ACME site's, 30 days, so 29 whole days
-    // left (the test's own seconds have passed).
-    let o = run(
-        f.path(),
-        &state,
-        &["status", "--from", "redis", "--format", "json"],
-    );
-    let json: serde_json::Value = serde_json::from_str(&stdout(&o)).expect("status json");
+    // status: the soonest is the ACME site's; at 29.5 days before its
+    // end, 29 whole days are left.
+    let at = edgestate::time::rfc3339_signed(na - 29 * 86_400 - 43_200);
+    let status = |at: &str, format: &str| {
+        run(
+            f.path(),
+            &state,
+            &["--now", at, "status", "--from", "redis", "--format", format],
+        )
+    };
+    let json: serde_json::Value =
+        serde_json::from_str(&stdout(&status(&at, "json"))).expect("status json");
     let soonest = &json["soonest_certificate_expiry"];
     assert_eq!(soonest["name"], "acme.other.example.com", "{json}");
     assert_eq!(soonest["host"], "other.example.com");
@@ -653,14 +657,23 @@ fn certs_list_and_status_show_issuer_expiry_and_renewal() {
         edgestate::time::rfc3339_signed(na).as_str()
     );
     assert_eq!(soonest["days_left"], 29);
-    let o = run(f.path(), &state, &["status", "--from", "redis"]);
+    assert_eq!(soonest["expired"], false);
+    let line = |when: &str| {
+        format!(
+            "soonest certificate expiry: acme.other.example.com (other.example.com) not after {}, {when}\n",
+            edgestate::time::rfc3339_signed(na)
+        )
+    };
+    let text = stdout(&status(&at, "human"));
+    assert!(text.contains(&line("in 29 day(s)")), "{text}");
+    // Past its end (3 days and an hour): said so.
+    let at = edgestate::time::rfc3339_signed(na + 3 * 86_400 + 3_600);
+    let o = status(&at, "human");
     let text = stdout(&o);
     assert!(
-        text.contains(&format!(
-            "soonest certificate expiry: acme.other.example.com (other.example.com) not after {}, in 29 day(s)\n",
-            edgestate::time::rfc3339_signed(na)
-        )),
-        "{text}"
+        text.contains(&line("EXPIRED 3 day(s) ago")),
+        "{text}{}",
+        stderr(&o)
     );
     assert!(!text.contains("PRIVATE KEY"), "{text}");
 }
