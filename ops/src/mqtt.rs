@@ -464,6 +464,25 @@ impl SoonestExpiry {
         })
     }
 
+    /// [`SoonestExpiry::of`] at the one clock's now (read only when there
+    /// is a certificate).
+    ///
+    /// # Errors
+    /// The clock cannot be read.
+    pub fn now(
+        sites: &[compiler::model::resolved::Site],
+        certs: &compiler::tls::Certificates,
+    ) -> Result<Option<SoonestExpiry>> {
+        if certs.is_empty() {
+            return Ok(None);
+        }
+        Ok(Self::of(
+            sites,
+            certs,
+            i64::try_from(compiler::clock::now()?).unwrap_or(i64::MAX),
+        ))
+    }
+
     /// `status`'s line.
     #[must_use]
     pub fn line(&self) -> String {
@@ -671,7 +690,7 @@ pub async fn status(
     with_outbox(&mut rows, state_dir);
     let compiled = compiler::compile::compile_with(&source.config, certs);
     with_skew(&mut rows, &compiled, &bundles);
-    let soonest = SoonestExpiry::of(&source.config.sites, certs, clock_now()?);
+    let soonest = SoonestExpiry::now(&source.config.sites, certs)?;
     print_status(
         &rows,
         |n| heard.reports.contains_key(n) || heard.status.contains_key(n),
@@ -679,14 +698,6 @@ pub async fn status(
         false,
         soonest.as_ref(),
     )
-}
-
-/// The one clock (`--now` in drills and tests), as signed seconds.
-///
-/// # Errors
-/// The clock cannot be read.
-pub fn clock_now() -> Result<i64> {
-    Ok(i64::try_from(compiler::clock::now()?).unwrap_or(i64::MAX))
 }
 
 /// The live health snapshot from the broker (`edgeform route --health
