@@ -225,6 +225,37 @@ fn hex(bytes: &[u8]) -> String {
     s
 }
 
+/// The leaf's issuer, on one line, for display: its common name, or
+/// (no common name) its distinguished name as `SN=value` pairs joined by
+/// `, `. Control characters escaped; `None` when the chain holds no PEM
+/// certificate.
+#[must_use]
+pub fn issuer(cert: &Certificate) -> Option<String> {
+    let leaf = X509::from_pem(cert.chain.as_bytes()).ok()?;
+    let name = leaf.issuer_name();
+    let text = |e: &openssl::x509::X509NameEntryRef| {
+        e.data()
+            .to_string()
+            .unwrap_or_else(|_| String::from_utf8_lossy(e.data().as_slice()).into_owned())
+    };
+    let cn: Vec<String> = name
+        .entries_by_nid(openssl::nid::Nid::COMMONNAME)
+        .map(text)
+        .collect();
+    let line = if cn.is_empty() {
+        name.entries()
+            .map(|e| {
+                let key = e.object().nid().short_name().unwrap_or("?");
+                format!("{key}={}", text(e))
+            })
+            .collect::<Vec<_>>()
+            .join(", ")
+    } else {
+        cn.join(", ")
+    };
+    Some(edgestate::untrusted::escape(&line))
+}
+
 /// The key matches and the chain is valid at `now`.
 ///
 /// # Errors

@@ -140,7 +140,8 @@ pub async fn status_from_redis(
     rows.sort_by(|a, b| a.node.cmp(&b.node));
     let compiled = compiler::compile::compile_with(&source.config, certs);
     crate::mqtt::with_skew(&mut rows, &compiled, &bundles);
-    print_status(&rows, |_| false, format, true)
+    let soonest = crate::mqtt::SoonestExpiry::now(&source.config.sites, certs)?;
+    print_status(&rows, |_| false, format, true, soonest.as_ref())
 }
 
 type MetaRead = (BTreeMap<String, String>, u64, BTreeMap<String, String>);

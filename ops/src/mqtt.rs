@@ -359,15 +359,18 @@ pub fn print_status(
     heard: impl Fn(&str) -> bool,
     format: Format,
     from_redis: bool,
+    soonest: Option<&SoonestExpiry>,
 ) -> Result<u8> {
     let (v, why) = verdict(rows, heard);
     let mut out = std::io::stdout().lock();
     match format {
         Format::Json => {
             // Rows hold what nodes reported: no raw C1/DEL on the way.
-            let json = serde_json::to_string_pretty(
-                &serde_json::json!({ "nodes": rows, "verdict": v, "why": why }),
-            )?;
+            let mut doc = serde_json::json!({ "nodes": rows, "verdict": v, "why": why });
+            if let Some(s) = soonest {
+                doc["soonest_certificate_expiry"] = serde_json::to_value(s)?;
+            }
+            let json = serde_json::to_string_pretty(&doc)?;
             writeln!(out, "{}", untrusted::json_text(&json))?;
         }
         Format::Human => {
@@ -403,10 +406,99 @@ pub fn print_status(
                     )?;
                 }
             }
+            if let Some(s) = soonest {
+                writeln!(out, "{}", s.line())?;
+            }
             writeln!(out, "verdict: {word}: {why}")?;
         }
     }
     Ok(v.exit_code())
+}
+
+/// The certificate, of those the sites use, that expires first (`status`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct SoonestExpiry {
+    /// Its name in the state directory (`acme.<host>` for an ACME site's).
+    pub name: String,
+    /// The host of the first site (by host) that uses it.
+    pub host: String,
+    pub not_after: i64,
+    pub not_after_rfc3339: String,
+    /// Whole days from now to its not-after, rounded toward zero
+    /// (negative: expired that many whole days ago).
+    pub days_left: i64,
+    /// Past its not-after.
+    pub expired: bool,
+}
+
+impl SoonestExpiry {
+    /// Of `certs` (what the state directory holds for the `sites`), the
+    /// one with the earliest not-after, at `now`; its host is the first
+    /// site's that uses it (none: its first DNS name). Pure.
+    #[must_use]
+    pub fn of(
+        sites: &[compiler::model::resolved::Site],
+        certs: &compiler::tls::Certificates,
+        now: i64,
+    ) -> Option<SoonestExpiry> {
+        let c = certs
+            .by_name
+            .values()
+            .min_by_key(|c| (c.not_after, c.name.as_str()))?;
+        let host = sites
+            .iter()
+            .filter(|s| s.tls.as_ref().is_some_and(|t| t.certificate() == c.name))
+            .map(|s| s.host.as_str())
+            .min()
+            .or_else(|| c.names.first().map(String::as_str))
+            .unwrap_or("-")
+            .to_owned();
+        let left = c.not_after.saturating_sub(now);
+        Some(SoonestExpiry {
+            name: c.name.clone(),
+            host,
+            not_after: c.not_after,
+            not_after_rfc3339: compiler::clock::rfc3339_signed(c.not_after),
+            days_left: left / 86_400,
+            expired: left <= 0,
+        })
+    }
+
+    /// [`SoonestExpiry::of`] at the one clock's now (read only when there
+    /// is a certificate).
+    ///
+    /// # Errors
+    /// The clock cannot be read.
+    pub fn now(
+        sites: &[compiler::model::resolved::Site],
+        certs: &compiler::tls::Certificates,
+    ) -> Result<Option<SoonestExpiry>> {
+        if certs.is_empty() {
+            return Ok(None);
+        }
+        Ok(Self::of(
+            sites,
+            certs,
+            i64::try_from(compiler::clock::now()?).unwrap_or(i64::MAX),
+        ))
+    }
+
+    /// `status`'s line.
+    #[must_use]
+    pub fn line(&self) -> String {
+        let when = match (self.expired, self.days_left) {
+            (true, 0) => "EXPIRED less than a day ago".to_owned(),
+            (true, d) => format!("EXPIRED {} day(s) ago", -d),
+            (false, 0) => "in less than a day".to_owned(),
+            (false, d) => format!("in {d} day(s)"),
+        };
+        format!(
+            "soonest certificate expiry: {} ({}) not after {}, {when}",
+            untrusted::escape(&self.name),
+            untrusted::escape(&self.host),
+            self.not_after_rfc3339
+        )
+    }
 }
 
 /// The human table of `status --from redis`.
@@ -598,11 +690,13 @@ pub async fn status(
     with_outbox(&mut rows, state_dir);
     let compiled = compiler::compile::compile_with(&source.config, certs);
     with_skew(&mut rows, &compiled, &bundles);
+    let soonest = SoonestExpiry::now(&source.config.sites, certs)?;
     print_status(
         &rows,
         |n| heard.reports.contains_key(n) || heard.status.contains_key(n),
         format,
         false,
+        soonest.as_ref(),
     )
 }
 
@@ -1342,6 +1436,39 @@ mod tests {
     }
 
     // The verdict: offline before drift, drift before ok.
+    #[test]
+    fn the_soonest_expiry_says_how_far_off_it_is() {
+        let certs = |left: i64| {
+            let c = compiler::tls::Certificate {
+                name: "acme.a.test".into(),
+                chain: String::new(),
+                key: String::new(),
+                fingerprint: String::new(),
+                not_before: 0,
+                not_after: 1_000_000 + left,
+                names: vec!["a.test".into()],
+                key_matches: true,
+            };
+            compiler::tls::Certificates {
+                by_name: [(c.name.clone(), c)].into(),
+            }
+        };
+        let s = |left: i64| SoonestExpiry::of(&[], &certs(left), 1_000_000).unwrap();
+        assert!(s(12 * 86_400 + 5).line().ends_with(", in 12 day(s)"));
+        assert!(s(5).line().ends_with(", in less than a day"));
+        assert!(s(0).line().ends_with(", EXPIRED less than a day ago"));
+        assert!(s(-5).line().ends_with(", EXPIRED less than a day ago"));
+        assert!(
+            s(-3 * 86_400 - 5)
+                .line()
+                .ends_with(", EXPIRED 3 day(s) ago")
+        );
+        assert_eq!(
+            s(86_400).line(),
+            "soonest certificate expiry: acme.a.test (a.test) not after 1970-01-13T13:46:40Z, in 1 day(s)"
+        );
+    }
+
     #[test]
     fn verdicts() {
         let nobody = |_: &str| false;

@@ -239,3 +239,90 @@ fn a_push_needs_every_certificate_present_valid_and_covering_its_sites() {
             .is_empty()
     );
 }
+
+#[test]
+fn the_issuer_is_the_leafs_issuer_common_name_else_its_distinguished_name() {
+    let c = certs();
+    let shop = parse(
+        "shop",
+        &std::fs::read_to_string(c.file("shop.chain.pem")).unwrap(),
+        &std::fs::read_to_string(c.file("shop.key")).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(issuer(&shop).as_deref(), Some("edgeform test site CA"));
+
+    // A CA named without a common name: its name's entries in order.
+    let d = tempfile::tempdir().unwrap();
+    let openssl = |args: &[&str]| {
+        let out = std::process::Command::new("openssl")
+            .args(args)
+            .current_dir(d.path())
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    let ec = [
+        "-newkey",
+        "ec",
+        "-pkeyopt",
+        "ec_paramgen_curve:P-256",
+        "-nodes",
+    ];
+    openssl(
+        &[
+            &["req", "-x509"][..],
+            &ec,
+            &[
+                "-days",
+                "2",
+                "-subj",
+                "/O=Example Org/C=NL",
+                "-keyout",
+                "ca.key",
+                "-out",
+                "ca.pem",
+            ],
+        ]
+        .concat(),
+    );
+    openssl(
+        &[
+            &["req", "-new"][..],
+            &ec,
+            &["-subj", "/CN=a.test", "-keyout", "a.key", "-out", "a.csr"],
+        ]
+        .concat(),
+    );
+    std::fs::write(d.path().join("a.ext"), "subjectAltName=DNS:a.test\n").unwrap();
+    openssl(&[
+        "x509",
+        "-req",
+        "-in",
+        "a.csr",
+        "-CA",
+        "ca.pem",
+        "-CAkey",
+        "ca.key",
+        "-CAcreateserial",
+        "-days",
+        "1",
+        "-extfile",
+        "a.ext",
+        "-out",
+        "a.pem",
+    ]);
+    let read = |f: &str| std::fs::read_to_string(d.path().join(f)).unwrap();
+    let a = parse("a", &(read("a.pem") + &read("ca.pem")), &read("a.key")).unwrap();
+    assert_eq!(issuer(&a).as_deref(), Some("O=Example Org, C=NL"));
+
+    // No certificate at all: nothing to show.
+    let empty = compiler::tls::Certificate {
+        chain: String::new(),
+        ..a
+    };
+    assert_eq!(issuer(&empty), None);
+}

@@ -40,8 +40,11 @@ pub enum Action {
         #[arg(long, value_name = "HOST")]
         site: Option<String>,
     },
-    /// Every certificate kept: name, DNS names, not-after, SHA-256
-    /// fingerprint (never the key).
+    /// Every certificate kept, a header line then one per line
+    /// (tab-separated): name, DNS names, the leaf's issuer, not-before,
+    /// not-after, the next renewal of an ACME certificate (`acme.<host>`;
+    /// `due` when past), SHA-256 fingerprint (never the key), and what
+    /// keeps it from being served (`expired`, …; `-` none).
     List {
         /// Output: human (a table) or json.
         #[arg(long, value_enum, default_value = "human")]
@@ -94,22 +97,26 @@ pub fn run(
             let mut bad = false;
             match format {
                 super::Format::Human => {
+                    writeln!(out, "{}", HEADER.join("\t"))?;
                     for (name, c) in &listed {
                         match c {
-                            Ok(c) => writeln!(
-                                out,
-                                "{name}\t{}\t{}\tsha256:{}{}",
-                                c.names.join(","),
-                                compiler::clock::rfc3339_signed(c.not_after),
-                                c.fingerprint,
-                                match control::certs::check_now(c, now) {
-                                    Ok(()) => String::new(),
-                                    Err(e) => format!("\t{}", e.kind.as_str()),
-                                }
-                            )?,
+                            Ok(c) => {
+                                let row = Row::of(name, c, now);
+                                writeln!(
+                                    out,
+                                    "{name}\t{}\t{}\t{}\t{}\t{}\tsha256:{}\t{}",
+                                    c.names.join(","),
+                                    row.issuer.as_deref().unwrap_or("-"),
+                                    compiler::clock::rfc3339_signed(c.not_before),
+                                    compiler::clock::rfc3339_signed(c.not_after),
+                                    row.renewal_shown(),
+                                    c.fingerprint,
+                                    row.problem.unwrap_or("-"),
+                                )?;
+                            }
                             Err(e) => {
                                 bad = true;
-                                writeln!(out, "{name}\t-\t-\t-\t{}", e.kind.as_str())?;
+                                writeln!(out, "{name}\t-\t-\t-\t-\t-\t-\t{}", e.kind.as_str())?;
                                 eprintln!("error: {e}");
                             }
                         }
@@ -119,14 +126,23 @@ pub fn run(
                     let items: Vec<serde_json::Value> = listed
                         .iter()
                         .map(|(name, c)| match c {
-                            Ok(c) => serde_json::json!({
-                                "name": name,
-                                "hosts": c.names,
-                                "not_after": c.not_after,
-                                "not_after_rfc3339": compiler::clock::rfc3339_signed(c.not_after),
-                                "fingerprint": c.fingerprint,
-                                "problem": control::certs::check_now(c, now).err().map(|e| e.kind.as_str()),
-                            }),
+                            Ok(c) => {
+                                let row = Row::of(name, c, now);
+                                serde_json::json!({
+                                    "name": name,
+                                    "hosts": c.names,
+                                    "issuer": row.issuer,
+                                    "not_before": c.not_before,
+                                    "not_before_rfc3339": compiler::clock::rfc3339_signed(c.not_before),
+                                    "not_after": c.not_after,
+                                    "not_after_rfc3339": compiler::clock::rfc3339_signed(c.not_after),
+                                    "next_renewal": row.renew_at,
+                                    "next_renewal_rfc3339": row.renew_at.map(compiler::clock::rfc3339_signed),
+                                    "renewal_due": row.renew_at.map(|at| at <= now),
+                                    "fingerprint": c.fingerprint,
+                                    "problem": row.problem,
+                                })
+                            }
                             Err(e) => {
                                 bad = true;
                                 serde_json::json!({
@@ -185,4 +201,51 @@ fn issue(dir: &Path, config: &compiler::Config, site: Option<&str>, now: i64) ->
         eprintln!("the sites that failed keep their old certificate");
     }
     Ok(u8::from(failed))
+}
+
+/// `certs list`'s columns (tab-separated, like its rows).
+const HEADER: [&str; 8] = [
+    "NAME",
+    "HOSTS",
+    "ISSUER",
+    "NOT BEFORE",
+    "NOT AFTER",
+    "NEXT RENEWAL",
+    "FINGERPRINT",
+    "PROBLEM",
+];
+
+/// What `certs list` derives from a certificate beyond its fields.
+struct Row {
+    /// The leaf's issuer, one line.
+    issuer: Option<String>,
+    /// When the reconciler renews it: ACME certificates (`acme.<host>`) only.
+    renew_at: Option<i64>,
+    /// Why it cannot be served now (expired, key mismatch, …).
+    problem: Option<&'static str>,
+    now: i64,
+}
+
+impl Row {
+    fn of(name: &str, c: &compiler::tls::Certificate, now: i64) -> Row {
+        Row {
+            issuer: control::certs::issuer(c),
+            renew_at: name
+                .starts_with("acme.")
+                .then(|| control::renew::renew_at(c.not_before, c.not_after)),
+            problem: control::certs::check_now(c, now)
+                .err()
+                .map(|e| e.kind.as_str()),
+            now,
+        }
+    }
+
+    /// `-` (not renewed here), `due` (past its renewal time) or the time.
+    fn renewal_shown(&self) -> String {
+        match self.renew_at {
+            None => "-".to_owned(),
+            Some(at) if at <= self.now => "due".to_owned(),
+            Some(at) => compiler::clock::rfc3339_signed(at),
+        }
+    }
 }

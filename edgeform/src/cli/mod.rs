@@ -314,8 +314,9 @@ pub enum Command {
     /// (the agent's probe of its edge), report age, applied vs desired
     /// commit (this repo, compiled), installed bundle and version skew
     /// ("install first": documents its edge code cannot read, from its
-    /// `edgeform:bundle`), purge queue, play sessions, kbit/s; then a
-    /// verdict. Exit 0 all online and on the desired commit, 2 drift (a
+    /// `edgeform:bundle`), purge queue, play sessions, kbit/s; the
+    /// certificate the sites use that expires first (state directory);
+    /// then a verdict. Exit 0 all online and on the desired commit, 2 drift (a
     /// target behind, or skewed), 1 a node offline, not serving or
     /// unreachable (or the broker unreachable).
     Status {

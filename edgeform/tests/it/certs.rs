@@ -201,9 +201,14 @@ fn certificates_flow_from_import_to_every_edge_and_key_material_is_never_shown()
     record(&mut shown, "list", &o);
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     let listed = stdout(&o);
-    assert_eq!(listed.lines().count(), 1, "{listed}");
+    // A header line, then the certificate.
+    assert_eq!(listed.lines().count(), 2, "{listed}");
     assert!(
-        listed.starts_with("shop\tshop.example.com,www.example.com\t"),
+        listed
+            .lines()
+            .nth(1)
+            .unwrap()
+            .starts_with("shop\tshop.example.com,www.example.com\t"),
         "{listed}"
     );
     let o = run(f.path(), &state, &["certs", "list", "--format", "json"]);

@@ -413,6 +413,8 @@ fn expositions() -> String {
     c.apply_seconds.observe(0.1);
     c.heal_seconds.observe(0.1);
     c.run_done("sync", false);
+    c.certificate_expiry("a.test", 1);
+    c.renewal_failed("a.test");
     c.outbox(&std::collections::BTreeMap::from([(
         "edge-9".to_owned(),
         control::outbox::Depth {
@@ -474,8 +476,15 @@ fn alert_rules_pass_promtool_and_the_dashboard_uses_real_metrics() {
             }
         }
     }
-    assert!(used >= 15);
+    assert!(used >= 17);
     let rules_text = std::fs::read_to_string(&rules).unwrap();
+    // The certificate alerts are there (their cases are in the test file).
+    for alert in [
+        "EdgeformCertificateExpiringSoon",
+        "EdgeformCertificateRenewalFailing",
+    ] {
+        assert!(rules_text.contains(&format!("alert: {alert}")), "{alert}");
+    }
     for line in rules_text
         .lines()
         .filter(|l| l.trim_start().starts_with("expr:"))
@@ -487,4 +496,184 @@ fn alert_rules_pass_promtool_and_the_dashboard_uses_real_metrics() {
             );
         }
     }
+}
+
+/// A node whose Redis is closed (status reads it and says so at once).
+fn closed_edge() -> String {
+    edge("edge-1", harness::free_port())
+}
+
+// `certs list` shows issuer, not-before, not-after and an ACME
+// certificate's next renewal (`due` once past); `status` shows the
+// certificate the sites use that expires first. Certificates made by
+// openssl, imported into a real state directory.
+#[test]
+fn certs_list_and_status_show_issuer_expiry_and_renewal() {
+    use crate::util::edgeform_with_state as run;
+    let certs = harness::SiteCerts::new();
+    certs
+        .sign("shop", &["shop.example.com", "www.example.com"], 90)
+        .sign("acme", &["other.example.com"], 30);
+    let f = Fixture::with(&[
+        ("nodes/edge-1.yaml", &*closed_edge()),
+        (
+            "cluster.yaml",
+            "name: test\nacme: {directory: \"https://127.0.0.1:9/dir\"}\n",
+        ),
+        (
+            "sites/shop.yaml",
+            "host: shop.example.com\naliases: [www.example.com]\norigin: https://192.0.2.1\ntls: {certificate: shop}\n",
+        ),
+        (
+            "sites/other.yaml",
+            "host: other.example.com\norigin: https://192.0.2.1\ntls: {acme: true}\n",
+        ),
+    ]);
+    let state_root = tempfile::tempdir().unwrap();
+    let state = state_root.path().join("state");
+    let file = |c: &str| certs.file(c).display().to_string();
+
+    // Without certificates: no line, no field.
+    let o = run(
+        f.path(),
+        &state,
+        &["status", "--from", "redis", "--format", "json"],
+    );
+    let json: serde_json::Value = serde_json::from_str(&stdout(&o)).expect("status json");
+    assert!(json.get("soonest_certificate_expiry").is_none(), "{json}");
+
+    // The ACME site's certificate is kept as acme.<host> (as `certs
+    // issue` keeps it; imported here: the list reads the name).
+    for (name, c) in [("shop", "shop"), ("acme.other.example.com", "acme")] {
+        let o = run(
+            f.path(),
+            &state,
+            &[
+                "certs",
+                "import",
+                name,
+                "--cert",
+                &file(&format!("{c}.chain.pem")),
+                "--key",
+                &file(&format!("{c}.key")),
+            ],
+        );
+        assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    }
+
+    let o = run(f.path(), &state, &["certs", "list", "--format", "json"]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let json: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    let (acme, shop) = (&json[0], &json[1]);
+    assert_eq!(acme["name"], "acme.other.example.com");
+    assert_eq!(shop["name"], "shop");
+    let (nb, na) = (
+        acme["not_before"].as_i64().unwrap(),
+        acme["not_after"].as_i64().unwrap(),
+    );
+    assert_eq!(na - nb, 30 * 86_400, "{acme}");
+    let renew = control::renew::renew_at(nb, na);
+    assert_eq!(acme["next_renewal"], renew, "{acme}");
+    assert_eq!(
+        acme["next_renewal_rfc3339"],
+        edgestate::time::rfc3339_signed(renew).as_str()
+    );
+    assert_eq!(acme["renewal_due"], false);
+    assert_eq!(
+        acme["not_before_rfc3339"],
+        edgestate::time::rfc3339_signed(nb).as_str()
+    );
+    for c in [acme, shop] {
+        assert_eq!(c["issuer"], "edgeform test site CA", "{c}");
+        assert_eq!(c["problem"], serde_json::Value::Null, "{c}");
+        // The existing fields stay.
+        for field in ["hosts", "not_after_rfc3339", "fingerprint"] {
+            assert!(c.get(field).is_some(), "{field}: {c}");
+        }
+    }
+    // Not an ACME certificate: not renewed here.
+    assert_eq!(shop["next_renewal"], serde_json::Value::Null);
+    assert_eq!(shop["renewal_due"], serde_json::Value::Null);
+
+    let o = run(f.path(), &state, &["certs", "list"]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let text = stdout(&o);
+    let lines: Vec<Vec<&str>> = text.lines().map(|l| l.split('\t').collect()).collect();
+    assert_eq!(
+        lines[0],
+        [
+            "NAME",
+            "HOSTS",
+            "ISSUER",
+            "NOT BEFORE",
+            "NOT AFTER",
+            "NEXT RENEWAL",
+            "FINGERPRINT",
+            "PROBLEM"
+        ],
+        "{text}"
+    );
+    assert_eq!(lines.len(), 3, "{text}");
+    assert_eq!(lines[1][0], "acme.other.example.com");
+    assert_eq!(lines[1][2], "edgeform test site CA");
+    assert_eq!(lines[1][4], acme["not_after_rfc3339"].as_str().unwrap());
+    assert_eq!(lines[1][5], edgestate::time::rfc3339_signed(renew));
+    assert_eq!(lines[2][0], "shop");
+    assert_eq!(lines[2][5], "-");
+    assert_eq!(lines[2][7], "-");
+
+    // Past its renewal time (25 days in), before its end: due.
+    let later = edgestate::time::rfc3339_signed(nb + 25 * 86_400);
+    let o = run(f.path(), &state, &["--now", &later, "certs", "list"]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let row = stdout(&o).lines().nth(1).unwrap().to_owned();
+    assert_eq!(row.split('\t').nth(5), Some("due"), "{row}");
+    let o = run(
+        f.path(),
+        &state,
+        &["--now", &later, "certs", "list", "--format", "json"],
+    );
+    let json: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    assert_eq!(json[0]["renewal_due"], true);
+
+    // status: the soonest is the ACME site's; at 29.5 days before its
+    // end, 29 whole days are left.
+    let at = edgestate::time::rfc3339_signed(na - 29 * 86_400 - 43_200);
+    let status = |at: &str, format: &str| {
+        run(
+            f.path(),
+            &state,
+            &["--now", at, "status", "--from", "redis", "--format", format],
+        )
+    };
+    let json: serde_json::Value =
+        serde_json::from_str(&stdout(&status(&at, "json"))).expect("status json");
+    let soonest = &json["soonest_certificate_expiry"];
+    assert_eq!(soonest["name"], "acme.other.example.com", "{json}");
+    assert_eq!(soonest["host"], "other.example.com");
+    assert_eq!(soonest["not_after"], na);
+    assert_eq!(
+        soonest["not_after_rfc3339"],
+        edgestate::time::rfc3339_signed(na).as_str()
+    );
+    assert_eq!(soonest["days_left"], 29);
+    assert_eq!(soonest["expired"], false);
+    let line = |when: &str| {
+        format!(
+            "soonest certificate expiry: acme.other.example.com (other.example.com) not after {}, {when}\n",
+            edgestate::time::rfc3339_signed(na)
+        )
+    };
+    let text = stdout(&status(&at, "human"));
+    assert!(text.contains(&line("in 29 day(s)")), "{text}");
+    // Past its end (3 days and an hour): said so.
+    let at = edgestate::time::rfc3339_signed(na + 3 * 86_400 + 3_600);
+    let o = status(&at, "human");
+    let text = stdout(&o);
+    assert!(
+        text.contains(&line("EXPIRED 3 day(s) ago")),
+        "{text}{}",
+        stderr(&o)
+    );
+    assert!(!text.contains("PRIVATE KEY"), "{text}");
 }
