@@ -332,54 +332,53 @@ async fn certs(
     // the second it issues it, after this run's `now`).
     let mut latest_start = i64::MIN;
     if !due.is_empty() {
-        let outcomes: Vec<(Request, Result<(), Vec<Failure>>)> = match acme::issue_requests(
-            config, &store, &due, now,
-        )
-        .await
-        {
-            Ok(outcomes) => due
-                .iter()
-                .cloned()
-                .zip(outcomes)
-                .map(|(req, (_, r))| {
-                    let r = match r {
-                        Ok(cert) => {
-                            latest_start = latest_start.max(cert.not_before);
-                            tracing::info!(
-                                certificate = %req.name,
-                                not_after = %compiler::clock::rfc3339_signed(cert.not_after),
-                                fingerprint = %format!("sha256:{}", cert.fingerprint),
-                                "renewal: issued"
-                            );
-                            Ok(())
-                        }
-                        Err(f) => Err(f),
-                    };
-                    (req, r)
-                })
-                .collect(),
-            // Nothing could start (no CA section, an edge unreachable,
-            // the account): every due certificate failed with it.
-            Err(e) => due
-                .iter()
-                .cloned()
-                .map(|req| {
-                    let f = req
-                        .hosts
-                        .iter()
-                        .map(|h| Failure {
+        let outcomes: Vec<(Request, Result<(), Vec<Failure>>)> =
+            match acme::issue_requests(config, &store, &due, now).await {
+                Ok(outcomes) => due
+                    .iter()
+                    .cloned()
+                    .zip(outcomes)
+                    .map(|(req, (_, r))| {
+                        let r = match r {
+                            Ok(cert) => {
+                                latest_start = latest_start.max(cert.not_before);
+                                tracing::info!(
+                                    certificate = %req.name,
+                                    not_after = %compiler::clock::rfc3339_signed(cert.not_after),
+                                    fingerprint = %format!("sha256:{}", cert.fingerprint),
+                                    "renewal: issued"
+                                );
+                                Ok(())
+                            }
+                            Err(f) => Err(f),
+                        };
+                        (req, r)
+                    })
+                    .collect(),
+                // Nothing could start (no CA section, an edge unreachable,
+                // the account): every due certificate failed with it.
+                Err(e) => due
+                    .iter()
+                    .cloned()
+                    .map(|req| {
+                        let f = req
+                            .hosts
+                            .iter()
+                            .map(|h| {
+                                Failure {
                             host: h.clone(),
                             problem:
                                 serde_json::json!({"type": "about:blank", "detail": e.to_string()})
                                     .to_string(),
                             from_ca: false,
                             retry_after: None,
-                        })
-                        .collect();
-                    (req, Err(f))
-                })
-                .collect(),
-        };
+                        }
+                            })
+                            .collect();
+                        (req, Err(f))
+                    })
+                    .collect(),
+            };
         for (req, r) in outcomes {
             match r {
                 Ok(()) => {
