@@ -317,10 +317,13 @@ async fn certs(
                     urgent_notes.push(match &c.kept {
                         Some(k) => format!(
                             "{} expires {}",
-                            c.req.hosts[0],
+                            c.req.hosts.first().map_or("", String::as_str),
                             compiler::clock::rfc3339_signed(k.not_after)
                         ),
-                        None => format!("{} has no certificate", c.req.hosts[0]),
+                        None => format!(
+                            "{} has no certificate",
+                            c.req.hosts.first().map_or("", String::as_str)
+                        ),
                     });
                 }
                 due.push(c.req.clone());
