@@ -281,7 +281,8 @@ async fn certs(
 
     // Decide, then order what is due, one site after the other.
     let mut due: Vec<Request> = Vec::new();
-    let mut urgent_notes: Vec<String> = Vec::new();
+    // Why each certificate ordered inside an open window may go through it.
+    let mut urgent_notes: BTreeMap<String, String> = BTreeMap::new();
     for c in &certs {
         let name = &c.req.name;
         let d = decide(c, frozen.is_some());
@@ -314,7 +315,7 @@ async fn certs(
             Decision::Issue | Decision::Renew { .. } => {
                 tracing::info!(certificate = %name, hosts = %c.req.hosts.join(","), issue = d == Decision::Issue, "renewal: ordering");
                 if frozen.is_some() {
-                    urgent_notes.push(match &c.kept {
+                    let note = match &c.kept {
                         Some(k) => format!(
                             "{} expires {}",
                             c.req.hosts.first().map_or("", String::as_str),
@@ -324,7 +325,8 @@ async fn certs(
                             "{} has no certificate",
                             c.req.hosts.first().map_or("", String::as_str)
                         ),
-                    });
+                    };
+                    urgent_notes.insert(name.clone(), note);
                 }
                 due.push(c.req.clone());
             }
@@ -440,7 +442,12 @@ async fn certs(
     }
     let urgent = frozen.as_ref().map(|f| UrgentRenewal {
         window: f.window.clone(),
-        hosts: urgent_notes.join(", "),
+        // The certificates issued (a failed one is not pushed).
+        hosts: issued
+            .iter()
+            .filter_map(|n| urgent_notes.get(n).cloned())
+            .collect::<Vec<_>>()
+            .join(", "),
     });
     // Pushed once valid: a certificate starting a few seconds ahead (the
     // CA's second of issue) is waited for, briefly.
@@ -536,4 +543,38 @@ async fn push(
         }
     }
     ok
+}
+
+#[cfg(test)]
+mod tests {
+    use std::os::unix::fs::PermissionsExt as _;
+
+    use super::*;
+
+    #[test]
+    fn the_renewal_state_is_kept_0600_and_a_bad_file_is_named() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = DirStore::open(&dir.path().join("state")).unwrap();
+        // None kept: the empty state.
+        assert_eq!(load_state(&store).unwrap(), State::default());
+        let mut s = State::default();
+        s.failed(
+            "acme.shop.test",
+            1_000,
+            "shop.test: {\"type\":\"x\"}",
+            Some(90),
+            7,
+        );
+        save_state(&store, &s).unwrap();
+        assert_eq!(load_state(&store).unwrap(), s);
+        let path = state_path(store.root());
+        let mode = std::fs::metadata(&path).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o600);
+        // Not the state's JSON: an error naming the file, never a panic.
+        std::fs::write(&path, b"{\"certificates\": 3}").unwrap();
+        let e = load_state(&store).unwrap_err().to_string();
+        assert!(e.contains("renewal.json"), "{e}");
+        std::fs::write(&path, [0xff, 0xfe, 0x00]).unwrap();
+        assert!(load_state(&store).is_err());
+    }
 }
