@@ -221,7 +221,9 @@ impl Options {
             break_glass: self.break_glass,
             freeze: super::gate::in_force(self, relation)
                 .filter(|_| self.break_glass)
-                .map(|f| f.window.clone()),
+                .map(|f| f.window.clone())
+                .or_else(|| self.audit.urgent_renewal.as_ref().map(|u| u.window.clone())),
+            urgent_renewal: self.audit.urgent_renewal.as_ref().map(|u| u.hosts.clone()),
             written,
             deleted,
             clock_moved: self.audit.moved.map(compiler::clock::rfc3339),

@@ -23,6 +23,19 @@ pub struct Audit {
     pub now: u64,
     /// The real time when `--now` moved the clock (`now` is then not it).
     pub moved: Option<u64>,
+    /// A certificate renewal pushed inside an open freeze window because
+    /// a certificate would otherwise expire within 72 hours: recorded in
+    /// the entry (`freeze`, `urgent_renewal`).
+    pub urgent_renewal: Option<UrgentRenewal>,
+}
+
+/// Why a renewal went through an open freeze window: the window and, in
+/// words, the certificates that would otherwise expire within 72 hours
+/// (`<host> expires <RFC 3339>`, comma-separated).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct UrgentRenewal {
+    pub window: String,
+    pub hosts: String,
 }
 
 impl Audit {
@@ -39,6 +52,7 @@ impl Audit {
             command: command_line(std::env::args().skip(1)),
             now,
             moved: compiler::clock::moved(),
+            urgent_renewal: None,
         }
     }
 }
@@ -84,7 +98,7 @@ pub fn command_line(args: impl Iterator<Item = String>) -> String {
 pub struct Entry {
     /// When (RFC 3339, UTC).
     pub at: String,
-    /// `apply`, `sync` or `heal`.
+    /// `apply`, `sync`, `heal` or `renew`.
     pub action: String,
     pub commit: String,
     /// The commit the target had before (`None`: none).
@@ -96,9 +110,15 @@ pub struct Entry {
     pub forced: bool,
     /// `--break-glass` was given.
     pub break_glass: bool,
-    /// The freeze window that was open and broken (`--break-glass`).
+    /// The freeze window that was open and broken (`--break-glass`, or a
+    /// renewal of a certificate expiring within 72 hours).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub freeze: Option<String>,
+    /// A renewal pushed inside the freeze window `freeze`: the
+    /// certificates that would otherwise have expired within 72 hours
+    /// (`<host> expires <RFC 3339>`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub urgent_renewal: Option<String>,
     /// Documents written (added or changed), and deleted.
     pub written: usize,
     pub deleted: usize,
@@ -151,5 +171,26 @@ mod tests {
         );
         let long = command_line(std::iter::once("é".repeat(400)));
         assert!(long.len() <= 512 && long.ends_with("..."));
+    }
+
+    #[test]
+    fn entries_without_the_renewal_fields_still_parse_and_new_ones_carry_them() {
+        let old = br#"{"at":"2026-12-01T00:00:00Z","action":"sync","commit":"b","previous_commit":"a","generation":2,"applied_by":"u@h","command":"edgeform reconcile","forced":false,"break_glass":false,"written":1,"deleted":0}"#;
+        let parsed = parse_history(&[old.to_vec()]);
+        let e = parsed[0].as_ref().unwrap();
+        assert_eq!(
+            (e.freeze.as_deref(), e.urgent_renewal.as_deref()),
+            (None, None)
+        );
+        // Written back without the fields it does not have.
+        let json = serde_json::to_string(e).unwrap();
+        assert!(!json.contains("urgent_renewal") && !json.contains("freeze"));
+        let mut renewed = e.clone();
+        renewed.action = "renew".into();
+        renewed.freeze = Some("final".into());
+        renewed.urgent_renewal = Some("shop.test expires 2026-12-03T00:00:00Z".into());
+        let json = serde_json::to_string(&renewed).unwrap();
+        let back = parse_history(&[json.into_bytes()]);
+        assert_eq!(back[0].as_ref().unwrap(), &renewed);
     }
 }

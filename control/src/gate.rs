@@ -13,6 +13,12 @@
 //!   commit's *or the live commit's*: a commit cannot lift the freeze it
 //!   is applied under by deleting it.
 //! - `apply` itself always passes the checks, as it always did.
+//! - A certificate renewal (`Action::Renew`) never moves a target: it is
+//!   pushed at the target's own live commit, so it is a repair (outside
+//!   thresholds and freeze windows — the renewal job decides the 72-hour
+//!   freeze rule before it orders); should the live commit have moved
+//!   meanwhile, it is refused (`Refusal::NotLive`) and left to the next
+//!   sync.
 
 use super::apply::Options;
 use super::plan::{self, Ancestry, Changes, Refusal};
@@ -25,6 +31,8 @@ pub enum Action {
     Apply,
     Sync,
     Heal,
+    /// A renewed certificate pushed at the target's own commit.
+    Renew,
 }
 
 impl Action {
@@ -34,6 +42,7 @@ impl Action {
             Action::Apply => "apply",
             Action::Sync => "sync",
             Action::Heal => "heal",
+            Action::Renew => "renew",
         }
     }
 }
@@ -107,6 +116,12 @@ pub fn decide(
     // what it cannot read.
     plan::skew(desired, live)?;
     let moves = moving(live.meta.commit.as_deref(), &options.commit);
+    if moves && options.action == Action::Renew {
+        return Err(Refusal::NotLive {
+            live: live.meta.commit.clone(),
+            desired: options.commit.clone(),
+        });
+    }
     if !moves && options.action != Action::Apply {
         return Ok(Move::Repair);
     }
@@ -464,11 +479,46 @@ mod tests {
     }
 
     #[test]
+    fn a_renewal_repairs_at_the_live_commit_whatever_the_thresholds_and_freeze_and_never_moves() {
+        let d = desired(40);
+        let mut o = options(Action::Renew);
+        o.frozen = Some(Frozen {
+            window: "final".into(),
+            until: "2026-12-26T06:00:00Z".into(),
+        });
+        let frozen_live = Relation {
+            ancestry: Ancestry::Forward,
+            frozen: o.frozen.clone(),
+        };
+        // At the own commit: a repair, over thresholds and in a freeze.
+        assert_eq!(
+            decide(
+                &o,
+                &d,
+                &live("b", 100),
+                &mass_deletion(),
+                frozen_live.clone()
+            ),
+            Ok(Move::Repair)
+        );
+        // Another live commit (it moved meanwhile), or none: refused, even
+        // with every override.
+        o.break_glass = true;
+        o.overrides.force = true;
+        o.overrides.allow_rollback = true;
+        for l in [live("a", 100), Live::default()] {
+            let r = decide(&o, &d, &l, &Changes::default(), Ancestry::Forward.into());
+            assert_eq!(r.unwrap_err().kind(), RefusalKind::NotLive);
+        }
+    }
+
+    #[test]
     fn actions_are_named_as_the_cli_and_logs_name_them() {
         for (action, name) in [
             (Action::Apply, "apply"),
             (Action::Sync, "sync"),
             (Action::Heal, "heal"),
+            (Action::Renew, "renew"),
         ] {
             assert_eq!(action.as_str(), name);
             assert_eq!(

@@ -17,7 +17,8 @@
 //! - [`many`]: which targets, and apply/heal/sync over all of them.
 //! - [`saved`]: one target's plan and the saved-plan file format.
 //! - [`reconcile`]: the scheduled jobs, daemon loop, signals, `--pull`.
-//! - [`renew`]: when an ACME certificate is renewed (pure rules).
+//! - [`renew`]: when an ACME certificate is renewed (pure rules), and
+//!   the reconciler's certificates job that runs them (`renew::job`).
 //! - `gitsource` (crate): credentials and SSH host key checks for
 //!   `--pull`; `--require-signed-by`'s allowed signers and signatures.
 //! - [`metrics`]: what the reconciler did, for Prometheus (one `Arc`

@@ -156,14 +156,18 @@ pub fn frozen_at(source: &Source, now: u64) -> Option<Frozen> {
 /// under `--now`, at the real time ([`compiler::clock::freeze_instants`]).
 #[must_use]
 pub fn frozen(source: &Source) -> Option<Frozen> {
-    FreezeWindow::open_at_any(
-        &source.config.cluster.freeze,
-        &compiler::clock::freeze_instants(),
+    frozen_in(&source.config)
+}
+
+/// The freeze window of `config` open now, as [`frozen`] decides it.
+#[must_use]
+pub fn frozen_in(config: &compiler::Config) -> Option<Frozen> {
+    FreezeWindow::open_at_any(&config.cluster.freeze, &compiler::clock::freeze_instants()).map(
+        |w| Frozen {
+            window: w.name.clone(),
+            until: compiler::clock::rfc3339(w.end),
+        },
     )
-    .map(|w| Frozen {
-        window: w.name.clone(),
-        until: compiler::clock::rfc3339(w.end),
-    })
 }
 
 /// How one target's sync or heal ended: typed, so logs, exit codes and
@@ -236,6 +240,19 @@ pub async fn apply_all(
     tick: Arc<dyn Fn() + Send + Sync>,
 ) -> Vec<Applied> {
     let options = Arc::new(options(source, flags, action));
+    apply_all_with(source, jobs, flags, options, expect, root, tick).await
+}
+
+/// [`apply_all`] with the run's options made by the caller.
+async fn apply_all_with(
+    source: &Source,
+    jobs: Vec<Job>,
+    flags: &Settings,
+    options: Arc<Options>,
+    expect: Option<&SavedPlan>,
+    root: &Path,
+    tick: Arc<dyn Fn() + Send + Sync>,
+) -> Vec<Applied> {
     let ancestor = Arc::new(
         Ancestor::new(root, &source.commit)
             .signed_by(flags.signers.clone())
@@ -439,19 +456,51 @@ pub async fn sync_all(source: &Source, jobs: Vec<Job>, flags: &Settings, root: &
         Arc::new(|| {}),
     )
     .await;
+    applied_report("sync", source, results, flags)
+}
+
+/// Push renewed certificates to `jobs`, each target at its own live
+/// commit, `source.commit` (the caller grouped the targets by it): a
+/// repair the gate never lets move a target ([`Action::Renew`]), outside
+/// thresholds. `urgent`: the freeze window open and the certificates
+/// that would otherwise expire within 72 hours, recorded in the history.
+pub async fn renew_all(
+    source: &Source,
+    jobs: Vec<Job>,
+    flags: &Settings,
+    root: &Path,
+    urgent: Option<super::audit::UrgentRenewal>,
+) -> Report {
+    let mut options = options(source, flags, Action::Renew);
+    options.audit.urgent_renewal = urgent;
+    let results = apply_all_with(
+        source,
+        jobs,
+        flags,
+        Arc::new(options),
+        None,
+        root,
+        Arc::new(|| {}),
+    )
+    .await;
+    applied_report("renew", source, results, flags)
+}
+
+/// Count and log each target's apply outcome of `what` (sync, renew).
+fn applied_report(what: &str, source: &Source, results: Vec<Applied>, flags: &Settings) -> Report {
     let mut report = Report::default();
     let metrics = &flags.metrics;
     for (job, r) in &results {
         match r {
             Ok(o) => {
-                metrics.succeeded(&job.node.name, "sync", &source.commit);
+                metrics.succeeded(&job.node.name, what, &source.commit);
                 if let Outcome::Applied { changes, .. } = o {
                     metrics.drift(&job.node.name, "missing", changes.added.len());
                     metrics.drift(&job.node.name, "changed", changes.changed.len());
                     metrics.drift(&job.node.name, "removed", changes.removed.len());
                 }
             }
-            Err(e) => metrics.failed(&job.node.name, "sync", e),
+            Err(e) => metrics.failed(&job.node.name, what, e),
         }
     }
     for (job, r) in results {
@@ -469,14 +518,14 @@ pub async fn sync_all(source: &Source, jobs: Vec<Job>, flags: &Settings, root: &
                 for k in &changes.removed {
                     tracing::warn!(target = %job.node.name, key = %k, kind = "removed", "drift: pruned");
                 }
-                tracing::info!(target = %job.node.name, generation, "sync: applied");
+                tracing::info!(target = %job.node.name, generation, commit = %source.commit, "{what}: applied");
                 Ended::Written(changes.count())
             }
             Ok(Outcome::Unchanged { generation }) => {
-                tracing::info!(target = %job.node.name, generation, "sync: in sync");
+                tracing::info!(target = %job.node.name, generation, "{what}: in sync");
                 Ended::InSync
             }
-            Err(e) => failed_or_refused("sync", &job, &e),
+            Err(e) => failed_or_refused(what, &job, &e),
         };
         report.targets.push((job.node.name.clone(), ended));
     }

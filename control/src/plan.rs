@@ -171,6 +171,13 @@ pub enum Refusal {
         /// What the documents use that it does not, in words.
         uses: String,
     },
+    /// A certificate renewal is pushed at a target's own live commit
+    /// only: that commit is no longer `desired` (it moved, or the meta
+    /// names none).
+    NotLive {
+        live: Option<String>,
+        desired: String,
+    },
 }
 
 /// The kind of a [`Refusal`], for logs and metrics (a label value that
@@ -187,6 +194,7 @@ pub enum RefusalKind {
     Diverged,
     UnsignedHistory,
     InstallFirst,
+    NotLive,
 }
 
 impl RefusalKind {
@@ -202,6 +210,7 @@ impl RefusalKind {
             RefusalKind::Diverged => "diverged",
             RefusalKind::UnsignedHistory => "unsigned-history",
             RefusalKind::InstallFirst => "install-first",
+            RefusalKind::NotLive => "not-live",
         }
     }
 }
@@ -219,6 +228,7 @@ impl Refusal {
             Refusal::Diverged { .. } => RefusalKind::Diverged,
             Refusal::UnsignedHistory { .. } => RefusalKind::UnsignedHistory,
             Refusal::InstallFirst { .. } => RefusalKind::InstallFirst,
+            Refusal::NotLive { .. } => RefusalKind::NotLive,
         }
     }
 }
@@ -275,6 +285,12 @@ impl std::fmt::Display for Refusal {
                 f,
                 "install first: {node}'s installed code reads {reads}; this commit's {uses} \
                  (run `edgeform install {node}`, then apply)"
+            ),
+            Refusal::NotLive { live, desired } => write!(
+                f,
+                "a renewal is pushed at the target's own commit {desired} only, and its live commit \
+                 is now {}; the next sync pushes the certificate",
+                live.as_deref().unwrap_or("none")
             ),
         }
     }

@@ -1,5 +1,6 @@
-//! The reconciler: the scheduled sync and heal jobs, the daemon loop and
-//! its signals, and the network pull (`--pull REMOTE/BRANCH`).
+//! The reconciler: the scheduled sync, heal and certificates jobs, the
+//! daemon loop and its signals, and the network pull (`--pull
+//! REMOTE/BRANCH`). The certificates job is [`crate::renew::job`].
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -40,6 +41,21 @@ fn load(root: &Path, rev: Option<&str>, state_dir: &Path) -> Result<Source> {
 pub enum Once {
     Sync,
     Heal,
+    /// Order missing ACME certificates, renew due ones, push them at each
+    /// target's own commit ([`crate::renew::job`]).
+    Certs,
+}
+
+impl Once {
+    /// The job's name in logs and metrics.
+    #[must_use]
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Once::Sync => "sync",
+            Once::Heal => "heal",
+            Once::Certs => "certs",
+        }
+    }
 }
 
 /// Fetch `remote/branch` through git2 and return the fetched commit id.
@@ -228,7 +244,8 @@ const URGENT_RETRY: Duration = Duration::from_secs(1);
 const URGENT_RETRY_FOR: Duration = Duration::from_secs(60);
 
 /// `edgeform reconcile`: sync every `sync_every`, heal every
-/// `heal_every`, until SIGTERM or ctrl-c (or one job with `once`).
+/// `heal_every`, the certificates job at start and every `certs_every`,
+/// until SIGTERM or ctrl-c (or one job with `once`).
 ///
 /// Only the targets in `only` (all when empty; an unknown name fails each
 /// run, logged).
@@ -245,6 +262,7 @@ pub async fn reconcile(
     pull_spec: Option<String>,
     sync_every: Duration,
     heal_every: Duration,
+    certs_every: Duration,
     once: Option<Once>,
     flags: Settings,
     git: remote::GitOptions,
@@ -352,6 +370,8 @@ pub async fn reconcile(
             let report = match which {
                 Once::Sync => sync_all(&source, jobs, &flags, &root).await,
                 Once::Heal => heal_all(&source, jobs, &flags, &root, tracker).await,
+                // Not here: the certificates job has its own loader (below).
+                Once::Certs => super::many::Report::default(),
             };
             // The verified commit is the last good one once a target has
             // it (a run that moved none, e.g. every target frozen, keeps
@@ -378,19 +398,52 @@ pub async fn reconcile(
             if refused { 1 } else { report.exit_code() }
         }
     };
+    // The certificates job: the revision picked as for sync (pulled,
+    // signature verified), its ACME sites' certificates ordered or renewed
+    // and pushed at each target's own commit.
+    let certs = || {
+        let picked = pick(
+            &root,
+            rev.as_deref(),
+            pull_spec.as_deref(),
+            &git,
+            &auth,
+            flags.allow_rollback,
+            &last_good,
+        );
+        let root = root.clone();
+        let only = only.clone();
+        let flags = flags.clone();
+        let state_dir = state_dir.clone();
+        async move {
+            let rev = match picked {
+                Ok(p) => p.rev,
+                Err(e) => {
+                    match e.downcast_ref::<signed::RefusedCommit>() {
+                        Some(refused) => log_refused(refused),
+                        None => {
+                            tracing::error!(cause = %edgeredis::one_line(&e), "reconcile: no certificate ordered");
+                        }
+                    }
+                    return 1;
+                }
+            };
+            crate::renew::job::run(&root, rev.as_deref(), &only, &flags, &state_dir).await
+        }
+    };
     // Metrics: count the run, write the textfile.
     let metrics = std::sync::Arc::clone(&flags.metrics);
     let run = |which: Once| {
         // From loading the repository (check and compile) to the last target.
         let start = std::time::Instant::now();
-        let job = run(which);
+        let job: std::pin::Pin<Box<dyn std::future::Future<Output = u8> + '_>> = match which {
+            Once::Certs => Box::pin(certs()),
+            Once::Sync | Once::Heal => Box::pin(run(which)),
+        };
         let metrics = std::sync::Arc::clone(&metrics);
         async move {
             let code = job.await;
-            let name = match which {
-                Once::Sync => "sync",
-                Once::Heal => "heal",
-            };
+            let name = which.as_str();
             tracing::info!(
                 job = name,
                 exit = code,
@@ -406,10 +459,16 @@ pub async fn reconcile(
     if let Some(which) = once {
         return Ok(run(which).await);
     }
+    // Certificates first: a site's missing certificate is ordered before
+    // the first sync needs it.
+    run(Once::Certs).await;
     let mut sync = tokio::time::interval(sync_every);
     let mut heal = tokio::time::interval(heal_every);
+    let mut certs_tick =
+        tokio::time::interval_at(tokio::time::Instant::now() + certs_every, certs_every);
     sync.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     heal.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    certs_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     // A target's Redis that may have lost its data is healed at once (the
     // tracker says so), and again every second while a target fails (the
@@ -429,6 +488,7 @@ pub async fn reconcile(
         tokio::select! {
             _ = sync.tick() => { run(Once::Sync).await; }
             _ = heal.tick() => { run(Once::Heal).await; }
+            _ = certs_tick.tick() => { run(Once::Certs).await; }
             () = urgent.notified() => {
                 // Let the burst of pushes of one loss arrive.
                 tokio::time::sleep(URGENT_SETTLE).await;

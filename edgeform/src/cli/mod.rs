@@ -256,9 +256,14 @@ pub enum Command {
         /// (1s to 7d).
         #[arg(long, default_value = "5m", value_name = "DURATION", value_parser = push::interval)]
         heal_every: std::time::Duration,
+        /// How often the certificates job orders missing ACME certificates
+        /// and renews due ones (1s to 7d); it also runs once at start.
+        #[arg(long, default_value = "1h", value_name = "DURATION", value_parser = push::interval)]
+        certs_every: std::time::Duration,
         /// Run one job and exit (for cron or systemd timers): exit 0, or 1
         /// when a target failed or was refused (a move to another commit
-        /// over a threshold, the empty state, a rollback, a freeze).
+        /// over a threshold, the empty state, a rollback, a freeze) or,
+        /// for `certs`, when a certificate could not be ordered or pushed.
         #[arg(long, value_enum, value_name = "JOB")]
         once: Option<Once>,
         /// Fetch REMOTE/BRANCH through git2 before each run and push that.
@@ -478,6 +483,8 @@ pub enum DiffFormat {
 pub enum Once {
     Sync,
     Heal,
+    /// Order missing ACME certificates, renew due ones, push them.
+    Certs,
 }
 
 impl From<Once> for control::reconcile::Once {
@@ -485,6 +492,7 @@ impl From<Once> for control::reconcile::Once {
         match once {
             Once::Sync => control::reconcile::Once::Sync,
             Once::Heal => control::reconcile::Once::Heal,
+            Once::Certs => control::reconcile::Once::Certs,
         }
     }
 }
@@ -906,6 +914,7 @@ pub fn run(cli: &Cli) -> Result<u8> {
         Command::Reconcile {
             sync_every,
             heal_every,
+            certs_every,
             once,
             pull,
             nodes,
@@ -946,6 +955,7 @@ pub fn run(cli: &Cli) -> Result<u8> {
                     pull.clone(),
                     *sync_every,
                     *heal_every,
+                    *certs_every,
                     once.map(Into::into),
                     settings,
                     git.into(),

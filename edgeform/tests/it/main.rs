@@ -28,6 +28,7 @@ mod private;
 mod proxied;
 mod purge;
 mod push;
+mod renew;
 mod role_gate;
 mod router;
 mod rule_regex_edge;
