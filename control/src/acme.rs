@@ -168,6 +168,23 @@ impl Failure {
         }
     }
 
+    /// What the CA sent as the certificate is refused: `kind`
+    /// `bad-certificate`, and `certificate` the check's own kind
+    /// ([`certs::CertErrorKind::as_str`]: `not-pem`, `chain-order`,
+    /// `key-mismatch`, …).
+    fn bad_certificate(host: &str, e: &certs::CertError) -> Failure {
+        let mut f = Failure::local(
+            host,
+            LocalKind::BadCertificate,
+            format!("the CA's certificate is not usable: {e}"),
+        );
+        if let Ok(mut v) = serde_json::from_str::<serde_json::Value>(&f.problem) {
+            v["certificate"] = e.kind.as_str().into();
+            f.problem = v.to_string();
+        }
+        f
+    }
+
     /// The `kind` of a problem made on this side ([`LocalKind::as_str`]);
     /// `None` for the CA's.
     #[must_use]
@@ -649,18 +666,7 @@ async fn order(
             let at = at.max(c.not_before.min(at.saturating_add(ISSUED_CLOCK_SKEW_SECS)));
             certs::check_now(&c, at).map(|()| c)
         })
-        .map_err(|e| {
-            all(req, |h| {
-                Failure::local(
-                    h,
-                    LocalKind::BadCertificate,
-                    format!(
-                        "the CA's certificate is not usable ({}): {e}",
-                        e.kind.as_str()
-                    ),
-                )
-            })
-        })?;
+        .map_err(|e| all(req, |h| Failure::bad_certificate(h, &e)))?;
     let missing: Vec<Failure> = req
         .hosts
         .iter()
