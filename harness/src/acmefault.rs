@@ -27,6 +27,9 @@ pub enum Fault {
     /// A new order (`POST /order-plz`) answered 500 with the problem
     /// document `urn:ietf:params:acme:error:serverInternal`.
     NewOrder500,
+    /// A new order answered with this HTTP status and a plain-text body,
+    /// no problem document (a load balancer's error page).
+    NewOrderPlain(u16),
     /// A new order answered 429 with the problem document
     /// `urn:ietf:params:acme:error:rateLimited` and `Retry-After: <value>`
     /// (seconds or an HTTP date, as given).
@@ -92,6 +95,11 @@ fn configure(dir: &std::path::Path, port: u16, pebble_port: u16, fault: &Fault) 
                 "the CA is having a bad day",
                 500
             ))
+        ),
+        Fault::NewOrderPlain(status) => format!(
+            "    http-request return status {status} content-type text/plain \
+             file {} if {{ method POST }} {{ path /order-plz }}\n",
+            body("upstream unavailable\n")
         ),
         Fault::RateLimited { retry_after } => format!(
             "    http-request return status 429 content-type application/problem+json \

@@ -463,10 +463,10 @@ fn http_date_in(secs: u64) -> String {
     String::from_utf8(out.stdout).unwrap().trim().to_owned()
 }
 
-/// The CA answering 500, `rateLimited` with `Retry-After` (seconds, then
-/// an HTTP date), or not at all: every host of every site fails with the
-/// CA's problem document (or, unanswered, a bounded local one), the wait
-/// the CA asked for is given, and nothing is replaced.
+/// The CA answering 500, an error page, `rateLimited` with `Retry-After`
+/// (seconds, then an HTTP date), or not at all: every host of every site
+/// fails with the CA's problem document (or, unanswered, a bounded local
+/// one), the wait the CA asked for is given, and nothing is replaced.
 #[test]
 fn certs_issue_names_each_host_when_the_ca_errs_rate_limits_or_does_not_answer() {
     use harness::acmefault::Fault;
@@ -480,6 +480,14 @@ fn certs_issue_names_each_host_when_the_ca_errs_rate_limits_or_does_not_answer()
             "{host}"
         );
         assert_eq!(p["status"], 500, "{host}");
+        assert_eq!(*after, None, "{host}");
+    }
+
+    // An error page, not a problem document: still the CA's answer.
+    let failed = t.fails(&Fault::NewOrderPlain(503));
+    for (host, (p, after)) in &failed {
+        assert_eq!(p["type"], "about:blank", "{host}: {p}");
+        assert_eq!(p["status"], 503, "{host}: {p}");
         assert_eq!(*after, None, "{host}");
     }
 
@@ -501,17 +509,21 @@ fn certs_issue_names_each_host_when_the_ca_errs_rate_limits_or_does_not_answer()
         assert!((100..=120).contains(&after), "{host}: {after}");
     }
 
-    let asked = std::time::Instant::now();
-    let failed = t.fails(&Fault::NoAnswer("/order-plz".into()));
-    for (host, (p, _)) in &failed {
-        assert_eq!(p["kind"], "ca-no-answer", "{host}: {p}");
+    // No answer to the new order, or to the finalization (after the
+    // challenges were written and validated).
+    for path in ["/order-plz", "/finalize-order/"] {
+        let asked = std::time::Instant::now();
+        let failed = t.fails(&Fault::NoAnswer(path.into()));
+        for (host, (p, _)) in &failed {
+            assert_eq!(p["kind"], "ca-no-answer", "{path}: {host}: {p}");
+        }
+        // Two orders, each given up within the order's bound.
+        assert!(
+            asked.elapsed() < std::time::Duration::from_secs(2 * ORDER_TIMEOUT_S + 5),
+            "{path}: {:?}",
+            asked.elapsed()
+        );
     }
-    // Two orders, each given up after half the order's bound.
-    assert!(
-        asked.elapsed() < std::time::Duration::from_secs(2 * ORDER_TIMEOUT_S + 5),
-        "{:?}",
-        asked.elapsed()
-    );
 
     // The CA back: issuing works again.
     t.proxy.set_fault(&Fault::None);
