@@ -34,6 +34,9 @@ pub enum Fault {
     /// `urn:ietf:params:acme:error:rateLimited` and `Retry-After: <value>`
     /// (seconds or an HTTP date, as given).
     RateLimited { retry_after: String },
+    /// The first new order only answered like [`Fault::RateLimited`]; the
+    /// next ones go to pebble (HAProxy counts them in a stick table).
+    RateLimitedFirst { retry_after: String },
     /// Requests whose path starts with this (e.g. `/order-plz`,
     /// `/finalize-order/`) get no answer (HAProxy's `tarpit`, an hour).
     NoAnswer(String),
@@ -105,6 +108,15 @@ fn configure(dir: &std::path::Path, port: u16, pebble_port: u16, fault: &Fault) 
             "    http-request return status 429 content-type application/problem+json \
              file {} hdr Retry-After \"{retry_after}\" \
              if {{ method POST }} {{ path /order-plz }}\n",
+            body(&problem("rateLimited", "too many new orders recently", 429))
+        ),
+        Fault::RateLimitedFirst { retry_after } => format!(
+            "    stick-table type integer size 1 store gpc0\n\
+             \x20   http-request track-sc0 int(1) if {{ method POST }} {{ path /order-plz }}\n\
+             \x20   http-request sc-inc-gpc0(0) if {{ method POST }} {{ path /order-plz }}\n\
+             \x20   http-request return status 429 content-type application/problem+json \
+             file {} hdr Retry-After \"{retry_after}\" \
+             if {{ method POST }} {{ path /order-plz }} {{ sc_get_gpc0(0) eq 1 }}\n",
             body(&problem("rateLimited", "too many new orders recently", 429))
         ),
         Fault::NoAnswer(prefix) => format!("    http-request tarpit if {{ path_beg {prefix} }}\n"),

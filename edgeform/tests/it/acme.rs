@@ -466,7 +466,8 @@ fn http_date_in(secs: u64) -> String {
 /// The CA answering 500, an error page, `rateLimited` with `Retry-After`
 /// (seconds, then an HTTP date), or not at all: every host of every site
 /// fails with the CA's problem document (or, unanswered, a bounded local
-/// one), the wait the CA asked for is given, and nothing is replaced.
+/// one), the wait the CA asked for is given, and nothing is replaced. A
+/// rate limit on one site's order does not stop the next site's.
 #[test]
 fn certs_issue_names_each_host_when_the_ca_errs_rate_limits_or_does_not_answer() {
     use harness::acmefault::Fault;
@@ -507,6 +508,43 @@ fn certs_issue_names_each_host_when_the_ca_errs_rate_limits_or_does_not_answer()
     for (host, (_, after)) in &failed {
         let after = after.unwrap_or_else(|| panic!("{host}: no retry after"));
         assert!((100..=120).contains(&after), "{host}: {after}");
+    }
+
+    // Rate-limited on the first order only: that site's hosts fail with
+    // the wait, the next site is issued.
+    t.proxy.set_fault(&Fault::RateLimitedFirst {
+        retry_after: "30".into(),
+    });
+    let before = t.kept().0;
+    let o = run(t.f.path(), &t.state, &["certs", "issue"]);
+    let err = stderr(&o);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    let failed = failures(&err);
+    let (first, issued) = if failed.contains_key("blog.test") {
+        (vec!["blog.test"], "shop.test")
+    } else {
+        (vec!["shop.test", "www.shop.test"], "blog.test")
+    };
+    assert_eq!(
+        failed.keys().map(String::as_str).collect::<Vec<_>>(),
+        first,
+        "{err}"
+    );
+    for (host, (p, after)) in &failed {
+        assert_eq!(
+            p["type"], "urn:ietf:params:acme:error:rateLimited",
+            "{host}"
+        );
+        assert_eq!(*after, Some(30), "{host}");
+    }
+    assert!(
+        err.contains(&format!("issued certificate `acme.{issued}`")),
+        "{err}"
+    );
+    let after = t.kept().0;
+    let failed_name = format!("acme.{}", first[0]);
+    for (i, name) in ["acme.shop.test", "acme.blog.test"].iter().enumerate() {
+        assert_eq!(before[i] == after[i], *name == failed_name, "{name}");
     }
 
     // No answer to the new order, or to the finalization (after the
