@@ -15,7 +15,7 @@
 //! the certificate of that name as a whole: a failed order keeps the old
 //! one, and nothing half-made is stored.
 //!
-//! The client's HTTP is [`CaHttp`]: instant-acme's own stack (hyper +
+//! The client's HTTP is `CaHttp`: instant-acme's own stack (hyper +
 //! rustls), wrapped so that every request is bounded in time and the
 //! `Retry-After` of an error response is kept — instant-acme gives an
 //! error response's problem document but not its headers. A CA's error
@@ -83,7 +83,8 @@ pub struct Request {
 
 /// Why a host got no certificate: the host and the CA's problem document
 /// (RFC 7807, as JSON), or what went wrong on this side (as a problem
-/// document of type `about:blank`, [`Failure::local`]).
+/// document of type `about:blank` with a `kind`, [`LocalKind`], read by
+/// [`Failure::local_kind`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Failure {
     pub host: String,
@@ -597,7 +598,9 @@ async fn order(
         };
         let key = edgestate::keys::acme(&ch.token);
         keys.push(key.clone());
-        sink.put(&key, ch.key_authorization().as_str(), ca.order_timeout)
+        // The key lives no longer than the order may.
+        let ttl = ca.order_timeout.saturating_sub(started.elapsed());
+        sink.put(&key, ch.key_authorization().as_str(), ttl)
             .await
             .map_err(|e| vec![Failure::local(&host, LocalKind::Edge, e)])?;
         ch.set_ready().await.map_err(|e| ca_or_local(&e))?;
