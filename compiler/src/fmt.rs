@@ -122,7 +122,7 @@ pub fn order(kind: Kind, path: &[&str]) -> &'static [&'static str] {
             "anycast",
             "acme",
         ],
-        (Kind::Cluster, ["acme"]) => &["directory", "contact", "ca_file"],
+        (Kind::Cluster, ["acme"]) => &["directory", "contact", "ca_file", "order_timeout"],
         (Kind::Cluster, ["mqtt"]) => &["url", "topic_prefix"],
         (Kind::Cluster, ["apply"]) => &[
             "max_delete_percent",

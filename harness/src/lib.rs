@@ -12,6 +12,7 @@ pub mod sshd;
 
 pub mod nginx;
 
+pub mod acmefault;
 pub mod haproxy;
 pub mod sitecerts;
 pub use sitecerts::SiteCerts;

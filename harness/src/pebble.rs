@@ -6,8 +6,9 @@
 //! every A query with one address (IPv6 off), and validates HTTP-01 on
 //! that address at `http_port`: the test's edge or geo router
 //! ([`Pebble::resolve`] points one name elsewhere). `PEBBLE_VA_NOSLEEP=1` (no random validation
-//! delay) and `PEBBLE_WFE_NONCEREJECT=0` (no random `badNonce`), so runs
-//! are quick and repeatable.
+//! delay), `PEBBLE_WFE_NONCEREJECT=0` (no random `badNonce`) and
+//! `PEBBLE_AUTHZREUSE=0` (every order validates anew), so runs are quick
+//! and repeatable.
 
 use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
@@ -148,6 +149,9 @@ pub fn pebble(opts: &PebbleOptions) -> Pebble {
         vec![
             "PEBBLE_VA_NOSLEEP=1".into(),
             "PEBBLE_WFE_NONCEREJECT=0".into(),
+            // No reuse of a valid authorization (pebble's default: half
+            // of them): every order validates through the edge.
+            "PEBBLE_AUTHZREUSE=0".into(),
             "pebble".into(),
             "-config".into(),
             config_path.display().to_string(),

@@ -587,6 +587,13 @@ pub struct Acme {
     /// the system's (a private or test CA), on the control host.
     #[serde(default)]
     pub ca_file: Option<String>,
+    /// How long one order may take, from its creation to the certificate
+    /// (default `10m`): the bound of every wait on the CA, and the TTL of
+    /// its challenge keys on the edges. Whole seconds, at least `1s`, at
+    /// most `24h`.
+    #[serde(default)]
+    #[schemars(regex(pattern = DURATION_PATTERN))]
+    pub order_timeout: Option<String>,
 }
 
 /// The anycast audit: which upstream each route collector peer's best path

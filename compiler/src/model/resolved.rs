@@ -45,7 +45,15 @@ pub struct Acme {
     pub directory: String,
     pub contact: Vec<String>,
     pub ca_file: Option<String>,
+    /// `order_timeout` in seconds ([`ACME_ORDER_TIMEOUT_DEFAULT_S`] when
+    /// absent).
+    pub order_timeout_s: u64,
 }
+
+/// `acme.order_timeout` when absent: ten minutes.
+pub const ACME_ORDER_TIMEOUT_DEFAULT_S: u64 = 600;
+/// The longest `acme.order_timeout`: a day.
+pub const ACME_ORDER_TIMEOUT_MAX_S: u64 = 86_400;
 
 /// The anycast audit's settings (`cluster.yaml` `anycast`): the audit's
 /// own types, built by validation.

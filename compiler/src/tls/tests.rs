@@ -321,3 +321,60 @@ fn an_acme_site_names_its_issued_certificate_and_the_cluster_names_the_ca() {
         "{lines:#?}"
     );
 }
+
+#[test]
+fn an_acme_site_without_the_clusters_ca_is_refused_at_its_tls_line() {
+    let out = site_errors("host: s.example.com\norigin: https://203.0.113.10\ntls: {acme: true}\n");
+    let want = "sites/s.yaml:3:6 error acme-without-ca";
+    let hit = out.iter().find(|l| l.starts_with(want));
+    assert!(hit.is_some(), "{out:#?}");
+    let hit = hit.unwrap();
+    assert!(hit.contains("cluster.yaml has no `acme`"), "{hit}");
+    // With the CA named, the same site is valid.
+    valid(&[
+        NODE,
+        (
+            "cluster.yaml",
+            "acme:\n  directory: https://acme.example.net/dir\n",
+        ),
+        (
+            "sites/s.yaml",
+            "host: s.example.com\norigin: https://203.0.113.10\ntls: {acme: true}\n",
+        ),
+    ]);
+}
+
+#[test]
+fn the_acme_order_timeout_is_whole_seconds_with_a_ten_minute_default() {
+    let timeout = |extra: &str| {
+        let config = valid(&[
+            NODE,
+            (
+                "cluster.yaml",
+                &format!("acme:\n  directory: https://acme.example.net/dir\n{extra}"),
+            ),
+        ]);
+        config.cluster.acme.unwrap().order_timeout_s
+    };
+    assert_eq!(timeout(""), 600);
+    assert_eq!(timeout("  order_timeout: 3s\n"), 3);
+    assert_eq!(timeout("  order_timeout: 2h\n"), 7200);
+    for bad in ["0s", "1500ms", "25h"] {
+        let checked = crate::testkit::check(&[
+            NODE,
+            (
+                "cluster.yaml",
+                &format!(
+                    "acme:\n  directory: https://acme.example.net/dir\n  order_timeout: {bad}\n"
+                ),
+            ),
+        ]);
+        let lines: Vec<String> = checked.diagnostics.iter().map(line).collect();
+        assert!(
+            lines
+                .iter()
+                .any(|l| l.starts_with("cluster.yaml:3:18 error invalid-value")),
+            "{bad}: {lines:#?}"
+        );
+    }
+}

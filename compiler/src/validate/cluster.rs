@@ -93,10 +93,17 @@ pub(super) fn cluster(ctx: &mut Ctx<'_>, raw: &raw::Cluster) -> Cluster {
                 help(d, "e.g. mailto:ops@example.com");
             }
         }
+        let order_timeout_s = a
+            .order_timeout
+            .as_ref()
+            .map_or(crate::model::resolved::ACME_ORDER_TIMEOUT_DEFAULT_S, |t| {
+                order_timeout(ctx, t)
+            });
         Acme {
             directory: a.directory.clone(),
             contact: a.contact.clone(),
             ca_file: a.ca_file.clone(),
+            order_timeout_s,
         }
     });
     Cluster {
@@ -108,6 +115,29 @@ pub(super) fn cluster(ctx: &mut Ctx<'_>, raw: &raw::Cluster) -> Cluster {
         geo,
         anycast,
         acme,
+    }
+}
+
+/// `acme.order_timeout`: whole seconds, from `1s` to a day (the default on
+/// error: the error stops the run anyway).
+fn order_timeout(ctx: &mut Ctx<'_>, text: &str) -> u64 {
+    use crate::model::resolved::{ACME_ORDER_TIMEOUT_DEFAULT_S, ACME_ORDER_TIMEOUT_MAX_S};
+    match parse_duration_ms(text) {
+        Some(ms) if ms % 1000 == 0 && (1..=ACME_ORDER_TIMEOUT_MAX_S).contains(&(ms / 1000)) => {
+            ms / 1000
+        }
+        _ => {
+            let d = ctx.error(
+                "invalid-value",
+                "/acme/order_timeout",
+                format!(
+                    "`{}` is not a whole number of seconds from 1s to 24h",
+                    edgestate::untrusted::escape(text)
+                ),
+            );
+            help(d, "e.g. `order_timeout: 10m`");
+            ACME_ORDER_TIMEOUT_DEFAULT_S
+        }
     }
 }
 

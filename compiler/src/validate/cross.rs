@@ -104,6 +104,39 @@ pub(super) fn unique_nodes(nodes: &[(Node, &ParsedFile)], out: &mut Vec<Diagnost
     }
 }
 
+/// A `tls: {acme: true}` site needs the CA it is issued by: `cluster.yaml`
+/// `acme`.
+pub(super) fn acme_sites_have_a_ca(
+    sites: &[(Site, &ParsedFile)],
+    cluster: &Cluster,
+    out: &mut Vec<Diagnostic>,
+) {
+    if cluster.acme.is_some() {
+        return;
+    }
+    for (site, file) in sites {
+        if let Some(Tls::Acme(_)) = &site.tls {
+            out.push(
+                Diagnostic::error(
+                    "acme-without-ca",
+                    &file.path,
+                    file.locate("/tls"),
+                    format!(
+                        "site `{}` has `tls: {{acme: true}}` but cluster.yaml has no `acme` \
+                         (the CA that issues its certificate)",
+                        site.host
+                    ),
+                )
+                .with_help(
+                    "add to cluster.yaml: `acme: {directory: https://<CA>/directory, contact: \
+                     [\"mailto:you@example.com\"]}`, or import a certificate and write \
+                     `tls: {certificate: NAME}`",
+                ),
+            );
+        }
+    }
+}
+
 pub(super) fn references(
     sites: &[(Site, &ParsedFile)],
     zones: &[(Zone, &ParsedFile)],

@@ -195,6 +195,7 @@ pub fn validate(
     unique_nodes(&nodes, &mut diagnostics);
     references(&sites, &zones, &nodes, &zone_names, &mut diagnostics);
     routes(&zones, &nodes, &mut diagnostics);
+    acme_sites_have_a_ca(&sites, &cluster, &mut diagnostics);
 
     crate::diagnostic::sort(&mut diagnostics);
     let config = (!crate::diagnostic::has_errors(&diagnostics)).then(|| Config {

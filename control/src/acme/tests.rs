@@ -61,6 +61,7 @@ async fn pebble_issues_through_the_redis_keys_and_a_failed_order_keeps_the_old_c
         directory: pebble.directory(),
         contact: vec!["mailto:ops@example.com".into()],
         ca_file: Some(pebble.tls_ca()),
+        order_timeout: ORDER_LIFE,
     };
     let conn = redis::Client::open(format!("redis://127.0.0.1:{}", redis.port))
         .unwrap()
@@ -77,7 +78,7 @@ async fn pebble_issues_through_the_redis_keys_and_a_failed_order_keeps_the_old_c
     let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
     assert_eq!(mode, 0o600);
     let again = super::account(&store, &settings).await.unwrap();
-    assert_eq!(again.id(), account.id());
+    assert_eq!(again.account.id(), account.account.id());
 
     // A site with aliases: one certificate naming all of them, its chain
     // verifying against pebble's root, kept in the state directory.
@@ -117,6 +118,7 @@ async fn pebble_issues_through_the_redis_keys_and_a_failed_order_keeps_the_old_c
     assert_eq!(failures.len(), 1, "{failures:?}");
     assert_eq!(failures[0].host, "down.test");
     assert!(failures[0].from_ca);
+    assert_eq!(failures[0].retry_after, None);
     let problem: serde_json::Value = serde_json::from_str(&failures[0].problem).unwrap();
     assert!(
         problem["type"]
@@ -133,4 +135,42 @@ async fn pebble_issues_through_the_redis_keys_and_a_failed_order_keeps_the_old_c
         .await
         .unwrap();
     assert_ne!(after.fingerprint, b.fingerprint);
+}
+
+#[test]
+fn retry_after_reads_seconds_and_http_dates() {
+    let now = std::time::UNIX_EPOCH + Duration::from_secs(1_000_000_000);
+    assert_eq!(retry_after_secs("120", now), Some(120));
+    assert_eq!(retry_after_secs(" 7 ", now), Some(7));
+    // 2001-09-09T01:46:40Z is 1_000_000_000.
+    assert_eq!(
+        retry_after_secs("Sun, 09 Sep 2001 01:47:40 GMT", now),
+        Some(60)
+    );
+    // A date already past: now.
+    assert_eq!(
+        retry_after_secs("Sun, 09 Sep 2001 01:00:00 GMT", now),
+        Some(0)
+    );
+    for bad in ["", "soon", "-5", "1.5"] {
+        assert_eq!(retry_after_secs(bad, now), None, "{bad}");
+    }
+}
+
+#[test]
+fn a_failure_shows_its_problem_and_the_wait_the_ca_asked_for() {
+    let f = Failure {
+        host: "shop.test".into(),
+        problem: r#"{"type":"urn:ietf:params:acme:error:rateLimited"}"#.into(),
+        from_ca: true,
+        retry_after: Some(42),
+    };
+    assert_eq!(
+        f.to_string(),
+        r#"host shop.test got no certificate: {"type":"urn:ietf:params:acme:error:rateLimited"}; retry after 42 s"#
+    );
+    assert_eq!(f.local_kind(), None);
+    let l = Failure::local("shop.test", LocalKind::OrderPending, "stayed pending");
+    assert_eq!(l.local_kind().as_deref(), Some("order-pending"));
+    assert!(!l.to_string().contains("retry after"));
 }

@@ -186,10 +186,8 @@ fn issue(dir: &Path, config: &compiler::Config, site: Option<&str>, now: i64) ->
             Err(failures) => {
                 failed = true;
                 for f in failures {
-                    eprintln!(
-                        "error: site {site}: host {} got no certificate: {}",
-                        f.host, f.problem
-                    );
+                    // `host H got no certificate: {problem}[; retry after N s]`
+                    eprintln!("error: site {site}: {f}");
                 }
             }
         }

@@ -303,3 +303,372 @@ fn certs_issue_through_the_real_router_and_edge_then_served_over_h2() {
         started.elapsed().as_secs_f64()
     );
 }
+
+/// The order's bound in the fault tests' cluster.yaml: a request the CA
+/// leaves unanswered is given up after half of it.
+const ORDER_TIMEOUT_S: u64 = 4;
+
+/// Two ACME sites (one with an alias) issued through the fault proxy in
+/// front of pebble and applied to the real edge: the old certificates
+/// every fault must leave in place.
+struct Issued {
+    redis: harness::Process,
+    _edge: harness::nginx::Edge,
+    _pebble: harness::Pebble,
+    proxy: harness::acmefault::FaultProxy,
+    f: Fixture,
+    _state_root: tempfile::TempDir,
+    state: std::path::PathBuf,
+}
+
+const HOSTS: [&str; 3] = ["shop.test", "www.shop.test", "blog.test"];
+
+impl Issued {
+    fn new() -> Issued {
+        let redis = harness::redis(&[]);
+        let (edge, pebble) = harness::pebble::behind_edge(redis.port);
+        let proxy = harness::acmefault::in_front(&pebble, &harness::acmefault::Fault::None);
+        let f = Fixture::empty();
+        f.write(
+            "cluster.yaml",
+            format!(
+                "acme:\n  directory: {}\n  contact: [\"mailto:ops@example.com\"]\n  ca_file: {}\n\
+                 \x20 order_timeout: {ORDER_TIMEOUT_S}s\n",
+                proxy.directory(),
+                pebble.tls_ca().display()
+            )
+            .as_bytes(),
+        );
+        f.write("nodes/edge-1.yaml", edge_1_node(redis.port).as_bytes());
+        f.write(
+            "sites/shop.test.yaml",
+            b"host: shop.test\naliases: [www.shop.test]\norigin: https://192.0.2.1\ntls: {acme: true}\n",
+        );
+        f.write(
+            "sites/blog.test.yaml",
+            b"host: blog.test\norigin: https://192.0.2.1\ntls: {acme: true}\n",
+        );
+        f.commit("acme sites");
+        let state_root = tempfile::tempdir().unwrap();
+        let state = state_root.path().join("state");
+        let o = run(f.path(), &state, &["certs", "issue"]);
+        assert!(o.status.success(), "{}\n{}", stderr(&o), proxy.log());
+        let o = run(f.path(), &state, &["apply", "--yes"]);
+        assert!(o.status.success(), "{}", stderr(&o));
+        Issued {
+            redis,
+            _edge: edge,
+            _pebble: pebble,
+            proxy,
+            f,
+            _state_root: state_root,
+            state,
+        }
+    }
+
+    fn con(&self) -> redis::Connection {
+        redis::Client::open(format!("redis://127.0.0.1:{}", self.redis.port))
+            .unwrap()
+            .get_connection()
+            .unwrap()
+    }
+
+    /// The certificates in the state directory and the `tls:` documents
+    /// on the edge.
+    fn kept(&self) -> (Vec<String>, Vec<Option<String>>) {
+        let chains = ["acme.shop.test", "acme.blog.test"]
+            .iter()
+            .map(|n| {
+                std::fs::read_to_string(self.state.join("certs").join(n).join("chain.pem")).unwrap()
+            })
+            .collect();
+        let mut con = self.con();
+        let docs = HOSTS
+            .iter()
+            .map(|h| get(&mut con, &format!("tls:{h}")))
+            .collect();
+        (chains, docs)
+    }
+
+    /// `certs issue` under `fault`: exit 1, every host named with its
+    /// problem; the old certificates kept, on the edge too, and no
+    /// challenge key left. Each host's problem and `retry after`.
+    fn fails(
+        &mut self,
+        fault: &harness::acmefault::Fault,
+    ) -> std::collections::BTreeMap<String, (serde_json::Value, Option<u64>)> {
+        self.proxy.set_fault(fault);
+        let before = self.kept();
+        let o = run(self.f.path(), &self.state, &["certs", "issue"]);
+        let err = stderr(&o);
+        assert_eq!(o.status.code(), Some(1), "{fault:?}: {err}");
+        assert!(
+            err.contains("the sites that failed keep their old certificate"),
+            "{fault:?}: {err}"
+        );
+        let failed = failures(&err);
+        let hosts: Vec<&str> = failed.keys().map(String::as_str).collect();
+        assert_eq!(
+            hosts,
+            ["blog.test", "shop.test", "www.shop.test"],
+            "{fault:?}: {err}"
+        );
+        assert_eq!(self.kept(), before, "{fault:?}: something was replaced");
+        let left: Vec<String> = redis::cmd("KEYS")
+            .arg("acme:*")
+            .query(&mut self.con())
+            .unwrap();
+        assert!(left.is_empty(), "{fault:?}: challenge keys left: {left:?}");
+        failed
+    }
+}
+
+/// `error: site S: host H got no certificate: {problem}[; retry after N s]`
+/// lines: host → (problem, retry after).
+fn failures(err: &str) -> std::collections::BTreeMap<String, (serde_json::Value, Option<u64>)> {
+    let mut out = std::collections::BTreeMap::new();
+    for line in err.lines() {
+        let Some(rest) = line.strip_prefix("error: site ") else {
+            continue;
+        };
+        let Some((_, rest)) = rest.split_once(": host ") else {
+            continue;
+        };
+        let (host, rest) = rest.split_once(" got no certificate: ").unwrap();
+        let (json, after) = match rest.rsplit_once("; retry after ") {
+            Some((json, after)) => (
+                json,
+                Some(after.strip_suffix(" s").unwrap().parse::<u64>().unwrap()),
+            ),
+            None => (rest, None),
+        };
+        let problem: serde_json::Value = serde_json::from_str(json).unwrap();
+        out.insert(host.to_owned(), (problem, after));
+    }
+    out
+}
+
+/// An HTTP date `secs` from now (`date -R` style, GMT).
+fn http_date_in(secs: u64) -> String {
+    let at = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs()
+        + secs;
+    let out = std::process::Command::new("date")
+        .args(["-u", "-d", &format!("@{at}"), "+%a, %d %b %Y %H:%M:%S GMT"])
+        .env("LC_ALL", "C")
+        .output()
+        .unwrap();
+    String::from_utf8(out.stdout).unwrap().trim().to_owned()
+}
+
+/// The CA answering 500, an error page, `rateLimited` with `Retry-After`
+/// (seconds, then an HTTP date), or not at all: every host of every site
+/// fails with the CA's problem document (or, unanswered, a bounded local
+/// one), the wait the CA asked for is given, and nothing is replaced. A
+/// rate limit on one site's order does not stop the next site's.
+#[test]
+fn certs_issue_names_each_host_when_the_ca_errs_rate_limits_or_does_not_answer() {
+    use harness::acmefault::Fault;
+    let started = std::time::Instant::now();
+    let mut t = Issued::new();
+
+    let failed = t.fails(&Fault::NewOrder500);
+    for (host, (p, after)) in &failed {
+        assert_eq!(
+            p["type"], "urn:ietf:params:acme:error:serverInternal",
+            "{host}"
+        );
+        assert_eq!(p["status"], 500, "{host}");
+        assert_eq!(*after, None, "{host}");
+    }
+
+    // An error page, not a problem document: still the CA's answer.
+    let failed = t.fails(&Fault::NewOrderPlain(503));
+    for (host, (p, after)) in &failed {
+        assert_eq!(p["type"], "about:blank", "{host}: {p}");
+        assert_eq!(p["status"], 503, "{host}: {p}");
+        assert_eq!(*after, None, "{host}");
+    }
+
+    let failed = t.fails(&Fault::RateLimited {
+        retry_after: "7".into(),
+    });
+    for (host, (p, after)) in &failed {
+        assert_eq!(
+            p["type"], "urn:ietf:params:acme:error:rateLimited",
+            "{host}"
+        );
+        assert_eq!(*after, Some(7), "{host}");
+    }
+    let failed = t.fails(&Fault::RateLimited {
+        retry_after: http_date_in(120),
+    });
+    for (host, (_, after)) in &failed {
+        let after = after.unwrap_or_else(|| panic!("{host}: no retry after"));
+        assert!((100..=120).contains(&after), "{host}: {after}");
+    }
+
+    // Rate-limited on the first order only: that site's hosts fail with
+    // the wait, the next site is issued.
+    t.proxy.set_fault(&Fault::RateLimitedFirst {
+        retry_after: "30".into(),
+    });
+    let before = t.kept().0;
+    let o = run(t.f.path(), &t.state, &["certs", "issue"]);
+    let err = stderr(&o);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    let failed = failures(&err);
+    let (first, issued) = if failed.contains_key("blog.test") {
+        (vec!["blog.test"], "shop.test")
+    } else {
+        (vec!["shop.test", "www.shop.test"], "blog.test")
+    };
+    assert_eq!(
+        failed.keys().map(String::as_str).collect::<Vec<_>>(),
+        first,
+        "{err}"
+    );
+    for (host, (p, after)) in &failed {
+        assert_eq!(
+            p["type"], "urn:ietf:params:acme:error:rateLimited",
+            "{host}"
+        );
+        assert_eq!(*after, Some(30), "{host}");
+    }
+    assert!(
+        err.contains(&format!("issued certificate `acme.{issued}`")),
+        "{err}"
+    );
+    let after = t.kept().0;
+    let failed_name = format!("acme.{}", first[0]);
+    for (i, name) in ["acme.shop.test", "acme.blog.test"].iter().enumerate() {
+        assert_eq!(before[i] == after[i], *name == failed_name, "{name}");
+    }
+
+    // No answer to the new order, or to the finalization (after the
+    // challenges were written and validated).
+    for path in ["/order-plz", "/finalize-order/"] {
+        let asked = std::time::Instant::now();
+        let failed = t.fails(&Fault::NoAnswer(path.into()));
+        for (host, (p, _)) in &failed {
+            assert_eq!(p["kind"], "ca-no-answer", "{path}: {host}: {p}");
+        }
+        // Two orders, each given up within the order's bound.
+        assert!(
+            asked.elapsed() < std::time::Duration::from_secs(2 * ORDER_TIMEOUT_S + 5),
+            "{path}: {:?}",
+            asked.elapsed()
+        );
+    }
+
+    // The CA back: issuing works again.
+    t.proxy.set_fault(&Fault::None);
+    let o = run(t.f.path(), &t.state, &["certs", "issue"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    eprintln!(
+        "CA errors, rate limits, no answer: {:.1} s",
+        started.elapsed().as_secs_f64()
+    );
+}
+
+/// What the CA hands out as the certificate is checked like an imported
+/// one: a certificate that is not the one ordered (another key), a chain
+/// that does not verify, and garbage each fail every host with a local
+/// problem of kind `bad-certificate` naming the check; nothing is
+/// replaced.
+#[test]
+fn certs_issue_refuses_a_certificate_that_is_not_the_one_ordered() {
+    use harness::acmefault::Fault;
+    let started = std::time::Instant::now();
+    let mut t = Issued::new();
+    let other = harness::sitecerts::SiteCerts::new();
+    other.sign("shop", &["shop.test", "www.shop.test", "blog.test"], 30);
+    let stranger = harness::sitecerts::SiteCerts::new();
+    let read = |c: &harness::SiteCerts, n: &str| std::fs::read_to_string(c.file(n)).unwrap();
+    for (pem, check) in [
+        // Right names, a valid chain, another key.
+        (read(&other, "shop.chain.pem"), "key-mismatch"),
+        // The leaf followed by a CA that did not issue it.
+        (
+            format!("{}{}", read(&other, "shop.pem"), read(&stranger, "ca.pem")),
+            "chain-order",
+        ),
+        ("this is not a certificate\n".to_owned(), "not-pem"),
+    ] {
+        let failed = t.fails(&Fault::Certificate(pem));
+        for (host, (p, after)) in &failed {
+            assert_eq!(p["kind"], "bad-certificate", "{host}: {p}");
+            assert_eq!(p["certificate"], check, "{host}: {p}");
+            assert_eq!(*after, None);
+        }
+    }
+    eprintln!("bad certificates: {:.1} s", started.elapsed().as_secs_f64());
+}
+
+/// An order that stays pending fails, named as such, once the order's
+/// bound (`acme.order_timeout`) is over; its challenge keys live no longer
+/// than that bound and are removed. Every edge down: `certs issue` starts
+/// no order, names the edge, and the old certificate stays.
+#[test]
+fn certs_issue_gives_up_a_pending_order_at_its_bound_and_needs_the_edges() {
+    use harness::acmefault::Fault;
+    let started = std::time::Instant::now();
+    let mut t = Issued::new();
+    t.proxy.set_fault(&Fault::OrderStaysPending);
+    // While it runs, the challenge keys' TTL is the order's bound.
+    let child = std::process::Command::new(env!("CARGO_BIN_EXE_edgeform"))
+        .args(["certs", "issue", "--site", "blog.test"])
+        .current_dir(t.f.path())
+        .env("NO_COLOR", "1")
+        .env("EDGEFORM_STATE_DIR", &t.state)
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut con = t.con();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(ORDER_TIMEOUT_S);
+    let ttl = loop {
+        let keys: Vec<String> = redis::cmd("KEYS").arg("acme:*").query(&mut con).unwrap();
+        if let Some(k) = keys.first() {
+            break redis::cmd("TTL").arg(k).query::<i64>(&mut con).unwrap();
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no challenge key written"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    };
+    assert!(
+        (1..=i64::try_from(ORDER_TIMEOUT_S).unwrap()).contains(&ttl),
+        "TTL {ttl}"
+    );
+    let o = child.wait_with_output().unwrap();
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+
+    let failed = t.fails(&Fault::OrderStaysPending);
+    for (host, (p, _)) in &failed {
+        assert_eq!(p["kind"], "order-pending", "{host}: {p}");
+    }
+
+    // Every edge down: nothing starts, the edge is named, nothing changes.
+    t.proxy.set_fault(&Fault::None);
+    let chains = t.kept().0;
+    t.redis.stop();
+    let o = run(t.f.path(), &t.state, &["certs", "issue"]);
+    let err = stderr(&o);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("edge edge-1") && err.contains("nothing was issued"),
+        "{err}"
+    );
+    let after: Vec<String> = ["acme.shop.test", "acme.blog.test"]
+        .iter()
+        .map(|n| std::fs::read_to_string(t.state.join("certs").join(n).join("chain.pem")).unwrap())
+        .collect();
+    assert_eq!(after, chains);
+    eprintln!(
+        "pending order, edges down: {:.1} s",
+        started.elapsed().as_secs_f64()
+    );
+}
