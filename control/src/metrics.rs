@@ -356,14 +356,17 @@ impl Metrics {
         }
     }
 
-    /// The certificate served for `host` (an ACME site's host or alias)
-    /// expires at `not_after` (Unix seconds).
-    pub fn certificate_expiry(&self, host: &str, not_after: i64) {
-        self.cert_expiry
-            .get_or_create(&HostLabel {
-                host: host.to_owned(),
-            })
-            .set(not_after);
+    /// The certificates served for the ACME sites' hosts and aliases, as
+    /// they are now: each host's not-after (Unix seconds). A host not in
+    /// `expiries` (its site removed, or no longer ACME) is dropped, so no
+    /// alert keeps firing for it.
+    pub fn certificate_expiries(&self, expiries: &[(String, i64)]) {
+        self.cert_expiry.clear();
+        for (host, not_after) in expiries {
+            self.cert_expiry
+                .get_or_create(&HostLabel { host: host.clone() })
+                .set(*not_after);
+        }
     }
 
     /// A renewal of `host`'s certificate failed.
@@ -485,6 +488,25 @@ pub async fn serve(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn certificate_expiries_replace_the_hosts_exported_and_failures_count() {
+        let m = Metrics::default();
+        m.certificate_expiries(&[("a.test".into(), 100), ("b.test".into(), 200)]);
+        m.renewal_failed("b.test");
+        m.certificate_expiries(&[("b.test".into(), 300)]);
+        let text = m.encode();
+        assert!(!text.contains("host=\"a.test\""), "{text}");
+        assert!(
+            text.contains("edgeform_certificate_expiry_timestamp_seconds{host=\"b.test\"} 300"),
+            "{text}"
+        );
+        assert!(
+            text.contains("edgeform_certificate_renewal_failures_total{host=\"b.test\"} 1"),
+            "{text}"
+        );
+        assert_eq!(text.matches("# EOF").count(), 1, "{text}");
+    }
 
     #[test]
     fn textfile_names_counters_by_their_samples() {

@@ -423,7 +423,9 @@ async fn certs(
         code = 1;
     }
 
-    // The expiry of every kept certificate (what is served once pushed).
+    // The expiry of every kept certificate (what is served once pushed);
+    // a host no ACME site has any more is no longer exported.
+    let mut expiries = Vec::new();
     for c in &certs {
         let now_kept = if issued.contains(&c.req.name) {
             kept(&store, &c.req.name)
@@ -432,10 +434,11 @@ async fn certs(
         };
         if let Some(k) = now_kept {
             for h in &c.req.hosts {
-                flags.metrics.certificate_expiry(h, k.not_after);
+                expiries.push((h.clone(), k.not_after));
             }
         }
     }
+    flags.metrics.certificate_expiries(&expiries);
 
     if issued.is_empty() {
         return Ok(code);

@@ -413,7 +413,7 @@ fn expositions() -> String {
     c.apply_seconds.observe(0.1);
     c.heal_seconds.observe(0.1);
     c.run_done("sync", false);
-    c.certificate_expiry("a.test", 1);
+    c.certificate_expiries(&[("a.test".to_owned(), 1)]);
     c.renewal_failed("a.test");
     c.outbox(&std::collections::BTreeMap::from([(
         "edge-9".to_owned(),

@@ -222,6 +222,56 @@ fn sample(text: &str, name: &str) -> Option<f64> {
         .and_then(|v| v.trim().parse().ok())
 }
 
+/// The shipped alert rule `EdgeformCertificateRenewalFailing` fires on the
+/// series this outage exported — `edgeform_certificate_renewal_failures_total
+/// {host="HOST"}` at `failures` — once the CA has stayed away for 24 h
+/// (the reconciler trying at least hourly: one more failure an hour), and
+/// not before (`promtool test rules`; its clock starts at 0).
+fn renewal_failing_fires_on(failures: f64) {
+    let rules = harness::nginx::repo_root().join("packaging/prometheus/edgeform-alerts.yml");
+    let text = std::fs::read_to_string(&rules).unwrap();
+    // The rule's annotations, as promtool compares them whole.
+    let block = text
+        .split("- alert: ")
+        .find(|b| b.starts_with("EdgeformCertificateRenewalFailing"))
+        .expect("the rule");
+    let annotation = |key: &str| {
+        let line = block
+            .lines()
+            .find_map(|l| l.trim().strip_prefix(&format!("{key}: ")))
+            .expect(key);
+        line.trim_matches('"')
+            .replace("{{ $labels.host }}", HOST)
+            .replace('\\', "\\\\")
+            .replace('"', "\\\"")
+    };
+    let test = format!(
+        "rule_files: [{rules:?}]\nevaluation_interval: 1m\ntests:\n  - interval: 1h\n    \
+         input_series:\n      - series: 'edgeform_certificate_renewal_failures_total{{host=\"{HOST}\"}}'\n        \
+         values: '{failures}+1x30'\n    alert_rule_test:\n      - eval_time: 23h\n        \
+         alertname: EdgeformCertificateRenewalFailing\n      - eval_time: 25h\n        \
+         alertname: EdgeformCertificateRenewalFailing\n        exp_alerts:\n          - exp_labels: \
+         {{severity: warning, host: \"{HOST}\"}}\n            exp_annotations:\n              \
+         summary: \"{}\"\n              description: \"{}\"\n",
+        annotation("summary"),
+        annotation("description")
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("outage.test.yml");
+    std::fs::write(&file, &test).unwrap();
+    let out = std::process::Command::new("promtool")
+        .args(["test", "rules"])
+        .arg(&file)
+        .output()
+        .expect("promtool (Debian package prometheus)");
+    assert!(
+        out.status.success(),
+        "promtool test rules:\n{}{}\n---\n{test}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 /// Wait (at most 5 s) for the edge's two workers, and return their pids.
 fn workers(edge: &harness::nginx::Edge) -> Vec<u32> {
     let deadline = Instant::now() + Duration::from_secs(5);
@@ -292,7 +342,7 @@ fn renewal_with_short_lived_certificates_serves_a_new_fingerprint_without_reload
 /// failure and a next attempt in the future, and an immediate second run
 /// waits for it rather than calling the CA again.
 #[test]
-fn a_ca_outage_during_renewal_keeps_the_old_certificate_and_counts_the_failure() {
+fn a_ca_outage_during_renewal_keeps_the_old_certificate_counts_the_failure_and_fires_the_alert() {
     let mut s = Setup::new();
     let a = fingerprint(&chain_of(&s.state));
     assert_eq!(s.served_eventually(HOST, &a), a);
@@ -324,6 +374,7 @@ fn a_ca_outage_during_renewal_keeps_the_old_certificate_and_counts_the_failure()
         Some(old_not_after as f64),
         "{text}"
     );
+    renewal_failing_fires_on(failures.unwrap());
     let state_file = s.state.join("acme/renewal.json");
     let mode = std::os::unix::fs::PermissionsExt::mode(
         &std::fs::metadata(&state_file).unwrap().permissions(),
