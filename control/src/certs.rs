@@ -468,8 +468,8 @@ pub fn for_push_from(dir: &Path, config: &Config, now: i64) -> Result<Certificat
     let Some(first) = used.first() else {
         return Ok(Certificates::default());
     };
-    match crate::store::DirStore::open_existing(dir) {
-        Ok(Some(store)) => for_push(&store, config, now),
+    match crate::store::open_existing(dir) {
+        Ok(Some(store)) => for_push(&*store, config, now),
         Ok(None) => Err(err(
             CertErrorKind::Missing,
             first,
@@ -492,8 +492,8 @@ pub fn known_at(dir: &Path, config: &Config) -> Result<(Certificates, Vec<CertEr
     if compiler::tls::used(config).is_empty() {
         return Ok((Certificates::default(), Vec::new()));
     }
-    match crate::store::DirStore::open_existing(dir) {
-        Ok(Some(store)) => Ok(used(&store, config)),
+    match crate::store::open_existing(dir) {
+        Ok(Some(store)) => Ok(used(&*store, config)),
         Ok(None) => Err("no state directory".into()),
         Err(e) => Err(format!("state directory unusable: {e}")),
     }

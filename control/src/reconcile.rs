@@ -8,7 +8,6 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 
 use super::many::{Settings, heal_all, sync_all};
-use crate::store::Store as _;
 use compiler::workspace::{self, Source};
 use gitsource::{remote, signed};
 
@@ -283,7 +282,7 @@ pub async fn reconcile(
     // The last good commit, kept in the state directory so that `--once`
     // runs and a restarted daemon check a new commit's history from it.
     let store = match &git.require_signed_by {
-        Some(_) => Some(crate::store::DirStore::open(&state_dir)?),
+        Some(_) => Some(crate::store::open(&state_dir)?),
         None => None,
     };
     let last_good = std::cell::RefCell::new(match &store {

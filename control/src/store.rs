@@ -21,6 +21,127 @@ use std::fmt;
 use std::io::{Read, Write};
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, OnceLock};
+
+pub mod export;
+pub mod redis;
+
+pub use redis::RedisStore;
+
+/// The variable that names a shared store (as `--state-store`).
+pub const STORE_ENV: &str = "EDGEFORM_STATE_STORE";
+
+/// The shared store this process uses, when one is set: chosen once by
+/// [`configure`] (the CLI's `--state-store`), else from [`STORE_ENV`].
+static SHARED: OnceLock<Option<Arc<RedisStore>>> = OnceLock::new();
+/// The `--state-store` value given to [`configure`].
+static SETTING: OnceLock<Option<String>> = OnceLock::new();
+
+/// Use the shared store `setting` names (`--state-store`) in this process
+/// instead of the state directory; `None` leaves the choice to
+/// [`STORE_ENV`]. Only the first call counts.
+pub fn configure(setting: Option<&str>) {
+    let _ = SETTING.set(setting.map(str::to_owned));
+}
+
+/// The shared store's setting: `--state-store`, else [`STORE_ENV`] when
+/// set and not empty.
+fn setting() -> Option<String> {
+    if let Some(Some(s)) = SETTING.get() {
+        return Some(s.clone());
+    }
+    std::env::var(STORE_ENV).ok().filter(|s| !s.is_empty())
+}
+
+fn shared() -> Result<Option<Arc<RedisStore>>, StoreError> {
+    if let Some(s) = SHARED.get() {
+        return Ok(s.clone());
+    }
+    let made = match setting() {
+        None => None,
+        Some(s) => Some(Arc::new(RedisStore::new(redis::target(&s)?)?)),
+    };
+    Ok(SHARED.get_or_init(|| made).clone())
+}
+
+/// A store shared by handle (the process's one [`RedisStore`]).
+impl<T: Store + ?Sized> Store for Arc<T> {
+    fn secret(&self, node: &str, name: &str) -> Result<Option<String>, StoreError> {
+        (**self).secret(node, name)
+    }
+    fn secrets(&self, node: &str) -> Result<BTreeMap<String, String>, StoreError> {
+        (**self).secrets(node)
+    }
+    fn set_secret(&self, node: &str, name: &str, value: &str) -> Result<(), StoreError> {
+        (**self).set_secret(node, name, value)
+    }
+    fn remove_secret(&self, node: &str, name: &str) -> Result<bool, StoreError> {
+        (**self).remove_secret(node, name)
+    }
+    fn secret_names(&self) -> Result<BTreeMap<String, Vec<String>>, StoreError> {
+        (**self).secret_names()
+    }
+    fn last_good(&self) -> Result<Option<String>, StoreError> {
+        (**self).last_good()
+    }
+    fn set_last_good(&self, commit: &str) -> Result<(), StoreError> {
+        (**self).set_last_good(commit)
+    }
+    fn certificate(&self, name: &str) -> Result<Option<StoredCert>, StoreError> {
+        (**self).certificate(name)
+    }
+    fn set_certificate(&self, name: &str, cert: &StoredCert) -> Result<(), StoreError> {
+        (**self).set_certificate(name, cert)
+    }
+    fn certificate_names(&self) -> Result<Vec<String>, StoreError> {
+        (**self).certificate_names()
+    }
+    fn acme_account(&self) -> Result<Option<String>, StoreError> {
+        (**self).acme_account()
+    }
+    fn set_acme_account(&self, json: &str) -> Result<(), StoreError> {
+        (**self).set_acme_account(json)
+    }
+}
+
+/// The state store: the shared one when `--state-store` /
+/// [`STORE_ENV`] names one, else the state directory at `state_dir`
+/// (created 0700). Every command that reads or writes secrets,
+/// certificates, the ACME account or the last good commit opens it here,
+/// so the backend is chosen in one place. (The purge outbox and the
+/// renewal state stay in the state directory, per host.)
+///
+/// # Errors
+/// An unusable setting, or [`DirStore::open`]'s.
+pub fn open(state_dir: &Path) -> Result<Box<dyn Store>, StoreError> {
+    match shared()? {
+        Some(s) => Ok(Box::new(s)),
+        None => Ok(Box::new(DirStore::open(state_dir)?)),
+    }
+}
+
+/// Like [`open`], but a state directory that does not exist is `None`
+/// (never created: `check` on a pull request's CI must not make one). A
+/// shared store always exists.
+///
+/// # Errors
+/// An unusable setting, or [`DirStore::open_existing`]'s.
+pub fn open_existing(state_dir: &Path) -> Result<Option<Box<dyn Store>>, StoreError> {
+    match shared()? {
+        Some(s) => Ok(Some(Box::new(s))),
+        None => Ok(DirStore::open_existing(state_dir)?.map(|d| Box::new(d) as Box<dyn Store>)),
+    }
+}
+
+/// Where the store is, for messages: the shared store's target, else the
+/// state directory.
+#[must_use]
+pub fn describe(state_dir: &Path) -> String {
+    match shared() {
+        Ok(Some(s)) => format!("the state store {}", s.describe()),
+        _ => format!("the state directory {}", state_dir.display()),
+    }
+}
 
 /// The default state directory.
 pub const DEFAULT_DIR: &str = "/var/lib/edgeform";
@@ -52,6 +173,12 @@ pub enum StoreError {
     CertName(String),
     /// A chain or key file over [`MAX_CERT_BYTES`].
     CertTooLarge(PathBuf),
+    /// The shared store (`--state-store`) is not usable as written:
+    /// `place` is the flag, or the file, line and column.
+    Config { place: String, why: String },
+    /// The shared store did not answer or refused (`target` says which,
+    /// never with a password).
+    Shared { target: String, cause: String },
 }
 
 impl fmt::Display for StoreError {
@@ -87,9 +214,11 @@ impl fmt::Display for StoreError {
             ),
             Self::CertTooLarge(p) => write!(
                 f,
-                "state directory: {} is larger than {MAX_CERT_BYTES} bytes",
+                "state store: {} is larger than {MAX_CERT_BYTES} bytes",
                 p.display()
             ),
+            Self::Config { place, why } => write!(f, "state store: {place}: {why}"),
+            Self::Shared { target, cause } => write!(f, "state store {target}: {cause}"),
         }
     }
 }

@@ -20,7 +20,7 @@ use crate::acme::{self, Failure, Request};
 use crate::audit::UrgentRenewal;
 use crate::gate::Frozen;
 use crate::many::{self, Settings};
-use crate::store::{DirStore, Store as _};
+use crate::store::{DirStore, Store};
 
 /// The renewal state's folder and file in the state directory.
 const STATE_DIR: &str = "acme";
@@ -75,7 +75,7 @@ struct Cert {
 
 /// The kept certificate `name`, parsed (none when missing; a stored one
 /// that does not parse is logged and ordered again).
-fn kept(store: &DirStore, name: &str) -> Option<compiler::tls::Certificate> {
+fn kept(store: &dyn Store, name: &str) -> Option<compiler::tls::Certificate> {
     match store.certificate(name) {
         Ok(Some(c)) => match crate::certs::parse(name, &c.chain, &c.key) {
             Ok(cert) => Some(cert),
@@ -194,9 +194,13 @@ async fn certs(
         return Ok(0);
     }
     let now = i64::try_from(compiler::clock::now()?).unwrap_or(i64::MAX);
-    let store = DirStore::open(state_dir)?;
+    // The renewal state stays in this host's state directory; the
+    // certificates and the ACME account are in the state store (shared
+    // when `--state-store` names one).
+    let dir = DirStore::open(state_dir)?;
+    let store = crate::store::open(state_dir)?;
     let mut code = 0;
-    let mut state = match load_state(&store) {
+    let mut state = match load_state(&dir) {
         Ok(s) => s,
         Err(e) => {
             // Started again from no failures: at worst one attempt early.
@@ -211,7 +215,7 @@ async fn certs(
     let certs: Vec<Cert> = requests
         .into_iter()
         .map(|req| Cert {
-            kept: kept(&store, &req.name),
+            kept: kept(&*store, &req.name),
             req,
         })
         .collect();
@@ -338,7 +342,7 @@ async fn certs(
     let mut latest_start = i64::MIN;
     if !due.is_empty() {
         let outcomes: Vec<(Request, Result<(), Vec<Failure>>)> =
-            match acme::issue_requests(config, &store, &due, now).await {
+            match acme::issue_requests(config, &*store, &due, now).await {
                 Ok(outcomes) => due
                     .iter()
                     .cloned()
@@ -418,7 +422,7 @@ async fn certs(
             }
         }
     }
-    if let Err(e) = save_state(&store, &state) {
+    if let Err(e) = save_state(&dir, &state) {
         tracing::error!(cause = %e, "renewal: cannot keep the renewal state");
         code = 1;
     }
@@ -428,7 +432,7 @@ async fn certs(
     let mut expiries = Vec::new();
     for c in &certs {
         let now_kept = if issued.contains(&c.req.name) {
-            kept(&store, &c.req.name)
+            kept(&*store, &c.req.name)
         } else {
             c.kept.clone()
         };

@@ -8,8 +8,6 @@ use std::path::{Path, PathBuf};
 
 use anyhow::Result;
 
-use control::store::DirStore;
-
 /// What to do.
 #[derive(Debug, clap::Subcommand)]
 pub enum Action {
@@ -66,13 +64,13 @@ pub fn run(
     match action {
         Action::Issue { site } => issue(dir, &config()?, site.as_deref(), now),
         Action::Import { name, cert, key } => {
-            let store = DirStore::open(dir)?;
-            match control::certs::import(&store, name, cert, key, now) {
+            let store = control::store::open(dir)?;
+            match control::certs::import(&*store, name, cert, key, now) {
                 Ok(c) => {
                     eprintln!(
                         "imported certificate `{name}` into {}: {} (not after {}, sha256:{}); \
                          the next apply pushes it to every edge carrying a site that uses it",
-                        store.root().display(),
+                        control::store::describe(dir),
                         c.names.join(", "),
                         compiler::clock::rfc3339_signed(c.not_after),
                         c.fingerprint
@@ -86,13 +84,13 @@ pub fn run(
             }
         }
         Action::List { format } => {
-            let Some(store) = DirStore::open_existing(dir)? else {
+            let Some(store) = control::store::open_existing(dir)? else {
                 if *format == super::Format::Json {
                     println!("[]");
                 }
                 return Ok(0);
             };
-            let listed = control::certs::list(&store)?;
+            let listed = control::certs::list(&*store)?;
             let mut out = std::io::stdout().lock();
             let mut bad = false;
             match format {
@@ -163,9 +161,9 @@ pub fn run(
 
 /// `certs issue`: one line per site, the failures on stderr.
 fn issue(dir: &Path, config: &compiler::Config, site: Option<&str>, now: i64) -> Result<u8> {
-    let store = DirStore::open(dir)?;
+    let store = control::store::open(dir)?;
     let outcomes =
-        super::runtime()?.block_on(control::acme::issue_sites(config, &store, site, now));
+        super::runtime()?.block_on(control::acme::issue_sites(config, &*store, site, now));
     let outcomes = match outcomes {
         Ok(o) => o,
         Err(e) => {

@@ -126,8 +126,7 @@ pub fn install_cmd(
     };
     // The secrets come from the control host's state directory.
     let secrets = |node: &str| -> Result<std::collections::BTreeMap<String, String>> {
-        use control::store::Store;
-        Ok(control::store::DirStore::open(state_dir)?.secrets(node)?)
+        Ok(control::store::open(state_dir)?.secrets(node)?)
     };
     // After an edge's switch: what its code reads — the installed
     // bundle's own declaration (`reads.json`, the edge role's; a bundle

@@ -25,6 +25,7 @@ pub mod push;
 pub mod route;
 pub mod secrets;
 pub mod serve;
+pub mod state;
 
 /// GitOps control plane for a self-run CDN: validate, compile, diff and push
 /// the config repository (sites, zones, nodes) to every edge's own Redis.
@@ -64,6 +65,20 @@ pub struct Cli {
         value_name = "DIR"
     )]
     pub state_dir: PathBuf,
+    /// A shared state store instead of the state directory, so two
+    /// control hosts share secrets, certificates, the ACME account and the
+    /// last good commit: a redis:// or rediss:// URL (password from
+    /// EDGEFORM_STATE_STORE_PASSWORD), or a YAML file holding a `redis:`
+    /// block as a node file writes it (Sentinels, ACL user, password_env,
+    /// TLS with a CA). The purge outbox and the renewal state stay in
+    /// --state-dir.
+    #[arg(
+        long,
+        global = true,
+        env = control::store::STORE_ENV,
+        value_name = "URL|FILE"
+    )]
+    pub state_store: Option<String>,
     #[command(subcommand)]
     pub command: Command,
 }
@@ -412,6 +427,15 @@ pub enum Command {
         #[command(subcommand)]
         action: certs::Action,
     },
+    /// Backup and restore of the state store (--state-dir, or
+    /// --state-store): `export FILE` writes every entry encrypted with the
+    /// key in EDGEFORM_STATE_KEY, `import FILE` writes them back (the
+    /// migration path from a state directory to a shared store). Exit 0,
+    /// 1 refused (no key, another key, an altered file).
+    State {
+        #[command(subcommand)]
+        action: state::Action,
+    },
 }
 
 /// How the CLI logs in to the broker (the URL is in cluster.yaml).
@@ -673,6 +697,7 @@ pub fn run(cli: &Cli) -> Result<u8> {
     if let Some(now) = cli.now {
         compiler::clock::set_now(now);
     }
+    control::store::configure(cli.state_store.as_deref());
     match &cli.command {
         Command::Check {
             format,
@@ -903,6 +928,7 @@ pub fn run(cli: &Cli) -> Result<u8> {
             runtime()?.block_on(::ops::mqtt::exec(&source, &broker.options(), &exec))
         }
         Command::Secrets { action } => secrets::run(&cli.state_dir, action),
+        Command::State { action } => state::run(&cli.state_dir, action),
         Command::Certs { action } => certs::run(&cli.state_dir, action, || {
             valid_config(&cli.repo, cli.rev.as_deref(), color())
         }),

@@ -8,8 +8,6 @@ use std::path::Path;
 
 use anyhow::{Context, Result};
 
-use control::store::{DirStore, Store};
-
 /// What to do.
 #[derive(Debug, clap::Subcommand)]
 pub enum Action {
@@ -45,7 +43,7 @@ pub enum Action {
 /// # Errors
 /// The state directory is unsafe or unusable; invalid names or value.
 pub fn run(dir: &Path, action: &Action) -> Result<u8> {
-    let store = DirStore::open(dir)?;
+    let store = control::store::open(dir)?;
     match action {
         Action::Set { node, name } => {
             let stdin = std::io::stdin();
@@ -62,7 +60,7 @@ pub fn run(dir: &Path, action: &Action) -> Result<u8> {
             store.set_secret(node, name, value)?;
             eprintln!(
                 "set {node} {name} in {} (the next `edgeform install` of {node} writes it to the node)",
-                store.root().display()
+                control::store::describe(dir)
             );
         }
         Action::List { node } => {

@@ -34,6 +34,7 @@ mod router;
 mod rule_regex_edge;
 mod schema;
 mod serve;
+mod state_store;
 mod stream;
 mod targets;
 mod tls;

@@ -1,0 +1,478 @@
+//! [`RedisStore`]: the state store in a Redis the control hosts reach, so
+//! two reconcilers share it (`--state-store`, env `EDGEFORM_STATE_STORE`).
+//!
+//! Reached like a node's own Redis (`edgeredis`): by URL or through
+//! Sentinels (the master resolved anew on each connection, so a failover
+//! is followed), an ACL user, the password only from an environment
+//! variable, TLS verified against a CA. The setting is either a
+//! `redis://` / `rediss://` URL (user part allowed, never a password: the
+//! password then comes from `EDGEFORM_STATE_STORE_PASSWORD` when set), or
+//! the path of a YAML file holding a `redis:` block written exactly like a
+//! node file's (`url` or `sentinels` + `master`, `username`,
+//! `password_env`, `tls: {ca_file, cert_file, key_file}`), for Sentinels
+//! and private CAs, which a URL cannot say.
+//!
+//! Layout (every key under [`PREFIX`]; names only in keys, secret values
+//! and key material only in values):
+//! - `edgeform:state:secrets:<node>`: a hash, secret name → value;
+//! - `edgeform:state:last-good-commit`: a string, a hex commit id;
+//! - `edgeform:state:cert:<name>`: a hash, `chain` and `key` (PEM),
+//!   replaced whole in one MULTI;
+//! - `edgeform:state:acme:account`: a string, the ACME account's JSON.
+//!
+//! Each write is one command or one MULTI. The trait is synchronous and
+//! callers run inside and outside a tokio runtime, so the connection lives
+//! on a thread of its own with its own runtime; a call sends its commands
+//! there and waits for the answer (bounded by [`TIMEOUT`]).
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::mpsc;
+use std::time::Duration;
+
+use edgestate::target::{RedisTarget, TlsFiles};
+use redis::Value;
+
+use super::{
+    MAX_CERT_BYTES, Store, StoreError, StoredCert, valid_cert_name, valid_commit, valid_node,
+    valid_secret_name, valid_secret_value,
+};
+
+/// Every key of the store starts with this.
+pub const PREFIX: &str = "edgeform:state:";
+/// The variable holding the password when the setting is a URL.
+pub const PASSWORD_ENV: &str = "EDGEFORM_STATE_STORE_PASSWORD";
+/// The longest a call waits for the store.
+pub const TIMEOUT: Duration = Duration::from_secs(15);
+/// How the store is named in `edgeredis`'s messages.
+const WHO: &str = "state-store";
+
+fn secrets_key(node: &str) -> String {
+    format!("{PREFIX}secrets:{node}")
+}
+fn cert_key(name: &str) -> String {
+    format!("{PREFIX}cert:{name}")
+}
+fn last_good_key() -> String {
+    format!("{PREFIX}last-good-commit")
+}
+fn account_key() -> String {
+    format!("{PREFIX}acme:account")
+}
+
+fn config_err(place: &str, why: impl Into<String>) -> StoreError {
+    StoreError::Config {
+        place: place.to_owned(),
+        why: why.into(),
+    }
+}
+
+/// The Redis that `setting` (the `--state-store` value) names: a
+/// `redis://` / `rediss://` URL, or the path of a YAML file with a
+/// `redis:` block as a node file writes it.
+///
+/// # Errors
+/// [`StoreError::Config`] naming the setting, or the file, line and column.
+pub fn target(setting: &str) -> Result<RedisTarget, StoreError> {
+    if setting.starts_with("redis://") || setting.starts_with("rediss://") {
+        let password_env = std::env::var_os(PASSWORD_ENV).map(|_| PASSWORD_ENV.to_owned());
+        return RedisTarget::from_parts(
+            Some(setting.to_owned()),
+            None,
+            None,
+            None,
+            password_env,
+            None,
+        )
+        .map_err(|errors| {
+            let why: Vec<String> = errors.iter().map(ToString::to_string).collect();
+            config_err("--state-store", why.join("; "))
+        });
+    }
+    if setting.contains("://") {
+        return Err(config_err(
+            "--state-store",
+            "a redis:// or rediss:// URL, or the path of a YAML file with a `redis:` block \
+             (Sentinels, a CA file)",
+        ));
+    }
+    target_file(Path::new(setting))
+}
+
+/// The `redis:` block of the YAML file at `path`.
+fn target_file(path: &Path) -> Result<RedisTarget, StoreError> {
+    let shown = path.display().to_string();
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| config_err(&shown, format!("cannot read it ({})", e.kind())))?;
+    let doc = yamlspan::parse(&text)
+        .map_err(|e| {
+            config_err(
+                &format!("{shown}:{}:{}", e.span.line, e.span.column),
+                format!("not YAML: {}", e.message),
+            )
+        })?
+        .ok_or_else(|| config_err(&shown, "empty; it needs a `redis:` block"))?;
+    let at = |pointer: &str| {
+        let span = doc.locate(pointer);
+        format!("{shown}:{}:{}", span.line, span.column)
+    };
+    let json = doc.to_json();
+    let Some(block) = json.get("redis") else {
+        return Err(config_err(&at(""), "it needs a `redis:` block"));
+    };
+    if let Some(other) = json
+        .as_object()
+        .and_then(|o| o.keys().find(|k| *k != "redis"))
+    {
+        return Err(config_err(
+            &at(&format!("/{other}")),
+            format!("`{other}` is not read here; only `redis:`"),
+        ));
+    }
+    let raw: RawRedis = serde_json::from_value(block.clone())
+        .map_err(|e| config_err(&at("/redis"), format!("`redis`: {e}")))?;
+    let tls = raw.tls.map(|t| TlsFiles {
+        ca_file: t.ca_file.map(Into::into),
+        cert_file: t.cert_file.map(Into::into),
+        key_file: t.key_file.map(Into::into),
+    });
+    RedisTarget::from_parts(
+        raw.url,
+        raw.sentinels,
+        raw.master,
+        raw.username,
+        raw.password_env,
+        tls,
+    )
+    .map_err(|errors| {
+        let first = &errors[0];
+        let why: Vec<String> = errors.iter().map(ToString::to_string).collect();
+        config_err(&at(&format!("/redis{}", first.pointer())), why.join("; "))
+    })
+}
+
+/// A node file's `redis:` block, as the state store's file holds it.
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawRedis {
+    url: Option<String>,
+    sentinels: Option<Vec<String>>,
+    master: Option<String>,
+    username: Option<String>,
+    password_env: Option<String>,
+    tls: Option<RawTls>,
+}
+
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawTls {
+    ca_file: Option<String>,
+    cert_file: Option<String>,
+    key_file: Option<String>,
+}
+
+/// Commands for the connection's thread, and where the answer goes.
+struct Job {
+    pipe: redis::Pipeline,
+    reply: mpsc::SyncSender<Result<Vec<Value>, String>>,
+}
+
+/// The state store in Redis. See the module documentation.
+pub struct RedisStore {
+    jobs: mpsc::Sender<Job>,
+    described: String,
+}
+
+impl std::fmt::Debug for RedisStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisStore")
+            .field("target", &self.described)
+            .finish_non_exhaustive()
+    }
+}
+
+impl RedisStore {
+    /// The store at `target`; connects on first use (and again after an
+    /// error, resolving the master anew).
+    ///
+    /// # Errors
+    /// No thread could be started.
+    pub fn new(target: RedisTarget) -> Result<RedisStore, StoreError> {
+        let described = edgeredis::describe(&target);
+        let (jobs, rx) = mpsc::channel::<Job>();
+        std::thread::Builder::new()
+            .name("state-store".into())
+            .spawn(move || worker(&target, &rx))
+            .map_err(|e| StoreError::Shared {
+                target: described.clone(),
+                cause: format!("cannot start its thread: {e}"),
+            })?;
+        Ok(RedisStore { jobs, described })
+    }
+
+    /// Where it is (for messages; never a password).
+    #[must_use]
+    pub fn describe(&self) -> &str {
+        &self.described
+    }
+
+    /// Run `pipe`; one answer per command (a MULTI's answers when atomic).
+    fn query(&self, pipe: redis::Pipeline) -> Result<Vec<Value>, StoreError> {
+        let fail = |cause: String| StoreError::Shared {
+            target: self.described.clone(),
+            cause,
+        };
+        let (reply, answer) = mpsc::sync_channel(1);
+        self.jobs
+            .send(Job { pipe, reply })
+            .map_err(|_| fail("its connection thread stopped".into()))?;
+        match answer.recv_timeout(TIMEOUT + Duration::from_secs(1)) {
+            Ok(r) => r.map_err(fail),
+            Err(_) => Err(fail(format!("no answer within {}s", TIMEOUT.as_secs()))),
+        }
+    }
+
+    fn one(&self, cmd: &redis::Cmd) -> Result<Value, StoreError> {
+        let mut pipe = redis::pipe();
+        pipe.add_command(cmd.clone());
+        Ok(self.query(pipe)?.into_iter().next().unwrap_or(Value::Nil))
+    }
+
+    /// Every key matching `pattern` (SCAN, never KEYS).
+    fn scan(&self, pattern: &str) -> Result<Vec<String>, StoreError> {
+        let mut cursor = 0u64;
+        let mut keys = Vec::new();
+        loop {
+            let v = self.one(
+                redis::cmd("SCAN")
+                    .arg(cursor)
+                    .arg("MATCH")
+                    .arg(pattern)
+                    .arg("COUNT")
+                    .arg(1000),
+            )?;
+            let (next, batch): (u64, Vec<String>) =
+                redis::from_redis_value(v).map_err(|e| self.bad(pattern, &e))?;
+            keys.extend(batch);
+            if next == 0 {
+                break;
+            }
+            cursor = next;
+        }
+        keys.sort();
+        keys.dedup();
+        Ok(keys)
+    }
+
+    fn bad(&self, key: &str, e: &redis::ParsingError) -> StoreError {
+        StoreError::Shared {
+            target: self.described.clone(),
+            cause: format!("{key}: unexpected value ({e})"),
+        }
+    }
+
+    fn string(&self, key: &str) -> Result<Option<String>, StoreError> {
+        let v = self.one(redis::cmd("GET").arg(key))?;
+        redis::from_redis_value(v).map_err(|e| self.bad(key, &e))
+    }
+
+    fn hash(&self, key: &str) -> Result<BTreeMap<String, String>, StoreError> {
+        let v = self.one(redis::cmd("HGETALL").arg(key))?;
+        redis::from_redis_value(v).map_err(|e| self.bad(key, &e))
+    }
+}
+
+fn worker(target: &RedisTarget, jobs: &mpsc::Receiver<Job>) {
+    let Ok(rt) = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    else {
+        return;
+    };
+    let mut slot: Option<redis::aio::MultiplexedConnection> = None;
+    while let Ok(job) = jobs.recv() {
+        let answer = rt.block_on(async {
+            // Every write here is idempotent (SET, HSET, DEL): one retry
+            // on a fresh connection rides over a failover or a restart.
+            let mut last = String::new();
+            for _ in 0..2 {
+                let run = async {
+                    let con = edgeredis::reuse(target, WHO, &mut slot)
+                        .await
+                        .map_err(|e| edgeredis::one_line(&e))?;
+                    job.pipe
+                        .query_async::<Vec<Value>>(con)
+                        .await
+                        .map_err(|e| e.to_string())
+                };
+                match tokio::time::timeout(TIMEOUT, run).await {
+                    Ok(Ok(v)) => return Ok(v),
+                    Ok(Err(e)) => last = e,
+                    Err(_) => last = format!("no answer within {}s", TIMEOUT.as_secs()),
+                }
+                slot = None;
+            }
+            Err(last)
+        });
+        let _ = job.reply.send(answer);
+    }
+}
+
+impl Store for RedisStore {
+    fn secret(&self, node: &str, name: &str) -> Result<Option<String>, StoreError> {
+        check_node(node)?;
+        if !valid_secret_name(name) {
+            return Err(StoreError::SecretName(name.to_owned()));
+        }
+        let key = secrets_key(node);
+        let v = self.one(redis::cmd("HGET").arg(&key).arg(name))?;
+        redis::from_redis_value(v).map_err(|e| self.bad(&key, &e))
+    }
+
+    fn secrets(&self, node: &str) -> Result<BTreeMap<String, String>, StoreError> {
+        check_node(node)?;
+        let mut all = self.hash(&secrets_key(node))?;
+        all.retain(|k, _| valid_secret_name(k));
+        Ok(all)
+    }
+
+    fn set_secret(&self, node: &str, name: &str, value: &str) -> Result<(), StoreError> {
+        check_node(node)?;
+        if !valid_secret_name(name) {
+            return Err(StoreError::SecretName(name.to_owned()));
+        }
+        if !valid_secret_value(value) {
+            return Err(StoreError::SecretValue);
+        }
+        self.one(
+            redis::cmd("HSET")
+                .arg(secrets_key(node))
+                .arg(name)
+                .arg(value),
+        )?;
+        Ok(())
+    }
+
+    fn remove_secret(&self, node: &str, name: &str) -> Result<bool, StoreError> {
+        check_node(node)?;
+        if !valid_secret_name(name) {
+            return Err(StoreError::SecretName(name.to_owned()));
+        }
+        let key = secrets_key(node);
+        let v = self.one(redis::cmd("HDEL").arg(&key).arg(name))?;
+        let n: i64 = redis::from_redis_value(v).map_err(|e| self.bad(&key, &e))?;
+        Ok(n > 0)
+    }
+
+    fn secret_names(&self) -> Result<BTreeMap<String, Vec<String>>, StoreError> {
+        let mut out = BTreeMap::new();
+        for key in self.scan(&format!("{PREFIX}secrets:*"))? {
+            let Some(node) = key.strip_prefix(&format!("{PREFIX}secrets:")) else {
+                continue;
+            };
+            if !valid_node(node) {
+                continue;
+            }
+            let v = self.one(redis::cmd("HKEYS").arg(&key))?;
+            let mut names: Vec<String> =
+                redis::from_redis_value(v).map_err(|e| self.bad(&key, &e))?;
+            names.retain(|n| valid_secret_name(n));
+            names.sort();
+            if !names.is_empty() {
+                out.insert(node.to_owned(), names);
+            }
+        }
+        Ok(out)
+    }
+
+    fn last_good(&self) -> Result<Option<String>, StoreError> {
+        let Some(text) = self.string(&last_good_key())? else {
+            return Ok(None);
+        };
+        let commit = text.trim();
+        if !valid_commit(commit) {
+            return Err(StoreError::Commit(commit.to_owned()));
+        }
+        Ok(Some(commit.to_ascii_lowercase()))
+    }
+
+    fn set_last_good(&self, commit: &str) -> Result<(), StoreError> {
+        if !valid_commit(commit) {
+            return Err(StoreError::Commit(commit.to_owned()));
+        }
+        self.one(redis::cmd("SET").arg(last_good_key()).arg(commit))?;
+        Ok(())
+    }
+
+    fn certificate(&self, name: &str) -> Result<Option<StoredCert>, StoreError> {
+        if !valid_cert_name(name) {
+            return Err(StoreError::CertName(name.to_owned()));
+        }
+        let key = cert_key(name);
+        let mut h = self.hash(&key)?;
+        match (h.remove("chain"), h.remove("key")) {
+            (Some(chain), Some(key_pem)) => {
+                if chain.len() > MAX_CERT_BYTES || key_pem.len() > MAX_CERT_BYTES {
+                    return Err(StoreError::CertTooLarge(key.into()));
+                }
+                Ok(Some(StoredCert {
+                    chain,
+                    key: key_pem,
+                }))
+            }
+            _ => Ok(None),
+        }
+    }
+
+    fn set_certificate(&self, name: &str, cert: &StoredCert) -> Result<(), StoreError> {
+        if !valid_cert_name(name) {
+            return Err(StoreError::CertName(name.to_owned()));
+        }
+        let key = cert_key(name);
+        if cert.chain.len() > MAX_CERT_BYTES || cert.key.len() > MAX_CERT_BYTES {
+            return Err(StoreError::CertTooLarge(key.into()));
+        }
+        // Replaced whole: a reader sees the old pair or the new one.
+        let mut pipe = redis::pipe();
+        pipe.atomic()
+            .cmd("DEL")
+            .arg(&key)
+            .ignore()
+            .cmd("HSET")
+            .arg(&key)
+            .arg("chain")
+            .arg(&cert.chain)
+            .arg("key")
+            .arg(&cert.key)
+            .ignore();
+        self.query(pipe)?;
+        Ok(())
+    }
+
+    fn certificate_names(&self) -> Result<Vec<String>, StoreError> {
+        let prefix = format!("{PREFIX}cert:");
+        Ok(self
+            .scan(&format!("{prefix}*"))?
+            .into_iter()
+            .filter_map(|k| k.strip_prefix(&prefix).map(str::to_owned))
+            .filter(|n| valid_cert_name(n))
+            .collect())
+    }
+
+    fn acme_account(&self) -> Result<Option<String>, StoreError> {
+        self.string(&account_key())
+    }
+
+    fn set_acme_account(&self, json: &str) -> Result<(), StoreError> {
+        self.one(redis::cmd("SET").arg(account_key()).arg(json))?;
+        Ok(())
+    }
+}
+
+fn check_node(node: &str) -> Result<(), StoreError> {
+    if valid_node(node) {
+        Ok(())
+    } else {
+        Err(StoreError::NodeName(node.to_owned()))
+    }
+}

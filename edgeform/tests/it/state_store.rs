@@ -1,0 +1,352 @@
+//! The state store's two backends against real servers: the same
+//! contract run on the state directory and on a Redis reached through a
+//! Sentinel over TLS with an ACL user confined to `edgeform:state:*`;
+//! `state export` from a state directory and `state import` into a Redis
+//! (`--state-store`, password from the environment), refused whole with
+//! another key or an altered file; `apply` reading its certificate from
+//! the shared store pushes `tls:<host>` to the edge.
+
+use std::collections::BTreeMap;
+use std::os::unix::fs::PermissionsExt as _;
+use std::path::Path;
+use std::process::{Command, Output};
+
+use control::store::{DirStore, RedisStore, Store, StoreError, StoredCert, export};
+use edgestate::target::{RedisTarget, TlsFiles};
+
+use crate::util::{Fixture, stderr, stdout};
+
+const COMMIT: &str = "0123456789abcdef0123456789abcdef01234567";
+
+/// One body, every backend: what a `Store` promises.
+fn contract(s: &dyn Store) {
+    assert_eq!(s.secret("edge-1", "EDGEFORM_API_TOKEN").unwrap(), None);
+    assert!(s.secrets("edge-1").unwrap().is_empty());
+    assert!(s.secret_names().unwrap().is_empty());
+    assert_eq!(s.last_good().unwrap(), None);
+    assert_eq!(s.certificate("shop").unwrap(), None);
+    assert!(s.certificate_names().unwrap().is_empty());
+    assert_eq!(s.acme_account().unwrap(), None);
+
+    s.set_secret("edge-1", "EDGEFORM_API_TOKEN", "t0k'en")
+        .unwrap();
+    s.set_secret("edge-1", "EDGEFORM_CHALLENGE_SECRET", "s3cret")
+        .unwrap();
+    s.set_secret("edge-2", "EDGEFORM_API_TOKEN", "other")
+        .unwrap();
+    s.set_secret("edge-1", "EDGEFORM_API_TOKEN", "t0ken-2")
+        .unwrap();
+    assert_eq!(
+        s.secret("edge-1", "EDGEFORM_API_TOKEN").unwrap().as_deref(),
+        Some("t0ken-2")
+    );
+    assert_eq!(
+        s.secrets("edge-1").unwrap(),
+        BTreeMap::from([
+            ("EDGEFORM_API_TOKEN".to_owned(), "t0ken-2".to_owned()),
+            ("EDGEFORM_CHALLENGE_SECRET".to_owned(), "s3cret".to_owned()),
+        ])
+    );
+    assert_eq!(
+        s.secret_names().unwrap(),
+        BTreeMap::from([
+            (
+                "edge-1".to_owned(),
+                vec![
+                    "EDGEFORM_API_TOKEN".to_owned(),
+                    "EDGEFORM_CHALLENGE_SECRET".to_owned()
+                ]
+            ),
+            ("edge-2".to_owned(), vec!["EDGEFORM_API_TOKEN".to_owned()]),
+        ])
+    );
+    assert!(s.remove_secret("edge-2", "EDGEFORM_API_TOKEN").unwrap());
+    assert!(!s.remove_secret("edge-2", "EDGEFORM_API_TOKEN").unwrap());
+    assert!(!s.secret_names().unwrap().contains_key("edge-2"));
+    assert_eq!(
+        s.set_secret("../x", "A", "v"),
+        Err(StoreError::NodeName("../x".into()))
+    );
+    assert_eq!(
+        s.set_secret("edge-1", "a", "v"),
+        Err(StoreError::SecretName("a".into()))
+    );
+    assert_eq!(
+        s.set_secret("edge-1", "A", "two\nlines"),
+        Err(StoreError::SecretValue)
+    );
+
+    s.set_last_good(COMMIT).unwrap();
+    assert_eq!(s.last_good().unwrap().as_deref(), Some(COMMIT));
+    assert_eq!(
+        s.set_last_good("HEAD"),
+        Err(StoreError::Commit("HEAD".into()))
+    );
+
+    let one = StoredCert {
+        chain: "chain one".into(),
+        key: "key one".into(),
+    };
+    let two = StoredCert {
+        chain: "chain two".into(),
+        key: "key two".into(),
+    };
+    s.set_certificate("shop", &one).unwrap();
+    s.set_certificate("api.v2", &one).unwrap();
+    assert_eq!(s.certificate("shop").unwrap(), Some(one));
+    s.set_certificate("shop", &two).unwrap();
+    assert_eq!(s.certificate("shop").unwrap(), Some(two.clone()));
+    assert_eq!(s.certificate_names().unwrap(), ["api.v2", "shop"]);
+    assert_eq!(
+        s.set_certificate("../x", &two),
+        Err(StoreError::CertName("../x".into()))
+    );
+
+    s.set_acme_account(r#"{"id":"https://ca/acct/1"}"#).unwrap();
+    assert_eq!(
+        s.acme_account().unwrap().as_deref(),
+        Some(r#"{"id":"https://ca/acct/1"}"#)
+    );
+}
+
+fn plain(port: u16) -> redis::Connection {
+    redis::Client::open(format!("redis://127.0.0.1:{port}"))
+        .unwrap()
+        .get_connection()
+        .unwrap()
+}
+
+/// Every key of the server on `port`.
+fn keys(port: u16) -> Vec<String> {
+    let mut k: Vec<String> = redis::cmd("KEYS").arg("*").query(&mut plain(port)).unwrap();
+    k.sort();
+    k
+}
+
+#[test]
+fn the_store_contract_holds_for_the_state_directory_and_redis_behind_sentinel_over_tls() {
+    let d = tempfile::tempdir().unwrap();
+    let dir = DirStore::open(&d.path().join("state")).unwrap();
+    contract(&dir);
+
+    let certs = harness::Certs::new();
+    let (r, tls) = harness::redis_tls(&certs, false);
+    // An ACL user that can touch nothing but the store's keys.
+    let _: () = redis::cmd("ACL")
+        .arg("SETUSER")
+        .arg("store")
+        .arg("on")
+        .arg("nopass")
+        .arg("~edgeform:state:*")
+        .arg("+@all")
+        .query(&mut plain(r.port))
+        .unwrap();
+    let (_sentinel, sentinel_tls) = harness::sentinel_tls("state", tls, &certs);
+    let store = RedisStore::new(RedisTarget::Sentinel {
+        sentinels: vec![format!("127.0.0.1:{sentinel_tls}")],
+        master: "state".into(),
+        username: Some("store".into()),
+        password_env: None,
+        tls: Some(TlsFiles {
+            ca_file: Some(certs.file("ca.pem")),
+            ..TlsFiles::default()
+        }),
+    })
+    .unwrap();
+    contract(&store);
+
+    // The same entries, whichever backend.
+    assert_eq!(
+        export::snapshot(&store).unwrap(),
+        export::snapshot(&dir).unwrap()
+    );
+    // Names in keys, values only in values, every key under the prefix.
+    let k = keys(r.port);
+    assert_eq!(
+        k,
+        [
+            "edgeform:state:acme:account",
+            "edgeform:state:cert:api.v2",
+            "edgeform:state:cert:shop",
+            "edgeform:state:last-good-commit",
+            "edgeform:state:secrets:edge-1",
+        ]
+    );
+}
+
+fn node(port: u16) -> String {
+    format!(
+        "name: edge-1\nroles: [edge]\nregion: eu\nlocation: {{lat: 52.0, lon: 4.0}}\n\
+         addresses: [198.51.100.1]\nredis: {{url: \"redis://127.0.0.1:{port}\"}}\n"
+    )
+}
+
+const TLS_SITE: &str =
+    "host: shop.example.com\norigin: https://192.0.2.1\ntls: {certificate: shop}\n";
+
+/// `edgeform` in `repo` with the state directory `state`, `env` added.
+fn run(repo: &Path, state: &Path, env: &[(&str, &str)], args: &[&str]) -> Output {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_edgeform"));
+    c.args(args)
+        .current_dir(repo)
+        .env("NO_COLOR", "1")
+        .env("EDGEFORM_STATE_DIR", state)
+        .env_remove("EDGEFORM_STATE_STORE")
+        .env_remove("EDGEFORM_STATE_KEY");
+    for (k, v) in env {
+        c.env(k, v);
+    }
+    c.output().unwrap()
+}
+
+#[test]
+fn a_state_directory_exported_imports_into_redis_whole_or_not_at_all_and_apply_reads_it() {
+    let edge = harness::redis(&[]);
+    harness::nginx::declare_bundle(&harness::nginx::EdgeOptions::new(edge.port));
+    let shared = harness::redis(&[]);
+    let _: () = redis::cmd("ACL")
+        .arg("SETUSER")
+        .arg("store")
+        .arg("on")
+        .arg(">store-pass")
+        .arg("~edgeform:state:*")
+        .arg("+@all")
+        .query(&mut plain(shared.port))
+        .unwrap();
+    let site = harness::SiteCerts::new();
+    site.sign("shop", &["shop.example.com"], 90);
+    let f = Fixture::empty();
+    f.write("nodes/edge-1.yaml", node(edge.port).as_bytes());
+    f.write("sites/shop.yaml", TLS_SITE.as_bytes());
+    f.commit("tls");
+    let tmp = tempfile::tempdir().unwrap();
+    let old = tmp.path().join("old-state");
+    let new = tmp.path().join("new-state");
+    let file = |c: &str| site.file(c).display().to_string();
+    let o = run(
+        f.path(),
+        &old,
+        &[],
+        &[
+            "certs",
+            "import",
+            "shop",
+            "--cert",
+            &file("shop.chain.pem"),
+            "--key",
+            &file("shop.key"),
+        ],
+    );
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+
+    // The store's file: a node's `redis:` block.
+    let conf = tmp.path().join("store.yaml");
+    std::fs::write(
+        &conf,
+        format!(
+            "redis:\n  url: redis://store@127.0.0.1:{}\n  password_env: TEST_STORE_PASSWORD\n",
+            shared.port
+        ),
+    )
+    .unwrap();
+    let conf = conf.display().to_string();
+    let key = "MDEyMzQ1Njc4OWFiY2RlZjAxMjM0NTY3ODlhYmNkZWY="; // 32 bytes
+    let other = "ZmVkY2JhOTg3NjU0MzIxMGZlZGNiYTk4NzY1NDMyMTA=";
+    let with_key = |k: &'static str| {
+        [
+            ("EDGEFORM_STATE_KEY", k),
+            ("TEST_STORE_PASSWORD", "store-pass"),
+        ]
+    };
+
+    // Export: no key is an error naming the variable; then the file.
+    let out = tmp.path().join("state.export");
+    let out_s = out.display().to_string();
+    let o = run(f.path(), &old, &[], &["state", "export", &out_s]);
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("EDGEFORM_STATE_KEY is not set"),
+        "{}",
+        stderr(&o)
+    );
+    assert!(!out.exists());
+    let o = run(f.path(), &old, &with_key(key), &["state", "export", &out_s]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert!(stderr(&o).contains("1 certificate(s)"), "{}", stderr(&o));
+    assert_eq!(
+        std::fs::metadata(&out).unwrap().permissions().mode() & 0o777,
+        0o600
+    );
+    let sealed = std::fs::read_to_string(&out).unwrap();
+    let pem = std::fs::read_to_string(site.file("shop.key")).unwrap();
+    let body: String = pem.lines().filter(|l| !l.starts_with("-----")).collect();
+    for needle in [
+        "PRIVATE KEY",
+        &body[body.len() / 2 - 12..body.len() / 2 + 12],
+        "shop",
+    ] {
+        assert!(!sealed.contains(needle), "the export shows `{needle}`");
+    }
+
+    // Another key, an altered file: refused, nothing written.
+    let store_flag = ["--state-store", conf.as_str()];
+    let import = |env: &[(&str, &str)], path: &str| {
+        let mut args = vec!["state", "import", path];
+        args.extend(store_flag);
+        run(f.path(), &new, env, &args)
+    };
+    let o = import(&with_key(other), &out_s);
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    assert!(stderr(&o).contains("another key"), "{}", stderr(&o));
+    let mut env: serde_json::Value = serde_json::from_str(&sealed).unwrap();
+    let s = env["sealed"].as_str().unwrap().to_owned();
+    let flipped = if s.starts_with('A') { "B" } else { "A" };
+    env["sealed"] = format!("{flipped}{}", &s[1..]).into();
+    let altered = tmp.path().join("altered.export");
+    std::fs::write(&altered, env.to_string()).unwrap();
+    let o = import(&with_key(key), &altered.display().to_string());
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    assert!(stderr(&o).contains("altered"), "{}", stderr(&o));
+    assert!(keys(shared.port).is_empty(), "nothing imported");
+
+    // The right key: every entry in Redis, under the prefix.
+    let o = import(&with_key(key), &out_s);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert_eq!(keys(shared.port), ["edgeform:state:cert:shop"]);
+
+    // `apply` on a host whose state directory holds nothing reads the
+    // certificate from the shared store and pushes it.
+    let mut args = vec!["apply", "--yes"];
+    args.extend(store_flag);
+    let o = run(f.path(), &new, &with_key(key), &args);
+    assert_eq!(o.status.code(), Some(0), "{}{}", stdout(&o), stderr(&o));
+    let doc: Option<String> = redis::cmd("GET")
+        .arg("tls:shop.example.com")
+        .query(&mut plain(edge.port))
+        .unwrap();
+    let doc: serde_json::Value = serde_json::from_str(&doc.expect("tls:shop.example.com")).unwrap();
+    assert_eq!(doc["key"].as_str().map(str::trim), Some(pem.trim()));
+    let mut args = vec!["certs", "list"];
+    args.extend(store_flag);
+    let o = run(f.path(), &new, &with_key(key), &args);
+    assert!(
+        stdout(&o).contains("shop\tshop.example.com"),
+        "{}",
+        stdout(&o)
+    );
+
+    // A wrong password, a bad file: clear errors naming where.
+    let o = run(f.path(), &new, &[], &args);
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    assert!(stderr(&o).contains("TEST_STORE_PASSWORD"), "{}", stderr(&o));
+    std::fs::write(tmp.path().join("bad.yaml"), "redis:\n  url: http://x\n").unwrap();
+    let bad = tmp.path().join("bad.yaml").display().to_string();
+    let o = run(
+        f.path(),
+        &new,
+        &[],
+        &["certs", "list", "--state-store", &bad],
+    );
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    assert!(stderr(&o).contains("bad.yaml:2:"), "{}", stderr(&o));
+}
