@@ -495,7 +495,7 @@ pub fn known_at(dir: &Path, config: &Config) -> Result<(Certificates, Vec<CertEr
     match crate::store::open_existing(dir) {
         Ok(Some(store)) => Ok(used(&*store, config)),
         Ok(None) => Err("no state directory".into()),
-        Err(e) => Err(format!("state directory unusable: {e}")),
+        Err(e) => Err(format!("state store unusable: {e}")),
     }
 }
 
