@@ -411,15 +411,16 @@ pub enum Command {
         #[arg(long, env = "EDGEFORM_COMMAND_SIGNING_KEY", value_name = "FILE")]
         signing_key: Option<PathBuf>,
     },
-    /// Node secrets in the state directory (--state-dir), never in git:
+    /// Node secrets in the state store (--state-dir, or --state-store),
+    /// never in git:
     /// the installer writes them to the node's environment file, which
     /// nginx reads through `env` directives. Values are never printed.
     Secrets {
         #[command(subcommand)]
         action: secrets::Action,
     },
-    /// TLS certificates in the state directory (--state-dir), never in
-    /// git: `import` checks and keeps one, `issue` orders the ACME sites'
+    /// TLS certificates in the state store (--state-dir, or
+    /// --state-store), never in git: `import` checks and keeps one, `issue` orders the ACME sites'
     /// from the cluster's CA, `list` shows name, hosts, not-after and
     /// fingerprint. Keys are never printed. Exit 0, 1 refused, a failed
     /// order or a broken certificate.

@@ -357,3 +357,50 @@ fn a_state_directory_exported_imports_into_redis_whole_or_not_at_all_and_apply_r
     assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
     assert!(stderr(&o).contains("bad.yaml:2:"), "{}", stderr(&o));
 }
+
+#[test]
+fn the_redis_store_follows_a_sentinel_failover_to_the_new_master() {
+    use std::time::{Duration, Instant};
+    let mut master = harness::redis(&[]);
+    let replica = harness::redis(&[&format!("replicaof 127.0.0.1 {}", master.port)]);
+    let sentinel = harness::sentinel("state", master.port);
+    let store = RedisStore::new(RedisTarget::Sentinel {
+        sentinels: vec![format!("127.0.0.1:{}", sentinel.port)],
+        master: "state".into(),
+        username: None,
+        password_env: None,
+        tls: None,
+    })
+    .unwrap();
+    let cert = StoredCert {
+        chain: "chain".into(),
+        key: "key".into(),
+    };
+    store.set_certificate("shop", &cert).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !keys(replica.port).contains(&"edgeform:state:cert:shop".to_owned()) {
+        assert!(Instant::now() < deadline, "replication did not happen");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    master.kill();
+    // Calls fail while no master is known, then land on the new one.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        match store.set_last_good(COMMIT) {
+            Ok(()) => break,
+            Err(e) => {
+                assert!(matches!(e, StoreError::Shared { .. }), "{e}");
+                assert!(
+                    Instant::now() < deadline,
+                    "no failover: {e}\n{}",
+                    sentinel.log()
+                );
+            }
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert_eq!(store.certificate("shop").unwrap(), Some(cert));
+    let role: Vec<redis::Value> = redis::cmd("ROLE").query(&mut plain(replica.port)).unwrap();
+    assert_eq!(role[0], redis::Value::BulkString(b"master".to_vec()));
+    assert!(keys(replica.port).contains(&"edgeform:state:last-good-commit".to_owned()));
+}
