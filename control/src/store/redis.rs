@@ -30,7 +30,7 @@ use std::path::Path;
 use std::sync::mpsc;
 use std::time::Duration;
 
-use edgestate::target::{RedisTarget, TlsFiles};
+use edgestate::target::{RedisTarget, TargetError, TlsFiles};
 use redis::Value;
 
 use super::{
@@ -74,6 +74,12 @@ fn config_err(place: &str, why: impl Into<String>) -> StoreError {
 /// # Errors
 /// [`StoreError::Config`] naming the setting, or the file, line and column.
 pub fn target(setting: &str) -> Result<RedisTarget, StoreError> {
+    // A URL with a password is refused before anything could echo it.
+    if setting.contains("://")
+        && let Err(e @ TargetError::UrlPassword) = edgestate::target::url_user(setting)
+    {
+        return Err(config_err("--state-store", e.to_string()));
+    }
     if setting.starts_with("redis://") || setting.starts_with("rediss://") {
         let password_env = std::env::var_os(PASSWORD_ENV).map(|_| PASSWORD_ENV.to_owned());
         return RedisTarget::from_parts(
@@ -131,10 +137,18 @@ fn target_file(path: &Path) -> Result<RedisTarget, StoreError> {
     }
     let raw: RawRedis = serde_json::from_value(block.clone())
         .map_err(|e| config_err(&at("/redis"), format!("`redis`: {e}")))?;
+    if let Some(url) = &raw.url
+        && let Err(e @ TargetError::UrlPassword) = edgestate::target::url_user(url)
+    {
+        return Err(config_err(&at("/redis/url"), e.to_string()));
+    }
+    // Relative files are relative to the file's folder.
+    let base = path.parent().unwrap_or(Path::new("."));
+    let file = |p: Option<String>| p.map(|p| base.join(p));
     let tls = raw.tls.map(|t| TlsFiles {
-        ca_file: t.ca_file.map(Into::into),
-        cert_file: t.cert_file.map(Into::into),
-        key_file: t.key_file.map(Into::into),
+        ca_file: file(t.ca_file),
+        cert_file: file(t.cert_file),
+        key_file: file(t.key_file),
     });
     RedisTarget::from_parts(
         raw.url,
@@ -474,5 +488,56 @@ fn check_node(node: &str) -> Result<(), StoreError> {
         Ok(())
     } else {
         Err(StoreError::NodeName(node.to_owned()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn settings_are_urls_or_a_node_style_block_and_mistakes_are_located() {
+        let t = target("redis://store@127.0.0.1:6390/2").unwrap();
+        assert_eq!(t.username(), Some("store"));
+        let e = target("redis://store:hunter2@127.0.0.1:6390").unwrap_err();
+        assert!(!e.to_string().contains("hunter2"), "{e}");
+        assert!(matches!(e, StoreError::Config { .. }));
+        assert!(matches!(target("http://x"), Err(StoreError::Config { .. })));
+
+        let d = tempfile::tempdir().unwrap();
+        let file = d.path().join("store.yaml");
+        std::fs::write(
+            &file,
+            "redis:\n  sentinels: [\"10.0.0.1:26379\"]\n  master: state\n  username: ctl\n  \
+             password_env: PW\n  tls: {ca_file: ca.pem}\n",
+        )
+        .unwrap();
+        let t = target(file.to_str().unwrap()).unwrap();
+        assert_eq!(t.password_env(), Some("PW"));
+        assert_eq!(
+            t.tls().unwrap().ca_file.as_deref(),
+            Some(d.path().join("ca.pem").as_path())
+        );
+        for (text, at) in [
+            (
+                "redis:\n  url: redis://h:1\n  sentinels: [\"a:1\"]\n",
+                "store.yaml:2:",
+            ),
+            (
+                "redis:\n  sentinels: [nope]\n  master: m\n",
+                "store.yaml:2:",
+            ),
+            ("redis:\n  url: redis://a:p4ss@h:1\n", "store.yaml:2:"),
+            ("redis:\n  url: redis://h:1\n  colour: red\n", "store.yaml:"),
+            ("other: 1\n", "store.yaml:1:"),
+            ("redis: [\n", "store.yaml:"),
+        ] {
+            std::fs::write(&file, text).unwrap();
+            let e = target(file.to_str().unwrap()).unwrap_err().to_string();
+            assert!(e.contains(at), "{text}: {e}");
+            assert!(!e.contains("p4ss"), "{e}");
+        }
+        let e = target(d.path().join("missing.yaml").to_str().unwrap()).unwrap_err();
+        assert!(e.to_string().contains("missing.yaml"), "{e}");
     }
 }
