@@ -404,3 +404,67 @@ fn the_redis_store_follows_a_sentinel_failover_to_the_new_master() {
     assert_eq!(role[0], redis::Value::BulkString(b"master".to_vec()));
     assert!(keys(replica.port).contains(&"edgeform:state:last-good-commit".to_owned()));
 }
+
+/// Two control hosts (two state directories) on one shared store: what
+/// one issues from the real CA (pebble, through the real edge) the other
+/// applies, and the other's order uses the same ACME account; neither
+/// state directory holds a certificate or the account.
+#[test]
+fn two_control_hosts_share_issued_certificates_and_the_acme_account() {
+    let r = harness::redis(&[]);
+    let (_edge, pebble) = harness::pebble::behind_edge(r.port);
+    let shared = harness::redis(&[]);
+    let f = Fixture::empty();
+    f.write(
+        "cluster.yaml",
+        format!(
+            "acme:\n  directory: {}\n  contact: [\"mailto:ops@example.com\"]\n  ca_file: {}\n",
+            pebble.directory(),
+            pebble.tls_ca().display()
+        )
+        .as_bytes(),
+    );
+    f.write(
+        "nodes/edge-1.yaml",
+        crate::util::edge_1_node(r.port).as_bytes(),
+    );
+    f.write(
+        "sites/shop.test.yaml",
+        b"host: shop.test\norigin: https://192.0.2.1\ntls: {acme: true}\n",
+    );
+    f.commit("acme site");
+    let tmp = tempfile::tempdir().unwrap();
+    let (a, b) = (tmp.path().join("host-a"), tmp.path().join("host-b"));
+    let url = format!("redis://127.0.0.1:{}", shared.port);
+    let on = |state: &Path, args: &[&str]| {
+        run(
+            f.path(),
+            state,
+            &[("EDGEFORM_STATE_STORE", url.as_str())],
+            args,
+        )
+    };
+
+    let o = on(&a, &["certs", "issue"]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let account = |port| -> Option<String> {
+        redis::cmd("GET")
+            .arg("edgeform:state:acme:account")
+            .query(&mut plain(port))
+            .unwrap()
+    };
+    let first = account(shared.port).expect("the account is in the shared store");
+    let o = on(&b, &["apply", "--yes"]);
+    assert_eq!(o.status.code(), Some(0), "{}{}", stdout(&o), stderr(&o));
+    let doc: Option<String> = redis::cmd("GET")
+        .arg("tls:shop.test")
+        .query(&mut plain(r.port))
+        .unwrap();
+    assert!(doc.unwrap_or_default().contains("BEGIN CERTIFICATE"));
+    let o = on(&b, &["certs", "issue"]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert_eq!(account(shared.port), Some(first), "host B used A's account");
+    for state in [&a, &b] {
+        assert!(!state.join("certs").exists() && !state.join("acme/account.json").exists());
+    }
+}
