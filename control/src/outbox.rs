@@ -1,7 +1,7 @@
 //! The purge outbox: a job that could not be queued on a node's Redis is
-//! kept in the state store of the host that ran `purge`
-//! (`<state>/outbox/<node>/<sequence>-<id>`, one fsync'd file per job,
-//! written atomically), in order, and delivered by `edgeform purge --flush`
+//! kept in the state store (`Store::set_outbox`: in the state directory
+//! `<state>/outbox/<node>/<sequence>-<id>`, one fsync'd file per job,
+//! written atomically; in a shared store one hash field per job), in order, and delivered by `edgeform purge --flush`
 //! and the reconcile daemon when the node's Redis answers.
 //!
 //! Delivery is in order and stops at the first failure, so an older job
@@ -12,18 +12,13 @@
 //! id it already recorded no second time, so a re-delivery is harmless.
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
 use compiler::model::resolved::Node;
 use edgestate::purge;
 use serde::{Deserialize, Serialize};
 
-use crate::store::{DirStore, StoreError, valid_node};
-
-/// The largest job file read back (a job is at most
-/// [`purge::MAX_JOB_BYTES`], plus the envelope).
-const MAX_ENTRY_BYTES: usize = purge::MAX_JOB_BYTES + 4096;
+use crate::store::{Store, StoreError, valid_node};
 
 /// One kept job.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
@@ -68,30 +63,17 @@ fn valid_id(id: &str) -> bool {
             .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
 }
 
-fn dir(store: &DirStore, node: &str) -> Result<PathBuf, StoreError> {
-    if !valid_node(node) {
-        return Err(StoreError::NodeName(node.to_owned()));
-    }
-    Ok(store.root().join("outbox").join(node))
-}
-
-/// Flush a folder's entry list to disk (a rename or removal survives a crash).
-fn sync_dir(path: &Path) {
-    if let Ok(d) = std::fs::File::open(path) {
-        let _ = d.sync_all();
-    }
-}
-
 /// Keep `job` (id `id`) for `node`, after every job already kept for it.
 ///
 /// # Errors
 /// A bad node name or id, the store not writable.
-pub fn spool(store: &DirStore, node: &str, id: &str, job: &str) -> Result<(), StoreError> {
+pub fn spool(store: &dyn Store, node: &str, id: &str, job: &str) -> Result<(), StoreError> {
     if !valid_id(id) {
         return Err(StoreError::NodeName(format!("job id {id}")));
     }
-    let dir = dir(store, node)?;
-    store.folder(&store.root().join("outbox"))?;
+    if !valid_node(node) {
+        return Err(StoreError::NodeName(node.to_owned()));
+    }
     let nanos = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_nanos());
@@ -109,9 +91,7 @@ pub fn spool(store: &DirStore, node: &str, id: &str, job: &str) -> Result<(), St
         file: String::new(),
     };
     let text = serde_json::to_string(&entry).unwrap_or_default();
-    store.write(&dir, &format!("{seq:039}-{id}"), &text)?;
-    sync_dir(&dir);
-    Ok(())
+    store.set_outbox(node, &format!("{seq:039}-{id}"), &text)
 }
 
 /// `node`'s kept jobs, oldest first. A file that does not parse is skipped
@@ -119,28 +99,9 @@ pub fn spool(store: &DirStore, node: &str, id: &str, job: &str) -> Result<(), St
 ///
 /// # Errors
 /// The folder unsafe or unreadable.
-pub fn entries(store: &DirStore, node: &str) -> Result<Vec<Entry>, StoreError> {
-    let dir = dir(store, node)?;
-    let list = match std::fs::read_dir(&dir) {
-        Ok(l) => l,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
-        Err(e) => {
-            return Err(StoreError::Io {
-                path: dir,
-                cause: e.kind().to_string(),
-            });
-        }
-    };
-    let mut names: Vec<String> = list
-        .filter_map(|e| e.ok()?.file_name().into_string().ok())
-        .filter(|n| !n.starts_with('.'))
-        .collect();
-    names.sort();
+pub fn entries(store: &dyn Store, node: &str) -> Result<Vec<Entry>, StoreError> {
     let mut out = Vec::new();
-    for name in names {
-        let Some(text) = store.read_capped(&dir.join(&name), MAX_ENTRY_BYTES)? else {
-            continue;
-        };
+    for (name, text) in store.outbox(node)? {
         if let Ok(mut e) = serde_json::from_str::<Entry>(&text) {
             e.file = name;
             out.push(e);
@@ -153,16 +114,9 @@ pub fn entries(store: &DirStore, node: &str) -> Result<Vec<Entry>, StoreError> {
 ///
 /// # Errors
 /// The store unreadable.
-pub fn depths(store: &DirStore) -> Result<BTreeMap<String, Depth>, StoreError> {
-    let root = store.root().join("outbox");
+pub fn depths(store: &dyn Store) -> Result<BTreeMap<String, Depth>, StoreError> {
     let mut out = BTreeMap::new();
-    let Ok(list) = std::fs::read_dir(&root) else {
-        return Ok(out);
-    };
-    for node in list.filter_map(|e| e.ok()?.file_name().into_string().ok()) {
-        if !valid_node(&node) {
-            continue;
-        }
+    for node in store.outbox_nodes()? {
         let all = entries(store, &node)?;
         if all.is_empty() {
             continue;
@@ -180,28 +134,13 @@ pub fn depths(store: &DirStore) -> Result<BTreeMap<String, Depth>, StoreError> {
     Ok(out)
 }
 
-fn rewrite(store: &DirStore, node: &str, e: &Entry) -> Result<(), StoreError> {
-    let dir = dir(store, node)?;
+fn rewrite(store: &dyn Store, node: &str, e: &Entry) -> Result<(), StoreError> {
     let text = serde_json::to_string(e).unwrap_or_default();
-    store.write(&dir, &e.file, &text)?;
-    sync_dir(&dir);
-    Ok(())
+    store.set_outbox(node, &e.file, &text)
 }
 
-fn remove(store: &DirStore, node: &str, e: &Entry) -> Result<(), StoreError> {
-    let dir = dir(store, node)?;
-    match std::fs::remove_file(dir.join(&e.file)) {
-        Ok(()) => {}
-        Err(x) if x.kind() == std::io::ErrorKind::NotFound => {}
-        Err(x) => {
-            return Err(StoreError::Io {
-                path: dir.join(&e.file),
-                cause: x.kind().to_string(),
-            });
-        }
-    }
-    sync_dir(&dir);
-    Ok(())
+fn remove(store: &dyn Store, node: &str, e: &Entry) -> Result<(), StoreError> {
+    store.remove_outbox(node, &e.file)
 }
 
 /// What one flush of a node did.
@@ -226,7 +165,7 @@ pub struct Flushed {
 /// # Errors
 /// The node's Redis does not answer (or is not a master), the store
 /// cannot be written; the jobs stay kept.
-pub async fn flush(store: &DirStore, node: &Node) -> Result<Flushed> {
+pub async fn flush(store: &dyn Store, node: &Node) -> Result<Flushed> {
     let all = entries(store, &node.name)?;
     let mut out = Flushed::default();
     if all.is_empty() {
@@ -307,7 +246,7 @@ pub async fn flush(store: &DirStore, node: &Node) -> Result<Flushed> {
 ///
 /// # Errors
 /// The store unreadable.
-pub fn has_waiting(store: &DirStore, node: &str) -> Result<bool, StoreError> {
+pub fn has_waiting(store: &dyn Store, node: &str) -> Result<bool, StoreError> {
     Ok(entries(store, node)?
         .iter()
         .any(|e| e.delivered_at.is_none()))
@@ -315,7 +254,7 @@ pub fn has_waiting(store: &DirStore, node: &str) -> Result<bool, StoreError> {
 
 /// Flush every node of `nodes` that has kept jobs; a node whose Redis does
 /// not answer is logged and skipped (the next call retries).
-pub async fn flush_all(store: &DirStore, nodes: &[Node]) -> BTreeMap<String, Result<Flushed>> {
+pub async fn flush_all(store: &dyn Store, nodes: &[Node]) -> BTreeMap<String, Result<Flushed>> {
     let mut out = BTreeMap::new();
     let names: Vec<&str> = nodes.iter().map(|n| n.name.as_str()).collect();
     drop_removed(store, &names);
@@ -346,7 +285,7 @@ pub async fn flush_all(store: &DirStore, nodes: &[Node]) -> BTreeMap<String, Res
 /// nothing can deliver them, and they would hold the outbox metric and
 /// its alert up forever. Each dropped job is logged (node and id).
 /// Returns how many were dropped per node.
-pub fn drop_removed(store: &DirStore, known: &[&str]) -> BTreeMap<String, usize> {
+pub fn drop_removed(store: &dyn Store, known: &[&str]) -> BTreeMap<String, usize> {
     let mut dropped = BTreeMap::new();
     let Ok(kept) = depths(store) else {
         return dropped;
@@ -367,9 +306,6 @@ pub fn drop_removed(store: &DirStore, known: &[&str]) -> BTreeMap<String, usize>
                 }
             }
         }
-        if let Ok(d) = dir(store, node) {
-            sync_dir(&d);
-        }
         dropped.insert(node.clone(), n);
     }
     dropped
@@ -378,6 +314,7 @@ pub fn drop_removed(store: &DirStore, known: &[&str]) -> BTreeMap<String, usize>
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::store::DirStore;
 
     #[test]
     fn jobs_of_a_node_no_longer_in_the_repository_are_dropped() {

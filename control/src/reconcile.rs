@@ -359,9 +359,9 @@ pub async fn reconcile(
             };
             // Purge jobs kept for nodes whose Redis did not answer: each
             // run delivers what it can, in order.
-            if let Ok(Some(outbox)) = crate::store::DirStore::open_existing(&state_dir) {
-                crate::outbox::flush_all(&outbox, &source.config.nodes).await;
-                if let Ok(depths) = crate::outbox::depths(&outbox) {
+            if let Ok(Some(outbox)) = crate::store::open_existing(&state_dir) {
+                crate::outbox::flush_all(&*outbox, &source.config.nodes).await;
+                if let Ok(depths) = crate::outbox::depths(&*outbox) {
                     flags.metrics.outbox(&depths);
                 }
             }

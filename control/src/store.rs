@@ -1,8 +1,9 @@
 //! The control host's state: what must never be in git. One interface,
-//! [`Store`], for every piece of it — node secrets now; certificates, the
-//! purge outbox and the last good signed commit later — so a shared
-//! backend (a Redis the control hosts reach) can replace the directory
-//! for two control hosts without touching the callers.
+//! [`Store`], for every piece of it — node secrets, the last good signed
+//! commit, certificates, the ACME account, the purge outbox — so a shared
+//! backend ([`RedisStore`], a Redis the control hosts reach) replaces the
+//! directory for two control hosts without touching the callers. [`open`]
+//! is where the backend is chosen (`--state-store`, [`STORE_ENV`]).
 //!
 //! [`DirStore`] keeps it in the state directory (`--state-dir`, env
 //! `EDGEFORM_STATE_DIR`, default `/var/lib/edgeform`): folders `0700`,
@@ -14,7 +15,8 @@
 //! as written); `<state>/last-good-commit` (the last commit `reconcile
 //! --require-signed-by` verified, a hex commit id);
 //! `<state>/certs/<NAME>/chain.pem` and `key.pem` (a certificate as
-//! `edgeform certs import` checked it; the folder is replaced as a whole).
+//! `edgeform certs import` checked it; the folder is replaced as a whole);
+//! `<state>/acme/account.json`; `<state>/outbox/<node>/<sequence>-<id>`.
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -102,14 +104,26 @@ impl<T: Store + ?Sized> Store for Arc<T> {
     fn set_acme_account(&self, json: &str) -> Result<(), StoreError> {
         (**self).set_acme_account(json)
     }
+    fn outbox(&self, node: &str) -> Result<Vec<(String, String)>, StoreError> {
+        (**self).outbox(node)
+    }
+    fn set_outbox(&self, node: &str, name: &str, text: &str) -> Result<(), StoreError> {
+        (**self).set_outbox(node, name, text)
+    }
+    fn remove_outbox(&self, node: &str, name: &str) -> Result<(), StoreError> {
+        (**self).remove_outbox(node, name)
+    }
+    fn outbox_nodes(&self) -> Result<Vec<String>, StoreError> {
+        (**self).outbox_nodes()
+    }
 }
 
 /// The state store: the shared one when `--state-store` /
 /// [`STORE_ENV`] names one, else the state directory at `state_dir`
 /// (created 0700). Every command that reads or writes secrets,
-/// certificates, the ACME account or the last good commit opens it here,
-/// so the backend is chosen in one place. (The purge outbox and the
-/// renewal state stay in the state directory, per host.)
+/// certificates, the ACME account, the last good commit or the purge
+/// outbox opens it here, so the backend is chosen in one place. (The
+/// renewal state stays in the state directory, per host.)
 ///
 /// # Errors
 /// An unusable setting, or [`DirStore::open`]'s.
@@ -140,6 +154,16 @@ pub fn describe(state_dir: &Path) -> String {
     match shared() {
         Ok(Some(s)) => format!("the state store {}", s.describe()),
         _ => format!("the state directory {}", state_dir.display()),
+    }
+}
+
+/// Where `node`'s purge outbox is, for messages: its folder in the
+/// state directory, or its key in the shared store.
+#[must_use]
+pub fn outbox_place(state_dir: &Path, node: &str) -> String {
+    match shared() {
+        Ok(Some(s)) => format!("{} ({}outbox:{node})", s.describe(), redis::PREFIX),
+        _ => state_dir.join(OUTBOX).join(node).display().to_string(),
     }
 }
 
@@ -303,6 +327,48 @@ pub trait Store: Send + Sync {
     /// # Errors
     /// The store cannot be written.
     fn set_acme_account(&self, json: &str) -> Result<(), StoreError>;
+
+    /// `node`'s purge outbox (`crate::outbox`): its entries as (name,
+    /// text), in name order (the names sort in the order kept). Text past
+    /// [`MAX_OUTBOX_ENTRY_BYTES`] is cut there (and then does not parse).
+    ///
+    /// # Errors
+    /// A bad node name, or the store cannot be read.
+    fn outbox(&self, node: &str) -> Result<Vec<(String, String)>, StoreError>;
+
+    /// Keep `text` as `node`'s outbox entry `name`, replacing one of that
+    /// name.
+    ///
+    /// # Errors
+    /// A bad node or entry name, or the store cannot be written.
+    fn set_outbox(&self, node: &str, name: &str, text: &str) -> Result<(), StoreError>;
+
+    /// Remove `node`'s outbox entry `name` (already gone is no error).
+    ///
+    /// # Errors
+    /// A bad node or entry name, or the store cannot be written.
+    fn remove_outbox(&self, node: &str, name: &str) -> Result<(), StoreError>;
+
+    /// The nodes whose outbox may hold entries.
+    ///
+    /// # Errors
+    /// The store cannot be read.
+    fn outbox_nodes(&self) -> Result<Vec<String>, StoreError>;
+}
+
+/// The largest purge outbox entry read back (a job is at most
+/// `edgestate::purge::MAX_JOB_BYTES`, plus the envelope).
+pub const MAX_OUTBOX_ENTRY_BYTES: usize = edgestate::purge::MAX_JOB_BYTES + 4096;
+
+/// Whether `name` can name an outbox entry (`<sequence>-<job id>`).
+#[must_use]
+pub fn valid_outbox_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 128
+        && !name.starts_with(['.', '-'])
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
 }
 
 /// A certificate as kept: the chain (leaf first) and its private key,
@@ -673,6 +739,72 @@ impl Store for DirStore {
         self.write(&self.root.join(ACME_DIR), ACME_ACCOUNT, json)
     }
 
+    fn outbox(&self, node: &str) -> Result<Vec<(String, String)>, StoreError> {
+        let dir = self.outbox_dir(node)?;
+        let list = match std::fs::read_dir(&dir) {
+            Ok(l) => l,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+            Err(e) => {
+                return Err(StoreError::Io {
+                    path: dir,
+                    cause: e.kind().to_string(),
+                });
+            }
+        };
+        // Temporary files of an interrupted write start with `.`.
+        let mut names: Vec<String> = list
+            .filter_map(|e| e.ok()?.file_name().into_string().ok())
+            .filter(|n| !n.starts_with('.'))
+            .collect();
+        names.sort();
+        let mut out = Vec::new();
+        for name in names {
+            if let Some(text) = self.read_capped(&dir.join(&name), MAX_OUTBOX_ENTRY_BYTES)? {
+                out.push((name, text));
+            }
+        }
+        Ok(out)
+    }
+
+    fn set_outbox(&self, node: &str, name: &str, text: &str) -> Result<(), StoreError> {
+        let dir = self.outbox_dir(node)?;
+        check_outbox_name(name)?;
+        self.folder(&self.root.join(OUTBOX))?;
+        self.write(&dir, name, text)?;
+        sync_dir(&dir);
+        Ok(())
+    }
+
+    fn remove_outbox(&self, node: &str, name: &str) -> Result<(), StoreError> {
+        let dir = self.outbox_dir(node)?;
+        check_outbox_name(name)?;
+        let path = dir.join(name);
+        match std::fs::remove_file(&path) {
+            Ok(()) => {}
+            Err(x) if x.kind() == std::io::ErrorKind::NotFound => {}
+            Err(x) => {
+                return Err(StoreError::Io {
+                    path,
+                    cause: x.kind().to_string(),
+                });
+            }
+        }
+        sync_dir(&dir);
+        Ok(())
+    }
+
+    fn outbox_nodes(&self) -> Result<Vec<String>, StoreError> {
+        let Ok(list) = std::fs::read_dir(self.root.join(OUTBOX)) else {
+            return Ok(Vec::new());
+        };
+        let mut out: Vec<String> = list
+            .filter_map(|e| e.ok()?.file_name().into_string().ok())
+            .filter(|n| valid_node(n))
+            .collect();
+        out.sort();
+        Ok(out)
+    }
+
     fn certificate_names(&self) -> Result<Vec<String>, StoreError> {
         let dir = self.root.join(CERTS);
         let entries = match std::fs::read_dir(&dir) {
@@ -692,6 +824,34 @@ impl Store for DirStore {
         }
         out.sort();
         Ok(out)
+    }
+}
+
+/// The purge outbox's folder, in the state directory.
+const OUTBOX: &str = "outbox";
+
+fn check_outbox_name(name: &str) -> Result<(), StoreError> {
+    if valid_outbox_name(name) {
+        Ok(())
+    } else {
+        Err(StoreError::NodeName(format!("outbox entry {name}")))
+    }
+}
+
+/// Flush a folder's entry list to disk (a rename or removal survives a crash).
+fn sync_dir(path: &Path) {
+    if let Ok(d) = std::fs::File::open(path) {
+        let _ = d.sync_all();
+    }
+}
+
+impl DirStore {
+    /// `node`'s outbox folder (`<state>/outbox/<node>`).
+    fn outbox_dir(&self, node: &str) -> Result<PathBuf, StoreError> {
+        if !valid_node(node) {
+            return Err(StoreError::NodeName(node.to_owned()));
+        }
+        Ok(self.root.join(OUTBOX).join(node))
     }
 }
 

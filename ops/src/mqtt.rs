@@ -620,10 +620,10 @@ pub fn rows(source: &Valid, heard: &Heard, now: u64) -> Vec<Row> {
 /// Fill each row's purge outbox depth from the state store at
 /// `state_dir` (nothing when there is none).
 pub fn with_outbox(rows: &mut [Row], state_dir: &std::path::Path) {
-    let Ok(Some(store)) = control::store::DirStore::open_existing(state_dir) else {
+    let Ok(Some(store)) = control::store::open_existing(state_dir) else {
         return;
     };
-    let Ok(depths) = control::outbox::depths(&store) else {
+    let Ok(depths) = control::outbox::depths(&*store) else {
         return;
     };
     for r in rows {

@@ -194,22 +194,23 @@ pub async fn purge(
     let limit = Arc::new(Semaphore::new(PARALLEL));
     // Jobs kept earlier for a node go first: delivered before this one,
     // or this one is kept behind them.
-    let kept = control::store::DirStore::open_existing(state_dir)
+    let kept: Option<Arc<dyn control::store::Store>> = control::store::open_existing(state_dir)
         .ok()
-        .flatten();
+        .flatten()
+        .map(Arc::from);
     let mut tasks = JoinSet::new();
     for (i, (node, job)) in jobs.iter().enumerate() {
         let target = Target::of(node)?;
         let (job, channel, limit) = (job.to_json(), channel.clone(), limit.clone());
         let older = kept
             .clone()
-            .filter(|s| control::outbox::has_waiting(s, &node.name).unwrap_or(false))
+            .filter(|s| control::outbox::has_waiting(&**s, &node.name).unwrap_or(false))
             .map(|s| (s, (*node).clone()));
         tasks.spawn(async move {
             let _slot = limit.acquire_owned().await;
             if let Some((store, node)) = older {
-                let flushed = control::outbox::flush(&store, &node).await;
-                let waiting = control::outbox::has_waiting(&store, &node.name).unwrap_or(true);
+                let flushed = control::outbox::flush(&*store, &node).await;
+                let waiting = control::outbox::has_waiting(&*store, &node.name).unwrap_or(true);
                 if let Err(e) = flushed {
                     return (i, target, Err(e));
                 }
@@ -237,8 +238,8 @@ pub async fn purge(
             Err(e) => {
                 // Kept in this host's outbox; delivered by `purge --flush`
                 // and the reconcile daemon.
-                let kept = control::store::DirStore::open(state_dir)
-                    .and_then(|s| control::outbox::spool(&s, &node.name, &id, &job.to_json()));
+                let kept = control::store::open(state_dir)
+                    .and_then(|s| control::outbox::spool(&*s, &node.name, &id, &job.to_json()));
                 match kept {
                     Ok(()) => {
                         spooled += 1;
@@ -247,7 +248,7 @@ pub async fn purge(
                             node.name,
                             node.redis_at(),
                             edgeredis::one_line(&e),
-                            state_dir.join("outbox").join(&node.name).display()
+                            control::store::outbox_place(state_dir, &node.name)
                         );
                     }
                     Err(why) => {
@@ -358,13 +359,13 @@ pub const SPOOLED_EXIT: u8 = 3;
 /// # Errors
 /// The store unreadable.
 pub async fn flush(config: &Config, state_dir: &Path) -> Result<u8> {
-    let Some(store) = control::store::DirStore::open_existing(state_dir)? else {
+    let Some(store) = control::store::open_existing(state_dir)? else {
         eprintln!("no state store at {}: nothing kept", state_dir.display());
         return Ok(0);
     };
-    let before = control::outbox::depths(&store)?;
+    let before = control::outbox::depths(&*store)?;
     let nodes: Vec<Node> = config.nodes.clone();
-    let results = control::outbox::flush_all(&store, &nodes).await;
+    let results = control::outbox::flush_all(&*store, &nodes).await;
     let mut out = std::io::stdout().lock();
     let mut code = 0;
     for (name, depth) in &before {

@@ -4,7 +4,8 @@
 //!
 //! The file is JSON: `{"format": "edgeform-state/1", "key_id": …,
 //! "nonce": …, "sealed": …}`. `sealed` is every entry (node secrets,
-//! certificates with their keys, the ACME account, the last good commit)
+//! certificates with their keys, the ACME account, the last good commit,
+//! the purge outbox)
 //! as JSON, encrypted and authenticated with AES-256-GCM under the key in
 //! [`KEY_ENV`] (32 bytes, base64); the format and the key id are bound to
 //! it as associated data. `key_id` (16 hex digits of a SHA-256 over a
@@ -23,8 +24,8 @@ use ring::rand::{SecureRandom, SystemRandom};
 use sha2::Digest as _;
 
 use super::{
-    MAX_CERT_BYTES, Store, StoreError, StoredCert, valid_cert_name, valid_commit, valid_node,
-    valid_secret_name, valid_secret_value,
+    MAX_CERT_BYTES, MAX_OUTBOX_ENTRY_BYTES, Store, StoreError, StoredCert, valid_cert_name,
+    valid_commit, valid_node, valid_outbox_name, valid_secret_name, valid_secret_value,
 };
 
 /// The variable holding the key (32 bytes, base64).
@@ -102,6 +103,9 @@ pub struct Snapshot {
     pub certificates: BTreeMap<String, Pem>,
     pub acme_account: Option<String>,
     pub last_good: Option<String>,
+    /// Node → purge outbox entry name → the kept job (JSON).
+    #[serde(default)]
+    pub outbox: BTreeMap<String, BTreeMap<String, String>>,
 }
 
 /// A certificate in the export.
@@ -123,8 +127,10 @@ impl Snapshot {
     #[must_use]
     pub fn summary(&self) -> String {
         let secrets: usize = self.secrets.values().map(BTreeMap::len).sum();
+        let kept: usize = self.outbox.values().map(BTreeMap::len).sum();
         format!(
-            "{secrets} secret(s) of {} node(s), {} certificate(s), {} ACME account, {} last good commit",
+            "{secrets} secret(s) of {} node(s), {} certificate(s), {} ACME account, {} last good commit, \
+             {kept} purge job(s) kept",
             self.secrets.len(),
             self.certificates.len(),
             if self.acme_account.is_some() {
@@ -177,6 +183,22 @@ impl Snapshot {
         {
             return bad("the last good commit".into());
         }
+        for (node, entries) in &self.outbox {
+            if !valid_node(node) {
+                return bad(format!(
+                    "outbox node `{}`",
+                    edgestate::untrusted::escape(node)
+                ));
+            }
+            for (name, text) in entries {
+                if !valid_outbox_name(name) || text.len() > MAX_OUTBOX_ENTRY_BYTES {
+                    return bad(format!(
+                        "outbox entry `{}` of {node}",
+                        edgestate::untrusted::escape(name)
+                    ));
+                }
+            }
+        }
         Ok(())
     }
 }
@@ -206,6 +228,12 @@ pub fn snapshot(store: &dyn Store) -> Result<Snapshot, StoreError> {
     }
     out.acme_account = store.acme_account()?;
     out.last_good = store.last_good()?;
+    for node in store.outbox_nodes()? {
+        let entries: BTreeMap<String, String> = store.outbox(&node)?.into_iter().collect();
+        if !entries.is_empty() {
+            out.outbox.insert(node, entries);
+        }
+    }
     Ok(out)
 }
 
@@ -235,6 +263,11 @@ pub fn restore(store: &dyn Store, snap: &Snapshot) -> Result<(), ExportError> {
     }
     if let Some(c) = &snap.last_good {
         store.set_last_good(c)?;
+    }
+    for (node, entries) in &snap.outbox {
+        for (name, text) in entries {
+            store.set_outbox(node, name, text)?;
+        }
     }
     Ok(())
 }
@@ -424,6 +457,7 @@ mod tests {
         s.set_acme_account(r#"{"id":"acct"}"#).unwrap();
         s.set_last_good("0123456789abcdef0123456789abcdef01234567")
             .unwrap();
+        crate::outbox::spool(&s, "edge-1", "job-1", "{}").unwrap();
         s
     }
 

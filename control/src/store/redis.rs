@@ -18,7 +18,9 @@
 //! - `edgeform:state:last-good-commit`: a string, a hex commit id;
 //! - `edgeform:state:cert:<name>`: a hash, `chain` and `key` (PEM),
 //!   replaced whole in one MULTI;
-//! - `edgeform:state:acme:account`: a string, the ACME account's JSON.
+//! - `edgeform:state:acme:account`: a string, the ACME account's JSON;
+//! - `edgeform:state:outbox:<node>`: a hash, the purge outbox's entries
+//!   (`<sequence>-<job id>` → the kept job, JSON).
 //!
 //! Each write is one command or one MULTI. The trait is synchronous and
 //! callers run inside and outside a tokio runtime, so the connection lives
@@ -34,8 +36,8 @@ use edgestate::target::{RedisTarget, TargetError, TlsFiles};
 use redis::Value;
 
 use super::{
-    MAX_CERT_BYTES, Store, StoreError, StoredCert, valid_cert_name, valid_commit, valid_node,
-    valid_secret_name, valid_secret_value,
+    MAX_CERT_BYTES, MAX_OUTBOX_ENTRY_BYTES, Store, StoreError, StoredCert, valid_cert_name,
+    valid_commit, valid_node, valid_outbox_name, valid_secret_name, valid_secret_value,
 };
 
 /// Every key of the store starts with this.
@@ -55,6 +57,9 @@ fn cert_key(name: &str) -> String {
 }
 fn last_good_key() -> String {
     format!("{PREFIX}last-good-commit")
+}
+fn outbox_key(node: &str) -> String {
+    format!("{PREFIX}outbox:{node}")
 }
 fn account_key() -> String {
     format!("{PREFIX}acme:account")
@@ -480,6 +485,57 @@ impl Store for RedisStore {
     fn set_acme_account(&self, json: &str) -> Result<(), StoreError> {
         self.one(redis::cmd("SET").arg(account_key()).arg(json))?;
         Ok(())
+    }
+
+    fn outbox(&self, node: &str) -> Result<Vec<(String, String)>, StoreError> {
+        check_node(node)?;
+        Ok(self
+            .hash(&outbox_key(node))?
+            .into_iter()
+            .filter(|(name, _)| valid_outbox_name(name))
+            .map(|(name, mut text)| {
+                if text.len() > MAX_OUTBOX_ENTRY_BYTES {
+                    let mut cut = MAX_OUTBOX_ENTRY_BYTES;
+                    while !text.is_char_boundary(cut) {
+                        cut -= 1;
+                    }
+                    text.truncate(cut);
+                }
+                (name, text)
+            })
+            .collect())
+    }
+
+    fn set_outbox(&self, node: &str, name: &str, text: &str) -> Result<(), StoreError> {
+        check_node(node)?;
+        check_entry(name)?;
+        self.one(redis::cmd("HSET").arg(outbox_key(node)).arg(name).arg(text))?;
+        Ok(())
+    }
+
+    fn remove_outbox(&self, node: &str, name: &str) -> Result<(), StoreError> {
+        check_node(node)?;
+        check_entry(name)?;
+        self.one(redis::cmd("HDEL").arg(outbox_key(node)).arg(name))?;
+        Ok(())
+    }
+
+    fn outbox_nodes(&self) -> Result<Vec<String>, StoreError> {
+        let prefix = format!("{PREFIX}outbox:");
+        Ok(self
+            .scan(&format!("{prefix}*"))?
+            .into_iter()
+            .filter_map(|k| k.strip_prefix(&prefix).map(str::to_owned))
+            .filter(|n| valid_node(n))
+            .collect())
+    }
+}
+
+fn check_entry(name: &str) -> Result<(), StoreError> {
+    if valid_outbox_name(name) {
+        Ok(())
+    } else {
+        Err(StoreError::NodeName(format!("outbox entry {name}")))
     }
 }
 

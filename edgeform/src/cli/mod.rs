@@ -66,11 +66,11 @@ pub struct Cli {
     )]
     pub state_dir: PathBuf,
     /// A shared state store instead of the state directory, so two
-    /// control hosts share secrets, certificates, the ACME account and the
-    /// last good commit: a redis:// or rediss:// URL (password from
-    /// EDGEFORM_STATE_STORE_PASSWORD), or a YAML file holding a `redis:`
-    /// block as a node file writes it (Sentinels, ACL user, password_env,
-    /// TLS with a CA). The purge outbox and the renewal state stay in
+    /// control hosts share secrets, certificates, the ACME account, the
+    /// last good commit and the purge outbox: a redis:// or rediss:// URL
+    /// (password from EDGEFORM_STATE_STORE_PASSWORD), or a YAML file
+    /// holding a `redis:` block as a node file writes it (Sentinels, ACL
+    /// user, password_env, TLS with a CA). The renewal state stays in
     /// --state-dir.
     #[arg(
         long,

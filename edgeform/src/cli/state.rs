@@ -14,8 +14,9 @@ use control::store::export;
 #[derive(Debug, clap::Subcommand)]
 pub enum Action {
     /// Write every entry (node secrets, certificates and their keys, the
-    /// ACME account, the last good commit) to FILE (0600), encrypted with
-    /// AES-256-GCM under the key in EDGEFORM_STATE_KEY (32 bytes, base64).
+    /// ACME account, the last good commit, the purge outbox) to FILE
+    /// (0600), encrypted with AES-256-GCM under the key in
+    /// EDGEFORM_STATE_KEY (32 bytes, base64).
     Export {
         #[arg(value_name = "FILE")]
         file: PathBuf,

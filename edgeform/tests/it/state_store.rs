@@ -107,6 +107,29 @@ fn contract(s: &dyn Store) {
         s.acme_account().unwrap().as_deref(),
         Some(r#"{"id":"https://ca/acct/1"}"#)
     );
+
+    // The purge outbox, through the functions that use it.
+    assert!(s.outbox_nodes().unwrap().is_empty());
+    for id in ["b-1", "a-2", "c-3"] {
+        control::outbox::spool(s, "edge-1", id, &format!("{{\"id\":\"{id}\"}}")).unwrap();
+    }
+    control::outbox::spool(s, "gone-1", "d-4", "{}").unwrap();
+    let kept = control::outbox::entries(s, "edge-1").unwrap();
+    assert_eq!(
+        kept.iter().map(|e| e.id.as_str()).collect::<Vec<_>>(),
+        ["b-1", "a-2", "c-3"]
+    );
+    assert_eq!(s.outbox_nodes().unwrap(), ["edge-1", "gone-1"]);
+    assert_eq!(control::outbox::depths(s).unwrap()["edge-1"].waiting, 3);
+    assert!(control::outbox::has_waiting(s, "edge-1").unwrap());
+    let dropped = control::outbox::drop_removed(s, &["edge-1"]);
+    assert_eq!(dropped, BTreeMap::from([("gone-1".to_owned(), 1)]));
+    s.remove_outbox("edge-1", &kept[0].file).unwrap();
+    s.remove_outbox("edge-1", &kept[0].file).unwrap();
+    assert_eq!(control::outbox::entries(s, "edge-1").unwrap().len(), 2);
+    assert!(control::outbox::spool(s, "../x", "a", "{}").is_err());
+    assert!(control::outbox::spool(s, "edge-1", "../a", "{}").is_err());
+    assert!(s.set_outbox("edge-1", "../a", "{}").is_err());
 }
 
 fn plain(port: u16) -> redis::Connection {
@@ -155,11 +178,23 @@ fn the_store_contract_holds_for_the_state_directory_and_redis_behind_sentinel_ov
     .unwrap();
     contract(&store);
 
-    // The same entries, whichever backend.
-    assert_eq!(
-        export::snapshot(&store).unwrap(),
-        export::snapshot(&dir).unwrap()
-    );
+    // The same entries, whichever backend (the outbox's names carry the
+    // time each job was kept: compared by job).
+    let without_outbox = |s: &dyn Store| {
+        let mut snap = export::snapshot(s).unwrap();
+        let jobs: Vec<Vec<String>> = snap
+            .outbox
+            .values()
+            .map(|e| {
+                e.keys()
+                    .map(|n| n.split_once('-').unwrap().1.to_owned())
+                    .collect()
+            })
+            .collect();
+        snap.outbox.clear();
+        (snap, jobs)
+    };
+    assert_eq!(without_outbox(&store), without_outbox(&dir));
     // Names in keys, values only in values, every key under the prefix.
     let k = keys(r.port);
     assert_eq!(
@@ -169,6 +204,7 @@ fn the_store_contract_holds_for_the_state_directory_and_redis_behind_sentinel_ov
             "edgeform:state:cert:api.v2",
             "edgeform:state:cert:shop",
             "edgeform:state:last-good-commit",
+            "edgeform:state:outbox:edge-1",
             "edgeform:state:secrets:edge-1",
         ]
     );
