@@ -504,3 +504,80 @@ fn two_control_hosts_share_issued_certificates_and_the_acme_account() {
         assert!(!state.join("certs").exists() && !state.join("acme/account.json").exists());
     }
 }
+
+/// A purge job host A could not queue (the node's Redis down) is kept in
+/// the shared store; host B's `purge --flush` delivers it once the Redis
+/// is back, and the outbox empties when the node records it.
+#[test]
+fn a_purge_kept_by_one_control_host_is_delivered_by_the_other() {
+    let mut edge = harness::redis(&[]);
+    let shared = harness::redis(&[]);
+    let f = Fixture::empty();
+    f.write(
+        "nodes/edge-1.yaml",
+        format!(
+            "name: edge-1\nroles: [edge]\nregion: eu\nlocation: {{lat: 52.0, lon: 4.0}}\n\
+             redis: {{url: \"redis://127.0.0.1:{}\"}}\ncache: {{key: \"$scheme$host$request_uri\"}}\n",
+            edge.port
+        )
+        .as_bytes(),
+    );
+    f.write(
+        "sites/a.yaml",
+        b"host: a.example.com\norigin: http://192.0.2.1\n",
+    );
+    f.commit("one site");
+    let tmp = tempfile::tempdir().unwrap();
+    let (a, b) = (tmp.path().join("host-a"), tmp.path().join("host-b"));
+    let url = format!("redis://127.0.0.1:{}", shared.port);
+    let on = |state: &Path, args: &[&str]| {
+        run(
+            f.path(),
+            state,
+            &[("EDGEFORM_STATE_STORE", url.as_str())],
+            args,
+        )
+    };
+    edge.stop();
+    let o = on(
+        &a,
+        &["purge", "--site", "a.example.com", "--url", "/v/1.mp4"],
+    );
+    assert_eq!(o.status.code(), Some(3), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("SPOOLED") && stderr(&o).contains("edgeform:state:outbox:edge-1"),
+        "{}",
+        stderr(&o)
+    );
+    let id = stdout(&o).trim().to_owned();
+    assert_eq!(keys(shared.port), ["edgeform:state:outbox:edge-1"]);
+    assert!(!a.join("outbox").exists(), "nothing kept on host A itself");
+
+    edge.restart();
+    let o = on(&b, &["purge", "--flush"]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert!(
+        stdout(&o).contains("edge-1: 1 queued, 0 queued again, 0 done, 1 tracked"),
+        "{}",
+        stdout(&o)
+    );
+    let queued: Vec<String> = redis::cmd("LRANGE")
+        .arg("cdn:purge:eu:edge-1")
+        .arg(0)
+        .arg(-1)
+        .query(&mut plain(edge.port))
+        .unwrap();
+    assert_eq!(queued.len(), 1);
+    assert!(queued[0].contains(&id), "{queued:?}");
+    // The node records it (as its agent does): the next flush, from
+    // either host, takes it out of the shared outbox.
+    let _: () = redis::cmd("HSET")
+        .arg(edgestate::purge::done_key(&id))
+        .arg("edge-1")
+        .arg("1")
+        .query(&mut plain(edge.port))
+        .unwrap();
+    let o = on(&a, &["purge", "--flush"]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert!(keys(shared.port).is_empty(), "{:?}", keys(shared.port));
+}
