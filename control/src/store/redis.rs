@@ -44,7 +44,8 @@ use super::{
 pub const PREFIX: &str = "edgeform:state:";
 /// The variable holding the password when the setting is a URL.
 pub const PASSWORD_ENV: &str = "EDGEFORM_STATE_STORE_PASSWORD";
-/// The longest a call waits for the store.
+/// The longest one attempt of a call waits for the store (a call makes
+/// at most two).
 pub const TIMEOUT: Duration = Duration::from_secs(15);
 /// How the store is named in `edgeredis`'s messages.
 const WHO: &str = "state-store";
@@ -245,9 +246,12 @@ impl RedisStore {
         self.jobs
             .send(Job { pipe, reply })
             .map_err(|_| fail("its connection thread stopped".into()))?;
-        match answer.recv_timeout(TIMEOUT + Duration::from_secs(1)) {
+        match answer.recv_timeout(2 * TIMEOUT + Duration::from_secs(1)) {
             Ok(r) => r.map_err(fail),
-            Err(_) => Err(fail(format!("no answer within {}s", TIMEOUT.as_secs()))),
+            Err(_) => Err(fail(format!(
+                "no answer within {}s",
+                (2 * TIMEOUT).as_secs() + 1
+            ))),
         }
     }
 
