@@ -18,6 +18,7 @@ pub enum Action {
     /// (0600), encrypted with AES-256-GCM under the key in
     /// EDGEFORM_STATE_KEY (32 bytes, base64).
     Export {
+        /// The export file to write (replaced whole).
         #[arg(value_name = "FILE")]
         file: PathBuf,
     },
@@ -26,6 +27,7 @@ pub enum Action {
     /// with EDGEFORM_STATE_KEY and checked whole first: another key, an
     /// altered file or an invalid entry imports nothing (exit 1).
     Import {
+        /// The export file to read (made by `state export`).
         #[arg(value_name = "FILE")]
         file: PathBuf,
     },
