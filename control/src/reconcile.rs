@@ -85,6 +85,15 @@ pub fn pull(root: &Path, spec: &str, auth: &remote::Auth) -> Result<String> {
     Ok(id)
 }
 
+/// A run that could not load its revision: the refused commit, or the
+/// error with `what` (what the run therefore did not do).
+fn log_not_loaded(e: &anyhow::Error, what: &'static str) {
+    match e.downcast_ref::<signed::RefusedCommit>() {
+        Some(refused) => log_refused(refused),
+        None => tracing::error!(cause = %edgeredis::one_line(e), "{what}"),
+    }
+}
+
 fn log_refused(refused: &signed::RefusedCommit) {
     tracing::error!(
         commit = %refused.commit,
@@ -319,12 +328,7 @@ pub async fn reconcile(
             let (source, pick) = match source {
                 Ok(s) => s,
                 Err(e) => {
-                    match e.downcast_ref::<signed::RefusedCommit>() {
-                        Some(refused) => log_refused(refused),
-                        None => {
-                            tracing::error!(cause = %edgeredis::one_line(&e), "reconcile: nothing pushed");
-                        }
-                    }
+                    log_not_loaded(&e, "reconcile: nothing pushed");
                     return 1;
                 }
             };
@@ -418,12 +422,7 @@ pub async fn reconcile(
             let rev = match picked {
                 Ok(p) => p.rev,
                 Err(e) => {
-                    match e.downcast_ref::<signed::RefusedCommit>() {
-                        Some(refused) => log_refused(refused),
-                        None => {
-                            tracing::error!(cause = %edgeredis::one_line(&e), "reconcile: no certificate ordered");
-                        }
-                    }
+                    log_not_loaded(&e, "reconcile: no certificate ordered");
                     return 1;
                 }
             };

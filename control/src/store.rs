@@ -398,6 +398,19 @@ const CHAIN_FILE: &str = "chain.pem";
 /// A certificate's key file.
 const KEY_FILE: &str = "key.pem";
 
+/// A last good commit as kept or given (`text`, surrounding whitespace
+/// ignored), checked and in lowercase.
+///
+/// # Errors
+/// Not a full commit id.
+pub fn kept_commit(text: &str) -> Result<String, StoreError> {
+    let commit = text.trim();
+    if !valid_commit(commit) {
+        return Err(StoreError::Commit(commit.to_owned()));
+    }
+    Ok(commit.to_ascii_lowercase())
+}
+
 /// Whether `commit` is a full hex commit id (SHA-1 or SHA-256).
 #[must_use]
 pub fn valid_commit(commit: &str) -> bool {
@@ -661,21 +674,13 @@ impl Store for DirStore {
     }
 
     fn last_good(&self) -> Result<Option<String>, StoreError> {
-        let Some(text) = self.read(&self.root.join(LAST_GOOD))? else {
-            return Ok(None);
-        };
-        let commit = text.trim();
-        if !valid_commit(commit) {
-            return Err(StoreError::Commit(commit.to_owned()));
-        }
-        Ok(Some(commit.to_ascii_lowercase()))
+        self.read(&self.root.join(LAST_GOOD))?
+            .map(|text| kept_commit(&text))
+            .transpose()
     }
 
     fn set_last_good(&self, commit: &str) -> Result<(), StoreError> {
-        if !valid_commit(commit) {
-            return Err(StoreError::Commit(commit.to_owned()));
-        }
-        self.write(&self.root, LAST_GOOD, commit)
+        self.write(&self.root, LAST_GOOD, kept_commit(commit)?.as_str())
     }
 
     fn certificate(&self, name: &str) -> Result<Option<StoredCert>, StoreError> {

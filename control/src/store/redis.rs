@@ -36,8 +36,8 @@ use edgestate::target::{RedisTarget, TargetError, TlsFiles};
 use redis::Value;
 
 use super::{
-    MAX_CERT_BYTES, MAX_OUTBOX_ENTRY_BYTES, Store, StoreError, StoredCert, valid_cert_name,
-    valid_commit, valid_node, valid_outbox_name, valid_secret_name, valid_secret_value,
+    MAX_CERT_BYTES, MAX_OUTBOX_ENTRY_BYTES, Store, StoreError, StoredCert, kept_commit,
+    valid_cert_name, valid_node, valid_outbox_name, valid_secret_name, valid_secret_value,
 };
 
 /// Every key of the store starts with this.
@@ -409,20 +409,13 @@ impl Store for RedisStore {
     }
 
     fn last_good(&self) -> Result<Option<String>, StoreError> {
-        let Some(text) = self.string(&last_good_key())? else {
-            return Ok(None);
-        };
-        let commit = text.trim();
-        if !valid_commit(commit) {
-            return Err(StoreError::Commit(commit.to_owned()));
-        }
-        Ok(Some(commit.to_ascii_lowercase()))
+        self.string(&last_good_key())?
+            .map(|text| kept_commit(&text))
+            .transpose()
     }
 
     fn set_last_good(&self, commit: &str) -> Result<(), StoreError> {
-        if !valid_commit(commit) {
-            return Err(StoreError::Commit(commit.to_owned()));
-        }
+        let commit = kept_commit(commit)?;
         self.one(redis::cmd("SET").arg(last_good_key()).arg(commit))?;
         Ok(())
     }
