@@ -234,6 +234,13 @@ pub fn render(node: &str, entries: &[Result<Entry, String>]) -> String {
                         None => "break-glass".into(),
                     });
                 }
+                if let Some(why) = &e.urgent_renewal {
+                    flags.push(format!(
+                        "renewal through freeze {}: {}",
+                        untrusted::escape(e.freeze.as_deref().unwrap_or("?")),
+                        untrusted::escape(why)
+                    ));
+                }
                 if let Some(real) = &e.clock_moved {
                     flags.push(format!(
                         "clock moved by --now, real time {}",
@@ -267,4 +274,36 @@ pub fn render(node: &str, entries: &[Result<Entry, String>]) -> String {
         }
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_urgent_renewal_through_a_freeze_says_so_in_the_human_history() {
+        let e = Entry {
+            at: "2026-12-02T10:00:00Z".into(),
+            action: "renew".into(),
+            commit: "a".repeat(40),
+            previous_commit: Some("a".repeat(40)),
+            generation: 7,
+            applied_by: "ops@ctl".into(),
+            command: "edgeform reconcile --once certs".into(),
+            forced: false,
+            break_glass: false,
+            freeze: Some("final".into()),
+            written: 1,
+            deleted: 0,
+            clock_moved: None,
+            urgent_renewal: Some("shop.test expires 2026-12-03T00:00:00Z\u{1b}[31m".into()),
+        };
+        let text = render("edge-1", &[Ok(e)]);
+        assert!(text.contains("renew"), "{text}");
+        assert!(
+            text.contains("[renewal through freeze final: shop.test expires 2026-12-03T00:00:00Z"),
+            "{text}"
+        );
+        assert!(!text.contains('\u{1b}'), "escaped: {text}");
+    }
 }
