@@ -221,6 +221,37 @@ const TLS_SITE: &str =
     "host: shop.example.com\norigin: https://192.0.2.1\ntls: {certificate: shop}\n";
 
 /// `edgeform` in `repo` with the state directory `state`, `env` added.
+/// Two control hosts (state directories `a` and `b`) sharing the Redis
+/// store on `port` (`EDGEFORM_STATE_STORE`).
+struct TwoHosts {
+    _tmp: tempfile::TempDir,
+    a: std::path::PathBuf,
+    b: std::path::PathBuf,
+    url: String,
+}
+
+impl TwoHosts {
+    fn new(port: u16) -> TwoHosts {
+        let tmp = tempfile::tempdir().unwrap();
+        TwoHosts {
+            a: tmp.path().join("host-a"),
+            b: tmp.path().join("host-b"),
+            _tmp: tmp,
+            url: format!("redis://127.0.0.1:{port}"),
+        }
+    }
+
+    /// `edgeform ARGS` on the host whose state directory is `state`.
+    fn run(&self, repo: &Path, state: &Path, args: &[&str]) -> Output {
+        run(
+            repo,
+            state,
+            &[("EDGEFORM_STATE_STORE", self.url.as_str())],
+            args,
+        )
+    }
+}
+
 fn run(repo: &Path, state: &Path, env: &[(&str, &str)], args: &[&str]) -> Output {
     let mut c = Command::new(env!("CARGO_BIN_EXE_edgeform"));
     c.args(args)
@@ -469,17 +500,9 @@ fn two_control_hosts_share_issued_certificates_and_the_acme_account() {
         b"host: shop.test\norigin: https://192.0.2.1\ntls: {acme: true}\n",
     );
     f.commit("acme site");
-    let tmp = tempfile::tempdir().unwrap();
-    let (a, b) = (tmp.path().join("host-a"), tmp.path().join("host-b"));
-    let url = format!("redis://127.0.0.1:{}", shared.port);
-    let on = |state: &Path, args: &[&str]| {
-        run(
-            f.path(),
-            state,
-            &[("EDGEFORM_STATE_STORE", url.as_str())],
-            args,
-        )
-    };
+    let hosts = TwoHosts::new(shared.port);
+    let (a, b) = (hosts.a.clone(), hosts.b.clone());
+    let on = |state: &Path, args: &[&str]| hosts.run(f.path(), state, args);
 
     let o = on(&a, &["certs", "issue"]);
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
@@ -527,17 +550,9 @@ fn a_purge_kept_by_one_control_host_is_delivered_by_the_other() {
         b"host: a.example.com\norigin: http://192.0.2.1\n",
     );
     f.commit("one site");
-    let tmp = tempfile::tempdir().unwrap();
-    let (a, b) = (tmp.path().join("host-a"), tmp.path().join("host-b"));
-    let url = format!("redis://127.0.0.1:{}", shared.port);
-    let on = |state: &Path, args: &[&str]| {
-        run(
-            f.path(),
-            state,
-            &[("EDGEFORM_STATE_STORE", url.as_str())],
-            args,
-        )
-    };
+    let hosts = TwoHosts::new(shared.port);
+    let (a, b) = (hosts.a.clone(), hosts.b.clone());
+    let on = |state: &Path, args: &[&str]| hosts.run(f.path(), state, args);
     edge.stop();
     let o = on(
         &a,
