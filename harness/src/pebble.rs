@@ -171,9 +171,9 @@ pub fn pebble(opts: &PebbleOptions) -> Pebble {
 }
 
 /// The real edge on the Redis at 127.0.0.1:`redis_port` (its bundle
-/// declared: it reads certificates) and pebble validating HTTP-01 on it:
-/// every test name resolves to the edge, but `down.test` resolves where
-/// nothing listens, so its validation fails.
+/// declared: it reads certificates) and pebble validating its HTTP
+/// challenges on it: every test name resolves to the edge, but
+/// `down.test` resolves where nothing listens, so its validation fails.
 #[must_use]
 pub fn behind_edge(redis_port: u16) -> (super::nginx::Edge, Pebble) {
     let o = super::nginx::EdgeOptions::new(redis_port);
