@@ -14,10 +14,9 @@
 //! pid on drop like every [`Process`].
 
 use std::fmt::Write as _;
-use std::net::TcpStream;
 
+use crate::Process;
 use crate::pebble::Pebble;
-use crate::{Process, free_port, spawn, wait_ready};
 
 /// What the proxy does instead of forwarding.
 #[derive(Debug, Clone)]
@@ -182,38 +181,12 @@ pub fn in_front(pebble: &Pebble, fault: &Fault) -> FaultProxy {
     let ca = pebble.tls_ca();
     let read = |name: &str| std::fs::read_to_string(ca.with_file_name(name)).expect(name);
     let crt = format!("{}{}", read("tls.pem"), read("tls.key"));
-    let mut last = String::new();
-    for _ in 0..5 {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let d = dir.path();
-        std::fs::write(d.join("proxy.pem"), &crt).expect("write proxy.pem");
-        let port = free_port();
-        configure(d, port, pebble.acme.port, fault);
-        let log = d.join("haproxy.log");
-        let args = vec![
-            "-db".to_owned(),
-            "-f".to_owned(),
-            d.join("haproxy.cfg").display().to_string(),
-        ];
-        let child = spawn("haproxy", &args, d, &log).expect("spawn haproxy");
-        let mut p = Process {
-            child: Some(child),
-            port,
-            dir,
-            log,
-            binary: "haproxy".into(),
-            addr: std::net::Ipv4Addr::LOCALHOST,
-            args,
-        };
-        if wait_ready(&mut p, |port| {
-            TcpStream::connect(("127.0.0.1", port)).is_ok()
-        }) {
-            return FaultProxy {
-                process: p,
-                pebble_port: pebble.acme.port,
-            };
-        }
-        last = p.log();
+    let process = crate::haproxy::start("haproxy (ACME fault proxy)", |dir, port| {
+        std::fs::write(dir.join("proxy.pem"), &crt).expect("write proxy.pem");
+        configure(dir, port, pebble.acme.port, fault);
+    });
+    FaultProxy {
+        process,
+        pebble_port: pebble.acme.port,
     }
-    panic!("haproxy (ACME fault proxy) did not start:\n{last}");
 }

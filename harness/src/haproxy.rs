@@ -7,6 +7,7 @@
 //! Needs the Debian package `haproxy` (`scripts/test` installs it).
 
 use std::net::TcpStream;
+use std::path::Path;
 
 use crate::{Process, free_port, spawn, wait_ready};
 
@@ -22,11 +23,7 @@ use crate::{Process, free_port, spawn, wait_ready};
 #[must_use]
 pub fn forwarding(backend: u16, accept_proxy: bool) -> Process {
     let accept = if accept_proxy { " accept-proxy" } else { "" };
-    let mut last = String::new();
-    for _ in 0..5 {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let port = free_port();
-        let log = dir.path().join("haproxy.log");
+    start("haproxy", |dir, port| {
         let conf = format!(
             "global\n    maxconn 512\n\
              defaults\n    mode http\n    timeout connect 5s\n    timeout client 30s\n\
@@ -35,12 +32,29 @@ pub fn forwarding(backend: u16, accept_proxy: bool) -> Process {
              \x20   default_backend edge\n\
              backend edge\n    server edge 127.0.0.1:{backend}\n"
         );
-        let conf_path = dir.path().join("haproxy.cfg");
-        std::fs::write(&conf_path, conf).expect("write haproxy.cfg");
+        std::fs::write(dir.join("haproxy.cfg"), conf).expect("write haproxy.cfg");
+    })
+}
+
+/// Start HAProxy on a free loopback port with the `haproxy.cfg` that
+/// `configure(dir, port)` writes into its own folder (with any file it
+/// needs); a few attempts (a port taken meanwhile), `what` naming it when
+/// none comes up.
+///
+/// # Panics
+/// When it does not come up after a few attempts (its output is shown).
+#[must_use]
+pub fn start(what: &str, configure: impl Fn(&Path, u16)) -> Process {
+    let mut last = String::new();
+    for _ in 0..5 {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let port = free_port();
+        configure(dir.path(), port);
+        let log = dir.path().join("haproxy.log");
         let args = vec![
             "-db".to_owned(),
             "-f".to_owned(),
-            conf_path.display().to_string(),
+            dir.path().join("haproxy.cfg").display().to_string(),
         ];
         let child = spawn("haproxy", &args, dir.path(), &log).expect("spawn haproxy");
         let mut p = Process {
@@ -59,5 +73,5 @@ pub fn forwarding(backend: u16, accept_proxy: bool) -> Process {
         }
         last = p.log();
     }
-    panic!("haproxy did not start:\n{last}");
+    panic!("{what} did not start:\n{last}");
 }
