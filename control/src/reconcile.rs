@@ -8,31 +8,37 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 
 use super::many::{Settings, heal_all, sync_all};
-use compiler::workspace::{self, Source};
+use compiler::workspace::{self, Source, Valid};
 use gitsource::{remote, signed};
 
-/// Load, check and compile for one run; an invalid repository is logged
-/// (every diagnostic) and the run pushes nothing.
-fn load(root: &Path, rev: Option<&str>, state_dir: &Path) -> Result<Source> {
+/// Load and check `rev` for one run; an invalid repository is logged
+/// (every diagnostic) and is an error saying `not_done` (what the run
+/// therefore does not do).
+pub(crate) fn checked(root: &Path, rev: Option<&str>, not_done: &str) -> Result<Valid> {
     match workspace::load(root, rev)?.check().valid() {
-        Ok(valid) => {
-            // Every certificate a site uses, valid now, or nothing is
-            // pushed (an expired one refuses the run, typed).
-            let now = i64::try_from(compiler::clock::now()?).unwrap_or(i64::MAX);
-            let certs = crate::certs::for_push_from(state_dir, &valid.config, now)?;
-            Ok(valid.compile_with(&certs))
-        }
+        Ok(valid) => Ok(valid),
         Err(invalid) => {
             for d in &invalid.diagnostics {
                 tracing::error!(at = %d.location(), code = d.code, "{}", compiler::report::clip(&d.message));
             }
             anyhow::bail!(
-                "{} is invalid ({}); nothing was pushed",
+                "{} is invalid ({}){not_done}",
                 invalid.root.display(),
                 invalid.summary()
             )
         }
     }
+}
+
+/// Load, check and compile for one run; an invalid repository is logged
+/// (every diagnostic) and the run pushes nothing.
+fn load(root: &Path, rev: Option<&str>, state_dir: &Path) -> Result<Source> {
+    let valid = checked(root, rev, "; nothing was pushed")?;
+    // Every certificate a site uses, valid now, or nothing is pushed (an
+    // expired one refuses the run, typed).
+    let now = i64::try_from(compiler::clock::now()?).unwrap_or(i64::MAX);
+    let certs = crate::certs::for_push_from(state_dir, &valid.config, now)?;
+    Ok(valid.compile_with(&certs))
 }
 
 /// Which scheduled job to run once.

@@ -174,19 +174,7 @@ async fn certs(
     flags: &Settings,
     state_dir: &Path,
 ) -> Result<u8> {
-    let valid = match workspace::load(root, rev)?.check().valid() {
-        Ok(v) => v,
-        Err(invalid) => {
-            for d in &invalid.diagnostics {
-                tracing::error!(at = %d.location(), code = d.code, "{}", compiler::report::clip(&d.message));
-            }
-            anyhow::bail!(
-                "{} is invalid ({})",
-                invalid.root.display(),
-                invalid.summary()
-            );
-        }
-    };
+    let valid = crate::reconcile::checked(root, rev, "")?;
     let config = &valid.config;
     let requests = acme::requests(config, None);
     if requests.is_empty() {
