@@ -2,6 +2,7 @@
 //! applied, healed or synced concurrently (bounded by
 //! [`Settings::parallel`]), each outcome kept and logged.
 
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -70,31 +71,47 @@ async fn learn_others(
         .get_or_init(|| async {
             // Concurrently: an unreachable target costs its connect
             // timeout once, not once per target.
-            let mut set = tokio::task::JoinSet::new();
-            for node in all.iter().filter(|n| n.redis.is_some()) {
-                let node = node.clone();
-                set.spawn(async move {
-                    let mut c = crate::master(&node).await.ok()?;
-                    let read: redis::RedisResult<Option<String>> = redis::cmd("HGET")
-                        .arg(edgestate::keys::META)
-                        .arg("commit")
-                        .query_async(&mut c)
-                        .await;
-                    read.ok().flatten().filter(|c| !c.is_empty())
-                });
-            }
-            let mut others = Vec::new();
-            while let Some(joined) = set.join_next().await {
-                if let Ok(Some(id)) = joined
-                    && !others.contains(&id)
-                {
-                    others.push(id);
-                }
-            }
-            others.sort();
-            ancestor.learn(others);
+            let targets: Vec<_> = all.iter().filter(|n| n.redis.is_some()).cloned().collect();
+            let others: BTreeSet<String> = live_commits(&targets)
+                .await
+                .into_values()
+                .filter_map(|r| r.ok().flatten())
+                .collect();
+            ancestor.learn(others.into_iter().collect());
         })
         .await;
+}
+
+/// What the run knows of each target's live commit, by node.
+pub(crate) type LiveCommits = BTreeMap<String, Result<Option<String>, String>>;
+
+/// Read the commit in each target's `edgeform:meta`, concurrently.
+pub(crate) async fn live_commits(nodes: &[compiler::model::resolved::Node]) -> LiveCommits {
+    let mut set = tokio::task::JoinSet::new();
+    for node in nodes {
+        let node = node.clone();
+        set.spawn(async move {
+            let read = async {
+                let mut con = crate::master(&node).await?;
+                let commit: Option<String> = redis::cmd("HGET")
+                    .arg(edgestate::keys::META)
+                    .arg("commit")
+                    .query_async(&mut con)
+                    .await
+                    .context("reading edgeform:meta")?;
+                anyhow::Ok(commit.filter(|c| !c.is_empty()))
+            };
+            let r = read.await.map_err(|e| edgeredis::one_line(&e).to_string());
+            (node.name.clone(), r)
+        });
+    }
+    let mut out = BTreeMap::new();
+    while let Some(joined) = set.join_next().await {
+        if let Ok((name, r)) = joined {
+            out.insert(name, r);
+        }
+    }
+    out
 }
 
 /// The jobs for `--node` (all targets when empty).

@@ -12,7 +12,7 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 use compiler::workspace::{self, Valid};
 
 use super::{Decision, Kept, State};
@@ -105,38 +105,6 @@ fn problems(failures: &[Failure]) -> String {
         })
         .collect::<Vec<_>>()
         .join("; ")
-}
-
-/// What the run knows of each target's live commit, by node.
-type LiveCommits = BTreeMap<String, Result<Option<String>, String>>;
-
-/// Read the commit in each target's `edgeform:meta`, concurrently.
-async fn live_commits(nodes: &[compiler::model::resolved::Node]) -> LiveCommits {
-    let mut set = tokio::task::JoinSet::new();
-    for node in nodes {
-        let node = node.clone();
-        set.spawn(async move {
-            let read = async {
-                let mut con = crate::master(&node).await?;
-                let commit: Option<String> = redis::cmd("HGET")
-                    .arg(edgestate::keys::META)
-                    .arg("commit")
-                    .query_async(&mut con)
-                    .await
-                    .context("reading edgeform:meta")?;
-                anyhow::Ok(commit.filter(|c| !c.is_empty()))
-            };
-            let r = read.await.map_err(|e| edgeredis::one_line(&e).to_string());
-            (node.name.clone(), r)
-        });
-    }
-    let mut out = BTreeMap::new();
-    while let Some(joined) = set.join_next().await {
-        if let Ok((name, r)) = joined {
-            out.insert(name, r);
-        }
-    }
-    out
 }
 
 /// The checked configuration of `commit`.
@@ -236,9 +204,9 @@ async fn certs(
         .collect();
     let wanted = certs.iter().any(|c| decide(c, false).orders());
     let live = if wanted {
-        live_commits(&targets).await
+        many::live_commits(&targets).await
     } else {
-        LiveCommits::new()
+        many::LiveCommits::new()
     };
     // Each distinct live commit's configuration, loaded once (its freeze
     // windows now, its compile for the push later).
@@ -471,7 +439,7 @@ async fn certs(
 #[allow(clippy::too_many_arguments)]
 async fn push(
     root: &Path,
-    live: &LiveCommits,
+    live: &many::LiveCommits,
     mut at_commit: BTreeMap<String, Result<Valid, String>>,
     issued: &[String],
     flags: &Settings,
