@@ -27,23 +27,28 @@ pub mod secrets;
 pub mod serve;
 pub mod state;
 
+/// The heading under which `--help` lists the options every subcommand
+/// takes, apart from the subcommand's own.
+const GLOBAL: &str = "Global options";
+
 /// GitOps control plane for a self-run CDN: validate, compile, diff and push
 /// the config repository (sites, zones, nodes) to every edge's own Redis.
 #[derive(Debug, Parser)]
 #[command(name = "edgeform", version = version(), about, long_about = None, after_help = AFTER_HELP)]
 pub struct Cli {
     /// The config repository (folder with cluster.yaml, sites/, zones/, nodes/).
-    #[arg(long, global = true, default_value = ".", value_name = "DIR")]
+    #[arg(long, global = true, help_heading = GLOBAL, default_value = ".", value_name = "DIR")]
     pub repo: PathBuf,
     /// Read this git revision (through git2, without a checkout) instead of
     /// the working tree.
-    #[arg(long, global = true, value_name = "REV")]
+    #[arg(long, global = true, help_heading = GLOBAL, value_name = "REV")]
     pub rev: Option<String>,
     /// Log lines on stderr: text, or json (one JSON object per line, for
     /// log shippers).
     #[arg(
         long,
         global = true,
+        help_heading = GLOBAL,
         value_enum,
         default_value = "text",
         env = "EDGEFORM_LOG_FORMAT",
@@ -53,13 +58,14 @@ pub struct Cli {
     /// Drills and tests: run as if it were TIME (RFC 3339) for freeze
     /// windows and history timestamps. Every history entry written under
     /// it says so (`clock_moved`, with the real time).
-    #[arg(long, global = true, value_name = "TIME", value_parser = compiler::clock::parse_flag)]
+    #[arg(long, global = true, help_heading = GLOBAL, value_name = "TIME", value_parser = compiler::clock::parse_flag)]
     pub now: Option<u64>,
     /// The control host's state directory: what never goes in git (node
     /// secrets). Created 0700; refused when others can read it.
     #[arg(
         long,
         global = true,
+        help_heading = GLOBAL,
         env = control::store::DIR_ENV,
         default_value = control::store::DEFAULT_DIR,
         value_name = "DIR"
@@ -75,6 +81,7 @@ pub struct Cli {
     #[arg(
         long,
         global = true,
+        help_heading = GLOBAL,
         env = control::store::STORE_ENV,
         value_name = "URL|FILE"
     )]
@@ -178,6 +185,8 @@ pub enum Command {
     /// job a node's Redis does not take is kept in the state store's outbox
     /// (`SPOOLED`, exit 3) and delivered by `--flush` or the daemon; exit 1
     /// when a job could not be kept either (`NOT QUEUED`).
+    #[command(override_usage = "edgeform purge --site <HOST> [OPTIONS]\n       \
+                                edgeform purge --flush [OPTIONS]")]
     Purge {
         /// The site (host or alias).
         #[arg(long, value_name = "HOST", required_unless_present = "flush")]
@@ -203,6 +212,10 @@ pub enum Command {
     Route(route::RouteArgs),
     /// Explain the reference edge's decision for a request (docs/edge.md)
     /// offline, from the compiled documents, step by step. Exit 0.
+    #[command(
+        override_usage = "edgeform explain --host <HOST> --url <URL> --ip <IP> [OPTIONS]\n       \
+                                edgeform explain --batch <FILE> [OPTIONS]"
+    )]
     Explain(explain::ExplainArgs),
     /// Read-only HTTP API for edges on a Redis miss: GET
     /// /v1/nodes/<node>/keys/<key> → the value `build` gives that node,
@@ -363,8 +376,10 @@ pub enum Command {
         format: Format,
     },
     /// Send one command to a node's agent over MQTT (only actions its
-    /// agent.yaml allows run). Signed when EDGEFORM_COMMAND_KEY is set.
-    /// Exit 0 sent (with --wait: ran ok), 1 otherwise.
+    /// agent.yaml allows run), signed with the ed25519 key of
+    /// --signing-key / EDGEFORM_COMMAND_SIGNING_KEY (`edgeform keygen`;
+    /// EDGEFORM_COMMAND_KEY, the legacy shared HMAC, otherwise). Exit 0
+    /// sent (with --wait: ran ok), 1 otherwise.
     Exec {
         /// The node whose agent runs the command.
         #[arg(long, value_name = "NODE")]

@@ -327,3 +327,47 @@ fn route_explains_the_decision_as_json() {
     let v: serde_json::Value = serde_json::from_str(&stdout(&out)).unwrap();
     assert_eq!(v["geo"]["decision"]["node"], "edge-ams-1", "{v}");
 }
+
+/// A subcommand's help names the flags it cannot run without in its usage
+/// line, and lists the options every subcommand takes under their own
+/// heading, apart from the subcommand's; `router/render` without arguments
+/// prints its usage (exit 64), not a shell error.
+#[test]
+fn help_says_what_is_required_and_sets_global_options_apart() {
+    let f = Fixture::with(&[]);
+    let help = stdout(&edgeform(f.path(), &["explain", "--help"]));
+    assert!(
+        help.contains("Usage: edgeform explain --host <HOST> --url <URL> --ip <IP> [OPTIONS]")
+            && help.contains("edgeform explain --batch <FILE> [OPTIONS]"),
+        "{help}"
+    );
+    let (own, global) = help.split_once("Global options:").expect(&help);
+    assert!(
+        own.contains("--host <HOST>") && !own.contains("--repo <DIR>"),
+        "{help}"
+    );
+    assert!(
+        global.contains("--repo <DIR>") && global.contains("--state-dir <DIR>"),
+        "{help}"
+    );
+    let purge = stdout(&edgeform(f.path(), &["purge", "--help"]));
+    assert!(
+        purge.contains("Usage: edgeform purge --site <HOST> [OPTIONS]"),
+        "{purge}"
+    );
+    let exec = stdout(&edgeform(f.path(), &["exec", "--help"]));
+    assert!(exec.contains("ed25519"), "{exec}");
+
+    let render = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../router/render");
+    let out = std::process::Command::new("bash")
+        .arg(render)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(64), "{}", stderr(&out));
+    let text = stderr(&out);
+    assert!(
+        text.starts_with("usage: router/render OUT.conf NAME=VALUE..."),
+        "{text}"
+    );
+    assert!(!text.contains("unbound variable"), "{text}");
+}
