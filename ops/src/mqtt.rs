@@ -1297,8 +1297,11 @@ pub fn describe(r: &CommandResult) -> String {
     for (name, text) in [("stdout", &r.stdout), ("stderr", &r.stderr)] {
         if !text.is_empty() {
             out.push_str(&format!("  {name}:\n"));
+            // A tab stays a tab (columns, as `du` prints them): it
+            // cannot drive a terminal. Every other control is escaped.
             for line in text.lines() {
-                out.push_str(&format!("    {}\n", untrusted::escape(line)));
+                let shown: Vec<String> = line.split('\t').map(untrusted::escape).collect();
+                out.push_str(&format!("    {}\n", shown.join("\t")));
             }
         }
     }
@@ -1316,6 +1319,27 @@ mod tests {
         assert!(parse_args(&["novalue".into()]).is_err());
         assert!(parse_args(&["=x".into()]).is_err());
         assert!(parse_args(&["a=1".into(), "a=2".into()]).is_err());
+    }
+
+    #[test]
+    fn a_results_output_keeps_its_tabs_and_escapes_every_other_control() {
+        let r = CommandResult {
+            id: "1".into(),
+            node: "edge-1".into(),
+            action: "cache-usage".into(),
+            status: Outcome::Ok,
+            exit_code: Some(0),
+            stdout: "12345\t/var/cache/nginx\n\u{1b}[2Jx\ry\n".into(),
+            stderr: String::new(),
+            duration_ms: 3,
+            reason: None,
+            finished_at: 0,
+            sig: None,
+        };
+        let text = describe(&r);
+        assert!(text.contains("    12345\t/var/cache/nginx\n"), "{text}");
+        assert!(text.contains("\\u{1b}[2Jx\\ry"), "{text}");
+        assert!(!text.contains('\u{1b}') && !text.contains('\r'), "{text}");
     }
 
     #[test]
