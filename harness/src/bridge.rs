@@ -3,7 +3,8 @@
 //! configuration in `packaging/mosquitto/` (`central.conf`, and
 //! `regional.conf` with its placeholders filled in), so a test of these
 //! proves the shipped files. Only the listener, anonymous access, the
-//! persistence folder and a 1 s `sys_interval` are the harness's own.
+//! persistence folder, `user root` and a 1 s `sys_interval` are the
+//! harness's own.
 //!
 //! A region's bridge can be cut (its broker restarted, same port and
 //! persistence, without the bridge section) and restored; the central can

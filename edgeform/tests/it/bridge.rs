@@ -314,21 +314,24 @@ fn sys_counter(port: u16, name: &str) -> u64 {
     String::from_utf8_lossy(&v).trim().parse().unwrap()
 }
 
-/// Messages the broker on `port` sends per second, averaged over `span`
-/// (`$SYS` counters, refreshed every second): (all packets, PUBLISH only).
-fn sent_per_second(port: u16, span: Duration) -> (f64, f64) {
-    let (a0, p0) = (
-        sys_counter(port, "messages/sent"),
-        sys_counter(port, "publish/messages/sent"),
-    );
+/// The `$SYS` counters the rates are read from: every packet sent,
+/// PUBLISH sent, every packet received.
+const COUNTERS: [&str; 3] = [
+    "messages/sent",
+    "publish/messages/sent",
+    "messages/received",
+];
+
+/// What the broker on `port` sends and receives per second, averaged over
+/// `span` (the `COUNTERS`, which the broker refreshes every second; the
+/// sampler's own reads count, one PUBLISH each).
+fn rates(port: u16, span: Duration) -> [f64; COUNTERS.len()] {
+    let before = COUNTERS.map(|n| sys_counter(port, n));
     std::thread::sleep(span);
-    let (a1, p1) = (
-        sys_counter(port, "messages/sent"),
-        sys_counter(port, "publish/messages/sent"),
-    );
+    let after = COUNTERS.map(|n| sys_counter(port, n));
     let s = span.as_secs_f64();
     #[allow(clippy::cast_precision_loss)]
-    ((a1 - a0) as f64 / s, (p1 - p0) as f64 / s)
+    std::array::from_fn(|i| after[i].saturating_sub(before[i]) as f64 / s)
 }
 
 /// Whether a region's summary reaches the other region's broker (the
@@ -356,15 +359,20 @@ fn three_bridged_brokers_carry_health_status_commands_and_purges() {
     assert_eq!(out.status.code(), Some(0), "{}", stdout(&out));
     assert!(stdout(&out).contains("6/6 online"), "{}", stdout(&out));
 
-    // What the central sends at idle, and a region's broker.
+    // What the brokers send and receive at idle (after the counters,
+    // refreshed every second, have counted the status calls above).
+    std::thread::sleep(Duration::from_secs(2));
     let span = Duration::from_secs(5);
-    let (all, publish) = sent_per_second(c.bridged.central.port, span);
-    let (eu_all, eu_publish) = sent_per_second(c.bridged.region("eu").port, span);
-    eprintln!(
-        "idle, 2 regions x {PER_REGION} agents, health every {INTERVAL_S}s: central sends \
-         {all:.1} msg/s ({publish:.1} PUBLISH/s); the eu broker {eu_all:.1} msg/s \
-         ({eu_publish:.1} PUBLISH/s)"
-    );
+    for (name, port) in [
+        ("central", c.bridged.central.port),
+        ("eu", c.bridged.region("eu").port),
+    ] {
+        let [all, sent, received] = rates(port, span);
+        eprintln!(
+            "idle, 2 regions x {PER_REGION} agents, health every {INTERVAL_S}s: the {name} broker \
+             sends {all:.1} packets/s ({sent:.1} PUBLISH/s), receives {received:.1} packets/s"
+        );
+    }
 
     // Each region routes on its own health.
     for (node, zone) in [("eu-1", "eu"), ("us-2", "us")] {
