@@ -245,7 +245,9 @@ impl Bridged {
 pub fn retained(port: u16, topic: &str, wait: Duration) -> Option<Vec<u8>> {
     let mut s = TcpStream::connect(("127.0.0.1", port)).ok()?;
     s.set_read_timeout(Some(wait)).ok()?;
-    let id = format!("harness-{}-{}", std::process::id(), free_port());
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let id = format!("harness-{}-{n}", std::process::id());
     // CONNECT: MQTT 3.1.1, clean session, keep-alive 10 s.
     let mut body = vec![0, 4, b'M', b'Q', b'T', b'T', 4, 0x02, 0, 10];
     put_str(&mut body, id.as_bytes());
