@@ -238,24 +238,48 @@ impl Bridged {
     }
 }
 
-/// The retained message on `topic` at the broker on 127.0.0.1:`port`
-/// (`$SYS` included), read with a minimal MQTT 3.1.1 client: `None` when
-/// there is none within `wait`, or the broker does not answer.
-#[must_use]
-pub fn retained(port: u16, topic: &str, wait: Duration) -> Option<Vec<u8>> {
-    let mut s = TcpStream::connect(("127.0.0.1", port)).ok()?;
-    s.set_read_timeout(Some(wait)).ok()?;
+/// A minimal MQTT 3.1.1 client's connection to 127.0.0.1:`port` (clean
+/// session, a client id of its own), `None` when refused.
+fn connect(port: u16, wait: Duration) -> Option<TcpStream> {
     static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
     let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let id = format!("harness-{}-{n}", std::process::id());
+    let mut s = TcpStream::connect(("127.0.0.1", port)).ok()?;
+    s.set_read_timeout(Some(wait)).ok()?;
     // CONNECT: MQTT 3.1.1, clean session, keep-alive 10 s.
     let mut body = vec![0, 4, b'M', b'Q', b'T', b'T', 4, 0x02, 0, 10];
     put_str(&mut body, id.as_bytes());
     send(&mut s, 0x10, &body).ok()?;
     let (kind, ack) = packet(&mut s)?;
-    if kind >> 4 != 2 || ack.get(1) != Some(&0) {
-        return None;
+    (kind >> 4 == 2 && ack.get(1) == Some(&0)).then_some(s)
+}
+
+/// Publish `payload` on `topic`, retained, QoS 1, to the broker on
+/// 127.0.0.1:`port`: whether the broker acknowledged it.
+#[must_use]
+pub fn publish_retained(port: u16, topic: &str, payload: &[u8]) -> bool {
+    let Some(mut s) = connect(port, Duration::from_secs(2)) else {
+        return false;
+    };
+    let mut body = Vec::new();
+    put_str(&mut body, topic.as_bytes());
+    body.extend_from_slice(&[0, 1]);
+    body.extend_from_slice(payload);
+    // PUBLISH, QoS 1, retain.
+    if send(&mut s, 0x33, &body).is_err() {
+        return false;
     }
+    let acked = matches!(packet(&mut s), Some((kind, _)) if kind >> 4 == 4);
+    let _ = send(&mut s, 0xE0, &[]);
+    acked
+}
+
+/// The retained message on `topic` at the broker on 127.0.0.1:`port`
+/// (`$SYS` included), read with a minimal MQTT 3.1.1 client: `None` when
+/// there is none within `wait`, or the broker does not answer.
+#[must_use]
+pub fn retained(port: u16, topic: &str, wait: Duration) -> Option<Vec<u8>> {
+    let mut s = connect(port, wait)?;
     // SUBSCRIBE (packet id 1, QoS 0).
     let mut body = vec![0, 1];
     put_str(&mut body, topic.as_bytes());
