@@ -4,6 +4,7 @@ mod acl;
 mod acme;
 mod acme_edge;
 mod anycast;
+mod bridge;
 mod certs;
 mod challenge;
 mod cli;
