@@ -371,3 +371,46 @@ fn help_says_what_is_required_and_sets_global_options_apart() {
     );
     assert!(!text.contains("unbound variable"), "{text}");
 }
+
+/// `explain` never guesses a country: a request whose answer depends on it
+/// (a site with a geo policy), explained with neither `--geoip` nor
+/// `--country`, exits 1 asking for one; with `--country` the answer is the
+/// edge's for that country; a request the policy cannot change is still
+/// explained.
+#[test]
+fn explain_refuses_to_guess_a_country_the_answer_depends_on() {
+    let f = Fixture::with(&[(
+        "sites/geo.yaml",
+        "host: geo.example.com\norigin: http://192.0.2.9\ngeo_mode: block\ngeo_codes: [RU]\n",
+    )]);
+    let ask = |extra: &[&str]| {
+        let mut args = vec!["explain", "--host", "geo.example.com", "--ip", "192.0.2.7"];
+        args.extend_from_slice(extra);
+        edgeform(f.path(), &args)
+    };
+    let out = ask(&["--url", "/a"]);
+    assert_eq!(out.status.code(), Some(1), "{}", stdout(&out));
+    let err = stderr(&out);
+    assert!(
+        err.contains("depends on the viewer's country")
+            && err.contains("--geoip DB or --country XX"),
+        "{err}"
+    );
+    assert!(
+        stdout(&out).is_empty(),
+        "no verdict is printed: {}",
+        stdout(&out)
+    );
+    let out = ask(&["--url", "/a", "--country", "ru"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert!(stdout(&out).contains("geo-blocked"), "{}", stdout(&out));
+    let out = ask(&["--url", "/a", "--country", "GB"]);
+    assert!(stdout(&out).contains("country GB"), "{}", stdout(&out));
+    assert!(!stdout(&out).contains("geo-blocked"), "{}", stdout(&out));
+    let out = ask(&["--url", "/a", "--country", "GBR"]);
+    assert_eq!(out.status.code(), Some(64), "{}", stderr(&out));
+    // The ACME challenge path is answered before any site rule: no country
+    // can change it.
+    let out = ask(&["--url", "/.well-known/acme-challenge/abc"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+}
