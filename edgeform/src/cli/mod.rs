@@ -1058,7 +1058,10 @@ fn check_cmd(
             } else {
                 "invalid"
             };
-            eprintln!(
+            // The verdict is the result (stdout); the diagnostics above
+            // it are on stderr.
+            writeln!(
+                stdout,
                 "{}: {verdict} ({}{})",
                 cli.repo.display(),
                 report::summary(&checked.diagnostics, repo.sources.len()),
@@ -1067,7 +1070,7 @@ fn check_cmd(
                 } else {
                     "; bundles (roles/) failed, see above"
                 }
-            );
+            )?;
         }
         CheckFormat::Json => {
             stdout.write_all(report::diagnostics_json(&checked.diagnostics).as_bytes())?
@@ -1291,7 +1294,7 @@ fn report_invalid(invalid: &workspace::Invalid, color: bool) -> anyhow::Error {
         report::diagnostics_human(&invalid.diagnostics, &invalid.repo, color)
     );
     anyhow::anyhow!(
-        "{} is invalid ({}); nothing was pushed",
+        "{} is invalid ({})",
         invalid.root.display(),
         invalid.summary()
     )
@@ -1310,8 +1313,8 @@ pub(crate) fn source(
     let valid = valid(root, rev, color)?;
     let now = i64::try_from(compiler::clock::now()?).unwrap_or(i64::MAX);
     // Every certificate a site uses, valid now, or nothing is pushed.
-    let certs = control::certs::for_push_from(state_dir, &valid.config, now)
-        .map_err(|e| anyhow::Error::new(e).context("nothing was pushed"))?;
+    let certs =
+        control::certs::for_push_from(state_dir, &valid.config, now).map_err(anyhow::Error::new)?;
     Ok(valid.compile_with(&certs))
 }
 

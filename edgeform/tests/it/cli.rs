@@ -414,3 +414,32 @@ fn explain_refuses_to_guess_a_country_the_answer_depends_on() {
     let out = ask(&["--url", "/.well-known/acme-challenge/abc"]);
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
 }
+
+/// `apply` without `--yes` where nobody can confirm (stdin not a
+/// terminal) is a usage error, before anything is read; a command that
+/// could not have pushed never says "nothing was pushed".
+#[test]
+fn apply_without_yes_off_a_terminal_is_a_usage_error_and_only_a_push_says_nothing_was_pushed() {
+    let f = Fixture::with(&[]);
+    let out = edgeform(f.path(), &["apply"]);
+    assert_eq!(out.status.code(), Some(64), "{}", stderr(&out));
+    assert!(stderr(&out).contains("needs --yes"), "{}", stderr(&out));
+    // An invalid repository: apply says nothing was pushed, plan does not.
+    f.write("sites/bad.yaml", b"host: bad.example.com\n");
+    let out = edgeform(f.path(), &["apply", "--yes"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        stderr(&out).contains("nothing was pushed"),
+        "{}",
+        stderr(&out)
+    );
+    for args in [&["plan"][..], &["history", "--node", "edge-1"]] {
+        let out = edgeform(f.path(), args);
+        assert_eq!(out.status.code(), Some(1), "{args:?}");
+        let err = stderr(&out);
+        assert!(
+            err.contains("is invalid (") && !err.contains("nothing was pushed"),
+            "{args:?}: {err}"
+        );
+    }
+}

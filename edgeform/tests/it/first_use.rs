@@ -168,18 +168,19 @@ fn help_lists_exit_codes_and_repo_flags_are_global() {
 fn fmt_says_nothing_to_change_and_names_a_wrong_file() {
     let f = Fixture::with(&[]);
     assert_eq!(edgeform(f.path(), &["fmt"]).status.code(), Some(0));
+    // The outcome is the result: on stdout (`edgeform fmt > log` keeps it).
     let out = edgeform(f.path(), &["fmt"]);
     assert!(
-        stderr(&out).contains("canonical formatting: nothing to change (2 files)"),
+        stdout(&out).contains("canonical formatting: nothing to change (2 files)"),
         "{}",
-        stderr(&out)
+        stdout(&out)
     );
     let out = edgeform(f.path(), &["fmt", "--check"]);
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
     assert!(
-        stderr(&out).contains("canonical formatting: nothing to change (2 files)"),
+        stdout(&out).contains("canonical formatting: nothing to change (2 files)"),
         "{}",
-        stderr(&out)
+        stdout(&out)
     );
     let out = edgeform(f.path(), &["fmt", "sites/nope.yaml", "sites/a.yaml"]);
     assert_eq!(out.status.code(), Some(1));
