@@ -16,7 +16,9 @@
 //! --require-signed-by` verified, a hex commit id);
 //! `<state>/certs/<NAME>/chain.pem` and `key.pem` (a certificate as
 //! `edgeform certs import` checked it; the folder is replaced as a whole);
-//! `<state>/acme/account.json`; `<state>/outbox/<node>/<sequence>-<id>`.
+//! `<state>/acme/account.json`; `<state>/acme/renewal.json` (the
+//! certificates job's renewal state); `<state>/outbox/<node>/<sequence>-<id>`;
+//! `<state>/leases/<name>` ([`lease`]: the reconcile daemons' lease).
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -276,7 +278,7 @@ impl fmt::Display for StoreError {
 impl std::error::Error for StoreError {}
 
 /// What the control host keeps outside git. Implementations: the state
-/// directory ([`DirStore`]); later a shared backend.
+/// directory ([`DirStore`]) and the shared store ([`RedisStore`]).
 pub trait Store: Send + Sync {
     /// `node`'s secret `name`, if set.
     ///

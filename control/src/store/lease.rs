@@ -284,6 +284,8 @@ pub struct Leader {
     until: Mutex<Option<Instant>>,
     gained: tokio::sync::Notify,
     stop: AtomicBool,
+    /// The store failed the last attempt (said once per streak).
+    failing: AtomicBool,
     on_change: Box<dyn Fn(bool) + Send + Sync>,
 }
 
@@ -309,6 +311,7 @@ impl Leader {
             until: Mutex::new(None),
             gained: tokio::sync::Notify::new(),
             stop: AtomicBool::new(false),
+            failing: AtomicBool::new(false),
             on_change: Box::new(on_change),
         });
         leader.attempt(false);
@@ -343,7 +346,11 @@ impl Leader {
     fn attempt(&self, notify: bool) {
         let sent = Instant::now();
         let was = self.held();
-        match self.store.take_lease(&self.name, &self.token, self.ttl) {
+        let answer = self.store.take_lease(&self.name, &self.token, self.ttl);
+        if answer.is_ok() && self.failing.swap(false, Ordering::Relaxed) {
+            tracing::info!(lease = %self.name, "lease: the state store answers again");
+        }
+        match answer {
             Ok(true) => {
                 *self.until() = Some(sent + self.ttl);
                 if !was {
@@ -362,15 +369,18 @@ impl Leader {
                 }
             }
             Err(e) => {
-                // Held until it runs out here too; said once per change.
+                // Held until it runs out here too.
                 let still = self.held();
                 if was && !still {
                     (self.on_change)(false);
                 }
+                let first = !self.failing.swap(true, Ordering::Relaxed);
                 if was {
                     tracing::warn!(lease = %self.name, cause = %e, held = still, "lease: cannot renew");
-                } else {
-                    tracing::debug!(lease = %self.name, cause = %e, "lease: cannot take");
+                } else if first {
+                    // Once per streak: a standby cut off from the store
+                    // must say so, not stay silent.
+                    tracing::warn!(lease = %self.name, cause = %e, "lease: cannot take it: the state store does not answer; standing by");
                 }
             }
         }

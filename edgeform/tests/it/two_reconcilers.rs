@@ -452,3 +452,117 @@ fn two_reconcilers_apply_once_deliver_once_and_take_over_within_one_interval() {
     drop(state_a);
     drop(state_b);
 }
+
+/// Two daemons and the real CA (pebble, validating through the real
+/// edge): the certificate is ordered once, by the daemon holding the
+/// lease; after a kill -9 the survivor runs the certificates job on the
+/// shared certificate and renewal state and orders nothing.
+#[test]
+fn two_reconcilers_order_a_certificate_once_and_the_survivor_orders_none() {
+    let r = harness::redis(&[]);
+    let (_edge, pebble) = harness::pebble::behind_edge(r.port);
+    let shared = harness::redis(&[]);
+    let f = Fixture::empty();
+    f.write(
+        "cluster.yaml",
+        format!(
+            "acme:\n  directory: {}\n  contact: [\"mailto:ops@example.com\"]\n  ca_file: {}\n",
+            pebble.directory(),
+            pebble.tls_ca().display()
+        )
+        .as_bytes(),
+    );
+    f.write(
+        "nodes/edge-1.yaml",
+        crate::util::edge_1_node(r.port).as_bytes(),
+    );
+    f.write(
+        "sites/shop.test.yaml",
+        b"host: shop.test\norigin: https://192.0.2.1\ntls: {acme: true}\n",
+    );
+    f.commit("acme site");
+    let tmp = tempfile::tempdir().unwrap();
+    let store = format!("redis://127.0.0.1:{}", shared.port);
+    let start = |host: &str| {
+        let metrics = harness::free_port();
+        harness::program(
+            Path::new(env!("CARGO_BIN_EXE_edgeform")),
+            [
+                "--repo",
+                f.path().to_str().unwrap(),
+                "--state-dir",
+                tmp.path().join(host).to_str().unwrap(),
+                "--state-store",
+                &store,
+                "--log-format",
+                "json",
+                "reconcile",
+                "--sync-every",
+                "2s",
+                "--heal-every",
+                "1h",
+                "--certs-every",
+                "1s",
+                "--metrics-listen",
+                &format!("127.0.0.1:{metrics}"),
+            ]
+            .map(str::to_owned)
+            .to_vec(),
+            std::net::Ipv4Addr::LOCALHOST,
+            metrics,
+        )
+    };
+    let mut daemons = [start("a"), start("b")];
+    let logs = |d: &[harness::Process]| {
+        d.iter()
+            .map(harness::Process::log)
+            .collect::<Vec<_>>()
+            .join("\n---\n")
+    };
+    let ordered = |d: &[harness::Process]| {
+        d.iter()
+            .map(|p| p.log().matches("renewal: ordering").count())
+            .sum::<usize>()
+    };
+    wait_for(
+        "the certificate on the edge",
+        Duration::from_secs(30),
+        || {
+            redis::cmd("GET")
+                .arg("tls:shop.test")
+                .query::<Option<String>>(&mut plain(r.port))
+                .ok()
+                .flatten()
+                .is_some_and(|d| d.contains("BEGIN CERTIFICATE"))
+        },
+        &|| logs(&daemons),
+    );
+    // Three more runs of the job's interval: ordered once, by the holder.
+    std::thread::sleep(Duration::from_secs(3));
+    assert_eq!(ordered(&daemons), 1, "{}", logs(&daemons));
+    let leader = {
+        let refs: Vec<&harness::Process> = daemons.iter().collect();
+        holder(shared.port, &refs).expect("a daemon holds the lease")
+    };
+    assert!(
+        !daemons[1 - leader].log().contains("renewal:"),
+        "the standby ran no certificates job\n{}",
+        logs(&daemons)
+    );
+    daemons[leader].kill();
+    let survivor = 1 - leader;
+    wait_for(
+        "the survivor's certificates job",
+        Duration::from_secs(5),
+        || daemons[survivor].log().contains("renewal: not due"),
+        &|| logs(&daemons),
+    );
+    assert_eq!(ordered(&daemons), 1, "{}", logs(&daemons));
+    assert!(
+        daemons[survivor]
+            .log()
+            .contains("took the lease over; syncing now"),
+        "{}",
+        logs(&daemons)
+    );
+}
