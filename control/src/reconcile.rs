@@ -418,7 +418,9 @@ pub async fn reconcile(
                 }
             };
             // Purge jobs kept for nodes whose Redis did not answer: each
-            // run delivers what it can, in order.
+            // run delivers what it can, in order. Under the lease only one
+            // daemon delivers; a second delivery would be harmless anyway
+            // (the agent runs a job id it recorded no second time).
             if let Ok(Some(outbox)) = crate::store::open_existing(&state_dir) {
                 crate::outbox::flush_all(&*outbox, &source.config.nodes).await;
                 if let Ok(depths) = crate::outbox::depths(&*outbox) {

@@ -326,6 +326,27 @@ fn two_reconcilers_apply_once_deliver_once_and_take_over_within_one_interval() {
         !standby_log.contains("reconcile: run done"),
         "{standby_log}"
     );
+    let held: Vec<String> = [&a, &b]
+        .iter()
+        .map(|d| {
+            let m = crate::util::exchange(
+                d.port,
+                "GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+                Duration::from_secs(5),
+            );
+            m.body
+                .lines()
+                .find(|l| l.starts_with("edgeform_reconcile_lease_held "))
+                .unwrap_or_default()
+                .to_owned()
+        })
+        .collect();
+    let mut want = [
+        "edgeform_reconcile_lease_held 0",
+        "edgeform_reconcile_lease_held 0",
+    ];
+    want[leader] = "edgeform_reconcile_lease_held 1";
+    assert_eq!(held, want);
 
     // A purge spooled while edge-1's Redis is down (kept in the shared
     // store) is delivered once by the daemon holding the lease.
@@ -449,6 +470,28 @@ fn two_reconcilers_apply_once_deliver_once_and_take_over_within_one_interval() {
             && log.contains("lease in the state store ran out"),
         "{log}"
     );
+
+    // `edgeform unlock` still reads such a token: refused (another host),
+    // removed with --force.
+    let token = "control-b.example:4242:1:2:3:control-b.example/4242/other";
+    let _: () = redis::cmd("SET")
+        .arg(edgestate::keys::LOCK)
+        .arg(token)
+        .query(&mut plain(ports[0]))
+        .unwrap();
+    let unlock = |force: bool| {
+        let mut args = vec!["unlock", "--node", "edge-1"];
+        if force {
+            args.push("--force");
+        }
+        crate::util::edgeform(f.path(), &args)
+    };
+    let o = unlock(false);
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    assert!(stderr(&o).contains("another host"), "{}", stderr(&o));
+    let o = unlock(true);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert!(crate::util::stdout(&o).contains(token));
     drop(state_a);
     drop(state_b);
 }
