@@ -309,7 +309,9 @@ const URGENT_RETRY_FOR: Duration = Duration::from_secs(60);
 
 /// `edgeform reconcile`: sync every `sync_every`, heal every
 /// `heal_every`, the certificates job at start and every `certs_every`,
-/// until SIGTERM or ctrl-c (or one job with `once`).
+/// until SIGTERM or ctrl-c (or one job with `once`). The daemon runs them
+/// only while it holds the state store's lease (module documentation);
+/// `once` takes none.
 ///
 /// Only the targets in `only` (all when empty; an unknown name fails each
 /// run, logged).
