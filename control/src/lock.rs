@@ -8,10 +8,11 @@
 //! once, atomically (compare-and-set on the token in a Lua script), and
 //! logged. A reconcile daemon running under the state store's leader
 //! lease ([`crate::store::lease`], set by [`run_under`]) adds its lease
-//! token to its locks' tokens (`…:nonce:lease`); a lock naming a lease
-//! that the store says is no longer held by that token (the daemon was
-//! killed, on this host or another, or cut off from the store) is a dead
-//! holder's too: taken over at once and logged, instead of blocking the
+//! token to its locks' tokens (`…:nonce:<host>/<pid>/<nonce>/<lease>`);
+//! a lock naming a lease that the store says is no longer held by that
+//! token (the daemon was killed, on this host or another, or cut off from
+//! the store) is a dead holder's too (for `edgeform unlock` as well, when
+//! a shared store is set): taken over at once and logged, instead of blocking the
 //! surviving daemon for the lock's lease. Any other lock waits for its
 //! lease (5 minutes) or for `edgeform unlock --node N --force`.
 //!
@@ -233,16 +234,28 @@ pub fn judge_token(token: &str) -> Liveness {
         None
     };
     let seen = judge(&holder, &here, seen);
-    if !matches!(seen, Liveness::NotProvable(_)) || holder.lease.is_none() {
+    if !matches!(seen, Liveness::NotProvable(_)) {
         return seen;
     }
-    let Some(leader) = LEADER.get() else {
+    let Some(name) = holder
+        .lease
+        .as_deref()
+        .and_then(crate::store::lease::lease_of)
+    else {
         return seen;
     };
-    match leader.current() {
+    // The daemon's own store, else (`edgeform unlock`) the shared one.
+    let current = match LEADER.get() {
+        Some(leader) => leader.holder_of(name),
+        None => match crate::store::shared_store() {
+            Ok(Some(store)) => crate::store::Store::lease_holder(&*store, name),
+            _ => return seen,
+        },
+    };
+    match current {
         Ok(now) => judge_lease(seen, &holder, Some(now.as_deref())),
         Err(e) => {
-            tracing::warn!(cause = %e, "cannot read the leader lease to judge a target's lock");
+            tracing::warn!(cause = %e, lease = name, "cannot read a lease to judge a target's lock");
             seen
         }
     }
@@ -438,7 +451,7 @@ mod tests {
     fn a_holder_whose_lease_is_gone_is_dead_and_one_whose_lease_holds_is_not() {
         let mut h = here();
         h.host = "h2".into();
-        h.lease = Some("h2/77/abc".into());
+        h.lease = Some("h2/77/abc/reconcile".into());
         assert_eq!(Holder::parse(&h.token(9)), Some(h.clone()));
         let away = Liveness::NotProvable(Why::OtherHost);
         // The lease ran out, or another daemon holds it now.
@@ -447,11 +460,14 @@ mod tests {
             Liveness::Dead(Dead::LeaseLost)
         );
         assert_eq!(
-            judge_lease(away, &h, Some(Some("h1/10/def"))),
+            judge_lease(away, &h, Some(Some("h1/10/def/reconcile"))),
             Liveness::Dead(Dead::LeaseLost)
         );
         // Still its own, or the store not known: wait.
-        assert_eq!(judge_lease(away, &h, Some(Some("h2/77/abc"))), away);
+        assert_eq!(
+            judge_lease(away, &h, Some(Some("h2/77/abc/reconcile"))),
+            away
+        );
         assert_eq!(judge_lease(away, &h, None), away);
         // No lease named (an `apply` from a shell): the lease says nothing.
         let mut plain = h.clone();
@@ -459,7 +475,10 @@ mod tests {
         assert_eq!(judge_lease(away, &plain, Some(None)), away);
         // Provably dead from /proc stays so.
         let dead = Liveness::Dead(Dead::NoSuchProcess);
-        assert_eq!(judge_lease(dead, &h, Some(Some("h2/77/abc"))), dead);
+        assert_eq!(
+            judge_lease(dead, &h, Some(Some("h2/77/abc/reconcile"))),
+            dead
+        );
         // A lease token with a `:` would break the token: never parsed.
         assert_eq!(Holder::parse("h2:1:2:3:4:a:b"), None);
     }

@@ -70,6 +70,15 @@ fn shared() -> Result<Option<Arc<RedisStore>>, StoreError> {
     Ok(SHARED.get_or_init(|| made).clone())
 }
 
+/// The shared store, when `--state-store` / [`STORE_ENV`] names one
+/// (for what only it can answer, e.g. another host's lease).
+///
+/// # Errors
+/// An unusable setting.
+pub fn shared_store() -> Result<Option<Arc<RedisStore>>, StoreError> {
+    shared()
+}
+
 /// A store shared by handle (the process's one [`RedisStore`]).
 impl<T: Store + ?Sized> Store for Arc<T> {
     fn secret(&self, node: &str, name: &str) -> Result<Option<String>, StoreError> {

@@ -260,9 +260,11 @@ pub fn holds(until: Option<Instant>, now: Instant) -> bool {
     until.is_some_and(|u| now < u)
 }
 
-/// A new holder token for this process: `<host>/<pid>/<nonce>`.
+/// A new holder token for this process and the lease `name`:
+/// `<host>/<pid>/<nonce>/<name>` (the lease's name last, so a lock
+/// carrying the token says which lease to check: [`lease_of`]).
 #[must_use]
-pub fn new_token() -> String {
+pub fn new_token(name: &str) -> String {
     let nonce = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_nanos());
@@ -271,7 +273,14 @@ pub fn new_token() -> String {
         .filter(|c| c.is_ascii_graphic() && !matches!(c, ':' | '/'))
         .take(64)
         .collect();
-    format!("{host}/{}/{nonce:x}", std::process::id())
+    format!("{host}/{}/{nonce:x}/{name}", std::process::id())
+}
+
+/// The lease a holder token made by [`new_token`] is for. Pure.
+#[must_use]
+pub fn lease_of(token: &str) -> Option<&str> {
+    let (_, name) = token.rsplit_once('/')?;
+    valid_name(name).then_some(name)
 }
 
 /// One lease kept by this process from a thread of its own. See the
@@ -305,7 +314,7 @@ impl Leader {
     ) -> std::io::Result<Arc<Leader>> {
         let leader = Arc::new(Leader {
             name: name.to_owned(),
-            token: new_token(),
+            token: new_token(name),
             ttl,
             store,
             until: Mutex::new(None),
@@ -423,6 +432,15 @@ impl Leader {
         self.store.lease_holder(&self.name)
     }
 
+    /// Who holds the lease `name` (maybe another daemon's) in this
+    /// leader's store.
+    ///
+    /// # Errors
+    /// A bad name, or the store cannot be read.
+    pub fn holder_of(&self, name: &str) -> Result<Option<String>, StoreError> {
+        self.store.lease_holder(name)
+    }
+
     /// Stop renewing and give the lease up (a clean stop: the other
     /// daemon takes over at its next attempt, not after the lease).
     pub fn stop(&self) {
@@ -471,7 +489,11 @@ mod tests {
         assert!(holds(Some(now + s(1)), now));
         assert!(!holds(Some(now), now));
         assert!(!holds(None, now));
-        assert!(valid_token(&new_token()), "{}", new_token());
+        let t = new_token("reconcile-00ff");
+        assert!(valid_token(&t), "{t}");
+        assert_eq!(lease_of(&t), Some("reconcile-00ff"));
+        assert_eq!(lease_of("h/1/ff/Bad"), None);
+        assert_eq!(lease_of("nothing"), None);
         assert!(!valid_name("Reconcile") && !valid_name("") && valid_name(RECONCILE));
         assert_eq!(scope(&[]), "reconcile");
         let ab = scope(&["b".into(), "a".into()]);

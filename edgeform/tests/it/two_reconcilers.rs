@@ -444,7 +444,7 @@ fn two_reconcilers_apply_once_deliver_once_and_take_over_within_one_interval() {
     // once, not after the lock's five minutes.
     let _: () = redis::cmd("SET")
         .arg(edgestate::keys::LOCK)
-        .arg("control-b.example:4242:1:2:3:control-b.example/4242/dead")
+        .arg("control-b.example:4242:1:2:3:control-b.example/4242/dead/reconcile")
         .arg("PX")
         .arg(300_000)
         .query(&mut plain(ports[1]))
@@ -471,27 +471,34 @@ fn two_reconcilers_apply_once_deliver_once_and_take_over_within_one_interval() {
         "{log}"
     );
 
-    // `edgeform unlock` still reads such a token: refused (another host),
-    // removed with --force.
-    let token = "control-b.example:4242:1:2:3:control-b.example/4242/other";
+    // `edgeform unlock` reads such a token: without the store, a holder on
+    // another host (refused; --force would remove it); with it, a lock
+    // whose daemon's lease is gone (removed).
+    let token = "control-b.example:4242:1:2:3:control-b.example/4242/other/reconcile";
     let _: () = redis::cmd("SET")
         .arg(edgestate::keys::LOCK)
         .arg(token)
         .query(&mut plain(ports[0]))
         .unwrap();
-    let unlock = |force: bool| {
-        let mut args = vec!["unlock", "--node", "edge-1"];
-        if force {
-            args.push("--force");
-        }
-        crate::util::edgeform(f.path(), &args)
-    };
-    let o = unlock(false);
+    let o = crate::util::edgeform(f.path(), &["unlock", "--node", "edge-1"]);
     assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
     assert!(stderr(&o).contains("another host"), "{}", stderr(&o));
-    let o = unlock(true);
-    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
-    assert!(crate::util::stdout(&o).contains(token));
+    let o = crate::util::edgeform(
+        f.path(),
+        &[
+            "unlock",
+            "--node",
+            "edge-1",
+            "--state-store",
+            store_conf.to_str().unwrap(),
+        ],
+    );
+    let out = crate::util::stdout(&o);
+    assert_eq!(o.status.code(), Some(0), "{out}{}", stderr(&o));
+    assert!(
+        out.contains(token) && out.contains("lease in the state store ran out"),
+        "{out}"
+    );
     drop(state_a);
     drop(state_b);
 }
