@@ -472,6 +472,7 @@ mod tests {
         s.set_last_good("0123456789abcdef0123456789abcdef01234567")
             .unwrap();
         crate::outbox::spool(&s, "edge-1", "job-1", "{}").unwrap();
+        s.set_renewal_state(r#"{"certificates":{}}"#).unwrap();
         s
     }
 
@@ -490,6 +491,16 @@ mod tests {
         let to = DirStore::open(&d.path().join("b")).unwrap();
         import_from(&to, &file, &key).unwrap();
         assert_eq!(snapshot(&to).unwrap(), snapshot(&from).unwrap());
+        assert_eq!(
+            to.renewal_state().unwrap().as_deref(),
+            Some(r#"{"certificates":{}}"#),
+            "the renewal state travels too"
+        );
+        // A file from before the renewal state was exported still opens.
+        let mut old: serde_json::Value = serde_json::to_value(snapshot(&from).unwrap()).unwrap();
+        old.as_object_mut().unwrap().remove("renewal");
+        let old: Snapshot = serde_json::from_value(old).unwrap();
+        assert_eq!(old.renewal, None);
     }
 
     #[test]
