@@ -275,7 +275,11 @@ pub enum Command {
     /// full live content and repairs drift. Runs until SIGTERM, or once.
     /// Repair back to a target's own commit is free; moving a target to
     /// another commit passes apply's checks (--force, --allow-rollback,
-    /// --break-glass as for apply).
+    /// --break-glass as for apply). The daemon runs its jobs only while it
+    /// holds the state store's lease: a second daemon on the same store
+    /// stands by and takes over within the lease (half the shorter
+    /// interval) after the first stops or dies (docs/operations.md, "Two
+    /// control hosts").
     Reconcile {
         /// How often the sync job re-pushes desired state (1s to 7d).
         #[arg(long, default_value = "15m", value_name = "DURATION", value_parser = push::interval)]

@@ -39,6 +39,7 @@ mod state_store;
 mod stream;
 mod targets;
 mod tls;
+mod two_reconcilers;
 mod untrusted_input;
 mod util;
 mod write_gate;
