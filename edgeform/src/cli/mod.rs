@@ -17,6 +17,7 @@ use compiler::{Checked, compile, diff};
 pub mod anycast;
 pub mod certs;
 pub mod explain;
+pub mod init;
 pub mod install;
 mod memory;
 pub mod ops;
@@ -258,6 +259,15 @@ pub enum Command {
         /// into one site with aliases.
         #[arg(long)]
         no_aliases: bool,
+    },
+    /// Start a config repository in DIR (default: --repo): cluster.yaml,
+    /// one site, one zone, one edge node, the reference edge's role and
+    /// the JSON Schemas, committed as the first commit; it passes `check`.
+    /// DIR must be empty or absent. Exit 0, 1 otherwise.
+    Init {
+        /// The new repository's folder.
+        #[arg(value_name = "DIR")]
+        dir: Option<PathBuf>,
     },
     /// Print a shell completion script, e.g.
     /// `edgeform completions bash > /etc/bash_completion.d/edgeform`.
@@ -885,6 +895,7 @@ pub fn run(cli: &Cli) -> Result<u8> {
                 color(),
             ))
         }
+        Command::Init { dir } => init::init(dir.as_deref().unwrap_or(&cli.repo)),
         Command::Completions { shell } => Ok(ops::completions(*shell)),
         Command::Anycast(args) => {
             let checked = workspace::load(&cli.repo, cli.rev.as_deref())?.check();
