@@ -229,6 +229,9 @@ impl Options {
             deleted,
             added: Some(added),
             changed: Some(changed),
+            adopted: previous
+                .filter(|_| self.overrides.adopt && relation.ancestry == plan::Ancestry::Unknown)
+                .map(str::to_owned),
             clock_moved: self.audit.moved.map(compiler::clock::rfc3339),
         }
     }

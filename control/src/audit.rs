@@ -128,6 +128,10 @@ pub struct Entry {
     pub added: Option<usize>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub changed: Option<usize>,
+    /// `apply --adopt` took over a target whose live commit (this) was not
+    /// in the repository.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub adopted: Option<String>,
     /// `--now` moved the clock (a drill or a test): `at` is the moved
     /// time, this the real one (RFC 3339, UTC).
     #[serde(default, skip_serializing_if = "Option::is_none")]

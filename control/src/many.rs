@@ -27,6 +27,8 @@ pub struct Settings {
     pub force: bool,
     /// Allow pushing a commit that does not descend from the one live.
     pub allow_rollback: bool,
+    /// `apply --adopt` ([`crate::plan::Overrides::adopt`]).
+    pub adopt: bool,
     /// Targets worked on at once.
     pub parallel: usize,
     /// How long to wait for another apply's lock on a target.
@@ -148,6 +150,7 @@ pub fn options(source: &Source, flags: &Settings, action: Action) -> Options {
         overrides: Overrides {
             force: flags.force,
             allow_rollback: flags.allow_rollback,
+            adopt: flags.adopt,
         },
         lease: Duration::from_secs(300),
         lock_wait: flags.lock_wait,

@@ -103,6 +103,11 @@ pub struct Overrides {
     pub force: bool,
     /// `--allow-rollback`.
     pub allow_rollback: bool,
+    /// `apply --adopt`: a target whose live commit is not in this
+    /// repository (an edge moved to git by `import`) is taken over by the
+    /// desired commit; recorded in its history. Nothing else is allowed by
+    /// it (an older or diverged commit still needs `--allow-rollback`).
+    pub adopt: bool,
 }
 
 /// Where the desired commit stands relative to the live one.
@@ -245,7 +250,7 @@ impl std::fmt::Display for Refusal {
             Refusal::UnknownLive { live } => write!(
                 f,
                 "the live commit {live} is not in this repository, so a rollback cannot be ruled out \
-                 (fetch it, or use --allow-rollback)"
+                 (fetch it, or use --allow-rollback; an edge moved to git by `import`: apply --adopt)"
             ),
             Refusal::Empty => write!(
                 f,
@@ -347,6 +352,7 @@ pub fn allowed(
                     desired: desired_commit.to_owned(),
                 });
             }
+            Ancestry::Unknown if overrides.adopt => {}
             Ancestry::Unknown => return Err(Refusal::UnknownLive { live: live_commit }),
             Ancestry::Forward | Ancestry::Unsigned { .. } => {}
         }

@@ -27,6 +27,7 @@ fn options(commit: &str, action: Action) -> Options {
         overrides: Overrides {
             force: true,
             allow_rollback: true,
+            adopt: false,
         },
         lease: Duration::from_secs(10),
         lock_wait: Duration::from_secs(1),

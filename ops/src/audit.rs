@@ -251,6 +251,12 @@ pub fn render(node: &str, entries: &[Result<Entry, String>]) -> String {
                         untrusted::escape(why)
                     ));
                 }
+                if let Some(live) = &e.adopted {
+                    flags.push(format!(
+                        "adopted: the live commit {} was not in the repository",
+                        untrusted::escape(live)
+                    ));
+                }
                 if let Some(real) = &e.clock_moved {
                     flags.push(format!(
                         "clock moved by --now, real time {}",
@@ -306,6 +312,7 @@ mod tests {
             deleted: 0,
             added: Some(0),
             changed: Some(1),
+            adopted: None,
             clock_moved: None,
             urgent_renewal: Some("shop.test expires 2026-12-03T00:00:00Z\u{1b}[31m".into()),
         };

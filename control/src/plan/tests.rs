@@ -132,6 +132,17 @@ fn empty_rollback_and_unknown() {
         ..ok
     };
     assert!(allowed("x", &d, &l, &c, Ancestry::Older, t, roll).is_ok());
+    // Adoption takes over an unknown live commit, and nothing else.
+    let adopt = Overrides { adopt: true, ..ok };
+    assert!(allowed("x", &d, &l, &c, Ancestry::Unknown, t, adopt).is_ok());
+    assert!(matches!(
+        allowed("x", &d, &l, &c, Ancestry::Older, t, adopt),
+        Err(Refusal::Rollback { .. })
+    ));
+    assert!(matches!(
+        allowed("x", &d, &l, &c, Ancestry::Diverged, t, adopt),
+        Err(Refusal::Diverged { .. })
+    ));
 }
 
 #[test]
@@ -266,6 +277,7 @@ fn an_unsigned_history_is_refused_whatever_the_overrides() {
     let all = Overrides {
         force: true,
         allow_rollback: true,
+        adopt: true,
     };
     let r = allowed(
         "x",
@@ -290,6 +302,7 @@ fn an_unsigned_history_is_refused_whatever_the_overrides() {
     let force = Overrides {
         force: true,
         allow_rollback: false,
+        adopt: false,
     };
     let r = allowed(
         "x",

@@ -178,6 +178,13 @@ pub enum Command {
         /// rollback guard to protect). Refused without it.
         #[arg(long)]
         allow_dirty: bool,
+        /// Take over a target whose live commit is not in this repository
+        /// (an edge moved to git with `import`): the one exception to "a
+        /// new commit must descend from the live one", recorded in its
+        /// history (`adopted`). An older or diverged commit still needs
+        /// --allow-rollback.
+        #[arg(long)]
+        adopt: bool,
         #[command(flatten)]
         flags: push::PushFlags,
     },
@@ -781,6 +788,7 @@ pub fn run(cli: &Cli) -> Result<u8> {
             nodes,
             yes,
             allow_dirty,
+            adopt,
             flags,
         } => {
             // A taken-over lock is logged.
@@ -794,6 +802,7 @@ pub fn run(cli: &Cli) -> Result<u8> {
                 plan.as_deref(),
                 *yes,
                 *allow_dirty,
+                *adopt,
                 flags,
                 color(),
             ))

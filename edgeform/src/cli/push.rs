@@ -44,6 +44,7 @@ impl PushFlags {
         Settings {
             force: self.force,
             allow_rollback: self.allow_rollback,
+            adopt: false,
             parallel: self.parallel,
             lock_wait: self.lock_wait,
             break_glass: self.break_glass,
@@ -178,6 +179,7 @@ pub async fn apply_cmd(
     plan_file: Option<&Path>,
     yes: bool,
     allow_dirty: bool,
+    adopt: bool,
     flags: &PushFlags,
     color: bool,
 ) -> Result<u8> {
@@ -203,7 +205,10 @@ pub async fn apply_cmd(
         only,
         yes,
         allow_dirty,
-        &flags.settings(),
+        &Settings {
+            adopt,
+            ..flags.settings()
+        },
     )
     .await
 }

@@ -126,6 +126,10 @@ fn import_round_trip_against_a_live_edge() {
     let src = Fixture::empty();
     copy_example(src.path(), true);
     point_nyc_at(src.path(), r.port);
+    // The running system's own repository: the edge runs one of its commits.
+    git(src.path(), &["init", "-q", "-b", "main"]);
+    git(src.path(), &["add", "-A"]);
+    git(src.path(), &["commit", "-qm", "the running system"]);
     let out = edgeform(src.path(), &["apply", "--yes", "--node", "edge-nyc-1"]);
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
 
@@ -181,6 +185,44 @@ fn import_round_trip_against_a_live_edge() {
         let out = edgeform(dst.path(), &["fmt", "--check", &rel]);
         assert_eq!(out.status.code(), Some(0), "{rel}: {}", stderr(&out));
     }
+    // The new repository, committed, does not hold the edge's live commit:
+    // plan says apply would refuse it, and the one way past is an explicit
+    // adoption, recorded; after it the edge is this repository's.
+    git(dst.path(), &["init", "-q", "-b", "main"]);
+    git(dst.path(), &["add", "-A"]);
+    git(dst.path(), &["commit", "-qm", "imported from edge-nyc-1"]);
+    let out = edgeform(dst.path(), &["plan", "--node", "edge-nyc-1"]);
+    let text = stdout(&out);
+    assert!(
+        text.contains("apply would refuse edge-nyc-1")
+            && text.contains("is not in this repository")
+            && text.contains("--adopt"),
+        "{text}"
+    );
+    let out = edgeform(dst.path(), &["apply", "--yes", "--node", "edge-nyc-1"]);
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    let out = edgeform(
+        dst.path(),
+        &["apply", "--adopt", "--yes", "--node", "edge-nyc-1"],
+    );
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let out = edgeform(
+        dst.path(),
+        &["plan", "--node", "edge-nyc-1", "--detailed-exitcode"],
+    );
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert!(!stdout(&out).contains("would refuse"), "{}", stdout(&out));
+    let out = edgeform(dst.path(), &["history", "--node", "edge-nyc-1"]);
+    assert!(
+        stdout(&out)
+            .lines()
+            .next()
+            .unwrap_or_default()
+            .contains("adopted: the live commit"),
+        "{}",
+        stdout(&out)
+    );
+
     // Importing again over the same files is fine (same content); into a
     // repository with other site files it is refused.
     let out = edgeform(
