@@ -76,6 +76,11 @@ fn a_site_with_several_origins_fails_over_and_serves_stale_when_all_fail() {
                  cache_rules: [{{match_type: ext, match_value: .txt, action: ttl, ttl: 60}}]\n"
             ),
         ),
+        // Answers once the edge has read the applied documents.
+        (
+            "ready",
+            format!("origins: [http://127.0.0.1:{bp}]\ncached: false\n"),
+        ),
         // Cached, both origins stopped later.
         (
             "stale",
@@ -99,7 +104,16 @@ fn a_site_with_several_origins_fails_over_and_serves_stale_when_all_fail() {
     let port = edge.process.port;
     let out = edgeform(repo.path(), &["apply", "--yes"]);
     assert_eq!(out.status.code(), Some(0), "apply: {}", stderr(&out));
-    std::thread::sleep(Duration::from_millis(300));
+    // The edge reads the new generation at its next poll (later on a
+    // loaded machine): wait for it rather than for a fixed time.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while request(port, "GET", "ready.test", "/").status != 200 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the edge never read the applied documents"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
     let log = || edge.error_log();
 
     // Refused → the secondary, by name, with its own Host; a POST too
