@@ -642,6 +642,58 @@ mod tests {
     use super::*;
 
     #[test]
+    fn summary_topics_claims_and_refusals() {
+        assert_eq!(parse_topic("p", "p/summary/eu"), Some(Topic::Summary("eu")));
+        assert_eq!(
+            parse_topic("p", "p/summary-lock/eu"),
+            Some(Topic::SummaryLock("eu"))
+        );
+        assert_eq!(parse_topic("p", "p/summary/eu/x"), None);
+        let claim = |node: &str, epoch| LockClaim {
+            node: node.into(),
+            epoch,
+            ts: 9,
+        };
+        assert!(claim("b", 2).beats(&claim("a", 1)));
+        assert!(claim("a", 2).beats(&claim("b", 2)));
+        assert!(!claim("b", 2).beats(&claim("a", 2)));
+        assert!(!claim("a", 2).beats(&claim("a", 2)));
+        let region_of = |n: &str| match n {
+            "a1" | "a2" => Some("ra".to_owned()),
+            "b1" => Some("rb".to_owned()),
+            _ => None,
+        };
+        let ok = br#"{"region":"ra","by":"a1","epoch":1,"ts":1,"interval_ms":500,"nodes":[{"node":"a2","age_ms":3,"report":null}]}"#;
+        let s = read_summary("ra", ok, region_of).unwrap().unwrap();
+        assert_eq!((s.seq, s.nodes.len()), (0, 1), "seq defaults to 0");
+        assert_eq!(read_summary("ra", b"", region_of), Ok(None));
+        let kind = |region: &str, payload: &[u8]| {
+            read_summary(region, payload, region_of).unwrap_err().kind
+        };
+        assert_eq!(kind("rb", ok), SummaryErrorKind::WrongRegion);
+        assert_eq!(kind("ra", b"[1]"), SummaryErrorKind::Malformed);
+        let foreign = String::from_utf8_lossy(ok).replace("\"node\":\"a2\"", "\"node\":\"b1\"");
+        assert_eq!(
+            kind("ra", foreign.as_bytes()),
+            SummaryErrorKind::ForeignNode
+        );
+        let by = String::from_utf8_lossy(ok).replace("\"by\":\"a1\"", "\"by\":\"zz\"");
+        assert_eq!(kind("ra", by.as_bytes()), SummaryErrorKind::ForeignNode);
+        let big = vec![b' '; SUMMARY_MAX_BYTES + 1];
+        assert_eq!(kind("ra", &big), SummaryErrorKind::TooLarge);
+        assert_eq!(
+            read_claim("ra", br#"{"node":"b1","epoch":1,"ts":0}"#, region_of)
+                .unwrap_err()
+                .kind,
+            SummaryErrorKind::ForeignNode
+        );
+        assert_eq!(
+            read_claim("ra", br#"{"node":"a1","epoch":1,"ts":0}"#, region_of),
+            Ok(Some(claim("a1", 1)).map(|c| LockClaim { ts: 0, ..c }))
+        );
+    }
+
+    #[test]
     fn topics_round_trip() {
         assert_eq!(
             parse_topic("edgeform", &health_topic("edgeform", "edge-1")),
