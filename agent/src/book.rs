@@ -118,6 +118,16 @@ impl Book {
         out
     }
 
+    /// Whether a node has a report and what its serving probe says: a
+    /// change is worth a summary at once.
+    #[must_use]
+    pub fn availability(&self, node: &str) -> (bool, Option<bool>) {
+        self.nodes
+            .get(node)
+            .and_then(|e| e.report.as_ref())
+            .map_or((false, None), |r| (true, r.serving))
+    }
+
     /// A node's status (`offline`: its last will or a clean stop).
     #[must_use]
     pub fn online(&self, node: &str) -> Option<bool> {

@@ -125,6 +125,8 @@ pub async fn run(
     // The summarizer publishes one summary per health interval.
     let mut summarize = tokio::time::interval(interval);
     let mut seq: u64 = 0;
+    // A summary is due before the next interval (a node went down or up).
+    let mut urgent = false;
     summarize.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     // Jittered: after a broker restart hundreds of agents
     // must not reconnect in lock-step.
@@ -186,15 +188,9 @@ pub async fn run(
             }
             _ = summarize.tick(), if connected && election.holding() => {
                 if let Some(region) = &own_region {
-                    let summary = book.summary_at(region, &node, (election.epoch(), seq), interval, crate::unix_now(), Instant::now());
-                    seq += 1;
-                    let payload = serde_json::to_vec(&summary).unwrap_or_default();
-                    // QoS 0: the next interval's summary supersedes a lost
-                    // one, and a slow broker never queues old ones.
-                    if let Err(e) = client.try_publish(wire::summary_topic(&prefix, region), QoS::AtMostOnce, true, payload) {
-                        tracing::debug!(cause = %e, "mqtt: summary not queued");
-                    }
+                    publish_summary(&client, &prefix, &book, region, &node, (election.epoch(), &mut seq), interval);
                 }
+                urgent = false;
                 continue;
             }
             _ = flush.tick(), if dirty => {
@@ -204,6 +200,13 @@ pub async fn run(
                     .set(gauge_value(health.nodes.len() as u64));
                 state.set_health(health);
                 dirty = false;
+                // A node of the region went down or up (its report cleared,
+                // or its serving probe changed): summarized at once, not
+                // at the next interval.
+                if urgent && connected && election.holding() && let Some(region) = &own_region {
+                    publish_summary(&client, &prefix, &book, region, &node, (election.epoch(), &mut seq), interval);
+                }
+                urgent = false;
                 continue;
             }
             () = shutdown.wait() => break,
@@ -294,6 +297,15 @@ pub async fn run(
                     }
                     _ => {}
                 }
+                let about = match wire::parse_topic(&prefix, &p.topic) {
+                    Some(wire::Topic::Health(n))
+                        if election.holding() && book.region_of(n) == own_region.as_deref() =>
+                    {
+                        Some(n.to_owned())
+                    }
+                    _ => None,
+                };
+                let before = about.as_deref().map(|n| book.availability(n));
                 match book.take_delivered_at(
                     &prefix,
                     &p.topic,
@@ -304,6 +316,9 @@ pub async fn run(
                     Ok(true) => {
                         metrics.health_messages.inc();
                         dirty = true;
+                        if let (Some(n), Some(before)) = (&about, before) {
+                            urgent |= book.availability(n) != before;
+                        }
                     }
                     Ok(false) => {}
                     Err(e) => {
@@ -430,6 +445,37 @@ fn follow_directly(
             return;
         }
         direct.remove(&n);
+    }
+}
+
+/// Publish the region's summary (retained, QoS 0: the next one supersedes
+/// a lost one, and a slow broker never queues old ones).
+fn publish_summary(
+    client: &AsyncClient,
+    prefix: &str,
+    book: &Book,
+    region: &str,
+    node: &str,
+    (epoch, seq): (u64, &mut u64),
+    interval: Duration,
+) {
+    let summary = book.summary_at(
+        region,
+        node,
+        (epoch, *seq),
+        interval,
+        crate::unix_now(),
+        Instant::now(),
+    );
+    *seq += 1;
+    let payload = serde_json::to_vec(&summary).unwrap_or_default();
+    if let Err(e) = client.try_publish(
+        wire::summary_topic(prefix, region),
+        QoS::AtMostOnce,
+        true,
+        payload,
+    ) {
+        tracing::debug!(cause = %e, "mqtt: summary not queued");
     }
 }
 
