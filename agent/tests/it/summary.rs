@@ -201,7 +201,6 @@ fn summaries_carry_exact_figures_across_regions_and_fail_over() {
     // regions' summaries (2 per interval), not the five reports; all
     // agents together at most (regions + 2) × N per interval (N² = 25
     // before summaries).
-    let window = Duration::from_secs(5);
     let counts = |edges: &BTreeMap<&str, Edge>| -> BTreeMap<String, u64> {
         edges
             .iter()
@@ -213,9 +212,18 @@ fn summaries_carry_exact_figures_across_regions_and_fail_over() {
             })
             .collect()
     };
-    let before = counts(&edges);
-    std::thread::sleep(window);
-    let after = counts(&edges);
+    // The window: between two of the broker's own counts of PUBLISH
+    // packets sent ($SYS, every 10 s by default).
+    let sys = Mqtt::connect(broker.port);
+    sys.subscribe("$SYS/broker/publish/messages/sent");
+    let count = |p: &[u8]| -> u64 { String::from_utf8_lossy(p).trim().parse().unwrap_or(0) };
+    let sent_topic = "$SYS/broker/publish/messages/sent";
+    // The first one may be the retained value from before: skip it.
+    let _ = sys.wait(sent_topic, 12, |_| true);
+    let sent0 = sys.wait(sent_topic, 12, |_| true).map(|p| count(&p));
+    let (t0, before) = (Instant::now(), counts(&edges));
+    let sent1 = sys.wait(sent_topic, 12, |_| true).map(|p| count(&p));
+    let (window, after) = (t0.elapsed(), counts(&edges));
     #[allow(clippy::cast_precision_loss)]
     let intervals = window.as_millis() as f64 / INTERVAL_MS as f64;
     let mut total = 0.0;
@@ -233,6 +241,21 @@ fn summaries_carry_exact_figures_across_regions_and_fail_over() {
     }
     eprintln!("all agents: {total:.2} health messages per interval (N = 5, regions = 2)");
     assert!(total <= 4.0 * 5.0, "{total} per interval");
+    // The broker: every PUBLISH it sent (reports to the summarizers,
+    // summaries to every agent, this test's $SYS), per interval: at most
+    // (regions + 2) × N = 20 with a 10 % margin; N² = 25 before summaries.
+    let (Some(sent0), Some(sent1)) = (sent0, sent1) else {
+        panic!("no $SYS counts from the broker")
+    };
+    #[allow(clippy::cast_precision_loss)]
+    let broker_per_interval = (sent1 - sent0) as f64 / intervals;
+    eprintln!(
+        "broker: {broker_per_interval:.2} PUBLISH sent per interval (N = 5, regions = 2; N² = 25)"
+    );
+    assert!(
+        broker_per_interval <= 22.0,
+        "{broker_per_interval} per interval"
+    );
 
     // kill -9 of rb's summarizer: the other node of rb takes over within
     // the bound (the last will, at once on a closed socket, + 1 s check +
