@@ -131,14 +131,20 @@ def scale_run(n, mode, secs, warmup=20, regions=4, interval_s=5):
         time.sleep(max(0.0, warmup - (time.time() - started) - (interval_s + 3 if names else 0)))
         watched = {"broker": broker.pid, **{k: v[0].pid for k, v in agents.items()}}
         c0 = {k: cpu_seconds(pid) for k, pid in watched.items()}
+        h0 = {k: metric(v[1], "edgeform_agent_health_messages_total") for k, v in agents.items()}
         t0 = time.time()
-        out, _ = sim.communicate(timeout=warmup + secs + 120)
+        # Measured before the simulated nodes stop (they say offline then).
+        time.sleep(max(1.0, secs - 3))
         dt = time.time() - t0
         cpu = {k: (cpu_seconds(pid) - c0[k]) / dt * 100 for k, pid in watched.items()}
+        heard = {k: (metric(v[1], "edgeform_agent_health_messages_total") - h0[k]) / dt
+                 for k, v in agents.items()}
         rss = {k: rss_mib(v[0].pid) for k, v in agents.items()}
         known = {k: metric(v[1], "edgeform_agent_cluster_nodes_reporting") for k, v in agents.items()}
+        out, _ = sim.communicate(timeout=warmup + secs + 120)
         sys_ = json.loads(out.decode().strip().splitlines()[-1])
-        return {"n": n, "mode": mode, "regions": regions, "cpu": cpu, "rss": rss, "known": known, **sys_}
+        return {"n": n, "mode": mode, "regions": regions, "cpu": cpu, "rss": rss, "known": known,
+                "heard": heard, **sys_}
     finally:
         for p in procs:
             p.terminate()
@@ -160,6 +166,9 @@ def scale(a):
             if mode == "full" and n > a.scale_full_max:
                 continue
             r = scale_run(n, mode, a.scale_secs)
+            print("  (health messages taken per second: " +
+                  ", ".join(f"{k} {v:.1f}" for k, v in r["heard"].items()) +
+                  f"; sim nodes received {r['received_per_s']:.0f}/s)", flush=True)
             bound = (r["regions"] + 2) * n / 5 if mode == "summary" else float("nan")
             summ = (f"{r['cpu']['agent-r0']:.2f} %, {r['rss']['agent-r0']:.1f} MiB"
                     if "agent-r0" in r["cpu"] else "—")

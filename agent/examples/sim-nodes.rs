@@ -251,6 +251,10 @@ async fn nodes_as_clients(run: &NodesRun) -> anyhow::Result<()> {
         let node = format!("sim-{i}");
         let mut o = MqttOptions::new(format!("sim-node-{i}"), run.host.clone(), run.port);
         o.set_keep_alive(Duration::from_secs(30));
+        // As the agent: a region's summary is larger than rumqttc's
+        // default 10 KiB.
+        let max = edgestate::mqtt::SUMMARY_MAX_BYTES + (64 << 10);
+        o.set_max_packet_size(max, max);
         let status = format!("{}/status/{node}", run.prefix);
         o.set_last_will(rumqttc::LastWill::new(
             &status,

@@ -93,6 +93,11 @@ pub async fn run(
         true,
     ));
     options.set_manual_acks(true);
+    // A region's summary carries every report of the region: up to
+    // SUMMARY_MAX_BYTES (larger ones are refused by the book, not by a
+    // dropped connection).
+    let max = wire::SUMMARY_MAX_BYTES + (64 << 10);
+    options.set_max_packet_size(max, max);
     let (client, mut events) = AsyncClient::new(options, 1024);
     let mut tasks = tokio::task::JoinSet::new();
     tasks.spawn(crate::health::report(
