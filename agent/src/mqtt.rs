@@ -239,6 +239,17 @@ pub async fn run(
                 if let Err(e) = subscribed {
                     tracing::error!(cause = %e, "mqtt: cannot queue the subscriptions");
                 }
+                // A table loaded since the last check: tracked before the
+                // retained summaries and statuses arrive.
+                if state.generation() != generation {
+                    generation = state.generation();
+                    book.set_table(table_regions(&state).unwrap_or_default());
+                    let region = book.region_of(&node).map(str::to_owned);
+                    if region != own_region {
+                        own_region = region;
+                        election = Election::new(&node, interval);
+                    }
+                }
                 subscribe_health(&client, &prefix, own_region.as_deref());
                 // A persistent session keeps what an earlier run followed
                 // directly: dropped below, unless still wanted.
