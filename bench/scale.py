@@ -40,6 +40,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from push import Redis, generate  # noqa: E402
+from pipe_ref import cli, resp  # noqa: E402
 
 EDGEFORM = ROOT / "target" / "release" / "edgeform"
 PARALLEL = 16  # edgeform's --parallel default: targets worked on at once
@@ -124,6 +125,7 @@ def measure(binary: Path, repo: Path, servers, runs: int, full_runs: int):
     site = sorted((repo / "sites").glob("*.yaml"))[0]
     original = site.read_text()
     one = []
+    before = contents(servers[0].port)
     try:
         for i in range(runs):
             text = re.sub(r"^origin: .*$", f"origin: http://192.0.2.{10 + i}", original, count=1, flags=re.M)
@@ -133,11 +135,102 @@ def measure(binary: Path, repo: Path, servers, runs: int, full_runs: int):
             if not re.search(r"\(\+0 ~[1-5] -0\)", r.stdout):
                 raise SystemExit(f"not a one-site change:\n{r.stdout[-2000:]}")
             one.append(dt)
+            if i == 0:
+                after = contents(servers[0].port)
+                writes = writes_between(before, after)
     finally:
         site.write_text(original)
     run(ef + ["apply", "--yes"])
     out["one-site change apply"] = one
+    # The reference: the first change's writes, sent again by redis-cli to every server at once
+    # (the values written are the same ones; the servers end where the apply left them, and the
+    # apply just after puts the original back).
+    pipe, ping = cli_reference(servers, writes, runs, Path(tempfile.mkdtemp(prefix="edgeform-scale-ref-")))
+    out["redis-cli writes"] = pipe
+    out["redis-cli ping"] = ping
+    out["writes bytes"] = [len(writes)]
+    run(ef + ["apply", "--yes"])
     return out, per_target, slowest
+
+
+def contents(port: int) -> dict:
+    """Every key on the server: (type, value) for strings, hashes (flat list) and lists."""
+    keys = [k for k in cli(port, "--scan").split(b"\n") if k]
+    out = {}
+    strings = []
+    for k in keys:
+        t = b"string" if k.startswith((b"site:", b"suspended:")) else cli(port, "TYPE", k).strip()
+        if t == b"string":
+            strings.append(k)
+        elif t == b"hash":
+            out[k] = ("hash", cli(port, "HGETALL", k).split(b"\n")[:-1])
+        elif t == b"list":
+            out[k] = ("list", cli(port, "LRANGE", k, "0", "-1").split(b"\n")[:-1])
+    for i in range(0, len(strings), 1000):
+        batch = strings[i:i + 1000]
+        values = cli(port, "MGET", *batch).split(b"\n")[:-1]
+        if len(values) != len(batch):
+            raise SystemExit("a value spans lines; cannot read it back with --raw")
+        out.update((k, ("string", v)) for k, v in zip(batch, values))
+    return out
+
+
+def writes_between(before: dict, after: dict) -> bytes:
+    """The RESP writes that take `before` to `after`: SET a changed string, HSET a hash's
+    changed fields, LPUSH + LTRIM a list's new head (the history), DEL what went."""
+    out = []
+    for k in sorted(after):
+        kind, v = after[k]
+        was = before.get(k)
+        if was == (kind, v):
+            continue
+        if kind == "string":
+            out.append(resp("SET", k, v))
+        elif kind == "hash":
+            old = dict(zip(was[1][::2], was[1][1::2])) if was and was[0] == "hash" else {}
+            new = dict(zip(v[::2], v[1::2]))
+            changed = [x for f, val in new.items() if old.get(f) != val for x in (f, val)]
+            if changed:
+                out.append(resp("HSET", k, *changed))
+            gone = [f for f in old if f not in new]
+            if gone:
+                out.append(resp("HDEL", k, *gone))
+        else:
+            old = was[1] if was and was[0] == "list" else []
+            fresh = next((i for i in range(len(v) + 1) if v[i:] == old[:len(v) - i]), len(v))
+            out.append(resp("LPUSH", k, *reversed(v[:fresh])) + resp("LTRIM", k, "0", str(len(v) - 1)))
+    out += [resp("DEL", k) for k in sorted(before) if k not in after]
+    return b"".join(out)
+
+
+def all_at_once(commands) -> float:
+    """Start every command at once, wait for all: the wall time."""
+    t0 = time.perf_counter()
+    procs = [subprocess.Popen(c, stdin=i, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+             for c, i in commands]
+    bad = [p.args for p in procs if p.wait() != 0]
+    dt = time.perf_counter() - t0
+    if bad:
+        raise SystemExit(f"{len(bad)} redis-cli runs failed, e.g. {bad[0]}")
+    return dt
+
+
+def cli_reference(servers, writes: bytes, runs: int, work: Path):
+    """`redis-cli --pipe` of `writes` to every server at once, and N PINGs at once (the floor)."""
+    path = work / "one-site-writes.resp"
+    path.write_bytes(writes)
+    pipe, ping = [], []
+    for _ in range(runs):
+        files = [open(path, "rb") for _ in servers]
+        try:
+            pipe.append(all_at_once([(["redis-cli", "-p", str(s.port), "--pipe"], f)
+                                     for s, f in zip(servers, files)]))
+        finally:
+            for f in files:
+                f.close()
+        ping.append(all_at_once([(["redis-cli", "-p", str(s.port), "PING"], subprocess.DEVNULL)
+                                 for s in servers]))
+    return pipe, ping
 
 
 def cpu_seconds(pid: int) -> float:
@@ -211,6 +304,9 @@ def main() -> int:
     ap.add_argument("--bin", action="append", default=[],
                     help="LABEL=PATH of an edgeform binary (repeatable); default: after=target/release/edgeform")
     a = ap.parse_args()
+    # 1,000 edges: edgeform keeps a connection to each, and this script a pipe to each redis-cli.
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, 65536), hard))
     bins = [b.split("=", 1) for b in a.bin] or [["after", str(EDGEFORM)]]
     generate(a.dir, a.sites)
     cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), "?")
@@ -245,6 +341,7 @@ def main() -> int:
     print("| edges | binary | check | full apply | no-op plan | no-op sync | no-op heal | heal bytes/target "
           "| server-side heal call (one edge) | one-site apply | daemon CPU (est.) | load |")
     print("|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    ref_rows = []
     for n, label, t, per_target, slowest, load in rows:
         m = {k: statistics.median(v) for k, v in t.items()}
         b = f"{statistics.median(per_target):.0f}" if per_target else "n/a (reads every value)"
@@ -253,6 +350,22 @@ def main() -> int:
         print(f"| {n} | {label} | {m['check']:.2f} s | {m['full apply']:.2f} s | {m['no-op plan']:.2f} s "
               f"| {m['no-op sync']:.2f} s | {m['no-op heal']:.2f} s | {b} | {s} "
               f"| {m['one-site change apply']:.2f} s | {m['daemon CPU %']:.2f} % | {load:.1f} |")
+        ref_rows.append((n, label, m))
+    print("\nThe fair reference for the no-op and one-site runs: check + the one-site apply's writes "
+          "sent by `redis-cli --pipe` to the N servers at once (goal: one-site apply <= check + 1.5 x "
+          "writes; no-op plan/sync <= check + writes); N `redis-cli PING`s at once is that "
+          "reference's floor (process start-up)\n")
+    print("| edges | binary | writes sent | redis-cli writes, N at once | N PINGs at once | one-site apply "
+          "| check + 1.5 x writes | no-op plan | no-op sync | check + writes | goals |")
+    print("|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---|")
+    for n, label, m in ref_rows:
+        one_goal = m["check"] + 1.5 * m["redis-cli writes"]
+        noop_goal = m["check"] + m["redis-cli writes"]
+        ok = (m["one-site change apply"] <= one_goal, m["no-op plan"] <= noop_goal, m["no-op sync"] <= noop_goal)
+        print(f"| {n} | {label} | {m['writes bytes']:.0f} B | {m['redis-cli writes']:.2f} s "
+              f"| {m['redis-cli ping']:.2f} s | {m['one-site change apply']:.2f} s | {one_goal:.2f} s "
+              f"| {m['no-op plan']:.2f} s | {m['no-op sync']:.2f} s | {noop_goal:.2f} s "
+              f"| {' '.join('met' if x else 'missed' for x in ok)} |")
     print(f"\n`reconcile --once heal` (compares every value), where the time goes: the CPU "
           f"of edgeform and of the N edges' redis-servers during the heal, the heal of one edge "
           f"alone, and what N edges with a CPU each would take: check + ceil(N / {PARALLEL}) waves "

@@ -11,6 +11,31 @@ step() {
 
 # need_packages PKG...: install the Debian packages that are missing
 # (apt-get update first). Needs root, as on a fresh machine.
+# quiet_cargo ARGS...: `cargo ARGS` with its output kept in a log, shown
+# only when it fails; on a terminal, one progress line (crates compiled so
+# far) instead of cargo's hundreds.
+quiet_cargo() {
+  local log rc=0 pid n
+  log="$(mktemp)"
+  cargo "$@" >"$log" 2>&1 &
+  pid=$!
+  if [ -t 2 ]; then
+    while kill -0 "$pid" 2>/dev/null; do
+      n=$(grep -c '^ *Compiling ' "$log" || true)
+      printf '\r    compiled %s crate(s)…' "$n" >&2
+      sleep 2
+    done
+    printf '\r\033[K' >&2
+  fi
+  wait "$pid" || rc=$?
+  if [ "$rc" != 0 ]; then
+    echo "cargo $* failed (exit $rc):" >&2
+    tail -n 60 "$log" >&2
+  fi
+  rm -f "$log"
+  return "$rc"
+}
+
 need_packages() {
   local missing=()
   for pkg in "$@"; do

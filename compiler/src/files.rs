@@ -80,18 +80,18 @@ pub fn fmt(root: &Path, check: bool, only: &[PathBuf]) -> Result<u8> {
                 changed.len()
             );
         } else if refused == 0 {
-            eprintln!("canonical formatting: nothing to change ({seen} files)");
+            println!("canonical formatting: nothing to change ({seen} files)");
         }
         return Ok(u8::from(!changed.is_empty() || refused > 0));
     }
     for (path, out) in &changed {
         write_atomic(&root.join(&**path), out.as_bytes())?;
-        eprintln!("formatted {path}");
+        println!("formatted {path}");
     }
     if refused > 0 {
         eprintln!("{refused} file(s) left as they are (see above)");
     } else if changed.is_empty() {
-        eprintln!("canonical formatting: nothing to change ({seen} files)");
+        println!("canonical formatting: nothing to change ({seen} files)");
     }
     Ok(u8::from(refused > 0))
 }

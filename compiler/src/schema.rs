@@ -195,7 +195,7 @@ pub fn reference_markdown() -> String {
         if let Some(d) = schema.get("description").and_then(Value::as_str) {
             let _ = writeln!(out, "{}\n", d.replace('\n', " "));
         }
-        table(&mut out, &schema, &schema, "");
+        table(&mut out, kind, &schema, &schema, "");
     }
     out.push_str(RULE_REGEXES);
     out
@@ -250,7 +250,10 @@ Rust's does not: the path the edge matches (the request line's) never
 holds a raw newline.
 "#;
 
-fn table(out: &mut String, root: &Value, object: &Value, prefix: &str) {
+/// One table per mapping, its rows in the order `edgeform fmt` writes the
+/// keys (keys `fmt` does not order last, alphabetically), nested mappings
+/// after it.
+fn table(out: &mut String, kind: Kind, root: &Value, object: &Value, prefix: &str) {
     use std::fmt::Write as _;
     let required: Vec<&str> = object
         .get("required")
@@ -266,8 +269,24 @@ fn table(out: &mut String, root: &Value, object: &Value, prefix: &str) {
             "| key | type | required | description |\n|---|---|---|---|"
         );
     }
+    let path: Vec<&str> = prefix
+        .split('.')
+        .filter(|p| !p.is_empty())
+        .map(|p| p.trim_end_matches("[]"))
+        .collect();
+    let order = crate::fmt::order(kind, &path);
+    let mut rows: Vec<(&String, &Value)> = props.iter().collect();
+    rows.sort_by_key(|(name, _)| {
+        (
+            order
+                .iter()
+                .position(|k| *k == name.as_str())
+                .unwrap_or(usize::MAX),
+            name.as_str(),
+        )
+    });
     let mut nested = Vec::new();
-    for (name, prop) in props {
+    for (name, prop) in rows {
         let resolved = deref(root, prop);
         let ty = type_text(root, prop);
         let desc = prop
@@ -297,7 +316,7 @@ fn table(out: &mut String, root: &Value, object: &Value, prefix: &str) {
         }
     }
     for (p, o) in nested {
-        table(out, root, o, &p);
+        table(out, kind, root, o, &p);
     }
 }
 
@@ -338,5 +357,51 @@ fn type_text(root: &Value, prop: &Value) -> String {
         "object" => "mapping".into(),
         "boolean" => "bool".into(),
         other => other.to_owned(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every key of every mapping in a schema, with the path leading to it.
+    fn keys<'a>(
+        root: &'a Value,
+        object: &'a Value,
+        path: &mut Vec<String>,
+        out: &mut Vec<(Vec<String>, String)>,
+    ) {
+        let Some(props) = object.get("properties").and_then(Value::as_object) else {
+            return;
+        };
+        for (name, prop) in props {
+            out.push((path.clone(), name.clone()));
+            let resolved = deref(root, prop);
+            let inner = resolved
+                .get("items")
+                .map_or(resolved, |items| deref(root, items));
+            path.push(name.clone());
+            keys(root, inner, path, out);
+            path.pop();
+        }
+    }
+
+    /// `fmt` orders every key the schemas know, so the reference's tables
+    /// list each mapping's keys as `fmt` writes them.
+    #[test]
+    fn fmt_orders_every_key_the_schemas_know() {
+        for kind in [Kind::Site, Kind::Zone, Kind::Node, Kind::Cluster] {
+            let schema = generate(kind);
+            let mut found = Vec::new();
+            keys(&schema, &schema, &mut Vec::new(), &mut found);
+            assert!(!found.is_empty());
+            for (path, name) in found {
+                let path: Vec<&str> = path.iter().map(String::as_str).collect();
+                assert!(
+                    crate::fmt::order(kind, &path).contains(&name.as_str()),
+                    "{kind:?} {path:?}: `{name}` has no place in fmt's order"
+                );
+            }
+        }
     }
 }

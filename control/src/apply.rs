@@ -206,7 +206,8 @@ impl Options {
         relation: &super::gate::Relation,
         previous: Option<&str>,
         generation: u64,
-        written: usize,
+        added: usize,
+        changed: usize,
         deleted: usize,
     ) -> super::audit::Entry {
         super::audit::Entry {
@@ -224,8 +225,10 @@ impl Options {
                 .map(|f| f.window.clone())
                 .or_else(|| self.audit.urgent_renewal.as_ref().map(|u| u.window.clone())),
             urgent_renewal: self.audit.urgent_renewal.as_ref().map(|u| u.hosts.clone()),
-            written,
+            written: added + changed,
             deleted,
+            added: Some(added),
+            changed: Some(changed),
             clock_moved: self.audit.moved.map(compiler::clock::rfc3339),
         }
     }
@@ -379,7 +382,8 @@ async fn transaction(
             &ancestry(live.meta.commit.as_deref()),
             live.meta.commit.as_deref(),
             generation,
-            changes.added.len() + changes.changed.len(),
+            changes.added.len(),
+            changes.changed.len(),
             changes.removed.len(),
         );
         let body =

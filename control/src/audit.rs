@@ -122,6 +122,12 @@ pub struct Entry {
     /// Documents written (added or changed), and deleted.
     pub written: usize,
     pub deleted: usize,
+    /// Of `written`, those added and those changed (entries written before
+    /// they were recorded have neither).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub added: Option<usize>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub changed: Option<usize>,
     /// `--now` moved the clock (a drill or a test): `at` is the moved
     /// time, this the real one (RFC 3339, UTC).
     #[serde(default, skip_serializing_if = "Option::is_none")]

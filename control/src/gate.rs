@@ -362,7 +362,7 @@ mod tests {
                 Ok(Move::Advance)
             );
             // The history records the window broken.
-            let e = o.entry(&live_frozen, Some("a"), 2, 0, 0);
+            let e = o.entry(&live_frozen, Some("a"), 2, 0, 0, 0);
             assert_eq!(e.freeze.as_deref(), Some("final"));
         }
     }

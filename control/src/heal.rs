@@ -336,6 +336,7 @@ async fn heal_locked(
             &ancestry(meta.commit.as_deref()),
             meta.commit.as_deref(),
             meta.generation + 1,
+            changes.added.len(),
             changes.changed.len(),
             deletes.len(),
         );

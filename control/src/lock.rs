@@ -6,11 +6,20 @@
 //! namespace, and provably dead (no such process, a zombie, or the pid
 //! now belongs to a process started at another time) is taken over at
 //! once, atomically (compare-and-set on the token in a Lua script), and
-//! logged. Any other lock waits for its lease (5 minutes) or for
-//! `edgeform unlock --node N --force`.
+//! logged. A reconcile daemon running under the state store's leader
+//! lease ([`crate::store::lease`], set by [`run_under`]) adds its lease
+//! token to its locks' tokens (`…:nonce:<host>/<pid>/<nonce>/<lease>`);
+//! a lock naming a lease that the store says is no longer held by that
+//! token (the daemon was killed, on this host or another, or cut off from
+//! the store) is a dead holder's too (for `edgeform unlock` as well, when
+//! a shared store is set): taken over at once and logged, instead of blocking the
+//! surviving daemon for the lock's lease. Any other lock waits for its
+//! lease (5 minutes) or for `edgeform unlock --node N --force`.
 //!
-//! [`judge`] is pure; [`Holder::current`] and [`process`] read `/proc`.
+//! [`judge`] and [`judge_lease`] are pure; [`Holder::current`] and
+//! [`process`] read `/proc`.
 
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use anyhow::{Result, bail};
@@ -28,6 +37,20 @@ pub struct Holder {
     pub start: Option<u64>,
     /// Inode of the pid namespace (`/proc/<pid>/ns/pid`).
     pub pidns: Option<u64>,
+    /// The token of the leader lease the holder ran under (a reconcile
+    /// daemon), if any.
+    pub lease: Option<String>,
+}
+
+/// The leader lease this process runs under, when it is a reconcile
+/// daemon ([`run_under`]).
+static LEADER: OnceLock<Arc<crate::store::lease::Leader>> = OnceLock::new();
+
+/// This process runs its applies under `leader`: its lock tokens name the
+/// lease, and locks naming a lease no longer held are taken over. Only
+/// the first call counts.
+pub fn run_under(leader: Arc<crate::store::lease::Leader>) {
+    let _ = LEADER.set(leader);
 }
 
 /// What `/proc` says about a pid on this host.
@@ -51,6 +74,8 @@ pub enum Dead {
     NoSuchProcess,
     Zombie,
     PidReused,
+    /// Its daemon's leader lease is no longer its own.
+    LeaseLost,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -68,6 +93,9 @@ impl Dead {
             Dead::NoSuchProcess => "no such process",
             Dead::Zombie => "the process has exited",
             Dead::PidReused => "the pid belongs to a newer process",
+            Dead::LeaseLost => {
+                "its daemon's lease in the state store ran out (the daemon was killed or cut off)"
+            }
         }
     }
 }
@@ -94,6 +122,7 @@ impl Holder {
             pid,
             start: process(pid).map(|p| p.start),
             pidns: pidns("self"),
+            lease: LEADER.get().map(|l| l.token().to_owned()),
         }
     }
 
@@ -101,17 +130,22 @@ impl Holder {
     #[must_use]
     pub fn token(&self, nonce: u128) -> String {
         let opt = |v: Option<u64>| v.map_or_else(String::new, |v| v.to_string());
-        format!(
+        let token = format!(
             "{}:{}:{}:{}:{nonce}",
             self.host,
             self.pid,
             opt(self.start),
             opt(self.pidns)
-        )
+        );
+        match &self.lease {
+            Some(lease) => format!("{token}:{lease}"),
+            None => token,
+        }
     }
 
-    /// The holder a token names (`host:pid:start:pidns:nonce`, or the
-    /// older `host:pid:nonce`).
+    /// The holder a token names (`host:pid:start:pidns:nonce`, with
+    /// `:lease` from a daemon under a leader lease, or the older
+    /// `host:pid:nonce`).
     #[must_use]
     pub fn parse(token: &str) -> Option<Holder> {
         let parts: Vec<&str> = token.split(':').collect();
@@ -128,12 +162,25 @@ impl Holder {
                 pid: pid.parse().ok()?,
                 start: num(start)?,
                 pidns: num(pidns)?,
+                lease: None,
             }),
+            [host, pid, start, pidns, _nonce, lease]
+                if !host.is_empty() && crate::store::lease::valid_token(lease) =>
+            {
+                Some(Holder {
+                    host: host.to_owned(),
+                    pid: pid.parse().ok()?,
+                    start: num(start)?,
+                    pidns: num(pidns)?,
+                    lease: Some(lease.to_owned()),
+                })
+            }
             [host, pid, _nonce] if !host.is_empty() => Some(Holder {
                 host: host.to_owned(),
                 pid: pid.parse().ok()?,
                 start: None,
                 pidns: None,
+                lease: None,
             }),
             _ => None,
         }
@@ -158,7 +205,23 @@ pub fn judge(holder: &Holder, here: &Holder, process: Option<Process>) -> Livene
     }
 }
 
-/// Judge a token seen on a target, from this process. Reads `/proc`.
+/// A holder not provably dead from `/proc` (`seen`) that ran under a
+/// leader lease which `current` (who holds that lease now, as the state
+/// store says; None: not known) shows is no longer its own is dead: its
+/// daemon was killed or cut off, and a daemon stops starting applies
+/// before the store lets its lease go. Pure.
+#[must_use]
+pub fn judge_lease(seen: Liveness, holder: &Holder, current: Option<Option<&str>>) -> Liveness {
+    match (seen, holder.lease.as_deref(), current) {
+        (Liveness::NotProvable(_), Some(lease), Some(now)) if now != Some(lease) => {
+            Liveness::Dead(Dead::LeaseLost)
+        }
+        _ => seen,
+    }
+}
+
+/// Judge a token seen on a target, from this process. Reads `/proc`, and
+/// the state store when this process runs under a leader lease.
 #[must_use]
 pub fn judge_token(token: &str) -> Liveness {
     let Some(holder) = Holder::parse(token) else {
@@ -170,7 +233,32 @@ pub fn judge_token(token: &str) -> Liveness {
     } else {
         None
     };
-    judge(&holder, &here, seen)
+    let seen = judge(&holder, &here, seen);
+    if !matches!(seen, Liveness::NotProvable(_)) {
+        return seen;
+    }
+    let Some(name) = holder
+        .lease
+        .as_deref()
+        .and_then(crate::store::lease::lease_of)
+    else {
+        return seen;
+    };
+    // The daemon's own store, else (`edgeform unlock`) the shared one.
+    let current = match LEADER.get() {
+        Some(leader) => leader.holder_of(name),
+        None => match crate::store::shared_store() {
+            Ok(Some(store)) => crate::store::Store::lease_holder(&*store, name),
+            _ => return seen,
+        },
+    };
+    match current {
+        Ok(now) => judge_lease(seen, &holder, Some(now.as_deref())),
+        Err(e) => {
+            tracing::warn!(cause = %e, lease = name, "cannot read a lease to judge a target's lock");
+            seen
+        }
+    }
 }
 
 /// `/proc/<pid>/stat`'s start time and state; None when there is no such
@@ -355,7 +443,44 @@ mod tests {
             pid: 10,
             start: Some(500),
             pidns: Some(4_026_531_836),
+            lease: None,
         }
+    }
+
+    #[test]
+    fn a_holder_whose_lease_is_gone_is_dead_and_one_whose_lease_holds_is_not() {
+        let mut h = here();
+        h.host = "h2".into();
+        h.lease = Some("h2/77/abc/reconcile".into());
+        assert_eq!(Holder::parse(&h.token(9)), Some(h.clone()));
+        let away = Liveness::NotProvable(Why::OtherHost);
+        // The lease ran out, or another daemon holds it now.
+        assert_eq!(
+            judge_lease(away, &h, Some(None)),
+            Liveness::Dead(Dead::LeaseLost)
+        );
+        assert_eq!(
+            judge_lease(away, &h, Some(Some("h1/10/def/reconcile"))),
+            Liveness::Dead(Dead::LeaseLost)
+        );
+        // Still its own, or the store not known: wait.
+        assert_eq!(
+            judge_lease(away, &h, Some(Some("h2/77/abc/reconcile"))),
+            away
+        );
+        assert_eq!(judge_lease(away, &h, None), away);
+        // No lease named (an `apply` from a shell): the lease says nothing.
+        let mut plain = h.clone();
+        plain.lease = None;
+        assert_eq!(judge_lease(away, &plain, Some(None)), away);
+        // Provably dead from /proc stays so.
+        let dead = Liveness::Dead(Dead::NoSuchProcess);
+        assert_eq!(
+            judge_lease(dead, &h, Some(Some("h2/77/abc/reconcile"))),
+            dead
+        );
+        // A lease token with a `:` would break the token: never parsed.
+        assert_eq!(Holder::parse("h2:1:2:3:4:a:b"), None);
     }
 
     #[test]

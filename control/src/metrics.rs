@@ -17,7 +17,8 @@
 //! {target,job}`, `applied_commit_info{target,commit}` (1), `drift_repaired_total
 //! {target,kind}`, `refusals_total{target,job,reason}`, `failures_total{target,job}`,
 //! `runs_total{job,result}`, `apply_duration_seconds`, `heal_duration_seconds`
-//! (histograms), `lock_waits_total`, `lock_wait_seconds_total`, `build_info{version}`;
+//! (histograms), `lock_waits_total`, `lock_wait_seconds_total`, `lease_held` (1 while
+//! this daemon holds the reconcile lease), `build_info{version}`;
 //! and the ACME certificates' `edgeform_certificate_expiry_timestamp_seconds{host}`
 //! and `edgeform_certificate_renewal_failures_total{host}`.
 
@@ -97,6 +98,9 @@ pub struct Metrics {
     pub heal_seconds: Histogram,
     pub lock_waits: Counter,
     pub lock_wait_seconds: Counter<f64, AtomicU64>,
+    /// 1 while this daemon holds the reconcile lease (runs the jobs), 0
+    /// while it stands by.
+    pub lease_held: Gauge,
     /// Purge jobs kept in this host's outbox, per node.
     pub outbox_jobs: Family<NodeLabel, Gauge>,
     /// Unix time the oldest kept purge job of a node was kept.
@@ -147,6 +151,7 @@ impl Metrics {
             heal_seconds: Histogram::new(duration_buckets()),
             lock_waits: Counter::default(),
             lock_wait_seconds: Counter::default(),
+            lease_held: Gauge::default(),
             outbox_jobs: Family::default(),
             outbox_oldest: Family::default(),
             cert_expiry: Family::default(),
@@ -203,6 +208,11 @@ impl Metrics {
             "lock_wait_seconds",
             "Time spent waiting for targets' apply locks",
             m.lock_wait_seconds.clone(),
+        );
+        registry.register(
+            "lease_held",
+            "1 while this daemon holds the reconcile lease of the state store and runs the jobs; 0 while it stands by",
+            m.lease_held.clone(),
         );
         registry.register(
             "purge_outbox_jobs",
@@ -313,6 +323,10 @@ impl Metrics {
     }
 
     /// An apply waited `waited` for a lock another apply held.
+    pub fn lease_held(&self, held: bool) {
+        self.lease_held.set(i64::from(held));
+    }
+
     pub fn lock_waited(&self, waited: Duration) {
         self.lock_waits.inc();
         self.lock_wait_seconds.inc_by(waited.as_secs_f64());

@@ -1,8 +1,19 @@
 //! The reconciler: the scheduled sync, heal and certificates jobs, the
 //! daemon loop and its signals, and the network pull (`--pull
 //! REMOTE/BRANCH`). The certificates job is [`crate::renew::job`].
+//!
+//! Two daemons (two control hosts, one shared state store) run together:
+//! the daemon runs its jobs only while it holds the state store's lease
+//! ([`crate::store::lease`]): one lease for every side-effecting job
+//! (sync, heal, the purge outbox, certificates), not one per job, because
+//! the jobs share the tracker, the last good commit and each target's
+//! apply lock, and two daemons splitting them would still contend on the
+//! same targets. The other stands by and takes the lease over, then syncs
+//! at once, within `ttl + ttl / 3` of the holder's end (`ttl`: half the
+//! shorter of `--sync-every` and `--heal-every`).
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
@@ -251,6 +262,45 @@ fn history(
     )
 }
 
+/// The daemon's lease on the state store, kept from a thread (None: no
+/// shared store and no state directory, a daemon alone).
+fn lease(
+    state_dir: &Path,
+    only: &[String],
+    sync_every: Duration,
+    heal_every: Duration,
+    metrics: &Arc<crate::metrics::Metrics>,
+) -> Result<Option<Arc<crate::store::lease::Leader>>> {
+    use crate::store::lease;
+    let Some(store) = crate::store::open_existing(state_dir)? else {
+        tracing::info!(
+            state_dir = %state_dir.display(),
+            "reconcile: no state directory and no shared state store: running without a lease \
+             (a second daemon on these targets would not be excluded)"
+        );
+        metrics.lease_held(true);
+        return Ok(None);
+    };
+    let ttl = lease::ttl_for(sync_every, heal_every);
+    let name = lease::scope(only);
+    let m = Arc::clone(metrics);
+    let leader = lease::Leader::start(Arc::from(store), &name, ttl, move |held| {
+        m.lease_held(held);
+    })?;
+    crate::lock::run_under(Arc::clone(&leader));
+    if !leader.held() {
+        let holder = leader.current().ok().flatten().unwrap_or_default();
+        tracing::info!(
+            lease = %name,
+            %holder,
+            ttl_ms = ttl.as_millis(),
+            "reconcile: another daemon holds the lease in {}; standing by",
+            crate::store::describe(state_dir)
+        );
+    }
+    Ok(Some(leader))
+}
+
 /// How long an urgent heal waits for the rest of a loss's pushes, how
 /// often it is tried again while a target fails, and for how long.
 const URGENT_SETTLE: Duration = Duration::from_millis(200);
@@ -259,7 +309,9 @@ const URGENT_RETRY_FOR: Duration = Duration::from_secs(60);
 
 /// `edgeform reconcile`: sync every `sync_every`, heal every
 /// `heal_every`, the certificates job at start and every `certs_every`,
-/// until SIGTERM or ctrl-c (or one job with `once`).
+/// until SIGTERM or ctrl-c (or one job with `once`). The daemon runs them
+/// only while it holds the state store's lease (module documentation);
+/// `once` takes none.
 ///
 /// Only the targets in `only` (all when empty; an unknown name fails each
 /// run, logged).
@@ -368,7 +420,9 @@ pub async fn reconcile(
                 }
             };
             // Purge jobs kept for nodes whose Redis did not answer: each
-            // run delivers what it can, in order.
+            // run delivers what it can, in order. Under the lease only one
+            // daemon delivers; a second delivery would be harmless anyway
+            // (the agent runs a job id it recorded no second time).
             if let Ok(Some(outbox)) = crate::store::open_existing(&state_dir) {
                 crate::outbox::flush_all(&*outbox, &source.config.nodes).await;
                 if let Ok(depths) = crate::outbox::depths(&*outbox) {
@@ -463,9 +517,13 @@ pub async fn reconcile(
     if let Some(which) = once {
         return Ok(run(which).await);
     }
+    let leader = lease(&state_dir, &only, sync_every, heal_every, &metrics)?;
+    let leading = || leader.as_ref().is_none_or(|l| l.held());
     // Certificates first: a site's missing certificate is ordered before
     // the first sync needs it.
-    run(Once::Certs).await;
+    if leading() {
+        run(Once::Certs).await;
+    }
     let mut sync = tokio::time::interval(sync_every);
     let mut heal = tokio::time::interval(heal_every);
     let mut certs_tick =
@@ -489,11 +547,24 @@ pub async fn reconcile(
                 None => std::future::pending().await,
             }
         };
+        let gained = async {
+            match &leader {
+                Some(l) => l.gained().await,
+                None => std::future::pending().await,
+            }
+        };
         tokio::select! {
-            _ = sync.tick() => { run(Once::Sync).await; }
-            _ = heal.tick() => { run(Once::Heal).await; }
-            _ = certs_tick.tick() => { run(Once::Certs).await; }
-            () = urgent.notified() => {
+            _ = sync.tick() => { if leading() { run(Once::Sync).await; } }
+            _ = heal.tick() => { if leading() { run(Once::Heal).await; } }
+            _ = certs_tick.tick() => { if leading() { run(Once::Certs).await; } }
+            () = gained => {
+                // Taken over from a daemon that stopped or died: its work
+                // now, the newest commit first.
+                tracing::warn!("reconcile: took the lease over; syncing now");
+                run(Once::Sync).await;
+                run(Once::Certs).await;
+            }
+            () = urgent.notified(), if leading() => {
                 // Let the burst of pushes of one loss arrive.
                 tokio::time::sleep(URGENT_SETTLE).await;
                 tracing::warn!("reconcile: a target's Redis may have lost its data; healing now");
@@ -502,7 +573,7 @@ pub async fn reconcile(
                     retry_until = None;
                 }
             }
-            () = retry => {
+            () = retry, if leading() => {
                 if run(Once::Heal).await != 1
                     || retry_until.is_some_and(|t| tokio::time::Instant::now() >= t)
                 {
@@ -512,6 +583,9 @@ pub async fn reconcile(
             _ = tokio::signal::ctrl_c() => break,
             _ = term.recv() => break,
         }
+    }
+    if let Some(l) = &leader {
+        l.stop();
     }
     tracing::info!("reconcile: stopped");
     Ok(0)

@@ -75,8 +75,9 @@ pub struct Attempts {
 }
 
 /// The renewal state of every ACME certificate that failed since its last
-/// success, by certificate name (`acme.<host>`); kept in the state
-/// directory between runs (`<state>/acme/renewal.json`).
+/// success, by certificate name (`acme.<host>`); kept in the state store
+/// between runs (`<state>/acme/renewal.json`, or shared:
+/// `Store::renewal_state`).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct State {
     #[serde(default)]

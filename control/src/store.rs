@@ -16,7 +16,9 @@
 //! --require-signed-by` verified, a hex commit id);
 //! `<state>/certs/<NAME>/chain.pem` and `key.pem` (a certificate as
 //! `edgeform certs import` checked it; the folder is replaced as a whole);
-//! `<state>/acme/account.json`; `<state>/outbox/<node>/<sequence>-<id>`.
+//! `<state>/acme/account.json`; `<state>/acme/renewal.json` (the
+//! certificates job's renewal state); `<state>/outbox/<node>/<sequence>-<id>`;
+//! `<state>/leases/<name>` ([`lease`]: the reconcile daemons' lease).
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -24,8 +26,10 @@ use std::io::{Read, Write};
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock};
+use std::time::Duration;
 
 pub mod export;
+pub mod lease;
 pub mod redis;
 
 pub use redis::RedisStore;
@@ -64,6 +68,15 @@ fn shared() -> Result<Option<Arc<RedisStore>>, StoreError> {
         Some(s) => Some(Arc::new(RedisStore::new(redis::target(&s)?)?)),
     };
     Ok(SHARED.get_or_init(|| made).clone())
+}
+
+/// The shared store, when `--state-store` / [`STORE_ENV`] names one
+/// (for what only it can answer, e.g. another host's lease).
+///
+/// # Errors
+/// An unusable setting.
+pub fn shared_store() -> Result<Option<Arc<RedisStore>>, StoreError> {
+    shared()
 }
 
 /// A store shared by handle (the process's one [`RedisStore`]).
@@ -116,14 +129,29 @@ impl<T: Store + ?Sized> Store for Arc<T> {
     fn outbox_nodes(&self) -> Result<Vec<String>, StoreError> {
         (**self).outbox_nodes()
     }
+    fn renewal_state(&self) -> Result<Option<String>, StoreError> {
+        (**self).renewal_state()
+    }
+    fn set_renewal_state(&self, json: &str) -> Result<(), StoreError> {
+        (**self).set_renewal_state(json)
+    }
+    fn take_lease(&self, name: &str, token: &str, ttl: Duration) -> Result<bool, StoreError> {
+        (**self).take_lease(name, token, ttl)
+    }
+    fn release_lease(&self, name: &str, token: &str) -> Result<(), StoreError> {
+        (**self).release_lease(name, token)
+    }
+    fn lease_holder(&self, name: &str) -> Result<Option<String>, StoreError> {
+        (**self).lease_holder(name)
+    }
 }
 
 /// The state store: the shared one when `--state-store` /
 /// [`STORE_ENV`] names one, else the state directory at `state_dir`
 /// (created 0700). Every command that reads or writes secrets,
-/// certificates, the ACME account, the last good commit or the purge
-/// outbox opens it here, so the backend is chosen in one place. (The
-/// renewal state stays in the state directory, per host.)
+/// certificates, the ACME account, the renewal state, the last good
+/// commit, the purge outbox or a lease opens it here, so the backend is
+/// chosen in one place.
 ///
 /// # Errors
 /// An unusable setting, or [`DirStore::open`]'s.
@@ -203,6 +231,10 @@ pub enum StoreError {
     /// The shared store did not answer or refused (`target` says which,
     /// never with a password).
     Shared { target: String, cause: String },
+    /// A lease name or token that is not one (`why`).
+    Lease(String),
+    /// The renewal state is larger than [`MAX_RENEWAL_STATE_BYTES`].
+    RenewalTooLarge(String),
 }
 
 impl fmt::Display for StoreError {
@@ -243,6 +275,11 @@ impl fmt::Display for StoreError {
             ),
             Self::Config { place, why } => write!(f, "state store: {place}: {why}"),
             Self::Shared { target, cause } => write!(f, "state store {target}: {cause}"),
+            Self::Lease(why) => write!(f, "state store: {why}"),
+            Self::RenewalTooLarge(place) => write!(
+                f,
+                "state store: {place} (the renewal state) is larger than {MAX_RENEWAL_STATE_BYTES} bytes"
+            ),
         }
     }
 }
@@ -250,7 +287,7 @@ impl fmt::Display for StoreError {
 impl std::error::Error for StoreError {}
 
 /// What the control host keeps outside git. Implementations: the state
-/// directory ([`DirStore`]); later a shared backend.
+/// directory ([`DirStore`]) and the shared store ([`RedisStore`]).
 pub trait Store: Send + Sync {
     /// `node`'s secret `name`, if set.
     ///
@@ -354,7 +391,46 @@ pub trait Store: Send + Sync {
     /// # Errors
     /// The store cannot be read.
     fn outbox_nodes(&self) -> Result<Vec<String>, StoreError>;
+
+    /// The certificates job's renewal state (JSON, `crate::renew::State`),
+    /// if kept: shared, so a failure's backoff holds on either host.
+    ///
+    /// # Errors
+    /// The store cannot be read, or it is over [`MAX_RENEWAL_STATE_BYTES`].
+    fn renewal_state(&self) -> Result<Option<String>, StoreError>;
+
+    /// Keep the renewal state (replaced whole).
+    ///
+    /// # Errors
+    /// Over [`MAX_RENEWAL_STATE_BYTES`], or the store cannot be written.
+    fn set_renewal_state(&self, json: &str) -> Result<(), StoreError>;
+
+    /// Take the lease `name` for `token` for `ttl` when it is free (or
+    /// ran out), or renew it for `ttl` when `token` holds it; whether
+    /// `token` holds it now. Atomic: two callers never both get it
+    /// ([`lease`]).
+    ///
+    /// # Errors
+    /// A bad name or token ([`StoreError::Lease`]), or the store cannot be
+    /// written.
+    fn take_lease(&self, name: &str, token: &str, ttl: Duration) -> Result<bool, StoreError>;
+
+    /// Give the lease up when `token` holds it (else nothing).
+    ///
+    /// # Errors
+    /// A bad name or token, or the store cannot be written.
+    fn release_lease(&self, name: &str, token: &str) -> Result<(), StoreError>;
+
+    /// Who holds the lease `name` now (its token), none when it is free or
+    /// ran out.
+    ///
+    /// # Errors
+    /// A bad name, or the store cannot be read.
+    fn lease_holder(&self, name: &str) -> Result<Option<String>, StoreError>;
 }
+
+/// The largest renewal state kept.
+pub const MAX_RENEWAL_STATE_BYTES: usize = 4 << 20;
 
 /// The largest purge outbox entry read back (a job is at most
 /// `edgestate::purge::MAX_JOB_BYTES`, plus the envelope).
@@ -390,6 +466,8 @@ impl fmt::Debug for StoredCert {
 /// The ACME account's folder and file, in the state directory.
 const ACME_DIR: &str = "acme";
 const ACME_ACCOUNT: &str = "account.json";
+/// The certificates job's renewal state, in the ACME folder.
+pub const RENEWAL_FILE: &str = "renewal.json";
 
 /// The certificates' folder, in the state directory.
 const CERTS: &str = "certs";
@@ -808,6 +886,40 @@ impl Store for DirStore {
             .collect();
         out.sort();
         Ok(out)
+    }
+
+    fn renewal_state(&self) -> Result<Option<String>, StoreError> {
+        let path = self.root.join(ACME_DIR).join(RENEWAL_FILE);
+        let text = self.read_capped(&path, MAX_RENEWAL_STATE_BYTES)?;
+        if text
+            .as_ref()
+            .is_some_and(|t| t.len() > MAX_RENEWAL_STATE_BYTES)
+        {
+            return Err(StoreError::RenewalTooLarge(path.display().to_string()));
+        }
+        Ok(text)
+    }
+
+    fn set_renewal_state(&self, json: &str) -> Result<(), StoreError> {
+        let dir = self.root.join(ACME_DIR);
+        if json.len() > MAX_RENEWAL_STATE_BYTES {
+            return Err(StoreError::RenewalTooLarge(
+                dir.join(RENEWAL_FILE).display().to_string(),
+            ));
+        }
+        self.write(&dir, RENEWAL_FILE, json)
+    }
+
+    fn take_lease(&self, name: &str, token: &str, ttl: Duration) -> Result<bool, StoreError> {
+        self.take_lease_file(name, token, ttl)
+    }
+
+    fn release_lease(&self, name: &str, token: &str) -> Result<(), StoreError> {
+        self.release_lease_file(name, token)
+    }
+
+    fn lease_holder(&self, name: &str) -> Result<Option<String>, StoreError> {
+        self.lease_holder_file(name)
     }
 
     fn certificate_names(&self) -> Result<Vec<String>, StoreError> {

@@ -10,6 +10,8 @@
 
 pub mod sshd;
 
+pub mod bridge;
+
 pub mod nginx;
 
 pub mod acmefault;

@@ -17,6 +17,7 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use anyhow::Result;
+use serde_json::Value;
 
 use compiler::workspace;
 
@@ -244,6 +245,26 @@ fn connect(r: &Remote<'_>) -> StepResult<Option<Manifest>> {
             format!("the installed {MANIFEST} is unreadable: {e}"),
         )
     })
+}
+
+/// The node's cache folders (`cache.dirs`), parents included: nginx
+/// makes a `proxy_cache_path` folder but not its parents, so the node's
+/// gate (`nginx -t`) would fail on a fresh machine.
+fn make_cache_dirs(r: &Remote<'_>, b: &NodeBundle) -> StepResult<()> {
+    let dirs: Vec<String> = b
+        .yaml
+        .pointer("/cache/dirs")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .filter_map(Value::as_str)
+        .map(q)
+        .collect();
+    if dirs.is_empty() {
+        return Ok(());
+    }
+    r.must(Step::Connect, &format!("mkdir -p {}\n", dirs.join(" ")))
+        .map(drop)
 }
 
 fn upload(r: &Remote<'_>, b: &NodeBundle, id: &str, commit: Option<&str>) -> StepResult<()> {
@@ -621,6 +642,7 @@ fn install_one(
     let install = b.install.as_ref().expect("selected nodes have install");
     let r = Remote { install, ssh };
     let installed = connect(&r)?;
+    make_cache_dirs(&r, b)?;
     let manifest = b.bundle.manifest(commit);
     let id = release_id(&manifest.version);
     let dir = format!("{}/releases/{id}", install.root);

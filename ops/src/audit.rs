@@ -204,6 +204,16 @@ pub async fn history_cmd(source: &Valid, node: &str, format: Format) -> Result<u
 
 /// A commit as the history shows it: its first 12 characters (not bytes:
 /// the edge's text need not be hex), escaped.
+/// An entry's changes in `apply`'s notation: `+added ~changed -deleted`
+/// (an entry recorded before added and changed were kept apart:
+/// `+written -deleted`, written being both).
+fn counts(e: &Entry) -> String {
+    match (e.added, e.changed) {
+        (Some(a), Some(c)) => format!("+{a} ~{c} -{}", e.deleted),
+        _ => format!("+{} -{}", e.written, e.deleted),
+    }
+}
+
 fn short(c: &str) -> String {
     let (id, dirty) = c.strip_suffix("+dirty").map_or((c, ""), |i| (i, "+dirty"));
     let head: String = id.chars().take(12).collect();
@@ -249,7 +259,7 @@ pub fn render(node: &str, entries: &[Result<Entry, String>]) -> String {
                 }
                 let _ = writeln!(
                     out,
-                    "{}  {:<5}  gen {:<4}  {} → {}  +{} -{}  {}{}  {}",
+                    "{}  {:<5}  gen {:<4}  {} → {}  {}  {}{}  {}",
                     untrusted::escape(&e.at),
                     untrusted::escape(&e.action),
                     e.generation,
@@ -257,8 +267,7 @@ pub fn render(node: &str, entries: &[Result<Entry, String>]) -> String {
                         .as_deref()
                         .map_or_else(|| "none".into(), short),
                     short(&e.commit),
-                    e.written,
-                    e.deleted,
+                    counts(e),
                     untrusted::escape(&e.applied_by),
                     if flags.is_empty() {
                         String::new()
@@ -295,11 +304,21 @@ mod tests {
             freeze: Some("final".into()),
             written: 1,
             deleted: 0,
+            added: Some(0),
+            changed: Some(1),
             clock_moved: None,
             urgent_renewal: Some("shop.test expires 2026-12-03T00:00:00Z\u{1b}[31m".into()),
         };
-        let text = render("edge-1", &[Ok(e)]);
+        let older = Entry {
+            added: None,
+            changed: None,
+            ..e.clone()
+        };
+        let text = render("edge-1", &[Ok(e), Ok(older)]);
         assert!(text.contains("renew"), "{text}");
+        // apply's notation; an older entry without the split, its total.
+        assert!(text.contains("  +0 ~1 -0  "), "{text}");
+        assert!(text.contains("  +1 -0  "), "{text}");
         assert!(
             text.contains("[renewal through freeze final: shop.test expires 2026-12-03T00:00:00Z"),
             "{text}"

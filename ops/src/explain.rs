@@ -43,6 +43,9 @@ pub struct ExplainOptions {
     pub node: Option<String>,
     /// MaxMind City/Country database for the client's country.
     pub geoip: Option<PathBuf>,
+    /// The client's country, stated (ISO 3166-1 alpha-2), instead of a
+    /// database.
+    pub country: Option<String>,
     /// Output: the steps, or one JSON object.
     pub format: ExplainFormat,
     /// Explain every request of this file (`-`: stdin), one JSON object a
@@ -120,6 +123,9 @@ fn add_header(headers: &mut Headers, name: &str, value: String) -> Result<()> {
 struct Explainer<'a> {
     compiled: &'a Compiled,
     geoip: Option<maxminddb::Reader<Vec<u8>>>,
+    /// The viewer's country as `--country` states it (instead of a
+    /// database).
+    country: Option<String>,
     secret: Option<Vec<u8>>,
     now: u64,
     routers: BTreeMap<String, Arc<Router>>,
@@ -131,6 +137,26 @@ struct Explainer<'a> {
 /// the connection without an answer (nginx's 444), so no
 /// `X-Edgeform-Reason` is ever sent with it.
 pub const PROXY_REFUSED: &str = "proxy-refused";
+
+/// A request whose verdict depends on the viewer's country, explained
+/// with neither `--geoip` nor `--country`.
+#[derive(Debug)]
+pub struct CountryNeeded {
+    pub site: String,
+}
+
+impl std::fmt::Display for CountryNeeded {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "the answer for this request depends on the viewer's country (site `{}` has a \
+             geo_mode policy), unknown without a database: give --geoip DB or --country XX",
+            edgestate::untrusted::escape(&self.site)
+        )
+    }
+}
+
+impl std::error::Error for CountryNeeded {}
 
 /// A decision and what was looked up for it.
 struct Explained {
@@ -196,6 +222,9 @@ impl Explainer<'_> {
     }
 
     fn country(&self, ip: IpAddr) -> Result<Option<String>> {
+        if let Some(c) = &self.country {
+            return Ok(Some(c.clone()));
+        }
         let Some(reader) = &self.geoip else {
             return Ok(None);
         };
@@ -288,48 +317,69 @@ impl Explainer<'_> {
             secret: self.secret.as_deref(),
             now: self.now,
         };
-        let mut decision = match chosen {
-            None => edge::decide(&req, Found::None, clearance),
-            Some((name, t)) => {
-                let hit = candidates
-                    .iter()
-                    .find_map(|h| find_value(t, &edgestate::keys::site(h)).map(|v| (h, v)));
-                match hit {
-                    None => edge::decide(&req, Found::None, clearance),
-                    Some((key, text)) => {
-                        let known = self
-                            .sites
-                            .get(name.as_str())
-                            .and_then(|m| m.get(key.as_str()));
-                        let site = match known {
-                            Some(s) => s.clone(),
-                            None => {
-                                let s = Site::parse(text).map(Arc::new);
-                                self.sites
-                                    .entry(name.clone())
-                                    .or_default()
-                                    .insert(key.clone(), s.clone());
-                                s
-                            }
-                        };
-                        let suspended = find_value(t, &edgestate::keys::suspended(key))
-                            == Some(edgestate::keys::SUSPENDED_VALUE);
-                        match &site {
-                            Ok(site) => edge::decide(
-                                &req,
-                                Found::Site {
-                                    key,
-                                    site,
-                                    suspended,
-                                },
-                                clearance,
-                            ),
-                            Err(error) => edge::decide(&req, Found::Bad { key, error }, clearance),
+        // The site document the request finds (prepared once per node).
+        let found: Option<(String, Result<Arc<Site>, DocError>, bool)> = match chosen {
+            None => None,
+            Some((name, t)) => candidates
+                .iter()
+                .find_map(|h| find_value(t, &edgestate::keys::site(h)).map(|v| (h, v)))
+                .map(|(key, text)| {
+                    let known = self
+                        .sites
+                        .get(name.as_str())
+                        .and_then(|m| m.get(key.as_str()));
+                    let site = match known {
+                        Some(s) => s.clone(),
+                        None => {
+                            let s = Site::parse(text).map(Arc::new);
+                            self.sites
+                                .entry(name.clone())
+                                .or_default()
+                                .insert(key.clone(), s.clone());
+                            s
                         }
-                    }
-                }
-            }
+                    };
+                    let suspended = find_value(t, &edgestate::keys::suspended(key))
+                        == Some(edgestate::keys::SUSPENDED_VALUE);
+                    (key.clone(), site, suspended)
+                }),
         };
+        let decide = |req: &Request<'_>| match &found {
+            None => edge::decide(req, Found::None, clearance),
+            Some((key, Ok(site), suspended)) => edge::decide(
+                req,
+                Found::Site {
+                    key,
+                    site,
+                    suspended: *suspended,
+                },
+                clearance,
+            ),
+            Some((key, Err(error), _)) => edge::decide(req, Found::Bad { key, error }, clearance),
+        };
+        let mut decision = decide(&req);
+        // Without a database or a stated country the country is unknown
+        // here but not at the edge: a verdict that depends on it would be
+        // a guess, so none is given.
+        if self.geoip.is_none()
+            && self.country.is_none()
+            && client.is_some()
+            && let Some((key, Ok(site), _)) = &found
+            && !site.geo_codes().is_empty()
+        {
+            let mut tried = vec![None, Some("ZZ")];
+            tried.extend(site.geo_codes().iter().map(|c| Some(c.as_str())));
+            let differs = tried.into_iter().any(|c| {
+                let other = decide(&Request {
+                    country: c,
+                    ..req.clone()
+                });
+                (other.status, other.reason) != (decision.status, decision.reason)
+            });
+            if differs {
+                return Err(CountryNeeded { site: key.clone() }.into());
+            }
+        }
         // A refused PROXY header: what nginx answers before the edge's Lua
         // stands; anything else (the path check included) is dropped
         // before the edge answers.
@@ -546,6 +596,7 @@ pub fn explain(compiled: &Compiled, args: &ExplainOptions) -> Result<u8> {
     let mut ex = Explainer {
         compiled,
         geoip,
+        country: args.country.clone(),
         secret: std::env::var("EDGEFORM_CHALLENGE_SECRET")
             .ok()
             .filter(|s| !s.is_empty())
@@ -736,6 +787,7 @@ mod tests {
         let mut ex = Explainer {
             compiled: c,
             geoip: None,
+            country: None,
             secret: None,
             now: 1_000,
             routers: BTreeMap::new(),
@@ -847,6 +899,7 @@ mod tests {
         let mut ex = Explainer {
             compiled: &c,
             geoip: None,
+            country: None,
             secret: None,
             now: 1_000,
             routers: BTreeMap::new(),

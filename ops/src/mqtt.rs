@@ -275,13 +275,19 @@ impl Verdict {
     }
 }
 
+/// Whether a row counts for the verdict and the table's totals: a target
+/// (it has a desired commit), or a node ever heard from.
+fn counted(r: &Row, heard: impl Fn(&str) -> bool) -> bool {
+    r.desired_commit.is_some() || heard(&r.node)
+}
+
 /// The verdict over `rows` (pure). A row counts when it is a target (it
 /// has a desired commit) or `heard(node)` (it ever said something: a
 /// node with no agent and no Redis is not expected to report). Offline
 /// wins over drift.
 #[must_use]
 pub fn verdict(rows: &[Row], heard: impl Fn(&str) -> bool) -> (Verdict, String) {
-    let counts = |r: &&Row| r.desired_commit.is_some() || heard(&r.node);
+    let counts = |r: &&Row| counted(r, &heard);
     let counted = rows.iter().filter(counts);
     let silent: Vec<&str> = rows
         .iter()
@@ -361,7 +367,7 @@ pub fn print_status(
     from_redis: bool,
     soonest: Option<&SoonestExpiry>,
 ) -> Result<u8> {
-    let (v, why) = verdict(rows, heard);
+    let (v, why) = verdict(rows, &heard);
     let mut out = std::io::stdout().lock();
     match format {
         Format::Json => {
@@ -377,7 +383,7 @@ pub fn print_status(
             let text = if from_redis {
                 table_redis(rows)
             } else {
-                table(rows)
+                table(rows, &heard)
             };
             out.write_all(text.as_bytes())?;
             let word = match v {
@@ -512,10 +518,11 @@ pub fn table_redis(rows: &[Row]) -> String {
         "APPLIED".into(),
         "BY".into(),
         "PURGE QUEUE".into(),
+        "ERROR".into(),
     ]];
     for r in rows {
         let commit = match (&r.commit, &r.desired_commit) {
-            _ if !r.online => r.error.clone().unwrap_or_else(dash),
+            _ if !r.online => dash(),
             (Some(c), Some(d)) if c == d => format!("{} (desired)", short_commit(c)),
             (Some(c), Some(d)) => format!("{} ≠ desired {}", short_commit(c), short_commit(d)),
             (None, Some(d)) => format!("none ≠ desired {}", short_commit(d)),
@@ -529,9 +536,26 @@ pub fn table_redis(rows: &[Row]) -> String {
             r.applied_at.as_deref().map_or_else(dash, untrusted::escape),
             r.applied_by.as_deref().map_or_else(dash, untrusted::escape),
             r.purge_queue.map_or_else(dash, |q| q.to_string()),
+            r.error
+                .as_deref()
+                .map_or_else(String::new, |e| cut(&untrusted::escape(e), ERROR_WIDTH)),
         ]);
     }
     align(&lines)
+}
+
+/// The widest error `status --from redis` shows in its table (JSON has it
+/// whole).
+const ERROR_WIDTH: usize = 60;
+
+/// `text` cut to `max` characters, `…` marking the cut.
+fn cut(text: &str, max: usize) -> String {
+    if text.chars().count() <= max {
+        return text.to_owned();
+    }
+    let mut out: String = text.chars().take(max - 1).collect();
+    out.push('…');
+    out
 }
 
 /// What `status` heard.
@@ -818,9 +842,11 @@ fn short_commit(c: &str) -> String {
     }
 }
 
-/// The human table with a summary line.
+/// The human table with a summary line. A row that does not count (no
+/// Redis, never heard from: [`verdict`]'s rule) says so in STATE and is
+/// left out of the totals, so the table and the verdict agree.
 #[must_use]
-pub fn table(rows: &[Row]) -> String {
+pub fn table(rows: &[Row], heard: impl Fn(&str) -> bool) -> String {
     let dash = || "-".to_owned();
     let opt = |v: Option<u64>| v.map_or_else(dash, |v| v.to_string());
     let mut lines = vec![[
@@ -835,8 +861,11 @@ pub fn table(rows: &[Row]) -> String {
         "PURGE QUEUE".into(),
     ]];
     let (mut online, mut synced, mut targets, mut not_serving) = (0, 0, 0, 0);
+    let mut not_expected = 0;
     for r in rows {
-        online += usize::from(r.online);
+        let counts = counted(r, &heard);
+        not_expected += usize::from(!counts);
+        online += usize::from(r.online && counts);
         not_serving += usize::from(r.online && r.serving == Some(false));
         let commit = match (&r.commit, &r.desired_commit) {
             _ if r.age_s.is_none() => "(no report)".to_owned(),
@@ -854,6 +883,7 @@ pub fn table(rows: &[Row]) -> String {
             untrusted::escape(&r.node),
             r.zone.clone().unwrap_or_else(dash),
             match (r.online, r.serving) {
+                _ if !counts => "— (no agent expected)",
                 (true, Some(false)) => "not serving",
                 (true, _) => "online",
                 (false, _) => "offline",
@@ -881,9 +911,14 @@ pub fn table(rows: &[Row]) -> String {
     } else {
         String::new()
     };
+    let expected = if not_expected > 0 {
+        format!(" ({not_expected} with no agent expected not counted)")
+    } else {
+        String::new()
+    };
     out.push_str(&format!(
-        "{online}/{} online{serving}, {synced}/{targets} targets on the desired commit\n",
-        rows.len()
+        "{online}/{} online{serving}{expected}, {synced}/{targets} targets on the desired commit\n",
+        rows.len() - not_expected
     ));
     out
 }
@@ -1297,8 +1332,11 @@ pub fn describe(r: &CommandResult) -> String {
     for (name, text) in [("stdout", &r.stdout), ("stderr", &r.stderr)] {
         if !text.is_empty() {
             out.push_str(&format!("  {name}:\n"));
+            // A tab stays a tab (columns, as `du` prints them): it
+            // cannot drive a terminal. Every other control is escaped.
             for line in text.lines() {
-                out.push_str(&format!("    {}\n", untrusted::escape(line)));
+                let shown: Vec<String> = line.split('\t').map(untrusted::escape).collect();
+                out.push_str(&format!("    {}\n", shown.join("\t")));
             }
         }
     }
@@ -1316,6 +1354,27 @@ mod tests {
         assert!(parse_args(&["novalue".into()]).is_err());
         assert!(parse_args(&["=x".into()]).is_err());
         assert!(parse_args(&["a=1".into(), "a=2".into()]).is_err());
+    }
+
+    #[test]
+    fn a_results_output_keeps_its_tabs_and_escapes_every_other_control() {
+        let r = CommandResult {
+            id: "1".into(),
+            node: "edge-1".into(),
+            action: "cache-usage".into(),
+            status: Outcome::Ok,
+            exit_code: Some(0),
+            stdout: "12345\t/var/cache/nginx\n\u{1b}[2Jx\ry\n".into(),
+            stderr: String::new(),
+            duration_ms: 3,
+            reason: None,
+            finished_at: 0,
+            sig: None,
+        };
+        let text = describe(&r);
+        assert!(text.contains("    12345\t/var/cache/nginx\n"), "{text}");
+        assert!(text.contains("\\u{1b}[2Jx\\ry"), "{text}");
+        assert!(!text.contains('\u{1b}') && !text.contains('\r'), "{text}");
     }
 
     #[test]
@@ -1399,7 +1458,7 @@ mod tests {
                 error: None,
             },
         ];
-        let t = table(&rows);
+        let t = table(&rows, |_| false);
         assert!(t.contains("c1 (desired)"), "{t}");
         // Each node's zone has its column.
         assert!(t.starts_with("NODE  ZONE  STATE"), "{t}");
@@ -1433,6 +1492,46 @@ mod tests {
             install_first: Vec::new(),
             skew: None,
         }
+    }
+
+    /// A node with no Redis never heard from (an origin, a router) is
+    /// marked in the table and left out of its totals, as the verdict
+    /// leaves it out: both say every node online.
+    #[test]
+    fn the_table_and_the_verdict_agree_on_nodes_with_no_agent_expected() {
+        let rows = [
+            row("a", true, Some("c2"), true),
+            row("origin-1", false, None, false),
+        ];
+        let nobody = |_: &str| false;
+        let t = table(&rows, nobody);
+        assert!(t.contains("origin-1  -     — (no agent expected)"), "{t}");
+        assert!(
+            t.contains("\n1/1 online (1 with no agent expected not counted), "),
+            "{t}"
+        );
+        assert_eq!(verdict(&rows, nobody).0, Verdict::Ok);
+        // Once heard from (its last will), it counts: offline in both.
+        let t = table(&rows, |n| n == "origin-1");
+        assert!(t.contains("offline") && t.contains("1/2 online,"), "{t}");
+    }
+
+    /// `status --from redis`: an unreachable node's error has its own
+    /// column, cut, never the COMMIT column.
+    #[test]
+    fn an_unreachable_redis_error_has_its_own_column_cut() {
+        let mut down = row("b", false, None, true);
+        down.error = Some(format!("connection refused {}", "x".repeat(200)));
+        let t = table_redis(&[row("a", true, Some("c2"), true), down]);
+        let header = t.lines().next().unwrap();
+        assert!(header.trim_end().ends_with("ERROR"), "{t}");
+        let line = t.lines().find(|l| l.starts_with("b ")).unwrap();
+        assert!(line.contains("unreachable  -"), "{t}");
+        assert!(
+            line.ends_with('…') && line.contains("connection refused"),
+            "{t}"
+        );
+        assert!(line.chars().count() < 140, "{t}");
     }
 
     // The verdict: offline before drift, drift before ok.

@@ -276,7 +276,7 @@ pub async fn purge(
     let mut out = std::io::stdout().lock();
     writeln!(out, "{id}")?;
     eprintln!(
-        "queued purge {id} for {} on {} node(s): {}",
+        "queued for {} on {} node(s): {}",
         site.host,
         queued.len(),
         queued

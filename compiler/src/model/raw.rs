@@ -551,8 +551,9 @@ pub struct Cluster {
     #[schemars(regex(pattern = NAME_PATTERN))]
     pub name: Option<String>,
     /// Proxies whose `X-Forwarded-For` is believed (one hop), as CIDRs.
-    /// Empty: trust nobody.
-    #[serde(default)]
+    /// Empty or null (the seed's way to clear it): trust nobody.
+    #[serde(default, deserialize_with = "null_as_empty")]
+    #[schemars(with = "Option<Vec<String>>")]
     pub trusted_proxies: Vec<String>,
     /// The MQTT broker for health, status and commands.
     #[serde(default)]
@@ -746,6 +747,15 @@ pub struct Bucket {
     pub below_km: f64,
     #[schemars(range(min = 1))]
     pub weight: u32,
+}
+
+/// A list that may be written `null`: read as empty.
+fn null_as_empty<'de, D, T>(d: D) -> Result<Vec<T>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    T: Deserialize<'de>,
+{
+    Ok(Option::<Vec<T>>::deserialize(d)?.unwrap_or_default())
 }
 
 #[cfg(test)]

@@ -429,6 +429,18 @@ fn cluster_repo(text: &str) -> crate::Checked {
 }
 
 #[test]
+fn trusted_proxies_null_clears_the_list_as_the_seed_writes_it() {
+    for text in [
+        "trusted_proxies: null\n",
+        "trusted_proxies: ~\n",
+        "trusted_proxies:\n",
+    ] {
+        let config = valid(&with(&[("cluster.yaml", text)]));
+        assert!(config.cluster.trusted_proxies.is_empty(), "{text}");
+    }
+}
+
+#[test]
 fn cluster_settings_resolve_with_defaults_for_what_is_not_written() {
     let config = valid(&with(&[(
         "cluster.yaml",

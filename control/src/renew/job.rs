@@ -6,8 +6,11 @@
 //! commit** ([`crate::many::renew_all`], `gate::Action::Renew`): a renewal
 //! is not a commit.
 //!
-//! The renewal state ([`super::State`]) is kept in the state directory,
-//! `<state>/acme/renewal.json` (0600, written atomically).
+//! The renewal state ([`super::State`]) is kept in the state store
+//! (`Store::renewal_state`): in the state directory
+//! `<state>/acme/renewal.json` (0600, written atomically), or shared with
+//! the other control host in `edgeform:state:acme:renewal`, so a
+//! failure's backoff holds whichever daemon runs the job.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -20,13 +23,9 @@ use crate::acme::{self, Failure, Request};
 use crate::audit::UrgentRenewal;
 use crate::gate::Frozen;
 use crate::many::{self, Settings};
-use crate::store::{DirStore, Store};
-
-/// The renewal state's folder and file in the state directory.
-const STATE_DIR: &str = "acme";
-const STATE_FILE: &str = "renewal.json";
-/// The most the state file may hold.
-const STATE_MAX_BYTES: usize = 4 << 20;
+#[cfg(test)]
+use crate::store::DirStore;
+use crate::store::Store;
 
 /// How long a push waits for a certificate just issued to start (its
 /// validity starting at the CA's second of issue, ahead of this run's).
@@ -35,35 +34,29 @@ const PUSH_WAIT_SECS: i64 = 5;
 /// Where the renewal state is kept under the state directory `root`.
 #[must_use]
 pub fn state_path(root: &Path) -> std::path::PathBuf {
-    root.join(STATE_DIR).join(STATE_FILE)
+    root.join("acme").join(crate::store::RENEWAL_FILE)
 }
 
 /// The renewal state kept in `store`; none kept is the empty state.
 ///
 /// # Errors
-/// The file cannot be read, is too large, or is not the state's JSON
-/// (the error names the file).
-pub fn load_state(store: &DirStore) -> Result<State> {
-    let path = state_path(store.root());
-    let Some(text) = store
-        .read_capped(&path, STATE_MAX_BYTES)
-        .map_err(|e| anyhow::anyhow!("{e}"))?
-    else {
+/// The store cannot be read, the state is too large, or it is not the
+/// state's JSON (the error names where it is kept).
+pub fn load_state(store: &dyn Store) -> Result<State> {
+    let Some(text) = store.renewal_state().map_err(|e| anyhow::anyhow!("{e}"))? else {
         return Ok(State::default());
     };
-    if text.len() > STATE_MAX_BYTES {
-        anyhow::bail!("{}: larger than {STATE_MAX_BYTES} bytes", path.display());
-    }
-    State::parse(&text).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))
+    State::parse(&text)
+        .map_err(|e| anyhow::anyhow!("the renewal state ({}): {e}", crate::store::RENEWAL_FILE))
 }
 
-/// Keep `state` in `store` (atomically, 0600).
+/// Keep `state` in `store` (replaced whole).
 ///
 /// # Errors
-/// The file cannot be written.
-pub fn save_state(store: &DirStore, state: &State) -> Result<()> {
+/// The store cannot be written.
+pub fn save_state(store: &dyn Store, state: &State) -> Result<()> {
     store
-        .write(&store.root().join(STATE_DIR), STATE_FILE, &state.to_json())
+        .set_renewal_state(&state.to_json())
         .map_err(|e| anyhow::anyhow!("{e}"))
 }
 
@@ -150,13 +143,11 @@ async fn certs(
         return Ok(0);
     }
     let now = i64::try_from(compiler::clock::now()?).unwrap_or(i64::MAX);
-    // The renewal state stays in this host's state directory; the
-    // certificates and the ACME account are in the state store (shared
-    // when `--state-store` names one).
-    let dir = DirStore::open(state_dir)?;
+    // The renewal state, the certificates and the ACME account are in the
+    // state store (shared when `--state-store` names one).
     let store = crate::store::open(state_dir)?;
     let mut code = 0;
-    let mut state = match load_state(&dir) {
+    let mut state = match load_state(&*store) {
         Ok(s) => s,
         Err(e) => {
             // Started again from no failures: at worst one attempt early.
@@ -378,7 +369,7 @@ async fn certs(
             }
         }
     }
-    if let Err(e) = save_state(&dir, &state) {
+    if let Err(e) = save_state(&*store, &state) {
         tracing::error!(cause = %e, "renewal: cannot keep the renewal state");
         code = 1;
     }

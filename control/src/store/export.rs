@@ -4,8 +4,8 @@
 //!
 //! The file is JSON: `{"format": "edgeform-state/1", "key_id": …,
 //! "nonce": …, "sealed": …}`. `sealed` is every entry (node secrets,
-//! certificates with their keys, the ACME account, the last good commit,
-//! the purge outbox)
+//! certificates with their keys, the ACME account, the certificates job's
+//! renewal state, the last good commit, the purge outbox)
 //! as JSON, encrypted and authenticated with AES-256-GCM under the key in
 //! [`KEY_ENV`] (32 bytes, base64); the format and the key id are bound to
 //! it as associated data. `key_id` (16 hex digits of a SHA-256 over a
@@ -106,6 +106,9 @@ pub struct Snapshot {
     /// Node → purge outbox entry name → the kept job (JSON).
     #[serde(default)]
     pub outbox: BTreeMap<String, BTreeMap<String, String>>,
+    /// The certificates job's renewal state (JSON).
+    #[serde(default)]
+    pub renewal: Option<String>,
 }
 
 /// A certificate in the export.
@@ -183,6 +186,13 @@ impl Snapshot {
         {
             return bad("the last good commit".into());
         }
+        if self
+            .renewal
+            .as_ref()
+            .is_some_and(|r| r.len() > super::MAX_RENEWAL_STATE_BYTES)
+        {
+            return bad("the renewal state".into());
+        }
         for (node, entries) in &self.outbox {
             if !valid_node(node) {
                 return bad(format!(
@@ -227,6 +237,7 @@ pub fn snapshot(store: &dyn Store) -> Result<Snapshot, StoreError> {
         }
     }
     out.acme_account = store.acme_account()?;
+    out.renewal = store.renewal_state()?;
     out.last_good = store.last_good()?;
     for node in store.outbox_nodes()? {
         let entries: BTreeMap<String, String> = store.outbox(&node)?.into_iter().collect();
@@ -263,6 +274,9 @@ pub fn restore(store: &dyn Store, snap: &Snapshot) -> Result<(), ExportError> {
     }
     if let Some(c) = &snap.last_good {
         store.set_last_good(c)?;
+    }
+    if let Some(r) = &snap.renewal {
+        store.set_renewal_state(r)?;
     }
     for (node, entries) in &snap.outbox {
         for (name, text) in entries {
@@ -458,6 +472,7 @@ mod tests {
         s.set_last_good("0123456789abcdef0123456789abcdef01234567")
             .unwrap();
         crate::outbox::spool(&s, "edge-1", "job-1", "{}").unwrap();
+        s.set_renewal_state(r#"{"certificates":{}}"#).unwrap();
         s
     }
 
@@ -476,6 +491,16 @@ mod tests {
         let to = DirStore::open(&d.path().join("b")).unwrap();
         import_from(&to, &file, &key).unwrap();
         assert_eq!(snapshot(&to).unwrap(), snapshot(&from).unwrap());
+        assert_eq!(
+            to.renewal_state().unwrap().as_deref(),
+            Some(r#"{"certificates":{}}"#),
+            "the renewal state travels too"
+        );
+        // A file from before the renewal state was exported still opens.
+        let mut old: serde_json::Value = serde_json::to_value(snapshot(&from).unwrap()).unwrap();
+        old.as_object_mut().unwrap().remove("renewal");
+        let old: Snapshot = serde_json::from_value(old).unwrap();
+        assert_eq!(old.renewal, None);
     }
 
     #[test]

@@ -20,7 +20,12 @@
 //!   replaced whole in one MULTI;
 //! - `edgeform:state:acme:account`: a string, the ACME account's JSON;
 //! - `edgeform:state:outbox:<node>`: a hash, the purge outbox's entries
-//!   (`<sequence>-<job id>` → the kept job, JSON).
+//!   (`<sequence>-<job id>` → the kept job, JSON);
+//! - `edgeform:state:acme:renewal`: a string, the certificates job's
+//!   renewal state (JSON);
+//! - `edgeform:state:lease:<name>`: a string with a `PX` expiry, the
+//!   holder's token ([`super::lease`]; taken and renewed by one Lua
+//!   script, released by compare-and-delete).
 //!
 //! Each write is one command or one MULTI. The trait is synchronous and
 //! callers run inside and outside a tokio runtime, so the connection lives
@@ -36,8 +41,9 @@ use edgestate::target::{RedisTarget, TargetError, TlsFiles};
 use redis::Value;
 
 use super::{
-    MAX_CERT_BYTES, MAX_OUTBOX_ENTRY_BYTES, Store, StoreError, StoredCert, kept_commit,
-    valid_cert_name, valid_node, valid_outbox_name, valid_secret_name, valid_secret_value,
+    MAX_CERT_BYTES, MAX_OUTBOX_ENTRY_BYTES, MAX_RENEWAL_STATE_BYTES, Store, StoreError, StoredCert,
+    kept_commit, valid_cert_name, valid_node, valid_outbox_name, valid_secret_name,
+    valid_secret_value,
 };
 
 /// Every key of the store starts with this.
@@ -65,6 +71,15 @@ fn outbox_key(node: &str) -> String {
 fn account_key() -> String {
     format!("{PREFIX}acme:account")
 }
+fn renewal_key() -> String {
+    format!("{PREFIX}acme:renewal")
+}
+fn lease_key(name: &str) -> String {
+    format!("{PREFIX}lease:{name}")
+}
+
+const LEASE_TAKE: &str = include_str!("../lua/lease_take.lua");
+const LEASE_RELEASE: &str = include_str!("../lua/lock_release.lua");
 
 fn config_err(place: &str, why: impl Into<String>) -> StoreError {
     StoreError::Config {
@@ -515,6 +530,61 @@ impl Store for RedisStore {
         check_entry(name)?;
         self.one(redis::cmd("HDEL").arg(outbox_key(node)).arg(name))?;
         Ok(())
+    }
+
+    fn renewal_state(&self) -> Result<Option<String>, StoreError> {
+        let key = renewal_key();
+        let text = self.string(&key)?;
+        if text
+            .as_ref()
+            .is_some_and(|t| t.len() > MAX_RENEWAL_STATE_BYTES)
+        {
+            return Err(StoreError::RenewalTooLarge(key));
+        }
+        Ok(text)
+    }
+
+    fn set_renewal_state(&self, json: &str) -> Result<(), StoreError> {
+        if json.len() > MAX_RENEWAL_STATE_BYTES {
+            return Err(StoreError::RenewalTooLarge(renewal_key()));
+        }
+        self.one(redis::cmd("SET").arg(renewal_key()).arg(json))?;
+        Ok(())
+    }
+
+    fn take_lease(&self, name: &str, token: &str, ttl: Duration) -> Result<bool, StoreError> {
+        super::lease::check(name, Some(token))?;
+        let key = lease_key(name);
+        let ttl_ms = u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX).max(1);
+        // Retried once on a fresh connection by the worker: harmless, the
+        // script is idempotent for our token.
+        let mut pipe = redis::pipe();
+        pipe.cmd("EVAL")
+            .arg(LEASE_TAKE)
+            .arg(1)
+            .arg(&key)
+            .arg(token)
+            .arg(ttl_ms);
+        let v = self.query(pipe)?.into_iter().next().unwrap_or(Value::Nil);
+        let took: i64 = redis::from_redis_value(v).map_err(|e| self.bad(&key, &e))?;
+        Ok(took == 1)
+    }
+
+    fn release_lease(&self, name: &str, token: &str) -> Result<(), StoreError> {
+        super::lease::check(name, Some(token))?;
+        let mut pipe = redis::pipe();
+        pipe.cmd("EVAL")
+            .arg(LEASE_RELEASE)
+            .arg(1)
+            .arg(lease_key(name))
+            .arg(token);
+        self.query(pipe)?;
+        Ok(())
+    }
+
+    fn lease_holder(&self, name: &str) -> Result<Option<String>, StoreError> {
+        super::lease::check(name, None)?;
+        self.string(&lease_key(name))
     }
 
     fn outbox_nodes(&self) -> Result<Vec<String>, StoreError> {

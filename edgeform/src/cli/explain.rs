@@ -39,8 +39,14 @@ pub struct ExplainArgs {
     #[arg(long, value_name = "NODE")]
     pub node: Option<String>,
     /// MaxMind City/Country database for the client's country (geo_mode).
+    /// Without it or --country, a request whose answer depends on the
+    /// country is refused (exit 1), never guessed.
     #[arg(long, value_name = "DB")]
     pub geoip: Option<PathBuf>,
+    /// The client's country, stated (ISO 3166-1 alpha-2, e.g. GB) instead
+    /// of looked up in --geoip.
+    #[arg(long, value_name = "XX", conflicts_with = "geoip", value_parser = country_code)]
+    pub country: Option<String>,
     /// Output: human (the steps) or json (one object).
     #[arg(long, value_enum, default_value = "human")]
     pub format: ExplainFormat,
@@ -90,6 +96,7 @@ impl ExplainArgs {
             headers: self.headers.clone(),
             node: self.node.clone(),
             geoip: self.geoip.clone(),
+            country: self.country.clone(),
             format: match self.format {
                 ExplainFormat::Human => ::ops::explain::ExplainFormat::Human,
                 ExplainFormat::Json => ::ops::explain::ExplainFormat::Json,
@@ -103,5 +110,17 @@ impl ExplainArgs {
             sni: self.sni.clone(),
             proxy: self.proxy.clone(),
         }
+    }
+}
+
+/// `--country`: two ASCII letters, read upper-case as the edge's
+/// database gives them.
+fn country_code(s: &str) -> Result<String, String> {
+    if s.len() == 2 && s.bytes().all(|b| b.is_ascii_alphabetic()) {
+        Ok(s.to_ascii_uppercase())
+    } else {
+        Err(format!(
+            "`{s}` is not a two-letter country code (ISO 3166-1 alpha-2, e.g. GB)"
+        ))
     }
 }

@@ -17,6 +17,7 @@ use compiler::{Checked, compile, diff};
 pub mod anycast;
 pub mod certs;
 pub mod explain;
+pub mod init;
 pub mod install;
 mod memory;
 pub mod ops;
@@ -27,23 +28,28 @@ pub mod secrets;
 pub mod serve;
 pub mod state;
 
+/// The heading under which `--help` lists the options every subcommand
+/// takes, apart from the subcommand's own.
+const GLOBAL: &str = "Global options";
+
 /// GitOps control plane for a self-run CDN: validate, compile, diff and push
 /// the config repository (sites, zones, nodes) to every edge's own Redis.
 #[derive(Debug, Parser)]
 #[command(name = "edgeform", version = version(), about, long_about = None, after_help = AFTER_HELP)]
 pub struct Cli {
     /// The config repository (folder with cluster.yaml, sites/, zones/, nodes/).
-    #[arg(long, global = true, default_value = ".", value_name = "DIR")]
+    #[arg(long, global = true, help_heading = GLOBAL, default_value = ".", value_name = "DIR")]
     pub repo: PathBuf,
     /// Read this git revision (through git2, without a checkout) instead of
     /// the working tree.
-    #[arg(long, global = true, value_name = "REV")]
+    #[arg(long, global = true, help_heading = GLOBAL, value_name = "REV")]
     pub rev: Option<String>,
     /// Log lines on stderr: text, or json (one JSON object per line, for
     /// log shippers).
     #[arg(
         long,
         global = true,
+        help_heading = GLOBAL,
         value_enum,
         default_value = "text",
         env = "EDGEFORM_LOG_FORMAT",
@@ -53,13 +59,14 @@ pub struct Cli {
     /// Drills and tests: run as if it were TIME (RFC 3339) for freeze
     /// windows and history timestamps. Every history entry written under
     /// it says so (`clock_moved`, with the real time).
-    #[arg(long, global = true, value_name = "TIME", value_parser = compiler::clock::parse_flag)]
+    #[arg(long, global = true, help_heading = GLOBAL, value_name = "TIME", value_parser = compiler::clock::parse_flag)]
     pub now: Option<u64>,
     /// The control host's state directory: what never goes in git (node
     /// secrets). Created 0700; refused when others can read it.
     #[arg(
         long,
         global = true,
+        help_heading = GLOBAL,
         env = control::store::DIR_ENV,
         default_value = control::store::DEFAULT_DIR,
         value_name = "DIR"
@@ -75,6 +82,7 @@ pub struct Cli {
     #[arg(
         long,
         global = true,
+        help_heading = GLOBAL,
         env = control::store::STORE_ENV,
         value_name = "URL|FILE"
     )]
@@ -178,6 +186,8 @@ pub enum Command {
     /// job a node's Redis does not take is kept in the state store's outbox
     /// (`SPOOLED`, exit 3) and delivered by `--flush` or the daemon; exit 1
     /// when a job could not be kept either (`NOT QUEUED`).
+    #[command(override_usage = "edgeform purge --site <HOST> [OPTIONS]\n       \
+                                edgeform purge --flush [OPTIONS]")]
     Purge {
         /// The site (host or alias).
         #[arg(long, value_name = "HOST", required_unless_present = "flush")]
@@ -203,6 +213,10 @@ pub enum Command {
     Route(route::RouteArgs),
     /// Explain the reference edge's decision for a request (docs/edge.md)
     /// offline, from the compiled documents, step by step. Exit 0.
+    #[command(
+        override_usage = "edgeform explain --host <HOST> --url <URL> --ip <IP> [OPTIONS]\n       \
+                                edgeform explain --batch <FILE> [OPTIONS]"
+    )]
     Explain(explain::ExplainArgs),
     /// Read-only HTTP API for edges on a Redis miss: GET
     /// /v1/nodes/<node>/keys/<key> → the value `build` gives that node,
@@ -246,6 +260,15 @@ pub enum Command {
         #[arg(long)]
         no_aliases: bool,
     },
+    /// Start a config repository in DIR (default: --repo): cluster.yaml,
+    /// one site, one zone, one edge node, the reference edge's role and
+    /// the JSON Schemas, committed as the first commit; it passes `check`.
+    /// DIR must be empty or absent. Exit 0, 1 otherwise.
+    Init {
+        /// The new repository's folder.
+        #[arg(value_name = "DIR")]
+        dir: Option<PathBuf>,
+    },
     /// Print a shell completion script, e.g.
     /// `edgeform completions bash > /etc/bash_completion.d/edgeform`.
     Completions {
@@ -262,7 +285,11 @@ pub enum Command {
     /// full live content and repairs drift. Runs until SIGTERM, or once.
     /// Repair back to a target's own commit is free; moving a target to
     /// another commit passes apply's checks (--force, --allow-rollback,
-    /// --break-glass as for apply).
+    /// --break-glass as for apply). The daemon runs its jobs only while it
+    /// holds the state store's lease: a second daemon on the same store
+    /// stands by and takes over within the lease (half the shorter
+    /// interval) after the first stops or dies (docs/operations.md, "Two
+    /// control hosts").
     Reconcile {
         /// How often the sync job re-pushes desired state (1s to 7d).
         #[arg(long, default_value = "15m", value_name = "DURATION", value_parser = push::interval)]
@@ -363,8 +390,10 @@ pub enum Command {
         format: Format,
     },
     /// Send one command to a node's agent over MQTT (only actions its
-    /// agent.yaml allows run). Signed when EDGEFORM_COMMAND_KEY is set.
-    /// Exit 0 sent (with --wait: ran ok), 1 otherwise.
+    /// agent.yaml allows run), signed with the ed25519 key of
+    /// --signing-key / EDGEFORM_COMMAND_SIGNING_KEY (`edgeform keygen`;
+    /// EDGEFORM_COMMAND_KEY, the legacy shared HMAC, otherwise). Exit 0
+    /// sent (with --wait: ran ok), 1 otherwise.
     Exec {
         /// The node whose agent runs the command.
         #[arg(long, value_name = "NODE")]
@@ -866,6 +895,7 @@ pub fn run(cli: &Cli) -> Result<u8> {
                 color(),
             ))
         }
+        Command::Init { dir } => init::init(dir.as_deref().unwrap_or(&cli.repo)),
         Command::Completions { shell } => Ok(ops::completions(*shell)),
         Command::Anycast(args) => {
             let checked = workspace::load(&cli.repo, cli.rev.as_deref())?.check();
@@ -1043,7 +1073,10 @@ fn check_cmd(
             } else {
                 "invalid"
             };
-            eprintln!(
+            // The verdict is the result (stdout); the diagnostics above
+            // it are on stderr.
+            writeln!(
+                stdout,
                 "{}: {verdict} ({}{})",
                 cli.repo.display(),
                 report::summary(&checked.diagnostics, repo.sources.len()),
@@ -1052,7 +1085,7 @@ fn check_cmd(
                 } else {
                     "; bundles (roles/) failed, see above"
                 }
-            );
+            )?;
         }
         CheckFormat::Json => {
             stdout.write_all(report::diagnostics_json(&checked.diagnostics).as_bytes())?
@@ -1276,7 +1309,7 @@ fn report_invalid(invalid: &workspace::Invalid, color: bool) -> anyhow::Error {
         report::diagnostics_human(&invalid.diagnostics, &invalid.repo, color)
     );
     anyhow::anyhow!(
-        "{} is invalid ({}); nothing was pushed",
+        "{} is invalid ({})",
         invalid.root.display(),
         invalid.summary()
     )
@@ -1295,8 +1328,8 @@ pub(crate) fn source(
     let valid = valid(root, rev, color)?;
     let now = i64::try_from(compiler::clock::now()?).unwrap_or(i64::MAX);
     // Every certificate a site uses, valid now, or nothing is pushed.
-    let certs = control::certs::for_push_from(state_dir, &valid.config, now)
-        .map_err(|e| anyhow::Error::new(e).context("nothing was pushed"))?;
+    let certs =
+        control::certs::for_push_from(state_dir, &valid.config, now).map_err(anyhow::Error::new)?;
     Ok(valid.compile_with(&certs))
 }
 

@@ -167,8 +167,8 @@ pub async fn plan(
 /// `edgeform apply`.
 ///
 /// # Errors
-/// Loading errors, a missing `--yes`, an unreadable plan file, a dirty
-/// working tree without `--allow-dirty`.
+/// Loading errors, an unreadable plan file, a dirty working tree without
+/// `--allow-dirty`. Without `--yes` and a terminal: [`super::EX_USAGE`].
 #[allow(clippy::too_many_arguments)]
 pub async fn apply_cmd(
     root: &Path,
@@ -181,11 +181,21 @@ pub async fn apply_cmd(
     flags: &PushFlags,
     color: bool,
 ) -> Result<u8> {
+    // Nobody can answer the confirmation: a usage error, before anything
+    // is read.
+    if !yes && !std::io::IsTerminal::is_terminal(&std::io::stdin()) {
+        eprintln!(
+            "error: apply needs --yes when stdin is not a terminal (nobody can confirm);              review with `edgeform plan` first"
+        );
+        return Ok(super::EX_USAGE);
+    }
     let saved = plan_file.map(control::cmd::read_plan).transpose()?;
     // A saved plan applies exactly what it was made from: its commit, or
     // the working tree (checked against the plan's digests).
     let rev = saved.as_ref().and_then(|p| p.rev.as_deref()).or(rev);
-    let source = super::source(root, rev, state_dir, color)?;
+    // Only a command that could have pushed says that nothing was.
+    let source = super::source(root, rev, state_dir, color)
+        .map_err(|e| anyhow::anyhow!("{e:#}; nothing was pushed"))?;
     control::cmd::apply(
         root,
         source,

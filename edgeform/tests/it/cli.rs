@@ -327,3 +327,119 @@ fn route_explains_the_decision_as_json() {
     let v: serde_json::Value = serde_json::from_str(&stdout(&out)).unwrap();
     assert_eq!(v["geo"]["decision"]["node"], "edge-ams-1", "{v}");
 }
+
+/// A subcommand's help names the flags it cannot run without in its usage
+/// line, and lists the options every subcommand takes under their own
+/// heading, apart from the subcommand's; `router/render` without arguments
+/// prints its usage (exit 64), not a shell error.
+#[test]
+fn help_says_what_is_required_and_sets_global_options_apart() {
+    let f = Fixture::with(&[]);
+    let help = stdout(&edgeform(f.path(), &["explain", "--help"]));
+    assert!(
+        help.contains("Usage: edgeform explain --host <HOST> --url <URL> --ip <IP> [OPTIONS]")
+            && help.contains("edgeform explain --batch <FILE> [OPTIONS]"),
+        "{help}"
+    );
+    let (own, global) = help.split_once("Global options:").expect(&help);
+    assert!(
+        own.contains("--host <HOST>") && !own.contains("--repo <DIR>"),
+        "{help}"
+    );
+    assert!(
+        global.contains("--repo <DIR>") && global.contains("--state-dir <DIR>"),
+        "{help}"
+    );
+    let purge = stdout(&edgeform(f.path(), &["purge", "--help"]));
+    assert!(
+        purge.contains("Usage: edgeform purge --site <HOST> [OPTIONS]"),
+        "{purge}"
+    );
+    let exec = stdout(&edgeform(f.path(), &["exec", "--help"]));
+    assert!(exec.contains("ed25519"), "{exec}");
+
+    let render = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../router/render");
+    let out = std::process::Command::new("bash")
+        .arg(render)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(64), "{}", stderr(&out));
+    let text = stderr(&out);
+    assert!(
+        text.starts_with("usage: router/render OUT.conf NAME=VALUE..."),
+        "{text}"
+    );
+    assert!(!text.contains("unbound variable"), "{text}");
+}
+
+/// `explain` never guesses a country: a request whose answer depends on it
+/// (a site with a geo policy), explained with neither `--geoip` nor
+/// `--country`, exits 1 asking for one; with `--country` the answer is the
+/// edge's for that country; a request the policy cannot change is still
+/// explained.
+#[test]
+fn explain_refuses_to_guess_a_country_the_answer_depends_on() {
+    let f = Fixture::with(&[(
+        "sites/geo.yaml",
+        "host: geo.example.com\norigin: http://192.0.2.9\ngeo_mode: block\ngeo_codes: [RU]\n",
+    )]);
+    let ask = |extra: &[&str]| {
+        let mut args = vec!["explain", "--host", "geo.example.com", "--ip", "192.0.2.7"];
+        args.extend_from_slice(extra);
+        edgeform(f.path(), &args)
+    };
+    let out = ask(&["--url", "/a"]);
+    assert_eq!(out.status.code(), Some(1), "{}", stdout(&out));
+    let err = stderr(&out);
+    assert!(
+        err.contains("depends on the viewer's country")
+            && err.contains("--geoip DB or --country XX"),
+        "{err}"
+    );
+    assert!(
+        stdout(&out).is_empty(),
+        "no verdict is printed: {}",
+        stdout(&out)
+    );
+    let out = ask(&["--url", "/a", "--country", "ru"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert!(stdout(&out).contains("geo-blocked"), "{}", stdout(&out));
+    let out = ask(&["--url", "/a", "--country", "GB"]);
+    assert!(stdout(&out).contains("country GB"), "{}", stdout(&out));
+    assert!(!stdout(&out).contains("geo-blocked"), "{}", stdout(&out));
+    let out = ask(&["--url", "/a", "--country", "GBR"]);
+    assert_eq!(out.status.code(), Some(64), "{}", stderr(&out));
+    // The ACME challenge path is answered before any site rule: no country
+    // can change it.
+    let out = ask(&["--url", "/.well-known/acme-challenge/abc"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+}
+
+/// `apply` without `--yes` where nobody can confirm (stdin not a
+/// terminal) is a usage error, before anything is read; a command that
+/// could not have pushed never says "nothing was pushed".
+#[test]
+fn apply_without_yes_off_a_terminal_is_a_usage_error_and_only_a_push_says_nothing_was_pushed() {
+    let f = Fixture::with(&[]);
+    let out = edgeform(f.path(), &["apply"]);
+    assert_eq!(out.status.code(), Some(64), "{}", stderr(&out));
+    assert!(stderr(&out).contains("needs --yes"), "{}", stderr(&out));
+    // An invalid repository: apply says nothing was pushed, plan does not.
+    f.write("sites/bad.yaml", b"host: bad.example.com\n");
+    let out = edgeform(f.path(), &["apply", "--yes"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        stderr(&out).contains("nothing was pushed"),
+        "{}",
+        stderr(&out)
+    );
+    for args in [&["plan"][..], &["history", "--node", "edge-1"]] {
+        let out = edgeform(f.path(), args);
+        assert_eq!(out.status.code(), Some(1), "{args:?}");
+        let err = stderr(&out);
+        assert!(
+            err.contains("is invalid (") && !err.contains("nothing was pushed"),
+            "{args:?}: {err}"
+        );
+    }
+}

@@ -168,18 +168,19 @@ fn help_lists_exit_codes_and_repo_flags_are_global() {
 fn fmt_says_nothing_to_change_and_names_a_wrong_file() {
     let f = Fixture::with(&[]);
     assert_eq!(edgeform(f.path(), &["fmt"]).status.code(), Some(0));
+    // The outcome is the result: on stdout (`edgeform fmt > log` keeps it).
     let out = edgeform(f.path(), &["fmt"]);
     assert!(
-        stderr(&out).contains("canonical formatting: nothing to change (2 files)"),
+        stdout(&out).contains("canonical formatting: nothing to change (2 files)"),
         "{}",
-        stderr(&out)
+        stdout(&out)
     );
     let out = edgeform(f.path(), &["fmt", "--check"]);
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
     assert!(
-        stderr(&out).contains("canonical formatting: nothing to change (2 files)"),
+        stdout(&out).contains("canonical formatting: nothing to change (2 files)"),
         "{}",
-        stderr(&out)
+        stdout(&out)
     );
     let out = edgeform(f.path(), &["fmt", "sites/nope.yaml", "sites/a.yaml"]);
     assert_eq!(out.status.code(), Some(1));
@@ -386,4 +387,56 @@ fn route_names_the_decision_before_explaining_it() {
     assert_eq!(lines[1], "why:", "{text}");
     let office1 = text.find("office-1").unwrap();
     assert!(text.find("decision:").unwrap() < office1, "{text}");
+}
+
+/// `edgeform init DIR` makes a repository that passes `check` (the role
+/// gates included) and `fmt --check` as it is, committed once, with a
+/// schema modeline in every YAML file; a folder that holds anything is
+/// refused and left alone.
+#[test]
+fn init_makes_a_repository_that_passes_check_as_it_is() {
+    let parent = tempfile::tempdir().unwrap();
+    let dir = parent.path().join("cdn");
+    let out = edgeform(parent.path(), &["init", dir.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert!(stdout(&out).contains("first commit"), "{}", stdout(&out));
+    let out = edgeform(&dir, &["check"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert!(
+        stdout(&out).contains(": valid (0 errors, 0 warnings"),
+        "{}",
+        stdout(&out)
+    );
+    assert!(stderr(&out).contains("gates ran: lua"), "{}", stderr(&out));
+    assert_eq!(edgeform(&dir, &["fmt", "--check"]).status.code(), Some(0));
+    let log = git(&dir, &["log", "--format=%s"]);
+    assert_eq!(String::from_utf8_lossy(&log.stdout).lines().count(), 1);
+    assert!(
+        git(&dir, &["status", "--porcelain"]).stdout.is_empty(),
+        "everything committed"
+    );
+    for file in [
+        "cluster.yaml",
+        "sites/www.example.com.yaml",
+        "zones/world.yaml",
+        "nodes/edge-1.yaml",
+    ] {
+        let text = std::fs::read_to_string(dir.join(file)).unwrap();
+        assert!(
+            text.starts_with("# yaml-language-server: $schema="),
+            "{file}"
+        );
+    }
+    assert!(dir.join("roles/edge/nginx.conf.tmpl").is_file());
+    assert!(dir.join("schemas/site.schema.json").is_file());
+    // Again into the same folder: refused, nothing changed.
+    let out = edgeform(parent.path(), &["init", dir.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(stderr(&out).contains("is not empty"), "{}", stderr(&out));
+    assert_eq!(
+        String::from_utf8_lossy(&git(&dir, &["log", "--format=%s"]).stdout)
+            .lines()
+            .count(),
+        1
+    );
 }

@@ -98,7 +98,7 @@ impl Lab {
         let yaml = format!(
             "name: {name}\nroles: [edge]\nregion: eu\nlocation: {{lat: 52.0, lon: 4.0}}\n\
              redis: {{url: \"redis://127.0.0.1:{redis}\"}}\n\
-             cache: {{dirs: [\"{root}/cache\"], levels: \"1:2\", key: $scheme$host$request_uri}}\n\
+             cache: {{dirs: [\"{root}/var/cache/edge\"], levels: \"1:2\", key: $scheme$host$request_uri}}\n\
              install:\n  ssh: \"127.0.0.1:{ssh}\"\n  user: {user}\n  root: {root}\n\
              \x20 listen: \"127.0.0.1:{live}\"\n  smoke_listen: \"127.0.0.1:{smoke}\"\n  keep: 3\n\
              \x20 vars: {{workers: \"1\", resolver: 127.0.0.1, cache_max_size: 100m, \
@@ -302,11 +302,14 @@ fn install_three_nodes_then_a_new_lua_file_reaches_old_and_fresh_nodes_and_rollb
             stdout(&out)
         );
         serves_old(&lab, n);
+        // The cache folder was made, parents included (its parent did not
+        // exist: nginx makes the folder, not its parents).
+        assert!(lab.root(n).join("var/cache/edge").is_dir());
         // The rendered agent.yaml carries the node's own settings.
         let agent = std::fs::read_to_string(lab.root(n).join("current/agent.yaml")).unwrap();
         assert!(agent.contains(&format!("node: {n}")), "{agent}");
         assert!(
-            agent.contains(&format!("{}/cache", lab.root(n).display())),
+            agent.contains(&format!("{}/var/cache/edge", lab.root(n).display())),
             "{agent}"
         );
     }

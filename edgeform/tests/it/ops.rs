@@ -157,10 +157,11 @@ fn import_round_trip_against_a_live_edge() {
 
     let out = edgeform(dst.path(), &["check"]);
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    // The verdict is the result, on stdout; diagnostics go to stderr.
     assert!(
-        stderr(&out).contains(": valid (0 errors, 0 warnings"),
+        stdout(&out).contains(": valid (0 errors, 0 warnings"),
         "{}",
-        stderr(&out)
+        stdout(&out)
     );
     let out = edgeform(
         dst.path(),

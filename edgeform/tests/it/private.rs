@@ -499,10 +499,14 @@ fn only_commits_signed_by_an_allowed_signer_are_applied() {
     let keys = tempfile::tempdir().unwrap();
     let (alice, alice_pub) = keypair(keys.path(), "alice");
     let (mallory, _) = keypair(keys.path(), "mallory");
+    let (retired, retired_pub) = keypair(keys.path(), "retired");
     let allowed = keys.path().join("allowed_signers");
     std::fs::write(
         &allowed,
-        format!("# release managers\nalice@example.net {alice_pub}\n"),
+        format!(
+            "# release managers\nalice@example.net {alice_pub}\n\
+             retired@example.net valid-before=\"20200101\" {retired_pub}\n"
+        ),
     )
     .unwrap();
     let sync = [
@@ -549,6 +553,12 @@ fn only_commits_signed_by_an_allowed_signer_are_applied() {
     set_origin(&f, "http://192.0.2.53");
     let wrong = signed_commit(f.path(), &mallory, "signed by mallory");
     still_good(&run(f.path(), &sync, &[]), "unknown_signer", &wrong);
+
+    // Signed by a key of the file whose validity window has ended: no
+    // principal's key is valid now, so the signer is unknown.
+    set_origin(&f, "http://192.0.2.56");
+    let expired = signed_commit(f.path(), &retired, "signed by a retired key");
+    still_good(&run(f.path(), &sync, &[]), "unknown_signer", &expired);
 
     // Signed by alice, then changed.
     set_origin(&f, "http://192.0.2.54");

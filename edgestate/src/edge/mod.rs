@@ -515,6 +515,16 @@ fn skip_listed(json: &str) -> Option<SiteDoc> {
 }
 
 impl Site {
+    /// The country codes of the site's `geo_mode` policy (empty when off).
+    #[must_use]
+    pub fn geo_codes(&self) -> &[String] {
+        if self.geo == Mode::Off {
+            &[]
+        } else {
+            &self.geo_codes
+        }
+    }
+
     /// Parse and check a `site:` value.
     ///
     /// # Errors
