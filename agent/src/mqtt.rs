@@ -132,6 +132,7 @@ pub async fn run(
     let mut seq: u64 = 0;
     // A summary is due before the next interval (a node went down or up).
     let mut urgent = false;
+    let mut last_urgent: Option<Instant> = None;
     summarize.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     // Jittered: after a broker restart hundreds of agents
     // must not reconnect in lock-step.
@@ -334,6 +335,27 @@ pub async fn run(
                         dirty = true;
                         if let (Some(n), Some(before)) = (&about, before) {
                             urgent |= book.availability(n) != before;
+                        }
+                        // At once, unless one went out in the last FLUSH
+                        // (then at the flush tick): a burst of changes
+                        // costs one summary per FLUSH.
+                        if urgent
+                            && connected
+                            && election.holding()
+                            && last_urgent.is_none_or(|t: Instant| t.elapsed() >= FLUSH)
+                            && let Some(region) = &own_region
+                        {
+                            publish_summary(
+                                &client,
+                                &prefix,
+                                &book,
+                                region,
+                                &node,
+                                (election.epoch(), &mut seq),
+                                interval,
+                            );
+                            last_urgent = Some(Instant::now());
+                            urgent = false;
                         }
                     }
                     Ok(false) => {}
