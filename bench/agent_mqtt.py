@@ -15,6 +15,19 @@ free loopback ports; release builds.
    the same window, for scale.
 
     python3 bench/agent_mqtt.py [--secs 60] [--nodes 300]
+
+4. health traffic (--scale 100,300,1000): N simulated agents, each its own
+   MQTT client (status, last will, a report every 5 s), reading what an
+   agent reads: `full` = every node's health (health/+, before regional
+   summaries; 1 region), `summary` = the summaries (summary/+) of 4
+   regions, each summarized by a real edgeform-agent (agent-r0..r3), plus
+   one more real agent (agent-x, region r0) that only receives. Measured
+   after a warm-up: the broker's messages sent per second ($SYS, sent by
+   sim-nodes), mosquitto's CPU, the summarizer agent-r0's and the
+   receiver agent-x's CPU and RSS. Goal: sent ≤ (regions + 2) × N / 5 s.
+
+    python3 bench/agent_mqtt.py --scale 100,300,1000 [--scale-modes full,summary] \
+        [--scale-full-max 300] [--scale-secs 30]
 """
 
 import argparse
@@ -31,8 +44,9 @@ from pathlib import Path
 from benchlib import cpu_seconds, free_port, wait_port
 
 ROOT = Path(__file__).resolve().parent.parent
-AGENT = ROOT / "target" / "release" / "edgeform-agent"
-SIM = ROOT / "target" / "release" / "examples" / "sim-nodes"
+TARGET = Path(os.environ.get("CARGO_TARGET_DIR", ROOT / "target"))
+AGENT = TARGET / "release" / "edgeform-agent"
+SIM = TARGET / "release" / "examples" / "sim-nodes"
 
 
 def rss_mib(pid):
@@ -60,13 +74,125 @@ def window(pid, secs):
     return (cpu_seconds(pid) - c0) / dt * 100, peak
 
 
+def raise_nofile():
+    import resource
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, 65536), hard))
+
+
+def scale_run(n, mode, secs, warmup=20, regions=4, interval_s=5):
+    """One health-traffic run; a dict of figures."""
+    work = Path(tempfile.mkdtemp(prefix="edgeform-health-scale-"))
+    procs = []
+    try:
+        rport, mport = free_port(), free_port()
+        (work / "redis").mkdir()
+        procs.append(subprocess.Popen(
+            ["redis-server", "--port", str(rport), "--bind", "127.0.0.1", "--save", "", "--dir", str(work / "redis")],
+            stdout=subprocess.DEVNULL))
+        (work / "mqtt").mkdir()
+        (work / "mqtt" / "m.conf").write_text(
+            f"listener {mport} 127.0.0.1\nallow_anonymous true\nsys_interval 1\n"
+            f"max_queued_messages 100000\n")
+        mosq = shutil.which("mosquitto") or "/usr/sbin/mosquitto"
+        broker = subprocess.Popen([mosq, "-c", str(work / "mqtt" / "m.conf")], stdout=subprocess.DEVNULL,
+                                  stderr=subprocess.DEVNULL, preexec_fn=raise_nofile)
+        procs.append(broker)
+        wait_port(rport)
+        wait_port(mport)
+        regions = regions if mode == "summary" else 1
+        names = [f"agent-r{k}" for k in range(regions)] if mode == "summary" else []
+        region_of = {name: f"r{k}" for k, name in enumerate(names)}
+        region_of["agent-x"] = "r0" if mode == "summary" else "eu"
+        extra = ",".join(f"{k}:{v}" for k, v in region_of.items())
+        sim = subprocess.Popen([str(SIM), "--broker", f"127.0.0.1:{mport}", "--nodes", str(n),
+                                "--interval-ms", str(interval_s * 1000), "--seconds", str(warmup + secs),
+                                "--warmup", str(warmup), "--regions", str(regions), "--extra", extra,
+                                "--mode", mode, "--redis", f"redis://127.0.0.1:{rport}"],
+                               stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, preexec_fn=raise_nofile)
+        procs.append(sim)
+        agents = {}
+        for name in names + ["agent-x"]:
+            if name == "agent-x":
+                time.sleep(interval_s + 3)  # the summarizers claim first
+            http = free_port()
+            (work / name).mkdir()
+            (work / name / "agent.yaml").write_text(
+                f"node: {name}\nregion: {region_of[name]}\nredis: {{url: \"redis://127.0.0.1:{rport}\"}}\n"
+                f"cache: {{dirs: [{work / name}]}}\nhttp: {{listen: \"127.0.0.1:{http}\"}}\n"
+                f"state_dir: {work / name / 'state'}\n"
+                f"mqtt: {{url: \"mqtt://127.0.0.1:{mport}\"}}\nhealth: {{interval: {interval_s}s}}\n")
+            p = subprocess.Popen([str(AGENT), "--config", str(work / name / "agent.yaml")],
+                                 stdout=subprocess.DEVNULL, stderr=open(work / name / "agent.log", "w"),
+                                 env={**os.environ, "EDGEFORM_LOG": "warn"})
+            procs.append(p)
+            agents[name] = (p, http)
+        started = time.time()
+        time.sleep(max(0.0, warmup - (time.time() - started) - (interval_s + 3 if names else 0)))
+        watched = {"broker": broker.pid, **{k: v[0].pid for k, v in agents.items()}}
+        c0 = {k: cpu_seconds(pid) for k, pid in watched.items()}
+        h0 = {k: metric(v[1], "edgeform_agent_health_messages_total") for k, v in agents.items()}
+        t0 = time.time()
+        # Measured before the simulated nodes stop (they say offline then).
+        time.sleep(max(1.0, secs - 3))
+        dt = time.time() - t0
+        cpu = {k: (cpu_seconds(pid) - c0[k]) / dt * 100 for k, pid in watched.items()}
+        heard = {k: (metric(v[1], "edgeform_agent_health_messages_total") - h0[k]) / dt
+                 for k, v in agents.items()}
+        rss = {k: rss_mib(v[0].pid) for k, v in agents.items()}
+        known = {k: metric(v[1], "edgeform_agent_cluster_nodes_reporting") for k, v in agents.items()}
+        out, _ = sim.communicate(timeout=warmup + secs + 120)
+        sys_ = json.loads(out.decode().strip().splitlines()[-1])
+        return {"n": n, "mode": mode, "regions": regions, "cpu": cpu, "rss": rss, "known": known,
+                "heard": heard, **sys_}
+    finally:
+        for p in procs:
+            p.terminate()
+        for p in procs:
+            try:
+                p.wait(5)
+            except subprocess.TimeoutExpired:
+                p.kill()
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def scale(a):
+    sizes = [int(x) for x in a.scale.split(",")]
+    print("| N | mode | regions | broker sent/s ($SYS, all) | PUBLISH sent/s | bound (R+2)·N/5s | N²/5s "
+          "| mosquitto CPU | agent-r0 (summarizer) CPU, RSS | agent-x (receiver) CPU, RSS | nodes known by agent-x |")
+    print("|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for n in sizes:
+        for mode in a.scale_modes.split(","):
+            if mode == "full" and n > a.scale_full_max:
+                continue
+            r = scale_run(n, mode, a.scale_secs)
+            print("  (health messages taken per second: " +
+                  ", ".join(f"{k} {v:.1f}" for k, v in r["heard"].items()) +
+                  f"; sim nodes received {r['received_per_s']:.0f}/s)", flush=True)
+            bound = (r["regions"] + 2) * n / 5 if mode == "summary" else float("nan")
+            summ = (f"{r['cpu']['agent-r0']:.2f} %, {r['rss']['agent-r0']:.1f} MiB"
+                    if "agent-r0" in r["cpu"] else "—")
+            print(f"| {n} | {mode} | {r['regions']} | {r['messages_sent_per_s'] or float('nan'):,.0f} "
+                  f"| {r['publish_sent_per_s'] or float('nan'):,.0f} | {bound:,.0f} | {n * n / 5:,.0f} "
+                  f"| {r['cpu']['broker']:.1f} % | {summ} "
+                  f"| {r['cpu']['agent-x']:.2f} %, {r['rss']['agent-x']:.1f} MiB | {int(r['known']['agent-x'])} |",
+                  flush=True)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--secs", type=int, default=60)
     ap.add_argument("--nodes", type=int, default=300)
+    ap.add_argument("--scale", help="health traffic at these N (e.g. 100,300,1000); only this part runs")
+    ap.add_argument("--scale-modes", default="full,summary")
+    ap.add_argument("--scale-full-max", type=int, default=300)
+    ap.add_argument("--scale-secs", type=int, default=30)
     a = ap.parse_args()
     subprocess.run(["cargo", "build", "--release", "--quiet", "-p", "agent", "--bins", "--examples"],
                    cwd=ROOT, check=True)
+    if a.scale:
+        scale(a)
+        return
     work = Path(tempfile.mkdtemp(prefix="edgeform-agent-mqtt-"))
     procs = []
     try:

@@ -6,13 +6,20 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
-use edgestate::mqtt::{self as wire, HealthReport, Message, Topic};
+use edgestate::mqtt::{
+    self as wire, HealthReport, Message, Summary, SummaryEntry, SummaryError, Topic,
+};
 use edgestate::route::{Health, NodeHealth};
 
 /// A node silent for this many of its report intervals is offline.
 pub const SILENT_AFTER_INTERVALS: u64 = 3;
 /// … and never sooner than this.
 pub const MIN_SILENCE: Duration = Duration::from_secs(15);
+/// A region whose last summary is older than this many of its
+/// summarizer's intervals (plus [`FRESH_SLACK`]) is read directly.
+pub const FRESH_INTERVALS: u32 = 2;
+/// … plus this (the summarizer's tick and the broker's delivery).
+pub const FRESH_SLACK: Duration = Duration::from_secs(1);
 
 /// Every node's last health and status as heard on the broker.
 ///
@@ -25,6 +32,29 @@ pub struct Book {
     nodes: BTreeMap<String, Entry>,
     /// The nodes to track; `None` tracks every node (tests).
     known: Option<BTreeSet<String>>,
+    /// Each tracked node's region (the routing table's): a summary of a
+    /// region may carry only its nodes.
+    regions: BTreeMap<String, String>,
+    /// Per region, the last summary heard.
+    summaries: BTreeMap<String, Heard>,
+    /// Per summarizer (a node of the table), the newest (epoch, seq) taken.
+    newest: BTreeMap<String, (u64, u64)>,
+}
+
+/// A summary as heard: when, and its summarizer's interval.
+#[derive(Debug, Clone)]
+struct Heard {
+    at: Instant,
+    interval: Duration,
+}
+
+/// Who made a summary that was taken (the election follows the holder).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SummaryHeard {
+    pub by: String,
+    pub epoch: u64,
+    /// Entries newer than what the book held.
+    pub applied: usize,
 }
 
 #[derive(Debug, Default)]
@@ -35,6 +65,9 @@ struct Entry {
     /// From `<prefix>/status/<node>`.
     online: Option<bool>,
     stale: bool,
+    /// When the last health message (a report or its clearing) was heard,
+    /// directly or dated by a summary: of two copies, the newer wins.
+    heard: Option<Instant>,
 }
 
 impl Book {
@@ -44,6 +77,170 @@ impl Book {
         Book {
             nodes: BTreeMap::new(),
             known: Some(nodes),
+            regions: BTreeMap::new(),
+            summaries: BTreeMap::new(),
+            newest: BTreeMap::new(),
+        }
+    }
+
+    /// A book that tracks the routing table's nodes, node → region.
+    #[must_use]
+    pub fn for_table(regions: BTreeMap<String, String>) -> Book {
+        let mut b = Book::for_nodes(regions.keys().cloned().collect());
+        b.regions = regions;
+        b
+    }
+
+    /// [`Book::set_nodes`] with each node's region. Whether the set of
+    /// nodes or a region changed.
+    pub fn set_table(&mut self, regions: BTreeMap<String, String>) -> bool {
+        let changed = self.set_nodes(regions.keys().cloned().collect()) || self.regions != regions;
+        let names: BTreeSet<&String> = regions.values().collect();
+        self.summaries.retain(|r, _| names.contains(r));
+        self.newest.retain(|n, _| regions.contains_key(n));
+        self.regions = regions;
+        changed
+    }
+
+    /// A tracked node's region.
+    #[must_use]
+    pub fn region_of(&self, node: &str) -> Option<&str> {
+        self.regions.get(node).map(String::as_str)
+    }
+
+    /// The regions of the table, each with its nodes.
+    #[must_use]
+    pub fn regions(&self) -> BTreeMap<&str, Vec<&str>> {
+        let mut out: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
+        for (node, region) in &self.regions {
+            out.entry(region.as_str()).or_default().push(node.as_str());
+        }
+        out
+    }
+
+    /// Whether a node has a report and what its serving probe says: a
+    /// change is worth a summary at once.
+    #[must_use]
+    pub fn availability(&self, node: &str) -> (bool, Option<bool>) {
+        self.nodes
+            .get(node)
+            .and_then(|e| e.report.as_ref())
+            .map_or((false, None), |r| (true, r.serving))
+    }
+
+    /// A node's status (`offline`: its last will or a clean stop).
+    #[must_use]
+    pub fn online(&self, node: &str) -> Option<bool> {
+        self.nodes.get(node).and_then(|e| e.online)
+    }
+
+    /// Take the summary on `<prefix>/summary/<region>` heard at `now`:
+    /// each node's report replaces the book's only when newer (dated
+    /// `age_ms` before `now`), so duplicate or late summaries change
+    /// nothing. `Ok(None)`: a cleared summary, or one not newer than the
+    /// last taken from its summarizer (delivered late): nothing taken.
+    ///
+    /// # Errors
+    /// The summary is refused whole ([`wire::read_summary`]).
+    pub fn take_summary_at(
+        &mut self,
+        region: &str,
+        payload: &[u8],
+        now: Instant,
+    ) -> Result<Option<SummaryHeard>, SummaryError> {
+        let regions = &self.regions;
+        let Some(summary) = wire::read_summary(region, payload, |n| regions.get(n).cloned())?
+        else {
+            return Ok(None);
+        };
+        // Late: not newer than one already taken from this summarizer.
+        let order = (summary.epoch, summary.seq);
+        if self.newest.get(&summary.by).is_some_and(|n| *n >= order) {
+            return Ok(None);
+        }
+        self.newest.insert(summary.by.clone(), order);
+        let mut applied = 0;
+        for e in summary.nodes {
+            // Older than this host's clock can tell: nothing to compare.
+            let Some(at) = now.checked_sub(Duration::from_millis(e.age_ms)) else {
+                continue;
+            };
+            let entry = self.nodes.entry(e.node).or_default();
+            if entry.heard.is_some_and(|h| h >= at) {
+                continue;
+            }
+            entry.heard = Some(at);
+            match e.report {
+                Some(r) => {
+                    entry.report = Some(r);
+                    entry.received = Some(at);
+                    entry.stale = false;
+                }
+                None => entry.report = None,
+            }
+            applied += 1;
+        }
+        // A region with no node in the table has no summary to wait for.
+        self.summaries.insert(
+            region.to_owned(),
+            Heard {
+                at: now,
+                interval: Duration::from_millis(summary.interval_ms.clamp(100, 3_600_000)),
+            },
+        );
+        Ok(Some(SummaryHeard {
+            by: summary.by,
+            epoch: summary.epoch,
+            applied,
+        }))
+    }
+
+    /// Whether a summary of `region` was heard recently enough at `now`
+    /// (within [`FRESH_INTERVALS`] of its summarizer's interval plus
+    /// [`FRESH_SLACK`]); a region without one is read directly.
+    #[must_use]
+    pub fn summary_fresh(&self, region: &str, now: Instant) -> bool {
+        self.summaries.get(region).is_some_and(|h| {
+            now.saturating_duration_since(h.at) <= h.interval * FRESH_INTERVALS + FRESH_SLACK
+        })
+    }
+
+    /// The summary of `region` this book can make at `now` (the
+    /// summarizer's): every node of the region heard from, with its exact
+    /// last report and how long ago it was heard.
+    #[must_use]
+    #[allow(clippy::too_many_arguments)]
+    pub fn summary_at(
+        &self,
+        region: &str,
+        by: &str,
+        (epoch, seq): (u64, u64),
+        interval: Duration,
+        ts: u64,
+        now: Instant,
+    ) -> Summary {
+        let nodes = self
+            .nodes
+            .iter()
+            .filter(|(n, _)| self.region_of(n) == Some(region))
+            .filter_map(|(n, e)| {
+                let heard = e.heard?;
+                Some(SummaryEntry {
+                    node: n.clone(),
+                    age_ms: u64::try_from(now.saturating_duration_since(heard).as_millis())
+                        .unwrap_or(u64::MAX),
+                    report: e.report.clone(),
+                })
+            })
+            .collect();
+        Summary {
+            region: region.to_owned(),
+            by: by.to_owned(),
+            epoch,
+            ts,
+            seq,
+            interval_ms: u64::try_from(interval.as_millis()).unwrap_or(u64::MAX),
+            nodes,
         }
     }
 
@@ -72,6 +269,20 @@ impl Book {
         payload: &[u8],
         now: Instant,
     ) -> Result<bool, String> {
+        self.take_delivered_at(prefix, topic, payload, now, false)
+    }
+
+    /// [`Book::take_at`] of a message the broker sent because of a new
+    /// subscription (`retained`): a report equal to the one held (dated
+    /// by a summary) keeps its date — it is not news.
+    pub fn take_delivered_at(
+        &mut self,
+        prefix: &str,
+        topic: &str,
+        payload: &[u8],
+        now: Instant,
+        retained: bool,
+    ) -> Result<bool, String> {
         // The topic names the node: decide before reading the payload.
         if let Some(known) = &self.known
             && let Some(Topic::Health(node) | Topic::Status(node)) =
@@ -87,13 +298,18 @@ impl Book {
                 // A cleared retained report: the node is gone.
                 if let Some(e) = self.nodes.get_mut(node) {
                     e.report = None;
+                    e.heard = Some(now);
                 }
                 Ok(true)
             }
             Some(Message::Report(node, Some(report))) => {
                 let e = self.nodes.entry(node.to_owned()).or_default();
+                if retained && e.report.as_ref() == Some(&*report) {
+                    return Ok(true);
+                }
                 e.report = Some(*report);
                 e.received = Some(now);
+                e.heard = Some(now);
                 e.stale = false;
                 Ok(true)
             }

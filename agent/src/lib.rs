@@ -26,6 +26,7 @@ pub mod probe;
 pub mod purge;
 pub mod routing;
 pub mod shutdown;
+pub mod summary;
 
 use std::sync::Arc;
 

@@ -3,10 +3,13 @@
 //!
 //! - Publishes the retained `online` status (last will: `offline`) and,
 //!   through [`crate::health`], the retained health report.
-//! - Subscribes to every node's health and status and feeds the
-//!   [`crate::book::Book`] (routing-table nodes only; a new table asks for
-//!   the retained messages again); with the broker away, the last known
-//!   values stay in use, marked stale.
+//! - Subscribes to every node's status and every region's health summary
+//!   (`summary/+`, [`crate::summary`]) and feeds the [`crate::book::Book`]
+//!   (routing-table nodes only; a new table asks for the retained messages
+//!   again); a region without a fresh summary, and the agent's own region
+//!   while it is the region's summarizer, are read node by node
+//!   (`health/<node>`). With the broker away, the last known values stay
+//!   in use, marked stale.
 //! - Subscribes to `<prefix>/cmd/<node>` and hands each command to
 //!   [`crate::commands::serve`], which runs them one at a time, in order.
 //!   A command is acknowledged to the broker only once handled, so one
@@ -14,14 +17,15 @@
 //!   crash) is delivered again; its id, recorded in local Redis before
 //!   anything runs, makes sure it runs once.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use edgestate::mqtt as wire;
-use rumqttc::{AsyncClient, Event, EventLoop, LastWill, Packet, Publish, QoS};
+use rumqttc::{AsyncClient, Event, EventLoop, LastWill, Packet, Publish, QoS, SubscribeFilter};
 
-use crate::book::Book;
+use crate::book::{Book, FRESH_SLACK};
+use crate::summary::{Election, Step};
 
 use crate::config::{Config, MqttConfig};
 use crate::metrics::{Metrics, gauge_value};
@@ -31,11 +35,37 @@ use crate::shutdown::Shutdown;
 /// The most a health change waits before routing sees it.
 pub const FLUSH: Duration = Duration::from_millis(200);
 
-/// The routing table's node names, when there is a table.
-fn table_nodes(state: &State) -> Option<BTreeSet<String>> {
-    state
-        .router()
-        .map(|r| r.table().nodes.keys().cloned().collect())
+/// The routing table's nodes with their regions, when there is a table.
+fn table_regions(state: &State) -> Option<BTreeMap<String, String>> {
+    state.router().map(|r| {
+        r.table()
+            .nodes
+            .iter()
+            .map(|(n, node)| (n.clone(), node.region.clone()))
+            .collect()
+    })
+}
+
+/// The nodes whose `health/<node>` this agent reads itself at `now`: its
+/// own region's while it summarizes it, and every node of a region with
+/// no fresh summary (none yet, an older fleet, a failover in progress) —
+/// once `grace` (the retained summaries' arrival after connecting) is over.
+#[must_use]
+pub fn direct_nodes(
+    book: &Book,
+    own_region: Option<&str>,
+    holding: bool,
+    now: Instant,
+    grace_over: bool,
+) -> BTreeSet<String> {
+    book.regions()
+        .into_iter()
+        .filter(|(region, _)| {
+            (holding && own_region == Some(*region))
+                || (grace_over && !book.summary_fresh(region, now))
+        })
+        .flat_map(|(_, nodes)| nodes.into_iter().map(str::to_owned))
+        .collect()
 }
 
 /// Run the channel until shutdown. Broker outages are logged and retried
@@ -63,6 +93,11 @@ pub async fn run(
         true,
     ));
     options.set_manual_acks(true);
+    // A region's summary carries every report of the region: up to
+    // SUMMARY_MAX_BYTES (larger ones are refused by the book, not by a
+    // dropped connection).
+    let max = wire::SUMMARY_MAX_BYTES + (64 << 10);
+    options.set_max_packet_size(max, max);
     let (client, mut events) = AsyncClient::new(options, 1024);
     let mut tasks = tokio::task::JoinSet::new();
     tasks.spawn(crate::health::report(
@@ -82,9 +117,23 @@ pub async fn run(
         shutdown.clone(),
     ));
     // Nothing is tracked before the routing table is known.
-    let mut nodes = table_nodes(&state);
-    let mut book = Book::for_nodes(nodes.clone().unwrap_or_default());
+    let mut book = Book::for_table(table_regions(&state).unwrap_or_default());
     let mut generation = state.generation();
+    let interval = config.health.interval;
+    let mut own_region = book.region_of(&node).map(str::to_owned);
+    let mut election = Election::new(&node, interval);
+    // The nodes whose health topics are subscribed one by one.
+    let mut direct: BTreeSet<String> = BTreeSet::new();
+    // Subscribe to every wanted one again (their retained reports).
+    let mut resend = false;
+    let mut connected_at: Option<Instant> = None;
+    // The summarizer publishes one summary per health interval.
+    let mut summarize = tokio::time::interval(interval);
+    let mut seq: u64 = 0;
+    // A summary is due before the next interval (a node went down or up).
+    let mut urgent = false;
+    let mut last_urgent: Option<Instant> = None;
+    summarize.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     // Jittered: after a broker restart hundreds of agents
     // must not reconnect in lock-step.
     let mut backoff =
@@ -109,12 +158,45 @@ pub async fn run(
                 // nodes were ignored until now).
                 if state.generation() != generation {
                     generation = state.generation();
-                    nodes = table_nodes(&state);
-                    if book.set_nodes(nodes.clone().unwrap_or_default()) && connected {
-                        subscribe_health(&client, &prefix);
+                    if book.set_table(table_regions(&state).unwrap_or_default()) {
+                        let region = book.region_of(&node).map(str::to_owned);
+                        if region != own_region {
+                            own_region = region;
+                            election = Election::new(&node, interval);
+                            if connected {
+                                election.connected(Instant::now());
+                            }
+                        }
+                        if connected {
+                            subscribe_health(&client, &prefix, own_region.as_deref());
+                        }
+                    }
+                }
+                let now = Instant::now();
+                if connected && own_region.is_some() {
+                    let holder = election.holder().map(str::to_owned);
+                    let step = election.tick(
+                        now,
+                        holder.as_deref().and_then(|h| book.online(h)),
+                        holder.as_deref().is_none_or(|h| book.region_of(h) == own_region.as_deref()),
+                    );
+                    publish_claim(&client, &prefix, own_region.as_deref(), step);
+                }
+                if connected {
+                    let grace_over = connected_at.is_some_and(|t| now.saturating_duration_since(t) >= FRESH_SLACK);
+                    let want = direct_nodes(&book, own_region.as_deref(), election.holding(), now, grace_over);
+                    if grace_over || election.holding() {
+                        follow_directly(&client, &prefix, &mut direct, &want, &mut resend);
                     }
                 }
                 dirty |= !book.is_empty();
+                continue;
+            }
+            _ = summarize.tick(), if connected && election.holding() => {
+                if let Some(region) = &own_region {
+                    publish_summary(&client, &prefix, &book, region, &node, (election.epoch(), &mut seq), interval);
+                }
+                urgent = false;
                 continue;
             }
             _ = flush.tick(), if dirty => {
@@ -124,6 +206,13 @@ pub async fn run(
                     .set(gauge_value(health.nodes.len() as u64));
                 state.set_health(health);
                 dirty = false;
+                // A node of the region went down or up (its report cleared,
+                // or its serving probe changed): summarized at once, not
+                // at the next interval.
+                if urgent && connected && election.holding() && let Some(region) = &own_region {
+                    publish_summary(&client, &prefix, &book, region, &node, (election.epoch(), &mut seq), interval);
+                }
+                urgent = false;
                 continue;
             }
             () = shutdown.wait() => break,
@@ -151,7 +240,32 @@ pub async fn run(
                 if let Err(e) = subscribed {
                     tracing::error!(cause = %e, "mqtt: cannot queue the subscriptions");
                 }
-                subscribe_health(&client, &prefix);
+                // A table loaded since the last check: tracked before the
+                // retained summaries and statuses arrive.
+                if state.generation() != generation {
+                    generation = state.generation();
+                    book.set_table(table_regions(&state).unwrap_or_default());
+                    let region = book.region_of(&node).map(str::to_owned);
+                    if region != own_region {
+                        own_region = region;
+                        election = Election::new(&node, interval);
+                    }
+                }
+                subscribe_health(&client, &prefix, own_region.as_deref());
+                // A persistent session keeps what an earlier run followed
+                // directly: dropped below, unless still wanted.
+                direct = if ack.session_present {
+                    book.regions()
+                        .into_values()
+                        .flatten()
+                        .map(str::to_owned)
+                        .collect()
+                } else {
+                    BTreeSet::new()
+                };
+                resend = true;
+                connected_at = Some(Instant::now());
+                election.connected(Instant::now());
             }
             Ok(Event::Incoming(Packet::Publish(p))) => {
                 if p.topic == cmd_topic {
@@ -163,10 +277,86 @@ pub async fn run(
                     }
                     continue;
                 }
-                match book.take(&prefix, &p.topic, &p.payload) {
+                match wire::parse_topic(&prefix, &p.topic) {
+                    Some(wire::Topic::Summary(region)) => {
+                        match book.take_summary_at(region, &p.payload, Instant::now()) {
+                            Ok(Some(heard)) => {
+                                if own_region.as_deref() == Some(region) {
+                                    election.on_summary(&heard.by, heard.epoch, Instant::now());
+                                }
+                                metrics.health_messages.inc();
+                                dirty = true;
+                            }
+                            Ok(None) => {}
+                            Err(e) => {
+                                metrics.health_ignored.inc();
+                                tracing::debug!(problem = %edgestate::untrusted::escape(&e.to_string()), "mqtt: summary ignored");
+                            }
+                        }
+                        continue;
+                    }
+                    Some(wire::Topic::SummaryLock(region)) => {
+                        if own_region.as_deref() == Some(region) {
+                            match wire::read_claim(region, &p.payload, |n| {
+                                book.region_of(n).map(str::to_owned)
+                            }) {
+                                Ok(claim) => {
+                                    let step = election.on_claim(claim, Instant::now());
+                                    publish_claim(&client, &prefix, own_region.as_deref(), step);
+                                }
+                                Err(e) => {
+                                    metrics.health_ignored.inc();
+                                    tracing::debug!(problem = %edgestate::untrusted::escape(&e.to_string()), "mqtt: summary claim ignored");
+                                }
+                            }
+                        }
+                        continue;
+                    }
+                    _ => {}
+                }
+                let about = match wire::parse_topic(&prefix, &p.topic) {
+                    Some(wire::Topic::Health(n))
+                        if election.holding() && book.region_of(n) == own_region.as_deref() =>
+                    {
+                        Some(n.to_owned())
+                    }
+                    _ => None,
+                };
+                let before = about.as_deref().map(|n| book.availability(n));
+                match book.take_delivered_at(
+                    &prefix,
+                    &p.topic,
+                    &p.payload,
+                    Instant::now(),
+                    p.retain,
+                ) {
                     Ok(true) => {
                         metrics.health_messages.inc();
                         dirty = true;
+                        if let (Some(n), Some(before)) = (&about, before) {
+                            urgent |= book.availability(n) != before;
+                        }
+                        // At once, unless one went out in the last FLUSH
+                        // (then at the flush tick): a burst of changes
+                        // costs one summary per FLUSH.
+                        if urgent
+                            && connected
+                            && election.holding()
+                            && last_urgent.is_none_or(|t: Instant| t.elapsed() >= FLUSH)
+                            && let Some(region) = &own_region
+                        {
+                            publish_summary(
+                                &client,
+                                &prefix,
+                                &book,
+                                region,
+                                &node,
+                                (election.epoch(), &mut seq),
+                                interval,
+                            );
+                            last_urgent = Some(Instant::now());
+                            urgent = false;
+                        }
                     }
                     Ok(false) => {}
                     Err(e) => {
@@ -179,6 +369,7 @@ pub async fn run(
             Err(e) => {
                 metrics.mqtt_connected.set(0);
                 connected = false;
+                election.disconnected();
                 if down_since.is_none() {
                     down_since = Some(std::time::Instant::now());
                     tracing::warn!(broker = %mqtt.broker.url, cause = %edgemqtt::describe(&e), "mqtt: broker unreachable; routing keeps the last known health (stale), retrying");
@@ -219,13 +410,131 @@ async fn goodbye(client: &AsyncClient, events: &mut EventLoop, status: &str) {
     let _ = drained.await;
 }
 
-/// (Re)subscribe to every node's health and status: the broker sends the
-/// retained ones again.
-fn subscribe_health(client: &AsyncClient, prefix: &str) {
+/// (Re)subscribe to every node's status, every region's summary and the
+/// own region's summarizer claim: the broker sends the retained ones
+/// again. The session is persistent: an older agent's `health/+` is
+/// dropped (its per-node health topics are subscribed by
+/// [`follow_directly`]).
+fn subscribe_health(client: &AsyncClient, prefix: &str, own_region: Option<&str>) {
+    let mut filters = vec![
+        SubscribeFilter::new(format!("{prefix}/status/+"), QoS::AtMostOnce),
+        SubscribeFilter::new(format!("{prefix}/summary/+"), QoS::AtMostOnce),
+    ];
+    if let Some(region) = own_region {
+        filters.push(SubscribeFilter::new(
+            wire::summary_lock_topic(prefix, region),
+            QoS::AtLeastOnce,
+        ));
+    }
     let subscribed = client
-        .try_subscribe(format!("{prefix}/health/+"), QoS::AtMostOnce)
-        .and_then(|()| client.try_subscribe(format!("{prefix}/status/+"), QoS::AtMostOnce));
+        .try_unsubscribe(format!("{prefix}/health/+"))
+        .and_then(|()| client.try_subscribe_many(filters));
     if let Err(e) = subscribed {
         tracing::error!(cause = %e, "mqtt: cannot queue the health subscriptions");
+    }
+}
+
+/// The most UNSUBSCRIBE packets queued per check (one topic each): the
+/// request channel is bounded.
+const UNSUBSCRIBE_PER_CHECK: usize = 200;
+
+/// Subscribe to the health topics of the nodes of `want` not yet
+/// followed (all of them when `resend`), unsubscribe from those no longer
+/// wanted (at most [`UNSUBSCRIBE_PER_CHECK`] now, the rest at the next
+/// check).
+fn follow_directly(
+    client: &AsyncClient,
+    prefix: &str,
+    direct: &mut BTreeSet<String>,
+    want: &BTreeSet<String>,
+    resend: &mut bool,
+) {
+    if *direct == *want && !*resend {
+        return;
+    }
+    let added: Vec<SubscribeFilter> = want
+        .iter()
+        .filter(|n| *resend || !direct.contains(*n))
+        .map(|n| SubscribeFilter::new(wire::health_topic(prefix, n), QoS::AtMostOnce))
+        .collect();
+    // At most 500 filters per SUBSCRIBE packet.
+    for chunk in added.chunks(500) {
+        if let Err(e) = client.try_subscribe_many(chunk.to_vec()) {
+            // Retried at the next check.
+            tracing::warn!(cause = %e, "mqtt: cannot queue the direct health subscriptions");
+            return;
+        }
+    }
+    if !added.is_empty() {
+        tracing::debug!(nodes = want.len(), "mqtt: health topics read directly");
+    }
+    *resend = false;
+    direct.extend(want.iter().cloned());
+    let dropped: Vec<String> = direct
+        .difference(want)
+        .take(UNSUBSCRIBE_PER_CHECK)
+        .cloned()
+        .collect();
+    for n in dropped {
+        if client
+            .try_unsubscribe(wire::health_topic(prefix, &n))
+            .is_err()
+        {
+            return;
+        }
+        direct.remove(&n);
+    }
+}
+
+/// Publish the region's summary (retained, QoS 0: the next one supersedes
+/// a lost one, and a slow broker never queues old ones).
+fn publish_summary(
+    client: &AsyncClient,
+    prefix: &str,
+    book: &Book,
+    region: &str,
+    node: &str,
+    (epoch, seq): (u64, &mut u64),
+    interval: Duration,
+) {
+    let summary = book.summary_at(
+        region,
+        node,
+        (epoch, *seq),
+        interval,
+        crate::unix_now(),
+        Instant::now(),
+    );
+    *seq += 1;
+    let payload = serde_json::to_vec(&summary).unwrap_or_default();
+    if let Err(e) = client.try_publish(
+        wire::summary_topic(prefix, region),
+        QoS::AtMostOnce,
+        true,
+        payload,
+    ) {
+        tracing::debug!(cause = %e, "mqtt: summary not queued");
+    }
+}
+
+/// Publish a claim of the region's summarizer role (retained, QoS 1).
+fn publish_claim(client: &AsyncClient, prefix: &str, region: Option<&str>, step: Step) {
+    let (Step::Claim(mut claim), Some(region)) = (step, region) else {
+        return;
+    };
+    claim.ts = crate::unix_now();
+    tracing::info!(
+        region,
+        epoch = claim.epoch,
+        "mqtt: claiming the region's health summaries"
+    );
+    let payload = serde_json::to_vec(&claim).unwrap_or_default();
+    if let Err(e) = client.try_publish(
+        wire::summary_lock_topic(prefix, region),
+        QoS::AtLeastOnce,
+        true,
+        payload,
+    ) {
+        tracing::warn!(cause = %e, "mqtt: summary claim not queued");
     }
 }

@@ -42,13 +42,34 @@ pub fn result_topic(prefix: &str, node: &str, id: &str) -> String {
     format!("{prefix}/result/{node}/{id}")
 }
 
-/// Which kind of message a topic carries, and for which node.
+/// `<prefix>/summary/<region>`: the region's retained [`Summary`], one
+/// per summarizer interval.
+#[must_use]
+pub fn summary_topic(prefix: &str, region: &str) -> String {
+    format!("{prefix}/summary/{region}")
+}
+
+/// `<prefix>/summary-lock/<region>`: the retained [`LockClaim`] of the
+/// region's summarizer.
+#[must_use]
+pub fn summary_lock_topic(prefix: &str, region: &str) -> String {
+    format!("{prefix}/summary-lock/{region}")
+}
+
+/// Which kind of message a topic carries, and for which node (or region).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Topic<'a> {
     Health(&'a str),
     Status(&'a str),
     Cmd(&'a str),
-    Result { node: &'a str, id: &'a str },
+    Result {
+        node: &'a str,
+        id: &'a str,
+    },
+    /// A region's summary.
+    Summary(&'a str),
+    /// A region's summarizer claim.
+    SummaryLock(&'a str),
 }
 
 /// Parse a topic under `prefix`; `None` for anything else.
@@ -61,6 +82,8 @@ pub fn parse_topic<'a>(prefix: &str, topic: &'a str) -> Option<Topic<'a>> {
         "health" => plain(rest).map(Topic::Health),
         "status" => plain(rest).map(Topic::Status),
         "cmd" => plain(rest).map(Topic::Cmd),
+        "summary" => plain(rest).map(Topic::Summary),
+        "summary-lock" => plain(rest).map(Topic::SummaryLock),
         "result" => {
             let (node, id) = rest.split_once('/')?;
             (!node.is_empty() && !id.is_empty() && !id.contains('/'))
@@ -205,6 +228,213 @@ pub struct RedisState {
     /// edge keeps serving what it had read; the control plane re-pushes).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub data_lost: bool,
+}
+
+/// The largest summary payload read (bytes): a region of 1,000 nodes with
+/// reports of a few KiB each fits.
+pub const SUMMARY_MAX_BYTES: usize = 8 << 20;
+
+/// A region's nodes' last health reports, as heard by the region's
+/// summarizer, on `<prefix>/summary/<region>` (retained, QoS 0: the next
+/// interval's summary supersedes a lost one).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Summary {
+    pub region: String,
+    /// The summarizer (a node of the region).
+    pub by: String,
+    /// The epoch of the summarizer's claim ([`LockClaim::epoch`]).
+    pub epoch: u64,
+    /// When it was made (Unix seconds, the summarizer's clock;
+    /// informational: ages are in `nodes`).
+    pub ts: u64,
+    /// The summarizer's count of its summaries of this epoch: a receiver
+    /// drops one not newer than the last it took from the same summarizer
+    /// (delivered late).
+    #[serde(default)]
+    pub seq: u64,
+    /// The summarizer's interval: a receiver that hears no summary for
+    /// two of them reads the region's health topics itself.
+    pub interval_ms: u64,
+    pub nodes: Vec<SummaryEntry>,
+}
+
+/// One node of a [`Summary`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SummaryEntry {
+    pub node: String,
+    /// How long before the summary was made the summarizer heard the last
+    /// health message of the node (the report, or its clearing): a
+    /// receiver dates the report `age_ms` before it heard the summary and
+    /// applies the same silence rule as to a report heard directly.
+    pub age_ms: u64,
+    /// The exact last report (`null`: the retained report was cleared).
+    pub report: Option<HealthReport>,
+}
+
+/// A region summarizer's claim on `<prefix>/summary-lock/<region>`
+/// (retained, QoS 1). The highest epoch holds; of two claims of one
+/// epoch, the smaller node name.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LockClaim {
+    pub node: String,
+    pub epoch: u64,
+    /// When it was claimed (Unix seconds; informational).
+    pub ts: u64,
+}
+
+impl LockClaim {
+    /// Whether this claim wins over `other` (highest epoch, then the
+    /// smaller node name): every agent decides alike.
+    #[must_use]
+    pub fn beats(&self, other: &LockClaim) -> bool {
+        (self.epoch, std::cmp::Reverse(&self.node)) > (other.epoch, std::cmp::Reverse(&other.node))
+    }
+}
+
+/// Why a summary or claim was refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SummaryErrorKind {
+    /// Larger than [`SUMMARY_MAX_BYTES`].
+    TooLarge,
+    /// Not JSON of the right shape.
+    Malformed,
+    /// The payload names another region than its topic.
+    WrongRegion,
+    /// A node that is not in the routing table, of another region, or
+    /// listed twice; or a report naming another node.
+    ForeignNode,
+}
+
+/// A refused summary or claim: its kind and a description.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SummaryError {
+    pub kind: SummaryErrorKind,
+    pub message: String,
+}
+
+impl std::fmt::Display for SummaryError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl std::error::Error for SummaryError {}
+
+fn summary_error(kind: SummaryErrorKind, message: String) -> SummaryError {
+    SummaryError { kind, message }
+}
+
+/// Read the summary on `<prefix>/summary/<region>`: bounded, the region of
+/// the topic, every node of that region per `region_of` (the routing
+/// table), each once, each report naming its node. `Ok(None)`: a cleared
+/// retained summary.
+///
+/// # Errors
+/// A [`SummaryError`] of the kind above; nothing of a refused summary is used.
+pub fn read_summary(
+    region: &str,
+    payload: &[u8],
+    region_of: impl Fn(&str) -> Option<String>,
+) -> Result<Option<Summary>, SummaryError> {
+    if payload.is_empty() {
+        return Ok(None);
+    }
+    if payload.len() > SUMMARY_MAX_BYTES {
+        return Err(summary_error(
+            SummaryErrorKind::TooLarge,
+            format!(
+                "summary of region `{region}`: {} bytes, more than {SUMMARY_MAX_BYTES}",
+                payload.len()
+            ),
+        ));
+    }
+    let s: Summary = serde_json::from_slice(payload).map_err(|e| {
+        summary_error(
+            SummaryErrorKind::Malformed,
+            format!("summary of region `{region}`: not a summary: {e}"),
+        )
+    })?;
+    if s.region != region {
+        return Err(summary_error(
+            SummaryErrorKind::WrongRegion,
+            format!(
+                "summary on region `{region}`'s topic names region `{}`",
+                s.region
+            ),
+        ));
+    }
+    if region_of(&s.by).as_deref() != Some(region) {
+        return Err(summary_error(
+            SummaryErrorKind::ForeignNode,
+            format!(
+                "summary of region `{region}` made by `{}`, not a node of the region",
+                s.by
+            ),
+        ));
+    }
+    let mut seen = std::collections::BTreeSet::new();
+    for e in &s.nodes {
+        if region_of(&e.node).as_deref() != Some(region) || !seen.insert(e.node.as_str()) {
+            return Err(summary_error(
+                SummaryErrorKind::ForeignNode,
+                format!(
+                    "summary of region `{region}` carries node `{}`: not a node of the region in the routing table, or listed twice",
+                    e.node
+                ),
+            ));
+        }
+        if let Some(r) = &e.report
+            && r.node != e.node
+        {
+            return Err(summary_error(
+                SummaryErrorKind::ForeignNode,
+                format!(
+                    "summary of region `{region}`: the report for `{}` names node `{}`",
+                    e.node, r.node
+                ),
+            ));
+        }
+    }
+    Ok(Some(s))
+}
+
+/// Read a claim on `<prefix>/summary-lock/<region>`; `Ok(None)`: cleared.
+///
+/// # Errors
+/// Malformed, too large (over 4 KiB), or a claimant not of the region.
+pub fn read_claim(
+    region: &str,
+    payload: &[u8],
+    region_of: impl Fn(&str) -> Option<String>,
+) -> Result<Option<LockClaim>, SummaryError> {
+    if payload.is_empty() {
+        return Ok(None);
+    }
+    if payload.len() > 4096 {
+        return Err(summary_error(
+            SummaryErrorKind::TooLarge,
+            format!(
+                "summary claim of region `{region}`: {} bytes",
+                payload.len()
+            ),
+        ));
+    }
+    let c: LockClaim = serde_json::from_slice(payload).map_err(|e| {
+        summary_error(
+            SummaryErrorKind::Malformed,
+            format!("summary claim of region `{region}`: {e}"),
+        )
+    })?;
+    if region_of(&c.node).as_deref() != Some(region) {
+        return Err(summary_error(
+            SummaryErrorKind::ForeignNode,
+            format!(
+                "summary claim of region `{region}` by `{}`, not a node of the region",
+                c.node
+            ),
+        ));
+    }
+    Ok(Some(c))
 }
 
 /// The action of `edgeform exec`'s probe: a name no `agent.yaml` can
@@ -410,6 +640,58 @@ pub fn tail(bytes: &[u8]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn summary_topics_claims_and_refusals() {
+        assert_eq!(parse_topic("p", "p/summary/eu"), Some(Topic::Summary("eu")));
+        assert_eq!(
+            parse_topic("p", "p/summary-lock/eu"),
+            Some(Topic::SummaryLock("eu"))
+        );
+        assert_eq!(parse_topic("p", "p/summary/eu/x"), None);
+        let claim = |node: &str, epoch| LockClaim {
+            node: node.into(),
+            epoch,
+            ts: 9,
+        };
+        assert!(claim("b", 2).beats(&claim("a", 1)));
+        assert!(claim("a", 2).beats(&claim("b", 2)));
+        assert!(!claim("b", 2).beats(&claim("a", 2)));
+        assert!(!claim("a", 2).beats(&claim("a", 2)));
+        let region_of = |n: &str| match n {
+            "a1" | "a2" => Some("ra".to_owned()),
+            "b1" => Some("rb".to_owned()),
+            _ => None,
+        };
+        let ok = br#"{"region":"ra","by":"a1","epoch":1,"ts":1,"interval_ms":500,"nodes":[{"node":"a2","age_ms":3,"report":null}]}"#;
+        let s = read_summary("ra", ok, region_of).unwrap().unwrap();
+        assert_eq!((s.seq, s.nodes.len()), (0, 1), "seq defaults to 0");
+        assert_eq!(read_summary("ra", b"", region_of), Ok(None));
+        let kind = |region: &str, payload: &[u8]| {
+            read_summary(region, payload, region_of).unwrap_err().kind
+        };
+        assert_eq!(kind("rb", ok), SummaryErrorKind::WrongRegion);
+        assert_eq!(kind("ra", b"[1]"), SummaryErrorKind::Malformed);
+        let foreign = String::from_utf8_lossy(ok).replace("\"node\":\"a2\"", "\"node\":\"b1\"");
+        assert_eq!(
+            kind("ra", foreign.as_bytes()),
+            SummaryErrorKind::ForeignNode
+        );
+        let by = String::from_utf8_lossy(ok).replace("\"by\":\"a1\"", "\"by\":\"zz\"");
+        assert_eq!(kind("ra", by.as_bytes()), SummaryErrorKind::ForeignNode);
+        let big = vec![b' '; SUMMARY_MAX_BYTES + 1];
+        assert_eq!(kind("ra", &big), SummaryErrorKind::TooLarge);
+        assert_eq!(
+            read_claim("ra", br#"{"node":"b1","epoch":1,"ts":0}"#, region_of)
+                .unwrap_err()
+                .kind,
+            SummaryErrorKind::ForeignNode
+        );
+        assert_eq!(
+            read_claim("ra", br#"{"node":"a1","epoch":1,"ts":0}"#, region_of),
+            Ok(Some(claim("a1", 1)).map(|c| LockClaim { ts: 0, ..c }))
+        );
+    }
 
     #[test]
     fn topics_round_trip() {

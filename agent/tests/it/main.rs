@@ -9,4 +9,5 @@ mod probe;
 mod purge;
 mod replay;
 mod route;
+mod summary;
 mod util;

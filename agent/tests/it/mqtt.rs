@@ -591,7 +591,7 @@ fn tls_and_credentials() {
     );
 }
 
-fn metric(http: u16, name: &str) -> u64 {
+pub fn metric(http: u16, name: &str) -> u64 {
     let (_, _, body) = get(http, "/metrics", "");
     body.lines()
         .find_map(|l| l.strip_prefix(name)?.trim().parse().ok())
@@ -607,9 +607,10 @@ fn rss_kib(pid: u32) -> u64 {
         .unwrap()
 }
 
-/// 50,000 health reports and statuses for invented nodes: ignored (only
-/// routing-table nodes are tracked), counted, memory bounded, and `/route`
-/// keeps answering from the real nodes' health.
+/// 50,000 health reports, summaries and statuses for invented nodes:
+/// ignored (only routing-table nodes are tracked; their health topics are
+/// not even read), counted, memory bounded, and `/route` keeps answering
+/// from the real nodes' health.
 #[test]
 fn reports_for_invented_nodes_are_ignored_with_bounded_memory() {
     let r = harness::redis(&[]);
@@ -642,6 +643,23 @@ fn reports_for_invented_nodes_are_ignored_with_bounded_memory() {
     let n = 50_000;
     for i in 0..n {
         let node = format!("invented-{i}");
+        // The agent reads no health topic of a node outside its table,
+        // so invented reports arrive in summaries (of the table's region
+        // or an invented one): refused whole.
+        let region = if i % 2 == 0 { "eu" } else { "invented" };
+        let summary = serde_json::json!({
+            "region": region, "by": "edge-a", "epoch": 1, "ts": 1, "interval_ms": 500,
+            "nodes": [{"node": node, "age_ms": 0,
+                       "report": serde_json::from_slice::<serde_json::Value>(&report_for(&node, 1)).unwrap()}],
+        });
+        m.client
+            .publish(
+                format!("edgeform/summary/{region}"),
+                rumqttc::QoS::AtMostOnce,
+                false,
+                serde_json::to_vec(&summary).unwrap(),
+            )
+            .unwrap();
         m.client
             .publish(
                 format!("edgeform/health/{node}"),

@@ -93,7 +93,24 @@ impl Agent {
         Agent::start_full(redis, dirs, "", &[], &[])
     }
 
+    /// Node `node` (agent.yaml `node:`), with more `agent.yaml` text.
+    pub fn start_node(node: &str, redis_port: u16, dirs: &[PathBuf], extra: &str) -> Agent {
+        let redis = format!("\n  url: redis://127.0.0.1:{redis_port}");
+        Agent::start_named(node, &redis, dirs, extra, &[], &[])
+    }
+
     fn start_full(
+        redis: &str,
+        dirs: &[PathBuf],
+        extra: &str,
+        env: &[(&str, &str)],
+        wrapper: &[&str],
+    ) -> Agent {
+        Agent::start_named("edge-1", redis, dirs, extra, env, wrapper)
+    }
+
+    fn start_named(
+        node: &str,
         redis: &str,
         dirs: &[PathBuf],
         extra: &str,
@@ -109,7 +126,7 @@ impl Agent {
         std::fs::write(
             &config,
             format!(
-                "node: edge-1\nregion: eu\nredis: {redis}\n{}cache:\n  dirs:\n{}\n  levels: \"1:2\"\n{extra}",
+                "node: {node}\nregion: eu\nredis: {redis}\n{}cache:\n  dirs:\n{}\n  levels: \"1:2\"\n{extra}",
                 // Each agent its own command record, unless the test
                 // names one.
                 if extra.contains("state_dir:") {
