@@ -1,7 +1,8 @@
 //! The agent's HTTP listener: `GET /route/<stream>` (the playback
 //! decision), `GET /healthz`.
 //!
-//! `GET /metrics` is the Prometheus text format: on `metrics.listen`, and
+//! `GET /metrics`: OpenMetrics when `Accept` asks for it (Prometheus
+//! does), else the Prometheus text format 0.0.4; on `metrics.listen`, and
 //! on this listener only when `http.metrics` says so (by default, when it
 //! listens on loopback).
 //!
@@ -56,18 +57,9 @@ pub fn app(app: Arc<App>, with_metrics: bool) -> Http {
 pub fn metrics_app(metrics: Arc<crate::metrics::Metrics>) -> Http {
     Http::new().route(
         "/metrics",
-        get(move || {
+        get(move |headers: HeaderMap| {
             let metrics = metrics.clone();
-            async move {
-                (
-                    [(
-                        header::CONTENT_TYPE,
-                        "application/openmetrics-text; version=1.0.0; charset=utf-8",
-                    )],
-                    metrics.encode(),
-                )
-                    .into_response()
-            }
+            async move { exposition(&headers, metrics.encode()) }
         }),
     )
 }
@@ -240,15 +232,17 @@ fn answer(
     response
 }
 
-async fn metrics(Extract(app): Extract<Arc<App>>) -> Response {
-    (
-        [(
-            header::CONTENT_TYPE,
-            "application/openmetrics-text; version=1.0.0; charset=utf-8",
-        )],
-        app.metrics.encode(),
-    )
-        .into_response()
+async fn metrics(Extract(app): Extract<Arc<App>>, headers: HeaderMap) -> Response {
+    exposition(&headers, app.metrics.encode())
+}
+
+/// The metrics in the format `Accept` asks for: OpenMetrics for
+/// Prometheus, the 0.0.4 text format for anyone else (`promtool check
+/// metrics`, `curl`).
+fn exposition(headers: &HeaderMap, openmetrics: String) -> Response {
+    let accept = headers.get(header::ACCEPT).and_then(|v| v.to_str().ok());
+    let (content_type, body) = edgestate::exposition::negotiate(accept, openmetrics);
+    ([(header::CONTENT_TYPE, content_type)], body).into_response()
 }
 
 async fn healthz(Extract(app): Extract<Arc<App>>) -> Response {

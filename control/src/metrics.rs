@@ -414,34 +414,11 @@ impl Metrics {
 }
 
 /// OpenMetrics text → the Prometheus text format (0.0.4) that
-/// node_exporter's textfile collector parses: no `# EOF` or `# UNIT`, and
-/// a counter's `HELP`/`TYPE` name its `_total` samples.
+/// node_exporter's textfile collector parses
+/// ([`edgestate::exposition::to_text`]).
 #[must_use]
 pub fn to_textfile(openmetrics: &str) -> String {
-    let counters: std::collections::BTreeSet<&str> = openmetrics
-        .lines()
-        .filter_map(|l| l.strip_prefix("# TYPE "))
-        .filter_map(|l| l.strip_suffix(" counter"))
-        .collect();
-    let mut out = String::with_capacity(openmetrics.len());
-    for line in openmetrics.lines() {
-        if line == "# EOF" || line.starts_with("# UNIT ") {
-            continue;
-        }
-        let renamed = ["# HELP ", "# TYPE "].iter().find_map(|p| {
-            let rest = line.strip_prefix(p)?;
-            let (name, tail) = rest.split_once(' ')?;
-            counters
-                .contains(name)
-                .then(|| format!("{p}{name}_total {tail}"))
-        });
-        match renamed {
-            Some(l) => out.push_str(&l),
-            None => out.push_str(line),
-        }
-        out.push('\n');
-    }
-    out
+    edgestate::exposition::to_text(openmetrics)
 }
 
 /// Write `text` to `path` atomically: a temporary file next to it, then
@@ -480,14 +457,12 @@ pub async fn serve(
     let local = listener.local_addr()?;
     let app = axum::Router::new().route(
         "/metrics",
-        axum::routing::get(move || async move {
-            (
-                [(
-                    axum::http::header::CONTENT_TYPE,
-                    "application/openmetrics-text; version=1.0.0; charset=utf-8",
-                )],
-                metrics.encode(),
-            )
+        axum::routing::get(move |headers: axum::http::HeaderMap| async move {
+            let accept = headers
+                .get(axum::http::header::ACCEPT)
+                .and_then(|v| v.to_str().ok());
+            let (content_type, body) = edgestate::exposition::negotiate(accept, metrics.encode());
+            ([(axum::http::header::CONTENT_TYPE, content_type)], body)
         }),
     );
     tracing::info!(addr = %local, "metrics listening");

@@ -31,6 +31,7 @@ pub mod backoff;
 pub mod bundle;
 pub mod cmdkey;
 pub mod edge;
+pub mod exposition;
 pub mod keys;
 pub mod lpm;
 pub mod lua;

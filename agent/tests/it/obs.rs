@@ -246,11 +246,22 @@ fn unreadable_or_wrong_key_files_are_one_line_errors() {
     );
 }
 
-/// `GET /metrics` on `port`: the samples, `name{labels}` → value.
+/// `GET /metrics` on `port`: the samples, `name{labels}` → value. Asked
+/// as Prometheus asks, the answer is OpenMetrics; asked with no `Accept`
+/// (curl), the 0.0.4 text format, which `promtool check metrics` passes.
 fn scrape(port: u16) -> std::collections::BTreeMap<String, f64> {
-    let (status, head, body) = crate::route::get(port, "/metrics", "");
+    let (status, head, body) = crate::route::get(
+        port,
+        "/metrics",
+        "Accept: application/openmetrics-text;version=1.0.0,text/plain;version=0.0.4;q=0.5\r\n",
+    );
     assert_eq!(status, 200, "{head}");
     assert!(head.contains("application/openmetrics-text"), "{head}");
+    assert!(body.ends_with("# EOF\n"), "{body}");
+    let (status, head, text) = crate::route::get(port, "/metrics", "");
+    assert_eq!(status, 200, "{head}");
+    assert!(head.contains("text/plain; version=0.0.4"), "{head}");
+    promtool_check_metrics(&text);
     body.lines()
         .filter(|l| !l.starts_with('#') && !l.trim().is_empty())
         .map(|l| {
@@ -365,4 +376,29 @@ fn metrics_are_not_served_on_a_viewer_facing_listener_unless_configured() {
         &log,
     );
     assert!(scrape(http).contains_key("edgeform_agent_redis_up"));
+}
+
+/// `promtool check metrics` passes `text` (exit 0: no problem at all).
+fn promtool_check_metrics(text: &str) {
+    use std::io::Write;
+    let mut child = std::process::Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("promtool (Debian package prometheus; scripts/test installs it)");
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(text.as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "promtool check metrics:\n{}{}\n---\n{text}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
 }

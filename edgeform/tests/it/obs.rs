@@ -339,8 +339,11 @@ fn reconcile_metrics_over_http_and_textfile_and_json_logs() {
     let mut holder = holder;
     let _ = holder.wait();
     assert!(body.starts_with("HTTP/1.1 200"), "{body}");
-    assert!(body.contains("application/openmetrics-text"), "{body}");
+    // Asked with no Accept: the 0.0.4 text format, which promtool passes
+    // (Prometheus asks for OpenMetrics and gets it).
+    assert!(body.contains("text/plain; version=0.0.4"), "{body}");
     let exposition = &body[body.find("\r\n\r\n").unwrap() + 4..];
+    promtool_check_metrics(exposition);
     let s = samples(exposition);
     assert!(s.contains_key(
         r#"edgeform_reconcile_last_success_timestamp_seconds{target="edge-1",job="sync"}"#
