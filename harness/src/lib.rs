@@ -799,3 +799,29 @@ fn mosquitto_conf(fixed: Option<u16>, dir: tempfile::TempDir, listener: &str) ->
     }
     panic!("mosquitto did not start:\n{last}");
 }
+
+/// `promtool check metrics` passes `text` (exit 0: not even a lint
+/// warning); panics with promtool's words and the text otherwise.
+pub fn promtool_check_metrics(text: &str) {
+    use std::io::Write;
+    let mut child = std::process::Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("promtool (Debian package prometheus; scripts/test installs it)");
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(text.as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "promtool check metrics:\n{}{}\n---\n{text}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}

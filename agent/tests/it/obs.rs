@@ -261,7 +261,7 @@ fn scrape(port: u16) -> std::collections::BTreeMap<String, f64> {
     let (status, head, text) = crate::route::get(port, "/metrics", "");
     assert_eq!(status, 200, "{head}");
     assert!(head.contains("text/plain; version=0.0.4"), "{head}");
-    promtool_check_metrics(&text);
+    harness::promtool_check_metrics(&text);
     body.lines()
         .filter(|l| !l.starts_with('#') && !l.trim().is_empty())
         .map(|l| {
@@ -376,29 +376,4 @@ fn metrics_are_not_served_on_a_viewer_facing_listener_unless_configured() {
         &log,
     );
     assert!(scrape(http).contains_key("edgeform_agent_redis_up"));
-}
-
-/// `promtool check metrics` passes `text` (exit 0: no problem at all).
-fn promtool_check_metrics(text: &str) {
-    use std::io::Write;
-    let mut child = std::process::Command::new("promtool")
-        .args(["check", "metrics"])
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .expect("promtool (Debian package prometheus; scripts/test installs it)");
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(text.as_bytes())
-        .unwrap();
-    let out = child.wait_with_output().unwrap();
-    assert!(
-        out.status.success(),
-        "promtool check metrics:\n{}{}\n---\n{text}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
 }

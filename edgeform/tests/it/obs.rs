@@ -160,30 +160,6 @@ fn samples(text: &str) -> std::collections::BTreeMap<String, f64> {
         .collect()
 }
 
-fn promtool_check_metrics(text: &str) {
-    use std::io::Write;
-    let mut child = std::process::Command::new("promtool")
-        .args(["check", "metrics"])
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .expect("promtool (Debian package prometheus; scripts/test installs it)");
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(text.as_bytes())
-        .unwrap();
-    let out = child.wait_with_output().unwrap();
-    assert!(
-        out.status.success(),
-        "promtool check metrics:\n{}{}\n---\n{text}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
 /// A repo of `n` sites on edge-1 at `port`, committed.
 fn sites_repo(n: usize, port: u16) -> (Fixture, String) {
     let f = Fixture::empty();
@@ -259,7 +235,7 @@ fn reconcile_metrics_over_http_and_textfile_and_json_logs() {
         "{log}"
     );
     let text = std::fs::read_to_string(&textfile).unwrap();
-    promtool_check_metrics(&text);
+    harness::promtool_check_metrics(&text);
     let s = samples(&text);
     let now = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -343,7 +319,7 @@ fn reconcile_metrics_over_http_and_textfile_and_json_logs() {
     // (Prometheus asks for OpenMetrics and gets it).
     assert!(body.contains("text/plain; version=0.0.4"), "{body}");
     let exposition = &body[body.find("\r\n\r\n").unwrap() + 4..];
-    promtool_check_metrics(exposition);
+    harness::promtool_check_metrics(exposition);
     let s = samples(exposition);
     assert!(s.contains_key(
         r#"edgeform_reconcile_last_success_timestamp_seconds{target="edge-1",job="sync"}"#
