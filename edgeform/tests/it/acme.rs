@@ -21,12 +21,7 @@ fn certs_issue_orders_each_acme_site_and_names_the_host_that_failed() {
     let f = Fixture::empty();
     f.write(
         "cluster.yaml",
-        format!(
-            "acme:\n  directory: {}\n  contact: [\"mailto:ops@example.com\"]\n  ca_file: {}\n",
-            pebble.directory(),
-            pebble.tls_ca().display()
-        )
-        .as_bytes(),
+        crate::util::acme_cluster_yaml(&pebble, "").as_bytes(),
     );
     f.write("nodes/edge-1.yaml", edge_1_node(r.port).as_bytes());
     f.write(
@@ -221,12 +216,7 @@ fn certs_issue_through_the_real_router_and_edge_then_served_over_h2() {
 
     f.write(
         "cluster.yaml",
-        format!(
-            "acme:\n  directory: {}\n  contact: [\"mailto:ops@example.com\"]\n  ca_file: {}\n",
-            pebble.directory(),
-            pebble.tls_ca().display()
-        )
-        .as_bytes(),
+        crate::util::acme_cluster_yaml(&pebble, "").as_bytes(),
     );
     let hosts: &[(&str, &[&str])] = &[
         ("shop.test", &["www.shop.test", "m.shop.test"]),

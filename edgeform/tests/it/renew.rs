@@ -43,7 +43,10 @@ impl Setup {
             validity_secs: Some(VALIDITY_SECS),
         });
         let repo = Fixture::empty();
-        repo.write("cluster.yaml", cluster(&pebble, "").as_bytes());
+        repo.write(
+            "cluster.yaml",
+            crate::util::acme_cluster_yaml(&pebble, "").as_bytes(),
+        );
         repo.write("nodes/edge-1.yaml", edge_1_node(redis.port).as_bytes());
         repo.write(
             &format!("sites/{HOST}.yaml"),
@@ -140,14 +143,6 @@ impl Setup {
             std::thread::sleep(Duration::from_millis(100));
         }
     }
-}
-
-fn cluster(pebble: &harness::pebble::Pebble, extra: &str) -> String {
-    format!(
-        "acme:\n  directory: {}\n  contact: [\"mailto:ops@example.com\"]\n  ca_file: {}\n{extra}",
-        pebble.directory(),
-        pebble.tls_ca().display()
-    )
 }
 
 fn unix_now() -> i64 {
@@ -421,8 +416,10 @@ fn an_urgent_renewal_goes_through_a_freeze_window_and_the_history_says_so() {
         compiler::clock::rfc3339(u64::try_from(now - 3600).unwrap()),
         compiler::clock::rfc3339(u64::try_from(now + 86_400).unwrap())
     );
-    s.repo
-        .write("cluster.yaml", cluster(&s.pebble, &window).as_bytes());
+    s.repo.write(
+        "cluster.yaml",
+        crate::util::acme_cluster_yaml(&s.pebble, &window).as_bytes(),
+    );
     let frozen_commit = s.repo.commit("freeze");
     // The sync does not move the edge into the window's commit.
     let o = s.reconcile(&["--once", "sync"]);

@@ -484,12 +484,7 @@ fn two_control_hosts_share_issued_certificates_and_the_acme_account() {
     let f = Fixture::empty();
     f.write(
         "cluster.yaml",
-        format!(
-            "acme:\n  directory: {}\n  contact: [\"mailto:ops@example.com\"]\n  ca_file: {}\n",
-            pebble.directory(),
-            pebble.tls_ca().display()
-        )
-        .as_bytes(),
+        crate::util::acme_cluster_yaml(&pebble, "").as_bytes(),
     );
     f.write(
         "nodes/edge-1.yaml",

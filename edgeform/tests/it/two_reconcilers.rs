@@ -515,12 +515,7 @@ fn two_reconcilers_order_a_certificate_once_and_the_survivor_orders_none() {
     let f = Fixture::empty();
     f.write(
         "cluster.yaml",
-        format!(
-            "acme:\n  directory: {}\n  contact: [\"mailto:ops@example.com\"]\n  ca_file: {}\n",
-            pebble.directory(),
-            pebble.tls_ca().display()
-        )
-        .as_bytes(),
+        crate::util::acme_cluster_yaml(&pebble, "").as_bytes(),
     );
     f.write(
         "nodes/edge-1.yaml",

@@ -230,3 +230,14 @@ pub fn edge_1_node(redis_port: u16) -> String {
          addresses: [198.51.100.1]\nredis: {{url: \"redis://127.0.0.1:{redis_port}\"}}\n"
     )
 }
+
+/// `cluster.yaml` whose `acme:` block points at `pebble` (its directory
+/// and CA), followed by `extra` (more `acme:` keys, indented, or other
+/// top-level keys).
+pub fn acme_cluster_yaml(pebble: &harness::pebble::Pebble, extra: &str) -> String {
+    format!(
+        "acme:\n  directory: {}\n  contact: [\"mailto:ops@example.com\"]\n  ca_file: {}\n{extra}",
+        pebble.directory(),
+        pebble.tls_ca().display()
+    )
+}
