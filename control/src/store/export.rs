@@ -6,7 +6,7 @@
 //! "nonce": …, "sealed": …}`. `sealed` is every entry (node secrets,
 //! certificates with their keys, the ACME account, the certificates job's
 //! renewal state, the last good commit, the purge outbox)
-//! as JSON, encrypted and authenticated with AES-256-GCM under the key in
+//! as JSON, encrypted and authenticated with AES-GCM (a 256-bit key) under the key in
 //! [`KEY_ENV`] (32 bytes, base64); the format and the key id are bound to
 //! it as associated data. `key_id` (16 hex digits of a SHA-256 over a
 //! label and the key) tells a wrong key from an altered file; it does not
@@ -320,7 +320,7 @@ struct Envelope {
 }
 
 fn cipher(key: &[u8; 32]) -> LessSafeKey {
-    LessSafeKey::new(UnboundKey::new(&AES_256_GCM, key).expect("a 32-byte AES-256 key"))
+    LessSafeKey::new(UnboundKey::new(&AES_256_GCM, key).expect("a 32-byte AES key"))
 }
 
 fn aad(key_id: &str) -> String {

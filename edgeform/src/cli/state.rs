@@ -15,7 +15,7 @@ use control::store::export;
 pub enum Action {
     /// Write every entry (node secrets, certificates and their keys, the
     /// ACME account, the last good commit, the purge outbox) to FILE
-    /// (0600), encrypted with AES-256-GCM under the key in
+    /// (0600), encrypted with AES-GCM (a 256-bit key) under the key in
     /// EDGEFORM_STATE_KEY (32 bytes, base64).
     Export {
         /// The export file to write (replaced whole).
