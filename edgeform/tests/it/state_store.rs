@@ -481,20 +481,7 @@ fn two_control_hosts_share_issued_certificates_and_the_acme_account() {
     let r = harness::redis(&[]);
     let (_edge, pebble) = harness::pebble::behind_edge(r.port);
     let shared = harness::redis(&[]);
-    let f = Fixture::empty();
-    f.write(
-        "cluster.yaml",
-        crate::util::acme_cluster_yaml(&pebble, "").as_bytes(),
-    );
-    f.write(
-        "nodes/edge-1.yaml",
-        crate::util::edge_1_node(r.port).as_bytes(),
-    );
-    f.write(
-        "sites/shop.test.yaml",
-        b"host: shop.test\norigin: https://192.0.2.1\ntls: {acme: true}\n",
-    );
-    f.commit("acme site");
+    let f = crate::util::acme_site_repo(&pebble, r.port);
     let hosts = TwoHosts::new(shared.port);
     let (a, b) = (hosts.a.clone(), hosts.b.clone());
     let on = |state: &Path, args: &[&str]| hosts.run(f.path(), state, args);

@@ -512,20 +512,7 @@ fn two_reconcilers_order_a_certificate_once_and_the_survivor_orders_none() {
     let r = harness::redis(&[]);
     let (_edge, pebble) = harness::pebble::behind_edge(r.port);
     let shared = harness::redis(&[]);
-    let f = Fixture::empty();
-    f.write(
-        "cluster.yaml",
-        crate::util::acme_cluster_yaml(&pebble, "").as_bytes(),
-    );
-    f.write(
-        "nodes/edge-1.yaml",
-        crate::util::edge_1_node(r.port).as_bytes(),
-    );
-    f.write(
-        "sites/shop.test.yaml",
-        b"host: shop.test\norigin: https://192.0.2.1\ntls: {acme: true}\n",
-    );
-    f.commit("acme site");
+    let f = crate::util::acme_site_repo(&pebble, r.port);
     let tmp = tempfile::tempdir().unwrap();
     let store = format!("redis://127.0.0.1:{}", shared.port);
     let start = |host: &str| {

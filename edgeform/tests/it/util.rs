@@ -241,3 +241,17 @@ pub fn acme_cluster_yaml(pebble: &harness::pebble::Pebble, extra: &str) -> Strin
         pebble.tls_ca().display()
     )
 }
+
+/// A committed one-edge repository (edge-1's Redis on `redis_port`) with
+/// one site, `shop.test`, whose certificate comes from `pebble`.
+pub fn acme_site_repo(pebble: &harness::pebble::Pebble, redis_port: u16) -> Fixture {
+    let f = Fixture::empty();
+    f.write("cluster.yaml", acme_cluster_yaml(pebble, "").as_bytes());
+    f.write("nodes/edge-1.yaml", edge_1_node(redis_port).as_bytes());
+    f.write(
+        "sites/shop.test.yaml",
+        b"host: shop.test\norigin: https://192.0.2.1\ntls: {acme: true}\n",
+    );
+    f.commit("acme site");
+    f
+}
