@@ -10,7 +10,6 @@
 //! persistence, without the bridge section) and restored; the central can
 //! be stopped and restarted with [`Process::stop`] / [`Process::restart`].
 
-use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -238,111 +237,75 @@ impl Bridged {
     }
 }
 
-/// A minimal MQTT 3.1.1 client's connection to 127.0.0.1:`port` (clean
-/// session, a client id of its own), `None` when refused.
-fn connect(port: u16, wait: Duration) -> Option<TcpStream> {
+/// An MQTT client of its own (clean session) to the broker on
+/// 127.0.0.1:`port`, taking packets as large as a summary may be.
+fn client(port: u16) -> (rumqttc::Client, rumqttc::Connection) {
     static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
     let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    let id = format!("harness-{}-{n}", std::process::id());
-    let mut s = TcpStream::connect(("127.0.0.1", port)).ok()?;
-    s.set_read_timeout(Some(wait)).ok()?;
-    // CONNECT: MQTT 3.1.1, clean session, keep-alive 10 s.
-    let mut body = vec![0, 4, b'M', b'Q', b'T', b'T', 4, 0x02, 0, 10];
-    put_str(&mut body, id.as_bytes());
-    send(&mut s, 0x10, &body).ok()?;
-    let (kind, ack) = packet(&mut s)?;
-    (kind >> 4 == 2 && ack.get(1) == Some(&0)).then_some(s)
+    let mut o = rumqttc::MqttOptions::new(
+        format!("harness-{}-{n}", std::process::id()),
+        "127.0.0.1",
+        port,
+    );
+    o.set_keep_alive(Duration::from_secs(10));
+    o.set_max_packet_size(16 << 20, 16 << 20);
+    rumqttc::Client::new(o, 16)
+}
+
+/// The first event `want` picks out of `connection` before `deadline`;
+/// `None` at the deadline or on a connection error.
+fn first<T>(
+    connection: &mut rumqttc::Connection,
+    deadline: Instant,
+    mut want: impl FnMut(rumqttc::Packet) -> Option<T>,
+) -> Option<T> {
+    loop {
+        let left = deadline.checked_duration_since(Instant::now())?;
+        match connection.recv_timeout(left) {
+            Ok(Ok(rumqttc::Event::Incoming(p))) => {
+                if let Some(t) = want(p) {
+                    return Some(t);
+                }
+            }
+            Ok(Ok(rumqttc::Event::Outgoing(_))) => {}
+            Ok(Err(_)) | Err(_) => return None,
+        }
+    }
 }
 
 /// Publish `payload` on `topic`, retained, QoS 1, to the broker on
-/// 127.0.0.1:`port`: whether the broker acknowledged it.
+/// 127.0.0.1:`port`: whether the broker acknowledged it (within 2 s).
 #[must_use]
 pub fn publish_retained(port: u16, topic: &str, payload: &[u8]) -> bool {
-    let Some(mut s) = connect(port, Duration::from_secs(2)) else {
-        return false;
-    };
-    let mut body = Vec::new();
-    put_str(&mut body, topic.as_bytes());
-    body.extend_from_slice(&[0, 1]);
-    body.extend_from_slice(payload);
-    // PUBLISH, QoS 1, retain.
-    if send(&mut s, 0x33, &body).is_err() {
+    let (client, mut connection) = client(port);
+    if client
+        .publish(topic, rumqttc::QoS::AtLeastOnce, true, payload.to_vec())
+        .is_err()
+    {
         return false;
     }
-    let acked = matches!(packet(&mut s), Some((kind, _)) if kind >> 4 == 4);
-    let _ = send(&mut s, 0xE0, &[]);
+    let deadline = Instant::now() + Duration::from_secs(2);
+    let acked = first(&mut connection, deadline, |p| {
+        matches!(p, rumqttc::Packet::PubAck(_)).then_some(())
+    })
+    .is_some();
+    let _ = client.disconnect();
     acked
 }
 
 /// The retained message on `topic` at the broker on 127.0.0.1:`port`
-/// (`$SYS` included), read with a minimal MQTT 3.1.1 client: `None` when
-/// there is none within `wait`, or the broker does not answer.
+/// (`$SYS` included): `None` when there is none within `wait`, or the
+/// broker does not answer.
 #[must_use]
 pub fn retained(port: u16, topic: &str, wait: Duration) -> Option<Vec<u8>> {
-    let mut s = connect(port, wait)?;
-    // SUBSCRIBE (packet id 1, QoS 0).
-    let mut body = vec![0, 1];
-    put_str(&mut body, topic.as_bytes());
-    body.push(0);
-    send(&mut s, 0x82, &body).ok()?;
-    let deadline = Instant::now() + wait;
-    while Instant::now() < deadline {
-        let (kind, body) = packet(&mut s)?;
-        if kind >> 4 == 3 && kind & 0x01 == 1 {
-            let len = usize::from(u16::from_be_bytes([*body.first()?, *body.get(1)?]));
-            let qos = (kind >> 1) & 0x03;
-            let start = 2 + len + if qos > 0 { 2 } else { 0 };
-            let _ = send(&mut s, 0xE0, &[]);
-            return body.get(start..).map(<[u8]>::to_vec);
-        }
-    }
-    None
-}
-
-fn put_str(buf: &mut Vec<u8>, s: &[u8]) {
-    let len = u16::try_from(s.len()).unwrap_or(u16::MAX);
-    buf.extend_from_slice(&len.to_be_bytes());
-    buf.extend_from_slice(s);
-}
-
-fn send(s: &mut TcpStream, first: u8, body: &[u8]) -> std::io::Result<()> {
-    let mut out = vec![first];
-    let mut len = body.len();
-    loop {
-        let mut byte = u8::try_from(len % 128).unwrap_or(0);
-        len /= 128;
-        if len > 0 {
-            byte |= 0x80;
-        }
-        out.push(byte);
-        if len == 0 {
-            break;
-        }
-    }
-    out.extend_from_slice(body);
-    s.write_all(&out)
-}
-
-/// One packet: (first byte, body); `None` on a timeout or a closed link.
-fn packet(s: &mut TcpStream) -> Option<(u8, Vec<u8>)> {
-    let mut first = [0u8; 1];
-    s.read_exact(&mut first).ok()?;
-    let (mut len, mut shift) = (0usize, 0u32);
-    loop {
-        let mut b = [0u8; 1];
-        s.read_exact(&mut b).ok()?;
-        len |= usize::from(b[0] & 0x7F) << shift;
-        if b[0] & 0x80 == 0 {
-            break;
-        }
-        shift += 7;
-        if shift > 21 {
-            return None;
-        }
-    }
-    let mut body = vec![0u8; len];
-    s.read_exact(&mut body).ok()?;
-    Some((first[0], body))
+    let (client, mut connection) = client(port);
+    client.subscribe(topic, rumqttc::QoS::AtMostOnce).ok()?;
+    let got = first(&mut connection, Instant::now() + wait, |p| match p {
+        rumqttc::Packet::Publish(m) if m.retain && m.topic == topic => Some(m.payload.to_vec()),
+        _ => None,
+    });
+    let _ = client.disconnect();
+    got
 }
 
 #[cfg(test)]
