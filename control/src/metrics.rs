@@ -7,10 +7,11 @@
 //! `push::lock`), exported two ways:
 //!
 //! - `reconcile --metrics-listen ADDR`: `GET /metrics` over HTTP
-//!   ([`serve`]), OpenMetrics text from `prometheus-client`;
+//!   ([`serve`]): OpenMetrics, or the 0.0.4 text format when `Accept` does
+//!   not ask for it (`edgestate::exposition::negotiate`);
 //! - `reconcile --metrics-textfile FILE`: after every run, the same values
 //!   in the Prometheus text format node_exporter's textfile collector reads
-//!   ([`to_textfile`]), written atomically (a temporary file in the same
+//!   ([`edgestate::exposition::to_text`]), written atomically (a temporary file in the same
 //!   directory, then `rename`) so the collector never reads half a file.
 //!
 //! Metric names (all `edgeform_reconcile_…`): `last_success_timestamp_seconds
@@ -347,7 +348,7 @@ impl Metrics {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .clone();
         if let Some(path) = path
-            && let Err(e) = write_atomically(&path, &to_textfile(&self.encode()))
+            && let Err(e) = write_atomically(&path, &edgestate::exposition::to_text(&self.encode()))
         {
             tracing::error!(file = %path.display(), cause = %e, "metrics: cannot write the textfile");
         }
@@ -411,14 +412,6 @@ impl Metrics {
         let _ = encode_eof(&mut out);
         out
     }
-}
-
-/// OpenMetrics text → the Prometheus text format (0.0.4) that
-/// node_exporter's textfile collector parses
-/// ([`edgestate::exposition::to_text`]).
-#[must_use]
-pub fn to_textfile(openmetrics: &str) -> String {
-    edgestate::exposition::to_text(openmetrics)
 }
 
 /// Write `text` to `path` atomically: a temporary file next to it, then
@@ -505,7 +498,7 @@ mod tests {
         m.succeeded("edge-1", "sync", "def");
         m.lock_waited(Duration::from_millis(250));
         m.apply_seconds.observe(0.5);
-        let text = to_textfile(&m.encode());
+        let text = edgestate::exposition::to_text(&m.encode());
         assert!(
             !text.contains("# EOF") && !text.contains("# UNIT"),
             "{text}"
