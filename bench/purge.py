@@ -87,6 +87,21 @@ def children_cpu() -> float:
     return r.ru_utime + r.ru_stime
 
 
+def ping_rtt_ms(port: int, n: int = 200) -> float:
+    """Median round trip of a Redis PING on loopback (one connection, in turn): the floor's
+    "one round trip"."""
+    import socket
+    with socket.create_connection(("127.0.0.1", port)) as s:
+        rtts = []
+        for _ in range(n):
+            t = time.perf_counter()
+            s.sendall(b"PING\r\n")
+            if s.recv(64) != b"+PONG\r\n":
+                raise SystemExit("PING: unexpected answer")
+            rtts.append((time.perf_counter() - t) * 1000)
+    return statistics.median(rtts)
+
+
 def group_cpu(pids) -> float:
     total = 0.0
     for pid in pids:
@@ -142,6 +157,7 @@ def bench(n: int, runs: int, settle: float, template: Path, per_edge: int, bins:
             time.sleep(3.0)
             dt0 = time.perf_counter() - t0
             idle_rate = {k: (group_cpu(v) - c0[k]) / dt0 for k, v in groups.items()}
+        rtt = ping_rtt_ms(servers[0].port)
         # The fixed cost: process start, repository load, exit — a site no one has (exit 1, nothing sent).
         fixed = []
         for _ in range(max(5, runs // 2)):
@@ -169,6 +185,12 @@ def bench(n: int, runs: int, settle: float, template: Path, per_edge: int, bins:
                 used["edgeform"] = (children_cpu() - ef_cpu) * 1000
                 used["idle"] = sum(idle_rate.values()) * dt * 1000
                 used.update({f"idle_{k}": v * 1000 for k, v in idle_rate.items()})
+                # This machine's floor for one purge: what the edges (their redis-servers and
+                # agents) spend on it beyond their idle rate, spread over the cores, plus one
+                # round trip.
+                spent = (used["redis"] + used["agents"]
+                         - (idle_rate["redis"] + idle_rate["agents"]) * dt * 1000)
+                used["floor"] = max(0.0, spent) / (os.cpu_count() or 1) + rtt
                 cpus.append(used)
             if r.returncode != 0:
                 raise SystemExit(f"purge exited {r.returncode}:\n{r.stdout[-2000:]}\n{r.stderr[-2000:]}")
@@ -286,15 +308,18 @@ def main() -> int:
         print("\nCPU per purge (medians, CPU-ms: utime + stime from /proc/<pid>/stat, 10 ms ticks summed "
               "over the processes; idle = what the redis-servers, agents and broker use in the same wall "
               "time when no purge runs, already inside their columns)\n")
-        print("| binaries | agents | edgeform | redis-servers | agents | mosquitto | total | of which idle | wall p50 |")
-        print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+        print("| binaries | agents | edgeform | redis-servers | agents | mosquitto | total | of which idle "
+              "| floor (edges' CPU / cores + RTT) | wall p50 | p50 / floor |")
+        print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
         for label, n, times, *_, cpus, _ in rows:
             if not cpus:
                 continue
             m = {k: statistics.median(c[k] for c in cpus) for k in cpus[0]}
             total = statistics.median(sum(c[k] for k in ("edgeform", "redis", "agents", "mosquitto")) for c in cpus)
+            p50 = statistics.median(times)
             print(f"| {label} | {n} | {m['edgeform']:.0f} | {m['redis']:.0f} | {m['agents']:.0f} "
-                  f"| {m['mosquitto']:.0f} | {total:.0f} | {m['idle']:.0f} | {statistics.median(times):.0f} ms |")
+                  f"| {m['mosquitto']:.0f} | {total:.0f} | {m['idle']:.0f} | {m['floor']:.0f} ms "
+                  f"| {p50:.0f} ms | **{p50 / m['floor']:.2f}** (goal ≤ 1.25) |")
         print("\nIdle (no purge running), CPU-ms per second of wall: what the setup costs by itself\n")
         print("| binaries | agents | redis-servers | agents | mosquitto | total (1000 = one core) |")
         print("|---|---:|---:|---:|---:|---:|")

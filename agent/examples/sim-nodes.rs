@@ -302,7 +302,7 @@ async fn nodes_as_clients(run: &NodesRun) -> anyhow::Result<()> {
                 let _ = client
                     .publish(
                         format!("{prefix}/health/{node}"),
-                        QoS::AtLeastOnce,
+                        QoS::AtMostOnce,
                         true,
                         report(
                             &node,

@@ -445,8 +445,9 @@ pub async fn report(
         }
         let payload = serde_json::to_vec(&report).unwrap_or_default();
         // Never block on a broker that is away: the next report replaces
-        // this one anyway.
-        match client.try_publish(&topic, QoS::AtLeastOnce, true, payload) {
+        // this one anyway — which is also why it goes at most once (QoS 0,
+        // retained): no acknowledgement per report through the broker.
+        match client.try_publish(&topic, QoS::AtMostOnce, true, payload) {
             Ok(()) => {
                 metrics.health_reports.inc();
             }
