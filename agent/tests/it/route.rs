@@ -268,6 +268,52 @@ fn two_xff_lines_the_last_address_wins() {
     );
 }
 
+/// A viewer's plain `GET /route/<stream>` is answered by the quick path;
+/// the same request with a query the answer ignores goes through the
+/// routes. Both give the same status, headers and body — a redirect, the
+/// proxy URL, an unknown stream, with and without `X-Forwarded-For`.
+#[test]
+fn the_quick_path_answers_exactly_as_the_routes() {
+    let r = harness::redis(&[]);
+    let mut t = table("https://a.example.net");
+    t.trusted_proxies = vec!["127.0.0.0/8".into()];
+    let (_agent, http, _dir) = agent_with(&r, &t, &["cam1"]);
+    // The header lines, without the date, in any order.
+    let strip_date = |head: &str| {
+        let mut lines: Vec<String> = head
+            .lines()
+            .filter(|l| !l.starts_with("date:"))
+            .map(str::to_owned)
+            .collect();
+        lines.sort_unstable();
+        lines
+    };
+    let mut statuses = Vec::new();
+    for stream in ["cam1", "cam2", "nothing-carries-this"] {
+        for xff in [
+            "",
+            "X-Forwarded-For: 192.0.2.5\r\n",
+            "X-Forwarded-For: 203.0.113.9\r\n",
+        ] {
+            let quick = get(http, &format!("/route/{stream}"), xff);
+            let routed = get(http, &format!("/route/{stream}?via=routes"), xff);
+            assert_eq!(quick.0, routed.0, "{stream} {xff}");
+            assert_eq!(
+                strip_date(&quick.1),
+                strip_date(&routed.1),
+                "{stream} {xff}"
+            );
+            assert_eq!(quick.2, routed.2, "{stream} {xff}");
+            statuses.push(quick.0);
+        }
+    }
+    // The cases are not all one answer: a redirect and a refusal at least.
+    assert!(
+        statuses.contains(&302) && statuses.iter().any(|s| *s != 302),
+        "{statuses:?}"
+    );
+}
+
 /// The `Location` header is percent-encoded: a stream name with spaces,
 /// non-ASCII or a `/` cannot change the URL (and is not dropped).
 #[test]
