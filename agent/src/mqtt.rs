@@ -141,10 +141,15 @@ pub async fn run(
     let mut down_since: Option<std::time::Instant> = None;
     // Health changes are handed to routing at most every FLUSH, so a burst
     // of reports (hundreds of nodes reconnecting) costs one snapshot, not
-    // one per message.
+    // one per message. Only a change routing must see at once (`prompt`:
+    // a node went down or up, a summary, a status) waits for the next
+    // FLUSH; new load figures alone (a summarizer hears its region's
+    // reports all the time) wait for the once-a-second recheck, so a
+    // snapshot of every node is built about once a second, not five times.
     let mut flush = tokio::time::interval(FLUSH);
     flush.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut dirty = false;
+    let mut prompt = false;
     // Silence is a matter of time passing: look again every second.
     let mut recheck = tokio::time::interval(Duration::from_secs(1));
     recheck.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -190,6 +195,7 @@ pub async fn run(
                     }
                 }
                 dirty |= !book.is_empty();
+                prompt = true;
                 continue;
             }
             _ = summarize.tick(), if connected && election.holding() => {
@@ -199,13 +205,14 @@ pub async fn run(
                 urgent = false;
                 continue;
             }
-            _ = flush.tick(), if dirty => {
+            _ = flush.tick(), if dirty && prompt => {
                 let health = book.health_at(Instant::now(), connected);
                 metrics
                     .cluster_nodes_reporting
                     .set(gauge_value(health.nodes.len() as u64));
                 state.set_health(health);
                 dirty = false;
+                prompt = false;
                 // A node of the region went down or up (its report cleared,
                 // or its serving probe changed): summarized at once, not
                 // at the next interval.
@@ -286,6 +293,7 @@ pub async fn run(
                                 }
                                 metrics.health_messages.inc();
                                 dirty = true;
+                                prompt = true;
                             }
                             Ok(None) => {}
                             Err(e) => {
@@ -314,15 +322,17 @@ pub async fn run(
                     }
                     _ => {}
                 }
-                let about = match wire::parse_topic(&prefix, &p.topic) {
-                    Some(wire::Topic::Health(n))
-                        if election.holding() && book.region_of(n) == own_region.as_deref() =>
-                    {
-                        Some(n.to_owned())
-                    }
-                    _ => None,
+                let (subject, report) = match wire::parse_topic(&prefix, &p.topic) {
+                    Some(wire::Topic::Health(n)) => (Some(n.to_owned()), true),
+                    Some(wire::Topic::Status(n)) => (Some(n.to_owned()), false),
+                    _ => (None, false),
                 };
-                let before = about.as_deref().map(|n| book.availability(n));
+                // A report of the summarizer's own region: its summary
+                // goes out at once when the node went down or up.
+                let about = subject.as_deref().is_some_and(|n| {
+                    report && election.holding() && book.region_of(n) == own_region.as_deref()
+                });
+                let before = subject.as_deref().map(|n| book.availability(n));
                 match book.take_delivered_at(
                     &prefix,
                     &p.topic,
@@ -333,9 +343,12 @@ pub async fn run(
                     Ok(true) => {
                         metrics.health_messages.inc();
                         dirty = true;
-                        if let (Some(n), Some(before)) = (&about, before) {
-                            urgent |= book.availability(n) != before;
-                        }
+                        let changed = subject
+                            .as_deref()
+                            .zip(before)
+                            .is_some_and(|(n, before)| book.availability(n) != before);
+                        prompt |= changed || !report;
+                        urgent |= changed && about;
                         // At once, unless one went out in the last FLUSH
                         // (then at the flush tick): a burst of changes
                         // costs one summary per FLUSH.
