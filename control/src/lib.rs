@@ -43,6 +43,7 @@ pub mod metrics;
 pub mod outbox;
 pub mod plan;
 pub mod reconcile;
+pub mod rollout;
 pub mod renew;
 pub mod run;
 pub mod saved;
