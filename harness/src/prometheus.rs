@@ -113,10 +113,15 @@ pub fn prometheus(targets: &[String], scrape_interval: Duration) -> Prometheus {
 fn wait_ready_long(p: &mut Process) -> bool {
     let deadline = Instant::now() + Duration::from_secs(30);
     while Instant::now() < deadline {
-        if wait_ready(p, |port| http_get(port, "/-/ready").is_ok_and(|(s, _)| s == 200)) {
+        if wait_ready(p, |port| {
+            http_get(port, "/-/ready").is_ok_and(|(s, _)| s == 200)
+        }) {
             return true;
         }
-        if p.child.as_mut().is_some_and(|c| matches!(c.try_wait(), Ok(Some(_)))) {
+        if p.child
+            .as_mut()
+            .is_some_and(|c| matches!(c.try_wait(), Ok(Some(_))))
+        {
             return false;
         }
     }

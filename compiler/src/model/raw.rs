@@ -151,6 +151,36 @@ pub struct Site {
     #[serde(default)]
     #[schemars(inner(regex(pattern = NAME_PATTERN)))]
     pub regions: Option<Vec<String>>,
+    /// The rollout gate's thresholds for this site, over the cluster's
+    /// `apply.gate` (docs/operations.md, "The gate"). Read by the control
+    /// plane only: never part of the edge's document.
+    #[serde(default)]
+    pub rollout: Option<SiteRollout>,
+}
+
+/// A site's own gate thresholds; each absent key takes the cluster's
+/// `apply.gate` value.
+#[derive(Debug, Clone, Default, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SiteRollout {
+    /// Fewer requests in the bake window: the site passes on bake time
+    /// alone.
+    #[serde(default)]
+    #[schemars(range(min = 0))]
+    pub min_requests: Option<u64>,
+    /// The largest increase of the site's 5xx ratio (0 to 1).
+    #[serde(default)]
+    #[schemars(range(min = 0.0, max = 1.0))]
+    pub max_5xx_ratio_increase: Option<f64>,
+    /// The largest increase of the site's refusal ratio, per reason (0 to
+    /// 1).
+    #[serde(default)]
+    #[schemars(range(min = 0.0, max = 1.0))]
+    pub max_refusal_ratio_increase: Option<f64>,
+    /// The largest drop of the site's cache hit ratio (0 to 1).
+    #[serde(default)]
+    #[schemars(range(min = 0.0, max = 1.0))]
+    pub max_hit_ratio_drop: Option<f64>,
 }
 
 fn yes() -> bool {

@@ -174,6 +174,37 @@ pub struct GateConfig {
     pub max_hit_ratio_drop: f64,
 }
 
+/// A site's own gate thresholds (`rollout:` in its file): each `None`
+/// takes the cluster's [`GateConfig`] value.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct SiteGate {
+    pub min_requests: Option<u64>,
+    pub max_5xx_ratio_increase: Option<f64>,
+    pub max_refusal_ratio_increase: Option<f64>,
+    pub max_hit_ratio_drop: Option<f64>,
+}
+
+impl GateConfig {
+    /// These thresholds with `site`'s override on top.
+    #[must_use]
+    pub fn for_site(&self, site: Option<&SiteGate>) -> GateConfig {
+        let Some(o) = site else {
+            return self.clone();
+        };
+        GateConfig {
+            prometheus: self.prometheus.clone(),
+            min_requests: o.min_requests.unwrap_or(self.min_requests),
+            max_5xx_ratio_increase: o
+                .max_5xx_ratio_increase
+                .unwrap_or(self.max_5xx_ratio_increase),
+            max_refusal_ratio_increase: o
+                .max_refusal_ratio_increase
+                .unwrap_or(self.max_refusal_ratio_increase),
+            max_hit_ratio_drop: o.max_hit_ratio_drop.unwrap_or(self.max_hit_ratio_drop),
+        }
+    }
+}
+
 /// `apply.gate.min_requests` when absent.
 pub const GATE_MIN_REQUESTS: u64 = 200;
 /// `apply.gate.max_5xx_ratio_increase` when absent.
@@ -236,6 +267,8 @@ pub struct Site {
     pub regions: Option<Box<[String]>>,
     /// How its hostnames get a certificate (`None`: plain HTTP only).
     pub tls: Option<Tls>,
+    /// Its own gate thresholds (`rollout:`), `None` for most sites.
+    pub rollout: Option<Box<SiteGate>>,
     /// The canonical JSON of the document (shared by host and aliases).
     pub doc: SiteDoc,
 }

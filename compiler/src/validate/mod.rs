@@ -25,7 +25,7 @@ use crate::model::resolved::{
     Acme, Anycast, AnycastPrefix, CacheSettings, Cluster, Config, FreezeWindow,
     GATE_MAX_5XX_RATIO_INCREASE, GATE_MAX_HIT_RATIO_DROP, GATE_MAX_REFUSAL_RATIO_INCREASE,
     GATE_MIN_REQUESTS, GateConfig, MAX_BODY_CEILING, Mqtt, Node, RedisTarget, Rollout, Site,
-    Thresholds, Tls, Upstream, WAVE_BAKE_MAX_S, Wave, Zone,
+    SiteGate, Thresholds, Tls, Upstream, WAVE_BAKE_MAX_S, Wave, Zone,
 };
 use crate::parse::{ParsedFile, Raw};
 

@@ -174,6 +174,10 @@ pub(super) fn site(ctx: &mut Ctx<'_>, raw: &raw::Site) -> Site {
     }
 
     let tls = check_tls(ctx, raw);
+    let rollout = raw
+        .rollout
+        .as_ref()
+        .map(|r| Box::new(check_rollout(ctx, r)));
     let max_body_size = raw
         .max_body_size
         .as_ref()
@@ -197,6 +201,7 @@ pub(super) fn site(ctx: &mut Ctx<'_>, raw: &raw::Site) -> Site {
         suspended: raw.suspended,
         regions,
         tls,
+        rollout,
         doc: SiteDoc {
             origin,
             fallback_origins: origins.into_iter().skip(1).collect(),
@@ -638,4 +643,32 @@ pub fn parse_size(text: &str) -> Option<u64> {
         return None;
     }
     digits.parse::<u64>().ok()?.checked_mul(unit)
+}
+
+/// `rollout:`: each ratio a number from 0 to 1 (the key's error names it;
+/// an invalid one is left to the cluster's value).
+fn check_rollout(ctx: &mut Ctx<'_>, raw: &raw::SiteRollout) -> SiteGate {
+    let mut ratio = |key: &str, v: Option<f64>| {
+        let v = v?;
+        if (0.0..=1.0).contains(&v) {
+            Some(v)
+        } else {
+            let d = ctx.error(
+                "invalid-value",
+                &format!("/rollout/{key}"),
+                format!("`{key}: {v}` is not a ratio from 0 to 1"),
+            );
+            help(d, "e.g. `0.05` allows 5 points more than before the change");
+            None
+        }
+    };
+    SiteGate {
+        min_requests: raw.min_requests,
+        max_5xx_ratio_increase: ratio("max_5xx_ratio_increase", raw.max_5xx_ratio_increase),
+        max_refusal_ratio_increase: ratio(
+            "max_refusal_ratio_increase",
+            raw.max_refusal_ratio_increase,
+        ),
+        max_hit_ratio_drop: ratio("max_hit_ratio_drop", raw.max_hit_ratio_drop),
+    }
 }

@@ -153,7 +153,13 @@ pub fn compare(
     for host in sorted {
         let t = thresholds(host);
         let get = |m: &BTreeMap<String, Counts>| m.get(host).unwrap_or(&none).clone();
-        match compare_site(host, &t, &get(&windows.before), &get(&windows.applied), &get(&windows.pending)) {
+        match compare_site(
+            host,
+            &t,
+            &get(&windows.before),
+            &get(&windows.applied),
+            &get(&windows.pending),
+        ) {
             Ok(None) => {}
             Ok(Some(note)) => notes.push(note),
             Err(r) => return Outcome::Halt(r),

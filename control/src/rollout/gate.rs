@@ -6,18 +6,25 @@
 //! absent) a wave passes on its bake time alone, and says so in a note;
 //! with one, the changed sites' live figures on the applied wave during
 //! the bake window are compared with the same sites before the change
-//! (docs/operations.md, "Rollouts in waves").
+//! and with the pending waves ([`super::figures`], the rules), the
+//! figures read from that Prometheus ([`super::prom`]); an unreachable
+//! Prometheus or a nonsense answer is a [`GateError`], on which the
+//! caller halts (docs/operations.md, "Rollouts in waves").
 
+use std::collections::BTreeMap;
 use std::fmt;
 use std::time::SystemTime;
 
-pub use compiler::model::resolved::GateConfig;
+pub use compiler::model::resolved::{GateConfig, SiteGate};
+
+use super::figures::{self, Outcome, Thresholds};
+use super::prom::{PromError, PromErrorKind, Prometheus};
 
 /// The note of a wave passed without a gate source.
 pub const NO_SOURCE_NOTE: &str = "no gate source: passed on bake time alone";
 
 /// What the gate is asked about one wave.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct GateRequest {
     /// The commit rolling out.
     pub commit: String,
@@ -36,6 +43,21 @@ pub struct GateRequest {
     pub before: (SystemTime, SystemTime),
     /// The applied wave's bake window: the "after" figures.
     pub bake: (SystemTime, SystemTime),
+    /// The changed sites' own thresholds (`rollout:` in a site's file),
+    /// by host and alias ([`site_gates`]); a host not here takes `cfg`'s.
+    pub site_gates: BTreeMap<String, SiteGate>,
+}
+
+/// Every host and alias of the sites with their own thresholds
+/// (`rollout:`), for [`GateRequest::site_gates`].
+#[must_use]
+pub fn site_gates(config: &compiler::Config) -> BTreeMap<String, SiteGate> {
+    config
+        .sites
+        .iter()
+        .filter_map(|s| Some((s, s.rollout.as_deref()?)))
+        .flat_map(|(s, g)| s.hosts().map(move |h| (h.to_owned(), g.clone())))
+        .collect()
 }
 
 /// The gate's answer.
@@ -110,12 +132,46 @@ pub async fn judge(cfg: &GateConfig, req: &GateRequest) -> Result<Verdict, GateE
             notes: vec!["no site's document changed: passed on bake time alone".to_owned()],
         });
     }
-    // The comparison of the changed sites' figures over `source`: until
-    // it is built, an unjudged wave halts rather than passing silently.
-    Err(GateError {
-        kind: GateErrorKind::Unsupported,
-        detail: format!("figures from {source} cannot be compared by this build"),
+    let prom = Prometheus::new(source).map_err(gate_error)?;
+    let windows = prom
+        .windows(
+            &req.changed_hosts,
+            &req.applied_nodes,
+            &req.pending_nodes,
+            req.before,
+            req.bake,
+        )
+        .await
+        .map_err(gate_error)?;
+    let outcome = figures::compare(&req.changed_hosts, &windows, |host| {
+        let t = cfg.for_site(req.site_gates.get(host));
+        Thresholds {
+            min_requests: t.min_requests,
+            max_5xx_ratio_increase: t.max_5xx_ratio_increase,
+            max_refusal_ratio_increase: t.max_refusal_ratio_increase,
+            max_hit_ratio_drop: t.max_hit_ratio_drop,
+        }
+    });
+    Ok(match outcome {
+        Outcome::Pass { notes } => Verdict::Pass { notes },
+        Outcome::Halt(r) => Verdict::Halt {
+            host: r.host,
+            figure: r.figure,
+            before: r.before,
+            after: r.after,
+            threshold: r.threshold,
+        },
     })
+}
+
+fn gate_error(e: PromError) -> GateError {
+    GateError {
+        kind: match e.kind {
+            PromErrorKind::Unreachable => GateErrorKind::Unreachable,
+            PromErrorKind::BadAnswer => GateErrorKind::BadAnswer,
+        },
+        detail: e.detail,
+    }
 }
 
 #[cfg(test)]
@@ -133,6 +189,7 @@ mod tests {
             pending_nodes: vec!["edge-2".into()],
             before: (t(100), t(200)),
             bake: (t(200), t(300)),
+            site_gates: BTreeMap::new(),
         }
     }
 

@@ -19,7 +19,9 @@
 //! halted), a newer commit waits; it starts once the live one completes
 //! or is aborted.
 
+pub mod figures;
 pub mod gate;
+pub mod prom;
 // pub mod run;
 
 use std::collections::BTreeMap;

@@ -80,36 +80,57 @@ pub struct Sample {
     pub value: f64,
 }
 
-/// A Prometheus server's query API.
-#[derive(Debug, Clone)]
+type Https = hyper_util::client::legacy::Client<
+    hyper_rustls::HttpsConnector<hyper_util::client::legacy::connect::HttpConnector>,
+    http_body_util::Full<bytes::Bytes>,
+>;
+
+/// A Prometheus server's query API, over `http://` or `https://`
+/// (verified against the system's trust store), each query bounded by
+/// [`QUERY_TIMEOUT`].
+#[derive(Clone)]
 pub struct Prometheus {
-    http: reqwest::Client,
+    http: Https,
     query_url: url::Url,
 }
 
+impl fmt::Debug for Prometheus {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Prometheus")
+            .field("query_url", &self.query_url.as_str())
+            .finish_non_exhaustive()
+    }
+}
+
 impl Prometheus {
-    /// For the server at `base` (`http://host:port`, a path prefix kept).
+    /// For the server at `base` (`http(s)://host:port`, a path prefix
+    /// kept).
     ///
     /// # Errors
-    /// `base` is not an `http://` URL (`BadAnswer` is never returned
-    /// here: the kind is `Unreachable`, as no server can be asked).
+    /// `base` is not an `http(s)://` URL, or the system's trust store
+    /// cannot be read (kind `Unreachable`: no server can be asked).
     pub fn new(base: &str) -> Result<Prometheus, PromError> {
         let unusable = |detail: String| PromError {
             kind: PromErrorKind::Unreachable,
             detail,
         };
         let mut url = url::Url::parse(base).map_err(|e| unusable(format!("{base}: {e}")))?;
-        if url.scheme() != "http" {
-            return Err(unusable(format!(
-                "{base}: only http:// is supported (use a local proxy for TLS)"
-            )));
+        if !matches!(url.scheme(), "http" | "https") || url.host().is_none() {
+            return Err(unusable(format!("{base}: not an http(s):// URL")));
         }
         let path = format!("{}/api/v1/query", url.path().trim_end_matches('/'));
         url.set_path(&path);
-        let http = reqwest::Client::builder()
-            .timeout(QUERY_TIMEOUT)
-            .build()
-            .map_err(|e| unusable(format!("HTTP client: {e}")))?;
+        url.set_query(None);
+        let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+        let connector = hyper_rustls::HttpsConnectorBuilder::new()
+            .with_provider_and_platform_verifier(provider)
+            .map_err(|e| unusable(format!("the system's roots: {e}")))?
+            .https_or_http()
+            .enable_http1()
+            .build();
+        let http =
+            hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+                .build(connector);
         Ok(Prometheus {
             http,
             query_url: url,
@@ -121,39 +142,46 @@ impl Prometheus {
     /// # Errors
     /// See [`PromError`].
     pub async fn query(&self, promql: &str, at: SystemTime) -> Result<Vec<Sample>, PromError> {
+        use http_body_util::BodyExt as _;
         let body = url::form_urlencoded::Serializer::new(String::new())
             .append_pair("query", promql)
             .append_pair("time", &unix(at))
             .finish();
-        let unreachable = |e: reqwest::Error| PromError {
+        let unreachable = |detail: String| PromError {
             kind: PromErrorKind::Unreachable,
-            detail: format!("{}: {e}", self.query_url),
+            detail: format!("{}: {detail}", self.query_url),
         };
-        let mut res = self
-            .http
-            .post(self.query_url.clone())
-            .header("Content-Type", "application/x-www-form-urlencoded")
-            .body(body)
-            .send()
+        let req = http::Request::post(self.query_url.as_str())
+            .header(
+                http::header::CONTENT_TYPE,
+                "application/x-www-form-urlencoded",
+            )
+            .body(http_body_util::Full::new(bytes::Bytes::from(body)))
+            .map_err(|e| unreachable(e.to_string()))?;
+        let deadline = tokio::time::Instant::now() + QUERY_TIMEOUT;
+        let timed_out = || unreachable(format!("no answer within {}s", QUERY_TIMEOUT.as_secs()));
+        let res = tokio::time::timeout_at(deadline, self.http.request(req))
             .await
-            .map_err(unreachable)?;
+            .map_err(|_| timed_out())?
+            .map_err(|e| unreachable(e.to_string()))?;
         let status = res.status();
-        let mut text = Vec::new();
-        while let Some(chunk) = res.chunk().await.map_err(unreachable)? {
-            if text.len() + chunk.len() > MAX_ANSWER {
-                return Err(bad(format!("answer larger than {MAX_ANSWER} bytes")));
-            }
-            text.extend_from_slice(&chunk);
-        }
+        let text = tokio::time::timeout_at(
+            deadline,
+            http_body_util::Limited::new(res.into_body(), MAX_ANSWER).collect(),
+        )
+        .await
+        .map_err(|_| timed_out())?
+        .map_err(|e| {
+            bad(format!(
+                "the answer could not be read (at most {MAX_ANSWER} bytes): {e}"
+            ))
+        })?
+        .to_bytes();
         if status.is_server_error() {
-            return Err(PromError {
-                kind: PromErrorKind::Unreachable,
-                detail: format!(
-                    "{}: HTTP {status}: {}",
-                    self.query_url,
-                    edgestate::untrusted::preview(&text, 300)
-                ),
-            });
+            return Err(unreachable(format!(
+                "HTTP {status}: {}",
+                edgestate::untrusted::preview(&text, 300)
+            )));
         }
         parse_answer(&text)
     }
@@ -198,8 +226,7 @@ impl Prometheus {
             for (metric, by) in [(REQUESTS, "class"), (REFUSALS, "reason"), (CACHE, "cache")] {
                 let q = format!("sum by (host, {by}) (increase({metric}{sel}[{range}]))");
                 for s in self.query(&q, window.1).await? {
-                    let (Some(host), Some(label)) = (s.labels.get("host"), s.labels.get(by))
-                    else {
+                    let (Some(host), Some(label)) = (s.labels.get("host"), s.labels.get(by)) else {
                         continue;
                     };
                     let c = out.entry(host.clone()).or_default();
@@ -326,7 +353,9 @@ pub fn parse_answer(body: &[u8]) -> Result<Vec<Sample>, PromError> {
             edgestate::untrusted::escape(&a.error.unwrap_or_default())
         )));
     }
-    let data = a.data.ok_or_else(|| bad("no data in a successful answer"))?;
+    let data = a
+        .data
+        .ok_or_else(|| bad("no data in a successful answer"))?;
     if data.result_type != "vector" {
         return Err(bad(format!(
             "a {} where an instant vector was expected",
@@ -402,10 +431,10 @@ mod tests {
     }
 
     #[test]
-    fn only_plain_http_urls_are_taken() {
+    fn only_http_urls_are_taken() {
         assert!(Prometheus::new("http://127.0.0.1:9090").is_ok());
-        assert!(Prometheus::new("http://127.0.0.1:9090/prom/").is_ok());
-        for bad in ["https://prom.example", "not a url", "ftp://x"] {
+        assert!(Prometheus::new("https://prom.example/prom/").is_ok());
+        for bad in ["not a url", "ftp://x", "unix:/run/p.sock"] {
             let e = Prometheus::new(bad).unwrap_err();
             assert_eq!(e.kind, PromErrorKind::Unreachable, "{bad}");
         }

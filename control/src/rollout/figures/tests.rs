@@ -47,12 +47,19 @@ fn hosts() -> Vec<String> {
 #[test]
 fn a_site_as_healthy_as_before_passes_without_a_note() {
     let w = windows(healthy(), healthy(), healthy());
-    assert_eq!(compare(&hosts(), &w, |_| T), Outcome::Pass { notes: vec![] });
+    assert_eq!(
+        compare(&hosts(), &w, |_| T),
+        Outcome::Pass { notes: vec![] }
+    );
 }
 
 #[test]
 fn a_5xx_ratio_past_its_threshold_halts_naming_host_figure_and_values() {
-    let w = windows(healthy(), counts(1000.0, 500.0, &[], 900.0, 100.0), healthy());
+    let w = windows(
+        healthy(),
+        counts(1000.0, 500.0, &[], 900.0, 100.0),
+        healthy(),
+    );
     let Outcome::Halt(r) = compare(&hosts(), &w, |_| T) else {
         panic!("halts");
     };
@@ -70,8 +77,15 @@ fn a_5xx_ratio_past_its_threshold_halts_naming_host_figure_and_values() {
 #[test]
 fn an_increase_within_the_threshold_passes() {
     // 0.1 % → 2 %: +0.019, under 0.02.
-    let w = windows(healthy(), counts(1000.0, 20.0, &[], 900.0, 100.0), healthy());
-    assert_eq!(compare(&hosts(), &w, |_| T), Outcome::Pass { notes: vec![] });
+    let w = windows(
+        healthy(),
+        counts(1000.0, 20.0, &[], 900.0, 100.0),
+        healthy(),
+    );
+    assert_eq!(
+        compare(&hosts(), &w, |_| T),
+        Outcome::Pass { notes: vec![] }
+    );
 }
 
 #[test]
@@ -117,7 +131,10 @@ fn caching_turned_off_counts_as_a_hit_ratio_of_zero() {
 fn a_site_never_cached_is_not_judged_on_its_hit_ratio() {
     let uncached = counts(1000.0, 0.0, &[], 0.0, 0.0);
     let w = windows(uncached.clone(), uncached.clone(), uncached);
-    assert_eq!(compare(&hosts(), &w, |_| T), Outcome::Pass { notes: vec![] });
+    assert_eq!(
+        compare(&hosts(), &w, |_| T),
+        Outcome::Pass { notes: vec![] }
+    );
 }
 
 #[test]
@@ -149,7 +166,10 @@ fn an_outage_the_pending_waves_share_does_not_halt_a_good_change() {
     // before, but no worse than the pending waves.
     let outage = counts(1000.0, 400.0, &[], 900.0, 100.0);
     let w = windows(healthy(), outage.clone(), outage);
-    assert_eq!(compare(&hosts(), &w, |_| T), Outcome::Pass { notes: vec![] });
+    assert_eq!(
+        compare(&hosts(), &w, |_| T),
+        Outcome::Pass { notes: vec![] }
+    );
 }
 
 #[test]
@@ -185,7 +205,10 @@ fn without_any_reference_the_site_passes_with_a_note() {
     let Outcome::Pass { notes } = compare(&hosts(), &w, |_| T) else {
         panic!("passes");
     };
-    assert!(notes[0].contains("too little traffic to compare"), "{notes:?}");
+    assert!(
+        notes[0].contains("too little traffic to compare"),
+        "{notes:?}"
+    );
 }
 
 #[test]
