@@ -19,8 +19,9 @@
 //! halted), a newer commit waits; it starts once the live one completes
 //! or is aborted.
 
+pub mod cmd;
 pub mod gate;
-// pub mod run;
+pub mod run;
 
 use std::collections::BTreeMap;
 
