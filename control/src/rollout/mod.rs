@@ -19,10 +19,11 @@
 //! halted), a newer commit waits; it starts once the live one completes
 //! or is aborted.
 
+pub mod cmd;
 pub mod figures;
 pub mod gate;
 pub mod prom;
-// pub mod run;
+pub mod run;
 
 use std::collections::BTreeMap;
 
