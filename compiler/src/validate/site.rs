@@ -174,10 +174,7 @@ pub(super) fn site(ctx: &mut Ctx<'_>, raw: &raw::Site) -> Site {
     }
 
     let tls = check_tls(ctx, raw);
-    let rollout = raw
-        .rollout
-        .as_ref()
-        .map(|r| Box::new(check_rollout(ctx, r)));
+    let rollout = raw.rollout.as_ref().map(|r| Box::new(check_rollout(r)));
     let max_body_size = raw
         .max_body_size
         .as_ref()
@@ -645,30 +642,13 @@ pub fn parse_size(text: &str) -> Option<u64> {
     digits.parse::<u64>().ok()?.checked_mul(unit)
 }
 
-/// `rollout:`: each ratio a number from 0 to 1 (the key's error names it;
-/// an invalid one is left to the cluster's value).
-fn check_rollout(ctx: &mut Ctx<'_>, raw: &raw::SiteRollout) -> SiteGate {
-    let mut ratio = |key: &str, v: Option<f64>| {
-        let v = v?;
-        if (0.0..=1.0).contains(&v) {
-            Some(v)
-        } else {
-            let d = ctx.error(
-                "invalid-value",
-                &format!("/rollout/{key}"),
-                format!("`{key}: {v}` is not a ratio from 0 to 1"),
-            );
-            help(d, "e.g. `0.05` allows 5 points more than before the change");
-            None
-        }
-    };
+/// `rollout:` as the control plane reads it (the schema keeps each ratio
+/// from 0 to 1: `out-of-range` at its key).
+fn check_rollout(raw: &raw::SiteRollout) -> SiteGate {
     SiteGate {
         min_requests: raw.min_requests,
-        max_5xx_ratio_increase: ratio("max_5xx_ratio_increase", raw.max_5xx_ratio_increase),
-        max_refusal_ratio_increase: ratio(
-            "max_refusal_ratio_increase",
-            raw.max_refusal_ratio_increase,
-        ),
-        max_hit_ratio_drop: ratio("max_hit_ratio_drop", raw.max_hit_ratio_drop),
+        max_5xx_ratio_increase: raw.max_5xx_ratio_increase,
+        max_refusal_ratio_increase: raw.max_refusal_ratio_increase,
+        max_hit_ratio_drop: raw.max_hit_ratio_drop,
     }
 }

@@ -734,3 +734,36 @@ fn the_small_repository_fixtures_are_each_valid_alone_where_they_can_be() {
             .all(|d| d.severity == Severity::Warning)
     );
 }
+
+// ---- a site's own gate thresholds (`rollout:`) ----
+
+#[test]
+fn a_sites_rollout_thresholds_reach_the_control_plane_not_the_edge() {
+    let plain = valid(&with(&[(S, &site(""))]));
+    let with_gate = valid(&with(&[(
+        S,
+        &site("rollout: {max_5xx_ratio_increase: 0.1, min_requests: 50}\n"),
+    )]));
+    let find = |c: &crate::Config| {
+        c.sites
+            .iter()
+            .find(|s| s.host == "s.example.com")
+            .cloned()
+            .expect("the site")
+    };
+    let (plain, gated) = (find(&plain), find(&with_gate));
+    assert_eq!(plain.rollout, None);
+    let gate = gated.rollout.as_deref().expect("its thresholds");
+    assert_eq!(gate.max_5xx_ratio_increase, Some(0.1));
+    assert_eq!(gate.min_requests, Some(50));
+    assert_eq!(gate.max_hit_ratio_drop, None);
+    // The edge's document is the same with or without them.
+    assert_eq!(plain.doc, gated.doc);
+}
+
+#[test]
+fn a_sites_rollout_ratio_above_1_is_out_of_range_at_its_key() {
+    let c = site_repo(&site("rollout:\n  max_hit_ratio_drop: 1.5\n"));
+    assert_eq!(codes(&c), ["out-of-range"], "{}", lines(&c));
+    error(&c, "out-of-range", "sites/s.yaml:4:23");
+}
