@@ -43,8 +43,8 @@ pub mod metrics;
 pub mod outbox;
 pub mod plan;
 pub mod reconcile;
-pub mod rollout;
 pub mod renew;
+pub mod rollout;
 pub mod run;
 pub mod saved;
 #[cfg(test)]

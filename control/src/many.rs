@@ -534,7 +534,12 @@ pub async fn renew_all(
 }
 
 /// Count and log each target's apply outcome of `what` (sync, renew).
-pub(crate) fn applied_report(what: &str, source: &Source, results: Vec<Applied>, flags: &Settings) -> Report {
+pub(crate) fn applied_report(
+    what: &str,
+    source: &Source,
+    results: Vec<Applied>,
+    flags: &Settings,
+) -> Report {
     let mut report = Report::default();
     let metrics = &flags.metrics;
     for (job, r) in &results {

@@ -537,7 +537,9 @@ pub async fn reconcile(
                         jobs
                     } else {
                         let at = crate::rollout::run::healable(&source).await;
-                        jobs.into_iter().filter(|j| at.contains(&j.node.name)).collect()
+                        jobs.into_iter()
+                            .filter(|j| at.contains(&j.node.name))
+                            .collect()
                     };
                     heal_all(&source, jobs, &flags, &root, tracker).await
                 }

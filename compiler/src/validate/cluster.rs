@@ -455,7 +455,15 @@ pub(super) fn waves_select_targets(
                         format!("wave `{}` names no node `{name}`", w.name)
                     },
                 );
-                help(d, did_you_mean(name, &target_names, "targets", Some("no node has a `redis` block")));
+                help(
+                    d,
+                    did_you_mean(
+                        name,
+                        &target_names,
+                        "targets",
+                        Some("no node has a `redis` block"),
+                    ),
+                );
                 continue;
             };
             if let Some(j) = waves[..i].iter().position(|e| e.selects(node)) {
@@ -477,7 +485,10 @@ pub(super) fn waves_select_targets(
                     &format!("{base}/regions/{k}"),
                     format!("region `{region}` has no target"),
                 );
-                help(d, did_you_mean(region, &known, "regions with targets", None));
+                help(
+                    d,
+                    did_you_mean(region, &known, "regions with targets", None),
+                );
             }
         }
         for (k, role) in w.roles.iter().enumerate() {
@@ -490,14 +501,22 @@ pub(super) fn waves_select_targets(
             }
         }
     }
-    for (i, members) in cluster.rollout.assign(nodes.iter().map(|(n, _)| n)).iter().enumerate() {
+    for (i, members) in cluster
+        .rollout
+        .assign(nodes.iter().map(|(n, _)| n))
+        .iter()
+        .enumerate()
+    {
         if members.is_empty() {
             let d = ctx.error(
                 "empty-wave",
                 &format!("/apply/waves/{i}"),
                 format!("wave `{}` selects no target", waves[i].name),
             );
-            help(d, "every target it names is in an earlier wave, or it names none");
+            help(
+                d,
+                "every target it names is in an earlier wave, or it names none",
+            );
         }
     }
     out.append(&mut ctx.out);

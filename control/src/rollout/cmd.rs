@@ -7,7 +7,9 @@ use std::time::Instant;
 
 use anyhow::Result;
 
-use super::run::{Advanced, Ctx, abort as abort_rollout, load, promote as promote_rollout, render, to_json};
+use super::run::{
+    Advanced, Ctx, abort as abort_rollout, load, promote as promote_rollout, render, to_json,
+};
 use crate::many::Settings;
 
 /// `rollout status [--format json]`: exit 0 (also with no rollout).
@@ -63,7 +65,10 @@ pub async fn promote(root: &Path, state_dir: &Path, settings: &Settings) -> Resu
         }
         _ => 0,
     };
-    print!("{}", render(&load(&*store)?, compiler::clock::checked_now()));
+    print!(
+        "{}",
+        render(&load(&*store)?, compiler::clock::checked_now())
+    );
     Ok(u8::from(failed > 0))
 }
 
@@ -88,6 +93,9 @@ pub async fn abort(root: &Path, state_dir: &Path, settings: &Settings) -> Result
         return Ok(1);
     }
     let failed = crate::cmd::report_applied(&applied, started.elapsed());
-    print!("{}", render(&load(&*store)?, compiler::clock::checked_now()));
+    print!(
+        "{}",
+        render(&load(&*store)?, compiler::clock::checked_now())
+    );
     Ok(u8::from(failed > 0))
 }

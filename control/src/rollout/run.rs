@@ -119,10 +119,7 @@ async fn start(ctx: &Ctx<'_>, source: &Source) -> Result<Option<Record>> {
         .iter()
         .max_by_key(|(_, n)| **n)
         .map(|(c, _)| (*c).to_owned());
-    let changed = match common
-        .as_deref()
-        .map(|c| source_at(ctx.root, ctx.store, c))
-    {
+    let changed = match common.as_deref().map(|c| source_at(ctx.root, ctx.store, c)) {
         Some(Ok(before)) => changed_hosts(&before.compiled, &source.compiled),
         other => {
             if let Some(Err(e)) = other {

@@ -77,7 +77,12 @@ fn each_target_is_in_the_first_wave_that_selects_it_and_rest_takes_the_others() 
     let planned = plan(&rollout(), &nodes());
     let names: Vec<(&str, Vec<&str>)> = planned
         .iter()
-        .map(|w| (w.name.as_str(), w.nodes.iter().map(String::as_str).collect()))
+        .map(|w| {
+            (
+                w.name.as_str(),
+                w.nodes.iter().map(String::as_str).collect(),
+            )
+        })
         .collect();
     assert_eq!(
         names,
@@ -103,7 +108,11 @@ fn waves_without_rest_leave_unselected_targets_out() {
     let mut r = rollout();
     r.waves.pop();
     let planned = plan(&r, &nodes());
-    assert!(planned.iter().all(|w| !w.nodes.iter().any(|n| n == "edge-nyc-1")));
+    assert!(
+        planned
+            .iter()
+            .all(|w| !w.nodes.iter().any(|n| n == "edge-nyc-1"))
+    );
 }
 
 fn record() -> Record {
@@ -113,7 +122,13 @@ fn record() -> Record {
         .filter(|n| n.redis.is_some())
         .map(|n| (n.name.clone(), Some("old".to_owned())))
         .collect();
-    Record::new("new", previous, vec!["a.example.com".into()], &planned, 1000)
+    Record::new(
+        "new",
+        previous,
+        vec!["a.example.com".into()],
+        &planned,
+        1000,
+    )
 }
 
 #[test]
@@ -160,7 +175,10 @@ fn a_halt_waits_for_the_operator_and_promote_moves_on_recording_who() {
     let State::Halted { site, figure, .. } = &r.state else {
         panic!("halted: {:?}", r.state)
     };
-    assert_eq!((site.as_str(), figure.as_str()), ("a.example.com", "5xx_ratio"));
+    assert_eq!(
+        (site.as_str(), figure.as_str()),
+        ("a.example.com", "5xx_ratio")
+    );
     assert_eq!(r.step(99_999), Step::Halted);
     assert_eq!(r.promote("ops@host"), Some(1));
     assert_eq!(r.waves[1].promoted_by.as_deref(), Some("ops@host"));

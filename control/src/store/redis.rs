@@ -43,9 +43,9 @@ use edgestate::target::{RedisTarget, TargetError, TlsFiles};
 use redis::Value;
 
 use super::{
-    MAX_CERT_BYTES, MAX_OUTBOX_ENTRY_BYTES, MAX_RENEWAL_STATE_BYTES, MAX_ROLLOUT_STATE_BYTES, Store, StoreError, StoredCert,
-    kept_commit, valid_cert_name, valid_node, valid_outbox_name, valid_secret_name,
-    valid_secret_value,
+    MAX_CERT_BYTES, MAX_OUTBOX_ENTRY_BYTES, MAX_RENEWAL_STATE_BYTES, MAX_ROLLOUT_STATE_BYTES,
+    Store, StoreError, StoredCert, kept_commit, valid_cert_name, valid_node, valid_outbox_name,
+    valid_secret_name, valid_secret_value,
 };
 
 /// Every key of the store starts with this.
