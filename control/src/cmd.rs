@@ -46,6 +46,8 @@ pub async fn plan(
 ) -> Result<u8> {
     let jobs = jobs(source, only)?;
     let human = format == PlanFormat::Human;
+    // The waves the change goes through (`apply.waves`; none: all at once).
+    let waves = crate::rollout::plan(&source.config.cluster.rollout, &source.config.nodes);
     let guard = std::sync::Arc::new(Guard {
         commit: source.commit.clone(),
         ancestor: std::sync::Arc::new(Ancestor::new(root, &source.commit)),
@@ -118,9 +120,10 @@ pub async fn plan(
                 "warning: apply would refuse {refused} target(s) (see above)."
             );
         }
+        render_waves(&mut text, &waves);
         std::io::stdout().lock().write_all(text.as_bytes())?;
     } else {
-        let v = serde_json::json!({"commit": source.commit, "changes": changed > 0, "targets": json_targets});
+        let v = serde_json::json!({"commit": source.commit, "changes": changed > 0, "targets": json_targets, "waves": waves});
         writeln!(std::io::stdout().lock(), "{v}")?;
     }
     if let Some(path) = out {
@@ -227,6 +230,28 @@ fn progress(len: usize) -> indicatif::ProgressBar {
         bar.set_style(style);
     }
     bar
+}
+
+/// `plan`'s lines on the waves a change goes through.
+fn render_waves(text: &mut String, waves: &[crate::rollout::PlannedWave]) {
+    if waves.is_empty() {
+        return;
+    }
+    let _ = writeln!(text, "Rollout in {} wave(s) (apply.waves):", waves.len());
+    for (i, w) in waves.iter().enumerate() {
+        let _ = writeln!(
+            text,
+            "  {}. {}: {} — bake {}s",
+            i + 1,
+            w.name,
+            if w.nodes.is_empty() {
+                "(no target)".to_owned()
+            } else {
+                w.nodes.join(", ")
+            },
+            w.bake_s
+        );
+    }
 }
 
 /// Print apply outcomes; returns the number of failures.
@@ -485,7 +510,8 @@ async fn apply_waves(
             notes,
         } => {
             drop(out);
-            let failed = if applied.is_empty() {
+            let nothing = applied.is_empty();
+            let failed = if nothing {
                 0
             } else {
                 report_applied(&applied, started.elapsed())
@@ -511,7 +537,8 @@ async fn apply_waves(
                 }
                 (Step::Wait { wave, until }, _) => writeln!(
                     out,
-                    "wave {} applied; bakes until {}; `edgeform rollout promote` or the daemon moves it on",
+                    "{}wave {} applied; bakes until {}; `edgeform rollout promote` or the daemon moves it on",
+                    if nothing { "nothing applied: " } else { "" },
                     record.waves[wave].name,
                     compiler::clock::rfc3339(until)
                 )?,

@@ -121,8 +121,8 @@ impl Wave {
     #[must_use]
     pub fn selects(&self, node: &Node) -> bool {
         self.is_rest()
-            || self.nodes.iter().any(|n| *n == node.name)
-            || self.regions.iter().any(|r| *r == node.region)
+            || self.nodes.contains(&node.name)
+            || self.regions.contains(&node.region)
             || self.roles.iter().any(|r| node.has(*r))
     }
 }
@@ -151,9 +151,7 @@ impl Rollout {
     /// The wave index of `node` ([`Self::assign`]'s rule).
     #[must_use]
     pub fn wave_of(&self, node: &Node) -> Option<usize> {
-        if node.redis.is_none() {
-            return None;
-        }
+        node.redis.as_ref()?;
         self.waves.iter().position(|w| w.selects(node))
     }
 }

@@ -31,6 +31,7 @@ mod purge;
 mod push;
 mod renew;
 mod role_gate;
+mod rollout;
 mod rollout_gate;
 mod router;
 mod rule_regex_edge;
