@@ -303,3 +303,278 @@ fn judge_reads_each_figure_from_a_real_prometheus() {
     let err = block_on(judge(&cfg, &request(&["fine.example.com"]))).unwrap_err();
     assert_eq!(err.kind, GateErrorKind::Unreachable, "{err}");
 }
+
+// ---- end to end: real edges, real traffic, the real daemon ----
+
+fn node_yaml(name: &str, host: u8, redis_port: u16) -> String {
+    format!(
+        "name: {name}\nroles: [edge]\nregion: eu\nlocation: {{lat: 52.0, lon: 4.0}}\n\
+         addresses: [198.51.100.{host}]\nredis: {{url: \"redis://127.0.0.1:{redis_port}\"}}\n"
+    )
+}
+
+fn site_yaml(host: &str, origin_port: u16, extra: &str) -> String {
+    format!("host: {host}\norigin: http://127.0.0.1:{origin_port}\nloopback: true\n{extra}")
+}
+
+/// A viewer in London (MaxMind's test database: GB) behind the trusted
+/// proxy, asking `host` for `path`: the status.
+fn get(port: u16, host: &str, path: &str) -> u16 {
+    crate::util::exchange(
+        port,
+        &format!(
+            "GET {path} HTTP/1.1\r\nHost: {host}\r\nX-Forwarded-For: 81.2.69.142\r\n\
+             Connection: close\r\n\r\n"
+        ),
+        Duration::from_secs(5),
+    )
+    .status
+}
+
+/// The load generator: one thread per edge asking each site in turn
+/// (`a.test` and `c.test` one cached path, `b.test` a new path each
+/// time), about 60 requests a second per site and edge, until `stop`.
+fn load(
+    ports: Vec<u16>,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+) -> Vec<std::thread::JoinHandle<u64>> {
+    ports
+        .into_iter()
+        .map(|port| {
+            let stop = std::sync::Arc::clone(&stop);
+            std::thread::spawn(move || {
+                let mut n = 0u64;
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    for host in ["a.test", "b.test", "c.test"] {
+                        let path = if host == "b.test" {
+                            format!("/u/{n}")
+                        } else {
+                            "/fixed".to_owned()
+                        };
+                        get(port, host, &path);
+                        n += 1;
+                    }
+                    std::thread::sleep(Duration::from_millis(15));
+                }
+                n
+            })
+        })
+        .collect()
+}
+
+fn commit_of(redis_port: u16) -> Option<String> {
+    let out = std::process::Command::new("redis-cli")
+        .args(["-p", &redis_port.to_string(), "HGET", edgestate::keys::META, "commit"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).trim().to_owned();
+    (!text.is_empty()).then_some(text)
+}
+
+/// Every commit a target's history names (`edgeform:history`).
+fn history_commits(redis_port: u16) -> Vec<String> {
+    let out = std::process::Command::new("redis-cli")
+        .args(["-p", &redis_port.to_string(), "LRANGE", edgestate::keys::HISTORY, "0", "-1"])
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter_map(|e| e["commit"].as_str().map(str::to_owned))
+        .collect()
+}
+
+/// Three sites on three real edges under real traffic, a real Prometheus
+/// scraping the edges' metrics listeners, the real reconcile daemon with
+/// waves canary (edge-1, bake 5 s) → rest, `auto_rollback: true`:
+/// - a good change rolls through both waves and completes;
+/// - `b.test`'s origin moved to a dead port: the canary answers 502, the
+///   gate halts after the canary naming `b.test` and `5xx_ratio`, the
+///   other edges never receive the commit, the canary returns to the old
+///   one, and the daemon's `edgeform_rollout_halted` says so;
+/// - a geo block of the wrong country (GB, the viewers' own) on `c.test`
+///   is caught by `refusal_ratio:geo-blocked`.
+#[test]
+fn the_gate_lets_a_good_change_through_and_stops_a_bad_one_after_the_canary() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    let redis: Vec<harness::Process> = (0..3).map(|_| harness::redis(&[])).collect();
+    let rports: Vec<u16> = redis.iter().map(|r| r.port).collect();
+    let edges: Vec<harness::nginx::Edge> = (0..3)
+        .map(|i| {
+            let mut o = harness::nginx::EdgeOptions::new(rports[i]);
+            o.node = format!("edge-{}", i + 1);
+            harness::nginx::edge(&o)
+        })
+        .collect();
+    let origin = harness::nginx::origin("ok", 200);
+    let targets: Vec<String> = edges
+        .iter()
+        .map(|e| format!("127.0.0.1:{}", e.metrics_port))
+        .collect();
+    let prom = harness::prometheus::prometheus(&targets, Duration::from_millis(500));
+
+    let tmp = tempfile::tempdir().unwrap();
+    let state = tmp.path().join("state");
+    let cluster = |waves: bool| {
+        let mut c = "name: test\ntrusted_proxies: [127.0.0.1/32]\n".to_owned();
+        if waves {
+            let _ = write!(
+                c,
+                "apply:\n  waves:\n    - {{name: canary, nodes: [edge-1], bake: 5s}}\n    - {{name: rest}}\n\
+                 \x20 prometheus: {}\n  auto_rollback: true\n  gate: {{min_requests: 50}}\n",
+                prom.url()
+            );
+        }
+        c
+    };
+    let nodes: Vec<String> = (0..3)
+        .map(|i| node_yaml(&format!("edge-{}", i + 1), 11 + i as u8, rports[i]))
+        .collect();
+    let op = origin.process.port;
+    let f = crate::util::Fixture::with(&[
+        ("cluster.yaml", &cluster(false)),
+        ("nodes/edge-1.yaml", &nodes[0]),
+        ("nodes/edge-2.yaml", &nodes[1]),
+        ("nodes/edge-3.yaml", &nodes[2]),
+        ("sites/a.yaml", &site_yaml("a.test", op, "")),
+        ("sites/b.yaml", &site_yaml("b.test", op, "cached: false\n")),
+        ("sites/c.yaml", &site_yaml("c.test", op, "")),
+    ]);
+    let repo = f.path();
+    let run = |args: &[&str]| crate::util::edgeform_with_state(repo, &state, args);
+    let c1 = f.commit("c1");
+    let o = run(&["apply", "--yes"]);
+    assert!(o.status.success(), "{}", crate::util::stderr(&o));
+    for e in &edges {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while get(e.process.port, "a.test", "/fixed") != 200 {
+            assert!(Instant::now() < deadline, "{}", e.error_log());
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let load = load(edges.iter().map(|e| e.process.port).collect(), Arc::clone(&stop));
+    prom.wait_targets_up(Duration::from_secs(20));
+    // Traffic before the change.
+    std::thread::sleep(Duration::from_secs(6));
+
+    let metrics = harness::free_port();
+    let daemon = harness::program(
+        Path::new(env!("CARGO_BIN_EXE_edgeform")),
+        [
+            "--repo",
+            repo.to_str().unwrap(),
+            "--state-dir",
+            state.to_str().unwrap(),
+            "reconcile",
+            "--sync-every",
+            "1s",
+            "--heal-every",
+            "1h",
+            "--metrics-listen",
+            &format!("127.0.0.1:{metrics}"),
+        ]
+        .map(str::to_owned)
+        .to_vec(),
+        std::net::Ipv4Addr::LOCALHOST,
+        metrics,
+    );
+    let status = || {
+        let o = run(&["rollout", "status", "--format", "json"]);
+        assert!(o.status.success(), "{}", crate::util::stderr(&o));
+        serde_json::from_str::<serde_json::Value>(&crate::util::stdout(&o)).unwrap()
+    };
+    // Until the rollout of `commit` is in `state`; meanwhile `check`.
+    let wait_for = |commit: &str, want: &str, check: &dyn Fn()| {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            check();
+            let s = status();
+            if s["rollout"]["commit"] == commit && s["rollout"]["state"] == want {
+                return s;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "rollout of {commit} not {want}: {s}\n{}",
+                daemon.log()
+            );
+            std::thread::sleep(Duration::from_millis(300));
+        }
+    };
+
+    // A good change (a cache rule no request matches): both waves.
+    f.write_all(&[
+        ("cluster.yaml", &cluster(true)),
+        (
+            "sites/a.yaml",
+            &site_yaml(
+                "a.test",
+                op,
+                "cache_rules: [{match_type: prefix, match_value: /static/, action: ttl, ttl: 60}]\n",
+            ),
+        ),
+    ]);
+    let c2 = f.commit("c2: a cache rule");
+    let s = wait_for(&c2, "complete", &|| {});
+    assert_eq!(s["rollout"]["changed_hosts"], serde_json::json!(["a.test"]));
+    assert!(rports.iter().all(|p| commit_of(*p).as_deref() == Some(&c2)));
+    assert_ne!(c1, c2);
+
+    // b.test's origin moved to a dead port: 502 on the canary.
+    let dead = harness::free_port();
+    f.write_all(&[("sites/b.yaml", &site_yaml("b.test", dead, "cached: false\n"))]);
+    let c3 = f.commit("c3: b.test to a dead origin");
+    let never_elsewhere = || {
+        for p in &rports[1..] {
+            assert_eq!(commit_of(*p).as_deref(), Some(c2.as_str()), "edge beyond the canary moved");
+        }
+    };
+    let s = wait_for(&c3, "aborted", &never_elsewhere);
+    let by = s["rollout"]["by"].as_str().unwrap_or_default().to_owned();
+    assert!(by.contains("b.test") && by.contains("5xx_ratio"), "{s}");
+    assert!(
+        daemon.log().contains("rollout halted by the gate"),
+        "{}",
+        daemon.log()
+    );
+    assert_eq!(commit_of(rports[0]).as_deref(), Some(c2.as_str()), "the canary is back");
+    assert!(history_commits(rports[0]).contains(&c3), "the canary had it");
+    for p in &rports[1..] {
+        assert!(!history_commits(*p).contains(&c3), "never received it");
+    }
+    let m = crate::util::exchange(
+        metrics,
+        "GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+        Duration::from_secs(5),
+    )
+    .body;
+    assert!(
+        m.lines()
+            .any(|l| l.starts_with("edgeform_rollout_halted{") && l.contains(&c3) && l.ends_with(" 1")),
+        "{m}"
+    );
+
+    // A geo block of the wrong country: GB, where the viewers are.
+    f.write_all(&[
+        ("sites/b.yaml", &site_yaml("b.test", op, "cached: false\n")),
+        (
+            "sites/c.yaml",
+            &site_yaml("c.test", op, "geo_mode: block\ngeo_codes: [GB]\n"),
+        ),
+    ]);
+    let c4 = f.commit("c4: c.test blocks GB");
+    let s = wait_for(&c4, "aborted", &never_elsewhere);
+    let by = s["rollout"]["by"].as_str().unwrap_or_default().to_owned();
+    assert!(
+        by.contains("c.test") && by.contains("refusal_ratio:geo-blocked"),
+        "{s}"
+    );
+    assert_eq!(commit_of(rports[0]).as_deref(), Some(c2.as_str()));
+
+    stop.store(true, Ordering::Relaxed);
+    let sent: u64 = load.into_iter().map(|t| t.join().unwrap()).sum();
+    assert!(sent > 1000, "the load generator sent {sent} requests");
+}
