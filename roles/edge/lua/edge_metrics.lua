@@ -76,10 +76,11 @@ local function upstream_seconds(v)
 end
 _M.upstream_seconds = upstream_seconds
 
--- Count one request: the site key matched ("" or nil: none), its status,
--- cache status ("" none), the reason the edge set ("" none), bytes sent,
--- upstream seconds (nil: did not go upstream).
-function _M.record(host, status, cache, reason, bytes, up)
+-- Count `n` requests alike: the site key matched ("" or nil: none), their
+-- status, cache status ("" none), the reason the edge set ("" none), bytes
+-- sent (each), upstream seconds (each; nil: did not go upstream).
+function _M.record(host, status, cache, reason, bytes, up, n)
+  n = n or 1
   if not host or host == "" then host = UNKNOWN end
   local s = sites[host]
   if not s then
@@ -87,37 +88,62 @@ function _M.record(host, status, cache, reason, bytes, up)
     sites[host] = s
   end
   local class = floor(status / 100)
-  if class >= 1 and class <= 5 then s.req[class] = s.req[class] + 1 end
+  if class >= 1 and class <= 5 then s.req[class] = s.req[class] + n end
   if cache ~= "" then
     local i = CACHE[cache]
-    if i then s.cache[i] = s.cache[i] + 1 end
+    if i then s.cache[i] = s.cache[i] + n end
   end
-  if reason ~= "" then s.reasons[reason] = (s.reasons[reason] or 0) + 1 end
-  s.bytes = s.bytes + bytes
+  if reason ~= "" then s.reasons[reason] = (s.reasons[reason] or 0) + n end
+  s.bytes = s.bytes + bytes * n
   if up then
     local i = 1
     while i <= NB and up > BUCKETS[i] do i = i + 1 end
-    s.up[i] = s.up[i] + 1
-    s.up_sum = s.up_sum + up
-    s.up_n = s.up_n + 1
+    s.up[i] = s.up[i] + n
+    s.up_sum = s.up_sum + up * n
+    s.up_n = s.up_n + n
   end
 end
 
--- The log phase: $edge_metrics (the template's map) is "$status\n
+-- Requests not yet counted, by their $edge_metrics text: the log phase
+-- does one table update per request (cache HITs of one object are one
+-- text); the texts are read at the next flush, or when MAX_PENDING
+-- distinct ones wait (misses differ by upstream time).
+local pending, n_pending = {}, 0
+local MAX_PENDING = 10000
+
+-- $edge_metrics (the template's map), counted `n` times: "$status\n
 -- $edge_site\n$edge_reason\n$upstream_cache_status\n$bytes_sent\n
 -- $upstream_response_time". The serving probe's requests are not counted.
-function _M.log()
-  local v = ngx.var.edge_metrics
+local function parse(v, n)
   local a = find(v, "\n", 1, true)
-  local b = find(v, "\n", a + 1, true)
-  local c = find(v, "\n", b + 1, true)
-  local d = find(v, "\n", c + 1, true)
-  local e = find(v, "\n", d + 1, true)
+  local b = a and find(v, "\n", a + 1, true)
+  local c = b and find(v, "\n", b + 1, true)
+  local d = c and find(v, "\n", c + 1, true)
+  local e = d and find(v, "\n", d + 1, true)
+  if not e then return end
   local host = sub(v, a + 1, b - 1)
   local reason = sub(v, b + 1, c - 1)
   if host == "" and reason == "probe" then return end
   _M.record(host, tonumber(sub(v, 1, a - 1)) or 0, sub(v, c + 1, d - 1), reason,
-    tonumber(sub(v, d + 1, e - 1)) or 0, upstream_seconds(sub(v, e + 1)))
+    tonumber(sub(v, d + 1, e - 1)) or 0, upstream_seconds(sub(v, e + 1)), n)
+end
+
+local function fold()
+  local batch = pending
+  pending, n_pending = {}, 0
+  for v, n in pairs(batch) do parse(v, n) end
+end
+
+function _M.log()
+  local v = ngx.var.edge_metrics
+  local n = pending[v]
+  if n then
+    pending[v] = n + 1
+    return
+  end
+  if n_pending >= MAX_PENDING then fold() end
+  pending[v] = 1
+  n_pending = n_pending + 1
 end
 
 -- The label a host's counts are added under: itself while the dict tracks
@@ -160,6 +186,7 @@ end
 -- Add this worker's counts into the dict and start new ones.
 local function flush()
   if not dict then return end
+  fold()
   local batch = sites
   sites = {}
   for host, s in pairs(batch) do
