@@ -37,6 +37,7 @@ mod router;
 mod rule_regex_edge;
 mod schema;
 mod serve;
+mod site_metrics;
 mod state_store;
 mod stream;
 mod targets;
