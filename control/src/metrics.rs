@@ -23,7 +23,8 @@
 //! and the ACME certificates' `edgeform_certificate_expiry_timestamp_seconds{host}`
 //! and `edgeform_certificate_renewal_failures_total{host}`; the rollouts'
 //! `edgeform_rollout_halted{commit}` (1 while the gate holds a commit's
-//! rollout halted).
+//! rollout halted, and after the gate's automatic rollback until the next
+//! rollout starts).
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -121,7 +122,8 @@ pub struct Metrics {
     /// `edgeform_certificate_renewal_failures_total{host}`.
     pub renewal_failures: Family<HostLabel, Counter>,
     /// `edgeform_rollout_halted{commit}`: 1 while the commit's rollout is
-    /// halted by the gate.
+    /// halted by the gate, or rolled back by it (`auto_rollback`) until the
+    /// next rollout starts.
     pub rollout_halted: Family<CommitLabel, Gauge>,
     /// The commit each target's info metric names (to drop the old one).
     commits: Mutex<BTreeMap<String, String>>,
@@ -425,6 +427,12 @@ impl Metrics {
         } else {
             self.rollout_halted.remove(&label);
         }
+    }
+
+    /// A new rollout starts: no commit is halted any more (an automatic
+    /// rollback's alert clears here).
+    pub fn rollouts_halted_clear(&self) {
+        self.rollout_halted.clear();
     }
 
     /// Write the textfile to `path` after every run from now on.

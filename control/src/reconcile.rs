@@ -383,8 +383,17 @@ async fn rollout_sync(
             for n in &notes {
                 tracing::info!(commit = %record.commit, "rollout: {n}");
             }
-            let halted = matches!(record.state, crate::rollout::State::Halted { .. });
-            flags.metrics.rollout_halted(&record.commit, halted);
+            // Halted: 1 (also for a daemon restarted on a halted rollout).
+            // Aborted: left as it is, so the alert of the gate's automatic
+            // rollback stays until the next rollout starts. Moving on
+            // (promoted elsewhere) clears it.
+            match record.state {
+                crate::rollout::State::Halted { .. } => {
+                    flags.metrics.rollout_halted(&record.commit, true);
+                }
+                crate::rollout::State::Aborted { .. } => {}
+                _ => flags.metrics.rollout_halted(&record.commit, false),
+            }
             tracing::info!(commit = %record.commit, state = record.state.as_str(), waves_applied = record.applied_count(), "rollout");
             Some(super::many::applied_report("sync", rolling, applied, flags))
         }

@@ -129,6 +129,7 @@ async fn start(ctx: &Ctx<'_>, source: &Source) -> Result<Option<Record>> {
             changed_hosts(&empty, &source.compiled)
         }
     };
+    ctx.flags.metrics.rollouts_halted_clear();
     Ok(Some(Record::new(
         &source.commit,
         previous,
@@ -254,6 +255,10 @@ pub async fn advance(ctx: &Ctx<'_>, source: &Source, one_wave: bool) -> Result<A
                         let (r, back) = abort(ctx, &by).await?;
                         applied.extend(back);
                         record = r.unwrap_or(record);
+                        // The regression still alerts after the automatic
+                        // rollback (an operator looks at it); the series goes
+                        // when the next rollout starts.
+                        ctx.flags.metrics.rollout_halted(&record.commit, true);
                     }
                     break;
                 }
