@@ -353,7 +353,6 @@ impl Record {
 }
 
 /// Pure: the halted state of a gate verdict (`Ok(())` for a pass).
-#[must_use]
 pub fn verdict_state(verdict: &Result<gate::Verdict, gate::GateError>) -> Result<(), State> {
     match verdict {
         Ok(gate::Verdict::Pass { .. }) => Ok(()),
