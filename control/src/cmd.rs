@@ -347,7 +347,6 @@ pub fn read_plan(path: &Path) -> Result<SavedPlan> {
 /// # Errors
 /// Loading errors, a missing `--yes`, [`Refused`].
 #[allow(clippy::too_many_arguments)]
-#[allow(clippy::too_many_arguments)]
 pub async fn apply(
     root: &Path,
     source: Source,

@@ -767,7 +767,7 @@ pub struct Wave {
     #[serde(default)]
     pub roles: Vec<Role>,
     /// How long the wave runs before the next one starts (default `0s`:
-    /// the gate alone), whole seconds, at most `7d` (`168h`).
+    /// the gate alone), whole seconds, at most `168h` (a week).
     #[serde(default)]
     #[schemars(regex(pattern = DURATION_PATTERN))]
     pub bake: Option<String>,

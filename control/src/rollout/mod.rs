@@ -335,13 +335,18 @@ impl Record {
 
     /// `rollout promote` by `by`: the next wave now, whatever the bake
     /// or a halt said (the operator's call, recorded on the wave).
-    /// Returns the wave to apply, or `None` when nothing is left.
+    /// Returns the wave to apply, or `None` when nothing is left: a live
+    /// rollout whose every wave is applied is then complete (the
+    /// operator accepts the last wave without its bake or past a halt).
     pub fn promote(&mut self, by: &str) -> Option<usize> {
         if !self.state.is_live() {
             return None;
         }
         let next = self.applied_count();
-        let wave = self.waves.get_mut(next)?;
+        let Some(wave) = self.waves.get_mut(next) else {
+            self.state = State::Complete;
+            return None;
+        };
         wave.promoted_by = Some(by.to_owned());
         self.state = State::Ready;
         Some(next)
@@ -355,7 +360,6 @@ impl Record {
 }
 
 /// Pure: the halted state of a gate verdict (`Ok(())` for a pass).
-#[must_use]
 pub fn verdict_state(verdict: &Result<gate::Verdict, gate::GateError>) -> Result<(), State> {
     match verdict {
         Ok(gate::Verdict::Pass { .. }) => Ok(()),

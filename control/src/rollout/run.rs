@@ -284,11 +284,18 @@ pub async fn promote(ctx: &Ctx<'_>, by: &str) -> Result<Advanced> {
         anyhow::bail!("no rollout is live: nothing to promote");
     };
     let commit = record.commit.clone();
-    if record.promote(by).is_none() {
-        anyhow::bail!("the rollout of {commit} has no wave left to promote");
-    }
+    let next = record.promote(by);
+    let promoted = record.clone();
     ctx.flags.metrics.rollout_halted(&commit, false);
     save(ctx.store, &book)?;
+    if next.is_none() {
+        // Every wave applied: the operator completed it.
+        return Ok(Advanced::Stands {
+            record: promoted,
+            applied: Vec::new(),
+            notes: Vec::new(),
+        });
+    }
     let source = source_at(ctx.root, ctx.store, &commit)?;
     advance(ctx, &source, true).await
 }

@@ -246,3 +246,22 @@ fn a_book_that_is_not_json_is_an_error_not_a_panic() {
     assert!(Book::parse(Some("\u{0}")).is_err());
     assert_eq!(Book::parse(None).expect("empty"), Book::default());
 }
+
+#[test]
+fn promote_after_the_last_wave_completes_the_rollout() {
+    let mut r = record();
+    for wave in 0..3 {
+        r.applied(wave, 1000);
+        if wave < 2 {
+            r.judged(Ok(()));
+        }
+    }
+    r.judged(Err(State::Halted {
+        site: "a.example.com".into(),
+        figure: "5xx_ratio".into(),
+        detail: String::new(),
+    }));
+    assert_eq!(r.promote("ops@host"), None);
+    assert_eq!(r.state, State::Complete);
+    assert_eq!(r.step(1000), Step::Done);
+}

@@ -222,3 +222,121 @@ fn a_commit_rolls_out_wave_by_wave_waits_its_turn_aborts_back_and_is_never_reapp
             .all(|p| meta(*p, "commit").as_deref() == Some(&c3))
     );
 }
+
+#[test]
+fn a_gate_that_cannot_judge_halts_the_rollout_and_auto_rollback_puts_the_canary_back() {
+    let redis: Vec<harness::Process> = (0..2).map(|_| harness::redis(&[])).collect();
+    let ports: Vec<u16> = redis.iter().map(|r| r.port).collect();
+    let tmp = tempfile::tempdir().unwrap();
+    let state = tmp.path().join("state");
+    let f = Fixture::with(&[
+        ("nodes/edge-1.yaml", &node("edge-1", 11, ports[0])),
+        ("nodes/edge-2.yaml", &node("edge-2", 12, ports[1])),
+    ]);
+    let repo = f.path();
+    let run = |args: &[&str]| edgeform_with_state(repo, &state, args);
+    let c1 = f.commit("c1");
+    assert!(run(&["apply", "--yes"]).status.success());
+    // The gate's source answers nothing: the gate cannot judge.
+    let dead = harness::free_port();
+    let cluster = format!(
+        "apply:\n  waves:\n    - {{name: canary, nodes: [edge-1], bake: 1s}}\n    - {{name: rest}}\n  \
+         prometheus: http://127.0.0.1:{dead}\n  auto_rollback: true\n"
+    );
+    f.write_all(&[
+        ("cluster.yaml", &cluster),
+        ("sites/a.yaml", &site("http://192.0.2.2")),
+    ]);
+    let c2 = f.commit("c2");
+    let o = run(&["apply", "--yes"]);
+    assert!(o.status.success(), "{}{}", stdout(&o), stderr(&o));
+    assert_eq!(meta(ports[0], "commit").as_deref(), Some(c2.as_str()));
+    std::thread::sleep(Duration::from_millis(2100));
+    // The sync job asks the gate after the bake: halted, rolled back.
+    let o = run(&["reconcile", "--once", "sync"]);
+    assert!(
+        stderr(&o).contains("rollout halted by the gate"),
+        "{}",
+        stderr(&o)
+    );
+    assert!(
+        ports
+            .iter()
+            .all(|p| meta(*p, "commit").as_deref() == Some(&c1))
+    );
+    assert_eq!(newest(ports[0])["consent"], "rollback by rollout abort");
+    let s = status_json(repo, &state);
+    assert_eq!(s["rollout"]["state"], "aborted");
+    assert!(
+        s["rollout"]["by"]
+            .as_str()
+            .unwrap()
+            .starts_with("gate (auto_rollback)"),
+        "{s}"
+    );
+    assert_eq!(s["aborted"], serde_json::json!([c2]));
+    // Never applied again: the next sync leaves every target on c1.
+    let o = run(&["reconcile", "--once", "sync"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(
+        ports
+            .iter()
+            .all(|p| meta(*p, "commit").as_deref() == Some(&c1))
+    );
+}
+
+#[test]
+fn a_halted_rollout_waits_for_the_operator_and_promote_moves_it_on_recording_who() {
+    let redis: Vec<harness::Process> = (0..2).map(|_| harness::redis(&[])).collect();
+    let ports: Vec<u16> = redis.iter().map(|r| r.port).collect();
+    let tmp = tempfile::tempdir().unwrap();
+    let state = tmp.path().join("state");
+    let f = Fixture::with(&[
+        ("nodes/edge-1.yaml", &node("edge-1", 11, ports[0])),
+        ("nodes/edge-2.yaml", &node("edge-2", 12, ports[1])),
+    ]);
+    let repo = f.path();
+    let run = |args: &[&str]| edgeform_with_state(repo, &state, args);
+    let c1 = f.commit("c1");
+    assert!(run(&["apply", "--yes"]).status.success());
+    let dead = harness::free_port();
+    let cluster = format!(
+        "apply:\n  waves:\n    - {{name: canary, nodes: [edge-1], bake: 1s}}\n    - {{name: rest}}\n  \
+         prometheus: http://127.0.0.1:{dead}\n"
+    );
+    f.write_all(&[
+        ("cluster.yaml", &cluster),
+        ("sites/a.yaml", &site("http://192.0.2.2")),
+    ]);
+    let c2 = f.commit("c2");
+    assert!(run(&["apply", "--yes"]).status.success());
+    std::thread::sleep(Duration::from_millis(2100));
+    // The next apply asks the gate: halted, nothing more applied.
+    let o = run(&["apply", "--yes"]);
+    assert_eq!(o.status.code(), Some(1), "{}", stdout(&o));
+    assert!(
+        stdout(&o).contains("halted: the gate could not judge"),
+        "{}",
+        stdout(&o)
+    );
+    assert_eq!(meta(ports[0], "commit").as_deref(), Some(c2.as_str()));
+    assert_eq!(meta(ports[1], "commit").as_deref(), Some(c1.as_str()));
+    assert_eq!(status_json(repo, &state)["rollout"]["state"], "halted");
+    // The operator's call: the next wave anyway, recorded on the wave.
+    let o = run(&["rollout", "promote"]);
+    assert!(o.status.success(), "{}{}", stdout(&o), stderr(&o));
+    assert!(stdout(&o).contains("(promoted by "), "{}", stdout(&o));
+    assert_eq!(meta(ports[1], "commit").as_deref(), Some(c2.as_str()));
+    assert_eq!(meta(ports[1], "wave").as_deref(), Some("rest"));
+    let s = status_json(repo, &state);
+    assert!(
+        s["rollout"]["waves"][1]["promoted_by"].as_str().is_some(),
+        "{s}"
+    );
+    assert_eq!(s["rollout"]["state"], "baking");
+    // Every wave applied: promoting again accepts the last one (the gate
+    // would halt it again), and the cluster is free for the next commit.
+    let o = run(&["rollout", "promote"]);
+    assert!(o.status.success(), "{}{}", stdout(&o), stderr(&o));
+    assert_eq!(status_json(repo, &state)["rollout"]["state"], "complete");
+}
