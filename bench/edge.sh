@@ -101,6 +101,7 @@ fport=$(free); hop3=$(free)
 mkdir -p "$work/root/run/empty" "$work/empty"
 sed -e "s|127.0.0.1:$pport|127.0.0.1:$fport|g" -e "s|$hop2|$hop3|g" \
   -e "s|127.0.0.1:$phttps|127.0.0.1:$fhttps|g" -e "s|127.0.0.1:$pproxy|127.0.0.1:$fproxy|g" \
+  -e "s|127.0.0.1:$EDGE_METRICS_CANDIDATE;|127.0.0.1:$(free);|g" \
   -e "s|$work/root/run/candidate|$work/root/run/empty|g" "$bundle/candidate/nginx.conf" > "$work/empty/nginx.conf"
 # The same configuration without the Lua access phase; and with an empty
 # one (`return`: the fixed cost of running any Lua phase at all).

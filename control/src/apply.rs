@@ -233,6 +233,8 @@ impl Options {
                 .filter(|_| self.overrides.adopt && relation.ancestry == plan::Ancestry::Unknown)
                 .map(str::to_owned),
             clock_moved: self.audit.moved.map(compiler::clock::rfc3339),
+            wave: self.audit.wave.clone(),
+            consent: self.audit.consent.clone(),
         }
     }
 }
@@ -691,6 +693,9 @@ pub(crate) fn set_meta(
     if let Some(entry) = history {
         // Before the meta: the meta's reply stays the last one.
         super::audit::record(pipe, entry);
+        if super::audit::clears_wave(entry) {
+            pipe.cmd("HDEL").arg(keys::META).arg("wave");
+        }
     }
     let mut hset = redis::cmd("HSET");
     hset.arg(keys::META)

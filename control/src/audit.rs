@@ -27,6 +27,12 @@ pub struct Audit {
     /// a certificate would otherwise expire within 72 hours: recorded in
     /// the entry (`freeze`, `urgent_renewal`).
     pub urgent_renewal: Option<UrgentRenewal>,
+    /// The rollout wave this write moves targets in (`apply.waves`):
+    /// recorded in the meta (`wave`) and the entry.
+    pub wave: Option<String>,
+    /// Why the rollback guard let this write move a target back, when a
+    /// rollout did it (e.g. `rollback by rollout abort`): in the entry.
+    pub consent: Option<String>,
 }
 
 /// Why a renewal went through an open freeze window: the window and, in
@@ -53,6 +59,8 @@ impl Audit {
             now,
             moved: compiler::clock::moved(),
             urgent_renewal: None,
+            wave: None,
+            consent: None,
         }
     }
 }
@@ -136,6 +144,13 @@ pub struct Entry {
     /// time, this the real one (RFC 3339, UTC).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub clock_moved: Option<String>,
+    /// The rollout wave the write belongs to (`apply.waves`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub wave: Option<String>,
+    /// The rollback guard's consent given by a rollout (`rollback by
+    /// rollout abort`), in place of `--allow-rollback` on the command line.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub consent: Option<String>,
 }
 
 /// Append to `pipe` (inside MULTI) the entry and the trim to
@@ -149,7 +164,8 @@ pub fn record(pipe: &mut redis::Pipeline, entry: &Entry) {
         .arg(HISTORY_CAP - 1);
 }
 
-/// The meta fields of the audit: `applied_by`, `forced`, `command`.
+/// The meta fields of the audit: `applied_by`, `forced`, `command`, and
+/// `wave` when the write is a rollout's.
 pub fn meta_fields(cmd: &mut redis::Cmd, entry: &Entry) {
     cmd.arg("applied_by")
         .arg(&entry.applied_by)
@@ -157,6 +173,16 @@ pub fn meta_fields(cmd: &mut redis::Cmd, entry: &Entry) {
         .arg(if entry.forced { "true" } else { "false" })
         .arg("command")
         .arg(&entry.command);
+    if let Some(wave) = &entry.wave {
+        cmd.arg("wave").arg(wave);
+    }
+}
+
+/// Whether a write of `entry` leaves an older `wave` field of the meta
+/// stale: a move (apply, sync) outside any rollout. Repairs keep it.
+#[must_use]
+pub fn clears_wave(entry: &Entry) -> bool {
+    entry.wave.is_none() && matches!(entry.action.as_str(), "apply" | "sync")
 }
 
 /// A target's history as read (`LRANGE 0 -1`), newest first; entries that

@@ -46,6 +46,8 @@ pub async fn plan(
 ) -> Result<u8> {
     let jobs = jobs(source, only)?;
     let human = format == PlanFormat::Human;
+    // The waves the change goes through (`apply.waves`; none: all at once).
+    let waves = crate::rollout::plan(&source.config.cluster.rollout, &source.config.nodes);
     let guard = std::sync::Arc::new(Guard {
         commit: source.commit.clone(),
         ancestor: std::sync::Arc::new(Ancestor::new(root, &source.commit)),
@@ -118,9 +120,10 @@ pub async fn plan(
                 "warning: apply would refuse {refused} target(s) (see above)."
             );
         }
+        render_waves(&mut text, &waves);
         std::io::stdout().lock().write_all(text.as_bytes())?;
     } else {
-        let v = serde_json::json!({"commit": source.commit, "changes": changed > 0, "targets": json_targets});
+        let v = serde_json::json!({"commit": source.commit, "changes": changed > 0, "targets": json_targets, "waves": waves});
         writeln!(std::io::stdout().lock(), "{v}")?;
     }
     if let Some(path) = out {
@@ -229,6 +232,28 @@ fn progress(len: usize) -> indicatif::ProgressBar {
     bar
 }
 
+/// `plan`'s lines on the waves a change goes through.
+fn render_waves(text: &mut String, waves: &[crate::rollout::PlannedWave]) {
+    if waves.is_empty() {
+        return;
+    }
+    let _ = writeln!(text, "Rollout in {} wave(s) (apply.waves):", waves.len());
+    for (i, w) in waves.iter().enumerate() {
+        let _ = writeln!(
+            text,
+            "  {}. {}: {} — bake {}s",
+            i + 1,
+            w.name,
+            if w.nodes.is_empty() {
+                "(no target)".to_owned()
+            } else {
+                w.nodes.join(", ")
+            },
+            w.bake_s
+        );
+    }
+}
+
 /// Print apply outcomes; returns the number of failures.
 #[must_use]
 pub fn report_applied(results: &[Applied], took: Duration) -> usize {
@@ -330,6 +355,7 @@ pub async fn apply(
     yes: bool,
     allow_dirty: bool,
     settings: &Settings,
+    state_dir: &Path,
 ) -> Result<u8> {
     // A dirty working tree has no ancestry for the rollback guard to
     // protect: refused unless asked for.
@@ -338,6 +364,15 @@ pub async fn apply(
             commit: source.commit.clone(),
         }
         .into());
+    }
+    // With `apply.waves`, a whole-cluster apply moves the rollout one wave
+    // on (`--node` and a saved plan apply what they name, as without).
+    if saved.is_none()
+        && only.is_empty()
+        && let Some(code) = apply_waves(root, &source, yes, settings, state_dir).await?
+    {
+        free_later(source);
+        return Ok(code);
     }
     let only: Vec<String> = match saved {
         Some(p) if only.is_empty() => p.targets.iter().map(|t| t.node.clone()).collect(),
@@ -396,6 +431,137 @@ pub async fn apply(
     let failed = report_applied(&results, started.elapsed());
     free_later(source);
     Ok(u8::from(failed > 0))
+}
+
+/// `apply` under `apply.waves`: the next wave of the commit's rollout
+/// (started if need be), or why it waits. `None`: not a rollout (no
+/// waves, or every target holds the commit), apply as usual.
+async fn apply_waves(
+    root: &Path,
+    source: &Source,
+    yes: bool,
+    settings: &Settings,
+    state_dir: &Path,
+) -> Result<Option<u8>> {
+    use crate::rollout::run::{Advanced, Ctx, advance};
+    use crate::rollout::{Blocked, Step};
+    // Without waves, only a live rollout (of a commit that had them) is
+    // in the way; no state is made for nothing.
+    let store = if source.config.cluster.rollout.waves.is_empty() {
+        match crate::store::open_existing(state_dir)? {
+            Some(store) if crate::rollout::run::load(&*store)?.live().is_some() => store,
+            _ => return Ok(None),
+        }
+    } else {
+        crate::store::open(state_dir)?
+    };
+    if !yes {
+        eprint!(
+            "Roll {} out to its next wave? Only `yes` is accepted: ",
+            short(&source.commit)
+        );
+        std::io::stderr().flush()?;
+        let mut answer = String::new();
+        std::io::stdin().read_line(&mut answer)?;
+        if answer.trim() != "yes" {
+            eprintln!("Apply cancelled.");
+            return Ok(Some(1));
+        }
+    }
+    let ctx = Ctx {
+        root,
+        flags: settings,
+        store: &*store,
+        action: crate::gate::Action::Apply,
+    };
+    let started = Instant::now();
+    let mut out = std::io::stdout().lock();
+    match advance(&ctx, source, true).await? {
+        Advanced::NotARollout => Ok(None),
+        Advanced::Blocked(Blocked::Busy { live, state }) => {
+            writeln!(
+                out,
+                "{} waits: the rollout of {} is {state} (one commit at a time; \
+                 `edgeform rollout status`, `rollout promote` or `rollout abort`). Nothing was applied.",
+                short(&source.commit),
+                short(&live)
+            )?;
+            Ok(Some(1))
+        }
+        Advanced::Blocked(Blocked::Aborted) => {
+            writeln!(
+                out,
+                "{} was aborted and is not applied again; commit a fix (a newer commit starts a new rollout). Nothing was applied.",
+                short(&source.commit)
+            )?;
+            Ok(Some(1))
+        }
+        Advanced::Frozen(why) => {
+            writeln!(
+                out,
+                "the next wave waits: {why} (--break-glass overrides). Nothing was applied."
+            )?;
+            Ok(Some(1))
+        }
+        Advanced::Stands {
+            record,
+            applied,
+            notes,
+        } => {
+            drop(out);
+            let nothing = applied.is_empty();
+            let failed = if nothing {
+                0
+            } else {
+                report_applied(&applied, started.elapsed())
+            };
+            let mut out = std::io::stdout().lock();
+            for n in &notes {
+                writeln!(out, "{n}")?;
+            }
+            let now = compiler::clock::checked_now();
+            let applied_waves = record.applied_count();
+            let last = applied_waves
+                .checked_sub(1)
+                .map(|i| record.waves[i].name.clone());
+            match (record.step(now), &record.state) {
+                (_, crate::rollout::State::Halted { .. })
+                | (_, crate::rollout::State::Aborted { .. }) => {
+                    write!(
+                        out,
+                        "{}",
+                        crate::rollout::run::render(&crate::rollout::run::load(ctx.store)?, now)
+                    )?;
+                    return Ok(Some(1));
+                }
+                (Step::Wait { wave, until }, _) => writeln!(
+                    out,
+                    "{}wave {} applied; bakes until {}; `edgeform rollout promote` or the daemon moves it on",
+                    if nothing { "nothing applied: " } else { "" },
+                    record.waves[wave].name,
+                    compiler::clock::rfc3339(until)
+                )?,
+                (Step::Judge { wave }, _) => writeln!(
+                    out,
+                    "wave {} applied and baked; the next `apply` (or the daemon) asks the gate and moves it on",
+                    record.waves[wave].name
+                )?,
+                (Step::Apply { wave }, _) => writeln!(
+                    out,
+                    "wave {} passed; the next `apply` (or the daemon) applies wave {}",
+                    last.unwrap_or_default(),
+                    record.waves[wave].name
+                )?,
+                (Step::Done, _) => writeln!(
+                    out,
+                    "rollout of {} complete: every wave applied",
+                    short(&record.commit)
+                )?,
+                (Step::Halted, _) => {}
+            }
+            Ok(Some(u8::from(failed > 0)))
+        }
+    }
 }
 
 // ----------------------------------------------------------------- unlock

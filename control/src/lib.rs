@@ -44,6 +44,7 @@ pub mod outbox;
 pub mod plan;
 pub mod reconcile;
 pub mod renew;
+pub mod rollout;
 pub mod run;
 pub mod saved;
 #[cfg(test)]

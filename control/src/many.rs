@@ -263,6 +263,33 @@ pub async fn apply_all(
     apply_all_with(source, jobs, flags, options, expect, root, tick).await
 }
 
+/// [`apply_all`] recording `wave` (the rollout wave, in the meta and the
+/// history) and `consent` (the rollback guard's consent a rollout gave)
+/// with every write.
+pub async fn apply_rollout(
+    source: &Source,
+    jobs: Vec<Job>,
+    flags: &Settings,
+    action: Action,
+    root: &Path,
+    wave: Option<&str>,
+    consent: Option<&str>,
+) -> Vec<Applied> {
+    let mut options = options(source, flags, action);
+    options.audit.wave = wave.map(str::to_owned);
+    options.audit.consent = consent.map(str::to_owned);
+    apply_all_with(
+        source,
+        jobs,
+        flags,
+        Arc::new(options),
+        None,
+        root,
+        Arc::new(|| {}),
+    )
+    .await
+}
+
 /// [`apply_all`] with the run's options made by the caller.
 async fn apply_all_with(
     source: &Source,
@@ -507,7 +534,12 @@ pub async fn renew_all(
 }
 
 /// Count and log each target's apply outcome of `what` (sync, renew).
-fn applied_report(what: &str, source: &Source, results: Vec<Applied>, flags: &Settings) -> Report {
+pub(crate) fn applied_report(
+    what: &str,
+    source: &Source,
+    results: Vec<Applied>,
+    flags: &Settings,
+) -> Report {
     let mut report = Report::default();
     let metrics = &flags.metrics;
     for (job, r) in &results {

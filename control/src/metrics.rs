@@ -21,7 +21,10 @@
 //! (histograms), `lock_waits_total`, `lock_wait_seconds_total`, `lease_held` (1 while
 //! this daemon holds the reconcile lease), `build_info{version}`;
 //! and the ACME certificates' `edgeform_certificate_expiry_timestamp_seconds{host}`
-//! and `edgeform_certificate_renewal_failures_total{host}`.
+//! and `edgeform_certificate_renewal_failures_total{host}`; the rollouts'
+//! `edgeform_rollout_halted{commit}` (1 while the gate holds a commit's
+//! rollout halted, and after the gate's automatic rollback until the next
+//! rollout starts).
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -80,6 +83,11 @@ pub struct HostLabel {
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct CommitLabel {
+    pub commit: String,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct Version {
     pub version: String,
 }
@@ -89,6 +97,8 @@ pub struct Metrics {
     registry: Registry,
     /// `edgeform_certificate_…`, encoded after `registry`.
     certificates: Registry,
+    /// `edgeform_rollout_…`, encoded last.
+    rollouts: Registry,
     pub last_success: Family<TargetJob, Gauge<f64, AtomicU64>>,
     pub applied_commit: Family<TargetCommit, Gauge>,
     pub drift_repaired: Family<TargetKind, Counter>,
@@ -111,6 +121,10 @@ pub struct Metrics {
     pub cert_expiry: Family<HostLabel, Gauge>,
     /// `edgeform_certificate_renewal_failures_total{host}`.
     pub renewal_failures: Family<HostLabel, Counter>,
+    /// `edgeform_rollout_halted{commit}`: 1 while the commit's rollout is
+    /// halted by the gate, or rolled back by it (`auto_rollback`) until the
+    /// next rollout starts.
+    pub rollout_halted: Family<CommitLabel, Gauge>,
     /// The commit each target's info metric names (to drop the old one).
     commits: Mutex<BTreeMap<String, String>>,
     /// Where `--metrics-textfile` writes after each run.
@@ -142,6 +156,7 @@ impl Metrics {
         let m = Metrics {
             registry: Registry::default(),
             certificates: Registry::default(),
+            rollouts: Registry::default(),
             last_success: Family::default(),
             applied_commit: Family::default(),
             drift_repaired: Family::default(),
@@ -157,6 +172,7 @@ impl Metrics {
             outbox_oldest: Family::default(),
             cert_expiry: Family::default(),
             renewal_failures: Family::default(),
+            rollout_halted: Family::default(),
             commits: Mutex::new(BTreeMap::new()),
             textfile: Mutex::new(None),
         };
@@ -243,9 +259,16 @@ impl Metrics {
             "Failed renewals of the certificate of an ACME site's host",
             m.renewal_failures.clone(),
         );
+        let mut rollouts = Registry::with_prefix("edgeform_rollout");
+        rollouts.register(
+            "halted",
+            "1 while the gate holds the rollout of a commit halted (a changed site regressed on the applied wave)",
+            m.rollout_halted.clone(),
+        );
         Metrics {
             registry,
             certificates,
+            rollouts,
             ..m
         }
     }
@@ -393,6 +416,25 @@ impl Metrics {
             .inc();
     }
 
+    /// The rollout of `commit` is halted (`true`) or not any more: only
+    /// a halted commit has the series, so the alert clears.
+    pub fn rollout_halted(&self, commit: &str, halted: bool) {
+        let label = CommitLabel {
+            commit: commit.to_owned(),
+        };
+        if halted {
+            self.rollout_halted.get_or_create(&label).set(1);
+        } else {
+            self.rollout_halted.remove(&label);
+        }
+    }
+
+    /// A new rollout starts: no commit is halted any more (an automatic
+    /// rollback's alert clears here).
+    pub fn rollouts_halted_clear(&self) {
+        self.rollout_halted.clear();
+    }
+
     /// Write the textfile to `path` after every run from now on.
     pub fn set_textfile(&self, path: Option<PathBuf>) {
         *self
@@ -409,6 +451,7 @@ impl Metrics {
         use prometheus_client::encoding::text::{encode_eof, encode_registry};
         let _ = encode_registry(&mut out, &self.registry);
         let _ = encode_registry(&mut out, &self.certificates);
+        let _ = encode_registry(&mut out, &self.rollouts);
         let _ = encode_eof(&mut out);
         out
     }

@@ -307,6 +307,110 @@ const URGENT_SETTLE: Duration = Duration::from_millis(200);
 const URGENT_RETRY: Duration = Duration::from_secs(1);
 const URGENT_RETRY_FOR: Duration = Duration::from_secs(60);
 
+/// The sync job under `apply.waves`: the live rollout moved on (a newer
+/// commit waits for it), or this commit's rollout started. `None`: not a
+/// rollout (no waves and none live, `--node` given, or every target at
+/// the commit): sync as usual.
+async fn rollout_sync(
+    source: &Source,
+    flags: &Settings,
+    root: &Path,
+    state_dir: &Path,
+    only: &[String],
+) -> Option<super::many::Report> {
+    use crate::rollout::run::{Advanced, Ctx, advance, load as load_book};
+    if !only.is_empty() {
+        return None;
+    }
+    let store = if source.config.cluster.rollout.waves.is_empty() {
+        crate::store::open_existing(state_dir).ok().flatten()?
+    } else {
+        match crate::store::open(state_dir) {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::error!(cause = %e, "rollout: no state store; nothing pushed");
+                return Some(failed_report());
+            }
+        }
+    };
+    let book = match load_book(&*store) {
+        Ok(b) => b,
+        Err(e) => {
+            tracing::error!(cause = %edgeredis::one_line(&e), "rollout: nothing pushed");
+            return Some(failed_report());
+        }
+    };
+    let live = book.live().map(|r| r.commit.clone());
+    if source.config.cluster.rollout.waves.is_empty() && live.is_none() {
+        return None;
+    }
+    let ctx = Ctx {
+        root,
+        flags,
+        store: &*store,
+        action: super::gate::Action::Sync,
+    };
+    let other;
+    let rolling = match live {
+        Some(c) if c != source.commit => {
+            tracing::info!(live = %c, waiting = %source.commit, "rollout: one commit at a time; the new commit waits for the live rollout");
+            other = match load(root, Some(&c), state_dir) {
+                Ok(s) => s,
+                Err(e) => {
+                    tracing::error!(commit = %c, cause = %edgeredis::one_line(&e), "rollout: the live rollout's commit cannot be loaded");
+                    return Some(failed_report());
+                }
+            };
+            &other
+        }
+        _ => source,
+    };
+    match advance(&ctx, rolling, false).await {
+        Ok(Advanced::NotARollout) => None,
+        Ok(Advanced::Blocked(b)) => {
+            tracing::warn!(commit = %rolling.commit, why = ?b, "rollout: the commit is not applied");
+            Some(super::many::Report::default())
+        }
+        Ok(Advanced::Frozen(why)) => {
+            tracing::warn!(commit = %rolling.commit, %why, "rollout: the next wave waits");
+            Some(super::many::Report::default())
+        }
+        Ok(Advanced::Stands {
+            record,
+            applied,
+            notes,
+        }) => {
+            for n in &notes {
+                tracing::info!(commit = %record.commit, "rollout: {n}");
+            }
+            // Halted: 1 (also for a daemon restarted on a halted rollout).
+            // Aborted: left as it is, so the alert of the gate's automatic
+            // rollback stays until the next rollout starts. Moving on
+            // (promoted elsewhere) clears it.
+            match record.state {
+                crate::rollout::State::Halted { .. } => {
+                    flags.metrics.rollout_halted(&record.commit, true);
+                }
+                crate::rollout::State::Aborted { .. } => {}
+                _ => flags.metrics.rollout_halted(&record.commit, false),
+            }
+            tracing::info!(commit = %record.commit, state = record.state.as_str(), waves_applied = record.applied_count(), "rollout");
+            Some(super::many::applied_report("sync", rolling, applied, flags))
+        }
+        Err(e) => {
+            tracing::error!(cause = %edgeredis::one_line(&e), "rollout: failed");
+            Some(failed_report())
+        }
+    }
+}
+
+/// A run that could not start: one failed outcome, so it exits 1.
+fn failed_report() -> super::many::Report {
+    super::many::Report {
+        targets: vec![("rollout".to_owned(), super::many::Ended::Failed)],
+    }
+}
+
 /// `edgeform reconcile`: sync every `sync_every`, heal every
 /// `heal_every`, the certificates job at start and every `certs_every`,
 /// until SIGTERM or ctrl-c (or one job with `once`). The daemon runs them
@@ -431,8 +535,23 @@ pub async fn reconcile(
             }
             tracing::info!(commit = %source.commit, targets = jobs.len(), job = ?which, "reconcile");
             let report = match which {
-                Once::Sync => sync_all(&source, jobs, &flags, &root).await,
-                Once::Heal => heal_all(&source, jobs, &flags, &root, tracker).await,
+                Once::Sync => match rollout_sync(&source, &flags, &root, &state_dir, &only).await {
+                    Some(report) => report,
+                    None => sync_all(&source, jobs, &flags, &root).await,
+                },
+                Once::Heal => {
+                    // Under `apply.waves`, a heal repairs only the targets
+                    // at this commit: it never moves one behind a rollout.
+                    let jobs = if source.config.cluster.rollout.waves.is_empty() {
+                        jobs
+                    } else {
+                        let at = crate::rollout::run::healable(&source).await;
+                        jobs.into_iter()
+                            .filter(|j| at.contains(&j.node.name))
+                            .collect()
+                    };
+                    heal_all(&source, jobs, &flags, &root, tracker).await
+                }
                 // Not here: the certificates job has its own loader (below).
                 Once::Certs => super::many::Report::default(),
             };

@@ -135,6 +135,12 @@ impl<T: Store + ?Sized> Store for Arc<T> {
     fn set_renewal_state(&self, json: &str) -> Result<(), StoreError> {
         (**self).set_renewal_state(json)
     }
+    fn rollout_state(&self) -> Result<Option<String>, StoreError> {
+        (**self).rollout_state()
+    }
+    fn set_rollout_state(&self, json: &str) -> Result<(), StoreError> {
+        (**self).set_rollout_state(json)
+    }
     fn take_lease(&self, name: &str, token: &str, ttl: Duration) -> Result<bool, StoreError> {
         (**self).take_lease(name, token, ttl)
     }
@@ -235,6 +241,8 @@ pub enum StoreError {
     Lease(String),
     /// The renewal state is larger than [`MAX_RENEWAL_STATE_BYTES`].
     RenewalTooLarge(String),
+    /// The rollouts' book is larger than [`MAX_ROLLOUT_STATE_BYTES`].
+    RolloutTooLarge(String),
 }
 
 impl fmt::Display for StoreError {
@@ -279,6 +287,10 @@ impl fmt::Display for StoreError {
             Self::RenewalTooLarge(place) => write!(
                 f,
                 "state store: {place} (the renewal state) is larger than {MAX_RENEWAL_STATE_BYTES} bytes"
+            ),
+            Self::RolloutTooLarge(place) => write!(
+                f,
+                "state store: {place} (the rollouts' book) is larger than {MAX_ROLLOUT_STATE_BYTES} bytes"
             ),
         }
     }
@@ -405,6 +417,20 @@ pub trait Store: Send + Sync {
     /// Over [`MAX_RENEWAL_STATE_BYTES`], or the store cannot be written.
     fn set_renewal_state(&self, json: &str) -> Result<(), StoreError>;
 
+    /// The rollouts' book (JSON, `crate::rollout::Book`: the live or last
+    /// rollout and the aborted commits), if kept: shared, so every
+    /// reconciler on the store moves the same rollout.
+    ///
+    /// # Errors
+    /// The store cannot be read, or it is over [`MAX_ROLLOUT_STATE_BYTES`].
+    fn rollout_state(&self) -> Result<Option<String>, StoreError>;
+
+    /// Keep the rollouts' book (replaced whole).
+    ///
+    /// # Errors
+    /// Over [`MAX_ROLLOUT_STATE_BYTES`], or the store cannot be written.
+    fn set_rollout_state(&self, json: &str) -> Result<(), StoreError>;
+
     /// Take the lease `name` for `token` for `ttl` when it is free (or
     /// ran out), or renew it for `ttl` when `token` holds it; whether
     /// `token` holds it now. Atomic: two callers never both get it
@@ -431,6 +457,10 @@ pub trait Store: Send + Sync {
 
 /// The largest renewal state kept.
 pub const MAX_RENEWAL_STATE_BYTES: usize = 4 << 20;
+/// The largest rollouts' book kept (`rollout.json`).
+pub const MAX_ROLLOUT_STATE_BYTES: usize = 4 << 20;
+/// The rollouts' book in the state directory.
+pub const ROLLOUT_FILE: &str = "rollout.json";
 
 /// The largest purge outbox entry read back (a job is at most
 /// `edgestate::purge::MAX_JOB_BYTES`, plus the envelope).
@@ -898,6 +928,27 @@ impl Store for DirStore {
             return Err(StoreError::RenewalTooLarge(path.display().to_string()));
         }
         Ok(text)
+    }
+
+    fn rollout_state(&self) -> Result<Option<String>, StoreError> {
+        let path = self.root.join(ROLLOUT_FILE);
+        let text = self.read_capped(&path, MAX_ROLLOUT_STATE_BYTES)?;
+        if text
+            .as_ref()
+            .is_some_and(|t| t.len() > MAX_ROLLOUT_STATE_BYTES)
+        {
+            return Err(StoreError::RolloutTooLarge(path.display().to_string()));
+        }
+        Ok(text)
+    }
+
+    fn set_rollout_state(&self, json: &str) -> Result<(), StoreError> {
+        if json.len() > MAX_ROLLOUT_STATE_BYTES {
+            return Err(StoreError::RolloutTooLarge(
+                self.root.join(ROLLOUT_FILE).display().to_string(),
+            ));
+        }
+        self.write(&self.root, ROLLOUT_FILE, json)
     }
 
     fn set_renewal_state(&self, json: &str) -> Result<(), StoreError> {

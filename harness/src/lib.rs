@@ -5,7 +5,7 @@
 //!
 //! Tests need the Debian packages `redis-server`, `mosquitto`,
 //! `openssh-server` (for [`sshd`]), `haproxy` (for [`haproxy`]) and
-//! `dnsmasq-base` (for [`dnsmasq`]);
+//! `dnsmasq-base` (for [`dnsmasq`]), `prometheus` (for [`prometheus`]);
 //! `scripts/test` installs them.
 
 pub mod sshd;
@@ -23,6 +23,9 @@ pub mod pebble;
 pub use pebble::{Pebble, PebbleOptions, pebble};
 
 pub mod netns;
+
+/// A real Prometheus scraping given targets.
+pub mod prometheus;
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};

@@ -41,6 +41,12 @@ pub struct EdgeOptions {
     /// `127.0.0.1`; a test's DNS server is `127.0.0.1:<port>`
     /// ([`crate::dnsmasq`]).
     pub resolver: String,
+    /// The per-site metrics (`install.vars.metrics`, default on).
+    pub metrics: bool,
+    /// The cap of sites the metrics track by name (`metrics_hosts`).
+    pub metrics_hosts: u32,
+    /// The JSON access log, `<prefix>/access.log` (default on).
+    pub access_log: bool,
 }
 
 impl EdgeOptions {
@@ -64,6 +70,9 @@ impl EdgeOptions {
             redis_password: None,
             origin_ca: None,
             resolver: "127.0.0.1".into(),
+            metrics: true,
+            metrics_hosts: 10_000,
+            access_log: true,
         }
     }
 }
@@ -86,6 +95,8 @@ pub struct Edge {
     pub https_port: u16,
     /// The routers' PROXY-protocol HTTPS listener's port (0: none).
     pub proxy_port: u16,
+    /// The per-site metrics listener's port (0: none).
+    pub metrics_port: u16,
 }
 
 impl Edge {
@@ -93,6 +104,22 @@ impl Edge {
     #[must_use]
     pub fn url(&self) -> String {
         format!("http://127.0.0.1:{}", self.process.port)
+    }
+
+    /// `http://127.0.0.1:<metrics port>/metrics`: the per-site metrics.
+    #[must_use]
+    pub fn metrics_url(&self) -> String {
+        format!("http://127.0.0.1:{}/metrics", self.metrics_port)
+    }
+
+    /// The JSON access log's lines (`<prefix>/access.log`).
+    #[must_use]
+    pub fn access_log(&self) -> Vec<String> {
+        std::fs::read_to_string(self.process.dir.path().join("access.log"))
+            .unwrap_or_default()
+            .lines()
+            .map(str::to_owned)
+            .collect()
     }
 
     /// The nginx error log.
@@ -176,6 +203,8 @@ pub struct Listeners {
     pub ttl_port: u16,
     pub https_listen: String,
     pub proxy_listen: String,
+    /// The per-site metrics listener (`install.vars.metrics_listen`).
+    pub metrics_listen: String,
 }
 
 /// The template context (`node.*`, `instance.*`, as `install` builds it
@@ -224,7 +253,13 @@ pub fn edge_context(
             "listen": listen,
             "run": prefix,
             "root": prefix,
-            "vars": {"ttl_hop_port": ttl_port.to_string()},
+            "vars": {
+                "ttl_hop_port": ttl_port.to_string(),
+                "metrics": if o.metrics { "on" } else { "off" },
+                "metrics_hosts": o.metrics_hosts.to_string(),
+                "metrics_listen": l.metrics_listen,
+                "access_log": if o.access_log { "on" } else { "off" },
+            },
             "https_listen": l.https_listen,
             "proxy_listen": l.proxy_listen,
         },
@@ -250,6 +285,7 @@ pub fn write_conf(
         ttl_port,
         https_listen: format!("127.0.0.1:{}", free_port()),
         proxy_listen: format!("127.0.0.1:{}", free_port()),
+        metrics_listen: format!("127.0.0.1:{}", free_port()),
     };
     write_conf_with(prefix, &l, o)
 }
@@ -407,6 +443,7 @@ fn start_text(what: &str, conf_text: impl Fn(&Path, u16) -> String) -> Edge {
                     cache_dir,
                     https_port: 0,
                     proxy_port: 0,
+                    metrics_port: 0,
                 };
             }
             Err(log) => last = log,
@@ -442,6 +479,7 @@ pub fn edge(o: &EdgeOptions) -> Edge {
             ttl_port,
             https_listen: format!("127.0.0.1:{https_port}"),
             proxy_listen: format!("127.0.0.1:{proxy_port}"),
+            metrics_listen: format!("127.0.0.1:{}", free_port()),
         };
         match edge_on(o, &l) {
             Ok(edge) => return edge,
@@ -477,6 +515,7 @@ pub fn edge_on(o: &EdgeOptions, l: &Listeners) -> Result<Edge, String> {
         cache_dir,
         https_port: split(&l.https_listen).1,
         proxy_port: split(&l.proxy_listen).1,
+        metrics_port: split(&l.metrics_listen).1,
     })
 }
 

@@ -153,11 +153,14 @@ impl Instance {
         let smoke = install
             .map_or("8443", |i| i.smoke_listen.as_str())
             .to_owned();
-        let vars = install.map(|i| i.vars.clone()).unwrap_or_default();
-        let mut cvars = vars.clone();
+        let mut vars: BTreeMap<String, String> = DEFAULT_VARS
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect();
         if let Some(i) = install {
-            cvars.extend(i.candidate_vars.clone());
+            vars.extend(i.vars.clone());
         }
+        let mut cvars = vars.clone();
         // The candidate's HTTPS listeners: loopback alternates next to its
         // smoke address, never the live ports.
         let (smoke_host, smoke_port) = match smoke.rsplit_once(':') {
@@ -165,6 +168,11 @@ impl Instance {
             None => ("127.0.0.1".to_owned(), smoke.parse::<u16>().unwrap_or(8443)),
         };
         let alt = |n: u16| format!("{smoke_host}:{}", smoke_port.saturating_add(n));
+        // The candidate's metrics listener: never the live one.
+        cvars.insert("metrics_listen".into(), alt(3));
+        if let Some(i) = install {
+            cvars.extend(i.candidate_vars.clone());
+        }
         (
             Instance {
                 name: "live".into(),
@@ -221,6 +229,18 @@ impl Instance {
         })
     }
 }
+
+/// The template variables every instance has unless `install.vars` (or,
+/// for the candidate, `install.candidate_vars`) gives them: the edge's
+/// per-site metrics and JSON access log ("on"/"off"), the cap of sites
+/// the metrics track by name, and the metrics listener (the candidate's
+/// default is the smoke host, the smoke port + 3).
+pub const DEFAULT_VARS: [(&str, &str); 4] = [
+    ("access_log", "on"),
+    ("metrics", "on"),
+    ("metrics_hosts", "10000"),
+    ("metrics_listen", "127.0.0.1:9145"),
+];
 
 /// An edge's default direct HTTPS listener (node YAML `https.listen`).
 pub const HTTPS_LISTEN: &str = "443";

@@ -257,6 +257,12 @@ pub fn render(node: &str, entries: &[Result<Entry, String>]) -> String {
                         untrusted::escape(live)
                     ));
                 }
+                if let Some(wave) = &e.wave {
+                    flags.push(format!("wave {}", untrusted::escape(wave)));
+                }
+                if let Some(consent) = &e.consent {
+                    flags.push(untrusted::escape(consent));
+                }
                 if let Some(real) = &e.clock_moved {
                     flags.push(format!(
                         "clock moved by --now, real time {}",
@@ -315,6 +321,8 @@ mod tests {
             adopted: None,
             clock_moved: None,
             urgent_renewal: Some("shop.test expires 2026-12-03T00:00:00Z\u{1b}[31m".into()),
+            wave: None,
+            consent: None,
         };
         let older = Entry {
             added: None,

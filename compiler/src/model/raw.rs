@@ -151,6 +151,36 @@ pub struct Site {
     #[serde(default)]
     #[schemars(inner(regex(pattern = NAME_PATTERN)))]
     pub regions: Option<Vec<String>>,
+    /// The rollout gate's thresholds for this site, over the cluster's
+    /// `apply.gate` (docs/operations.md, "The gate"). Read by the control
+    /// plane only: never part of the edge's document.
+    #[serde(default)]
+    pub rollout: Option<SiteRollout>,
+}
+
+/// A site's own gate thresholds; each absent key takes the cluster's
+/// `apply.gate` value.
+#[derive(Debug, Clone, Default, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SiteRollout {
+    /// Fewer requests in the bake window: the site passes on bake time
+    /// alone.
+    #[serde(default)]
+    #[schemars(range(min = 0))]
+    pub min_requests: Option<u64>,
+    /// The largest increase of the site's 5xx ratio (0 to 1).
+    #[serde(default)]
+    #[schemars(range(min = 0.0, max = 1.0))]
+    pub max_5xx_ratio_increase: Option<f64>,
+    /// The largest increase of the site's refusal ratio, per reason (0 to
+    /// 1).
+    #[serde(default)]
+    #[schemars(range(min = 0.0, max = 1.0))]
+    pub max_refusal_ratio_increase: Option<f64>,
+    /// The largest drop of the site's cache hit ratio (0 to 1).
+    #[serde(default)]
+    #[schemars(range(min = 0.0, max = 1.0))]
+    pub max_hit_ratio_drop: Option<f64>,
 }
 
 fn yes() -> bool {
@@ -694,6 +724,77 @@ pub struct Apply {
     /// overrides, recorded in the target's history.
     #[serde(default)]
     pub freeze: Vec<FreezeWindow>,
+    /// Roll a new commit out wave by wave, in this order (docs/operations.md,
+    /// "Rollouts in waves"): `apply` and the reconcile daemon apply the
+    /// first wave, wait its `bake` time and the gate, then the next. Absent
+    /// or empty: every target at once.
+    #[serde(default)]
+    pub waves: Vec<Wave>,
+    /// The gate's source: the Prometheus server scraping the edges, e.g.
+    /// `http://127.0.0.1:9090`. Absent: a wave passes on its bake time
+    /// alone.
+    #[serde(default)]
+    #[schemars(regex(pattern = r"^https?://"))]
+    pub prometheus: Option<String>,
+    /// When the gate halts a rollout, roll every applied wave back to the
+    /// previous commit at once (default `false`: halt and wait for
+    /// `edgeform rollout abort` or `promote`).
+    #[serde(default)]
+    pub auto_rollback: Option<bool>,
+    /// The gate's thresholds between waves.
+    #[serde(default)]
+    pub gate: Option<Gate>,
+}
+
+/// One wave of a rollout: the targets it selects (node names, regions,
+/// roles; a wave with none of them selects every target no earlier wave
+/// selected, and must be the last) and how long it bakes.
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Wave {
+    /// A short name, shown by `rollout status` and the history.
+    #[schemars(regex(pattern = NAME_PATTERN), length(max = 63))]
+    pub name: String,
+    /// Nodes (with a `redis` block) by name.
+    #[serde(default)]
+    #[schemars(inner(regex(pattern = NAME_PATTERN)))]
+    pub nodes: Vec<String>,
+    /// Every target of these regions not in an earlier wave.
+    #[serde(default)]
+    #[schemars(inner(regex(pattern = NAME_PATTERN)))]
+    pub regions: Vec<String>,
+    /// Every target with one of these roles not in an earlier wave.
+    #[serde(default)]
+    pub roles: Vec<Role>,
+    /// How long the wave runs before the next one starts (default `0s`:
+    /// the gate alone), whole seconds, at most `168h` (a week).
+    #[serde(default)]
+    #[schemars(regex(pattern = DURATION_PATTERN))]
+    pub bake: Option<String>,
+}
+
+/// The gate's thresholds: how much worse a changed site may do on the
+/// applied wave than before the change.
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Gate {
+    /// A site with fewer requests in the bake window passes on bake time
+    /// alone (default 200).
+    #[serde(default)]
+    #[schemars(range(min = 0))]
+    pub min_requests: Option<u64>,
+    /// The largest increase of the 5xx ratio (default 0.02).
+    #[serde(default)]
+    #[schemars(range(min = 0.0, max = 1.0))]
+    pub max_5xx_ratio_increase: Option<f64>,
+    /// The largest increase of the refusal ratio, per reason (default 0.05).
+    #[serde(default)]
+    #[schemars(range(min = 0.0, max = 1.0))]
+    pub max_refusal_ratio_increase: Option<f64>,
+    /// The largest drop of the cache hit ratio (default 0.2).
+    #[serde(default)]
+    #[schemars(range(min = 0.0, max = 1.0))]
+    pub max_hit_ratio_drop: Option<f64>,
 }
 
 /// One freeze window, `[start, end)`.

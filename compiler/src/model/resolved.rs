@@ -32,6 +32,9 @@ pub struct Cluster {
     pub apply: Thresholds,
     /// `apply.freeze`, in file order.
     pub freeze: Vec<FreezeWindow>,
+    /// `apply.waves`, `apply.prometheus`, `apply.auto_rollback`,
+    /// `apply.gate`: how a new commit rolls out.
+    pub rollout: Rollout,
     pub geo: GeoSettings,
     /// `None`: no `anycast` section.
     pub anycast: Option<Anycast>,
@@ -83,6 +86,144 @@ impl Default for Thresholds {
     }
 }
 
+/// How a new commit rolls out (`cluster.yaml` `apply`): in waves, with
+/// the gate between them. No waves: every target at once.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Rollout {
+    /// In order; empty: no rollout, every target at once.
+    pub waves: Vec<Wave>,
+    /// Roll the applied waves back when the gate halts.
+    pub auto_rollback: bool,
+    /// The gate between waves.
+    pub gate: GateConfig,
+}
+
+/// One wave: what it selects and how long it bakes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Wave {
+    pub name: String,
+    pub nodes: Vec<String>,
+    pub regions: Vec<String>,
+    pub roles: Vec<Role>,
+    /// Seconds.
+    pub bake_s: u64,
+}
+
+impl Wave {
+    /// A wave without selectors: every target no earlier wave selected.
+    #[must_use]
+    pub fn is_rest(&self) -> bool {
+        self.nodes.is_empty() && self.regions.is_empty() && self.roles.is_empty()
+    }
+
+    /// Whether this wave's selectors pick `node` (the rest wave picks
+    /// every node; earlier waves come first, see [`Rollout::assign`]).
+    #[must_use]
+    pub fn selects(&self, node: &Node) -> bool {
+        self.is_rest()
+            || self.nodes.contains(&node.name)
+            || self.regions.contains(&node.region)
+            || self.roles.iter().any(|r| node.has(*r))
+    }
+}
+
+/// The longest bake time of a wave: seven days.
+pub const WAVE_BAKE_MAX_S: u64 = 7 * 86_400;
+
+impl Rollout {
+    /// Pure: which wave each target (a node with a `redis` block) is in,
+    /// the first wave that selects it; `None` for a target no wave
+    /// selects (it is left out of the rollout: `check` refuses waves that
+    /// leave a target out only when the last wave is not `rest`, so such
+    /// a target is never moved by a rollout — see docs/operations.md).
+    /// One list per wave, node names in `nodes` order.
+    #[must_use]
+    pub fn assign<'a>(&self, nodes: impl IntoIterator<Item = &'a Node>) -> Vec<Vec<String>> {
+        let mut out = vec![Vec::new(); self.waves.len()];
+        for node in nodes.into_iter().filter(|n| n.redis.is_some()) {
+            if let Some(i) = self.waves.iter().position(|w| w.selects(node)) {
+                out[i].push(node.name.clone());
+            }
+        }
+        out
+    }
+
+    /// The wave index of `node` ([`Self::assign`]'s rule).
+    #[must_use]
+    pub fn wave_of(&self, node: &Node) -> Option<usize> {
+        node.redis.as_ref()?;
+        self.waves.iter().position(|w| w.selects(node))
+    }
+}
+
+/// The gate's settings (`apply.prometheus`, `apply.gate`), defaults
+/// filled in; consumed by `control::rollout::gate::judge`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct GateConfig {
+    /// `None`: no gate source, a wave passes on its bake time alone.
+    pub prometheus: Option<String>,
+    /// Default [`GATE_MIN_REQUESTS`].
+    pub min_requests: u64,
+    /// Default [`GATE_MAX_5XX_RATIO_INCREASE`].
+    pub max_5xx_ratio_increase: f64,
+    /// Default [`GATE_MAX_REFUSAL_RATIO_INCREASE`].
+    pub max_refusal_ratio_increase: f64,
+    /// Default [`GATE_MAX_HIT_RATIO_DROP`].
+    pub max_hit_ratio_drop: f64,
+}
+
+/// A site's own gate thresholds (`rollout:` in its file): each `None`
+/// takes the cluster's [`GateConfig`] value.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct SiteGate {
+    pub min_requests: Option<u64>,
+    pub max_5xx_ratio_increase: Option<f64>,
+    pub max_refusal_ratio_increase: Option<f64>,
+    pub max_hit_ratio_drop: Option<f64>,
+}
+
+impl GateConfig {
+    /// These thresholds with `site`'s override on top.
+    #[must_use]
+    pub fn for_site(&self, site: Option<&SiteGate>) -> GateConfig {
+        let Some(o) = site else {
+            return self.clone();
+        };
+        GateConfig {
+            prometheus: self.prometheus.clone(),
+            min_requests: o.min_requests.unwrap_or(self.min_requests),
+            max_5xx_ratio_increase: o
+                .max_5xx_ratio_increase
+                .unwrap_or(self.max_5xx_ratio_increase),
+            max_refusal_ratio_increase: o
+                .max_refusal_ratio_increase
+                .unwrap_or(self.max_refusal_ratio_increase),
+            max_hit_ratio_drop: o.max_hit_ratio_drop.unwrap_or(self.max_hit_ratio_drop),
+        }
+    }
+}
+
+/// `apply.gate.min_requests` when absent.
+pub const GATE_MIN_REQUESTS: u64 = 200;
+/// `apply.gate.max_5xx_ratio_increase` when absent.
+pub const GATE_MAX_5XX_RATIO_INCREASE: f64 = 0.02;
+/// `apply.gate.max_refusal_ratio_increase` when absent.
+pub const GATE_MAX_REFUSAL_RATIO_INCREASE: f64 = 0.05;
+/// `apply.gate.max_hit_ratio_drop` when absent.
+pub const GATE_MAX_HIT_RATIO_DROP: f64 = 0.2;
+
+impl Default for GateConfig {
+    fn default() -> Self {
+        GateConfig {
+            prometheus: None,
+            min_requests: GATE_MIN_REQUESTS,
+            max_5xx_ratio_increase: GATE_MAX_5XX_RATIO_INCREASE,
+            max_refusal_ratio_increase: GATE_MAX_REFUSAL_RATIO_INCREASE,
+            max_hit_ratio_drop: GATE_MAX_HIT_RATIO_DROP,
+        }
+    }
+}
+
 /// A freeze window, `[start, end)` in seconds since the epoch.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct FreezeWindow {
@@ -124,6 +265,8 @@ pub struct Site {
     pub regions: Option<Box<[String]>>,
     /// How its hostnames get a certificate (`None`: plain HTTP only).
     pub tls: Option<Tls>,
+    /// Its own gate thresholds (`rollout:`), `None` for most sites.
+    pub rollout: Option<Box<SiteGate>>,
     /// The canonical JSON of the document (shared by host and aliases).
     pub doc: SiteDoc,
 }

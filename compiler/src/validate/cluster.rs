@@ -9,6 +9,7 @@ pub(super) fn cluster_defaults() -> Cluster {
         mqtt: None,
         apply: Thresholds::default(),
         freeze: Vec::new(),
+        rollout: Rollout::default(),
         geo: default_geo(),
         anycast: None,
         acme: None,
@@ -38,6 +39,11 @@ pub(super) fn cluster(ctx: &mut Ctx<'_>, raw: &raw::Cluster) -> Cluster {
         .apply
         .as_ref()
         .map(|a| freeze_windows(ctx, &a.freeze))
+        .unwrap_or_default();
+    let rollout = raw
+        .apply
+        .as_ref()
+        .map(|a| rollout(ctx, a))
         .unwrap_or_default();
     let mut geo = default_geo();
     if let Some(g) = &raw.geo {
@@ -112,9 +118,94 @@ pub(super) fn cluster(ctx: &mut Ctx<'_>, raw: &raw::Cluster) -> Cluster {
         mqtt,
         apply,
         freeze,
+        rollout,
         geo,
         anycast,
         acme,
+    }
+}
+
+/// `apply.waves`, `prometheus`, `auto_rollback`, `gate`: the rules of one
+/// file (names unique, `rest` last, bake times, the gate source's URL).
+/// Which targets the waves select is checked with the nodes
+/// ([`super::waves_select_targets`]).
+fn rollout(ctx: &mut Ctx<'_>, raw: &raw::Apply) -> Rollout {
+    let mut waves: Vec<Wave> = Vec::with_capacity(raw.waves.len());
+    for (i, w) in raw.waves.iter().enumerate() {
+        let base = format!("/apply/waves/{i}");
+        if let Some(j) = waves.iter().position(|o| o.name == w.name) {
+            ctx.error(
+                "duplicate-value",
+                &format!("{base}/name"),
+                format!("wave `{}` is named twice (also item {j})", w.name),
+            );
+        }
+        let bake_s = w.bake.as_ref().map_or(0, |t| match parse_duration_ms(t) {
+            Some(ms) if ms % 1000 == 0 && ms / 1000 <= WAVE_BAKE_MAX_S => ms / 1000,
+            _ => {
+                let d = ctx.error(
+                    "invalid-value",
+                    &format!("{base}/bake"),
+                    format!(
+                        "`{}` is not a whole number of seconds up to 168h",
+                        edgestate::untrusted::escape(t)
+                    ),
+                );
+                help(d, "e.g. `bake: 10m`");
+                0
+            }
+        });
+        for (k, n) in w.nodes.iter().enumerate() {
+            if w.nodes[..k].contains(n) {
+                ctx.error(
+                    "duplicate-value",
+                    &format!("{base}/nodes/{k}"),
+                    format!("node `{n}` is listed twice in wave `{}`", w.name),
+                );
+            }
+        }
+        let wave = Wave {
+            name: w.name.clone(),
+            nodes: w.nodes.clone(),
+            regions: w.regions.clone(),
+            roles: w.roles.clone(),
+            bake_s,
+        };
+        if wave.is_rest() && i + 1 < raw.waves.len() {
+            let d = ctx.error(
+                "rest-not-last",
+                &base,
+                format!(
+                    "wave `{}` selects every target not in an earlier wave (`rest`), so it must be the last",
+                    w.name
+                ),
+            );
+            help(d, "give it `nodes`, `regions` or `roles`, or move it last");
+        }
+        waves.push(wave);
+    }
+    if let Some(url) = &raw.prometheus {
+        check_url(ctx, "/apply/prometheus", url, &["http", "https"], true);
+    }
+    let gate = raw.gate.as_ref();
+    Rollout {
+        waves,
+        auto_rollback: raw.auto_rollback.unwrap_or(false),
+        gate: GateConfig {
+            prometheus: raw.prometheus.clone(),
+            min_requests: gate
+                .and_then(|g| g.min_requests)
+                .unwrap_or(GATE_MIN_REQUESTS),
+            max_5xx_ratio_increase: gate
+                .and_then(|g| g.max_5xx_ratio_increase)
+                .unwrap_or(GATE_MAX_5XX_RATIO_INCREASE),
+            max_refusal_ratio_increase: gate
+                .and_then(|g| g.max_refusal_ratio_increase)
+                .unwrap_or(GATE_MAX_REFUSAL_RATIO_INCREASE),
+            max_hit_ratio_drop: gate
+                .and_then(|g| g.max_hit_ratio_drop)
+                .unwrap_or(GATE_MAX_HIT_RATIO_DROP),
+        },
     }
 }
 
@@ -325,4 +416,108 @@ pub(super) fn anycast(ctx: &mut Ctx<'_>, raw: &raw::Anycast) -> Anycast {
         lopsided_share: raw.lopsided_share.unwrap_or(0.8),
         longer_path_hops: raw.longer_path_hops.unwrap_or(1.0),
     }
+}
+
+/// `apply.waves` against the nodes: every name a target (a node with a
+/// `redis` block), every region one some target is in, no node in two
+/// waves (named twice, or named after an earlier wave selected it), and
+/// no wave left without a target.
+pub(super) fn waves_select_targets(
+    file: &ParsedFile<'_>,
+    cluster: &Cluster,
+    nodes: &[(Node, &ParsedFile<'_>)],
+    out: &mut Vec<Diagnostic>,
+) {
+    let waves = &cluster.rollout.waves;
+    if waves.is_empty() {
+        return;
+    }
+    let mut ctx = Ctx::new(file);
+    let targets: Vec<&Node> = nodes
+        .iter()
+        .map(|(n, _)| n)
+        .filter(|n| n.redis.is_some())
+        .collect();
+    let target_names: Vec<&str> = targets.iter().map(|n| n.name.as_str()).collect();
+    let regions: BTreeSet<&str> = targets.iter().map(|n| n.region.as_str()).collect();
+    for (i, w) in waves.iter().enumerate() {
+        let base = format!("/apply/waves/{i}");
+        for (k, name) in w.nodes.iter().enumerate() {
+            let pointer = format!("{base}/nodes/{k}");
+            let Some(node) = targets.iter().find(|n| n.name == *name) else {
+                let is_node = nodes.iter().any(|(n, _)| n.name == *name);
+                let d = ctx.error(
+                    "unknown-node",
+                    &pointer,
+                    if is_node {
+                        format!("node `{name}` has no `redis` block: it is not a target")
+                    } else {
+                        format!("wave `{}` names no node `{name}`", w.name)
+                    },
+                );
+                help(
+                    d,
+                    did_you_mean(
+                        name,
+                        &target_names,
+                        "targets",
+                        Some("no node has a `redis` block"),
+                    ),
+                );
+                continue;
+            };
+            if let Some(j) = waves[..i].iter().position(|e| e.selects(node)) {
+                ctx.error(
+                    "node-in-two-waves",
+                    &pointer,
+                    format!(
+                        "node `{name}` is in wave `{}` already (item {j})",
+                        waves[j].name
+                    ),
+                );
+            }
+        }
+        for (k, region) in w.regions.iter().enumerate() {
+            if !regions.contains(region.as_str()) {
+                let known: Vec<&str> = regions.iter().copied().collect();
+                let d = ctx.error(
+                    "unknown-region",
+                    &format!("{base}/regions/{k}"),
+                    format!("region `{region}` has no target"),
+                );
+                help(
+                    d,
+                    did_you_mean(region, &known, "regions with targets", None),
+                );
+            }
+        }
+        for (k, role) in w.roles.iter().enumerate() {
+            if !targets.iter().any(|n| n.has(*role)) {
+                ctx.error(
+                    "unknown-role",
+                    &format!("{base}/roles/{k}"),
+                    format!("no target has the role `{}`", role.as_str()),
+                );
+            }
+        }
+    }
+    for (i, members) in cluster
+        .rollout
+        .assign(nodes.iter().map(|(n, _)| n))
+        .iter()
+        .enumerate()
+    {
+        if members.is_empty() {
+            let d = ctx.error(
+                "empty-wave",
+                &format!("/apply/waves/{i}"),
+                format!("wave `{}` selects no target", waves[i].name),
+            );
+            help(
+                d,
+                "every target it names is in an earlier wave, or it names none",
+            );
+        }
+    }
+    out.append(&mut ctx.out);
 }

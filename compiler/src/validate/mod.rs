@@ -22,8 +22,10 @@ use crate::country;
 use crate::diagnostic::Diagnostic;
 use crate::model::raw::{self, AccessMode, CacheAction, EdgeAction, MatchType, Role};
 use crate::model::resolved::{
-    Acme, Anycast, AnycastPrefix, CacheSettings, Cluster, Config, FreezeWindow, MAX_BODY_CEILING,
-    Mqtt, Node, RedisTarget, Site, Thresholds, Tls, Upstream, Zone,
+    Acme, Anycast, AnycastPrefix, CacheSettings, Cluster, Config, FreezeWindow,
+    GATE_MAX_5XX_RATIO_INCREASE, GATE_MAX_HIT_RATIO_DROP, GATE_MAX_REFUSAL_RATIO_INCREASE,
+    GATE_MIN_REQUESTS, GateConfig, MAX_BODY_CEILING, Mqtt, Node, RedisTarget, Rollout, Site,
+    SiteGate, Thresholds, Tls, Upstream, WAVE_BAKE_MAX_S, Wave, Zone,
 };
 use crate::parse::{ParsedFile, Raw};
 
@@ -196,6 +198,9 @@ pub fn validate(
     references(&sites, &zones, &nodes, &zone_names, &mut diagnostics);
     routes(&zones, &nodes, &mut diagnostics);
     acme_sites_have_a_ca(&sites, &cluster, &mut diagnostics);
+    if let Some((i, _)) = &cluster_raw {
+        waves_select_targets(&files[*i], &cluster, &nodes, &mut diagnostics);
+    }
 
     crate::diagnostic::sort(&mut diagnostics);
     let config = (!crate::diagnostic::has_errors(&diagnostics)).then(|| Config {

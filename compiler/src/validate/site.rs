@@ -174,6 +174,7 @@ pub(super) fn site(ctx: &mut Ctx<'_>, raw: &raw::Site) -> Site {
     }
 
     let tls = check_tls(ctx, raw);
+    let rollout = raw.rollout.as_ref().map(|r| Box::new(check_rollout(r)));
     let max_body_size = raw
         .max_body_size
         .as_ref()
@@ -197,6 +198,7 @@ pub(super) fn site(ctx: &mut Ctx<'_>, raw: &raw::Site) -> Site {
         suspended: raw.suspended,
         regions,
         tls,
+        rollout,
         doc: SiteDoc {
             origin,
             fallback_origins: origins.into_iter().skip(1).collect(),
@@ -638,4 +640,15 @@ pub fn parse_size(text: &str) -> Option<u64> {
         return None;
     }
     digits.parse::<u64>().ok()?.checked_mul(unit)
+}
+
+/// `rollout:` as the control plane reads it (the schema keeps each ratio
+/// from 0 to 1: `out-of-range` at its key).
+fn check_rollout(raw: &raw::SiteRollout) -> SiteGate {
+    SiteGate {
+        min_requests: raw.min_requests,
+        max_5xx_ratio_increase: raw.max_5xx_ratio_increase,
+        max_refusal_ratio_increase: raw.max_refusal_ratio_increase,
+        max_hit_ratio_drop: raw.max_hit_ratio_drop,
+    }
 }

@@ -486,6 +486,99 @@ fn freeze_windows_need_rfc3339_times_an_end_after_the_start_and_unique_names() {
     assert_eq!(c.diagnostics.len(), 3, "{}", lines(&c));
 }
 
+const EDGE_2: (&str, &str) = (
+    "nodes/edge-2.yaml",
+    "name: edge-2\nroles: [edge]\nregion: us\nzone: all\nlocation: {lat: 40.7, lon: -74.0}\naddresses: [198.51.100.12]\nredis: {url: redis://10.0.0.6:6379}\n",
+);
+const ROUTER: (&str, &str) = (
+    "nodes/router-1.yaml",
+    "name: router-1\nroles: [router]\nregion: us\nlocation: {lat: 40.7, lon: -74.0}\naddresses: [198.51.100.13]\n",
+);
+
+fn waves_repo(cluster: &str) -> crate::Checked {
+    check(&with(&[("cluster.yaml", cluster), EDGE_2, ROUTER]))
+}
+
+#[test]
+fn waves_resolve_with_bake_times_and_gate_defaults() {
+    let config = valid(&with(&[
+        (
+            "cluster.yaml",
+            "apply:\n  waves:\n    - {name: canary, nodes: [edge-1], bake: 10m}\n    - {name: rest}\n  auto_rollback: true\n  gate: {min_requests: 50}\n",
+        ),
+        EDGE_2,
+        ROUTER,
+    ]));
+    let r = &config.cluster.rollout;
+    assert_eq!(r.waves.len(), 2);
+    assert_eq!((r.waves[0].bake_s, r.waves[1].bake_s), (600, 0));
+    assert!(r.waves[1].is_rest() && r.auto_rollback);
+    assert_eq!(r.gate.min_requests, 50);
+    assert_eq!(r.gate.max_5xx_ratio_increase, 0.02);
+    assert_eq!(r.gate.max_refusal_ratio_increase, 0.05);
+    assert_eq!(r.gate.max_hit_ratio_drop, 0.2);
+    assert_eq!(r.gate.prometheus, None);
+    assert_eq!(
+        r.assign(&config.nodes),
+        vec![vec!["edge-1".to_owned()], vec!["edge-2".to_owned()]]
+    );
+}
+
+#[test]
+fn no_waves_is_no_rollout() {
+    let config = valid(&with(&[]));
+    assert!(config.cluster.rollout.waves.is_empty());
+    assert!(!config.cluster.rollout.auto_rollback);
+}
+
+#[test]
+fn waves_name_known_targets_regions_and_roles_at_their_place() {
+    let c = waves_repo(
+        "apply:\n  waves:\n    - {name: a, nodes: [edge-3, router-1], regions: [ue], roles: [ingest]}\n    - {name: b, nodes: [edge-1]}\n",
+    );
+    let d = error(&c, "unknown-node", "cluster.yaml:3:25");
+    assert_eq!(d.message, "wave `a` names no node `edge-3`");
+    assert_eq!(d.help.as_deref(), Some("did you mean `edge-1`?"));
+    let d = error(&c, "unknown-node", "cluster.yaml:3:33");
+    assert_eq!(
+        d.message,
+        "node `router-1` has no `redis` block: it is not a target"
+    );
+    let d = error(&c, "unknown-region", "cluster.yaml:3:54");
+    assert_eq!(d.message, "region `ue` has no target");
+    error(&c, "unknown-role", "cluster.yaml:3:67");
+}
+
+#[test]
+fn a_node_in_two_waves_an_empty_wave_and_rest_before_the_last_are_refused() {
+    let c = waves_repo(
+        "apply:\n  waves:\n    - {name: eu, regions: [eu]}\n    - {name: rest}\n    - {name: canary, nodes: [edge-1]}\n    - {name: eu, nodes: [edge-2, edge-2], bake: 1500ms}\n",
+    );
+    let d = error(&c, "node-in-two-waves", "cluster.yaml:5:30");
+    assert_eq!(d.message, "node `edge-1` is in wave `eu` already (item 0)");
+    error(&c, "rest-not-last", "cluster.yaml:4:7");
+    let d = error(&c, "empty-wave", "cluster.yaml:5:7");
+    assert_eq!(d.message, "wave `canary` selects no target");
+    error(&c, "duplicate-value", "cluster.yaml:6:14");
+    error(&c, "duplicate-value", "cluster.yaml:6:34");
+    error(&c, "invalid-value", "cluster.yaml:6:49");
+}
+
+#[test]
+fn a_bake_time_is_whole_seconds_up_to_a_week() {
+    for (bake, ok) in [
+        ("10m", true),
+        ("168h", true),
+        ("169h", false),
+        ("1500ms", false),
+    ] {
+        let c = waves_repo(&format!(
+            "apply:\n  waves:\n    - {{name: a, nodes: [edge-1], bake: {bake}}}\n    - {{name: rest}}\n"
+        ));
+        assert_eq!(c.is_valid(), ok, "{bake}: {}", lines(&c));
+    }
+}
+
 #[test]
 fn anycast_asns_upstreams_and_prefixes_are_checked() {
     let c = cluster_repo(
@@ -733,4 +826,37 @@ fn the_small_repository_fixtures_are_each_valid_alone_where_they_can_be() {
             .iter()
             .all(|d| d.severity == Severity::Warning)
     );
+}
+
+// ---- a site's own gate thresholds (`rollout:`) ----
+
+#[test]
+fn a_sites_rollout_thresholds_reach_the_control_plane_not_the_edge() {
+    let plain = valid(&with(&[(S, &site(""))]));
+    let with_gate = valid(&with(&[(
+        S,
+        &site("rollout: {max_5xx_ratio_increase: 0.1, min_requests: 50}\n"),
+    )]));
+    let find = |c: &crate::Config| {
+        c.sites
+            .iter()
+            .find(|s| s.host == "s.example.com")
+            .cloned()
+            .expect("the site")
+    };
+    let (plain, gated) = (find(&plain), find(&with_gate));
+    assert_eq!(plain.rollout, None);
+    let gate = gated.rollout.as_deref().expect("its thresholds");
+    assert_eq!(gate.max_5xx_ratio_increase, Some(0.1));
+    assert_eq!(gate.min_requests, Some(50));
+    assert_eq!(gate.max_hit_ratio_drop, None);
+    // The edge's document is the same with or without them.
+    assert_eq!(plain.doc, gated.doc);
+}
+
+#[test]
+fn a_sites_rollout_ratio_above_1_is_out_of_range_at_its_key() {
+    let c = site_repo(&site("rollout:\n  max_hit_ratio_drop: 1.5\n"));
+    assert_eq!(codes(&c), ["out-of-range"], "{}", lines(&c));
+    error(&c, "out-of-range", "sites/s.yaml:4:23");
 }

@@ -23,6 +23,8 @@
 //!   (`<sequence>-<job id>` → the kept job, JSON);
 //! - `edgeform:state:acme:renewal`: a string, the certificates job's
 //!   renewal state (JSON);
+//! - `edgeform:state:rollout`: a string, the rollouts' book (JSON,
+//!   `crate::rollout::Book`);
 //! - `edgeform:state:lease:<name>`: a string with a `PX` expiry, the
 //!   holder's token ([`super::lease`]; taken and renewed by one Lua
 //!   script, released by compare-and-delete).
@@ -41,9 +43,9 @@ use edgestate::target::{RedisTarget, TargetError, TlsFiles};
 use redis::Value;
 
 use super::{
-    MAX_CERT_BYTES, MAX_OUTBOX_ENTRY_BYTES, MAX_RENEWAL_STATE_BYTES, Store, StoreError, StoredCert,
-    kept_commit, valid_cert_name, valid_node, valid_outbox_name, valid_secret_name,
-    valid_secret_value,
+    MAX_CERT_BYTES, MAX_OUTBOX_ENTRY_BYTES, MAX_RENEWAL_STATE_BYTES, MAX_ROLLOUT_STATE_BYTES,
+    Store, StoreError, StoredCert, kept_commit, valid_cert_name, valid_node, valid_outbox_name,
+    valid_secret_name, valid_secret_value,
 };
 
 /// Every key of the store starts with this.
@@ -73,6 +75,9 @@ fn account_key() -> String {
 }
 fn renewal_key() -> String {
     format!("{PREFIX}acme:renewal")
+}
+fn rollout_key() -> String {
+    format!("{PREFIX}rollout")
 }
 fn lease_key(name: &str) -> String {
     format!("{PREFIX}lease:{name}")
@@ -549,6 +554,26 @@ impl Store for RedisStore {
             return Err(StoreError::RenewalTooLarge(renewal_key()));
         }
         self.one(redis::cmd("SET").arg(renewal_key()).arg(json))?;
+        Ok(())
+    }
+
+    fn rollout_state(&self) -> Result<Option<String>, StoreError> {
+        let key = rollout_key();
+        let text = self.string(&key)?;
+        if text
+            .as_ref()
+            .is_some_and(|t| t.len() > MAX_ROLLOUT_STATE_BYTES)
+        {
+            return Err(StoreError::RolloutTooLarge(key));
+        }
+        Ok(text)
+    }
+
+    fn set_rollout_state(&self, json: &str) -> Result<(), StoreError> {
+        if json.len() > MAX_ROLLOUT_STATE_BYTES {
+            return Err(StoreError::RolloutTooLarge(rollout_key()));
+        }
+        self.one(redis::cmd("SET").arg(rollout_key()).arg(json))?;
         Ok(())
     }
 

@@ -23,6 +23,7 @@ mod memory;
 pub mod ops;
 pub mod purge;
 pub mod push;
+pub mod rollout;
 pub mod route;
 pub mod secrets;
 pub mod serve;
@@ -472,6 +473,15 @@ pub enum Command {
     State {
         #[command(subcommand)]
         action: state::Action,
+    },
+    /// A commit's rollout in waves (cluster.yaml `apply.waves`): `status`
+    /// shows where it stands, `promote` applies the next wave now, `abort`
+    /// rolls every applied wave back and remembers the commit as aborted
+    /// (the state store). Exit 0, 1 nothing to promote or abort or a
+    /// target failed, 64 usage.
+    Rollout {
+        #[command(subcommand)]
+        action: rollout::Action,
     },
 }
 
@@ -969,6 +979,11 @@ pub fn run(cli: &Cli) -> Result<u8> {
         }
         Command::Secrets { action } => secrets::run(&cli.state_dir, action),
         Command::State { action } => state::run(&cli.state_dir, action),
+        Command::Rollout { action } => {
+            init_tracing();
+            compiler::clock::now()?;
+            rollout::run(&cli.repo, &cli.state_dir, action)
+        }
         Command::Certs { action } => certs::run(&cli.state_dir, action, || {
             valid_config(&cli.repo, cli.rev.as_deref(), color())
         }),

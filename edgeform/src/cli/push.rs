@@ -209,6 +209,7 @@ pub async fn apply_cmd(
             adopt,
             ..flags.settings()
         },
+        state_dir,
     )
     .await
 }

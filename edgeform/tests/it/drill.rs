@@ -402,6 +402,7 @@ impl Cluster {
                 ttl_port: harness::free_port(),
                 https_listen: format!("{addr}:{https_port}"),
                 proxy_listen: format!("{addr}:{proxy_port}"),
+                metrics_listen: format!("127.0.0.1:{}", harness::free_port()),
             };
             let nginx = harness::nginx::edge_on(&o, &l)
                 .unwrap_or_else(|log| panic!("{name}'s nginx did not start:\n{log}"));

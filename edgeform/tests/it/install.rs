@@ -103,9 +103,9 @@ impl Lab {
              \x20 listen: \"127.0.0.1:{live}\"\n  smoke_listen: \"127.0.0.1:{smoke}\"\n  keep: 3\n\
              \x20 vars: {{workers: \"1\", resolver: 127.0.0.1, cache_max_size: 100m, \
              geoip_db: geoip/GeoLite2-City.mmdb, api: \"false\", api_url: \"http://127.0.0.1:9\", \
-             ttl_hop_port: \"{hop}\"}}\n\
+             ttl_hop_port: \"{hop}\", metrics_listen: \"127.0.0.1:{ml}\"}}\n\
              \x20 candidate_vars: {{ttl_hop_port: \"{chop}\", https_listen: \"127.0.0.1:{chl}\", \
-             proxy_listen: \"127.0.0.1:{cpl}\"}}\n\
+             proxy_listen: \"127.0.0.1:{cpl}\", metrics_listen: \"127.0.0.1:{cml}\"}}\n\
              \x20 restart_on_change: {{agent.yaml: \"echo restarted >> {root}/agent-restarts\"}}\n\
              https: {{listen: \"127.0.0.1:{hl}\", proxy_listen: \"127.0.0.1:{pl}\"}}\n",
             redis = redis_port,
@@ -120,6 +120,8 @@ impl Lab {
             pl = port(5),
             chl = port(6),
             cpl = port(7),
+            ml = port(8),
+            cml = port(9),
         );
         std::fs::write(self.repo.path().join(format!("nodes/{name}.yaml")), yaml).unwrap();
         self.names.push(name.to_owned());

@@ -511,6 +511,56 @@ const CASES: &[Case] = &[
         3,
     ),
     (
+        "waves: unknown node",
+        &[(
+            "cluster.yaml",
+            "apply:\n  waves:\n    - {name: canary, nodes: [edge-9]}\n",
+        )],
+        "unknown-node",
+        "cluster.yaml",
+        3,
+    ),
+    (
+        "waves: a node in two waves",
+        &[(
+            "cluster.yaml",
+            "apply:\n  waves:\n    - {name: eu, regions: [eu]}\n    - {name: canary, nodes: [edge-1]}\n",
+        )],
+        "node-in-two-waves",
+        "cluster.yaml",
+        4,
+    ),
+    (
+        "waves: a wave with no target",
+        &[(
+            "cluster.yaml",
+            "apply:\n  waves:\n    - {name: canary, nodes: [edge-1]}\n    - {name: eu, regions: [eu]}\n",
+        )],
+        "empty-wave",
+        "cluster.yaml",
+        4,
+    ),
+    (
+        "waves: rest before the last",
+        &[(
+            "cluster.yaml",
+            "apply:\n  waves:\n    - {name: rest}\n    - {name: canary, nodes: [edge-1]}\n",
+        )],
+        "rest-not-last",
+        "cluster.yaml",
+        3,
+    ),
+    (
+        "waves: a role no target has",
+        &[(
+            "cluster.yaml",
+            "apply:\n  waves:\n    - {name: routers, roles: [router]}\n",
+        )],
+        "unknown-role",
+        "cluster.yaml",
+        3,
+    ),
+    (
         "custom tag",
         &[("sites/a.yaml", "host: a.example.com\norigin: !env ORIGIN\n")],
         "yaml-unsupported-tag",

@@ -394,6 +394,7 @@ fn expositions() -> String {
     c.run_done("sync", false);
     c.certificate_expiries(&[("a.test".to_owned(), 1)]);
     c.renewal_failed("a.test");
+    c.rollout_halted("abc", true);
     c.outbox(&std::collections::BTreeMap::from([(
         "edge-9".to_owned(),
         control::outbox::Depth {

@@ -62,6 +62,18 @@ fn lease_contract(s: &dyn Store) {
         s.renewal_state().unwrap().as_deref(),
         Some("{\"certificates\":{}}")
     );
+    // So does the rollouts' book, and an oversized one is refused.
+    assert_eq!(s.rollout_state().unwrap(), None);
+    s.set_rollout_state("{\"aborted\":[\"abc\"]}").unwrap();
+    assert_eq!(
+        s.rollout_state().unwrap().as_deref(),
+        Some("{\"aborted\":[\"abc\"]}")
+    );
+    let huge = "x".repeat(control::store::MAX_ROLLOUT_STATE_BYTES + 1);
+    assert!(matches!(
+        s.set_rollout_state(&huge),
+        Err(control::store::StoreError::RolloutTooLarge(_))
+    ));
 }
 
 #[test]
@@ -87,7 +99,8 @@ fn leases_exclude_renew_and_run_out_in_the_state_directory_and_in_redis() {
         keys,
         [
             "edgeform:state:acme:renewal",
-            "edgeform:state:lease:reconcile"
+            "edgeform:state:lease:reconcile",
+            "edgeform:state:rollout"
         ]
     );
 }

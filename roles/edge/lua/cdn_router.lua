@@ -20,6 +20,7 @@ local decide = require "edge_decide"
 local ip = require "edge_ip"
 local origins = require "edge_origins"
 local generation_rule = require "edge_generation"
+local metrics = require "edge_metrics"
 
 local ngx = ngx
 local find, sub = string.find, string.sub
@@ -59,6 +60,17 @@ function _M.init(c)
   conf.doc_cache = conf.doc_cache or 20000
   conf.wild_cache = conf.wild_cache or 20000
   conf.miss_cache = conf.miss_cache or 10000
+  -- Per-site metrics and the JSON access log (docs/edge.md, "Per-site
+  -- metrics and the access log"): install.vars `metrics`, `access_log`
+  -- ("on"/"off"), `metrics_hosts` (the cap of hosts tracked).
+  local function switch(name, v)
+    if v == nil or v == "on" then return true end
+    if v == "off" then return false end
+    error("edgeform: install.vars." .. name .. " must be on or off, not " .. tostring(v))
+  end
+  conf.metrics = switch("metrics", conf.metrics)
+  conf.access_log = switch("access_log", conf.access_log)
+  metrics.init({ on = conf.metrics, cap = conf.metrics_hosts or 10000, node = conf.node })
   -- The access phase is one long function with its helpers inlined:
   -- LuaJIT's default limits abort its trace ("trace too long") and leave
   -- it to the interpreter. Larger limits (as OpenResty suggests for large
@@ -182,6 +194,7 @@ function _M.init_worker()
   misses = lrucache.new(conf.miss_cache)
   ngx.timer.at(0, tick)
   ngx.timer.every(conf.poll, tick)
+  metrics.init_worker()
 end
 
 -- The control plane's read API (on a Redis miss): value, or false (no such
@@ -454,7 +467,12 @@ end
 
 local function answer(status, reason, body, ctype)
   ngx.status = status
-  if reason then ngx.header["X-Edgeform-Reason"] = reason end
+  if reason then
+    ngx.header["X-Edgeform-Reason"] = reason
+    -- For the log phase (metrics, access log): the reason the edge set,
+    -- never one an origin's response carries.
+    ngx.var.edge_reason = reason
+  end
   ngx.header["Content-Type"] = ctype or "text/plain"
   if status ~= 204 and body then ngx.print(body) end
   return ngx.exit(status)
@@ -562,6 +580,9 @@ function _M.access()
   if token then return acme_answer(token) end
   local entry = lookup(host)
   if entry.none then return answer(404, "unknown-host", "unknown host\n") end
+  -- The site the request counts under (metrics, access log): the key its
+  -- document was found under, never the viewer's Host as sent.
+  if entry.key then var.edge_site = entry.key end
   if entry.api_error then
     return answer(503, "control-plane-unreachable", "no configuration for this host\n")
   end
@@ -683,6 +704,21 @@ function _M.access()
     return answer(204, "cors-preflight")
   end
   return answer(d.status, d.reason, d.reason .. "\n")
+end
+
+-- The log phase (the template's log_by_lua): the viewer's address for
+-- the access log ($edge_viewer_ip: the client rule of the access phase,
+-- or, for a PROXY header refused, the address it claimed), and the
+-- request counted in the per-site metrics.
+function _M.log()
+  if conf.access_log then
+    local var = ngx.var
+    local _, proxy, peer = request_line(var.edge_request)
+    local client, text = client_ip(peer, proxy)
+    if not client then text = proxy or peer end
+    var.edge_viewer_ip = text
+  end
+  if conf.metrics then metrics.log() end
 end
 
 -- The preflight's headers (the edge answers it itself).
