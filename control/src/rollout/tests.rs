@@ -265,3 +265,56 @@ fn promote_after_the_last_wave_completes_the_rollout() {
     assert_eq!(r.state, State::Complete);
     assert_eq!(r.step(1000), Step::Done);
 }
+
+fn compiled(routing: &str, sites: &[(&str, &str)]) -> compiler::compile::Compiled {
+    let entries: compiler::compile::Entries = sites
+        .iter()
+        .map(|(k, v)| (Arc::from(*k), Arc::from(*v)))
+        .collect();
+    let entries = Arc::new(entries);
+    let mut c = compiler::compile::Compiled::default();
+    for node in ["edge-1", "edge-2"] {
+        c.targets.insert(
+            node.into(),
+            compiler::compile::Target {
+                node: node.into(),
+                region: "eu".into(),
+                routing: Arc::from(routing),
+                sites: Arc::clone(&entries),
+            },
+        );
+    }
+    c
+}
+
+#[test]
+fn changed_hosts_are_the_sites_whose_value_differs_and_routing_alone_changes_none() {
+    let before = compiled(
+        "r1",
+        &[
+            ("site:a.example.com", "{\"o\":1}"),
+            ("site:b.example.com", "{}"),
+        ],
+    );
+    let routing_only = compiled(
+        "r2",
+        &[
+            ("site:a.example.com", "{\"o\":1}"),
+            ("site:b.example.com", "{}"),
+        ],
+    );
+    assert!(changed_hosts(&before, &routing_only).is_empty());
+    let after = compiled(
+        "r1",
+        &[
+            ("site:a.example.com", "{\"o\":2}"),
+            ("site:c.example.com", "{}"),
+            ("suspended:b.example.com", "1"),
+            ("site:b.example.com", "{}"),
+        ],
+    );
+    assert_eq!(
+        changed_hosts(&before, &after),
+        vec!["a.example.com", "b.example.com", "c.example.com"]
+    );
+}
