@@ -40,6 +40,7 @@ pub mod purge;
 pub mod route;
 pub mod routing;
 pub mod site;
+pub mod sites;
 pub mod target;
 pub mod time;
 pub mod tls;
