@@ -165,27 +165,7 @@ fn a_commit_rolls_out_wave_by_wave_waits_its_turn_aborts_back_and_is_never_reapp
     assert_eq!(s["aborted"], serde_json::json!([c2]));
 
     // The daemon rolls c3 out: the canary, then the rest after its bake.
-    let metrics = harness::free_port();
-    let mut daemon = harness::program(
-        Path::new(env!("CARGO_BIN_EXE_edgeform")),
-        [
-            "--repo",
-            repo.to_str().unwrap(),
-            "--state-dir",
-            state.to_str().unwrap(),
-            "reconcile",
-            "--sync-every",
-            "1s",
-            "--heal-every",
-            "1h",
-            "--metrics-listen",
-            &format!("127.0.0.1:{metrics}"),
-        ]
-        .map(str::to_owned)
-        .to_vec(),
-        std::net::Ipv4Addr::LOCALHOST,
-        metrics,
-    );
+    let (_, mut daemon) = crate::util::sync_daemon(repo, &state);
     let deadline = Instant::now() + Duration::from_secs(30);
     while !ports
         .iter()

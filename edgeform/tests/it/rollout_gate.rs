@@ -487,27 +487,7 @@ fn the_gate_lets_a_good_change_through_and_stops_a_bad_one_after_the_canary() {
     // Traffic before the change.
     std::thread::sleep(Duration::from_secs(6));
 
-    let metrics = harness::free_port();
-    let daemon = harness::program(
-        Path::new(env!("CARGO_BIN_EXE_edgeform")),
-        [
-            "--repo",
-            repo.to_str().unwrap(),
-            "--state-dir",
-            state.to_str().unwrap(),
-            "reconcile",
-            "--sync-every",
-            "1s",
-            "--heal-every",
-            "1h",
-            "--metrics-listen",
-            &format!("127.0.0.1:{metrics}"),
-        ]
-        .map(str::to_owned)
-        .to_vec(),
-        std::net::Ipv4Addr::LOCALHOST,
-        metrics,
-    );
+    let (metrics, daemon) = crate::util::sync_daemon(repo, &state);
     let status = || {
         let o = run(&["rollout", "status", "--format", "json"]);
         assert!(o.status.success(), "{}", crate::util::stderr(&o));

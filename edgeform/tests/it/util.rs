@@ -255,3 +255,31 @@ pub fn acme_site_repo(pebble: &harness::pebble::Pebble, redis_port: u16) -> Fixt
     f.commit("acme site");
     f
 }
+
+/// The real `reconcile` daemon on `repo` with `state`: sync every second,
+/// heal hourly (out of the way), metrics on a free port. Returns the
+/// metrics port and the process.
+pub fn sync_daemon(repo: &Path, state: &Path) -> (u16, harness::Process) {
+    let metrics = harness::free_port();
+    let daemon = harness::program(
+        Path::new(env!("CARGO_BIN_EXE_edgeform")),
+        [
+            "--repo",
+            repo.to_str().unwrap(),
+            "--state-dir",
+            state.to_str().unwrap(),
+            "reconcile",
+            "--sync-every",
+            "1s",
+            "--heal-every",
+            "1h",
+            "--metrics-listen",
+            &format!("127.0.0.1:{metrics}"),
+        ]
+        .map(str::to_owned)
+        .to_vec(),
+        std::net::Ipv4Addr::LOCALHOST,
+        metrics,
+    );
+    (metrics, daemon)
+}
