@@ -38,6 +38,10 @@ pub(crate) const ROLE_FILES: &[(&str, &[u8])] = &[
         include_bytes!("../../../roles/edge/geoip/PROVENANCE.md"),
     ),
     (
+        "roles/edge/logrotate.conf.tmpl",
+        include_bytes!("../../../roles/edge/logrotate.conf.tmpl"),
+    ),
+    (
         "roles/edge/lua/cdn_router.lua",
         include_bytes!("../../../roles/edge/lua/cdn_router.lua"),
     ),
@@ -52,6 +56,10 @@ pub(crate) const ROLE_FILES: &[(&str, &[u8])] = &[
     (
         "roles/edge/lua/edge_ip.lua",
         include_bytes!("../../../roles/edge/lua/edge_ip.lua"),
+    ),
+    (
+        "roles/edge/lua/edge_metrics.lua",
+        include_bytes!("../../../roles/edge/lua/edge_metrics.lua"),
     ),
     (
         "roles/edge/lua/edge_norm.lua",
