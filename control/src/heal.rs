@@ -263,6 +263,8 @@ pub async fn heal_scoped(
     ancestry: &super::gate::Relate<'_>,
     scope: Scope<'_>,
 ) -> Result<Healed> {
+    // A repair may rewrite the manifest: refuse a key it cannot record.
+    desired.check_keys().map_err(anyhow::Error::new)?;
     if options.dry_run {
         // Reads only; no lock (taking one is a write).
         return heal_locked(con, desired, options, ancestry, scope).await;

@@ -196,7 +196,7 @@ impl BucketIndex {
 /// ends a record's key (format 3). Nothing is written to any target.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NulInKey {
-    /// The key, `\xNN`-escaped.
+    /// The key, escaped (`edgestate::untrusted::preview`).
     pub key: String,
 }
 
@@ -545,5 +545,45 @@ mod tests {
             "a9993e364706816aba3e25717850c26c9cd0d89d"
         );
         assert_eq!(legacy_hash("abc"), "ba7816bf8f01cfea414140de5dae2223");
+    }
+
+    #[test]
+    fn each_bucket_string_holds_its_entries_sorted_and_agrees_with_the_summary() {
+        let pairs: Vec<(String, String)> = (0..3000)
+            .map(|i| (format!("site:s{i:05}.example.com"), format!("v{i}")))
+            .chain((0..50).map(|i| (format!("suspended:s{i:05}.example.com"), "1".into())))
+            .collect();
+        let refs: Vec<(&str, &str)> = pairs.iter().map(|(k, v)| (&**k, &**v)).collect();
+        let d = Desired::of_pairs(&refs, true);
+        let summary = d.summary().clone();
+        let mut seen = 0;
+        for b in 0..=u8::MAX {
+            let string = d.bucket_string(b);
+            let records = edgestate::manifest::parse(&string).unwrap();
+            assert!(records.windows(2).all(|w| w[0].0 < w[1].0), "{b}: sorted");
+            let mut digest = 0u128;
+            for (k, h) in &records {
+                assert_eq!(keys::bucket(k), b);
+                let key = std::str::from_utf8(k).unwrap();
+                assert_eq!(*h, content_hash(d.value(k).unwrap()).as_bytes(), "{key}");
+                digest ^= entry_digest(k, h);
+            }
+            let count = u32::try_from(records.len()).unwrap();
+            assert_eq!(summary.buckets[usize::from(b)], (digest, count), "{b}");
+            seen += records.len();
+        }
+        // Every entry once, the routing table's among them.
+        assert_eq!(seen, d.len());
+        let routing = d.bucket_string(keys::bucket(keys::ROUTING.as_bytes()));
+        assert!(routing.starts_with(b"edgeform:routing\0"));
+        assert!(d.check_keys().is_ok());
+    }
+
+    #[test]
+    fn a_key_holding_nul_is_refused_by_name() {
+        let d = Desired::of_pairs(&[("site:a", "1"), ("site:b\0x", "1")], true);
+        let e = d.check_keys().unwrap_err();
+        assert_eq!(e.key, "site:b\\u{0}x");
+        assert!(e.to_string().contains("NUL"), "{e}");
     }
 }

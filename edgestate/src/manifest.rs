@@ -69,7 +69,7 @@ pub struct Records<'a> {
 }
 
 impl<'a> Iterator for Records<'a> {
-    type Item = Result<(&'a [u8], &'a [u8]), BucketError>;
+    type Item = Result<Record<'a>, BucketError>;
 
     fn next(&mut self) -> Option<Self::Item> {
         let offset = self.at;
@@ -96,7 +96,7 @@ enum Bad {
     NotHex,
 }
 
-fn parse_one(rest: &[u8]) -> Result<(&[u8], &[u8]), Bad> {
+fn parse_one(rest: &[u8]) -> Result<Record<'_>, Bad> {
     let nul = rest.iter().position(|&b| b == 0).ok_or(Bad::Truncated)?;
     let hash = rest
         .get(nul + 1..nul + 1 + HASH_LEN)
@@ -107,11 +107,14 @@ fn parse_one(rest: &[u8]) -> Result<(&[u8], &[u8]), Bad> {
     Ok((&rest[..nul], hash))
 }
 
+/// One record: `(key, hash)`, borrowed from the bucket's string.
+pub type Record<'a> = (&'a [u8], &'a [u8]);
+
 /// Every record of a bucket's string, or the first error.
 ///
 /// # Errors
 /// [`BucketError`] when the string is not a sequence of whole records.
-pub fn parse(bytes: &[u8]) -> Result<Vec<(&[u8], &[u8])>, BucketError> {
+pub fn parse(bytes: &[u8]) -> Result<Vec<Record<'_>>, BucketError> {
     records(bytes).collect()
 }
 
@@ -145,7 +148,7 @@ mod tests {
                 (&b""[..], H1)
             ]
         );
-        assert_eq!(parse(b"").unwrap(), Vec::<(&[u8], &[u8])>::new());
+        assert_eq!(parse(b"").unwrap(), Vec::<Record>::new());
     }
 
     #[test]
