@@ -47,7 +47,10 @@ fn set_raw(port: u16, key: &str, value: &[u8]) {
 }
 
 /// A manifest bucket's records (format 3): `(key, hash)` in stored order.
-fn records(port: u16, bucket: &str) -> Vec<(String, String)> {
+type Records = Vec<(String, String)>;
+
+/// A manifest bucket's [`Records`], read.
+fn records(port: u16, bucket: &str) -> Records {
     let bytes = raw(port, bucket);
     edgestate::manifest::parse(&bytes)
         .unwrap()
@@ -839,7 +842,7 @@ fn a_tampered_split_bucket_is_found_in_redis() {
     let (f, bucket, big) = applied_big_bucket(r.port);
     let b = &bucket["edgeform:manifest:".len()..];
     let port = r.port;
-    let edit = |change: &dyn Fn(&mut Vec<(String, String)>)| {
+    let edit = |change: &dyn Fn(&mut Records)| {
         let mut r0 = records(port, &bucket);
         change(&mut r0);
         write_records(port, &bucket, &r0);
