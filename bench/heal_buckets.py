@@ -4,17 +4,19 @@
 At 1,000,000 sites one edge holds ~1.79M managed keys (1.79 a site, as in bench/scale.py's
 repo), so each of the 256 manifest buckets (`edgeform:manifest:<bb>`) holds ~7,000 entries.
 Before, a COMPARE call covered at least one whole bucket; now it covers at most a budget of
-entries (`PER_CALL` in control/src/heal.rs), splitting a big bucket across calls with
-HSCAN.
+entries (`PER_CALL` in control/src/heal.rs), splitting a big bucket across calls (format 3:
+at a record's byte offset in the bucket's string, read with GETRANGE).
 
-The script fills ONE redis-server with a synthetic edge of that size, written as format 2
-writes it (documents, 256 manifest bucket hashes of SHA-1 content hashes, the per-bucket
-digests in `edgeform:manifest:buckets`), then runs each comparison over the whole manifest,
-driven as control/src/heal.rs drives it:
+The script fills ONE redis-server with a synthetic edge of that size, written as format 3
+writes it (documents, 256 manifest bucket strings of sorted `key NUL sha1-hex` records, the
+per-bucket digests in `edgeform:manifest:buckets`) and, for --old-rev's script, the same
+manifest as format 2's bucket hashes under `edgeform:manifest2:` (the prefix is the script's
+ARGV), then runs each comparison over the whole manifest, driven as control/src/heal.rs
+drives it:
   - before: COMPARE from --old-rev (one bucket per call, what `buckets_per_call` gave at this
-    size);
-  - after: COMPARE from this tree, with each budget of --per-call (the Rust loop: bucket, HSCAN
-    cursor and the bucket's running digest carried from call to call).
+    size), over the hashes;
+  - after: COMPARE from this tree, with each budget of --per-call (the Rust loop: bucket, byte
+    offset and the bucket's running digest carried from call to call), over the strings.
 Per call it takes the server's own duration (SLOWLOG, µs, threshold 0) and the client's round
 trip; it prints the slowest, the 99th percentile and the median call, the totals, and the
 redis-server's CPU time over the run (/proc; on a loaded machine wall times include the time
@@ -47,6 +49,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from benchlib import cpu_seconds, free_port, wait_port  # noqa: E402
 
 PREFIX, INDEX = "edgeform:manifest:", "edgeform:manifest:buckets"
+# Format 2's bucket hashes, for --old-rev's script only.
+PREFIX2 = "edgeform:manifest2:"
 
 
 def heal_source(rev: str | None = None) -> str:
@@ -135,14 +139,17 @@ def resp(*args) -> bytes:
     return b"".join(out)
 
 
-def fill(port: int, keys: int, only: int | None = None) -> int:
-    """Write `keys` documents (456-byte values) and their format-2 manifest; return the whole
-    manifest's digest (XOR of the entries' SHA-1(key ‖ 0 ‖ hash) first 128 bits). `only`: write
-    just the keys of that bucket (the others stay empty)."""
+def fill(port: int, keys: int, only: int | None = None) -> tuple[int, list[int]]:
+    """Write `keys` documents (456-byte values) and their manifest (format 3's strings, and
+    format 2's hashes under PREFIX2); return the whole manifest's digest (XOR of the entries'
+    SHA-1(key ‖ 0 ‖ hash) first 128 bits) and each bucket's entry count. `only`: write just the
+    keys of that bucket (the others stay empty)."""
     pipe = subprocess.Popen(["redis-cli", "-p", str(port), "--pipe"], stdin=subprocess.PIPE,
                             stdout=subprocess.DEVNULL)
     digests, counts = [0] * 256, [0] * 256
     fields: dict[int, list[bytes]] = {}
+    # Keys come in increasing order: each bucket's records are sorted as written.
+    strings: dict[int, list[bytes]] = {}
     pad = b"x" * 400
     batch = []
     for i in range(keys):
@@ -156,15 +163,18 @@ def fill(port: int, keys: int, only: int | None = None) -> int:
         counts[b] += 1
         batch += [k, v]
         fields.setdefault(b, []).extend([k, h])
+        strings.setdefault(b, []).append(k + b"\0" + h)
         if len(batch) >= 2000:
             pipe.stdin.write(resp(b"MSET", *batch))
             batch = []
         if len(fields.get(b, ())) >= 2000:
-            pipe.stdin.write(resp(b"HSET", (PREFIX + f"{b:02x}").encode(), *fields.pop(b)))
+            pipe.stdin.write(resp(b"HSET", (PREFIX2 + f"{b:02x}").encode(), *fields.pop(b)))
     if batch:
         pipe.stdin.write(resp(b"MSET", *batch))
     for b, f in fields.items():
-        pipe.stdin.write(resp(b"HSET", (PREFIX + f"{b:02x}").encode(), *f))
+        pipe.stdin.write(resp(b"HSET", (PREFIX2 + f"{b:02x}").encode(), *f))
+    for b, records in strings.items():
+        pipe.stdin.write(resp(b"SET", (PREFIX + f"{b:02x}").encode(), b"".join(records)))
     index = []
     for b in range(256):
         index += [f"{b:02x}".encode(), f"{digests[b]:032x} {counts[b]}".encode()]
@@ -175,7 +185,7 @@ def fill(port: int, keys: int, only: int | None = None) -> int:
     whole = 0
     for d in digests:
         whole ^= d
-    return whole
+    return whole, counts
 
 
 def slowlog(r: Redis) -> list[int]:
@@ -188,7 +198,7 @@ def before(r: Redis, sha: str) -> tuple[list[float], int, int]:
     trips, whole, n = [], 0, 0
     for b in range(256):
         t = time.perf_counter()
-        missing, changed, bad, digest, count = r.call("EVALSHA", sha, 0, b, b, PREFIX, INDEX)
+        missing, changed, bad, digest, count = r.call("EVALSHA", sha, 0, b, b, PREFIX2, INDEX)
         trips.append(time.perf_counter() - t)
         assert not (missing or changed or bad), (b, missing, changed, bad)
         whole ^= int(digest, 16)
@@ -197,15 +207,15 @@ def before(r: Redis, sha: str) -> tuple[list[float], int, int]:
 
 
 def after(r: Redis, sha: str, budget: int) -> tuple[list[float], int, int, int]:
-    """heal.rs's driver: resume (bucket, cursor, running digest, count) call to call. Client round
-    trips (s), digest, entries, the most entries one call covered."""
+    """heal.rs's driver: resume (bucket, byte offset, running digest, count) call to call. Client
+    round trips (s), digest, entries, the most entries one call covered."""
     trips, whole, n, largest = [], 0, 0, 0
-    b, cursor, carry, carried = 0, b"0", "0" * 32, 0
+    b, offset, carry, carried = 0, 0, "0" * 32, 0
     while b < 256:
         t = time.perf_counter()
-        reply = r.call("EVALSHA", sha, 0, PREFIX, INDEX, budget, b, cursor, carry, carried, 256)
+        reply = r.call("EVALSHA", sha, 0, PREFIX, INDEX, budget, b, offset, carry, carried, 256)
         trips.append(time.perf_counter() - t)
-        missing, changed, bad, digest, count, b, cursor, running, carried, done = reply
+        missing, changed, bad, digest, count, b, offset, running, carried, done = reply
         assert not (missing or changed or bad), (b, missing, changed, bad)
         whole ^= int(digest, 16)
         n += count
@@ -237,24 +247,24 @@ def callgrind(keys: int, old: str, new: str, budgets: list[int]) -> None:
     try:
         wait_port(port, 120)
         time.sleep(1)
-        fill(port, keys, only=0)
+        _, counts = fill(port, keys, only=0)
         r = Redis(port)
-        size = r.call("HLEN", PREFIX + "00")
+        size = counts[0]
         print(f"\ncallgrind: bucket 00 alone, {size} entries (redis-server instructions)\n")
         print("| comparison | calls | instructions per call (mean) | per entry |\n|---|---:|---:|---:|")
         sha = r.call("SCRIPT", "LOAD", old).decode()
-        n = instructions(proc.pid, work, lambda: r.call("EVALSHA", sha, 0, 0, 0, PREFIX, INDEX))
+        n = instructions(proc.pid, work, lambda: r.call("EVALSHA", sha, 0, 0, 0, PREFIX2, INDEX))
         print(f"| before: the whole bucket in one call | 1 | {n / 1e6:.1f} M | {n / size / 1000:.1f} k |")
         sha = r.call("SCRIPT", "LOAD", new).decode()
         for budget in budgets:
             calls = []
 
             def walk():
-                b, cursor, carry, carried = 0, b"0", "0" * 32, 0
+                b, offset, carry, carried = 0, 0, "0" * 32, 0
                 while b == 0:
-                    reply = r.call("EVALSHA", sha, 0, PREFIX, INDEX, budget, b, cursor, carry, carried, 256)
+                    reply = r.call("EVALSHA", sha, 0, PREFIX, INDEX, budget, b, offset, carry, carried, 256)
                     assert not reply[2], reply[2]
-                    b, cursor, carry, carried = reply[5], reply[6], reply[7].decode(), reply[8]
+                    b, offset, carry, carried = reply[5], reply[6], reply[7].decode(), reply[8]
                     calls.append(reply[9])
             n = instructions(proc.pid, work, walk)
             print(f"| after: budget {budget} | {len(calls)} | {n / len(calls) / 1e6:.1f} M "
@@ -292,15 +302,14 @@ def main() -> int:
         wait_port(port, 30)
         time.sleep(0.2)
         t = time.time()
-        whole = fill(port, keys)
+        whole, sizes = fill(port, keys)
         r = Redis(port)
-        sizes = [r.call("HLEN", PREFIX + f"{b:02x}") for b in range(256)]
-        enc = r.call("OBJECT", "ENCODING", PREFIX + f"{sizes.index(max(sizes)):02x}").decode()
+        big = r.call("STRLEN", PREFIX + f"{sizes.index(max(sizes)):02x}")
         print(f"{a.sites:,} sites: {keys:,} managed keys in one redis-server, written in {time.time() - t:.0f} s; "
               f"bucket entries min {min(sizes)}, median {int(statistics.median(sizes))}, max {max(sizes)} "
-              f"({enc}); load average {' '.join(f'{x:.1f}' for x in os.getloadavg())}\n")
+              f"(a string of {big:,} bytes); load average {' '.join(f'{x:.1f}' for x in os.getloadavg())}\n")
         runs = [(f"before ({a.old_rev}): ≥ 1 whole bucket a call", script(old, "COMPARE"), None)]
-        runs += [(f"after: HSCAN, budget {n} entries a call", script(source, "COMPARE"), n) for n in budgets]
+        runs += [(f"after: GETRANGE, budget {n} entries a call", script(source, "COMPARE"), n) for n in budgets]
         print("| comparison | calls | entries/call max | slowest call, server | p99 call, server "
               "| median call, server | all calls, server | all calls, round trips "
               "| server CPU, all calls | server CPU per call (mean) | load avg |")

@@ -6,9 +6,10 @@ In one run, side by side, medians of --runs:
   - `edgeform check` (the reference's first half: the apply has to parse and compile too);
   - a full `edgeform apply --yes` to the 4 servers after FLUSHALL, whole process;
   - `redis-cli --pipe` mass insertion of the same entries into the same 4 servers, in
-    parallel, after FLUSHALL: every key edgeform wrote to the first server (documents as
-    SET, each manifest bucket and `edgeform:manifest:buckets` as one HSET, the meta as one
-    HSET), read back once from that server and encoded as RESP up front (not timed);
+    parallel, after FLUSHALL: every key edgeform wrote to the first server (strings as SET:
+    the documents and each manifest bucket, format 3; `edgeform:manifest:buckets` and the
+    meta as one HSET each), read back once from that server and encoded as RESP up front
+    (not timed);
     the 4 servers hold the same sites, so one file serves all 4 (the routing table and the
     meta differ by a few bytes per node).
 Goal: apply <= 1.3 x (check + pipe). Usage: python3 bench/pipe_ref.py [--runs 3] [--sites 100000]

@@ -20,17 +20,20 @@ use super::state::{Desired, Live, Manifest, Meta};
 use compiler::clock::now_rfc3339;
 use compiler::model::resolved::Thresholds;
 
-/// Fields per HSET/MGET/DEL command inside a transaction or batch.
+/// Keys per MSET/MGET/DEL command inside a transaction or batch.
 const BATCH: usize = 1000;
 
 /// Read what plan and apply compare, in proportion to what differs:
 /// the meta (and whether a format-1 manifest exists); when the meta's
 /// manifest digest is the desired one, nothing more. Otherwise the 256
-/// bucket digests, and the manifest of the buckets that differ. A format-1
-/// target is read whole (the next apply migrates it).
+/// bucket digests, and the manifest of the buckets that differ (one `GET`
+/// each; `HGETALL` on a format-2 target, whose buckets are hashes). A
+/// format-1 target is read whole (the next apply migrates it).
 ///
 /// # Errors
-/// Redis errors, or a manifest that is not a hash of UTF-8 strings.
+/// Redis errors (a bucket of another type than its format's), or a
+/// bucket that is not whole records of UTF-8 keys
+/// ([`edgestate::manifest::BucketError`]).
 pub async fn read_live(con: &mut MultiplexedConnection, desired: &Desired) -> Result<Live> {
     let (meta, old, bundle) = read_meta(con).await?;
     let current = meta.format.is_some_and(|f| f >= 2) && meta.manifest_digest.is_some();
@@ -44,6 +47,8 @@ pub async fn read_live(con: &mut MultiplexedConnection, desired: &Desired) -> Re
         live.bundle = bundle;
         return Ok(live);
     }
+    // Format 2: the buckets are hashes (rewritten whole by the next write).
+    let hash_buckets = current && meta.format == Some(2);
     let digest = meta
         .manifest_digest
         .clone()
@@ -54,6 +59,7 @@ pub async fn read_live(con: &mut MultiplexedConnection, desired: &Desired) -> Re
             meta,
             digest,
             bundle,
+            hash_buckets,
             ..Live::default()
         });
     }
@@ -69,7 +75,8 @@ pub async fn read_live(con: &mut MultiplexedConnection, desired: &Desired) -> Re
     let differ = plan::differing_buckets(desired, &stored);
     let mut pipe = redis::pipe();
     for b in &differ {
-        pipe.cmd("HGETALL").arg(keys::manifest_bucket(*b));
+        pipe.cmd(if hash_buckets { "HGETALL" } else { "GET" })
+            .arg(keys::manifest_bucket(*b));
     }
     let replies: Vec<redis::Value> = if differ.is_empty() {
         Vec::new()
@@ -79,8 +86,13 @@ pub async fn read_live(con: &mut MultiplexedConnection, desired: &Desired) -> Re
             .context("reading edgeform:manifest buckets")?
     };
     let mut manifest = Manifest::new();
-    for reply in replies {
-        manifest.extend(manifest_from(reply)?);
+    for (reply, b) in replies.into_iter().zip(&differ) {
+        if hash_buckets {
+            manifest.extend(manifest_from(reply)?);
+        } else {
+            bucket_from(reply, &mut manifest)
+                .with_context(|| format!("reading {}", keys::manifest_bucket(*b)))?;
+        }
     }
     Ok(Live {
         manifest,
@@ -88,6 +100,7 @@ pub async fn read_live(con: &mut MultiplexedConnection, desired: &Desired) -> Re
         managed: plan::managed_count(&stored),
         digest,
         legacy: false,
+        hash_buckets,
         read_buckets: differ,
         bundle,
     })
@@ -109,6 +122,24 @@ pub fn live_changes(desired: &Desired, live: &Live) -> Changes {
         |k| read[usize::from(keys::bucket(k.as_bytes()))],
         false,
     )
+}
+
+/// A bucket's `GET` reply (format 3: a string of records; nil: empty)
+/// added to `manifest`.
+fn bucket_from(reply: redis::Value, manifest: &mut Manifest) -> Result<()> {
+    let bytes = match reply {
+        redis::Value::BulkString(b) => b,
+        redis::Value::Nil => return Ok(()),
+        other => bail!("not a string: {other:?}"),
+    };
+    for record in edgestate::manifest::records(&bytes) {
+        let (key, hash) = record?;
+        let key = std::str::from_utf8(key).context("a key that is not UTF-8")?;
+        // Checked as lowercase hex by the parser: ASCII.
+        let hash = String::from_utf8_lossy(hash).into_owned();
+        manifest.insert(key.to_owned(), hash);
+    }
+    Ok(())
 }
 
 /// HGETALL's reply as a [`Manifest`], taking the reply's strings over
@@ -278,7 +309,7 @@ pub async fn apply(
 }
 
 /// A target already in the desired state (the meta's manifest digest and
-/// commit are the desired ones, format 2) is reported unchanged from one
+/// commit are the desired ones, format 3) is reported unchanged from one
 /// read of the meta, without taking the lock: a no-op writes nothing, and
 /// the meta is only ever written in the transaction that writes the
 /// documents, so what it says is a state that was committed whole (a
@@ -294,7 +325,7 @@ async fn unchanged_without_lock(
 ) -> Result<Option<Outcome>> {
     let (meta, old, bundle) = read_meta(con).await?;
     if old
-        || meta.format.is_none_or(|f| f < 2)
+        || meta.format.is_none_or(|f| f < edgestate::FORMAT_VERSION)
         || meta.manifest_digest.as_deref() != Some(desired.digest())
         || meta.commit.as_deref() != Some(options.commit.as_str())
     {
@@ -373,7 +404,7 @@ async fn transaction(
             }
         };
         if changes.is_empty()
-            && !live.legacy
+            && !live.rewrites_manifest()
             && live.digest == desired.digest()
             && live.meta.commit.as_deref() == Some(options.commit.as_str())
         {
@@ -414,6 +445,7 @@ fn check(
     expect: Option<&Expect>,
     ancestry: &super::gate::Relate<'_>,
 ) -> Result<Changes> {
+    desired.check_keys().map_err(anyhow::Error::new)?;
     let changes = live_changes(desired, live);
     if let Some(e) = expect
         && (e.generation != live.meta.generation || e.manifest_digest != live.digest)
@@ -489,21 +521,24 @@ pub(crate) async fn multi_exec(
 }
 
 /// What one transaction writes, produced chunk by chunk: every added or
-/// changed document (MSET) with its manifest field (HSET into its
-/// bucket's hash), deletions of keys no longer desired (DEL, HDEL), the
-/// digests of the buckets that were read (they differed), then the meta
-/// with the manifest's digest. A format-1 target first loses its old
-/// manifest and gets every manifest field in format 2.
+/// changed document (MSET), deletions of keys no longer desired (DEL),
+/// then the whole string of each manifest bucket that was read (they
+/// differed: one `SET` per bucket, rendered from the desired state's
+/// bucket index; `DEL` of the ones left empty), their digests, and the
+/// meta with the manifest's digest. A format-1 or format-2 target first
+/// loses its old manifest and gets all 256 buckets in format 3.
 pub(crate) struct Body<'a> {
     entries: Box<dyn Iterator<Item = (&'a str, &'a str, &'a str)> + Send + 'a>,
     writes: Box<dyn Iterator<Item = &'a str> + Send + 'a>,
     next_write: Option<&'a str>,
-    /// Write every manifest field (migration), not only the changed ones.
-    all_fields: bool,
     clear: bool,
     removed: std::slice::Chunks<'a, String>,
     /// Further keys to delete, as bytes (heal: unmanaged keys).
     deletes: Vec<Vec<u8>>,
+    /// The buckets whose string is written, still to write.
+    strings: std::vec::IntoIter<u8>,
+    /// The buckets written that are left empty: deleted in one command.
+    empty: Vec<String>,
     buckets: Option<Vec<u8>>,
     desired: &'a Desired,
     meta: Option<(&'a str, u64)>,
@@ -524,7 +559,7 @@ impl<'a> Body<'a> {
         let mut writes: Box<dyn Iterator<Item = &'a str> + Send + 'a> =
             Box::new(merge_sorted(&changes.added, &changes.changed));
         let next_write = writes.next();
-        let buckets = if live.legacy {
+        let buckets = if live.rewrites_manifest() {
             (0..=u8::MAX).collect()
         } else {
             live.read_buckets.clone()
@@ -533,10 +568,11 @@ impl<'a> Body<'a> {
             entries: Box::new(desired.iter()),
             writes,
             next_write,
-            all_fields: live.legacy,
-            clear: live.legacy,
+            clear: live.rewrites_manifest(),
             removed: changes.removed.chunks(BATCH),
             deletes: Vec::new(),
+            strings: buckets.clone().into_iter(),
+            empty: Vec::new(),
             buckets: Some(buckets),
             desired,
             meta: Some((commit, generation)),
@@ -562,75 +598,35 @@ impl<'a> Body<'a> {
         let mut pipe = redis::pipe();
         let mut bytes = 0;
         if std::mem::take(&mut self.clear) {
+            // Format 1's hash and the old digests; format 2's bucket
+            // hashes are replaced by the SETs (or DEL) below.
             pipe.cmd("DEL")
                 .arg(keys::MANIFEST)
                 .arg(keys::MANIFEST_BUCKETS);
-            pipe.cmd("DEL")
-                .arg((0..=u8::MAX).map(keys::manifest_bucket).collect::<Vec<_>>());
         }
-        // Manifest fields gathered per bucket over the whole chunk: a few
-        // HSETs of many fields rather than 256 small ones per batch.
-        let mut fields: BTreeMap<u8, redis::Cmd> = BTreeMap::new();
-        let flush = |pipe: &mut redis::Pipeline, fields: &mut BTreeMap<u8, redis::Cmd>| {
-            for (_, c) in std::mem::take(fields) {
-                pipe.add_command(c);
-            }
-        };
         while bytes < CHUNK_BYTES {
             let mut docs = redis::Cmd::with_capacity(2 * BATCH + 1, 1 << 20);
             docs.arg("MSET");
             let mut n = 0;
-            let mut f = 0;
-            while n < BATCH && f < BATCH {
-                if self.next_write.is_none() && !self.all_fields {
-                    break;
-                }
-                let Some((key, value, hash)) = self.entries.next() else {
+            while n < BATCH && self.next_write.is_some() {
+                let Some((key, value, _)) = self.entries.next() else {
                     self.next_write = None;
-                    self.all_fields = false;
                     break;
                 };
-                let doc = self.next_write == Some(key);
-                if doc {
+                if self.next_write == Some(key) {
                     docs.arg(key).arg(value);
                     bytes += key.len() + value.len();
                     n += 1;
                     self.next_write = self.writes.next();
                 }
-                if doc || self.all_fields {
-                    fields
-                        .entry(keys::bucket(key.as_bytes()))
-                        .or_insert_with_key(|b| {
-                            let mut c = redis::cmd("HSET");
-                            c.arg(keys::manifest_bucket(*b));
-                            c
-                        })
-                        .arg(key)
-                        .arg(hash);
-                    bytes += key.len() + hash.len();
-                    f += 1;
-                }
             }
-            if n > 0 || f > 0 {
-                if n > 0 {
-                    pipe.add_command(docs);
-                }
+            if n > 0 {
+                pipe.add_command(docs);
                 continue;
             }
-            flush(&mut pipe, &mut fields);
             if let Some(chunk) = self.removed.next() {
                 pipe.cmd("DEL").arg(chunk);
-                let mut by_bucket: BTreeMap<u8, Vec<&String>> = BTreeMap::new();
-                for k in chunk {
-                    by_bucket
-                        .entry(keys::bucket(k.as_bytes()))
-                        .or_default()
-                        .push(k);
-                }
-                for (b, ks) in by_bucket {
-                    pipe.cmd("HDEL").arg(keys::manifest_bucket(b)).arg(ks);
-                }
-                bytes += chunk.iter().map(|k| 2 * k.len()).sum::<usize>();
+                bytes += chunk.iter().map(String::len).sum::<usize>();
                 continue;
             }
             if !self.deletes.is_empty() {
@@ -638,6 +634,20 @@ impl<'a> Body<'a> {
                 let chunk: Vec<Vec<u8>> = self.deletes.drain(..n).collect();
                 bytes += chunk.iter().map(Vec::len).sum::<usize>();
                 pipe.cmd("DEL").arg(chunk);
+                continue;
+            }
+            if let Some(b) = self.strings.next() {
+                let string = self.desired.bucket_string(b);
+                bytes += string.len();
+                if string.is_empty() {
+                    self.empty.push(keys::manifest_bucket(b));
+                } else {
+                    pipe.cmd("SET").arg(keys::manifest_bucket(b)).arg(string);
+                }
+                continue;
+            }
+            if !self.empty.is_empty() {
+                pipe.cmd("DEL").arg(std::mem::take(&mut self.empty));
                 continue;
             }
             if let Some(buckets) = self.buckets.take() {
@@ -664,7 +674,6 @@ impl<'a> Body<'a> {
             }
             break;
         }
-        flush(&mut pipe, &mut fields);
         (!pipe.is_empty()).then_some(pipe)
     }
 }
@@ -773,25 +782,27 @@ mod tests {
         let mut want: Vec<&str> = changes.changed.iter().map(String::as_str).collect();
         want.insert(0, keys::ROUTING);
         assert_eq!(written, want);
-        // Each manifest field lands in its bucket's hash.
-        let mut fields: Vec<&str> = cmds
+        // Each bucket read is written whole, as its string; nothing else
+        // of the manifest is written.
+        let strings: Vec<&Vec<String>> = cmds
             .iter()
-            .filter(|c| c[0] == "HSET" && c[1].starts_with("edgeform:manifest:"))
-            .filter(|c| c[1] != keys::MANIFEST_BUCKETS)
-            .flat_map(|c| {
-                c[2..].chunks(2).map(|kv| {
-                    assert_eq!(c[1], keys::manifest_bucket(keys::bucket(kv[0].as_bytes())));
-                    kv[0].as_str()
-                })
-            })
+            .filter(|c| c[1].starts_with("edgeform:manifest:") && c[1] != keys::MANIFEST_BUCKETS)
             .collect();
-        fields.sort_unstable();
-        assert_eq!(fields, want);
+        assert_eq!(strings.len(), 2, "{strings:?}");
+        for (c, b) in strings.iter().zip([1u8, 2]) {
+            assert_eq!(c[0], "SET");
+            assert_eq!(c[1], keys::manifest_bucket(b));
+            assert_eq!(
+                c[2].as_bytes(),
+                desired.bucket_string(b).as_slice(),
+                "bucket {b}"
+            );
+        }
         assert!(cmds.iter().all(|c| c.len() <= 2 * BATCH + 2));
         let n = cmds.len();
         let del = cmds.iter().position(|c| c[0] == "DEL").unwrap();
         assert_eq!(cmds[del], ["DEL", "site:gone", "suspended:gone"]);
-        assert!(cmds[del + 1..n - 2].iter().all(|c| c[0] == "HDEL"));
+        assert!(cmds[del + 1..n - 2].iter().all(|c| c[0] == "SET"));
         assert_eq!(
             cmds[n - 2],
             [

@@ -4,8 +4,9 @@
 //! source of truth), a tampered manifest.
 //!
 //! The comparison runs inside the target's Redis: a Lua script,
-//! called over bounded chunks of manifest entries (HSCAN under a budget of
-//! entries a call, a big bucket split across calls), hashes each value the
+//! called over bounded chunks of manifest entries (a bucket's string read
+//! with GETRANGE under a budget of entries a call, a big bucket split
+//! across calls at a record's byte offset), hashes each value the
 //! manifest names and compares it with the manifest's hash, and recomputes
 //! each bucket's digest to check it against `edgeform:manifest:buckets`;
 //! the control host checks the chunks' combined digest against the meta
@@ -135,31 +136,29 @@ pub struct Healed {
 /// Compares the values the manifest names with their hashes inside Redis,
 /// for at most ARGV[3] manifest entries (a bounded chunk), resuming the
 /// walk over buckets ARGV[4] up to (not including) ARGV[8] at bucket
-/// ARGV[4], HSCAN cursor ARGV[5]
-/// (`0`: the bucket's start), with ARGV[6]/ARGV[7] the digest (hex) and
-/// entry count of the part of that bucket earlier calls covered. A bucket
-/// bigger than the budget is so split across calls (at 1M sites a
-/// bucket holds ~7,000 entries); its digest is checked against
-/// `edgeform:manifest:buckets` (ARGV[2]) by the call that finishes it.
-/// Returns the keys that are missing, the keys whose value differs from
-/// the manifest's hash (or is not a string), the buckets whose stored
-/// digest does not describe their manifest, the XOR of the digests of the
-/// buckets this call finished and their entry count, where to resume
-/// (bucket, cursor, running digest and count of that bucket) and the
-/// entries this call covered.
+/// ARGV[4], byte offset ARGV[5] of its string (`0`: the bucket's start),
+/// with ARGV[6]/ARGV[7] the digest (hex) and entry count of the part of
+/// that bucket earlier calls covered. A bucket bigger than the budget is
+/// so split across calls (at 1M sites a bucket holds ~7,000 entries); its
+/// digest is checked against `edgeform:manifest:buckets` (ARGV[2]) by the
+/// call that finishes it. Returns the keys that are missing, the keys
+/// whose value differs from the manifest's hash (or is not a string), the
+/// buckets whose stored digest does not describe their manifest (or whose
+/// string is not whole records, or not a string), the XOR of the digests
+/// of the buckets this call finished and their entry count, where to
+/// resume (bucket, offset, running digest and count of that bucket) and
+/// the entries this call covered.
 ///
-/// The budget: a bucket that fits in what is left of it is read whole (one
-/// HSCAN asking for HLEN entries); a bigger one is started only by an
-/// empty call, and then each HSCAN step asks for what is left minus 16,
-/// since HSCAN hands back whole hash-table chains (a step returns a few
-/// entries more than asked). A listpack bucket (at most
-/// `hash-max-listpack-entries`, 512 by default) comes back whole, so a
-/// budget below that size is not kept for it (the default, [`PER_CALL`],
-/// is that size). HSCAN can return an entry twice only if the hash
-/// shrinks between calls (entries deleted during the heal): the entry's
-/// digest then cancels out of the XOR and its count is off by one, so the
-/// bucket reads as bad and heal compares everything — never a false
-/// "healthy".
+/// The budget is kept exactly: the script reads the bucket's string in
+/// windows of 16 KiB (`GETRANGE`), takes whole records up to what is left
+/// of the budget, and the next window (or call) starts at the first
+/// record not taken — a record cut at a window's end is read again. Redis
+/// keeps no state: the offset travels in the reply and the next ARGV. A
+/// string that is not whole records (cut short, garbage, a record longer
+/// than a window), a bucket of another type, or a string that shrank
+/// under the walk make the bucket bad, and heal compares everything; a
+/// string rewritten under the walk misaligns the records, and its digest
+/// then fails — never a false "healthy".
 const COMPARE: &str = include_str!("lua/heal_compare.lua");
 
 /// One SCAN step per document prefix inside Redis, each limited to its
@@ -172,7 +171,7 @@ const COUNT: &str = include_str!("lua/heal_count.lua");
 
 /// A [`COMPARE`] reply: missing keys, changed keys, bad buckets, the
 /// digest and entry count of the buckets the call finished, where to
-/// resume (bucket, HSCAN cursor, that bucket's running digest and count),
+/// resume (bucket, byte offset, that bucket's running digest and count),
 /// the entries the call covered.
 type Compared = (
     Vec<Vec<u8>>,
@@ -181,16 +180,14 @@ type Compared = (
     String,
     usize,
     usize,
-    String,
+    usize,
     String,
     usize,
     usize,
 );
 
 /// Manifest entries compared per server-side call: a call hashes at most
-/// this many values. 512: Redis's default `hash-max-listpack-entries`, so
-/// a listpack bucket (which HSCAN returns whole) keeps the budget too;
-/// ~24.5 M redis-server instructions a call, 3.4–4.5 ms on this machine
+/// this many values. 512: ~24.5 M redis-server instructions a call, 3.4–4.5 ms on this machine
 /// (a whole 7,000-entry bucket, 1M sites: 343.5 M; `bench/heal_buckets.py
 /// --callgrind`, bench/RESULTS.md).
 const PER_CALL: usize = 512;
@@ -266,6 +263,8 @@ pub async fn heal_scoped(
     ancestry: &super::gate::Relate<'_>,
     scope: Scope<'_>,
 ) -> Result<Healed> {
+    // A repair may rewrite the manifest: refuse a key it cannot record.
+    desired.check_keys().map_err(anyhow::Error::new)?;
     if options.dry_run {
         // Reads only; no lock (taking one is a write).
         return heal_locked(con, desired, options, ancestry, scope).await;
@@ -429,12 +428,13 @@ async fn compare_keys(
     Ok(Some((drift, (changes, unmanaged, false))))
 }
 
-/// Whether the target's manifest is the desired one by its meta: format 2
-/// or later, no format-1 `edgeform:manifest` (`old`), and the meta's
+/// Whether the target's manifest is the desired one by its meta: format 3
+/// or later (a format-2 target's buckets are hashes: compared from here
+/// and rewritten), no format-1 `edgeform:manifest` (`old`), and the meta's
 /// manifest digest the desired state's. Only then is the comparison made
 /// inside Redis, or limited to the keys written since the last heal.
 fn manifest_is_current(desired: &Desired, meta: &Meta, old: bool) -> bool {
-    !old && meta.format.is_some_and(|f| f >= 2)
+    !old && meta.format.is_some_and(|f| f >= 3)
         && meta.manifest_digest.as_deref() == Some(desired.digest())
 }
 
@@ -597,7 +597,8 @@ async fn compare_in_redis(
     if !whole {
         return Ok(None);
     }
-    // HSCAN may return an entry twice (see COMPARE): list each key once.
+    // A string may name a key twice (then its digest is wrong, and the
+    // walk does not describe the desired manifest): list each key once.
     for list in [&mut missing, &mut changed] {
         list.sort_unstable();
         list.dedup();
@@ -720,7 +721,7 @@ impl Walked {
 }
 
 /// [`COMPARE`] over the buckets in `range`, call after call (bucket,
-/// HSCAN cursor and the running digest of a split bucket carried from one
+/// byte offset and the running digest of a split bucket carried from one
 /// to the next). `None` when the manifest cannot describe the desired
 /// state (a bad bucket, a stuffed bucket, a reply that does not move on)
 /// or another chain found so (`stop`, which this one sets in turn).
@@ -736,7 +737,7 @@ async fn walk(
     let prefix = format!("{}:", keys::MANIFEST);
     let mut walked = Walked::default();
     let mut bucket = range.start;
-    let mut cursor = "0".to_owned();
+    let mut offset = 0usize;
     let mut carry = 0u128;
     let mut carried = 0usize;
     let give_up = || {
@@ -753,7 +754,7 @@ async fn walk(
             .arg(keys::MANIFEST_BUCKETS)
             .arg(budget)
             .arg(bucket)
-            .arg(&cursor)
+            .arg(offset)
             .arg(hex128(carry))
             .arg(carried)
             .arg(range.end)
@@ -761,10 +762,10 @@ async fn walk(
             .await
             .context("comparing values in Redis")?;
         walked.call(t, &reply);
-        let (m, c, bad, digest, n, next, next_cursor, running, running_n, done): Compared =
+        let (m, c, bad, digest, n, next, next_offset, running, running_n, done): Compared =
             redis::from_redis_value(reply)?;
         walked.largest = walked.largest.max(done);
-        if !bad.is_empty() || !moves_on(bucket, &cursor, next, &next_cursor) {
+        if !bad.is_empty() || !moves_on(bucket, offset, next, next_offset) {
             // A bad bucket, or a reply that does not move on.
             return give_up();
         }
@@ -773,7 +774,7 @@ async fn walk(
         walked.missing.extend(m);
         walked.changed.extend(c);
         bucket = next;
-        cursor = next_cursor;
+        offset = next_offset;
         carry = u128::from_str_radix(&running, 16).context("a digest from Redis")?;
         carried = running_n;
         // More entries in a bucket (or in all) than the desired manifest
@@ -785,11 +786,11 @@ async fn walk(
     Ok(Some(walked))
 }
 
-/// Whether a [`COMPARE`] reply resuming at (`next`, `next_cursor`) moves
-/// on from the call made at (`bucket`, `cursor`): a later bucket, or the
-/// same one at another cursor.
-fn moves_on(bucket: usize, cursor: &str, next: usize, next_cursor: &str) -> bool {
-    next > bucket || (next == bucket && next_cursor != cursor)
+/// Whether a [`COMPARE`] reply resuming at (`next`, `next_offset`) moves
+/// on from the call made at (`bucket`, `offset`): a later bucket, or
+/// further into the same one.
+fn moves_on(bucket: usize, offset: usize, next: usize, next_offset: usize) -> bool {
+    next > bucket || (next == bucket && next_offset > offset)
 }
 
 /// Whether the manifest holds more entries than the desired state has —

@@ -38,6 +38,8 @@ pub mod gate;
 pub mod heal;
 pub mod import;
 pub mod lock;
+#[cfg(test)]
+mod manifest_tests;
 pub mod many;
 pub mod metrics;
 pub mod outbox;

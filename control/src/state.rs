@@ -1,13 +1,15 @@
 //! What a target holds and what it should hold, as content hashes.
 //!
-//! Format 2: the manifest (managed key → SHA-1 hex of its value) is
-//! split into 256 hashes `edgeform:manifest:<bb>` by [`keys::bucket`];
+//! Format 3: the manifest (managed key → SHA-1 hex of its value) is
+//! split into 256 buckets `edgeform:manifest:<bb>` by [`keys::bucket`],
+//! each a string of records sorted by key ([`edgestate::manifest`]);
 //! `edgeform:manifest:buckets` holds each bucket's digest and count and
 //! the meta the whole manifest's digest, all written in the transaction
 //! that writes the documents. A no-op plan reads the meta; a change reads
 //! the 256 bucket digests and only the buckets that differ. SHA-1 because
 //! Redis's Lua has it (`redis.sha1hex`): heal compares values with the
-//! manifest inside the edge's Redis.
+//! manifest inside the edge's Redis. Format 2 stored each bucket as a
+//! hash (read, then rewritten whole as strings by the next write).
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, OnceLock};
@@ -136,7 +138,79 @@ pub struct Desired {
     /// What the documents use beyond the seed (optional fields, `tls:`
     /// keys), found once and shared by every target of the same list.
     pub uses: Arc<OnceLock<edgestate::bundle::Uses>>,
+    /// The site entries of each manifest bucket, built once and shared by
+    /// every target that holds the same site list: a write renders a
+    /// bucket's string from it ([`Desired::bucket_string`]).
+    pub buckets: Arc<OnceLock<BucketIndex>>,
 }
+
+/// The site entries of each manifest bucket, in key order (indices into
+/// [`Desired::sites`]), and the first key the manifest cannot record.
+#[derive(Debug, Clone, Default)]
+pub struct BucketIndex {
+    /// `order[starts[b]..starts[b + 1]]` are bucket `b`'s sites.
+    starts: Vec<u32>,
+    order: Vec<u32>,
+    /// The first site key holding a NUL byte (a record's key ends at its
+    /// NUL), if any.
+    nul_key: Option<u32>,
+}
+
+impl BucketIndex {
+    fn of(sites: &Entries) -> BucketIndex {
+        let mut counts = vec![0u32; keys::BUCKETS + 1];
+        let mut bucket_of = Vec::with_capacity(sites.len());
+        let mut nul_key = None;
+        for (i, (k, _)) in sites.iter().enumerate() {
+            let b = usize::from(keys::bucket(k.as_bytes()));
+            bucket_of.push(b);
+            counts[b + 1] += 1;
+            if nul_key.is_none() && k.as_bytes().contains(&0) {
+                nul_key = u32::try_from(i).ok();
+            }
+        }
+        for b in 0..keys::BUCKETS {
+            counts[b + 1] += counts[b];
+        }
+        let mut next = counts.clone();
+        let mut order = vec![0u32; sites.len()];
+        // A stable counting sort: each bucket keeps the sites' key order.
+        for (i, b) in bucket_of.into_iter().enumerate() {
+            order[next[b] as usize] = u32::try_from(i).unwrap_or(u32::MAX);
+            next[b] += 1;
+        }
+        BucketIndex {
+            starts: counts,
+            order,
+            nul_key,
+        }
+    }
+
+    fn sites(&self, b: u8) -> &[u32] {
+        let b = usize::from(b);
+        &self.order[self.starts[b] as usize..self.starts[b + 1] as usize]
+    }
+}
+
+/// A desired key the manifest cannot record: it holds a NUL byte, which
+/// ends a record's key (format 3). Nothing is written to any target.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NulInKey {
+    /// The key, escaped (`edgestate::untrusted::preview`).
+    pub key: String,
+}
+
+impl std::fmt::Display for NulInKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "the managed key {} holds a NUL byte, which the manifest cannot record; nothing written",
+            self.key
+        )
+    }
+}
+
+impl std::error::Error for NulInKey {}
 
 #[cfg(test)]
 impl Desired {
@@ -154,6 +228,7 @@ impl Desired {
             summary: Arc::default(),
             sites_summary: Arc::default(),
             uses: Arc::default(),
+            buckets: Arc::default(),
         }
     }
 
@@ -239,6 +314,62 @@ impl Desired {
         Some(&self.sites[i].1)
     }
 
+    fn bucket_index(&self) -> &BucketIndex {
+        self.buckets.get_or_init(|| BucketIndex::of(&self.sites))
+    }
+
+    /// Whether every desired key can be recorded in the manifest (none
+    /// holds a NUL byte). Checked once per site list.
+    ///
+    /// # Errors
+    /// [`NulInKey`] naming the first key that cannot.
+    pub fn check_keys(&self) -> Result<(), NulInKey> {
+        match self.bucket_index().nul_key {
+            None => Ok(()),
+            Some(i) => {
+                let k = self.sites[i as usize].0.as_bytes();
+                Err(NulInKey {
+                    key: edgestate::untrusted::preview(k, k.len()),
+                })
+            }
+        }
+    }
+
+    /// The string of manifest bucket `b` (format 3): its desired entries'
+    /// records, sorted by key ([`edgestate::manifest`]). Empty when the
+    /// bucket has no entry.
+    #[must_use]
+    pub fn bucket_string(&self, b: u8) -> Vec<u8> {
+        let sites = self.bucket_index().sites(b);
+        let routing = keys::bucket(keys::ROUTING.as_bytes()) == b;
+        let mut size: usize = sites
+            .iter()
+            .map(|&i| edgestate::manifest::record_len(self.sites[i as usize].0.as_bytes()))
+            .sum();
+        if routing {
+            size += edgestate::manifest::record_len(keys::ROUTING.as_bytes());
+        }
+        let mut out = Vec::with_capacity(size);
+        // The routing table's key sorts before every `site:`/`suspended:`
+        // key: it comes first in its bucket.
+        if routing {
+            edgestate::manifest::push_record(
+                &mut out,
+                keys::ROUTING.as_bytes(),
+                self.routing_hash.as_bytes(),
+            );
+        }
+        for &i in sites {
+            let i = i as usize;
+            edgestate::manifest::push_record(
+                &mut out,
+                self.sites[i].0.as_bytes(),
+                self.site_hashes[i].as_bytes(),
+            );
+        }
+        out
+    }
+
     /// What the documents use beyond the seed (computed once).
     #[must_use]
     pub fn uses(&self) -> &edgestate::bundle::Uses {
@@ -265,6 +396,7 @@ pub struct HashCache {
     sites_summaries: HashMap<usize, Arc<OnceLock<Summary>>>,
     digests: HashMap<(usize, String), Arc<OnceLock<Summary>>>,
     uses: HashMap<usize, Arc<OnceLock<edgestate::bundle::Uses>>>,
+    buckets: HashMap<usize, Arc<OnceLock<BucketIndex>>>,
 }
 
 impl HashCache {
@@ -300,6 +432,7 @@ impl HashCache {
             summary,
             sites_summary: self.sites_summaries.entry(ptr).or_default().clone(),
             uses: self.uses.entry(ptr).or_default().clone(),
+            buckets: self.buckets.entry(ptr).or_default().clone(),
         }
     }
 }
@@ -311,7 +444,7 @@ pub struct Meta {
     pub generation: u64,
     pub applied_at: Option<String>,
     pub format: Option<u32>,
-    /// Format 2: the manifest's digest ([`Summary::digest`]).
+    /// Formats 2 and 3: the manifest's digest ([`Summary::digest`]).
     pub manifest_digest: Option<String>,
 }
 
@@ -344,9 +477,12 @@ pub struct Live {
     /// The live manifest's digest (the stale-plan check compares it).
     pub digest: String,
     /// A format-1 target (one `edgeform:manifest` hash, SHA-256 hashes):
-    /// the next apply rewrites its manifest in format 2.
+    /// the next apply rewrites its manifest in format 3.
     pub legacy: bool,
-    /// Format 2: the buckets whose manifest was read (they differ).
+    /// A format-2 target (each bucket a hash): the next write rewrites
+    /// its manifest whole, each bucket a string (format 3).
+    pub hash_buckets: bool,
+    /// Formats 2 and 3: the buckets whose manifest was read (they differ).
     pub read_buckets: Vec<u8>,
     /// What the edge's installed code reads (`edgeform:bundle`; absent:
     /// the seed's fields).
@@ -361,6 +497,7 @@ impl Default for Live {
             managed: 0,
             digest: String::new(),
             legacy: false,
+            hash_buckets: false,
             read_buckets: Vec::new(),
             bundle: edgestate::bundle::Bundle::seed(),
         }
@@ -368,6 +505,13 @@ impl Default for Live {
 }
 
 impl Live {
+    /// Whether the next write rewrites the whole manifest in format 3 (a
+    /// format-1 or format-2 target).
+    #[must_use]
+    pub fn rewrites_manifest(&self) -> bool {
+        self.legacy || self.hash_buckets
+    }
+
     /// A format-1 target's state from its whole manifest.
     #[must_use]
     pub fn legacy(manifest: Manifest, meta: Meta) -> Live {
@@ -383,6 +527,7 @@ impl Live {
             meta,
             digest,
             legacy: true,
+            hash_buckets: false,
             read_buckets: Vec::new(),
             bundle: edgestate::bundle::Bundle::seed(),
         }
@@ -400,5 +545,45 @@ mod tests {
             "a9993e364706816aba3e25717850c26c9cd0d89d"
         );
         assert_eq!(legacy_hash("abc"), "ba7816bf8f01cfea414140de5dae2223");
+    }
+
+    #[test]
+    fn each_bucket_string_holds_its_entries_sorted_and_agrees_with_the_summary() {
+        let pairs: Vec<(String, String)> = (0..3000)
+            .map(|i| (format!("site:s{i:05}.example.com"), format!("v{i}")))
+            .chain((0..50).map(|i| (format!("suspended:s{i:05}.example.com"), "1".into())))
+            .collect();
+        let refs: Vec<(&str, &str)> = pairs.iter().map(|(k, v)| (&**k, &**v)).collect();
+        let d = Desired::of_pairs(&refs, true);
+        let summary = d.summary().clone();
+        let mut seen = 0;
+        for b in 0..=u8::MAX {
+            let string = d.bucket_string(b);
+            let records = edgestate::manifest::parse(&string).unwrap();
+            assert!(records.windows(2).all(|w| w[0].0 < w[1].0), "{b}: sorted");
+            let mut digest = 0u128;
+            for (k, h) in &records {
+                assert_eq!(keys::bucket(k), b);
+                let key = std::str::from_utf8(k).unwrap();
+                assert_eq!(*h, content_hash(d.value(k).unwrap()).as_bytes(), "{key}");
+                digest ^= entry_digest(k, h);
+            }
+            let count = u32::try_from(records.len()).unwrap();
+            assert_eq!(summary.buckets[usize::from(b)], (digest, count), "{b}");
+            seen += records.len();
+        }
+        // Every entry once, the routing table's among them.
+        assert_eq!(seen, d.len());
+        let routing = d.bucket_string(keys::bucket(keys::ROUTING.as_bytes()));
+        assert!(routing.starts_with(b"edgeform:routing\0"));
+        assert!(d.check_keys().is_ok());
+    }
+
+    #[test]
+    fn a_key_holding_nul_is_refused_by_name() {
+        let d = Desired::of_pairs(&[("site:a", "1"), ("site:b\0x", "1")], true);
+        let e = d.check_keys().unwrap_err();
+        assert_eq!(e.key, "site:b\\u{0}x");
+        assert!(e.to_string().contains("NUL"), "{e}");
     }
 }

@@ -8,12 +8,13 @@ pub const SUSPENDED_PREFIX: &str = "suspended:";
 pub const ROUTING: &str = "edgeform:routing";
 /// The manifest as a whole (format 1: one hash, managed key → content
 /// hash). Format 2 splits it into [`BUCKETS`] hashes, [`manifest_bucket`];
+/// format 3 makes each bucket a string of records ([`crate::manifest`]);
 /// the name stays the one drift reports and old targets use.
 pub const MANIFEST: &str = "edgeform:manifest";
-/// Number of manifest buckets (format 2).
+/// Number of manifest buckets (formats 2 and 3).
 pub const BUCKETS: usize = 256;
 /// Hash: bucket (two hex digits) → `<digest> <count>` of that bucket's
-/// manifest entries, written with them (format 2).
+/// manifest entries, written with them (formats 2 and 3).
 pub const MANIFEST_BUCKETS: &str = "edgeform:manifest:buckets";
 /// Hash: `commit`, `generation`, `applied_at`, `format`.
 pub const META: &str = "edgeform:meta";
@@ -50,8 +51,10 @@ pub fn bucket(key: &[u8]) -> u8 {
     (h >> 24) as u8
 }
 
-/// `edgeform:manifest:<bb>`: managed key → content hash (SHA-1 hex of the
-/// value) for the keys of bucket `b` (format 2).
+/// `edgeform:manifest:<bb>`: the manifest entries (managed key → content
+/// hash, SHA-1 hex of the value) of the keys of bucket `b`: a string of
+/// records sorted by key ([`crate::manifest`], format 3); a hash of them
+/// on a target written by format 2.
 #[must_use]
 pub fn manifest_bucket(b: u8) -> String {
     format!("{MANIFEST}:{b:02x}")

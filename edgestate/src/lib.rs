@@ -6,6 +6,7 @@
 //! - [`bundle`]: what an edge's installed code reads (`edgeform:bundle`)
 //!   and what documents use: the version-skew gate;
 //! - [`keys`]: every Redis key name edgeform reads or writes;
+//! - [`manifest`]: one manifest bucket's string (format 3), built and parsed;
 //! - [`edge`]: the reference edge's per-request decision (`edgeform explain`);
 //! - [`site`]: the per-hostname document (`site:<host>`), with exactly the
 //!   fields the seed's `cdn_router.lua` reads;
@@ -35,6 +36,7 @@ pub mod exposition;
 pub mod keys;
 pub mod lpm;
 pub mod lua;
+pub mod manifest;
 pub mod mqtt;
 pub mod purge;
 pub mod route;
@@ -52,7 +54,10 @@ mod vectors;
 /// and into the routing table. Bump it when a reader must change.
 /// 2: the manifest split into 256 bucket hashes with per-bucket digests,
 /// SHA-1 content hashes, and the manifest's digest in the meta.
-pub const FORMAT_VERSION: u32 = 2;
+/// 3: each bucket a string of sorted `key NUL hash` records
+/// ([`manifest`]) instead of a hash: a full write costs Redis ~1/60 of
+/// the hash fields' work (bench/RESULTS.md, "Manifest layout cost").
+pub const FORMAT_VERSION: u32 = 3;
 
 /// `500ms`, `5s`, `15m`, `1h` → milliseconds: durations as every edgeform
 /// file and flag writes them.

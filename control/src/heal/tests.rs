@@ -21,12 +21,12 @@ fn desired() -> Desired {
     )
 }
 
-/// The meta of a target that holds `desired`'s manifest in format 2.
+/// The meta of a target that holds `desired`'s manifest in format 3.
 fn current_meta(d: &Desired) -> Meta {
     Meta {
         commit: Some("b".into()),
         generation: 3,
-        format: Some(2),
+        format: Some(3),
         manifest_digest: Some(d.digest().to_owned()),
         ..Meta::default()
     }
@@ -37,13 +37,14 @@ fn bytes(keys: &[&str]) -> Vec<Vec<u8>> {
 }
 
 #[test]
-fn the_manifest_is_trusted_only_in_format_2_with_the_desired_digest() {
+fn the_manifest_is_trusted_only_in_format_3_with_the_desired_digest() {
     let d = desired();
     let meta = current_meta(&d);
     assert!(manifest_is_current(&d, &meta, false));
     // A format-1 manifest still present.
     assert!(!manifest_is_current(&d, &meta, true));
-    for format in [None, Some(1)] {
+    // Format 2's buckets are hashes: compared from here and rewritten.
+    for format in [None, Some(1), Some(2)] {
         let m = Meta {
             format,
             ..meta.clone()
@@ -144,8 +145,8 @@ fn a_walk_describes_the_desired_state_only_with_its_count_and_digest() {
     assert!(walk_describes(&d, d.len(), digest));
     assert!(!walk_describes(&d, d.len() - 1, digest));
     assert!(!walk_describes(&d, d.len(), digest ^ 1));
-    // An entry counted twice (HSCAN after a shrink) cancels out: not
-    // "healthy".
+    // An entry counted twice (a bucket string naming a key twice) cancels
+    // out: not "healthy".
     let twice = digest ^ entry_digest(b"site:a.example.com", content_hash(DOC).as_bytes());
     assert!(!walk_describes(&d, d.len(), twice));
 }
@@ -170,7 +171,7 @@ fn a_document_count_off_by_any_key_means_unmanaged_documents() {
 #[test]
 fn the_in_redis_repair_rewrites_each_drifted_key_once_and_deletes_strays() {
     let missing = bytes(&["site:b.example.com"]);
-    // HSCAN may return an entry twice: the repair writes it once.
+    // A key named twice by the walk: the repair writes it once.
     let changed = bytes(&["site:a.example.com", "site:a.example.com"]);
     let stray = b"site:evil\x1b[2J\xff".to_vec();
     let (drift, (changes, deletes, rewrite)) =
@@ -196,10 +197,11 @@ fn the_in_redis_repair_rewrites_each_drifted_key_once_and_deletes_strays() {
 
 #[test]
 fn a_comparison_reply_must_move_on_or_the_walk_gives_up() {
-    assert!(moves_on(3, "0", 4, "0"), "the next bucket");
-    assert!(moves_on(3, "0", 3, "17"), "further in a split bucket");
-    assert!(!moves_on(3, "17", 3, "17"), "the same place again");
-    assert!(!moves_on(3, "0", 2, "0"), "backwards");
+    assert!(moves_on(3, 0, 4, 0), "the next bucket");
+    assert!(moves_on(3, 0, 3, 1722), "further in a split bucket");
+    assert!(!moves_on(3, 1722, 3, 1722), "the same place again");
+    assert!(!moves_on(3, 1722, 3, 41), "back within the bucket");
+    assert!(!moves_on(3, 0, 2, 0), "backwards");
 }
 
 #[test]

@@ -39,7 +39,7 @@ fn get(port: u16, key: &str) -> Option<String> {
     redis::cmd("GET").arg(key).query(&mut con(port)).unwrap()
 }
 
-/// Every key, the manifest's bucket hashes (format 2) shown as the
+/// Every key, the manifest's buckets (format 3: strings) shown as the
 /// one `edgeform:manifest` they make up.
 fn keys(port: u16) -> Vec<String> {
     let mut k: Vec<String> = redis::cmd("KEYS").arg("*").query(&mut con(port)).unwrap();
@@ -103,14 +103,14 @@ fn first_apply_then_noop_plan_then_prune() {
     let m = meta(r.port);
     assert_eq!(m["commit"], commit);
     assert_eq!(m["generation"], "1");
-    assert_eq!(m["format"], "2");
+    assert_eq!(m["format"], "3");
     assert_eq!(m["managed"], "5");
     assert!(m["applied_at"].ends_with('Z'));
     assert_eq!(
         get(r.port, "suspended:s00001.example.com").as_deref(),
         Some("1")
     );
-    // Format 2: the manifest in bucket hashes, 5 entries in all.
+    // Format 3: the manifest in bucket strings, 5 entries in all.
     let buckets: BTreeMap<String, String> = redis::cmd("HGETALL")
         .arg("edgeform:manifest:buckets")
         .query(&mut con(r.port))
@@ -121,6 +121,16 @@ fn first_apply_then_noop_plan_then_prune() {
         .map(|v| v.split_once(' ').unwrap().1.parse::<usize>().unwrap())
         .sum();
     assert_eq!(n, 5);
+    let strings: Vec<String> = redis::cmd("KEYS")
+        .arg("edgeform:manifest:[0-9a-f][0-9a-f]")
+        .query(&mut con(r.port))
+        .unwrap();
+    let mut records = 0;
+    for k in &strings {
+        let v: Vec<u8> = redis::cmd("GET").arg(k).query(&mut con(r.port)).unwrap();
+        records += edgestate::manifest::parse(&v).unwrap().len();
+    }
+    assert_eq!(records, 5, "{strings:?}");
 
     // No-op: exit 0 with and without --detailed-exitcode; apply is a no-op.
     assert_eq!(edgeform(f.path(), &["plan"]).status.code(), Some(0));
