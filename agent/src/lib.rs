@@ -9,7 +9,8 @@
 //! - [`mqtt`]: the broker session: status, cluster health for routing
 //!   (kept in the [`book`]), commands; [`health`] builds the report,
 //!   [`commands`] checks, claims, runs and records one-shot actions;
-//!   [`metrics`] counts everything for Prometheus.
+//!   [`metrics`] counts everything for Prometheus; [`sites`] publishes
+//!   the edge's per-site figures for `edgeform top`.
 //! - [`files`]: bounded, non-blocking reads of regular files only.
 //! - [`shutdown`]: SIGTERM/SIGINT → every task stops cleanly.
 
@@ -26,6 +27,7 @@ pub mod probe;
 pub mod purge;
 pub mod routing;
 pub mod shutdown;
+pub mod sites;
 pub mod summary;
 
 use std::sync::Arc;

@@ -107,6 +107,12 @@ pub async fn run(
         metrics.clone(),
         shutdown.clone(),
     ));
+    tasks.spawn(crate::sites::publish(
+        config.clone(),
+        client.clone(),
+        prefix.clone(),
+        shutdown.clone(),
+    ));
     let (commands, queue) = tokio::sync::mpsc::unbounded_channel::<Publish>();
     tasks.spawn(crate::commands::serve(
         config.clone(),

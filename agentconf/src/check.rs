@@ -235,6 +235,7 @@ fn document(cx: &mut Cx<'_>, r: &raw::Config) -> Option<Config> {
             bundle_manifest: None,
             vod: None,
             probe: Vec::new(),
+            edge_metrics: None,
         }),
         Some(v) => cx.open(v, "/health").and_then(|v| health(cx, v)),
     };
@@ -647,6 +648,17 @@ fn health(cx: &mut Cx<'_>, m: &raw::Health) -> Option<HealthConfig> {
             ),
         }
     }
+    let edge_metrics = cx.string(&m.edge_metrics, "/health", "edge_metrics");
+    if let Some(u) = &edge_metrics
+        && !u
+            .strip_prefix("http://")
+            .is_some_and(|rest| !rest.is_empty() && !rest.contains(char::is_whitespace))
+    {
+        cx.at(
+            "/health/edge_metrics",
+            format!("`{u}`: the edge's metrics listener is a plain `http://IP:PORT/metrics` URL"),
+        );
+    }
     Some(HealthConfig {
         interval: interval?,
         play_sessions: play_sessions?,
@@ -654,6 +666,7 @@ fn health(cx: &mut Cx<'_>, m: &raw::Health) -> Option<HealthConfig> {
         bundle_manifest,
         vod: vod?,
         probe,
+        edge_metrics,
     })
 }
 

@@ -93,6 +93,24 @@ pub struct HealthConfig {
     /// request for the reserved host (docs/edge.md, "The serving probe");
     /// empty: no probe, and the report has no `serving`.
     pub probe: Vec<Probe>,
+    /// The edge's per-site metrics (`http://IP:PORT/metrics`, the role's
+    /// metrics listener): read every [`sites_interval`](Self::sites_interval)
+    /// into the retained `<prefix>/sites/<node>` figures `edgeform top`
+    /// prints. `None`: no sites figures.
+    pub edge_metrics: Option<String>,
+}
+
+/// The shortest period of the sites figures (`edgeform top`).
+pub const SITES_MIN_INTERVAL: Duration = Duration::from_secs(10);
+
+impl HealthConfig {
+    /// How often the sites figures are read and published: the health
+    /// interval, at least [`SITES_MIN_INTERVAL`] (a report can be tens of
+    /// kilobytes; nothing routes on it).
+    #[must_use]
+    pub fn sites_interval(&self) -> Duration {
+        self.interval.max(SITES_MIN_INTERVAL)
+    }
 }
 
 /// One listener of the edge the agent probes.

@@ -255,6 +255,7 @@ pub struct Health {
     #[serde(default, deserialize_with = "present")]
     pub vod: Option<Field<Source>>,
     pub probe: Option<Field<Vec<Field<String>>>>,
+    pub edge_metrics: Text,
 }
 
 /// One metric source of `health:`.

@@ -402,7 +402,7 @@ fn unknown_keys_are_refused_at_the_key_with_the_keys_the_section_takes() {
             "health:\n  intervall: 5s\n",
             5,
             3,
-            "`interval`, `play_sessions`, `streams`, `bundle_manifest`, `vod`, `probe`",
+            "`interval`, `play_sessions`, `streams`, `bundle_manifest`, `vod`, `probe`, `edge_metrics`",
         ),
         (
             "health:\n  vod: {file: /v.json, field: x, every: 1s}\n",

@@ -429,7 +429,7 @@ pub fn read_sites(node: &str, payload: &[u8]) -> Result<Option<SitesReport>, Sit
 
 /// One site summed over nodes (`edgeform top`): rates added, ratios
 /// weighted by requests, p95 the highest node's.
-#[derive(Debug, Clone, PartialEq, Default)]
+#[derive(Debug, Clone, PartialEq, Default, Serialize)]
 pub struct Combined {
     pub host: String,
     pub nodes: usize,

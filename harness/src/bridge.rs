@@ -327,6 +327,7 @@ mod tests {
             "topic edgeform/result/# out 1",
             "topic edgeform/status/# out 1",
             "topic edgeform/health/# out 0",
+            "topic edgeform/sites/# out 0",
             "topic edgeform/summary/# both 1",
             "topic edgeform/summary-lock/# both 1",
         ] {
@@ -334,6 +335,6 @@ mod tests {
         }
         // Nothing else crosses: every active `topic` line is one of those.
         let topics = rendered.lines().filter(|l| l.starts_with("topic ")).count();
-        assert_eq!(topics, 6, "{rendered}");
+        assert_eq!(topics, 7, "{rendered}");
     }
 }

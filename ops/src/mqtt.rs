@@ -101,16 +101,16 @@ pub enum Format {
     Json,
 }
 
-fn unix_now() -> u64 {
+pub(crate) fn unix_now() -> u64 {
     SystemTime::now()
         .duration_since(SystemTime::UNIX_EPOCH)
         .map_or(0, |d| d.as_secs())
 }
 
-struct Session {
-    client: AsyncClient,
+pub(crate) struct Session {
+    pub(crate) client: AsyncClient,
     events: EventLoop,
-    prefix: String,
+    pub(crate) prefix: String,
     url: String,
 }
 
@@ -120,7 +120,10 @@ async fn connect(source: &Valid, flags: &BrokerOptions) -> Result<Session> {
 }
 
 /// [`connect`] from the config alone.
-async fn connect_to(config: &compiler::Config, flags: &BrokerOptions) -> Result<Session> {
+pub(crate) async fn connect_to(
+    config: &compiler::Config,
+    flags: &BrokerOptions,
+) -> Result<Session> {
     let Some(m) = &config.cluster.mqtt else {
         bail!(
             "cluster.yaml has no `mqtt` block (url, topic_prefix): status and exec talk to the nodes through the broker"
@@ -170,7 +173,11 @@ async fn connect_to(config: &compiler::Config, flags: &BrokerOptions) -> Result<
 
 impl Session {
     /// Poll until `done` says so or `limit` passes; `Err` on a lost connection.
-    async fn pump(&mut self, limit: Duration, mut on: impl FnMut(&Event) -> bool) -> Result<bool> {
+    pub(crate) async fn pump(
+        &mut self,
+        limit: Duration,
+        mut on: impl FnMut(&Event) -> bool,
+    ) -> Result<bool> {
         let url = self.url.clone();
         let run = async {
             loop {
@@ -193,7 +200,7 @@ impl Session {
         }
     }
 
-    async fn close(mut self) {
+    pub(crate) async fn close(mut self) {
         let _ = self.client.try_disconnect();
         let _ = self
             .pump(Duration::from_millis(500), |e| {
@@ -810,7 +817,7 @@ async fn listen(config: &compiler::Config, flags: &BrokerOptions) -> Result<Hear
 
 /// Rows as left-aligned columns two spaces apart (widths in characters),
 /// each line without trailing blanks.
-fn align<const N: usize>(lines: &[[String; N]]) -> String {
+pub(crate) fn align<const N: usize>(lines: &[[String; N]]) -> String {
     let widths: Vec<usize> = (0..N)
         .map(|i| {
             lines

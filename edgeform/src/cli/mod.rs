@@ -397,6 +397,25 @@ pub enum Command {
         #[arg(long, value_enum, default_value = "human")]
         format: Format,
     },
+    /// Each site's live figures summed over the edges: requests/s, hit
+    /// ratio, 5xx ratio, p95 upstream time, refusals by reason, from the
+    /// retained per-site figures the agents publish over MQTT (agent.yaml
+    /// `health.edge_metrics`, every health interval, at least every 10 s).
+    /// With --site, that site at each edge. Exit 0 printed, 1 no edge has
+    /// figures or the broker is unreachable.
+    Top {
+        /// One site (its host name): its figures at each edge.
+        #[arg(long, value_name = "HOST")]
+        site: Option<String>,
+        /// Sites listed, busiest first.
+        #[arg(long, default_value_t = ::ops::top::DEFAULT_LIMIT, value_name = "N")]
+        limit: usize,
+        /// Output: human (a table) or json.
+        #[arg(long, value_enum, default_value = "human")]
+        format: Format,
+        #[command(flatten)]
+        broker: BrokerFlags,
+    },
     /// Send one command to a node's agent over MQTT (only actions its
     /// agent.yaml allows run), signed with the ed25519 key of
     /// --signing-key / EDGEFORM_COMMAND_SIGNING_KEY (`edgeform keygen`;
@@ -950,6 +969,20 @@ pub fn run(cli: &Cli) -> Result<u8> {
                     &certs,
                 )),
             }
+        }
+        Command::Top {
+            site,
+            limit,
+            format,
+            broker,
+        } => {
+            let config = valid_config(&cli.repo, cli.rev.as_deref(), color())?;
+            let options = ::ops::top::TopOptions {
+                site: site.as_deref(),
+                limit: *limit,
+                format: (*format).into(),
+            };
+            runtime()?.block_on(::ops::top::top(&config, &broker.options(), &options))
         }
         Command::History { node, format } => {
             let source = valid(&cli.repo, cli.rev.as_deref(), color())?;

@@ -14,7 +14,7 @@ use harness::nginx::{EdgeOptions, origin};
 
 use harness::promtool_check_metrics;
 
-use crate::util::{Answer, Fixture, edgeform, exchange, stderr};
+use crate::util::{Answer, Fixture, edgeform, exchange, stderr, stdout};
 
 fn get(port: u16, host: &str, path: &str, extra: &str) -> Answer {
     exchange(
@@ -370,4 +370,150 @@ fn metrics_and_the_access_log_can_be_turned_off() {
     let m = samples(&text);
     assert_eq!(m.len(), 1, "{text}");
     assert!(edge.access_log().is_empty());
+}
+
+/// `edgeform top` end to end: a real edge counting two sites, a real
+/// agent reading its /metrics (`health.edge_metrics`) and publishing the
+/// figures on a real mosquitto, `top` reading them back: the requests of
+/// one interval, exactly (as rates × the interval), hit and 5xx ratios,
+/// refusals by reason; `--site` shows the site at each edge.
+#[test]
+fn edgeform_top_prints_each_sites_figures_from_the_agents() {
+    let redis = harness::redis(&[]);
+    let broker = harness::mosquitto();
+    let ok = origin("ok", 200);
+    let bad = origin("bad", 500);
+    let repo = Fixture::empty();
+    repo.write(
+        "cluster.yaml",
+        format!(
+            "name: test\nmqtt: {{url: \"mqtt://127.0.0.1:{}\"}}\n",
+            broker.port
+        )
+        .as_bytes(),
+    );
+    repo.write(
+        "nodes/edge-7.yaml",
+        crate::util::edge_1_node(redis.port)
+            .replace("edge-1", "edge-7")
+            .as_bytes(),
+    );
+    repo.write(
+        "sites/a.yaml",
+        format!(
+            "host: a.test\nloopback: true\norigin: http://127.0.0.1:{}\n\
+             cache_rules: [{{match_type: ext, match_value: .txt, action: ttl, ttl: 600}}]\n\
+             edge_rules: [{{match_type: prefix, match_value: /admin, action: block}}]\n",
+            ok.process.port
+        )
+        .as_bytes(),
+    );
+    repo.write(
+        "sites/b.yaml",
+        format!(
+            "host: b.test\nloopback: true\norigin: http://127.0.0.1:{}\ncached: false\n",
+            bad.process.port
+        )
+        .as_bytes(),
+    );
+    let mut o = EdgeOptions::new(redis.port);
+    o.node = "edge-7".into();
+    let edge = harness::nginx::edge(&o);
+    let port = edge.process.port;
+    let out = edgeform(repo.path(), &["apply", "--yes"]);
+    assert_eq!(out.status.code(), Some(0), "apply: {}", stderr(&out));
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while get(port, "a.test", "/admin", "").status != 403 {
+        assert!(std::time::Instant::now() < deadline, "{}", edge.error_log());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // The cache is warm before the agent's first read.
+    assert_eq!(get(port, "a.test", "/f.txt", "").status, 200);
+
+    let cache = tempfile::tempdir().unwrap();
+    let _agent = crate::util::Agent::start(&format!(
+        "node: edge-7\nregion: eu\nredis: {{url: \"redis://127.0.0.1:{}\"}}\n\
+         cache: {{dirs: [{}]}}\nmqtt: {{url: \"mqtt://127.0.0.1:{}\"}}\n\
+         health: {{interval: 1s, edge_metrics: \"{}\"}}\n",
+        redis.port,
+        cache.path().display(),
+        broker.port,
+        edge.metrics_url()
+    ));
+    let top = |args: &[&str]| {
+        let mut all = vec!["top", "--format", "json"];
+        all.extend_from_slice(args);
+        let out = edgeform(repo.path(), &all);
+        let v: serde_json::Value =
+            serde_json::from_str(&stdout(&out)).unwrap_or_else(|_| panic!("{}", stderr(&out)));
+        (out.status.code(), v)
+    };
+    // The first figures (published after the agent's second read).
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let (code, v) = top(&[]);
+        if code == Some(0) {
+            assert_eq!(v["nodes"], serde_json::json!(["edge-7"]), "{v}");
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "no figures: {v}");
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    // One interval's requests, sent at once, right after a read.
+    for _ in 0..20 {
+        assert_eq!(get(port, "a.test", "/f.txt", "").status, 200);
+    }
+    for _ in 0..5 {
+        assert_eq!(get(port, "a.test", "/admin/x", "").status, 403);
+    }
+    for _ in 0..4 {
+        assert_eq!(get(port, "b.test", "/y", "").status, 500);
+    }
+    let interval = agent::config::SITES_MIN_INTERVAL.as_secs_f64();
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let v = loop {
+        let (_, v) = top(&[]);
+        if v["sites"].as_array().is_some_and(|s| s.len() == 2) {
+            break v;
+        }
+        assert!(std::time::Instant::now() < deadline, "no site figures: {v}");
+        std::thread::sleep(Duration::from_millis(300));
+    };
+    let site = |host: &str| {
+        v["sites"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|s| s["host"] == host)
+            .unwrap_or_else(|| panic!("{host}: {v}"))
+            .clone()
+    };
+    let (a, b) = (site("a.test"), site("b.test"));
+    // Rates over an interval of 10 s and a few milliseconds.
+    let count = |x: &serde_json::Value| x.as_f64().unwrap() * interval;
+    let near = |got: f64, want: f64| (got - want).abs() < want * 0.02;
+    assert!(near(count(&a["requests_per_s"]), 25.0), "{v}");
+    assert!(near(count(&a["refusals_per_s"]["edge-rule"]), 5.0), "{v}");
+    assert!(near(count(&b["requests_per_s"]), 4.0), "{v}");
+    assert_eq!(a["hit_ratio"], 1.0, "{v}");
+    assert_eq!(a["error_5xx_ratio"], 0.0, "{v}");
+    assert_eq!(b["error_5xx_ratio"], 1.0, "{v}");
+    assert_eq!(
+        (a["nodes"].as_u64(), b["nodes"].as_u64()),
+        (Some(1), Some(1))
+    );
+    assert!(b["p95_upstream_ms"].as_f64().is_some(), "{v}");
+
+    let (code, one) = top(&["--site", "b.test"]);
+    assert_eq!(code, Some(0), "{one}");
+    assert_eq!(one["by_node"][0][0], "edge-7", "{one}");
+    assert_eq!(one["sites"].as_array().map(Vec::len), Some(1), "{one}");
+    let out = edgeform(repo.path(), &["top"]);
+    let text = stdout(&out);
+    assert!(
+        text.lines()
+            .any(|l| l.starts_with("a.test ") && l.contains("100.0%")),
+        "{text}"
+    );
+    assert!(text.contains("over 1 edge(s) reporting"), "{text}");
 }
