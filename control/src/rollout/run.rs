@@ -88,6 +88,31 @@ fn source_at(root: &Path, store: &dyn Store, commit: &str) -> Result<Source> {
     Ok(valid.compile_with(&certs))
 }
 
+/// The freeze window open now under any commit live during the rollout:
+/// the new one's and each target's previous one's (the stricter of them
+/// wins). A previous commit that cannot be read is logged and skipped.
+fn frozen_live(root: &Path, source: &Source, record: &Record) -> Option<crate::gate::Frozen> {
+    if let Some(f) = crate::many::frozen(source) {
+        return Some(f);
+    }
+    let previous: std::collections::BTreeSet<&str> = record
+        .previous
+        .values()
+        .flatten()
+        .map(String::as_str)
+        .filter(|c| *c != source.commit)
+        .collect();
+    previous.into_iter().find_map(|c| {
+        match crate::reconcile::checked(root, Some(c), "") {
+            Ok(valid) => crate::many::frozen_in(&valid.config),
+            Err(e) => {
+                tracing::warn!(commit = c, cause = %edgeredis::one_line(&e), "rollout: the previous commit cannot be read; its freeze windows are not known");
+                None
+            }
+        }
+    })
+}
+
 /// Start a rollout of `source`'s commit: every target's live commit is
 /// its previous one; `None` when every target holds the commit already.
 async fn start(ctx: &Ctx<'_>, source: &Source) -> Result<Option<Record>> {
@@ -173,7 +198,7 @@ pub async fn advance(ctx: &Ctx<'_>, source: &Source, one_wave: bool) -> Result<A
     loop {
         match record.step(now()) {
             Step::Apply { wave } => {
-                if let Some(f) = crate::many::frozen(source)
+                if let Some(f) = frozen_live(ctx.root, source, &record)
                     && !ctx.flags.break_glass
                 {
                     book.current = Some(record);

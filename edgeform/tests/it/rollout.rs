@@ -320,3 +320,43 @@ fn a_halted_rollout_waits_for_the_operator_and_promote_moves_it_on_recording_who
     assert!(o.status.success(), "{}{}", stdout(&o), stderr(&o));
     assert_eq!(status_json(repo, &state)["rollout"]["state"], "complete");
 }
+
+/// During a rollout two commits are live, and the stricter freeze wins: a
+/// commit that drops the open freeze window of the commit the targets
+/// hold does not move a wave (nothing applied, exit 1) until
+/// `--break-glass`.
+#[test]
+fn the_freeze_of_the_commit_being_replaced_holds_the_rollout() {
+    let r = harness::redis(&[]);
+    let r2 = harness::redis(&[]);
+    let tmp = tempfile::tempdir().unwrap();
+    let state = tmp.path().join("state");
+    let freeze = "apply:\n  freeze:\n    - name: final\n      \
+                  start: \"2020-01-01T00:00:00Z\"\n      end: \"2099-01-01T00:00:00Z\"\n";
+    let f = Fixture::with(&[
+        ("nodes/edge-1.yaml", &node("edge-1", 11, r.port)),
+        ("nodes/edge-2.yaml", &node("edge-2", 12, r2.port)),
+        ("cluster.yaml", freeze),
+        ("sites/a.yaml", &site("http://192.0.2.1")),
+    ]);
+    let run = |args: &[&str]| edgeform_with_state(f.path(), &state, args);
+    let c1 = f.commit("c1: frozen");
+    let o = run(&["apply", "--yes", "--break-glass"]);
+    assert!(o.status.success(), "{}{}", stdout(&o), stderr(&o));
+    f.write_all(&[
+        ("cluster.yaml", WAVES),
+        ("sites/a.yaml", &site("http://192.0.2.2")),
+    ]);
+    let c2 = f.commit("c2: waves, the freeze dropped");
+    let o = run(&["apply", "--yes"]);
+    let text = format!("{}{}", stdout(&o), stderr(&o));
+    assert_eq!(o.status.code(), Some(1), "{text}");
+    assert!(
+        text.contains("the next wave waits: freeze window final is open until 2099-01-01"),
+        "{text}"
+    );
+    assert_eq!(meta(r.port, "commit").as_deref(), Some(c1.as_str()));
+    let o = run(&["apply", "--yes", "--break-glass"]);
+    assert!(o.status.success(), "{}{}", stdout(&o), stderr(&o));
+    assert_eq!(meta(r.port, "commit").as_deref(), Some(c2.as_str()));
+}
