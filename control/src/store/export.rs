@@ -5,7 +5,8 @@
 //! The file is JSON: `{"format": "edgeform-state/1", "key_id": …,
 //! "nonce": …, "sealed": …}`. `sealed` is every entry (node secrets,
 //! certificates with their keys, the ACME account, the certificates job's
-//! renewal state, the last good commit, the purge outbox)
+//! renewal state, the last good commit, the purge outbox, the rollouts'
+//! book)
 //! as JSON, encrypted and authenticated with AES-GCM (a 256-bit key) under the key in
 //! [`KEY_ENV`] (32 bytes, base64); the format and the key id are bound to
 //! it as associated data. `key_id` (16 hex digits of a SHA-256 over a
@@ -109,6 +110,10 @@ pub struct Snapshot {
     /// The certificates job's renewal state (JSON).
     #[serde(default)]
     pub renewal: Option<String>,
+    /// The rollouts' book (JSON): the live rollout and the aborted
+    /// commits sync never applies again.
+    #[serde(default)]
+    pub rollouts: Option<String>,
 }
 
 /// A certificate in the export.
@@ -133,7 +138,7 @@ impl Snapshot {
         let kept: usize = self.outbox.values().map(BTreeMap::len).sum();
         format!(
             "{secrets} secret(s) of {} node(s), {} certificate(s), {} ACME account, {} last good commit, \
-             {kept} purge job(s) kept",
+             {kept} purge job(s) kept, {} rollouts' book",
             self.secrets.len(),
             self.certificates.len(),
             if self.acme_account.is_some() {
@@ -142,6 +147,7 @@ impl Snapshot {
                 "no"
             },
             if self.last_good.is_some() { "a" } else { "no" },
+            if self.rollouts.is_some() { "a" } else { "no" },
         )
     }
 
@@ -193,6 +199,12 @@ impl Snapshot {
         {
             return bad("the renewal state".into());
         }
+        if let Some(r) = &self.rollouts
+            && (r.len() > super::MAX_ROLLOUT_STATE_BYTES
+                || crate::rollout::Book::parse(Some(r)).is_err())
+        {
+            return bad("the rollouts' book".into());
+        }
         for (node, entries) in &self.outbox {
             if !valid_node(node) {
                 return bad(format!(
@@ -239,6 +251,7 @@ pub fn snapshot(store: &dyn Store) -> Result<Snapshot, StoreError> {
     out.acme_account = store.acme_account()?;
     out.renewal = store.renewal_state()?;
     out.last_good = store.last_good()?;
+    out.rollouts = store.rollout_state()?;
     for node in store.outbox_nodes()? {
         let entries: BTreeMap<String, String> = store.outbox(&node)?.into_iter().collect();
         if !entries.is_empty() {
@@ -277,6 +290,9 @@ pub fn restore(store: &dyn Store, snap: &Snapshot) -> Result<(), ExportError> {
     }
     if let Some(r) = &snap.renewal {
         store.set_renewal_state(r)?;
+    }
+    if let Some(r) = &snap.rollouts {
+        store.set_rollout_state(r)?;
     }
     for (node, entries) in &snap.outbox {
         for (name, text) in entries {
@@ -473,6 +489,10 @@ mod tests {
             .unwrap();
         crate::outbox::spool(&s, "edge-1", "job-1", "{}").unwrap();
         s.set_renewal_state(r#"{"certificates":{}}"#).unwrap();
+        s.set_rollout_state(
+            r#"{"current":null,"aborted":["0123456789abcdef0123456789abcdef01234567"]}"#,
+        )
+        .unwrap();
         s
     }
 
@@ -496,11 +516,18 @@ mod tests {
             Some(r#"{"certificates":{}}"#),
             "the renewal state travels too"
         );
+        let book = crate::rollout::Book::parse(to.rollout_state().unwrap().as_deref()).unwrap();
+        assert_eq!(
+            book.aborted,
+            ["0123456789abcdef0123456789abcdef01234567"],
+            "the aborted commits travel too: sync never applies them on the new host either"
+        );
         // A file from before the renewal state was exported still opens.
         let mut old: serde_json::Value = serde_json::to_value(snapshot(&from).unwrap()).unwrap();
         old.as_object_mut().unwrap().remove("renewal");
+        old.as_object_mut().unwrap().remove("rollouts");
         let old: Snapshot = serde_json::from_value(old).unwrap();
-        assert_eq!(old.renewal, None);
+        assert_eq!((old.renewal, old.rollouts), (None, None));
     }
 
     #[test]
