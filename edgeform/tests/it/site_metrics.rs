@@ -181,6 +181,13 @@ fn the_edge_counts_each_site_and_logs_json_lines() {
         1.0,
         "{text}"
     );
+    // Every class of a site is there from its first request, at 0 until
+    // it counts one (a rate over a window with its first 5xx counts it).
+    assert_eq!(
+        m.get(&series(req, "a.test", Some(("class", "5xx")))),
+        Some(&0.0),
+        "{text}"
+    );
     assert_eq!(
         delta(&series(req, "_unknown", Some(("class", "4xx")))),
         1.0,

@@ -190,8 +190,16 @@ local function flush()
   local batch = sites
   sites = {}
   for host, s in pairs(batch) do
+    local fresh = tracked[host] == nil
     local h = admitted(host)
     local t = "\t" .. h
+    if fresh and h == host then
+      -- Every status class of a site this worker has just started
+      -- counting exists from then on, at 0: a rate over a window in which
+      -- a site's first 5xx appears then counts from 0, not from the first
+      -- scrape that saw the series (Prometheus's increase()).
+      for i = 1, 5 do dict:incr("r" .. t .. "\t" .. CLASSES[i], 0, 0) end
+    end
     for i = 1, 5 do add("r" .. t .. "\t" .. CLASSES[i], s.req[i]) end
     for i = 1, #CACHE_NAMES do add("c" .. t .. "\t" .. CACHE_NAMES[i], s.cache[i]) end
     for reason, n in pairs(s.reasons) do add("f" .. t .. "\t" .. reason, n) end
