@@ -1,15 +1,17 @@
 #!/usr/bin/env bash
 # The agent's GET /route/<stream> under load, side by side with nginx
 # answering `return 302` on the same machine, one worker each (the agent's
-# runtime on one thread, nginx with one worker process), both pinned to CPU 1
-# and wrk pinned to CPU 0. Prints requests/s medians of 3 rounds each.
+# one runtime thread, nginx with one worker process), both pinned to CPU 1
+# and wrk pinned to CPU 0, in alternating rounds. Prints requests/s and
+# each server's CPU time per request, medians over the rounds.
 #
-#   bench/route_http.sh [seconds per round, default 10]
+#   bench/route_http.sh [seconds per round, default 5] [rounds, default 9]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/lib.sh
 need_packages "${BUILD_PACKAGES[@]}" redis-server nginx wrk
-secs=${1:-10}
+secs=${1:-5}
+rounds=${2:-9}
 cargo build --release --quiet --locked -p edgeform -p agent
 work=$(mktemp -d)
 trap 'stop_servers; rm -rf "$work"' EXIT
@@ -40,7 +42,7 @@ cache: {dirs: [$work/cache]}
 http: {listen: "127.0.0.1:$aport"}
 routing: {health_file: $work/health.json}
 YAML
-TOKIO_WORKER_THREADS=1 EDGEFORM_LOG=warn taskset -c 1 target/release/edgeform-agent --config "$work/agent.yaml" &
+EDGEFORM_LOG=warn taskset -c 1 target/release/edgeform-agent --config "$work/agent.yaml" &
 SERVER_PIDS+=($!)
 mkdir -p "$work/nginx/logs"
 cat > "$work/nginx/nginx.conf" <<CONF
@@ -60,18 +62,34 @@ wait_port "$aport"; wait_port "$nport"
 for _ in $(seq 1 50); do curl -s -o /dev/null -w '%{http_code}' "http://127.0.0.1:$aport/route/cam1" | grep -q 302 && break; sleep 0.1; done
 echo "agent: $(curl -s -o /dev/null -w '%{http_code} %{redirect_url}' "http://127.0.0.1:$aport/route/cam1")"
 echo "nginx: $(curl -s -o /dev/null -w '%{http_code} %{redirect_url}' "http://127.0.0.1:$nport/route/cam1")"
-rps() { taskset -c 0 wrk -t1 -c64 -d"${secs}s" "$1" | awk '/Requests\/sec/ {print $2}'; }
-a=(); n=()
-for _ in 1 2 3; do
-  n+=("$(rps "http://127.0.0.1:$nport/route/cam1")")
-  a+=("$(rps "http://127.0.0.1:$aport/route/cam1")")
+# CPU seconds (utime + stime) a process has used so far.
+cpu() { awk -v hz="$(getconf CLK_TCK)" '{print ($14 + $15) / hz}' "/proc/$1/stat"; }
+apid=$(pgrep -f "edgeform-agent --config $work/agent.yaml")
+npid=$(pgrep -f "nginx: worker process" | head -1)
+# One round: requests/s and the server's CPU microseconds per request.
+round() {
+  local pid=$1 url=$2 c0 c1 out n
+  c0=$(cpu "$pid")
+  out=$(taskset -c 0 wrk -t1 -c64 -d"${secs}s" "$url")
+  c1=$(cpu "$pid")
+  n=$(echo "$out" | awk '/requests in/ {print $1}')
+  echo "$(echo "$out" | awk '/Requests\/sec/ {print $2}') $(python3 -c "print(($c1 - $c0) * 1e6 / $n)")"
+}
+# Alternating rounds: the machine's drift hits both alike; the figure is
+# the median of the per-round ratios.
+rows=()
+for _ in $(seq 1 "$rounds"); do
+  rows+=("$(round "$npid" "http://127.0.0.1:$nport/route/cam1") $(round "$apid" "http://127.0.0.1:$aport/route/cam1")")
 done
-python3 - "${a[@]}" "${n[@]}" <<'PY'
+printf '%s\n' "${rows[@]}" | python3 -c '
 import statistics, sys
-v = list(map(float, sys.argv[1:])); a, n = v[:3], v[3:]
-ma, mn = statistics.median(a), statistics.median(n)
-print(f"\n| server (1 worker, pinned) | requests/s (median of 3) | runs |\n|---|---:|---|")
-print(f"| nginx `return 302` | {mn:,.0f} | {', '.join(f'{x:,.0f}' for x in n)} |")
-print(f"| edgeform-agent `GET /route/cam1` (302) | {ma:,.0f} | {', '.join(f'{x:,.0f}' for x in a)} |")
-print(f"\nagent / nginx = {ma / mn:.2f} (goal >= 0.5; ATC's bar is 8,000/s)")
-PY
+rows = [list(map(float, l.split())) for l in sys.stdin if l.strip()]
+n, nc, a, ac = (list(c) for c in zip(*rows))
+med = statistics.median
+print(f"\n| server (1 worker, pinned) | requests/s (median of {len(rows)}) | CPU per request (median) |\n|---|---:|---:|")
+print(f"| nginx `return 302` | {med(n):,.0f} | {med(nc):.1f} µs |")
+print(f"| edgeform-agent `GET /route/cam1` (302) | {med(a):,.0f} | {med(ac):.1f} µs |")
+ratios = sorted(x / y for x, y in zip(a, n))
+print(f"\nagent / nginx requests/s: median of per-round ratios {med(ratios):.2f} (rounds {ratios[0]:.2f}–{ratios[-1]:.2f}); ratio of medians {med(a) / med(n):.2f}")
+print(f"nginx / agent CPU per request: {med(nc) / med(ac):.2f}")
+'

@@ -70,6 +70,24 @@ struct Entry {
     heard: Option<Instant>,
 }
 
+impl Entry {
+    /// When this node counts as silent: its last report's arrival plus
+    /// [`SILENT_AFTER_INTERVALS`] of its interval (at least
+    /// [`MIN_SILENCE`]); `None` without a report.
+    fn silent_after(&self) -> Option<Instant> {
+        let (Some(r), Some(at)) = (&self.report, self.received) else {
+            return None;
+        };
+        let limit = Duration::from_millis(
+            r.interval_ms
+                .unwrap_or(5000)
+                .saturating_mul(SILENT_AFTER_INTERVALS),
+        )
+        .max(MIN_SILENCE);
+        at.checked_add(limit)
+    }
+}
+
 impl Book {
     /// A book that tracks only `nodes` (the routing table's).
     #[must_use]
@@ -346,18 +364,7 @@ impl Book {
     /// the last known values stay in use, marked stale.
     #[must_use]
     pub fn health_at(&self, now: Instant, connected: bool) -> Health {
-        let silent = |e: &Entry| {
-            let (Some(r), Some(at)) = (&e.report, e.received) else {
-                return false;
-            };
-            let limit = Duration::from_millis(
-                r.interval_ms
-                    .unwrap_or(5000)
-                    .saturating_mul(SILENT_AFTER_INTERVALS),
-            )
-            .max(MIN_SILENCE);
-            connected && now.saturating_duration_since(at) > limit
-        };
+        let silent = |e: &Entry| connected && e.silent_after().is_some_and(|t| now > t);
         let mut h = self.health();
         for (name, n) in &mut h.nodes {
             if self.nodes.get(name).is_some_and(silent) {
@@ -365,6 +372,17 @@ impl Book {
             }
         }
         h
+    }
+
+    /// Whether a node fell silent after `since` and by `now` (its report
+    /// is older than the silence limit): a snapshot taken at `since` no
+    /// longer says so. Allocates nothing; the once-a-second recheck asks.
+    #[must_use]
+    pub fn silence_due(&self, since: Instant, now: Instant) -> bool {
+        self.nodes
+            .values()
+            .filter_map(Entry::silent_after)
+            .any(|t| t >= since && t < now)
     }
 
     /// [`Book::health_at`] without the silence rule (as if nothing aged).
@@ -505,5 +523,26 @@ mod tests {
             Some(true),
             "reporting again"
         );
+    }
+
+    #[test]
+    fn time_changes_the_snapshot_only_when_a_node_falls_silent() {
+        let mut b = Book::default();
+        let t0 = Instant::now();
+        b.take_at("p", "p/health/a", &report("a", 3), t0).unwrap();
+        b.take_at("p", "p/status/b", b"online", t0).unwrap();
+        let at = |ms| t0 + Duration::from_millis(ms);
+        // a falls silent 15 s after its report; b has no report to age.
+        assert!(!b.silence_due(at(0), at(14_000)));
+        assert!(!b.silence_due(at(14_000), at(15_000)));
+        assert!(b.silence_due(at(14_000), at(15_001)));
+        assert!(b.silence_due(at(15_000), at(16_000)));
+        // Once a snapshot says so, nothing more is due.
+        assert!(!b.silence_due(at(16_000), at(600_000)));
+        // Every answer agrees with the snapshots it compares.
+        for (since, now) in [(0, 14_000), (14_000, 15_001), (16_000, 600_000)] {
+            let changed = b.health_at(at(since), true) != b.health_at(at(now), true);
+            assert_eq!(b.silence_due(at(since), at(now)), changed, "{since}..{now}");
+        }
     }
 }

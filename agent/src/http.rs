@@ -150,12 +150,7 @@ fn route_quick<B>(app: &App, peer: SocketAddr, req: &axum::http::Request<B>) -> 
     let health = app.state.health();
     let xff = forwarded_for(headers);
     let d = router.decide_quick(Some(peer.ip()), xff.as_deref(), stream, &health);
-    crate::metrics::Metrics::count(
-        &app.metrics.route_requests,
-        StatusCode::from_u16(d.status)
-            .unwrap_or(StatusCode::INTERNAL_SERVER_ERROR)
-            .as_str(),
-    );
+    app.metrics.count_route(d.status);
     let choice = Choice {
         status: d.status,
         mode: d.mode,
@@ -173,7 +168,7 @@ async fn route(
     headers: HeaderMap,
 ) -> Response {
     let Some(router) = app.state.router() else {
-        crate::metrics::Metrics::count(&app.metrics.route_requests, "503");
+        app.metrics.count_route(503);
         return no_table();
     };
     let health = app.state.health();
@@ -186,12 +181,7 @@ async fn route(
     } else {
         router.decide_quick(Some(peer.ip()), xff, &stream, &health)
     };
-    crate::metrics::Metrics::count(
-        &app.metrics.route_requests,
-        StatusCode::from_u16(d.status)
-            .unwrap_or(StatusCode::INTERNAL_SERVER_ERROR)
-            .as_str(),
-    );
+    app.metrics.count_route(d.status);
     let choice = Choice {
         status: d.status,
         mode: d.mode,
@@ -272,14 +262,10 @@ fn answer(
         v["stale_health"] = serde_json::json!(health.nodes.values().any(|h| h.stale));
         (status, axum::Json(v)).into_response()
     } else {
-        (
-            status,
-            format!("{}\n", status.canonical_reason().unwrap_or("")),
-        )
-            .into_response()
+        (status, reason_line(status)).into_response()
     };
     if let Some(l) = location
-        && let Ok(v) = HeaderValue::from_str(&l)
+        && let Ok(v) = HeaderValue::try_from(l)
     {
         response.headers_mut().insert(header::LOCATION, v);
     }
@@ -292,6 +278,18 @@ fn answer(
         .headers_mut()
         .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
     response
+}
+
+/// The plain-text body of an answer: its reason phrase and a newline
+/// (static for the statuses `/route` and `/vod` give).
+fn reason_line(status: StatusCode) -> std::borrow::Cow<'static, str> {
+    match status {
+        StatusCode::FOUND => "Found\n".into(),
+        StatusCode::FORBIDDEN => "Forbidden\n".into(),
+        StatusCode::NOT_FOUND => "Not Found\n".into(),
+        StatusCode::SERVICE_UNAVAILABLE => "Service Unavailable\n".into(),
+        s => format!("{}\n", s.canonical_reason().unwrap_or("")).into(),
+    }
 }
 
 async fn metrics(Extract(app): Extract<Arc<App>>, headers: HeaderMap) -> Response {
@@ -409,11 +407,12 @@ pub async fn serve(
             let answer = quick
                 .as_deref()
                 .and_then(|app| route_quick(app, peer, &req));
-            let mut routes = routes.clone();
+            // Answered, or the routes (cloned only then) to ask.
+            let next = answer.ok_or_else(|| routes.clone());
             async move {
-                match answer {
-                    Some(r) => Ok(r),
-                    None => tower_service::Service::call(&mut routes, req).await,
+                match next {
+                    Ok(r) => Ok(r),
+                    Err(mut routes) => tower_service::Service::call(&mut routes, req).await,
                 }
             }
         });

@@ -29,6 +29,8 @@ pub struct Metrics {
     pub purge_files_removed: Counter,
     pub purge_queue: Gauge,
     pub route_requests: Family<StatusLabel, Counter>,
+    /// `route_requests`' series for 302, 403, 404 and 503, once resolved.
+    route_counters: [std::sync::OnceLock<Counter>; 4],
     pub commands: Family<StatusLabel, Counter>,
     pub health_reports: Counter,
     pub mqtt_connected: Gauge,
@@ -57,6 +59,7 @@ impl Default for Metrics {
             purge_files_removed: Counter::default(),
             purge_queue: Gauge::default(),
             route_requests: Family::default(),
+            route_counters: Default::default(),
             commands: Family::default(),
             health_reports: Counter::default(),
             mqtt_connected: Gauge::default(),
@@ -185,6 +188,27 @@ impl Metrics {
         // Writing to a String cannot fail.
         let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
         out
+    }
+
+    /// Count one `/route` answer. The statuses `/route` gives (302, 403,
+    /// 404, 503) resolve their series once, at first use; the redirect
+    /// path then counts without building a label.
+    pub fn count_route(&self, status: u16) {
+        let slot = match status {
+            302 => &self.route_counters[0],
+            403 => &self.route_counters[1],
+            404 => &self.route_counters[2],
+            503 => &self.route_counters[3],
+            _ => return Self::count(&self.route_requests, &status.to_string()),
+        };
+        slot.get_or_init(|| {
+            self.route_requests
+                .get_or_create(&StatusLabel {
+                    status: status.to_string(),
+                })
+                .clone()
+        })
+        .inc();
     }
 
     /// Count one event with a status label.

@@ -150,8 +150,11 @@ pub async fn run(
     // one per message. Only a change routing must see at once (`prompt`:
     // a node went down or up, a summary, a status) waits for the next
     // FLUSH; new load figures alone (a summarizer hears its region's
-    // reports all the time) wait for the once-a-second recheck, so a
-    // snapshot of every node is built about once a second, not five times.
+    // reports all the time) wait until the snapshot is an interval old —
+    // the bound other regions' load figures have through the summaries —
+    // so a summarizer builds a snapshot of every node about once an
+    // interval, not once a second. Time alone makes a new one only when a
+    // node falls silent or the connection comes or goes.
     let mut flush = tokio::time::interval(FLUSH);
     flush.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut dirty = false;
@@ -160,6 +163,10 @@ pub async fn run(
     let mut recheck = tokio::time::interval(Duration::from_secs(1));
     recheck.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut connected = false;
+    // When routing's snapshot was last taken, and whether connected then:
+    // time alone changes it only when a node falls silent since, or the
+    // connection came or went.
+    let mut snapshot = (Instant::now(), false);
     loop {
         let event = tokio::select! {
             e = events.poll() => e,
@@ -200,8 +207,9 @@ pub async fn run(
                         follow_directly(&client, &prefix, &mut direct, &want, &mut resend);
                     }
                 }
-                dirty |= !book.is_empty();
-                prompt = true;
+                let aged = book.silence_due(snapshot.0, now) || snapshot.1 != connected;
+                dirty |= !book.is_empty() && aged;
+                prompt |= aged || now.saturating_duration_since(snapshot.0) >= interval;
                 continue;
             }
             _ = summarize.tick(), if connected && election.holding() => {
@@ -212,7 +220,8 @@ pub async fn run(
                 continue;
             }
             _ = flush.tick(), if dirty && prompt => {
-                let health = book.health_at(Instant::now(), connected);
+                snapshot = (Instant::now(), connected);
+                let health = book.health_at(snapshot.0, connected);
                 metrics
                     .cluster_nodes_reporting
                     .set(gauge_value(health.nodes.len() as u64));
@@ -393,7 +402,8 @@ pub async fn run(
                     down_since = Some(std::time::Instant::now());
                     tracing::warn!(broker = %mqtt.broker.url, cause = %edgemqtt::describe(&e), "mqtt: broker unreachable; routing keeps the last known health (stale), retrying");
                     book.mark_stale();
-                    state.set_health(book.health_at(Instant::now(), false));
+                    snapshot = (Instant::now(), false);
+                    state.set_health(book.health_at(snapshot.0, false));
                 }
                 tokio::select! {
                     () = tokio::time::sleep(backoff.next_delay()) => {}

@@ -277,9 +277,29 @@ pub fn stable_hash(parts: &[&[u8]]) -> u64 {
 }
 
 /// Rendezvous (highest random weight) choice of one name for a client.
-fn rendezvous<'a>(client: Option<IpAddr>, names: impl Iterator<Item = &'a str>) -> Option<&'a str> {
-    let key = client.map(|c| c.to_string()).unwrap_or_default();
-    names.max_by_key(|n| (stable_hash(&[key.as_bytes(), n.as_bytes()]), *n))
+/// One name is chosen without hashing; the key is the client's text form
+/// (the Lua twin hashes the same bytes), written on the stack.
+fn rendezvous<'a>(
+    client: Option<IpAddr>,
+    names: impl ExactSizeIterator<Item = &'a str>,
+) -> Option<&'a str> {
+    let mut names = names;
+    if names.len() <= 1 {
+        return names.next();
+    }
+    let mut buf = [0u8; 64];
+    let key = client.map_or(&[][..], |c| ip_text(c, &mut buf));
+    names.max_by_key(|n| (stable_hash(&[key, n.as_bytes()]), *n))
+}
+
+/// `ip`'s `Display` text in `buf` (an address's text is at most 45 bytes).
+fn ip_text(ip: IpAddr, buf: &mut [u8; 64]) -> &[u8] {
+    use std::io::Write as _;
+    let mut cursor = std::io::Cursor::new(&mut buf[..]);
+    // 64 bytes always hold it; a failed write would leave a shorter key.
+    let _ = write!(cursor, "{ip}");
+    let end = usize::try_from(cursor.position()).unwrap_or(0);
+    &buf[..end]
 }
 
 fn is_private(ip: IpAddr) -> bool {
@@ -640,8 +660,9 @@ impl Router {
         self.decide_with(peer, xff, stream, health, true)
     }
 
-    /// The same decision without reasons or listings (the agent's
-    /// redirect path): the chosen node, zone and status are identical.
+    /// The same decision without the explanation — reasons, listings, the
+    /// chain and the client's address are left empty (the agent's redirect
+    /// path): the status, node, zone, mode and location are identical.
     #[must_use]
     pub fn decide_quick(
         &self,
@@ -673,7 +694,13 @@ impl Router {
             chain: Vec::new(),
             location: None,
             mode: None,
-            client_ip: client.map(|c| c.to_string()),
+            // The redirect path (`explain` false) answers from status,
+            // node and location alone: no client text, chain or reasons.
+            client_ip: if explain {
+                client.map(|c| c.to_string())
+            } else {
+                None
+            },
             reasons: Vec::new(),
             zones: Vec::new(),
         };
@@ -738,8 +765,9 @@ impl Router {
                     _ => {}
                 }
             }
-            let chain = walk.chain;
-            d.chain = chain.iter().map(|z| (*z).to_owned()).collect();
+            if explain {
+                d.chain = walk.chain.iter().map(|z| (*z).to_owned()).collect();
+            }
             found
         } else {
             notes.add(|| "no zone has a route: unrestricted (edges first, then ingest)".into());
@@ -767,11 +795,7 @@ impl Router {
                 match &n.public_url {
                     Some(url) => {
                         d.mode = Some(Mode::Redirect);
-                        d.location = Some(format!(
-                            "{}/{}",
-                            url.trim_end_matches('/'),
-                            encode_segment(stream)
-                        ));
+                        d.location = Some(join_location(url, stream));
                         notes.add(|| format!("chose {node}: redirect to its payload URL"));
                     }
                     None => {
@@ -1180,11 +1204,7 @@ impl Router {
                 match &n.public_url {
                     Some(url) => {
                         d.mode = Some(Mode::Redirect);
-                        d.location = Some(format!(
-                            "{}/{}",
-                            url.trim_end_matches('/'),
-                            encode_segment(asset)
-                        ));
+                        d.location = Some(join_location(url, asset));
                     }
                     None => d.mode = Some(Mode::Proxy),
                 }
@@ -1245,13 +1265,32 @@ pub fn xff_last(header: &str) -> &str {
 #[must_use]
 pub fn encode_segment(segment: &str) -> String {
     let mut out = String::with_capacity(segment.len());
+    push_encoded(&mut out, segment);
+    out
+}
+
+/// [`encode_segment`], appended to `out`.
+fn push_encoded(out: &mut String, segment: &str) {
+    const HEX: &[u8; 16] = b"0123456789ABCDEF";
     for b in segment.bytes() {
         if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~') {
             out.push(char::from(b));
         } else {
-            out.push_str(&format!("%{b:02X}"));
+            out.push('%');
+            out.push(char::from(HEX[usize::from(b >> 4)]));
+            out.push(char::from(HEX[usize::from(b & 0xf)]));
         }
     }
+}
+
+/// A redirect target: the payload URL (without its trailing `/`), `/`,
+/// and the stream as one encoded segment.
+fn join_location(url: &str, stream: &str) -> String {
+    let base = url.trim_end_matches('/');
+    let mut out = String::with_capacity(base.len() + 1 + stream.len() * 3);
+    out.push_str(base);
+    out.push('/');
+    push_encoded(&mut out, stream);
     out
 }
 
