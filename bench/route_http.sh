@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The agent's GET /route/<stream> under load, side by side with nginx
 # answering `return 302` on the same machine, one worker each (the agent's
-# one runtime thread, nginx with one worker process), both pinned to CPU 1
+# runtime on one thread, nginx with one worker process), both pinned to CPU 1
 # and wrk pinned to CPU 0, in alternating rounds. Prints requests/s and
 # each server's CPU time per request, medians over the rounds.
 #
@@ -42,7 +42,7 @@ cache: {dirs: [$work/cache]}
 http: {listen: "127.0.0.1:$aport"}
 routing: {health_file: $work/health.json}
 YAML
-EDGEFORM_LOG=warn taskset -c 1 target/release/edgeform-agent --config "$work/agent.yaml" &
+TOKIO_WORKER_THREADS=1 EDGEFORM_LOG=warn taskset -c 1 target/release/edgeform-agent --config "$work/agent.yaml" &
 SERVER_PIDS+=($!)
 mkdir -p "$work/nginx/logs"
 cat > "$work/nginx/nginx.conf" <<CONF

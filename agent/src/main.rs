@@ -71,12 +71,7 @@ fn main() -> ExitCode {
         );
         return ExitCode::SUCCESS;
     }
-    // One thread: the agent waits on sockets and timers, and hands what
-    // takes CPU or blocks (cache scans, purges, snapshot parses) to the
-    // blocking pool. A second worker thread would add a malloc arena and
-    // cross-thread wake-ups (~1 MiB RSS at 1,000 nodes) and buy nothing
-    // but /route capacity beside nginx on the same cores.
-    let runtime = match tokio::runtime::Builder::new_current_thread()
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
     {
