@@ -21,6 +21,7 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::Duration;
 
 use axum::Router as Http;
@@ -316,10 +317,14 @@ async fn healthz(Extract(app): Extract<Arc<App>>) -> Response {
     (status, axum::Json(body)).into_response()
 }
 
-/// How long a client may take to send a request's headers — and how long
-/// an idle keep-alive connection stays open (hyper restarts the clock
-/// for every request head).
+/// How long a connection may go without a new request head while none of
+/// its requests is being answered: a client slow to send its headers, and
+/// an idle keep-alive connection, are closed after this (within one
+/// [`WATCH_TICK`] more).
 pub const HEADER_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// How often the listener's watchdog looks at its connections.
+const WATCH_TICK: Duration = Duration::from_secs(1);
 
 /// Most open connections, unless the file-descriptor limit is lower.
 pub const MAX_CONNECTIONS: usize = 4096;
@@ -352,11 +357,79 @@ pub fn connection_cap() -> usize {
     })
 }
 
-/// Open connections, oldest first; each can be told to close.
-type Live = Arc<std::sync::Mutex<std::collections::BTreeMap<u64, Arc<tokio::sync::Notify>>>>;
+/// Open connections, oldest first.
+type Live = Arc<std::sync::Mutex<std::collections::BTreeMap<u64, Arc<Conn>>>>;
 
-/// Serve `router` on `listener` until `stop` fires: HTTP/1.1 with a
-/// header-read (and keep-alive idle) timeout of [`HEADER_TIMEOUT`], and at
+/// One open connection as its task, its service and the watchdog see it.
+#[derive(Default)]
+struct Conn {
+    /// Asks the connection's task to close it.
+    close: tokio::sync::Notify,
+    /// Request heads read so far (the service counts each call).
+    heads: AtomicU64,
+    /// Requests whose handler has not returned yet.
+    busy: AtomicU32,
+    /// The watchdog's own: the `heads` it saw last, and ticks since.
+    seen: AtomicU64,
+    stalled: AtomicU32,
+}
+
+impl Conn {
+    /// One watchdog tick: whether the connection has now gone
+    /// `limit` ticks without a new request head and without a request
+    /// being answered (true once, on the tick it reaches the limit).
+    fn stalled_for(&self, limit: u32) -> bool {
+        let heads = self.heads.load(Ordering::Relaxed);
+        if heads != self.seen.swap(heads, Ordering::Relaxed)
+            || self.busy.load(Ordering::Relaxed) > 0
+        {
+            self.stalled.store(0, Ordering::Relaxed);
+            return false;
+        }
+        self.stalled.fetch_add(1, Ordering::Relaxed) + 1 == limit
+    }
+}
+
+/// Closes every connection of `live` that has stalled for
+/// [`HEADER_TIMEOUT`]. One timer for the listener instead of one per
+/// request head (what hyper's `header_read_timeout` arms): the same
+/// protection from slow and idle clients, without a timer's allocation and
+/// wheel entry on `/route`'s path.
+async fn watchdog(live: Live) {
+    let limit = u32::try_from(HEADER_TIMEOUT.as_secs() / WATCH_TICK.as_secs()).unwrap_or(u32::MAX);
+    let mut tick = tokio::time::interval(WATCH_TICK);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        let l = live
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        for conn in l.values() {
+            if conn.stalled_for(limit) {
+                conn.close.notify_one();
+            }
+        }
+    }
+}
+
+/// Marks a request as being answered until dropped.
+struct Busy(Arc<Conn>);
+
+impl Busy {
+    fn new(conn: &Arc<Conn>) -> Self {
+        conn.busy.fetch_add(1, Ordering::Relaxed);
+        Busy(conn.clone())
+    }
+}
+
+impl Drop for Busy {
+    fn drop(&mut self) {
+        self.0.busy.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// Serve `router` on `listener` until `stop` fires: HTTP/1.1, a
+/// connection closed once it stalls for [`HEADER_TIMEOUT`] ([`watchdog`]), and at
 /// most `cap` connections — at the cap the *oldest* connection is asked to
 /// close (at once when idle, after [`GRACE`] otherwise), so idle or slow
 /// clients cannot lock new ones out of `/route`.
@@ -368,6 +441,7 @@ pub async fn serve(
     mut stop: crate::shutdown::Shutdown,
 ) {
     let live: Live = Arc::default();
+    let watch = tokio::spawn(watchdog(live.clone()));
     let mut tasks = tokio::task::JoinSet::new();
     let mut next: u64 = 0;
     loop {
@@ -384,7 +458,7 @@ pub async fn serve(
             () = stop.wait() => break,
         };
         while tasks.try_join_next().is_some() {}
-        let close = Arc::new(tokio::sync::Notify::new());
+        let conn = Arc::new(Conn::default());
         {
             let mut l = live
                 .lock()
@@ -392,10 +466,10 @@ pub async fn serve(
             if l.len() >= cap
                 && let Some((_, oldest)) = l.pop_first()
             {
-                oldest.notify_one();
+                oldest.close.notify_one();
                 metrics.http_evicted.inc();
             }
-            l.insert(next, close.clone());
+            l.insert(next, conn.clone());
             metrics.http_connections.set(gauge(l.len()));
         }
         let routes = service
@@ -403,33 +477,38 @@ pub async fn serve(
             .clone()
             .layer(axum::Extension(ConnectInfo(peer)));
         let quick = service.quick.clone();
+        let counted = conn.clone();
         let service = hyper::service::service_fn(move |req: axum::http::Request<_>| {
+            counted.heads.fetch_add(1, Ordering::Relaxed);
             let answer = quick
                 .as_deref()
                 .and_then(|app| route_quick(app, peer, &req));
             // Answered, or the routes (cloned only then) to ask.
-            let next = answer.ok_or_else(|| routes.clone());
+            let next = answer.ok_or_else(|| (routes.clone(), Busy::new(&counted)));
             async move {
                 match next {
                     Ok(r) => Ok(r),
-                    Err(mut routes) => tower_service::Service::call(&mut routes, req).await,
+                    Err((mut routes, _busy)) => {
+                        tower_service::Service::call(&mut routes, req).await
+                    }
                 }
             }
         });
         let (live, metrics, id) = (live.clone(), metrics.clone(), next);
         next += 1;
         tasks.spawn(async move {
+            // No hyper timer: the watchdog stands for the header-read timeout.
             let mut builder = hyper::server::conn::http1::Builder::new();
-            builder
-                .timer(hyper_util::rt::TokioTimer::new())
-                .header_read_timeout(HEADER_TIMEOUT);
-            let conn = builder.serve_connection(hyper_util::rt::TokioIo::new(stream), service);
-            let mut conn = std::pin::pin!(conn);
+            // One flattened write per response: a 302's head and its short
+            // body in one `send`, not a `writev` of two pieces.
+            builder.header_read_timeout(None).writev(false);
+            let served = builder.serve_connection(hyper_util::rt::TokioIo::new(stream), service);
+            let mut served = std::pin::pin!(served);
             tokio::select! {
-                _ = conn.as_mut() => {}
-                () = close.notified() => {
-                    conn.as_mut().graceful_shutdown();
-                    let _ = tokio::time::timeout(GRACE, conn.as_mut()).await;
+                _ = served.as_mut() => {}
+                () = conn.close.notified() => {
+                    served.as_mut().graceful_shutdown();
+                    let _ = tokio::time::timeout(GRACE, served.as_mut()).await;
                 }
             }
             let mut l = live
@@ -440,12 +519,13 @@ pub async fn serve(
         });
     }
     // Shutdown: every connection finishes its request (or is dropped).
-    for close in live
+    watch.abort();
+    for conn in live
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner)
         .values()
     {
-        close.notify_one();
+        conn.close.notify_one();
     }
     let _ = tokio::time::timeout(GRACE * 2, async {
         while tasks.join_next().await.is_some() {}
@@ -455,4 +535,35 @@ pub async fn serve(
 
 fn gauge(n: usize) -> i64 {
     i64::try_from(n).unwrap_or(i64::MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_connection_stalls_only_without_new_heads_or_busy_handlers() {
+        let conn = Arc::new(Conn::default());
+        // Two quiet ticks of three: not yet; the third says so once.
+        assert!(!conn.stalled_for(3));
+        assert!(!conn.stalled_for(3));
+        assert!(conn.stalled_for(3));
+        assert!(!conn.stalled_for(3), "said once");
+        // A new request head restarts the count.
+        let conn = Arc::new(Conn::default());
+        assert!(!conn.stalled_for(2));
+        conn.heads.fetch_add(1, Ordering::Relaxed);
+        assert!(!conn.stalled_for(2));
+        assert!(!conn.stalled_for(2));
+        assert!(conn.stalled_for(2));
+        // A handler still answering holds the clock at zero.
+        let conn = Arc::new(Conn::default());
+        let busy = Busy::new(&conn);
+        for _ in 0..5 {
+            assert!(!conn.stalled_for(2));
+        }
+        drop(busy);
+        assert!(!conn.stalled_for(2));
+        assert!(conn.stalled_for(2));
+    }
 }

@@ -414,6 +414,73 @@ fn idle_connections_do_not_stop_route() {
     );
 }
 
+/// A client that sends its request head a byte every two seconds is closed
+/// once it has gone [`HEADER_TIMEOUT_SECS`] without a whole head; a
+/// keep-alive client that sends a request every three seconds keeps its
+/// connection for longer than that.
+#[test]
+fn slow_heads_are_closed_and_steady_keep_alive_is_kept() {
+    let r = harness::redis(&[]);
+    let t = table("https://a.example.net/live/");
+    let (agent, http, _dir) = agent_with(&r, &t, &["cam1"]);
+    let slow = std::thread::spawn(move || {
+        let mut s = TcpStream::connect(("127.0.0.1", http)).unwrap();
+        let started = Instant::now();
+        let head = b"GET /route/cam1 HTTP/1.1\r\nHost: x\r\nX-Padding: aaaaaaaaaaaaaaaaaaaaaaaa";
+        for b in head {
+            if s.write_all(&[*b]).is_err() {
+                break;
+            }
+            std::thread::sleep(Duration::from_secs(2));
+            if started.elapsed() > Duration::from_secs(HEADER_TIMEOUT_SECS + 8) {
+                break;
+            }
+        }
+        s.set_read_timeout(Some(Duration::from_secs(1))).unwrap();
+        let mut rest = Vec::new();
+        // EOF, or a reset if the last byte crossed the close: closed either way.
+        let closed = match s.read_to_end(&mut rest) {
+            Ok(_) => true,
+            Err(e) => !matches!(
+                e.kind(),
+                std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+            ),
+        };
+        (closed, started.elapsed())
+    });
+    let mut steady = TcpStream::connect(("127.0.0.1", http)).unwrap();
+    steady
+        .set_read_timeout(Some(Duration::from_secs(5)))
+        .unwrap();
+    let started = Instant::now();
+    let mut answered = 0;
+    while started.elapsed() < Duration::from_secs(HEADER_TIMEOUT_SECS + 5) {
+        steady
+            .write_all(b"GET /route/cam1 HTTP/1.1\r\nHost: x\r\n\r\n")
+            .unwrap();
+        let mut buf = [0u8; 4096];
+        let n = steady.read(&mut buf).unwrap();
+        assert!(
+            buf[..n].starts_with(b"HTTP/1.1 302"),
+            "{}\n{}",
+            String::from_utf8_lossy(&buf[..n]),
+            agent.log()
+        );
+        answered += 1;
+        std::thread::sleep(Duration::from_secs(3));
+    }
+    assert!(answered >= 5);
+    let (closed, after) = slow.join().unwrap();
+    eprintln!("slow head: closed={closed} after {after:?}");
+    assert!(closed, "a slow head was kept open for {after:?}");
+    // The timeout, a watchdog tick, the grace a closing connection gets and
+    // the client's own two-second step.
+    assert!(
+        after < Duration::from_secs(HEADER_TIMEOUT_SECS + 7),
+        "{after:?}"
+    );
+}
+
 /// `routing.health_file` (and a metric source) on a fifo: the agent does
 /// not hang, says why, keeps serving, and stops on SIGTERM.
 #[test]
