@@ -45,7 +45,8 @@ from benchlib import cpu_seconds, free_port, wait_port
 
 ROOT = Path(__file__).resolve().parent.parent
 TARGET = Path(os.environ.get("CARGO_TARGET_DIR", ROOT / "target"))
-AGENT = TARGET / "release" / "edgeform-agent"
+# The agent as shipped to edges (packaging/systemd/edgeform-agent.service): the release-lto build.
+AGENT = TARGET / "release-lto" / "edgeform-agent"
 SIM = TARGET / "release" / "examples" / "sim-nodes"
 
 
@@ -188,7 +189,9 @@ def main():
     ap.add_argument("--scale-full-max", type=int, default=300)
     ap.add_argument("--scale-secs", type=int, default=30)
     a = ap.parse_args()
-    subprocess.run(["cargo", "build", "--release", "--quiet", "-p", "agent", "--bins", "--examples"],
+    subprocess.run(["cargo", "build", "--release", "--quiet", "-p", "agent", "--examples"],
+                   cwd=ROOT, check=True)
+    subprocess.run(["cargo", "build", "--profile", "release-lto", "--quiet", "-p", "agent", "--bins"],
                    cwd=ROOT, check=True)
     if a.scale:
         scale(a)

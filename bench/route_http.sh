@@ -12,7 +12,9 @@ cd "$(dirname "$0")/.."
 need_packages "${BUILD_PACKAGES[@]}" redis-server nginx wrk
 secs=${1:-5}
 rounds=${2:-9}
-cargo build --release --quiet --locked -p edgeform -p agent
+cargo build --release --quiet --locked -p edgeform
+# The agent as shipped to edges (packaging/systemd/edgeform-agent.service).
+cargo build --profile release-lto --quiet --locked -p agent --bins
 work=$(mktemp -d)
 trap 'stop_servers; rm -rf "$work"' EXIT
 SERVER_DIR="$work"
@@ -42,7 +44,7 @@ cache: {dirs: [$work/cache]}
 http: {listen: "127.0.0.1:$aport"}
 routing: {health_file: $work/health.json}
 YAML
-TOKIO_WORKER_THREADS=1 EDGEFORM_LOG=warn taskset -c 1 target/release/edgeform-agent --config "$work/agent.yaml" &
+TOKIO_WORKER_THREADS=1 EDGEFORM_LOG=warn taskset -c 1 target/release-lto/edgeform-agent --config "$work/agent.yaml" &
 SERVER_PIDS+=($!)
 mkdir -p "$work/nginx/logs"
 cat > "$work/nginx/nginx.conf" <<CONF
