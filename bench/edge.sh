@@ -180,9 +180,6 @@ echo "document lookup (per worker cache hit): p50 ${c50} us, p99 ${c99} us"
 echo "document lookup (worker cache miss, from the workers' shared cache: copy, parse, prepare): p50 ${s50} us, p99 ${s99} us (goal p50 <= 50 us)"
 echo "document lookup (both missed: MGET from local Redis, parse, prepare): p50 ${m50} us, p99 ${m99} us"
 # The one worker of an nginx master (not the cache manager/loader).
-worker_of() { local m; m=$(cat "$1/nginx.pid"); for c in $(cat "/proc/$m/task/$m/children"); do
-  grep -q "worker process" "/proc/$c/cmdline" 2>/dev/null && echo "$c"; done; true; }
-ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
 ew=$(worker_of "$work/root/run/live"); pw=$(worker_of "$work/root/run/candidate"); fw=$(worker_of "$work/root/run/empty")
 # One round: requests/s and the worker's CPU microseconds per request
 # (utime + stime from /proc: robust when other processes share the CPU).

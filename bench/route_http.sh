@@ -64,18 +64,17 @@ wait_port "$aport"; wait_port "$nport"
 for _ in $(seq 1 50); do curl -s -o /dev/null -w '%{http_code}' "http://127.0.0.1:$aport/route/cam1" | grep -q 302 && break; sleep 0.1; done
 echo "agent: $(curl -s -o /dev/null -w '%{http_code} %{redirect_url}' "http://127.0.0.1:$aport/route/cam1")"
 echo "nginx: $(curl -s -o /dev/null -w '%{http_code} %{redirect_url}' "http://127.0.0.1:$nport/route/cam1")"
-# CPU seconds (utime + stime) a process has used so far.
-cpu() { awk -v hz="$(getconf CLK_TCK)" '{print ($14 + $15) / hz}' "/proc/$1/stat"; }
+hz=$(getconf CLK_TCK)
 apid=$(pgrep -f "edgeform-agent --config $work/agent.yaml")
 npid=$(pgrep -f "nginx: worker process" | head -1)
 # One round: requests/s and the server's CPU microseconds per request.
 round() {
-  local pid=$1 url=$2 c0 c1 out n
-  c0=$(cpu "$pid")
+  local pid=$1 url=$2 t0 t1 out n
+  t0=$(ticks "$pid")
   out=$(taskset -c 0 wrk -t1 -c64 -d"${secs}s" "$url")
-  c1=$(cpu "$pid")
+  t1=$(ticks "$pid")
   n=$(echo "$out" | awk '/requests in/ {print $1}')
-  echo "$(echo "$out" | awk '/Requests\/sec/ {print $2}') $(python3 -c "print(($c1 - $c0) * 1e6 / $n)")"
+  echo "$(echo "$out" | awk '/Requests\/sec/ {print $2}') $(python3 -c "print(($t1 - $t0) / $hz * 1e6 / $n)")"
 }
 # Alternating rounds: the machine's drift hits both alike; the figure is
 # the median of the per-round ratios.

@@ -105,9 +105,6 @@ for ip in 81.2.69.142 2001:480:10::1; do
   echo "$ip → $(awk -F': ' 'tolower($1)=="x-edgeform-edge"{print $2}' <<<"$h")" >&2
 done
 
-worker_of() { local m; m=$(cat "$1/nginx.pid"); for c in $(cat "/proc/$m/task/$m/children"); do
-  grep -q "worker process" "/proc/$c/cmdline" 2>/dev/null && echo "$c"; done; true; }
-ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
 gw=$(worker_of "$work/router"); pw=$(worker_of "$work/plain")
 run_wrk() { # port worker-pid
   local t0 t1 out

@@ -98,10 +98,6 @@ for p in "$eport" "$pport"; do
 done
 read -r per_log flush_us < <(curl -s -H 'Host: bench.test' "http://127.0.0.1:$eport/_bench_metrics_log")
 echo "log phase's Lua (read \$edge_metrics, count it): ${per_log} us per request (100,000 in one worker); the flush after them: ${flush_us} us"
-# The one worker of an nginx master; its CPU ticks (utime + stime).
-worker_of() { local m; m=$(cat "$1/nginx.pid"); for c in $(cat "/proc/$m/task/$m/children"); do
-  grep -q "worker process" "/proc/$c/cmdline" 2>/dev/null && echo "$c"; done; true; }
-ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
 ew=$(worker_of "$work/root/run/live"); pw=$(worker_of "$work/root/run/candidate")
 # One round: requests/s and the worker's CPU microseconds per request
 # (robust when other processes share the machine).

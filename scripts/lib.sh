@@ -89,6 +89,16 @@ wait_port() {
   return 1
 }
 
+# ticks PID: the CPU a process has used so far (utime + stime), in clock
+# ticks (`getconf CLK_TCK` a second); read after the command name, which
+# may hold spaces.
+ticks() { local s f; s=$(<"/proc/$1/stat"); s=${s##*) }; read -ra f <<<"$s"; echo $((f[11] + f[12])); }
+
+# worker_of DIR: the worker processes of the nginx master whose pid file is
+# DIR/nginx.pid.
+worker_of() { local m; m=$(cat "$1/nginx.pid"); for c in $(cat "/proc/$m/task/$m/children"); do
+  grep -q "worker process" "/proc/$c/cmdline" 2>/dev/null && echo "$c"; done; true; }
+
 # start_redis PORT [redis.conf lines...]: a throwaway redis-server on loopback.
 start_redis() {
   local port=$1; shift
