@@ -281,9 +281,8 @@ pub fn stable_hash(parts: &[&[u8]]) -> u64 {
 /// (the Lua twin hashes the same bytes), written on the stack.
 fn rendezvous<'a>(
     client: Option<IpAddr>,
-    names: impl ExactSizeIterator<Item = &'a str>,
+    mut names: impl ExactSizeIterator<Item = &'a str>,
 ) -> Option<&'a str> {
-    let mut names = names;
     if names.len() <= 1 {
         return names.next();
     }
