@@ -41,6 +41,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from push import Redis, generate  # noqa: E402
 from pipe_ref import cli, resp  # noqa: E402
+from benchlib import cpu_seconds  # noqa: E402
 
 EDGEFORM = ROOT / "target" / "release" / "edgeform"
 PARALLEL = 16  # edgeform's --parallel default: targets worked on at once
@@ -231,11 +232,6 @@ def cli_reference(servers, writes: bytes, runs: int, work: Path):
         ping.append(all_at_once([(["redis-cli", "-p", str(s.port), "PING"], subprocess.DEVNULL)
                                  for s in servers]))
     return pipe, ping
-
-
-def cpu_seconds(pid: int) -> float:
-    fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def daemon(binary: Path, repo: Path, seconds: float, speedup: float, full_every=None):
