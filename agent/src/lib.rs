@@ -7,7 +7,8 @@
 //! - [`routing`]: the routing table and health, refreshed in the background.
 //! - [`http`]: `/route/<stream>`, `/healthz`, `/metrics`.
 //! - [`mqtt`]: the broker session: status, cluster health for routing
-//!   (kept in the [`book`]), commands; [`health`] builds the report,
+//!   (kept in the [`book`]; the health topics read node by node come on
+//!   the [`direct`] reader's connection), commands; [`health`] builds the report,
 //!   [`commands`] checks, claims, runs and records one-shot actions;
 //!   [`metrics`] counts everything for Prometheus; [`sites`] publishes
 //!   the edge's per-site figures for `edgeform top`.
@@ -18,6 +19,7 @@ pub mod book;
 pub mod cache;
 pub mod commands;
 pub mod config;
+pub mod direct;
 pub use agentconf::files;
 pub mod health;
 pub mod http;

@@ -8,7 +8,8 @@
 //!   (routing-table nodes only; a new table asks for the retained messages
 //!   again); a region without a fresh summary, and the agent's own region
 //!   while it is the region's summarizer, are read node by node
-//!   (`health/<node>`). With the broker away, the last known values stay
+//!   (`health/<node>`) on a second connection read in batches
+//!   ([`crate::direct`]). With the broker away, the last known values stay
 //!   in use, marked stale.
 //! - Subscribes to `<prefix>/cmd/<node>` and hands each command to
 //!   [`crate::commands::serve`], which runs them one at a time, in order.
@@ -17,7 +18,7 @@
 //!   crash) is delivered again; its id, recorded in local Redis before
 //!   anything runs, makes sure it runs once.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -25,6 +26,7 @@ use edgestate::mqtt as wire;
 use rumqttc::{AsyncClient, Event, EventLoop, LastWill, Packet, Publish, QoS, SubscribeFilter};
 
 use crate::book::{Book, FRESH_SLACK};
+use crate::direct::{self, Heard, Reader};
 use crate::summary::{Election, Step};
 
 use crate::config::{Config, MqttConfig};
@@ -128,10 +130,18 @@ pub async fn run(
     let interval = config.health.interval;
     let mut own_region = book.region_of(&node).map(str::to_owned);
     let mut election = Election::new(&node, interval);
-    // The nodes whose health topics are subscribed one by one.
+    // The nodes whose health topics are subscribed one by one, on the
+    // direct reader's connection (opened while there are some).
     let mut direct: BTreeSet<String> = BTreeSet::new();
+    let mut reader: Option<Reader> = None;
+    let mut idle_since: Option<Instant> = None;
+    // Its reports, taken one by one before the next event.
+    let mut pending: VecDeque<Publish> = VecDeque::new();
     // Subscribe to every wanted one again (their retained reports).
     let mut resend = false;
+    // Per-node subscriptions an earlier agent left in the persistent main
+    // session: dropped a few at a time.
+    let mut leftover: BTreeSet<String> = BTreeSet::new();
     let mut connected_at: Option<Instant> = None;
     // The summarizer publishes one summary per health interval.
     let mut summarize = tokio::time::interval(interval);
@@ -168,76 +178,102 @@ pub async fn run(
     // connection came or went.
     let mut snapshot = (Instant::now(), false);
     loop {
-        let event = tokio::select! {
-            e = events.poll() => e,
-            _ = recheck.tick() => {
-                // A new routing table: track its nodes, and ask for the
-                // retained reports and statuses again (the ones of new
-                // nodes were ignored until now).
-                if state.generation() != generation {
-                    generation = state.generation();
-                    if book.set_table(table_regions(&state).unwrap_or_default()) {
-                        let region = book.region_of(&node).map(str::to_owned);
-                        if region != own_region {
-                            own_region = region;
-                            election = Election::new(&node, interval);
+        // Silence counts only while both connections hear the broker.
+        let hearing = connected && reader.as_ref().is_none_or(|r| r.connected);
+        let event = if let Some(p) = pending.pop_front() {
+            Ok(Event::Incoming(Packet::Publish(p)))
+        } else {
+            tokio::select! {
+                e = events.poll() => e,
+                heard = direct::next(&mut reader) => {
+                    match heard {
+                        Heard::Reports(batch) => pending.extend(batch),
+                        Heard::Connected | Heard::Lost => {
+                            // A clean session: subscribe again at once.
+                            direct.clear();
+                            resend = true;
+                            recheck.reset_immediately();
+                        }
+                    }
+                    continue;
+                }
+                _ = recheck.tick() => {
+                    // A new routing table: track its nodes, and ask for the
+                    // retained reports and statuses again (the ones of new
+                    // nodes were ignored until now).
+                    if state.generation() != generation {
+                        generation = state.generation();
+                        if book.set_table(table_regions(&state).unwrap_or_default()) {
+                            let region = book.region_of(&node).map(str::to_owned);
+                            if region != own_region {
+                                own_region = region;
+                                election = Election::new(&node, interval);
+                                if connected {
+                                    election.connected(Instant::now());
+                                }
+                            }
                             if connected {
-                                election.connected(Instant::now());
+                                subscribe_health(&client, &prefix, own_region.as_deref());
                             }
                         }
-                        if connected {
-                            subscribe_health(&client, &prefix, own_region.as_deref());
+                    }
+                    let now = Instant::now();
+                    if connected && own_region.is_some() {
+                        let holder = election.holder().map(str::to_owned);
+                        let step = election.tick(
+                            now,
+                            holder.as_deref().and_then(|h| book.online(h)),
+                            holder.as_deref().is_none_or(|h| book.region_of(h) == own_region.as_deref()),
+                        );
+                        publish_claim(&client, &prefix, own_region.as_deref(), step);
+                    }
+                    if connected {
+                        let grace_over = connected_at.is_some_and(|t| now.saturating_duration_since(t) >= FRESH_SLACK);
+                        let want = direct_nodes(&book, own_region.as_deref(), election.holding(), now, grace_over);
+                        if grace_over || election.holding() {
+                            read_directly(
+                                &mut reader,
+                                || Reader::start(&mqtt, &node, shutdown.clone()),
+                                &prefix,
+                                (&mut direct, &want, &mut resend),
+                                &mut idle_since,
+                                now,
+                            );
                         }
+                        follow_directly(&client, &prefix, &mut leftover, &BTreeSet::new(), &mut false);
                     }
+                    let aged = book.silence_due(snapshot.0, now) || snapshot.1 != hearing;
+                    dirty |= !book.is_empty() && aged;
+                    prompt |= aged || now.saturating_duration_since(snapshot.0) >= interval;
+                    continue;
                 }
-                let now = Instant::now();
-                if connected && own_region.is_some() {
-                    let holder = election.holder().map(str::to_owned);
-                    let step = election.tick(
-                        now,
-                        holder.as_deref().and_then(|h| book.online(h)),
-                        holder.as_deref().is_none_or(|h| book.region_of(h) == own_region.as_deref()),
-                    );
-                    publish_claim(&client, &prefix, own_region.as_deref(), step);
-                }
-                if connected {
-                    let grace_over = connected_at.is_some_and(|t| now.saturating_duration_since(t) >= FRESH_SLACK);
-                    let want = direct_nodes(&book, own_region.as_deref(), election.holding(), now, grace_over);
-                    if grace_over || election.holding() {
-                        follow_directly(&client, &prefix, &mut direct, &want, &mut resend);
+                _ = summarize.tick(), if connected && election.holding() => {
+                    if let Some(region) = &own_region {
+                        publish_summary(&client, &prefix, &book, region, &node, (election.epoch(), &mut seq), interval);
                     }
+                    urgent = false;
+                    continue;
                 }
-                let aged = book.silence_due(snapshot.0, now) || snapshot.1 != connected;
-                dirty |= !book.is_empty() && aged;
-                prompt |= aged || now.saturating_duration_since(snapshot.0) >= interval;
-                continue;
-            }
-            _ = summarize.tick(), if connected && election.holding() => {
-                if let Some(region) = &own_region {
-                    publish_summary(&client, &prefix, &book, region, &node, (election.epoch(), &mut seq), interval);
+                _ = flush.tick(), if dirty && prompt => {
+                    snapshot = (Instant::now(), hearing);
+                    let health = book.health_at(snapshot.0, hearing);
+                    metrics
+                        .cluster_nodes_reporting
+                        .set(gauge_value(health.nodes.len() as u64));
+                    state.set_health(health);
+                    dirty = false;
+                    prompt = false;
+                    // A node of the region went down or up (its report cleared,
+                    // or its serving probe changed): summarized at once, not
+                    // at the next interval.
+                    if urgent && connected && election.holding() && let Some(region) = &own_region {
+                        publish_summary(&client, &prefix, &book, region, &node, (election.epoch(), &mut seq), interval);
+                    }
+                    urgent = false;
+                    continue;
                 }
-                urgent = false;
-                continue;
+                () = shutdown.wait() => break,
             }
-            _ = flush.tick(), if dirty && prompt => {
-                snapshot = (Instant::now(), connected);
-                let health = book.health_at(snapshot.0, connected);
-                metrics
-                    .cluster_nodes_reporting
-                    .set(gauge_value(health.nodes.len() as u64));
-                state.set_health(health);
-                dirty = false;
-                prompt = false;
-                // A node of the region went down or up (its report cleared,
-                // or its serving probe changed): summarized at once, not
-                // at the next interval.
-                if urgent && connected && election.holding() && let Some(region) = &own_region {
-                    publish_summary(&client, &prefix, &book, region, &node, (election.epoch(), &mut seq), interval);
-                }
-                urgent = false;
-                continue;
-            }
-            () = shutdown.wait() => break,
         };
         match event {
             Ok(Event::Incoming(Packet::ConnAck(ack))) => {
@@ -274,9 +310,9 @@ pub async fn run(
                     }
                 }
                 subscribe_health(&client, &prefix, own_region.as_deref());
-                // A persistent session keeps what an earlier run followed
-                // directly: dropped below, unless still wanted.
-                direct = if ack.session_present {
+                // A persistent session keeps what an earlier agent
+                // followed node by node on it: dropped at the checks.
+                leftover = if ack.session_present {
                     book.regions()
                         .into_values()
                         .flatten()
@@ -285,7 +321,6 @@ pub async fn run(
                 } else {
                     BTreeSet::new()
                 };
-                resend = true;
                 connected_at = Some(Instant::now());
                 election.connected(Instant::now());
             }
@@ -412,6 +447,7 @@ pub async fn run(
             }
         }
     }
+    drop(reader);
     goodbye(&client, &mut events, &status).await;
     while tasks.join_next().await.is_some() {}
     Ok(())
@@ -512,6 +548,46 @@ fn follow_directly(
             return;
         }
         direct.remove(&n);
+    }
+}
+
+/// Follow `want` on the direct reader: opened when there is a node to
+/// read directly, closed after [`direct::IDLE_CLOSE`] with none; the
+/// subscriptions go out once it is connected.
+fn read_directly(
+    reader: &mut Option<Reader>,
+    open: impl FnOnce() -> anyhow::Result<Reader>,
+    prefix: &str,
+    (direct, want, resend): (&mut BTreeSet<String>, &BTreeSet<String>, &mut bool),
+    idle_since: &mut Option<Instant>,
+    now: Instant,
+) {
+    if want.is_empty() {
+        let since = *idle_since.get_or_insert(now);
+        if reader.is_some() && now.saturating_duration_since(since) >= direct::IDLE_CLOSE {
+            *reader = None;
+            direct.clear();
+            tracing::debug!("mqtt: no health topic read directly; its connection is closed");
+            return;
+        }
+    } else {
+        *idle_since = None;
+        if reader.is_none() {
+            match open() {
+                Ok(r) => {
+                    *reader = Some(r);
+                    direct.clear();
+                    *resend = true;
+                }
+                Err(e) => {
+                    tracing::error!(cause = %e, "mqtt: cannot open the direct health connection");
+                    return;
+                }
+            }
+        }
+    }
+    if let Some(r) = reader.as_ref().filter(|r| r.connected) {
+        follow_directly(&r.client, prefix, direct, want, resend);
     }
 }
 

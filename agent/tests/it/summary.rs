@@ -3,7 +3,8 @@
 //! picks a node of the other with that node's exact figures; an agent
 //! hears about R summaries per interval, not N reports; a kill -9 of a
 //! region's summarizer is taken over within the stated bound and routing
-//! stays right.
+//! stays right; the direct health connection a summarizer reads its
+//! region on recovers from being dropped.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -310,4 +311,41 @@ fn summaries_carry_exact_figures_across_regions_and_fail_over() {
         || route(a1) == Some((survivor.into(), 7)),
         &|| logs(&edges),
     );
+
+    // The survivor reads its region's reports on a second connection of
+    // its own: the broker drops it (another client takes its id), it
+    // comes back with its subscriptions, and new figures flow again.
+    take_client_id(broker.port, &format!("edgeform-agent-{survivor}/health"));
+    let survivor_log = || edges[survivor].agent.log();
+    until(
+        10,
+        "the survivor's direct health connection is back",
+        || survivor_log().contains("the direct health connection is back"),
+        &|| logs(&edges),
+    );
+    assert!(survivor_log().contains("the direct health connection is lost"));
+    stats(&edges[survivor].stats, 3, &["camb"]);
+    until(
+        10,
+        "a1 sees the survivor's figure after its reconnection",
+        || route(a1) == Some((survivor.into(), 3)),
+        &|| logs(&edges),
+    );
+}
+
+/// Connect as MQTT client `id` and leave cleanly: the broker closes the
+/// connection that had that id (MQTT 3.1.1, 3.1.4).
+fn take_client_id(port: u16, id: &str) {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    let id_len = u16::try_from(id.len()).unwrap();
+    let mut connect = vec![0x10, u8::try_from(12 + id.len()).unwrap()];
+    connect.extend_from_slice(&[0, 4, b'M', b'Q', b'T', b'T', 4, 0x02, 0, 60]);
+    connect.extend_from_slice(&id_len.to_be_bytes());
+    connect.extend_from_slice(id.as_bytes());
+    s.write_all(&connect).unwrap();
+    let mut connack = [0u8; 4];
+    s.read_exact(&mut connack).unwrap();
+    assert_eq!(connack, [0x20, 2, 0, 0], "CONNACK as {id}");
+    s.write_all(&[0xE0, 0]).unwrap();
 }
