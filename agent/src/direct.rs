@@ -7,10 +7,10 @@
 //! a second: read as they come, each is a wake-up of the runtime, an
 //! `epoll_wait` and a socket read — most of its CPU. Read every [`PACE`],
 //! they cost a few wake-ups a second, and commands and purges, on the main
-//! connection, wait for none of it. The pace adds at most [`PACE`] to a
-//! report's way into the summary and the summarizer's own routing, well
-//! inside the interval load figures already wait (docs/operations.md,
-//! "Health summaries").
+//! connection, wait at most for the batch being taken. The pace adds about
+//! [`PACE`] to a report's way into the summary and the summarizer's own
+//! routing, well inside the interval load figures already wait
+//! (docs/operations.md, "Health summaries").
 //!
 //! The connection has a clean session and no last will; it is opened when
 //! there is a node to read directly and closed after [`IDLE_CLOSE`] with
@@ -18,7 +18,7 @@
 //! Only `health/<node>` messages are handed on: whatever else the broker
 //! sends on it (it subscribes to nothing else) is dropped here.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use edgestate::mqtt as wire;
 use rumqttc::{AsyncClient, Event, EventLoop, Outgoing, Packet, Publish};
@@ -31,10 +31,12 @@ use crate::shutdown::Shutdown;
 pub const PACE: Duration = Duration::from_millis(250);
 /// With no node to read directly for this long, the connection closes.
 pub const IDLE_CLOSE: Duration = Duration::from_secs(60);
-/// The most messages in one batch, and batches waiting for the broker
-/// loop: a flood waits on the socket (and the broker), not in memory.
+/// The most messages and bytes in one batch (one message of up to the
+/// packet limit always fits), and batches waiting for the broker loop: a
+/// flood waits on the socket (and the broker), not in memory.
 const BATCH_MAX: usize = 1024;
-const BATCHES_QUEUED: usize = 4;
+const BATCH_MAX_BYTES: usize = 1 << 20;
+const BATCHES_QUEUED: usize = 2;
 
 /// What the reader hands the main loop.
 #[derive(Debug)]
@@ -54,6 +56,8 @@ pub struct Reader {
     heard: mpsc::Receiver<Heard>,
     /// Whether the connection is up (its last [`Heard`] was `Connected`).
     pub connected: bool,
+    /// Since when it is not: opened and not yet connected, or lost.
+    down_since: Option<Instant>,
 }
 
 impl Reader {
@@ -76,7 +80,14 @@ impl Reader {
             client,
             heard,
             connected: false,
+            down_since: Some(Instant::now()),
         })
+    }
+
+    /// How long the connection has been down at `now` (`None`: it is up).
+    #[must_use]
+    pub fn down_for(&self, now: Instant) -> Option<Duration> {
+        self.down_since.map(|t| now.saturating_duration_since(t))
     }
 
     /// The next batch or connection change (never, once the reader ended).
@@ -84,8 +95,14 @@ impl Reader {
         match self.heard.recv().await {
             Some(h) => {
                 match h {
-                    Heard::Connected => self.connected = true,
-                    Heard::Lost => self.connected = false,
+                    Heard::Connected => {
+                        self.connected = true;
+                        self.down_since = None;
+                    }
+                    Heard::Lost => {
+                        self.connected = false;
+                        self.down_since.get_or_insert_with(Instant::now);
+                    }
                     Heard::Reports(_) => {}
                 }
                 h
@@ -111,15 +128,6 @@ pub async fn next(reader: &mut Option<Reader>) -> Heard {
     }
 }
 
-/// The next event if it is ready now (read or buffered), without waiting.
-async fn ready_now(events: &mut EventLoop) -> Option<Result<Event, rumqttc::ConnectionError>> {
-    tokio::select! {
-        biased;
-        e = events.poll() => Some(e),
-        () = std::future::ready(()) => None,
-    }
-}
-
 /// Hand one thing on (waiting while the broker loop is behind); `false`
 /// when the reader is gone or at shutdown.
 async fn send(tx: &mpsc::Sender<Heard>, shutdown: &mut Shutdown, h: Heard) -> bool {
@@ -129,9 +137,18 @@ async fn send(tx: &mpsc::Sender<Heard>, shutdown: &mut Shutdown, h: Heard) -> bo
     }
 }
 
-/// The reader's loop: wait for an event, take everything else ready (up
-/// to [`BATCH_MAX`] messages), hand the batch on, let the next gather for
-/// [`PACE`]. Returns when the [`Reader`] is dropped or at shutdown.
+/// rumqttc reads at most this many packets per socket read (its
+/// `max_readb_count` less one): a read that gave this many may have left
+/// more waiting.
+const READ_AT_MOST: usize = 9;
+
+/// The reader's loop: wait for the next event, take the others that read
+/// brought (rumqttc buffers them: no I/O), hand the batch on, and let the
+/// next reports gather for [`PACE`] — at once instead when the read was
+/// full or the batch reached its cap.
+///
+/// A `poll()` is never dropped unfinished except to end the task: a
+/// cancelled one can lose a request it had taken but not yet written.
 async fn read(
     mut events: EventLoop,
     prefix: String,
@@ -140,7 +157,6 @@ async fn read(
 ) {
     let mut backoff =
         edgestate::backoff::Backoff::random(Duration::from_millis(250), Duration::from_secs(10));
-    let mut batch: Vec<Publish> = Vec::new();
     // Logged once per outage, as the main connection does.
     let mut down = false;
     loop {
@@ -149,9 +165,12 @@ async fn read(
             () = shutdown.wait() => return,
             () = tx.closed() => return,
         };
+        let mut batch = Batch::default();
+        let mut taken = 0;
         let mut next = Some(first);
         let mut lost = false;
         while let Some(event) = next.take() {
+            taken += 1;
             match event {
                 Ok(Event::Incoming(Packet::Publish(p))) => {
                     if matches!(
@@ -167,12 +186,7 @@ async fn read(
                         tracing::info!("mqtt: the direct health connection is back");
                     }
                     if !batch.is_empty()
-                        && !send(
-                            &tx,
-                            &mut shutdown,
-                            Heard::Reports(std::mem::take(&mut batch)),
-                        )
-                        .await
+                        && !send(&tx, &mut shutdown, Heard::Reports(batch.take())).await
                     {
                         return;
                     }
@@ -184,36 +198,29 @@ async fn read(
                 Ok(_) => {}
                 Err(e) => {
                     if !std::mem::replace(&mut down, true) {
-                        tracing::warn!(cause = %edgemqtt::describe(&e), "mqtt: the direct health connection is lost; nodes read directly do not age until it is back; retrying");
+                        tracing::warn!(cause = %edgemqtt::describe(&e), "mqtt: the direct health connection is lost; no node ages by silence until it is back; retrying");
                     }
                     lost = true;
                     break;
                 }
             }
-            if batch.len() >= BATCH_MAX {
+            if batch.full() || events.state.events.is_empty() {
                 break;
             }
-            next = ready_now(&mut events).await;
+            // Buffered by the same read: returns at once.
+            next = Some(events.poll().await);
         }
-        // A full batch: more is waiting, read on at once.
-        let full = batch.len() >= BATCH_MAX;
-        if !batch.is_empty()
-            && !send(
-                &tx,
-                &mut shutdown,
-                Heard::Reports(std::mem::take(&mut batch)),
-            )
-            .await
-        {
+        let more = batch.full() || taken >= READ_AT_MOST;
+        if !batch.is_empty() && !send(&tx, &mut shutdown, Heard::Reports(batch.take())).await {
             return;
         }
-        let wait = if full {
-            Duration::ZERO
-        } else if lost {
+        let wait = if lost {
             if !send(&tx, &mut shutdown, Heard::Lost).await {
                 return;
             }
             backoff.next_delay()
+        } else if more {
+            Duration::ZERO
         } else {
             PACE
         };
@@ -222,5 +229,33 @@ async fn read(
             () = shutdown.wait() => return,
             () = tx.closed() => return,
         }
+    }
+}
+
+/// Health messages on their way to the broker loop, capped in number and
+/// bytes.
+#[derive(Default)]
+struct Batch {
+    messages: Vec<Publish>,
+    bytes: usize,
+}
+
+impl Batch {
+    fn push(&mut self, p: Publish) {
+        self.bytes += p.payload.len() + p.topic.len();
+        self.messages.push(p);
+    }
+
+    fn is_empty(&self) -> bool {
+        self.messages.is_empty()
+    }
+
+    fn full(&self) -> bool {
+        self.messages.len() >= BATCH_MAX || self.bytes >= BATCH_MAX_BYTES
+    }
+
+    fn take(&mut self) -> Vec<Publish> {
+        self.bytes = 0;
+        std::mem::take(&mut self.messages)
     }
 }

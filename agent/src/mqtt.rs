@@ -1,5 +1,6 @@
 //! The MQTT channel (README, "The agent"): one persistent session (clean_session =
-//! false, QoS 1) per node.
+//! false, QoS 1) per node, plus, while it reads some node's health
+//! directly, the clean-session [`crate::direct`] reader.
 //!
 //! - Publishes the retained `online` status (last will: `offline`) and,
 //!   through [`crate::health`], the retained health report.
@@ -180,6 +181,15 @@ pub async fn run(
     loop {
         // Silence counts only while both connections hear the broker.
         let hearing = connected && reader.as_ref().is_none_or(|r| r.connected);
+        // A summarizer whose direct connection stays down stops
+        // summarizing (its region's figures would only age): the others
+        // then read the region themselves, and one takes the role over.
+        let summarizing = connected
+            && election.holding()
+            && reader
+                .as_ref()
+                .and_then(|r| r.down_for(Instant::now()))
+                .is_none_or(|d| d < interval * 2);
         let event = if let Some(p) = pending.pop_front() {
             Ok(Event::Incoming(Packet::Publish(p)))
         } else {
@@ -188,11 +198,21 @@ pub async fn run(
                 heard = direct::next(&mut reader) => {
                     match heard {
                         Heard::Reports(batch) => pending.extend(batch),
-                        Heard::Connected | Heard::Lost => {
+                        Heard::Connected => {
                             // A clean session: subscribe again at once.
                             direct.clear();
                             resend = true;
                             recheck.reset_immediately();
+                        }
+                        Heard::Lost => {
+                            // Nothing read directly is heard: stale, as
+                            // with the broker away (summaries refresh the
+                            // others).
+                            direct.clear();
+                            resend = true;
+                            book.mark_stale();
+                            dirty = true;
+                            prompt = true;
                         }
                     }
                     continue;
@@ -247,7 +267,7 @@ pub async fn run(
                     prompt |= aged || now.saturating_duration_since(snapshot.0) >= interval;
                     continue;
                 }
-                _ = summarize.tick(), if connected && election.holding() => {
+                _ = summarize.tick(), if summarizing => {
                     if let Some(region) = &own_region {
                         publish_summary(&client, &prefix, &book, region, &node, (election.epoch(), &mut seq), interval);
                     }
@@ -266,7 +286,7 @@ pub async fn run(
                     // A node of the region went down or up (its report cleared,
                     // or its serving probe changed): summarized at once, not
                     // at the next interval.
-                    if urgent && connected && election.holding() && let Some(region) = &own_region {
+                    if urgent && summarizing && let Some(region) = &own_region {
                         publish_summary(&client, &prefix, &book, region, &node, (election.epoch(), &mut seq), interval);
                     }
                     urgent = false;
@@ -403,8 +423,7 @@ pub async fn run(
                         // (then at the flush tick): a burst of changes
                         // costs one summary per FLUSH.
                         if urgent
-                            && connected
-                            && election.holding()
+                            && summarizing
                             && last_urgent.is_none_or(|t: Instant| t.elapsed() >= FLUSH)
                             && let Some(region) = &own_region
                         {
