@@ -145,7 +145,10 @@ const READ_AT_MOST: usize = 9;
 /// The reader's loop: wait for the next event, take the others that read
 /// brought (rumqttc buffers them: no I/O), hand the batch on, and let the
 /// next reports gather for [`PACE`] — at once instead when the read was
-/// full or the batch reached its cap.
+/// full, the batch reached its cap, or a request went out (requests and
+/// reads take turns inside rumqttc's poll: a burst of UNSUBSCRIBEs must
+/// not leave the socket unread, or a PINGRESP behind the backlog comes
+/// too late).
 ///
 /// A `poll()` is never dropped unfinished except to end the task: a
 /// cancelled one can lose a request it had taken but not yet written.
@@ -167,6 +170,9 @@ async fn read(
         };
         let mut batch = Batch::default();
         let mut taken = 0;
+        // A request went out (a SUBSCRIBE, an UNSUBSCRIBE, a ping): more
+        // may be queued, and the socket was not read this time.
+        let mut wrote = false;
         let mut next = Some(first);
         let mut lost = false;
         while let Some(event) = next.take() {
@@ -195,6 +201,7 @@ async fn read(
                     }
                 }
                 Ok(Event::Outgoing(Outgoing::Disconnect)) => return,
+                Ok(Event::Outgoing(_)) => wrote = true,
                 Ok(_) => {}
                 Err(e) => {
                     if !std::mem::replace(&mut down, true) {
@@ -210,7 +217,7 @@ async fn read(
             // Buffered by the same read: returns at once.
             next = Some(events.poll().await);
         }
-        let more = batch.full() || taken >= READ_AT_MOST;
+        let more = batch.full() || taken >= READ_AT_MOST || wrote;
         if !batch.is_empty() && !send(&tx, &mut shutdown, Heard::Reports(batch.take())).await {
             return;
         }
