@@ -54,9 +54,8 @@ pub enum Heard {
 pub struct Reader {
     pub client: AsyncClient,
     heard: mpsc::Receiver<Heard>,
-    /// Whether the connection is up (its last [`Heard`] was `Connected`).
-    pub connected: bool,
-    /// Since when it is not: opened and not yet connected, or lost.
+    /// Since when the connection is down: opened and not yet connected,
+    /// or lost; `None` while it is up.
     down_since: Option<Instant>,
 }
 
@@ -79,9 +78,14 @@ impl Reader {
         Ok(Reader {
             client,
             heard,
-            connected: false,
             down_since: Some(Instant::now()),
         })
+    }
+
+    /// Whether the connection is up (its last [`Heard`] was `Connected`).
+    #[must_use]
+    pub fn connected(&self) -> bool {
+        self.down_since.is_none()
     }
 
     /// How long the connection has been down at `now` (`None`: it is up).
@@ -95,12 +99,8 @@ impl Reader {
         match self.heard.recv().await {
             Some(h) => {
                 match h {
-                    Heard::Connected => {
-                        self.connected = true;
-                        self.down_since = None;
-                    }
+                    Heard::Connected => self.down_since = None,
                     Heard::Lost => {
-                        self.connected = false;
                         self.down_since.get_or_insert_with(Instant::now);
                     }
                     Heard::Reports(_) => {}
@@ -190,15 +190,12 @@ async fn read(
                         batch.push(p);
                     }
                 }
+                // Always the first event of a turn (a lost connection ends
+                // the turn): nothing read before it is waiting.
                 Ok(Event::Incoming(Packet::ConnAck(_))) => {
                     backoff.reset();
                     if std::mem::take(&mut down) {
                         tracing::info!("mqtt: the direct health connection is back");
-                    }
-                    if !batch.is_empty()
-                        && !send(&tx, &mut shutdown, Heard::Reports(batch.take())).await
-                    {
-                        return;
                     }
                     if !send(&tx, &mut shutdown, Heard::Connected).await {
                         return;

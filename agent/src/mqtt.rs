@@ -180,7 +180,7 @@ pub async fn run(
     let mut snapshot = (Instant::now(), false);
     loop {
         // Silence counts only while both connections hear the broker.
-        let hearing = connected && reader.as_ref().is_none_or(|r| r.connected);
+        let hearing = connected && reader.as_ref().is_none_or(Reader::connected);
         // A summarizer whose direct connection stays down stops
         // summarizing (its region's figures would only age): the others
         // then read the region themselves, and one takes the role over.
@@ -605,7 +605,7 @@ fn read_directly(
             }
         }
     }
-    if let Some(r) = reader.as_ref().filter(|r| r.connected) {
+    if let Some(r) = reader.as_ref().filter(|r| r.connected()) {
         follow_directly(&r.client, prefix, direct, want, resend);
     }
 }
