@@ -29,3 +29,18 @@ def cpu_seconds(pid):
     """CPU seconds (user + system) process `pid` has used so far."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+AGENT_UNIT = Path(__file__).resolve().parent.parent / "packaging" / "systemd" / "edgeform-agent.service"
+
+
+def agent_unit_env():
+    """The environment the shipped unit gives the agent (its `Environment=` lines but the log
+    level): benches run the agent as edges do."""
+    env = {}
+    for line in AGENT_UNIT.read_text().splitlines():
+        if line.startswith("Environment="):
+            key, _, value = line[len("Environment="):].partition("=")
+            if key != "EDGEFORM_LOG":
+                env[key] = value
+    return env

@@ -1,5 +1,6 @@
 //! `packaging/agent.yaml`, the documented sample, is a valid configuration
-//! and names every key the agent knows.
+//! and names every key the agent knows; the shipped unit's environment is
+//! one the agent takes.
 
 use std::path::Path;
 use std::process::Command;
@@ -160,4 +161,30 @@ fn no_config_gives_a_hint() {
         err.contains("--config FILE") && !err.contains(":0:0:"),
         "{err}"
     );
+}
+
+/// The allocator settings of the shipped unit
+/// (packaging/systemd/edgeform-agent.service) are all ones jemalloc knows:
+/// it names any other on stderr (`<jemalloc>: Invalid conf pair`) and
+/// goes on without it.
+#[test]
+fn the_units_allocator_settings_are_taken_without_complaint() {
+    let unit = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../packaging/systemd/edgeform-agent.service"),
+    )
+    .unwrap();
+    let conf = unit
+        .lines()
+        .find_map(|l| l.strip_prefix("Environment=_RJEM_MALLOC_CONF="))
+        .expect("the unit sets the allocator");
+    for (conf, clean) in [(conf, true), ("narenas:1,no_such_option:1", false)] {
+        let out = Command::new(env!("CARGO_BIN_EXE_edgeform-agent"))
+            .arg("--version")
+            .env("_RJEM_MALLOC_CONF", conf)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{err}");
+        assert_eq!(!err.contains("<jemalloc>"), clean, "{conf}: {err}");
+    }
 }
