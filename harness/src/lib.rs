@@ -736,6 +736,77 @@ pub fn mosquitto_acl(users: &[(&str, &str)], acl: &str) -> Process {
     mosquitto_conf(None, d, &extra)
 }
 
+/// A mosquitto with its dynamic-security plugin: anonymous access and
+/// every topic allowed, and one login per `(username, password,
+/// client id)` that the broker accepts only under that client id (a
+/// connection with the same login and another id is refused, CONNACK
+/// "not authorised").
+///
+/// # Panics
+/// When `mosquitto_ctrl` fails, the plugin is not installed, or the broker
+/// does not come up.
+#[must_use]
+pub fn mosquitto_bound_ids(clients: &[(&str, &str, &str)]) -> Process {
+    let d = tempfile::tempdir().expect("tempdir");
+    let p = d.path().to_owned();
+    let plugin = std::fs::read_dir("/usr/lib")
+        .expect("/usr/lib")
+        .filter_map(Result::ok)
+        .map(|e| e.path().join("mosquitto_dynamic_security.so"))
+        .find(|so| so.exists())
+        .expect("mosquitto_dynamic_security.so (Debian package mosquitto)");
+    let admin = format!("admin-{}", free_port());
+    let config = p.join("dynsec.json");
+    let file = config.display().to_string();
+    run_in(
+        &p,
+        "mosquitto_ctrl",
+        &["dynsec", "init", &file, "admin", &admin],
+    );
+    // Everything allowed by default: only the logins are under test.
+    let mut dynsec: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&config).expect("read dynsec.json"))
+            .expect("dynsec.json");
+    for access in dynsec["defaultACLAccess"]
+        .as_object_mut()
+        .expect("defaultACLAccess")
+        .values_mut()
+    {
+        *access = serde_json::Value::Bool(true);
+    }
+    std::fs::write(&config, dynsec.to_string()).expect("write dynsec.json");
+    let extra = format!(
+        "user root\nallow_anonymous true\nplugin {}\nplugin_opt_config_file {file}\n",
+        plugin.display()
+    );
+    let broker = mosquitto_conf(None, d, &extra);
+    let port = broker.port.to_string();
+    for (username, password, id) in clients {
+        run_in(
+            &p,
+            "mosquitto_ctrl",
+            &[
+                "-h",
+                "127.0.0.1",
+                "-p",
+                &port,
+                "-u",
+                "admin",
+                "-P",
+                &admin,
+                "dynsec",
+                "createClient",
+                username,
+                "-c",
+                id,
+                "-p",
+                password,
+            ],
+        );
+    }
+    broker
+}
+
 fn mosquitto_with(fixed: Option<u16>, dir: tempfile::TempDir) -> Process {
     mosquitto_conf(fixed, dir, "allow_anonymous true\n")
 }

@@ -4,7 +4,8 @@
 //! hears about R summaries per interval, not N reports; a kill -9 of a
 //! region's summarizer is taken over within the stated bound and routing
 //! stays right; the direct health connection a summarizer reads its
-//! region on recovers from being dropped.
+//! region on recovers from being dropped, and a summarizer that cannot
+//! open it hands the role over.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -85,20 +86,34 @@ struct Edge {
 }
 
 fn start(node: &str, redis: u16, broker: u16, dir: &Path) -> Edge {
+    start_as(node, redis, broker, dir, None)
+}
+
+/// [`start`], logging in to the broker as `(username, password)`.
+fn start_as(node: &str, redis: u16, broker: u16, dir: &Path, login: Option<(&str, &str)>) -> Edge {
     let http = harness::free_port();
     let stats_file = dir.join(format!("{node}.json"));
     // Over the session limit (100): region ra's nodes are never chosen.
     stats(&stats_file, 500, &[]);
-    let agent = Agent::start_node(
+    let user = login.map_or(String::new(), |(u, _)| {
+        format!("  username: {u}\n  password_env: EDGEFORM_MQTT_PASSWORD\n")
+    });
+    let env: Vec<(&str, &str)> = login
+        .map(|(_, p)| ("EDGEFORM_MQTT_PASSWORD", p))
+        .into_iter()
+        .collect();
+    let agent = Agent::start_named(
         node,
-        redis,
+        &format!("\n  url: redis://127.0.0.1:{redis}"),
         &[dir.join(format!("cache-{node}"))],
         &format!(
-            "mqtt:\n  url: mqtt://127.0.0.1:{broker}\nhealth:\n  interval: {INTERVAL_MS}ms\n  \
+            "mqtt:\n  url: mqtt://127.0.0.1:{broker}\n{user}health:\n  interval: {INTERVAL_MS}ms\n  \
              play_sessions: {{file: {s}, field: sessions}}\n  streams: {{file: {s}, field: live}}\n\
              http:\n  listen: 127.0.0.1:{http}\nrouting:\n  refresh: 100ms\n",
             s = stats_file.display()
         ),
+        &env,
+        &[],
     );
     Edge {
         agent,
@@ -348,4 +363,61 @@ fn take_client_id(port: u16, id: &str) {
     s.read_exact(&mut connack).unwrap();
     assert_eq!(connack, [0x20, 2, 0, 0], "CONNACK as {id}");
     s.write_all(&[0xE0, 0]).unwrap();
+}
+
+// A summarizer whose direct health connection cannot be opened (the broker
+// takes its login only under its main client id) stops summarizing after
+// 2 intervals: another agent of the region claims the role and summarizes
+// the region, its own exact figures included, and the first one publishes
+// no summary after that.
+#[test]
+fn a_summarizer_that_cannot_read_its_region_hands_the_role_over() {
+    let r = harness::redis(&[]);
+    let broker = harness::mosquitto_bound_ids(&[("a1", "a1-secret", "edgeform-agent-a1")]);
+    let dir = tempfile::tempdir().unwrap();
+    publish(r.port, &two_regions(), 1);
+    let watch = Mqtt::connect(broker.port);
+    watch.subscribe("edgeform/summary-lock/ra");
+    watch.subscribe("edgeform/summary/ra");
+    // a1 alone first: it claims region ra.
+    let a1 = start_as(
+        "a1",
+        r.port,
+        broker.port,
+        dir.path(),
+        Some(("a1", "a1-secret")),
+    );
+    let first = claim(&watch, "ra", 10, |c| c.node == "a1");
+    assert!(first.is_some(), "a1 never claimed ra\n{}", a1.agent.log());
+    let a2 = start("a2", r.port, broker.port, dir.path());
+    stats(&a2.stats, 3, &["cama"]);
+    let logs = || format!("--- a1\n{}--- a2\n{}", a1.agent.log(), a2.agent.log());
+    let taken = claim(&watch, "ra", 15, |c| c.node == "a2");
+    assert!(taken.is_some(), "a2 never took ra over\n{}", logs());
+    assert!(taken.unwrap().epoch > first.unwrap().epoch);
+    // a2's summaries carry its own report, exactly.
+    let by_a2 = watch.wait("edgeform/summary/ra", 10, |p| {
+        serde_json::from_slice::<Summary>(p).is_ok_and(|s| {
+            s.by == "a2"
+                && s.nodes.iter().any(|e| {
+                    e.node == "a2"
+                        && e.report
+                            .as_ref()
+                            .is_some_and(|r| r.play_sessions == Some(3))
+                })
+        })
+    });
+    assert!(by_a2.is_some(), "no summary of ra by a2\n{}", logs());
+    // From now on only a2 summarizes ra.
+    let by_a1 = watch.wait("edgeform/summary/ra", 2, |p| {
+        serde_json::from_slice::<Summary>(p).is_ok_and(|s| s.by == "a1")
+    });
+    assert!(by_a1.is_none(), "a1 still summarizes\n{}", logs());
+    assert!(
+        a1.agent
+            .log()
+            .contains("mqtt: the direct health connection is lost"),
+        "{}",
+        logs()
+    );
 }

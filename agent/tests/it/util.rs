@@ -93,12 +93,6 @@ impl Agent {
         Agent::start_full(redis, dirs, "", &[], &[])
     }
 
-    /// Node `node` (agent.yaml `node:`), with more `agent.yaml` text.
-    pub fn start_node(node: &str, redis_port: u16, dirs: &[PathBuf], extra: &str) -> Agent {
-        let redis = format!("\n  url: redis://127.0.0.1:{redis_port}");
-        Agent::start_named(node, &redis, dirs, extra, &[], &[])
-    }
-
     fn start_full(
         redis: &str,
         dirs: &[PathBuf],
@@ -109,7 +103,10 @@ impl Agent {
         Agent::start_named("edge-1", redis, dirs, extra, env, wrapper)
     }
 
-    fn start_named(
+    /// Node `node` (agent.yaml `node:`), `redis` as the `redis:` value,
+    /// more `agent.yaml` text, environment variables and a wrapper
+    /// command.
+    pub fn start_named(
         node: &str,
         redis: &str,
         dirs: &[PathBuf],
