@@ -46,7 +46,7 @@ routing: {health_file: $work/health.json}
 YAML
 # With the shipped unit's environment (its allocator settings).
 unit_env=$(sed -n 's/^Environment=\(_RJEM_MALLOC_CONF=.*\)/\1/p' packaging/systemd/edgeform-agent.service)
-env "$unit_env" TOKIO_WORKER_THREADS=1 EDGEFORM_LOG=warn taskset -c 1 target/release-lto/edgeform-agent --config "$work/agent.yaml" &
+env ${unit_env:+"$unit_env"} TOKIO_WORKER_THREADS=1 EDGEFORM_LOG=warn taskset -c 1 target/release-lto/edgeform-agent --config "$work/agent.yaml" &
 SERVER_PIDS+=($!)
 mkdir -p "$work/nginx/logs"
 cat > "$work/nginx/nginx.conf" <<CONF

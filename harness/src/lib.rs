@@ -710,30 +710,20 @@ pub fn sentinel_tls(master_name: &str, master_tls_port: u16, certs: &Certs) -> (
 /// When `mosquitto_passwd` fails, or it does not come up.
 #[must_use]
 pub fn mosquitto_acl(users: &[(&str, &str)], acl: &str) -> Process {
-    let d = tempfile::tempdir().expect("tempdir");
-    let p = d.path();
-    for (i, (user, password)) in users.iter().enumerate() {
-        let mut args = vec!["-b", "passwd", user, password];
-        if i == 0 {
-            args.insert(0, "-c");
+    mosquitto_prepared(|p| {
+        for (i, (user, password)) in users.iter().enumerate() {
+            let mut args = vec!["-b", "passwd", user, password];
+            if i == 0 {
+                args.insert(0, "-c");
+            }
+            run_in(p, "mosquitto_passwd", &args);
         }
-        let out = Command::new(find("mosquitto_passwd"))
-            .args(&args)
-            .current_dir(p)
-            .output()
-            .unwrap_or_else(|e| panic!("mosquitto_passwd: {e}"));
-        assert!(
-            out.status.success(),
-            "mosquitto_passwd: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
-    std::fs::write(p.join("acl"), acl).expect("write acl");
-    let extra = format!(
-        "allow_anonymous false\npassword_file {dir}/passwd\nacl_file {dir}/acl\n",
-        dir = p.display()
-    );
-    mosquitto_conf(None, d, &extra)
+        std::fs::write(p.join("acl"), acl).expect("write acl");
+        format!(
+            "allow_anonymous false\npassword_file {dir}/passwd\nacl_file {dir}/acl\n",
+            dir = p.display()
+        )
+    })
 }
 
 /// A mosquitto with its dynamic-security plugin: anonymous access and
@@ -747,8 +737,6 @@ pub fn mosquitto_acl(users: &[(&str, &str)], acl: &str) -> Process {
 /// does not come up.
 #[must_use]
 pub fn mosquitto_bound_ids(clients: &[(&str, &str, &str)]) -> Process {
-    let d = tempfile::tempdir().expect("tempdir");
-    let p = d.path().to_owned();
     let plugin = std::fs::read_dir("/usr/lib")
         .expect("/usr/lib")
         .filter_map(Result::ok)
@@ -756,34 +744,35 @@ pub fn mosquitto_bound_ids(clients: &[(&str, &str, &str)]) -> Process {
         .find(|so| so.exists())
         .expect("mosquitto_dynamic_security.so (Debian package mosquitto)");
     let admin = format!("admin-{}", free_port());
-    let config = p.join("dynsec.json");
-    let file = config.display().to_string();
-    run_in(
-        &p,
-        "mosquitto_ctrl",
-        &["dynsec", "init", &file, "admin", &admin],
-    );
-    // Everything allowed by default: only the logins are under test.
-    let mut dynsec: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(&config).expect("read dynsec.json"))
-            .expect("dynsec.json");
-    for access in dynsec["defaultACLAccess"]
-        .as_object_mut()
-        .expect("defaultACLAccess")
-        .values_mut()
-    {
-        *access = serde_json::Value::Bool(true);
-    }
-    std::fs::write(&config, dynsec.to_string()).expect("write dynsec.json");
-    let extra = format!(
-        "user root\nallow_anonymous true\nplugin {}\nplugin_opt_config_file {file}\n",
-        plugin.display()
-    );
-    let broker = mosquitto_conf(None, d, &extra);
+    let broker = mosquitto_prepared(|p| {
+        let config = p.join("dynsec.json");
+        let file = config.display().to_string();
+        run_in(
+            p,
+            "mosquitto_ctrl",
+            &["dynsec", "init", &file, "admin", &admin],
+        );
+        // Everything allowed by default: only the logins are under test.
+        let mut dynsec: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(&config).expect("read dynsec.json"))
+                .expect("dynsec.json");
+        for access in dynsec["defaultACLAccess"]
+            .as_object_mut()
+            .expect("defaultACLAccess")
+            .values_mut()
+        {
+            *access = serde_json::Value::Bool(true);
+        }
+        std::fs::write(&config, dynsec.to_string()).expect("write dynsec.json");
+        format!(
+            "user root\nallow_anonymous true\nplugin {}\nplugin_opt_config_file {file}\n",
+            plugin.display()
+        )
+    });
     let port = broker.port.to_string();
     for (username, password, id) in clients {
         run_in(
-            &p,
+            broker.dir.path(),
             "mosquitto_ctrl",
             &[
                 "-h",
@@ -835,43 +824,72 @@ fn mosquitto_conf(fixed: Option<u16>, dir: tempfile::TempDir, listener: &str) ->
         let d = dir
             .take()
             .unwrap_or_else(|| tempfile::tempdir().expect("tempdir"));
-        let port = fixed.unwrap_or_else(free_port);
-        let log = d.path().join("mosquitto.log");
-        // max_queued_messages: the default (1000 per client) drops QoS 1
-        // commands beyond it while an agent works through a burst; see
-        // docs/operations.md.
-        // A caller's own limits (in `listener`) replace the default.
-        let queued = if listener.contains("max_queued_messages") {
-            ""
-        } else {
-            "max_queued_messages 100000\n"
-        };
-        let conf = format!(
-            "per_listener_settings false\nlistener {port} 127.0.0.1\n{listener}persistence true\n\
-             persistence_location {}/\nautosave_interval 1\n{queued}",
-            d.path().display()
-        );
-        let conf_path = d.path().join("mosquitto.conf");
-        std::fs::write(&conf_path, conf).expect("write conf");
-        let args = vec!["-c".to_owned(), conf_path.display().to_string()];
-        let child = spawn("mosquitto", &args, d.path(), &log).expect("spawn mosquitto");
-        let mut p = Process {
-            child: Some(child),
-            port,
-            dir: d,
-            log,
-            binary: "mosquitto".into(),
-            addr: std::net::Ipv4Addr::LOCALHOST,
-            args,
-        };
-        if wait_ready(&mut p, |port| {
-            TcpStream::connect(("127.0.0.1", port)).is_ok()
-        }) {
-            return p;
+        match mosquitto_once(fixed, d, listener) {
+            Ok(p) => return p,
+            Err(log) => last = log,
         }
-        last = p.log();
     }
     panic!("mosquitto did not start:\n{last}");
+}
+
+/// A mosquitto whose extra configuration names files in its own folder:
+/// `prepare` writes them into each attempt's fresh folder and returns the
+/// configuration lines.
+fn mosquitto_prepared(prepare: impl Fn(&Path) -> String) -> Process {
+    let mut last = String::new();
+    for _ in 0..5 {
+        let d = tempfile::tempdir().expect("tempdir");
+        let extra = prepare(d.path());
+        match mosquitto_once(None, d, &extra) {
+            Ok(p) => return p,
+            Err(log) => last = log,
+        }
+    }
+    panic!("mosquitto did not start:\n{last}");
+}
+
+/// One start of mosquitto in `d`; its log when it does not come up.
+fn mosquitto_once(
+    fixed: Option<u16>,
+    d: tempfile::TempDir,
+    listener: &str,
+) -> Result<Process, String> {
+    let port = fixed.unwrap_or_else(free_port);
+    let log = d.path().join("mosquitto.log");
+    // max_queued_messages: the default (1000 per client) drops QoS 1
+    // commands beyond it while an agent works through a burst; see
+    // docs/operations.md.
+    // A caller's own limits (in `listener`) replace the default.
+    let queued = if listener.contains("max_queued_messages") {
+        ""
+    } else {
+        "max_queued_messages 100000\n"
+    };
+    let conf = format!(
+        "per_listener_settings false\nlistener {port} 127.0.0.1\n{listener}persistence true\n\
+         persistence_location {}/\nautosave_interval 1\n{queued}",
+        d.path().display()
+    );
+    let conf_path = d.path().join("mosquitto.conf");
+    std::fs::write(&conf_path, conf).expect("write conf");
+    let args = vec!["-c".to_owned(), conf_path.display().to_string()];
+    let child = spawn("mosquitto", &args, d.path(), &log).expect("spawn mosquitto");
+    let mut p = Process {
+        child: Some(child),
+        port,
+        dir: d,
+        log,
+        binary: "mosquitto".into(),
+        addr: std::net::Ipv4Addr::LOCALHOST,
+        args,
+    };
+    if wait_ready(&mut p, |port| {
+        TcpStream::connect(("127.0.0.1", port)).is_ok()
+    }) {
+        Ok(p)
+    } else {
+        Err(p.log())
+    }
 }
 
 /// `promtool check metrics` passes `text` (exit 0: not even a lint
