@@ -470,18 +470,21 @@ pub fn mosquitto_restart(port: u16, dir: tempfile::TempDir) -> Process {
 /// When `openssl` or `mosquitto_passwd` fail, or it does not come up.
 #[must_use]
 pub fn mosquitto_tls(user: &str, password: &str) -> (Process, PathBuf) {
-    let d = tempfile::tempdir().expect("tempdir");
-    let p = d.path();
-    make_certs(p, "2");
-    let run = |program: &str, args: &[&str]| run_in(p, program, args);
-    run("mosquitto_passwd", &["-c", "-b", "passwd", user, password]);
-    let ca = p.join("ca.pem");
-    let extra = format!(
-        "user root\nallow_anonymous false\npassword_file {dir}/passwd\ncafile {dir}/ca.pem\n\
-         certfile {dir}/server.pem\nkeyfile {dir}/server.key\n",
-        dir = p.display()
-    );
-    (mosquitto_conf(None, d, &extra), ca)
+    let broker = mosquitto_tries(None, None, |p| {
+        make_certs(p, "2");
+        run_in(
+            p,
+            "mosquitto_passwd",
+            &["-c", "-b", "passwd", user, password],
+        );
+        format!(
+            "user root\nallow_anonymous false\npassword_file {dir}/passwd\ncafile {dir}/ca.pem\n\
+             certfile {dir}/server.pem\nkeyfile {dir}/server.key\n",
+            dir = p.display()
+        )
+    });
+    let ca = broker.dir.path().join("ca.pem");
+    (broker, ca)
 }
 
 fn run_in(dir: &Path, program: &str, args: &[&str]) {
@@ -710,7 +713,7 @@ pub fn sentinel_tls(master_name: &str, master_tls_port: u16, certs: &Certs) -> (
 /// When `mosquitto_passwd` fails, or it does not come up.
 #[must_use]
 pub fn mosquitto_acl(users: &[(&str, &str)], acl: &str) -> Process {
-    mosquitto_prepared(|p| {
+    mosquitto_tries(None, None, |p| {
         for (i, (user, password)) in users.iter().enumerate() {
             let mut args = vec!["-b", "passwd", user, password];
             if i == 0 {
@@ -744,7 +747,7 @@ pub fn mosquitto_bound_ids(clients: &[(&str, &str, &str)]) -> Process {
         .find(|so| so.exists())
         .expect("mosquitto_dynamic_security.so (Debian package mosquitto)");
     let admin = format!("admin-{}", free_port());
-    let broker = mosquitto_prepared(|p| {
+    let broker = mosquitto_tries(None, None, |p| {
         let config = p.join("dynsec.json");
         let file = config.display().to_string();
         run_in(
@@ -818,29 +821,25 @@ pub fn mosquitto_limits(inflight: u32, queued: u32) -> Process {
 }
 
 fn mosquitto_conf(fixed: Option<u16>, dir: tempfile::TempDir, listener: &str) -> Process {
-    let mut dir = Some(dir);
-    let mut last = String::new();
-    for _ in 0..5 {
-        let d = dir
-            .take()
-            .unwrap_or_else(|| tempfile::tempdir().expect("tempdir"));
-        match mosquitto_once(fixed, d, listener) {
-            Ok(p) => return p,
-            Err(log) => last = log,
-        }
-    }
-    panic!("mosquitto did not start:\n{last}");
+    mosquitto_tries(fixed, Some(dir), |_| listener.to_owned())
 }
 
-/// A mosquitto whose extra configuration names files in its own folder:
-/// `prepare` writes them into each attempt's fresh folder and returns the
-/// configuration lines.
-fn mosquitto_prepared(prepare: impl Fn(&Path) -> String) -> Process {
+/// Up to 5 starts of mosquitto, the first in `first` when given, each
+/// other in a fresh folder: `prepare` writes the files its configuration
+/// names into the attempt's folder and returns the extra configuration
+/// lines.
+fn mosquitto_tries(
+    fixed: Option<u16>,
+    mut first: Option<tempfile::TempDir>,
+    prepare: impl Fn(&Path) -> String,
+) -> Process {
     let mut last = String::new();
     for _ in 0..5 {
-        let d = tempfile::tempdir().expect("tempdir");
+        let d = first
+            .take()
+            .unwrap_or_else(|| tempfile::tempdir().expect("tempdir"));
         let extra = prepare(d.path());
-        match mosquitto_once(None, d, &extra) {
+        match mosquitto_once(fixed, d, &extra) {
             Ok(p) => return p,
             Err(log) => last = log,
         }
