@@ -41,7 +41,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-from benchlib import agent_unit_env, cpu_seconds, free_port, wait_port
+from benchlib import agent_env, cpu_seconds, free_port, wait_port
 
 ROOT = Path(__file__).resolve().parent.parent
 TARGET = Path(os.environ.get("CARGO_TARGET_DIR", ROOT / "target"))
@@ -125,7 +125,7 @@ def scale_run(n, mode, secs, warmup=20, regions=4, interval_s=5):
                 f"mqtt: {{url: \"mqtt://127.0.0.1:{mport}\"}}\nhealth: {{interval: {interval_s}s}}\n")
             p = subprocess.Popen([str(AGENT), "--config", str(work / name / "agent.yaml")],
                                  stdout=subprocess.DEVNULL, stderr=open(work / name / "agent.log", "w"),
-                                 env={**os.environ, **agent_unit_env(), "EDGEFORM_LOG": "warn"})
+                                 env=agent_env())
             procs.append(p)
             agents[name] = (p, http)
         started = time.time()
@@ -219,7 +219,7 @@ def main():
             f"mqtt: {{url: \"mqtt://127.0.0.1:{mport}\"}}\nhealth: {{interval: 5s}}\n")
         agent = subprocess.Popen([str(AGENT), "--config", str(work / "agent.yaml")],
                                  stdout=subprocess.DEVNULL, stderr=open(work / "agent.log", "w"),
-                                 env={**os.environ, **agent_unit_env(), "EDGEFORM_LOG": "warn"})
+                                 env=agent_env())
         procs.append(agent)
         wait_port(http)
         time.sleep(5)

@@ -1,5 +1,6 @@
 """Helpers shared by the process benchmarks in this folder."""
 
+import functools
 import os
 import socket
 import time
@@ -34,9 +35,8 @@ def cpu_seconds(pid):
 AGENT_UNIT = Path(__file__).resolve().parent.parent / "packaging" / "systemd" / "edgeform-agent.service"
 
 
-def agent_unit_env():
-    """The environment the shipped unit gives the agent (its `Environment=` lines but the log
-    level): benches run the agent as edges do."""
+@functools.cache
+def _unit_env():
     env = {}
     for line in AGENT_UNIT.read_text().splitlines():
         if line.startswith("Environment="):
@@ -44,3 +44,9 @@ def agent_unit_env():
             if key != "EDGEFORM_LOG":
                 env[key] = value
     return env
+
+
+def agent_env():
+    """The environment a bench's agent runs with: this process's, the shipped unit's `Environment=`
+    lines (its allocator settings; benches run the agent as edges do) and warnings-only logs."""
+    return {**os.environ, **_unit_env(), "EDGEFORM_LOG": "warn"}

@@ -47,7 +47,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from benchlib import agent_unit_env, cpu_seconds, free_port, wait_port  # noqa: E402
+from benchlib import agent_env, cpu_seconds, free_port, wait_port  # noqa: E402
 from push import Redis  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -139,7 +139,7 @@ def bench(n: int, runs: int, settle: float, template: Path, per_edge: int, bins:
                 + (f"health: {{interval: {health}}}\n" if health else ""))
             agents.append(subprocess.Popen([str(bins / "edgeform-agent"), "--config", str(d / "agent.yaml")],
                                            stdout=subprocess.DEVNULL, stderr=open(d / "agent.log", "w"),
-                                           env={**os.environ, **agent_unit_env(), "EDGEFORM_LOG": "warn"}))
+                                           env=agent_env()))
             caches.append(d / "cache")
         time.sleep(settle)
         dead = [i + 1 for i, a in enumerate(agents) if a.poll() is not None]

@@ -18,7 +18,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchlib import agent_unit_env, free_port, wait_port
+from benchlib import agent_env, free_port, wait_port
 
 ROOT = Path(__file__).resolve().parent.parent
 EF = ROOT / "target" / "release" / "edgeform"
@@ -57,7 +57,7 @@ def main():
                 f"cache: {{dirs: [{d / 'cache'}], levels: \"1:2\"}}\n")
             procs.append(subprocess.Popen([str(AGENT), "--config", str(d / "agent.yaml")],
                                           stdout=subprocess.DEVNULL, stderr=open(d / "agent.log", "w"),
-                                          env={**os.environ, **agent_unit_env(), "EDGEFORM_LOG": "warn"}))
+                                          env=agent_env()))
             caches.append(d / "cache")
         time.sleep(1.0)
         times = []

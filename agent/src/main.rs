@@ -8,11 +8,11 @@ use clap::Parser;
 
 /// jemalloc rather than glibc's malloc, tuned by the shipped unit
 /// (`_RJEM_MALLOC_CONF` in packaging/systemd/edgeform-agent.service: one
-/// arena, small thread caches, freed pages returned within a second): an
-/// idle summarizer at 1,000 nodes takes and drops a few thousand small
-/// allocations a second (reports, summaries, routing snapshots), and with
-/// glibc its malloc and free were a quarter of its CPU and each thread's
-/// arena kept its own free pages (bench/RESULTS.md, "The agent over MQTT").
+/// arena, thread caches up to 8 KiB objects, dirty pages returned after
+/// about a second): an idle summarizer at 1,000 nodes takes and drops a
+/// few thousand small allocations a second (reports, summaries, routing
+/// snapshots), and with glibc its malloc and free were a quarter of its
+/// CPU (bench/RESULTS.md, "The agent over MQTT").
 #[global_allocator]
 static GLOBAL: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
