@@ -194,7 +194,10 @@ pub async fn run(
             Ok(Event::Incoming(Packet::Publish(p)))
         } else {
             tokio::select! {
-                e = events.poll() => e,
+                e = events.poll() => {
+                    acknowledge_unless_command(&client, &e, &cmd_topic);
+                    e
+                }
                 heard = direct::next(&mut reader) => {
                     match heard {
                         Heard::Reports(batch) => pending.extend(batch),
@@ -494,6 +497,29 @@ async fn goodbye(client: &AsyncClient, events: &mut EventLoop, status: &str) {
     let _ = drained.await;
 }
 
+/// Acknowledge at once a QoS 1 message of this session that is not a
+/// command (commands are acknowledged once handled). Acknowledgements are
+/// manual for the whole session: a message left unacknowledged holds one
+/// of the broker's in-flight places for this client (mosquitto's
+/// `max_inflight_messages`, 20), is sent again on every reconnection, and
+/// once they are all taken the broker holds back every later QoS 1
+/// message, commands included. Nothing subscribes at QoS 1 but the
+/// commands today; an older agent's session may still deliver so.
+fn acknowledge_unless_command(
+    client: &AsyncClient,
+    event: &Result<Event, rumqttc::ConnectionError>,
+    cmd_topic: &str,
+) {
+    if let Ok(Event::Incoming(Packet::Publish(p))) = event
+        && p.qos != QoS::AtMostOnce
+        && p.topic != cmd_topic
+        && let Err(e) = client.try_ack(p)
+    {
+        // The broker sends it again on the next connection.
+        tracing::debug!(cause = %e, topic = %edgestate::untrusted::escape(&p.topic), "mqtt: acknowledgement not queued");
+    }
+}
+
 /// (Re)subscribe to every node's status, every region's summary and the
 /// own region's summarizer claim: the broker sends the retained ones
 /// again. The session is persistent: an older agent's `health/+` is
@@ -504,10 +530,15 @@ fn subscribe_health(client: &AsyncClient, prefix: &str, own_region: Option<&str>
         SubscribeFilter::new(format!("{prefix}/status/+"), QoS::AtMostOnce),
         SubscribeFilter::new(format!("{prefix}/summary/+"), QoS::AtMostOnce),
     ];
+    // The claim at QoS 0 (it is published at QoS 1, retained): every
+    // subscription sends the retained claim again, and a disconnection
+    // starts the election over, so no claim is missed; at QoS 1 the
+    // persistent session would keep every claim made while this agent
+    // was away and hand them all over on its return.
     if let Some(region) = own_region {
         filters.push(SubscribeFilter::new(
             wire::summary_lock_topic(prefix, region),
-            QoS::AtLeastOnce,
+            QoS::AtMostOnce,
         ));
     }
     let subscribed = client

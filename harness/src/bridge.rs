@@ -59,14 +59,17 @@ pub struct Bridged {
 
 /// The harness's own lines in front of a shipped file: a loopback
 /// listener on `port`, anonymous access, persistence in `dir`, `$SYS`
-/// every second. `user root`: run as root, mosquitto would otherwise
+/// every second, a log on stderr (the process's log: connections and
+/// subscriptions, which a failing test shows). `user root`: run as root, mosquitto would otherwise
 /// switch to the `mosquitto` user, which cannot write its database into
 /// the test's folder (sessions would not survive a restart); not root,
 /// the line is ignored.
 fn head(port: u16, dir: &Path) -> String {
     format!(
         "per_listener_settings false\nlistener {port} 127.0.0.1\nallow_anonymous true\n\
-         persistence_location {}/\nsys_interval 1\nuser root\n",
+         persistence_location {}/\nsys_interval 1\nuser root\n\
+         log_dest stderr\nlog_type error\nlog_type warning\nlog_type notice\n\
+         log_type information\nlog_type subscribe\nlog_timestamp_format %H:%M:%S\n",
         dir.display()
     )
 }

@@ -331,6 +331,56 @@ fn commands_survive_agent_downtime_and_restarts() {
     assert_eq!(files_in(&marks), 1, "not re-run after a restart");
 }
 
+/// A session left by an older agent that read something at QoS 1 (its
+/// region's claims did): the broker hands the agent more such messages than
+/// its 20 in-flight places. Each is acknowledged at once, so a command sent
+/// after them still arrives; unacknowledged, they would hold every place
+/// and the command would wait behind them for good.
+#[test]
+fn qos1_messages_of_an_older_session_are_acknowledged_and_commands_still_arrive() {
+    let r = harness::redis(&[]);
+    let broker = harness::mosquitto();
+    // The older agent's session: its client id, persistent, one QoS 1
+    // subscription the agent of today never makes.
+    let mut o = rumqttc::MqttOptions::new("edgeform-agent-edge-1", "127.0.0.1", broker.port);
+    o.set_clean_session(false);
+    let (older, mut connection) = rumqttc::Client::new(o, 16);
+    older
+        .subscribe("edgeform/summary-lock/eu", rumqttc::QoS::AtLeastOnce)
+        .unwrap();
+    let subscribed = connection
+        .iter()
+        .any(|e| matches!(e, Ok(rumqttc::Event::Incoming(rumqttc::Packet::SubAck(_)))));
+    assert!(subscribed, "the older session never subscribed");
+    older.disconnect().unwrap();
+    for _ in connection.iter().take_while(Result::is_ok) {}
+
+    // Kept for it while no agent is connected: more than 20.
+    let m = Mqtt::connect(broker.port);
+    for i in 0..30 {
+        m.publish(
+            "edgeform/summary-lock/eu",
+            format!("{{\"node\":\"old\",\"epoch\":{i},\"ts\":0}}").into_bytes(),
+            false,
+        );
+    }
+    std::thread::sleep(Duration::from_millis(300));
+
+    let dir = tempfile::tempdir().unwrap();
+    let agent = Agent::start_with(
+        r.port,
+        &[dir.path().join("cache")],
+        &format!("{}{}", mqtt_yaml(broker.port, ""), actions_yaml()),
+    );
+    wait_online(&m, &agent);
+    let res = run(
+        &m,
+        &command("after-the-old-ones", "echo", &[("word", "through")]),
+        &agent,
+    );
+    assert_eq!(res.status, Outcome::Ok, "{res:?}");
+}
+
 #[test]
 fn signed_commands_when_a_key_is_configured() {
     let r = harness::redis(&[]);

@@ -510,11 +510,12 @@ fn three_bridged_brokers_carry_health_status_commands_and_purges() {
     assert_eq!(
         out.status.code(),
         Some(0),
-        "{}{}\ncentral:\n{}\neu:\n{}",
+        "{}{}\ncentral:\n{}\neu:\n{}\neu-1's agent:\n{}",
         stdout(&out),
         stderr(&out),
         c.bridged.central.log(),
-        c.bridged.region("eu").log()
+        c.bridged.region("eu").log(),
+        c.node("eu-1").agent.log()
     );
     assert!(stdout(&out).contains("said queued"), "{}", stdout(&out));
     c.wait_status("eu reports again after the cut", |s| {

@@ -887,6 +887,8 @@ struct Row {
     cached_failed: usize,
     /// The longest run of failures of one URL.
     gap: f64,
+    /// The failed requests' lines, shown when a goal is missed.
+    failures: Vec<String>,
     /// Edges that recorded the purge (None: the purge was lost at once).
     purged: Option<usize>,
     /// An edge stopped: seconds until both routers' health left it out
@@ -999,6 +1001,11 @@ fn run_fault(c: &mut Cluster, load: &Load, n: usize, f: &'static Fault, hold: Du
         failed: recs.iter().filter(|r| !r.ok).count(),
         cached_failed: recs.iter().filter(|r| !r.ok && cached(&r.url)).count(),
         gap: max_gap(&recs),
+        failures: recs
+            .iter()
+            .filter(|r| !r.ok)
+            .map(|r| r.line.clone())
+            .collect(),
         purged,
         detected: edge.map(|_| detected),
         spooled: purge.as_ref().is_ok_and(|(_, kept)| *kept),
@@ -1133,7 +1140,45 @@ fn drill(faults: &[&'static Fault], hold: Duration) {
                 .map(move |m| format!("{}: {m}", r.fault.name))
         })
         .collect();
+    if !missed.is_empty() {
+        eprintln!("{}", why_missed(&c, &rows, edges));
+    }
     assert!(missed.is_empty(), "goals missed:\n{}", missed.join("\n"));
+}
+
+/// What a failing drill shows besides its table (CI keeps only the
+/// output): each missed fault's failed requests, and the warnings and
+/// errors the edges' and routers' nginx logged.
+fn why_missed(c: &Cluster, rows: &[Row], edges: usize) -> String {
+    const MAX: usize = 24;
+    let mut s = String::from("failed requests (start end url curl-exit status edge):\n");
+    for r in rows.iter().filter(|r| !r.misses(edges).is_empty()) {
+        s += &format!("{}:\n", r.fault.name);
+        for l in r.failures.iter().take(MAX) {
+            s += &format!("  {l}\n");
+        }
+    }
+    let logs = c
+        .edges
+        .iter()
+        .map(|e| (format!("{} nginx", e.name), e.nginx.error_log()))
+        .chain(
+            c.routers
+                .iter()
+                .zip(ROUTERS)
+                .map(|(r, (name, _, _))| (format!("{name} geo router"), r.http.error_log())),
+        );
+    for (name, log) in logs {
+        let lines: Vec<&str> = log
+            .lines()
+            .filter(|l| l.contains("[error]") || l.contains("[warn]") || l.contains("[crit]"))
+            .collect();
+        s += &format!("{name}: the last of {} warnings and errors:\n", lines.len());
+        for l in &lines[lines.len().saturating_sub(MAX)..] {
+            s += &format!("  {l}\n");
+        }
+    }
+    s
 }
 
 /// The short form: a few single faults and a pair, 2 s holds.
