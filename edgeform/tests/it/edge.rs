@@ -1161,6 +1161,26 @@ fn redis_down_serves_the_last_known_documents() {
         (503, Some("control-plane-unreachable"))
     );
     assert!(t.elapsed() < Duration::from_secs(1), "{:?}", t.elapsed());
+    // The one worker says so once for the outage, not at each of its polls
+    // (five a second), and once when Redis is back.
+    std::thread::sleep(Duration::from_millis(1200));
+    let said = |what: &str| {
+        s.edge
+            .error_log()
+            .lines()
+            .filter(|l| l.contains(what))
+            .count()
+    };
+    let down = "redis unreachable, serving last known documents";
+    assert_eq!(said(down), 1, "{}", s.edge.error_log());
+    s.redis.restart();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while said("redis reachable again") == 0 {
+        assert!(Instant::now() < deadline, "{}", s.edge.error_log());
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert_eq!(said(down), 1, "{}", s.edge.error_log());
+    assert_eq!(get(port, "plain.test", "/z", &[]).status, 200);
 }
 
 // The Lua gate, and nginx -t in a scratch prefix.

@@ -24,7 +24,7 @@ local metrics = require "edge_metrics"
 
 local ngx = ngx
 local find, sub = string.find, string.sub
-local log, ERR, WARN, INFO = ngx.log, ngx.ERR, ngx.WARN, ngx.INFO
+local log, ERR, WARN, NOTICE, INFO = ngx.log, ngx.ERR, ngx.WARN, ngx.NOTICE, ngx.INFO
 
 local _M = {}
 
@@ -181,10 +181,20 @@ local function poll_first()
   poll()
 end
 
+-- Whether this worker's last poll failed: the outage is logged once per
+-- worker when it begins and once when it ends, not at every poll (five a
+-- second) while it lasts.
+local poll_failed = false
+
 local function tick(premature)
   if premature then return end
   local ok, err = poll()
-  if not ok then log(WARN, "edgeform: redis unreachable, serving last known documents: ", err) end
+  if not ok and not poll_failed then
+    log(WARN, "edgeform: redis unreachable, serving last known documents (said once until it is back): ", err)
+  elseif ok and poll_failed then
+    log(NOTICE, "edgeform: redis reachable again")
+  end
+  poll_failed = not ok
 end
 
 function _M.init_worker()
