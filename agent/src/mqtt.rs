@@ -515,8 +515,9 @@ fn acknowledge_unless_command(
         && p.topic != cmd_topic
         && let Err(e) = client.try_ack(p)
     {
-        // The broker sends it again on the next connection.
-        tracing::debug!(cause = %e, topic = %edgestate::untrusted::escape(&p.topic), "mqtt: acknowledgement not queued");
+        // It holds its in-flight place until the next connection, where
+        // the broker sends it again.
+        tracing::warn!(cause = %e, topic = %edgestate::untrusted::escape(&p.topic), "mqtt: acknowledgement not queued");
     }
 }
 

@@ -185,10 +185,16 @@ end
 -- worker when it begins and once when it ends, not at every poll (five a
 -- second) while it lasts.
 local poll_failed = false
+-- A poll of this worker's timer is under way: the next tick skips (a poll
+-- can take its whole Redis timeout, as long as the interval).
+local polling = false
 
 local function tick(premature)
-  if premature then return end
-  local ok, err = poll()
+  if premature or polling then return end
+  polling = true
+  local called, ok, err = pcall(poll)
+  polling = false
+  if not called then ok, err = nil, ok end
   if not ok and not poll_failed then
     log(WARN, "edgeform: redis unreachable, serving last known documents (said once until it is back): ", err)
   elseif ok and poll_failed then
