@@ -81,8 +81,9 @@ def raise_nofile():
     resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, 65536), hard))
 
 
-def scale_run(n, mode, secs, warmup=20, regions=4, interval_s=5):
-    """One health-traffic run; a dict of figures."""
+def scale_run(n, mode, secs, warmup=20, regions=4, interval_s=5, keep=None):
+    """One health-traffic run; a dict of figures. `keep`: a folder the agents' logs (at info level,
+    which costs them some CPU) are copied to, as `<N>-<mode>-<agent>.log`."""
     work = Path(tempfile.mkdtemp(prefix="edgeform-health-scale-"))
     procs = []
     try:
@@ -125,7 +126,7 @@ def scale_run(n, mode, secs, warmup=20, regions=4, interval_s=5):
                 f"mqtt: {{url: \"mqtt://127.0.0.1:{mport}\"}}\nhealth: {{interval: {interval_s}s}}\n")
             p = subprocess.Popen([str(AGENT), "--config", str(work / name / "agent.yaml")],
                                  stdout=subprocess.DEVNULL, stderr=open(work / name / "agent.log", "w"),
-                                 env=agent_env())
+                                 env={**agent_env(), "EDGEFORM_LOG": "info"} if keep else agent_env())
             procs.append(p)
             agents[name] = (p, http)
         started = time.time()
@@ -154,6 +155,10 @@ def scale_run(n, mode, secs, warmup=20, regions=4, interval_s=5):
                 p.wait(5)
             except subprocess.TimeoutExpired:
                 p.kill()
+        if keep:
+            keep.mkdir(parents=True, exist_ok=True)
+            for log in work.glob("*/agent.log"):
+                shutil.copy(log, keep / f"{n}-{mode}-{log.parent.name}.log")
         shutil.rmtree(work, ignore_errors=True)
 
 
@@ -166,7 +171,7 @@ def scale(a):
         for mode in a.scale_modes.split(","):
             if mode == "full" and n > a.scale_full_max:
                 continue
-            r = scale_run(n, mode, a.scale_secs)
+            r = scale_run(n, mode, a.scale_secs, keep=Path(a.keep_logs) if a.keep_logs else None)
             print("  (health messages taken per second: " +
                   ", ".join(f"{k} {v:.1f}" for k, v in r["heard"].items()) +
                   f"; sim nodes received {r['received_per_s']:.0f}/s)", flush=True)
@@ -188,6 +193,7 @@ def main():
     ap.add_argument("--scale-modes", default="full,summary")
     ap.add_argument("--scale-full-max", type=int, default=300)
     ap.add_argument("--scale-secs", type=int, default=30)
+    ap.add_argument("--keep-logs", help="with --scale: copy each run's agent logs (info level) into this folder")
     a = ap.parse_args()
     subprocess.run(["cargo", "build", "--release", "--quiet", "-p", "agent", "--examples"],
                    cwd=ROOT, check=True)
