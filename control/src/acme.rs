@@ -582,9 +582,20 @@ async fn order(
         .new_order(&NewOrder::new(&ids))
         .await
         .map_err(|e| ca_or_local(&e))?;
+    // A refusal while the challenges are set ready may come from an order
+    // already invalid (the CA validated one host before the next was set
+    // ready, and answers with the order's problem): attributed per host
+    // from the order's state, like an order that went invalid later.
+    let mut refused = None;
     let mut authzs = order.authorizations();
     while let Some(authz) = authzs.next().await {
-        let mut authz = authz.map_err(|e| ca_or_local(&e))?;
+        let mut authz = match authz {
+            Ok(a) => a,
+            Err(e) => {
+                refused = Some(e);
+                break;
+            }
+        };
         if authz.status != AuthorizationStatus::Pending {
             continue;
         }
@@ -603,7 +614,21 @@ async fn order(
         sink.put(&key, ch.key_authorization().as_str(), ttl)
             .await
             .map_err(|e| vec![Failure::local(&host, LocalKind::Edge, e)])?;
-        ch.set_ready().await.map_err(|e| ca_or_local(&e))?;
+        if let Err(e) = ch.set_ready().await {
+            refused = Some(e);
+            break;
+        }
+    }
+    if let Some(e) = refused {
+        if matches!(e, instant_acme::Error::Api(_))
+            && order
+                .refresh()
+                .await
+                .is_ok_and(|s| s.status == OrderStatus::Invalid)
+        {
+            return Err(invalid_order(&mut order, req).await);
+        }
+        return Err(ca_or_local(&e));
     }
     // Polls back off to at most a few seconds apart, and end before the
     // order's bound so that a stuck order is named as such.
@@ -698,11 +723,15 @@ async fn order(
 }
 
 /// The hosts of an order that went invalid, each with its problem: the
-/// hosts whose challenge the CA failed, with its problem; when none did,
-/// every host not valid, with the order's problem.
+/// hosts whose challenge the CA failed, with its problem; when none says
+/// so (yet), the hosts whose authorization is invalid, with the order's
+/// problem; when none is, every host not valid, with the order's problem
+/// (an authorization left pending by an order that failed elsewhere is
+/// not named while another is known to have failed).
 async fn invalid_order(order: &mut instant_acme::Order, req: &Request) -> Vec<Failure> {
     let order_problem = order.state().error.clone();
     let mut own = Vec::new();
+    let mut invalid = Vec::new();
     let mut others = Vec::new();
     let mut authzs = order.authorizations();
     while let Some(authz) = authzs.next().await {
@@ -711,9 +740,10 @@ async fn invalid_order(order: &mut instant_acme::Order, req: &Request) -> Vec<Fa
             continue;
         }
         let host = authz.identifier().to_string();
+        let failed = authz.status == AuthorizationStatus::Invalid;
         match authz.challenges.iter().find_map(|c| c.error.as_ref()) {
             Some(p) => own.push(Failure::ca(&host, p, None)),
-            None => others.push(match &order_problem {
+            None => (if failed { &mut invalid } else { &mut others }).push(match &order_problem {
                 Some(p) => Failure::ca(&host, p, None),
                 None => Failure::local(
                     &host,
@@ -725,6 +755,9 @@ async fn invalid_order(order: &mut instant_acme::Order, req: &Request) -> Vec<Fa
     }
     if !own.is_empty() {
         return own;
+    }
+    if !invalid.is_empty() {
+        return invalid;
     }
     if !others.is_empty() {
         return others;

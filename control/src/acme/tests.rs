@@ -129,6 +129,19 @@ async fn pebble_issues_through_the_redis_keys_and_a_failed_order_keeps_the_old_c
     );
     assert_eq!(store.certificate("shop").unwrap().unwrap(), kept);
     assert!(acme_keys(redis.port).is_empty(), "challenge keys left");
+    // The failing host first: the CA may fail it before the next host's
+    // challenge is set ready, and refuse that one with the order's
+    // problem; still only the failing host is named.
+    let bad_first = Request {
+        name: "shop".into(),
+        hosts: vec!["down.test".into(), "shop.test".into()],
+    };
+    let failures = issue(&account, &store, &mut sink, &bad_first, now())
+        .await
+        .unwrap_err();
+    let hosts: Vec<&str> = failures.iter().map(|f| f.host.as_str()).collect();
+    assert_eq!(hosts, ["down.test"], "{failures:?}");
+    assert!(acme_keys(redis.port).is_empty(), "challenge keys left");
 
     // A failure does not stop the next order.
     let after = issue(&account, &store, &mut sink, &blog, now())
