@@ -887,8 +887,6 @@ struct Row {
     cached_failed: usize,
     /// The longest run of failures of one URL.
     gap: f64,
-    /// The failed requests' lines, shown when a goal is missed.
-    failures: Vec<String>,
     /// Edges that recorded the purge (None: the purge was lost at once).
     purged: Option<usize>,
     /// An edge stopped: seconds until both routers' health left it out
@@ -1001,11 +999,6 @@ fn run_fault(c: &mut Cluster, load: &Load, n: usize, f: &'static Fault, hold: Du
         failed: recs.iter().filter(|r| !r.ok).count(),
         cached_failed: recs.iter().filter(|r| !r.ok && cached(&r.url)).count(),
         gap: max_gap(&recs),
-        failures: recs
-            .iter()
-            .filter(|r| !r.ok)
-            .map(|r| r.line.clone())
-            .collect(),
         purged,
         detected: edge.map(|_| detected),
         spooled: purge.as_ref().is_ok_and(|(_, kept)| *kept),
@@ -1141,7 +1134,7 @@ fn drill(faults: &[&'static Fault], hold: Duration) {
         })
         .collect();
     if !missed.is_empty() {
-        eprintln!("{}", why_missed(&c, &rows, edges));
+        eprintln!("{}", why_missed(&c, &load, &rows, edges));
     }
     assert!(missed.is_empty(), "goals missed:\n{}", missed.join("\n"));
 }
@@ -1149,13 +1142,14 @@ fn drill(faults: &[&'static Fault], hold: Duration) {
 /// What a failing drill shows besides its table (CI keeps only the
 /// output): each missed fault's failed requests, and the warnings and
 /// errors the edges' and routers' nginx logged.
-fn why_missed(c: &Cluster, rows: &[Row], edges: usize) -> String {
+fn why_missed(c: &Cluster, load: &Load, rows: &[Row], edges: usize) -> String {
     const MAX: usize = 24;
     let mut s = String::from("failed requests (start end url curl-exit status edge):\n");
     for r in rows.iter().filter(|r| !r.misses(edges).is_empty()) {
         s += &format!("{}:\n", r.fault.name);
-        for l in r.failures.iter().take(MAX) {
-            s += &format!("  {l}\n");
+        let [from, _, to] = r.times;
+        for f in load.between(from, to).iter().filter(|f| !f.ok).take(MAX) {
+            s += &format!("  {}\n", f.line);
         }
     }
     let logs = c
