@@ -229,6 +229,9 @@ pub async fn run(
                         if book.set_table(table_regions(&state).unwrap_or_default()) {
                             let region = book.region_of(&node).map(str::to_owned);
                             if region != own_region {
+                                if connected {
+                                    leave_region(&client, &prefix, own_region.as_deref());
+                                }
                                 own_region = region;
                                 election = Election::new(&node, interval);
                                 if connected {
@@ -328,6 +331,10 @@ pub async fn run(
                     book.set_table(table_regions(&state).unwrap_or_default());
                     let region = book.region_of(&node).map(str::to_owned);
                     if region != own_region {
+                        // The persistent session may still follow it.
+                        if ack.session_present {
+                            leave_region(&client, &prefix, own_region.as_deref());
+                        }
                         own_region = region;
                         election = Election::new(&node, interval);
                     }
@@ -547,6 +554,17 @@ fn subscribe_health(client: &AsyncClient, prefix: &str, own_region: Option<&str>
         .and_then(|()| client.try_subscribe_many(filters));
     if let Err(e) = subscribed {
         tracing::error!(cause = %e, "mqtt: cannot queue the health subscriptions");
+    }
+}
+
+/// Stop following the summarizer claims of `region`, a region this node
+/// has left (a new routing table moved it): its claims are not ours to
+/// read, and would cost a message each.
+fn leave_region(client: &AsyncClient, prefix: &str, region: Option<&str>) {
+    if let Some(region) = region
+        && let Err(e) = client.try_unsubscribe(wire::summary_lock_topic(prefix, region))
+    {
+        tracing::warn!(region, cause = %e, "mqtt: cannot queue leaving the old region's claims");
     }
 }
 

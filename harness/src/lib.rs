@@ -820,6 +820,21 @@ pub fn mosquitto_limits(inflight: u32, queued: u32) -> Process {
     )
 }
 
+/// A mosquitto (anonymous access) that logs every subscription and
+/// unsubscription (`<client id> <qos> <topic>`, `<client id> <topic>`).
+///
+/// # Panics
+/// When it does not come up.
+#[must_use]
+pub fn mosquitto_logging_subscriptions() -> Process {
+    mosquitto_conf(
+        None,
+        tempfile::tempdir().expect("tempdir"),
+        "allow_anonymous true\nlog_dest stderr\nlog_type error\nlog_type warning\n\
+         log_type subscribe\nlog_type unsubscribe\n",
+    )
+}
+
 fn mosquitto_conf(fixed: Option<u16>, dir: tempfile::TempDir, listener: &str) -> Process {
     mosquitto_tries(fixed, Some(dir), |_| listener.to_owned())
 }

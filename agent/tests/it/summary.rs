@@ -424,3 +424,55 @@ fn a_summarizer_that_cannot_read_its_region_hands_the_role_over() {
         logs()
     );
 }
+
+// A new routing table moves a node to another region: its agent stops
+// following the old region's summarizer claims (unsubscribes) and takes
+// part in the new region's election instead.
+#[test]
+fn an_agent_moved_to_another_region_leaves_the_old_regions_claims() {
+    let r = harness::redis(&[]);
+    let broker = harness::mosquitto_logging_subscriptions();
+    let dir = tempfile::tempdir().unwrap();
+    let mut table = two_regions();
+    publish(r.port, &table, 1);
+    let a3 = start("a3", r.port, broker.port, dir.path());
+    let logs = || format!("--- broker\n{}--- a3\n{}", broker.log(), a3.agent.log());
+    let old = "edgeform-agent-a3 0 edgeform/summary-lock/ra";
+    until(
+        10,
+        "a3 follows ra's claims",
+        || broker.log().contains(old),
+        &logs,
+    );
+    let first = holder(broker.port, "ra");
+    assert_eq!(first.node, "a3", "alone in ra, a3 claims it");
+
+    let moved = table.nodes.get_mut("a3").unwrap();
+    moved.region = "rb".into();
+    moved.zone = Some("zb".into());
+    publish(r.port, &table, 2);
+    until(
+        10,
+        "a3 leaves ra's claims",
+        || {
+            broker
+                .log()
+                .contains("edgeform-agent-a3 edgeform/summary-lock/ra")
+        },
+        &logs,
+    );
+    assert!(
+        broker
+            .log()
+            .contains("edgeform-agent-a3 0 edgeform/summary-lock/rb"),
+        "a3 follows rb's claims\n{}",
+        logs()
+    );
+    let m = Mqtt::connect(broker.port);
+    m.subscribe("edgeform/summary-lock/rb");
+    assert!(
+        claim(&m, "rb", 10, |c| c.node == "a3").is_some(),
+        "a3, alone in rb, claims it\n{}",
+        logs()
+    );
+}
