@@ -193,12 +193,19 @@ def main():
     ap.add_argument("--scale-modes", default="full,summary")
     ap.add_argument("--scale-full-max", type=int, default=300)
     ap.add_argument("--scale-secs", type=int, default=30)
+    ap.add_argument("--agent", type=Path,
+                    help="the edgeform-agent binary to measure (default: the release-lto build, built first); "
+                         "for A/B runs of two builds")
     ap.add_argument("--keep-logs", help="with --scale: copy each run's agent logs (info level) into this folder")
     a = ap.parse_args()
     subprocess.run(["cargo", "build", "--release", "--quiet", "-p", "agent", "--examples"],
                    cwd=ROOT, check=True)
-    subprocess.run(["cargo", "build", "--profile", "release-lto", "--quiet", "-p", "agent", "--bins"],
-                   cwd=ROOT, check=True)
+    global AGENT
+    if a.agent:
+        AGENT = a.agent.resolve()
+    else:
+        subprocess.run(["cargo", "build", "--profile", "release-lto", "--quiet", "-p", "agent", "--bins"],
+                       cwd=ROOT, check=True)
     if a.scale:
         scale(a)
         return

@@ -426,7 +426,7 @@ mod tests {
             interval_ms: Some(5000),
             play_sessions: Some(sessions),
             out_kbit: Some(100),
-            streams: Some(vec!["s".into()]),
+            streams: Some(vec!["s".into()].into()),
             vod: None,
             net_kbit: None,
             config: ConfigState::default(),

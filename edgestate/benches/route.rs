@@ -77,7 +77,7 @@ fn main() {
                 online: Some(n % 7 != 0),
                 play_sessions: Some(rng.next() % 900),
                 out_kbit: Some(rng.next() % 9_000_000),
-                streams: Some(vec!["cam1".into()]),
+                streams: Some(vec!["cam1".into()].into()),
                 stale: false,
                 vod: None,
                 net_kbit: None,

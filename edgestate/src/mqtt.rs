@@ -169,11 +169,11 @@ pub struct HealthReport {
     pub play_sessions: Option<u64>,
     /// Whole-host transmit rate over non-loopback interfaces.
     pub out_kbit: Option<u64>,
-    pub streams: Option<Vec<String>>,
+    pub streams: Option<crate::route::Streams>,
     /// VOD assets held: asset → revisions; absent from older
     /// agents' reports.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub vod: Option<std::collections::BTreeMap<String, Vec<u64>>>,
+    pub vod: Option<crate::route::Vod>,
     /// Whole-host receive + transmit rate over non-loopback interfaces:
     /// what the placement budget `network_bandwidth_kbit` limits; absent
     /// from older agents' reports.

@@ -29,6 +29,13 @@ use serde::{Deserialize, Serialize};
 use crate::lpm::{Lpm, Prefix};
 use crate::routing::{Location, Node, RoutingTable, haversine_km};
 
+/// The streams a node carries, shared between its report and every
+/// routing snapshot made from it: a snapshot of 1,000 nodes (taken each
+/// time health changes) clones a pointer, not each list.
+pub type Streams = std::sync::Arc<Vec<String>>;
+/// VOD assets a node holds (asset → revisions), shared like [`Streams`].
+pub type Vod = std::sync::Arc<BTreeMap<String, Vec<u64>>>;
+
 /// One node's last health report (the fields routing needs).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct NodeHealth {
@@ -39,13 +46,13 @@ pub struct NodeHealth {
     #[serde(default)]
     pub out_kbit: Option<u64>,
     #[serde(default)]
-    pub streams: Option<Vec<String>>,
+    pub streams: Option<Streams>,
     /// The report is the last one known while its source is unreachable.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub stale: bool,
     /// VOD assets the node holds: asset → the revisions it has.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub vod: Option<BTreeMap<String, Vec<u64>>>,
+    pub vod: Option<Vod>,
     /// Receive + transmit kbit/s of the whole host: what
     /// `network_bandwidth_kbit` (the placement budget) limits.
     #[serde(default, skip_serializing_if = "Option::is_none")]

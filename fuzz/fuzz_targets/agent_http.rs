@@ -119,7 +119,7 @@ fuzz_target!(|data: &[u8]| {
                 online: Some(true),
                 play_sessions: Some(1),
                 out_kbit: Some(1),
-                streams: Some(vec![stream.to_owned(), "cam1".into()]),
+                streams: Some(vec![stream.to_owned(), "cam1".into()].into()),
                 stale: false,
                 vod: None,
                 net_kbit: None,

@@ -111,7 +111,8 @@ pub fn route(config: &Config, args: &RouteOptions) -> Result<u8> {
                 "no --health: every node assumed online, 0 sessions, carrying the stream"
                     .to_owned(),
             );
-            let streams = args.stream.iter().cloned().collect::<Vec<_>>();
+            let streams: edgestate::route::Streams =
+                std::sync::Arc::new(args.stream.iter().cloned().collect());
             Health {
                 nodes: config
                     .nodes

@@ -123,7 +123,10 @@ fn health_report_status_and_last_will() {
     assert_eq!(report.node, "edge-1");
     assert!(report.ts.abs_diff(unix_now()) < 30);
     assert_eq!(report.play_sessions, Some(7));
-    assert_eq!(report.streams, Some(vec!["cam1".into(), "cam2".into()]));
+    assert_eq!(
+        report.streams.as_deref(),
+        Some(&vec!["cam1".into(), "cam2".into()])
+    );
     assert_eq!(report.config.commit.as_deref(), Some("abc123"));
     assert_eq!(report.config.generation, Some(4));
     assert_eq!(

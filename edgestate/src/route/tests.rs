@@ -87,7 +87,9 @@ fn health(entries: &[Report<'_>]) -> Health {
                         online: Some(*online),
                         play_sessions: *s,
                         out_kbit: *o,
-                        streams: Some(streams.iter().map(|x| (*x).to_owned()).collect()),
+                        streams: Some(std::sync::Arc::new(
+                            streams.iter().map(|x| (*x).to_owned()).collect(),
+                        )),
                         stale: false,
                         vod: None,
                         net_kbit: None,
@@ -789,15 +791,15 @@ fn vod_health(entries: &[Held<'_>]) -> Health {
                         online: Some(*online),
                         play_sessions: Some(*s),
                         out_kbit: Some(0),
-                        streams: Some(Vec::new()),
+                        streams: Some(Vec::new().into()),
                         stale: false,
                         net_kbit: Some(0),
                         serving: None,
-                        vod: Some(
+                        vod: Some(std::sync::Arc::new(
                             held.iter()
                                 .map(|(a, r)| ((*a).to_owned(), r.to_vec()))
                                 .collect(),
-                        ),
+                        )),
                     },
                 )
             })
