@@ -15,6 +15,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, OnceLock};
 
 use edgestate::keys;
+use sha1::Sha1;
 use sha2::{Digest, Sha256};
 
 use compiler::compile::{Entries, Target};
@@ -23,8 +24,18 @@ use compiler::model::resolved::{Node, Role};
 /// Content hash of a value: SHA-1, hex (what `redis.sha1hex` gives).
 #[must_use]
 pub fn content_hash(value: &str) -> String {
-    sha1_smol::Sha1::from(value.as_bytes()).digest().to_string()
+    // RustCrypto's SHA-1 uses the CPU's SHA extensions where it has them:
+    // the full apply of 100,000 sites hashes about 100 MB of documents.
+    let digest = Sha1::digest(value.as_bytes());
+    let mut hex = String::with_capacity(2 * digest.len());
+    for b in digest {
+        hex.push(char::from(HEX[usize::from(b >> 4)]));
+        hex.push(char::from(HEX[usize::from(b & 0xf)]));
+    }
+    hex
 }
+
+const HEX: &[u8; 16] = b"0123456789abcdef";
 
 /// Format 1's content hash: the first 128 bits of SHA-256, hex. Read only
 /// to migrate a target written by format 1.
@@ -43,11 +54,11 @@ pub type Manifest = HashMap<String, String>;
 /// (order-independent, so Lua can compute it from HGETALL in any order).
 #[must_use]
 pub fn entry_digest(key: &[u8], hash: &[u8]) -> u128 {
-    let mut h = sha1_smol::Sha1::new();
+    let mut h = Sha1::new();
     h.update(key);
     h.update(b"\0");
     h.update(hash);
-    let d = h.digest().bytes();
+    let d = h.finalize();
     let mut first = [0u8; 16];
     first.copy_from_slice(&d[..16]);
     u128::from_be_bytes(first)
@@ -543,6 +554,15 @@ mod tests {
         assert_eq!(
             content_hash("abc"),
             "a9993e364706816aba3e25717850c26c9cd0d89d"
+        );
+        // FIPS 180's two-block vector, and a million bytes.
+        assert_eq!(
+            content_hash("abcdbcdecdefdefgefghfghighijhijkijkljklmklmnlmnomnopnopq"),
+            "84983e441c3bd26ebaae4aa1f95129e5e54670f1"
+        );
+        assert_eq!(
+            content_hash(&"a".repeat(1_000_000)),
+            "34aa973cd4c4daa4f61eeb2bdbad27316534016f"
         );
         assert_eq!(legacy_hash("abc"), "ba7816bf8f01cfea414140de5dae2223");
     }
