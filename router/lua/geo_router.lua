@@ -20,7 +20,7 @@ local decide = require "geo_decide"
 local generation_rule = require "edge_generation"
 
 local ngx = ngx
-local log, ERR, WARN = ngx.log, ngx.ERR, ngx.WARN
+local log, ERR, WARN, NOTICE = ngx.log, ngx.ERR, ngx.WARN, ngx.NOTICE
 
 local _M = {}
 
@@ -146,6 +146,8 @@ local function tick(premature)
   routing_stale = not ok
   if not ok and not warned_redis then
     log(WARN, "edgeform router: redis unreachable, routing with the last known table: ", err)
+  elseif ok and warned_redis then
+    log(NOTICE, "edgeform router: redis reachable again")
   end
   warned_redis = not ok
   local fresh

@@ -832,6 +832,37 @@ fn geo_router_routes_from_its_first_request_and_keeps_its_table_when_redis_goes_
             router.error_log()
         );
     }
+    // Redis down: the table in use keeps routing, marked stale; the outage
+    // is logged once, not at each poll (five a second), and so is its end.
+    let mut redis = redis;
+    let said = |what: &str| {
+        router
+            .error_log()
+            .lines()
+            .filter(|l| l.contains(what))
+            .count()
+    };
+    let down = "redis unreachable, routing with the last known table";
+    // Saved, so the restarted Redis holds the same data.
+    harness::raw_command(redis.port, "SAVE").unwrap();
+    redis.stop();
+    wait_for("the router to notice Redis is down", 10, || said(down) > 0);
+    let r = get(port, viewer);
+    assert_eq!(
+        (r.status, r.header("x-edgeform-stale")),
+        (200, Some("routing")),
+        "{}",
+        router.error_log()
+    );
+    std::thread::sleep(Duration::from_millis(1200));
+    assert_eq!(said(down), 1, "{}", router.error_log());
+    redis.restart();
+    wait_for("the router to say Redis is back", 10, || {
+        said("redis reachable again") == 1
+    });
+    assert_eq!(said(down), 1, "{}", router.error_log());
+    let r = get(port, viewer);
+    assert_eq!((r.status, r.header("x-edgeform-stale")), (200, None));
     let cmd = |c: &str| harness::raw_command(redis.port, c).unwrap();
     let live: u64 = cmd("HGET edgeform:meta generation")
         .lines()
