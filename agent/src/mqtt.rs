@@ -130,6 +130,12 @@ pub async fn run(
     let mut generation = state.generation();
     let interval = config.health.interval;
     let mut own_region = book.region_of(&node).map(str::to_owned);
+    // Regions whose summarizer claims this node's session may still
+    // follow (it was moved out of them): unsubscribed while connected,
+    // kept until the request is queued.
+    let mut leave: BTreeSet<String> = BTreeSet::new();
+    // Whether the broker kept this client's session at the last connection.
+    let mut session_kept = false;
     let mut election = Election::new(&node, interval);
     // The nodes whose health topics are subscribed one by one, on the
     // direct reader's connection (opened while there are some).
@@ -227,11 +233,14 @@ pub async fn run(
                     if state.generation() != generation {
                         generation = state.generation();
                         if book.set_table(table_regions(&state).unwrap_or_default()) {
+                            // A kept session may follow any region's claims
+                            // (the table arrived after the connection).
+                            if session_kept {
+                                leave.extend(book.regions().into_keys().map(str::to_owned));
+                            }
                             let region = book.region_of(&node).map(str::to_owned);
                             if region != own_region {
-                                if connected {
-                                    leave_region(&client, &prefix, own_region.as_deref());
-                                }
+                                leave.extend(own_region.take());
                                 own_region = region;
                                 election = Election::new(&node, interval);
                                 if connected {
@@ -242,6 +251,9 @@ pub async fn run(
                                 subscribe_health(&client, &prefix, own_region.as_deref());
                             }
                         }
+                    }
+                    if connected {
+                        leave_regions(&client, &prefix, &mut leave, own_region.as_deref());
                     }
                     let now = Instant::now();
                     if connected && own_region.is_some() {
@@ -331,14 +343,22 @@ pub async fn run(
                     book.set_table(table_regions(&state).unwrap_or_default());
                     let region = book.region_of(&node).map(str::to_owned);
                     if region != own_region {
-                        // The persistent session may still follow it.
-                        if ack.session_present {
-                            leave_region(&client, &prefix, own_region.as_deref());
-                        }
+                        leave.extend(own_region.take());
                         own_region = region;
                         election = Election::new(&node, interval);
                     }
                 }
+                // A persistent session may follow the claims of a region
+                // this node has left: while disconnected, or before this
+                // process started (an agent restarted after the move).
+                // Unsubscribing from one not followed costs one packet.
+                session_kept = ack.session_present;
+                if session_kept {
+                    leave.extend(book.regions().into_keys().map(str::to_owned));
+                } else {
+                    leave.clear();
+                }
+                leave_regions(&client, &prefix, &mut leave, own_region.as_deref());
                 subscribe_health(&client, &prefix, own_region.as_deref());
                 // A persistent session keeps what an earlier agent
                 // followed node by node on it: dropped at the checks.
@@ -557,14 +577,26 @@ fn subscribe_health(client: &AsyncClient, prefix: &str, own_region: Option<&str>
     }
 }
 
-/// Stop following the summarizer claims of `region`, a region this node
-/// has left (a new routing table moved it): its claims are not ours to
-/// read, and would cost a message each.
-fn leave_region(client: &AsyncClient, prefix: &str, region: Option<&str>) {
-    if let Some(region) = region
-        && let Err(e) = client.try_unsubscribe(wire::summary_lock_topic(prefix, region))
-    {
-        tracing::warn!(region, cause = %e, "mqtt: cannot queue leaving the old region's claims");
+/// Stop following the summarizer claims of the regions in `leave`
+/// (regions this node has left: their claims are not ours to read, and
+/// would cost a message each), never `own`. A region stays in `leave`
+/// until its UNSUBSCRIBE is queued (the request channel is bounded: the
+/// rest wait for the next check).
+fn leave_regions(
+    client: &AsyncClient,
+    prefix: &str,
+    leave: &mut BTreeSet<String>,
+    own: Option<&str>,
+) {
+    if let Some(own) = own {
+        leave.remove(own);
+    }
+    while let Some(region) = leave.first() {
+        if let Err(e) = client.try_unsubscribe(wire::summary_lock_topic(prefix, region)) {
+            tracing::debug!(region, cause = %e, "mqtt: leaving a region's claims waits for the next check");
+            return;
+        }
+        leave.pop_first();
     }
 }
 

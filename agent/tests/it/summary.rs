@@ -427,7 +427,8 @@ fn a_summarizer_that_cannot_read_its_region_hands_the_role_over() {
 
 // A new routing table moves a node to another region: its agent stops
 // following the old region's summarizer claims (unsubscribes) and takes
-// part in the new region's election instead.
+// part in the new region's election instead — also when it was moved
+// while stopped (its persistent session still follows the old claims).
 #[test]
 fn an_agent_moved_to_another_region_leaves_the_old_regions_claims() {
     let r = harness::redis(&[]);
@@ -435,13 +436,16 @@ fn an_agent_moved_to_another_region_leaves_the_old_regions_claims() {
     let dir = tempfile::tempdir().unwrap();
     let mut table = two_regions();
     publish(r.port, &table, 1);
-    let a3 = start("a3", r.port, broker.port, dir.path());
+    let mut a3 = start("a3", r.port, broker.port, dir.path());
+    // How many times the broker logged `line` (`<client> <qos> <topic>`
+    // for a subscription, `<client> <topic>` for an unsubscription).
+    let said = |line: &str| broker.log().lines().filter(|l| l.ends_with(line)).count();
     let logs = || format!("--- broker\n{}--- a3\n{}", broker.log(), a3.agent.log());
-    let old = "edgeform-agent-a3 0 edgeform/summary-lock/ra";
+    let follows_ra = "edgeform-agent-a3 0 edgeform/summary-lock/ra";
     until(
         10,
         "a3 follows ra's claims",
-        || broker.log().contains(old),
+        || said(follows_ra) == 1,
         &logs,
     );
     let first = holder(broker.port, "ra");
@@ -451,22 +455,14 @@ fn an_agent_moved_to_another_region_leaves_the_old_regions_claims() {
     moved.region = "rb".into();
     moved.zone = Some("zb".into());
     publish(r.port, &table, 2);
+    let leaves_ra = "edgeform-agent-a3 edgeform/summary-lock/ra";
+    until(10, "a3 leaves ra's claims", || said(leaves_ra) == 1, &logs);
+    let follows_rb = "edgeform-agent-a3 0 edgeform/summary-lock/rb";
     until(
         10,
-        "a3 leaves ra's claims",
-        || {
-            broker
-                .log()
-                .contains("edgeform-agent-a3 edgeform/summary-lock/ra")
-        },
+        "a3 follows rb's claims",
+        || said(follows_rb) == 1,
         &logs,
-    );
-    assert!(
-        broker
-            .log()
-            .contains("edgeform-agent-a3 0 edgeform/summary-lock/rb"),
-        "a3 follows rb's claims\n{}",
-        logs()
     );
     let m = Mqtt::connect(broker.port);
     m.subscribe("edgeform/summary-lock/rb");
@@ -474,5 +470,29 @@ fn an_agent_moved_to_another_region_leaves_the_old_regions_claims() {
         claim(&m, "rb", 10, |c| c.node == "a3").is_some(),
         "a3, alone in rb, claims it\n{}",
         logs()
+    );
+
+    // Moved back to ra while stopped: the new process starts in ra, and
+    // on connecting to its kept session it leaves rb's claims.
+    a3.agent.terminate();
+    let moved = table.nodes.get_mut("a3").unwrap();
+    moved.region = "ra".into();
+    moved.zone = Some("za".into());
+    publish(r.port, &table, 3);
+    let leaves_rb = "edgeform-agent-a3 edgeform/summary-lock/rb";
+    assert_eq!(said(leaves_rb), 0, "{}", broker.log());
+    a3.agent.spawn();
+    let logs = || format!("--- broker\n{}--- a3\n{}", broker.log(), a3.agent.log());
+    until(
+        10,
+        "the restarted a3 leaves rb's claims",
+        || said(leaves_rb) == 1,
+        &logs,
+    );
+    until(
+        10,
+        "the restarted a3 follows ra's claims",
+        || said(follows_ra) == 2,
+        &logs,
     );
 }
