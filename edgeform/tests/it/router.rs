@@ -858,7 +858,7 @@ fn geo_router_routes_from_its_first_request_and_keeps_its_table_when_redis_goes_
     assert_eq!(said(down), 1, "{}", router.error_log());
     redis.restart();
     wait_for("the router to say Redis is back", 10, || {
-        said("redis reachable again") == 1
+        said("redis reachable again") > 0
     });
     assert_eq!(said(down), 1, "{}", router.error_log());
     let r = get(port, viewer);
