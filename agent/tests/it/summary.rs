@@ -442,12 +442,7 @@ fn an_agent_moved_to_another_region_leaves_the_old_regions_claims() {
     let said = |line: &str| broker.log().lines().filter(|l| l.ends_with(line)).count();
     let logs = || format!("--- broker\n{}--- a3\n{}", broker.log(), a3.agent.log());
     let follows_ra = "edgeform-agent-a3 0 edgeform/summary-lock/ra";
-    until(
-        10,
-        "a3 follows ra's claims",
-        || said(follows_ra) == 1,
-        &logs,
-    );
+    until(10, "a3 follows ra's claims", || said(follows_ra) > 0, &logs);
     let first = holder(broker.port, "ra");
     assert_eq!(first.node, "a3", "alone in ra, a3 claims it");
 
@@ -456,14 +451,9 @@ fn an_agent_moved_to_another_region_leaves_the_old_regions_claims() {
     moved.zone = Some("zb".into());
     publish(r.port, &table, 2);
     let leaves_ra = "edgeform-agent-a3 edgeform/summary-lock/ra";
-    until(10, "a3 leaves ra's claims", || said(leaves_ra) == 1, &logs);
+    until(10, "a3 leaves ra's claims", || said(leaves_ra) > 0, &logs);
     let follows_rb = "edgeform-agent-a3 0 edgeform/summary-lock/rb";
-    until(
-        10,
-        "a3 follows rb's claims",
-        || said(follows_rb) == 1,
-        &logs,
-    );
+    until(10, "a3 follows rb's claims", || said(follows_rb) > 0, &logs);
     let m = Mqtt::connect(broker.port);
     m.subscribe("edgeform/summary-lock/rb");
     assert!(
@@ -473,26 +463,28 @@ fn an_agent_moved_to_another_region_leaves_the_old_regions_claims() {
     );
 
     // Moved back to ra while stopped: the new process starts in ra, and
-    // on connecting to its kept session it leaves rb's claims.
+    // on connecting to its kept session it leaves rb's claims. (A kept
+    // session may have sent such an unsubscription at the first start
+    // too: counted from here.)
     a3.agent.terminate();
     let moved = table.nodes.get_mut("a3").unwrap();
     moved.region = "ra".into();
     moved.zone = Some("za".into());
     publish(r.port, &table, 3);
     let leaves_rb = "edgeform-agent-a3 edgeform/summary-lock/rb";
-    assert_eq!(said(leaves_rb), 0, "{}", broker.log());
+    let (left_before, followed_before) = (said(leaves_rb), said(follows_ra));
     a3.agent.spawn();
     let logs = || format!("--- broker\n{}--- a3\n{}", broker.log(), a3.agent.log());
     until(
         10,
         "the restarted a3 leaves rb's claims",
-        || said(leaves_rb) == 1,
+        || said(leaves_rb) > left_before,
         &logs,
     );
     until(
         10,
         "the restarted a3 follows ra's claims",
-        || said(follows_ra) == 2,
+        || said(follows_ra) > followed_before,
         &logs,
     );
 }
