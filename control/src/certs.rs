@@ -172,7 +172,7 @@ pub fn parse(name: &str, chain: &str, key: &str) -> Result<Certificate, CertErro
     let der = leaf
         .to_der()
         .map_err(|_| err(CertErrorKind::NotPem, name, "the leaf cannot be encoded"))?;
-    let fingerprint = hex(&Sha256::digest(&der));
+    let fingerprint = edgestate::hex(&Sha256::digest(&der));
     let not_before = unix(leaf.not_before()).unwrap_or(i64::MAX);
     let not_after = unix(leaf.not_after()).unwrap_or(i64::MIN);
     let mut names: Vec<String> = leaf
@@ -214,15 +214,6 @@ pub fn parse(name: &str, chain: &str, key: &str) -> Result<Certificate, CertErro
         names,
         key_matches,
     })
-}
-
-fn hex(bytes: &[u8]) -> String {
-    use std::fmt::Write as _;
-    let mut s = String::with_capacity(bytes.len() * 2);
-    for b in bytes {
-        let _ = write!(s, "{b:02x}");
-    }
-    s
 }
 
 /// The leaf's issuer, on one line, for display: its common name, or

@@ -26,23 +26,15 @@ use compiler::model::resolved::{Node, Role};
 pub fn content_hash(value: &str) -> String {
     // RustCrypto's SHA-1 uses the CPU's SHA extensions where it has them:
     // the full apply of 100,000 sites hashes about 100 MB of documents.
-    let digest = Sha1::digest(value.as_bytes());
-    let mut hex = String::with_capacity(2 * digest.len());
-    for b in digest {
-        hex.push(char::from(HEX[usize::from(b >> 4)]));
-        hex.push(char::from(HEX[usize::from(b & 0xf)]));
-    }
-    hex
+    edgestate::hex(&Sha1::digest(value.as_bytes()))
 }
-
-const HEX: &[u8; 16] = b"0123456789abcdef";
 
 /// Format 1's content hash: the first 128 bits of SHA-256, hex. Read only
 /// to migrate a target written by format 1.
 #[must_use]
 pub fn legacy_hash(value: &str) -> String {
     let digest = Sha256::digest(value.as_bytes());
-    digest[..16].iter().map(|b| format!("{b:02x}")).collect()
+    edgestate::hex(&digest[..16])
 }
 
 /// A manifest as read from a target: key → content hash. A hash map: a

@@ -196,10 +196,7 @@ impl Command {
     /// Sign for `node` with the control host's ed25519 key.
     pub fn sign_ed25519(&mut self, node: &str, key: &SigningKey) {
         let sig = key.sign(&self.signing_payload(node));
-        self.sig = Some(format!(
-            "{SIG_ED25519}{}",
-            crate::mqtt::hex(&sig.to_bytes())
-        ));
+        self.sig = Some(format!("{SIG_ED25519}{}", crate::hex(&sig.to_bytes())));
     }
 
     fn verify_ed25519(&self, node: &str, key: &VerifyingKey, hex: &str) -> bool {
@@ -323,7 +320,7 @@ mod tests {
         forged.sign(&c, &km);
         assert!(!forged.verify_for_control(&c, "n", &control));
         // The text form round-trips; junk is refused with a kind.
-        let text = crate::mqtt::hex(&kn);
+        let text = crate::hex(&kn);
         assert_eq!(result_key_from_text(&format!(" {text}\n")).unwrap(), kn);
         assert_eq!(
             result_key_from_text("abc").unwrap_err().kind,

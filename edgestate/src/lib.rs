@@ -59,6 +59,21 @@ mod vectors;
 /// the hash fields' work (bench/RESULTS.md, "Manifest layout cost").
 pub const FORMAT_VERSION: u32 = 3;
 
+/// Lowercase hex of `bytes`: signatures, key ids, certificate
+/// fingerprints and the manifest's content hashes (what Redis's
+/// `redis.sha1hex` prints), which a full apply computes for every
+/// document.
+#[must_use]
+pub fn hex(bytes: &[u8]) -> String {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    let mut s = String::with_capacity(2 * bytes.len());
+    for b in bytes {
+        s.push(char::from(DIGITS[usize::from(b >> 4)]));
+        s.push(char::from(DIGITS[usize::from(b & 0xf)]));
+    }
+    s
+}
+
 /// `500ms`, `5s`, `15m`, `1h` → milliseconds: durations as every edgeform
 /// file and flag writes them.
 #[must_use]

@@ -11,6 +11,8 @@ use std::collections::BTreeMap;
 use hmac::{KeyInit, Mac};
 use serde::{Deserialize, Serialize};
 
+use crate::hex;
+
 /// `topic_prefix` when none is configured.
 pub const DEFAULT_PREFIX: &str = "edgeform";
 
@@ -504,14 +506,6 @@ fn mac(key: &[u8], data: &[u8]) -> Vec<u8> {
     let mut m = hmac::Hmac::<sha2::Sha256>::new_from_slice(key).expect("any key length");
     m.update(data);
     m.finalize().into_bytes().to_vec()
-}
-
-pub(crate) fn hex(bytes: &[u8]) -> String {
-    use std::fmt::Write as _;
-    bytes.iter().fold(String::new(), |mut s, b| {
-        let _ = write!(s, "{b:02x}");
-        s
-    })
 }
 
 pub(crate) fn unhex(s: &str) -> Option<Vec<u8>> {
