@@ -19,7 +19,16 @@
 # folder fills up); what is measured is the edge's lookup, not the push.
 #
 # The edge is the edge role's bundle (`edgeform build`, roles/edge/, as
-# installed), copied per row with its worker count, port and run folder.
+# installed), copied per row with its worker count, port and run folder;
+# these rows turn its warm at start off (`warm = "off"`), so every cache
+# starts empty.
+#
+# Then the warm itself (docs/edge.md "Warming"), 1 worker: nginx started
+# with nobody asking, the time until it logs the warm's end and the
+# worker's CPU time by then (all of it the warm's); then nginx started
+# under the random-Host load for ${secs}s, warm off and on: req/s and
+# MGETs/request in that first window after a start. WARM_ONLY=1 runs only
+# these rows.
 # EDGEFORM=PATH uses that binary instead of a release build.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -108,6 +117,8 @@ row() { # WORKERS SHARED(yes|no)
     -e "s|$work/root/run/live|$dir|g" "$bundle/nginx.conf" > "$dir/nginx.conf"
   grep -q "^worker_processes $1;" "$dir/nginx.conf" || { echo "worker_processes not set" >&2; exit 1; }
   if [ "$2" = no ]; then sed -i '/lua_shared_dict edge_docs\|lua_shared_dict edge_wild/d' "$dir/nginx.conf"; fi
+  sed -i 's|warm = "on",|warm = "off",|' "$dir/nginx.conf"
+  grep -q 'warm = "off",' "$dir/nginx.conf" || { echo "warm not turned off" >&2; exit 1; }
   nginx -p "$bundle/" -c "$dir/nginx.conf" & local pid=$!
   wait_port "$port"; sleep 0.5
   local line="| $1 | $2 |"
@@ -130,8 +141,48 @@ row() { # WORKERS SHARED(yes|no)
   kill "$pid"; wait "$pid" 2>/dev/null || true
   echo "$line"
 }
-echo "$hosts hosts: each once in order (fill), then a uniformly random Host per request for ${secs}s"
-echo "| workers | shared cache | fill: req/s | MGETs/request | hit ratio | random: req/s | MGETs/request | hit ratio |"
-echo "|---:|---|---:|---:|---:|---:|---:|---:|"
-for w in 1 2 4; do row "$w" no; row "$w" yes; done
+# The warm at start (1 worker): nobody asking, or the random-Host load from
+# the start. WARM=on|off; LOAD=no|yes.
+worker_cpu() { # NGINX_PID: the CPU seconds of its worker process(es)
+  local total=0 w
+  for w in $(cat "/proc/$1/task/$1/children"); do
+    grep -q "worker process" "/proc/$w/cmdline" 2>/dev/null || continue
+    total=$(python3 -c "import os; f=open('/proc/$w/stat').read().rsplit(')',1)[1].split(); print($total + (int(f[11])+int(f[12]))/os.sysconf('SC_CLK_TCK'))")
+  done
+  echo "$total"
+}
+warm_row() { # WARM LOAD
+  local dir="$work/root/run/warm-$1-$2-$RANDOM" port; port=$(free); mkdir -p "$dir"
+  sed -e "s|127.0.0.1:$lport|127.0.0.1:$port|" -e "s|$work/root/run/live|$dir|g" \
+    -e "s|warm = \"on\",|warm = \"$1\",|" "$bundle/nginx.conf" > "$dir/nginx.conf"
+  grep -q "warm = \"$1\"," "$dir/nginx.conf" || { echo "warm not set" >&2; exit 1; }
+  local m0 m1 out n rps line t0
+  m0=$(mget_calls)
+  nginx -p "$bundle/" -c "$dir/nginx.conf" & local pid=$!
+  t0=$(date +%s.%N)
+  wait_port "$port"
+  if [ "$2" = no ]; then
+    while ! grep -q "warmed the shared cache" "$dir/error.log" 2>/dev/null; do
+      sleep 0.05
+      python3 -c "import sys,time; sys.exit(time.time() - $t0 > 300)" || { echo "no warm in 300 s" >&2; exit 1; }
+    done
+    line=$(grep -o "warmed the shared cache.*s" "$dir/error.log" | head -1)
+    echo "| warm, nobody asking | $line | worker CPU $(worker_cpu "$pid") s |"
+  else
+    out=$(wrk -t1 -c32 -d"${secs}s" -s "$work/random_host.lua" "http://127.0.0.1:$port/a.mp4")
+    m1=$(mget_calls)
+    n=$(grep -oP '\d+(?= requests in)' <<<"$out"); rps=$(grep -oP 'Requests/sec:\s+\K[\d.]+' <<<"$out")
+    echo "| warm $1, random Hosts from the start | $(python3 -c "print(f'{float($rps):,.0f} req/s | {($m1-$m0)/$n:.3f} MGETs/request')") | worker CPU $(worker_cpu "$pid") s |"
+  fi
+  kill "$pid"; wait "$pid" 2>/dev/null || true
+}
+if [ -z "${WARM_ONLY:-}" ]; then
+  echo "$hosts hosts: each once in order (fill), then a uniformly random Host per request for ${secs}s"
+  echo "| workers | shared cache | fill: req/s | MGETs/request | hit ratio | random: req/s | MGETs/request | hit ratio |"
+  echo "|---:|---|---:|---:|---:|---:|---:|---:|"
+  for w in 1 2 4; do row "$w" no; row "$w" yes; done
+fi
+echo "$hosts hosts, 1 worker: the warm at start"
+for i in 1 2 3; do warm_row on no; done
+for i in 1 2 3; do warm_row off yes; warm_row on yes; done
 echo "load at the end: $(cut -d' ' -f1-3 /proc/loadavg)"

@@ -47,6 +47,12 @@ pub struct EdgeOptions {
     pub metrics_hosts: u32,
     /// The JSON access log, `<prefix>/access.log` (default on).
     pub access_log: bool,
+    /// One worker reads every document into the shared cache at start
+    /// (`install.vars.warm`, default on).
+    pub warm: bool,
+    /// The size of the shared document cache (`lua_shared_dict
+    /// edge_docs`), in place of the template's (a test of a full cache).
+    pub docs_dict: Option<String>,
 }
 
 impl EdgeOptions {
@@ -73,6 +79,8 @@ impl EdgeOptions {
             metrics: true,
             metrics_hosts: 10_000,
             access_log: true,
+            warm: true,
+            docs_dict: None,
         }
     }
 }
@@ -259,6 +267,7 @@ pub fn edge_context(
                 "metrics_hosts": o.metrics_hosts.to_string(),
                 "metrics_listen": l.metrics_listen,
                 "access_log": if o.access_log { "on" } else { "off" },
+                "warm": if o.warm { "on" } else { "off" },
             },
             "https_listen": l.https_listen,
             "proxy_listen": l.proxy_listen,
@@ -376,6 +385,11 @@ pub fn write_conf_with(prefix: &Path, l: &Listeners, o: &EdgeOptions) -> (PathBu
             "proxy_ssl_trusted_certificate /etc/ssl/certs/ca-certificates.crt;",
             &format!("proxy_ssl_trusted_certificate {};", ca.display()),
         );
+    }
+    if let Some(size) = &o.docs_dict {
+        let line = "lua_shared_dict edge_docs 256m;";
+        assert!(text.contains(line), "the template's edge_docs line changed");
+        text = text.replace(line, &format!("lua_shared_dict edge_docs {size};"));
     }
     let conf = prefix.join("nginx.conf");
     std::fs::write(&conf, text).expect("write nginx.conf");

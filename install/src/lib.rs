@@ -233,13 +233,15 @@ impl Instance {
 /// The template variables every instance has unless `install.vars` (or,
 /// for the candidate, `install.candidate_vars`) gives them: the edge's
 /// per-site metrics and JSON access log ("on"/"off"), the cap of sites
-/// the metrics track by name, and the metrics listener (the candidate's
-/// default is the smoke host, the smoke port + 3).
-pub const DEFAULT_VARS: [(&str, &str); 4] = [
+/// the metrics track by name, the metrics listener (the candidate's
+/// default is the smoke host, the smoke port + 3), and whether the edge
+/// warms its shared cache at start ("on"/"off").
+pub const DEFAULT_VARS: [(&str, &str); 5] = [
     ("access_log", "on"),
     ("metrics", "on"),
     ("metrics_hosts", "10000"),
     ("metrics_listen", "127.0.0.1:9145"),
+    ("warm", "on"),
 ];
 
 /// An edge's default direct HTTPS listener (node YAML `https.listen`).

@@ -247,6 +247,8 @@ fn an_edge_whose_redis_loses_its_data_keeps_serving_the_sites_it_knew() {
     apply();
     let mut o = EdgeOptions::new(redis.port);
     o.workers = 2;
+    // Not warmed at start, so b.test is a host no worker has read.
+    o.warm = false;
     let edge = harness::nginx::edge(&o);
     let port = edge.process.port;
     std::thread::sleep(Duration::from_millis(300));

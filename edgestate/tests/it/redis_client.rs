@@ -730,10 +730,6 @@ fn the_edge_authenticates_and_keeps_serving_what_it_read_when_the_password_stops
     assert_eq!(redis_cli(&setuser), "OK");
     let o1 = origin("origin-1");
     publish(&admin, "a.example", &o1, 1);
-    assert_eq!(
-        redis_cli(&[&admin[..], &["SET", "site:b.example", &site_doc(&o1)]].concat()),
-        "OK"
-    );
     let mut o = harness::nginx::EdgeOptions::new(r.port);
     o.redis = Some(serde_json::json!({
         "url": format!("redis://edge@127.0.0.1:{}", r.port),
@@ -754,6 +750,17 @@ fn the_edge_authenticates_and_keeps_serving_what_it_read_when_the_password_stops
             let got = get_host(&edge, "a.example");
             (got != (200, "origin-1".to_owned())).then(|| format!("{got:?}\n{}", edge.error_log()))
         },
+    );
+    // The user may SCAN: the edge warmed its shared cache (a.example,
+    // added unless the first request had read it already).
+    wait_for("the warm", Duration::from_secs(10), || {
+        let log = edge.error_log();
+        (!log.contains(" of 1 read (generation 1)")).then_some(log)
+    });
+    // Written after the warm, and never read by a request.
+    assert_eq!(
+        redis_cli(&[&admin[..], &["SET", "site:b.example", &site_doc(&o1)]].concat()),
+        "OK"
     );
     // The user's password changes, its connections dropped.
     assert_eq!(
@@ -778,6 +785,26 @@ fn the_edge_authenticates_and_keeps_serving_what_it_read_when_the_password_stops
     o.redis_password = Some(("EDGE_TEST_REDIS_PW".into(), "wrong".into()));
     let wrong = harness::nginx::edge(&o);
     assert_eq!(get_host(&wrong, "a.example").0, 503);
+    drop(wrong);
+    // A user of an older release's rules (no SCAN): the warm is refused,
+    // said once, and requests read Redis as before.
+    let mut older = admin.to_vec();
+    older.extend(["ACL", "SETUSER", "edge", "resetpass", ">3dge", "-scan"]);
+    assert_eq!(redis_cli(&older), "OK");
+    o.redis_password = Some(("EDGE_TEST_REDIS_PW".into(), "3dge".into()));
+    let older = harness::nginx::edge(&o);
+    wait_for("the refused warm", Duration::from_secs(10), || {
+        let log = older.error_log();
+        (!log.contains("cannot warm the shared cache (documents are read on first use): NOPERM"))
+            .then_some(log)
+    });
+    assert_eq!(get_host(&older, "b.example"), (200, "origin-1".into()));
+    assert_eq!(
+        older.error_log().matches("cannot warm").count(),
+        1,
+        "{}",
+        older.error_log()
+    );
 }
 
 #[test]

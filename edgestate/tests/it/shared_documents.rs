@@ -2,7 +2,8 @@
 //! "Freshness"): a real nginx with four workers and a real Redis. One read
 //! of a host serves every worker; a Redis outage leaves the host serving
 //! on workers that never read it themselves; a new generation replaces the
-//! shared document on every worker within a poll.
+//! shared document on every worker within a poll; a started edge warms
+//! the shared cache with every document before a viewer asks.
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
@@ -77,6 +78,8 @@ fn one_redis_read_serves_every_worker_through_an_outage_until_the_next_generatio
     redis(port, &["HSET", "edgeform:meta", "generation", "g1"]);
     let mut o = harness::nginx::EdgeOptions::new(port);
     o.workers = 4;
+    // Not warmed at start: what a request reads is what is shared here.
+    o.warm = false;
     let edge = harness::nginx::edge(&o);
     let web = edge.process.port;
     std::thread::sleep(Duration::from_millis(400));
@@ -193,5 +196,116 @@ fn workers_started_after_redis_lost_its_data_keep_the_nodes_generation() {
     while (0..10).any(|_| get(web, "shared.test") != (301, Some("/two".into()))) {
         assert!(t.elapsed() < Duration::from_secs(5), "{}", edge.error_log());
         std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// The error log's line that says the warm ended, once it is there.
+fn warmed(edge: &harness::nginx::Edge) -> String {
+    let t = Instant::now();
+    loop {
+        let log = edge.error_log();
+        if let Some(line) = log.lines().find(|l| l.contains("warmed the shared cache")) {
+            return line.to_owned();
+        }
+        assert!(t.elapsed() < Duration::from_secs(20), "no warm\n{log}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// nginx (re)started: one worker reads every document of its Redis into
+/// the shared cache before any viewer asks, so a Redis lost right after
+/// the start refuses none of them (suspended stays suspended).
+#[test]
+fn a_started_edge_warms_the_shared_cache_and_serves_every_site_through_an_outage() {
+    let mut r = harness::redis(&[]);
+    let port = r.port;
+    for i in 0..300 {
+        redis(
+            port,
+            &[
+                "SET",
+                &format!("site:w{i}.test"),
+                &document(&format!("/w{i}")),
+            ],
+        );
+    }
+    redis(port, &["SET", "suspended:w7.test", "1"]);
+    redis(port, &["SET", "site:*.wild.test", &document("/wild")]);
+    redis(port, &["HSET", "edgeform:meta", "generation", "5"]);
+    let mut o = harness::nginx::EdgeOptions::new(port);
+    o.workers = 2;
+    let edge = harness::nginx::edge(&o);
+    let web = edge.process.port;
+    let line = warmed(&edge);
+    assert!(
+        line.contains("301 documents added of 301 read (generation 5)"),
+        "{line}"
+    );
+    // One worker warmed; the other found it done.
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(
+        edge.error_log().matches("warmed the shared cache").count(),
+        1,
+        "{}",
+        edge.error_log()
+    );
+
+    r.kill();
+    std::thread::sleep(Duration::from_millis(400));
+    for i in 0..300 {
+        let want = if i == 7 {
+            (503, None)
+        } else {
+            (301, Some(format!("/w{i}")))
+        };
+        assert_eq!(
+            get(web, &format!("w{i}.test")),
+            want,
+            "w{i}.test during the outage\n{}",
+            edge.error_log()
+        );
+    }
+    assert_eq!(get(web, "never-read.test").0, 503);
+}
+
+/// A shared cache too small for every document: the warm stops when it is
+/// full (never evicting), says so, and every site still serves while
+/// Redis answers.
+#[test]
+fn warming_a_shared_cache_too_small_for_every_document_stops_when_it_is_full() {
+    let r = harness::redis(&[]);
+    let port = r.port;
+    let padding = "x".repeat(1500);
+    for i in 0..2000 {
+        redis(
+            port,
+            &[
+                "SET",
+                &format!("site:f{i}.test"),
+                &document(&format!("/f{i}?{padding}")),
+            ],
+        );
+    }
+    redis(port, &["HSET", "edgeform:meta", "generation", "1"]);
+    let mut o = harness::nginx::EdgeOptions::new(port);
+    o.docs_dict = Some("1m".into());
+    let edge = harness::nginx::edge(&o);
+    let web = edge.process.port;
+    let line = warmed(&edge);
+    assert!(line.contains("the shared cache is full"), "{line}");
+    let added: u32 = line
+        .split("cache: ")
+        .nth(1)
+        .and_then(|l| l.split(' ').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("{line}"));
+    assert!((50..2000).contains(&added), "{line}");
+    for i in (0..2000).step_by(97) {
+        assert_eq!(
+            get(web, &format!("f{i}.test")),
+            (301, Some(format!("/f{i}?{padding}"))),
+            "f{i}.test\n{}",
+            edge.error_log()
+        );
     }
 }

@@ -70,6 +70,7 @@ function _M.init(c)
   end
   conf.metrics = switch("metrics", conf.metrics)
   conf.access_log = switch("access_log", conf.access_log)
+  conf.warm = switch("warm", conf.warm)
   metrics.init({ on = conf.metrics, cap = conf.metrics_hosts or 10000, node = conf.node })
   -- The access phase is one long function with its helpers inlined:
   -- LuaJIT's default limits abort its trace ("trace too long") and leave
@@ -203,6 +204,136 @@ local function tick(premature)
   poll_failed = not ok
 end
 
+-- Warming (docs/edge.md "Warming"): after nginx starts, one worker reads
+-- every site:/suspended: pair of its Redis into the shared cache, so a
+-- Redis lost soon after a restart refuses no host the edge has documents
+-- for. It never evicts (safe_add: a full cache ends it) and never replaces
+-- what a request read (add, not set). Each batch is tagged with the
+-- generation this worker serves when it is read, never newer than what
+-- Redis holds: a document written by an apply meanwhile is stale once the
+-- poll sees the apply, and read again on first use, like any older entry.
+local WARM = " warm"       -- edge_wild: the warming worker's pid (expires), then "done"
+local WARM_BATCH = 500     -- SCAN COUNT: keys looked at per round trip
+local WARM_PAUSE = 0.002   -- seconds between batches: viewers' requests go first
+local WARM_RETRY = 2       -- seconds before a warm that could not run tries again
+local WARM_CLAIM = 30      -- seconds a claim outlives its worker's last batch
+local WARM_FULL = 32       -- refusals in a row ("no memory") that mean the cache is full
+local WARM_ROUNDS = 200000 -- SCAN calls at most (a hostile Redis's endless cursor)
+
+-- One pass over Redis: documents stored, documents read, whether the cache
+-- filled — or nil, the error and its kind: "later" (the worker exits, or
+-- Redis lost its data meanwhile), "refused" (an error reply such as
+-- NOPERM: trying again would not help) or "connection".
+local function warm_pass(pid)
+  local r, err = connect()
+  if not r then return nil, err, "connection" end
+  local cursor, stored, read, refused, full = "0", 0, 0, 0, false
+  local rounds = 0
+  repeat
+    local gen = generation
+    if ngx.worker.exiting() or gen == nil or seen ~= gen then
+      r:close()
+      return nil, "", "later"
+    end
+    local res
+    res, err = r:scan(cursor, "MATCH", "site:*", "COUNT", WARM_BATCH)
+    if type(res) ~= "table" or type(res[1]) ~= "string" or type(res[2]) ~= "table" then
+      r:close()
+      return nil, err or "SCAN answered something else", res == false and "refused" or "connection"
+    end
+    cursor = res[1]
+    local keys, args = {}, {}
+    for _, k in ipairs(res[2]) do
+      if type(k) == "string" and #k > 5 and sub(k, 1, 5) == "site:" then
+        local key = sub(k, 6)
+        keys[#keys + 1] = key
+        args[#args + 1] = k
+        args[#args + 1] = "suspended:" .. key
+      end
+    end
+    if #keys > 0 then
+      local vals
+      vals, err = r:mget(unpack(args))
+      if type(vals) ~= "table" then
+        r:close()
+        return nil, err or "MGET answered something else", vals == false and "refused" or "connection"
+      end
+      for i, key in ipairs(keys) do
+        local text = vals[2 * i - 1]
+        if type(text) == "string" then
+          read = read + 1
+          local ok, e = shared_docs:safe_add(key, gen .. "\n" .. text, 0,
+            vals[2 * i] == "1" and 1 or 0)
+          if ok then
+            stored, refused = stored + 1, 0
+          elseif e == "no memory" then
+            refused = refused + 1
+            if refused >= WARM_FULL then full = true break end
+          end
+        end
+      end
+    end
+    rounds = rounds + 1
+    shared_wild:set(WARM, pid, WARM_CLAIM)
+    ngx.sleep(WARM_PAUSE)
+  until cursor == "0" or full or rounds >= WARM_ROUNDS
+  release(r)
+  return stored, read, full
+end
+
+local warm_failed = false   -- a failure is logged once per worker
+local function warm(premature)
+  if premature or ngx.worker.exiting() then return end
+  local pid = tostring(ngx.worker.pid())
+  local claim = shared_wild:get(WARM)
+  if claim == "done" then return end
+  -- Before this worker's first poll, and while Redis has lost its data
+  -- (what it holds is not what the node serves), there is nothing to warm
+  -- with: look again at the next poll.
+  if generation == nil or seen ~= generation then
+    ngx.timer.at(conf.poll, warm)
+    return
+  end
+  -- Another worker warms (or did, and this one started after): look
+  -- again later, in case it exits before it is done.
+  if (claim ~= nil and claim ~= pid) or (claim == nil and not shared_wild:add(WARM, pid, WARM_CLAIM)) then
+    ngx.timer.at(WARM_RETRY, warm)
+    return
+  end
+  local started = ngx.now()
+  local called, stored, read, full = pcall(warm_pass, pid)
+  if called and stored then
+    -- A node with no generation yet (never applied to) has nothing to
+    -- warm; its first apply's documents are worth warming.
+    if generation == "none" and stored == 0 then
+      shared_wild:delete(WARM)
+      ngx.timer.at(WARM_RETRY * 5, warm)
+      return
+    end
+    shared_wild:set(WARM, "done")
+    ngx.update_time()
+    log(NOTICE, "edgeform: warmed the shared cache: ", stored, " documents added of ", read,
+      " read (generation ", generation, ") in ", string.format("%.2f", ngx.now() - started), " s",
+      full and "; the shared cache is full, the rest are read on first use" or "")
+    return
+  end
+  shared_wild:delete(WARM)
+  local err, kind = read, full
+  if not called then err, kind = stored, "refused" end
+  if kind == "refused" then
+    -- An error reply (the Redis user lacks SCAN, say) or a bug: said once,
+    -- not tried again until nginx restarts; requests read as before.
+    shared_wild:set(WARM, "done")
+    log(ERR, "edgeform: cannot warm the shared cache (documents are read on first use): ", err)
+    return
+  end
+  if kind == "connection" and not warm_failed then
+    log(WARN, "edgeform: warming the shared cache stopped, trying again every ", WARM_RETRY, " s: ", err)
+  end
+  warm_failed = kind == "connection"
+  ngx.timer.at(kind == "later" and conf.poll or WARM_RETRY, warm)
+end
+
 function _M.init_worker()
   shared_docs, shared_wild = ngx.shared.edge_docs, ngx.shared.edge_wild
   docs = lrucache.new(conf.doc_cache)
@@ -210,6 +341,7 @@ function _M.init_worker()
   misses = lrucache.new(conf.miss_cache)
   ngx.timer.at(0, tick)
   ngx.timer.every(conf.poll, tick)
+  if conf.warm and shared_docs and shared_wild then ngx.timer.at(0, warm) end
   metrics.init_worker()
 end
 
