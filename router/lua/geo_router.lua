@@ -72,6 +72,40 @@ local function load_table(text)
   return true
 end
 
+-- The table in use, shared by the node's workers (`lua_shared_dict
+-- router_table`) as "<generation>\n<table text>": a worker that starts
+-- later (nginx reloaded, a worker restarted) begins from it, so a reload
+-- while Redis is unreachable keeps routing, and Redis that lost its data
+-- before the new worker's first poll is seen as lost there too.
+local shared_table
+local TABLE = "table"
+local share_failed = false
+
+local function adopt_shared()
+  if generation ~= nil or not shared_table then return end
+  local v = shared_table:get(TABLE)
+  if type(v) ~= "string" then return end
+  local nl = v:find("\n", 1, true)
+  if not nl then return end
+  local gen = v:sub(1, nl - 1)
+  local ok, err = load_table(v:sub(nl + 1))
+  if not ok then
+    log(ERR, "edgeform router: the shared routing table is unreadable: ", err)
+    return
+  end
+  generation, seen = gen, gen
+end
+
+local function share_table(gen, text)
+  if not shared_table then return end
+  local ok, err = shared_table:set(TABLE, gen .. "\n" .. text)
+  if not ok and not share_failed then
+    log(ERR, "edgeform router: cannot share the routing table with the other workers",
+      " (a reload while Redis is down would start without it): ", err)
+  end
+  share_failed = not ok
+end
+
 -- Read the generation; on a change, the table.
 local function poll_redis()
   local r, err = edge_redis.connect()
@@ -96,6 +130,7 @@ local function poll_redis()
     ok, err = load_table(text)
     if not ok then return nil, "edgeform:routing unreadable: " .. tostring(err) end
     generation = gen
+    share_table(gen, text)
   end
   edge_redis.release(r)
   return true
@@ -142,6 +177,7 @@ local warned_redis, warned_health = false, false
 
 local function tick(premature)
   if premature then return end
+  adopt_shared()
   local ok, err = poll_redis()
   routing_stale = not ok
   if not ok and not warned_redis then
@@ -177,6 +213,7 @@ local function tick_first()
 end
 
 function _M.init_worker()
+  shared_table = ngx.shared.router_table
   decisions = lrucache.new(DECISIONS)
   ngx.timer.at(0, tick)
   ngx.timer.every(conf.poll, tick)

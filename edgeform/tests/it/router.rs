@@ -800,6 +800,73 @@ fn routing_agent(
 /// A router started (or restarted) routes from its first request, not
 /// 503 until its timer's first poll; a Redis gone back a generation does
 /// not replace the table in use.
+/// nginx reloaded (`HUP`: new workers) while Redis is down, then while
+/// Redis has lost its data: the new workers begin from the table the old
+/// ones routed with (shared by the workers), marked stale while Redis is
+/// away, and keep it when Redis comes back empty.
+#[test]
+fn a_router_reloaded_while_redis_is_down_or_empty_keeps_routing_with_the_table_in_use() {
+    let mut redis = harness::redis(&[]);
+    let broker = harness::mosquitto();
+    let f = repo(redis.port, broker.port);
+    let out = edgeform(f.path(), &["apply", "--yes", "--node", "router-1"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let edge_port = harness::free_port();
+    for (name, addr, _, _) in EDGES {
+        edge_listener(addr, edge_port, name);
+        set_status(broker.port, name, "online");
+    }
+    let (_agent, _shared, _cache, health) = routing_agent(redis.port, broker.port);
+    let mut o = harness::nginx::RouterOptions::new(redis.port, health, edge_port);
+    o.workers = 2;
+    let router = harness::nginx::router(&o);
+    let port = router.process.port;
+    let viewer = Some("81.2.69.142");
+    wait_for("the router to load table and health", 20, || {
+        get(port, viewer).status == 200
+    });
+    let reload = || {
+        let old = router.worker_pids();
+        let status = std::process::Command::new("kill")
+            .args(["-HUP", &router.process.pid().to_string()])
+            .status()
+            .unwrap();
+        assert!(status.success());
+        wait_for("the reload's new workers", 10, || {
+            let now = router.worker_pids();
+            now.len() == 2 && now.iter().all(|p| !old.contains(p))
+        });
+    };
+    redis.stop();
+    reload();
+    for i in 0..10 {
+        let r = get(port, viewer);
+        assert_eq!(
+            (r.status, r.header("x-edgeform-stale")),
+            (200, Some("routing")),
+            "#{i} after a reload with Redis down\n{}",
+            router.error_log()
+        );
+    }
+    // Back without its data (no persistence here), then another reload.
+    redis.restart();
+    reload();
+    wait_for("the new workers to see the loss", 10, || {
+        router
+            .error_log()
+            .contains("redis lost its data (generation none")
+    });
+    for i in 0..10 {
+        let r = get(port, viewer);
+        assert_eq!(
+            (r.status, r.header("x-edgeform-stale")),
+            (200, None),
+            "#{i} after a reload with Redis empty\n{}",
+            router.error_log()
+        );
+    }
+}
+
 #[test]
 fn geo_router_routes_from_its_first_request_and_keeps_its_table_when_redis_goes_back() {
     let redis = harness::redis(&[]);
