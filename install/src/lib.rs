@@ -170,6 +170,9 @@ impl Instance {
         let alt = |n: u16| format!("{smoke_host}:{}", smoke_port.saturating_add(n));
         // The candidate's metrics listener: never the live one.
         cvars.insert("metrics_listen".into(), alt(3));
+        // The candidate lives for its smoke test: no warm of its shared
+        // cache (a SCAN of the node's Redis at every install).
+        cvars.insert("warm".into(), "off".into());
         if let Some(i) = install {
             cvars.extend(i.candidate_vars.clone());
         }
@@ -235,7 +238,8 @@ impl Instance {
 /// per-site metrics and JSON access log ("on"/"off"), the cap of sites
 /// the metrics track by name, the metrics listener (the candidate's
 /// default is the smoke host, the smoke port + 3), and whether the edge
-/// warms its shared cache at start ("on"/"off").
+/// warms its shared cache at start ("on"/"off"; the candidate's default
+/// is "off").
 pub const DEFAULT_VARS: [(&str, &str); 5] = [
     ("access_log", "on"),
     ("metrics", "on"),

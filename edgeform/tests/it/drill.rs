@@ -989,12 +989,13 @@ fn run_fault(c: &mut Cluster, load: &Load, n: usize, f: &'static Fault, hold: Du
     }
     let settled = restarted.elapsed().as_secs_f64();
     let t1 = now_us();
-    // Recovered includes warm again: a restarted nginx has read nothing,
-    // and whether the viewers' load brought each name back to it depends
-    // on the routers' choice. Without this, the next fault (edge-1's Redis
-    // after edge-1's nginx) could meet a name the restarted edge never
-    // read — refused by design (docs/edge.md, "Freshness") — and measure
-    // two faults at once. Outside this row's window and the next one's.
+    // Recovered includes warm again: a restarted nginx warms its documents
+    // itself (docs/edge.md, "Warming") but not its certificates, and
+    // whether the viewers' load brought each name's certificate back to it
+    // depends on the routers' choice. Without this, the next fault
+    // (edge-1's Redis after edge-1's nginx) could meet a name whose
+    // certificate the restarted edge never read — refused by design — and
+    // measure two faults at once. Outside this row's window and the next one's.
     c.warm();
     let recs = load.between(t0, t1);
     let cached = |u: &str| u.ends_with(".mp4");

@@ -1149,6 +1149,11 @@ fn redis_down_serves_the_last_known_documents() {
     let port = s.edge.process.port;
     std::thread::sleep(Duration::from_millis(300));
     assert_eq!(get(port, "plain.test", "/x", &[]).status, 200);
+    let t = Instant::now();
+    while !s.edge.error_log().contains("warmed the shared cache") {
+        assert!(t.elapsed() < Duration::from_secs(10), "no warm");
+        std::thread::sleep(Duration::from_millis(50));
+    }
     s.redis.kill();
     std::thread::sleep(Duration::from_millis(500));
     let r = get(port, "plain.test", "/y", &[]);

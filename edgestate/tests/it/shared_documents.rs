@@ -214,7 +214,8 @@ fn warmed(edge: &harness::nginx::Edge) -> String {
 
 /// nginx (re)started: one worker reads every document of its Redis into
 /// the shared cache before any viewer asks, so a Redis lost right after
-/// the start refuses none of them (suspended stays suspended).
+/// the start refuses none of them (suspended stays suspended); a reload
+/// does not warm again.
 #[test]
 fn a_started_edge_warms_the_shared_cache_and_serves_every_site_through_an_outage() {
     let mut r = harness::redis(&[]);
@@ -241,8 +242,20 @@ fn a_started_edge_warms_the_shared_cache_and_serves_every_site_through_an_outage
         line.contains("301 documents added of 301 read (generation 5)"),
         "{line}"
     );
-    // One worker warmed; the other found it done.
-    std::thread::sleep(Duration::from_millis(300));
+    // One worker warmed; the other found it done. A reload's new workers
+    // find it done too (the shared caches outlive a reload).
+    let old = edge.worker_pids();
+    let status = std::process::Command::new("kill")
+        .args(["-HUP", &edge.process.pid().to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let t = Instant::now();
+    while edge.worker_pids().iter().any(|p| old.contains(p)) || edge.worker_pids().len() < 2 {
+        assert!(t.elapsed() < Duration::from_secs(10), "no reload");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    std::thread::sleep(Duration::from_millis(600));
     assert_eq!(
         edge.error_log().matches("warmed the shared cache").count(),
         1,

@@ -134,6 +134,10 @@ local function moved(gen) return generation_rule.moves(gen, generation, seen) en
 -- worker's first poll is seen as lost there too, not as generation "none".
 local SERVING = " serving"
 local trusted_loaded = false
+-- The warm (below): its key in edge_wild, and whether this worker knows
+-- it is done.
+local WARM = " warm"
+local warm_done = false
 
 -- Read the generation; on a change, forget every document.
 local function poll()
@@ -152,11 +156,13 @@ local function poll()
     log(ERR, "edgeform: redis lost its data (generation ", gen, ", serving ", generation,
       "): keeping the last known documents")
   end
-  seen = gen
   if move or (not trusted_loaded and gen == generation) then
     load_trusted(r)
     trusted_loaded = true
   end
+  -- `seen` and `generation` change together, after load_trusted's read
+  -- (a yield): in between, a warm batch would take the apply for a loss.
+  seen = gen
   if move then
     -- Entries of the old generation stay, stale: the next request re-reads
     -- them, and while Redis is unreachable they are the last known state.
@@ -166,6 +172,9 @@ local function poll()
   if shared_wild and generation and (move or shared_wild:get(SERVING) == nil) then
     shared_wild:set(SERVING, generation)
   end
+  -- Likewise the warm's "done" (see warm()), so a flood of wildcard hosts
+  -- does not evict it and make the next reload warm again.
+  if warm_done and shared_wild:get(WARM) == nil then shared_wild:set(WARM, "done") end
   release(r)
   return true
 end
@@ -212,7 +221,7 @@ end
 -- generation this worker serves when it is read, never newer than what
 -- Redis holds: a document written by an apply meanwhile is stale once the
 -- poll sees the apply, and read again on first use, like any older entry.
-local WARM = " warm"       -- edge_wild: the warming worker's pid (expires), then "done"
+-- WARM (above): in edge_wild, the warming worker's pid (expires), then "done".
 local WARM_BATCH = 500     -- SCAN COUNT: keys looked at per round trip
 local WARM_PAUSE = 0.002   -- seconds between batches: viewers' requests go first
 local WARM_RETRY = 2       -- seconds before a warm that could not run tries again
@@ -220,26 +229,42 @@ local WARM_CLAIM = 30      -- seconds a claim outlives its worker's last batch
 local WARM_FULL = 32       -- refusals in a row ("no memory") that mean the cache is full
 local WARM_ROUNDS = 200000 -- SCAN calls at most (a hostile Redis's endless cursor)
 
--- One pass over Redis: documents stored, documents read, whether the cache
--- filled — or nil, the error and its kind: "later" (the worker exits, or
--- Redis lost its data meanwhile), "refused" (an error reply such as
--- NOPERM: trying again would not help) or "connection".
+-- What a failed command's result says for the warm (nginx.redis: nil +
+-- err on a socket error, false + "CODE message" on an error reply, or a
+-- reply of the wrong shape): "refused" (NOPERM: trying again would not
+-- help, nor would a Redis that answers nonsense), or "connection" (tried
+-- again: a lost connection, or LOADING, BUSY, … after a restart).
+local function warm_failure(res, err)
+  if res == false and type(err) == "string" and err:match("^(%u+)") ~= "NOPERM" then
+    return "connection"
+  end
+  if res == nil then return "connection" end
+  return "refused"
+end
+
+-- One pass over Redis: {stored, read, full, rounds_out, first, last} (documents
+-- added, documents read, whether the cache filled, whether the pass
+-- stopped at WARM_ROUNDS, and the first and last generation it tagged
+-- batches with) — or nil, the error and its kind: "later" (the worker
+-- exits, or Redis lost its data meanwhile), "refused" or "connection"
+-- (warm_failure).
 local function warm_pass(pid)
   local r, err = connect()
   if not r then return nil, err, "connection" end
   local cursor, stored, read, refused, full = "0", 0, 0, 0, false
-  local rounds = 0
+  local rounds, first, gen = 0, nil, nil
   repeat
-    local gen = generation
+    gen = generation
     if ngx.worker.exiting() or gen == nil or seen ~= gen then
       r:close()
       return nil, "", "later"
     end
+    first = first or gen
     local res
     res, err = r:scan(cursor, "MATCH", "site:*", "COUNT", WARM_BATCH)
     if type(res) ~= "table" or type(res[1]) ~= "string" or type(res[2]) ~= "table" then
       r:close()
-      return nil, err or "SCAN answered something else", res == false and "refused" or "connection"
+      return nil, err or "SCAN answered something else", warm_failure(res, err)
     end
     cursor = res[1]
     local keys, args = {}, {}
@@ -256,7 +281,7 @@ local function warm_pass(pid)
       vals, err = r:mget(unpack(args))
       if type(vals) ~= "table" then
         r:close()
-        return nil, err or "MGET answered something else", vals == false and "refused" or "connection"
+        return nil, err or "MGET answered something else", warm_failure(vals, err)
       end
       for i, key in ipairs(keys) do
         local text = vals[2 * i - 1]
@@ -278,7 +303,8 @@ local function warm_pass(pid)
     ngx.sleep(WARM_PAUSE)
   until cursor == "0" or full or rounds >= WARM_ROUNDS
   release(r)
-  return stored, read, full
+  return { stored = stored, read = read, full = full, rounds_out = cursor ~= "0" and not full,
+    first = first, last = gen }
 end
 
 local warm_failed = false   -- a failure is logged once per worker
@@ -286,7 +312,10 @@ local function warm(premature)
   if premature or ngx.worker.exiting() then return end
   local pid = tostring(ngx.worker.pid())
   local claim = shared_wild:get(WARM)
-  if claim == "done" then return end
+  if claim == "done" then
+    warm_done = true
+    return
+  end
   -- Before this worker's first poll, and while Redis has lost its data
   -- (what it holds is not what the node serves), there is nothing to warm
   -- with: look again at the next poll.
@@ -301,29 +330,33 @@ local function warm(premature)
     return
   end
   local started = ngx.now()
-  local called, stored, read, full = pcall(warm_pass, pid)
-  if called and stored then
-    -- A node with no generation yet (never applied to) has nothing to
-    -- warm; its first apply's documents are worth warming.
-    if generation == "none" and stored == 0 then
+  local called, got, err, kind = pcall(warm_pass, pid)
+  if called and got then
+    -- A node with no generation yet (never applied to) and no document
+    -- has nothing to warm; its first apply's documents are worth warming.
+    if got.read == 0 and got.last == "none" then
       shared_wild:delete(WARM)
       ngx.timer.at(WARM_RETRY * 5, warm)
       return
     end
     shared_wild:set(WARM, "done")
+    warm_done = true
     ngx.update_time()
-    log(NOTICE, "edgeform: warmed the shared cache: ", stored, " documents added of ", read,
-      " read (generation ", generation, ") in ", string.format("%.2f", ngx.now() - started), " s",
-      full and "; the shared cache is full, the rest are read on first use" or "")
+    local gens = got.first == got.last and got.first or (got.first .. " to " .. got.last)
+    log(NOTICE, "edgeform: warmed the shared cache: ", got.stored, " documents added of ", got.read,
+      " read (generation ", gens, ") in ", string.format("%.2f", ngx.now() - started), " s",
+      got.full and "; the shared cache is full, the rest are read on first use" or "",
+      got.rounds_out and "; stopped after " .. WARM_ROUNDS .. " SCAN calls (the cursor never ended)" or "")
     return
   end
   shared_wild:delete(WARM)
-  local err, kind = read, full
-  if not called then err, kind = stored, "refused" end
+  if not called then err, kind = got, "refused" end
   if kind == "refused" then
-    -- An error reply (the Redis user lacks SCAN, say) or a bug: said once,
-    -- not tried again until nginx restarts; requests read as before.
+    -- The Redis user may not SCAN (NOPERM), a reply of the wrong shape, or
+    -- a bug: said once, not tried again until nginx restarts; requests
+    -- read as before.
     shared_wild:set(WARM, "done")
+    warm_done = true
     log(ERR, "edgeform: cannot warm the shared cache (documents are read on first use): ", err)
     return
   end
