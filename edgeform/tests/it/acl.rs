@@ -320,6 +320,90 @@ fn acl_users_with_the_documented_least_privilege_run_every_role() {
     assert_eq!(e.code(), Some("NOPERM"), "{e}");
 }
 
+/// A site served over HTTPS under the documented users: the control
+/// host's user writes its certificate (`tls:<host>`) with the documents,
+/// and the edge's Lua user reads it, and may SCAN the documents for the
+/// warm at start.
+#[test]
+fn a_certificate_is_written_and_read_by_the_documented_users() {
+    let agent_password = std::env::var("PATH").unwrap();
+    let r = server(&agent_password);
+    let mut a = admin(r.port);
+    // The edge's installed code reads certificates (the version-skew gate),
+    // as its reads.json says.
+    let reads: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(harness::nginx::repo_root().join("roles/edge/reads.json"))
+            .unwrap(),
+    )
+    .unwrap();
+    let fields: Vec<&str> = reads["site_fields"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_str().unwrap())
+        .collect();
+    redis::cmd("HSET")
+        .arg("edgeform:bundle")
+        .arg("site_fields")
+        .arg(fields.join(","))
+        .arg("tls")
+        .arg("1")
+        .exec(&mut a)
+        .unwrap();
+    let certs = harness::SiteCerts::new();
+    certs.sign("shop", &["shop.example.com"], 90);
+    let f = Fixture::empty();
+    f.write(
+        "nodes/edge-1.yaml",
+        node(
+            r.port,
+            "{url: \"redis://edgeform@127.0.0.1:PORT\", password_env: EDGEFORM_TEST_REDIS_PASSWORD}",
+        )
+        .as_bytes(),
+    );
+    f.write(
+        "sites/shop.yaml",
+        b"host: shop.example.com\norigin: https://192.0.2.1\ntls: {certificate: shop}\n",
+    );
+    f.commit("a site over HTTPS");
+    let state_root = tempfile::tempdir().unwrap();
+    let state = state_root.path().join("state");
+    let with_state = |args: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_edgeform"))
+            .args(args)
+            .current_dir(f.path())
+            .env("NO_COLOR", "1")
+            .env("EDGEFORM_STATE_DIR", &state)
+            .env("EDGEFORM_TEST_REDIS_PASSWORD", CONTROL_PASSWORD)
+            .output()
+            .unwrap()
+    };
+    let cert = certs.file("shop.chain.pem").display().to_string();
+    let key = certs.file("shop.key").display().to_string();
+    let out = with_state(&["certs", "import", "shop", "--cert", &cert, "--key", &key]);
+    assert_eq!(out.status.code(), Some(0), "{}", both(&out));
+    let out = with_state(&["apply", "--yes"]);
+    assert_eq!(out.status.code(), Some(0), "{}", both(&out));
+    let mut lua = con_as(r.port, "edge-lua", CONTROL_PASSWORD);
+    let cert: Option<String> = redis::cmd("GET")
+        .arg("tls:shop.example.com")
+        .query(&mut lua)
+        .unwrap();
+    assert!(
+        cert.is_some_and(|c| c.contains("BEGIN CERTIFICATE")),
+        "the edge reads the certificate"
+    );
+    let (_, keys): (String, Vec<String>) = redis::cmd("SCAN")
+        .arg(0)
+        .arg("MATCH")
+        .arg("site:*")
+        .arg("COUNT")
+        .arg(100)
+        .query(&mut lua)
+        .unwrap();
+    assert_eq!(keys, ["site:shop.example.com"]);
+}
+
 /// `check` on the user forms: a user part or `username` passes, a
 /// password in the URL is an inline secret, `?username=` and two
 /// different users are refused, each located.
