@@ -676,3 +676,53 @@ fn every_worker_keeps_the_last_read_certificate_when_redis_is_emptied_or_down() 
         "never read: no certificate"
     );
 }
+
+/// nginx started: the warm reads every certificate of its own name into
+/// the workers' shared cache before any handshake, so a Redis lost right
+/// after the start still serves it; a wildcard certificate is not warmed
+/// (the names under it are known only when asked for).
+#[test]
+fn a_started_edge_warms_its_certificates_and_serves_them_through_an_outage() {
+    let mut redis = harness::redis(&[]);
+    let p = redis.port;
+    let dir = tempfile::tempdir().unwrap();
+    redis_cli(p, &["HSET", "edgeform:meta", "generation", "1"]);
+    let (chain, key, fp) = certificate(dir.path(), "a", &["a.test"]);
+    set(p, "tls:a.test", &tls_doc(&chain, &key, &fp, now() + 86400));
+    let (chain, key, wild_fp) = certificate(dir.path(), "w", &["*.wild.test"]);
+    set(
+        p,
+        "tls:*.wild.test",
+        &tls_doc(&chain, &key, &wild_fp, now() + 86400),
+    );
+    let mut o = EdgeOptions::new(p);
+    o.workers = 2;
+    let edge = harness::nginx::edge(&o);
+    let https = edge.https_port;
+    let t = std::time::Instant::now();
+    while !edge.error_log().contains("warmed the shared cache") {
+        assert!(
+            t.elapsed() < Duration::from_secs(10),
+            "{}",
+            edge.error_log()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(
+        edge.error_log()
+            .contains("0 documents added of 0 read, 1 certificates added of 2 read (generation 1)"),
+        "{}",
+        edge.error_log()
+    );
+    redis.kill();
+    std::thread::sleep(Duration::from_millis(400));
+    for i in 0..8 {
+        assert_eq!(
+            served(https, Some("a.test")),
+            Some(fp.clone()),
+            "handshake {i} during the outage\n{}",
+            edge.error_log()
+        );
+    }
+    assert_eq!(served(https, Some("x.wild.test")), None);
+}

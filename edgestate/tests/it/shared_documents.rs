@@ -239,7 +239,9 @@ fn a_started_edge_warms_the_shared_cache_and_serves_every_site_through_an_outage
     let web = edge.process.port;
     let line = warmed(&edge);
     assert!(
-        line.contains("301 documents added of 301 read (generation 5)"),
+        line.contains(
+            "301 documents added of 301 read, 0 certificates added of 0 read (generation 5)"
+        ),
         "{line}"
     );
     // One worker warmed; the other found it done. A reload's new workers
@@ -305,7 +307,10 @@ fn warming_a_shared_cache_too_small_for_every_document_stops_when_it_is_full() {
     let edge = harness::nginx::edge(&o);
     let web = edge.process.port;
     let line = warmed(&edge);
-    assert!(line.contains("the shared cache is full"), "{line}");
+    assert!(
+        line.contains("edge_docs full, the rest are read on first use"),
+        "{line}"
+    );
     let added: u32 = line
         .split("cache: ")
         .nth(1)

@@ -242,58 +242,78 @@ local function warm_failure(res, err)
   return "refused"
 end
 
--- One pass over Redis: {stored, read, full, rounds_out, first, last} (documents
--- added, documents read, whether the cache filled, whether the pass
--- stopped at WARM_ROUNDS, and the first and last generation it tagged
--- batches with) — or nil, the error and its kind: "later" (the worker
--- exits, or Redis lost its data meanwhile), "refused" or "connection"
--- (warm_failure).
-local function warm_pass(pid)
-  local r, err = connect()
-  if not r then return nil, err, "connection" end
-  local cursor, stored, read, refused, full = "0", 0, 0, 0, false
-  local rounds, first, gen = 0, nil, nil
+-- What the warm reads: documents into edge_docs (site key → "<gen>\n<text>",
+-- flags 1: suspended), then certificates into edge_certs as edge_tls.lua
+-- keeps them (name → "<gen>\ntls:<name>", "=tls:<name>" → text). A
+-- wildcard certificate (`tls:*.…`) is not warmed: the names it serves are
+-- not known until they are asked for.
+local WARM_PHASES = {
+  { match = "site:*", prefix = "site:", with_flag = "suspended:",
+    store = function(name, gen, text, flag)
+      return shared_docs:safe_add(name, gen .. "\n" .. text, 0, flag == "1" and 1 or 0)
+    end },
+  { match = "tls:*", prefix = "tls:",
+    store = function(name, gen, text)
+      local certs = ngx.shared.edge_certs
+      if not certs then return false, "none" end
+      if sub(name, 1, 2) == "*." then return false, "wildcard" end
+      local key = "tls:" .. name
+      local ok, err = certs:safe_add("=" .. key, text)
+      if not ok then return ok, err end
+      return certs:safe_add(name, gen .. "\n" .. key)
+    end },
+}
+
+-- One phase of a pass over Redis: adds to `got` (stored, read, full,
+-- rounds_out, first, last) — or nil, the error and its kind: "later" (the
+-- worker exits, or Redis lost its data meanwhile), "refused" or
+-- "connection" (warm_failure).
+local function warm_phase(r, pid, phase, got)
+  local cursor, refused, rounds, err = "0", 0, 0, nil
+  local plen = #phase.prefix
   repeat
-    gen = generation
+    local gen = generation
     if ngx.worker.exiting() or gen == nil or seen ~= gen then
-      r:close()
       return nil, "", "later"
     end
-    first = first or gen
+    got.first = got.first or gen
+    got.last = gen
     local res
-    res, err = r:scan(cursor, "MATCH", "site:*", "COUNT", WARM_BATCH)
+    res, err = r:scan(cursor, "MATCH", phase.match, "COUNT", WARM_BATCH)
     if type(res) ~= "table" or type(res[1]) ~= "string" or type(res[2]) ~= "table" then
-      r:close()
       return nil, err or "SCAN answered something else", warm_failure(res, err)
     end
     cursor = res[1]
-    local keys, args = {}, {}
+    local names, args = {}, {}
     for _, k in ipairs(res[2]) do
-      if type(k) == "string" and #k > 5 and sub(k, 1, 5) == "site:" then
-        local key = sub(k, 6)
-        keys[#keys + 1] = key
+      if type(k) == "string" and #k > plen and sub(k, 1, plen) == phase.prefix then
+        local name = sub(k, plen + 1)
+        names[#names + 1] = name
         args[#args + 1] = k
-        args[#args + 1] = "suspended:" .. key
+        if phase.with_flag then args[#args + 1] = phase.with_flag .. name end
       end
     end
-    if #keys > 0 then
+    if #names > 0 then
       local vals
       vals, err = r:mget(unpack(args))
       if type(vals) ~= "table" then
-        r:close()
         return nil, err or "MGET answered something else", warm_failure(vals, err)
       end
-      for i, key in ipairs(keys) do
-        local text = vals[2 * i - 1]
+      local step = phase.with_flag and 2 or 1
+      for i, name in ipairs(names) do
+        local text = vals[step * (i - 1) + 1]
         if type(text) == "string" then
-          read = read + 1
-          local ok, e = shared_docs:safe_add(key, gen .. "\n" .. text, 0,
-            vals[2 * i] == "1" and 1 or 0)
+          got.read[phase.prefix] = got.read[phase.prefix] + 1
+          local ok, e = phase.store(name, gen, text, vals[step * i])
           if ok then
-            stored, refused = stored + 1, 0
+            got.stored[phase.prefix] = got.stored[phase.prefix] + 1
+            refused = 0
           elseif e == "no memory" then
             refused = refused + 1
-            if refused >= WARM_FULL then full = true break end
+            if refused >= WARM_FULL then
+              got.full[#got.full + 1] = phase.prefix == "site:" and "edge_docs" or "edge_certs"
+              return got
+            end
           end
         end
       end
@@ -301,10 +321,27 @@ local function warm_pass(pid)
     rounds = rounds + 1
     shared_wild:set(WARM, pid, WARM_CLAIM)
     ngx.sleep(WARM_PAUSE)
-  until cursor == "0" or full or rounds >= WARM_ROUNDS
+  until cursor == "0" or rounds >= WARM_ROUNDS
+  if cursor ~= "0" then got.rounds_out = true end
+  return got
+end
+
+-- One pass: every phase, on one connection.
+local function warm_pass(pid)
+  local r, err = connect()
+  if not r then return nil, err, "connection" end
+  local got = { stored = { ["site:"] = 0, ["tls:"] = 0 }, read = { ["site:"] = 0, ["tls:"] = 0 },
+    full = {} }
+  for _, phase in ipairs(WARM_PHASES) do
+    local ok, kind
+    ok, err, kind = warm_phase(r, pid, phase, got)
+    if not ok then
+      r:close()
+      return nil, err, kind
+    end
+  end
   release(r)
-  return { stored = stored, read = read, full = full, rounds_out = cursor ~= "0" and not full,
-    first = first, last = gen }
+  return got
 end
 
 local warm_failed = false   -- a failure is logged once per worker
@@ -334,7 +371,7 @@ local function warm(premature)
   if called and got then
     -- A node with no generation yet (never applied to) and no document
     -- has nothing to warm; its first apply's documents are worth warming.
-    if got.read == 0 and got.last == "none" then
+    if got.read["site:"] == 0 and got.read["tls:"] == 0 and got.last == "none" then
       shared_wild:delete(WARM)
       ngx.timer.at(WARM_RETRY * 5, warm)
       return
@@ -343,10 +380,11 @@ local function warm(premature)
     warm_done = true
     ngx.update_time()
     local gens = got.first == got.last and got.first or (got.first .. " to " .. got.last)
-    log(NOTICE, "edgeform: warmed the shared cache: ", got.stored, " documents added of ", got.read,
+    log(NOTICE, "edgeform: warmed the shared cache: ", got.stored["site:"], " documents added of ",
+      got.read["site:"], " read, ", got.stored["tls:"], " certificates added of ", got.read["tls:"],
       " read (generation ", gens, ") in ", string.format("%.2f", ngx.now() - started), " s",
-      got.full and "; the shared cache is full, the rest are read on first use" or "",
-      got.rounds_out and "; stopped after " .. WARM_ROUNDS .. " SCAN calls (the cursor never ended)" or "")
+      #got.full > 0 and "; " .. table.concat(got.full, " and ") .. " full, the rest are read on first use" or "",
+      got.rounds_out and "; a SCAN stopped after " .. WARM_ROUNDS .. " calls (the cursor never ended)" or "")
     return
   end
   shared_wild:delete(WARM)
