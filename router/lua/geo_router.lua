@@ -174,20 +174,14 @@ local function poll_health()
 end
 
 local warned_redis, warned_health = false, false
+-- A tick of this worker is under way (its Redis poll can take the whole
+-- timeout): another one skips, so two never share tables out of order.
+local polling = false
 
-local function tick(premature)
-  if premature then return end
-  adopt_shared()
-  local ok, err = poll_redis()
-  routing_stale = not ok
-  if not ok and not warned_redis then
-    log(WARN, "edgeform router: redis unreachable, routing with the last known table: ", err)
-  elseif ok and warned_redis then
-    log(NOTICE, "edgeform router: redis reachable again")
-  end
-  warned_redis = not ok
-  local fresh
-  fresh, err = poll_health()
+local function tick_now()
+  -- Health first: it is a local file, and a worker that adopts the shared
+  -- table (no yield) must not route before it has read who is online.
+  local fresh, err = poll_health()
   if fresh and ngx.time() - health_at > conf.health_max_age then
     fresh, err = false, "snapshot older than " .. conf.health_max_age .. " s"
   end
@@ -197,6 +191,24 @@ local function tick(premature)
   warned_health = not fresh
   -- A read error keeps the last snapshot, stale.
   health_stale = not fresh
+  adopt_shared()
+  local ok
+  ok, err = poll_redis()
+  routing_stale = not ok
+  if not ok and not warned_redis then
+    log(WARN, "edgeform router: redis unreachable, routing with the last known table: ", err)
+  elseif ok and warned_redis then
+    log(NOTICE, "edgeform router: redis reachable again")
+  end
+  warned_redis = not ok
+end
+
+local function tick(premature)
+  if premature or polling then return end
+  polling = true
+  local ok, err = pcall(tick_now)
+  polling = false
+  if not ok then log(ERR, "edgeform router: ", err) end
 end
 
 -- A worker that has no table yet (its timer's first poll may still be in
@@ -209,7 +221,10 @@ local function tick_first()
   local now = ngx.now()
   if now - first_tried < conf.poll then return end
   first_tried = now
-  tick(false)
+  -- Even while the timer's tick waits on Redis: this request should not
+  -- wait for it, nor answer without a table.
+  local ok, err = pcall(tick_now)
+  if not ok then log(ERR, "edgeform router: ", err) end
 end
 
 function _M.init_worker()

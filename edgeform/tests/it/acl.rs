@@ -402,6 +402,15 @@ fn a_certificate_is_written_and_read_by_the_documented_users() {
         .query(&mut lua)
         .unwrap();
     assert_eq!(keys, ["site:shop.example.com"]);
+    let (_, keys): (String, Vec<String>) = redis::cmd("SCAN")
+        .arg(0)
+        .arg("MATCH")
+        .arg("tls:*")
+        .arg("COUNT")
+        .arg(100)
+        .query(&mut lua)
+        .unwrap();
+    assert_eq!(keys, ["tls:shop.example.com"]);
 }
 
 /// `check` on the user forms: a user part or `username` passes, a

@@ -990,12 +990,11 @@ fn run_fault(c: &mut Cluster, load: &Load, n: usize, f: &'static Fault, hold: Du
     let settled = restarted.elapsed().as_secs_f64();
     let t1 = now_us();
     // Recovered includes warm again: a restarted nginx warms its documents
-    // itself (docs/edge.md, "Warming") but not its certificates, and
-    // whether the viewers' load brought each name's certificate back to it
-    // depends on the routers' choice. Without this, the next fault
-    // (edge-1's Redis after edge-1's nginx) could meet a name whose
-    // certificate the restarted edge never read — refused by design — and
-    // measure two faults at once. Outside this row's window and the next one's.
+    // and its certificates itself (docs/edge.md, "Warming"), but in the
+    // background, and the next fault (edge-1's Redis after edge-1's nginx)
+    // must not depend on how far that got: a name not read yet is refused
+    // by design, and the row would measure two faults at once. Outside
+    // this row's window and the next one's.
     c.warm();
     let recs = load.between(t0, t1);
     let cached = |u: &str| u.ends_with(".mp4");

@@ -794,12 +794,6 @@ fn routing_agent(
     (agent, shared, cache, health)
 }
 
-/// The geo router's Redis going back to an older snapshot (a lower
-/// generation) does not replace the routing table in use; the next
-/// write (a higher generation than the one in use) does.
-/// A router started (or restarted) routes from its first request, not
-/// 503 until its timer's first poll; a Redis gone back a generation does
-/// not replace the table in use.
 /// nginx reloaded (`HUP`: new workers) while Redis is down, then while
 /// Redis has lost its data: the new workers begin from the table the old
 /// ones routed with (shared by the workers), marked stale while Redis is
@@ -851,10 +845,15 @@ fn a_router_reloaded_while_redis_is_down_or_empty_keeps_routing_with_the_table_i
     // Back without its data (no persistence here), then another reload.
     redis.restart();
     reload();
-    wait_for("the new workers to see the loss", 10, || {
-        router
-            .error_log()
-            .contains("redis lost its data (generation none")
+    let workers = router.worker_pids();
+    wait_for("both new workers to see the loss", 10, || {
+        let log = router.error_log();
+        workers.iter().all(|p| {
+            log.lines().any(|l| {
+                l.contains(&format!(" {p}#{p}:"))
+                    && l.contains("redis lost its data (generation none")
+            })
+        })
     });
     for i in 0..10 {
         let r = get(port, viewer);
@@ -867,6 +866,12 @@ fn a_router_reloaded_while_redis_is_down_or_empty_keeps_routing_with_the_table_i
     }
 }
 
+/// The geo router's Redis going back to an older snapshot (a lower
+/// generation) does not replace the routing table in use; the next
+/// write (a higher generation than the one in use) does.
+/// A router started (or restarted) routes from its first request, not
+/// 503 until its timer's first poll; a Redis gone back a generation does
+/// not replace the table in use.
 #[test]
 fn geo_router_routes_from_its_first_request_and_keeps_its_table_when_redis_goes_back() {
     let redis = harness::redis(&[]);

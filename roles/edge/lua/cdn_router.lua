@@ -22,6 +22,8 @@ local origins = require "edge_origins"
 local generation_rule = require "edge_generation"
 local metrics = require "edge_metrics"
 
+local tls_pick = require "edge_tls_pick"
+
 local ngx = ngx
 local find, sub = string.find, string.sub
 local log, ERR, WARN, NOTICE, INFO = ngx.log, ngx.ERR, ngx.WARN, ngx.NOTICE, ngx.INFO
@@ -231,14 +233,16 @@ local WARM_ROUNDS = 200000 -- SCAN calls at most (a hostile Redis's endless curs
 
 -- What a failed command's result says for the warm (nginx.redis: nil +
 -- err on a socket error, false + "CODE message" on an error reply, or a
--- reply of the wrong shape): "refused" (NOPERM: trying again would not
--- help, nor would a Redis that answers nonsense), or "connection" (tried
--- again: a lost connection, or LOADING, BUSY, … after a restart).
+-- reply of the wrong shape): "connection" (tried again: a lost
+-- connection, or a Redis that is starting, busy or failing over) or
+-- "refused" (any other error reply — NOPERM, SCAN renamed away — or a
+-- reply that makes no sense: trying again would not help).
+local TRANSIENT = { LOADING = true, BUSY = true, MASTERDOWN = true, TRYAGAIN = true }
 local function warm_failure(res, err)
-  if res == false and type(err) == "string" and err:match("^(%u+)") ~= "NOPERM" then
+  if res == nil then return "connection" end
+  if res == false and type(err) == "string" and TRANSIENT[err:match("^(%u+)") or ""] then
     return "connection"
   end
-  if res == nil then return "connection" end
   return "refused"
 end
 
@@ -256,7 +260,10 @@ local WARM_PHASES = {
     store = function(name, gen, text)
       local certs = ngx.shared.edge_certs
       if not certs then return false, "none" end
-      if sub(name, 1, 2) == "*." then return false, "wildcard" end
+      -- Only a name a handshake looks up (normalised as the SNI is): a
+      -- wildcard's names are not known, and a key such as `tls:=tls:x`
+      -- must not land on another key's text slot.
+      if sub(name, 1, 2) == "*." or tls_pick.normalize(name) ~= name then return false, "skipped" end
       local key = "tls:" .. name
       local ok, err = certs:safe_add("=" .. key, text)
       if not ok then return ok, err end
@@ -326,19 +333,34 @@ local function warm_phase(r, pid, phase, got)
   return got
 end
 
--- One pass: every phase, on one connection.
+-- What this worker's warm has done so far: a retry after a lost
+-- connection resumes at the phase that failed (its own counts start over).
+local warm_got, warm_next
+
+-- One pass: the phases not done yet, on one connection. A refusal in the
+-- certificates' phase ends the warm with the documents warmed (noted in
+-- got.skipped).
 local function warm_pass(pid)
   local r, err = connect()
   if not r then return nil, err, "connection" end
-  local got = { stored = { ["site:"] = 0, ["tls:"] = 0 }, read = { ["site:"] = 0, ["tls:"] = 0 },
-    full = {} }
-  for _, phase in ipairs(WARM_PHASES) do
+  if not warm_got then
+    warm_got = { stored = { ["site:"] = 0, ["tls:"] = 0 }, read = { ["site:"] = 0, ["tls:"] = 0 },
+      full = {} }
+    warm_next = 1
+  end
+  local got = warm_got
+  while warm_next <= #WARM_PHASES do
+    local phase = WARM_PHASES[warm_next]
+    got.stored[phase.prefix], got.read[phase.prefix] = 0, 0
     local ok, kind
     ok, err, kind = warm_phase(r, pid, phase, got)
     if not ok then
       r:close()
-      return nil, err, kind
+      if kind ~= "refused" or warm_next == 1 then return nil, err, kind end
+      got.skipped = "certificates not warmed: " .. tostring(err)
+      return got
     end
+    warm_next = warm_next + 1
   end
   release(r)
   return got
@@ -372,6 +394,7 @@ local function warm(premature)
     -- A node with no generation yet (never applied to) and no document
     -- has nothing to warm; its first apply's documents are worth warming.
     if got.read["site:"] == 0 and got.read["tls:"] == 0 and got.last == "none" then
+      warm_got = nil
       shared_wild:delete(WARM)
       ngx.timer.at(WARM_RETRY * 5, warm)
       return
@@ -384,7 +407,8 @@ local function warm(premature)
       got.read["site:"], " read, ", got.stored["tls:"], " certificates added of ", got.read["tls:"],
       " read (generation ", gens, ") in ", string.format("%.2f", ngx.now() - started), " s",
       #got.full > 0 and "; " .. table.concat(got.full, " and ") .. " full, the rest are read on first use" or "",
-      got.rounds_out and "; a SCAN stopped after " .. WARM_ROUNDS .. " calls (the cursor never ended)" or "")
+      got.rounds_out and "; a SCAN stopped after " .. WARM_ROUNDS .. " calls (the cursor never ended)" or "",
+      got.skipped and "; " .. got.skipped or "")
     return
   end
   shared_wild:delete(WARM)
