@@ -157,6 +157,33 @@ impl Edge {
 }
 
 impl Edge {
+    /// `nginx -s reload` (SIGHUP to the master), returning once every
+    /// worker is a new one and there are at least as many as before.
+    ///
+    /// # Panics
+    /// No new workers within 10 s.
+    pub fn reload(&self) {
+        let old = self.worker_pids();
+        let status = std::process::Command::new("kill")
+            .args(["-HUP", &self.process.pid().to_string()])
+            .status()
+            .expect("kill");
+        assert!(status.success(), "kill -HUP");
+        let t = std::time::Instant::now();
+        loop {
+            let now = self.worker_pids();
+            if !now.is_empty() && now.len() >= old.len() && now.iter().all(|p| !old.contains(p)) {
+                return;
+            }
+            assert!(
+                t.elapsed() < std::time::Duration::from_secs(10),
+                "no reload: workers {old:?} then {now:?}\n{}",
+                self.error_log()
+            );
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+    }
+
     /// A crash: SIGKILL to the master, then to the children it had
     /// (workers, cache manager), so no worker keeps a listener open (the
     /// master first: it would start a new worker for one killed).

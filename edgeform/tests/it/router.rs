@@ -759,6 +759,20 @@ fn geo_router_retries_the_next_edge_and_skips_an_edge_not_serving() {
 /// The router node's agent sharing every edge's health (`share_health`)
 /// into a file, once the snapshot has every edge online: the agent, the
 /// snapshot's folder, its cache folder and the snapshot's path.
+/// router-1 applied from [`repo`], every edge of [`EDGES`] listening on
+/// one port and marked online: the repository and that port.
+fn applied_with_edges_online(redis_port: u16, broker_port: u16) -> (Fixture, u16) {
+    let f = repo(redis_port, broker_port);
+    let out = edgeform(f.path(), &["apply", "--yes", "--node", "router-1"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let edge_port = harness::free_port();
+    for (name, addr, _, _) in EDGES {
+        edge_listener(addr, edge_port, name);
+        set_status(broker_port, name, "online");
+    }
+    (f, edge_port)
+}
+
 fn routing_agent(
     redis_port: u16,
     broker_port: u16,
@@ -802,14 +816,7 @@ fn routing_agent(
 fn a_router_reloaded_while_redis_is_down_or_empty_keeps_routing_with_the_table_in_use() {
     let mut redis = harness::redis(&[]);
     let broker = harness::mosquitto();
-    let f = repo(redis.port, broker.port);
-    let out = edgeform(f.path(), &["apply", "--yes", "--node", "router-1"]);
-    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
-    let edge_port = harness::free_port();
-    for (name, addr, _, _) in EDGES {
-        edge_listener(addr, edge_port, name);
-        set_status(broker.port, name, "online");
-    }
+    let (_f, edge_port) = applied_with_edges_online(redis.port, broker.port);
     let (_agent, _shared, _cache, health) = routing_agent(redis.port, broker.port);
     let mut o = harness::nginx::RouterOptions::new(redis.port, health, edge_port);
     o.workers = 2;
@@ -819,20 +826,8 @@ fn a_router_reloaded_while_redis_is_down_or_empty_keeps_routing_with_the_table_i
     wait_for("the router to load table and health", 20, || {
         get(port, viewer).status == 200
     });
-    let reload = || {
-        let old = router.worker_pids();
-        let status = std::process::Command::new("kill")
-            .args(["-HUP", &router.process.pid().to_string()])
-            .status()
-            .unwrap();
-        assert!(status.success());
-        wait_for("the reload's new workers", 10, || {
-            let now = router.worker_pids();
-            now.len() == 2 && now.iter().all(|p| !old.contains(p))
-        });
-    };
     redis.stop();
-    reload();
+    router.reload();
     for i in 0..10 {
         let r = get(port, viewer);
         assert_eq!(
@@ -844,7 +839,7 @@ fn a_router_reloaded_while_redis_is_down_or_empty_keeps_routing_with_the_table_i
     }
     // Back without its data (no persistence here), then another reload.
     redis.restart();
-    reload();
+    router.reload();
     let workers = router.worker_pids();
     wait_for("both new workers to see the loss", 10, || {
         let log = router.error_log();
@@ -876,14 +871,7 @@ fn a_router_reloaded_while_redis_is_down_or_empty_keeps_routing_with_the_table_i
 fn geo_router_routes_from_its_first_request_and_keeps_its_table_when_redis_goes_back() {
     let redis = harness::redis(&[]);
     let broker = harness::mosquitto();
-    let f = repo(redis.port, broker.port);
-    let out = edgeform(f.path(), &["apply", "--yes", "--node", "router-1"]);
-    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
-    let edge_port = harness::free_port();
-    for (name, addr, _, _) in EDGES {
-        edge_listener(addr, edge_port, name);
-        set_status(broker.port, name, "online");
-    }
+    let (_f, edge_port) = applied_with_edges_online(redis.port, broker.port);
     let (_agent, _shared, _cache, health) = routing_agent(redis.port, broker.port);
     let mut router = harness::nginx::router(&harness::nginx::RouterOptions::new(
         redis.port, health, edge_port,
