@@ -83,12 +83,9 @@ local share_failed = false
 
 local function adopt_shared()
   if generation ~= nil or not shared_table then return end
-  local v = shared_table:get(TABLE)
-  if type(v) ~= "string" then return end
-  local nl = v:find("\n", 1, true)
-  if not nl then return end
-  local gen = v:sub(1, nl - 1)
-  local ok, err = load_table(v:sub(nl + 1))
+  local gen, text = generation_rule.split(shared_table:get(TABLE))
+  if not gen then return end
+  local ok, err = load_table(text)
   if not ok then
     log(ERR, "edgeform router: the shared routing table is unreadable: ", err)
     return

@@ -36,5 +36,14 @@ for _, c in ipairs(cases) do
   check(c[1] .. ": lost", g.lost(c[2], c[3], c[4]), c[6])
 end
 
+-- Tagged values: "<generation>\n<rest>", the rest kept whole.
+local g1, rest = g.split("7\nline one\nline two")
+check("split: generation", g1, "7")
+check("split: rest", rest, "line one\nline two")
+g1, rest = g.split("7\n")
+check("split: empty rest", rest, "")
+check("split: untagged", g.split("no newline"), nil)
+check("split: not a string", g.split(nil), nil)
+
 io.write(string.format("edge_generation_test: %d run, %d failure(s)\n", ran, failed))
 os.exit(failed == 0 and 0 or 1)

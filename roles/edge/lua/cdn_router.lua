@@ -22,8 +22,6 @@ local origins = require "edge_origins"
 local generation_rule = require "edge_generation"
 local metrics = require "edge_metrics"
 
-local tls_pick = require "edge_tls_pick"
-
 local ngx = ngx
 local find, sub = string.find, string.sub
 local log, ERR, WARN, NOTICE, INFO = ngx.log, ngx.ERR, ngx.WARN, ngx.NOTICE, ngx.INFO
@@ -247,27 +245,18 @@ local function warm_failure(res, err)
 end
 
 -- What the warm reads: documents into edge_docs (site key → "<gen>\n<text>",
--- flags 1: suspended), then certificates into edge_certs as edge_tls.lua
--- keeps them (name → "<gen>\ntls:<name>", "=tls:<name>" → text). A
--- wildcard certificate (`tls:*.…`) is not warmed: the names it serves are
--- not known until they are asked for.
+-- flags 1: suspended), then certificates into edge_certs, kept by
+-- edge_tls.lua as it keeps what a handshake read (wildcard certificates
+-- not: the names they serve are not known until asked for).
 local WARM_PHASES = {
-  { match = "site:*", prefix = "site:", with_flag = "suspended:",
+  { match = "site:*", prefix = "site:", with_flag = "suspended:", dict = "edge_docs",
     store = function(name, gen, text, flag)
       return shared_docs:safe_add(name, gen .. "\n" .. text, 0, flag == "1" and 1 or 0)
     end },
-  { match = "tls:*", prefix = "tls:",
+  { match = "tls:*", prefix = "tls:", dict = "edge_certs",
     store = function(name, gen, text)
-      local certs = ngx.shared.edge_certs
-      if not certs then return false, "none" end
-      -- Only a name a handshake looks up (normalised as the SNI is): a
-      -- wildcard's names are not known, and a key such as `tls:=tls:x`
-      -- must not land on another key's text slot.
-      if sub(name, 1, 2) == "*." or tls_pick.normalize(name) ~= name then return false, "skipped" end
-      local key = "tls:" .. name
-      local ok, err = certs:safe_add("=" .. key, text)
-      if not ok then return ok, err end
-      return certs:safe_add(name, gen .. "\n" .. key)
+      -- (Required here: edge_tls.lua requires this module.)
+      return require("edge_tls").warm_add(name, text, gen)
     end },
 }
 
@@ -318,7 +307,7 @@ local function warm_phase(r, pid, phase, got)
           elseif e == "no memory" then
             refused = refused + 1
             if refused >= WARM_FULL then
-              got.full[#got.full + 1] = phase.prefix == "site:" and "edge_docs" or "edge_certs"
+              got.full[#got.full + 1] = phase.dict
               return got
             end
           end
@@ -495,11 +484,7 @@ local function from_api(host, wild)
 end
 
 -- "<generation>\n<rest>" → generation, rest.
-local function shared_split(v)
-  local nl = find(v, "\n", 1, true)
-  if not nl then return nil end
-  return sub(v, 1, nl - 1), sub(v, nl + 1)
-end
+local shared_split = generation_rule.split
 
 -- What another worker read for a host (any generation with `any_gen`:
 -- Redis is unreachable), prepared in this worker, and its generation;

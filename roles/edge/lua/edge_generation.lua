@@ -28,4 +28,14 @@ function _M.lost(gen, serving, seen)
     and not _M.moves(gen, serving, seen)
 end
 
+-- A value of a shared dict tagged with the generation it was read in,
+-- "<generation>\n<rest>" (the edge's documents and certificates, the
+-- router's table): the generation and the rest, or nil when untagged.
+function _M.split(v)
+  if type(v) ~= "string" then return nil end
+  local nl = v:find("\n", 1, true)
+  if not nl then return nil end
+  return v:sub(1, nl - 1), v:sub(nl + 1)
+end
+
 return _M

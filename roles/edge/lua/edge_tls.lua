@@ -27,6 +27,7 @@
 local ssl = require "ngx.ssl"
 local lrucache = require "resty.lrucache"
 local pick = require "edge_tls_pick"
+local generation_rule = require "edge_generation"
 local router = require "cdn_router"
 
 local ngx = ngx
@@ -62,18 +63,31 @@ local function share(name, key, text, gen)
   end
 end
 
+-- The warm at nginx start (cdn_router.lua; docs/edge.md "Warming"): the
+-- certificate of `tls:<name>`, read in generation `gen`, kept as share()
+-- keeps it but add-only (never replacing what a handshake read, never
+-- evicting): true, or false/nil + why ("no memory": the dict is full).
+-- Only a name a handshake looks up (normalised as the SNI is): a
+-- wildcard's names are not known, and a key such as `tls:=tls:x` must not
+-- land on another key's text slot.
+function _M.warm_add(name, text, gen)
+  if not shared then return false, "no edge_certs" end
+  if name:sub(1, 2) == "*." or pick.normalize(name) ~= name then return false, "skipped" end
+  local key = "tls:" .. name
+  local ok, err = shared:safe_add("=" .. key, text)
+  if not ok then return ok, err end
+  return shared:safe_add(name, gen .. "\n" .. key)
+end
+
 -- What any worker last read for a name: its tls key and text, and the
 -- generation it was read in; nil when none.
 local function shared_get(name)
   if not shared then return nil end
-  local v = shared:get(name)
-  if not v then return nil end
-  local nl = v:find("\n", 1, true)
-  if not nl then return nil end
-  local key = v:sub(nl + 1)
+  local read_in, key = generation_rule.split(shared:get(name))
+  if not read_in then return nil end
   local text = shared:get("=" .. key)
   if not text then return nil end
-  return key, text, v:sub(1, nl - 1)
+  return key, text, read_in
 end
 
 -- A `tls:` document's text → {cert, key, not_after} or nil + why
