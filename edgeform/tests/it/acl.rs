@@ -13,6 +13,9 @@ use crate::util::{Fixture, stderr, stdout};
 
 const CONTROL_PASSWORD: &str = "control-host-test-password";
 const ADMIN_PASSWORD: &str = "admin-test-password";
+/// The node's `redis` block as the control host's user (for [`node`]).
+const AS_CONTROL_USER: &str =
+    "{url: \"redis://edgeform@127.0.0.1:PORT\", password_env: EDGEFORM_TEST_REDIS_PASSWORD}";
 
 /// The documented `ACL SETUSER` lines, by user name.
 fn documented_users() -> Vec<(String, String)> {
@@ -131,11 +134,7 @@ fn acl_users_with_the_documented_least_privilege_run_every_role() {
     let f = Fixture::empty();
     f.write(
         "nodes/edge-1.yaml",
-        node(
-            r.port,
-            "{url: \"redis://edgeform@127.0.0.1:PORT\", password_env: EDGEFORM_TEST_REDIS_PASSWORD}",
-        )
-        .as_bytes(),
+        node(r.port, AS_CONTROL_USER).as_bytes(),
     );
     for i in 0..3 {
         f.write(
@@ -355,11 +354,7 @@ fn a_certificate_is_written_and_read_by_the_documented_users() {
     let f = Fixture::empty();
     f.write(
         "nodes/edge-1.yaml",
-        node(
-            r.port,
-            "{url: \"redis://edgeform@127.0.0.1:PORT\", password_env: EDGEFORM_TEST_REDIS_PASSWORD}",
-        )
-        .as_bytes(),
+        node(r.port, AS_CONTROL_USER).as_bytes(),
     );
     f.write(
         "sites/shop.yaml",

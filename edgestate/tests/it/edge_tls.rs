@@ -79,6 +79,18 @@ fn tls_doc(chain: &str, key: &str, fp: &str, not_after: u64) -> String {
     )
 }
 
+/// A certificate for `host`, valid for a day, stored as `tls:<host>` on
+/// the Redis at `port`: its fingerprint.
+fn store_certificate(port: u16, dir: &Path, file: &str, host: &str) -> String {
+    let (chain, key, fp) = certificate(dir, file, &[host]);
+    set(
+        port,
+        &format!("tls:{host}"),
+        &tls_doc(&chain, &key, &fp, now() + 86400),
+    );
+    fp
+}
+
 fn json_str(s: &str) -> String {
     let mut out = String::from("\"");
     for c in s.chars() {
@@ -304,8 +316,7 @@ fn certificates_by_sni_from_redis_and_every_bad_case_fails_only_its_handshake() 
 fn the_viewer_address_comes_through_a_router_proxy_header_only() {
     let s = setup();
     let (p, proxy_port) = (s.redis.port, s.edge.proxy_port);
-    let (chain, key, fp) = certificate(s.dir.path(), "a", &["a.test"]);
-    set(p, "tls:a.test", &tls_doc(&chain, &key, &fp, now() + 86400));
+    store_certificate(p, s.dir.path(), "a", "a.test");
     bump(p);
     // A router's 443 pool as `edgeform build` writes it: a stream proxy
     // with `proxy_protocol on` to the edge's proxy listener.
@@ -642,8 +653,7 @@ fn every_worker_keeps_the_last_read_certificate_when_redis_is_emptied_or_down() 
     let p = redis.port;
     let dir = tempfile::tempdir().unwrap();
     redis_cli(p, &["HSET", "edgeform:meta", "generation", "1"]);
-    let (chain, key, fp) = certificate(dir.path(), "a", &["a.test"]);
-    set(p, "tls:a.test", &tls_doc(&chain, &key, &fp, now() + 86400));
+    let fp = store_certificate(p, dir.path(), "a", "a.test");
     let mut o = EdgeOptions::new(p);
     o.workers = 4;
     let edge = harness::nginx::edge(&o);
@@ -687,14 +697,8 @@ fn a_started_edge_warms_its_certificates_and_serves_them_through_an_outage() {
     let p = redis.port;
     let dir = tempfile::tempdir().unwrap();
     redis_cli(p, &["HSET", "edgeform:meta", "generation", "1"]);
-    let (chain, key, fp) = certificate(dir.path(), "a", &["a.test"]);
-    set(p, "tls:a.test", &tls_doc(&chain, &key, &fp, now() + 86400));
-    let (chain, key, wild_fp) = certificate(dir.path(), "w", &["*.wild.test"]);
-    set(
-        p,
-        "tls:*.wild.test",
-        &tls_doc(&chain, &key, &wild_fp, now() + 86400),
-    );
+    let fp = store_certificate(p, dir.path(), "a", "a.test");
+    store_certificate(p, dir.path(), "w", "*.wild.test");
     let mut o = EdgeOptions::new(p);
     o.workers = 2;
     let edge = harness::nginx::edge(&o);
