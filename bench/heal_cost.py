@@ -8,14 +8,15 @@ an RDB; a second redis-server loads that RDB under `valgrind --tool=callgrind`; 
 below runs once there and the server's instructions for it are read (callgrind_control -z,
 run, callgrind_control -d). Scripts:
   - heal's COMPARE (taken from control/src/heal.rs) over all 256 buckets;
-  - the same with --old: the script before MGET (a GET per key; from git, --old-rev);
-  - fetch only: HGETALL of each bucket + MGET of its keys (what any comparison in Lua pays);
+  - fetch only: GET of each bucket's string, its keys parsed, MGET of them (what any
+    comparison in Lua pays);
   - SHA-1 of one typical value, once per key (redis.sha1hex);
-  - the SCAN count heal runs after the comparison.
+  - heal's document count (its second script, call after call to the end), with the tree's
+    three prefixes and with two (before `tls:*` was counted).
 Also the CPU time of the COMPARE script on the plain server (5 runs, median) to turn
 instructions into seconds on this machine.
 
-Usage: python3 bench/heal_cost.py [--bin target/release/edgeform] [--old-rev REV]
+Usage: python3 bench/heal_cost.py [--bin target/release/edgeform]
 """
 
 import argparse
@@ -70,12 +71,15 @@ FETCH = r"""
 local call, fmt = redis.call, string.format
 local n = 0
 for b = 0, 255 do
-  local flat = call('HGETALL', ARGV[1] .. fmt('%02x', b))
-  local count = #flat / 2
-  for s = 1, count, 500 do
-    local ks = {}
-    for i = s, math.min(s + 499, count) do ks[#ks + 1] = flat[2 * i - 1] end
-    n = n + #call('MGET', unpack(ks))
+  -- Format 3: the bucket is one string of `<key> NUL <40 hex>` records.
+  local s, keys, at = call('GET', ARGV[1] .. fmt('%02x', b)) or '', {}, 1
+  while at <= #s do
+    local nul = string.find(s, '\0', at, true)
+    keys[#keys + 1] = string.sub(s, at, nul - 1)
+    at = nul + 41
+  end
+  for i = 1, #keys, 500 do
+    n = n + #call('MGET', unpack(keys, i, math.min(i + 499, #keys)))
   end
 end
 return n
@@ -87,17 +91,12 @@ for i = 1, tonumber(ARGV[1]) do n = n + #redis.sha1hex(v) end
 return #v
 """
 
-COUNT_ALL = r"""
-local cur, n = '0', 0
-repeat
-  local r = redis.call('SCAN', cur, 'COUNT', 2000)
-  for _, k in ipairs(r[2]) do
-    if string.sub(k, 1, 5) == 'site:' or string.sub(k, 1, 10) == 'suspended:' then n = n + 1 end
-  end
-  cur = r[1]
-until cur == '0'
-return n
-"""
+# Heal's document count as the tree runs it (control/src/heal.rs `COUNT`): one SCAN
+# step per prefix a call, resumed by cursor until every prefix is done.
+COUNT = (ROOT / "control" / "src" / "lua" / "heal_count.lua").read_text()
+# Its COUNT per prefix: 8 keys per entry of heal's 512-entry budget, split between the
+# prefixes (`count_documents`).
+BUDGET = 512
 
 
 def resp(*args) -> bytes:
@@ -169,8 +168,34 @@ class Server:
         return self.cli("--eval", str(f), *keys, ",", *args)
 
     def instructions(self, text: str, keys=(), args=()) -> int:
+        return self.measured(lambda: self.eval(text, keys, args))
+
+    def count_instructions(self, prefixes: list[str]) -> tuple[int, int]:
+        """Instructions of heal's document count over `prefixes`, call after call to the
+        end, and the number of calls."""
+        calls = 0
+
+        def run():
+            nonlocal calls
+            cursors = ["0"] * len(prefixes)
+            while True:
+                calls += 1
+                out = self.eval(COUNT, (), [str(max(8 * BUDGET // len(prefixes), 1)), *cursors,
+                                            *(f"{p}*" for p in prefixes)])
+                # redis-cli, not on a terminal: one value a line.
+                values = out.split()
+                if len(values) != len(prefixes) + 1:
+                    raise SystemExit(f"the count script answered {out!r}")
+                cursors = values[:len(prefixes)]
+                if all(c == "done" for c in cursors):
+                    return
+
+        return self.measured(run), calls
+
+    def measured(self, run) -> int:
+        """The server's instructions while `run()` runs."""
         subprocess.run(["callgrind_control", "-z", str(self.proc.pid)], capture_output=True, check=True)
-        self.eval(text, keys, args)
+        run()
         for old in self.dir.glob("cg.out.*"):
             old.unlink()
         subprocess.run(["callgrind_control", "-d", str(self.proc.pid)], capture_output=True, check=True)
@@ -196,12 +221,10 @@ class Server:
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--bin", type=Path, default=EDGEFORM)
-    ap.add_argument("--old-rev", default="ed17eeb", help="a revision whose heal.rs has the GET-per-key script")
     ap.add_argument("--dir", type=Path, default=ROOT / ".bench" / "scale")
     a = ap.parse_args()
     generate(a.dir, 10_000)
     source = heal_source()
-    old = heal_source(a.old_rev)
     work = Path(tempfile.mkdtemp(prefix="edgeform-heal-cost-"))
     servers = []
     try:
@@ -221,26 +244,26 @@ def main() -> int:
         plain.cli("SAVE")
         vg = Server(work, True, "vg", plain.dir / "dump.rdb")
         servers.append(vg)
-        # The tree's COMPARE (HSCAN under a budget): a budget above the manifest's size
-        # covers all 256 buckets in one call; before, buckets 0..255.
+        # The tree's COMPARE: a budget above the manifest's size covers all 256 buckets in
+        # one call.
         heal_args = ["edgeform:manifest:", "edgeform:manifest:buckets", str(10**9), "0", "0",
-                     "0" * 32, "0"]
-        old_args = ["0", "255", "edgeform:manifest:", "edgeform:manifest:buckets"]
+                     "0" * 32, "0", "256"]
         value_key = plain.cli("--scan", "--pattern", "site:*").split()[0]
         size = int(plain.cli("STRLEN", value_key).strip())
         rows = [
-            ("heal's COMPARE, all 256 buckets (this tree: HSCAN per bucket, MGET per chunk)",
+            ("heal's COMPARE, all 256 buckets in one call (GETRANGE windows, MGET per chunk)",
              vg.instructions(script(source, "COMPARE"), (), heal_args)),
         ]
-        if "const COMPARE" in old:
-            rows.append((f"heal's COMPARE at {a.old_rev} (GET per key)",
-                         vg.instructions(script(old, "COMPARE"), (), old_args)))
         rows += [
-            ("fetch only: HGETALL per bucket + MGET of its keys", vg.instructions(FETCH, (), ["edgeform:manifest:"])),
+            ("fetch only: GET of each bucket's string + MGET of its keys",
+             vg.instructions(FETCH, (), ["edgeform:manifest:"])),
             (f"redis.sha1hex of one {size}-byte value, once per key",
              vg.instructions(SHA1, [value_key], [str(managed)])),
-            ("SCAN count of the documents (heal's second script)", vg.instructions(COUNT_ALL)),
         ]
+        for label, prefixes in (("this tree: `site:`, `suspended:`, `tls:`", ["site:", "suspended:", "tls:"]),
+                                ("two prefixes, `site:` and `suspended:`", ["site:", "suspended:"])):
+            n, calls = vg.count_instructions(prefixes)
+            rows.append((f"heal's document count, {label} ({calls} calls)", n))
         cpu = []
         for _ in range(5):
             c0 = cpu_seconds(plain.proc.pid)

@@ -1,7 +1,7 @@
 //! Heal: compare a target's live content with the desired state and
 //! repair every difference — documents changed or deleted by hand, keys
-//! nobody manages (`site:*`/`suspended:*` written outside git: git is the
-//! source of truth), a tampered manifest.
+//! nobody manages (`site:*`/`suspended:*`/`tls:*` written outside git: git
+//! is the source of truth), a tampered manifest.
 //!
 //! The comparison runs inside the target's Redis: a Lua script,
 //! called over bounded chunks of manifest entries (a bucket's string read
@@ -61,24 +61,22 @@ pub struct Drift {
 }
 
 /// Every `site:*` and `suspended:*` key on the target, as bytes (import
-/// reads what is there, UTF-8 or not).
+/// reads what is there, UTF-8 or not; never a certificate).
 ///
 /// # Errors
 /// Redis errors.
 pub async fn document_keys(con: &mut MultiplexedConnection) -> Result<BTreeSet<Vec<u8>>> {
-    document_keys_raw(con, &mut 0).await
+    keys_under(con, &[keys::SITE_PREFIX, keys::SUSPENDED_PREFIX], &mut 0).await
 }
 
-/// Every `site:*` and `suspended:*` key on the target, as bytes.
-async fn document_keys_raw(
+/// Every key on the target under one of `prefixes`, as bytes.
+async fn keys_under(
     con: &mut MultiplexedConnection,
+    prefixes: &[&str],
     bytes: &mut usize,
 ) -> Result<BTreeSet<Vec<u8>>> {
     let mut out = BTreeSet::new();
-    for pattern in [
-        format!("{}*", keys::SITE_PREFIX),
-        format!("{}*", keys::SUSPENDED_PREFIX),
-    ] {
+    for pattern in prefixes.iter().map(|p| format!("{p}*")) {
         let mut cursor: u64 = 0;
         loop {
             let reply: redis::Value = redis::cmd("SCAN")
@@ -162,11 +160,11 @@ pub struct Healed {
 const COMPARE: &str = include_str!("lua/heal_compare.lua");
 
 /// One SCAN step per document prefix inside Redis, each limited to its
-/// prefix (`MATCH`): ARGV[1] and ARGV[2] are the `site:*` and
-/// `suspended:*` cursors (`done` when that scan finished), ARGV[3] the
-/// COUNT of each. Returns both next cursors and how many keys they found —
-/// a count, not the keys. Heal never scans outside its prefixes (an ACL
-/// user's keys, docs/operations.md).
+/// prefix (`MATCH`): ARGV[1] is the COUNT of each, then one cursor per
+/// prefix (`done` when that scan finished), then the patterns
+/// ([`keys::DOCUMENT_PREFIXES`]). Returns the next cursors and how many
+/// keys they found — a count, not the keys. Heal never scans outside its
+/// prefixes (an ACL user's keys, docs/operations.md).
 const COUNT: &str = include_str!("lua/heal_count.lua");
 
 /// A [`COMPARE`] reply: missing keys, changed keys, bad buckets, the
@@ -610,7 +608,7 @@ async fn compare_in_redis(
     // documents present: the desired ones present plus any unmanaged.
     let mut unmanaged = Vec::new();
     if !documents_add_up(desired, &missing, present) {
-        unmanaged = document_keys_raw(con, &mut healed.bytes)
+        unmanaged = keys_under(con, &keys::DOCUMENT_PREFIXES, &mut healed.bytes)
             .await?
             .into_iter()
             .filter(|k| desired.value(k).is_none())
@@ -667,9 +665,12 @@ fn in_redis_repair(
     (drift, (changes, unmanaged, false))
 }
 
-/// Whether a key is a document (`site:*`, `suspended:*`).
+/// Whether a key is a document heal looks for unmanaged copies of
+/// (`site:*`, `suspended:*`, `tls:*`).
 fn is_document(k: &[u8]) -> bool {
-    k.starts_with(keys::SITE_PREFIX.as_bytes()) || k.starts_with(keys::SUSPENDED_PREFIX.as_bytes())
+    keys::DOCUMENT_PREFIXES
+        .iter()
+        .any(|p| k.starts_with(p.as_bytes()))
 }
 
 /// The drift of a document key nobody manages. Written by hand: it may be
@@ -800,9 +801,9 @@ fn overfull(counts: &[usize], bucket: usize, carried: usize, entries: usize, tot
     carried > counts.get(bucket).copied().unwrap_or(0) || entries > total
 }
 
-/// The documents (`site:*`, `suspended:*`) present, counted inside Redis
-/// ([`COUNT`], one SCAN step a call), and what counting cost. Stops early
-/// (the count then meaningless, and unused) when `stop` is set.
+/// The documents ([`keys::DOCUMENT_PREFIXES`]) present, counted inside
+/// Redis ([`COUNT`], one SCAN step a call), and what counting cost. Stops
+/// early (the count then meaningless, and unused) when `stop` is set.
 async fn count_documents(
     con: &mut MultiplexedConnection,
     budget: usize,
@@ -811,35 +812,41 @@ async fn count_documents(
     let count = redis::Script::new(COUNT);
     let mut cost = Walked::default();
     let mut present = 0usize;
-    let patterns = [
-        format!("{}*", keys::SITE_PREFIX),
-        format!("{}*", keys::SUSPENDED_PREFIX),
-    ];
-    let (mut sites, mut suspended) = ("0".to_owned(), "0".to_owned());
+    let patterns = keys::DOCUMENT_PREFIXES.map(|p| format!("{p}*"));
+    let mut cursors = keys::DOCUMENT_PREFIXES.map(|_| "0".to_owned());
     while !stop.load(Ordering::Relaxed) {
         let t = std::time::Instant::now();
-        let reply: redis::Value = count
-            .arg(&sites)
-            .arg(&suspended)
-            // Counting a key costs ~1/10 of comparing an entry
-            // (bench/README.md): 8 keys per entry of the budget keep a
-            // call under what a COMPARE call costs (half to each prefix).
-            .arg((4 * budget).max(1))
-            .arg(&patterns[0])
-            .arg(&patterns[1])
+        let mut call = count.prepare_invoke();
+        // Counting a key costs ~1/10 of comparing an entry
+        // (bench/README.md): 8 keys per entry of the budget keep a call
+        // under what a COMPARE call costs (split between the prefixes).
+        call.arg((8 * budget / patterns.len()).max(1));
+        call.arg(&cursors).arg(&patterns);
+        let reply: redis::Value = call
             .invoke_async(con)
             .await
             .context("counting documents in Redis")?;
         cost.call(t, &reply);
-        let (next_sites, next_suspended, n): (String, String, usize) =
-            redis::from_redis_value(reply)?;
+        let (next, n) = counted(reply)?;
         present += n;
-        if next_sites == "done" && next_suspended == "done" {
+        if next.iter().all(|c| c == "done") {
             break;
         }
-        (sites, suspended) = (next_sites, next_suspended);
+        cursors = next;
     }
     Ok((present, cost))
+}
+
+/// A [`COUNT`] reply: the `N` next cursors, then the keys found.
+fn counted<const N: usize>(reply: redis::Value) -> Result<([String; N], usize)> {
+    let wrong = || anyhow::anyhow!("the document count's reply has the wrong shape");
+    let mut items: Vec<redis::Value> = redis::from_redis_value(reply)?;
+    let n = redis::from_redis_value(items.pop().ok_or_else(wrong)?)?;
+    let cursors: Vec<String> = items
+        .into_iter()
+        .map(redis::from_redis_value)
+        .collect::<Result<_, _>>()?;
+    Ok((cursors.try_into().map_err(|_| wrong())?, n))
 }
 
 /// The full comparison: every desired value read back (as bytes), every
@@ -855,7 +862,7 @@ async fn compare_everything(
     let mut slowest = std::time::Duration::ZERO;
     let mut drift = read_back(con, &wanted, bytes, &mut slowest).await?;
     let fixes: Vec<String> = drift.iter().map(|d| d.key.clone()).collect();
-    let unmanaged: Vec<Vec<u8>> = document_keys_raw(con, bytes)
+    let unmanaged: Vec<Vec<u8>> = keys_under(con, &keys::DOCUMENT_PREFIXES, bytes)
         .await?
         .into_iter()
         .filter(|k| desired.value(k).is_none())

@@ -90,12 +90,16 @@ pub fn purge_queue(region: &str, node: &str) -> String {
     format!("cdn:purge:{region}:{node}")
 }
 
+/// The prefixes of the documents edgeform pushes, one per host: heal
+/// removes a key under them that the desired state does not have.
+pub const DOCUMENT_PREFIXES: [&str; 3] = [SITE_PREFIX, SUSPENDED_PREFIX, TLS_PREFIX];
+
 /// Whether edgeform owns a key of this name on an edge: the documents it
-/// pushes. Keys outside this set (queues, locks, anything else) are never
-/// pruned or healed.
+/// pushes. Keys outside this set (queues, locks, challenge answers,
+/// anything else) are never pruned or healed.
 #[must_use]
 pub fn is_document(key: &str) -> bool {
-    key == ROUTING || key.starts_with(SITE_PREFIX) || key.starts_with(SUSPENDED_PREFIX)
+    key == ROUTING || DOCUMENT_PREFIXES.iter().any(|p| key.starts_with(p))
 }
 
 /// `edgeform:cmd:<id>`: an MQTT command the agent has taken (its result
@@ -119,6 +123,7 @@ mod tests {
         assert_eq!(purge_queue("eu", "edge-1"), "cdn:purge:eu:edge-1");
         assert!(is_document("site:a.b"));
         assert!(is_document(ROUTING));
+        assert!(is_document(&tls("*.example.com")));
         assert!(!is_document(MANIFEST));
         assert_eq!(manifest_bucket(10), "edgeform:manifest:0a");
         assert_eq!(bucket(b""), 0x81);

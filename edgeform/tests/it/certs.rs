@@ -334,10 +334,24 @@ fn certificates_flow_from_import_to_every_edge_and_key_material_is_never_shown()
     );
     record(&mut shown, "heal dry run", &o);
     assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    // A certificate written by hand for a name no site has: removed by
+    // the same heal; the managed ones stay.
+    let _: () = redis::cmd("SET")
+        .arg("tls:other.example.com")
+        .arg(get(&mut con, "tls:shop.example.com").unwrap())
+        .query(&mut con)
+        .unwrap();
     let o = run(f.path(), &state, &["reconcile", "--once", "heal"]);
     record(&mut shown, "heal", &o);
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     assert!(stderr(&o).contains("tls:www.example.com"), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("key=tls:other.example.com kind=\"unmanaged\""),
+        "{}",
+        stderr(&o)
+    );
+    assert_eq!(get(&mut con, "tls:other.example.com"), None);
+    assert!(get(&mut con, "tls:shop.example.com").is_some());
     let healed: edgestate::tls::TlsDoc =
         serde_json::from_str(&get(&mut con, "tls:www.example.com").unwrap()).unwrap();
     assert_eq!(healed.fingerprint, fingerprint);
