@@ -69,7 +69,11 @@ fn server(agent_password: &str) -> harness::Process {
         .unwrap();
     let users = documented_users();
     let names: Vec<&str> = users.iter().map(|(u, _)| u.as_str()).collect();
-    assert_eq!(names, ["edgeform", "edge-agent", "edge-lua"], "{users:?}");
+    assert_eq!(
+        names,
+        ["edgeform", "edge-agent", "edge-lua", "router-lua"],
+        "{users:?}"
+    );
     for (user, line) in &users {
         let password = match user.as_str() {
             "edge-agent" => agent_password,
@@ -317,6 +321,32 @@ fn acl_users_with_the_documented_least_privilege_run_every_role() {
         .exec(&mut lua)
         .unwrap_err();
     assert_eq!(e.code(), Some("NOPERM"), "{e}");
+    // The geo router's user (its redis_client tests run the real router
+    // as it): the table and the generation, no document, no key listing.
+    let mut router = as_user("router-lua", CONTROL_PASSWORD);
+    let routing: Option<String> = redis::cmd("GET")
+        .arg("edgeform:routing")
+        .query(&mut router)
+        .unwrap();
+    assert!(routing.is_some());
+    let generation: Option<String> = redis::cmd("HGET")
+        .arg("edgeform:meta")
+        .arg("generation")
+        .query(&mut router)
+        .unwrap();
+    assert!(generation.is_some());
+    for cmd in [
+        &["GET", "site:s0.example.com"][..],
+        &["MGET", "tls:s0.example.com"],
+        &["SCAN", "0", "MATCH", "site:*"],
+        &["SET", "edgeform:routing", "{}"],
+    ] {
+        let e = redis::cmd(cmd[0])
+            .arg(&cmd[1..])
+            .exec(&mut router)
+            .unwrap_err();
+        assert_eq!(e.code(), Some("NOPERM"), "{cmd:?}: {e}");
+    }
 }
 
 /// A site served over HTTPS under the documented users: the control

@@ -502,9 +502,41 @@ fn router(o: harness::nginx::RouterOptions) -> Edge {
     harness::nginx::router(&o)
 }
 
+/// `user`'s rules as docs/operations.md gives them (`ACL SETUSER <user>
+/// …`), with `password`.
+fn documented_rules(user: &str, password: &str) -> Vec<String> {
+    let docs =
+        std::fs::read_to_string(harness::nginx::repo_root().join("docs/operations.md")).unwrap();
+    let rules = docs
+        .lines()
+        .find_map(|l| l.strip_prefix(&format!("ACL SETUSER {user} ")))
+        .unwrap_or_else(|| panic!("docs/operations.md has the {user} user"));
+    rules
+        .split_whitespace()
+        .map(|w| {
+            if w == "><password>" {
+                format!(">{password}")
+            } else {
+                w.to_owned()
+            }
+        })
+        .collect()
+}
+
 #[test]
 fn the_router_reads_a_password_redis_and_keeps_its_table_when_the_password_stops_working() {
-    let r = harness::redis(&["requirepass def4ult", "user router on >r0uter ~* &* +@all"]);
+    let r = harness::redis(&["requirepass def4ult"]);
+    let port = r.port.to_string();
+    let admin = |more: &[&str]| {
+        let mut all = vec!["-p", port.as_str(), "--no-auth-warning", "-a", "def4ult"];
+        all.extend(more);
+        redis_cli(&all)
+    };
+    // The router's user with exactly the rules docs/operations.md gives it.
+    let rules = documented_rules("router-lua", "r0uter");
+    let mut setuser = vec!["ACL", "SETUSER", "router"];
+    setuser.extend(rules.iter().map(String::as_str));
+    assert_eq!(admin(&setuser), "OK");
     let edge_port = harness::free_port();
     edge_listener("127.0.0.2", edge_port, "edge-a");
     routing(r.port, Some("def4ult"), 1, "edge-a", "127.0.0.2");
@@ -528,12 +560,6 @@ fn the_router_reads_a_password_redis_and_keeps_its_table_when_the_password_stops
     );
     // The user's password changes and its connections are dropped: the
     // router keeps routing with the table it holds, says so, logs why.
-    let port = r.port.to_string();
-    let admin = |more: &[&str]| {
-        let mut all = vec!["-p", port.as_str(), "--no-auth-warning", "-a", "def4ult"];
-        all.extend(more);
-        redis_cli(&all)
-    };
     assert_eq!(
         admin(&["ACL", "SETUSER", "router", "resetpass", ">changed"]),
         "OK"
@@ -714,19 +740,10 @@ fn the_edge_authenticates_and_keeps_serving_what_it_read_when_the_password_stops
     let port = r.port.to_string();
     let admin = ["-p", port.as_str(), "--no-auth-warning", "-a", "def4ult"];
     // The edge's user with exactly the rules docs/operations.md gives it.
-    let docs =
-        std::fs::read_to_string(harness::nginx::repo_root().join("docs/operations.md")).unwrap();
-    let rules = docs
-        .lines()
-        .find_map(|l| l.strip_prefix("ACL SETUSER edge-lua "))
-        .expect("docs/operations.md has the edge-lua user");
     let mut setuser = admin.to_vec();
     setuser.extend(["ACL", "SETUSER", "edge"]);
-    setuser.extend(
-        rules
-            .split_whitespace()
-            .map(|w| if w == "><password>" { ">3dge" } else { w }),
-    );
+    let rules = documented_rules("edge-lua", "3dge");
+    setuser.extend(rules.iter().map(String::as_str));
     assert_eq!(redis_cli(&setuser), "OK");
     let o1 = origin("origin-1");
     publish(&admin, "a.example", &o1, 1);
