@@ -12,7 +12,8 @@ In one run, side by side, medians of --runs:
     (not timed);
     the 4 servers hold the same sites, so one file serves all 4 (the routing table and the
     meta differ by a few bytes per node).
-Goal: apply <= 1.3 x (check + pipe). Usage: python3 bench/pipe_ref.py [--runs 3] [--sites 100000]
+Goal: apply <= 1.0 x (check + pipe). Usage:
+    python3 bench/pipe_ref.py [--runs 3] [--sites 100000] [--bin [LABEL=]PATH ...]
 """
 
 import argparse
@@ -69,23 +70,32 @@ def main() -> int:
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--sites", type=int, default=100_000)
     ap.add_argument("--dir", type=Path, default=ROOT / ".bench" / "push")
-    ap.add_argument("--bin", type=Path, default=EDGEFORM)
+    ap.add_argument("--bin", action="append", metavar="[LABEL=]PATH",
+                    help="the edgeform binary (repeatable: each run times every one in turn, "
+                         "against the same pipe)")
     a = ap.parse_args()
+    bins = []
+    for b in a.bin or [str(EDGEFORM)]:
+        label, _, path = b.rpartition("=")
+        bins.append((label or path, Path(path)))
     generate(a.dir, a.sites)
     load_start = os.getloadavg()[0]
     work = Path(tempfile.mkdtemp(prefix="edgeform-pipe-bench-"))
     servers = [Redis(work) for _ in range(4)]
     try:
         write_nodes(a.dir, servers)
-        ef = [str(a.bin), "--repo", str(a.dir)]
-        timed(ef + ["check"], ROOT)  # warm-up
-        check, full, pipe = [], [], []
+        timed([str(bins[0][1]), "--repo", str(a.dir), "check"], ROOT)  # warm-up
+        check = {label: [] for label, _ in bins}
+        full = {label: [] for label, _ in bins}
+        pipe = []
         payload = None
         for _ in range(a.runs):
-            check.append(timed(ef + ["check"], ROOT))
-            for s in servers:
-                s.cli("FLUSHALL")
-            full.append(timed(ef + ["apply", "--yes"], ROOT))
+            for label, path in bins:
+                ef = [str(path), "--repo", str(a.dir)]
+                check[label].append(timed(ef + ["check"], ROOT))
+                for s in servers:
+                    s.cli("FLUSHALL")
+                full[label].append(timed(ef + ["apply", "--yes"], ROOT))
             if payload is None:
                 payload = work / "entries.resp"
                 payload.write_bytes(entries_of(servers[0].port))
@@ -105,19 +115,18 @@ def main() -> int:
         for s in servers:
             s.stop()
         shutil.rmtree(work, ignore_errors=True)
-    m = {k: statistics.median(v) for k, v in (("check", check), ("apply", full), ("pipe", pipe))}
-    ref = m["check"] + m["pipe"]
+    runs = lambda v: ", ".join(f"{x:.2f}" for x in v)
+    mp = statistics.median(pipe)
     print(f"\n{a.sites} sites, 4 redis-servers, {keys} keys each ({size / 1e6:.0f} MB of RESP per server); {os.cpu_count()} cores; "
           f"medians of {a.runs}; load average {load_start:.1f} at the start, {os.getloadavg()[0]:.1f} at the end\n")
-    print("| what | median | runs |\n|---|---:|---|")
-    print(f"| `edgeform check` | {m['check']:.2f} s | {', '.join(f'{x:.2f}' for x in check)} |")
-    print(f"| `redis-cli --pipe` of the same entries, 4 servers in parallel | {m['pipe']:.2f} s | "
-          f"{', '.join(f'{x:.2f}' for x in pipe)} |")
-    print(f"| full `edgeform apply --yes` to the 4 empty servers, whole process | {m['apply']:.2f} s | "
-          f"{', '.join(f'{x:.2f}' for x in full)} |")
-    per_run = [f / (c + p) for c, f, p in zip(check, full, pipe)]
-    print(f"| apply / (check + pipe), of the medians | **{m['apply'] / ref:.2f}** | goal <= 1.3; per run: "
-          f"{', '.join(f'{x:.2f}' for x in per_run)} (median {statistics.median(per_run):.2f}) |")
+    print(f"`redis-cli --pipe` of the same entries, 4 servers in parallel: {mp:.2f} s ({runs(pipe)})\n")
+    print("| binary | `edgeform check` | full `edgeform apply --yes` to the 4 empty servers | "
+          "apply / (check + pipe), of the medians | per run |\n|---|---:|---:|---:|---|")
+    for label, _ in bins:
+        mc, ma = statistics.median(check[label]), statistics.median(full[label])
+        per_run = [f / (c + p) for c, f, p in zip(check[label], full[label], pipe)]
+        print(f"| {label} | {mc:.2f} s ({runs(check[label])}) | {ma:.2f} s ({runs(full[label])}) | "
+              f"**{ma / (mc + mp):.2f}** | {runs(per_run)} (median {statistics.median(per_run):.2f}) |")
     return 0
 
 

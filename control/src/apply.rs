@@ -227,6 +227,9 @@ pub struct Options {
     pub audit: super::audit::Audit,
     /// Where the lock wait is counted.
     pub metrics: std::sync::Arc<crate::metrics::Metrics>,
+    /// The transaction bodies the run's targets share
+    /// ([`super::bodies`]).
+    pub bodies: std::sync::Arc<super::bodies::Bodies>,
 }
 
 impl Options {
@@ -274,11 +277,10 @@ impl Options {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Outcome {
     /// Live already equals desired (same content and commit).
-    Unchanged {
-        generation: u64,
-    },
+    Unchanged { generation: u64 },
     Applied {
-        changes: Changes,
+        /// Shared with the other targets of the run that wrote the same.
+        changes: std::sync::Arc<Changes>,
         generation: u64,
     },
 }
@@ -394,8 +396,13 @@ async fn transaction(
         let live = read_live(con, desired)
             .instrument(tracing::info_span!("read_live"))
             .await?;
-        let checked = tracing::info_span!("check")
-            .in_scope(|| check(desired, &live, options, expect, ancestry));
+        // Targets of this run that write the same thing share the changes
+        // and the encoded body (`bodies`).
+        let shared = options.bodies.body(desired, &live, &options.commit);
+        let checked = tracing::info_span!("check").in_scope(|| {
+            let changes = shared.changes(|| live_changes(desired, &live));
+            check_changes(desired, &live, &changes, options, expect, ancestry).map(|()| changes)
+        });
         let changes = match checked {
             Ok(c) => c,
             Err(e) => {
@@ -422,9 +429,17 @@ async fn transaction(
             changes.changed.len(),
             changes.removed.len(),
         );
-        let body =
-            Body::new(desired, &changes, &live, &options.commit, generation).recording(entry);
-        let done = multi_exec(con, body)
+        let make =
+            || Body::new(desired, &changes, &live, &options.commit, generation).without_meta();
+        let mut tail = redis::pipe();
+        set_meta(
+            &mut tail,
+            &options.commit,
+            generation,
+            desired,
+            Some(&entry),
+        );
+        let done = multi_exec_shared(con, &shared, make, &tail)
             .instrument(tracing::info_span!("multi_exec"))
             .await?;
         if done {
@@ -445,8 +460,22 @@ fn check(
     expect: Option<&Expect>,
     ancestry: &super::gate::Relate<'_>,
 ) -> Result<Changes> {
-    desired.check_keys().map_err(anyhow::Error::new)?;
     let changes = live_changes(desired, live);
+    check_changes(desired, live, &changes, options, expect, ancestry)?;
+    Ok(changes)
+}
+
+/// The checks before a write of `changes` (`live`'s, to `desired`): keys
+/// the manifest can record, a plan that is not stale, the gate.
+fn check_changes(
+    desired: &Desired,
+    live: &Live,
+    changes: &Changes,
+    options: &Options,
+    expect: Option<&Expect>,
+    ancestry: &super::gate::Relate<'_>,
+) -> Result<()> {
+    desired.check_keys().map_err(anyhow::Error::new)?;
     if let Some(e) = expect
         && (e.generation != live.meta.generation || e.manifest_digest != live.digest)
     {
@@ -458,8 +487,8 @@ fn check(
     }
     let a = ancestry(live.meta.commit.as_deref());
     // A typed error: callers count refusals by kind (`Refusal::kind`).
-    super::gate::decide(options, desired, live, &changes, a).map_err(anyhow::Error::new)?;
-    Ok(changes)
+    super::gate::decide(options, desired, live, changes, a).map_err(anyhow::Error::new)?;
+    Ok(())
 }
 
 /// Bytes of commands sent per round trip inside MULTI: large enough that
@@ -477,33 +506,68 @@ const CHUNK_BYTES: usize = 1 << 21;
 /// # Errors
 /// Redis errors; a command the server refused to queue (the transaction
 /// is discarded).
-pub(crate) async fn multi_exec(
+pub(crate) async fn multi_exec(con: &mut MultiplexedConnection, body: Body<'_>) -> Result<bool> {
+    redis::cmd("MULTI").exec_async(con).await?;
+    if let Err(e) = super::bodies::stream(con, body).await {
+        return Err(discard(con, e).await);
+    }
+    exec(con).await
+}
+
+/// The transaction of `shared`'s body (sent from the run's shared chunks,
+/// or encoded with `make`) followed by this target's own `tail` (its
+/// meta), as [`multi_exec`].
+///
+/// # Errors
+/// As [`multi_exec`].
+async fn multi_exec_shared<'a>(
     con: &mut MultiplexedConnection,
-    mut body: Body<'_>,
+    shared: &super::bodies::Shared,
+    make: impl Fn() -> Body<'a>,
+    tail: &redis::Pipeline,
 ) -> Result<bool> {
     redis::cmd("MULTI").exec_async(con).await?;
-    let mut next = body.chunk();
-    while let Some(chunk) = next.take() {
-        let (sent, following) =
-            tokio::join!(con.send_packed_commands(&chunk, 0, chunk.len()), async {
-                body.chunk()
-            });
-        let refused = match sent {
-            Ok(replies) => replies.into_iter().find_map(|r| match r {
-                redis::Value::SimpleString(s) if s == "QUEUED" => None,
-                redis::Value::Okay => None,
-                other => Some(anyhow::anyhow!(
-                    "the server refused a queued command: {other:?}"
-                )),
-            }),
-            Err(e) => Some(anyhow::Error::from(e)),
-        };
-        if let Some(e) = refused {
-            let _: Result<(), _> = redis::cmd("DISCARD").exec_async(con).await;
-            return Err(e.context("MULTI/EXEC (discarded)"));
-        }
-        next = following;
+    let sent = match shared.send(con, make).await {
+        Ok(()) => send_chunk(con, tail).await,
+        Err(e) => Err(e),
+    };
+    if let Err(e) = sent {
+        return Err(discard(con, e).await);
     }
+    exec(con).await
+}
+
+/// Send one chunk of a transaction's commands; every reply must be
+/// `QUEUED`.
+///
+/// # Errors
+/// Redis errors; a command the server refused to queue.
+pub(crate) async fn send_chunk(
+    con: &mut MultiplexedConnection,
+    chunk: &redis::Pipeline,
+) -> Result<()> {
+    let replies = con.send_packed_commands(chunk, 0, chunk.len()).await?;
+    match replies.into_iter().find_map(|r| match r {
+        redis::Value::SimpleString(s) if s == "QUEUED" => None,
+        redis::Value::Okay => None,
+        other => Some(other),
+    }) {
+        Some(other) => bail!("the server refused a queued command: {other:?}"),
+        None => Ok(()),
+    }
+}
+
+/// `e` after DISCARD of the transaction under way.
+async fn discard(con: &mut MultiplexedConnection, e: anyhow::Error) -> anyhow::Error {
+    let _: Result<(), _> = redis::cmd("DISCARD").exec_async(con).await;
+    e.context("MULTI/EXEC (discarded)")
+}
+
+/// EXEC: `false` on a WATCH conflict (nothing applied).
+///
+/// # Errors
+/// Redis errors; a command that failed inside the transaction.
+async fn exec(con: &mut MultiplexedConnection) -> Result<bool> {
     let done: Option<Vec<redis::Value>> = redis::cmd("EXEC")
         .query_async(con)
         .await
@@ -544,6 +608,8 @@ pub(crate) struct Body<'a> {
     meta: Option<(&'a str, u64)>,
     /// The audit record written with the meta.
     history: Option<super::audit::Entry>,
+    /// Bytes of keys and values in the last chunk given.
+    last_bytes: usize,
 }
 
 impl<'a> Body<'a> {
@@ -577,7 +643,20 @@ impl<'a> Body<'a> {
             desired,
             meta: Some((commit, generation)),
             history: None,
+            last_bytes: 0,
         }
+    }
+
+    /// Without the meta: the body that targets writing the same thing
+    /// share; each sends its own meta ([`set_meta`]) after it.
+    pub(crate) fn without_meta(mut self) -> Body<'a> {
+        self.meta = None;
+        self
+    }
+
+    /// Bytes of keys and values in the last chunk [`Body::chunk`] gave.
+    pub(crate) fn last_bytes(&self) -> usize {
+        self.last_bytes
     }
 
     /// Also record `entry`: the meta's audit fields and one
@@ -674,6 +753,7 @@ impl<'a> Body<'a> {
             }
             break;
         }
+        self.last_bytes = bytes;
         (!pipe.is_empty()).then_some(pipe)
     }
 }

@@ -169,6 +169,7 @@ mod tests {
             dry_run: false,
             audit: crate::audit::Audit::default(),
             metrics: Arc::default(),
+            bodies: Arc::default(),
         }
     }
 

@@ -32,6 +32,9 @@
 pub mod acme;
 pub mod apply;
 pub mod audit;
+pub mod bodies;
+#[cfg(test)]
+mod bodies_tests;
 pub mod certs;
 pub mod cmd;
 pub mod gate;

@@ -34,6 +34,7 @@ fn options(commit: &str) -> Options {
         dry_run: false,
         audit: crate::audit::Audit::default(),
         metrics: Arc::default(),
+        bodies: Arc::default(),
     }
 }
 

@@ -160,6 +160,7 @@ pub fn options(source: &Source, flags: &Settings, action: Action) -> Options {
         dry_run: flags.dry_run && action == Action::Heal,
         audit: super::audit::Audit::current(now),
         metrics: Arc::clone(&flags.metrics),
+        bodies: Arc::default(),
     }
 }
 
@@ -307,6 +308,9 @@ async fn apply_all_with(
     );
     let expect: Option<Arc<SavedPlan>> = expect.map(|p| Arc::new(p.clone()));
     let all = Arc::new(source.config.nodes.clone());
+    options
+        .bodies
+        .expect(&jobs.iter().map(|j| &*j.desired).collect::<Vec<_>>());
     each(jobs, flags.parallel, |job| {
         let options = options.clone();
         let ancestor = ancestor.clone();

@@ -37,6 +37,7 @@ fn options(commit: &str, action: Action) -> Options {
         dry_run: false,
         audit: crate::audit::Audit::default(),
         metrics: Arc::default(),
+        bodies: Arc::default(),
     }
 }
 
