@@ -398,9 +398,15 @@ async fn transaction(
             .await?;
         // Targets of this run that write the same thing share the changes
         // and the encoded body (`bodies`).
-        let shared = options.bodies.body(desired, &live, &options.commit);
+        let shared = options
+            .bodies
+            .sharing()
+            .then(|| options.bodies.body(desired, &live, &options.commit));
         let checked = tracing::info_span!("check").in_scope(|| {
-            let changes = shared.changes(|| live_changes(desired, &live));
+            let changes = match &shared {
+                Some(s) => s.changes(|| live_changes(desired, &live)),
+                None => std::sync::Arc::new(live_changes(desired, &live)),
+            };
             check_changes(desired, &live, &changes, options, expect, ancestry).map(|()| changes)
         });
         let changes = match checked {
@@ -429,19 +435,27 @@ async fn transaction(
             changes.changed.len(),
             changes.removed.len(),
         );
-        let make =
-            || Body::new(desired, &changes, &live, &options.commit, generation).without_meta();
-        let mut tail = redis::pipe();
-        set_meta(
-            &mut tail,
-            &options.commit,
-            generation,
-            desired,
-            Some(&entry),
-        );
-        let done = multi_exec_shared(con, &shared, make, &tail)
-            .instrument(tracing::info_span!("multi_exec"))
-            .await?;
+        let done = if let Some(shared) = &shared {
+            let make =
+                || Body::new(desired, &changes, &live, &options.commit, generation).without_meta();
+            let mut tail = redis::pipe();
+            set_meta(
+                &mut tail,
+                &options.commit,
+                generation,
+                desired,
+                Some(&entry),
+            );
+            multi_exec_shared(con, shared, make, &tail)
+                .instrument(tracing::info_span!("multi_exec"))
+                .await?
+        } else {
+            let body =
+                Body::new(desired, &changes, &live, &options.commit, generation).recording(entry);
+            multi_exec(con, body)
+                .instrument(tracing::info_span!("multi_exec"))
+                .await?
+        };
         if done {
             return Ok(Outcome::Applied {
                 changes,

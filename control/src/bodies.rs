@@ -2,16 +2,20 @@
 //! thing: the same desired state (the same shared site list and routing
 //! table, and commit) over the same live state read (the same manifest
 //! entries of the same buckets). The first such target computes the
-//! changes and encodes the body chunk by chunk; the others send the same
-//! chunks to their own Redis. A change to every site of a fleet of edges in
-//! one state so costs one diff and one encoding, not one per edge.
+//! changes and encodes the body chunk by chunk into a log, at its own pace
+//! (it does not wait for its own Redis); every target of the body,
+//! that one included, sends the logged chunks to its own Redis. A change
+//! to every site of a fleet of edges in one state so costs one diff and
+//! one encoding, not one per edge, and a slow or stalled edge holds up
+//! only itself.
 //!
 //! The meta (generation, audit record) is each target's own and sent after
 //! the shared chunks, inside the same MULTI/EXEC: nothing about atomicity
 //! changes. A body is held weakly by the run (it lives while a target
-//! streams it), and what its chunks keep in memory is capped
-//! ([`RETAIN_BYTES`]): past the cap, or when the target encoding it fails,
-//! the others encode the rest themselves (the body is deterministic).
+//! sends it); what the logs keep is capped ([`RETAIN_BYTES`], counted as
+//! the keys' and values' bytes), and nothing is kept when no two targets
+//! of the run share a site list ([`Bodies::expect`]). Past the cap the
+//! targets encode the rest themselves (the body is deterministic).
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
@@ -156,6 +160,12 @@ impl Bodies {
         }
     }
 
+    /// Whether this run's targets share bodies (see [`Bodies::expect`]).
+    #[must_use]
+    pub fn sharing(&self) -> bool {
+        self.cap.load(Ordering::Relaxed) > 0
+    }
+
     /// Targets of the run that encoded their body, and targets that sent
     /// chunks another one encoded.
     #[must_use]
@@ -204,8 +214,9 @@ impl Shared {
     }
 
     /// Send every chunk of the body on `con` (inside its MULTI), checking
-    /// each chunk's `QUEUED` replies: encoded here with `make` when this
-    /// target is the first, taken from the log otherwise.
+    /// each chunk's `QUEUED` replies, taken from the log. The first target
+    /// here also encodes the body into the log, at its own pace (encoding,
+    /// not sending: the others never wait for this target's Redis).
     ///
     /// # Errors
     /// Redis errors; a command the server refused to queue.
@@ -214,16 +225,28 @@ impl Shared {
         con: &mut MultiplexedConnection,
         make: impl Fn() -> Body<'a>,
     ) -> Result<()> {
-        if !self.encoding.swap(true, Ordering::AcqRel) {
-            self.counts.encoded.fetch_add(1, Ordering::Relaxed);
-            return self.encode_and_send(con, make()).await;
+        if self.encoding.swap(true, Ordering::AcqRel) {
+            return self.take(con, &make, false).await;
         }
+        self.counts.encoded.fetch_add(1, Ordering::Relaxed);
+        let ((), sent) = tokio::join!(self.encode(make()), self.take(con, &make, true));
+        sent
+    }
+
+    /// Send the logged chunks as they come; once the log is closed, encode
+    /// the rest here (the body is deterministic).
+    async fn take<'a>(
+        &self,
+        con: &mut MultiplexedConnection,
+        make: &impl Fn() -> Body<'a>,
+        encoder: bool,
+    ) -> Result<()> {
         let mut progress = self.progress.subscribe();
         let mut sent = 0;
         loop {
             let (chunks, end) = *progress.borrow_and_update();
             if sent < chunks {
-                if sent == 0 {
+                if sent == 0 && !encoder {
                     self.counts.reused.fetch_add(1, Ordering::Relaxed);
                 }
                 let chunk = self
@@ -238,8 +261,9 @@ impl Shared {
             match end {
                 End::Complete => return Ok(()),
                 End::Closed => {
-                    // Encode the rest here: the body is deterministic.
-                    self.counts.encoded.fetch_add(1, Ordering::Relaxed);
+                    if !encoder {
+                        self.counts.encoded.fetch_add(1, Ordering::Relaxed);
+                    }
                     let mut body = make();
                     for _ in 0..sent {
                         body.chunk();
@@ -254,14 +278,11 @@ impl Shared {
         }
     }
 
-    /// The encoding target: each chunk logged (under the cap) before it
-    /// is sent.
-    async fn encode_and_send(
-        &self,
-        con: &mut MultiplexedConnection,
-        mut body: Body<'_>,
-    ) -> Result<()> {
-        // Whatever happens here, the others are never left waiting.
+    /// Encode `body` into the log, chunk after chunk, yielding between
+    /// chunks; stop when the log is closed (the cap).
+    async fn encode(&self, mut body: Body<'_>) {
+        // However this ends (cancelled with its target), the others are
+        // never left waiting.
         struct CloseOnExit<'s>(&'s Shared);
         impl Drop for CloseOnExit<'_> {
             fn drop(&mut self) {
@@ -273,26 +294,25 @@ impl Shared {
             }
         }
         let _close = CloseOnExit(self);
-        let mut next = body.chunk();
-        while let Some(chunk) = next.take() {
-            let chunk = Arc::new(chunk);
-            self.log_chunk(&chunk, body.last_bytes());
-            let (sent, following) = tokio::join!(send_chunk(con, &chunk), async { body.chunk() });
-            sent?;
-            next = following;
-        }
-        self.progress.send_modify(|p| {
-            if p.1 == End::Open {
-                p.1 = End::Complete;
+        loop {
+            let open = self.progress.borrow().1 == End::Open;
+            if !open {
+                return;
             }
-        });
-        Ok(())
+            let Some(chunk) = body.chunk() else {
+                self.progress.send_modify(|p| p.1 = End::Complete);
+                return;
+            };
+            self.log_chunk(Arc::new(chunk), body.last_bytes());
+            tokio::task::yield_now().await;
+        }
     }
 
     /// Keep `chunk` for the others, unless the run's cap is reached (then
     /// no more are kept: the others encode from there).
-    fn log_chunk(&self, chunk: &Arc<redis::Pipeline>, bytes: usize) {
-        if self.progress.borrow().1 != End::Open {
+    fn log_chunk(&self, chunk: Arc<redis::Pipeline>, bytes: usize) {
+        let open = self.progress.borrow().1 == End::Open;
+        if !open {
             return;
         }
         let before = self.retained.fetch_add(bytes, Ordering::Relaxed);
@@ -306,7 +326,7 @@ impl Shared {
             .log
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
-        log.push(chunk.clone());
+        log.push(chunk);
         let n = log.len();
         drop(log);
         self.progress.send_modify(|p| p.0 = n);

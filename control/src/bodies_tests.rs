@@ -171,7 +171,8 @@ async fn past_the_memory_cap_the_others_encode_the_rest_and_write_the_same() {
     for s in &servers {
         holds(&mut con(s.port).await, &desired, 1).await;
     }
-    // No room at all: nothing shared, the same result.
+    // No room at all: the targets do not share (each encodes its own, as
+    // without sharing), the same result.
     let servers = [harness::redis(&[]), harness::redis(&[])];
     let bodies = Arc::new(Bodies::with_cap(0));
     let o = options("c1", &bodies);
@@ -179,10 +180,67 @@ async fn past_the_memory_cap_the_others_encode_the_rest_and_write_the_same() {
     for s in &servers {
         apply(&mut con(s.port).await, &desired, &o).await.unwrap();
     }
-    assert_eq!(bodies.counts(), (2, 0));
+    assert_eq!(bodies.counts(), (0, 0));
     for s in &servers {
         holds(&mut con(s.port).await, &desired, 1).await;
     }
+}
+
+/// The target encoding a body does so at its own pace, not its Redis's:
+/// with its Redis stopped (SIGSTOP: every reply withheld), another target
+/// of the same body still sends it all.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_target_does_not_hold_up_the_others_sharing_its_body() {
+    let stalled = harness::redis(&[]);
+    let healthy = harness::redis(&[]);
+    let desired = Arc::new(sites(3000, 2000, None));
+    let bodies = Arc::new(Bodies::default());
+    let mut quiet = con(healthy.port).await;
+    let live = Arc::new(apply::read_live(&mut quiet, &desired).await.unwrap());
+    let shared = bodies.body(&desired, &live, "c1");
+    let changes = shared.changes(|| apply::live_changes(&desired, &live));
+    let mut frozen = con(stalled.port).await;
+    let pid = stalled.pid().to_string();
+    let signal = |s: &str| {
+        assert!(
+            std::process::Command::new("kill")
+                .args([s, &pid])
+                .status()
+                .unwrap()
+                .success()
+        );
+    };
+    signal("-STOP");
+    let encoder = {
+        let (desired, live, changes, shared) = (
+            desired.clone(),
+            live.clone(),
+            changes.clone(),
+            shared.clone(),
+        );
+        tokio::spawn(async move {
+            let make = || apply::Body::new(&desired, &changes, &live, "c1", 1).without_meta();
+            shared.send(&mut frozen, make).await
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let () = redis::cmd("MULTI").query_async(&mut quiet).await.unwrap();
+    let make = || apply::Body::new(&desired, &changes, &live, "c1", 1).without_meta();
+    tokio::time::timeout(Duration::from_secs(20), shared.send(&mut quiet, make))
+        .await
+        .expect("sent while the encoding target's Redis is stopped")
+        .unwrap();
+    let _: redis::Value = redis::cmd("EXEC").query_async(&mut quiet).await.unwrap();
+    assert_eq!(bodies.counts(), (1, 1));
+    let first = desired.iter().nth(1).unwrap();
+    let got: Option<String> = redis::cmd("GET")
+        .arg(first.0)
+        .query_async(&mut quiet)
+        .await
+        .unwrap();
+    assert_eq!(got.as_deref(), Some(first.1));
+    signal("-CONT");
+    encoder.abort();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
