@@ -828,7 +828,7 @@ async fn count_documents(
             .context("counting documents in Redis")?;
         cost.call(t, &reply);
         let (next, n) = counted(reply)?;
-        present += n;
+        present = present.saturating_add(n);
         if next.iter().all(|c| c == "done") {
             break;
         }
@@ -841,7 +841,9 @@ async fn count_documents(
 fn counted<const N: usize>(reply: redis::Value) -> Result<([String; N], usize)> {
     let wrong = || anyhow::anyhow!("the document count's reply has the wrong shape");
     let mut items: Vec<redis::Value> = redis::from_redis_value(reply)?;
-    let n = redis::from_redis_value(items.pop().ok_or_else(wrong)?)?;
+    // An untrusted reply: a negative count is refused, not wrapped.
+    let n: i64 = redis::from_redis_value(items.pop().ok_or_else(wrong)?)?;
+    let n = usize::try_from(n).map_err(|_| wrong())?;
     let cursors: Vec<String> = items
         .into_iter()
         .map(redis::from_redis_value)

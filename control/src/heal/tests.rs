@@ -259,3 +259,44 @@ fn reply_sizes_are_counted_as_resp_bytes() {
     );
     assert_eq!(resp_len(&Value::Nil), 5);
 }
+
+#[test]
+fn a_document_count_reply_of_the_wrong_shape_is_an_error_never_a_panic() {
+    use redis::Value::{Array, BulkString, Int, Nil};
+    let cursor = |s: &str| BulkString(s.as_bytes().to_vec());
+    let (c, n) = counted::<3>(Array(vec![
+        cursor("12"),
+        cursor("done"),
+        cursor("0"),
+        Int(7),
+    ]))
+    .unwrap();
+    assert_eq!((c, n), (["12".to_owned(), "done".into(), "0".into()], 7));
+    for hostile in [
+        Nil,
+        Int(3),
+        Array(vec![]),
+        Array(vec![cursor("done"), cursor("done"), Int(1)]),
+        Array(vec![
+            cursor("done"),
+            cursor("done"),
+            cursor("done"),
+            cursor("done"),
+            Int(1),
+        ]),
+        Array(vec![
+            cursor("done"),
+            cursor("done"),
+            cursor("done"),
+            Int(-1),
+        ]),
+        Array(vec![
+            cursor("done"),
+            cursor("done"),
+            cursor("done"),
+            Array(vec![]),
+        ]),
+    ] {
+        assert!(counted::<3>(hostile.clone()).is_err(), "{hostile:?}");
+    }
+}
