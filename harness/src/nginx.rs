@@ -53,6 +53,9 @@ pub struct EdgeOptions {
     /// The size of the shared document cache (`lua_shared_dict
     /// edge_docs`), in place of the template's (a test of a full cache).
     pub docs_dict: Option<String>,
+    /// Seconds between each worker's polls of the generation, in place of
+    /// cdn_router.lua's 0.2 (a test of what happens between polls).
+    pub poll: Option<f64>,
 }
 
 impl EdgeOptions {
@@ -81,6 +84,7 @@ impl EdgeOptions {
             access_log: true,
             warm: true,
             docs_dict: None,
+            poll: None,
         }
     }
 }
@@ -417,6 +421,14 @@ pub fn write_conf_with(prefix: &Path, l: &Listeners, o: &EdgeOptions) -> (PathBu
         let line = "lua_shared_dict edge_docs 256m;";
         assert!(text.contains(line), "the template's edge_docs line changed");
         text = text.replace(line, &format!("lua_shared_dict edge_docs {size};"));
+    }
+    if let Some(poll) = o.poll {
+        let line = "require(\"cdn_router\").init({";
+        assert!(
+            text.contains(line),
+            "the template's cdn_router init changed"
+        );
+        text = text.replace(line, &format!("{line} poll = {poll},"));
     }
     let conf = prefix.join("nginx.conf");
     std::fs::write(&conf, text).expect("write nginx.conf");

@@ -2,8 +2,9 @@
 //! "Freshness"): a real nginx with four workers and a real Redis. One read
 //! of a host serves every worker; a Redis outage leaves the host serving
 //! on workers that never read it themselves; a new generation replaces the
-//! shared document on every worker within a poll; a started edge warms
-//! the shared cache with every document before a viewer asks.
+//! shared document on every worker within a poll, and once one worker has
+//! seen it every worker answers with it; a started edge warms the shared
+//! cache with every document before a viewer asks.
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
@@ -152,6 +153,76 @@ fn one_redis_read_serves_every_worker_through_an_outage_until_the_next_generatio
         );
         std::thread::sleep(Duration::from_millis(100));
     }
+}
+
+/// Each worker polls the generation on its own timer; once any worker's
+/// poll has seen an apply, the others follow on their next request (they
+/// find the node's generation in the shared dict ahead of theirs and poll
+/// then), not at their own next poll. Polls here are 4 s apart, and one
+/// worker is restarted halfway through an interval, so the two timers
+/// are ~2 s apart: without the catch-up the second worker would answer
+/// with the old document for about 2 s after the first had the new one.
+#[test]
+fn once_any_worker_has_seen_an_apply_every_worker_answers_with_it() {
+    let r = harness::redis(&[]);
+    let port = r.port;
+    redis(port, &["SET", "site:shared.test", &document("/one")]);
+    redis(port, &["HSET", "edgeform:meta", "generation", "1"]);
+    let mut o = harness::nginx::EdgeOptions::new(port);
+    o.workers = 2;
+    o.warm = false;
+    o.poll = Some(4.0);
+    let edge = harness::nginx::edge(&o);
+    let web = edge.process.port;
+    let t = Instant::now();
+    while edge.worker_pids().len() < 2 {
+        assert!(
+            t.elapsed() < Duration::from_secs(10),
+            "{}",
+            edge.error_log()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    std::thread::sleep(Duration::from_millis(2000));
+    let old = edge.worker_pids();
+    let status = std::process::Command::new("kill")
+        .args(["-9", &old[0].to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let t = Instant::now();
+    while {
+        let now = edge.worker_pids();
+        now.len() < 2 || now.contains(&old[0])
+    } {
+        assert!(
+            t.elapsed() < Duration::from_secs(10),
+            "{}",
+            edge.error_log()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    for i in 0..20 {
+        assert_eq!(get(web, "shared.test"), (301, Some("/one".into())), "#{i}");
+    }
+
+    redis(port, &["SET", "site:shared.test", &document("/two")]);
+    redis(port, &["HSET", "edgeform:meta", "generation", "2"]);
+    // The first worker to poll (within 4 s) answers with the new document…
+    let t = Instant::now();
+    while get(web, "shared.test") != (301, Some("/two".into())) {
+        assert!(t.elapsed() < Duration::from_secs(6), "{}", edge.error_log());
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    // …and from then on every worker does.
+    let seen = Instant::now();
+    let answers: Vec<_> = (0..40).map(|_| get(web, "shared.test")).collect();
+    assert!(
+        answers.iter().all(|a| *a == (301, Some("/two".into()))),
+        "{:?} after the first new answer: {answers:?}",
+        seen.elapsed()
+    );
 }
 
 /// Redis emptied (FLUSHALL), then nginx reloaded: the new workers start

@@ -180,14 +180,25 @@ local function poll()
 end
 
 -- A worker that has not read a generation yet polls before it decides
--- (its timer's first poll may still be in flight): at most one such poll
--- per poll interval, so a Redis down at start does not slow every request.
-local first_tried = 0
+-- (its timer's first poll may still be in flight), and so does a worker
+-- behind the generation another worker's poll moved the node to
+-- (SERVING): an apply is then seen by every worker from the first
+-- worker's poll on, not by each at its own next poll. At most one such
+-- poll per poll interval, so a Redis down does not slow every request.
+local first_tried, behind_tried = 0, 0
 local function poll_first()
-  if generation ~= nil then return end
-  local now = ngx.now()
-  if now - first_tried < conf.poll then return end
-  first_tried = now
+  local now
+  if generation == nil then
+    now = ngx.now()
+    if now - first_tried < conf.poll then return end
+    first_tried = now
+  else
+    local serving = shared_wild and shared_wild:get(SERVING)
+    if serving == nil or serving == generation then return end
+    now = ngx.now()
+    if now - behind_tried < conf.poll then return end
+    behind_tried = now
+  end
   poll()
 end
 
