@@ -11,39 +11,18 @@ use redis::aio::MultiplexedConnection;
 
 use crate::apply::{self, Options, Outcome};
 use crate::bodies::Bodies;
-use crate::gate::{Action, Relation};
-use crate::plan::{Ancestry, Overrides};
-use crate::state::Desired;
-use compiler::model::resolved::Thresholds;
+use crate::test_support::con;
 
 fn options(commit: &str, bodies: &Arc<Bodies>) -> Options {
     Options {
-        commit: commit.into(),
-        thresholds: Thresholds::default(),
-        overrides: Overrides {
-            force: true,
-            allow_rollback: true,
-            adopt: false,
-        },
-        lease: Duration::from_secs(10),
-        lock_wait: Duration::from_secs(1),
-        action: Action::Apply,
-        frozen: None,
-        break_glass: false,
-        dry_run: false,
-        audit: crate::audit::Audit::default(),
-        metrics: Arc::default(),
         bodies: bodies.clone(),
+        ..crate::test_support::options(commit, Action::Apply)
     }
 }
 
-async fn con(port: u16) -> MultiplexedConnection {
-    redis::Client::open(format!("redis://127.0.0.1:{port}"))
-        .unwrap()
-        .get_multiplexed_async_connection()
-        .await
-        .unwrap()
-}
+use crate::gate::{Action, Relation};
+use crate::plan::Ancestry;
+use crate::state::Desired;
 
 async fn apply(
     con: &mut MultiplexedConnection,

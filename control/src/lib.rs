@@ -56,6 +56,8 @@ pub mod saved;
 mod skew_tests;
 pub mod state;
 pub mod store;
+#[cfg(test)]
+mod test_support;
 pub mod track;
 
 use std::sync::Arc;

@@ -4,47 +4,16 @@
 //! key the manifest cannot record is refused before anything is written.
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
-use std::time::Duration;
 
 use redis::aio::MultiplexedConnection;
 
-use crate::apply::{self, Options, Outcome};
+use crate::apply::{self, Outcome};
 use crate::gate::{Action, Relation};
-use crate::plan::{Ancestry, Overrides};
+use crate::plan::Ancestry;
 use crate::state::{Desired, NulInKey};
-use compiler::model::resolved::Thresholds;
+use crate::test_support::con;
 use edgestate::keys;
 use edgestate::manifest::BucketError;
-
-fn options(commit: &str) -> Options {
-    Options {
-        commit: commit.into(),
-        thresholds: Thresholds::default(),
-        overrides: Overrides {
-            force: true,
-            allow_rollback: true,
-            adopt: false,
-        },
-        lease: Duration::from_secs(10),
-        lock_wait: Duration::from_secs(1),
-        action: Action::Apply,
-        frozen: None,
-        break_glass: false,
-        dry_run: false,
-        audit: crate::audit::Audit::default(),
-        metrics: Arc::default(),
-        bodies: Arc::default(),
-    }
-}
-
-async fn con(port: u16) -> MultiplexedConnection {
-    redis::Client::open(format!("redis://127.0.0.1:{port}"))
-        .unwrap()
-        .get_multiplexed_async_connection()
-        .await
-        .unwrap()
-}
 
 async fn apply(
     con: &mut MultiplexedConnection,
@@ -52,7 +21,14 @@ async fn apply(
     commit: &str,
 ) -> anyhow::Result<Outcome> {
     let relate = |_: Option<&str>| Relation::from(Ancestry::Forward);
-    apply::apply(con, desired, &options(commit), None, &relate).await
+    apply::apply(
+        con,
+        desired,
+        &crate::test_support::options(commit, Action::Apply),
+        None,
+        &relate,
+    )
+    .await
 }
 
 /// `n` sites, site `changed` (if any) with another value.

@@ -5,49 +5,18 @@
 //! state.
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
-use std::time::Duration;
 
 use redis::aio::MultiplexedConnection;
 
-use crate::apply::{self, Options, Outcome};
+use crate::apply::{self, Outcome};
 use crate::gate::{Action, Relation};
-use crate::plan::{Ancestry, Overrides, Refusal, RefusalKind};
+use crate::plan::{Ancestry, Refusal, RefusalKind};
 use crate::state::Desired;
-use compiler::model::resolved::Thresholds;
+use crate::test_support::{con, options};
 use edgestate::bundle::Bundle;
 
 const SEED_DOC: &str = r#"{"cache_rules":[],"cached":true,"cors_mode":"off","edge_rules":[],"geo_codes":"","geo_mode":"off","hotlink_mode":"off","ip_list":"","ip_mode":"off","origin":"http://o.test","rate_mode":"off","waf_mode":"off"}"#;
 const REDIRECT_DOC: &str = r#"{"cache_rules":[],"cached":true,"cors_mode":"off","edge_rules":[],"geo_codes":"","geo_mode":"off","hotlink_mode":"off","https_redirect":true,"ip_list":"","ip_mode":"off","origin":"http://o.test","rate_mode":"off","tls":"certificate:a","waf_mode":"off"}"#;
-
-fn options(commit: &str, action: Action) -> Options {
-    Options {
-        commit: commit.into(),
-        thresholds: Thresholds::default(),
-        overrides: Overrides {
-            force: true,
-            allow_rollback: true,
-            adopt: false,
-        },
-        lease: Duration::from_secs(10),
-        lock_wait: Duration::from_secs(1),
-        action,
-        frozen: None,
-        break_glass: false,
-        dry_run: false,
-        audit: crate::audit::Audit::default(),
-        metrics: Arc::default(),
-        bodies: Arc::default(),
-    }
-}
-
-async fn con(port: u16) -> MultiplexedConnection {
-    redis::Client::open(format!("redis://127.0.0.1:{port}"))
-        .unwrap()
-        .get_multiplexed_async_connection()
-        .await
-        .unwrap()
-}
 
 async fn declare(con: &mut MultiplexedConnection, bundle: &Bundle) {
     let mut cmd = redis::cmd("HSET");
