@@ -179,36 +179,44 @@ local function poll()
   return true
 end
 
--- A worker that has not read a generation yet polls before it decides
--- (its timer's first poll may still be in flight), and so does a worker
--- behind the generation another worker's poll moved the node to
--- (SERVING): an apply is then seen by every worker from the first
--- worker's poll on, not by each at its own next poll. At most one such
--- poll per poll interval, so a Redis down does not slow every request.
-local first_tried, behind_tried = 0, 0
-local function poll_first()
-  local now
-  if generation == nil then
-    now = ngx.now()
-    if now - first_tried < conf.poll then return end
-    first_tried = now
-  else
-    local serving = shared_wild and shared_wild:get(SERVING)
-    if serving == nil or serving == generation then return end
-    now = ngx.now()
-    if now - behind_tried < conf.poll then return end
-    behind_tried = now
-  end
-  poll()
-end
-
 -- Whether this worker's last poll failed: the outage is logged once per
 -- worker when it begins and once when it ends, not at every poll (five a
 -- second) while it lasts.
 local poll_failed = false
--- A poll of this worker's timer is under way: the next tick skips (a poll
--- can take its whole Redis timeout, as long as the interval).
+-- A poll of this worker is under way (its timer's, or a request's catching
+-- up, below): no other starts, so two polls never finish out of order.
 local polling = false
+
+-- A worker that has not read a generation yet polls before it decides
+-- (its timer's first poll may still be in flight): at most one such poll
+-- per poll interval, so a Redis down at start does not slow every request.
+-- A worker behind the generation another worker's poll moved the node to
+-- (SERVING, and the rule would move this worker to it) polls too, before
+-- answering: an apply is then seen by every worker from the first
+-- worker's poll on, not by each at its own next tick. Not while its last
+-- poll failed (Redis is down for it: the timer finds out, no request
+-- waits), not while a poll is under way, and at most every CATCH_UP s.
+local first_tried, behind_tried = 0, 0
+local CATCH_UP = 0.05
+local function poll_first()
+  local now = ngx.now()
+  if generation == nil then
+    if now - first_tried < conf.poll then return end
+    first_tried = now
+    poll()
+    return
+  end
+  if polling or poll_failed or not shared_wild then return end
+  local serving = shared_wild:get(SERVING)
+  if serving == nil or serving == generation or not moved(serving) then return end
+  if now - behind_tried < CATCH_UP then return end
+  behind_tried = now
+  polling = true
+  local called, ok = pcall(poll)
+  polling = false
+  -- Failed: not again for a poll interval (the timer says why).
+  if not (called and ok) then behind_tried = now + conf.poll end
+end
 
 local function tick(premature)
   if premature or polling then return end
