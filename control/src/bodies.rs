@@ -109,8 +109,8 @@ enum End {
     Open,
     /// Every chunk is in the log.
     Complete,
-    /// No more will come (the encoding target failed, or the cap): the
-    /// others encode the rest themselves.
+    /// No more will come (the cap, or the encoding target's task was
+    /// cancelled): the targets encode the rest themselves.
     Closed,
 }
 

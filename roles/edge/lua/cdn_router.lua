@@ -187,6 +187,15 @@ local poll_failed = false
 -- up, below): no other starts, so two polls never finish out of order.
 local polling = false
 
+-- One poll, none beside it: ok, or nil and why (a Lua error too).
+local function poll_alone()
+  polling = true
+  local called, ok, err = pcall(poll)
+  polling = false
+  if not called then return nil, ok end
+  return ok, err
+end
+
 -- A worker that has not read a generation yet polls before it decides
 -- (its timer's first poll may still be in flight): at most one such poll
 -- per poll interval, so a Redis down at start does not slow every request.
@@ -198,7 +207,7 @@ local polling = false
 -- waits), not while a poll is under way, and at most every CATCH_UP s.
 local first_tried, behind_tried = 0, 0
 local CATCH_UP = 0.05
-local function poll_first()
+local function catch_up()
   local now = ngx.now()
   if generation == nil then
     if now - first_tried < conf.poll then return end
@@ -211,19 +220,13 @@ local function poll_first()
   if serving == nil or serving == generation or not moved(serving) then return end
   if now - behind_tried < CATCH_UP then return end
   behind_tried = now
-  polling = true
-  local called, ok = pcall(poll)
-  polling = false
   -- Failed: not again for a poll interval (the timer says why).
-  if not (called and ok) then behind_tried = now + conf.poll end
+  if not poll_alone() then behind_tried = now + conf.poll end
 end
 
 local function tick(premature)
   if premature or polling then return end
-  polling = true
-  local called, ok, err = pcall(poll)
-  polling = false
-  if not called then ok, err = nil, ok end
+  local ok, err = poll_alone()
   if not ok and not poll_failed then
     log(WARN, "edgeform: redis unreachable, serving last known documents (said once until it is back): ", err)
   elseif ok and poll_failed then
@@ -574,7 +577,7 @@ local warned_at = 0   -- when a Redis miss during an outage was last logged
 -- The entry for a host: { key, site | err, suspended } or { none } or
 -- { api_error }.
 local function lookup(host)
-  poll_first()
+  catch_up()
   local now = ngx.now()
   local entry = docs:get(host)
   if entry and entry.gen == generation then return entry end
@@ -645,7 +648,7 @@ end
 _M.redis = connect
 _M.release = release
 function _M.generation()
-  poll_first()
+  catch_up()
   return generation
 end
 -- Redis lost its data or went backwards, and nothing was written since.
