@@ -431,3 +431,60 @@ fn the_edge_roles_redis_persistence_keeps_the_documents_across_a_crash() {
         .unwrap();
     assert_eq!(g.as_deref(), Some("7"));
 }
+
+/// nginx started while its Redis hangs (accepts, never answers: a frozen
+/// host): the first poll finds it down and no request waits on it for the
+/// generation again (before, every request of a worker that had not read a
+/// generation yet waited the full Redis timeout); once Redis answers, the
+/// edge serves from it.
+#[test]
+fn a_redis_hung_when_nginx_starts_holds_up_no_request_for_the_generation() {
+    let redis = harness::redis(&[]);
+    let origin = crate::proxied::origin();
+    let repo = Fixture::empty();
+    repo.write(
+        "nodes/edge-1.yaml",
+        crate::util::edge_1_node(redis.port).as_bytes(),
+    );
+    repo.write(
+        "sites/a.yaml",
+        format!("host: a.test\norigin: http://127.0.0.1:{origin}\nloopback: true\ncached: false\n")
+            .as_bytes(),
+    );
+    let out = edgeform(repo.path(), &["apply", "--yes"]);
+    assert_eq!(out.status.code(), Some(0), "apply: {}", stderr(&out));
+    let mut edge = harness::nginx::edge(&EdgeOptions::new(redis.port));
+    let port = edge.process.port;
+    let signal = |sig: &str| {
+        let done = std::process::Command::new("kill")
+            .args([sig, &redis.pid().to_string()])
+            .status()
+            .unwrap();
+        assert!(done.success(), "kill {sig}");
+    };
+    signal("-STOP");
+    // A full restart: a new master, no worker has read a generation.
+    edge.process.restart();
+    std::thread::sleep(Duration::from_millis(300));
+    let waits: Vec<Duration> = (0..20)
+        .map(|_| {
+            let t = Instant::now();
+            let _ = get(port, "a.test");
+            t.elapsed()
+        })
+        .collect();
+    signal("-CONT");
+    // The Redis timeout is 200 ms: a request that waited on Redis took at
+    // least that. The document read itself still tries Redis once a
+    // second (the unreachable answer's 1 s negative cache).
+    let held = waits
+        .iter()
+        .filter(|w| **w >= Duration::from_millis(200))
+        .count();
+    assert!(
+        held <= 6,
+        "{held} of 20 requests waited on the hung Redis: {waits:?}\n{}",
+        edge.error_log()
+    );
+    assert_eq!(settle(port, "a.test", 200), 200, "{}", edge.error_log());
+}

@@ -87,7 +87,7 @@ fn request(port: u16, src: Option<&str>, host: &str, xff: &[&str]) -> (u16, Opti
 
 struct Edge {
     repo: Fixture,
-    _redis: harness::Process,
+    redis: harness::Process,
     edge: harness::nginx::Edge,
 }
 
@@ -132,11 +132,7 @@ fn edge_with_sites() -> Edge {
     let edge = harness::nginx::edge(&opts);
     // The first poll has read the trusted proxies.
     std::thread::sleep(Duration::from_millis(400));
-    Edge {
-        repo,
-        _redis: redis,
-        edge,
-    }
+    Edge { repo, redis, edge }
 }
 
 /// `explain --batch` over (peer, host, X-Forwarded-For lines): status and
@@ -394,4 +390,47 @@ fn lua_and_rust_take_the_same_last_entry() {
         };
         assert_eq!(got, &rust, "{:?}", String::from_utf8_lossy(input));
     }
+}
+
+/// A routing table the edge cannot read (here refused by an ACL, as a
+/// lost connection would fail it) keeps the trusted proxies the edge last
+/// read: a blocked viewer forwarded by the trusted proxy stays blocked
+/// through a generation that moved meanwhile, the failure is said once in
+/// the error log, and the next poll that reads the table says so.
+#[test]
+fn an_unreadable_routing_table_keeps_the_trusted_proxies_last_read() {
+    let e = edge_with_sites();
+    let port = e.edge.process.port;
+    let redis = e.redis.port;
+    let blocked = || request(port, None, "ipblock.test", &["203.0.113.7"]);
+    assert_eq!(blocked(), (403, Some("ip-blocked".to_owned())));
+    let run = |cmd: &str| {
+        let reply = harness::raw_command(redis, cmd).unwrap();
+        assert!(!reply.starts_with('-'), "{cmd}: {reply}");
+    };
+    // Every key the edge reads but the routing table; then an apply's
+    // generation, which makes every worker read the table again.
+    run("ACL SETUSER default resetkeys ~site:* ~suspended:* ~tls:* ~acme:* ~edgeform:meta");
+    run("HINCRBY edgeform:meta generation 1");
+    std::thread::sleep(Duration::from_millis(600));
+    for _ in 0..10 {
+        assert_eq!(
+            blocked(),
+            (403, Some("ip-blocked".to_owned())),
+            "the forwarded viewer, the routing table unreadable\n{}",
+            e.edge.error_log()
+        );
+    }
+    let log = e.edge.error_log();
+    let said = log.matches("edgeform:routing could not be read").count();
+    // Once per worker, not at every poll.
+    assert!((1..=2).contains(&said), "said {said} times:\n{log}");
+    run("ACL SETUSER default allkeys");
+    std::thread::sleep(Duration::from_millis(600));
+    assert!(
+        e.edge.error_log().contains("edgeform:routing read again"),
+        "{}",
+        e.edge.error_log()
+    );
+    assert_eq!(blocked(), (403, Some("ip-blocked".to_owned())));
 }

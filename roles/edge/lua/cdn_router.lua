@@ -16,6 +16,7 @@
 local edge_redis = require "edge_redis"
 local cjson = require "cjson.safe"
 local lrucache = require "resty.lrucache"
+local semaphore = require "ngx.semaphore"
 local decide = require "edge_decide"
 local ip = require "edge_ip"
 local origins = require "edge_origins"
@@ -101,17 +102,24 @@ local function router_addresses(nodes)
   return list
 end
 
+-- The trusted proxies and routers of edgeform:routing: true once decided
+-- (read; or no table, none trusted; or a table that makes no sense, the
+-- last read kept and said), nil and why when the read itself failed (a
+-- lost connection, an error reply): the last read are kept, never cleared,
+-- and the caller tries again at its next poll.
 local function load_trusted(r)
-  local text = r:get("edgeform:routing")
-  if not text or text == ngx.null then
+  local text, err = r:get("edgeform:routing")
+  if not text then return nil, err or "no reply" end
+  if text == ngx.null then
     trusted = {}
     routers = {}
-    return
+    return true
   end
-  local table_, err = cjson.decode(text)
+  local table_
+  table_, err = cjson.decode(text)
   if not table_ or type(table_.trusted_proxies) ~= "table" then
     log(ERR, "edgeform:routing unreadable: ", err or "no trusted_proxies")
-    return
+    return true
   end
   local list = {}
   for _, t in ipairs(table_.trusted_proxies) do
@@ -120,6 +128,7 @@ local function load_trusted(r)
   end
   trusted = list
   routers = ip.routers(router_addresses(table_.nodes))
+  return true
 end
 
 -- The generation last read from Redis (`seen`): Redis that lost its data
@@ -134,6 +143,8 @@ local function moved(gen) return generation_rule.moves(gen, generation, seen) en
 -- worker's first poll is seen as lost there too, not as generation "none".
 local SERVING = " serving"
 local trusted_loaded = false
+-- The last read of edgeform:routing failed (said once until one succeeds).
+local trusted_failed = false
 -- The warm (below): its key in edge_wild, and whether this worker knows
 -- it is done.
 local WARM = " warm"
@@ -157,8 +168,17 @@ local function poll()
       "): keeping the last known documents")
   end
   if move or (not trusted_loaded and gen == generation) then
-    load_trusted(r)
-    trusted_loaded = true
+    local loaded, why = load_trusted(r)
+    if loaded and trusted_failed then
+      log(NOTICE, "edgeform: edgeform:routing read again: trusted proxies and routers current")
+    elseif not loaded and not trusted_failed then
+      log(ERR, "edgeform: edgeform:routing could not be read (", why, "): keeping the ",
+        "trusted proxies and routers last read, trying again at each poll")
+    end
+    trusted_failed = not loaded
+    -- Not loaded: the next poll reads it again (the generation it moved
+    -- to is then `generation`).
+    trusted_loaded = loaded and true or false
   end
   -- `seen` and `generation` change together, after load_trusted's read
   -- (a yield): in between, a warm batch would take the apply for a loss.
@@ -187,18 +207,39 @@ local poll_failed = false
 -- up, below): no other starts, so two polls never finish out of order.
 local polling = false
 
+-- Requests of a worker that has not read a generation yet wait here for
+-- the poll under way (created on first use: per worker).
+local polled
+
 -- One poll, none beside it: ok, or nil and why (a Lua error too).
 local function poll_alone()
   polling = true
   local called, ok, err = pcall(poll)
   polling = false
+  -- A negative count is the requests waiting.
+  if polled and polled:count() < 0 then polled:post(-polled:count()) end
   if not called then return nil, ok end
   return ok, err
 end
 
+-- A poll's result, noted: whether this worker's last poll failed, and the
+-- outage said when it begins and when it ends.
+local function noted(ok, err)
+  if not ok and not poll_failed then
+    log(WARN, "edgeform: redis unreachable, serving last known documents (said once until it is back): ", err)
+  elseif ok and poll_failed then
+    log(NOTICE, "edgeform: redis reachable again")
+  end
+  poll_failed = not ok
+  return ok
+end
+
 -- A worker that has not read a generation yet polls before it decides
--- (its timer's first poll may still be in flight): at most one such poll
--- per poll interval, so a Redis down at start does not slow every request.
+-- (or waits for its poll under way: its timer's first), so a router's
+-- PROXY header is believed from the first request on and every request
+-- is decided in a generation: at most one such poll per poll interval,
+-- and none once a poll found Redis down, so a Redis down (or hung) at
+-- start holds up only the requests that come during its first poll.
 -- A worker behind the generation another worker's poll moved the node to
 -- (SERVING, and the rule would move this worker to it) polls too, before
 -- answering: an apply is then seen by every worker from the first
@@ -207,12 +248,21 @@ end
 -- waits), not while a poll is under way, and at most every CATCH_UP s.
 local first_tried, behind_tried = 0, 0
 local CATCH_UP = 0.05
+-- Seconds a request waits for the first poll under way, at most (a poll
+-- is a connect and two reads, each bounded by the Redis timeout).
+local FIRST_WAIT = 1
 local function catch_up()
   local now = ngx.now()
   if generation == nil then
+    if poll_failed then return end
+    if polling then
+      polled = polled or semaphore.new()
+      polled:wait(FIRST_WAIT)
+      return
+    end
     if now - first_tried < conf.poll then return end
     first_tried = now
-    poll()
+    noted(poll_alone())
     return
   end
   if polling or poll_failed or not shared_wild then return end
@@ -220,19 +270,13 @@ local function catch_up()
   if serving == nil or serving == generation or not moved(serving) then return end
   if now - behind_tried < CATCH_UP then return end
   behind_tried = now
-  -- Failed: not again for a poll interval (the timer says why).
-  if not poll_alone() then behind_tried = now + conf.poll end
+  -- Failed: no request polls again until the timer's poll succeeds.
+  noted(poll_alone())
 end
 
 local function tick(premature)
   if premature or polling then return end
-  local ok, err = poll_alone()
-  if not ok and not poll_failed then
-    log(WARN, "edgeform: redis unreachable, serving last known documents (said once until it is back): ", err)
-  elseif ok and poll_failed then
-    log(NOTICE, "edgeform: redis reachable again")
-  end
-  poll_failed = not ok
+  noted(poll_alone())
 end
 
 -- Warming (docs/edge.md "Warming"): after nginx starts, one worker reads
@@ -807,7 +851,7 @@ function _M.access()
   -- reserved host is answered here, before any lookup, so an edge whose
   -- Redis is down still passes (it serves its last-known documents).
   if host == PROBE_HOST and not proxy then return answer(204, "probe") end
-  if generation == nil then poll() end
+  if generation == nil then catch_up() end
   -- The routers' PROXY-protocol listener first: only a router's header
   -- is believed (a new router works once the routing table names it);
   -- anyone else's connection is closed before any answer.
