@@ -305,25 +305,16 @@ impl Worker {
     /// finishing killed the agent each time, and is failed unrun.
     async fn handle(&mut self, con: &mut MultiplexedConnection, bytes: Vec<u8>) -> Result<u64> {
         let start = Instant::now();
-        let attempts: u32 = redis::cmd("HINCRBY")
-            .arg(attempts_key(&self.queue))
-            .arg(digest(&bytes))
-            .arg(1)
-            .query_async(con)
-            .await
-            .context("counting the job's attempts")?;
+        let (attempts, ran) = self.start(con, &bytes).await?;
         let (id, outcome) = if attempts > purge::MAX_ATTEMPTS {
-            let id = (bytes.len() <= purge::MAX_JOB_BYTES)
-                .then(|| Job::parse_bytes(&bytes).ok().and_then(|j| j.id))
-                .flatten();
             (
-                id,
+                ran.map(|(id, _)| id),
                 Outcome::Failed(format!(
                     "started {} times without finishing (the agent died running it)",
                     purge::MAX_ATTEMPTS
                 )),
             )
-        } else if let Some((id, outcome)) = self.already_ran(con, &bytes).await? {
+        } else if let Some((id, outcome)) = ran.and_then(|(id, r)| r.map(|r| (id, r))) {
             // Delivered again (a purge outbox re-queues a job its Redis
             // seemed to lose): the recorded result stands, nothing runs.
             tracing::info!(id = %id, "purge job already ran here; not run again");
@@ -367,32 +358,42 @@ impl Worker {
         }
     }
 
-    /// The id and recorded result of a job this node already ran (its
-    /// `cdn:purge:done:<id>` holds this node's result).
-    async fn already_ran(
+    /// A job's start, in one round trip: its starts counted (with this
+    /// one), and, when it has an id, that id and the result this node
+    /// already recorded for it (its `cdn:purge:done:<id>` holds this
+    /// node's result when it ran here before).
+    async fn start(
         &self,
         con: &mut MultiplexedConnection,
         bytes: &[u8],
-    ) -> Result<Option<(String, Outcome)>> {
-        let Some(id) = (bytes.len() <= purge::MAX_JOB_BYTES)
+    ) -> Result<(u32, Option<(String, Option<Outcome>)>)> {
+        let id = (bytes.len() <= purge::MAX_JOB_BYTES)
             .then(|| Job::parse_bytes(bytes).ok().and_then(|j| j.id))
-            .flatten()
-        else {
-            return Ok(None);
+            .flatten();
+        let mut pipe = redis::pipe();
+        pipe.cmd("HINCRBY")
+            .arg(attempts_key(&self.queue))
+            .arg(digest(bytes))
+            .arg(1);
+        let Some(id) = id else {
+            let (attempts,): (u32,) = pipe
+                .query_async(con)
+                .await
+                .context("counting the job's attempts")?;
+            return Ok((attempts, None));
         };
-        let recorded: Option<String> = redis::cmd("HGET")
+        pipe.cmd("HGET")
             .arg(purge::done_key(&id))
-            .arg(&self.config.node)
+            .arg(&self.config.node);
+        let (attempts, recorded): (u32, Option<String>) = pipe
             .query_async(con)
             .await
-            .context("reading the job's record")?;
-        Ok(recorded.map(|v| {
-            let outcome = match v.strip_prefix(purge::FAILED_PREFIX) {
-                Some(why) => Outcome::Failed(why.to_owned()),
-                None => Outcome::Removed(v.parse().unwrap_or(0)),
-            };
-            (id, outcome)
-        }))
+            .context("counting the job's attempts and reading its record")?;
+        let ran = recorded.map(|v| match v.strip_prefix(purge::FAILED_PREFIX) {
+            Some(why) => Outcome::Failed(why.to_owned()),
+            None => Outcome::Removed(v.parse().unwrap_or(0)),
+        });
+        Ok((attempts, Some((id, ran))))
     }
 
     /// Record the result and take the job out of processing, atomically;
