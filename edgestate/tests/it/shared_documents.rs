@@ -283,8 +283,10 @@ fn warmed(edge: &harness::nginx::Edge) -> String {
 
 /// nginx (re)started: one worker reads every document of its Redis into
 /// the shared cache before any viewer asks, so a Redis lost right after
-/// the start refuses none of them (suspended stays suspended); a reload
-/// does not warm again.
+/// the start refuses none of them (suspended stays suspended), and a host
+/// under a wildcard that no viewer asked for gets the wildcard's document
+/// (the cache holds every document: the host has none of its own); a
+/// reload does not warm again.
 #[test]
 fn a_started_edge_warms_the_shared_cache_and_serves_every_site_through_an_outage() {
     let mut r = harness::redis(&[]);
@@ -301,6 +303,7 @@ fn a_started_edge_warms_the_shared_cache_and_serves_every_site_through_an_outage
     }
     redis(port, &["SET", "suspended:w7.test", "1"]);
     redis(port, &["SET", "site:*.wild.test", &document("/wild")]);
+    redis(port, &["SET", "site:own.wild.test", &document("/own")]);
     redis(port, &["HSET", "edgeform:meta", "generation", "5"]);
     let mut o = harness::nginx::EdgeOptions::new(port);
     o.workers = 2;
@@ -309,7 +312,7 @@ fn a_started_edge_warms_the_shared_cache_and_serves_every_site_through_an_outage
     let line = warmed(&edge);
     assert!(
         line.contains(
-            "301 documents added of 301 read, 0 certificates added of 0 read (generation 5)"
+            "302 documents added of 302 read, 0 certificates added of 0 read (generation 5)"
         ),
         "{line}"
     );
@@ -340,6 +343,22 @@ fn a_started_edge_warms_the_shared_cache_and_serves_every_site_through_an_outage
         );
     }
     assert_eq!(get(web, "never-read.test").0, 503);
+    for (host, want) in [
+        ("never-asked.wild.test", "/wild"),
+        ("own.wild.test", "/own"),
+    ] {
+        assert_eq!(
+            get(web, host),
+            (301, Some(want.to_owned())),
+            "{host} during the outage\n{}",
+            edge.error_log()
+        );
+    }
+    // Not under the wildcard (its name, or two labels down: a wildcard
+    // serves one label), never read: refused.
+    for host in ["wild.test", "a.b.wild.test"] {
+        assert_eq!(get(web, host).0, 503, "{host}");
+    }
 }
 
 /// A shared cache too small for every document: the warm stops when it is
@@ -385,4 +404,89 @@ fn warming_a_shared_cache_too_small_for_every_document_stops_when_it_is_full() {
             edge.error_log()
         );
     }
+}
+
+/// Send `sig` (`-STOP`, `-CONT`) to `pid`: a Redis frozen by SIGSTOP
+/// accepts connections and never answers, so every read times out.
+fn signal(pid: u32, sig: &str) {
+    let done = std::process::Command::new("kill")
+        .args([sig, &pid.to_string()])
+        .status()
+        .unwrap();
+    assert!(done.success(), "kill {sig} {pid}");
+}
+
+/// A wildcard stands in for hosts nobody asked for during an outage only
+/// while the shared cache holds every document: after a warm that stored
+/// them all, and until one is evicted (a host of its own might then be
+/// the one missing). A cache too small for them all never counts as
+/// complete.
+#[test]
+fn a_wildcard_serves_unread_hosts_in_an_outage_only_while_the_cache_holds_every_document() {
+    let r = harness::redis(&[]);
+    let port = r.port;
+    let padding = "x".repeat(1500);
+    let set = |from: usize, to: usize| {
+        for i in from..to {
+            redis(
+                port,
+                &[
+                    "SET",
+                    &format!("site:e{i}.test"),
+                    &document(&format!("/e{i}?{padding}")),
+                ],
+            );
+        }
+    };
+    set(0, 150);
+    redis(port, &["SET", "site:*.wild.test", &document("/wild")]);
+    redis(port, &["HSET", "edgeform:meta", "generation", "1"]);
+    let mut o = harness::nginx::EdgeOptions::new(port);
+    o.docs_dict = Some("1m".into());
+    let edge = harness::nginx::edge(&o);
+    let web = edge.process.port;
+    let line = warmed(&edge);
+    assert!(line.contains("151 documents added of 151 read"), "{line}");
+    let outage = |host: &str| {
+        signal(r.pid(), "-STOP");
+        let got = get(web, host);
+        signal(r.pid(), "-CONT");
+        got
+    };
+    assert_eq!(
+        outage("first.wild.test"),
+        (301, Some("/wild".to_owned())),
+        "{}",
+        edge.error_log()
+    );
+    // More documents than the cache holds, each read once: the oldest are
+    // evicted.
+    set(150, 1000);
+    redis(port, &["HSET", "edgeform:meta", "generation", "2"]);
+    std::thread::sleep(Duration::from_millis(500));
+    for i in 150..1000 {
+        assert_eq!(get(web, &format!("e{i}.test")).0, 301, "e{i}.test");
+    }
+    // A host read under the wildcard (so the wildcard's document is in the
+    // cache, just read) still is served by it; one never read is not.
+    assert_eq!(get(web, "third.wild.test").0, 301);
+    assert_eq!(
+        outage("second.wild.test").0,
+        503,
+        "a wildcard standing in after an eviction\n{}",
+        edge.error_log()
+    );
+    assert_eq!(outage("third.wild.test"), (301, Some("/wild".to_owned())));
+
+    // Started again with more documents than fit: the warm stops when
+    // full, and the cache never counts as complete.
+    drop(edge);
+    let edge = harness::nginx::edge(&o);
+    let web = edge.process.port;
+    let line = warmed(&edge);
+    assert!(line.contains("edge_docs full"), "{line}");
+    signal(r.pid(), "-STOP");
+    let got = get(web, "fourth.wild.test");
+    signal(r.pid(), "-CONT");
+    assert_eq!(got.0, 503, "{}", edge.error_log());
 }

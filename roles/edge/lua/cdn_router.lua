@@ -149,6 +149,22 @@ local trusted_failed = false
 -- it is done.
 local WARM = " warm"
 local warm_done = false
+-- Whether edge_docs holds every document (docs/edge.md "Warming"): EVICTED
+-- counts the documents it lost (an eviction, a document that did not fit)
+-- since nginx started; COMPLETE is that count when a warm stored every
+-- document it read. Equal: the cache holds every document of Redis as of
+-- the warm, and every one read since, so while Redis is unreachable a
+-- host with no entry of its own has no document of its own, and its
+-- wildcard's (if any) serves it.
+-- EVICTED starts at 0 when the warm begins; one recreated after it was
+-- itself evicted (edge_wild is an LRU; every poll reads both marks, as it
+-- reads SERVING) starts far below, never equal to a recorded count. Gone:
+-- not complete.
+local COMPLETE, EVICTED, EVICTED_LOST = " complete", " evicted", -1e9
+local function complete()
+  local c = shared_wild:get(COMPLETE)
+  return c ~= nil and c == shared_wild:get(EVICTED)
+end
 
 -- Read the generation; on a change, forget every document.
 local function poll()
@@ -195,6 +211,9 @@ local function poll()
   -- Likewise the warm's "done" (see warm()), so a flood of wildcard hosts
   -- does not evict it and make the next reload warm again.
   if warm_done and shared_wild:get(WARM) == nil then shared_wild:set(WARM, "done") end
+  -- (And the completeness marks: an evicted one only disables the
+  -- wildcards' standing in, never enables it.)
+  if shared_wild then complete() end
   release(r)
   return true
 end
@@ -370,7 +389,10 @@ local function warm_phase(r, pid, phase, got)
           if ok then
             got.stored[phase.prefix] = got.stored[phase.prefix] + 1
             refused = 0
-          elseif e == "no memory" then
+          elseif e ~= "exists" then
+            got.missed[phase.prefix] = got.missed[phase.prefix] + 1
+          end
+          if not ok and e == "no memory" then
             refused = refused + 1
             if refused >= WARM_FULL then
               got.full[#got.full + 1] = phase.dict
@@ -400,13 +422,15 @@ local function warm_pass(pid)
   if not r then return nil, err, "connection" end
   if not warm_got then
     warm_got = { stored = { ["site:"] = 0, ["tls:"] = 0 }, read = { ["site:"] = 0, ["tls:"] = 0 },
-      full = {} }
+      missed = { ["site:"] = 0, ["tls:"] = 0 }, full = {},
+      -- The documents edge_docs lost before the warm began.
+      evicted = shared_wild:add(EVICTED, 0) and 0 or shared_wild:get(EVICTED) }
     warm_next = 1
   end
   local got = warm_got
   while warm_next <= #WARM_PHASES do
     local phase = WARM_PHASES[warm_next]
-    got.stored[phase.prefix], got.read[phase.prefix] = 0, 0
+    got.stored[phase.prefix], got.read[phase.prefix], got.missed[phase.prefix] = 0, 0, 0
     local ok, kind
     ok, err, kind = warm_phase(r, pid, phase, got)
     if not ok then
@@ -456,6 +480,11 @@ local function warm(premature)
     end
     shared_wild:set(WARM, "done")
     warm_done = true
+    -- Every document read was stored (or a request had), and a pass over
+    -- the whole keyspace: complete, unless one was lost meanwhile.
+    if got.missed["site:"] == 0 and #got.full == 0 and not got.rounds_out then
+      shared_wild:set(COMPLETE, got.evicted)
+    end
     ngx.update_time()
     local gens = got.first == got.last and got.first or (got.first .. " to " .. got.last)
     log(NOTICE, "edgeform: warmed the shared cache: ", got.stored["site:"], " documents added of ",
@@ -566,7 +595,13 @@ local function shared_lookup(host, wild, any_gen)
   v = shared_wild:get(host)
   local g, key
   if v then g, key = shared_split(v) end
-  if not g or not (any_gen or g == generation) then return nil end
+  if not g and any_gen and complete() then
+    -- Redis unreachable, and the cache holds every document: the host has
+    -- none of its own, so its wildcard's serves it.
+    g, key = true, wild
+  elseif not g or not (any_gen or g == generation) then
+    return nil
+  end
   v, flags = shared_docs:get(key)
   if not v then return nil end
   local g2, text = shared_split(v)
@@ -583,8 +618,10 @@ local function share(host, key, text, suspended, gen)
     shared_wild:delete(host)
     return
   end
-  -- Full: the least recently used entries go (set, not safe_set).
-  shared_docs:set(key, gen .. "\n" .. text, 0, suspended and 1 or 0)
+  -- Full: the least recently used entries go (set, not safe_set); a
+  -- document lost so (or one too big to keep) is counted.
+  local ok, _, forcible = shared_docs:set(key, gen .. "\n" .. text, 0, suspended and 1 or 0)
+  if forcible or not ok then shared_wild:incr(EVICTED, 1, EVICTED_LOST) end
   if key ~= host then
     shared_wild:set(host, gen .. "\n" .. key)
     shared_docs:delete(host)
