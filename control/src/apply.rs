@@ -698,22 +698,29 @@ impl<'a> Body<'a> {
                 .arg(keys::MANIFEST_BUCKETS);
         }
         while bytes < CHUNK_BYTES {
-            let mut docs = redis::Cmd::with_capacity(2 * BATCH + 1, 1 << 20);
-            docs.arg("MSET");
-            let mut n = 0;
-            while n < BATCH && self.next_write.is_some() {
+            // The MSET's entries first, so that it is allocated at its
+            // size: a chunk a shared body keeps holds what it counts
+            // (bodies.rs's cap), not a reserve or a doubled buffer.
+            let mut batch = Vec::with_capacity(BATCH);
+            let mut size = "MSET".len();
+            while batch.len() < BATCH && self.next_write.is_some() {
                 let Some((key, value, _)) = self.entries.next() else {
                     self.next_write = None;
                     break;
                 };
                 if self.next_write == Some(key) {
-                    docs.arg(key).arg(value);
-                    bytes += key.len() + value.len();
-                    n += 1;
+                    batch.push((key, value));
+                    size += key.len() + value.len();
                     self.next_write = self.writes.next();
                 }
             }
-            if n > 0 {
+            if !batch.is_empty() {
+                let mut docs = redis::Cmd::with_capacity(2 * batch.len() + 1, size);
+                docs.arg("MSET");
+                for (key, value) in batch {
+                    docs.arg(key).arg(value);
+                }
+                bytes += size;
                 pipe.add_command(docs);
                 continue;
             }

@@ -13,7 +13,9 @@
 //! the shared chunks, inside the same MULTI/EXEC: nothing about atomicity
 //! changes. A body is held weakly by the run (it lives while a target
 //! sends it); what the logs keep is capped ([`RETAIN_BYTES`], counted as
-//! the keys' and values' bytes), and nothing is kept when no two targets
+//! the keys' and values' bytes: each command is allocated at its size, so
+//! that is what the chunks hold, within a few per cent for their argument
+//! offsets), and nothing is kept when no two targets
 //! of the run share a site list ([`Bodies::expect`]). Past the cap the
 //! targets encode the rest themselves (the body is deterministic).
 
