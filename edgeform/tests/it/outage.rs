@@ -98,8 +98,10 @@ fn flood(port: u16, hosts: &[String]) -> Vec<u16> {
 }
 
 /// 20,100 random `Host`s (more than the document cache holds) before and
-/// during a Redis outage: every one is refused, and the sites read before
-/// the outage — an exact host and a host under a wildcard — still serve.
+/// during a Redis outage: during it every unknown one is refused and every
+/// one under the wildcard gets the wildcard's site (the warmed shared
+/// cache holds every document), and the sites read before the outage — an
+/// exact host and a host under a wildcard — still serve.
 #[test]
 fn a_random_host_flood_during_a_redis_outage_leaves_known_sites_serving() {
     let mut redis = harness::redis(&[]);
@@ -156,10 +158,10 @@ fn a_random_host_flood_during_a_redis_outage_leaves_known_sites_serving() {
     let during = flood(port, &random_hosts(20_100, 0xdead_beef));
     let down = t.elapsed();
     assert_eq!(during.len(), 20_100);
-    assert!(
-        during.iter().all(|s| *s == 503),
-        "a random host during the outage"
-    );
+    for (i, s) in during.iter().enumerate() {
+        let want = if i % 4 == 0 { 200 } else { 503 };
+        assert_eq!(*s, want, "random host {i} during the outage");
+    }
     assert_eq!(
         get(port, "r1.flood.test"),
         (503, Some("control-plane-unreachable".into()))

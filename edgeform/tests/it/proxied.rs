@@ -433,4 +433,48 @@ fn an_unreadable_routing_table_keeps_the_trusted_proxies_last_read() {
         e.edge.error_log()
     );
     assert_eq!(blocked(), (403, Some("ip-blocked".to_owned())));
+
+    // A routing table that is JSON but no object (here `1`): said, the
+    // lists last read kept, and the edge still follows applies — the site
+    // now blocks another network, and the forwarded viewer is still the
+    // one judged.
+    let mut con = redis::Client::open(format!("redis://127.0.0.1:{redis}"))
+        .unwrap()
+        .get_connection()
+        .unwrap();
+    let doc: String = redis::cmd("GET")
+        .arg("site:ipblock.test")
+        .query(&mut con)
+        .unwrap();
+    assert!(doc.contains("203.0.113.0/24"), "{doc}");
+    let moved = doc.replace("203.0.113.0/24", "192.0.2.0/24");
+    redis::pipe()
+        .cmd("SET")
+        .arg("edgeform:routing")
+        .arg("1")
+        .cmd("SET")
+        .arg("site:ipblock.test")
+        .arg(&moved)
+        .cmd("HINCRBY")
+        .arg("edgeform:meta")
+        .arg("generation")
+        .arg(1)
+        .exec(&mut con)
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(600));
+    assert_eq!(
+        blocked(),
+        (200, None),
+        "the apply after a routing table that is no object\n{}",
+        e.edge.error_log()
+    );
+    assert_eq!(
+        request(port, None, "ipblock.test", &["192.0.2.9"]),
+        (403, Some("ip-blocked".to_owned()))
+    );
+    assert!(
+        e.edge.error_log().contains("edgeform:routing unreadable"),
+        "{}",
+        e.edge.error_log()
+    );
 }

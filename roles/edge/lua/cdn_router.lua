@@ -117,7 +117,7 @@ local function load_trusted(r)
   end
   local table_
   table_, err = cjson.decode(text)
-  if not table_ or type(table_.trusted_proxies) ~= "table" then
+  if type(table_) ~= "table" or type(table_.trusted_proxies) ~= "table" then
     log(ERR, "edgeform:routing unreadable: ", err or "no trusted_proxies")
     return true
   end
@@ -174,16 +174,21 @@ local function poll()
   gen, err = r:hget("edgeform:meta", "generation")
   if not gen then return nil, err end
   if gen == ngx.null then gen = "none" end
-  if generation == nil and shared_wild then
-    generation = shared_wild:get(SERVING)
-    seen = generation
+  -- A worker without a generation begins from the one the node's workers
+  -- serve (SERVING), taken only below, once its trusted proxies are read:
+  -- until then its requests wait for this poll (catch_up), never decided
+  -- with none trusted.
+  local serving, last = generation, seen
+  if serving == nil and shared_wild then
+    serving = shared_wild:get(SERVING)
+    last = serving
   end
-  local move = moved(gen)
-  if generation_rule.lost(gen, generation, seen) then
-    log(ERR, "edgeform: redis lost its data (generation ", gen, ", serving ", generation,
+  local move = generation_rule.moves(gen, serving, last)
+  if generation_rule.lost(gen, serving, last) then
+    log(ERR, "edgeform: redis lost its data (generation ", gen, ", serving ", serving,
       "): keeping the last known documents")
   end
-  if move or (not trusted_loaded and gen == generation) then
+  if move or (not trusted_loaded and gen == serving) then
     local loaded, why = load_trusted(r)
     if loaded and trusted_failed then
       log(NOTICE, "edgeform: edgeform:routing read again: trusted proxies and routers current")
@@ -199,6 +204,7 @@ local function poll()
   -- `seen` and `generation` change together, after load_trusted's read
   -- (a yield): in between, a warm batch would take the apply for a loss.
   seen = gen
+  generation = serving
   if move then
     -- Entries of the old generation stay, stale: the next request re-reads
     -- them, and while Redis is unreachable they are the last known state.
@@ -267,14 +273,22 @@ end
 -- waits), not while a poll is under way, and at most every CATCH_UP s.
 local first_tried, behind_tried = 0, 0
 local CATCH_UP = 0.05
--- Seconds a request waits for the first poll under way, at most (a poll
--- is a connect and two reads, each bounded by the Redis timeout).
+-- Seconds a request (or a handshake) waits for the first poll under way,
+-- at most (a poll is a connect and two reads, each bounded by the Redis
+-- timeout; more with TLS, AUTH or Sentinels).
 local FIRST_WAIT = 1
 local function catch_up()
   local now = ngx.now()
   if generation == nil then
     if poll_failed then return end
     if polling then
+      -- Once per request (access and lookup both ask; a handshake, whose
+      -- phase may have no ngx.ctx, once per call).
+      local has_ctx, ctx = pcall(function() return ngx.ctx end)
+      if has_ctx then
+        if ctx.edgeform_waited then return end
+        ctx.edgeform_waited = true
+      end
       polled = polled or semaphore.new()
       polled:wait(FIRST_WAIT)
       return
@@ -441,6 +455,10 @@ local function warm_pass(pid)
     end
     warm_next = warm_next + 1
   end
+  -- What Redis holds now: the same generation as every batch, or the
+  -- warm may have passed a flush or an apply (not counted complete).
+  local after = r:hget("edgeform:meta", "generation")
+  got.after = type(after) == "string" and after or nil
   release(r)
   return got
 end
@@ -480,9 +498,11 @@ local function warm(premature)
     end
     shared_wild:set(WARM, "done")
     warm_done = true
-    -- Every document read was stored (or a request had), and a pass over
-    -- the whole keyspace: complete, unless one was lost meanwhile.
-    if got.missed["site:"] == 0 and #got.full == 0 and not got.rounds_out then
+    -- Every document read was stored (or a request had), in a pass over
+    -- the whole keyspace of one generation, still Redis's at the end:
+    -- complete, unless one is lost later.
+    if got.missed["site:"] == 0 and #got.full == 0 and not got.rounds_out
+        and got.first == got.last and got.after == got.last then
       shared_wild:set(COMPLETE, got.evicted)
     end
     ngx.update_time()
@@ -583,7 +603,8 @@ local shared_split = generation_rule.split
 
 -- What another worker read for a host (any generation with `any_gen`:
 -- Redis is unreachable), prepared in this worker, and its generation;
--- nil when not shared.
+-- nil when not shared. With `any_gen`, also its wildcard's document when
+-- the shared cache holds every document (complete()), and then true.
 local function shared_lookup(host, wild, any_gen)
   if not shared_docs then return nil end
   local v, flags = shared_docs:get(host)
@@ -595,27 +616,37 @@ local function shared_lookup(host, wild, any_gen)
   v = shared_wild:get(host)
   local g, key
   if v then g, key = shared_split(v) end
+  local guessed = false
   if not g and any_gen and complete() then
     -- Redis unreachable, and the cache holds every document: the host has
     -- none of its own, so its wildcard's serves it.
-    g, key = true, wild
+    g, key, guessed = true, wild, true
   elseif not g or not (any_gen or g == generation) then
     return nil
   end
   v, flags = shared_docs:get(key)
   if not v then return nil end
   local g2, text = shared_split(v)
-  if g2 and (any_gen or g2 == generation) then return prepare(key, text, flags == 1), g2 end
+  if g2 and (any_gen or g2 == generation) then
+    return prepare(key, text, flags == 1), g2, guessed
+  end
 end
 
 -- Share what this worker read from Redis of generation `gen`: the
 -- document under `key` (host's own, or its wildcard), or nothing (key nil).
-local function share(host, key, text, suspended, gen)
+local function share(host, key, text, suspended, gen, wild)
   -- (gen nil: this worker and the node have not read a generation yet.)
   if not shared_docs or not gen then return end
   if not key then
+    -- Neither the host nor its wildcard `wild` has a document, as Redis
+    -- holds the generation this worker serves (not when it lost its data:
+    -- what the workers read before is then the last known state): no
+    -- worker serves them from the shared cache any more, nor stands the
+    -- wildcard in for a host during an outage.
+    if seen ~= gen then return end
     shared_docs:delete(host)
     shared_wild:delete(host)
+    if wild then shared_docs:delete(wild) end
     return
   end
   -- Full: the least recently used entries go (set, not safe_set); a
@@ -698,7 +729,10 @@ local function lookup(host)
     end
     -- The last document any worker read for it.
     -- Kept under its own generation: the next request tries Redis again.
-    local shared_last, shared_gen = shared_lookup(host, wild, true)
+    -- A wildcard standing in (`guessed`) is not kept at all: once Redis
+    -- answers, the host's own document (if any) is read.
+    local shared_last, shared_gen, guessed = shared_lookup(host, wild, true)
+    if guessed then return shared_last end
     if shared_last then return remember(host, shared_last, shared_gen) end
     -- At most one line a second per worker: a flood of unknown hosts
     -- during an outage must not flood the error log too.
@@ -715,10 +749,10 @@ local function lookup(host)
     entry = prepare(wild, vals[3], vals[4] == "1")
     share(host, wild, vals[3], vals[4] == "1", gen)
   elseif conf.api then
-    share(host, nil)
+    share(host, nil, nil, nil, gen, wild)
     entry = from_api(host, wild)
   else
-    share(host, nil)
+    share(host, nil, nil, nil, gen, wild)
     entry = { none = true }
   end
   return remember(host, entry, gen)
