@@ -143,6 +143,7 @@ local function moved(gen) return generation_rule.moves(gen, generation, seen) en
 -- worker's first poll is seen as lost there too, not as generation "none".
 local SERVING = " serving"
 local trusted_loaded = false
+local trusted_ever = false   -- this worker has read them once
 -- The last read of edgeform:routing failed (said once until one succeeds).
 local trusted_failed = false
 -- The warm (below): its key in edge_wild, and whether this worker knows
@@ -188,7 +189,10 @@ local function poll()
     log(ERR, "edgeform: redis lost its data (generation ", gen, ", serving ", serving,
       "): keeping the last known documents")
   end
-  if move or (not trusted_loaded and gen == serving) then
+  -- Read again: on a move; after a failed read, once this worker serves
+  -- what Redis holds; and for a worker that never read them, whatever
+  -- Redis holds (one that lost its data: its older table, or none).
+  if move or (not trusted_loaded and (gen == serving or not trusted_ever)) then
     local loaded, why = load_trusted(r)
     if loaded and trusted_failed then
       log(NOTICE, "edgeform: edgeform:routing read again: trusted proxies and routers current")
@@ -200,6 +204,7 @@ local function poll()
     -- Not loaded: the next poll reads it again (the generation it moved
     -- to is then `generation`).
     trusted_loaded = loaded and true or false
+    trusted_ever = trusted_ever or trusted_loaded
   end
   -- `seen` and `generation` change together, after load_trusted's read
   -- (a yield): in between, a warm batch would take the apply for a loss.
@@ -282,10 +287,10 @@ local function catch_up()
   if generation == nil then
     if poll_failed then return end
     if polling then
-      -- Once per request (access and lookup both ask; a handshake, whose
-      -- phase may have no ngx.ctx, once per call).
-      local has_ctx, ctx = pcall(function() return ngx.ctx end)
-      if has_ctx then
+      -- Once per request (access and lookup both ask); a handshake waits
+      -- on its own (a request's ngx.ctx falls back to its connection's).
+      if ngx.get_phase() == "access" then
+        local ctx = ngx.ctx
         if ctx.edgeform_waited then return end
         ctx.edgeform_waited = true
       end
@@ -448,10 +453,12 @@ local function warm_pass(pid)
     local ok, kind
     ok, err, kind = warm_phase(r, pid, phase, got)
     if not ok then
-      r:close()
-      if kind ~= "refused" or warm_next == 1 then return nil, err, kind end
+      if kind ~= "refused" or warm_next == 1 then
+        r:close()
+        return nil, err, kind
+      end
       got.skipped = "certificates not warmed: " .. tostring(err)
-      return got
+      break
     end
     warm_next = warm_next + 1
   end
@@ -459,7 +466,7 @@ local function warm_pass(pid)
   -- warm may have passed a flush or an apply (not counted complete).
   local after = r:hget("edgeform:meta", "generation")
   got.after = type(after) == "string" and after or nil
-  release(r)
+  if got.skipped then r:close() else release(r) end
   return got
 end
 
@@ -627,28 +634,25 @@ local function shared_lookup(host, wild, any_gen)
   v, flags = shared_docs:get(key)
   if not v then return nil end
   local g2, text = shared_split(v)
-  if g2 and (any_gen or g2 == generation) then
-    return prepare(key, text, flags == 1), g2, guessed
+  if not (g2 and (any_gen or g2 == generation)) then return nil end
+  if guessed then
+    -- This worker's own prepared copy of that text, whatever its tag.
+    local mine = docs:get(key)
+    if mine and mine.text == text and mine.suspended == (flags == 1) then
+      return mine, g2, true
+    end
   end
+  return prepare(key, text, flags == 1), g2, guessed
 end
 
 -- Share what this worker read from Redis of generation `gen`: the
 -- document under `key` (host's own, or its wildcard), or nothing (key nil).
-local function share(host, key, text, suspended, gen, wild)
+local function share(host, key, text, suspended, gen)
   -- (gen nil: this worker and the node have not read a generation yet.)
-  if not shared_docs or not gen then return end
-  if not key then
-    -- Neither the host nor its wildcard `wild` has a document, as Redis
-    -- holds the generation this worker serves (not when it lost its data:
-    -- what the workers read before is then the last known state): no
-    -- worker serves them from the shared cache any more, nor stands the
-    -- wildcard in for a host during an outage.
-    if seen ~= gen then return end
-    shared_docs:delete(host)
-    shared_wild:delete(host)
-    if wild then shared_docs:delete(wild) end
-    return
-  end
+  -- Negative answers are neither shared nor used to delete what other
+  -- workers read: a Redis that lost its data before this worker's poll
+  -- saw it would erase the last known documents.
+  if not shared_docs or not gen or not key then return end
   -- Full: the least recently used entries go (set, not safe_set); a
   -- document lost so (or one too big to keep) is counted.
   local ok, _, forcible = shared_docs:set(key, gen .. "\n" .. text, 0, suspended and 1 or 0)
@@ -732,7 +736,13 @@ local function lookup(host)
     -- A wildcard standing in (`guessed`) is not kept at all: once Redis
     -- answers, the host's own document (if any) is read.
     local shared_last, shared_gen, guessed = shared_lookup(host, wild, true)
-    if guessed then return shared_last end
+    if guessed then
+      -- Prepared once per worker: kept under the wildcard's own key (and
+      -- generation), as any document read; the host is not mapped to it.
+      shared_last.gen = shared_gen
+      docs:set(shared_last.key, shared_last)
+      return shared_last
+    end
     if shared_last then return remember(host, shared_last, shared_gen) end
     -- At most one line a second per worker: a flood of unknown hosts
     -- during an outage must not flood the error log too.
@@ -749,10 +759,8 @@ local function lookup(host)
     entry = prepare(wild, vals[3], vals[4] == "1")
     share(host, wild, vals[3], vals[4] == "1", gen)
   elseif conf.api then
-    share(host, nil, nil, nil, gen, wild)
     entry = from_api(host, wild)
   else
-    share(host, nil, nil, nil, gen, wild)
     entry = { none = true }
   end
   return remember(host, entry, gen)
