@@ -361,6 +361,18 @@ fn a_started_edge_warms_the_shared_cache_and_serves_every_site_through_an_outage
     }
 }
 
+/// An edge on Redis `port` (its generation set to 1, unless one is set)
+/// with a 1 MiB shared document cache, started and warmed: the edge and
+/// its warm line.
+fn small_edge(port: u16) -> (harness::nginx::Edge, String) {
+    redis(port, &["HSETNX", "edgeform:meta", "generation", "1"]);
+    let mut o = harness::nginx::EdgeOptions::new(port);
+    o.docs_dict = Some("1m".into());
+    let edge = harness::nginx::edge(&o);
+    let line = warmed(&edge);
+    (edge, line)
+}
+
 /// A shared cache too small for every document: the warm stops when it is
 /// full (never evicting), says so, and every site still serves while
 /// Redis answers.
@@ -379,12 +391,8 @@ fn warming_a_shared_cache_too_small_for_every_document_stops_when_it_is_full() {
             ],
         );
     }
-    redis(port, &["HSET", "edgeform:meta", "generation", "1"]);
-    let mut o = harness::nginx::EdgeOptions::new(port);
-    o.docs_dict = Some("1m".into());
-    let edge = harness::nginx::edge(&o);
+    let (edge, line) = small_edge(port);
     let web = edge.process.port;
-    let line = warmed(&edge);
     assert!(
         line.contains("edge_docs full, the rest are read on first use"),
         "{line}"
@@ -440,12 +448,8 @@ fn a_wildcard_serves_unread_hosts_in_an_outage_only_while_the_cache_holds_every_
     };
     set(0, 150);
     redis(port, &["SET", "site:*.wild.test", &document("/wild")]);
-    redis(port, &["HSET", "edgeform:meta", "generation", "1"]);
-    let mut o = harness::nginx::EdgeOptions::new(port);
-    o.docs_dict = Some("1m".into());
-    let edge = harness::nginx::edge(&o);
+    let (edge, line) = small_edge(port);
     let web = edge.process.port;
-    let line = warmed(&edge);
     assert!(line.contains("151 documents added of 151 read"), "{line}");
     let outage = |host: &str| {
         signal(r.pid(), "-STOP");
@@ -498,9 +502,8 @@ fn a_wildcard_serves_unread_hosts_in_an_outage_only_while_the_cache_holds_every_
     // Started again with more documents than fit: the warm stops when
     // full, and the cache never counts as complete.
     drop(edge);
-    let edge = harness::nginx::edge(&o);
+    let (edge, line) = small_edge(port);
     let web = edge.process.port;
-    let line = warmed(&edge);
     assert!(line.contains("edge_docs full"), "{line}");
     signal(r.pid(), "-STOP");
     let got = get(web, "fourth.wild.test");
