@@ -646,7 +646,8 @@ local function shared_lookup(host, wild, any_gen)
 end
 
 -- Share what this worker read from Redis of generation `gen`: the
--- document under `key` (host's own, or its wildcard), or nothing (key nil).
+-- document under `key` (host's own, or its wildcard); nothing when `key`
+-- is nil (a negative answer).
 local function share(host, key, text, suspended, gen)
   -- (gen nil: this worker and the node have not read a generation yet.)
   -- Negative answers are neither shared nor used to delete what other
