@@ -142,10 +142,10 @@ local function moved(gen) return generation_rule.moves(gen, generation, seen) en
 -- restarted) begins from it, so Redis that lost its data before that
 -- worker's first poll is seen as lost there too, not as generation "none".
 local SERVING = " serving"
-local trusted_loaded = false
+-- The last read of edgeform:routing: nil before the first, true when it
+-- succeeded, false when it failed (said once until one succeeds).
+local trusted_read
 local trusted_ever = false   -- this worker has read them once
--- The last read of edgeform:routing failed (said once until one succeeds).
-local trusted_failed = false
 -- The warm (below): its key in edge_wild, and whether this worker knows
 -- it is done.
 local WARM = " warm"
@@ -192,19 +192,18 @@ local function poll()
   -- Read again: on a move; after a failed read, once this worker serves
   -- what Redis holds; and for a worker that never read them, whatever
   -- Redis holds (one that lost its data: its older table, or none).
-  if move or (not trusted_loaded and (gen == serving or not trusted_ever)) then
+  if move or (not trusted_read and (gen == serving or not trusted_ever)) then
     local loaded, why = load_trusted(r)
-    if loaded and trusted_failed then
+    if loaded and trusted_read == false then
       log(NOTICE, "edgeform: edgeform:routing read again: trusted proxies and routers current")
-    elseif not loaded and not trusted_failed then
+    elseif not loaded and trusted_read ~= false then
       log(ERR, "edgeform: edgeform:routing could not be read (", why, "): keeping the ",
         "trusted proxies and routers last read, trying again at each poll")
     end
-    trusted_failed = not loaded
-    -- Not loaded: the next poll reads it again (the generation it moved
+    -- Not read: the next poll reads it again (the generation it moved
     -- to is then `generation`).
-    trusted_loaded = loaded and true or false
-    trusted_ever = trusted_ever or trusted_loaded
+    trusted_read = loaded and true or false
+    trusted_ever = trusted_ever or trusted_read
   end
   -- `seen` and `generation` change together, after load_trusted's read
   -- (a yield): in between, a warm batch would take the apply for a loss.
@@ -646,14 +645,10 @@ local function shared_lookup(host, wild, any_gen)
 end
 
 -- Share what this worker read from Redis of generation `gen`: the
--- document under `key` (host's own, or its wildcard); nothing when `key`
--- is nil (a negative answer).
+-- document under `key` (host's own, or its wildcard).
 local function share(host, key, text, suspended, gen)
   -- (gen nil: this worker and the node have not read a generation yet.)
-  -- Negative answers are neither shared nor used to delete what other
-  -- workers read: a Redis that lost its data before this worker's poll
-  -- saw it would erase the last known documents.
-  if not shared_docs or not gen or not key then return end
+  if not shared_docs or not gen then return end
   -- Full: the least recently used entries go (set, not safe_set); a
   -- document lost so (or one too big to keep) is counted.
   local ok, _, forcible = shared_docs:set(key, gen .. "\n" .. text, 0, suspended and 1 or 0)
@@ -734,8 +729,8 @@ local function lookup(host)
     end
     -- The last document any worker read for it.
     -- Kept under its own generation: the next request tries Redis again.
-    -- A wildcard standing in (`guessed`) is not kept at all: once Redis
-    -- answers, the host's own document (if any) is read.
+    -- A wildcard standing in (`guessed`) is not remembered for the host:
+    -- once Redis answers, the host's own document (if any) is read.
     local shared_last, shared_gen, guessed = shared_lookup(host, wild, true)
     if guessed then
       -- Prepared once per worker: kept under the wildcard's own key (and
@@ -759,6 +754,9 @@ local function lookup(host)
   elseif wild and vals[3] ~= ngx.null then
     entry = prepare(wild, vals[3], vals[4] == "1")
     share(host, wild, vals[3], vals[4] == "1", gen)
+  -- Negative answers are neither shared nor used to delete what other
+  -- workers read: a Redis that lost its data before this worker's poll
+  -- saw it would erase the last known documents.
   elseif conf.api then
     entry = from_api(host, wild)
   else
