@@ -38,6 +38,16 @@ pub fn cmd_topic(prefix: &str, node: &str) -> String {
     format!("{prefix}/cmd/{node}")
 }
 
+/// `<prefix>/region/<region>/cmd/<node>`: the same commands, addressed
+/// through the node's region. With regional brokers, only that region's
+/// bridge takes them from the central broker, and its broker delivers
+/// them as `<prefix>/cmd/<node>` (packaging/mosquitto/regional.conf); a
+/// single broker has no subscriber for them. No agent subscribes here.
+#[must_use]
+pub fn region_cmd_topic(prefix: &str, region: &str, node: &str) -> String {
+    format!("{prefix}/region/{region}/cmd/{node}")
+}
+
 /// `<prefix>/result/<node>/<id>`: a command's result.
 #[must_use]
 pub fn result_topic(prefix: &str, node: &str, id: &str) -> String {
@@ -705,6 +715,8 @@ mod tests {
             })
         );
         assert_eq!(parse_topic("p", "p/cmd/n"), Some(Topic::Cmd("n")));
+        // Only a bridge takes the region's copy: no agent reads it.
+        assert_eq!(parse_topic("p", &region_cmd_topic("p", "eu", "n")), None);
         for bad in [
             "q/health/n",
             "p/health/",

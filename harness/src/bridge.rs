@@ -276,6 +276,69 @@ fn first<T>(
     }
 }
 
+/// The topics of the messages published on `filters` at one broker,
+/// from [`watch`]'s return (its SUBACK) until [`Watch::topics`].
+pub struct Watch {
+    client: rumqttc::Client,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    thread: std::thread::JoinHandle<Vec<String>>,
+}
+
+/// Watch `filters` (QoS 1) at the broker on 127.0.0.1:`port`.
+///
+/// # Panics
+/// When the broker does not confirm the subscription within 10 s.
+#[must_use]
+pub fn watch(port: u16, filters: &[&str]) -> Watch {
+    let (client, mut connection) = client(port);
+    for f in filters {
+        client.subscribe(*f, rumqttc::QoS::AtLeastOnce).unwrap();
+    }
+    let mut acked = 0;
+    first(
+        &mut connection,
+        Instant::now() + Duration::from_secs(10),
+        |p| {
+            acked += usize::from(matches!(p, rumqttc::Packet::SubAck(_)));
+            (acked == filters.len()).then_some(())
+        },
+    )
+    .unwrap_or_else(|| panic!("the broker on {port} did not confirm {filters:?}"));
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let stopped = stop.clone();
+    let thread = std::thread::spawn(move || {
+        let mut topics = Vec::new();
+        while !stopped.load(std::sync::atomic::Ordering::Relaxed) {
+            match connection.recv_timeout(Duration::from_millis(100)) {
+                Ok(Ok(rumqttc::Event::Incoming(rumqttc::Packet::Publish(p)))) => {
+                    topics.push(p.topic);
+                }
+                Ok(Ok(_)) | Err(_) => {}
+                // The broker went away: what was seen is all there is.
+                Ok(Err(_)) => break,
+            }
+        }
+        topics
+    });
+    Watch {
+        client,
+        stop,
+        thread,
+    }
+}
+
+impl Watch {
+    /// Every topic seen so far, in order of arrival (up to the broker's
+    /// going away, if it did).
+    #[must_use]
+    pub fn topics(self) -> Vec<String> {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        let topics = self.thread.join().unwrap();
+        let _ = self.client.disconnect();
+        topics
+    }
+}
+
 /// Publish `payload` on `topic`, retained, QoS 1, to the broker on
 /// 127.0.0.1:`port`: whether the broker acknowledged it (within 2 s).
 #[must_use]
@@ -326,7 +389,7 @@ mod tests {
             "remote_clientid edgeform-bridge-eu",
             "try_private true",
             "cleansession false",
-            "topic edgeform/cmd/# in 1",
+            "topic # in 1 edgeform/cmd/ edgeform/region/eu/cmd/",
             "topic edgeform/result/# out 1",
             "topic edgeform/status/# out 1",
             "topic edgeform/health/# out 0",

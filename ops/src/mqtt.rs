@@ -968,7 +968,13 @@ pub struct Exec<'a> {
 /// No `mqtt` in cluster.yaml, an unknown node, bad `--arg`, the broker
 /// unreachable.
 pub async fn exec(source: &Valid, flags: &BrokerOptions, e: &Exec<'_>) -> Result<u8> {
-    if !source.config.nodes.iter().any(|n| n.name == e.node) {
+    let Some(region) = source
+        .config
+        .nodes
+        .iter()
+        .find(|n| n.name == e.node)
+        .map(|n| n.region.as_str())
+    else {
         let names: Vec<&str> = source
             .config
             .nodes
@@ -980,7 +986,7 @@ pub async fn exec(source: &Valid, flags: &BrokerOptions, e: &Exec<'_>) -> Result
             e.node,
             names.join(", ")
         );
-    }
+    };
     let args = parse_args(e.args)?;
     let signer = Signer::load(e.signing_key)?;
     let now = unix_now();
@@ -1014,17 +1020,12 @@ pub async fn exec(source: &Valid, flags: &BrokerOptions, e: &Exec<'_>) -> Result
             bail!("the broker did not confirm the subscription to {result_topic}");
         }
     }
-    s.client
-        .publish(
-            wire::cmd_topic(&s.prefix, e.node),
-            QoS::AtLeastOnce,
-            false,
-            serde_json::to_vec(&cmd)?,
-        )
-        .await?;
+    let sent = send_command(&s, region, e.node, &cmd).await?;
+    let mut acks = 0;
     let acked = s
         .pump(Duration::from_secs(5), |ev| {
-            matches!(ev, Event::Incoming(Packet::PubAck(_)))
+            acks += usize::from(matches!(ev, Event::Incoming(Packet::PubAck(_))));
+            acks == sent
         })
         .await?;
     if !acked {
@@ -1074,7 +1075,7 @@ pub async fn exec(source: &Valid, flags: &BrokerOptions, e: &Exec<'_>) -> Result
         .await?;
     let result = match result.filter(|_| got) {
         Some(r) => r,
-        None => match missing(&mut s, &cmd, e.node, &signer, &result_topic).await? {
+        None => match missing(&mut s, &cmd, (region, e.node), &signer, &result_topic).await? {
             Missing::Late(r) => r,
             why => {
                 s.close().await;
@@ -1108,6 +1109,27 @@ pub async fn exec(source: &Valid, flags: &BrokerOptions, e: &Exec<'_>) -> Result
         Format::Human => out.write_all(describe(&r).as_bytes())?,
     }
     Ok(u8::from(r.status != Outcome::Ok))
+}
+
+/// Publish `cmd` for `node` of `region` on both its topics: `<prefix>/cmd/<node>`,
+/// which a single broker delivers to the agent, and
+/// `<prefix>/region/<region>/cmd/<node>`, which only the region's bridge
+/// takes down from a central broker (delivering it there as
+/// `<prefix>/cmd/<node>`), so that a command crosses to its own region
+/// only. Either way the agent receives one copy. Returns how many
+/// publishes await their PUBACK.
+async fn send_command(s: &Session, region: &str, node: &str, cmd: &Command) -> Result<usize> {
+    let payload = serde_json::to_vec(cmd)?;
+    let topics = [
+        wire::cmd_topic(&s.prefix, node),
+        wire::region_cmd_topic(&s.prefix, region, node),
+    ];
+    for topic in &topics {
+        s.client
+            .publish(topic, QoS::AtLeastOnce, false, payload.clone())
+            .await?;
+    }
+    Ok(topics.len())
 }
 
 /// What became of a command whose result did not come within `--wait`.
@@ -1166,7 +1188,7 @@ impl Missing {
 async fn missing(
     s: &mut Session,
     cmd: &Command,
-    node: &str,
+    (region, node): (&str, &str),
     signer: &Signer,
     result_topic: &str,
 ) -> Result<Missing> {
@@ -1221,14 +1243,7 @@ async fn missing(
     signer.sign(&mut probe, node);
     let probe_topic = wire::result_topic(&s.prefix, node, &probe.id);
     s.client.subscribe(&probe_topic, QoS::AtLeastOnce).await?;
-    s.client
-        .publish(
-            wire::cmd_topic(&s.prefix, node),
-            QoS::AtLeastOnce,
-            false,
-            serde_json::to_vec(&probe)?,
-        )
-        .await?;
+    send_command(s, region, node, &probe).await?;
     let mut answered = false;
     s.pump(PROBE_WAIT, |ev| {
         let Event::Incoming(Packet::Publish(p)) = ev else {

@@ -404,7 +404,15 @@ fn three_bridged_brokers_carry_health_status_commands_and_purges() {
         v["node"].as_str().is_some_and(|n| n.starts_with(want))
     });
 
-    // exec and purge --wait across the bridges.
+    // exec and purge --wait across the bridges. A command crosses to its
+    // node's region only, and reaches it once.
+    let watches: Vec<_> = REGIONS
+        .iter()
+        .map(|r| {
+            let port = c.bridged.region(r).port;
+            harness::bridge::watch(port, &["edgeform/cmd/#", "edgeform/region/#"])
+        })
+        .collect();
     for node in ["eu-2", "us-3"] {
         let out = c.exec(node, "hi");
         assert_eq!(
@@ -415,6 +423,14 @@ fn three_bridged_brokers_carry_health_status_commands_and_purges() {
             stderr(&out)
         );
         assert!(stdout(&out).contains("said hi"), "{}", stdout(&out));
+    }
+    for (region, watch) in REGIONS.iter().zip(watches) {
+        let want = if *region == "eu" { "eu-2" } else { "us-3" };
+        assert_eq!(
+            watch.topics(),
+            [format!("edgeform/cmd/{want}")],
+            "what region {region}'s broker carried on the command topics"
+        );
     }
     let out = edgeform(
         c.repo.path(),
