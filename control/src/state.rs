@@ -377,7 +377,18 @@ impl Desired {
     #[must_use]
     pub fn uses(&self) -> &edgestate::bundle::Uses {
         self.uses.get_or_init(|| {
-            edgestate::bundle::Uses::of(self.sites.iter().map(|(k, v)| (&**k, &**v)))
+            use rayon::prelude::*;
+            // A scan of every document's text: in parallel (it sits on an
+            // apply's path between reading the target and writing it),
+            // merged in order, so the first document of each field is
+            // the one named.
+            self.sites
+                .par_chunks(4096)
+                .map(|chunk| edgestate::bundle::Uses::of(chunk.iter().map(|(k, v)| (&**k, &**v))))
+                .reduce(edgestate::bundle::Uses::default, |mut earlier, later| {
+                    earlier.merge(later);
+                    earlier
+                })
         })
     }
 

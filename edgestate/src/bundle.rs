@@ -184,6 +184,18 @@ impl Uses {
         u
     }
 
+    /// `self` (what earlier documents use) and then `later`'s: each field
+    /// keeps the first document that uses it, as one [`Uses::of`] over
+    /// both lists in order would.
+    pub fn merge(&mut self, later: Uses) {
+        for (field, key) in later.fields {
+            self.fields.entry(field).or_insert(key);
+        }
+        if self.tls_key.is_none() {
+            self.tls_key = later.tls_key;
+        }
+    }
+
     /// `site:a uses https_redirect, site:b uses max_body_size, tls:a.test
     /// is a certificate`.
     #[must_use]
@@ -273,5 +285,30 @@ mod tests {
         let partial = Bundle::from_hash(&old).missing(&u);
         assert!(partial.fields.is_empty());
         assert!(partial.tls_key.is_some());
+    }
+
+    #[test]
+    fn merged_uses_name_the_first_document_as_one_scan_does() {
+        let docs = [
+            ("site:a.test", r#"{"hosts":[],"https_redirect":true}"#),
+            ("tls:a.test", "{}"),
+            (
+                "site:b.test",
+                r#"{"https_redirect":false,"max_body_size":"1m"}"#,
+            ),
+            ("tls:b.test", "{}"),
+            ("site:c.test", r#"{"max_body_size":"2m"}"#),
+        ];
+        let whole = Uses::of(docs);
+        for split in 0..=docs.len() {
+            let mut merged = Uses::of(docs[..split].iter().copied());
+            merged.merge(Uses::of(docs[split..].iter().copied()));
+            assert_eq!(merged.describe(), whole.describe(), "split at {split}");
+        }
+        assert_eq!(
+            whole.describe(),
+            "site:a.test uses https_redirect, site:b.test uses max_body_size, \
+             tls:a.test is a certificate document"
+        );
     }
 }
