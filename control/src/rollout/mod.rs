@@ -169,7 +169,19 @@ impl Book {
     /// # Errors
     /// Text that is not a rollout book.
     pub fn parse(text: Option<&str>) -> Result<Book, serde_json::Error> {
-        text.map_or_else(|| Ok(Book::default()), serde_json::from_str)
+        let book: Book = text.map_or_else(|| Ok(Book::default()), serde_json::from_str)?;
+        // A book is read from a store others write: one that would make
+        // a step point at a wave it does not have is refused, not
+        // stepped through.
+        if let Some(r) = &book.current
+            && r.state == State::Baking
+            && r.applied_count() == 0
+        {
+            return Err(serde::de::Error::custom(
+                "its current rollout is baking a wave, but no wave of it was applied",
+            ));
+        }
+        Ok(book)
     }
 
     /// The text kept in the store.
@@ -304,7 +316,12 @@ impl Record {
             State::Ready => Step::Apply { wave: applied },
             State::Baking => {
                 let wave = applied.saturating_sub(1);
-                let until = self.waves[wave].bake_until.unwrap_or(0);
+                // A book with no applied wave is refused when read
+                // (`Book::parse`); a made-up one bakes nothing.
+                let Some(w) = self.waves.get(wave) else {
+                    return Step::Halted;
+                };
+                let until = w.bake_until.unwrap_or(0);
                 if now < until {
                     Step::Wait { wave, until }
                 } else {

@@ -248,6 +248,24 @@ fn a_book_that_is_not_json_is_an_error_not_a_panic() {
 }
 
 #[test]
+fn a_book_baking_a_wave_it_never_applied_is_refused_and_never_stepped_into() {
+    let commit = "0123456789abcdef0123456789abcdef01234567";
+    let text = format!(
+        r#"{{"current":{{"commit":"{commit}","previous":{{}},"waves":[],"started_at":0,"state":"baking"}}}}"#
+    );
+    let err = Book::parse(Some(&text)).expect_err("no applied wave");
+    assert!(
+        err.to_string().contains("no wave of it was applied"),
+        "{err}"
+    );
+    // Stepped anyway (a record built in memory): halted, not a panic.
+    let mut r = record();
+    r.state = State::Baking;
+    r.waves.clear();
+    assert_eq!(r.step(0), Step::Halted);
+}
+
+#[test]
 fn promote_after_the_last_wave_completes_the_rollout() {
     let mut r = record();
     for wave in 0..3 {

@@ -51,6 +51,10 @@ pub enum ExportError {
     Format(String),
     /// An entry that the store would refuse (`what` names it).
     Entry(String),
+    /// An entry the store holds that no import would take (`what` names
+    /// it): nothing is exported, so a backup is never one that cannot be
+    /// restored.
+    Unrestorable(String),
     /// The file cannot be read or written.
     Io { path: String, cause: String },
     /// The store said no.
@@ -79,6 +83,11 @@ impl fmt::Display for ExportError {
             Self::Entry(what) => write!(
                 f,
                 "the export holds an invalid entry ({what}); nothing imported"
+            ),
+            Self::Unrestorable(what) => write!(
+                f,
+                "the state store holds an entry no import would take ({what}); nothing \
+                 exported: correct or remove it, then export again"
             ),
             Self::Io { path, cause } => write!(f, "{path}: {cause}"),
             Self::Store(e) => write!(f, "{e}"),
@@ -413,6 +422,12 @@ pub fn export_to(store: &dyn Store, path: &Path, key: &[u8; 32]) -> Result<Snaps
     use std::io::Write as _;
     use std::os::unix::fs::OpenOptionsExt as _;
     let snap = snapshot(store)?;
+    // What import checks, checked before anything is written: a backup
+    // that import would refuse is no backup.
+    snap.check().map_err(|e| match e {
+        ExportError::Entry(what) => ExportError::Unrestorable(what),
+        other => other,
+    })?;
     let text = seal(&snap, key)?;
     let io = |p: &Path, e: &std::io::Error| ExportError::Io {
         path: p.display().to_string(),
@@ -528,6 +543,23 @@ mod tests {
         old.as_object_mut().unwrap().remove("rollouts");
         let old: Snapshot = serde_json::from_value(old).unwrap();
         assert_eq!((old.renewal, old.rollouts), (None, None));
+    }
+
+    #[test]
+    fn a_store_entry_no_import_would_take_fails_the_export_and_writes_no_file() {
+        let d = tempfile::tempdir().unwrap();
+        let root = d.path().join("a");
+        let from = filled(&root);
+        // Edited by hand, with the newline an editor adds.
+        std::fs::write(root.join("secrets/edge-1/EDGEFORM_API_TOKEN"), "t0ken\n").unwrap();
+        let file = d.path().join("state.export");
+        let err = export_to(&from, &file, &[7u8; 32]).expect_err("unrestorable");
+        assert!(
+            matches!(&err, ExportError::Unrestorable(what) if what.contains("EDGEFORM_API_TOKEN")),
+            "{err}"
+        );
+        assert!(err.to_string().contains("nothing exported"), "{err}");
+        assert!(!file.exists());
     }
 
     #[test]
