@@ -133,7 +133,7 @@ start_mosquitto() {
   bin="$(command -v mosquitto || echo /usr/sbin/mosquitto)"
   mkdir -p "$dir"
   # max_queued_messages: see docs/operations.md (a command burst must not be dropped).
-  printf 'listener %s 127.0.0.1\nallow_anonymous true\npersistence true\npersistence_location %s/\nmax_queued_messages 100000\n' "$port" "$dir" > "$dir/mosquitto.conf"
+  printf 'listener %s 127.0.0.1\nallow_anonymous true\npersistence true\npersistence_location %s/\nmax_queued_messages 100000\nmax_packet_size 8454144\n' "$port" "$dir" > "$dir/mosquitto.conf"
   "$bin" -c "$dir/mosquitto.conf" > "$dir/log" 2>&1 &
   SERVER_PIDS+=($!)
   wait_port "$port"

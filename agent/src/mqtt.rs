@@ -97,10 +97,9 @@ pub async fn run(
     ));
     options.set_manual_acks(true);
     // A region's summary carries every report of the region: up to
-    // SUMMARY_MAX_BYTES (larger ones are refused by the book, not by a
-    // dropped connection).
-    let max = wire::SUMMARY_MAX_BYTES + (64 << 10);
-    options.set_max_packet_size(max, max);
+    // SUMMARY_MAX_BYTES (larger ones are refused by the book; larger
+    // packets by the broker, `max_packet_size`).
+    options.set_max_packet_size(wire::MAX_PACKET_BYTES, wire::MAX_PACKET_BYTES);
     let (client, mut events) = AsyncClient::new(options, 1024);
     let mut tasks = tokio::task::JoinSet::new();
     tasks.spawn(crate::health::report(

@@ -30,7 +30,12 @@ pub fn options(broker: &Broker, client_id: &str, persistent: bool) -> anyhow::Re
     let mut o = MqttOptions::new(client_id, host, port);
     o.set_keep_alive(Duration::from_secs(10));
     o.set_clean_session(!persistent);
-    o.set_max_packet_size(1 << 20, 1 << 20);
+    // What the agent's own connection takes: a report or a summary the
+    // broker passed never ends this connection either.
+    o.set_max_packet_size(
+        edgestate::mqtt::MAX_PACKET_BYTES,
+        edgestate::mqtt::MAX_PACKET_BYTES,
+    );
     let password = match &broker.password_env {
         None => None,
         Some(var) => Some(std::env::var(var).with_context(|| {

@@ -246,6 +246,15 @@ pub struct RedisState {
 /// reports of a few KiB each fits.
 pub const SUMMARY_MAX_BYTES: usize = 8 << 20;
 
+/// The largest MQTT packet any client of the channel takes (a summary
+/// and its topic and header): the agent's connections, the summarizer's
+/// direct health reader, `edgeform status`. A larger packet ends a
+/// client's connection (its MQTT library takes it as a protocol error),
+/// and a retained one would end it again at every reconnection: so the
+/// broker must refuse them first, with `max_packet_size` at this value
+/// (8454144; packaging/mosquitto/, docs/operations.md).
+pub const MAX_PACKET_BYTES: usize = SUMMARY_MAX_BYTES + (64 << 10);
+
 /// A region's nodes' last health reports, as heard by the region's
 /// summarizer, on `<prefix>/summary/<region>` (retained, QoS 0: the next
 /// interval's summary supersedes a lost one).

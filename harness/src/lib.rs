@@ -863,6 +863,12 @@ fn mosquitto_tries(
 }
 
 /// One start of mosquitto in `d`; its log when it does not come up.
+/// `max_packet_size` of every broker the harness starts, as in every
+/// shipped broker configuration: edgeform's clients' packet limit
+/// (`edgestate::mqtt::MAX_PACKET_BYTES`, which the agent's tests check
+/// against this and the shipped files).
+pub const MOSQUITTO_MAX_PACKET: usize = 8_454_144;
+
 fn mosquitto_once(
     fixed: Option<u16>,
     d: tempfile::TempDir,
@@ -879,10 +885,13 @@ fn mosquitto_once(
     } else {
         "max_queued_messages 100000\n"
     };
+    // As every shipped broker configuration: larger packets are refused
+    // by the broker, never delivered to a client that would drop them.
     let conf = format!(
         "per_listener_settings false\nlistener {port} 127.0.0.1\n{listener}persistence true\n\
-         persistence_location {}/\nautosave_interval 1\n{queued}",
-        d.path().display()
+         persistence_location {}/\nautosave_interval 1\n{queued}max_packet_size {}\n",
+        d.path().display(),
+        MOSQUITTO_MAX_PACKET
     );
     let conf_path = d.path().join("mosquitto.conf");
     std::fs::write(&conf_path, conf).expect("write conf");

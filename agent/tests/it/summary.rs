@@ -488,3 +488,66 @@ fn an_agent_moved_to_another_region_leaves_the_old_regions_claims() {
         &logs,
     );
 }
+
+/// One retained message larger than any of edgeform's clients takes, on
+/// a topic every agent subscribes to (`summary/+`, which the shipped ACL
+/// lets any agent write): the broker refuses it (`max_packet_size`, set in
+/// every shipped broker configuration and in the harness's), so no agent's
+/// connection ends and routing goes on. Without the broker's limit, every
+/// agent's connection ended at each reconnection, cluster-wide.
+#[test]
+fn an_oversized_retained_summary_is_refused_by_the_broker_and_no_agent_drops() {
+    let limit = edgestate::mqtt::MAX_PACKET_BYTES;
+    assert_eq!(harness::MOSQUITTO_MAX_PACKET, limit);
+    let packaging = Path::new(env!("CARGO_MANIFEST_DIR")).join("../packaging/mosquitto");
+    for file in ["central.conf", "regional.conf"] {
+        let text = std::fs::read_to_string(packaging.join(file)).unwrap();
+        let want = format!("max_packet_size {limit}");
+        assert!(text.lines().any(|l| l == want), "{file}: no `{want}`");
+    }
+    let r = harness::redis(&[]);
+    let broker = harness::mosquitto();
+    let dir = tempfile::tempdir().unwrap();
+    publish(r.port, &two_regions(), 1);
+    let edges: BTreeMap<&str, Edge> = ["a1", "b1"]
+        .into_iter()
+        .map(|n| (n, start(n, r.port, broker.port, dir.path())))
+        .collect();
+    stats(&edges["b1"].stats, 2, &["camb"]);
+    let logs = || {
+        edges
+            .iter()
+            .map(|(n, e)| format!("--- {n}\n{}", e.agent.log()))
+            .collect::<String>()
+    };
+    let a1 = edges["a1"].http;
+    until(
+        20,
+        "a1 routes to b1",
+        || route(a1) == Some(("b1".into(), 2)),
+        &logs,
+    );
+
+    let huge = vec![b'{'; limit];
+    assert!(
+        !harness::bridge::publish_retained(broker.port, "edgeform/summary/zz", &huge),
+        "the broker took a {limit}-byte payload"
+    );
+    assert_eq!(
+        harness::bridge::retained(broker.port, "edgeform/summary/zz", Duration::from_secs(1)),
+        None
+    );
+    let end = Instant::now() + Duration::from_secs(3);
+    while Instant::now() < end {
+        for (name, e) in &edges {
+            assert_eq!(
+                metric(e.http, "edgeform_agent_mqtt_connected"),
+                1,
+                "{name} lost the broker\n{}",
+                logs()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert_eq!(route(a1), Some(("b1".into(), 2)), "{}", logs());
+}
