@@ -141,6 +141,9 @@ impl<T: Store + ?Sized> Store for Arc<T> {
     fn set_rollout_state(&self, json: &str) -> Result<(), StoreError> {
         (**self).set_rollout_state(json)
     }
+    fn replace_rollout_state(&self, seen: Option<&str>, json: &str) -> Result<bool, StoreError> {
+        (**self).replace_rollout_state(seen, json)
+    }
     fn take_lease(&self, name: &str, token: &str, ttl: Duration) -> Result<bool, StoreError> {
         (**self).take_lease(name, token, ttl)
     }
@@ -430,6 +433,18 @@ pub trait Store: Send + Sync {
     /// # Errors
     /// Over [`MAX_ROLLOUT_STATE_BYTES`], or the store cannot be written.
     fn set_rollout_state(&self, json: &str) -> Result<(), StoreError>;
+
+    /// Keep the rollouts' book `json` only if the store still holds `seen`
+    /// (what the caller read; `None`: no book), atomically: whether it was
+    /// kept. `false` means another writer (a command, another host)
+    /// changed the book since it was read, and nothing was written: the
+    /// caller reads it again. Already holding `json` counts as kept (a
+    /// retried request).
+    ///
+    /// # Errors
+    /// Over [`MAX_ROLLOUT_STATE_BYTES`], or the store cannot be read or
+    /// written.
+    fn replace_rollout_state(&self, seen: Option<&str>, json: &str) -> Result<bool, StoreError>;
 
     /// Take the lease `name` for `token` for `ttl` when it is free (or
     /// ran out), or renew it for `ttl` when `token` holds it; whether
@@ -949,6 +964,30 @@ impl Store for DirStore {
             ));
         }
         self.write(&self.root, ROLLOUT_FILE, json)
+    }
+
+    fn replace_rollout_state(&self, seen: Option<&str>, json: &str) -> Result<bool, StoreError> {
+        // Read, compare and write under an exclusive `flock`, as leases
+        // are: two commands on this host never both replace what they read.
+        let lock_path = self.root.join(format!(".{ROLLOUT_FILE}.lock"));
+        let lock = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .mode(0o600)
+            .custom_flags(O_NOFOLLOW)
+            .open(&lock_path)
+            .map_err(|e| io(&lock_path, &e))?;
+        lock.lock().map_err(|e| io(&lock_path, &e))?;
+        let kept = match self.rollout_state() {
+            Ok(now) if now.as_deref() == Some(json) => Ok(true),
+            Ok(now) if now.as_deref() == seen => self.set_rollout_state(json).map(|()| true),
+            Ok(_) => Ok(false),
+            Err(e) => Err(e),
+        };
+        let _ = lock.unlock();
+        kept
     }
 
     fn set_renewal_state(&self, json: &str) -> Result<(), StoreError> {

@@ -56,8 +56,16 @@ pub async fn promote(root: &Path, state_dir: &Path, settings: &Settings) -> Resu
         }
     };
     let failed = match advanced {
-        Advanced::Stands { applied, .. } if !applied.is_empty() => {
-            crate::cmd::report_applied(&applied, started.elapsed())
+        Advanced::Stands { applied, notes, .. } => {
+            let failed = if applied.is_empty() {
+                0
+            } else {
+                crate::cmd::report_applied(&applied, started.elapsed())
+            };
+            for n in &notes {
+                println!("{n}");
+            }
+            failed
         }
         Advanced::Frozen(why) => {
             eprintln!("the next wave waits: {why} (--break-glass overrides)");

@@ -369,6 +369,17 @@ impl Record {
         Some(next)
     }
 
+    /// The wave `wave` reached its targets after the rollout ended (an
+    /// abort ran meanwhile): counted as applied, so that rolling back the
+    /// applied waves covers it; the state stays.
+    pub fn applied_late(&mut self, wave: usize, now: u64) {
+        if let Some(w) = self.waves.get_mut(wave)
+            && w.applied_at.is_none()
+        {
+            w.applied_at = Some(now);
+        }
+    }
+
     /// The rollout was rolled back (every applied wave at its previous
     /// commit again) by `by`.
     pub fn abort(&mut self, by: &str) {

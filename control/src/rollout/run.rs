@@ -67,18 +67,36 @@ fn at(secs: u64) -> SystemTime {
 /// # Errors
 /// The store cannot be read, or holds something that is not a book.
 pub fn load(store: &dyn Store) -> Result<Book> {
-    let text = store.rollout_state()?;
-    Book::parse(text.as_deref()).context("the state store's rollout book is not one")
+    load_seen(store).map(|(book, _)| book)
 }
 
-/// Keep `book` in the store.
+/// [`load`], with the text it was read from: what [`save_over`] expects
+/// the store still to hold.
+fn load_seen(store: &dyn Store) -> Result<(Book, Option<String>)> {
+    let text = store.rollout_state()?;
+    let book = Book::parse(text.as_deref()).context("the state store's rollout book is not one")?;
+    Ok((book, text))
+}
+
+/// Keep `book` in the store only if it still holds `seen` (what this run
+/// read): whether it was kept (then `seen` is what it holds now). A book
+/// is never written over one another writer — `rollout abort`, `promote`,
+/// another host's daemon — changed meanwhile: an abort always sticks.
 ///
 /// # Errors
-/// The store cannot be written.
-pub fn save(store: &dyn Store, book: &Book) -> Result<()> {
-    store.set_rollout_state(&book.to_text())?;
-    Ok(())
+/// The store cannot be read or written.
+fn save_over(store: &dyn Store, seen: &mut Option<String>, book: &Book) -> Result<bool> {
+    let text = book.to_text();
+    let kept = store.replace_rollout_state(seen.as_deref(), &text)?;
+    if kept {
+        *seen = Some(text);
+    }
+    Ok(kept)
 }
+
+/// How many times an abort reads the book again when another writer
+/// changed it during the rollback.
+const ABORT_ATTEMPTS: usize = 5;
 
 /// The source of `commit`, compiled with the certificates in `store`.
 fn source_at(root: &Path, store: &dyn Store, commit: &str) -> Result<Source> {
@@ -172,7 +190,7 @@ async fn start(ctx: &Ctx<'_>, source: &Source) -> Result<Option<Record>> {
 /// The store cannot be read or written; loading the previous commit.
 pub async fn advance(ctx: &Ctx<'_>, source: &Source, one_wave: bool) -> Result<Advanced> {
     let rollout = &source.config.cluster.rollout;
-    let mut book = load(ctx.store)?;
+    let (mut book, mut seen) = load_seen(ctx.store)?;
     if let Some(b) = blocked(&book, &source.commit) {
         return Ok(Advanced::Blocked(b));
     }
@@ -202,7 +220,9 @@ pub async fn advance(ctx: &Ctx<'_>, source: &Source, one_wave: bool) -> Result<A
                     && !ctx.flags.break_glass
                 {
                     book.current = Some(record);
-                    save(ctx.store, &book)?;
+                    // Nothing was applied: if another writer changed the
+                    // book meanwhile, what it wrote stands.
+                    save_over(ctx.store, &mut seen, &book)?;
                     return Ok(Advanced::Frozen(format!(
                         "freeze window {} is open until {}",
                         f.window, f.until
@@ -231,7 +251,9 @@ pub async fn advance(ctx: &Ctx<'_>, source: &Source, one_wave: bool) -> Result<A
                 }
                 record.applied(wave, now());
                 book.current = Some(record.clone());
-                save(ctx.store, &book)?;
+                if !save_over(ctx.store, &mut seen, &book)? {
+                    return changed_under(ctx, record, wave, applied, notes).await;
+                }
                 if one_wave {
                     break;
                 }
@@ -266,7 +288,25 @@ pub async fn advance(ctx: &Ctx<'_>, source: &Source, one_wave: bool) -> Result<A
                 let state = verdict_state(&verdict);
                 record.judged(state.clone());
                 book.current = Some(record.clone());
-                save(ctx.store, &book)?;
+                if !save_over(ctx.store, &mut seen, &book)? {
+                    // The verdict is not kept over another writer's book;
+                    // the next run asks the gate again if it still should.
+                    notes.push(format!(
+                        "the rollouts' book changed while the gate judged wave {} (another \
+                         command or host wrote it): its verdict is not saved over it",
+                        w.name
+                    ));
+                    let fresh = load(ctx.store)?;
+                    let record = fresh
+                        .current
+                        .filter(|r| r.commit == record.commit)
+                        .unwrap_or(record);
+                    return Ok(Advanced::Stands {
+                        record,
+                        applied,
+                        notes,
+                    });
+                }
                 if let Err(State::Halted {
                     site,
                     figure,
@@ -304,15 +344,20 @@ pub async fn advance(ctx: &Ctx<'_>, source: &Source, one_wave: bool) -> Result<A
 /// # Errors
 /// No live rollout; the store; loading the rollout's commit.
 pub async fn promote(ctx: &Ctx<'_>, by: &str) -> Result<Advanced> {
-    let mut book = load(ctx.store)?;
+    let (mut book, mut seen) = load_seen(ctx.store)?;
     let Some(record) = book.current.as_mut().filter(|r| r.state.is_live()) else {
         anyhow::bail!("no rollout is live: nothing to promote");
     };
     let commit = record.commit.clone();
     let next = record.promote(by);
     let promoted = record.clone();
+    if !save_over(ctx.store, &mut seen, &book)? {
+        anyhow::bail!(
+            "the rollouts' book changed while promoting (another command or host wrote it): \
+             nothing promoted; see `rollout status` and run it again"
+        );
+    }
     ctx.flags.metrics.rollout_halted(&commit, false);
-    save(ctx.store, &book)?;
     if next.is_none() {
         // Every wave applied: the operator completed it.
         return Ok(Advanced::Stands {
@@ -335,13 +380,35 @@ pub async fn promote(ctx: &Ctx<'_>, by: &str) -> Result<Advanced> {
 /// # Errors
 /// The store; loading a previous commit.
 pub async fn abort(ctx: &Ctx<'_>, by: &str) -> Result<(Option<Record>, Vec<Applied>)> {
-    let mut book = load(ctx.store)?;
+    let mut results = Vec::new();
+    for _ in 0..ABORT_ATTEMPTS {
+        if let Some(record) = abort_once(ctx, by, &mut results).await? {
+            return Ok((record, results));
+        }
+        // Another writer changed the book during the rollback (a wave
+        // applied meanwhile, say): read it again, and roll back what it
+        // added too.
+    }
+    anyhow::bail!(
+        "the rollouts' book kept changing during the abort ({ABORT_ATTEMPTS} times): \
+         run `rollout abort` again"
+    )
+}
+
+/// One attempt of [`abort`]: `None` when the book changed during it (not
+/// saved over), else the record (`Some(None)`: no rollout to abort).
+async fn abort_once(
+    ctx: &Ctx<'_>,
+    by: &str,
+    results: &mut Vec<Applied>,
+) -> Result<Option<Option<Record>>> {
+    let (mut book, mut seen) = load_seen(ctx.store)?;
     let Some(record) = book
         .current
         .as_mut()
         .filter(|r| r.state.is_live() || matches!(r.state, State::Aborted { .. }))
     else {
-        return Ok((None, Vec::new()));
+        return Ok(Some(None));
     };
     let applied_nodes = record.applied_nodes();
     let nodes: Vec<_> = ctx_nodes(ctx, record, &applied_nodes)?;
@@ -362,7 +429,6 @@ pub async fn abort(ctx: &Ctx<'_>, by: &str) -> Result<(Option<Record>, Vec<Appli
     for node in &notes {
         tracing::warn!(target = %node, "rollout abort: the target had no commit before the rollout; left at the rollout's commit");
     }
-    let mut results = Vec::new();
     let mut flags = ctx.flags.clone();
     flags.allow_rollback = true;
     for (prev, nodes) in &by_previous {
@@ -387,9 +453,80 @@ pub async fn abort(ctx: &Ctx<'_>, by: &str) -> Result<(Option<Record>, Vec<Appli
     }
     let record = record.clone();
     book.remember_aborted(&commit);
-    save(ctx.store, &book)?;
+    if !save_over(ctx.store, &mut seen, &book)? {
+        return Ok(None);
+    }
     ctx.flags.metrics.rollout_halted(&commit, false);
-    Ok((Some(record), results))
+    Ok(Some(Some(record)))
+}
+
+/// The book changed while `record`'s wave `wave` was applied: another
+/// writer's book stands, never saved over. When that writer aborted this
+/// rollout, its rollback could not see this wave: the wave is counted
+/// applied in the aborted record and rolled back like the others.
+/// Otherwise the next run applies the wave again if it still should (its
+/// targets already there are unchanged).
+async fn changed_under(
+    ctx: &Ctx<'_>,
+    record: Record,
+    wave: usize,
+    mut applied: Vec<Applied>,
+    mut notes: Vec<String>,
+) -> Result<Advanced> {
+    let name = record
+        .waves
+        .get(wave)
+        .map(|w| w.name.clone())
+        .unwrap_or_default();
+    let aborted = |book: &Book| {
+        book.current
+            .as_ref()
+            .is_some_and(|r| r.commit == record.commit && matches!(r.state, State::Aborted { .. }))
+    };
+    let mut counted = false;
+    for _ in 0..ABORT_ATTEMPTS {
+        let (mut book, mut seen) = load_seen(ctx.store)?;
+        if !aborted(&book) {
+            break;
+        }
+        if let Some(r) = book.current.as_mut() {
+            r.applied_late(wave, now());
+        }
+        if save_over(ctx.store, &mut seen, &book)? {
+            counted = true;
+            break;
+        }
+    }
+    if counted {
+        let by = format!(
+            "the abort of {}, for wave {name} applied while it ran",
+            record.commit
+        );
+        let (r, back) = abort(ctx, &by).await?;
+        applied.extend(back);
+        notes.push(format!(
+            "wave {name} reached its targets while the rollout was aborted: rolled back too"
+        ));
+        return Ok(Advanced::Stands {
+            record: r.unwrap_or(record),
+            applied,
+            notes,
+        });
+    }
+    notes.push(format!(
+        "the rollouts' book changed while wave {name} was applied (another command or host \
+         wrote it): not saved over; the next run reads it"
+    ));
+    let fresh = load(ctx.store)?;
+    let record = fresh
+        .current
+        .filter(|r| r.commit == record.commit)
+        .unwrap_or(record);
+    Ok(Advanced::Stands {
+        record,
+        applied,
+        notes,
+    })
 }
 
 /// The nodes named in `names`, from the rollout commit's configuration

@@ -85,6 +85,7 @@ fn lease_key(name: &str) -> String {
 
 const LEASE_TAKE: &str = include_str!("../lua/lease_take.lua");
 const LEASE_RELEASE: &str = include_str!("../lua/lock_release.lua");
+const ROLLOUT_REPLACE: &str = include_str!("../lua/rollout_replace.lua");
 
 fn config_err(place: &str, why: impl Into<String>) -> StoreError {
     StoreError::Config {
@@ -575,6 +576,24 @@ impl Store for RedisStore {
         }
         self.one(redis::cmd("SET").arg(rollout_key()).arg(json))?;
         Ok(())
+    }
+
+    fn replace_rollout_state(&self, seen: Option<&str>, json: &str) -> Result<bool, StoreError> {
+        if json.len() > MAX_ROLLOUT_STATE_BYTES {
+            return Err(StoreError::RolloutTooLarge(rollout_key()));
+        }
+        let key = rollout_key();
+        let mut pipe = redis::pipe();
+        pipe.cmd("EVAL")
+            .arg(ROLLOUT_REPLACE)
+            .arg(1)
+            .arg(&key)
+            .arg(if seen.is_some() { "1" } else { "0" })
+            .arg(seen.unwrap_or(""))
+            .arg(json);
+        let v = self.query(pipe)?.into_iter().next().unwrap_or(Value::Nil);
+        let kept: i64 = redis::from_redis_value(v).map_err(|e| self.bad(&key, &e))?;
+        Ok(kept == 1)
     }
 
     fn take_lease(&self, name: &str, token: &str, ttl: Duration) -> Result<bool, StoreError> {

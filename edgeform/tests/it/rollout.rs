@@ -360,3 +360,73 @@ fn the_freeze_of_the_commit_being_replaced_holds_the_rollout() {
     assert!(o.status.success(), "{}{}", stdout(&o), stderr(&o));
     assert_eq!(meta(r.port, "commit").as_deref(), Some(c2.as_str()));
 }
+
+/// `rollout abort` while a `rollout promote` is applying the next wave
+/// (held under the targets' locks): the abort sticks. The promote never
+/// writes its book over the aborted one; the wave it applied meanwhile is
+/// counted in the aborted rollout and rolled back too, so every target
+/// ends on its previous commit and the commit stays aborted.
+#[test]
+fn an_abort_during_a_promote_sticks_and_the_wave_applied_meanwhile_is_rolled_back() {
+    let redis: Vec<harness::Process> = (0..3).map(|_| harness::redis(&[])).collect();
+    let ports: Vec<u16> = redis.iter().map(|r| r.port).collect();
+    let tmp = tempfile::tempdir().unwrap();
+    let state = tmp.path().join("state");
+    let f = Fixture::with(&[
+        ("nodes/edge-1.yaml", &node("edge-1", 11, ports[0])),
+        ("nodes/edge-2.yaml", &node("edge-2", 12, ports[1])),
+        ("nodes/edge-3.yaml", &node("edge-3", 13, ports[2])),
+    ]);
+    let repo = f.path();
+    let run = |args: &[&str]| edgeform_with_state(repo, &state, args);
+    let c1 = f.commit("c1");
+    assert!(run(&["apply", "--yes"]).status.success());
+    f.write_all(&[
+        (
+            "cluster.yaml",
+            "apply:\n  waves:\n    - {name: canary, nodes: [edge-1], bake: 1s}\n    - {name: rest}\n",
+        ),
+        ("sites/a.yaml", &site("http://192.0.2.2")),
+    ]);
+    let c2 = f.commit("c2");
+    assert!(run(&["apply", "--yes"]).status.success());
+    assert_eq!(meta(ports[0], "commit").as_deref(), Some(c2.as_str()));
+
+    let promote = std::process::Command::new(env!("CARGO_BIN_EXE_edgeform"))
+        .args(["rollout", "promote"])
+        .current_dir(repo)
+        .env("NO_COLOR", "1")
+        .env("EDGEFORM_STATE_DIR", &state)
+        .env("EDGEFORM_TEST_HOLD_LOCK_MS", "3000")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(1000));
+    let o = run(&["rollout", "abort"]);
+    assert!(o.status.success(), "{}{}", stdout(&o), stderr(&o));
+    let o = promote.wait_with_output().unwrap();
+    let said = format!("{}{}", stdout(&o), stderr(&o));
+    assert!(said.contains("rolled back too"), "{said}");
+
+    for port in &ports {
+        assert_eq!(
+            meta(*port, "commit").as_deref(),
+            Some(c1.as_str()),
+            "{said}"
+        );
+    }
+    let s = status_json(repo, &state);
+    assert_eq!(s["rollout"]["state"], "aborted", "{s}");
+    // The next sync leaves the aborted commit alone.
+    let o = run(&["sync", "--yes"]);
+    assert!(
+        !stdout(&o).contains("applied"),
+        "{}{}",
+        stdout(&o),
+        stderr(&o)
+    );
+    for port in &ports {
+        assert_eq!(meta(*port, "commit").as_deref(), Some(c1.as_str()));
+    }
+}

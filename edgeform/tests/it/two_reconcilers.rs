@@ -64,11 +64,27 @@ fn lease_contract(s: &dyn Store) {
     );
     // So does the rollouts' book, and an oversized one is refused.
     assert_eq!(s.rollout_state().unwrap(), None);
+    assert!(
+        s.replace_rollout_state(None, "{}").unwrap(),
+        "none read, none there"
+    );
     s.set_rollout_state("{\"aborted\":[\"abc\"]}").unwrap();
     assert_eq!(
         s.rollout_state().unwrap().as_deref(),
         Some("{\"aborted\":[\"abc\"]}")
     );
+    // Replaced only over what the writer read: one that read an older
+    // book (or none) writes nothing; the book already written (a retried
+    // request) counts as kept.
+    let abc = "{\"aborted\":[\"abc\"]}";
+    let both = "{\"aborted\":[\"abc\",\"def\"]}";
+    assert!(!s.replace_rollout_state(None, both).unwrap());
+    assert!(!s.replace_rollout_state(Some("{}"), both).unwrap());
+    assert_eq!(s.rollout_state().unwrap().as_deref(), Some(abc));
+    assert!(s.replace_rollout_state(Some(abc), both).unwrap());
+    assert!(s.replace_rollout_state(Some(abc), both).unwrap());
+    assert_eq!(s.rollout_state().unwrap().as_deref(), Some(both));
+    s.set_rollout_state(abc).unwrap();
     let huge = "x".repeat(control::store::MAX_ROLLOUT_STATE_BYTES + 1);
     assert!(matches!(
         s.set_rollout_state(&huge),
