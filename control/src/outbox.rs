@@ -82,7 +82,8 @@ pub fn spool(store: &dyn Store, node: &str, id: &str, job: &str) -> Result<(), S
         .last()
         .and_then(|e| e.file.split('-').next()?.parse::<u128>().ok())
         .unwrap_or(0);
-    let seq = nanos.max(last + 1);
+    // A stored name at u128::MAX (only a hand-made one) is not followed.
+    let seq = nanos.max(last.saturating_add(1));
     let entry = Entry {
         id: id.to_owned(),
         job: job.to_owned(),

@@ -264,8 +264,9 @@ async fn answer(
     let id_key = edgestate::keys::command(&cmd.id);
     let remaining = cmd.expires_at.saturating_sub(now);
     let ttl = match &verdict {
-        Ok(_) => ID_TTL_SECS.max(remaining + 86_400),
-        Err(_) => remaining + REFUSED_TTL_MARGIN_SECS,
+        // A signed `expires_at` far in the future never overflows here.
+        Ok(_) => ID_TTL_SECS.max(remaining.saturating_add(86_400)),
+        Err(_) => remaining.saturating_add(REFUSED_TTL_MARGIN_SECS),
     };
     match claim(config, con, &id_key, ttl, now).await {
         Err(e) => {
