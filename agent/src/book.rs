@@ -21,6 +21,15 @@ pub const FRESH_INTERVALS: u32 = 2;
 /// … plus this (the summarizer's tick and the broker's delivery).
 pub const FRESH_SLACK: Duration = Duration::from_secs(1);
 
+/// The longest summarizer interval a summary is believed for. Its
+/// `interval_ms`, `epoch` and `seq` are the sender's word (any agent may
+/// publish a region's summary): a forged one can keep its region counted
+/// fresh, and its summarizer's next summaries counted late, for at most
+/// [`FRESH_INTERVALS`] of this plus [`FRESH_SLACK`], never for good. A
+/// region whose summarizer reports less often is read directly between
+/// its summaries.
+pub const SUMMARY_INTERVAL_MAX: Duration = Duration::from_secs(60);
+
 /// Every node's last health and status as heard on the broker.
 ///
 /// Only nodes of the routing table are tracked ([`Book::for_nodes`]): the
@@ -37,8 +46,10 @@ pub struct Book {
     regions: BTreeMap<String, String>,
     /// Per region, the last summary heard.
     summaries: BTreeMap<String, Heard>,
-    /// Per summarizer (a node of the table), the newest (epoch, seq) taken.
-    newest: BTreeMap<String, (u64, u64)>,
+    /// Per summarizer (a node of the table), the newest (epoch, seq) taken,
+    /// when, and its interval: it orders that summarizer's summaries only
+    /// while it would count its region fresh.
+    newest: BTreeMap<String, ((u64, u64), Instant, Duration)>,
 }
 
 /// A summary as heard: when, and its summarizer's interval.
@@ -171,12 +182,19 @@ impl Book {
         else {
             return Ok(None);
         };
-        // Late: not newer than one already taken from this summarizer.
+        let interval = Duration::from_millis(summary.interval_ms)
+            .clamp(Duration::from_millis(100), SUMMARY_INTERVAL_MAX);
+        // Late: not newer than one taken from this summarizer recently
+        // (a counter it sent cannot hold its later summaries off longer).
         let order = (summary.epoch, summary.seq);
-        if self.newest.get(&summary.by).is_some_and(|n| *n >= order) {
+        if self.newest.get(&summary.by).is_some_and(|(n, at, every)| {
+            *n >= order
+                && now.saturating_duration_since(*at) <= *every * FRESH_INTERVALS + FRESH_SLACK
+        }) {
             return Ok(None);
         }
-        self.newest.insert(summary.by.clone(), order);
+        self.newest
+            .insert(summary.by.clone(), (order, now, interval));
         let mut applied = 0;
         for e in summary.nodes {
             // Older than this host's clock can tell: nothing to compare.
@@ -199,13 +217,8 @@ impl Book {
             applied += 1;
         }
         // A region with no node in the table has no summary to wait for.
-        self.summaries.insert(
-            region.to_owned(),
-            Heard {
-                at: now,
-                interval: Duration::from_millis(summary.interval_ms.clamp(100, 3_600_000)),
-            },
-        );
+        self.summaries
+            .insert(region.to_owned(), Heard { at: now, interval });
         Ok(Some(SummaryHeard {
             by: summary.by,
             epoch: summary.epoch,
@@ -522,6 +535,60 @@ mod tests {
             b.health_at(at(21), true).nodes["a"].online,
             Some(true),
             "reporting again"
+        );
+    }
+
+    #[test]
+    fn forged_summary_counters_and_interval_hold_a_region_off_for_a_bounded_time_only() {
+        let regions = BTreeMap::from([
+            ("b1".to_owned(), "rb".to_owned()),
+            ("b2".to_owned(), "rb".to_owned()),
+        ]);
+        let mut b = Book::for_table(regions);
+        let summary = |epoch, seq, interval_ms, sessions| {
+            let r: wire::HealthReport = serde_json::from_slice(&report("b2", sessions)).unwrap();
+            serde_json::to_vec(&wire::Summary {
+                region: "rb".into(),
+                by: "b1".into(),
+                epoch,
+                ts: 0,
+                seq,
+                interval_ms,
+                nodes: vec![wire::SummaryEntry {
+                    node: "b2".into(),
+                    age_ms: 0,
+                    report: Some(r),
+                }],
+            })
+            .unwrap()
+        };
+        let t0 = Instant::now();
+        let at = |ms| t0 + Duration::from_millis(ms);
+        // What any agent may publish: the highest counters, an hour's
+        // interval.
+        let forged = summary(u64::MAX, u64::MAX, 3_600_000, 1);
+        assert!(b.take_summary_at("rb", &forged, at(0)).unwrap().is_some());
+        // The interval counts as at most SUMMARY_INTERVAL_MAX.
+        let window = SUMMARY_INTERVAL_MAX * FRESH_INTERVALS + FRESH_SLACK;
+        let window_ms = u64::try_from(window.as_millis()).unwrap();
+        assert!(b.summary_fresh("rb", at(window_ms)));
+        assert!(!b.summary_fresh("rb", at(window_ms + 1)));
+        // The genuine summarizer's next summaries are late while the
+        // forgery would count its region fresh, taken after that.
+        let genuine = summary(3, 7, 500, 2);
+        assert_eq!(b.take_summary_at("rb", &genuine, at(1_000)).unwrap(), None);
+        let taken = b
+            .take_summary_at("rb", &genuine, at(window_ms + 1))
+            .unwrap()
+            .expect("taken once the forgery is no longer believed");
+        assert_eq!(taken.applied, 1);
+        assert_eq!(b.health().nodes["b2"].play_sessions, Some(2));
+        // From then on the genuine order rules again: an older one is late.
+        let older = summary(3, 6, 500, 3);
+        assert_eq!(
+            b.take_summary_at("rb", &older, at(window_ms + 100))
+                .unwrap(),
+            None
         );
     }
 

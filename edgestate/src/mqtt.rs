@@ -419,10 +419,18 @@ pub fn read_summary(
     Ok(Some(s))
 }
 
+/// The highest claim epoch believed (2^48): each take-over adds one, so a
+/// region never gets near it (one a second for nine million years). Any
+/// agent may write a region's claim; one at the very top (`u64::MAX`)
+/// could never be beaten by the next epoch, and a holder that stopped
+/// summarizing would keep the role for good.
+pub const CLAIM_EPOCH_MAX: u64 = 1 << 48;
+
 /// Read a claim on `<prefix>/summary-lock/<region>`; `Ok(None)`: cleared.
 ///
 /// # Errors
-/// Malformed, too large (over 4 KiB), or a claimant not of the region.
+/// Malformed (an epoch over [`CLAIM_EPOCH_MAX`] too), too large (over 4
+/// KiB), or a claimant not of the region.
 pub fn read_claim(
     region: &str,
     payload: &[u8],
@@ -452,6 +460,15 @@ pub fn read_claim(
             format!(
                 "summary claim of region `{region}` by `{}`, not a node of the region",
                 c.node
+            ),
+        ));
+    }
+    if c.epoch > CLAIM_EPOCH_MAX {
+        return Err(summary_error(
+            SummaryErrorKind::Malformed,
+            format!(
+                "summary claim of region `{region}` by `{}` at epoch {}, over {CLAIM_EPOCH_MAX}",
+                c.node, c.epoch
             ),
         ));
     }
@@ -704,6 +721,16 @@ mod tests {
             read_claim("ra", br#"{"node":"a1","epoch":1,"ts":0}"#, region_of),
             Ok(Some(claim("a1", 1)).map(|c| LockClaim { ts: 0, ..c }))
         );
+        // An epoch no region reaches: refused, never the unbeatable holder.
+        let top = format!(r#"{{"node":"a1","epoch":{},"ts":0}}"#, u64::MAX);
+        assert_eq!(
+            read_claim("ra", top.as_bytes(), region_of)
+                .unwrap_err()
+                .kind,
+            SummaryErrorKind::Malformed
+        );
+        let highest = format!(r#"{{"node":"a1","epoch":{CLAIM_EPOCH_MAX},"ts":0}}"#);
+        assert!(read_claim("ra", highest.as_bytes(), region_of).is_ok());
     }
 
     #[test]
