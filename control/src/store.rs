@@ -81,6 +81,9 @@ pub fn shared_store() -> Result<Option<Arc<RedisStore>>, StoreError> {
 
 /// A store shared by handle (the process's one [`RedisStore`]).
 impl<T: Store + ?Sized> Store for Arc<T> {
+    fn as_dyn(&self) -> &dyn Store {
+        self
+    }
     fn secret(&self, node: &str, name: &str) -> Result<Option<String>, StoreError> {
         (**self).secret(node, name)
     }
@@ -143,6 +146,9 @@ impl<T: Store + ?Sized> Store for Arc<T> {
     }
     fn replace_rollout_state(&self, seen: Option<&str>, json: &str) -> Result<bool, StoreError> {
         (**self).replace_rollout_state(seen, json)
+    }
+    fn import(&self, snap: &export::Snapshot) -> Result<(), StoreError> {
+        (**self).import(snap)
     }
     fn take_lease(&self, name: &str, token: &str, ttl: Duration) -> Result<bool, StoreError> {
         (**self).take_lease(name, token, ttl)
@@ -446,6 +452,21 @@ pub trait Store: Send + Sync {
     /// written.
     fn replace_rollout_state(&self, seen: Option<&str>, json: &str) -> Result<bool, StoreError>;
 
+    /// Write every entry of `snap` (checked by the caller,
+    /// [`export::Snapshot::check`]); entries it does not hold are left as
+    /// they are. The shared store writes all or nothing (one script: a
+    /// key of another type refuses the whole import); the state directory
+    /// writes entry by entry.
+    ///
+    /// # Errors
+    /// The store cannot be written.
+    fn import(&self, snap: &export::Snapshot) -> Result<(), StoreError> {
+        export::import_one_by_one(self.as_dyn(), snap)
+    }
+
+    /// This store as a trait object (for [`Store::import`]'s default).
+    fn as_dyn(&self) -> &dyn Store;
+
     /// Take the lease `name` for `token` for `ttl` when it is free (or
     /// ran out), or renew it for `ttl` when `token` holds it; whether
     /// `token` holds it now. Atomic: two callers never both get it
@@ -712,6 +733,9 @@ fn check_safe(path: &Path, m: &std::fs::Metadata, dir: bool) -> Result<(), Store
 }
 
 impl Store for DirStore {
+    fn as_dyn(&self) -> &dyn Store {
+        self
+    }
     fn secret(&self, node: &str, name: &str) -> Result<Option<String>, StoreError> {
         if !valid_secret_name(name) {
             return Err(StoreError::SecretName(name.to_owned()));

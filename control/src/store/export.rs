@@ -277,6 +277,16 @@ pub fn snapshot(store: &dyn Store) -> Result<Snapshot, StoreError> {
 /// An invalid entry, or the store cannot be written.
 pub fn restore(store: &dyn Store, snap: &Snapshot) -> Result<(), ExportError> {
     snap.check()?;
+    store.import(snap)?;
+    Ok(())
+}
+
+/// [`Store::import`] entry by entry (the state directory's): each entry is
+/// written whole, but an error part way leaves the entries before it.
+///
+/// # Errors
+/// The store cannot be written.
+pub(crate) fn import_one_by_one(store: &dyn Store, snap: &Snapshot) -> Result<(), StoreError> {
     for (node, secrets) in &snap.secrets {
         for (name, value) in secrets {
             store.set_secret(node, name, value)?;

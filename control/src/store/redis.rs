@@ -86,6 +86,7 @@ fn lease_key(name: &str) -> String {
 const LEASE_TAKE: &str = include_str!("../lua/lease_take.lua");
 const LEASE_RELEASE: &str = include_str!("../lua/lock_release.lua");
 const ROLLOUT_REPLACE: &str = include_str!("../lua/rollout_replace.lua");
+const IMPORT: &str = include_str!("../lua/import.lua");
 
 fn config_err(place: &str, why: impl Into<String>) -> StoreError {
     StoreError::Config {
@@ -363,6 +364,73 @@ fn worker(target: &RedisTarget, jobs: &mpsc::Receiver<Job>) {
 }
 
 impl Store for RedisStore {
+    fn as_dyn(&self) -> &dyn Store {
+        self
+    }
+
+    fn import(&self, snap: &super::export::Snapshot) -> Result<(), StoreError> {
+        // One script: every key's type checked, then every entry written
+        // (a script runs whole): all or nothing.
+        let mut keys: Vec<String> = Vec::new();
+        let mut ops: Vec<String> = Vec::new();
+        let mut op = |kind: &str, key: String, args: Vec<&str>| {
+            keys.push(key);
+            ops.push(kind.to_owned());
+            ops.push(keys.len().to_string());
+            ops.push(args.len().to_string());
+            ops.extend(args.into_iter().map(str::to_owned));
+        };
+        for (node, secrets) in &snap.secrets {
+            check_node(node)?;
+            let args = secrets
+                .iter()
+                .flat_map(|(n, v)| [n.as_str(), v.as_str()])
+                .collect();
+            op("H", secrets_key(node), args);
+        }
+        for (name, pem) in &snap.certificates {
+            op(
+                "R",
+                cert_key(name),
+                vec!["chain", pem.chain.as_str(), "key", pem.key.as_str()],
+            );
+        }
+        for (value, key) in [
+            (&snap.acme_account, account_key()),
+            (&snap.last_good, last_good_key()),
+            (&snap.renewal, renewal_key()),
+            (&snap.rollouts, rollout_key()),
+        ] {
+            if let Some(v) = value {
+                op("S", key, vec![v.as_str()]);
+            }
+        }
+        for (node, entries) in &snap.outbox {
+            check_node(node)?;
+            let args = entries
+                .iter()
+                .flat_map(|(n, t)| [n.as_str(), t.as_str()])
+                .collect();
+            op("H", outbox_key(node), args);
+        }
+        if keys.is_empty() {
+            return Ok(());
+        }
+        let mut pipe = redis::pipe();
+        pipe.cmd("EVAL")
+            .arg(IMPORT)
+            .arg(keys.len())
+            .arg(&keys)
+            .arg(&ops);
+        let v = self.query(pipe)?.into_iter().next().unwrap_or(Value::Nil);
+        match v {
+            Value::ServerError(e) => Err(StoreError::Shared {
+                target: self.described.clone(),
+                cause: format!("the import: {e}"),
+            }),
+            _ => Ok(()),
+        }
+    }
     fn secret(&self, node: &str, name: &str) -> Result<Option<String>, StoreError> {
         check_node(node)?;
         if !valid_secret_name(name) {

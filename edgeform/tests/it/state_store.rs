@@ -280,6 +280,7 @@ fn a_state_directory_exported_imports_into_redis_whole_or_not_at_all_and_apply_r
         .arg("~edgeform:state:*")
         .arg("+@read")
         .arg("+@write")
+        .arg("+@scripting")
         .arg("+scan")
         .arg("+multi")
         .arg("+exec")
@@ -577,4 +578,52 @@ fn a_purge_kept_by_one_control_host_is_delivered_by_the_other() {
     let o = on(&a, &["purge", "--flush"]);
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     assert!(keys(shared.port).is_empty(), "{:?}", keys(shared.port));
+}
+
+/// An import into the shared store is whole or nothing: a key under the
+/// prefix of another type than the import writes (a hand-made string
+/// where the purge outbox is a hash) refuses it before anything is
+/// written — the secrets and the certificate before it in the file too.
+#[test]
+fn an_import_the_shared_store_refuses_part_way_writes_nothing() {
+    let r = harness::redis(&[]);
+    let store = RedisStore::new(RedisTarget::Url {
+        url: format!("redis://127.0.0.1:{}", r.port),
+        username: None,
+        password_env: None,
+        tls: None,
+    })
+    .unwrap();
+    let mut snap = export::Snapshot::default();
+    snap.secrets.insert(
+        "edge-1".into(),
+        BTreeMap::from([("EDGEFORM_API_TOKEN".into(), "t0ken".into())]),
+    );
+    snap.certificates.insert(
+        "shop".into(),
+        export::Pem {
+            chain: "CHAIN".into(),
+            key: "KEY".into(),
+        },
+    );
+    snap.last_good = Some(COMMIT.into());
+    snap.outbox.insert(
+        "edge-1".into(),
+        BTreeMap::from([("1-job".into(), "{}".into())]),
+    );
+    redis::cmd("SET")
+        .arg("edgeform:state:outbox:edge-1")
+        .arg("garbage")
+        .exec(&mut plain(r.port))
+        .unwrap();
+    let err = export::restore(&store, &snap).expect_err("a key of another type");
+    assert!(err.to_string().contains("nothing imported"), "{err}");
+    assert_eq!(keys(r.port), ["edgeform:state:outbox:edge-1"]);
+
+    redis::cmd("DEL")
+        .arg("edgeform:state:outbox:edge-1")
+        .exec(&mut plain(r.port))
+        .unwrap();
+    export::restore(&store, &snap).unwrap();
+    assert_eq!(export::snapshot(&store).unwrap(), snap);
 }
