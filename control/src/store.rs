@@ -252,6 +252,9 @@ pub enum StoreError {
     RenewalTooLarge(String),
     /// The rollouts' book is larger than [`MAX_ROLLOUT_STATE_BYTES`].
     RolloutTooLarge(String),
+    /// A secret or the ACME account file is larger than `cap` bytes (read
+    /// whole or not at all: never cut).
+    TooLarge { path: PathBuf, cap: usize },
 }
 
 impl fmt::Display for StoreError {
@@ -284,6 +287,11 @@ impl fmt::Display for StoreError {
                 f,
                 "`{}` is not a certificate name (`[a-z0-9][a-z0-9._-]*`, at most 64)",
                 edgestate::untrusted::escape(n)
+            ),
+            Self::TooLarge { path, cap } => write!(
+                f,
+                "state store: {} is larger than {cap} bytes",
+                path.display()
             ),
             Self::CertTooLarge(p) => write!(
                 f,
@@ -675,8 +683,17 @@ impl DirStore {
         Ok(self.root.join("secrets").join(node))
     }
 
+    /// A secret or the ACME account: whole, or an error when larger than
+    /// [`MAX_SECRET_BYTES`] (never a cut value used as the real one).
     fn read(&self, path: &Path) -> Result<Option<String>, StoreError> {
-        self.read_capped(path, MAX_SECRET_BYTES)
+        let text = self.read_capped(path, MAX_SECRET_BYTES)?;
+        if text.as_ref().is_some_and(|t| t.len() > MAX_SECRET_BYTES) {
+            return Err(StoreError::TooLarge {
+                path: path.to_owned(),
+                cap: MAX_SECRET_BYTES,
+            });
+        }
+        Ok(text)
     }
 
     /// A file of the store, at most `cap` bytes read.
@@ -1143,6 +1160,26 @@ impl DirStore {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_oversized_account_or_secret_file_is_an_error_never_cut() {
+        let d = tempfile::tempdir().unwrap();
+        let s = DirStore::open(&d.path().join("state")).unwrap();
+        s.set_acme_account(&"x".repeat(MAX_SECRET_BYTES + 10))
+            .unwrap();
+        assert!(matches!(
+            s.acme_account(),
+            Err(StoreError::TooLarge {
+                cap: MAX_SECRET_BYTES,
+                ..
+            })
+        ));
+        s.set_acme_account(&"x".repeat(MAX_SECRET_BYTES)).unwrap();
+        assert_eq!(
+            s.acme_account().unwrap().map(|a| a.len()),
+            Some(MAX_SECRET_BYTES)
+        );
+    }
 
     #[test]
     fn secrets_round_trip_with_private_modes() {
