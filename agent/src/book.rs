@@ -178,6 +178,17 @@ impl Book {
         now: Instant,
     ) -> Result<Option<SummaryHeard>, SummaryError> {
         let regions = &self.regions;
+        // A region with no node in the table: refused before its payload
+        // (up to 8 MiB, any agent may publish one) is parsed.
+        if !payload.is_empty() && !regions.values().any(|r| r == region) {
+            return Err(SummaryError {
+                kind: wire::SummaryErrorKind::ForeignNode,
+                message: format!(
+                    "summary of region `{}`: no node of the routing table is in it",
+                    edgestate::untrusted::escape(region)
+                ),
+            });
+        }
         let Some(summary) = wire::read_summary(region, payload, |n| regions.get(n).cloned())?
         else {
             return Ok(None);
