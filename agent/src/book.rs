@@ -601,6 +601,13 @@ mod tests {
                 .unwrap(),
             None
         );
+        // A region nobody in the table is in: refused before parsing.
+        assert_eq!(
+            b.take_summary_at("zz", b"{ not even json", at(0))
+                .unwrap_err()
+                .kind,
+            wire::SummaryErrorKind::ForeignNode
+        );
     }
 
     #[test]
