@@ -1145,6 +1145,16 @@ enum Missing {
     Busy,
     /// The agent is offline (or never reported).
     Offline,
+    /// The node's region's bridge to this (central) broker is down.
+    RegionCut(String),
+}
+
+/// Where a central broker holds the bridge state of `region`'s broker
+/// (`1` up, `0` down: the bridge's last will), as packaging/mosquitto/
+/// regional.conf names the bridge (`remote_clientid
+/// edgeform-bridge-<region>`, `notifications true`).
+fn bridge_state_topic(region: &str) -> String {
+    format!("$SYS/broker/connection/edgeform-bridge-{region}/state")
 }
 
 /// How long `exec` waits for the probe's answer.
@@ -1158,6 +1168,7 @@ impl Missing {
             Missing::Dropped => "dropped",
             Missing::Busy => "agent-busy",
             Missing::Offline => "agent-offline",
+            Missing::RegionCut(_) => "region-cut",
         }
     }
 
@@ -1176,6 +1187,9 @@ impl Missing {
             Missing::Offline => format!(
                 "its agent is offline (or never reported): the command stays queued for it until it expires in {left}s, if the broker keeps it ({QUEUE})"
             ),
+            Missing::RegionCut(region) => format!(
+                "region {region}'s bridge to this broker (edgeform-bridge-{region}) is down: the command waits on this broker and runs once the bridge is back, if before it expires in {left}s ({QUEUE})"
+            ),
         }
     }
 }
@@ -1193,19 +1207,33 @@ async fn missing(
     result_topic: &str,
 ) -> Result<Missing> {
     let status_topic = wire::status_topic(&s.prefix, node);
+    // With regional brokers, the central holds the region's bridge state
+    // (`notifications true`, packaging/mosquitto/regional.conf): `0` while
+    // it is cut off. A single broker has none.
+    let bridge_topic = bridge_state_topic(region);
+    s.client.subscribe(&bridge_topic, QoS::AtMostOnce).await?;
     s.client.subscribe(&status_topic, QoS::AtLeastOnce).await?;
     let mut online: Option<bool> = None;
+    let mut bridge_up: Option<bool> = None;
     let mut late: Option<CommandResult> = None;
-    // The retained status comes right after the SUBACK (none: the node
-    // never reported); a moment past the SUBACK is enough.
-    let mut subscribed = false;
-    let look = |ev: &Event, late: &mut Option<CommandResult>, online: &mut Option<bool>| {
+    // The retained messages come right after their SUBACKs (none: the
+    // node never reported, no bridge); a moment past the last SUBACK is
+    // enough.
+    let mut subacks = 0;
+    let look = |ev: &Event,
+                late: &mut Option<CommandResult>,
+                online: &mut Option<bool>,
+                bridge_up: &mut Option<bool>| {
         let Event::Incoming(Packet::Publish(p)) = ev else {
             return false;
         };
         if p.topic == result_topic {
             *late = accept_result(&p.payload, cmd, node, signer).ok();
             return late.is_some();
+        }
+        if p.topic == bridge_topic {
+            *bridge_up = Some(p.payload.as_ref() != b"0");
+            return false;
         }
         if p.topic == status_topic {
             *online = Some(p.payload.as_ref() == wire::ONLINE.as_bytes());
@@ -1215,18 +1243,22 @@ async fn missing(
     };
     let done = s
         .pump(Duration::from_secs(2), |ev| {
-            subscribed |= matches!(ev, Event::Incoming(Packet::SubAck(_)));
-            look(ev, &mut late, &mut online) || subscribed
+            subacks += usize::from(matches!(ev, Event::Incoming(Packet::SubAck(_))));
+            look(ev, &mut late, &mut online, &mut bridge_up) || subacks == 2
         })
         .await?;
     if done && late.is_none() && online.is_none() {
         s.pump(Duration::from_millis(500), |ev| {
-            look(ev, &mut late, &mut online)
+            look(ev, &mut late, &mut online, &mut bridge_up)
         })
         .await?;
     }
     if let Some(r) = late {
         return Ok(Missing::Late(r));
+    }
+    if bridge_up == Some(false) {
+        // The central's status of the node is from before the cut.
+        return Ok(Missing::RegionCut(region.to_owned()));
     }
     if online != Some(true) {
         return Ok(Missing::Offline);

@@ -502,6 +502,20 @@ fn three_bridged_brokers_carry_health_status_commands_and_purges() {
     c.wait_route("eu-2", "eu", "eu routes on its own while cut off", |v| {
         v["node"].as_str().is_some_and(|n| n.starts_with("eu")) && chosen_is_fresh(v)
     });
+    // A short wait for a node of the cut region: exec says why no result
+    // came (the central's status of the node is from before the cut).
+    let out = edgeform(
+        c.repo.path(),
+        &[
+            "exec", "--node", "eu-2", "--action", "echo", "--arg", "word=cut", "--wait", "1",
+        ],
+    );
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("region eu's bridge to this broker (edgeform-bridge-eu) is down"),
+        "{}",
+        stderr(&out)
+    );
     let waiting = std::process::Command::new(env!("CARGO_BIN_EXE_edgeform"))
         .current_dir(c.repo.path())
         .env("NO_COLOR", "1")
