@@ -21,14 +21,22 @@ pub const FRESH_INTERVALS: u32 = 2;
 /// … plus this (the summarizer's tick and the broker's delivery).
 pub const FRESH_SLACK: Duration = Duration::from_secs(1);
 
-/// The longest summarizer interval a summary is believed for. Its
-/// `interval_ms`, `epoch` and `seq` are the sender's word (any agent may
-/// publish a region's summary): a forged one can keep its region counted
-/// fresh, and its summarizer's next summaries counted late, for at most
-/// [`FRESH_INTERVALS`] of this plus [`FRESH_SLACK`], never for good. A
+/// The longest summarizer interval a summary is believed for: its
+/// `interval_ms` is the sender's word (any agent may publish a region's
+/// summary), and a forged hour must not keep a region counted fresh. A
 /// region whose summarizer reports less often is read directly between
 /// its summaries.
 pub const SUMMARY_INTERVAL_MAX: Duration = Duration::from_secs(60);
+
+/// How far ahead of this host's clock a summary's `ts` is believed
+/// (seconds). A summarizer's summaries are ordered by `ts`, then `epoch`
+/// and `seq`, all the sender's word: a forged `ts` in the future counts as
+/// this far ahead at most, so it holds that summarizer's genuine
+/// summaries off (as late) for at most this long plus the clocks' skew,
+/// never for good; counters alone (`u64::MAX`) hold nothing off past the
+/// next second. An older summary delivered again (a retained echo after a
+/// bridge reconnect) stays late.
+pub const SUMMARY_TS_AHEAD_S: u64 = 30;
 
 /// Every node's last health and status as heard on the broker.
 ///
@@ -46,10 +54,9 @@ pub struct Book {
     regions: BTreeMap<String, String>,
     /// Per region, the last summary heard.
     summaries: BTreeMap<String, Heard>,
-    /// Per summarizer (a node of the table), the newest (epoch, seq) taken,
-    /// when, and its interval: it orders that summarizer's summaries only
-    /// while it would count its region fresh.
-    newest: BTreeMap<String, ((u64, u64), Instant, Duration)>,
+    /// Per summarizer (a node of the table), the newest (ts, epoch, seq)
+    /// taken (`ts` at most [`SUMMARY_TS_AHEAD_S`] past this host's clock).
+    newest: BTreeMap<String, (u64, u64, u64)>,
 }
 
 /// A summary as heard: when, and its summarizer's interval.
@@ -177,6 +184,21 @@ impl Book {
         payload: &[u8],
         now: Instant,
     ) -> Result<Option<SummaryHeard>, SummaryError> {
+        self.take_summary_at_clock(region, payload, now, crate::unix_now())
+    }
+
+    /// [`Book::take_summary_at`] with this host's clock `wall` (Unix
+    /// seconds).
+    ///
+    /// # Errors
+    /// The summary is refused whole ([`wire::read_summary`]).
+    pub fn take_summary_at_clock(
+        &mut self,
+        region: &str,
+        payload: &[u8],
+        now: Instant,
+        wall: u64,
+    ) -> Result<Option<SummaryHeard>, SummaryError> {
         let regions = &self.regions;
         // A region with no node in the table: refused before its payload
         // (up to 8 MiB, any agent may publish one) is parsed.
@@ -195,17 +217,13 @@ impl Book {
         };
         let interval = Duration::from_millis(summary.interval_ms)
             .clamp(Duration::from_millis(100), SUMMARY_INTERVAL_MAX);
-        // Late: not newer than one taken from this summarizer recently
-        // (a counter it sent cannot hold its later summaries off longer).
-        let order = (summary.epoch, summary.seq);
-        if self.newest.get(&summary.by).is_some_and(|(n, at, every)| {
-            *n >= order
-                && now.saturating_duration_since(*at) <= *every * FRESH_INTERVALS + FRESH_SLACK
-        }) {
+        // Late: not newer than one taken from this summarizer.
+        let ts = summary.ts.min(wall.saturating_add(SUMMARY_TS_AHEAD_S));
+        let order = (ts, summary.epoch, summary.seq);
+        if self.newest.get(&summary.by).is_some_and(|n| *n >= order) {
             return Ok(None);
         }
-        self.newest
-            .insert(summary.by.clone(), (order, now, interval));
+        self.newest.insert(summary.by.clone(), order);
         let mut applied = 0;
         for e in summary.nodes {
             // Older than this host's clock can tell: nothing to compare.
@@ -550,19 +568,19 @@ mod tests {
     }
 
     #[test]
-    fn forged_summary_counters_and_interval_hold_a_region_off_for_a_bounded_time_only() {
+    fn forged_summary_clock_counters_and_interval_hold_a_region_off_for_a_bounded_time_only() {
         let regions = BTreeMap::from([
             ("b1".to_owned(), "rb".to_owned()),
             ("b2".to_owned(), "rb".to_owned()),
         ]);
         let mut b = Book::for_table(regions);
-        let summary = |epoch, seq, interval_ms, sessions| {
+        let summary = |ts, epoch, seq, interval_ms, sessions| {
             let r: wire::HealthReport = serde_json::from_slice(&report("b2", sessions)).unwrap();
             serde_json::to_vec(&wire::Summary {
                 region: "rb".into(),
                 by: "b1".into(),
                 epoch,
-                ts: 0,
+                ts,
                 seq,
                 interval_ms,
                 nodes: vec![wire::SummaryEntry {
@@ -574,31 +592,37 @@ mod tests {
             .unwrap()
         };
         let t0 = Instant::now();
-        let at = |ms| t0 + Duration::from_millis(ms);
-        // What any agent may publish: the highest counters, an hour's
-        // interval.
-        let forged = summary(u64::MAX, u64::MAX, 3_600_000, 1);
-        assert!(b.take_summary_at("rb", &forged, at(0)).unwrap().is_some());
+        let at = |s: u64| t0 + Duration::from_secs(s);
+        let wall = 1_000_000;
+        let take = |b: &mut Book, payload: &[u8], s: u64| {
+            b.take_summary_at_clock("rb", payload, at(s), wall + s)
+                .unwrap()
+        };
+        // What any agent may publish: the latest clock, the highest
+        // counters, an hour's interval.
+        let forged = summary(u64::MAX, u64::MAX, u64::MAX, 3_600_000, 1);
+        assert!(take(&mut b, &forged, 0).is_some());
         // The interval counts as at most SUMMARY_INTERVAL_MAX.
         let window = SUMMARY_INTERVAL_MAX * FRESH_INTERVALS + FRESH_SLACK;
-        let window_ms = u64::try_from(window.as_millis()).unwrap();
-        assert!(b.summary_fresh("rb", at(window_ms)));
-        assert!(!b.summary_fresh("rb", at(window_ms + 1)));
-        // The genuine summarizer's next summaries are late while the
-        // forgery would count its region fresh, taken after that.
-        let genuine = summary(3, 7, 500, 2);
-        assert_eq!(b.take_summary_at("rb", &genuine, at(1_000)).unwrap(), None);
-        let taken = b
-            .take_summary_at("rb", &genuine, at(window_ms + 1))
-            .unwrap()
-            .expect("taken once the forgery is no longer believed");
-        assert_eq!(taken.applied, 1);
-        assert_eq!(b.health().nodes["b2"].play_sessions, Some(2));
-        // From then on the genuine order rules again: an older one is late.
-        let older = summary(3, 6, 500, 3);
+        assert!(b.summary_fresh("rb", t0 + window));
+        assert!(!b.summary_fresh("rb", t0 + window + Duration::from_millis(1)));
+        // The forged clock counts as SUMMARY_TS_AHEAD_S ahead at most: the
+        // genuine summarizer's summaries are late until its clock passes
+        // that, taken after.
+        let ahead = SUMMARY_TS_AHEAD_S;
+        assert_eq!(take(&mut b, &summary(wall + 1, 3, 7, 500, 2), 1), None);
         assert_eq!(
-            b.take_summary_at("rb", &older, at(window_ms + 100))
-                .unwrap(),
+            take(&mut b, &summary(wall + ahead, 3, 8, 500, 2), ahead),
+            None
+        );
+        let genuine = summary(wall + ahead + 1, 3, 9, 500, 2);
+        assert_eq!(take(&mut b, &genuine, ahead + 1).unwrap().applied, 1);
+        assert_eq!(b.health().nodes["b2"].play_sessions, Some(2));
+        // A summary delivered again later (a retained echo after a bridge
+        // reconnect), or an older one, stays late however long after.
+        assert_eq!(take(&mut b, &genuine, 600), None);
+        assert_eq!(
+            take(&mut b, &summary(wall + ahead, 3, 10, 500, 3), 600),
             None
         );
         // A region nobody in the table is in: refused before parsing.

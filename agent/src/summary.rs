@@ -190,7 +190,12 @@ impl Election {
     fn claim_next(&mut self, after: Option<u64>, now: Instant) -> Step {
         let c = LockClaim {
             node: self.node.clone(),
-            epoch: after.map_or(1, |e| e.saturating_add(1)),
+            // Never a claim the others refuse (a forged one at the top
+            // of the believed epochs is met, not passed).
+            epoch: after.map_or(1, |e| {
+                e.saturating_add(1)
+                    .min(edgestate::mqtt::CLAIM_EPOCH_MAX - 1)
+            }),
             ts: 0,
         };
         self.claim = Some(c.clone());

@@ -419,7 +419,7 @@ pub fn read_summary(
     Ok(Some(s))
 }
 
-/// The highest claim epoch believed (2^48): each take-over adds one, so a
+/// Claim epochs below this (2^48) are believed: each take-over adds one, so a
 /// region never gets near it (one a second for nine million years). Any
 /// agent may write a region's claim; one at the very top (`u64::MAX`)
 /// could never be beaten by the next epoch, and a holder that stopped
@@ -429,7 +429,7 @@ pub const CLAIM_EPOCH_MAX: u64 = 1 << 48;
 /// Read a claim on `<prefix>/summary-lock/<region>`; `Ok(None)`: cleared.
 ///
 /// # Errors
-/// Malformed (an epoch over [`CLAIM_EPOCH_MAX`] too), too large (over 4
+/// Malformed (an epoch not below [`CLAIM_EPOCH_MAX`] too), too large (over 4
 /// KiB), or a claimant not of the region.
 pub fn read_claim(
     region: &str,
@@ -463,11 +463,13 @@ pub fn read_claim(
             ),
         ));
     }
-    if c.epoch > CLAIM_EPOCH_MAX {
+    // Below, not at: the take-over after a claim at the top must be
+    // believed too.
+    if c.epoch >= CLAIM_EPOCH_MAX {
         return Err(summary_error(
             SummaryErrorKind::Malformed,
             format!(
-                "summary claim of region `{region}` by `{}` at epoch {}, over {CLAIM_EPOCH_MAX}",
+                "summary claim of region `{region}` by `{}` at epoch {}, not below {CLAIM_EPOCH_MAX}",
                 c.node, c.epoch
             ),
         ));
@@ -729,8 +731,13 @@ mod tests {
                 .kind,
             SummaryErrorKind::Malformed
         );
-        let highest = format!(r#"{{"node":"a1","epoch":{CLAIM_EPOCH_MAX},"ts":0}}"#);
-        assert!(read_claim("ra", highest.as_bytes(), region_of).is_ok());
+        let top = format!(r#"{{"node":"a1","epoch":{CLAIM_EPOCH_MAX},"ts":0}}"#);
+        assert!(read_claim("ra", top.as_bytes(), region_of).is_err());
+        // The highest believed, and the take-over after it, both are.
+        for epoch in [CLAIM_EPOCH_MAX - 2, CLAIM_EPOCH_MAX - 1] {
+            let c = format!(r#"{{"node":"a1","epoch":{epoch},"ts":0}}"#);
+            assert!(read_claim("ra", c.as_bytes(), region_of).is_ok());
+        }
     }
 
     #[test]
