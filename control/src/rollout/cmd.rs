@@ -71,7 +71,12 @@ pub async fn promote(root: &Path, state_dir: &Path, settings: &Settings) -> Resu
             eprintln!("the next wave waits: {why} (--break-glass overrides)");
             1
         }
-        _ => 0,
+        Advanced::Blocked(_) => {
+            // An abort landed between the promote's save and its wave.
+            eprintln!("the rollout was aborted or replaced meanwhile: nothing applied");
+            1
+        }
+        Advanced::NotARollout => 0,
     };
     print!(
         "{}",

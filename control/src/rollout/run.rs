@@ -206,7 +206,21 @@ pub async fn advance(ctx: &Ctx<'_>, source: &Source, one_wave: bool) -> Result<A
                 return Ok(Advanced::NotARollout);
             }
             match start(ctx, source).await? {
-                Some(r) => r,
+                Some(r) => {
+                    // Kept before its first wave is applied: an abort
+                    // from then on finds this rollout (not the one
+                    // before), and two runs never both start it.
+                    book.current = Some(r.clone());
+                    if !save_over(ctx.store, &mut seen, &book)? {
+                        anyhow::bail!(
+                            "the rollouts' book changed while the rollout of {} started \
+                             (another command or host wrote it): nothing applied; see \
+                             `rollout status` and run it again",
+                            r.commit
+                        );
+                    }
+                    r
+                }
                 None => return Ok(Advanced::NotARollout),
             }
         }
@@ -381,8 +395,11 @@ pub async fn promote(ctx: &Ctx<'_>, by: &str) -> Result<Advanced> {
 /// The store; loading a previous commit.
 pub async fn abort(ctx: &Ctx<'_>, by: &str) -> Result<(Option<Record>, Vec<Applied>)> {
     let mut results = Vec::new();
+    // The rollout the first attempt finds is the one aborted: a retry
+    // never aborts another one started meanwhile.
+    let mut which: Option<(String, u64)> = None;
     for _ in 0..ABORT_ATTEMPTS {
-        if let Some(record) = abort_once(ctx, by, &mut results).await? {
+        if let Some(record) = abort_once(ctx, by, &mut which, &mut results).await? {
             return Ok((record, results));
         }
         // Another writer changed the book during the rollback (a wave
@@ -395,11 +412,22 @@ pub async fn abort(ctx: &Ctx<'_>, by: &str) -> Result<(Option<Record>, Vec<Appli
     )
 }
 
+/// Which rollout `r` is: its commit and when it started.
+fn identity(r: &Record) -> (String, u64) {
+    (r.commit.clone(), r.started_at)
+}
+
 /// One attempt of [`abort`]: `None` when the book changed during it (not
 /// saved over), else the record (`Some(None)`: no rollout to abort).
+/// `which`: the rollout an earlier attempt found (then only that one).
+///
+/// # Errors
+/// The store; loading a previous commit; the current rollout is not
+/// `which` any more.
 async fn abort_once(
     ctx: &Ctx<'_>,
     by: &str,
+    which: &mut Option<(String, u64)>,
     results: &mut Vec<Applied>,
 ) -> Result<Option<Option<Record>>> {
     let (mut book, mut seen) = load_seen(ctx.store)?;
@@ -410,6 +438,37 @@ async fn abort_once(
     else {
         return Ok(Some(None));
     };
+    match which {
+        Some(w) if *w != identity(record) => anyhow::bail!(
+            "another rollout ({}) started during the abort of {}: it is not aborted; \
+             see `rollout status`",
+            record.commit,
+            w.0
+        ),
+        Some(_) => {}
+        None => *which = Some(identity(record)),
+    }
+    results.extend(roll_back(ctx, record).await?);
+    let commit = record.commit.clone();
+    if !matches!(record.state, State::Aborted { .. }) {
+        record.abort(by);
+    }
+    let record = record.clone();
+    book.remember_aborted(&commit);
+    if !save_over(ctx.store, &mut seen, &book)? {
+        return Ok(None);
+    }
+    ctx.flags.metrics.rollout_halted(&commit, false);
+    Ok(Some(Some(record)))
+}
+
+/// Put the targets of `record`'s applied waves still at its commit back
+/// on their previous commits (the rollback guard's consent recorded as
+/// [`ABORT_CONSENT`]). The book is not touched.
+///
+/// # Errors
+/// Loading a previous commit or the rollout's.
+async fn roll_back(ctx: &Ctx<'_>, record: &Record) -> Result<Vec<Applied>> {
     let applied_nodes = record.applied_nodes();
     let nodes: Vec<_> = ctx_nodes(ctx, record, &applied_nodes)?;
     let live = live_commits(&nodes).await;
@@ -431,6 +490,7 @@ async fn abort_once(
     }
     let mut flags = ctx.flags.clone();
     flags.allow_rollback = true;
+    let mut results = Vec::new();
     for (prev, nodes) in &by_previous {
         let source = source_at(ctx.root, ctx.store, prev)?;
         let jobs = crate::many::jobs(&source, nodes)?;
@@ -447,25 +507,16 @@ async fn abort_once(
             .await,
         );
     }
-    let commit = record.commit.clone();
-    if !matches!(record.state, State::Aborted { .. }) {
-        record.abort(by);
-    }
-    let record = record.clone();
-    book.remember_aborted(&commit);
-    if !save_over(ctx.store, &mut seen, &book)? {
-        return Ok(None);
-    }
-    ctx.flags.metrics.rollout_halted(&commit, false);
-    Ok(Some(Some(record)))
+    Ok(results)
 }
 
 /// The book changed while `record`'s wave `wave` was applied: another
-/// writer's book stands, never saved over. When that writer aborted this
-/// rollout, its rollback could not see this wave: the wave is counted
-/// applied in the aborted record and rolled back like the others.
-/// Otherwise the next run applies the wave again if it still should (its
-/// targets already there are unchanged).
+/// writer's book stands, never saved over. When the rollout was aborted
+/// meanwhile, its rollback could not see this wave: the wave is counted
+/// applied in the aborted record (while it is still the current one) and
+/// its targets are put back on their previous commits here. Otherwise
+/// the next run applies the wave again if it still should (its targets
+/// already there are unchanged).
 async fn changed_under(
     ctx: &Ctx<'_>,
     record: Record,
@@ -478,49 +529,40 @@ async fn changed_under(
         .get(wave)
         .map(|w| w.name.clone())
         .unwrap_or_default();
-    let aborted = |book: &Book| {
-        book.current
-            .as_ref()
-            .is_some_and(|r| r.commit == record.commit && matches!(r.state, State::Aborted { .. }))
-    };
-    let mut counted = false;
+    let this = identity(&record);
+    let mut aborted = false;
     for _ in 0..ABORT_ATTEMPTS {
         let (mut book, mut seen) = load_seen(ctx.store)?;
-        if !aborted(&book) {
+        aborted = book.is_aborted(&record.commit);
+        let Some(current) = book
+            .current
+            .as_mut()
+            .filter(|r| identity(r) == this && matches!(r.state, State::Aborted { .. }))
+        else {
             break;
-        }
-        if let Some(r) = book.current.as_mut() {
-            r.applied_late(wave, now());
-        }
+        };
+        aborted = true;
+        current.applied_late(wave, now());
         if save_over(ctx.store, &mut seen, &book)? {
-            counted = true;
             break;
         }
     }
-    if counted {
-        let by = format!(
-            "the abort of {}, for wave {name} applied while it ran",
-            record.commit
-        );
-        let (r, back) = abort(ctx, &by).await?;
-        applied.extend(back);
+    if aborted {
+        // `record` counts the wave applied: its targets go back too.
+        applied.extend(roll_back(ctx, &record).await?);
         notes.push(format!(
             "wave {name} reached its targets while the rollout was aborted: rolled back too"
         ));
-        return Ok(Advanced::Stands {
-            record: r.unwrap_or(record),
-            applied,
-            notes,
-        });
+    } else {
+        notes.push(format!(
+            "the rollouts' book changed while wave {name} was applied (another command or host \
+             wrote it): not saved over; the next run reads it"
+        ));
     }
-    notes.push(format!(
-        "the rollouts' book changed while wave {name} was applied (another command or host \
-         wrote it): not saved over; the next run reads it"
-    ));
     let fresh = load(ctx.store)?;
     let record = fresh
         .current
-        .filter(|r| r.commit == record.commit)
+        .filter(|r| identity(r) == this)
         .unwrap_or(record);
     Ok(Advanced::Stands {
         record,

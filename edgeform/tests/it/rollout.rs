@@ -430,3 +430,135 @@ fn an_abort_during_a_promote_sticks_and_the_wave_applied_meanwhile_is_rolled_bac
         assert_eq!(meta(*port, "commit").as_deref(), Some(c1.as_str()));
     }
 }
+
+/// `rollout abort` while `apply` is applying the first wave of a new
+/// rollout: the rollout is kept before its first wave, so the abort finds
+/// it (not the rollout before), and the wave applied meanwhile goes back.
+#[test]
+fn an_abort_during_the_first_wave_of_a_new_rollout_aborts_that_rollout() {
+    let redis: Vec<harness::Process> = (0..3).map(|_| harness::redis(&[])).collect();
+    let ports: Vec<u16> = redis.iter().map(|r| r.port).collect();
+    let tmp = tempfile::tempdir().unwrap();
+    let state = tmp.path().join("state");
+    let f = Fixture::with(&[
+        ("nodes/edge-1.yaml", &node("edge-1", 11, ports[0])),
+        ("nodes/edge-2.yaml", &node("edge-2", 12, ports[1])),
+        ("nodes/edge-3.yaml", &node("edge-3", 13, ports[2])),
+    ]);
+    let repo = f.path();
+    let run = |args: &[&str]| edgeform_with_state(repo, &state, args);
+    let c1 = f.commit("c1");
+    assert!(run(&["apply", "--yes"]).status.success());
+    f.write_all(&[
+        ("cluster.yaml", WAVES),
+        ("sites/a.yaml", &site("http://192.0.2.2")),
+    ]);
+    let c2 = f.commit("c2");
+    assert!(run(&["apply", "--yes"]).status.success());
+    let o = run(&["rollout", "abort"]);
+    assert!(o.status.success(), "{}{}", stdout(&o), stderr(&o));
+    assert_eq!(meta(ports[0], "commit").as_deref(), Some(c1.as_str()));
+    f.write_all(&[("sites/a.yaml", &site("http://192.0.2.3"))]);
+    let c3 = f.commit("c3");
+    let apply = std::process::Command::new(env!("CARGO_BIN_EXE_edgeform"))
+        .args(["apply", "--yes"])
+        .current_dir(repo)
+        .env("NO_COLOR", "1")
+        .env("EDGEFORM_STATE_DIR", &state)
+        .env("EDGEFORM_TEST_HOLD_LOCK_MS", "3000")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(1500));
+    let o = run(&["rollout", "abort"]);
+    assert!(o.status.success(), "{}{}", stdout(&o), stderr(&o));
+    assert!(stdout(&o).contains(&c3[..12]), "{}", stdout(&o));
+    let o = apply.wait_with_output().unwrap();
+    let said = format!("{}{}", stdout(&o), stderr(&o));
+    assert!(said.contains("rolled back too"), "{said}");
+    let s = status_json(repo, &state);
+    assert_eq!(s["rollout"]["commit"], c3.as_str(), "{s}");
+    assert_eq!(s["rollout"]["state"], "aborted", "{s}");
+    assert_ne!(c2, c3);
+    for port in &ports {
+        assert_eq!(
+            meta(*port, "commit").as_deref(),
+            Some(c1.as_str()),
+            "{said}"
+        );
+    }
+}
+
+/// A second `rollout abort` (finishing an aborted rollout whose target
+/// was left at its commit) that loses its compare-and-set to the next
+/// commit's rollout, started meanwhile, never aborts that one: it stops
+/// and says so.
+#[test]
+fn an_abort_never_aborts_a_rollout_started_during_it() {
+    let redis: Vec<harness::Process> = (0..3).map(|_| harness::redis(&[])).collect();
+    let ports: Vec<u16> = redis.iter().map(|r| r.port).collect();
+    let tmp = tempfile::tempdir().unwrap();
+    let state = tmp.path().join("state");
+    let f = Fixture::with(&[
+        ("nodes/edge-1.yaml", &node("edge-1", 11, ports[0])),
+        ("nodes/edge-2.yaml", &node("edge-2", 12, ports[1])),
+        ("nodes/edge-3.yaml", &node("edge-3", 13, ports[2])),
+    ]);
+    let repo = f.path();
+    let run = |args: &[&str]| edgeform_with_state(repo, &state, args);
+    let c1 = f.commit("c1");
+    assert!(run(&["apply", "--yes"]).status.success());
+    f.write_all(&[
+        ("cluster.yaml", WAVES),
+        ("sites/a.yaml", &site("http://192.0.2.2")),
+    ]);
+    let c2 = f.commit("c2");
+    assert!(run(&["apply", "--yes"]).status.success());
+    let o = run(&["rollout", "abort"]);
+    assert!(o.status.success(), "{}{}", stdout(&o), stderr(&o));
+    assert_eq!(meta(ports[0], "commit").as_deref(), Some(c1.as_str()));
+    // As if edge-1's rollback had failed: still at c2 (the next abort
+    // finishes it, docs/operations.md).
+    let _: () = redis::cmd("HSET")
+        .arg(edgestate::keys::META)
+        .arg("commit")
+        .arg(&c2)
+        .query(&mut con(ports[0]))
+        .unwrap();
+    let again = std::process::Command::new(env!("CARGO_BIN_EXE_edgeform"))
+        .args(["rollout", "abort"])
+        .current_dir(repo)
+        .env("NO_COLOR", "1")
+        .env("EDGEFORM_STATE_DIR", &state)
+        .env("EDGEFORM_TEST_HOLD_LOCK_MS", "3000")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(1000));
+    // Meanwhile the fix, c3, canary edge-2, is applied.
+    f.write_all(&[
+        (
+            "cluster.yaml",
+            "apply:\n  waves:\n    - {name: canary, nodes: [edge-2], bake: 60s}\n    - {name: rest}\n",
+        ),
+        ("sites/a.yaml", &site("http://192.0.2.3")),
+    ]);
+    let c3 = f.commit("c3");
+    let o = run(&["apply", "--yes"]);
+    assert!(o.status.success(), "{}{}", stdout(&o), stderr(&o));
+    assert_eq!(meta(ports[1], "commit").as_deref(), Some(c3.as_str()));
+    let o = again.wait_with_output().unwrap();
+    assert_eq!(o.status.code(), Some(1), "{}{}", stdout(&o), stderr(&o));
+    assert!(
+        stderr(&o).contains("started during the abort"),
+        "{}",
+        stderr(&o)
+    );
+    let s = status_json(repo, &state);
+    assert_eq!(s["rollout"]["commit"], c3.as_str(), "{s}");
+    assert_ne!(s["rollout"]["state"], "aborted", "{s}");
+    assert_eq!(meta(ports[1], "commit").as_deref(), Some(c3.as_str()));
+    assert_eq!(meta(ports[0], "commit").as_deref(), Some(c1.as_str()));
+}
