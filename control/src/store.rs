@@ -721,6 +721,22 @@ impl DirStore {
     }
 }
 
+/// The lock file at `path` (created 0600, never through a link), held
+/// with an exclusive `flock` until the file is dropped or unlocked.
+pub(crate) fn locked(path: &Path) -> Result<std::fs::File, StoreError> {
+    let lock = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .mode(0o600)
+        .custom_flags(O_NOFOLLOW)
+        .open(path)
+        .map_err(|e| io(path, &e))?;
+    lock.lock().map_err(|e| io(path, &e))?;
+    Ok(lock)
+}
+
 /// A folder (`dir`) or file of the store: ours, not a link, nothing for
 /// group or others.
 fn check_safe(path: &Path, m: &std::fs::Metadata, dir: bool) -> Result<(), StoreError> {
@@ -1010,17 +1026,7 @@ impl Store for DirStore {
     fn replace_rollout_state(&self, seen: Option<&str>, json: &str) -> Result<bool, StoreError> {
         // Read, compare and write under an exclusive `flock`, as leases
         // are: two commands on this host never both replace what they read.
-        let lock_path = self.root.join(format!(".{ROLLOUT_FILE}.lock"));
-        let lock = std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .mode(0o600)
-            .custom_flags(O_NOFOLLOW)
-            .open(&lock_path)
-            .map_err(|e| io(&lock_path, &e))?;
-        lock.lock().map_err(|e| io(&lock_path, &e))?;
+        let lock = locked(&self.root.join(format!(".{ROLLOUT_FILE}.lock")))?;
         let kept = match self.rollout_state() {
             Ok(now) if now.as_deref() == Some(json) => Ok(true),
             Ok(now) if now.as_deref() == seen => self.set_rollout_state(json).map(|()| true),

@@ -156,17 +156,7 @@ impl DirStore {
     ) -> Result<T, StoreError> {
         let dir = self.root().join(LEASES);
         self.folder(&dir)?;
-        let lock_path = dir.join(format!(".{name}.lock"));
-        let lock = std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .mode(0o600)
-            .custom_flags(super::O_NOFOLLOW)
-            .open(&lock_path)
-            .map_err(|e| super::io(&lock_path, &e))?;
-        lock.lock().map_err(|e| super::io(&lock_path, &e))?;
+        let lock = super::locked(&dir.join(format!(".{name}.lock")))?;
         let path = dir.join(name);
         let current = match std::fs::OpenOptions::new()
             .read(true)

@@ -361,6 +361,77 @@ fn the_freeze_of_the_commit_being_replaced_holds_the_rollout() {
     assert_eq!(meta(r.port, "commit").as_deref(), Some(c2.as_str()));
 }
 
+/// Three edges on c1, then c2 with `cluster`'s waves applied by `apply`
+/// (its first wave out); the state directory of its own.
+struct Rolling {
+    _redis: Vec<harness::Process>,
+    ports: Vec<u16>,
+    tmp: tempfile::TempDir,
+    f: Fixture,
+    c1: String,
+    c2: String,
+}
+
+impl Rolling {
+    fn start(cluster: &str) -> Rolling {
+        let redis: Vec<harness::Process> = (0..3).map(|_| harness::redis(&[])).collect();
+        let ports: Vec<u16> = redis.iter().map(|r| r.port).collect();
+        let f = Fixture::with(&[
+            ("nodes/edge-1.yaml", &node("edge-1", 11, ports[0])),
+            ("nodes/edge-2.yaml", &node("edge-2", 12, ports[1])),
+            ("nodes/edge-3.yaml", &node("edge-3", 13, ports[2])),
+        ]);
+        let mut r = Rolling {
+            _redis: redis,
+            ports,
+            tmp: tempfile::tempdir().unwrap(),
+            f,
+            c1: String::new(),
+            c2: String::new(),
+        };
+        r.c1 = r.f.commit("c1");
+        assert!(r.run(&["apply", "--yes"]).status.success());
+        r.f.write_all(&[
+            ("cluster.yaml", cluster),
+            ("sites/a.yaml", &site("http://192.0.2.2")),
+        ]);
+        r.c2 = r.f.commit("c2");
+        assert!(r.run(&["apply", "--yes"]).status.success());
+        assert_eq!(meta(r.ports[0], "commit").as_deref(), Some(r.c2.as_str()));
+        r
+    }
+
+    fn state(&self) -> std::path::PathBuf {
+        self.tmp.path().join("state")
+    }
+
+    fn run(&self, args: &[&str]) -> std::process::Output {
+        edgeform_with_state(self.f.path(), &self.state(), args)
+    }
+
+    /// `args` in the background, each apply it makes held 3 s under the
+    /// targets' locks.
+    fn held(&self, args: &[&str]) -> std::process::Child {
+        std::process::Command::new(env!("CARGO_BIN_EXE_edgeform"))
+            .args(args)
+            .current_dir(self.f.path())
+            .env("NO_COLOR", "1")
+            .env("EDGEFORM_STATE_DIR", self.state())
+            .env("EDGEFORM_TEST_HOLD_LOCK_MS", "3000")
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap()
+    }
+
+    /// Every edge on `commit`.
+    fn all_on(&self, commit: &str, said: &str) {
+        for port in &self.ports {
+            assert_eq!(meta(*port, "commit").as_deref(), Some(commit), "{said}");
+        }
+    }
+}
+
 /// `rollout abort` while a `rollout promote` is applying the next wave
 /// (held under the targets' locks): the abort sticks. The promote never
 /// writes its book over the aborted one; the wave it applied meanwhile is
@@ -368,67 +439,28 @@ fn the_freeze_of_the_commit_being_replaced_holds_the_rollout() {
 /// ends on its previous commit and the commit stays aborted.
 #[test]
 fn an_abort_during_a_promote_sticks_and_the_wave_applied_meanwhile_is_rolled_back() {
-    let redis: Vec<harness::Process> = (0..3).map(|_| harness::redis(&[])).collect();
-    let ports: Vec<u16> = redis.iter().map(|r| r.port).collect();
-    let tmp = tempfile::tempdir().unwrap();
-    let state = tmp.path().join("state");
-    let f = Fixture::with(&[
-        ("nodes/edge-1.yaml", &node("edge-1", 11, ports[0])),
-        ("nodes/edge-2.yaml", &node("edge-2", 12, ports[1])),
-        ("nodes/edge-3.yaml", &node("edge-3", 13, ports[2])),
-    ]);
-    let repo = f.path();
-    let run = |args: &[&str]| edgeform_with_state(repo, &state, args);
-    let c1 = f.commit("c1");
-    assert!(run(&["apply", "--yes"]).status.success());
-    f.write_all(&[
-        (
-            "cluster.yaml",
-            "apply:\n  waves:\n    - {name: canary, nodes: [edge-1], bake: 1s}\n    - {name: rest}\n",
-        ),
-        ("sites/a.yaml", &site("http://192.0.2.2")),
-    ]);
-    let c2 = f.commit("c2");
-    assert!(run(&["apply", "--yes"]).status.success());
-    assert_eq!(meta(ports[0], "commit").as_deref(), Some(c2.as_str()));
-
-    let promote = std::process::Command::new(env!("CARGO_BIN_EXE_edgeform"))
-        .args(["rollout", "promote"])
-        .current_dir(repo)
-        .env("NO_COLOR", "1")
-        .env("EDGEFORM_STATE_DIR", &state)
-        .env("EDGEFORM_TEST_HOLD_LOCK_MS", "3000")
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
+    let r = Rolling::start(
+        "apply:\n  waves:\n    - {name: canary, nodes: [edge-1], bake: 1s}\n    - {name: rest}\n",
+    );
+    let promote = r.held(&["rollout", "promote"]);
     std::thread::sleep(Duration::from_millis(1000));
-    let o = run(&["rollout", "abort"]);
+    let o = r.run(&["rollout", "abort"]);
     assert!(o.status.success(), "{}{}", stdout(&o), stderr(&o));
     let o = promote.wait_with_output().unwrap();
     let said = format!("{}{}", stdout(&o), stderr(&o));
     assert!(said.contains("rolled back too"), "{said}");
-
-    for port in &ports {
-        assert_eq!(
-            meta(*port, "commit").as_deref(),
-            Some(c1.as_str()),
-            "{said}"
-        );
-    }
-    let s = status_json(repo, &state);
+    r.all_on(&r.c1, &said);
+    let s = status_json(r.f.path(), &r.state());
     assert_eq!(s["rollout"]["state"], "aborted", "{s}");
     // The next sync leaves the aborted commit alone.
-    let o = run(&["sync", "--yes"]);
+    let o = r.run(&["sync", "--yes"]);
     assert!(
         !stdout(&o).contains("applied"),
         "{}{}",
         stdout(&o),
         stderr(&o)
     );
-    for port in &ports {
-        assert_eq!(meta(*port, "commit").as_deref(), Some(c1.as_str()));
-    }
+    r.all_on(&r.c1, "after sync");
 }
 
 /// `rollout abort` while `apply` is applying the first wave of a new
@@ -436,58 +468,25 @@ fn an_abort_during_a_promote_sticks_and_the_wave_applied_meanwhile_is_rolled_bac
 /// it (not the rollout before), and the wave applied meanwhile goes back.
 #[test]
 fn an_abort_during_the_first_wave_of_a_new_rollout_aborts_that_rollout() {
-    let redis: Vec<harness::Process> = (0..3).map(|_| harness::redis(&[])).collect();
-    let ports: Vec<u16> = redis.iter().map(|r| r.port).collect();
-    let tmp = tempfile::tempdir().unwrap();
-    let state = tmp.path().join("state");
-    let f = Fixture::with(&[
-        ("nodes/edge-1.yaml", &node("edge-1", 11, ports[0])),
-        ("nodes/edge-2.yaml", &node("edge-2", 12, ports[1])),
-        ("nodes/edge-3.yaml", &node("edge-3", 13, ports[2])),
-    ]);
-    let repo = f.path();
-    let run = |args: &[&str]| edgeform_with_state(repo, &state, args);
-    let c1 = f.commit("c1");
-    assert!(run(&["apply", "--yes"]).status.success());
-    f.write_all(&[
-        ("cluster.yaml", WAVES),
-        ("sites/a.yaml", &site("http://192.0.2.2")),
-    ]);
-    let c2 = f.commit("c2");
-    assert!(run(&["apply", "--yes"]).status.success());
-    let o = run(&["rollout", "abort"]);
+    let r = Rolling::start(WAVES);
+    let o = r.run(&["rollout", "abort"]);
     assert!(o.status.success(), "{}{}", stdout(&o), stderr(&o));
-    assert_eq!(meta(ports[0], "commit").as_deref(), Some(c1.as_str()));
-    f.write_all(&[("sites/a.yaml", &site("http://192.0.2.3"))]);
-    let c3 = f.commit("c3");
-    let apply = std::process::Command::new(env!("CARGO_BIN_EXE_edgeform"))
-        .args(["apply", "--yes"])
-        .current_dir(repo)
-        .env("NO_COLOR", "1")
-        .env("EDGEFORM_STATE_DIR", &state)
-        .env("EDGEFORM_TEST_HOLD_LOCK_MS", "3000")
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
+    assert_eq!(meta(r.ports[0], "commit").as_deref(), Some(r.c1.as_str()));
+    r.f.write_all(&[("sites/a.yaml", &site("http://192.0.2.3"))]);
+    let c3 = r.f.commit("c3");
+    let apply = r.held(&["apply", "--yes"]);
     std::thread::sleep(Duration::from_millis(1500));
-    let o = run(&["rollout", "abort"]);
+    let o = r.run(&["rollout", "abort"]);
     assert!(o.status.success(), "{}{}", stdout(&o), stderr(&o));
     assert!(stdout(&o).contains(&c3[..12]), "{}", stdout(&o));
     let o = apply.wait_with_output().unwrap();
     let said = format!("{}{}", stdout(&o), stderr(&o));
     assert!(said.contains("rolled back too"), "{said}");
-    let s = status_json(repo, &state);
+    let s = status_json(r.f.path(), &r.state());
     assert_eq!(s["rollout"]["commit"], c3.as_str(), "{s}");
     assert_eq!(s["rollout"]["state"], "aborted", "{s}");
-    assert_ne!(c2, c3);
-    for port in &ports {
-        assert_eq!(
-            meta(*port, "commit").as_deref(),
-            Some(c1.as_str()),
-            "{said}"
-        );
-    }
+    assert_ne!(r.c2, c3);
+    r.all_on(&r.c1, &said);
 }
 
 /// A second `rollout abort` (finishing an aborted rollout whose target
@@ -496,59 +495,32 @@ fn an_abort_during_the_first_wave_of_a_new_rollout_aborts_that_rollout() {
 /// and says so.
 #[test]
 fn an_abort_never_aborts_a_rollout_started_during_it() {
-    let redis: Vec<harness::Process> = (0..3).map(|_| harness::redis(&[])).collect();
-    let ports: Vec<u16> = redis.iter().map(|r| r.port).collect();
-    let tmp = tempfile::tempdir().unwrap();
-    let state = tmp.path().join("state");
-    let f = Fixture::with(&[
-        ("nodes/edge-1.yaml", &node("edge-1", 11, ports[0])),
-        ("nodes/edge-2.yaml", &node("edge-2", 12, ports[1])),
-        ("nodes/edge-3.yaml", &node("edge-3", 13, ports[2])),
-    ]);
-    let repo = f.path();
-    let run = |args: &[&str]| edgeform_with_state(repo, &state, args);
-    let c1 = f.commit("c1");
-    assert!(run(&["apply", "--yes"]).status.success());
-    f.write_all(&[
-        ("cluster.yaml", WAVES),
-        ("sites/a.yaml", &site("http://192.0.2.2")),
-    ]);
-    let c2 = f.commit("c2");
-    assert!(run(&["apply", "--yes"]).status.success());
-    let o = run(&["rollout", "abort"]);
+    let r = Rolling::start(WAVES);
+    let o = r.run(&["rollout", "abort"]);
     assert!(o.status.success(), "{}{}", stdout(&o), stderr(&o));
-    assert_eq!(meta(ports[0], "commit").as_deref(), Some(c1.as_str()));
+    assert_eq!(meta(r.ports[0], "commit").as_deref(), Some(r.c1.as_str()));
     // As if edge-1's rollback had failed: still at c2 (the next abort
     // finishes it, docs/operations.md).
     let _: () = redis::cmd("HSET")
         .arg(edgestate::keys::META)
         .arg("commit")
-        .arg(&c2)
-        .query(&mut con(ports[0]))
+        .arg(&r.c2)
+        .query(&mut con(r.ports[0]))
         .unwrap();
-    let again = std::process::Command::new(env!("CARGO_BIN_EXE_edgeform"))
-        .args(["rollout", "abort"])
-        .current_dir(repo)
-        .env("NO_COLOR", "1")
-        .env("EDGEFORM_STATE_DIR", &state)
-        .env("EDGEFORM_TEST_HOLD_LOCK_MS", "3000")
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
+    let again = r.held(&["rollout", "abort"]);
     std::thread::sleep(Duration::from_millis(1000));
     // Meanwhile the fix, c3, canary edge-2, is applied.
-    f.write_all(&[
+    r.f.write_all(&[
         (
             "cluster.yaml",
             "apply:\n  waves:\n    - {name: canary, nodes: [edge-2], bake: 60s}\n    - {name: rest}\n",
         ),
         ("sites/a.yaml", &site("http://192.0.2.3")),
     ]);
-    let c3 = f.commit("c3");
-    let o = run(&["apply", "--yes"]);
+    let c3 = r.f.commit("c3");
+    let o = r.run(&["apply", "--yes"]);
     assert!(o.status.success(), "{}{}", stdout(&o), stderr(&o));
-    assert_eq!(meta(ports[1], "commit").as_deref(), Some(c3.as_str()));
+    assert_eq!(meta(r.ports[1], "commit").as_deref(), Some(c3.as_str()));
     let o = again.wait_with_output().unwrap();
     assert_eq!(o.status.code(), Some(1), "{}{}", stdout(&o), stderr(&o));
     assert!(
@@ -556,9 +528,9 @@ fn an_abort_never_aborts_a_rollout_started_during_it() {
         "{}",
         stderr(&o)
     );
-    let s = status_json(repo, &state);
+    let s = status_json(r.f.path(), &r.state());
     assert_eq!(s["rollout"]["commit"], c3.as_str(), "{s}");
     assert_ne!(s["rollout"]["state"], "aborted", "{s}");
-    assert_eq!(meta(ports[1], "commit").as_deref(), Some(c3.as_str()));
-    assert_eq!(meta(ports[0], "commit").as_deref(), Some(c1.as_str()));
+    assert_eq!(meta(r.ports[1], "commit").as_deref(), Some(c3.as_str()));
+    assert_eq!(meta(r.ports[0], "commit").as_deref(), Some(r.c1.as_str()));
 }

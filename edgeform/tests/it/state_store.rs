@@ -587,13 +587,7 @@ fn a_purge_kept_by_one_control_host_is_delivered_by_the_other() {
 #[test]
 fn an_import_the_shared_store_refuses_part_way_writes_nothing() {
     let r = harness::redis(&[]);
-    let store = RedisStore::new(RedisTarget::Url {
-        url: format!("redis://127.0.0.1:{}", r.port),
-        username: None,
-        password_env: None,
-        tls: None,
-    })
-    .unwrap();
+    let store = crate::util::plain_store(r.port);
     let mut snap = export::Snapshot::default();
     snap.secrets.insert(
         "edge-1".into(),

@@ -10,8 +10,7 @@
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use control::store::{DirStore, RedisStore, Store};
-use edgestate::target::RedisTarget;
+use control::store::{DirStore, Store};
 
 use crate::util::{Fixture, git, stderr};
 
@@ -97,13 +96,7 @@ fn leases_exclude_renew_and_run_out_in_the_state_directory_and_in_redis() {
     let d = tempfile::tempdir().unwrap();
     lease_contract(&DirStore::open(&d.path().join("state")).unwrap());
     let r = harness::redis(&[]);
-    let store = RedisStore::new(RedisTarget::Url {
-        url: format!("redis://127.0.0.1:{}", r.port),
-        username: None,
-        password_env: None,
-        tls: None,
-    })
-    .unwrap();
+    let store = crate::util::plain_store(r.port);
     lease_contract(&store);
     let mut keys: Vec<String> = redis::cmd("KEYS")
         .arg("*")

@@ -283,3 +283,15 @@ pub fn sync_daemon(repo: &Path, state: &Path) -> (u16, harness::Process) {
     );
     (metrics, daemon)
 }
+
+/// The shared state store on the redis-server at 127.0.0.1:`port`, as
+/// the default user (no password, no TLS).
+pub fn plain_store(port: u16) -> control::store::RedisStore {
+    control::store::RedisStore::new(edgestate::target::RedisTarget::Url {
+        url: format!("redis://127.0.0.1:{port}"),
+        username: None,
+        password_env: None,
+        tls: None,
+    })
+    .unwrap()
+}
