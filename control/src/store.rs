@@ -81,9 +81,6 @@ pub fn shared_store() -> Result<Option<Arc<RedisStore>>, StoreError> {
 
 /// A store shared by handle (the process's one [`RedisStore`]).
 impl<T: Store + ?Sized> Store for Arc<T> {
-    fn as_dyn(&self) -> &dyn Store {
-        self
-    }
     fn secret(&self, node: &str, name: &str) -> Result<Option<String>, StoreError> {
         (**self).secret(node, name)
     }
@@ -469,11 +466,8 @@ pub trait Store: Send + Sync {
     /// # Errors
     /// The store cannot be written.
     fn import(&self, snap: &export::Snapshot) -> Result<(), StoreError> {
-        export::import_one_by_one(self.as_dyn(), snap)
+        export::import_one_by_one(self, snap)
     }
-
-    /// This store as a trait object (for [`Store::import`]'s default).
-    fn as_dyn(&self) -> &dyn Store;
 
     /// Take the lease `name` for `token` for `ttl` when it is free (or
     /// ran out), or renew it for `ttl` when `token` holds it; whether
@@ -766,9 +760,6 @@ fn check_safe(path: &Path, m: &std::fs::Metadata, dir: bool) -> Result<(), Store
 }
 
 impl Store for DirStore {
-    fn as_dyn(&self) -> &dyn Store {
-        self
-    }
     fn secret(&self, node: &str, name: &str) -> Result<Option<String>, StoreError> {
         if !valid_secret_name(name) {
             return Err(StoreError::SecretName(name.to_owned()));

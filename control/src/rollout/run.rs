@@ -310,13 +310,8 @@ pub async fn advance(ctx: &Ctx<'_>, source: &Source, one_wave: bool) -> Result<A
                          command or host wrote it): its verdict is not saved over it",
                         w.name
                     ));
-                    let fresh = load(ctx.store)?;
-                    let record = fresh
-                        .current
-                        .filter(|r| r.commit == record.commit)
-                        .unwrap_or(record);
                     return Ok(Advanced::Stands {
-                        record,
+                        record: as_kept(ctx.store, record)?,
                         applied,
                         notes,
                     });
@@ -559,16 +554,24 @@ async fn changed_under(
              wrote it): not saved over; the next run reads it"
         ));
     }
-    let fresh = load(ctx.store)?;
-    let record = fresh
-        .current
-        .filter(|r| identity(r) == this)
-        .unwrap_or(record);
     Ok(Advanced::Stands {
-        record,
+        record: as_kept(ctx.store, record)?,
         applied,
         notes,
     })
+}
+
+/// `record` as the store keeps it now, after another writer's change
+/// (itself when the current rollout is another one).
+///
+/// # Errors
+/// The store cannot be read, or holds something that is not a book.
+fn as_kept(store: &dyn Store, record: Record) -> Result<Record> {
+    let this = identity(&record);
+    Ok(load(store)?
+        .current
+        .filter(|r| identity(r) == this)
+        .unwrap_or(record))
 }
 
 /// The nodes named in `names`, from the rollout commit's configuration

@@ -286,7 +286,10 @@ pub fn restore(store: &dyn Store, snap: &Snapshot) -> Result<(), ExportError> {
 ///
 /// # Errors
 /// The store cannot be written.
-pub(crate) fn import_one_by_one(store: &dyn Store, snap: &Snapshot) -> Result<(), StoreError> {
+pub(crate) fn import_one_by_one<S: Store + ?Sized>(
+    store: &S,
+    snap: &Snapshot,
+) -> Result<(), StoreError> {
     for (node, secrets) in &snap.secrets {
         for (name, value) in secrets {
             store.set_secret(node, name, value)?;

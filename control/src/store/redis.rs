@@ -364,10 +364,6 @@ fn worker(target: &RedisTarget, jobs: &mpsc::Receiver<Job>) {
 }
 
 impl Store for RedisStore {
-    fn as_dyn(&self) -> &dyn Store {
-        self
-    }
-
     fn import(&self, snap: &super::export::Snapshot) -> Result<(), StoreError> {
         // One script: every key's type checked, then every entry written
         // (a script runs whole): all or nothing.
