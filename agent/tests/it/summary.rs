@@ -122,6 +122,14 @@ fn start_as(node: &str, redis: u16, broker: u16, dir: &Path, login: Option<(&str
     }
 }
 
+/// Every agent's log, named.
+fn logs(edges: &BTreeMap<&str, Edge>) -> String {
+    edges
+        .iter()
+        .map(|(n, e)| format!("--- {n}\n{}", e.agent.log()))
+        .collect()
+}
+
 /// Wait up to `secs` for `f`.
 fn until(secs: u64, what: &str, mut f: impl FnMut() -> bool, log: &dyn Fn() -> String) {
     let deadline = Instant::now() + Duration::from_secs(secs);
@@ -178,12 +186,6 @@ fn summaries_carry_exact_figures_across_regions_and_fail_over() {
         .collect();
     stats(&edges["b1"].stats, 5, &["camb"]);
     stats(&edges["b2"].stats, 2, &["camb"]);
-    let logs = |edges: &BTreeMap<&str, Edge>| {
-        edges
-            .iter()
-            .map(|(n, e)| format!("--- {n}\n{}", e.agent.log()))
-            .collect::<String>()
-    };
 
     // a1 (region ra) routes to zone zb's least loaded: b2 with 2 sessions,
     // figures that came in rb's summary.
@@ -514,18 +516,12 @@ fn an_oversized_retained_summary_is_refused_by_the_broker_and_no_agent_drops() {
         .map(|n| (n, start(n, r.port, broker.port, dir.path())))
         .collect();
     stats(&edges["b1"].stats, 2, &["camb"]);
-    let logs = || {
-        edges
-            .iter()
-            .map(|(n, e)| format!("--- {n}\n{}", e.agent.log()))
-            .collect::<String>()
-    };
     let a1 = edges["a1"].http;
     until(
         20,
         "a1 routes to b1",
         || route(a1) == Some(("b1".into(), 2)),
-        &logs,
+        &|| logs(&edges),
     );
 
     let huge = vec![b'{'; limit];
@@ -544,10 +540,10 @@ fn an_oversized_retained_summary_is_refused_by_the_broker_and_no_agent_drops() {
                 metric(e.http, "edgeform_agent_mqtt_connected"),
                 1,
                 "{name} lost the broker\n{}",
-                logs()
+                logs(&edges)
             );
         }
         std::thread::sleep(Duration::from_millis(100));
     }
-    assert_eq!(route(a1), Some(("b1".into(), 2)), "{}", logs());
+    assert_eq!(route(a1), Some(("b1".into(), 2)), "{}", logs(&edges));
 }
