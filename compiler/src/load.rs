@@ -198,17 +198,15 @@ fn entry_at(path: &Path) -> Entry {
 fn read_config(path: &Path) -> Result<String, Unreadable> {
     use std::io::Read as _;
     use std::os::unix::fs::OpenOptionsExt as _;
-    // Linux values; the walk has already refused links and special files,
-    // these close the window between the walk and the open.
-    const O_NONBLOCK: i32 = 0o4000;
-    const O_NOFOLLOW: i32 = 0o400_000;
+    // The walk has already refused links and special files; these flags
+    // close the window between the walk and the open.
     let file = std::fs::OpenOptions::new()
         .read(true)
-        .custom_flags(O_NOFOLLOW | O_NONBLOCK)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
         .open(path)
         .map_err(|e| {
             // ELOOP: the final component is a link.
-            if e.raw_os_error() == Some(40) {
+            if e.raw_os_error() == Some(libc::ELOOP) {
                 Unreadable::Link
             } else {
                 Unreadable::Io(e.kind())

@@ -612,8 +612,6 @@ fn io(path: &Path, e: &std::io::Error) -> StoreError {
     }
 }
 
-const O_NOFOLLOW: i32 = 0o400_000;
-
 /// The current user's id (from `/proc/self/status`).
 fn my_uid() -> Option<u32> {
     std::fs::read_to_string("/proc/self/status")
@@ -670,6 +668,32 @@ impl DirStore {
         }
     }
 
+    /// The certificates' folder held with a `flock` (`exclusive` to
+    /// replace a pair, shared to read one) until the file is dropped;
+    /// `None` when there is no such folder yet. Locking the folder itself
+    /// needs no lock file, so a reader writes nothing.
+    fn certs_locked(&self, exclusive: bool) -> Result<Option<std::fs::File>, StoreError> {
+        let certs = self.root.join(CERTS);
+        let folder = std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_DIRECTORY)
+            .open(&certs);
+        let folder = match folder {
+            Ok(f) => f,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(io(&certs, &e)),
+        };
+        let meta = folder.metadata().map_err(|e| io(&certs, &e))?;
+        check_safe(&certs, &meta, true)?;
+        if exclusive {
+            folder.lock()
+        } else {
+            folder.lock_shared()
+        }
+        .map_err(|e| io(&certs, &e))?;
+        Ok(Some(folder))
+    }
+
     fn node_dir(&self, node: &str) -> Result<PathBuf, StoreError> {
         if !valid_node(node) {
             return Err(StoreError::NodeName(node.to_owned()));
@@ -698,7 +722,7 @@ impl DirStore {
     ) -> Result<Option<String>, StoreError> {
         let file = std::fs::OpenOptions::new()
             .read(true)
-            .custom_flags(O_NOFOLLOW)
+            .custom_flags(libc::O_NOFOLLOW)
             .open(path);
         let file = match file {
             Ok(f) => f,
@@ -724,7 +748,7 @@ pub(crate) fn locked(path: &Path) -> Result<std::fs::File, StoreError> {
         .create(true)
         .truncate(false)
         .mode(0o600)
-        .custom_flags(O_NOFOLLOW)
+        .custom_flags(libc::O_NOFOLLOW)
         .open(path)
         .map_err(|e| io(path, &e))?;
     lock.lock().map_err(|e| io(path, &e))?;
@@ -858,6 +882,11 @@ impl Store for DirStore {
         if !valid_cert_name(name) {
             return Err(StoreError::CertName(name.to_owned()));
         }
+        // Read under a shared lock of the certificates' folder: a pair
+        // replaced meanwhile is read whole, old or new, never missing.
+        let Some(_lock) = self.certs_locked(false)? else {
+            return Ok(None);
+        };
         let dir = self.root.join(CERTS).join(name);
         match std::fs::symlink_metadata(&dir) {
             Ok(m) => check_safe(&dir, &m, true)?,
@@ -884,9 +913,11 @@ impl Store for DirStore {
         }
         let certs = self.root.join(CERTS);
         self.folder(&certs)?;
-        // Written whole in a new folder, then swapped in: a reader sees the
-        // old pair or the new one (or, for an instant, none: refused
-        // loudly), never a chain with another's key.
+        // Written whole in a new folder, then swapped in under an
+        // exclusive lock of the certificates' folder: a reader (shared
+        // lock) sees the old pair or the new one, never none, never a
+        // chain with another's key.
+        let _lock = self.certs_locked(true)?;
         let pid = std::process::id();
         let fresh = certs.join(format!(".{name}.{pid}.new"));
         let old = certs.join(format!(".{name}.{pid}.old"));
@@ -1139,7 +1170,7 @@ impl DirStore {
             .write(true)
             .create_new(true)
             .mode(0o600)
-            .custom_flags(O_NOFOLLOW)
+            .custom_flags(libc::O_NOFOLLOW)
             .open(&tmp)
             .map_err(|e| io(&tmp, &e))?;
         let written = f
@@ -1241,6 +1272,36 @@ mod tests {
         std::fs::set_permissions(root.join(LAST_GOOD), std::fs::Permissions::from_mode(0o600))
             .unwrap();
         assert_eq!(s.last_good(), Err(StoreError::Commit("main".into())));
+    }
+
+    #[test]
+    fn a_certificate_read_while_it_is_replaced_is_the_old_pair_or_the_new_never_none_or_mixed() {
+        let d = tempfile::tempdir().unwrap();
+        let root = d.path().join("state");
+        let s = DirStore::open(&root).unwrap();
+        let pair = |n: u32| StoredCert {
+            chain: format!("chain {n}"),
+            key: format!("key {n}"),
+        };
+        s.set_certificate("shop", &pair(0)).unwrap();
+        let done = std::sync::atomic::AtomicBool::new(false);
+        std::thread::scope(|t| {
+            t.spawn(|| {
+                // Another process's store on the same folder.
+                let w = DirStore::open(&root).unwrap();
+                for n in 1..400 {
+                    w.set_certificate("shop", &pair(n)).unwrap();
+                }
+                done.store(true, std::sync::atomic::Ordering::SeqCst);
+            });
+            let mut reads = 0;
+            while !done.load(std::sync::atomic::Ordering::SeqCst) || reads < 100 {
+                let c = s.certificate("shop").unwrap().expect("never missing");
+                let n = c.chain.strip_prefix("chain ").unwrap();
+                assert_eq!(c.key, format!("key {n}"), "a chain with another's key");
+                reads += 1;
+            }
+        });
     }
 
     #[test]

@@ -247,11 +247,9 @@ impl Walk<'_> {
 fn read_regular(p: &Path) -> std::io::Result<Vec<u8>> {
     use std::io::Read;
     use std::os::unix::fs::OpenOptionsExt;
-    const O_NOFOLLOW: i32 = 0o400_000;
-    const O_NONBLOCK: i32 = 0o4000;
     let mut f = std::fs::OpenOptions::new()
         .read(true)
-        .custom_flags(O_NOFOLLOW | O_NONBLOCK)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
         .open(p)?;
     if !f.metadata()?.is_file() {
         return Err(std::io::Error::other("not a regular file"));

@@ -160,7 +160,7 @@ impl DirStore {
         let path = dir.join(name);
         let current = match std::fs::OpenOptions::new()
             .read(true)
-            .custom_flags(super::O_NOFOLLOW)
+            .custom_flags(libc::O_NOFOLLOW)
             .open(&path)
         {
             Ok(mut file) => {
