@@ -44,6 +44,11 @@ use crate::shutdown::Shutdown;
 /// 600 wake-ups a second of 300 idle agents and their redis-servers on
 /// one host).
 const BLOCK_SECS: f64 = 5.0;
+/// How long a BLMOVE may go unanswered: the server answers an empty queue
+/// after [`BLOCK_SECS`], so a master that stopped answering (frozen,
+/// partitioned without a reset) is left for a new connection, resolved
+/// again through the Sentinels, within this.
+const BLMOVE_DEADLINE: Duration = Duration::from_secs(15);
 /// Failed jobs kept in `<queue>:failed`.
 const FAILED_KEEP: isize = 1000;
 
@@ -151,6 +156,10 @@ pub struct Worker {
     processing: String,
     /// A finished job whose result is not yet recorded (Redis was down).
     pending: Option<(Vec<u8>, Option<String>, Outcome)>,
+    /// Whether the current connection moved the queue on (a BLMOVE
+    /// answered, a job recorded): only then is the reconnect backoff reset,
+    /// so a Redis that connects but errors on every job is retried slowly.
+    progressed: bool,
     metrics: Arc<crate::metrics::Metrics>,
 }
 
@@ -171,6 +180,7 @@ impl Worker {
             queue,
             processing,
             pending: None,
+            progressed: false,
             metrics,
         })
     }
@@ -209,7 +219,6 @@ impl Worker {
                 Ok(c) => {
                     tracing::info!(queue = %self.queue, "purge worker connected");
                     self.metrics.redis_up.set(1);
-                    backoff.reset();
                     c
                 }
                 Err(e) => {
@@ -223,12 +232,22 @@ impl Worker {
                     continue;
                 }
             };
+            self.progressed = false;
             let served = self.serve(&mut con, &mut shutdown).await;
-            if served.is_err() {
-                self.metrics.redis_up.set(0);
+            if std::mem::take(&mut self.progressed) {
+                backoff.reset();
             }
             if let Err(e) = served {
-                tracing::warn!(redis = %edgeredis::describe(&self.config.redis), cause = %edgeredis::one_line(&e), "purge worker: connection lost; reconnecting");
+                self.metrics.redis_up.set(0);
+                // Never at once: a server that errors on every command
+                // (a key of the wrong type, out of memory) is asked again
+                // after a growing pause, not in a loop of connections.
+                let delay = backoff.next_delay();
+                tracing::warn!(redis = %edgeredis::describe(&self.config.redis), cause = %edgeredis::one_line(&e), retry_in = ?delay, "purge worker: redis error; reconnecting");
+                tokio::select! {
+                    () = tokio::time::sleep(delay) => {}
+                    () = shutdown.wait() => break,
+                }
             }
         }
         let _ = refresher.await;
@@ -263,6 +282,7 @@ impl Worker {
         }
         for text in left {
             self.handle(con, text).await?;
+            self.progressed = true;
         }
         loop {
             if shutdown.is_fired() {
@@ -278,11 +298,15 @@ impl Worker {
             // Jobs are bytes: a non-UTF-8 one is failed, not a decode
             // error that drops the connection.
             let next: Option<Vec<u8>> = tokio::select! {
-                r = blmove.query_async(con) => r.context("BLMOVE")?,
+                r = tokio::time::timeout(BLMOVE_DEADLINE, blmove.query_async(con)) => match r {
+                    Ok(r) => r.context("BLMOVE")?,
+                    Err(_) => anyhow::bail!("BLMOVE: no answer in {BLMOVE_DEADLINE:?}"),
+                },
                 // Dropping a BLMOVE in flight is safe: a job it moved
                 // stays in processing and is run at the next start.
                 () = shutdown.wait() => return Ok(()),
             };
+            self.progressed = true;
             // The queue depth for /metrics without MQTT too:
             // read in the MULTI that records a job's result; a BLMOVE that
             // timed out found the queue empty for its whole second (no
@@ -370,25 +394,44 @@ impl Worker {
         let id = (bytes.len() <= purge::MAX_JOB_BYTES)
             .then(|| Job::parse_bytes(bytes).ok().and_then(|j| j.id))
             .flatten();
+        // A server error on either (a key of the wrong type, a counter
+        // that is not a number, out of memory) is this job's: it runs
+        // uncounted or as never recorded, it does not stop the queue.
         let mut pipe = redis::pipe();
+        pipe.ignore_errors();
         pipe.cmd("HINCRBY")
             .arg(attempts_key(&self.queue))
             .arg(digest(bytes))
             .arg(1);
-        let Some(id) = id else {
-            let (attempts,): (u32,) = pipe
-                .query_async(con)
-                .await
-                .context("counting the job's attempts")?;
-            return Ok((attempts, None));
-        };
-        pipe.cmd("HGET")
-            .arg(purge::done_key(&id))
-            .arg(&self.config.node);
-        let (attempts, recorded): (u32, Option<String>) = pipe
+        if let Some(id) = &id {
+            pipe.cmd("HGET")
+                .arg(purge::done_key(id))
+                .arg(&self.config.node);
+        }
+        let mut replies: Vec<redis::RedisResult<Option<String>>> = pipe
             .query_async(con)
             .await
             .context("counting the job's attempts and reading its record")?;
+        let recorded = if id.is_some() { replies.pop() } else { None };
+        let attempts = match replies.pop() {
+            Some(Ok(Some(n))) => n.parse().unwrap_or(1),
+            Some(Err(e)) => {
+                tracing::warn!(key = %attempts_key(&self.queue), cause = %edgeredis::one_line(&anyhow::Error::from(e)), "purge worker: cannot count the job's starts; running it uncounted");
+                1
+            }
+            _ => 1,
+        };
+        let Some(id) = id else {
+            return Ok((attempts, None));
+        };
+        let recorded = match recorded {
+            Some(Ok(v)) => v,
+            Some(Err(e)) => {
+                tracing::warn!(key = %purge::done_key(&id), cause = %edgeredis::one_line(&anyhow::Error::from(e)), "purge worker: cannot read the job's record; running it");
+                None
+            }
+            None => None,
+        };
         let ran = recorded.map(|v| match v.strip_prefix(purge::FAILED_PREFIX) {
             Some(why) => Outcome::Failed(why.to_owned()),
             None => Outcome::Removed(v.parse().unwrap_or(0)),
@@ -405,8 +448,12 @@ impl Worker {
         id: Option<&str>,
         outcome: &Outcome,
     ) -> Result<u64> {
+        // A server error on one write (the record or the failed list of
+        // the wrong type) does not undo the others, and the job is out of
+        // processing once its LREM ran: counted done, never run again in
+        // a loop. An error at queueing (out of memory) runs nothing.
         let mut pipe = redis::pipe();
-        pipe.atomic();
+        pipe.atomic().ignore_errors();
         if let Some(id) = id {
             let key = purge::done_key(id);
             let value = match outcome {
@@ -447,21 +494,39 @@ impl Worker {
                 .arg(-1)
                 .ignore();
         }
-        pipe.cmd("LREM")
-            .arg(&self.processing)
-            .arg(1)
-            .arg(bytes)
-            .ignore();
         pipe.cmd("HDEL")
             .arg(attempts_key(&self.queue))
             .arg(digest(bytes))
             .ignore();
         pipe.cmd("LLEN").arg(&self.queue);
-        let (depth,): (u64,) = pipe
+        pipe.cmd("LREM").arg(&self.processing).arg(1).arg(bytes);
+        if let Some(id) = id {
+            pipe.cmd("HEXISTS")
+                .arg(purge::done_key(id))
+                .arg(&self.config.node);
+        }
+        let replies: Vec<redis::RedisResult<i64>> = pipe
             .query_async(con)
             .await
             .context("recording the purge result")?;
-        Ok(depth)
+        let mut replies = replies.into_iter();
+        let depth = replies.next();
+        match replies.next() {
+            Some(Ok(_)) => {}
+            Some(Err(e)) => {
+                return Err(anyhow::Error::from(e).context("recording the purge result"));
+            }
+            None => anyhow::bail!("recording the purge result: no reply"),
+        }
+        if id.is_some() && !matches!(replies.next(), Some(Ok(1))) {
+            tracing::warn!(
+                id = id.unwrap_or("-"),
+                "purge worker: the job's result could not be recorded (its record key is not a hash?); the job is done"
+            );
+        }
+        Ok(depth
+            .and_then(Result::ok)
+            .map_or(0, |d| u64::try_from(d).unwrap_or(0)))
     }
 }
 

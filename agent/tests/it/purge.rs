@@ -355,13 +355,7 @@ fn a_poison_job_is_failed_after_three_unfinished_starts() {
         .arg(job)
         .exec(&mut c)
         .unwrap();
-    let digest: String = {
-        use md5::Digest;
-        md5::Md5::digest(job.as_bytes())
-            .iter()
-            .map(|b| format!("{b:02x}"))
-            .collect()
-    };
+    let digest = md5_hex(job.as_bytes());
     // Three starts recorded by agents that died mid-job.
     redis::cmd("HSET")
         .arg(format!("{QUEUE}:attempts"))
@@ -381,6 +375,137 @@ fn a_poison_job_is_failed_after_three_unfinished_starts() {
         .query(&mut c)
         .unwrap();
     assert_eq!(left, 0);
+}
+
+fn md5_hex(bytes: &[u8]) -> String {
+    use md5::Digest;
+    md5::Md5::digest(bytes)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+fn connections_received(port: u16) -> u64 {
+    let info: String = redis::cmd("INFO")
+        .arg("stats")
+        .query(&mut con(port))
+        .unwrap();
+    info.lines()
+        .find_map(|l| l.strip_prefix("total_connections_received:"))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap()
+}
+
+/// A hostile Redis's keys of the wrong type (the failed list, a job's
+/// record, a start counter that is not a number) cost that one job's
+/// bookkeeping, never the queue: the jobs behind still run, and the worker
+/// does not loop on the server.
+#[test]
+fn keys_of_the_wrong_type_cost_one_jobs_bookkeeping_not_the_queue() {
+    let r = harness::redis(&[]);
+    let cache = Cache::new();
+    let after = cache.put("static", "httpexample.com/after");
+    let counted = cache.put("static", "httpexample.com/counted");
+    let mut c = con(r.port);
+    let set = |c: &mut redis::Connection, args: &[&str]| {
+        let mut cmd = redis::cmd(args[0]);
+        for a in &args[1..] {
+            cmd.arg(*a);
+        }
+        cmd.exec(c).unwrap();
+    };
+    set(&mut c, &["SET", &format!("{QUEUE}:failed"), "not a list"]);
+    set(&mut c, &["SET", "cdn:purge:done:recorded", "not a hash"]);
+    let job = r#"{"id":"counted","key":"httpexample.com/counted"}"#;
+    set(
+        &mut c,
+        &[
+            "HSET",
+            &format!("{QUEUE}:attempts"),
+            &md5_hex(job.as_bytes()),
+            "x",
+        ],
+    );
+    push_job(r.port, "this is not json");
+    push_job(r.port, r#"{"id":"recorded","key":"httpexample.com/x"}"#);
+    push_job(r.port, job);
+    push_job(r.port, r#"{"id":"after","key":"httpexample.com/after"}"#);
+    let before = connections_received(r.port);
+    let agent = Agent::start(r.port, &cache.dirs());
+    assert_eq!(wait_done(r.port, "after", &agent), "1");
+    assert_eq!(wait_done(r.port, "counted", &agent), "1");
+    assert!(!exists(&after) && !exists(&counted));
+    let processing: i64 = redis::cmd("LLEN")
+        .arg(format!("{QUEUE}:processing"))
+        .query(&mut c)
+        .unwrap();
+    assert_eq!(processing, 0, "{}", agent.log());
+    std::thread::sleep(Duration::from_secs(1));
+    // The agent's connections (the worker, commands, health), plus this
+    // test's: not one per failed round.
+    let made = connections_received(r.port) - before;
+    assert!(made < 15, "{made} connections\n{}", agent.log());
+    let log = agent.log();
+    assert!(log.contains("could not be recorded"), "{log}");
+}
+
+/// A master that stops answering (frozen, not closed) is left for the one
+/// the Sentinels promote: an idle worker's BLMOVE gets no answer, and the
+/// worker connects again through the Sentinels within its deadline.
+#[test]
+fn an_idle_worker_leaves_a_frozen_master_for_the_promoted_replica() {
+    let master = harness::redis(&[]);
+    let replica = harness::redis(&[&format!("replicaof 127.0.0.1 {}", master.port)]);
+    let sentinel = harness::sentinel("edge-1", master.port);
+    let cache = Cache::new();
+    let f = cache.put("static", "httpexample.com/frozen");
+    let agent = Agent::start_redis(
+        &format!(
+            "{{sentinels: [\"127.0.0.1:{}\"], master: edge-1}}",
+            sentinel.port
+        ),
+        &cache.dirs(),
+    );
+    push_job(
+        master.port,
+        r#"{"id":"first","key":"httpexample.com/none"}"#,
+    );
+    assert_eq!(wait_done(master.port, "first", &agent), "0");
+    let stop = |sig: &str, pid: u32| {
+        let ok = std::process::Command::new("kill")
+            .args([sig, &pid.to_string()])
+            .status()
+            .unwrap()
+            .success();
+        assert!(ok, "kill {sig}");
+    };
+    stop("-STOP", master.pid());
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let reply = harness::raw_command(sentinel.port, "SENTINEL get-master-addr-by-name edge-1")
+            .unwrap_or_default();
+        if reply.contains(&replica.port.to_string()) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "no failover: {reply}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let pushed = redis::cmd("RPUSH")
+            .arg(QUEUE)
+            .arg(r#"{"id":"after","key":"httpexample.com/frozen"}"#)
+            .exec(&mut con(replica.port));
+        if pushed.is_ok() {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the replica takes no writes");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let v = wait_done(replica.port, "after", &agent);
+    stop("-CONT", master.pid());
+    assert_eq!(v, "1");
+    assert!(!exists(&f));
 }
 
 /// A raw pattern that matches every key is failed unless the job says
