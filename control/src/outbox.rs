@@ -92,7 +92,15 @@ pub fn spool(store: &dyn Store, node: &str, id: &str, job: &str) -> Result<(), S
         file: String::new(),
     };
     let text = serde_json::to_string(&entry).unwrap_or_default();
-    store.set_outbox(node, &format!("{seq:039}-{id}"), &text)
+    let name = format!("{seq:039}-{id}");
+    // Never kept where it could not be read back (and delivered).
+    if text.len() > crate::store::MAX_OUTBOX_ENTRY_BYTES {
+        return Err(StoreError::TooLarge {
+            path: std::path::PathBuf::from(format!("outbox/{node}/{name}")),
+            cap: crate::store::MAX_OUTBOX_ENTRY_BYTES,
+        });
+    }
+    store.set_outbox(node, &name, &text)
 }
 
 /// `node`'s kept jobs, oldest first. A file that does not parse is skipped
@@ -103,9 +111,18 @@ pub fn spool(store: &dyn Store, node: &str, id: &str, job: &str) -> Result<(), S
 pub fn entries(store: &dyn Store, node: &str) -> Result<Vec<Entry>, StoreError> {
     let mut out = Vec::new();
     for (name, text) in store.outbox(node)? {
-        if let Ok(mut e) = serde_json::from_str::<Entry>(&text) {
-            e.file = name;
-            out.push(e);
+        match serde_json::from_str::<Entry>(&text) {
+            Ok(mut e) => {
+                e.file = name;
+                out.push(e);
+            }
+            Err(e) => tracing::warn!(
+                node,
+                entry = %name,
+                bytes = text.len(),
+                cause = %e,
+                "purge outbox: an entry that does not parse is skipped (it stays kept for an operator to see)"
+            ),
         }
     }
     Ok(out)
@@ -221,6 +238,13 @@ pub async fn flush(store: &dyn Store, node: &Node) -> Result<Flushed> {
             continue;
         }
         if on_node.contains(&e.job) {
+            // Found there though not marked delivered (the run that queued
+            // it stopped before marking it, or its reply was lost): marked
+            // now, so newer jobs for this node are no longer kept behind it.
+            if e.delivered_at.is_none() {
+                e.delivered_at = Some(now());
+                rewrite(store, &node.name, &e)?;
+            }
             out.left += 1;
             continue;
         }
@@ -253,17 +277,55 @@ pub fn has_waiting(store: &dyn Store, node: &str) -> Result<bool, StoreError> {
         .any(|e| e.delivered_at.is_none()))
 }
 
+/// How long one node's flush may take: a Redis that took the connection
+/// and answers nothing holds no other node's delivery (nor the daemon's
+/// sync) for longer. A job whose write landed meanwhile is found on the
+/// node by the next flush, not queued twice.
+pub const FLUSH_DEADLINE: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// [`flush`] within [`FLUSH_DEADLINE`].
+///
+/// # Errors
+/// As [`flush`]; no answer within the deadline.
+pub async fn flush_within(store: &dyn Store, node: &Node) -> Result<Flushed> {
+    match tokio::time::timeout(FLUSH_DEADLINE, flush(store, node)).await {
+        Ok(r) => r,
+        Err(_) => Err(anyhow::anyhow!(
+            "no answer from {}'s Redis in {} s; its jobs stay kept",
+            node.name,
+            FLUSH_DEADLINE.as_secs()
+        )),
+    }
+}
+
+/// What [`flush_all`] does with jobs kept for a node `nodes` lacks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Unknown {
+    /// Dropped, each logged (the daemon: its repository removed the node).
+    Drop,
+    /// Left kept (`purge --flush`: the repository given may be the wrong
+    /// one; nothing an operator types drops a purge).
+    Keep,
+}
+
 /// Flush every node of `nodes` that has kept jobs; a node whose Redis does
-/// not answer is logged and skipped (the next call retries).
-pub async fn flush_all(store: &dyn Store, nodes: &[Node]) -> BTreeMap<String, Result<Flushed>> {
+/// not answer within [`FLUSH_DEADLINE`] is logged and skipped (the next
+/// call retries).
+pub async fn flush_all(
+    store: &dyn Store,
+    nodes: &[Node],
+    unknown: Unknown,
+) -> BTreeMap<String, Result<Flushed>> {
     let mut out = BTreeMap::new();
-    let names: Vec<&str> = nodes.iter().map(|n| n.name.as_str()).collect();
-    drop_removed(store, &names);
+    if unknown == Unknown::Drop {
+        let names: Vec<&str> = nodes.iter().map(|n| n.name.as_str()).collect();
+        drop_removed(store, &names);
+    }
     let Ok(kept) = depths(store) else {
         return out;
     };
     for node in nodes.iter().filter(|n| kept.contains_key(&n.name)) {
-        let r = flush(store, node).await;
+        let r = flush_within(store, node).await;
         match &r {
             Ok(f) => tracing::info!(
                 node = %node.name,

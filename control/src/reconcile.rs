@@ -528,7 +528,12 @@ pub async fn reconcile(
             // daemon delivers; a second delivery would be harmless anyway
             // (the agent runs a job id it recorded no second time).
             if let Ok(Some(outbox)) = crate::store::open_existing(&state_dir) {
-                crate::outbox::flush_all(&*outbox, &source.config.nodes).await;
+                crate::outbox::flush_all(
+                    &*outbox,
+                    &source.config.nodes,
+                    crate::outbox::Unknown::Drop,
+                )
+                .await;
                 if let Ok(depths) = crate::outbox::depths(&*outbox) {
                     flags.metrics.outbox(&depths);
                 }

@@ -9,9 +9,12 @@
 //! default user otherwise.
 //!
 //! Connections are dedicated (never shared between tasks, so WATCH state is
-//! ours) and have no response timeout: the redis crate's default 500 ms
-//! would fail a 100,000-key MULTI/EXEC client-side while the server still
-//! applies it. A connect timeout bounds unreachable targets instead.
+//! ours). A connect timeout bounds unreachable targets; a generous
+//! response timeout ([`RESPONSE_TIMEOUT`]) bounds a server that took the
+//! connection and then answers nothing (frozen, or cut off without a
+//! reset): the redis crate's default 500 ms would fail a 100,000-key
+//! MULTI/EXEC client-side while the server still applies it, none at all
+//! would let one such edge hold a run forever.
 //!
 //! TLS: a `rediss://` URL, or Sentinels with a `tls` block, connect with
 //! TLS (native-tls, i.e. OpenSSL). The server certificate is always
@@ -76,6 +79,14 @@ fn client(info: redis::ConnectionInfo, tls: Option<&TlsFiles>) -> Result<Client>
 /// How long to wait for a TCP connection (per attempt).
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
 
+/// How long one request (a command, or a whole pipeline or transaction)
+/// may go unanswered before the connection is given up: far above what the
+/// largest write takes (a full apply of 100,000 sites writes each target in
+/// well under ten seconds), so only a server that stopped answering hits
+/// it. Callers with a tighter need (the agent's BLMOVE, `purge`'s
+/// enqueue) set their own deadline inside it.
+pub const RESPONSE_TIMEOUT: Duration = Duration::from_secs(60);
+
 fn password(env: Option<&str>, node: &str) -> Result<Option<String>> {
     // `node` names whose setting this is, for the message.
     match env {
@@ -90,7 +101,7 @@ fn password(env: Option<&str>, node: &str) -> Result<Option<String>> {
 fn config(pushes: Option<&Pushes>) -> AsyncConnectionConfig {
     let config = AsyncConnectionConfig::new()
         .set_connection_timeout(Some(CONNECT_TIMEOUT))
-        .set_response_timeout(None);
+        .set_response_timeout(Some(RESPONSE_TIMEOUT));
     match pushes {
         Some(p) => {
             let p = p.clone();

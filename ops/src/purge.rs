@@ -59,8 +59,23 @@ fn find_site<'a>(sites: &'a [Site], host: &str) -> Option<&'a Site> {
 ///
 /// # Errors
 /// A pattern the agent's engine refuses, a URL for another site, a key
-/// template edgeform cannot compute.
+/// template edgeform cannot compute, a job larger than the agent takes
+/// (`edgestate::purge::MAX_JOB_BYTES`).
 pub fn build_job(id: &str, site: &Site, node: &Node, what: &What) -> Result<Job, String> {
+    let job = job_of(id, site, node, what)?;
+    let bytes = job.to_json().len();
+    if bytes > purge::MAX_JOB_BYTES {
+        return Err(format!(
+            "the job for {} would be {bytes} bytes, over the {} its agent takes \
+             (every hostname of the site times the URL's length): purge by --prefix instead",
+            node.name,
+            purge::MAX_JOB_BYTES
+        ));
+    }
+    Ok(job)
+}
+
+fn job_of(id: &str, site: &Site, node: &Node, what: &What) -> Result<Job, String> {
     let template = &node.cache.key;
     let hosts: Vec<&str> = std::iter::once(site.host.as_str())
         .chain(site.aliases.iter().map(String::as_str))
@@ -209,7 +224,7 @@ pub async fn purge(
         tasks.spawn(async move {
             let _slot = limit.acquire_owned().await;
             if let Some((store, node)) = older {
-                let flushed = control::outbox::flush(&*store, &node).await;
+                let flushed = control::outbox::flush_within(&*store, &node).await;
                 let waiting = control::outbox::has_waiting(&*store, &node.name).unwrap_or(true);
                 if let Err(e) = flushed {
                     return (i, target, Err(e));
@@ -219,7 +234,22 @@ pub async fn purge(
                     return (i, target, Err(e));
                 }
             }
-            let link = target.enqueue(job, channel.as_deref()).await;
+            // A Redis that took the connection and answers nothing is
+            // given up in time and the job kept (SPOOLED): a write that
+            // landed meanwhile is found there by the flush, not queued
+            // twice.
+            let link = match tokio::time::timeout(
+                ENQUEUE_DEADLINE,
+                target.enqueue(job, channel.as_deref()),
+            )
+            .await
+            {
+                Ok(link) => link,
+                Err(_) => Err(anyhow::anyhow!(
+                    "no answer in {} s",
+                    ENQUEUE_DEADLINE.as_secs()
+                )),
+            };
             (i, target, link)
         });
     }
@@ -365,7 +395,7 @@ pub async fn flush(config: &Config, state_dir: &Path) -> Result<u8> {
     };
     let before = control::outbox::depths(&*store)?;
     let nodes: Vec<Node> = config.nodes.clone();
-    let results = control::outbox::flush_all(&*store, &nodes).await;
+    let results = control::outbox::flush_all(&*store, &nodes, control::outbox::Unknown::Keep).await;
     let mut out = std::io::stdout().lock();
     let mut code = 0;
     for (name, depth) in &before {
@@ -388,7 +418,9 @@ pub async fn flush(config: &Config, state_dir: &Path) -> Result<u8> {
                 code = SPOOLED_EXIT;
                 writeln!(
                     out,
-                    "{name}: {} kept for a node that is not an edge of this repository",
+                    "{name}: {} kept for a node this repository does not have; left kept \
+                     (is this the right repository? the reconcile daemon drops the jobs \
+                     of a node its repository removed)",
                     depth.waiting + depth.delivered
                 )?;
             }
@@ -396,6 +428,10 @@ pub async fn flush(config: &Config, state_dir: &Path) -> Result<u8> {
     }
     Ok(code)
 }
+
+/// How long one node's enqueue (connect, SUBSCRIBE, RPUSH) may take
+/// before its job is kept in the outbox instead.
+const ENQUEUE_DEADLINE: Duration = Duration::from_secs(10);
 
 /// Enqueues (connect, SUBSCRIBE, RPUSH) in flight at once. Each queued
 /// node keeps its connection for the wait anyway, so this bounds only the

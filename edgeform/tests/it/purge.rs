@@ -129,7 +129,14 @@ fn jobs_land_on_every_carrier_with_its_own_key_template() {
 fn bad_requests_queue_nothing() {
     let (r1, r2) = (harness::redis(&[]), harness::redis(&[]));
     let f = setup(r1.port, r2.port);
+    // Four keys (two schemes, two hostnames) of a 20 kB URL: more than an
+    // agent takes in one job.
+    let long = format!("/{}", "a".repeat(20_000));
     for (args, says) in [
+        (
+            vec!["--site", "a.example.com", "--url", long.as_str()],
+            "over the 65536 its agent takes",
+        ),
         (
             vec!["--site", "a.example.com", "--regex", "(?=lookahead)"],
             "refuses",
@@ -644,6 +651,105 @@ fn a_purge_for_a_stopped_redis_is_kept_and_delivered_in_order_when_it_returns() 
     }
     std::thread::sleep(std::time::Duration::from_millis(300));
     assert!(file.exists(), "an id already recorded is not run again");
+}
+
+fn signal(sig: &str, pid: u32) {
+    let ok = std::process::Command::new("kill")
+        .args([sig, &pid.to_string()])
+        .status()
+        .unwrap()
+        .success();
+    assert!(ok, "kill {sig} {pid}");
+}
+
+// A node whose Redis took the connection and answers nothing (frozen)
+// holds nobody up: its job is kept in time while the other node's is
+// queued; kept jobs of a node the repository given lacks stay kept; and a
+// kept job found on its node though never marked delivered is marked, so
+// newer purges go straight to the node again.
+#[test]
+fn a_frozen_redis_is_given_up_in_time_and_its_job_kept_never_dropped() {
+    let r1 = harness::redis(&[]);
+    let r2 = harness::redis(&[]);
+    let f = setup(r1.port, r2.port);
+    let state = tempfile::tempdir().unwrap();
+    let state = state.path().join("state");
+    let purge = |url: &str| {
+        edgeform_with_state(
+            f.path(),
+            &state,
+            &["purge", "--site", "a.example.com", "--url", url],
+        )
+    };
+    signal("-STOP", r2.pid());
+    let started = std::time::Instant::now();
+    let out = purge("/frozen.mp4");
+    let took = started.elapsed();
+    signal("-CONT", r2.pid());
+    assert_eq!(out.status.code(), Some(3), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("edge-2: SPOOLED") && stderr(&out).contains("no answer in 10 s"),
+        "{}",
+        stderr(&out)
+    );
+    assert!(took < std::time::Duration::from_secs(30), "{took:?}");
+    let id = stdout(&out).trim().to_owned();
+    assert_eq!(
+        ids(r1.port, "cdn:purge:eu:edge-1"),
+        std::slice::from_ref(&id)
+    );
+    assert_eq!(kept(&state, "edge-2"), 1);
+
+    // The wrong repository for --flush: edge-2's job is left kept.
+    let other = Fixture::with(&[
+        (
+            "nodes/edge-1.yaml",
+            &*edge("edge-1", "eu", r1.port, "$scheme$host$request_uri"),
+        ),
+        (
+            "sites/a.yaml",
+            "host: a.example.com\norigin: http://192.0.2.1\n",
+        ),
+    ]);
+    let out = edgeform_with_state(other.path(), &state, &["purge", "--flush"]);
+    assert_eq!(out.status.code(), Some(3), "{}", stderr(&out));
+    assert!(
+        stdout(&out).contains("edge-2: 1 kept for a node this repository does not have; left kept"),
+        "{}",
+        stdout(&out)
+    );
+    assert_eq!(kept(&state, "edge-2"), 1);
+
+    // The job reached the node by another way (a run stopped before
+    // marking it): the flush finds it there, queues no second copy and
+    // marks it, and the next purge is queued directly.
+    let job: String = std::fs::read_dir(state.join("outbox/edge-2"))
+        .unwrap()
+        .map(|e| std::fs::read_to_string(e.unwrap().path()).unwrap())
+        .map(|t| {
+            serde_json::from_str::<serde_json::Value>(&t).unwrap()["job"]
+                .as_str()
+                .unwrap()
+                .to_owned()
+        })
+        .next()
+        .unwrap();
+    redis::cmd("RPUSH")
+        .arg("cdn:purge:us:edge-2")
+        .arg(&job)
+        .exec(&mut con(r2.port))
+        .unwrap();
+    let out = edgeform_with_state(f.path(), &state, &["purge", "--flush"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert!(
+        stdout(&out).contains("edge-2: 0 queued, 0 queued again, 0 done, 1 tracked"),
+        "{}",
+        stdout(&out)
+    );
+    let out = purge("/next.mp4");
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let next = stdout(&out).trim().to_owned();
+    assert_eq!(ids(r2.port, "cdn:purge:us:edge-2"), [id, next]);
 }
 
 // No writable state store: the job is not kept, `NOT QUEUED`, exit 1.

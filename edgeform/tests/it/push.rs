@@ -418,6 +418,46 @@ fn saved_plan_applies_only_while_live_state_matches() {
     );
 }
 
+/// A target whose Redis took the connection and answers nothing (frozen,
+/// or cut off without a reset) fails alone once the response timeout
+/// passes; the other target is applied and the run ends.
+#[test]
+fn a_frozen_target_fails_alone_after_the_response_timeout() {
+    let up = harness::redis(&[]);
+    let frozen = harness::redis(&[]);
+    let f = repo(2, up.port);
+    f.write(
+        "nodes/edge-2.yaml",
+        edge("edge-2", "eu", frozen.port).as_bytes(),
+    );
+    f.commit("two edges");
+    let stop = |sig: &str| {
+        let ok = std::process::Command::new("kill")
+            .args([sig, &frozen.pid().to_string()])
+            .status()
+            .unwrap()
+            .success();
+        assert!(ok, "kill {sig}");
+    };
+    stop("-STOP");
+    let started = Instant::now();
+    let out = apply(&f, &[]);
+    let took = started.elapsed();
+    stop("-CONT");
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    let text = stdout(&out);
+    assert!(text.contains("edge-1: applied generation 1"), "{text}");
+    assert!(
+        text.contains(&format!(
+            "edge-2: FAILED (redis://127.0.0.1:{})",
+            frozen.port
+        )),
+        "{text}"
+    );
+    let limit = edgeredis::RESPONSE_TIMEOUT + Duration::from_secs(30);
+    assert!(took < limit, "{took:?}");
+}
+
 #[test]
 fn a_target_down_fails_alone_and_a_later_sync_heals_it() {
     let up = harness::redis(&[]);
