@@ -501,11 +501,12 @@ impl Worker {
         pipe.cmd("LLEN").arg(&self.queue);
         pipe.cmd("LREM").arg(&self.processing).arg(1).arg(bytes);
         if let Some(id) = id {
-            pipe.cmd("HEXISTS")
+            // Read back (HGET: the documented ACL's commands only).
+            pipe.cmd("HGET")
                 .arg(purge::done_key(id))
                 .arg(&self.config.node);
         }
-        let replies: Vec<redis::RedisResult<i64>> = pipe
+        let replies: Vec<redis::RedisResult<redis::Value>> = pipe
             .query_async(con)
             .await
             .context("recording the purge result")?;
@@ -518,7 +519,7 @@ impl Worker {
             }
             None => anyhow::bail!("recording the purge result: no reply"),
         }
-        if id.is_some() && !matches!(replies.next(), Some(Ok(1))) {
+        if id.is_some() && !matches!(replies.next(), Some(Ok(redis::Value::BulkString(_)))) {
             tracing::warn!(
                 id = id.unwrap_or("-"),
                 "purge worker: the job's result could not be recorded (its record key is not a hash?); the job is done"
@@ -526,7 +527,8 @@ impl Worker {
         }
         Ok(depth
             .and_then(Result::ok)
-            .map_or(0, |d| u64::try_from(d).unwrap_or(0)))
+            .and_then(|d| redis::from_redis_value::<u64>(d).ok())
+            .unwrap_or(0))
     }
 }
 

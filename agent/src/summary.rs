@@ -19,7 +19,11 @@
 //! highest epoch wins, then the smaller node name
 //! ([`edgestate::mqtt::LockClaim::beats`]); a holder that hears a claim it
 //! beats publishes its own again (the retained claim ends up the winner's),
-//! one that hears a claim beating its own stops summarizing.
+//! one that hears a claim beating its own stops summarizing. At a tie with
+//! a silent holder (no summary for [`TAKEOVER_INTERVALS`] intervals) the
+//! challenger wins: a take-over at the top of the believed epochs cannot
+//! claim higher, and a forged claim there in a smaller name would
+//! otherwise hold the region without summaries for good.
 
 use std::time::{Duration, Instant};
 
@@ -117,6 +121,18 @@ impl Election {
                 Step::Nothing
             }
             Some(current) if current.beats(&c) => {
+                // A tie with a holder none of whose summaries came for
+                // TAKEOVER_INTERVALS: the challenger's claim is taken,
+                // by the holder too. Only reachable at the top of the
+                // believed epochs (a take-over otherwise claims a higher
+                // one), where a forged claim in a smaller name would
+                // otherwise win every tie against the take-over.
+                if c.epoch == current.epoch && self.holder_silent(now) {
+                    self.holding = false;
+                    self.claim = Some(c);
+                    self.holder_seen = Some(now);
+                    return Step::Nothing;
+                }
                 // A losing claim (a tie, or a late one): the holder says
                 // it again so the retained claim is the winner's.
                 if self.holding {
@@ -175,9 +191,7 @@ impl Election {
                 }
             }
             Some(c) => {
-                let seen = self.holder_seen.unwrap_or(since).max(since);
-                let silent =
-                    now.saturating_duration_since(seen) > self.interval * TAKEOVER_INTERVALS;
+                let silent = self.holder_silent(now);
                 if holder_online == Some(false) || !holder_in_region || silent {
                     self.claim_next(Some(c.epoch), now)
                 } else {
@@ -185,6 +199,17 @@ impl Election {
                 }
             }
         }
+    }
+
+    /// Whether no summary of the current holder (this node's own, as the
+    /// broker sent them back, when it holds) came for [`TAKEOVER_INTERVALS`]
+    /// intervals since the claim or the (re)connection.
+    fn holder_silent(&self, now: Instant) -> bool {
+        let Some(since) = self.since else {
+            return false;
+        };
+        let seen = self.holder_seen.unwrap_or(since).max(since);
+        now.saturating_duration_since(seen) > self.interval * TAKEOVER_INTERVALS
     }
 
     fn claim_next(&mut self, after: Option<u64>, now: Instant) -> Step {
@@ -275,6 +300,43 @@ mod tests {
         assert!(!b2.holding());
         assert_eq!(b2.on_claim(Some(claim("b", 1)), t0 + I), Step::Nothing);
         assert!(!b2.holding(), "its own late echo loses");
+    }
+
+    #[test]
+    fn a_silent_holder_yields_at_a_tie_on_the_top_epoch_a_summarizing_one_does_not() {
+        let top = edgestate::mqtt::CLAIM_EPOCH_MAX - 1;
+        let t0 = Instant::now();
+        let later = t0 + I * (TAKEOVER_INTERVALS + 1);
+        let start = |node: &str| {
+            let mut e = Election::new(node, I);
+            e.connected(t0);
+            e
+        };
+        // A forged claim at the top in a's name: a takes it (it cannot
+        // claim higher), then none of its summaries come back.
+        let mut a = start("a");
+        let ca = claimed(&a.on_claim(Some(claim("a", top)), t0));
+        assert_eq!((ca.node.as_str(), ca.epoch), ("a", top));
+        let (mut b, mut c) = (start("b"), start("c"));
+        assert_eq!(b.on_claim(Some(ca.clone()), t0), Step::Nothing);
+        assert_eq!(c.on_claim(Some(ca.clone()), t0), Step::Nothing);
+        // b takes over at the same epoch: a tie a would win by name.
+        let cb = claimed(&b.tick(later, Some(true), true));
+        assert_eq!((cb.node.as_str(), cb.epoch), ("b", top));
+        // a, silent, yields; c takes b's claim without one of its own.
+        assert_eq!(a.on_claim(Some(cb.clone()), later), Step::Nothing);
+        assert!(!a.holding());
+        assert_eq!(a.holder(), Some("b"));
+        assert_eq!(c.on_claim(Some(cb.clone()), later), Step::Nothing);
+        assert_eq!(c.holder(), Some("b"));
+        assert_eq!(c.tick(later, Some(true), true), Step::Nothing);
+        assert!(b.holding());
+        // A holder whose summaries come back keeps a tie, as before.
+        let mut a2 = start("a");
+        let ca2 = claimed(&a2.on_claim(Some(claim("a", top)), t0));
+        a2.on_summary("a", top, later);
+        assert_eq!(a2.on_claim(Some(cb), later), Step::Claim(ca2));
+        assert!(a2.holding());
     }
 
     #[test]

@@ -25,6 +25,7 @@ pub(crate) fn check(
     text: &str,
     env: &dyn Fn(&str) -> Option<String>,
     files: bool,
+    keys: bool,
 ) -> Result<Config, Errors> {
     let tree = match yamlspan::parse(text) {
         Ok(Some(t)) => t,
@@ -61,7 +62,11 @@ pub(crate) fn check(
         }
     }
     let config = config.map(|c| with_environment(c, env));
-    let config = config.map(|c| key_files(&mut cx, c));
+    let config = if keys {
+        config.map(|c| key_files(&mut cx, c))
+    } else {
+        config
+    };
     cx.errors.sort_by_key(|e| (e.line, e.column));
     cx.errors.dedup();
     match config {

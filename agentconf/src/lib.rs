@@ -289,7 +289,23 @@ pub fn parse_with(
     env: &dyn Fn(&str) -> Option<String>,
     files: bool,
 ) -> Result<Config, Errors> {
-    check::check(file, text, env, files)
+    check::check(file, text, env, files, true)
+}
+
+/// [`parse_with`] without `files`, and without reading the command key
+/// files either: for a configuration rendered from a pull request (the
+/// bundle gate of `edgeform check`), whose file names must never make
+/// this host read its own files and say what they hold. The names are
+/// still validated as the fields' types say.
+///
+/// # Errors
+/// See [`parse`].
+pub fn parse_unread(
+    file: &str,
+    text: &str,
+    env: &dyn Fn(&str) -> Option<String>,
+) -> Result<Config, Errors> {
+    check::check(file, text, env, false, false)
 }
 
 /// One error at the start of `file` (`line 1, column 1`).

@@ -962,6 +962,15 @@ fn command_key_files_are_read_and_checked() {
             .starts_with("cannot read the command public key"),
         "{e}"
     );
+    // A configuration from a pull request (the bundle gate): its key file
+    // names are never read, so they cannot probe this host's files.
+    let unread = parse_unread(
+        "agent.yaml",
+        &text(&dir.join("missing.pub"), &result),
+        &|_| Some("hmac".into()),
+    )
+    .unwrap();
+    assert_eq!(unread.mqtt.unwrap().keys.ed25519, None);
     std::fs::remove_dir_all(&dir).unwrap();
 }
 

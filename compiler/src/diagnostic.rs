@@ -85,7 +85,14 @@ impl Diagnostic {
     /// `file:line:col`.
     #[must_use]
     pub fn location(&self) -> String {
-        format!("{}:{}:{}", self.file, self.span.line, self.span.column)
+        // A file name from the repository may hold control characters: it
+        // never drives a terminal or forges a log line.
+        format!(
+            "{}:{}:{}",
+            edgestate::untrusted::escape(&self.file),
+            self.span.line,
+            self.span.column
+        )
     }
 }
 

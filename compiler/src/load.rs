@@ -35,6 +35,16 @@ impl Kind {
 /// exhaust memory).
 pub const MAX_FILE_BYTES: u64 = 64 << 20;
 
+/// The most config text one repository may hold (every file together, as
+/// sized before reading): about ten times a 1,000,000-site repository. A
+/// pull request of many large files is refused file by file past it, not
+/// read into memory.
+pub const MAX_TOTAL_BYTES: u64 = 1 << 30;
+
+/// The deepest folder read under `sites/`, `zones/` and `nodes/` (working
+/// tree or committed tree).
+pub const MAX_DEPTH: usize = 32;
+
 /// Why a config file's text is not available. Refused entries are never
 /// read (links, special files) or read only up to the limit, so no content
 /// of anything that is not a config file can reach the output.
@@ -48,6 +58,11 @@ pub enum Unreadable {
     Special(SpecialKind),
     /// Larger than [`MAX_FILE_BYTES`].
     TooLarge,
+    /// Past [`MAX_TOTAL_BYTES`] of the repository's files before it (in
+    /// path order).
+    OverTotal,
+    /// A folder deeper than [`MAX_DEPTH`]: nothing under it is read.
+    TooDeep,
     /// The file could not be opened or read.
     Io(std::io::ErrorKind),
 }
@@ -97,7 +112,8 @@ impl Unreadable {
         match self {
             Unreadable::NotUtf8 { .. } => "encoding",
             Unreadable::Link | Unreadable::Special(_) => "not-a-file",
-            Unreadable::TooLarge => "file-too-large",
+            Unreadable::TooLarge | Unreadable::OverTotal => "file-too-large",
+            Unreadable::TooDeep => "not-a-file",
             Unreadable::Io(_) => "unreadable",
         }
     }
@@ -119,6 +135,15 @@ impl std::fmt::Display for Unreadable {
                 f,
                 "larger than {} MiB, the limit for a config file",
                 MAX_FILE_BYTES >> 20
+            ),
+            Unreadable::OverTotal => write!(
+                f,
+                "past {} GiB of config files in this repository; not read",
+                MAX_TOTAL_BYTES >> 30
+            ),
+            Unreadable::TooDeep => write!(
+                f,
+                "a folder more than {MAX_DEPTH} levels deep; nothing under it is read"
             ),
             Unreadable::Io(kind) => write!(f, "cannot be read ({kind})"),
         }
@@ -266,12 +291,23 @@ pub fn files_of_dir(root: &Path) -> Result<Repo> {
     for (folder, kind) in Kind::FOLDERS {
         let dir = root.join(folder);
         match entry_at(&dir) {
-            Entry::Dir => walk(&dir, folder, kind, &mut files)?,
+            Entry::Dir => walk(&dir, folder, kind, 1, &mut files)?,
             Entry::Refused(why) => files.push((kind, folder.to_owned(), Walked::Refused(why))),
             Entry::File | Entry::Absent => {}
         }
     }
     files.sort_by(|a, b| a.1.cmp(&b.1));
+    // The total, in path order, from the sizes the walk saw.
+    let mut total = 0u64;
+    for f in &mut files {
+        if let Walked::Read(path) = &f.2 {
+            let len = std::fs::symlink_metadata(path).map_or(0, |m| m.len());
+            total = total.saturating_add(len.min(MAX_FILE_BYTES + 1));
+            if total > MAX_TOTAL_BYTES {
+                f.2 = Walked::Refused(Unreadable::OverTotal);
+            }
+        }
+    }
     let sources = files
         .into_par_iter()
         .map(|(kind, rel, walked)| Source {
@@ -299,7 +335,17 @@ enum Walked {
 /// Collects the config files under `dir`. Links and special files are
 /// refused whatever their name (never followed, never read); hidden
 /// entries are skipped.
-fn walk(dir: &Path, rel: &str, kind: Kind, out: &mut Vec<(Kind, String, Walked)>) -> Result<()> {
+fn walk(
+    dir: &Path,
+    rel: &str,
+    kind: Kind,
+    depth: usize,
+    out: &mut Vec<(Kind, String, Walked)>,
+) -> Result<()> {
+    if depth > MAX_DEPTH {
+        out.push((kind, rel.to_owned(), Walked::Refused(Unreadable::TooDeep)));
+        return Ok(());
+    }
     let entries = std::fs::read_dir(dir).with_context(|| format!("reading {}", dir.display()))?;
     for entry in entries {
         let entry = entry.with_context(|| format!("reading {}", dir.display()))?;
@@ -315,7 +361,7 @@ fn walk(dir: &Path, rel: &str, kind: Kind, out: &mut Vec<(Kind, String, Walked)>
         if file_type.is_symlink() {
             out.push((kind, child_rel, Walked::Refused(Unreadable::Link)));
         } else if file_type.is_dir() {
-            walk(&path, &child_rel, kind, out)?;
+            walk(&path, &child_rel, kind, depth + 1, out)?;
         } else if !file_type.is_file() {
             out.push((
                 kind,
@@ -436,13 +482,18 @@ pub fn from_rev(root: &Path, rev: &str) -> Result<Repo> {
     // A blob's text, or why it is refused: a link (mode 120000) is never
     // read, as in the working tree; a blob over the limit is refused from
     // its header before its content is loaded.
-    let read = |mode: i32, id: git2::Oid| -> Result<Result<String, Unreadable>> {
+    let mut total = 0u64;
+    let mut read = |mode: i32, id: git2::Oid| -> Result<Result<String, Unreadable>> {
         if mode == LINK_MODE {
             return Ok(Err(Unreadable::Link));
         }
         let (size, _) = odb.read_header(id)?;
         if size as u64 > MAX_FILE_BYTES {
             return Ok(Err(Unreadable::TooLarge));
+        }
+        total = total.saturating_add(size as u64);
+        if total > MAX_TOTAL_BYTES {
+            return Ok(Err(Unreadable::OverTotal));
         }
         Ok(utf8(repo.find_blob(id)?.content().to_vec()))
     };
@@ -471,29 +522,46 @@ pub fn from_rev(root: &Path, rev: &str) -> Result<Repo> {
         let Ok(sub) = repo.find_tree(entry.id()) else {
             continue;
         };
-        let mut blobs: Vec<(String, i32, git2::Oid)> = Vec::new();
-        sub.walk(git2::TreeWalkMode::PreOrder, |dir, entry| {
-            if dir.split('/').any(|part| part.starts_with('.')) {
-                return git2::TreeWalkResult::Ok;
+        // Walked here, not by libgit2's recursive walk: a tree nested
+        // 200,000 deep overflowed its stack. Hidden entries are skipped,
+        // a folder past MAX_DEPTH is refused whole.
+        let mut blobs: Vec<(String, Result<Blob, Unreadable>)> = Vec::new();
+        let mut trees = vec![(format!("{folder}/"), sub, 1usize)];
+        while let Some((dir, tree, depth)) = trees.pop() {
+            for entry in tree.iter() {
+                let Ok(name) = entry.name() else { continue };
+                if name.starts_with('.') {
+                    continue;
+                }
+                match entry.kind() {
+                    Some(git2::ObjectType::Tree) if depth >= MAX_DEPTH => {
+                        blobs.push((format!("{dir}{name}"), Err(Unreadable::TooDeep)));
+                    }
+                    Some(git2::ObjectType::Tree) => {
+                        if let Ok(t) = repo.find_tree(entry.id()) {
+                            trees.push((format!("{dir}{name}/"), t, depth + 1));
+                        }
+                    }
+                    Some(git2::ObjectType::Blob)
+                        if entry.filemode() == LINK_MODE || is_config_file(name) =>
+                    {
+                        blobs.push((format!("{dir}{name}"), Ok((entry.filemode(), entry.id()))));
+                    }
+                    _ => {}
+                }
             }
-            if let Ok(name) = entry.name()
-                && !name.starts_with('.')
-                && entry.kind() == Some(git2::ObjectType::Blob)
-                && (entry.filemode() == LINK_MODE || is_config_file(name))
-            {
-                blobs.push((
-                    format!("{folder}/{dir}{name}"),
-                    entry.filemode(),
-                    entry.id(),
-                ));
-            }
-            git2::TreeWalkResult::Ok
-        })?;
-        for (path, mode, id) in blobs {
+        }
+        // In path order, as the working tree's total is counted.
+        blobs.sort_by(|a, b| a.0.cmp(&b.0));
+        for (path, blob) in blobs {
+            let text = match blob {
+                Ok((mode, id)) => read(mode, id)?,
+                Err(why) => Err(why),
+            };
             sources.push(Source {
                 kind,
                 path: path.into(),
-                text: read(mode, id)?,
+                text,
             });
         }
     }
@@ -503,6 +571,9 @@ pub fn from_rev(root: &Path, rev: &str) -> Result<Repo> {
         commit: Some(commit.id().to_string()),
     })
 }
+
+/// A committed file to read: its mode and object id.
+type Blob = (i32, git2::Oid);
 
 /// Git's file mode of a symbolic link.
 const LINK_MODE: i32 = 0o120_000;

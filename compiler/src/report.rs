@@ -215,7 +215,7 @@ fn excerpt(d: &Diagnostic, text: &str) -> (Excerpt, (usize, usize)) {
     let span = (span.0, span.1.max(span.0));
     (
         Excerpt {
-            name: d.file.to_string(),
+            name: edgestate::untrusted::escape(&d.file),
             text: out,
             first_line: first,
             primary,
@@ -267,16 +267,20 @@ pub fn diagnostics_human(diagnostics: &[Diagnostic], repo: &Repo, color: bool) -
         GraphicalTheme::unicode_nocolor()
     };
     let handler = GraphicalReportHandler::new_themed(theme).with_context_lines(2);
-    // Each file once, with the secrets of all its diagnostics masked.
-    let mut masked: BTreeMap<&str, String> = BTreeMap::new();
+    // Each file once, with the secrets of all its diagnostics masked (the
+    // diagnostics grouped by file in one pass: 200,000 of them in as many
+    // files are not 200,000 scans of the list).
+    let mut by_file: BTreeMap<&str, Vec<&Diagnostic>> = BTreeMap::new();
     for d in diagnostics {
-        if !masked.contains_key(&*d.file) {
-            let text = texts.get(&*d.file).copied().unwrap_or_default();
-            let flagged: Vec<&Diagnostic> =
-                diagnostics.iter().filter(|o| o.file == d.file).collect();
-            masked.insert(&d.file, mask_secrets(text, &flagged));
-        }
+        by_file.entry(&*d.file).or_default().push(d);
     }
+    let masked: BTreeMap<&str, String> = by_file
+        .into_iter()
+        .map(|(file, flagged)| {
+            let text = texts.get(file).copied().unwrap_or_default();
+            (file, mask_secrets(text, &flagged))
+        })
+        .collect();
     let mut out = String::new();
     for d in diagnostics {
         let text = masked.get(&*d.file).map_or("", String::as_str);

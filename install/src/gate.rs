@@ -300,8 +300,8 @@ const OPEN_PORTS: &str = "echo 0 > /proc/sys/net/ipv4/ip_unprivileged_port_start
                           echo 1 > /proc/sys/net/ipv6/ip_nonlocal_bind 2>/dev/null; \
                           exec \"$@\"";
 
-/// `nginx` wrapped in `sandbox`.
-fn sandboxed(sandbox: &Sandbox, nginx: &Path) -> Option<Command> {
+/// `program` (`nginx`, `systemd-analyze`) wrapped in `sandbox`.
+fn sandboxed(sandbox: &Sandbox, program: &Path) -> Option<Command> {
     let mut c = match sandbox {
         Sandbox::NetAndNobody => {
             let mut c = Command::new(tool("unshare")?);
@@ -313,12 +313,12 @@ fn sandboxed(sandbox: &Sandbox, nginx: &Path) -> Option<Command> {
                 .arg(tool("setpriv")?)
                 .args(["--reuid", &id, "--regid", &id, "--clear-groups"])
                 .args(["--no-new-privs", "--"])
-                .arg(nginx);
+                .arg(program);
             c
         }
         Sandbox::NetAsUser => {
             let mut c = Command::new(tool("unshare")?);
-            c.args(["--user", "--net", "--"]).arg(nginx);
+            c.args(["--user", "--net", "--"]).arg(program);
             c
         }
         Sandbox::NobodyOnly => {
@@ -326,10 +326,10 @@ fn sandboxed(sandbox: &Sandbox, nginx: &Path) -> Option<Command> {
             let id = NOBODY.to_string();
             c.args(["--reuid", &id, "--regid", &id, "--clear-groups"])
                 .args(["--no-new-privs", "--"])
-                .arg(nginx);
+                .arg(program);
             c
         }
-        Sandbox::UserOnly => Command::new(nginx),
+        Sandbox::UserOnly => Command::new(program),
         Sandbox::Unavailable => return None,
     };
     c.env_clear().stdin(std::process::Stdio::null());
@@ -444,20 +444,37 @@ fn confined(
     ok
 }
 
-/// `pattern` (nginx's `include` glob: `*`, `?`) matches `path`.
+/// `pattern` (nginx's `include` glob: `*`, `?`) matches `path`. A `*`
+/// here also crosses `/` (more files checked, never fewer). Backtracking
+/// to the last `*` only: `O(pattern × path)` for any pattern a pull
+/// request writes, never exponential.
 fn glob(pattern: &str, path: &str) -> bool {
-    fn m(p: &[char], s: &[char]) -> bool {
-        match (p.first(), s.first()) {
-            (None, None) => true,
-            (Some('*'), _) => m(&p[1..], s) || (!s.is_empty() && m(p, &s[1..])),
-            (Some('?'), Some(_)) => m(&p[1..], &s[1..]),
-            (Some(a), Some(b)) if a == b => m(&p[1..], &s[1..]),
-            _ => false,
-        }
-    }
     let p: Vec<char> = pattern.chars().take(256).collect();
     let s: Vec<char> = path.chars().collect();
-    m(&p, &s)
+    let (mut i, mut j) = (0, 0);
+    // The last `*` seen and where in `path` its match would end next.
+    let mut star: Option<(usize, usize)> = None;
+    while j < s.len() {
+        match p.get(i) {
+            Some('*') => {
+                star = Some((i, j));
+                i += 1;
+            }
+            Some(&c) if c == '?' || c == s[j] => {
+                i += 1;
+                j += 1;
+            }
+            _ => match star {
+                Some((si, sj)) => {
+                    star = Some((si, sj + 1));
+                    i = si + 1;
+                    j = sj + 1;
+                }
+                None => return false,
+            },
+        }
+    }
+    p[i..].iter().all(|&c| c == '*')
 }
 
 fn nginx(nodes: &[GateNode<'_>], roles: &Roles, scratch: &Path, out: &mut Outcome) {
@@ -519,8 +536,8 @@ fn nginx(nodes: &[GateNode<'_>], roles: &Roles, scratch: &Path, out: &mut Outcom
         let gate_instance = Instance {
             name: "gate".into(),
             listen: n.live.listen.clone(),
-            run: format!("{root}{}", n.live.run),
-            root: format!("{root}{}", n.live.root),
+            run: format!("{root}{}", super::resolved_at_root(&n.live.run)),
+            root: format!("{root}{}", super::resolved_at_root(&n.live.root)),
             vars: n.live.vars.clone(),
             https_listen: n.live.https_listen.clone(),
             proxy_listen: n.live.proxy_listen.clone(),
@@ -548,8 +565,13 @@ fn nginx(nodes: &[GateNode<'_>], roles: &Roles, scratch: &Path, out: &mut Outcom
         let mut paths = Vec::new();
         strings(&yaml, &mut paths);
         paths.push(gate_instance.run.clone());
-        for p in paths.iter().filter(|p| p.starts_with(&root)) {
-            if let Some(parent) = Path::new(p).parent() {
+        // Only folders inside the scratch root, `..` resolved (a value
+        // cannot climb out of it).
+        let inside = format!("{root}/");
+        for p in paths.iter().map(|p| super::resolved_at_root(p)) {
+            if p.starts_with(&inside)
+                && let Some(parent) = Path::new(&p).parent()
+            {
                 let _ = std::fs::create_dir_all(parent);
             }
         }
@@ -560,7 +582,8 @@ fn nginx(nodes: &[GateNode<'_>], roles: &Roles, scratch: &Path, out: &mut Outcom
         if let Some(ca) = yaml
             .pointer("/redis/tls/ca_file")
             .and_then(Value::as_str)
-            .filter(|p| p.starts_with(&root) && !Path::new(p).exists())
+            .map(super::resolved_at_root)
+            .filter(|p| p.starts_with(&format!("{root}/")) && !Path::new(p).exists())
         {
             let _ = std::fs::copy(roletmpl::SYSTEM_CA_FILE, ca);
         }
@@ -678,7 +701,7 @@ fn agent(nodes: &[GateNode<'_>], out: &mut Outcome) {
         let text = String::from_utf8_lossy(&f.bytes);
         // Variables are the node's: set there, not here.
         let env = |_: &str| Some("set-on-the-node".to_owned());
-        if let Err(errors) = agentconf::parse_with(&shown, &text, &env, false) {
+        if let Err(errors) = agentconf::parse_unread(&shown, &text, &env) {
             for e in errors.0 {
                 out.problems.push(Problem {
                     gate: Gate::Agent,
@@ -714,6 +737,27 @@ fn systemd(nodes: &[GateNode<'_>], scratch: &Path, out: &mut Outcome) {
             .push("gate systemd skipped: systemd-analyze is not installed here".into());
         return;
     };
+    // Confined as `nginx -t` is: `verify` follows what the unit names
+    // (its `Documentation=man:` pages went to `man`, whose options a
+    // crafted page name can set), so it runs without man pages and
+    // generators, as nobody, without network, in its scratch folder.
+    let sandbox = sandbox();
+    if sandbox == Sandbox::Unavailable {
+        out.problems.push(Problem {
+            gate: Gate::Systemd,
+            location: "roles/".into(),
+            message: "cannot sandbox `systemd-analyze verify` (running as root, it needs \
+                      `setpriv` from util-linux to run it as nobody); it was not run. Skip this \
+                      gate explicitly with --skip-gate systemd"
+                .into(),
+        });
+        return;
+    }
+    let as_nobody = matches!(sandbox, Sandbox::NetAndNobody | Sandbox::NobodyOnly);
+    if as_nobody {
+        use std::os::unix::fs::PermissionsExt;
+        let _ = std::fs::set_permissions(scratch, std::fs::Permissions::from_mode(0o711));
+    }
     for (i, f) in units.iter().enumerate() {
         let dir = scratch.join(format!("units-{i}"));
         let _ = std::fs::create_dir_all(&dir);
@@ -722,7 +766,18 @@ fn systemd(nodes: &[GateNode<'_>], scratch: &Path, out: &mut Outcome) {
             .map_or_else(|| f.path.clone(), |n| n.to_string_lossy().into_owned());
         let file = dir.join(&name);
         let _ = std::fs::write(&file, &f.bytes);
-        let Ok(o) = Command::new(&analyze).arg("verify").arg(&file).output() else {
+        if as_nobody {
+            hand_over(&dir);
+        }
+        let Some(mut command) = sandboxed(&sandbox, &analyze) else {
+            continue;
+        };
+        let Ok(o) = command
+            .current_dir(&dir)
+            .args(["verify", "--man=no", "--generators=no"])
+            .arg(&file)
+            .output()
+        else {
             continue;
         };
         let text = String::from_utf8_lossy(&o.stderr);
@@ -759,4 +814,32 @@ fn systemd(nodes: &[GateNode<'_>], scratch: &Path, out: &mut Outcome) {
         }
     }
     out.ran.push((Gate::Systemd, units.len()));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn include_globs_match_as_before_and_a_pull_requests_stars_cost_linear_time() {
+        for (p, path, want) in [
+            ("conf.d/*.conf", "conf.d/a.conf", true),
+            ("conf.d/*.conf", "conf.d/a.confx", false),
+            ("*", "", true),
+            ("", "", true),
+            ("", "a", false),
+            ("a?c", "abc", true),
+            ("a?c", "ac", false),
+            ("*a*b", "xaybzb", true),
+            ("*a*b", "xaybzc", false),
+            ("sites/*", "sites/x/y.conf", true),
+        ] {
+            assert_eq!(glob(p, path), want, "{p} {path}");
+        }
+        // 200 stars against a long path that fails at its end: the
+        // naive recursion never returned (2^n), this is one pass per star.
+        let stars = format!("{}z", "*".repeat(200));
+        assert!(!glob(&stars, &"a".repeat(10_000)));
+        assert!(glob(&stars, &format!("{}z", "a".repeat(10_000))));
+    }
 }

@@ -64,15 +64,17 @@ pub struct Error {
 }
 
 impl std::fmt::Display for Error {
+    /// File names and messages come from the repository (a name, a link's
+    /// target): control characters are escaped, never sent to a terminal.
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let (file, message) = (
+            edgestate::untrusted::escape(&self.file),
+            edgestate::untrusted::escape(&self.message),
+        );
         if self.line > 0 {
-            write!(
-                f,
-                "{}:{}:{}: {}",
-                self.file, self.line, self.column, self.message
-            )
+            write!(f, "{file}:{}:{}: {message}", self.line, self.column)
         } else {
-            write!(f, "{}: {}", self.file, self.message)
+            write!(f, "{file}: {message}")
         }
     }
 }
@@ -600,11 +602,15 @@ pub fn bundle(
 
 /// Every string of `v` that is an absolute path, moved under `root` (the
 /// local gate renders a node's bundle in a scratch folder, so `nginx -t`
-/// tests the configuration, not the control host's file system).
+/// tests the configuration, not the control host's file system). Its
+/// `..` are resolved first, as at `/` (where `/..` is `/`): a path that
+/// climbs (`/../../etc`) stays under `root` too.
 #[must_use]
 pub fn rebase_paths(v: &Value, root: &str) -> Value {
     match v {
-        Value::String(s) if s.starts_with('/') => Value::String(format!("{root}{s}")),
+        Value::String(s) if s.starts_with('/') => {
+            Value::String(format!("{root}{}", resolved_at_root(s)))
+        }
         Value::Array(a) => Value::Array(a.iter().map(|x| rebase_paths(x, root)).collect()),
         Value::Object(m) => Value::Object(
             m.iter()
@@ -613,6 +619,26 @@ pub fn rebase_paths(v: &Value, root: &str) -> Value {
         ),
         other => other.clone(),
     }
+}
+
+/// The absolute path `s` with its `.` and `..` resolved lexically, `..`
+/// stopping at `/` (a trailing `/` kept).
+pub(crate) fn resolved_at_root(s: &str) -> String {
+    let mut parts: Vec<&str> = Vec::new();
+    for part in s.split('/') {
+        match part {
+            "" | "." => {}
+            ".." => {
+                parts.pop();
+            }
+            p => parts.push(p),
+        }
+    }
+    let mut out = format!("/{}", parts.join("/"));
+    if s.ends_with('/') && out.len() > 1 {
+        out.push('/');
+    }
+    out
 }
 
 /// `NAME='value'` lines for a node's environment file, `<root>/secrets.env`
@@ -633,6 +659,19 @@ pub fn env_file(secrets: &BTreeMap<String, String>) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn rebased_paths_never_climb_out_of_the_scratch_root() {
+        let v = serde_json::json!({"install": {"root": "/../../../../work/x"},
+            "cache": {"dirs": ["/var/cache/../../../../etc/", "/a/./b/../c"]}, "name": "e1"});
+        assert_eq!(
+            rebase_paths(&v, "/scratch"),
+            serde_json::json!({"install": {"root": "/scratch/work/x"},
+                "cache": {"dirs": ["/scratch/etc/", "/scratch/a/c"]}, "name": "e1"})
+        );
+        assert_eq!(resolved_at_root("/"), "/");
+        assert_eq!(resolved_at_root("/.."), "/");
+    }
 
     #[test]
     fn render_fills_fields_and_reports_every_unknown_one_with_its_position() {

@@ -261,6 +261,9 @@ fn read_regular(p: &Path) -> std::io::Result<Vec<u8>> {
     Ok(bytes)
 }
 
+/// The largest `roles/<role>.smoke.yaml` read.
+const MAX_SMOKE_BYTES: usize = 1 << 20;
+
 fn read_smoke(path: &Path, shown: &str) -> Result<Vec<SmokeRequest>, Error> {
     let bad = |line: usize, column: usize, message: String| Error {
         kind: ErrorKind::BadSmoke,
@@ -269,7 +272,17 @@ fn read_smoke(path: &Path, shown: &str) -> Result<Vec<SmokeRequest>, Error> {
         column,
         message,
     };
-    let text = std::fs::read_to_string(path).map_err(|e| bad(0, 0, e.to_string()))?;
+    // Read as every role file is: never through a link, never a FIFO,
+    // at most MAX_SMOKE_BYTES (a list of requests is a few lines).
+    let bytes = read_regular(path).map_err(|e| bad(0, 0, e.to_string()))?;
+    if bytes.len() > MAX_SMOKE_BYTES {
+        return Err(bad(
+            0,
+            0,
+            format!("larger than {} KiB: refused", MAX_SMOKE_BYTES >> 10),
+        ));
+    }
+    let text = String::from_utf8(bytes).map_err(|_| bad(0, 0, "not UTF-8".into()))?;
     let tree = match yamlspan::parse(&text) {
         Ok(Some(t)) => t,
         Ok(None) => return Ok(Vec::new()),

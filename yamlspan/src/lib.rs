@@ -96,6 +96,9 @@ impl ErrorKind {
 /// Cap on nodes in one document, aliases expanded (billion-laughs guard).
 /// A site file has tens of nodes; a zone with 100k routes has 100k.
 const MAX_NODES: usize = 4_000_000;
+/// Cap on the text (keys and strings) aliases copy in one document: the
+/// node cap alone let 1,000 aliases of a 1 MiB string take a gigabyte.
+const MAX_ALIAS_BYTES: usize = 64 << 20;
 /// Nesting deeper than this is hostile, not configuration.
 const MAX_DEPTH: usize = 64;
 
@@ -238,6 +241,7 @@ pub fn parse(text: &str) -> Result<Option<Node>, Error> {
     let mut root: Option<Node> = None;
     let mut documents = 0usize;
     let mut nodes = 0usize;
+    let mut alias_bytes = 0usize;
 
     while let Some(next) = parser.next_event() {
         let (event, pspan) = next.map_err(|e| {
@@ -398,6 +402,17 @@ pub fn parse(text: &str) -> Result<Option<Node>, Error> {
                 if nodes > MAX_NODES {
                     return Err(too_large(span));
                 }
+                alias_bytes = alias_bytes.saturating_add(text_bytes(target));
+                if alias_bytes > MAX_ALIAS_BYTES {
+                    return Err(Error {
+                        kind: ErrorKind::TooLarge,
+                        message: format!(
+                            "aliases copy more than {} MiB of text",
+                            MAX_ALIAS_BYTES >> 20
+                        ),
+                        span,
+                    });
+                }
                 let mut node = target.clone();
                 node.span = span;
                 node
@@ -467,6 +482,19 @@ fn remember(anchors: &mut Vec<Option<Node>>, anchor: usize, node: &Node) {
         anchors.resize(anchor + 1, None);
     }
     anchors[anchor] = Some(node.clone());
+}
+
+/// The bytes of the keys and strings under `node`.
+fn text_bytes(node: &Node) -> usize {
+    match &node.value {
+        Value::Str(s) => s.len(),
+        Value::Seq(items) => items.iter().map(text_bytes).sum(),
+        Value::Map(entries) => entries
+            .iter()
+            .map(|(k, v)| k.text.len() + text_bytes(v))
+            .sum(),
+        _ => 0,
+    }
 }
 
 fn count(node: &Node) -> usize {

@@ -71,6 +71,19 @@ fn aliases_expand_and_billion_laughs_is_refused() {
 }
 
 #[test]
+fn aliases_of_a_large_string_are_refused_by_the_text_they_copy() {
+    // 1,000 aliases of a 1 MiB string: few values, a gigabyte of text.
+    let mut text = format!("x: &s \"{}\"\ny: [", "A".repeat(1 << 20));
+    text.push_str(&vec!["*s"; 1000].join(", "));
+    text.push_str("]\n");
+    let e = parse(&text).unwrap_err();
+    assert_eq!(e.kind, ErrorKind::TooLarge);
+    assert!(e.message.contains("aliases copy more than 64 MiB"), "{e:?}");
+    // At the first alias past the cap, line 2.
+    assert_eq!(e.span.line, 2);
+}
+
+#[test]
 fn deep_nesting_is_refused() {
     let text = format!("{}{}", "[".repeat(200), "]".repeat(200));
     assert!(parse(&text).is_err());

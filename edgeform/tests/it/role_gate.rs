@@ -183,6 +183,62 @@ fn check_refuses_shared_objects_and_modules_it_does_not_ship_and_never_runs_them
     );
 }
 
+/// `systemd-analyze verify` checks a unit's `Documentation=man:` pages by
+/// running `man`, whose options a page name can set (`-C` a config that
+/// redefines `nroff`): the gate runs it without man pages, as nobody,
+/// without network, and nothing of the pull request runs.
+#[test]
+fn the_systemd_gate_never_runs_what_a_units_man_page_names() {
+    let repo = Repo::new();
+    let marker = tempfile::tempdir().unwrap();
+    let ran = marker.path().join("ran");
+    std::fs::write(
+        repo.path("roles/edge/man.conf"),
+        format!(
+            "NOCACHE\nDEFINE nroff /bin/sh -c 'touch {}; cat'\n",
+            ran.display()
+        ),
+    )
+    .unwrap();
+    std::fs::write(
+        repo.path("roles/edge/edgeform-x.service"),
+        "[Unit]\nDocumentation=man:ls(-Croles/edge/man.conf)\n\n[Service]\nExecStart=/bin/true\n",
+    )
+    .unwrap();
+    let (_, err) = repo.check();
+    assert!(err.contains("systemd"), "the gate ran: {err}");
+    assert!(!ran.exists(), "man ran the pull request's nroff: {err}");
+}
+
+/// The nginx gate renders a node's absolute paths under its scratch folder
+/// with their `..` resolved at `/`: a node's `install.root` or cache folder
+/// that climbs (`/../../..`) creates nothing outside it.
+#[test]
+fn the_nginx_gate_creates_nothing_outside_its_scratch_folder() {
+    let repo = Repo::new();
+    let outside = tempfile::tempdir().unwrap();
+    let target = outside.path().join("escaped");
+    let climb = format!("/../../../../../../../..{}", target.display());
+    let node = std::fs::read_to_string(repo.path("nodes/edge-1.yaml"))
+        .unwrap()
+        .replace("root: /srv/edgeform", &format!("root: {climb}"))
+        .replace("dirs: [/var/cache/edge]", &format!("dirs: [{climb}/cache]"));
+    std::fs::write(repo.path("nodes/edge-1.yaml"), node).unwrap();
+    // A template that names none of the paths: the confinement check of
+    // the rendered nginx.conf has nothing to refuse.
+    std::fs::write(
+        repo.path("roles/edge/nginx.conf.tmpl"),
+        "events {}\nhttp {}\n",
+    )
+    .unwrap();
+    let (_, err) = repo.check();
+    assert!(err.contains("gates ran"), "{err}");
+    assert!(
+        !target.exists(),
+        "created outside the scratch folder: {err}"
+    );
+}
+
 #[test]
 fn check_never_shows_files_of_this_machine_or_nginx_messages() {
     let repo = Repo::new();

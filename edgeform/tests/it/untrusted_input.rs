@@ -177,6 +177,51 @@ fn a_file_over_the_size_cap_is_refused_unread() {
     assert_eq!(codes_for(&f, "sites/big.yaml"), ["file-too-large"]);
 }
 
+/// A folder nested deeper than the loader reads is refused as one entry,
+/// in the working tree and committed (a committed tree nested 200,000
+/// deep overflowed libgit2's recursive walk).
+#[test]
+fn a_folder_nested_too_deep_is_refused_in_the_tree_and_committed() {
+    let f = Fixture::with(&[]);
+    let mut dir = f.path().join("sites");
+    for _ in 0..40 {
+        dir.push("d");
+    }
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(
+        dir.join("x.yaml"),
+        "host: x.example.com\norigin: http://192.0.2.2\n",
+    )
+    .unwrap();
+    let deep = format!("sites/{}", vec!["d"; compiler::load::MAX_DEPTH].join("/"));
+    let refused = |checked: &compiler::Checked| {
+        checked
+            .diagnostics
+            .iter()
+            .filter(|d| d.code == "not-a-file")
+            .map(|d| d.file.to_string())
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(refused(&f.check()), std::slice::from_ref(&deep));
+    f.commit("deep");
+    let repo = compiler::load::from_rev(f.path(), "HEAD").unwrap();
+    assert_eq!(refused(&compiler::check(&repo)), [deep]);
+}
+
+/// A file name with control characters (a forged log line, a cleared
+/// screen) is shown escaped.
+#[test]
+fn control_characters_in_a_file_name_never_reach_the_terminal() {
+    let f = Fixture::with(&[]);
+    let name = "x\u{1b}[2J\u{1b}[31mFORGED\nerror: y.yaml";
+    std::fs::write(f.path().join("sites").join(name), "host: [\n").unwrap();
+    let out = run(f.path(), &["check"]);
+    let text = all_output(&out);
+    assert_eq!(out.status.code(), Some(1), "{text}");
+    assert!(!text.contains('\u{1b}'), "{text:?}");
+    assert!(text.contains("x\\u{1b}[2J"), "{text}");
+}
+
 #[test]
 fn committed_links_are_refused_with_rev() {
     let outside = tempfile::tempdir().unwrap();
