@@ -342,7 +342,10 @@ fn pattern_message(kind: Kind, pointer: &str, value: &str) -> (String, Option<&'
             format!("`{value}` is not an environment variable name"),
             None,
         ),
-        "dirs" => (format!("`{value}` is not an absolute path"), None),
+        "dirs" | "root" => (
+            format!("`{value}` is not an absolute path"),
+            Some("it starts with `/` and has no empty, `.` or `..` folder"),
+        ),
         _ => (format!("`{value}` has an invalid form for `{field}`"), None),
     }
 }

@@ -460,8 +460,9 @@ pub struct Install {
     /// The SSH user.
     #[schemars(length(min = 1))]
     pub user: String,
-    /// The node's root folder (absolute): `releases/`, `current`, `run/`.
-    #[schemars(regex(pattern = r"^/"))]
+    /// The node's root folder (absolute, no `.` or `..` folder):
+    /// `releases/`, `current`, `run/`.
+    #[schemars(regex(pattern = r"^/$|^(/([^/.][^/]*|\.[^/.][^/]*|\.\.[^/]+))+/?$"))]
     pub root: String,
     /// The live server's listen address (`{{ instance.listen }}` of the live rendering).
     #[schemars(length(min = 1))]
@@ -556,9 +557,9 @@ pub struct RedisTls {
 #[derive(Debug, Clone, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Cache {
-    /// Cache directories (absolute paths).
+    /// Cache directories (absolute paths, no `.` or `..` folder).
     #[serde(default)]
-    #[schemars(inner(regex(pattern = "^/")))]
+    #[schemars(inner(regex(pattern = r"^/$|^(/([^/.][^/]*|\.[^/.][^/]*|\.\.[^/]+))+/?$")))]
     pub dirs: Option<Vec<String>>,
     /// nginx `levels`, e.g. `1:2`.
     #[serde(default)]

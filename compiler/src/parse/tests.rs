@@ -106,6 +106,41 @@ fn a_hostname_in_capitals_is_an_invalid_value_with_the_rule_in_the_help() {
 }
 
 #[test]
+fn a_node_folder_that_climbs_or_is_not_absolute_is_an_invalid_value() {
+    let node = |dirs: &str, root: &str| {
+        source(
+            "nodes/e.yaml",
+            Kind::Node,
+            &format!(
+                "name: e\nroles: [edge]\nregion: eu\nlocation: {{lat: 1.0, lon: 2.0}}\n\
+                 cache: {{dirs: [\"{dirs}\"]}}\n\
+                 install: {{ssh: h, user: u, root: \"{root}\", listen: \"127.0.0.1:80\", \
+                 smoke_listen: \"127.0.0.1:81\"}}\n"
+            ),
+        )
+    };
+    for good in [
+        "/var/cache/edge",
+        "/var/cache/edge/",
+        "/srv/.hidden/..x/...",
+        "/",
+    ] {
+        let bad: Vec<String> = found(&node(good, good))
+            .into_iter()
+            .filter(|f| f.contains("absolute path"))
+            .collect();
+        assert!(bad.is_empty(), "{good}: {bad:?}");
+    }
+    for bad in ["/var/../etc", "/srv/./x", "/..", "relative", "/a//b"] {
+        let said: Vec<String> = found(&node(bad, bad))
+            .into_iter()
+            .filter(|f| f.contains("is not an absolute path"))
+            .collect();
+        assert_eq!(said.len(), 2, "{bad}: {said:?}");
+    }
+}
+
+#[test]
 fn a_missing_required_key_is_located_at_the_files_start() {
     // (`origin` or `origins` is required by the site rules, which see both.)
     let d = only(&site("origin: http://203.0.113.10\n"));

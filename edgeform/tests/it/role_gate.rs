@@ -211,8 +211,10 @@ fn the_systemd_gate_never_runs_what_a_units_man_page_names() {
 }
 
 /// The nginx gate renders a node's absolute paths under its scratch folder
-/// with their `..` resolved at `/`: a node's `install.root` or cache folder
-/// that climbs (`/../../..`) creates nothing outside it.
+/// with their `..` resolved at `/`: a value that climbs (`/../../..`)
+/// creates nothing outside it. (`install.root` and `cache.dirs` with a
+/// `..` folder are refused by `check` itself; an `install.vars` value is
+/// free text.)
 #[test]
 fn the_nginx_gate_creates_nothing_outside_its_scratch_folder() {
     let repo = Repo::new();
@@ -221,8 +223,11 @@ fn the_nginx_gate_creates_nothing_outside_its_scratch_folder() {
     let climb = format!("/../../../../../../../..{}", target.display());
     let node = std::fs::read_to_string(repo.path("nodes/edge-1.yaml"))
         .unwrap()
-        .replace("root: /srv/edgeform", &format!("root: {climb}"))
-        .replace("dirs: [/var/cache/edge]", &format!("dirs: [{climb}/cache]"));
+        .replace(
+            "ttl_hop_port: \"8480\"}",
+            &format!("ttl_hop_port: \"8480\", spare: \"{climb}/file\"}}"),
+        );
+    assert!(node.contains("spare"));
     std::fs::write(repo.path("nodes/edge-1.yaml"), node).unwrap();
     // A template that names none of the paths: the confinement check of
     // the rendered nginx.conf has nothing to refuse.
