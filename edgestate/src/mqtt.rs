@@ -539,6 +539,50 @@ impl Command {
     }
 }
 
+/// A command's recorded result as the agent keeps it in its own Redis
+/// (`edgeform:cmd:<id>`), sealed with `key` (the node's result key) so that
+/// a duplicate id is answered with the first run's result only when this
+/// agent wrote it: the node's Redis is not trusted, and the answer is
+/// signed again when sent.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct SealedRecord {
+    /// The result's JSON text, as sealed.
+    pub result: String,
+    /// HMAC-SHA256 (hex) of the command id, a newline and `result`.
+    pub mac: String,
+}
+
+impl SealedRecord {
+    /// `result_json` for command `id`, sealed with `key`.
+    #[must_use]
+    pub fn seal(key: &[u8], id: &str, result_json: String) -> SealedRecord {
+        let mac = crate::hex(&mac(key, &Self::payload(id, &result_json)));
+        SealedRecord {
+            result: result_json,
+            mac,
+        }
+    }
+
+    /// The result text when `key` sealed it for `id` (constant-time
+    /// comparison); `None` for anything else.
+    #[must_use]
+    pub fn open(&self, key: &[u8], id: &str) -> Option<&str> {
+        let tag = unhex(&self.mac)?;
+        let mut m = hmac::Hmac::<sha2::Sha256>::new_from_slice(key).ok()?;
+        m.update(&Self::payload(id, &self.result));
+        m.verify_slice(&tag).ok()?;
+        Some(&self.result)
+    }
+
+    fn payload(id: &str, result: &str) -> Vec<u8> {
+        let mut p = Vec::with_capacity(id.len() + 1 + result.len());
+        p.extend_from_slice(id.as_bytes());
+        p.push(b'\n');
+        p.extend_from_slice(result.as_bytes());
+        p
+    }
+}
+
 fn mac(key: &[u8], data: &[u8]) -> Vec<u8> {
     // HMAC accepts keys of any length.
     let mut m = hmac::Hmac::<sha2::Sha256>::new_from_slice(key).expect("any key length");

@@ -281,7 +281,24 @@ async fn answer(
         }
         Ok(Some(previous)) => {
             tracing::info!(id = %cmd.id, "command: duplicate id; not run again");
-            if let Ok(mut earlier) = serde_json::from_str::<CommandResult>(&previous) {
+            let earlier = match recorded(config, &cmd.id, &previous) {
+                Recorded::Result(r) => Some(r),
+                Recorded::Unsealed => {
+                    tracing::warn!(id = %cmd.id, "command: the recorded result of the first run is not sealed by this node; not sent");
+                    return (
+                        result(
+                            &cmd.id,
+                            node,
+                            &cmd.action,
+                            Outcome::Refused,
+                            "duplicate id: a result is recorded for it in this node's Redis, but not sealed by this node's key (changed there?); not run again, not sent".into(),
+                        ),
+                        true,
+                    );
+                }
+                Recorded::Marker => None,
+            };
+            if let Some(mut earlier) = earlier {
                 earlier.reason = Some(match earlier.reason {
                     Some(r) => format!("{r} (duplicate id: this is the result of the first run)"),
                     None => "duplicate id: this is the result of the first run".into(),
@@ -390,6 +407,40 @@ async fn claim(
     r
 }
 
+/// The key results are sealed with in the node's Redis: the key its
+/// answers are signed with (the result key; the legacy shared key during
+/// the migration). `None`: commands are not authenticated at all.
+fn seal_key(config: &Config) -> Option<&[u8]> {
+    let m = config.mqtt.as_ref()?;
+    m.result_key.as_deref().or(m.command_key.as_deref())
+}
+
+/// What an id's record in the node's Redis holds.
+enum Recorded {
+    /// The first run's result (sealed by this node, or no key to seal with).
+    Result(CommandResult),
+    /// A result this node did not seal: not to be sent as its word.
+    Unsealed,
+    /// The claim's marker (the run never finished), or nothing readable.
+    Marker,
+}
+
+fn recorded(config: &Config, id: &str, text: &str) -> Recorded {
+    let parse = |t: &str| serde_json::from_str::<CommandResult>(t).ok();
+    match (
+        seal_key(config),
+        serde_json::from_str::<edgestate::mqtt::SealedRecord>(text),
+    ) {
+        (Some(key), Ok(sealed)) => match sealed.open(key, id).and_then(parse) {
+            Some(r) => Recorded::Result(r),
+            None => Recorded::Unsealed,
+        },
+        (Some(_), Err(_)) if parse(text).is_some() => Recorded::Unsealed,
+        (None, _) => parse(text).map_or(Recorded::Marker, Recorded::Result),
+        (Some(_), Err(_)) => Recorded::Marker,
+    }
+}
+
 async fn record(
     config: &Config,
     con: &mut Option<redis::aio::MultiplexedConnection>,
@@ -397,11 +448,16 @@ async fn record(
     ttl: u64,
     out: &CommandResult,
 ) -> anyhow::Result<()> {
+    let text = serde_json::to_string(out)?;
+    let text = match seal_key(config) {
+        Some(k) => serde_json::to_string(&edgestate::mqtt::SealedRecord::seal(k, &out.id, text))?,
+        None => text,
+    };
     let attempt = async {
         let c = edgeredis::reuse(&config.redis, &config.node, con).await?;
         redis::cmd("SET")
             .arg(key)
-            .arg(serde_json::to_string(out)?)
+            .arg(&text)
             .arg("EX")
             .arg(ttl)
             .query_async::<()>(c)

@@ -276,7 +276,8 @@ fn commands_run_only_as_allowed() {
     assert_eq!(second.status, Outcome::Ok);
     assert!(second.reason.unwrap().contains("duplicate"));
     assert_eq!(files_in(&marks), 1, "ran once");
-    // The id is remembered in local Redis.
+    // The id is remembered in local Redis (no key to seal it with here:
+    // commands are not authenticated in this setup).
     let stored: Option<String> = redis::cmd("GET")
         .arg("edgeform:cmd:d1")
         .query(&mut con(r.port))
@@ -431,6 +432,57 @@ fn signed_commands_when_a_key_is_configured() {
     let mut retry = command("u1", "echo", &[("word", "ok")]);
     retry.sign("edge-1", b"s3cret");
     assert_eq!(run(&m, &retry, &agent).status, Outcome::Ok);
+
+    // The result is recorded sealed with the node's key, and a duplicate
+    // gets it back, signed.
+    let stored: Option<String> = redis::cmd("GET")
+        .arg("edgeform:cmd:u4")
+        .query(&mut con(r.port))
+        .unwrap();
+    let sealed: edgestate::mqtt::SealedRecord = serde_json::from_str(&stored.unwrap()).unwrap();
+    assert!(sealed.open(b"s3cret", "u4").is_some(), "{sealed:?}");
+    let again = run(&m, &good, &agent);
+    assert_eq!(again.stdout, "said hi\n");
+    assert!(again.verify(&good, "edge-1", b"s3cret"), "{again:?}");
+    // A result written into the node's Redis by anyone else (the Redis is
+    // not trusted), unsealed or sealed with another key, is never sent as
+    // this node's signed word; the command does not run either.
+    let forged = |id: &str| {
+        serde_json::json!({"id": id, "node": "edge-1", "action": "echo",
+            "status": "ok", "exit_code": 0, "stdout": "forged", "stderr": "",
+            "duration_ms": 1, "finished_at": 1})
+        .to_string()
+    };
+    for (id, record) in [
+        ("f1", forged("f1")),
+        (
+            "f2",
+            serde_json::to_string(&edgestate::mqtt::SealedRecord::seal(
+                b"another key",
+                "f2",
+                forged("f2"),
+            ))
+            .unwrap(),
+        ),
+    ] {
+        redis::cmd("SET")
+            .arg(format!("edgeform:cmd:{id}"))
+            .arg(&record)
+            .exec(&mut con(r.port))
+            .unwrap();
+        let mut cmd = command(id, "echo", &[("word", "hi")]);
+        cmd.sign("edge-1", b"s3cret");
+        let res = run(&m, &cmd, &agent);
+        assert_eq!(res.status, Outcome::Refused, "{res:?}");
+        assert!(
+            res.reason
+                .as_deref()
+                .unwrap_or_default()
+                .contains("not sealed by this node"),
+            "{res:?}"
+        );
+        assert_ne!(res.stdout, "forged");
+    }
 }
 
 fn report_for(node: &str, sessions: u64) -> Vec<u8> {
