@@ -408,29 +408,38 @@ impl Worker {
                 .arg(purge::done_key(id))
                 .arg(&self.config.node);
         }
-        let mut replies: Vec<redis::RedisResult<Option<String>>> = pipe
+        // Read as values, decoded here: a reply that is not what it should
+        // be (a record that is not UTF-8) is that job's, never an error of
+        // the whole round trip.
+        let mut replies: Vec<redis::RedisResult<redis::Value>> = pipe
             .query_async(con)
             .await
             .context("counting the job's attempts and reading its record")?;
         let recorded = if id.is_some() { replies.pop() } else { None };
         let attempts = match replies.pop() {
-            Some(Ok(Some(n))) => n.parse().unwrap_or(1),
+            Some(Ok(v)) => redis::from_redis_value::<u32>(v).unwrap_or(1),
             Some(Err(e)) => {
                 tracing::warn!(key = %attempts_key(&self.queue), cause = %edgeredis::one_line(&anyhow::Error::from(e)), "purge worker: cannot count the job's starts; running it uncounted");
                 1
             }
-            _ => 1,
+            None => 1,
         };
         let Some(id) = id else {
             return Ok((attempts, None));
         };
         let recorded = match recorded {
-            Some(Ok(v)) => v,
+            Some(Ok(redis::Value::BulkString(b))) => match String::from_utf8(b) {
+                Ok(v) => Some(v),
+                Err(_) => {
+                    tracing::warn!(key = %purge::done_key(&id), "purge worker: the job's record is not UTF-8; running it");
+                    None
+                }
+            },
             Some(Err(e)) => {
                 tracing::warn!(key = %purge::done_key(&id), cause = %edgeredis::one_line(&anyhow::Error::from(e)), "purge worker: cannot read the job's record; running it");
                 None
             }
-            None => None,
+            _ => None,
         };
         let ran = recorded.map(|v| match v.strip_prefix(purge::FAILED_PREFIX) {
             Some(why) => Outcome::Failed(why.to_owned()),

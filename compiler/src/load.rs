@@ -45,6 +45,13 @@ pub const MAX_TOTAL_BYTES: u64 = 1 << 30;
 /// tree or committed tree).
 pub const MAX_DEPTH: usize = 32;
 
+/// The most entries (files and folders) walked under one of `sites/`,
+/// `zones/` and `nodes/` of a committed tree: twice a 1,000,000-site
+/// repository. A commit can repeat one subtree under many names, so a
+/// small commit could otherwise name hundreds of millions of paths (a
+/// working tree holds what was checked out: no such sharing).
+pub const MAX_ENTRIES: usize = 2_000_000;
+
 /// Why a config file's text is not available. Refused entries are never
 /// read (links, special files) or read only up to the limit, so no content
 /// of anything that is not a config file can reach the output.
@@ -63,6 +70,12 @@ pub enum Unreadable {
     OverTotal,
     /// A folder deeper than [`MAX_DEPTH`]: nothing under it is read.
     TooDeep,
+    /// A folder walked past [`MAX_ENTRIES`] entries: the rest of it is not
+    /// read.
+    TooMany,
+    /// A committed folder with the same content as one read under another
+    /// name: not read again.
+    Repeated,
     /// The file could not be opened or read.
     Io(std::io::ErrorKind),
 }
@@ -112,8 +125,8 @@ impl Unreadable {
         match self {
             Unreadable::NotUtf8 { .. } => "encoding",
             Unreadable::Link | Unreadable::Special(_) => "not-a-file",
-            Unreadable::TooLarge | Unreadable::OverTotal => "file-too-large",
-            Unreadable::TooDeep => "not-a-file",
+            Unreadable::TooLarge | Unreadable::OverTotal | Unreadable::TooMany => "file-too-large",
+            Unreadable::TooDeep | Unreadable::Repeated => "not-a-file",
             Unreadable::Io(_) => "unreadable",
         }
     }
@@ -140,6 +153,15 @@ impl std::fmt::Display for Unreadable {
                 f,
                 "past {} GiB of config files in this repository; not read",
                 MAX_TOTAL_BYTES >> 30
+            ),
+            Unreadable::TooMany => write!(
+                f,
+                "a folder of more than {MAX_ENTRIES} entries (files and folders, nested ones \
+                 counted each time they are named); the rest is not read"
+            ),
+            Unreadable::Repeated => f.write_str(
+                "a folder committed with the same content as another folder of this \
+                 repository; its files would repeat that folder's, and it is not read",
             ),
             Unreadable::TooDeep => write!(
                 f,
@@ -301,8 +323,13 @@ pub fn files_of_dir(root: &Path) -> Result<Repo> {
     let mut total = 0u64;
     for f in &mut files {
         if let Walked::Read(path) = &f.2 {
+            // Only what will be read counts (a file over the per-file
+            // limit is refused unread), as in the committed tree.
             let len = std::fs::symlink_metadata(path).map_or(0, |m| m.len());
-            total = total.saturating_add(len.min(MAX_FILE_BYTES + 1));
+            if len > MAX_FILE_BYTES {
+                continue;
+            }
+            total = total.saturating_add(len);
             if total > MAX_TOTAL_BYTES {
                 f.2 = Walked::Refused(Unreadable::OverTotal);
             }
@@ -527,8 +554,20 @@ pub fn from_rev(root: &Path, rev: &str) -> Result<Repo> {
         // a folder past MAX_DEPTH is refused whole.
         let mut blobs: Vec<(String, Result<Blob, Unreadable>)> = Vec::new();
         let mut trees = vec![(format!("{folder}/"), sub, 1usize)];
-        while let Some((dir, tree, depth)) = trees.pop() {
+        let mut walked = 0usize;
+        // A folder whose content (tree id) was committed under another
+        // name already is not walked again: its config files would repeat
+        // the first's (refused as duplicates anyway), and a commit nesting
+        // one subtree under many names would name millions of paths.
+        let mut seen = std::collections::HashSet::new();
+        let mut holds_config = std::collections::HashMap::new();
+        'walk: while let Some((dir, tree, depth)) = trees.pop() {
             for entry in tree.iter() {
+                walked += 1;
+                if walked > MAX_ENTRIES {
+                    blobs.push((folder.to_owned(), Err(Unreadable::TooMany)));
+                    break 'walk;
+                }
                 let Ok(name) = entry.name() else { continue };
                 if name.starts_with('.') {
                     continue;
@@ -536,6 +575,12 @@ pub fn from_rev(root: &Path, rev: &str) -> Result<Repo> {
                 match entry.kind() {
                     Some(git2::ObjectType::Tree) if depth >= MAX_DEPTH => {
                         blobs.push((format!("{dir}{name}"), Err(Unreadable::TooDeep)));
+                    }
+                    Some(git2::ObjectType::Tree) if !seen.insert(entry.id()) => {
+                        let holds = config_under(&repo, entry.id(), 0, &mut holds_config);
+                        blobs.extend(
+                            holds.then(|| (format!("{dir}{name}"), Err(Unreadable::Repeated))),
+                        );
                     }
                     Some(git2::ObjectType::Tree) => {
                         if let Ok(t) = repo.find_tree(entry.id()) {
@@ -570,6 +615,42 @@ pub fn from_rev(root: &Path, rev: &str) -> Result<Repo> {
         sources,
         commit: Some(commit.id().to_string()),
     })
+}
+
+/// Whether the committed folder `id` holds a config file (or a link)
+/// anywhere under it, not in a hidden folder: memoized by tree id, so a
+/// tree repeated under many names is looked at once.
+fn config_under(
+    repo: &git2::Repository,
+    id: git2::Oid,
+    depth: usize,
+    memo: &mut std::collections::HashMap<git2::Oid, bool>,
+) -> bool {
+    if let Some(&known) = memo.get(&id) {
+        return known;
+    }
+    let Ok(tree) = repo.find_tree(id) else {
+        return false;
+    };
+    let mut found = false;
+    for entry in tree.iter() {
+        let Ok(name) = entry.name() else { continue };
+        if name.starts_with('.') {
+            continue;
+        }
+        found = match entry.kind() {
+            Some(git2::ObjectType::Tree) => {
+                depth < MAX_DEPTH && config_under(repo, entry.id(), depth + 1, memo)
+            }
+            Some(git2::ObjectType::Blob) => entry.filemode() == LINK_MODE || is_config_file(name),
+            _ => false,
+        };
+        if found {
+            break;
+        }
+    }
+    memo.insert(id, found);
+    found
 }
 
 /// A committed file to read: its mode and object id.

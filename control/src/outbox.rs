@@ -394,6 +394,21 @@ mod tests {
     }
 
     #[test]
+    fn the_largest_job_of_escaped_characters_is_kept_and_read_back() {
+        let d = tempfile::tempdir().unwrap();
+        let s = DirStore::open(&d.path().join("state")).unwrap();
+        // A job at the agent's limit whose text is all `\"`: kept as a JSON
+        // string, each character is escaped again.
+        let body = "\\\"".repeat((purge::MAX_JOB_BYTES - 16) / 2);
+        let job = format!("{{\"grep\":\"{body}\"}}");
+        assert!(job.len() <= purge::MAX_JOB_BYTES);
+        spool(&s, "edge-1", "a-1", &job).unwrap();
+        let e = entries(&s, "edge-1").unwrap();
+        assert_eq!(e.len(), 1);
+        assert_eq!(e[0].job, job);
+    }
+
+    #[test]
     fn kept_jobs_come_back_in_order_with_private_files() {
         use std::os::unix::fs::PermissionsExt;
         let d = tempfile::tempdir().unwrap();

@@ -500,9 +500,11 @@ pub const MAX_ROLLOUT_STATE_BYTES: usize = 4 << 20;
 /// The rollouts' book in the state directory.
 pub const ROLLOUT_FILE: &str = "rollout.json";
 
-/// The largest purge outbox entry read back (a job is at most
-/// `edgestate::purge::MAX_JOB_BYTES`, plus the envelope).
-pub const MAX_OUTBOX_ENTRY_BYTES: usize = edgestate::purge::MAX_JOB_BYTES + 4096;
+/// The largest purge outbox entry read back: a job is at most
+/// `edgestate::purge::MAX_JOB_BYTES`, kept as a JSON string in the entry,
+/// where each `"` and `\` of it is escaped again (at most twice its
+/// length), plus the envelope. Every job `purge` builds fits.
+pub const MAX_OUTBOX_ENTRY_BYTES: usize = 2 * edgestate::purge::MAX_JOB_BYTES + 4096;
 
 /// Whether `name` can name an outbox entry (`<sequence>-<job id>`).
 #[must_use]
@@ -720,9 +722,11 @@ impl DirStore {
         path: &Path,
         cap: usize,
     ) -> Result<Option<String>, StoreError> {
+        // Never blocks on a FIFO planted in the store (a reader may hold
+        // the certificates' lock): the type is checked on the descriptor.
         let file = std::fs::OpenOptions::new()
             .read(true)
-            .custom_flags(libc::O_NOFOLLOW)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
             .open(path);
         let file = match file {
             Ok(f) => f,
@@ -1082,6 +1086,11 @@ impl Store for DirStore {
     }
 
     fn certificate_names(&self) -> Result<Vec<String>, StoreError> {
+        // Under the shared lock: a pair being replaced is listed (its
+        // folder is renamed aside for an instant under the exclusive one).
+        let Some(_lock) = self.certs_locked(false)? else {
+            return Ok(Vec::new());
+        };
         let dir = self.root.join(CERTS);
         let entries = match std::fs::read_dir(&dir) {
             Ok(e) => e,

@@ -426,7 +426,15 @@ fn keys_of_the_wrong_type_cost_one_jobs_bookkeeping_not_the_queue() {
             "x",
         ],
     );
+    // A record that is not UTF-8: the job is run as never recorded.
+    redis::cmd("HSET")
+        .arg("cdn:purge:done:binary")
+        .arg("edge-1")
+        .arg(b"\xff\xfe".as_slice())
+        .exec(&mut c)
+        .unwrap();
     push_job(r.port, "this is not json");
+    push_job(r.port, r#"{"id":"binary","key":"httpexample.com/x"}"#);
     push_job(r.port, r#"{"id":"recorded","key":"httpexample.com/x"}"#);
     push_job(r.port, job);
     push_job(r.port, r#"{"id":"after","key":"httpexample.com/after"}"#);
@@ -434,6 +442,7 @@ fn keys_of_the_wrong_type_cost_one_jobs_bookkeeping_not_the_queue() {
     let agent = Agent::start(r.port, &cache.dirs());
     assert_eq!(wait_done(r.port, "after", &agent), "1");
     assert_eq!(wait_done(r.port, "counted", &agent), "1");
+    assert_eq!(wait_done(r.port, "binary", &agent), "0");
     assert!(!exists(&after) && !exists(&counted));
     let processing: i64 = redis::cmd("LLEN")
         .arg(format!("{QUEUE}:processing"))

@@ -208,6 +208,42 @@ fn a_folder_nested_too_deep_is_refused_in_the_tree_and_committed() {
     assert_eq!(refused(&compiler::check(&repo)), [deep]);
 }
 
+/// A committed folder with the same content as another (one tree under two
+/// names: a small commit can nest one subtree under millions of paths) is
+/// read once; a repeated folder without config files is no problem.
+#[test]
+fn a_committed_folder_repeating_another_is_read_once() {
+    let f = Fixture::with(&[]);
+    for dir in ["sites/a", "sites/b", "sites/c", "sites/d"] {
+        std::fs::create_dir_all(f.path().join(dir)).unwrap();
+    }
+    let site = "host: x.example.com\norigin: http://192.0.2.2\n";
+    std::fs::write(f.path().join("sites/a/x.yaml"), site).unwrap();
+    std::fs::write(f.path().join("sites/b/x.yaml"), site).unwrap();
+    std::fs::write(f.path().join("sites/c/README.md"), "notes\n").unwrap();
+    std::fs::write(f.path().join("sites/d/README.md"), "notes\n").unwrap();
+    f.commit("repeated");
+    let repo = compiler::load::from_rev(f.path(), "HEAD").unwrap();
+    let refused: Vec<(String, &str)> = compiler::check(&repo)
+        .diagnostics
+        .iter()
+        .filter(|d| d.code == "not-a-file")
+        .map(|d| (d.file.to_string(), d.code))
+        .collect();
+    assert_eq!(refused.len(), 1, "{refused:?}");
+    assert!(
+        ["sites/a", "sites/b"].contains(&refused[0].0.as_str()),
+        "{refused:?}"
+    );
+    let read: Vec<&str> = repo
+        .sources
+        .iter()
+        .map(|s| &*s.path)
+        .filter(|p| p.ends_with("x.yaml"))
+        .collect();
+    assert_eq!(read.len(), 1, "{read:?}");
+}
+
 /// A file name with control characters (a forged log line, a cleared
 /// screen) is shown escaped.
 #[test]
