@@ -133,6 +133,32 @@ impl Process {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 
+    /// Freeze it (SIGSTOP): its sockets stay open and the kernel still
+    /// takes connections, but it answers nothing (a hung server, or one cut
+    /// off without a reset).
+    ///
+    /// # Panics
+    /// When the signal cannot be sent.
+    pub fn freeze(&self) {
+        self.signal("-STOP");
+    }
+
+    /// Let a frozen one run again (SIGCONT).
+    ///
+    /// # Panics
+    /// When the signal cannot be sent.
+    pub fn thaw(&self) {
+        self.signal("-CONT");
+    }
+
+    fn signal(&self, sig: &str) {
+        let sent = Command::new("kill")
+            .args([sig, &self.pid().to_string()])
+            .status()
+            .is_ok_and(|s| s.success());
+        assert!(sent, "kill {sig} {}", self.pid());
+    }
+
     /// Stop now with SIGKILL (a crash, not a shutdown).
     pub fn kill(&mut self) {
         if let Some(mut c) = self.child.take() {
@@ -390,6 +416,31 @@ fn start_redis_conf(
         last = p.log();
     }
     panic!("{what} did not start:\n{last}");
+}
+
+/// Wait (up to 30 s) until the Sentinel at `sentinel` names the server at
+/// `port` as `master_name`'s master.
+///
+/// # Panics
+/// When it does not within 30 s (the Sentinel's log is shown).
+pub fn wait_for_master(sentinel: &Process, master_name: &str, port: u16) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let reply = raw_command(
+            sentinel.port,
+            &format!("SENTINEL get-master-addr-by-name {master_name}"),
+        )
+        .unwrap_or_default();
+        if reply.contains(&port.to_string()) {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no failover to {port}: {reply}\n{}",
+            sentinel.log()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
 }
 
 /// Start a Sentinel monitoring `master_name` at 127.0.0.1:`master_port`,

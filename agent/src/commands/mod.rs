@@ -281,40 +281,30 @@ async fn answer(
         }
         Ok(Some(previous)) => {
             tracing::info!(id = %cmd.id, "command: duplicate id; not run again");
-            let earlier = match recorded(config, &cmd.id, &previous) {
-                Recorded::Result(r) => Some(r),
+            let refused = |reason: &str| {
+                let out = result(&cmd.id, node, &cmd.action, Outcome::Refused, reason.into());
+                (out, true)
+            };
+            return match recorded(config, &cmd.id, &previous) {
+                Recorded::Result(mut earlier) => {
+                    earlier.reason = Some(match earlier.reason {
+                        Some(r) => {
+                            format!("{r} (duplicate id: this is the result of the first run)")
+                        }
+                        None => "duplicate id: this is the result of the first run".into(),
+                    });
+                    (earlier, true)
+                }
                 Recorded::Unsealed => {
                     tracing::warn!(id = %cmd.id, "command: the recorded result of the first run is not sealed by this node; not sent");
-                    return (
-                        result(
-                            &cmd.id,
-                            node,
-                            &cmd.action,
-                            Outcome::Refused,
-                            "duplicate id: a result is recorded for it in this node's Redis, but not sealed by this node's key (changed there?); not run again, not sent".into(),
-                        ),
-                        true,
-                    );
+                    refused(
+                        "duplicate id: a result is recorded for it in this node's Redis, but not sealed by this node's key (changed there?); not run again, not sent",
+                    )
                 }
-                Recorded::Marker => None,
-            };
-            if let Some(mut earlier) = earlier {
-                earlier.reason = Some(match earlier.reason {
-                    Some(r) => format!("{r} (duplicate id: this is the result of the first run)"),
-                    None => "duplicate id: this is the result of the first run".into(),
-                });
-                return (earlier, true);
-            }
-            return (
-                result(
-                    &cmd.id,
-                    node,
-                    &cmd.action,
-                    Outcome::Refused,
-                    "duplicate id: a command with this id started earlier and never finished (the agent stopped while it ran); not run again".into(),
+                Recorded::Marker => refused(
+                    "duplicate id: a command with this id started earlier and never finished (the agent stopped while it ran); not run again",
                 ),
-                true,
-            );
+            };
         }
         Ok(None) => {}
     }

@@ -480,25 +480,8 @@ fn an_idle_worker_leaves_a_frozen_master_for_the_promoted_replica() {
         r#"{"id":"first","key":"httpexample.com/none"}"#,
     );
     assert_eq!(wait_done(master.port, "first", &agent), "0");
-    let stop = |sig: &str, pid: u32| {
-        let ok = std::process::Command::new("kill")
-            .args([sig, &pid.to_string()])
-            .status()
-            .unwrap()
-            .success();
-        assert!(ok, "kill {sig}");
-    };
-    stop("-STOP", master.pid());
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let reply = harness::raw_command(sentinel.port, "SENTINEL get-master-addr-by-name edge-1")
-            .unwrap_or_default();
-        if reply.contains(&replica.port.to_string()) {
-            break;
-        }
-        assert!(Instant::now() < deadline, "no failover: {reply}");
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    master.freeze();
+    harness::wait_for_master(&sentinel, "edge-1", replica.port);
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
         let pushed = redis::cmd("RPUSH")
@@ -512,7 +495,7 @@ fn an_idle_worker_leaves_a_frozen_master_for_the_promoted_replica() {
         std::thread::sleep(Duration::from_millis(100));
     }
     let v = wait_done(replica.port, "after", &agent);
-    stop("-CONT", master.pid());
+    master.thaw();
     assert_eq!(v, "1");
     assert!(!exists(&f));
 }

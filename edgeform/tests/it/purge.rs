@@ -653,15 +653,6 @@ fn a_purge_for_a_stopped_redis_is_kept_and_delivered_in_order_when_it_returns() 
     assert!(file.exists(), "an id already recorded is not run again");
 }
 
-fn signal(sig: &str, pid: u32) {
-    let ok = std::process::Command::new("kill")
-        .args([sig, &pid.to_string()])
-        .status()
-        .unwrap()
-        .success();
-    assert!(ok, "kill {sig} {pid}");
-}
-
 // A node whose Redis took the connection and answers nothing (frozen)
 // holds nobody up: its job is kept in time while the other node's is
 // queued; kept jobs of a node the repository given lacks stay kept; and a
@@ -681,11 +672,11 @@ fn a_frozen_redis_is_given_up_in_time_and_its_job_kept_never_dropped() {
             &["purge", "--site", "a.example.com", "--url", url],
         )
     };
-    signal("-STOP", r2.pid());
+    r2.freeze();
     let started = std::time::Instant::now();
     let out = purge("/frozen.mp4");
     let took = started.elapsed();
-    signal("-CONT", r2.pid());
+    r2.thaw();
     assert_eq!(out.status.code(), Some(3), "{}", stderr(&out));
     assert!(
         stderr(&out).contains("edge-2: SPOOLED") && stderr(&out).contains("no answer in 10 s"),

@@ -431,19 +431,11 @@ fn a_frozen_target_fails_alone_after_the_response_timeout() {
         edge("edge-2", "eu", frozen.port).as_bytes(),
     );
     f.commit("two edges");
-    let stop = |sig: &str| {
-        let ok = std::process::Command::new("kill")
-            .args([sig, &frozen.pid().to_string()])
-            .status()
-            .unwrap()
-            .success();
-        assert!(ok, "kill {sig}");
-    };
-    stop("-STOP");
+    frozen.freeze();
     let started = Instant::now();
     let out = apply(&f, &[]);
     let took = started.elapsed();
-    stop("-CONT");
+    frozen.thaw();
     assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
     let text = stdout(&out);
     assert!(text.contains("edge-1: applied generation 1"), "{text}");
@@ -527,20 +519,7 @@ fn sentinel_failover_between_two_applies() {
         std::thread::sleep(Duration::from_millis(50));
     }
     master.kill();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let reply = harness::raw_command(sentinel.port, "SENTINEL get-master-addr-by-name edge-1")
-            .unwrap_or_default();
-        if reply.contains(&replica.port.to_string()) {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "no failover: {reply}\n{}",
-            sentinel.log()
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    harness::wait_for_master(&sentinel, "edge-1", replica.port);
     // The replica may need a moment to accept writes as the new master.
     f.write("sites/s00000.yaml", site(0, "http://192.0.2.5").as_bytes());
     let deadline = Instant::now() + Duration::from_secs(15);
