@@ -215,39 +215,32 @@ impl Worker {
                 c = edgeredis::master(&self.config.redis, &self.config.node) => c,
                 () = shutdown.wait() => break,
             };
-            let mut con = match con {
-                Ok(c) => {
+            // A connection refused and one that failed while serving wait
+            // alike: never at once, so a server that errors on every
+            // command (a key of the wrong type, out of memory) is asked
+            // again after a growing pause, not in a loop of connections.
+            let failed = match con {
+                Ok(mut con) => {
                     tracing::info!(queue = %self.queue, "purge worker connected");
                     self.metrics.redis_up.set(1);
-                    c
-                }
-                Err(e) => {
-                    self.metrics.redis_up.set(0);
-                    let delay = backoff.next_delay();
-                    tracing::warn!(redis = %edgeredis::describe(&self.config.redis), cause = %edgeredis::one_line(&e), retry_in = ?delay, "purge worker: redis unreachable");
-                    tokio::select! {
-                        () = tokio::time::sleep(delay) => {}
-                        () = shutdown.wait() => break,
+                    self.progressed = false;
+                    let served = self.serve(&mut con, &mut shutdown).await;
+                    if std::mem::take(&mut self.progressed) {
+                        backoff.reset();
                     }
-                    continue;
+                    served
+                        .err()
+                        .map(|e| (e, "purge worker: redis error; reconnecting"))
                 }
+                Err(e) => Some((e, "purge worker: redis unreachable")),
             };
-            self.progressed = false;
-            let served = self.serve(&mut con, &mut shutdown).await;
-            if std::mem::take(&mut self.progressed) {
-                backoff.reset();
-            }
-            if let Err(e) = served {
-                self.metrics.redis_up.set(0);
-                // Never at once: a server that errors on every command
-                // (a key of the wrong type, out of memory) is asked again
-                // after a growing pause, not in a loop of connections.
-                let delay = backoff.next_delay();
-                tracing::warn!(redis = %edgeredis::describe(&self.config.redis), cause = %edgeredis::one_line(&e), retry_in = ?delay, "purge worker: redis error; reconnecting");
-                tokio::select! {
-                    () = tokio::time::sleep(delay) => {}
-                    () = shutdown.wait() => break,
-                }
+            let Some((e, what)) = failed else { continue };
+            self.metrics.redis_up.set(0);
+            let delay = backoff.next_delay();
+            tracing::warn!(redis = %edgeredis::describe(&self.config.redis), cause = %edgeredis::one_line(&e), retry_in = ?delay, "{what}");
+            tokio::select! {
+                () = tokio::time::sleep(delay) => {}
+                () = shutdown.wait() => break,
             }
         }
         let _ = refresher.await;
