@@ -68,6 +68,41 @@ fn valid_id(id: &str) -> bool {
 /// # Errors
 /// A bad node name or id, the store not writable.
 pub fn spool(store: &dyn Store, node: &str, id: &str, job: &str) -> Result<(), StoreError> {
+    keep(store, node, id, job, None)
+}
+
+/// Track `job`, queued on `node`'s master but confirmed by no replica,
+/// as delivered: the flush drops it once the node records it and queues
+/// it again if the node lost it (a failover to a replica that never had
+/// it). Newer jobs are not held behind it.
+///
+/// # Errors
+/// As [`spool`].
+pub fn track(store: &dyn Store, node: &str, id: &str, job: &str) -> Result<(), StoreError> {
+    keep(store, node, id, job, Some(now()))
+}
+
+/// Stop tracking job `id` for `node` (its record was read): the entries of
+/// that id are removed. Returns how many.
+///
+/// # Errors
+/// The store unreadable or not writable.
+pub fn forget(store: &dyn Store, node: &str, id: &str) -> Result<usize, StoreError> {
+    let mut n = 0;
+    for e in entries(store, node)?.iter().filter(|e| e.id == id) {
+        remove(store, node, e)?;
+        n += 1;
+    }
+    Ok(n)
+}
+
+fn keep(
+    store: &dyn Store,
+    node: &str,
+    id: &str,
+    job: &str,
+    delivered_at: Option<u64>,
+) -> Result<(), StoreError> {
     if !valid_id(id) {
         return Err(StoreError::NodeName(format!("job id {id}")));
     }
@@ -88,7 +123,7 @@ pub fn spool(store: &dyn Store, node: &str, id: &str, job: &str) -> Result<(), S
         id: id.to_owned(),
         job: job.to_owned(),
         spooled_at: now(),
-        delivered_at: None,
+        delivered_at,
         file: String::new(),
     };
     let text = serde_json::to_string(&entry).unwrap_or_default();
@@ -406,6 +441,26 @@ mod tests {
         let e = entries(&s, "edge-1").unwrap();
         assert_eq!(e.len(), 1);
         assert_eq!(e[0].job, job);
+    }
+
+    #[test]
+    fn a_tracked_job_counts_as_delivered_holds_nothing_back_and_is_forgotten_by_id() {
+        let d = tempfile::tempdir().unwrap();
+        let s = DirStore::open(&d.path().join("state")).unwrap();
+        track(&s, "edge-1", "a-1", "{}").unwrap();
+        assert!(!has_waiting(&s, "edge-1").unwrap());
+        let depth = depths(&s).unwrap();
+        assert_eq!((depth["edge-1"].waiting, depth["edge-1"].delivered), (0, 1));
+        spool(&s, "edge-1", "b-2", "{}").unwrap();
+        assert!(has_waiting(&s, "edge-1").unwrap());
+        assert_eq!(forget(&s, "edge-1", "a-1").unwrap(), 1);
+        assert_eq!(forget(&s, "edge-1", "a-1").unwrap(), 0);
+        let left = entries(&s, "edge-1").unwrap();
+        assert_eq!(
+            left.iter().map(|e| e.id.as_str()).collect::<Vec<_>>(),
+            ["b-2"]
+        );
+        assert!(track(&s, "../x", "a", "{}").is_err());
     }
 
     #[test]

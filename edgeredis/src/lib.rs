@@ -150,7 +150,7 @@ pub async fn reuse<'a>(
 /// Missing password variable, unreachable server or sentinels, a sentinel
 /// that does not know the master, or a "master" that is a replica.
 pub async fn master(target: &RedisTarget, node: &str) -> Result<MultiplexedConnection> {
-    connect(target, node, None, None).await
+    Ok(connect(target, node, None, None).await?.con)
 }
 
 /// Like [`master`], but over RESP3 with the server's push messages handed
@@ -163,7 +163,26 @@ pub async fn master_with_pushes(
     node: &str,
     pushes: Pushes,
 ) -> Result<MultiplexedConnection> {
-    connect(target, node, Some(&pushes), None).await
+    Ok(connect(target, node, Some(&pushes), None).await?.con)
+}
+
+/// A connection to a node's master and what its `ROLE` said of it.
+pub struct Master {
+    /// The connection.
+    pub con: MultiplexedConnection,
+    /// How many replicas the master listed as connected: a write it
+    /// acknowledged survives a failover only once one of them has it
+    /// (`WAIT`).
+    pub replicas: usize,
+}
+
+/// Like [`master`], with the replicas the master listed (`edgeform
+/// purge`, which asks one of them to confirm the job).
+///
+/// # Errors
+/// See [`master`].
+pub async fn master_counted(target: &RedisTarget, node: &str) -> Result<Master> {
+    connect(target, node, None, None).await
 }
 
 /// Like [`master_with_pushes`], and subscribed to `channel`: the `ROLE`
@@ -179,7 +198,7 @@ pub async fn master_subscribed(
     node: &str,
     pushes: Pushes,
     channel: &str,
-) -> Result<MultiplexedConnection> {
+) -> Result<Master> {
     connect(target, node, Some(&pushes), Some(channel)).await
 }
 
@@ -188,7 +207,7 @@ async fn connect(
     node: &str,
     pushes: Option<&Pushes>,
     subscribe: Option<&str>,
-) -> Result<MultiplexedConnection> {
+) -> Result<Master> {
     let connect = async {
         match target {
             RedisTarget::Url {
@@ -291,9 +310,21 @@ async fn connect(
         }
     };
     if is_master(&role) {
-        Ok(con)
+        Ok(Master {
+            con,
+            replicas: replicas_listed(&role),
+        })
     } else {
         bail!("{} is not a master (ROLE says otherwise)", describe(target))
+    }
+}
+
+/// How many replicas a master's `ROLE` reply lists (`["master", offset,
+/// [[ip, port, offset], …]]`); 0 for anything else. Pure.
+fn replicas_listed(role: &[redis::Value]) -> usize {
+    match role.get(2) {
+        Some(redis::Value::Array(replicas)) => replicas.len(),
+        _ => 0,
     }
 }
 
@@ -623,5 +654,34 @@ mod tests {
             one_line(&e),
             "connecting to redis://127.0.0.1:1: Connection refused (os error 111)"
         );
+    }
+
+    #[test]
+    fn a_masters_role_reply_counts_its_listed_replicas() {
+        use redis::Value::{Array, BulkString, Int};
+        let replica = |port: &[u8]| {
+            Array(vec![
+                BulkString(b"127.0.0.1".to_vec()),
+                BulkString(port.to_vec()),
+                BulkString(b"100".to_vec()),
+            ])
+        };
+        let role = |replicas: Vec<redis::Value>| {
+            vec![BulkString(b"master".to_vec()), Int(100), Array(replicas)]
+        };
+        assert_eq!(replicas_listed(&role(vec![])), 0);
+        assert_eq!(
+            replicas_listed(&role(vec![replica(b"1"), replica(b"2")])),
+            2
+        );
+        assert!(is_master(&role(vec![replica(b"1")])));
+        // A replica's reply, or anything short: none listed.
+        let of_replica = vec![
+            BulkString(b"slave".to_vec()),
+            BulkString(b"127.0.0.1".to_vec()),
+            Int(6379),
+        ];
+        assert_eq!(replicas_listed(&of_replica), 0);
+        assert_eq!(replicas_listed(&[]), 0);
     }
 }

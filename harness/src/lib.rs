@@ -419,19 +419,23 @@ fn start_redis_conf(
 }
 
 /// Wait (up to 30 s) until the Sentinel at `sentinel` names the server at
-/// `port` as `master_name`'s master.
+/// `port` as `master_name`'s master and has finished the failover: its
+/// `SENTINEL MASTERS` entry, which the redis crate's Sentinel client reads,
+/// is at `port` and flagged neither down nor failing over
+/// (`get-master-addr-by-name` names the promoted replica earlier).
 ///
 /// # Panics
 /// When it does not within 30 s (the Sentinel's log is shown).
 pub fn wait_for_master(sentinel: &Process, master_name: &str, port: u16) {
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
-        let reply = raw_command(
-            sentinel.port,
-            &format!("SENTINEL get-master-addr-by-name {master_name}"),
-        )
-        .unwrap_or_default();
-        if reply.contains(&port.to_string()) {
+        let reply = raw_command(sentinel.port, &format!("SENTINEL master {master_name}"))
+            .unwrap_or_default();
+        let at_port = reply.contains(&format!("\r\n{port}\r\n"));
+        let settled = ["s_down", "o_down", "failover_in_progress", "promoted"]
+            .iter()
+            .all(|flag| !reply.contains(flag));
+        if at_port && settled {
             return;
         }
         assert!(

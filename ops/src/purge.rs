@@ -253,7 +253,7 @@ pub async fn purge(
             (i, target, link)
         });
     }
-    let mut links: Vec<Option<(Target, Result<Link>)>> = jobs.iter().map(|_| None).collect();
+    let mut links: Vec<Option<(Target, Result<Queued>)>> = jobs.iter().map(|_| None).collect();
     while let Some(done) = tasks.join_next().await {
         let (i, target, link) = done.context("an enqueue task failed")?;
         links[i] = Some((target, link));
@@ -261,10 +261,39 @@ pub async fn purge(
     let mut queued = Vec::new();
     let mut failed = 0;
     let mut spooled = 0;
+    let mut tracked = Vec::new();
     for ((node, job), (target, link)) in jobs.iter().zip(links.into_iter().flatten()) {
         let node = *node;
         match link {
-            Ok(link) => queued.push((node, target, link)),
+            Ok((link, durability)) => {
+                if let Durability::Unconfirmed(why) = durability {
+                    // Queued, but only the master has it: tracked until the
+                    // node records it, queued again by the flush if a
+                    // failover lost it.
+                    let kept = control::store::open(state_dir)
+                        .and_then(|s| control::outbox::track(&*s, &node.name, &id, &job.to_json()));
+                    match kept {
+                        Ok(()) => {
+                            tracked.push(node.name.clone());
+                            eprintln!(
+                                "{}: queued on its master ({}), {why}; tracked in {} until the \
+                                 node records it (a failover that loses it is repaired by \
+                                 `purge --flush` or the reconcile daemon)",
+                                node.name,
+                                node.redis_at(),
+                                control::store::outbox_place(state_dir, &node.name)
+                            );
+                        }
+                        Err(e) => eprintln!(
+                            "{}: queued on its master ({}), {why}; not tracked: {e} (a failover \
+                             before a replica has it would lose it)",
+                            node.name,
+                            node.redis_at(),
+                        ),
+                    }
+                }
+                queued.push((node, target, link));
+            }
             Err(e) => {
                 // Kept in this host's outbox; delivered by `purge --flush`
                 // and the reconcile daemon.
@@ -345,6 +374,14 @@ pub async fn purge(
     }
     let queued = names;
     phases(targets.len(), queued.len(), enqueued, &arrivals);
+    // A tracked job the node recorded needs no more tracking.
+    for name in tracked.iter().filter(|n| results.contains_key(*n)) {
+        if let Err(e) =
+            control::store::open(state_dir).and_then(|s| control::outbox::forget(&*s, name, &id))
+        {
+            eprintln!("{name}: recorded, but still tracked in the outbox: {e}");
+        }
+    }
     let mut bad = failed;
     for node in &queued {
         match results.get(&node.name) {
@@ -433,6 +470,11 @@ pub async fn flush(config: &Config, state_dir: &Path) -> Result<u8> {
 /// before its job is kept in the outbox instead.
 const ENQUEUE_DEADLINE: Duration = Duration::from_secs(10);
 
+/// How long a master with replicas is given to have one of them confirm a
+/// job (`WAIT 1`) before the job is tracked in the outbox instead. A
+/// healthy replica confirms within a round trip.
+const REPLICA_WAIT: Duration = Duration::from_secs(1);
+
 /// Enqueues (connect, SUBSCRIBE, RPUSH) in flight at once. Each queued
 /// node keeps its connection for the wait anyway, so this bounds only the
 /// connects in flight, not the open sockets; at 64, a 300-edge purge went
@@ -456,6 +498,36 @@ struct Target {
 struct Link {
     con: MultiplexedConnection,
     pushes: Option<UnboundedReceiver<PushInfo>>,
+    /// The replicas the master listed when connected.
+    replicas: usize,
+}
+
+/// A node's job queued: its connection, and whether the job survives the
+/// loss of its master.
+type Queued = (Link, Durability);
+
+/// Whether a queued job survives the loss of the master that took it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Durability {
+    /// The master listed no replica: nothing to wait for (a failover has
+    /// nothing to promote; the master's own persistence keeps the job).
+    Alone,
+    /// A replica confirmed it (`WAIT`): a failover keeps it.
+    Replicated,
+    /// No replica confirmed it in [`REPLICA_WAIT`] (or `WAIT` was
+    /// refused): a failover now could lose it, so it is tracked in the
+    /// outbox until the node records it, and queued again if lost.
+    Unconfirmed(String),
+}
+
+impl Link {
+    fn unsubscribed(master: edgeredis::Master) -> Link {
+        Link {
+            con: master.con,
+            pushes: None,
+            replicas: master.replicas,
+        }
+    }
 }
 
 impl Target {
@@ -475,13 +547,14 @@ impl Target {
     /// is missed.
     async fn connect(&self, channel: Option<&str>) -> Result<Link> {
         let Some(channel) = channel else {
-            let con = edgeredis::master(&self.redis, &self.name).await?;
-            return Ok(Link { con, pushes: None });
+            return Ok(Link::unsubscribed(
+                edgeredis::master_counted(&self.redis, &self.name).await?,
+            ));
         };
         let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
         // ROLE and SUBSCRIBE in one round trip; nothing is written before
         // ROLE said master.
-        let con = match edgeredis::master_subscribed(
+        let master = match edgeredis::master_subscribed(
             &self.redis,
             &self.name,
             std::sync::Arc::new(tx),
@@ -489,28 +562,59 @@ impl Target {
         )
         .await
         {
-            Ok(con) => con,
+            Ok(master) => master,
             // A server without RESP3 (Redis < 6): the slow poll alone.
             Err(e) if resp3_refused(&e) => {
-                let con = edgeredis::master(&self.redis, &self.name).await?;
-                return Ok(Link { con, pushes: None });
+                return Ok(Link::unsubscribed(
+                    edgeredis::master_counted(&self.redis, &self.name).await?,
+                ));
             }
             Err(e) => return Err(e),
         };
         Ok(Link {
-            con,
+            con: master.con,
             pushes: Some(rx),
+            replicas: master.replicas,
         })
     }
 
-    async fn enqueue(&self, job: String, channel: Option<&str>) -> Result<Link> {
+    /// Queue `job` on the node's master. A master with replicas is asked,
+    /// in the same round trip, to have one of them confirm it (`WAIT 1`):
+    /// a job a master acknowledged and lost in a failover before any
+    /// replica had it would otherwise be reported queued and be nowhere.
+    async fn enqueue(&self, job: String, channel: Option<&str>) -> Result<Queued> {
         let mut link = self.connect(channel).await?;
-        redis::cmd("RPUSH")
-            .arg(edgestate::keys::purge_queue(&self.region, &self.name))
+        let queue = edgestate::keys::purge_queue(&self.region, &self.name);
+        if link.replicas == 0 {
+            redis::cmd("RPUSH")
+                .arg(queue)
+                .arg(job)
+                .exec_async(&mut link.con)
+                .await?;
+            return Ok((link, Durability::Alone));
+        }
+        let mut pipe = redis::pipe();
+        pipe.ignore_errors()
+            .cmd("RPUSH")
+            .arg(queue)
             .arg(job)
-            .exec_async(&mut link.con)
-            .await?;
-        Ok(link)
+            .cmd("WAIT")
+            .arg(1)
+            .arg(u64::try_from(REPLICA_WAIT.as_millis()).unwrap_or(u64::MAX));
+        let mut replies: Vec<redis::RedisResult<i64>> = pipe.query_async(&mut link.con).await?;
+        let waited = replies.pop();
+        // The RPUSH's own error: nothing was queued.
+        replies.pop().unwrap_or(Ok(0))?;
+        let durability = match waited {
+            Some(Ok(n)) if n >= 1 => Durability::Replicated,
+            Some(Ok(_)) => Durability::Unconfirmed(format!(
+                "no replica confirmed it in {} ms",
+                REPLICA_WAIT.as_millis()
+            )),
+            Some(Err(e)) => Durability::Unconfirmed(format!("WAIT refused: {e}")),
+            None => Durability::Unconfirmed("no answer to WAIT".to_owned()),
+        };
+        Ok((link, durability))
     }
 
     /// The node's result in `key`: read now (it may be in already), then

@@ -770,3 +770,133 @@ fn a_purge_that_cannot_be_kept_says_so_and_exits_1() {
     );
     assert!(stderr(&out).contains("not kept"), "{}", stderr(&out));
 }
+
+/// A replica's `INFO replication` says its link to the master is up.
+fn linked(replica: u16) -> bool {
+    harness::raw_command(replica, "INFO replication")
+        .is_ok_and(|info| info.contains("master_link_status:up"))
+}
+
+/// Wait (up to 20 s) for `ok`, naming `what` when it does not come.
+fn wait_until(what: &str, ok: impl Fn() -> bool) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while !ok() {
+        assert!(std::time::Instant::now() < deadline, "{what}");
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+}
+
+// Redis replicates asynchronously: a job the master acknowledged and lost
+// in a failover before any replica had it would be reported queued and be
+// nowhere. With a replica listed, `purge` waits for one to confirm the
+// job; a job none confirms in time is tracked, and the flush queues it on
+// the promoted replica that lacks it. The replica replicates through a
+// real TCP proxy: freezing the proxy holds the job back from it, and
+// killing the proxy with the master loses the job, as a failover would.
+// A master without replicas is sent no WAIT.
+#[test]
+fn a_job_no_replica_confirmed_is_tracked_and_queued_again_after_the_failover_lost_it() {
+    let mut master = harness::redis(&[]);
+    let master_port = master.port;
+    let mut proxy = harness::haproxy::start("replication proxy", |dir, port| {
+        let conf = format!(
+            "global\n    maxconn 64\n\
+             defaults\n    mode tcp\n    timeout connect 5s\n    timeout client 1h\n\
+             \x20   timeout server 1h\n\
+             listen replication\n    bind 127.0.0.1:{port}\n\
+             \x20   server master 127.0.0.1:{master_port}\n"
+        );
+        std::fs::write(dir.join("haproxy.cfg"), conf).expect("write haproxy.cfg");
+    });
+    let replica = harness::redis(&[&format!("replicaof 127.0.0.1 {}", proxy.port)]);
+    wait_until("the replica links to the master", || linked(replica.port));
+    // Started once the replica is linked: its first INFO of the master
+    // lists the replica, so a failover has a candidate.
+    let sentinel = harness::sentinel("edge-1", master.port);
+    wait_until("the sentinel knows the replica", || {
+        harness::raw_command(sentinel.port, "SENTINEL replicas edge-1")
+            .is_ok_and(|r| r.contains(&replica.port.to_string()))
+    });
+    let state = tempfile::tempdir().unwrap();
+    let state = state.path().join("state");
+    let alone = harness::redis(&[]);
+    let f = Fixture::with(&[
+        (
+            "nodes/edge-1.yaml",
+            &*format!(
+                "name: edge-1\nroles: [edge]\nregion: eu\nlocation: {{lat: 52.0, lon: 4.0}}\n\
+                 redis: {{sentinels: [\"127.0.0.1:{}\"], master: edge-1}}\n",
+                sentinel.port
+            ),
+        ),
+        (
+            "nodes/edge-2.yaml",
+            &*edge("edge-2", "us", alone.port, "$host$uri$is_args$args"),
+        ),
+        (
+            "sites/a.yaml",
+            "host: a.example.com\norigin: http://192.0.2.1\n",
+        ),
+    ]);
+    let queue = "cdn:purge:eu:edge-1";
+    let purge = |url: &str| {
+        edgeform_with_state(
+            f.path(),
+            &state,
+            &["purge", "--site", "a.example.com", "--url", url],
+        )
+    };
+
+    // Confirmed by the replica: nothing tracked. The lone master is sent
+    // no WAIT.
+    let out = purge("/confirmed.mp4");
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert!(!stderr(&out).contains("tracked"), "{}", stderr(&out));
+    let confirmed = stdout(&out).trim().to_owned();
+    assert_eq!(kept(&state, "edge-1"), 0);
+    assert_eq!(calls(master.port, "wait"), 1);
+    assert_eq!(calls(alone.port, "wait"), 0);
+    wait_until("the replica has the first job", || {
+        ids(replica.port, queue) == [confirmed.clone()]
+    });
+
+    // The replication stream held back: queued, tracked, exit 0.
+    proxy.freeze();
+    let out = purge("/unconfirmed.mp4");
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let err = stderr(&out);
+    assert!(
+        err.contains("edge-1: queued on its master")
+            && err.contains("no replica confirmed it in 1000 ms; tracked in"),
+        "{err}"
+    );
+    let lost = stdout(&out).trim().to_owned();
+    assert_eq!(ids(master.port, queue), [confirmed.clone(), lost.clone()]);
+    assert_eq!(kept(&state, "edge-1"), 1);
+
+    // The master dies with the job; the replica never got it and is
+    // promoted.
+    master.kill();
+    proxy.kill();
+    harness::wait_for_master(&sentinel, "edge-1", replica.port);
+    wait_until("the promoted replica takes writes", || {
+        harness::raw_command(replica.port, "ROLE").is_ok_and(|r| r.contains("master"))
+    });
+    assert_eq!(ids(replica.port, queue), std::slice::from_ref(&confirmed));
+
+    // The flush finds it lost and queues it again on the new master.
+    let out = edgeform_with_state(f.path(), &state, &["purge", "--flush"]);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}{}",
+        stdout(&out),
+        stderr(&out)
+    );
+    assert!(
+        stdout(&out).contains("edge-1: 0 queued, 1 queued again, 0 done, 1 tracked"),
+        "{}",
+        stdout(&out)
+    );
+    assert_eq!(ids(replica.port, queue), [confirmed, lost]);
+}
