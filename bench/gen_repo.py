@@ -698,7 +698,7 @@ def write_node(rng: random.Random, spec: NodeSpec, addrs: AddressPool, redis_por
         lines += [f"    - /var/cache/nginx/{d}" for d in dirs]
         lines.append(f'  levels: "{rng.choice(["1:2", "1:2", "2:2", "1:1:2", "2"])}"')
         if rng.random() < 0.5:
-            lines.append(f"  key: {rng.choice(['$scheme$host$request_uri', '$host$uri$is_args$args', '$scheme$proxy_host$request_uri'])}")
+            lines.append(f"  key: {rng.choice(['$scheme://$host$request_uri', '$host$uri$is_args$args', '$scheme://$host$uri'])}")
     lines.append("")
     return "\n".join(lines)
 

@@ -56,7 +56,7 @@ EF = RELEASE / "edgeform"
 AGENT = RELEASE / "edgeform-agent"
 PHASES = ("enqueue_ms", "first_result_ms", "median_result_ms", "last_result_ms")
 GEN = ROOT / "target" / "release" / "examples" / "gen-cache"
-KEYS = ["httpexample.com/a.mp4", "httpsexample.com/a.mp4"]
+KEYS = ["http://example.com/a.mp4", "https://example.com/a.mp4"]
 LEVELS = "1:2"
 
 

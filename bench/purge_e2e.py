@@ -63,7 +63,7 @@ def main():
         times = []
         for run in range(a.runs + 1):
             for c in caches:  # the object is cached on every edge again
-                subprocess.run([str(GEN), str(c), "1:2", "httpexample.com/a.mp4", "httpsexample.com/a.mp4"],
+                subprocess.run([str(GEN), str(c), "1:2", "http://example.com/a.mp4", "https://example.com/a.mp4"],
                                check=True, capture_output=True)
             t = time.perf_counter()
             r = subprocess.run([str(EF), "--repo", str(repo), "purge", "--site", "example.com", "--url", "/a.mp4",

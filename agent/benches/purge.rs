@@ -10,7 +10,7 @@
 //! four cache dirs (`levels=1:2`) under `EDGEFORM_BENCH_DIR` (default: a
 //! temporary directory, removed at the end unless `EDGEFORM_BENCH_KEEP=1`;
 //! a kept tree is reused by the next run). Keys are
-//! `$scheme$host$request_uri` over 100 hosts, so one host is ~1% of the
+//! `$scheme://$host$request_uri` over 100 hosts, so one host is ~1% of the
 //! files; bodies are random bytes (like compressed media). Sizes, 2 KiB to
 //! 1 MiB, follow `EDGEFORM_BENCH_SIZES`: `web` (default; 95% log-uniform in
 //! 2–32 KiB, 5% in 32 KiB–1 MiB, ~25 KiB mean, ~1.2 GB for 50,000) or

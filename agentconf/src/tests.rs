@@ -47,7 +47,7 @@ fn full_and_defaults() {
     .unwrap();
     assert_eq!(c.purge_queue(), "cdn:purge:eu:edge-1");
     assert_eq!(c.cache.levels, "1:2");
-    assert_eq!(c.cache.key, "$scheme$host$request_uri");
+    assert_eq!(c.cache.key, "$scheme://$host$request_uri");
     assert_eq!(c.cache.dirs.len(), 4);
     assert!(c.cache.dirs[0].ends_with("static"));
     let c = parse(
@@ -257,10 +257,17 @@ fn unusable_settings_are_refused_at_their_value() {
         ),
         (
             redis,
-            "cache:\n  key: $scheme$host\n",
+            "cache:\n  key: $scheme://$host\n",
             5,
             8,
             "no $request_uri or $uri",
+        ),
+        (
+            redis,
+            "cache:\n  key: $scheme$host$request_uri\n",
+            5,
+            8,
+            "`$scheme` directly followed by `$host`",
         ),
         (redis, "http:\n  listen: 127.0.0.1:0\n", 5, 11, "port 0"),
         (redis, "http:\n  listen: \"[::]:0\"\n", 5, 11, "port 0"),

@@ -383,7 +383,7 @@ impl Default for CacheDefaults {
                 "/var/cache/nginx/perma",
             ],
             levels: "1:2",
-            key: "$scheme$host$request_uri",
+            key: "$scheme://$host$request_uri",
         }
     }
 }
@@ -511,9 +511,12 @@ fn split_template(template: &str) -> Result<Vec<Result<&str, &str>>, String> {
 }
 
 /// Check a `proxy_cache_key` template as a node's settings give it: not
-/// empty, only variables edgeform can compute, and a path (`$uri` or
+/// empty, only variables edgeform can compute, a path (`$uri` or
 /// `$request_uri`), without which every path of a host shares one cache
-/// entry and no purge can name a path.
+/// entry and no purge can name a path, and no `$scheme` directly followed
+/// by another variable: `$scheme$host` makes `http` + `sbank.test` and
+/// `https` + `bank.test` one key, so one site's object would be served
+/// (and purged) for another.
 ///
 /// # Errors
 /// What is wrong, naming the variable.
@@ -522,6 +525,15 @@ pub fn check_template(template: &str) -> Result<(), String> {
         return Err("the cache key template is empty".into());
     }
     let parts = split_template(template)?;
+    if let Some(w) = parts
+        .windows(2)
+        .find(|w| matches!(w, [Ok("$scheme"), Ok(_)]))
+    {
+        let next = w[1].unwrap_or_default();
+        return Err(format!(
+            "the cache key template has `$scheme` directly followed by `{next}`: `http` + `sbank.test` and `https` + `bank.test` would make one key, so one site's objects would be served for another; put a separator between them, e.g. `$scheme://$host$request_uri`"
+        ));
+    }
     if !parts
         .iter()
         .any(|p| matches!(p, Ok("$uri" | "$request_uri")))
@@ -624,9 +636,10 @@ mod template_tests {
     #[test]
     fn templates_are_checked_whole() {
         for good in [
-            "$scheme$host$request_uri",
+            "$scheme://$host$request_uri",
             "$host$uri$is_args$args",
             "$scheme://$host$uri",
+            "$host$request_uri$scheme",
         ] {
             assert_eq!(check_template(good), Ok(()), "{good}");
         }
@@ -636,7 +649,15 @@ mod template_tests {
             ("$scheme$host$cookie_id$uri", "`$cookie_id`"),
             ("$host$", "`$`"),
             ("${host}$uri", "`$`"),
-            ("$scheme$host", "no $request_uri or $uri"),
+            ("$scheme://$host", "no $request_uri or $uri"),
+            (
+                "$scheme$host$request_uri",
+                "`$scheme` directly followed by `$host`",
+            ),
+            (
+                "$scheme$http_host$uri",
+                "`$scheme` directly followed by `$http_host`",
+            ),
         ] {
             let e = check_template(bad).unwrap_err();
             assert!(e.contains(needle), "{bad:?}: {e}");
@@ -668,21 +689,24 @@ mod template_tests {
     #[test]
     fn regex_over_the_key_line() {
         let re = key_line_regex(
-            "$scheme$host$request_uri",
+            "$scheme://$host$request_uri",
             &["example.com", "www.example.com"],
             "/img/",
         )
         .unwrap();
         let m = matcher(&re).unwrap();
-        assert!(m.is_match(b"KEY: httpexample.com/img/a.png"));
-        assert!(m.is_match(b"KEY: httpswww.example.com/img/"));
-        assert!(!m.is_match(b"KEY: httpexample.com/css/a.css"));
-        assert!(!m.is_match(b"KEY: httpnotexample.com/img/a.png"));
-        assert!(!m.is_match(b"KEY: httpexample.com.evil/img/a.png"));
-        let wild = key_line_regex("$scheme$host$request_uri", &["*.cdn.example.io"], "/").unwrap();
+        assert!(m.is_match(b"KEY: http://example.com/img/a.png"));
+        assert!(m.is_match(b"KEY: https://www.example.com/img/"));
+        assert!(!m.is_match(b"KEY: http://example.com/css/a.css"));
+        assert!(!m.is_match(b"KEY: http://notexample.com/img/a.png"));
+        assert!(!m.is_match(b"KEY: http://example.com.evil/img/a.png"));
+        // Another site whose name ends in this one's, `s` first: not its.
+        assert!(!m.is_match(b"KEY: http://sexample.com/img/a.png"));
+        let wild =
+            key_line_regex("$scheme://$host$request_uri", &["*.cdn.example.io"], "/").unwrap();
         let m = matcher(&wild).unwrap();
-        assert!(m.is_match(b"KEY: httpst1.cdn.example.io/x"));
-        assert!(!m.is_match(b"KEY: httpcdn.example.io/x"));
+        assert!(m.is_match(b"KEY: https://t1.cdn.example.io/x"));
+        assert!(!m.is_match(b"KEY: http://cdn.example.io/x"));
         // The seed's job, as grep -P ran it on the KEY line.
         assert!(
             matcher("KEY:.*example\\.com")

@@ -59,7 +59,7 @@ pub struct EdgeOptions {
 }
 
 impl EdgeOptions {
-    /// Defaults for a test: one worker, `1:2`, `$scheme$host$request_uri`,
+    /// Defaults for a test: one worker, `1:2`, `$scheme://$host$request_uri`,
     /// MaxMind's test database, no API.
     #[must_use]
     pub fn new(redis_port: u16) -> EdgeOptions {
@@ -67,7 +67,7 @@ impl EdgeOptions {
             redis_port,
             cache_dir: None,
             cache_levels: "1:2".into(),
-            cache_key: "$scheme$host$request_uri".into(),
+            cache_key: "$scheme://$host$request_uri".into(),
             geoip_db: repo_root().join("testdata/geoip/GeoLite2-City-Test.mmdb"),
             api_url: None,
             api_token: String::new(),

@@ -180,7 +180,15 @@ fn known_at(context: &Value, reference: &str) -> String {
 ///   `[::]:443`, `10.0.0.5:80`), the `IP:PORT` a process on the node itself
 ///   reaches it at: `127.0.0.1` (`[::1]` for `[::]`) for a wildcard or a
 ///   bare port, else the address as given (the agent's serving probe).
-const FILTERS: [&str; 6] = ["host", "port", "lua", "nginx_env", "ca_file", "loopback"];
+const FILTERS: [&str; 7] = [
+    "host",
+    "port",
+    "lua",
+    "nginx_env",
+    "ca_file",
+    "loopback",
+    "listen_port",
+];
 
 /// The system trust store (Debian's `ca-certificates`).
 pub const SYSTEM_CA_FILE: &str = "/etc/ssl/certs/ca-certificates.crt";
@@ -205,6 +213,11 @@ fn apply(filter: Option<&str>, v: &Value) -> Result<String, String> {
         "loopback" => v.as_str().and_then(loopback).ok_or_else(|| {
             "has no loopback address (a listen value: PORT, IP:PORT or [IPv6]:PORT)".into()
         }),
+        "listen_port" => v
+            .as_str()
+            .and_then(split_listen)
+            .map(|(_, port)| port.to_string())
+            .ok_or_else(|| "has no port (a listen value: PORT, IP:PORT or [IPv6]:PORT)".into()),
         "lua" => {
             let mut out = String::new();
             lua_literal(v, &mut out);
@@ -244,17 +257,23 @@ fn apply(filter: Option<&str>, v: &Value) -> Result<String, String> {
 }
 
 /// The `IP:PORT` on the node itself of an nginx `listen` value.
-fn loopback(listen: &str) -> Option<String> {
+/// An nginx `listen` value (`PORT`, `IP:PORT`, `*:PORT`, `[IPv6]:PORT`)
+/// → its host part (empty for a bare port) and its port (never 0).
+fn split_listen(listen: &str) -> Option<(&str, u16)> {
     let listen = listen.trim();
     let (host, port) = if listen.bytes().all(|b| b.is_ascii_digit()) {
         ("", listen)
     } else if let Some(rest) = listen.strip_prefix('[') {
-        let (h, p) = rest.split_once("]:")?;
-        (h, p)
+        rest.split_once("]:")?
     } else {
         listen.rsplit_once(':')?
     };
     let port: u16 = port.parse().ok().filter(|p| *p != 0)?;
+    Some((host, port))
+}
+
+fn loopback(listen: &str) -> Option<String> {
+    let (host, port) = split_listen(listen)?;
     let ip: std::net::IpAddr = match host {
         "" | "*" => std::net::Ipv4Addr::LOCALHOST.into(),
         h => match h.parse::<std::net::IpAddr>().ok()? {
@@ -385,12 +404,15 @@ mod tests {
         ] {
             assert_eq!(loopback(listen).as_deref(), want, "{listen}");
         }
-        let cx = serde_json::json!({"l": "0.0.0.0:80", "n": 3});
+        let cx = serde_json::json!({"l": "0.0.0.0:80", "v6": "[::]:10443", "n": 3});
         assert_eq!(
             render("t", "{{ l | loopback }}", &cx).unwrap(),
             "127.0.0.1:80"
         );
         assert!(render("t", "{{ n | loopback }}", &cx).is_err());
+        assert_eq!(render("t", "{{ l | listen_port }}", &cx).unwrap(), "80");
+        assert_eq!(render("t", "{{ v6 | listen_port }}", &cx).unwrap(), "10443");
+        assert!(render("t", "{{ n | listen_port }}", &cx).is_err());
     }
 
     #[test]

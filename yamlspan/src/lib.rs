@@ -197,8 +197,9 @@ fn check_continuation(
                      in), with spaces",
                     indent + 1
                 ),
+                // At the line's first character, where its column is.
                 span: Span {
-                    start: next,
+                    start: next + spaces,
                     end: next + line.len(),
                     line: u32::try_from(lineno).unwrap_or(u32::MAX),
                     column: u32::try_from(spaces + 1).unwrap_or(u32::MAX),

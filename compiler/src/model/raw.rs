@@ -565,7 +565,11 @@ pub struct Cache {
     #[serde(default)]
     #[schemars(regex(pattern = "^[12](:[12]){0,2}$"))]
     pub levels: Option<String>,
-    /// nginx `proxy_cache_key` template, e.g. `$scheme$host$request_uri`.
+    /// nginx `proxy_cache_key` template (default `$scheme://$host$request_uri`):
+    /// `$scheme`, `$host`, `$http_host`, `$server_name`, `$request_uri`, `$uri`,
+    /// `$is_args`, `$args` and literal text, with a path; never `$scheme`
+    /// directly followed by a host (`$scheme$host` makes `http` + `sbank.test`
+    /// and `https` + `bank.test` one key).
     #[serde(default)]
     #[schemars(length(min = 1))]
     pub key: Option<String>,

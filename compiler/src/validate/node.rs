@@ -96,6 +96,14 @@ pub(super) fn node(ctx: &mut Ctx<'_>, raw: &raw::Node) -> Node {
             "`cache.dirs` must not be empty".into(),
         );
     }
+    if let Err(why) = edgestate::purge::check_template(&cache.key) {
+        // At the value when the node gives one; the default is valid.
+        let d = ctx.error("invalid-value", "/cache/key", format!("`cache.key`: {why}"));
+        help(
+            d,
+            "the default is `$scheme://$host$request_uri`; changing a node's key makes its cache cold once",
+        );
+    }
     let https = https(ctx, raw);
     if let Some(i) = &raw.install
         && i.listen == i.smoke_listen
@@ -526,7 +534,7 @@ mod secret_value_tests {
             "/var/cache/nginx/edge_cache",
             "ams-1.edge.example.net",
             "[2001:db8::1]:8443",
-            "$scheme$host$request_uri",
+            "$scheme://$host$request_uri",
             "max_size=10g inactive=60m",
             "proxy_cache_levels_1_2",
             "edge-ams-1-primary-2026",

@@ -393,6 +393,21 @@ fn cache_dirs_must_not_be_empty() {
     error(&c, "invalid-value", "nodes/n.yaml:5:15");
 }
 
+#[test]
+fn a_cache_key_that_two_sites_could_share_is_refused_at_its_value() {
+    let c = node_repo(
+        "name: n\nroles: [ingest]\nregion: eu\nzone: all\ncache: {key: \"$scheme$host$request_uri\"}\n",
+    );
+    let d = error(&c, "invalid-value", "nodes/n.yaml:5:14");
+    assert!(d.message.contains("`sbank.test`"), "{}", d.message);
+    let c = node_repo(
+        "name: n\nroles: [ingest]\nregion: eu\nzone: all\ncache: {key: \"$scheme://$host$request_uri\"}\n",
+    );
+    assert!(c.is_valid(), "{}", lines(&c));
+    let c = node_repo("name: n\nroles: [ingest]\nregion: eu\nzone: all\n");
+    assert!(c.is_valid(), "{}", lines(&c));
+}
+
 // ---- zones ----
 
 #[test]

@@ -136,7 +136,7 @@ redis: {url: redis://127.0.0.1:6379}
 cache:
   dirs: [/var/cache/edgeform/edge]
   levels: \"1:2\"
-  key: $scheme$host$request_uri
+  key: $scheme://$host$request_uri
 install:
   ssh: edge-1.example.net:22
   user: root

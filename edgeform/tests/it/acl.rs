@@ -124,7 +124,7 @@ fn both(o: &Output) -> String {
 fn node(port: u16, redis: &str) -> String {
     format!(
         "name: edge-1\nroles: [edge]\nregion: eu\nlocation: {{lat: 52.0, lon: 4.0}}\n\
-         redis: {redis}\ncache: {{key: \"$scheme$host$request_uri\"}}\n"
+         redis: {redis}\ncache: {{key: \"$scheme://$host$request_uri\"}}\n"
     )
     .replace("PORT", &port.to_string())
 }
@@ -240,7 +240,7 @@ fn acl_users_with_the_documented_least_privilege_run_every_role() {
     let file = agent::cache::write_cache_file(
         cache.path(),
         &levels,
-        "https0.example.com/v/a.mp4",
+        "https://s0.example.com/v/a.mp4",
         b"body",
     )
     .unwrap();

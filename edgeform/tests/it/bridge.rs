@@ -54,7 +54,7 @@ fn node_yaml(name: &str, region: &str, i: usize, redis: u16) -> String {
          public_url: https://{name}.example.net\nlocation: {{lat: 45.0, lon: {lon}}}\n\
          addresses: [203.0.113.{}]\nplayback_session_limit: 100\n\
          redis: {{url: \"redis://127.0.0.1:{redis}\"}}\n\
-         cache: {{key: \"$scheme$host$request_uri\"}}\n",
+         cache: {{key: \"$scheme://$host$request_uri\"}}\n",
         10 + i
     )
 }
@@ -258,7 +258,7 @@ fn start_agent(
     std::fs::create_dir_all(&cache).unwrap();
     let yaml = format!(
         "node: {name}\nregion: {region}\nredis: {{url: \"redis://127.0.0.1:{redis}\"}}\n\
-         cache: {{dirs: [\"{}\"], levels: \"1:2\", key: $scheme$host$request_uri}}\n\
+         cache: {{dirs: [\"{}\"], levels: \"1:2\", key: $scheme://$host$request_uri}}\n\
          http: {{listen: \"127.0.0.1:{http}\"}}\n\
          mqtt: {{url: \"mqtt://127.0.0.1:{broker}\"}}\n\
          health: {{interval: {INTERVAL_S}s, streams: {{file: \"{streams}\", field: live}}, play_sessions: {{file: \"{streams}\", field: play}}}}\n\

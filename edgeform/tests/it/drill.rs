@@ -412,7 +412,7 @@ impl Cluster {
                 name,
                 &format!(
                     "node: {name}\nregion: eu\nredis: {{url: \"redis://127.0.0.1:{}\"}}\n\
-                     cache: {{dirs: [\"{}\"], levels: \"1:2\", key: $scheme$host$request_uri}}\n\
+                     cache: {{dirs: [\"{}\"], levels: \"1:2\", key: $scheme://$host$request_uri}}\n\
                      http: {{listen: \"127.0.0.1:{http}\"}}\n\
                      mqtt: {{url: \"mqtt://127.0.0.1:{}\"}}\n\
                      health: {{interval: {}s, probe: [\"http://{addr}:{edge_port}\"]}}\n\

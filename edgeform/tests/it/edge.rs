@@ -184,7 +184,7 @@ pub(super) fn node_yaml(redis_port: u16, cache_dir: &Path) -> String {
     format!(
         "name: edge-1\nroles: [edge]\nregion: eu\nlocation: {{lat: 52.0, lon: 4.0}}\n\
          addresses: [198.51.100.1]\nredis: {{url: \"redis://127.0.0.1:{redis_port}\"}}\n\
-         cache:\n  dirs: [\"{}\"]\n  levels: \"1:2\"\n  key: $scheme$host$request_uri\n",
+         cache:\n  dirs: [\"{}\"]\n  levels: \"1:2\"\n  key: $scheme://$host$request_uri\n",
         cache_dir.display()
     )
 }
@@ -400,6 +400,13 @@ const PATHS: &[&str] = &[
     "/gone;x",
     "/old;v=1/a",
     "/v1;x/users",
+    "/;/gone",
+    "/.;/gone",
+    "/x/..;/gone",
+    "/%2e;/gone",
+    "/old/;/;/evil.com",
+    "/gone/;jsessionid=1",
+    "/;jsessionid=1",
     "/?q=union/**/select",
     "/?q=union%09select",
     "/s?q=%3Cimg%20onload%20%3D1%3E",
@@ -1434,7 +1441,7 @@ fn a_redis_miss_asks_the_api_and_an_api_outage_is_a_fast_error() {
 pub(super) fn start_agent(redis: u16, cache: &Path) -> Agent {
     Agent::start(&format!(
         "node: edge-1\nregion: eu\nredis: {{url: \"redis://127.0.0.1:{redis}\"}}\n\
-         cache: {{dirs: [\"{}\"], levels: \"1:2\", key: \"$scheme$host$request_uri\"}}\n",
+         cache: {{dirs: [\"{}\"], levels: \"1:2\", key: \"$scheme://$host$request_uri\"}}\n",
         cache.display()
     ))
 }

@@ -98,7 +98,7 @@ impl Lab {
         let yaml = format!(
             "name: {name}\nroles: [edge]\nregion: eu\nlocation: {{lat: 52.0, lon: 4.0}}\n\
              redis: {{url: \"redis://127.0.0.1:{redis}\"}}\n\
-             cache: {{dirs: [\"{root}/var/cache/edge\"], levels: \"1:2\", key: $scheme$host$request_uri}}\n\
+             cache: {{dirs: [\"{root}/var/cache/edge\"], levels: \"1:2\", key: $scheme://$host$request_uri}}\n\
              install:\n  ssh: \"127.0.0.1:{ssh}\"\n  user: {user}\n  root: {root}\n\
              \x20 listen: \"127.0.0.1:{live}\"\n  smoke_listen: \"127.0.0.1:{smoke}\"\n  keep: 3\n\
              \x20 vars: {{workers: \"1\", resolver: 127.0.0.1, cache_max_size: 100m, \

@@ -113,7 +113,7 @@ fn a_random_host_flood_during_a_redis_outage_leaves_known_sites_serving() {
         format!(
             "name: edge-1\nroles: [edge]\nregion: eu\nlocation: {{lat: 52.0, lon: 4.0}}\n\
              addresses: [198.51.100.1]\nredis: {{url: \"redis://127.0.0.1:{}\"}}\n\
-             cache:\n  dirs: [\"{}\"]\n  levels: \"1:2\"\n  key: $scheme$host$request_uri\n",
+             cache:\n  dirs: [\"{}\"]\n  levels: \"1:2\"\n  key: $scheme://$host$request_uri\n",
             redis.port,
             cache.display()
         )

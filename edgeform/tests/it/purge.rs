@@ -34,7 +34,7 @@ fn setup(eu: u16, us: u16) -> Fixture {
     Fixture::with(&[
         (
             "nodes/edge-1.yaml",
-            &*edge("edge-1", "eu", eu, "$scheme$host$request_uri"),
+            &*edge("edge-1", "eu", eu, "$scheme://$host$request_uri"),
         ),
         (
             "nodes/edge-2.yaml",
@@ -76,10 +76,10 @@ fn jobs_land_on_every_carrier_with_its_own_key_template() {
     assert_eq!(
         k1,
         [
-            "httpa.example.com/v/a.mp4?x=1",
-            "httpwww.a.example.com/v/a.mp4?x=1",
-            "httpsa.example.com/v/a.mp4?x=1",
-            "httpswww.a.example.com/v/a.mp4?x=1"
+            "http://a.example.com/v/a.mp4?x=1",
+            "http://www.a.example.com/v/a.mp4?x=1",
+            "https://a.example.com/v/a.mp4?x=1",
+            "https://www.a.example.com/v/a.mp4?x=1"
         ]
     );
     assert!(
@@ -102,7 +102,10 @@ fn jobs_land_on_every_carrier_with_its_own_key_template() {
     );
     assert_eq!(out.status.code(), Some(0));
     let j = &queued(r1.port, "cdn:purge:eu:edge-1")[1];
-    assert_eq!(j["keys"], serde_json::json!(["httpswww.a.example.com/b"]));
+    assert_eq!(
+        j["keys"],
+        serde_json::json!(["https://www.a.example.com/b"])
+    );
 
     // A prefix: a grep job over the KEY line, checked by the agent's engine.
     let out = edgeform(
@@ -115,8 +118,8 @@ fn jobs_land_on_every_carrier_with_its_own_key_template() {
         .unwrap()
         .to_owned();
     let re = edgestate::purge::matcher(&grep).unwrap();
-    assert!(re.is_match(b"KEY: httpswww.a.example.com/img/x.png"));
-    assert!(!re.is_match(b"KEY: httpa.example.com/css/x.css"));
+    assert!(re.is_match(b"KEY: https://www.a.example.com/img/x.png"));
+    assert!(!re.is_match(b"KEY: http://a.example.com/css/x.css"));
 
     // A region-limited site goes to its region's edges only.
     let out = edgeform(f.path(), &["purge", "--site", "eu.example.com", "--all"]);
@@ -299,7 +302,7 @@ fn wait_hears_every_real_agent_and_names_a_node_whose_redis_is_down() {
     let down = closed_port();
     let caches: Vec<tempfile::TempDir> = (0..3).map(|_| tempfile::tempdir().unwrap()).collect();
     let levels = agent::cache::Levels::parse("1:2").unwrap();
-    let key = "$scheme$host$request_uri";
+    let key = "$scheme://$host$request_uri";
     let mut files = Vec::new();
     let mut repo: Vec<(String, String)> = vec![(
         "sites/a.yaml".into(),
@@ -308,7 +311,10 @@ fn wait_hears_every_real_agent_and_names_a_node_whose_redis_is_down() {
     for (i, (r, c)) in redises.iter().zip(&caches).enumerate() {
         let name = format!("edge-{}", i + 1);
         repo.push((format!("nodes/{name}.yaml"), edge(&name, "eu", r.port, key)));
-        for k in ["httpa.example.com/v/a.mp4", "httpsa.example.com/v/a.mp4"] {
+        for k in [
+            "http://a.example.com/v/a.mp4",
+            "https://a.example.com/v/a.mp4",
+        ] {
             files.push(agent::cache::write_cache_file(c.path(), &levels, k, b"body").unwrap());
         }
     }
@@ -549,7 +555,7 @@ fn a_purge_for_a_stopped_redis_is_kept_and_delivered_in_order_when_it_returns() 
     let cache = tempfile::tempdir().unwrap();
     let state = tempfile::tempdir().unwrap();
     let state = state.path().join("state");
-    let key = "$scheme$host$request_uri";
+    let key = "$scheme://$host$request_uri";
     let f = Fixture::with(&[
         ("nodes/edge-1.yaml", &*edge("edge-1", "eu", port, key)),
         (
@@ -615,7 +621,7 @@ fn a_purge_for_a_stopped_redis_is_kept_and_delivered_in_order_when_it_returns() 
     // recorded.
     let levels = agent::cache::Levels::parse("1:2").unwrap();
     let file =
-        agent::cache::write_cache_file(cache.path(), &levels, "httpa.example.com/v/1.mp4", b"x")
+        agent::cache::write_cache_file(cache.path(), &levels, "http://a.example.com/v/1.mp4", b"x")
             .unwrap();
     let _agent = agent_for("edge-1", port, cache.path());
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
@@ -632,10 +638,10 @@ fn a_purge_for_a_stopped_redis_is_kept_and_delivered_in_order_when_it_returns() 
     // The first id queued again by hand: recorded, so not run again (a
     // new copy of the object stays cached).
     let file =
-        agent::cache::write_cache_file(cache.path(), &levels, "httpa.example.com/v/1.mp4", b"y")
+        agent::cache::write_cache_file(cache.path(), &levels, "http://a.example.com/v/1.mp4", b"y")
             .unwrap();
     let first = serde_json::json!({"id": spooled[0], "site": "a.example.com",
-        "keys": ["httpa.example.com/v/1.mp4", "httpsa.example.com/v/1.mp4"]});
+        "keys": ["http://a.example.com/v/1.mp4", "https://a.example.com/v/1.mp4"]});
     redis::cmd("RPUSH")
         .arg(queue)
         .arg(first.to_string())
@@ -695,7 +701,7 @@ fn a_frozen_redis_is_given_up_in_time_and_its_job_kept_never_dropped() {
     let other = Fixture::with(&[
         (
             "nodes/edge-1.yaml",
-            &*edge("edge-1", "eu", r1.port, "$scheme$host$request_uri"),
+            &*edge("edge-1", "eu", r1.port, "$scheme://$host$request_uri"),
         ),
         (
             "sites/a.yaml",

@@ -31,7 +31,7 @@ impl Repo {
             root.join("nodes/edge-1.yaml"),
             "name: edge-1\nroles: [edge]\nregion: eu\nlocation: {lat: 52.0, lon: 4.0}\n\
              redis: {url: \"redis://127.0.0.1:6379\", password_env: EDGEFORM_REDIS_PASSWORD}\n\
-             cache: {dirs: [/var/cache/edge], levels: \"1:2\", key: $scheme$host$request_uri}\n\
+             cache: {dirs: [/var/cache/edge], levels: \"1:2\", key: $scheme://$host$request_uri}\n\
              install:\n  ssh: \"127.0.0.1:22\"\n  user: root\n  root: /srv/edgeform\n\
              \x20 listen: \"127.0.0.1:8080\"\n  smoke_listen: \"127.0.0.1:8443\"\n\
              \x20 vars: {workers: \"1\", resolver: 127.0.0.1, cache_max_size: 100m, \

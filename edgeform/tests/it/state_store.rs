@@ -523,7 +523,7 @@ fn a_purge_kept_by_one_control_host_is_delivered_by_the_other() {
         "nodes/edge-1.yaml",
         format!(
             "name: edge-1\nroles: [edge]\nregion: eu\nlocation: {{lat: 52.0, lon: 4.0}}\n\
-             redis: {{url: \"redis://127.0.0.1:{}\"}}\ncache: {{key: \"$scheme$host$request_uri\"}}\n",
+             redis: {{url: \"redis://127.0.0.1:{}\"}}\ncache: {{key: \"$scheme://$host$request_uri\"}}\n",
             edge.port
         )
         .as_bytes(),

@@ -118,7 +118,7 @@ fn node(name: &str, host: u8, port: u16) -> String {
     format!(
         "name: {name}\nroles: [edge]\nregion: eu\nlocation: {{lat: 52.0, lon: 4.0}}\n\
          addresses: [198.51.100.{host}]\nredis: {{url: \"redis://127.0.0.1:{port}\"}}\n\
-         cache: {{key: \"$scheme$host$request_uri\"}}\n"
+         cache: {{key: \"$scheme://$host$request_uri\"}}\n"
     )
 }
 

@@ -423,14 +423,17 @@ fn parse_net(s: &str) -> Option<Prefix> {
     }
 }
 
-/// `scheme://host[:port]` → (authority, host, explicit non-default port).
+/// `scheme://host[:port]`, nothing after → (authority, host, explicit
+/// non-default port). A path, query or fragment is refused: nginx's
+/// `proxy_pass` would send it in place of every request's path (a hostile
+/// Redis's document).
 fn split_origin(origin: &str) -> Option<(String, bool)> {
     let (scheme, rest) = origin.split_once("://")?;
     if scheme != "http" && scheme != "https" {
         return None;
     }
     let authority = rest.split(['/', '?', '#']).next()?;
-    if authority.is_empty() {
+    if authority.is_empty() || authority.len() != rest.len() {
         return None;
     }
     let (host, port) = split_host_port(authority);
@@ -973,13 +976,16 @@ fn refuse(mut d: Decision, verdict: Verdict, status: u16, reason: &'static str) 
 /// prefix) appended to `target` so that it stays in the target's path:
 /// one `/` where both have one, a `/` inserted after an authority with no
 /// path (`https://shop.example` + `@evil.example` →
-/// `https://shop.example/@evil.example`).
+/// `https://shop.example/@evil.example`), a run of `/` at the start of
+/// `rest` read as one (never `//evil.example` after a target `/`).
 #[must_use]
 pub fn join_redirect(target: &str, rest: &str) -> String {
     let mut out = target.to_owned();
     if rest.is_empty() {
         return out;
     }
+    let slashes = rest.len() - rest.trim_start_matches('/').len();
+    let rest = &rest[slashes.saturating_sub(1)..];
     let authority_only = target.split_once("://").is_some_and(|(scheme, after)| {
         !scheme.is_empty()
             && scheme

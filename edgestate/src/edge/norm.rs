@@ -28,6 +28,12 @@ pub enum PathError {
     /// once encoded separators are refused (the segments are nginx's
     /// then); kept so the walk fails closed (edge: 400).
     AboveRootEncoded,
+    /// A segment that is empty, `.` or `..` once its `;` parameters are
+    /// removed (`/;/admin`, `/.;/admin`, `/public/..;/admin`), other than
+    /// a last empty one (`/shop/;jsessionid=1`): an origin that reads path
+    /// parameters (Tomcat, Spring, Jetty) removes them and then resolves
+    /// the segment, reaching a path the rules never matched (edge: 400).
+    SegmentParams,
 }
 
 impl PathError {
@@ -57,6 +63,7 @@ impl PathError {
             PathError::Fragment => "fragment",
             PathError::EncodedSeparator => "encoded-separator",
             PathError::AboveRootEncoded => "above-root-encoded",
+            PathError::SegmentParams => "segment-params",
         }
     }
 
@@ -73,6 +80,9 @@ impl PathError {
             PathError::Fragment => "the path holds a raw #",
             PathError::EncodedSeparator => "the path holds an encoded / or \\ (%2F, %5C)",
             PathError::AboveRootEncoded => "the path climbs above / with .. (segments split at /)",
+            PathError::SegmentParams => {
+                "a path segment is empty, . or .. before its ;parameters (/;/x, /.;/x, /..;/x)"
+            }
         }
     }
 }
@@ -152,7 +162,8 @@ fn has_encoded_separator(path: &[u8]) -> bool {
 ///
 /// # Errors
 /// The shapes nginx refuses itself ([`PathError::refused_by_nginx`]) and
-/// those the edge refuses (a raw `\` or `#`, an encoded `/` or `\`).
+/// those the edge refuses (a raw `\` or `#`, an encoded `/` or `\`, a
+/// segment that is empty, `.` or `..` before its `;` parameters).
 pub fn canonical_path(path: &str) -> Result<String, PathError> {
     let b = path.as_bytes();
     nginx_check(b)?;
@@ -189,6 +200,15 @@ pub fn canonical_path(path: &str) -> Result<String, PathError> {
     let mut trailing = false;
     for (n, seg) in segments.iter().enumerate() {
         let last = n + 1 == segments.len();
+        if let Some(semi) = seg.iter().position(|&c| c == b';') {
+            // What an origin reading path parameters resolves: refused
+            // unless it is an ordinary name, or the last segment empty.
+            match &seg[..semi] {
+                b"." | b".." => return Err(PathError::SegmentParams),
+                b"" if !last => return Err(PathError::SegmentParams),
+                _ => {}
+            }
+        }
         match *seg {
             b"." | b"" => trailing = last,
             b".." => {

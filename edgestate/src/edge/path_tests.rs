@@ -154,6 +154,12 @@ fn a_redirect_built_from_the_path_stays_on_its_host() {
     let d = ask(&s, "GET", "shop.test", "/old/\\evil.com", &[]);
     assert_eq!(answer(&d), (400, Some("bad-path"), None));
     assert_eq!(join_redirect("/", "/x"), "/x");
+    assert_eq!(join_redirect("/", "//evil.example"), "/evil.example");
+    assert_eq!(join_redirect("/new", "///x"), "/new/x");
+    assert_eq!(join_redirect("https://a.test", "//x"), "https://a.test/x");
+    // The ;-segments that would have made such a rest never reach the rule.
+    let d = ask(&s, "GET", "shop.test", "/old/;/;/evil.example", &[]);
+    assert_eq!(answer(&d), (400, Some("bad-path"), None));
     assert_eq!(join_redirect("/new", "/x"), "/new/x");
     assert_eq!(join_redirect("https://a.test/", "/x"), "https://a.test/x");
     assert_eq!(

@@ -122,7 +122,7 @@ local function split_host_port(a)
 end
 _M.split_host_port = split_host_port
 
--- An origin URL → its Host header (host[:port], the port when not the
+-- An origin URL (scheme://host[:port], nothing after) → its Host header (host[:port], the port when not the
 -- scheme's), whether its host is an IP address, the bare host (no
 -- brackets), the port (text, nil: the scheme's), the scheme; nil when it
 -- is not an http(s) origin.
@@ -130,7 +130,9 @@ local function split_origin(origin)
   local scheme, rest = origin:match("^(%a[%w+.-]*)://(.*)$")
   if scheme ~= "http" and scheme ~= "https" then return nil end
   local authority = rest:match("^([^/?#]*)")
-  if not authority or authority == "" then return nil end
+  -- Nothing after the authority: nginx's proxy_pass would send a path
+  -- there in place of every request's (a hostile Redis's document).
+  if not authority or authority == "" or #authority ~= #rest then return nil end
   local host, port = split_host_port(authority)
   local default = scheme == "http" and "80" or "443"
   local bare = host:gsub("^%[", ""):gsub("%]$", "")
@@ -421,6 +423,10 @@ end
 -- target's path (edgestate::edge::join_redirect).
 function _M.join_redirect(target, rest)
   if rest == "" then return target end
+  -- A run of / at the start of rest reads as one.
+  local run = find(rest, "[^/]")
+  if run == nil then run = #rest + 1 end
+  if run > 2 then rest = sub(rest, run - 1) end
   if sub(target, -1) == "/" and sub(rest, 1, 1) == "/" then
     return target .. sub(rest, 2)
   end

@@ -87,6 +87,15 @@ function _M.canonical_path(path)
   local out, trailing = {}, false
   for n, seg in ipairs(segs) do
     local last = n == #segs
+    -- What an origin reading path parameters resolves: refused unless it
+    -- is an ordinary name, or the last segment empty.
+    local semi = find(seg, ";", 1, true)
+    if semi then
+      local head = sub(seg, 1, semi - 1)
+      if head == "." or head == ".." or (head == "" and not last) then
+        return nil, "segment-params"
+      end
+    end
     if seg == "." or seg == "" then
       trailing = last
     elseif seg == ".." then
@@ -104,7 +113,9 @@ function _M.canonical_path(path)
   return canon
 end
 
--- Whether a path is already canonical, cheaply for the common case.
+-- Whether a path is already canonical, cheaply for the common case: false
+-- may still be canonical (canonical_path decides). `/;` (an empty segment
+-- with parameters) is left to canonical_path too.
 -- (By bytes and plain finds: LuaJIT compiles these, not string patterns.)
 function _M.is_plain(path)
   if byte(path, 1) ~= 47 then return false end
@@ -114,6 +125,7 @@ function _M.is_plain(path)
     if c < 32 or c == 37 or c == 92 or c == 35 or c == 127 then return false end
   end
   return not find(path, "//", 1, true) and not find(path, "/.", 1, true)
+    and not find(path, "/;", 1, true)
 end
 
 -- The path every rule matches: each segment's `;…` removed.
