@@ -646,3 +646,51 @@ cache_rules:\n\
     assert!(text.contains("sites/a.yaml:6:"), "{text}");
     assert!(text.contains("write `/admin`"), "{text}");
 }
+
+/// What the edge's (and the geo router's) Lua reads of a viewer's headers
+/// costs time linear in their length: 1 MiB of hostile text (a long
+/// `X-Forwarded-For` entry before the last comma, a long Referer user-info,
+/// a run of spaces inside a cookie) takes milliseconds. A Lua pattern that
+/// rescans (`"([^,]*)$"`, `"^(.-)%s*$"`) took 0.3–0.7 s per 8 KiB header
+/// and would take hours here, so the generous limit below separates the
+/// two by orders of magnitude; it is not a benchmark.
+#[test]
+fn hostile_header_text_costs_the_lua_linear_time() {
+    let root = harness::nginx::repo_root();
+    let script = format!(
+        "package.path = '{}/roles/edge/lua/?.lua;' .. package.path\n\
+         local ip = require 'edge_ip'\n\
+         local decide = require 'edge_decide'\n\
+         local n = 1024 * 1024\n\
+         assert(ip.xff_last(string.rep('a', n) .. ', 81.2.69.142') == '81.2.69.142')\n\
+         assert(ip.xff_last('a,' .. string.rep(' ', n) .. 'b' .. string.rep(' ', n)) == 'b')\n\
+         assert(ip.xff_last(' 1.2.3.4 ') == '1.2.3.4' and ip.xff_last('a, ') == '')\n\
+         assert(decide.url_host('https://' .. string.rep('a', n) .. '@shop.test/x') == 'shop.test')\n\
+         assert(decide.url_host('https://u@v@shop.test') == 'shop.test')\n\
+         local c = 'edge_clearance=a' .. string.rep(' ', n) .. 'b  '\n\
+         assert(decide.cookie_value(c, 'edge_clearance') == 'a' .. string.rep(' ', n) .. 'b')\n\
+         print('ok')\n",
+        root.display()
+    );
+    let mut child = std::process::Command::new("luajit")
+        .args(["-e", &script])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while child.try_wait().unwrap().is_none() {
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("the Lua took over 30 s on 1 MiB of header text: quadratic");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        "ok",
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}

@@ -388,11 +388,17 @@ local function url_host(url)
   if not i then return nil end
   local rest = sub(url, i + 3)
   local authority = rest:match("^([^/?#]*)")
-  authority = authority:match("([^@]*)$")
+  -- After the last @ (a byte scan: an unanchored pattern would cost
+  -- O(n^2) on a long hostile Referer).
+  local at = #authority
+  while at > 0 and byte(authority, at) ~= 64 do at = at - 1 end
+  if at > 0 then authority = sub(authority, at + 1) end
   local host = lower((split_host_port(authority)))
   if host == "" then return nil end
   return host
 end
+
+_M.url_host = url_host
 
 local function same_site(a, b)
   return a == b or sub(a, -(#b + 1)) == "." .. b or sub(b, -(#a + 1)) == "." .. a
@@ -402,11 +408,20 @@ local function cookie_value(header, name)
   for part in header:gmatch("[^;]+") do
     local k, v = part:match("^%s*([^=]-)=(.*)$")
     if k then
-      v = v:match("^(.-)%s*$")
+      -- Trailing whitespace (%s) off by a byte scan: "^(.-)%s*$" costs
+      -- O(n^2) on a long run of spaces inside a hostile cookie.
+      local e = #v
+      while e > 0 do
+        local c = byte(v, e)
+        if c ~= 32 and (c < 9 or c > 13) then break end
+        e = e - 1
+      end
+      v = sub(v, 1, e)
       if k == name then return v end
     end
   end
 end
+_M.cookie_value = cookie_value
 
 -- The challenge (docs/edge.md "Challenged"): the page carries a nonce
 -- `<expiry>.<hmac>` bound to the site and the client address; its script
