@@ -821,8 +821,9 @@ impl Router {
         d
     }
 
-    /// The edges geo routing may choose: edge role, a location, not
-    /// drained, online and serving (by name); why the others are not.
+    /// The edges geo routing may choose: edge role, a location, an
+    /// address (the router proxies to the first), not drained, online and
+    /// serving (by name); why the others are not.
     fn geo_candidates(&self, health: &Health, reasons: &mut Vec<String>) -> Vec<(&str, Location)> {
         let mut out = Vec::new();
         for (name, node) in &self.table.nodes {
@@ -830,6 +831,12 @@ impl Router {
                 continue;
             }
             let Some(loc) = node.location else { continue };
+            if node.addresses.first().is_none_or(String::is_empty) {
+                reasons.push(format!(
+                    "{name} excluded: no address (the router has nowhere to send it)"
+                ));
+                continue;
+            }
             if node.drain {
                 reasons.push(format!("{name} excluded: drained"));
                 continue;

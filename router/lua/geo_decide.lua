@@ -13,7 +13,7 @@
 local bit = require "bit"
 local T = require "geo_tables"   -- generated from the Rust definitions
 local bxor, rshift = bit.bxor, bit.rshift
-local byte, format, concat = string.byte, string.format, table.concat
+local byte, find, format, concat = string.byte, string.find, string.format, table.concat
 local sin, cos, asin, sqrt, min = math.sin, math.cos, math.asin, math.sqrt, math.min
 
 local _M = {}
@@ -86,14 +86,23 @@ function _M.rust_text(b)
   return hex(1, 8)
 end
 
+-- An address as nginx's balancer takes it: IPv6 in brackets.
+local function peer_addr(a)
+  if type(a) ~= "string" or a == "" then return nil end
+  if find(a, ":", 1, true) and byte(a, 1) ~= 91 then return "[" .. a .. "]" end
+  return a
+end
+
 -- The edges a table offers: {name, lat, lon, addr} for every node with the
--- edge role and a location that is not drained, sorted by name.
+-- edge role, a location and an address (its first, as the balancer takes
+-- it) that is not drained, sorted by name (edgestate::route's
+-- geo_candidates: an edge without an address is no candidate).
 function _M.edges(routing)
   local out = {}
   if type(routing) ~= "table" or type(routing.nodes) ~= "table" then return out end
   for name, n in pairs(routing.nodes) do
     local edge = false
-    if type(n.roles) == "table" then
+    if type(n) == "table" and type(n.roles) == "table" then
       for _, r in ipairs(n.roles) do
         if r == "edge" then edge = true end
       end
@@ -101,8 +110,10 @@ function _M.edges(routing)
     local loc = n.location
     if edge and n.drain ~= true and type(loc) == "table"
         and type(loc.lat) == "number" and type(loc.lon) == "number" then
-      local addr = type(n.addresses) == "table" and n.addresses[1] or nil
-      out[#out + 1] = { name = name, lat = loc.lat, lon = loc.lon, addr = addr }
+      local addr = peer_addr(type(n.addresses) == "table" and n.addresses[1] or nil)
+      if addr then
+        out[#out + 1] = { name = name, lat = loc.lat, lon = loc.lon, addr = addr }
+      end
     end
   end
   table.sort(out, function(a, b) return a.name < b.name end)

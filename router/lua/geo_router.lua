@@ -55,19 +55,44 @@ function _M.init(c)
   conf.health_max_age = conf.health_max_age or 10
 end
 
-local function load_table(text)
-  local t, err = cjson.decode(text)
-  if type(t) ~= "table" then
-    return nil, err or "not an object"
+-- A node name as the compiler writes them (it is sent in a response
+-- header: never a CR, LF or other control byte).
+local function valid_name(name)
+  return type(name) == "string" and #name <= 253 and name:find("^[%w][%w._-]*$") ~= nil
+end
+
+-- A routing table's text → nil, or why it is refused whole: the table in
+-- use stays (marked stale), nothing of the refused one is applied.
+local function refused(t)
+  if type(t) ~= "table" or t[1] ~= nil then return "not a JSON object" end
+  if type(t.nodes) ~= "table" or t.nodes[1] ~= nil then return "`nodes` is not an object" end
+  for name, n in pairs(t.nodes) do
+    if not valid_name(name) then return "a node name that is not a name" end
+    if type(n) ~= "table" then return "node " .. name .. " is not an object" end
   end
+  if t.trusted_proxies ~= nil and type(t.trusted_proxies) ~= "table" then
+    return "`trusted_proxies` is not a list"
+  end
+  return nil
+end
+
+local function load_table(text)
+  local ok, t = pcall(cjson.decode, text)
+  if not ok then return nil, t end
+  local why = refused(t)
+  if why then return nil, why end
+  -- Everything built first, then adopted together: a table that fails
+  -- half-way changes nothing.
   local list = {}
-  for _, p in ipairs(type(t.trusted_proxies) == "table" and t.trusted_proxies or {}) do
+  for _, p in ipairs(t.trusted_proxies or {}) do
+    -- One that does not parse is left out (trusting less), and logged.
     local net = type(p) == "string" and ip.net(p)
     if net then list[#list + 1] = net else log(ERR, "bad trusted proxy ", tostring(p)) end
   end
-  trusted = list
-  edges = decide.edges(t)
-  tie_km = decide.tie_km(t)
+  local built, new_edges = pcall(decide.edges, t)
+  if not built then return nil, new_edges end
+  local new_tie = decide.tie_km(t)
+  trusted, edges, tie_km = list, new_edges, new_tie
   epoch = epoch + 1
   return true
 end

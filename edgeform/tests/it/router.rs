@@ -944,3 +944,79 @@ fn geo_router_routes_from_its_first_request_and_keeps_its_table_when_redis_goes_
         get(port, viewer).status == 503
     });
 }
+
+/// A routing table in the router's Redis that is not one (a JSON array,
+/// `nodes` a list, a node that is not an object next to a trust-everyone
+/// `trusted_proxies`, a node name carrying a header line) is refused
+/// whole: the table in use keeps routing, marked stale, and nothing of the
+/// refused one is applied (no trust widened, no header injected). A good
+/// table after them is taken.
+#[test]
+fn a_hostile_routing_table_is_refused_whole_and_the_table_in_use_kept() {
+    let redis = harness::redis(&[]);
+    let broker = harness::mosquitto();
+    let (_f, edge_port) = applied_with_edges_online(redis.port, broker.port);
+    let (_agent, _shared, _cache, health) = routing_agent(redis.port, broker.port);
+    let router = harness::nginx::router(&harness::nginx::RouterOptions::new(
+        redis.port, health, edge_port,
+    ));
+    let port = router.process.port;
+    let viewer = Some("81.2.69.142");
+    wait_for("the router to load table and health", 20, || {
+        get(port, viewer).status == 200
+    });
+    let before = get(port, viewer);
+    let mut con = redis::Client::open(format!("redis://127.0.0.1:{}", redis.port))
+        .unwrap()
+        .get_connection()
+        .unwrap();
+    let good: String = redis::cmd("GET")
+        .arg("edgeform:routing")
+        .query(&mut con)
+        .unwrap();
+    let mut put = |text: &str| {
+        redis::cmd("SET")
+            .arg("edgeform:routing")
+            .arg(text)
+            .exec(&mut con)
+            .unwrap();
+        redis::cmd("HINCRBY")
+            .arg("edgeform:meta")
+            .arg("generation")
+            .arg(1)
+            .exec(&mut con)
+            .unwrap();
+    };
+    for hostile in [
+        "[1,2,3]",
+        r#"{"nodes":[1]}"#,
+        r#"{"trusted_proxies":["0.0.0.0/0"],"nodes":{"x":1}}"#,
+        "{\"nodes\":{\"lon-1\\r\\nSet-Cookie: pwn=1\":{\"roles\":[\"edge\"]}}}",
+    ] {
+        put(hostile);
+        wait_for("the router to refuse it", 10, || {
+            get(port, viewer).header("x-edgeform-stale") == Some("routing")
+        });
+        let r = get(port, viewer);
+        assert_eq!(r.status, 200, "{hostile}: {:?}", r.headers);
+        assert_eq!(
+            r.header("x-edgeform-edge"),
+            before.header("x-edgeform-edge"),
+            "{hostile}"
+        );
+        assert!(
+            r.header("set-cookie").is_none(),
+            "{hostile}: {:?}",
+            r.headers
+        );
+        assert!(
+            router.error_log().contains("edgeform:routing unreadable"),
+            "{}",
+            router.error_log()
+        );
+    }
+    put(&good);
+    wait_for("the router to take the good table", 10, || {
+        get(port, viewer).header("x-edgeform-stale").is_none()
+    });
+}

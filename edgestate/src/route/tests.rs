@@ -17,7 +17,12 @@ fn node(roles: &[&str], zone: Option<&str>) -> Node {
         zone: zone.map(str::to_owned),
         public_url: None,
         location: None,
-        addresses: Vec::new(),
+        // An edge has an address (the geo router proxies to its first).
+        addresses: if roles.contains(&"edge") {
+            vec!["192.0.2.10".to_owned()]
+        } else {
+            Vec::new()
+        },
         playback_session_limit: None,
         playback_bandwidth_kbit: None,
         network_bandwidth_kbit: None,
