@@ -24,7 +24,7 @@ roles: [edge]
 region: eu
 location: {lat: 52.0, lon: 4.0}
 redis: {url: "redis://127.0.0.1:$rport"}
-cache: {dirs: ["$work/cache"], levels: "1:2", key: \$scheme\$host\$request_uri}
+cache: {dirs: ["$work/cache"], levels: "1:2", key: \$scheme://\$host\$request_uri}
 install:
   ssh: 127.0.0.1:22
   user: $(id -un)

@@ -90,9 +90,9 @@ async fn connect_and_ask(p: &Probe, tls: &tokio_native_tls::TlsConnector) -> std
         ProbeKind::Http => exchange(s).await,
         ProbeKind::Https | ProbeKind::Proxy => {
             if p.kind == ProbeKind::Proxy {
-                // A PROXY v1 header without an address: the edge takes the
-                // connection as the peer's own (the probe host is answered
-                // before the routers-only check a real header meets).
+                // A PROXY v1 header without an address: the edge answers
+                // the probe host for it before the routers-only check that
+                // refuses any other host behind such a header.
                 s.write_all(b"PROXY UNKNOWN\r\n").await?;
             }
             let t = tls

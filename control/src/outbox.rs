@@ -5,7 +5,10 @@
 //! and the reconcile daemon when the node's Redis answers.
 //!
 //! Delivery is in order and stops at the first failure, so an older job
-//! always reaches the queue before a newer one. A delivered job stays in
+//! kept here reaches the queue before a newer one. The one exception: a
+//! job tracked because no replica confirmed it (`track`), lost in a
+//! failover and queued again, lands after the jobs queued meanwhile
+//! (purges are idempotent). A delivered job stays in
 //! the outbox until the node records `cdn:purge:done:<id>`; one that is in
 //! neither the queue, the processing list nor the record (the node's
 //! Redis restarted without persistence) is queued again. The agent runs an

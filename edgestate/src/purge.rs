@@ -516,7 +516,8 @@ fn split_template(template: &str) -> Result<Vec<Result<&str, &str>>, String> {
 /// entry and no purge can name a path, and no `$scheme` directly followed
 /// by another variable: `$scheme$host` makes `http` + `sbank.test` and
 /// `https` + `bank.test` one key, so one site's object would be served
-/// (and purged) for another.
+/// (and purged) for another; and a host (`$host` or `$http_host`), for
+/// the same reason.
 ///
 /// # Errors
 /// What is wrong, naming the variable.
@@ -533,6 +534,16 @@ pub fn check_template(template: &str) -> Result<(), String> {
         return Err(format!(
             "the cache key template has `$scheme` directly followed by `{next}`: `http` + `sbank.test` and `https` + `bank.test` would make one key, so one site's objects would be served for another; put a separator between them, e.g. `$scheme://$host$request_uri`"
         ));
+    }
+    // `$server_name` is the edge's `_`: every site the same.
+    if !parts
+        .iter()
+        .any(|p| matches!(p, Ok("$host" | "$http_host")))
+    {
+        return Err(
+            "the cache key template has no $host or $http_host: every site would share one key space, one site's objects served (and purged) for another"
+                .into(),
+        );
     }
     if !parts
         .iter()
@@ -657,6 +668,11 @@ mod template_tests {
             (
                 "$scheme$http_host$uri",
                 "`$scheme` directly followed by `$http_host`",
+            ),
+            ("$request_uri", "no $host or $http_host"),
+            (
+                "$scheme://$server_name$request_uri",
+                "no $host or $http_host",
             ),
         ] {
             let e = check_template(bad).unwrap_err();

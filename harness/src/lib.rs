@@ -431,7 +431,10 @@ pub fn wait_for_master(sentinel: &Process, master_name: &str, port: u16) {
     loop {
         let reply = raw_command(sentinel.port, &format!("SENTINEL master {master_name}"))
             .unwrap_or_default();
-        let at_port = reply.contains(&format!("\r\n{port}\r\n"));
+        // The `port` field's value (a bare number could be a millisecond
+        // counter's).
+        let digits = port.to_string();
+        let at_port = reply.contains(&format!("port\r\n${}\r\n{digits}\r\n", digits.len()));
         let settled = ["s_down", "o_down", "failover_in_progress", "promoted"]
             .iter()
             .all(|flag| !reply.contains(flag));

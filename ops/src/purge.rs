@@ -470,9 +470,9 @@ pub async fn flush(config: &Config, state_dir: &Path) -> Result<u8> {
 /// before its job is kept in the outbox instead.
 const ENQUEUE_DEADLINE: Duration = Duration::from_secs(10);
 
-/// How long a master with replicas is given to have one of them confirm a
-/// job (`WAIT 1`) before the job is tracked in the outbox instead. A
-/// healthy replica confirms within a round trip.
+/// How long a master with replicas is given to have them confirm a job
+/// (`WAIT`) before the job is tracked in the outbox instead. A healthy
+/// replica confirms within a round trip.
 const REPLICA_WAIT: Duration = Duration::from_secs(1);
 
 /// Enqueues (connect, SUBSCRIBE, RPUSH) in flight at once. Each queued
@@ -512,11 +512,11 @@ enum Durability {
     /// The master listed no replica: nothing to wait for (a failover has
     /// nothing to promote; the master's own persistence keeps the job).
     Alone,
-    /// A replica confirmed it (`WAIT`): a failover keeps it.
+    /// Every listed replica confirmed it (`WAIT`): a failover keeps it.
     Replicated,
-    /// No replica confirmed it in [`REPLICA_WAIT`] (or `WAIT` was
-    /// refused): a failover now could lose it, so it is tracked in the
-    /// outbox until the node records it, and queued again if lost.
+    /// Not every listed replica confirmed it in [`REPLICA_WAIT`] (or
+    /// `WAIT` was refused): a failover now could lose it, so it is tracked
+    /// in the outbox until the node records it, and queued again if lost.
     Unconfirmed(String),
 }
 
@@ -579,9 +579,10 @@ impl Target {
     }
 
     /// Queue `job` on the node's master. A master with replicas is asked,
-    /// in the same round trip, to have one of them confirm it (`WAIT 1`):
-    /// a job a master acknowledged and lost in a failover before any
-    /// replica had it would otherwise be reported queued and be nowhere.
+    /// in the same round trip, to have every replica it listed confirm it
+    /// (`WAIT <listed>`; Sentinel may promote any of them): a job a master
+    /// acknowledged and lost in a failover before the promoted replica had
+    /// it would otherwise be reported queued and be nowhere.
     async fn enqueue(&self, job: String, channel: Option<&str>) -> Result<Queued> {
         let mut link = self.connect(channel).await?;
         let queue = edgestate::keys::purge_queue(&self.region, &self.name);
@@ -599,16 +600,19 @@ impl Target {
             .arg(queue)
             .arg(job)
             .cmd("WAIT")
-            .arg(1)
+            .arg(link.replicas)
             .arg(u64::try_from(REPLICA_WAIT.as_millis()).unwrap_or(u64::MAX));
         let mut replies: Vec<redis::RedisResult<i64>> = pipe.query_async(&mut link.con).await?;
         let waited = replies.pop();
         // The RPUSH's own error: nothing was queued.
         replies.pop().unwrap_or(Ok(0))?;
         let durability = match waited {
-            Some(Ok(n)) if n >= 1 => Durability::Replicated,
-            Some(Ok(_)) => Durability::Unconfirmed(format!(
-                "no replica confirmed it in {} ms",
+            Some(Ok(n)) if usize::try_from(n).is_ok_and(|n| n >= link.replicas) => {
+                Durability::Replicated
+            }
+            Some(Ok(n)) => Durability::Unconfirmed(format!(
+                "{n} of its {} replica(s) confirmed it in {} ms",
+                link.replicas,
                 REPLICA_WAIT.as_millis()
             )),
             Some(Err(e)) => Durability::Unconfirmed(format!("WAIT refused: {e}")),

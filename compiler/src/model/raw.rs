@@ -567,7 +567,8 @@ pub struct Cache {
     pub levels: Option<String>,
     /// nginx `proxy_cache_key` template (default `$scheme://$host$request_uri`):
     /// `$scheme`, `$host`, `$http_host`, `$server_name`, `$request_uri`, `$uri`,
-    /// `$is_args`, `$args` and literal text, with a path; never `$scheme`
+    /// `$is_args`, `$args` and literal text, with a host (`$host` or
+    /// `$http_host`) and a path; never `$scheme`
     /// directly followed by a host (`$scheme$host` makes `http` + `sbank.test`
     /// and `https` + `bank.test` one key).
     #[serde(default)]

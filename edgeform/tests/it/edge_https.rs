@@ -885,20 +885,22 @@ fn explain_equals_the_edge_over_https_directly_and_through_a_router() {
     );
 }
 
-/// One request to `127.0.0.1:port` over TLS (SNI and Host `host`, no
+/// One request to `127.0.0.1:port` over TLS (SNI the agent's probe host,
+/// which the edge's placeholder certificate serves; Host `host`; no
 /// certificate check), after `header` sent in the clear (a PROXY line):
 /// the response's status line, or what ended it (`closed …`).
 fn behind_header(port: u16, header: &str, host: &str) -> String {
     let script = r#"
 import socket, ssl, sys
 port, header, host = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+sni = "edgeform-probe.invalid"
 s = socket.create_connection(("127.0.0.1", port), timeout=5)
 s.sendall(header.encode().decode("unicode_escape").encode("latin-1"))
 ctx = ssl.create_default_context()
 ctx.check_hostname = False
 ctx.verify_mode = ssl.CERT_NONE
 try:
-    t = ctx.wrap_socket(s, server_hostname=host)
+    t = ctx.wrap_socket(s, server_hostname=sni)
     t.sendall(("GET / HTTP/1.1\r\nHost: %s\r\nConnection: close\r\n\r\n" % host).encode())
     data = t.recv(4096)
     print(data.split(b"\r\n")[0].decode() if data else "closed without an answer")
@@ -920,27 +922,36 @@ except (ssl.SSLError, OSError) as e:
 // A PROXY header without an address (`PROXY UNKNOWN`, or a v2 LOCAL
 // header) on the routers' listener from a peer that is not a router is
 // refused like one with an address: nginx leaves no address to check, so
-// the template marks the listener. The agent's probe host shows the
-// difference (answered 204 on a direct connection).
+// the template marks the listener. Only the agent's serving probe (its
+// reserved host, answered 204 and nothing else) passes behind one; any
+// other host is answered on a direct connection (404: unknown host).
 #[test]
 fn a_proxy_header_without_an_address_from_a_non_router_is_refused() {
     let r = harness::redis(&[]);
     let edge = harness::nginx::edge(&harness::nginx::EdgeOptions::new(r.port));
     let probe = "edgeform-probe.invalid";
+    let other = "other.test";
     assert_eq!(
-        behind_header(edge.https_port, "", probe),
-        "HTTP/1.1 204 No Content"
+        behind_header(edge.https_port, "", other),
+        "HTTP/1.1 404 Not Found"
     );
     let v2_local = "\\r\\n\\r\\n\\x00\\r\\nQUIT\\n\\x20\\x00\\x00\\x00";
     for header in ["PROXY UNKNOWN\\r\\n", v2_local] {
-        let got = behind_header(edge.proxy_port, header, probe);
+        let got = behind_header(edge.proxy_port, header, other);
         assert!(got.starts_with("closed"), "{header}: {got}");
+        assert_eq!(
+            behind_header(edge.proxy_port, header, probe),
+            "HTTP/1.1 204 No Content",
+            "{header}"
+        );
     }
-    // With an address, from a non-router: refused as before.
-    let got = behind_header(
-        edge.proxy_port,
-        "PROXY TCP4 81.2.69.142 127.0.0.1 5000 443\\r\\n",
-        probe,
-    );
-    assert!(got.starts_with("closed"), "{got}");
+    // With an address, from a non-router: refused, the probe host too.
+    for host in [other, probe] {
+        let got = behind_header(
+            edge.proxy_port,
+            "PROXY TCP4 81.2.69.142 127.0.0.1 5000 443\\r\\n",
+            host,
+        );
+        assert!(got.starts_with("closed"), "{host}: {got}");
+    }
 }

@@ -873,7 +873,7 @@ fn a_job_no_replica_confirmed_is_tracked_and_queued_again_after_the_failover_los
     let err = stderr(&out);
     assert!(
         err.contains("edge-1: queued on its master")
-            && err.contains("no replica confirmed it in 1000 ms; tracked in"),
+            && err.contains("0 of its 1 replica(s) confirmed it in 1000 ms; tracked in"),
         "{err}"
     );
     let lost = stdout(&out).trim().to_owned();

@@ -927,8 +927,13 @@ function _M.access()
   local https, proxy, peer, host, content_length, request_uri = request_line(var.edge_request)
   -- The agent's serving probe (docs/edge.md, "The serving probe"): the
   -- reserved host is answered here, before any lookup, so an edge whose
-  -- Redis is down still passes (it serves its last-known documents).
-  if host == PROBE_HOST and not proxy then return answer(204, "probe") end
+  -- Redis is down still passes (it serves its last-known documents). On
+  -- the routers' listener the agent sends a header without an address
+  -- (`PROXY UNKNOWN`, read as "unknown"): the probe host, and only it,
+  -- is answered for that too (a 204 that tells nothing).
+  if host == PROBE_HOST and (not proxy or proxy == "unknown") then
+    return answer(204, "probe")
+  end
   if generation == nil then catch_up() end
   -- The routers' PROXY-protocol listener first: only a router's header
   -- is believed (a new router works once the routing table names it);
