@@ -265,10 +265,27 @@ fn answer(
     } else {
         (status, reason_line(status)).into_response()
     };
-    if let Some(l) = location
-        && let Ok(v) = HeaderValue::try_from(l)
-    {
-        response.headers_mut().insert(header::LOCATION, v);
+    if let Some(l) = location {
+        match HeaderValue::try_from(&l) {
+            Ok(v) => {
+                response.headers_mut().insert(header::LOCATION, v);
+            }
+            // A public_url no header can carry (a hostile or hand-edited
+            // table: the compiler writes none): never a redirect without
+            // its Location.
+            Err(_) => {
+                tracing::warn!(
+                    location = %edgestate::untrusted::escape(&l),
+                    "route: the routing table's URL cannot be a Location header; answered 502"
+                );
+                return (
+                    StatusCode::BAD_GATEWAY,
+                    [(header::CACHE_CONTROL, HeaderValue::from_static("no-store"))],
+                    "bad payload URL in the routing table\n",
+                )
+                    .into_response();
+            }
+        }
     }
     if d.status == 503 {
         response
@@ -334,6 +351,62 @@ const FD_RESERVE: u64 = 128;
 
 /// How long an evicted or shutting-down connection may finish its request.
 const GRACE: Duration = Duration::from_secs(2);
+
+/// While every slot is taken, one more connection is asked to close this
+/// often (each frees its slot within [`GRACE`]).
+const EVICT_TICK: Duration = Duration::from_millis(50);
+
+/// What a listener reports of its connections: the viewers' listener
+/// counts into the agent's `http_connections` and `http_evicted`; the
+/// metrics listener (`None`) counts nowhere, so a scrape reads the
+/// viewers' figures.
+#[derive(Clone)]
+pub struct Counts {
+    /// Open sockets (evicted ones included until closed).
+    pub open: prometheus_client::metrics::gauge::Gauge,
+    /// Connections asked to close to make room.
+    pub evicted: prometheus_client::metrics::counter::Counter,
+}
+
+impl Counts {
+    /// The agent's own connection metrics.
+    #[must_use]
+    pub fn of(metrics: &crate::metrics::Metrics) -> Counts {
+        Counts {
+            open: metrics.http_connections.clone(),
+            evicted: metrics.http_evicted.clone(),
+        }
+    }
+}
+
+/// A slot for one more open socket. With none free, the oldest connection
+/// not yet asked is asked to close (it finishes its request within
+/// [`GRACE`]), and another every [`EVICT_TICK`] until a slot frees.
+async fn free_slot(
+    slots: &Arc<tokio::sync::Semaphore>,
+    live: &Live,
+    counts: Option<&Counts>,
+) -> tokio::sync::OwnedSemaphorePermit {
+    loop {
+        if let Ok(slot) = slots.clone().try_acquire_owned() {
+            return slot;
+        }
+        let oldest = live
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .pop_first();
+        if let Some((_, oldest)) = oldest {
+            oldest.close.notify_one();
+            if let Some(c) = counts {
+                c.evicted.inc();
+            }
+        }
+        if let Ok(Ok(slot)) = tokio::time::timeout(EVICT_TICK, slots.clone().acquire_owned()).await
+        {
+            return slot;
+        }
+    }
+}
 
 /// The connection cap: [`MAX_CONNECTIONS`], or what the open-file limit
 /// leaves after [`FD_RESERVE`]. Raises the soft limit to the hard one
@@ -437,14 +510,24 @@ pub async fn serve(
     listener: tokio::net::TcpListener,
     service: Service,
     cap: usize,
-    metrics: Arc<crate::metrics::Metrics>,
+    counts: Option<Counts>,
     mut stop: crate::shutdown::Shutdown,
 ) {
     let live: Live = Arc::default();
     let watch = tokio::spawn(watchdog(live.clone()));
     let mut tasks = tokio::task::JoinSet::new();
     let mut next: u64 = 0;
+    // One slot per open socket, held by its task until the socket is
+    // closed: a connection asked to close still holds its slot for up to
+    // GRACE, so the cap bounds open sockets (and the descriptors kept in
+    // reserve stay free), not only the connections not yet evicted.
+    let slots = Arc::new(tokio::sync::Semaphore::new(cap.max(1)));
+    let open = move |slots: &tokio::sync::Semaphore| gauge(cap.max(1) - slots.available_permits());
     loop {
+        let slot = tokio::select! {
+            s = free_slot(&slots, &live, counts.as_ref()) => s,
+            () = stop.wait() => break,
+        };
         let (stream, peer) = tokio::select! {
             r = listener.accept() => match r {
                 Ok(a) => a,
@@ -459,18 +542,11 @@ pub async fn serve(
         };
         while tasks.try_join_next().is_some() {}
         let conn = Arc::new(Conn::default());
-        {
-            let mut l = live
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner);
-            if l.len() >= cap
-                && let Some((_, oldest)) = l.pop_first()
-            {
-                oldest.close.notify_one();
-                metrics.http_evicted.inc();
-            }
-            l.insert(next, conn.clone());
-            metrics.http_connections.set(gauge(l.len()));
+        live.lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .insert(next, conn.clone());
+        if let Some(c) = &counts {
+            c.open.set(open(&slots));
         }
         let routes = service
             .routes
@@ -494,7 +570,7 @@ pub async fn serve(
                 }
             }
         });
-        let (live, metrics, id) = (live.clone(), metrics.clone(), next);
+        let (live, counts, slots, id) = (live.clone(), counts.clone(), slots.clone(), next);
         next += 1;
         tasks.spawn(async move {
             // No hyper timer: the watchdog stands for the header-read timeout.
@@ -502,8 +578,10 @@ pub async fn serve(
             // One flattened write per response: a 302's head and its short
             // body in one `send`, not a `writev` of two pieces.
             builder.header_read_timeout(None).writev(false);
-            let served = builder.serve_connection(hyper_util::rt::TokioIo::new(stream), service);
-            let mut served = std::pin::pin!(served);
+            // Boxed so that it (and its socket) is dropped here, before
+            // the slot is given back.
+            let mut served =
+                Box::pin(builder.serve_connection(hyper_util::rt::TokioIo::new(stream), service));
             tokio::select! {
                 _ = served.as_mut() => {}
                 () = conn.close.notified() => {
@@ -511,11 +589,14 @@ pub async fn serve(
                     let _ = tokio::time::timeout(GRACE, served.as_mut()).await;
                 }
             }
-            let mut l = live
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner);
-            l.remove(&id);
-            metrics.http_connections.set(gauge(l.len()));
+            drop(served);
+            live.lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .remove(&id);
+            drop(slot);
+            if let Some(c) = &counts {
+                c.open.set(open(&slots));
+            }
         });
     }
     // Shutdown: every connection finishes its request (or is dropped).

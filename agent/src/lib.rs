@@ -113,7 +113,7 @@ pub async fn run_with(
             listener,
             http::metrics_app(metrics.clone()),
             64,
-            metrics.clone(),
+            None,
             shutdown.clone(),
         ));
     }
@@ -138,7 +138,13 @@ pub async fn run_with(
         );
         let cap = http::connection_cap();
         tracing::info!(max_connections = cap, header_timeout = ?http::HEADER_TIMEOUT, "http limits");
-        tasks.spawn(http::serve(listener, app, cap, metrics, shutdown.clone()));
+        tasks.spawn(http::serve(
+            listener,
+            app,
+            cap,
+            Some(http::Counts::of(&metrics)),
+            shutdown.clone(),
+        ));
     }
     signal.await;
     tracing::info!("shutting down");

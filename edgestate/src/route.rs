@@ -1282,9 +1282,17 @@ pub fn encode_segment(segment: &str) -> String {
     out
 }
 
-/// [`encode_segment`], appended to `out`.
+/// [`encode_segment`], appended to `out`. A whole segment `.` or `..` is
+/// encoded too (`%2E`, `%2E%2E`): left as is, it would move the URL up a
+/// folder once resolved.
 fn push_encoded(out: &mut String, segment: &str) {
     const HEX: &[u8; 16] = b"0123456789ABCDEF";
+    if segment == "." || segment == ".." {
+        for _ in 0..segment.len() {
+            out.push_str("%2E");
+        }
+        return;
+    }
     for b in segment.bytes() {
         if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~') {
             out.push(char::from(b));
@@ -1310,6 +1318,21 @@ fn join_location(url: &str, stream: &str) -> String {
 #[cfg(test)]
 mod hostile_tests {
     use super::*;
+
+    #[test]
+    fn a_dot_segment_stays_one_segment_in_a_location() {
+        assert_eq!(
+            join_location("https://a.example.net/live", ".."),
+            "https://a.example.net/live/%2E%2E"
+        );
+        assert_eq!(
+            join_location("https://a.example.net/live/", "."),
+            "https://a.example.net/live/%2E"
+        );
+        assert_eq!(encode_segment("..."), "...");
+        assert_eq!(encode_segment("a..b"), "a..b");
+        assert_eq!(encode_segment("../x"), "..%2Fx");
+    }
 
     #[test]
     fn xff_lines_join_in_order() {

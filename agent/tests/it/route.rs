@@ -329,6 +329,37 @@ fn location_is_percent_encoded() {
     );
 }
 
+/// A stream named `.` or `..` stays one segment of the payload URL (a
+/// bare `..` would climb out of it once resolved); a payload URL no header
+/// can carry (a hostile table) is a 502, never a 302 without `Location`.
+#[test]
+fn dot_streams_stay_inside_the_payload_url_and_a_bad_url_is_a_502() {
+    let r = harness::redis(&[]);
+    let t = table("https://a.example.net/live/");
+    let (_agent, http, _dir) = agent_with(&r, &t, &["..", "."]);
+    for (path, want) in [("/route/%2E%2E", "/live/%2e%2e"), ("/route/.", "/live/%2e")] {
+        let (status, head, _) = get(http, path, "");
+        assert_eq!(status, 302, "{path}: {head}");
+        assert!(
+            head.contains(&format!("location: https://a.example.net{want}\r\n")),
+            "{path}: {head}"
+        );
+    }
+    let t = table("https://a.example.net/\r\nSet-Cookie: x=1");
+    publish(r.port, &t, 2);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let (status, head, _) = get(http, "/route/..", "");
+        if status == 502 {
+            assert!(!head.contains("set-cookie"), "{head}");
+            assert!(!head.contains("location"), "{head}");
+            break;
+        }
+        assert!(Instant::now() < deadline, "{status}: {head}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
 const HEADER_TIMEOUT_SECS: u64 = agent::http::HEADER_TIMEOUT.as_secs();
 
 /// Under `ulimit -n 1024` (hard), 1,100 idle connections do not stop
