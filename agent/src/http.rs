@@ -352,9 +352,14 @@ const FD_RESERVE: u64 = 128;
 /// How long an evicted or shutting-down connection may finish its request.
 const GRACE: Duration = Duration::from_secs(2);
 
+/// How long an evicted connection with no request being answered may
+/// take to close (what it was sent is flushed).
+const FLUSH: Duration = Duration::from_millis(100);
+
 /// While every slot is taken, one more connection is asked to close this
-/// often (each frees its slot within [`GRACE`]).
-const EVICT_TICK: Duration = Duration::from_millis(50);
+/// often (each frees its slot within [`FLUSH`], or [`GRACE`] while it
+/// answers a request).
+const EVICT_TICK: Duration = Duration::from_millis(5);
 
 /// What a listener reports of its connections: the viewers' listener
 /// counts into the agent's `http_connections` and `http_evicted`; the
@@ -585,8 +590,12 @@ pub async fn serve(
             tokio::select! {
                 _ = served.as_mut() => {}
                 () = conn.close.notified() => {
+                    // A request being answered gets GRACE; a connection
+                    // with none (idle, or a head still arriving: a slow
+                    // client) only the moment to flush what is written.
+                    let grace = if conn.busy.load(Ordering::Relaxed) > 0 { GRACE } else { FLUSH };
                     served.as_mut().graceful_shutdown();
-                    let _ = tokio::time::timeout(GRACE, served.as_mut()).await;
+                    let _ = tokio::time::timeout(grace, served.as_mut()).await;
                 }
             }
             drop(served);

@@ -445,6 +445,69 @@ fn idle_connections_do_not_stop_route() {
     );
 }
 
+/// A flood of slow clients past the connection cap (each sends part of a
+/// request head, then nothing): the cap bounds the agent's open sockets,
+/// evicted ones included, so it never runs out of descriptors (its Redis,
+/// broker and cache keep theirs), and `/route` is answered meanwhile.
+#[test]
+fn a_flood_of_slow_heads_never_eats_the_descriptor_reserve() {
+    let r = harness::redis(&[]);
+    let dir = tempfile::tempdir().unwrap();
+    let health = dir.path().join("health.json");
+    write_health(&health, true, true);
+    publish(r.port, &table("https://a.example.net"), 1);
+    let http = harness::free_port();
+    let agent = crate::util::Agent::start_wrapped(
+        r.port,
+        &[dir.path().join("cache")],
+        &format!(
+            "http:\n  listen: 127.0.0.1:{http}\n  proxy_url: https://router.example.net/p/{{node}}/{{stream}}\n\
+             routing:\n  health_file: {}\n  refresh: 100ms\n",
+            health.display()
+        ),
+        &[],
+        &["prlimit", "--nofile=400:400", "--"],
+    );
+    let log = || agent.log();
+    wait_for(
+        || {
+            std::net::TcpStream::connect(("127.0.0.1", http)).is_ok()
+                && get(http, "/route/cam1", "").0 == 302
+        },
+        "agent up",
+        &log,
+    );
+    assert!(log().contains("max_connections=272"), "{}", log());
+    let pid = agent.child.as_ref().unwrap().id();
+    let fds = || std::fs::read_dir(format!("/proc/{pid}/fd")).map_or(0, std::iter::Iterator::count);
+    let mut most = 0;
+    let mut held = Vec::new();
+    for i in 0..700 {
+        let mut s = TcpStream::connect(("127.0.0.1", http)).unwrap();
+        let _ = s.write_all(b"GET /route/cam1 HTTP/1.1\r\nHost: x\r\n");
+        held.push(s);
+        if i % 10 == 0 {
+            most = most.max(fds());
+        }
+    }
+    // A viewer behind the flood is answered.
+    let mut s = TcpStream::connect(("127.0.0.1", http)).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    s.write_all(b"GET /route/cam1 HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        .unwrap();
+    let mut answer = String::new();
+    let _ = s.read_to_string(&mut answer);
+    for _ in 0..20 {
+        most = most.max(fds());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(answer.starts_with("HTTP/1.1 302"), "{answer:?}\n{}", log());
+    eprintln!("slow-head flood: at most {most} descriptors open (limit 400, cap 272)");
+    assert!(most < 400, "{most} descriptors");
+    assert!(!log().contains("Too many open files"), "{}", log());
+    drop(held);
+}
+
 /// A client that sends its request head a byte every two seconds is closed
 /// once it has gone [`HEADER_TIMEOUT_SECS`] without a whole head; a
 /// keep-alive client that sends a request every three seconds keeps its
