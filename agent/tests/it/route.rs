@@ -378,31 +378,8 @@ fn idle_connections_do_not_stop_route() {
         setrlimit(Resource::Nofile, limit).unwrap();
     }
     let r = harness::redis(&[]);
-    let dir = tempfile::tempdir().unwrap();
-    let health = dir.path().join("health.json");
-    write_health(&health, true, true);
-    publish(r.port, &table("https://a.example.net"), 1);
-    let http = harness::free_port();
-    let agent = crate::util::Agent::start_wrapped(
-        r.port,
-        &[dir.path().join("cache")],
-        &format!(
-            "http:\n  listen: 127.0.0.1:{http}\n  proxy_url: https://router.example.net/p/{{node}}/{{stream}}\n\
-             routing:\n  health_file: {}\n  refresh: 100ms\n",
-            health.display()
-        ),
-        &[],
-        &["prlimit", "--nofile=1024:1024", "--"],
-    );
+    let (agent, http, _dir) = agent_limited(&r, 1024);
     let log = || agent.log();
-    wait_for(
-        || {
-            std::net::TcpStream::connect(("127.0.0.1", http)).is_ok()
-                && get(http, "/route/cam1", "").0 == 302
-        },
-        "agent up",
-        &log,
-    );
     let first = TcpStream::connect(("127.0.0.1", http)).unwrap();
     let started = Instant::now();
     let mut idle = Vec::new();
@@ -445,18 +422,18 @@ fn idle_connections_do_not_stop_route() {
     );
 }
 
-/// A flood of slow clients past the connection cap (each sends part of a
-/// request head, then nothing): the cap bounds the agent's open sockets,
-/// evicted ones included, so it never runs out of descriptors (its Redis,
-/// broker and cache keep theirs), and `/route` is answered meanwhile.
-#[test]
-fn a_flood_of_slow_heads_never_eats_the_descriptor_reserve() {
-    let r = harness::redis(&[]);
+/// An agent routing `cam1` on a free port under `prlimit --nofile=N:N`,
+/// answering `/route` already.
+fn agent_limited(
+    r: &harness::Process,
+    nofile: u32,
+) -> (crate::util::Agent, u16, tempfile::TempDir) {
     let dir = tempfile::tempdir().unwrap();
     let health = dir.path().join("health.json");
     write_health(&health, true, true);
     publish(r.port, &table("https://a.example.net"), 1);
     let http = harness::free_port();
+    let limit = format!("--nofile={nofile}:{nofile}");
     let agent = crate::util::Agent::start_wrapped(
         r.port,
         &[dir.path().join("cache")],
@@ -466,7 +443,7 @@ fn a_flood_of_slow_heads_never_eats_the_descriptor_reserve() {
             health.display()
         ),
         &[],
-        &["prlimit", "--nofile=400:400", "--"],
+        &["prlimit", &limit, "--"],
     );
     let log = || agent.log();
     wait_for(
@@ -477,6 +454,18 @@ fn a_flood_of_slow_heads_never_eats_the_descriptor_reserve() {
         "agent up",
         &log,
     );
+    (agent, http, dir)
+}
+
+/// A flood of slow clients past the connection cap (each sends part of a
+/// request head, then nothing): the cap bounds the agent's open sockets,
+/// evicted ones included, so it never runs out of descriptors (its Redis,
+/// broker and cache keep theirs), and `/route` is answered meanwhile.
+#[test]
+fn a_flood_of_slow_heads_never_eats_the_descriptor_reserve() {
+    let r = harness::redis(&[]);
+    let (agent, http, _dir) = agent_limited(&r, 400);
+    let log = || agent.log();
     assert!(log().contains("max_connections=272"), "{}", log());
     let pid = agent.child.as_ref().unwrap().id();
     let fds = || std::fs::read_dir(format!("/proc/{pid}/fd")).map_or(0, std::iter::Iterator::count);
