@@ -278,9 +278,8 @@ fn answer(
                     location = %edgestate::untrusted::escape(&l),
                     "route: the routing table's URL cannot be a Location header; answered 502"
                 );
-                return (
+                response = (
                     StatusCode::BAD_GATEWAY,
-                    [(header::CACHE_CONTROL, HeaderValue::from_static("no-store"))],
                     "bad payload URL in the routing table\n",
                 )
                     .into_response();
@@ -526,8 +525,9 @@ pub async fn serve(
     // closed: a connection asked to close still holds its slot for up to
     // GRACE, so the cap bounds open sockets (and the descriptors kept in
     // reserve stay free), not only the connections not yet evicted.
-    let slots = Arc::new(tokio::sync::Semaphore::new(cap.max(1)));
-    let open = move |slots: &tokio::sync::Semaphore| gauge(cap.max(1) - slots.available_permits());
+    let cap = cap.max(1);
+    let slots = Arc::new(tokio::sync::Semaphore::new(cap));
+    let open = move |slots: &tokio::sync::Semaphore| gauge(cap - slots.available_permits());
     loop {
         let slot = tokio::select! {
             s = free_slot(&slots, &live, counts.as_ref()) => s,

@@ -122,10 +122,10 @@ local function split_host_port(a)
 end
 _M.split_host_port = split_host_port
 
--- An origin URL (scheme://host[:port], nothing after) → its Host header (host[:port], the port when not the
--- scheme's), whether its host is an IP address, the bare host (no
--- brackets), the port (text, nil: the scheme's), the scheme; nil when it
--- is not an http(s) origin.
+-- An origin URL (scheme://host[:port], nothing after) → its Host header
+-- (host[:port], the port when not the scheme's), whether its host is an
+-- IP address, the bare host (no brackets), the port (text, nil: the
+-- scheme's), the scheme; nil when it is not an http(s) origin.
 local function split_origin(origin)
   local scheme, rest = origin:match("^(%a[%w+.-]*)://(.*)$")
   if scheme ~= "http" and scheme ~= "https" then return nil end
