@@ -533,6 +533,15 @@ fn a_broken_repository_queues_nothing_and_says_where() {
     assert!(queued(r2.port, "cdn:purge:us:edge-2").is_empty());
 }
 
+/// `edgeform purge --site a.example.com --url <url>` with its own state.
+fn purge_url(repo: &std::path::Path, state: &std::path::Path, url: &str) -> std::process::Output {
+    edgeform_with_state(
+        repo,
+        state,
+        &["purge", "--site", "a.example.com", "--url", url],
+    )
+}
+
 fn ids(port: u16, queue: &str) -> Vec<String> {
     queued(port, queue)
         .iter()
@@ -564,13 +573,7 @@ fn a_purge_for_a_stopped_redis_is_kept_and_delivered_in_order_when_it_returns() 
         ),
     ]);
     let queue = "cdn:purge:eu:edge-1";
-    let purge = |url: &str| {
-        edgeform_with_state(
-            f.path(),
-            &state,
-            &["purge", "--site", "a.example.com", "--url", url],
-        )
-    };
+    let purge = |url: &str| purge_url(f.path(), &state, url);
     r.stop();
     let mut spooled = Vec::new();
     for url in ["/v/1.mp4", "/v/2.mp4"] {
@@ -671,13 +674,7 @@ fn a_frozen_redis_is_given_up_in_time_and_its_job_kept_never_dropped() {
     let f = setup(r1.port, r2.port);
     let state = tempfile::tempdir().unwrap();
     let state = state.path().join("state");
-    let purge = |url: &str| {
-        edgeform_with_state(
-            f.path(),
-            &state,
-            &["purge", "--site", "a.example.com", "--url", url],
-        )
-    };
+    let purge = |url: &str| purge_url(f.path(), &state, url);
     r2.freeze();
     let started = std::time::Instant::now();
     let out = purge("/frozen.mp4");
@@ -845,13 +842,7 @@ fn a_job_no_replica_confirmed_is_tracked_and_queued_again_after_the_failover_los
         ),
     ]);
     let queue = "cdn:purge:eu:edge-1";
-    let purge = |url: &str| {
-        edgeform_with_state(
-            f.path(),
-            &state,
-            &["purge", "--site", "a.example.com", "--url", url],
-        )
-    };
+    let purge = |url: &str| purge_url(f.path(), &state, url);
 
     // Confirmed by the replica: nothing tracked. The lone master is sent
     // no WAIT.
