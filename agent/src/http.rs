@@ -100,11 +100,12 @@ fn wants_json(params: &Params, headers: &HeaderMap) -> bool {
             .any(|v| accepts_json(v.as_bytes()))
 }
 
-/// Whether one `Accept` header line asks for JSON. Pure, on the raw bytes
-/// (a line that is not text asks for nothing).
+/// Whether one `Accept` header line asks for JSON (`application/json`
+/// with a quality above zero). Pure, on the raw bytes (a line that is not
+/// text asks for nothing).
 #[must_use]
 pub fn accepts_json(accept: &[u8]) -> bool {
-    std::str::from_utf8(accept).is_ok_and(|a| a.contains("application/json"))
+    std::str::from_utf8(accept).is_ok_and(|a| edgestate::exposition::accepts(a, "application/json"))
 }
 
 /// 503 + Retry-After: no routing table has been read yet.
@@ -345,6 +346,13 @@ const WATCH_TICK: Duration = Duration::from_secs(1);
 /// Most open connections, unless the file-descriptor limit is lower.
 pub const MAX_CONNECTIONS: usize = 4096;
 
+/// Most bytes a connection buffers (hyper's read and write buffer): a
+/// request head longer than this is answered 431 and the connection
+/// closed. hyper's default (about 400 KiB) would let the connection cap's
+/// 4,096 clients hold 1.6 GiB with long heads; this bounds them to 64 MiB.
+/// nginx's default accepts 8 KiB per header line.
+pub const MAX_BUFFER: usize = 16 * 1024;
+
 /// Descriptors kept free for Redis, the broker, the cache and the index.
 const FD_RESERVE: u64 = 128;
 
@@ -582,7 +590,10 @@ pub async fn serve(
             let mut builder = hyper::server::conn::http1::Builder::new();
             // One flattened write per response: a 302's head and its short
             // body in one `send`, not a `writev` of two pieces.
-            builder.header_read_timeout(None).writev(false);
+            builder
+                .header_read_timeout(None)
+                .writev(false)
+                .max_buf_size(MAX_BUFFER);
             // Boxed so that it (and its socket) is dropped here, before
             // the slot is given back.
             let mut served =

@@ -12,16 +12,27 @@ pub const TEXT: &str = "text/plain; version=0.0.4; charset=utf-8";
 /// Whether `accept` asks for OpenMetrics (with a quality above zero).
 #[must_use]
 pub fn wants_openmetrics(accept: Option<&str>) -> bool {
-    accept.is_some_and(|a| {
-        a.split(',').any(|range| {
-            let mut parts = range.split(';').map(str::trim);
-            let media = parts.next().unwrap_or_default();
-            let q = parts
-                .filter_map(|p| p.strip_prefix("q="))
-                .find_map(|q| q.parse::<f32>().ok())
-                .unwrap_or(1.0);
-            media.eq_ignore_ascii_case("application/openmetrics-text") && q > 0.0
-        })
+    accept.is_some_and(|a| accepts(a, "application/openmetrics-text"))
+}
+
+/// Whether one `Accept` header value names `media` (a `type/subtype`,
+/// compared without regard to case) with a quality above zero. Only the
+/// exact media type counts: `*/*` or `application/*` asks for whatever the
+/// server answers by default, and `application/jsonx` is not
+/// `application/json`.
+#[must_use]
+pub fn accepts(accept: &str, media: &str) -> bool {
+    accept.split(',').any(|range| {
+        let mut parts = range.split(';').map(str::trim);
+        let named = parts.next().unwrap_or_default();
+        let q = parts
+            .filter_map(|p| {
+                let (k, v) = p.split_once('=')?;
+                k.trim().eq_ignore_ascii_case("q").then(|| v.trim())
+            })
+            .find_map(|q| q.parse::<f32>().ok())
+            .unwrap_or(1.0);
+        named.eq_ignore_ascii_case(media) && q > 0.0
     })
 }
 
@@ -77,6 +88,19 @@ mod tests {
         assert!(!wants_openmetrics(Some("*/*")));
         assert!(!wants_openmetrics(None));
         assert!(!wants_openmetrics(Some("application/openmetrics-text;q=0")));
+        assert!(!wants_openmetrics(Some(
+            "application/openmetrics-text; Q=0.0"
+        )));
+        assert!(accepts(
+            "text/html, Application/JSON;q=0.5",
+            "application/json"
+        ));
+        assert!(!accepts("application/jsonx", "application/json"));
+        assert!(!accepts(
+            "text/plain; x=application/json",
+            "application/json"
+        ));
+        assert!(!accepts("application/json;q=0", "application/json"));
         let om = "# HELP a_jobs Jobs.\n# TYPE a_jobs counter\na_jobs_total 3\n\
                   # HELP a_up Up.\n# TYPE a_up gauge\na_up 1\n# EOF\n";
         let (ty, body) = negotiate(Some("*/*"), om.to_owned());

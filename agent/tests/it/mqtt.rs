@@ -703,15 +703,6 @@ pub fn metric(http: u16, name: &str) -> u64 {
         .unwrap_or(0)
 }
 
-fn rss_kib(pid: u32) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .unwrap()
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .unwrap()
-}
-
 /// 50,000 health reports, summaries and statuses for invented nodes:
 /// ignored (only routing-table nodes are tracked; their health topics are
 /// not even read), counted, memory bounded, and `/route` keeps answering
@@ -744,7 +735,7 @@ fn reports_for_invented_nodes_are_ignored_with_bounded_memory() {
         &log,
     );
     let pid = agent.child.as_ref().unwrap().id();
-    let before = rss_kib(pid);
+    let before = crate::util::rss_kib(pid);
     let n = 50_000;
     for i in 0..n {
         let node = format!("invented-{i}");
@@ -801,7 +792,7 @@ fn reports_for_invented_nodes_are_ignored_with_bounded_memory() {
         );
         std::thread::sleep(Duration::from_millis(200));
     }
-    let after = rss_kib(pid);
+    let after = crate::util::rss_kib(pid);
     eprintln!(
         "invented reports: agent RSS {before} KiB before, {after} KiB after {n} invented reports"
     );

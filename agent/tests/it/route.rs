@@ -497,6 +497,62 @@ fn a_flood_of_slow_heads_never_eats_the_descriptor_reserve() {
     drop(held);
 }
 
+/// Clients sending request heads longer than the listener buffers are
+/// answered 431 and closed: 200 of them holding 200 KiB heads leave the
+/// agent's memory where it was (hyper's default buffer kept about 400 KiB
+/// for each), and a viewer's `/route` is answered meanwhile.
+#[test]
+fn long_request_heads_are_refused_without_holding_memory() {
+    let r = harness::redis(&[]);
+    let t = table("https://a.example.net/live/");
+    let (agent, http, _dir) = agent_with(&r, &t, &["cam1"]);
+    let pid = agent.child.as_ref().unwrap().id();
+    let before = crate::util::rss_kib(pid);
+    let padding = format!("X-Padding: {}", "a".repeat(200 * 1024));
+    let mut held = Vec::new();
+    for _ in 0..200 {
+        let mut s = TcpStream::connect(("127.0.0.1", http)).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        // The head never ends: a client that keeps its connection open.
+        let _ = write!(s, "GET /route/cam1 HTTP/1.1\r\nHost: x\r\n{padding}");
+        held.push(s);
+    }
+    let after = crate::util::rss_kib(pid);
+    // Each is answered 431 and closed (a reset when the close crossed
+    // the rest of the client's head), never left open.
+    let mut refused = 0;
+    for s in &mut held {
+        let mut answer = Vec::new();
+        match s.read_to_end(&mut answer) {
+            Ok(_) => {
+                let answer = String::from_utf8_lossy(&answer);
+                assert!(
+                    answer.starts_with("HTTP/1.1 431"),
+                    "{answer:?}\n{}",
+                    agent.log()
+                );
+                refused += 1;
+            }
+            Err(e) => assert_eq!(
+                e.kind(),
+                std::io::ErrorKind::ConnectionReset,
+                "{}",
+                agent.log()
+            ),
+        }
+    }
+    assert!(refused > 0, "no 431 seen");
+    assert_eq!(get(http, "/route/cam1", "").0, 302);
+    // A head just under the limit is still a request.
+    let fits = format!("X-Padding: {}\r\n", "a".repeat(8 * 1024));
+    assert_eq!(get(http, "/route/cam1", &fits).0, 302, "{}", agent.log());
+    eprintln!("200 long heads: RSS {before} KiB -> {after} KiB");
+    assert!(
+        after < before + 20 * 1024,
+        "RSS {before} KiB -> {after} KiB with 200 long heads held"
+    );
+}
+
 /// A client that sends its request head a byte every two seconds is closed
 /// once it has gone [`HEADER_TIMEOUT_SECS`] without a whole head; a
 /// keep-alive client that sends a request every three seconds keeps its

@@ -77,7 +77,23 @@ pub(super) fn node(ctx: &mut Ctx<'_>, raw: &raw::Node) -> Node {
         }
     }
     if let Some(url) = &raw.public_url {
+        let before = ctx.out.len();
         check_url(ctx, "/public_url", url, &["http", "https"], false);
+        if ctx.out.len() == before
+            && let Some(i) = url.find(['?', '#'])
+        {
+            // The stream is appended to the URL's path: after a query it
+            // would land in the query, after a fragment it is never sent.
+            let d = ctx.error(
+                "invalid-url",
+                "/public_url",
+                format!(
+                    "`{url}` has a query or fragment (`{}`); the stream name is appended to its path",
+                    &url[i..]
+                ),
+            );
+            help(d, "a payload URL is scheme://host[:port][/path]");
+        }
         check_target(ctx, "/public_url", url, raw.loopback, "node");
     }
     let redis = raw.redis.as_ref().and_then(|r| redis(ctx, r));

@@ -340,6 +340,20 @@ fn a_public_url_on_loopback_needs_the_nodes_loopback_flag() {
 }
 
 #[test]
+fn a_public_url_with_a_query_or_fragment_is_refused_since_the_stream_is_appended() {
+    for url in [
+        "https://cdn.example.net/live?token=",
+        "https://cdn.example.net/live#x",
+    ] {
+        let c = node_repo(&format!(
+            "name: n\nroles: [ingest]\nregion: eu\nzone: all\npublic_url: {url}\n"
+        ));
+        error(&c, "invalid-url", "nodes/n.yaml:5:13");
+        assert_eq!(c.diagnostics.len(), 1, "{}", lines(&c));
+    }
+}
+
+#[test]
 fn an_edges_https_listeners_are_listen_addresses_on_two_ports() {
     let edge = |https: &str| {
         node_repo(&format!(
