@@ -12,7 +12,7 @@ use edgestate::mqtt::{
 use edgestate::route::{Health, NodeHealth};
 
 /// A node silent for this many of its report intervals is offline.
-pub const SILENT_AFTER_INTERVALS: u64 = 3;
+pub const SILENT_AFTER_INTERVALS: u32 = 3;
 /// … and never sooner than this.
 pub const MIN_SILENCE: Duration = Duration::from_secs(15);
 /// A region whose last summary is older than this many of its
@@ -27,6 +27,14 @@ pub const FRESH_SLACK: Duration = Duration::from_secs(1);
 /// region whose summarizer reports less often is read directly between
 /// its summaries.
 pub const SUMMARY_INTERVAL_MAX: Duration = Duration::from_secs(60);
+
+/// The longest health interval a node's report is believed for: its
+/// `interval_ms` is the sender's word too (any agent may carry a node's
+/// report in a summary), and a forged week must not keep a dead node
+/// routable. A node silent for [`SILENT_AFTER_INTERVALS`] of this is
+/// silent, whatever its reports said (agents refuse a longer
+/// `health.interval`).
+pub const REPORT_INTERVAL_MAX: Duration = agentconf::HEALTH_INTERVAL_MAX;
 
 /// How far ahead of this host's clock a summary's `ts` is believed
 /// (seconds). A summarizer's summaries are ordered by `ts`, then `epoch`
@@ -96,12 +104,9 @@ impl Entry {
         let (Some(r), Some(at)) = (&self.report, self.received) else {
             return None;
         };
-        let limit = Duration::from_millis(
-            r.interval_ms
-                .unwrap_or(5000)
-                .saturating_mul(SILENT_AFTER_INTERVALS),
-        )
-        .max(MIN_SILENCE);
+        let interval =
+            Duration::from_millis(r.interval_ms.unwrap_or(5000)).min(REPORT_INTERVAL_MAX);
+        let limit = (interval * SILENT_AFTER_INTERVALS).max(MIN_SILENCE);
         at.checked_add(limit)
     }
 }
@@ -565,6 +570,25 @@ mod tests {
             Some(true),
             "reporting again"
         );
+    }
+
+    #[test]
+    fn a_forged_report_interval_keeps_a_node_online_for_a_bounded_time_only() {
+        let mut b = Book::default();
+        let t0 = Instant::now();
+        for interval_ms in [u64::MAX, 1 << 62, 3_600_000] {
+            let mut r: HealthReport = serde_json::from_slice(&report("a", 3)).unwrap();
+            r.interval_ms = Some(interval_ms);
+            b.take_at("p", "p/health/a", &serde_json::to_vec(&r).unwrap(), t0)
+                .unwrap();
+            let at = |s| t0 + Duration::from_secs(s);
+            assert_eq!(b.health_at(at(179), true).nodes["a"].online, Some(true));
+            assert_eq!(
+                b.health_at(at(181), true).nodes["a"].online,
+                Some(false),
+                "{interval_ms} ms counts as {REPORT_INTERVAL_MAX:?}"
+            );
+        }
     }
 
     #[test]

@@ -116,6 +116,7 @@ pub async fn run(
         shutdown.clone(),
     ));
     let (commands, queue) = tokio::sync::mpsc::unbounded_channel::<Publish>();
+    let mut dropped = Dropped::default();
     tasks.spawn(crate::commands::serve(
         config.clone(),
         mqtt.clone(),
@@ -375,6 +376,19 @@ pub async fn run(
             }
             Ok(Event::Incoming(Packet::Publish(p))) => {
                 if p.topic == cmd_topic {
+                    if p.qos == QoS::AtMostOnce || p.payload.len() > wire::COMMAND_MAX_BYTES {
+                        // Not a control host's (it sends commands at QoS 1,
+                        // well under the limit): dropped here, so a flood
+                        // of them grows no queue (the QoS 1 ones the
+                        // broker holds in flight are bounded by its
+                        // `max_inflight_messages`).
+                        Metrics::count(&metrics.commands, "dropped");
+                        dropped.note(p.qos, p.payload.len());
+                        if p.qos != QoS::AtMostOnce {
+                            let _ = client.try_ack(&p);
+                        }
+                        continue;
+                    }
                     if commands.send(p).is_err() {
                         // Not acknowledged: the broker delivers it again.
                         tracing::warn!(
@@ -544,6 +558,35 @@ fn acknowledge_unless_command(
         // It holds its in-flight place until the next connection, where
         // the broker sends it again.
         tracing::warn!(cause = %e, topic = %edgestate::untrusted::escape(&p.topic), "mqtt: acknowledgement not queued");
+    }
+}
+
+/// Commands dropped as they arrive, logged at most once a second (a
+/// flood of them must not flood the log too).
+#[derive(Default)]
+struct Dropped {
+    logged: Option<Instant>,
+    since: u64,
+}
+
+impl Dropped {
+    fn note(&mut self, qos: QoS, bytes: usize) {
+        self.since += 1;
+        if self
+            .logged
+            .is_some_and(|t| t.elapsed() < Duration::from_secs(1))
+        {
+            return;
+        }
+        tracing::warn!(
+            ?qos,
+            bytes,
+            dropped = self.since,
+            "command dropped: a control host sends commands at QoS 1 and under {} bytes",
+            wire::COMMAND_MAX_BYTES
+        );
+        self.logged = Some(Instant::now());
+        self.since = 0;
     }
 }
 

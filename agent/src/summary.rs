@@ -11,7 +11,8 @@
 //!
 //! The election: a retained claim `{node, epoch, ts}` on
 //! `<prefix>/summary-lock/<region>`. The holder's summaries are its
-//! re-assertion (no claim traffic while it lives). A node of the region
+//! re-assertion (no claim traffic while it lives); its claim heard again,
+//! or again at a higher epoch, is not. A node of the region
 //! claims, with the next epoch, when there is no claim one interval after
 //! it connected, when the holder's status is `offline` (its last will),
 //! when the holder is not a node of the region, or when no summary of the
@@ -116,10 +117,10 @@ impl Election {
             return Step::Nothing;
         };
         match &self.claim {
-            Some(current) if current.node == c.node && current.epoch == c.epoch => {
-                self.holder_seen = Some(now);
-                Step::Nothing
-            }
+            // The same claim again (re-published, retained again after a
+            // reconnect of the bridge, or repeated by a forger): not a sign
+            // of life. Only the holder's summaries are.
+            Some(current) if current.node == c.node && current.epoch == c.epoch => Step::Nothing,
             Some(current) if current.beats(&c) => {
                 // A tie with a holder none of whose summaries came for
                 // TAKEOVER_INTERVALS: the challenger's claim is taken,
@@ -148,8 +149,14 @@ impl Election {
                     return self.claim_next(Some(c.epoch), now);
                 }
                 self.holding = c.node == self.node;
+                // A holder claiming again at a higher epoch is watched
+                // from its last summary, not afresh: claims alone, however
+                // high, do not keep a holder that never summarizes.
+                let same_holder = self.claim.as_ref().is_some_and(|p| p.node == c.node);
                 self.claim = Some(c);
-                self.holder_seen = Some(now);
+                if !same_holder {
+                    self.holder_seen = Some(now);
+                }
                 Step::Nothing
             }
         }
@@ -366,6 +373,33 @@ mod tests {
         e.connected(t0);
         let _ = e.on_claim(Some(claim("gone", 2)), t0);
         assert_eq!(claimed(&e.tick(t0, None, false)).epoch, 3);
+    }
+
+    #[test]
+    fn a_claim_repeated_or_raised_without_summaries_keeps_nobody_alive() {
+        let t0 = Instant::now();
+        let mut b = Election::new("b", I);
+        b.connected(t0);
+        assert_eq!(b.on_claim(Some(claim("c", 1000)), t0), Step::Nothing);
+        // The same claim every half interval, then again one epoch higher:
+        // no summary of `c` came, so it is silent all the same.
+        for k in 1..=6 {
+            let epoch = if k > 3 { 1001 } else { 1000 };
+            let at = t0 + I / 2 * k;
+            assert_eq!(b.on_claim(Some(claim("c", epoch)), at), Step::Nothing);
+            assert_eq!(b.tick(at, Some(true), true), Step::Nothing);
+        }
+        let c = claimed(&b.tick(t0 + I * 3 + Duration::from_millis(1), Some(true), true));
+        assert_eq!((c.node.as_str(), c.epoch), ("b", 1002));
+        // A holder whose summaries come is kept, its claim heard again or not.
+        let mut d = Election::new("d", I);
+        d.connected(t0);
+        let _ = d.on_claim(Some(claim("c", 7)), t0);
+        for s in 1..10 {
+            d.on_summary("c", 7, t0 + I * s);
+            let _ = d.on_claim(Some(claim("c", 7)), t0 + I * s);
+            assert_eq!(d.tick(t0 + I * s, Some(true), true), Step::Nothing);
+        }
     }
 
     #[test]

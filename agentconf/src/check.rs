@@ -623,6 +623,16 @@ fn health(cx: &mut Cx<'_>, m: &raw::Health) -> Option<HealthConfig> {
         );
     }
     let interval = cx.duration(&m.interval, "/health", "interval", DEFAULT_HEALTH_INTERVAL);
+    if interval.is_some_and(|i| i > crate::HEALTH_INTERVAL_MAX) {
+        cx.at(
+            "/health/interval",
+            format!(
+                "at most {}s: other agents count a node silent after 3 of its intervals, and believe at most {}s of one",
+                crate::HEALTH_INTERVAL_MAX.as_secs(),
+                crate::HEALTH_INTERVAL_MAX.as_secs()
+            ),
+        );
+    }
     let play_sessions = source(cx, m.play_sessions.as_ref(), "play_sessions");
     let streams = source(cx, m.streams.as_ref(), "streams");
     let vod = source(cx, m.vod.as_ref(), "vod");

@@ -173,6 +173,11 @@ pub struct Action {
 
 /// How long an action may run when its `timeout` is not set.
 pub const DEFAULT_ACTION_TIMEOUT: Duration = Duration::from_secs(60);
+/// The longest health interval: peers believe a report's interval for at
+/// most this long (a forged one must not keep a dead node routable), so a
+/// node reporting less often would be counted silent between reports.
+pub const HEALTH_INTERVAL_MAX: Duration = Duration::from_secs(60);
+
 /// The health interval when not set.
 pub const DEFAULT_HEALTH_INTERVAL: Duration = Duration::from_secs(5);
 /// How often the routing table and health file are checked when not set.

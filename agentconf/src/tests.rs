@@ -709,6 +709,7 @@ fn paths_and_durations_are_checked_at_their_value() {
             "invalid type: a number, expected a string",
         ),
         ("health: {interval: 1h30}\n", 4, 20, "not a duration"),
+        ("health: {interval: 61s}\n", 4, 20, "at most 60s"),
         (
             "health: {bundle_manifest: current/manifest.json}\n",
             4,

@@ -116,6 +116,15 @@ pub fn is_topic_level(s: &str) -> bool {
             .any(|c| matches!(c, '/' | '+' | '#') || c.is_control())
 }
 
+/// Whether `s` can be a command's id: a topic level of printable ASCII
+/// (`edgeform exec` makes `<hex>-<hex>`), so that no id written by
+/// someone else can carry bidirectional or invisible characters into the
+/// agent's log or the operator's terminal.
+#[must_use]
+pub fn is_command_id(s: &str) -> bool {
+    is_topic_level(s) && s.bytes().all(|b| b.is_ascii_graphic())
+}
+
 /// A health or status message, read: the node it is about and what it
 /// says; `None` is a cleared retained message (an empty payload).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -484,6 +493,15 @@ pub fn read_claim(
 /// answer does not come while the probe's does was dropped on the way).
 pub const PROBE_ACTION: &str = "edgeform probe";
 
+/// The largest command an agent takes: an action name and its arguments
+/// (each matched by the agent's own pattern). A larger one is not from a
+/// control host, and is dropped as it arrives, before any queue.
+pub const COMMAND_MAX_BYTES: usize = 64 << 10;
+
+/// The longest a command lives (`expires_at - issued_at`): `exec --ttl` and
+/// `--wait` take at most a day. A longer one is refused.
+pub const COMMAND_LIFETIME_MAX_SECS: u64 = 86_400;
+
 /// A one-shot command on `<prefix>/cmd/<node>`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -815,6 +833,10 @@ mod tests {
             assert_eq!(parse_topic("p", bad), None, "{bad}");
         }
         assert!(is_topic_level("edge-1"));
+        assert!(is_command_id("18f3a-2b1.probe"));
+        for bad in ["a\u{202e}b", "a b", "a\u{200b}", "é"] {
+            assert!(!is_command_id(bad), "{bad:?}");
+        }
         for bad in ["", "a/b", "a+", "#", "a\nb"] {
             assert!(!is_topic_level(bad), "{bad:?}");
         }

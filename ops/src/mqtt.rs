@@ -1120,6 +1120,13 @@ pub async fn exec(source: &Valid, flags: &BrokerOptions, e: &Exec<'_>) -> Result
 /// publishes await their PUBACK.
 async fn send_command(s: &Session, region: &str, node: &str, cmd: &Command) -> Result<usize> {
     let payload = serde_json::to_vec(cmd)?;
+    if payload.len() > wire::COMMAND_MAX_BYTES {
+        bail!(
+            "the command is {} bytes; agents drop commands over {} bytes (shorten its arguments)",
+            payload.len(),
+            wire::COMMAND_MAX_BYTES
+        );
+    }
     let topics = [
         wire::cmd_topic(&s.prefix, node),
         wire::region_cmd_topic(&s.prefix, region, node),

@@ -51,8 +51,10 @@ pub const REFUSED_TTL_MARGIN_SECS: u64 = 3600;
 ///
 /// The queue is unbounded on purpose: it holds at most what the broker
 /// has in flight unacknowledged for this client (mosquitto's
-/// `max_inflight_messages`), and dropping a message here would lose it
-/// until the next reconnect (MQTT redelivers only then).
+/// `max_inflight_messages`) — the MQTT loop drops commands at QoS 0 or
+/// over [`wire::COMMAND_MAX_BYTES`] before they reach it — and dropping
+/// a message here would lose it until the next reconnect (MQTT
+/// redelivers only then).
 pub async fn serve(
     config: Arc<Config>,
     mqtt: MqttConfig,
@@ -206,7 +208,7 @@ async fn handle(
             let id = serde_json::from_slice::<serde_json::Value>(payload)
                 .ok()
                 .and_then(|v| v.get("id").and_then(|i| i.as_str()).map(str::to_owned))
-                .filter(|id| wire::is_topic_level(id));
+                .filter(|id| wire::is_command_id(id));
             tracing::warn!(cause = %e, id = id.as_deref().map_or_else(|| "-".to_owned(), edgestate::untrusted::escape), "command: malformed; refused");
             return id.map(|id| {
                 result(
@@ -219,8 +221,8 @@ async fn handle(
             });
         }
     };
-    if !wire::is_topic_level(&cmd.id) {
-        tracing::warn!(id = %edgestate::untrusted::escape(&cmd.id), "command: the id cannot be a topic level; dropped");
+    if !wire::is_command_id(&cmd.id) {
+        tracing::warn!(id = %edgestate::untrusted::escape(&cmd.id), "command: the id is not a topic level of printable ASCII; dropped");
         return None;
     }
     let (mut out, authenticated) = answer(config, &mqtt.keys, con, taken, &cmd, unix_now()).await;

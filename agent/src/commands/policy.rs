@@ -15,7 +15,7 @@ use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use edgestate::cmdkey::{CommandKeys, SigError};
-use edgestate::mqtt::{Command, Outcome, TAIL_BYTES};
+use edgestate::mqtt::{self as wire, Command, Outcome, TAIL_BYTES};
 use tokio::io::AsyncReadExt;
 
 use crate::config::{Action, placeholder};
@@ -138,6 +138,13 @@ pub fn check_with(
     }
     if cmd.expires_at < cmd.issued_at {
         return Err(refuse("expires_at is before issued_at"));
+    }
+    if cmd.expires_at - cmd.issued_at > wire::COMMAND_LIFETIME_MAX_SECS {
+        return Err(refuse(format!(
+            "lives {}s (expires_at - issued_at); a command lives at most {}s",
+            cmd.expires_at - cmd.issued_at,
+            wire::COMMAND_LIFETIME_MAX_SECS
+        )));
     }
     if now > cmd.expires_at {
         return Err(Refusal::new(
@@ -458,6 +465,13 @@ mod tests {
             refused(backwards, 5, None)
                 .reason
                 .contains("before issued_at")
+        );
+        let mut forever = cmd("reload", &[]);
+        forever.expires_at = u64::MAX;
+        assert!(
+            refused(forever, 1100, None)
+                .reason
+                .contains("at most 86400s")
         );
     }
 

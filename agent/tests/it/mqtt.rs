@@ -951,6 +951,64 @@ fn a_burst_of_3000_commands_is_fully_answered() {
     assert!(ttl("b0000") > 6 * 24 * 3600);
 }
 
+/// A flood of commands no control host sends (1 MB each at QoS 0, and
+/// over the size limit at QoS 1) is dropped as it arrives: the agent's
+/// memory stays where it was, the drops are logged (not once each) and
+/// counted, and a real command still runs.
+#[test]
+fn a_flood_of_oversized_or_qos0_commands_is_dropped_without_holding_memory() {
+    let r = harness::redis(&[]);
+    let broker = harness::mosquitto();
+    let dir = tempfile::tempdir().unwrap();
+    let agent = Agent::start_with(
+        r.port,
+        &[dir.path().join("cache")],
+        &format!("{}{}", mqtt_yaml(broker.port, ""), actions_yaml()),
+    );
+    let m = Mqtt::connect(broker.port);
+    wait_online(&m, &agent);
+    let pid = agent.child.as_ref().unwrap().id();
+    let before = crate::util::rss_kib(pid);
+    let big = |i: usize, bytes: usize| {
+        serde_json::to_vec(&command(
+            &format!("f{i}"),
+            "echo",
+            &[("word", &"a".repeat(bytes))],
+        ))
+        .unwrap()
+    };
+    for i in 0..300 {
+        m.client
+            .publish(
+                "edgeform/cmd/edge-1",
+                rumqttc::QoS::AtMostOnce,
+                false,
+                big(i, 1 << 20),
+            )
+            .unwrap();
+    }
+    for i in 300..330 {
+        m.publish("edgeform/cmd/edge-1", big(i, 100 << 10), false);
+    }
+    // Ordered after the flood on the same session: once it has run,
+    // the flood has been read.
+    let res = run(&m, &command("real-1", "echo", &[("word", "hi")]), &agent);
+    assert_eq!(res.status, Outcome::Ok, "{res:?}");
+    let after = crate::util::rss_kib(pid);
+    eprintln!("command flood: agent RSS {before} KiB -> {after} KiB");
+    assert!(
+        after < before + 40 * 1024,
+        "RSS {before} KiB -> {after} KiB after 330 MB of commands"
+    );
+    let log = agent.log();
+    let lines = log.matches("command dropped").count();
+    assert!((1..30).contains(&lines), "{lines} drop lines:\n{log}");
+    assert!(
+        !log.contains("f0"),
+        "a dropped command reached the handler:\n{log}"
+    );
+}
+
 /// `mqtts://` without `ca_file` uses the system's trust store: a broker
 /// whose CA is not in it is refused loudly (logged, retried), never
 /// silently off; `--check-config` refuses a `ca_file` that is missing.

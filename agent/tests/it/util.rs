@@ -284,6 +284,7 @@ impl Mqtt {
         );
         let mut o = rumqttc::MqttOptions::new(id, "127.0.0.1", port);
         o.set_keep_alive(Duration::from_secs(5));
+        o.set_max_packet_size(16 << 20, 16 << 20);
         if let Some((user, password)) = login {
             o.set_credentials(user, password);
         }
