@@ -164,7 +164,11 @@ fn known_at(context: &Value, reference: &str) -> String {
     String::new()
 }
 
-/// The filters, `{{ x | NAME }}` (docs/install.md, "Templates"):
+/// A string written as it is (no filter) must be one word
+/// ([`breaking_char`]); the filters, `{{ x | NAME }}` (docs/install.md,
+/// "Templates"):
+/// - `words`: a string of space-separated words, each one word as above,
+///   written with one space between them (`resolver 10.0.0.2 10.0.0.3`);
 /// - `host`, `port`: the host or port of a URL value;
 /// - `lua`: the value as a Lua literal (`{url = "redis://…", sentinels =
 ///   {"a:1"}}`), for a Lua block: every string quoted with any byte but
@@ -180,7 +184,8 @@ fn known_at(context: &Value, reference: &str) -> String {
 ///   `[::]:443`, `10.0.0.5:80`), the `IP:PORT` a process on the node itself
 ///   reaches it at: `127.0.0.1` (`[::1]` for `[::]`) for a wildcard or a
 ///   bare port, else the address as given (the agent's serving probe).
-const FILTERS: [&str; 7] = [
+const FILTERS: [&str; 8] = [
+    "words",
     "host",
     "port",
     "lua",
@@ -193,9 +198,43 @@ const FILTERS: [&str; 7] = [
 /// The system trust store (Debian's `ca-certificates`).
 pub const SYSTEM_CA_FILE: &str = "/etc/ssl/certs/ca-certificates.crt";
 
+/// The first character of `s` that could end the token it is written
+/// into — in nginx's configuration (`;`, braces, `#`, quotes, whitespace),
+/// a Lua block (quotes, parentheses, `,`, long brackets `[[`/`[=`) or YAML
+/// (`#`, quotes, braces, `,`) — or a backslash or control character. A string written
+/// as it is (no filter) or by `words` must have none: a node's YAML value
+/// is data and must stay one word, whatever template it reaches.
+fn breaking_char(s: &str) -> Option<(usize, char)> {
+    let chars: Vec<char> = s.chars().collect();
+    chars.iter().copied().enumerate().find(|&(i, c)| {
+        c.is_whitespace()
+            || c.is_control()
+            || matches!(c, ';' | '{' | '}' | '#' | '"' | '\'' | '\\' | '`' | '(' | ')' | ',')
+            // Lua's long brackets (`f[[text]]` calls `f`); `[::]:443`
+            // stays a word.
+            || (c == '[' && matches!(chars.get(i + 1), Some('[' | '=')))
+    })
+}
+
+/// Why `s` cannot be written as one word, said after the value.
+fn not_a_word(s: &str, how: &str) -> Option<String> {
+    let (i, c) = breaking_char(s)?;
+    Some(format!(
+        "holds {c:?} (character {}): {how} must be one word (no whitespace, control characters, \
+         quotes, backslashes, braces, parentheses, `;`, `#`, `,`, `[[` or `[=`); use a filter: `| lua` in a Lua \
+         block, `| words` for several words",
+        i + 1
+    ))
+}
+
 /// A filter's output, or why the value has none (said after the value).
 fn apply(filter: Option<&str>, v: &Value) -> Result<String, String> {
     let Some(f) = filter else {
+        if let Value::String(s) = v
+            && let Some(why) = not_a_word(s, "a value written as it is")
+        {
+            return Err(why);
+        }
         return Ok(scalar(v));
     };
     let no = || format!("has no {f} (a URL like redis://host:6379)");
@@ -218,6 +257,22 @@ fn apply(filter: Option<&str>, v: &Value) -> Result<String, String> {
             .and_then(split_listen)
             .map(|(_, port)| port.to_string())
             .ok_or_else(|| "has no port (a listen value: PORT, IP:PORT or [IPv6]:PORT)".into()),
+        "words" => {
+            let Value::String(s) = v else {
+                return Err("is not a string (`words` writes its space-separated words)".into());
+            };
+            let words: Vec<&str> = s.split(' ').filter(|w| !w.is_empty()).collect();
+            if words.is_empty() {
+                return Err("has no word".into());
+            }
+            if let Some(why) = words
+                .iter()
+                .find_map(|w| not_a_word(w, "each of its words"))
+            {
+                return Err(why);
+            }
+            Ok(words.join(" "))
+        }
         "lua" => {
             let mut out = String::new();
             lua_literal(v, &mut out);
@@ -232,7 +287,7 @@ fn apply(filter: Option<&str>, v: &Value) -> Result<String, String> {
             if f == "ca_file" {
                 return match block.get("tls").and_then(|t| t.get("ca_file")) {
                     None | Some(Value::Null) => Ok(SYSTEM_CA_FILE.to_owned()),
-                    Some(Value::String(p)) if !p.is_empty() && !p.contains([';', '\n', ' ']) => {
+                    Some(Value::String(p)) if !p.is_empty() && breaking_char(p).is_none() => {
                         Ok(p.clone())
                     }
                     Some(_) => Err("has a `tls.ca_file` nginx cannot read as one file name".into()),
@@ -413,6 +468,39 @@ mod tests {
         assert_eq!(render("t", "{{ l | listen_port }}", &cx).unwrap(), "80");
         assert_eq!(render("t", "{{ v6 | listen_port }}", &cx).unwrap(), "10443");
         assert!(render("t", "{{ n | listen_port }}", &cx).is_err());
+    }
+
+    #[test]
+    fn a_value_written_as_it_is_stays_one_word_in_any_template() {
+        let cx = serde_json::json!({"v": {
+            "lua": "false, _pwn = os.execute('id')",
+            "nginx": "auto; user root",
+            "dir": "/c levels=1:2 keys_zone=x:1m;\n add_header X 1;",
+            "tab": "/etc/ca.pem\t#",
+            "two": "10.0.0.2  10.0.0.3",
+            "key": "$scheme://$host$request_uri",
+            "url": "http://127.0.0.1:9/x?a=b",
+            "listen": "[::]:443",
+            "call": "os.execute[[id]]",
+        }});
+        for bad in ["lua", "nginx", "dir", "tab", "two", "call"] {
+            let e = render("t", &format!("x {{{{ v.{bad} }}}};"), &cx).unwrap_err();
+            assert_eq!(e[0].kind, ErrorKind::TemplateSyntax, "{bad}");
+            assert!(e[0].message.contains("must be one word"), "{}", e[0]);
+        }
+        assert_eq!(
+            render("t", "{{ v.key }} {{ v.url }} {{ v.listen }}", &cx).unwrap(),
+            "$scheme://$host$request_uri http://127.0.0.1:9/x?a=b [::]:443"
+        );
+        assert_eq!(
+            render("t", "{{ v.two | words }}", &cx).unwrap(),
+            "10.0.0.2 10.0.0.3"
+        );
+        assert!(render("t", "{{ v.nginx | words }}", &cx).is_err());
+        assert!(render("t", "{{ v.dir | words }}", &cx).is_err());
+        // A ca_file that would end nginx's directive.
+        let cx = serde_json::json!({"r": {"tls": {"ca_file": "/etc/ca.pem\t#"}}});
+        assert!(render("t", "{{ r | ca_file }}", &cx).is_err());
     }
 
     #[test]

@@ -392,6 +392,61 @@ fn a_sentinel_edge_with_tls_and_a_password_is_bundled_and_passes_the_nginx_gate(
     );
 }
 
+/// A node's YAML is data: a value written into the edge's nginx.conf as
+/// it is must stay one word (refused by `check` at the template's
+/// reference, naming the node, otherwise), and the `api` switch reaches
+/// the Lua block only as a string.
+#[test]
+fn node_values_cannot_add_nginx_directives_or_lua_code_to_the_bundle() {
+    let repo = Repo::new();
+    let good = std::fs::read_to_string(repo.path("nodes/edge-1.yaml")).unwrap();
+    for (from, to) in [
+        ("workers: \"1\"", "workers: \"auto; user root\""),
+        (
+            "dirs: [/var/cache/edge]",
+            "dirs: [\"/var/cache/edge levels=1:2 keys_zone=x:1m;\\n add_header X 1;\"]",
+        ),
+        (
+            "resolver: 127.0.0.1",
+            "resolver: \"127.0.0.1 valid=1s; include /etc/passwd\"",
+        ),
+    ] {
+        assert!(good.contains(from), "{from}");
+        std::fs::write(repo.path("nodes/edge-1.yaml"), good.replace(from, to)).unwrap();
+        let (code, err) = repo.check();
+        assert_eq!(code, Some(1), "{to}: {err}");
+        assert!(
+            err.contains("roles/edge/nginx.conf.tmpl:")
+                && err.contains("must be one word")
+                && err.contains("(node `edge-1`)"),
+            "{to}: {err}"
+        );
+    }
+    // Two resolvers are words.
+    std::fs::write(
+        repo.path("nodes/edge-1.yaml"),
+        good.replace("resolver: 127.0.0.1", "resolver: \"10.0.0.2 10.0.0.3\"")
+            .replace("api: \"false\"", "api: \"false, _pwn = os.execute('id')\""),
+    )
+    .unwrap();
+    let (code, err) = repo.check();
+    assert_eq!(code, Some(0), "{err}");
+    let out = edgeform(
+        repo.dir.path(),
+        &["build", "--out", &repo.path("out").display().to_string()],
+    );
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let conf = std::fs::read_to_string(repo.path("out/bundles/edge-1/nginx.conf")).unwrap();
+    assert!(
+        conf.contains("resolver 10.0.0.2 10.0.0.3 valid=30s"),
+        "{conf}"
+    );
+    assert!(
+        conf.contains(r#"api = "false, _pwn = os.execute(\039id\039)" == "true","#),
+        "{conf}"
+    );
+}
+
 #[test]
 fn check_passes_on_a_copy_of_the_example_repository_with_the_nginx_gate_on() {
     // Its nodes listen on `0.0.0.0:80`: the gate, as nobody in its own
