@@ -76,6 +76,9 @@ pub enum Unreadable {
     /// A committed folder with the same content as one read under another
     /// name: not read again.
     Repeated,
+    /// A file or folder name that is not UTF-8: refused, never read (it
+    /// could not be named in a diagnostic, a key or a diff).
+    NameNotUtf8,
     /// The file could not be opened or read.
     Io(std::io::ErrorKind),
 }
@@ -123,7 +126,7 @@ impl Unreadable {
     #[must_use]
     pub fn code(&self) -> &'static str {
         match self {
-            Unreadable::NotUtf8 { .. } => "encoding",
+            Unreadable::NotUtf8 { .. } | Unreadable::NameNotUtf8 => "encoding",
             Unreadable::Link | Unreadable::Special(_) => "not-a-file",
             Unreadable::TooLarge | Unreadable::OverTotal | Unreadable::TooMany => "file-too-large",
             Unreadable::TooDeep | Unreadable::Repeated => "not-a-file",
@@ -166,6 +169,9 @@ impl std::fmt::Display for Unreadable {
             Unreadable::TooDeep => write!(
                 f,
                 "a folder more than {MAX_DEPTH} levels deep; nothing under it is read"
+            ),
+            Unreadable::NameNotUtf8 => f.write_str(
+                "a name that is not valid UTF-8 (shown with U+FFFD); refused and never read",
             ),
             Unreadable::Io(kind) => write!(f, "cannot be read ({kind})"),
         }
@@ -377,7 +383,17 @@ fn walk(
     for entry in entries {
         let entry = entry.with_context(|| format!("reading {}", dir.display()))?;
         let name = entry.file_name();
-        let Some(name) = name.to_str() else { continue };
+        let Some(name) = name.to_str() else {
+            let shown = name.to_string_lossy();
+            if !shown.starts_with('.') {
+                out.push((
+                    kind,
+                    format!("{rel}/{shown}"),
+                    Walked::Refused(Unreadable::NameNotUtf8),
+                ));
+            }
+            continue;
+        };
         if name.starts_with('.') {
             continue;
         }
@@ -568,7 +584,13 @@ pub fn from_rev(root: &Path, rev: &str) -> Result<Repo> {
                     blobs.push((folder.to_owned(), Err(Unreadable::TooMany)));
                     break 'walk;
                 }
-                let Ok(name) = entry.name() else { continue };
+                let Ok(name) = entry.name() else {
+                    let shown = String::from_utf8_lossy(entry.name_bytes());
+                    if !shown.starts_with('.') {
+                        blobs.push((format!("{dir}{shown}"), Err(Unreadable::NameNotUtf8)));
+                    }
+                    continue;
+                };
                 if name.starts_with('.') {
                     continue;
                 }

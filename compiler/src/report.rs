@@ -529,6 +529,23 @@ pub fn diff_json(diff: &Diff, base: &str, head: &str) -> String {
     s
 }
 
+/// A revision's label (a branch name is the pull request author's
+/// choice) as the text of a Markdown code span: a backtick would end the
+/// span and make the rest live Markdown (HTML, @mentions), a control
+/// character would break the line; each is shown as `?`. At most 100
+/// characters.
+fn code_span_text(label: &str) -> String {
+    let mut out: String = label
+        .chars()
+        .take(100)
+        .map(|c| if c == '`' || c.is_control() { '?' } else { c })
+        .collect();
+    if label.chars().count() > 100 {
+        out.push('…');
+    }
+    out
+}
+
 /// GitHub's limit on a comment body is 65,536 characters.
 const MARKDOWN_BUDGET: usize = 60_000;
 
@@ -539,7 +556,9 @@ pub fn diff_markdown(diff: &Diff, base: &str, head: &str) -> String {
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "<!-- edgeform-diff -->\n### edgeform diff `{base}` → `{head}`\n"
+        "<!-- edgeform-diff -->\n### edgeform diff `{}` → `{}`\n",
+        code_span_text(base),
+        code_span_text(head)
     );
     if !diff.has_changes() {
         let _ = writeln!(out, "No edge receives a change.");

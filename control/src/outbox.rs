@@ -286,6 +286,24 @@ pub async fn flush(store: &dyn Store, node: &Node) -> Result<Flushed> {
             out.left += 1;
             continue;
         }
+        // Only what `edgeform purge` would queue is delivered: a job of
+        // its own id that the agent reads (a shared store that is not
+        // ours may hold anything). Kept for an operator to see.
+        let unfit = match edgestate::purge::Job::parse_bytes(e.job.as_bytes()) {
+            Ok(j) if j.id.as_deref() == Some(e.id.as_str()) => None,
+            Ok(_) => Some("its job carries another id".to_owned()),
+            Err(why) => Some(why),
+        };
+        if let Some(why) = unfit {
+            tracing::warn!(
+                node = %node.name,
+                entry = %edgestate::untrusted::escape(&e.file),
+                cause = %why,
+                "purge outbox: an entry whose job edgeform would not queue is not delivered (it stays kept for an operator to see)"
+            );
+            out.left += 1;
+            continue;
+        }
         redis::cmd("RPUSH")
             .arg(&queue)
             .arg(&e.job)

@@ -648,19 +648,28 @@ impl DirStore {
 
     /// Make sure `dir` is a safe folder: created `0700` when missing.
     pub(crate) fn folder(&self, dir: &Path) -> Result<(), StoreError> {
+        // Every folder from the root down is checked, not only the last:
+        // `secrets` planted as a link must not lead `secrets/<node>` out.
+        if let Some(parent) = dir.parent()
+            && dir != self.root
+        {
+            self.folder(parent)?;
+        }
         match std::fs::symlink_metadata(dir) {
             Ok(m) => check_safe(dir, &m, true),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                if let Some(parent) = dir.parent()
-                    && dir != self.root
-                {
-                    self.folder(parent)?;
-                }
-                std::fs::DirBuilder::new()
+                match std::fs::DirBuilder::new()
                     .recursive(dir == self.root)
                     .mode(0o700)
                     .create(dir)
-                    .map_err(|e| io(dir, &e))?;
+                {
+                    // Another command made it meanwhile: check it instead.
+                    Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+                        let m = std::fs::symlink_metadata(dir).map_err(|e| io(dir, &e))?;
+                        return check_safe(dir, &m, true);
+                    }
+                    r => r.map_err(|e| io(dir, &e))?,
+                }
                 // The umask may have taken bits away, never added any; set
                 // exactly 0700.
                 std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
@@ -696,11 +705,24 @@ impl DirStore {
         Ok(Some(folder))
     }
 
+    /// `<state>/secrets/<node>`, its `secrets` folder checked when it
+    /// exists (a link there would lead every node's secrets out).
     fn node_dir(&self, node: &str) -> Result<PathBuf, StoreError> {
         if !valid_node(node) {
             return Err(StoreError::NodeName(node.to_owned()));
         }
-        Ok(self.root.join("secrets").join(node))
+        let secrets = self.root.join("secrets");
+        self.if_safe(&secrets)?;
+        Ok(secrets.join(node))
+    }
+
+    /// `dir`, when it exists, is a folder of the store (not a link).
+    fn if_safe(&self, dir: &Path) -> Result<(), StoreError> {
+        match std::fs::symlink_metadata(dir) {
+            Ok(m) => check_safe(dir, &m, true),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+            Err(e) => Err(io(dir, &e)),
+        }
     }
 
     /// A secret or the ACME account: whole, or an error when larger than
@@ -850,6 +872,7 @@ impl Store for DirStore {
 
     fn secret_names(&self) -> Result<BTreeMap<String, Vec<String>>, StoreError> {
         let dir = self.root.join("secrets");
+        self.if_safe(&dir)?;
         let mut out = BTreeMap::new();
         let entries = match std::fs::read_dir(&dir) {
             Ok(e) => e,
@@ -916,6 +939,11 @@ impl Store for DirStore {
             return Err(StoreError::CertName(name.to_owned()));
         }
         let certs = self.root.join(CERTS);
+        // What the store could not read back is not written (a chain
+        // re-encoded by `certs import` can outgrow the file it came from).
+        if cert.chain.len() > MAX_CERT_BYTES || cert.key.len() > MAX_CERT_BYTES {
+            return Err(StoreError::CertTooLarge(certs.join(name)));
+        }
         self.folder(&certs)?;
         // Written whole in a new folder, then swapped in under an
         // exclusive lock of the certificates' folder: a reader (shared
@@ -1388,5 +1416,58 @@ mod tests {
             DirStore::open(&link),
             Err(StoreError::Unsafe { .. })
         ));
+    }
+
+    #[test]
+    fn a_secrets_folder_planted_as_a_link_is_never_followed() {
+        let d = tempfile::tempdir().unwrap();
+        let s = DirStore::open(&d.path().join("state")).unwrap();
+        let outside = d.path().join("outside");
+        std::fs::create_dir_all(outside.join("edge-1")).unwrap();
+        std::fs::set_permissions(&outside, std::fs::Permissions::from_mode(0o700)).unwrap();
+        std::fs::set_permissions(
+            outside.join("edge-1"),
+            std::fs::Permissions::from_mode(0o700),
+        )
+        .unwrap();
+        std::os::unix::fs::symlink(&outside, d.path().join("state/secrets")).unwrap();
+        let unsafe_ = |r: Result<(), StoreError>| matches!(r, Err(StoreError::Unsafe { .. }));
+        assert!(unsafe_(s.set_secret("edge-1", "A", "v")));
+        assert!(unsafe_(s.secrets("edge-1").map(|_| ())));
+        assert!(unsafe_(s.secret("edge-1", "A").map(|_| ())));
+        assert!(unsafe_(s.secret_names().map(|_| ())));
+        assert!(!outside.join("edge-1/A").exists());
+    }
+
+    #[test]
+    fn a_certificate_the_store_could_not_read_back_is_not_written() {
+        let d = tempfile::tempdir().unwrap();
+        let s = DirStore::open(&d.path().join("state")).unwrap();
+        let big = StoredCert {
+            chain: "x".repeat(MAX_CERT_BYTES + 1),
+            key: "k".into(),
+        };
+        assert!(matches!(
+            s.set_certificate("big", &big),
+            Err(StoreError::CertTooLarge(_))
+        ));
+        assert_eq!(s.certificate_names().unwrap(), Vec::<String>::new());
+    }
+
+    #[test]
+    fn commands_creating_one_folder_at_once_all_succeed() {
+        for round in 0..10 {
+            let d = tempfile::tempdir().unwrap();
+            let s = std::sync::Arc::new(DirStore::open(&d.path().join("state")).unwrap());
+            let threads: Vec<_> = (0..16)
+                .map(|i| {
+                    let s = s.clone();
+                    std::thread::spawn(move || s.set_secret("edge-1", &format!("K{i}"), "v"))
+                })
+                .collect();
+            for t in threads {
+                assert_eq!(t.join().unwrap(), Ok(()), "round {round}");
+            }
+        }
     }
 }

@@ -205,3 +205,13 @@ fn the_markdown_diff_is_a_pr_comment_with_a_table_and_collapsed_diffs() {
     let same = crate::diff::diff(&compile_of(&[]), &compile_of(&[]));
     assert!(diff_markdown(&same, "a", "b").ends_with("No edge receives a change.\n"));
 }
+
+#[test]
+fn a_branch_name_cannot_end_the_headings_code_span() {
+    let text = diff_markdown(&a_diff(), "main", "pr`@octo-org/admins<img/src=x>`\nx");
+    let heading = text.lines().nth(1).unwrap();
+    assert_eq!(
+        heading,
+        "### edgeform diff `main` → `pr?@octo-org/admins<img/src=x>??x`"
+    );
+}

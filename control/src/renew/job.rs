@@ -248,7 +248,7 @@ async fn certs(
                 tracing::warn!(
                     certificate = %name,
                     failures = a.failures,
-                    last_problem = %a.last_problem,
+                    last_problem = %edgestate::untrusted::escape(&a.last_problem),
                     "renewal: waiting until {} (backoff after a failure)",
                     compiler::clock::rfc3339_signed(until)
                 );

@@ -446,10 +446,19 @@ pub fn export_to(store: &dyn Store, path: &Path, key: &[u8; 32]) -> Result<Snaps
         path: p.display().to_string(),
         cause: e.kind().to_string(),
     };
-    let name = path
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default();
+    // A file's path: `/`, `dir/` or an existing folder would put the
+    // temporary file somewhere else, then fail to rename it.
+    let name = match path.file_name() {
+        Some(n) if !path.as_os_str().to_string_lossy().ends_with('/') && !path.is_dir() => {
+            n.to_string_lossy().into_owned()
+        }
+        _ => {
+            return Err(ExportError::Io {
+                path: path.display().to_string(),
+                cause: "a folder, not a file name".into(),
+            });
+        }
+    };
     let tmp = path.with_file_name(format!(".{name}.{}.tmp", std::process::id()));
     let _ = std::fs::remove_file(&tmp);
     let mut f = std::fs::OpenOptions::new()
@@ -462,7 +471,10 @@ pub fn export_to(store: &dyn Store, path: &Path, key: &[u8; 32]) -> Result<Snaps
         let _ = std::fs::remove_file(&tmp);
         return Err(io(&tmp, &e));
     }
-    std::fs::rename(&tmp, path).map_err(|e| io(path, &e))?;
+    if let Err(e) = std::fs::rename(&tmp, path) {
+        let _ = std::fs::remove_file(&tmp);
+        return Err(io(path, &e));
+    }
     Ok(snap)
 }
 

@@ -19,8 +19,6 @@
 //! leader cut off from the store stops starting jobs before another can
 //! take the lease.
 
-use std::io::{Read as _, Seek as _};
-use std::os::unix::fs::OpenOptionsExt as _;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -158,20 +156,10 @@ impl DirStore {
         self.folder(&dir)?;
         let lock = super::locked(&dir.join(format!(".{name}.lock")))?;
         let path = dir.join(name);
-        let current = match std::fs::OpenOptions::new()
-            .read(true)
-            .custom_flags(libc::O_NOFOLLOW)
-            .open(&path)
-        {
-            Ok(mut file) => {
-                let mut text = String::new();
-                let _ = file.rewind();
-                let _ = (&mut file).take(512).read_to_string(&mut text);
-                FileLease::parse(&text)
-            }
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
-            Err(e) => return Err(super::io(&path, &e)),
-        };
+        // Never through a link, never blocking on a FIFO planted there.
+        let current = self
+            .read_capped(&path, 512)?
+            .and_then(|text| FileLease::parse(&text));
         let (out, write) = f(current);
         let written = match write {
             None => Ok(()),
@@ -522,5 +510,25 @@ mod tests {
             s.take_lease_file("reconcile", "a:b", ttl),
             Err(StoreError::Lease(_))
         ));
+    }
+
+    #[test]
+    fn a_fifo_planted_as_the_lease_is_refused_without_blocking() {
+        let d = tempfile::tempdir().unwrap();
+        let s = DirStore::open(&d.path().join("state")).unwrap();
+        assert!(
+            s.take_lease_file("reconcile", "a/1/1", Duration::from_secs(1))
+                .unwrap()
+        );
+        let lease = d.path().join("state").join(LEASES).join("reconcile");
+        std::fs::remove_file(&lease).unwrap();
+        let made = std::process::Command::new("mkfifo")
+            .args(["-m", "600"])
+            .arg(&lease)
+            .status()
+            .unwrap();
+        assert!(made.success());
+        let taken = s.take_lease_file("reconcile", "a/1/1", Duration::from_secs(1));
+        assert!(matches!(taken, Err(StoreError::Unsafe { .. })), "{taken:?}");
     }
 }

@@ -258,6 +258,29 @@ fn control_characters_in_a_file_name_never_reach_the_terminal() {
     assert!(text.contains("x\\u{1b}[2J"), "{text}");
 }
 
+/// A file whose name is not UTF-8 is refused, in the working tree and
+/// committed, never silently left out of what is checked and pushed.
+#[test]
+fn a_file_whose_name_is_not_utf8_is_refused_not_skipped() {
+    use std::os::unix::ffi::OsStrExt as _;
+    let f = Fixture::with(&[]);
+    let name = std::ffi::OsStr::from_bytes(b"bad\xff.yaml");
+    std::fs::write(f.path().join("sites").join(name), "host: BAD!!\n").unwrap();
+    let out = run(f.path(), &["check"]);
+    let text = all_output(&out);
+    assert_eq!(out.status.code(), Some(1), "{text}");
+    assert!(
+        text.contains("sites/bad\u{fffd}.yaml") && text.contains("not valid UTF-8"),
+        "{text}"
+    );
+    f.commit("a name git keeps as bytes");
+    std::fs::remove_file(f.path().join("sites").join(name)).unwrap();
+    let out = run(f.path(), &["--rev", "HEAD", "check"]);
+    let text = all_output(&out);
+    assert_eq!(out.status.code(), Some(1), "{text}");
+    assert!(text.contains("encoding"), "{text}");
+}
+
 #[test]
 fn committed_links_are_refused_with_rev() {
     let outside = tempfile::tempdir().unwrap();
