@@ -117,6 +117,9 @@ pub async fn run(
     ));
     let (commands, queue) = tokio::sync::mpsc::unbounded_channel::<Publish>();
     let mut dropped = Dropped::default();
+    // When this agent last said online again on hearing itself offline.
+    let mut reasserted: Option<Instant> = None;
+    let mut reassert_due = false;
     tasks.spawn(crate::commands::serve(
         config.clone(),
         mqtt.clone(),
@@ -227,6 +230,11 @@ pub async fn run(
                     continue;
                 }
                 _ = recheck.tick() => {
+                    if reassert_due && connected {
+                        reassert(&client, &status);
+                        reasserted = Some(Instant::now());
+                        reassert_due = false;
+                    }
                     // A new routing table: track its nodes, and ask for the
                     // retained reports and statuses again (the ones of new
                     // nodes were ignored until now).
@@ -375,6 +383,19 @@ pub async fn run(
                 election.connected(Instant::now());
             }
             Ok(Event::Incoming(Packet::Publish(p))) => {
+                // Its own status said offline while it is connected (a
+                // stale last will, or another client's forgery where the
+                // broker lets anyone write it): say online again, at most
+                // once a second (a forger repeating it gets one answer
+                // each, the last one at the next recheck).
+                if p.topic == status && &p.payload[..] == wire::OFFLINE.as_bytes() {
+                    if reasserted.is_none_or(|t: Instant| t.elapsed() >= Duration::from_secs(1)) {
+                        reassert(&client, &status);
+                        reasserted = Some(Instant::now());
+                    } else {
+                        reassert_due = true;
+                    }
+                }
                 if p.topic == cmd_topic {
                     if p.qos == QoS::AtMostOnce || p.payload.len() > wire::COMMAND_MAX_BYTES {
                         // Not a control host's (it sends commands at QoS 1,
@@ -558,6 +579,14 @@ fn acknowledge_unless_command(
         // It holds its in-flight place until the next connection, where
         // the broker sends it again.
         tracing::warn!(cause = %e, topic = %edgestate::untrusted::escape(&p.topic), "mqtt: acknowledgement not queued");
+    }
+}
+
+/// Publish this agent's `online` again (retained, QoS 1).
+fn reassert(client: &AsyncClient, status: &str) {
+    tracing::info!("mqtt: heard this node reported offline while connected; said online again");
+    if let Err(e) = client.try_publish(status, QoS::AtLeastOnce, true, wire::ONLINE) {
+        tracing::warn!(cause = %e, "mqtt: cannot queue the online status");
     }
 }
 

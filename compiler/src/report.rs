@@ -549,6 +549,32 @@ fn code_span_text(label: &str) -> String {
 /// GitHub's limit on a comment body is 65,536 characters.
 const MARKDOWN_BUDGET: usize = 60_000;
 
+/// The summary table stops past this many characters of the comment (a
+/// line says how many groups are left out), so the comment stays under
+/// GitHub's limit whatever the number of groups.
+const MARKDOWN_TABLE_BUDGET: usize = 30_000;
+
+/// Target names a comment's group title lists before "and N more".
+const MARKDOWN_TITLE_NAMES: usize = 20;
+
+/// [`group_title`] naming at most [`MARKDOWN_TITLE_NAMES`] targets.
+fn capped_title(group: &[&TargetDiff]) -> String {
+    if group.len() <= MARKDOWN_TITLE_NAMES {
+        return group_title(group);
+    }
+    let title = group_title(&group[..MARKDOWN_TITLE_NAMES]);
+    let mut regions: Vec<&str> = group.iter().map(|t| t.region.as_str()).collect();
+    regions.sort_unstable();
+    regions.dedup();
+    let names = title.split(" [").next().unwrap_or_default();
+    let status = title.rsplit_once(']').map_or("", |(_, s)| s);
+    format!(
+        "{names} and {} more [{}]{status}",
+        group.len() - MARKDOWN_TITLE_NAMES,
+        regions.join(", ")
+    )
+}
+
 /// A PR comment: summary table, then each group's diff in a collapsed
 /// block, truncated to fit a comment.
 #[must_use]
@@ -584,12 +610,20 @@ pub fn diff_markdown(diff: &Diff, base: &str, head: &str) -> String {
         out,
         "| targets | added | changed | removed |\n|---|---:|---:|---:|"
     );
-    for group in &groups {
+    for (i, group) in groups.iter().enumerate() {
+        if out.len() > MARKDOWN_TABLE_BUDGET {
+            let _ = writeln!(
+                out,
+                "| … {} more groups of targets | | | |",
+                groups.len() - i
+            );
+            break;
+        }
         let (a, c, r) = counts(group[0]);
         let _ = writeln!(
             out,
             "| {} | {a} | {c} | {r} |",
-            group_title(group).replace('|', "\\|")
+            capped_title(group).replace('|', "\\|")
         );
     }
     out.push('\n');
@@ -600,7 +634,7 @@ pub fn diff_markdown(diff: &Diff, base: &str, head: &str) -> String {
         let _ = writeln!(
             block,
             "<details><summary>{} — +{a} ~{c} −{r}</summary>\n\n```diff",
-            group_title(group)
+            capped_title(group)
         );
         for change in &group[0].changes {
             match change.kind {

@@ -188,7 +188,10 @@ impl Walk<'_> {
     }
 
     /// In a concatenation: an unbounded repetition, then (past parts that
-    /// can match empty) another whose bytes it can also match.
+    /// can match empty) another whose bytes it can also match — each
+    /// looked for inside groups and alternations too (`(a+)(a+)`,
+    /// `(?:x|a+)(?:x|a+)`, `(?:a+c?)a+`): where one item can end with
+    /// such a repetition and the next can start with one.
     fn adjacent(&self, items: &[Ast]) -> Result<(), Refusal> {
         let mut open: Option<Bytes> = None;
         for item in items {
@@ -198,17 +201,23 @@ impl Walk<'_> {
                 open = None;
                 continue;
             };
-            if let HirKind::Repetition(r) = hir.kind()
-                && r.max.is_none()
+            if let (Some(o), Some(lead)) = (&open, edge_repetition(&hir, false))
+                && o.intersects(&lead)
             {
-                let set = all(&r.sub);
-                if open.as_ref().is_some_and(|o| o.intersects(&set)) {
-                    return Err(Refusal::AdjacentRepetition);
-                }
-                open = Some(set);
-            } else if !nullable(&hir) {
-                open = None;
+                return Err(Refusal::AdjacentRepetition);
             }
+            let trail = edge_repetition(&hir, true);
+            open = if nullable(&hir) {
+                match (open, trail) {
+                    (Some(mut o), Some(t)) => {
+                        o.add(&t);
+                        Some(o)
+                    }
+                    (o, t) => o.or(t),
+                }
+            } else {
+                trail
+            };
         }
         Ok(())
     }
@@ -323,6 +332,51 @@ impl Bytes {
 
     fn intersects(&self, other: &Bytes) -> bool {
         self.0[0] & other.0[0] != 0 || self.0[1] & other.0[1] != 0
+    }
+}
+
+/// The bytes of the unbounded repetitions a match of `h` can begin with
+/// (`from_end`: end with), through groups, alternations, bounded
+/// repetitions and the parts of a concatenation that can match empty;
+/// `None` when none can.
+fn edge_repetition(h: &Hir, from_end: bool) -> Option<Bytes> {
+    match h.kind() {
+        HirKind::Repetition(r) if r.max.is_none() => Some(all(&r.sub)),
+        HirKind::Repetition(r) => edge_repetition(&r.sub, from_end),
+        HirKind::Capture(c) => edge_repetition(&c.sub, from_end),
+        HirKind::Concat(parts) => {
+            let mut out: Option<Bytes> = None;
+            let mut take = |p: &Hir| {
+                if let Some(b) = edge_repetition(p, from_end) {
+                    out.get_or_insert_with(Bytes::default).add(&b);
+                }
+                nullable(p)
+            };
+            if from_end {
+                for p in parts.iter().rev() {
+                    if !take(p) {
+                        break;
+                    }
+                }
+            } else {
+                for p in parts {
+                    if !take(p) {
+                        break;
+                    }
+                }
+            }
+            out
+        }
+        HirKind::Alternation(branches) => {
+            let mut out: Option<Bytes> = None;
+            for b in branches {
+                if let Some(set) = edge_repetition(b, from_end) {
+                    out.get_or_insert_with(Bytes::default).add(&set);
+                }
+            }
+            out
+        }
+        _ => None,
     }
 }
 
@@ -458,6 +512,16 @@ mod tests {
             (r"^/a*a*$", Refusal::AdjacentRepetition),
             (r"\d+[0-9]*", Refusal::AdjacentRepetition),
             (r"x.*(?:b)?.*y", Refusal::AdjacentRepetition),
+            (r"^/(a+)(a+)(a+)(a+)(a+)$", Refusal::AdjacentRepetition),
+            (
+                r"^/(?:x|a+)(?:x|a+)(?:x|a+)(?:x|a+)(?:x|a+)$",
+                Refusal::AdjacentRepetition,
+            ),
+            (
+                r"^/(?:a+c?)(?:a+c?)(?:a+c?)(?:a+c?)a+$",
+                Refusal::AdjacentRepetition,
+            ),
+            (r"^/(?:b(?:a+))(?:(?:a*)c)$", Refusal::AdjacentRepetition),
             (r"a{1000}{1000}", Refusal::TooLarge),
             (r"(?:a{100}){100}", Refusal::TooLarge),
         ] {
@@ -517,6 +581,9 @@ mod tests {
             r"^/(?:a+b){3}$",
             r"^(?:/[^/]+){0,8}$",
             r"a{1000}",
+            r"^/(\w+)/(\w+)$",
+            r"^/(\d+)x(\d+)\.jpg$",
+            r"^/(?:img|css)/[a-z]+$",
         ] {
             assert_eq!(check(pattern), Ok(()), "{pattern}");
         }

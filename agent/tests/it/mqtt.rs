@@ -951,6 +951,38 @@ fn a_burst_of_3000_commands_is_fully_answered() {
     assert!(ttl("b0000") > 6 * 24 * 3600);
 }
 
+/// Its own status forged `offline` (on a broker without the shipped ACL)
+/// while it is connected: the agent says `online` again, so the forgery
+/// does not stick; a forger repeating it faster than once a second still
+/// ends with `online` retained.
+#[test]
+fn an_agent_hearing_itself_reported_offline_says_online_again() {
+    let r = harness::redis(&[]);
+    let broker = harness::mosquitto();
+    let dir = tempfile::tempdir().unwrap();
+    let agent = Agent::start_with(
+        r.port,
+        &[dir.path().join("cache")],
+        &mqtt_yaml(broker.port, ""),
+    );
+    let m = Mqtt::connect(broker.port);
+    wait_online(&m, &agent);
+    for _ in 0..5 {
+        m.publish("edgeform/status/edge-1", "offline", true);
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    std::thread::sleep(Duration::from_secs(3));
+    // The retained status, read afresh.
+    let fresh = Mqtt::connect(broker.port);
+    fresh.subscribe("edgeform/status/edge-1");
+    assert_eq!(
+        fresh.wait("edgeform/status/edge-1", 5, |_| true).as_deref(),
+        Some(&b"online"[..]),
+        "{}",
+        agent.log()
+    );
+}
+
 /// A flood of commands no control host sends (1 MB each at QoS 0, and
 /// over the size limit at QoS 1) is dropped as it arrives: the agent's
 /// memory stays where it was, the drops are logged (not once each) and

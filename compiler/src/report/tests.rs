@@ -215,3 +215,37 @@ fn a_branch_name_cannot_end_the_headings_code_span() {
         "### edgeform diff `main` → `pr?@octo-org/admins<img/src=x>??x`"
     );
 }
+
+#[test]
+fn a_comment_stays_under_githubs_limit_with_many_targets_or_groups() {
+    let one = a_diff();
+    let target = |i: usize, distinct: bool| {
+        let mut t = one.targets[0].clone();
+        t.node = format!("edge-{i:04}-{}", "x".repeat(50));
+        if distinct {
+            for c in &mut t.changes {
+                c.key = format!("{}-{i}", c.key).into();
+            }
+        }
+        t
+    };
+    for distinct in [false, true] {
+        let mut d = a_diff();
+        d.targets = (0..1500).map(|i| target(i, distinct)).collect();
+        let text = diff_markdown(&d, "main", "HEAD");
+        assert!(
+            text.len() < 65_536,
+            "{} characters (distinct {distinct})",
+            text.len()
+        );
+        if distinct {
+            assert!(
+                text.contains("more groups of targets |"),
+                "{}",
+                &text[..2000]
+            );
+        } else {
+            assert!(text.contains(" and 1480 more [eu]"), "{}", &text[..2000]);
+        }
+    }
+}
