@@ -40,6 +40,22 @@ pub struct Entry {
     pub file: String,
 }
 
+impl Entry {
+    /// Whether this is what `edgeform purge` queues: a job the agent
+    /// reads, carrying the entry's own id (its done record is looked up by
+    /// that id).
+    ///
+    /// # Errors
+    /// Why not.
+    pub fn deliverable(&self) -> Result<(), String> {
+        match edgestate::purge::Job::parse_bytes(self.job.as_bytes()) {
+            Ok(j) if j.id.as_deref() == Some(self.id.as_str()) => Ok(()),
+            Ok(_) => Err("its job carries another id".to_owned()),
+            Err(why) => Err(why),
+        }
+    }
+}
+
 /// What one node's outbox holds.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Depth {
@@ -286,15 +302,10 @@ pub async fn flush(store: &dyn Store, node: &Node) -> Result<Flushed> {
             out.left += 1;
             continue;
         }
-        // Only what `edgeform purge` would queue is delivered: a job of
-        // its own id that the agent reads (a shared store that is not
-        // ours may hold anything). Kept for an operator to see.
-        let unfit = match edgestate::purge::Job::parse_bytes(e.job.as_bytes()) {
-            Ok(j) if j.id.as_deref() == Some(e.id.as_str()) => None,
-            Ok(_) => Some("its job carries another id".to_owned()),
-            Err(why) => Some(why),
-        };
-        if let Some(why) = unfit {
+        // Only what `edgeform purge` would queue is delivered (a shared
+        // store that is not ours may hold anything). Kept for an operator
+        // to see.
+        if let Err(why) = e.deliverable() {
             tracing::warn!(
                 node = %node.name,
                 entry = %edgestate::untrusted::escape(&e.file),

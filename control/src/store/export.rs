@@ -195,17 +195,35 @@ impl Snapshot {
             if pem.chain.len() > MAX_CERT_BYTES || pem.key.len() > MAX_CERT_BYTES {
                 return bad(format!("certificate {name}: over {MAX_CERT_BYTES} bytes"));
             }
+            // What `certs import` refuses (not PEM, a key of another
+            // certificate); an expired one is kept, as the store keeps it.
+            match crate::certs::parse(name, &pem.chain, &pem.key) {
+                Err(e) => return bad(format!("certificate {name}: {}", e.detail)),
+                Ok(c) if !c.key_matches => {
+                    return bad(format!(
+                        "certificate {name}: the key is not the leaf certificate's key"
+                    ));
+                }
+                Ok(_) => {}
+            }
+        }
+        if let Some(a) = &self.acme_account
+            && (a.len() > super::MAX_SECRET_BYTES
+                || !serde_json::from_str::<serde_json::Value>(a).is_ok_and(|v| v.is_object()))
+        {
+            return bad(format!(
+                "the ACME account (a JSON object of at most {} bytes)",
+                super::MAX_SECRET_BYTES
+            ));
         }
         if let Some(c) = &self.last_good
             && !valid_commit(c)
         {
             return bad("the last good commit".into());
         }
-        if self
-            .renewal
-            .as_ref()
-            .is_some_and(|r| r.len() > super::MAX_RENEWAL_STATE_BYTES)
-        {
+        if self.renewal.as_ref().is_some_and(|r| {
+            r.len() > super::MAX_RENEWAL_STATE_BYTES || crate::renew::State::parse(r).is_err()
+        }) {
             return bad("the renewal state".into());
         }
         if let Some(r) = &self.rollouts
@@ -222,7 +240,11 @@ impl Snapshot {
                 ));
             }
             for (name, text) in entries {
-                if !valid_outbox_name(name) || text.len() > MAX_OUTBOX_ENTRY_BYTES {
+                let kept = serde_json::from_str::<crate::outbox::Entry>(text)
+                    .map_err(|e| e.to_string())
+                    .and_then(|e| e.deliverable());
+                if !valid_outbox_name(name) || text.len() > MAX_OUTBOX_ENTRY_BYTES || kept.is_err()
+                {
                     return bad(format!(
                         "outbox entry `{}` of {node}",
                         edgestate::untrusted::escape(name)
@@ -512,22 +534,48 @@ mod tests {
     use super::*;
     use crate::store::DirStore;
 
+    /// A self-signed certificate for shop.example.com and its key (PEM).
+    fn pair() -> (String, String) {
+        use openssl::{asn1::Asn1Time, bn::BigNum, ec, hash::MessageDigest, nid::Nid, pkey::PKey};
+        let group = ec::EcGroup::from_curve_name(Nid::X9_62_PRIME256V1).unwrap();
+        let key = PKey::from_ec_key(ec::EcKey::generate(&group).unwrap()).unwrap();
+        let mut name = openssl::x509::X509NameBuilder::new().unwrap();
+        name.append_entry_by_text("CN", "shop.example.com").unwrap();
+        let name = name.build();
+        let mut b = openssl::x509::X509::builder().unwrap();
+        b.set_version(2).unwrap();
+        b.set_serial_number(&BigNum::from_u32(1).unwrap().to_asn1_integer().unwrap())
+            .unwrap();
+        b.set_subject_name(&name).unwrap();
+        b.set_issuer_name(&name).unwrap();
+        b.set_pubkey(&key).unwrap();
+        b.set_not_before(&Asn1Time::days_from_now(0).unwrap())
+            .unwrap();
+        b.set_not_after(&Asn1Time::days_from_now(30).unwrap())
+            .unwrap();
+        let san = openssl::x509::extension::SubjectAlternativeName::new()
+            .dns("shop.example.com")
+            .build(&b.x509v3_context(None, None))
+            .unwrap();
+        b.append_extension(san).unwrap();
+        b.sign(&key, MessageDigest::sha256()).unwrap();
+        (
+            String::from_utf8(b.build().to_pem().unwrap()).unwrap(),
+            String::from_utf8(key.private_key_to_pem_pkcs8().unwrap()).unwrap(),
+        )
+    }
+
     fn filled(root: &Path) -> DirStore {
         let s = DirStore::open(root).unwrap();
         s.set_secret("edge-1", "EDGEFORM_API_TOKEN", "t0ken")
             .unwrap();
-        s.set_certificate(
-            "shop",
-            &StoredCert {
-                chain: "CHAIN".into(),
-                key: "PRIVATE KEY BYTES".into(),
-            },
-        )
-        .unwrap();
+        let (chain, key) = pair();
+        s.set_certificate("shop", &StoredCert { chain, key })
+            .unwrap();
         s.set_acme_account(r#"{"id":"acct"}"#).unwrap();
         s.set_last_good("0123456789abcdef0123456789abcdef01234567")
             .unwrap();
-        crate::outbox::spool(&s, "edge-1", "job-1", "{}").unwrap();
+        crate::outbox::spool(&s, "edge-1", "job-1", r#"{"id":"job-1","key":"k"}"#).unwrap();
         s.set_renewal_state(r#"{"certificates":{}}"#).unwrap();
         s.set_rollout_state(
             r#"{"current":null,"aborted":["0123456789abcdef0123456789abcdef01234567"]}"#,
@@ -544,7 +592,7 @@ mod tests {
         let file = d.path().join("state.export");
         let snap = export_to(&from, &file, &key).unwrap();
         let text = std::fs::read_to_string(&file).unwrap();
-        for secret in ["t0ken", "PRIVATE KEY", "acct", "edge-1", "shop"] {
+        for secret in ["t0ken", "PRIVATE KEY", "acct", "edge-1", "shop", "job-1"] {
             assert!(!text.contains(secret), "{secret} in the file");
         }
         assert!(!format!("{snap:?}").contains("t0ken"));
@@ -568,6 +616,55 @@ mod tests {
         old.as_object_mut().unwrap().remove("rollouts");
         let old: Snapshot = serde_json::from_value(old).unwrap();
         assert_eq!((old.renewal, old.rollouts), (None, None));
+    }
+
+    #[test]
+    fn an_import_of_entries_the_store_would_refuse_writes_nothing() {
+        let d = tempfile::tempdir().unwrap();
+        let good = snapshot(&filled(&d.path().join("a"))).unwrap();
+        let key = [7u8; 32];
+        type Spoil = fn(&mut Snapshot);
+        let bad: [(&str, Spoil); 6] = [
+            ("garbage certificate", |s| {
+                s.certificates.get_mut("shop").unwrap().chain = "garbage".into();
+            }),
+            ("key of another certificate", |s| {
+                let (_, other) = pair();
+                s.certificates.get_mut("shop").unwrap().key = other;
+            }),
+            ("huge account", |s| {
+                s.acme_account = Some(format!("{{\"x\":\"{}\"}}", "a".repeat(5000)))
+            }),
+            ("renewal not its JSON", |s| s.renewal = Some("nope".into())),
+            ("outbox not JSON", |s| {
+                s.outbox
+                    .get_mut("edge-1")
+                    .unwrap()
+                    .values_mut()
+                    .for_each(|v| *v = "EVIL".into());
+            }),
+            ("outbox job of another id", |s| {
+                for v in s.outbox.get_mut("edge-1").unwrap().values_mut() {
+                    *v = v.replace(r#"\"id\":\"job-1\""#, r#"\"id\":\"other\""#);
+                }
+            }),
+        ];
+        for (what, spoil) in bad {
+            let mut snap = good.clone();
+            spoil(&mut snap);
+            assert_ne!(snap, good, "{what}: spoiled");
+            let file = d.path().join("bad.export");
+            std::fs::write(&file, seal(&snap, &key).unwrap()).unwrap();
+            let to =
+                DirStore::open(&d.path().join(format!("to-{}", what.replace(' ', "-")))).unwrap();
+            let err = import_from(&to, &file, &key).expect_err(what);
+            assert!(matches!(err, ExportError::Entry(_)), "{what}: {err}");
+            assert_eq!(
+                snapshot(&to).unwrap(),
+                Snapshot::default(),
+                "{what}: nothing written"
+            );
+        }
     }
 
     #[test]

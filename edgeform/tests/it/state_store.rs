@@ -593,18 +593,24 @@ fn an_import_the_shared_store_refuses_part_way_writes_nothing() {
         "edge-1".into(),
         BTreeMap::from([("EDGEFORM_API_TOKEN".into(), "t0ken".into())]),
     );
+    let certs = harness::SiteCerts::new();
+    certs.sign("shop", &["shop.example.com"], 90);
     snap.certificates.insert(
         "shop".into(),
         export::Pem {
-            chain: "CHAIN".into(),
-            key: "KEY".into(),
+            chain: std::fs::read_to_string(certs.file("shop.chain.pem")).unwrap(),
+            key: std::fs::read_to_string(certs.file("shop.key")).unwrap(),
         },
     );
     snap.last_good = Some(COMMIT.into());
     snap.outbox.insert(
         "edge-1".into(),
-        BTreeMap::from([("1-job".into(), "{}".into())]),
+        BTreeMap::from([(
+            "1-job".into(),
+            r#"{"id":"j1","job":"{\"id\":\"j1\",\"key\":\"k\"}","spooled_at":1}"#.into(),
+        )]),
     );
+    snap.check().expect("a snapshot import takes");
     redis::cmd("SET")
         .arg("edgeform:state:outbox:edge-1")
         .arg("garbage")
