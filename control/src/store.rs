@@ -930,7 +930,16 @@ impl Store for DirStore {
         };
         match (read(CHAIN_FILE)?, read(KEY_FILE)?) {
             (Some(chain), Some(key)) => Ok(Some(StoredCert { chain, key })),
-            _ => Ok(None),
+            (None, None) => Ok(None),
+            // Half a pair: named, never "not there" (see the shared store).
+            (chain, _) => Err(StoreError::Io {
+                path: dir.join(if chain.is_some() {
+                    KEY_FILE
+                } else {
+                    CHAIN_FILE
+                }),
+                cause: "missing: a certificate without its chain or its key".into(),
+            }),
         }
     }
 
@@ -1452,6 +1461,23 @@ mod tests {
             Err(StoreError::CertTooLarge(_))
         ));
         assert_eq!(s.certificate_names().unwrap(), Vec::<String>::new());
+        // Half a pair is an error naming the missing file, not "none".
+        let pair = StoredCert {
+            chain: "c".into(),
+            key: "k".into(),
+        };
+        s.set_certificate("half", &pair).unwrap();
+        std::fs::remove_file(
+            d.path()
+                .join("state")
+                .join(CERTS)
+                .join("half")
+                .join(KEY_FILE),
+        )
+        .unwrap();
+        assert!(
+            matches!(s.certificate("half"), Err(StoreError::Io { path, .. }) if path.ends_with(KEY_FILE))
+        );
     }
 
     #[test]

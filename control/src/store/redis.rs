@@ -521,7 +521,14 @@ impl Store for RedisStore {
                     key: key_pem,
                 }))
             }
-            _ => Ok(None),
+            (None, None) => Ok(None),
+            // Half a pair (written by hand, or by something else): an
+            // error naming it, never "not there" — an export would leave
+            // it out, and `certs list` would send the operator to import.
+            _ => Err(StoreError::Shared {
+                target: self.described.clone(),
+                cause: format!("{key}: a certificate without its chain or its key"),
+            }),
         }
     }
 
