@@ -317,13 +317,28 @@ impl RedisStore {
     }
 
     fn string(&self, key: &str) -> Result<Option<String>, StoreError> {
-        let v = self.one(redis::cmd("GET").arg(key))?;
+        let v = self
+            .one(redis::cmd("GET").arg(key))
+            .map_err(|e| naming(key, e))?;
         redis::from_redis_value(v).map_err(|e| self.bad(key, &e))
     }
 
     fn hash(&self, key: &str) -> Result<BTreeMap<String, String>, StoreError> {
-        let v = self.one(redis::cmd("HGETALL").arg(key))?;
+        let v = self
+            .one(redis::cmd("HGETALL").arg(key))
+            .map_err(|e| naming(key, e))?;
         redis::from_redis_value(v).map_err(|e| self.bad(key, &e))
+    }
+}
+
+/// `e` naming the key it was about (a WRONGTYPE says nothing of which).
+fn naming(key: &str, e: StoreError) -> StoreError {
+    match e {
+        StoreError::Shared { target, cause } => StoreError::Shared {
+            target,
+            cause: format!("{key}: {cause}"),
+        },
+        other => other,
     }
 }
 
