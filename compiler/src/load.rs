@@ -76,6 +76,12 @@ pub enum Unreadable {
     /// A committed folder with the same content as one read under another
     /// name: not read again.
     Repeated,
+    /// A committed file with the same content (the same blob) as the file
+    /// named, read before it in path order: not read again. Two config
+    /// files alike are always an error (the same host, zone or node
+    /// twice), and one blob named a million times must not cost a million
+    /// parses.
+    SameAs(String),
     /// A file or folder name that is not UTF-8: refused, never read (it
     /// could not be named in a diagnostic, a key or a diff).
     NameNotUtf8,
@@ -130,6 +136,7 @@ impl Unreadable {
             Unreadable::Link | Unreadable::Special(_) => "not-a-file",
             Unreadable::TooLarge | Unreadable::OverTotal | Unreadable::TooMany => "file-too-large",
             Unreadable::TooDeep | Unreadable::Repeated => "not-a-file",
+            Unreadable::SameAs(_) => "repeated-file",
             Unreadable::Io(_) => "unreadable",
         }
     }
@@ -169,6 +176,11 @@ impl std::fmt::Display for Unreadable {
             Unreadable::TooDeep => write!(
                 f,
                 "a folder more than {MAX_DEPTH} levels deep; nothing under it is read"
+            ),
+            Unreadable::SameAs(first) => write!(
+                f,
+                "the same content as `{first}` (committed twice: the same host, zone or node \
+                 twice); not read again"
             ),
             Unreadable::NameNotUtf8 => f.write_str(
                 "a name that is not valid UTF-8 (shown with U+FFFD); refused and never read",
@@ -541,6 +553,9 @@ pub fn from_rev(root: &Path, rev: &str) -> Result<Repo> {
         Ok(utf8(repo.find_blob(id)?.content().to_vec()))
     };
     let mut sources = Vec::new();
+    // Each committed file's blob, by the first path it was read at.
+    let mut first_of: std::collections::HashMap<git2::Oid, String> =
+        std::collections::HashMap::new();
     if let Some(entry) = tree.get_name(Kind::CLUSTER_FILE)
         && entry.kind() == Some(git2::ObjectType::Blob)
     {
@@ -622,6 +637,13 @@ pub fn from_rev(root: &Path, rev: &str) -> Result<Repo> {
         blobs.sort_by(|a, b| a.0.cmp(&b.0));
         for (path, blob) in blobs {
             let text = match blob {
+                Ok((mode, id)) if mode != LINK_MODE => match first_of.get(&id) {
+                    Some(first) => Err(Unreadable::SameAs(first.clone())),
+                    None => {
+                        first_of.insert(id, path.clone());
+                        read(mode, id)?
+                    }
+                },
                 Ok((mode, id)) => read(mode, id)?,
                 Err(why) => Err(why),
             };

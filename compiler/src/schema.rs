@@ -235,7 +235,9 @@ both read identically, and what cannot make PCRE backtrack badly.
   the same character or match empty (`(a|a)*`, `(a|ab)+`, `(a|)*`);
 - **no adjacent repetition** (the `adjacent repetition` rule): no two
   unbounded repetitions in a row (past parts that can match empty) that
-  can match the same character (`a*a*`, `\d+[0-9]*`, `x.*(b)?.*y`);
+  can match the same character (`a*a*`, `\d+[0-9]*`, `x.*(b)?.*y`), also
+  where a group or an alternative ends with one and the next begins with
+  one (`(a+)(a+)`, `(?:x|a+)(?:x|a+)`, `(?:a+c?)a+`);
 - nested repetition counts multiplying to at most 1000 (`a{1000}{1000}`
   is refused), and at most 4096 bytes.
 

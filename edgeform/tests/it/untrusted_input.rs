@@ -281,6 +281,28 @@ fn a_file_whose_name_is_not_utf8_is_refused_not_skipped() {
     assert!(text.contains("encoding"), "{text}");
 }
 
+/// One blob committed under many names (a tree object of a few hundred
+/// KB can name it 100,000 times) is read once: the other names are each
+/// refused as a repeat of the first, never parsed.
+#[test]
+fn a_blob_committed_under_many_names_is_read_once() {
+    let f = Fixture::with(&[]);
+    f.commit("base");
+    let site = "host: many.example.com\norigin: http://192.0.2.1\n";
+    for i in 0..3 {
+        std::fs::write(f.path().join(format!("sites/m{i}.yaml")), site).unwrap();
+    }
+    f.commit("one site three times");
+    let out = run(f.path(), &["--rev", "HEAD", "check", "--format", "json"]);
+    let text = all_output(&out);
+    assert_eq!(out.status.code(), Some(1), "{text}");
+    assert_eq!(text.matches("repeated-file").count(), 2, "{text}");
+    assert!(
+        text.contains("the same content as `sites/m0.yaml`"),
+        "{text}"
+    );
+}
+
 #[test]
 fn committed_links_are_refused_with_rev() {
     let outside = tempfile::tempdir().unwrap();
