@@ -396,8 +396,12 @@ fn walk(
         let entry = entry.with_context(|| format!("reading {}", dir.display()))?;
         let name = entry.file_name();
         let Some(name) = name.to_str() else {
+            // Refused where it would be read (a folder, or a config file
+            // by its extension); any other file is left alone, as it would
+            // be with a UTF-8 name.
             let shown = name.to_string_lossy();
-            if !shown.starts_with('.') {
+            let read = entry.file_type().is_ok_and(|t| t.is_dir()) || is_config_file(&shown);
+            if !shown.starts_with('.') && read {
                 out.push((
                     kind,
                     format!("{rel}/{shown}"),
@@ -601,7 +605,10 @@ pub fn from_rev(root: &Path, rev: &str) -> Result<Repo> {
                 }
                 let Ok(name) = entry.name() else {
                     let shown = String::from_utf8_lossy(entry.name_bytes());
-                    if !shown.starts_with('.') {
+                    let read = entry.kind() == Some(git2::ObjectType::Tree)
+                        || entry.filemode() == LINK_MODE
+                        || is_config_file(&shown);
+                    if !shown.starts_with('.') && read {
                         blobs.push((format!("{dir}{shown}"), Err(Unreadable::NameNotUtf8)));
                     }
                     continue;

@@ -676,7 +676,8 @@ pub fn diff_markdown(diff: &Diff, base: &str, head: &str) -> String {
     if omitted > 0 {
         let _ = writeln!(
             out,
-            "_{omitted} more target diffs left out to fit a comment; run `edgeform diff --base {base}` locally for all of them._"
+            "_{omitted} more target diffs left out to fit a comment; run `edgeform diff --base {}` locally for all of them._",
+            code_span_text(base)
         );
     }
     out

@@ -104,7 +104,11 @@ pub fn check(pattern: &str) -> Result<(), Refusal> {
         .map_err(|e| Refusal::Syntax(e.kind().to_string()))?;
     // The AST walk first: it names what is not portable, which the
     // translation below would only call "not allowed".
-    Walk { pattern }.ast(&ast, false, 1)?;
+    Walk {
+        pattern,
+        fold: folds_case(pattern),
+    }
+    .ast(&ast, false, 1)?;
     // Translating as `explain` compiles (bytes, Unicode off) catches what
     // the AST allows but that engine does not.
     translator()
@@ -121,8 +125,37 @@ fn translator() -> hir::translate::Translator {
         .build()
 }
 
+/// Whether a flag group anywhere in `pattern` turns case folding on
+/// (`(?i)`, `(?si:…)`): the walk then reads every part folded, since a
+/// part translated alone would lose the flag set before it (`(?i)A+a+`
+/// is two repetitions of the same bytes). Over-approximate on purpose.
+fn folds_case(pattern: &str) -> bool {
+    pattern.match_indices("(?").any(|(i, _)| {
+        pattern[i + 2..]
+            .chars()
+            .take_while(|c| c.is_ascii_alphabetic())
+            .any(|c| c == 'i')
+    })
+}
+
 struct Walk<'a> {
     pattern: &'a str,
+    /// The pattern folds case somewhere ([`folds_case`]).
+    fold: bool,
+}
+
+impl Walk<'_> {
+    /// A part of the pattern translated alone, as the whole pattern reads
+    /// it (case folded when the pattern folds case anywhere).
+    fn part(&self, ast: &Ast) -> Option<hir::Hir> {
+        hir::translate::TranslatorBuilder::new()
+            .unicode(false)
+            .utf8(false)
+            .case_insensitive(self.fold)
+            .build()
+            .translate(self.pattern, ast)
+            .ok()
+    }
 }
 
 impl Walk<'_> {
@@ -156,7 +189,7 @@ impl Walk<'_> {
                 // round's first byte: `(?:a+){12}` is `a+a+…a+`.
                 if !unbounded
                     && n > 1
-                    && let Ok(sub) = translator().translate(self.pattern, &rep.ast)
+                    && let Some(sub) = self.part(&rep.ast)
                     && tail(&sub).intersects(&first(&sub))
                 {
                     return Err(Refusal::NestedRepetition);
@@ -197,7 +230,7 @@ impl Walk<'_> {
         for item in items {
             // What does not translate is named by the walk, or refused by
             // the whole pattern's translation.
-            let Ok(hir) = translator().translate(self.pattern, item) else {
+            let Some(hir) = self.part(item) else {
                 open = None;
                 continue;
             };
@@ -207,7 +240,14 @@ impl Walk<'_> {
                 return Err(Refusal::AdjacentRepetition);
             }
             let trail = edge_repetition(&hir, true);
-            open = if nullable(&hir) {
+            // One byte the open repetition matches too (`\w+_\w+`,
+            // `\d+0\d+`): it can take that byte itself, so the split
+            // between it and the next repetition stays ambiguous.
+            let absorbed = trail.is_none()
+                && matches!((&open, single_byte(&hir)), (Some(o), Some(b)) if b.within(o));
+            open = if absorbed {
+                open
+            } else if nullable(&hir) {
                 match (open, trail) {
                     (Some(mut o), Some(t)) => {
                         o.add(&t);
@@ -227,7 +267,7 @@ impl Walk<'_> {
     fn alternatives(&self, branches: &[Ast]) -> Result<(), Refusal> {
         let mut seen = Bytes::default();
         for branch in branches {
-            let Ok(hir) = translator().translate(self.pattern, branch) else {
+            let Some(hir) = self.part(branch) else {
                 continue;
             };
             if nullable(&hir) {
@@ -333,6 +373,10 @@ impl Bytes {
     fn intersects(&self, other: &Bytes) -> bool {
         self.0[0] & other.0[0] != 0 || self.0[1] & other.0[1] != 0
     }
+
+    fn within(&self, other: &Bytes) -> bool {
+        self.0[0] & !other.0[0] == 0 && self.0[1] & !other.0[1] == 0
+    }
 }
 
 /// The bytes of the unbounded repetitions a match of `h` can begin with
@@ -376,6 +420,17 @@ fn edge_repetition(h: &Hir, from_end: bool) -> Option<Bytes> {
             }
             out
         }
+        _ => None,
+    }
+}
+
+/// The bytes of `h` when it matches exactly one byte (a one-byte
+/// literal or a class), else `None`.
+fn single_byte(h: &Hir) -> Option<Bytes> {
+    match h.kind() {
+        HirKind::Literal(l) if l.0.len() == 1 => Some(all(h)),
+        HirKind::Class(_) => Some(all(h)),
+        HirKind::Capture(c) => single_byte(&c.sub),
         _ => None,
     }
 }
@@ -522,6 +577,10 @@ mod tests {
                 Refusal::AdjacentRepetition,
             ),
             (r"^/(?:b(?:a+))(?:(?:a*)c)$", Refusal::AdjacentRepetition),
+            (r"(?i)^/A+a+A+a+$", Refusal::AdjacentRepetition),
+            (r"(?i)^/(?:a|A)+$", Refusal::AmbiguousAlternation),
+            (r"^/\w+_\w+_\w+_\w+$", Refusal::AdjacentRepetition),
+            (r"^/\d+0\d+$", Refusal::AdjacentRepetition),
             (r"a{1000}{1000}", Refusal::TooLarge),
             (r"(?:a{100}){100}", Refusal::TooLarge),
         ] {

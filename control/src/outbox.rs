@@ -166,6 +166,12 @@ pub fn entries(store: &dyn Store, node: &str) -> Result<Vec<Entry>, StoreError> 
     let mut out = Vec::new();
     for (name, text) in store.outbox(node)? {
         match serde_json::from_str::<Entry>(&text) {
+            Ok(e) if e.deliverable().is_err() => tracing::warn!(
+                node,
+                entry = %edgestate::untrusted::escape(&name),
+                cause = %e.deliverable().err().unwrap_or_default(),
+                "purge outbox: an entry whose job edgeform would not queue is skipped, never delivered (it stays kept for an operator to see)"
+            ),
             Ok(mut e) => {
                 e.file = name;
                 out.push(e);
@@ -302,19 +308,6 @@ pub async fn flush(store: &dyn Store, node: &Node) -> Result<Flushed> {
             out.left += 1;
             continue;
         }
-        // Only what `edgeform purge` would queue is delivered (a shared
-        // store that is not ours may hold anything). Kept for an operator
-        // to see.
-        if let Err(why) = e.deliverable() {
-            tracing::warn!(
-                node = %node.name,
-                entry = %edgestate::untrusted::escape(&e.file),
-                cause = %why,
-                "purge outbox: an entry whose job edgeform would not queue is not delivered (it stays kept for an operator to see)"
-            );
-            out.left += 1;
-            continue;
-        }
         redis::cmd("RPUSH")
             .arg(&queue)
             .arg(&e.job)
@@ -446,13 +439,18 @@ mod tests {
     use super::*;
     use crate::store::DirStore;
 
+    /// A job as `edgeform purge` spools it: its own id, one key.
+    fn job(id: &str) -> String {
+        format!(r#"{{"id":"{id}","key":"k"}}"#)
+    }
+
     #[test]
     fn jobs_of_a_node_no_longer_in_the_repository_are_dropped() {
         let d = tempfile::tempdir().unwrap();
         let s = DirStore::open(&d.path().join("state")).unwrap();
-        spool(&s, "edge-1", "a-1", "{}").unwrap();
-        spool(&s, "gone-1", "b-1", "{}").unwrap();
-        spool(&s, "gone-1", "b-2", "{}").unwrap();
+        spool(&s, "edge-1", "a-1", &job("a-1")).unwrap();
+        spool(&s, "gone-1", "b-1", &job("b-1")).unwrap();
+        spool(&s, "gone-1", "b-2", &job("b-2")).unwrap();
         let dropped = drop_removed(&s, &["edge-1", "edge-2"]);
         assert_eq!(dropped, BTreeMap::from([("gone-1".to_owned(), 2)]));
         let left = depths(&s).unwrap();
@@ -466,8 +464,8 @@ mod tests {
         let s = DirStore::open(&d.path().join("state")).unwrap();
         // A job at the agent's limit whose text is all `\"`: kept as a JSON
         // string, each character is escaped again.
-        let body = "\\\"".repeat((purge::MAX_JOB_BYTES - 16) / 2);
-        let job = format!("{{\"grep\":\"{body}\"}}");
+        let body = "\\\"".repeat((purge::MAX_JOB_BYTES - 32) / 2);
+        let job = format!("{{\"id\":\"a-1\",\"grep\":\"{body}\"}}");
         assert!(job.len() <= purge::MAX_JOB_BYTES);
         spool(&s, "edge-1", "a-1", &job).unwrap();
         let e = entries(&s, "edge-1").unwrap();
@@ -479,11 +477,11 @@ mod tests {
     fn a_tracked_job_counts_as_delivered_holds_nothing_back_and_is_forgotten_by_id() {
         let d = tempfile::tempdir().unwrap();
         let s = DirStore::open(&d.path().join("state")).unwrap();
-        track(&s, "edge-1", "a-1", "{}").unwrap();
+        track(&s, "edge-1", "a-1", &job("a-1")).unwrap();
         assert!(!has_waiting(&s, "edge-1").unwrap());
         let depth = depths(&s).unwrap();
         assert_eq!((depth["edge-1"].waiting, depth["edge-1"].delivered), (0, 1));
-        spool(&s, "edge-1", "b-2", "{}").unwrap();
+        spool(&s, "edge-1", "b-2", &job("b-2")).unwrap();
         assert!(has_waiting(&s, "edge-1").unwrap());
         assert_eq!(forget(&s, "edge-1", "a-1").unwrap(), 1);
         assert_eq!(forget(&s, "edge-1", "a-1").unwrap(), 0);
@@ -501,7 +499,7 @@ mod tests {
         let d = tempfile::tempdir().unwrap();
         let s = DirStore::open(&d.path().join("state")).unwrap();
         for id in ["b-1", "a-2", "c-3"] {
-            spool(&s, "edge-1", id, &format!("{{\"id\":\"{id}\"}}")).unwrap();
+            spool(&s, "edge-1", id, &job(id)).unwrap();
         }
         let e = entries(&s, "edge-1").unwrap();
         assert_eq!(

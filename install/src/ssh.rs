@@ -108,6 +108,9 @@ impl Step {
 struct Failed {
     step: Step,
     message: String,
+    /// The new release stays live: nothing served before it (a first
+    /// install), so there was nothing to go back to.
+    no_previous: bool,
 }
 
 type StepResult<T> = std::result::Result<T, Failed>;
@@ -116,8 +119,26 @@ fn fail(step: Step, message: impl Into<String>) -> Failed {
     Failed {
         step,
         message: message.into(),
+        no_previous: false,
     }
 }
+
+/// Text from the node (its manifest, its output) as a terminal may show
+/// it: no control character or escape sequence gets through.
+fn shown(s: &str) -> String {
+    edgestate::untrusted::escape(s)
+}
+
+/// The first 12 characters of a version or commit read from the node
+/// (never cut inside a character), shown safely.
+fn head12(s: &str) -> String {
+    shown(&s.chars().take(12).collect::<String>())
+}
+
+/// Most bytes of a node's output kept (each of stdout and stderr); the
+/// rest is read and dropped, so a node printing without end costs no
+/// memory.
+const OUTPUT_CAP: u64 = 1 << 20;
 
 /// Single-quote for the remote shell.
 fn q(s: &str) -> String {
@@ -135,7 +156,18 @@ impl Remote<'_> {
         let mut c = Command::new("ssh");
         c.args(["-p", &port.to_string()])
             .args(["-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=yes"])
-            .args(["-o", "ConnectTimeout=10", "-o", "LogLevel=ERROR"]);
+            .args(["-o", "ConnectTimeout=10", "-o", "LogLevel=ERROR"])
+            // A node that stops answering mid-step is given up after 30 s,
+            // not waited for: one stalled node must not hold `--all`.
+            .args([
+                "-o",
+                "ServerAliveInterval=10",
+                "-o",
+                "ServerAliveCountMax=3",
+            ])
+            // Only the known_hosts file given (or the user's) vouches for
+            // a node, not the system's.
+            .args(["-o", "GlobalKnownHostsFile=/dev/null"]);
         let kh = self.ssh.known_hosts.clone().unwrap_or_else(|| {
             PathBuf::from(std::env::var("HOME").unwrap_or_default()).join(".ssh/known_hosts")
         });
@@ -143,7 +175,10 @@ impl Remote<'_> {
         if let Some(id) = &self.ssh.identity {
             c.arg("-i").arg(id).args(["-o", "IdentitiesOnly=yes"]);
         }
-        c.arg(format!("{}@{host}", self.install.user)).arg(remote);
+        // `--`: the destination can never be read as an option of ssh's.
+        c.arg("--")
+            .arg(format!("{}@{host}", self.install.user))
+            .arg(remote);
         c
     }
 
@@ -159,17 +194,43 @@ impl Remote<'_> {
         if let Some(mut stdin) = child.stdin.take() {
             let _ = stdin.write_all(script.as_bytes());
         }
-        let o = child
-            .wait_with_output()
-            .map_err(|e| fail(step, format!("ssh: {e}")))?;
-        let stderr = String::from_utf8_lossy(&o.stderr).into_owned();
+        // Both pipes drained at once (a node filling one must not block
+        // on the other), each kept up to OUTPUT_CAP.
+        let capped = |pipe: Option<Box<dyn std::io::Read + Send>>| {
+            std::thread::spawn(move || {
+                let mut kept = Vec::new();
+                if let Some(mut p) = pipe {
+                    let _ = std::io::Read::read_to_end(
+                        &mut std::io::Read::take(&mut p, OUTPUT_CAP),
+                        &mut kept,
+                    );
+                    let _ = std::io::copy(&mut p, &mut std::io::sink());
+                }
+                kept
+            })
+        };
+        let out = capped(
+            child
+                .stdout
+                .take()
+                .map(|p| Box::new(p) as Box<dyn std::io::Read + Send>),
+        );
+        let err = capped(
+            child
+                .stderr
+                .take()
+                .map(|p| Box::new(p) as Box<dyn std::io::Read + Send>),
+        );
+        let status = child.wait().map_err(|e| fail(step, format!("ssh: {e}")))?;
+        let stdout = out.join().unwrap_or_default();
+        let stderr = String::from_utf8_lossy(&err.join().unwrap_or_default()).into_owned();
         // 255: ssh itself failed (connection, host key, authentication).
-        if o.status.code() == Some(255) {
+        if status.code() == Some(255) {
             return Err(fail(step, ssh_error(&stderr, self.install)));
         }
         Ok((
-            o.status.success(),
-            String::from_utf8_lossy(&o.stdout).into_owned(),
+            status.success(),
+            String::from_utf8_lossy(&stdout).into_owned(),
             stderr,
         ))
     }
@@ -184,9 +245,10 @@ impl Remote<'_> {
     }
 }
 
+/// A node's output on one line, shown safely.
 fn one_line(s: &str) -> String {
     let lines: Vec<&str> = s.lines().map(str::trim).filter(|l| !l.is_empty()).collect();
-    lines.join(" | ")
+    shown(&lines.join(" | "))
 }
 
 fn ssh_error(stderr: &str, install: &Install) -> String {
@@ -283,14 +345,17 @@ fn upload(r: &Remote<'_>, b: &NodeBundle, id: &str, commit: Option<&str>) -> Ste
         String::new()
     };
     let remote = format!(
-        "set -e; rm -rf {p}; mkdir -p {p}; tar -C {p} -xpf -; mv {p} {d}{placeholder}",
+        // Owned by the user it is extracted as (root on the node), never by
+        // whoever ran `install` on the control host: a node account sharing
+        // that uid must not be able to rewrite nginx.conf.
+        "set -e; rm -rf {p}; mkdir -p {p}; tar --no-same-owner -C {p} -xpf -; mv {p} {d}{placeholder}",
         p = q(&format!("{dir}.part")),
         d = q(&dir)
     );
     let mut tar = Command::new("tar")
         .arg("-C")
         .arg(stage.path())
-        .args(["-cf", "-", "."])
+        .args(["--owner=0", "--group=0", "--numeric-owner", "-cf", "-", "."])
         .stdout(Stdio::piped())
         .spawn()
         .map_err(|e| fail(Step::Upload, format!("cannot run tar: {e}")))?;
@@ -679,19 +744,21 @@ fn install_one(
         .map(|(p, _)| p)
         .collect();
     switch(&r, &id)?;
-    if let Err(e) = reload(&r, b, secrets_changed).and_then(|()| restart(&r, &changed)) {
+    if let Err(mut e) = reload(&r, b, secrets_changed).and_then(|()| restart(&r, &changed)) {
         // Back to what served before.
         if let Some(p) = previous {
             let _ = switch(&r, &p);
             let _ = reload(&r, b, false);
             let _ = restart(&r, &changed);
+        } else {
+            e.no_previous = true;
         }
         return Err(e);
     }
     let pruned = prune(&r, install.keep())?;
     let from = installed.map_or_else(
         || "nothing installed".to_owned(),
-        |m| format!("version {}", &m.version[..12.min(m.version.len())]),
+        |m| format!("version {}", head12(&m.version)),
     );
     Ok(format!(
         "installed {id} (version {}, from {from}; {} file(s){})",
@@ -874,6 +941,11 @@ pub fn install(
 fn outcome_line(node: &str, r: &StepResult<String>) -> String {
     match r {
         Ok(msg) => format!("{node}: {msg}"),
+        Err(e) if e.no_previous => format!(
+            "{node}: failed at step {}: {}; nothing served before (a first install): this release stays in place",
+            e.step.as_str(),
+            e.message
+        ),
         Err(e) => format!(
             "{node}: failed at step {}: {}; the previous release keeps serving",
             e.step.as_str(),
@@ -936,10 +1008,8 @@ pub fn plan(
                     |m| {
                         format!(
                             "installed version {} (commit {})",
-                            &m.version[..12.min(m.version.len())],
-                            m.commit
-                                .as_deref()
-                                .map_or("unknown", |c| &c[..12.min(c.len())])
+                            head12(&m.version),
+                            m.commit.as_deref().map_or_else(|| "unknown".into(), head12)
                         )
                     },
                 );
@@ -954,7 +1024,7 @@ pub fn plan(
                         &desired.version[..12]
                     );
                     for (path, change) in d {
-                        println!("  {:<8} {path}", change.as_str());
+                        println!("  {:<8} {}", change.as_str(), shown(&path));
                     }
                 }
             }

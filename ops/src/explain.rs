@@ -247,6 +247,13 @@ impl Explainer<'_> {
         headers: &Headers,
         tls: Option<&str>,
     ) -> Result<Explained> {
+        // An absolute request line (`GET http://b.test/x`) names the host
+        // itself: nginx serves that host, whatever the Host header says.
+        let line_host = url
+            .split_once("://")
+            .map(|(_, rest)| &rest[..rest.find(['/', '?']).unwrap_or(rest.len())])
+            .filter(|h| !h.is_empty() && *h != host);
+        let host = line_host.unwrap_or(host);
         let norm = edge::normalize_host(host);
         let candidates = edge::lookup_hosts(&norm);
         let carries = |t: &Target| {
@@ -267,6 +274,11 @@ impl Explainer<'_> {
                     .or_else(|| self.compiled.targets.iter().next()),
             };
         let mut pre = Vec::new();
+        if let Some(h) = line_host {
+            pre.push(format!(
+                "the request line names the host `{h}`: nginx serves it, not the Host header's"
+            ));
+        }
         let xff = forwarded_for(headers);
         // Through PROXY the viewer stands for the peer, if the peer is a
         // router (the routing table's); no table: no router to believe.
@@ -504,6 +516,15 @@ fn to_json(e: &Explained, id: Option<&serde_json::Value>) -> String {
     .unwrap_or_default()
 }
 
+/// The human text as a terminal may show it: each line with its control
+/// characters escaped (the host, method and URL asked about are the
+/// caller's, and reasons quote them).
+fn shown(text: &str) -> String {
+    text.lines()
+        .map(|l| edgestate::untrusted::escape(l) + "\n")
+        .collect()
+}
+
 fn human(e: &Explained) -> String {
     use std::fmt::Write as _;
     let d = &e.decision;
@@ -690,7 +711,7 @@ pub fn explain(compiled: &Compiled, args: &ExplainOptions) -> Result<u8> {
     )?;
     match args.format {
         ExplainFormat::Json => writeln!(out, "{}", to_json(&e, None))?,
-        ExplainFormat::Human => out.write_all(human(&e).as_bytes())?,
+        ExplainFormat::Human => out.write_all(shown(&human(&e)).as_bytes())?,
     }
     out.flush()?;
     Ok(0)
@@ -870,6 +891,28 @@ mod tests {
         );
         // --sni without https is an error.
         assert!(tls_name(edge::Scheme::Http, Some("a.test"), "a.test").is_err());
+    }
+
+    #[test]
+    fn an_absolute_request_line_names_the_host_as_nginx_reads_it() {
+        let c = compiled();
+        let absolute = run(
+            &c,
+            "a.test",
+            "http://plain.test/x",
+            edge::Scheme::Http,
+            None,
+        );
+        let direct = run(&c, "plain.test", "/x", edge::Scheme::Http, None);
+        assert_eq!(absolute.decision.verdict, direct.decision.verdict);
+        assert_eq!(absolute.decision.status, direct.decision.status);
+        assert!(
+            absolute.decision.reasons[0].contains("names the host `plain.test`"),
+            "{:?}",
+            absolute.decision.reasons
+        );
+        // The caller's text reaches the terminal escaped.
+        assert_eq!(shown("a\u{1b}[2Jb\nc\u{7}\n"), "a\\u{1b}[2Jb\nc\\u{7}\n");
     }
 
     #[test]

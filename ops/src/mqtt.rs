@@ -1443,8 +1443,8 @@ mod tests {
         let dir =
             std::env::temp_dir().join(format!("edgeform-status-outbox-{}", std::process::id()));
         let store = control::store::DirStore::open(&dir).unwrap();
-        control::outbox::spool(&store, "a", "1-1", "{}").unwrap();
-        control::outbox::spool(&store, "a", "2-1", "{}").unwrap();
+        control::outbox::spool(&store, "a", "1-1", r#"{"id":"1-1","key":"k"}"#).unwrap();
+        control::outbox::spool(&store, "a", "2-1", r#"{"id":"2-1","key":"k"}"#).unwrap();
         let row = |node: &str| Row {
             node: node.into(),
             zone: None,

@@ -44,6 +44,12 @@ impl std::fmt::Display for Error {
 /// # Errors
 /// Unknown fields, malformed references.
 pub fn render(file: &str, template: &str, context: &Value) -> Result<String, Vec<Error>> {
+    // In a YAML or JSON file a list or map is written as JSON flow, whose
+    // strings are quoted; anywhere else each string inside it must be one
+    // word too.
+    let structured = [".yaml.tmpl", ".yml.tmpl", ".json.tmpl"]
+        .iter()
+        .any(|x| file.ends_with(x));
     let mut out = String::with_capacity(template.len());
     let mut errors = Vec::new();
     let mut rest = template;
@@ -92,7 +98,7 @@ pub fn render(file: &str, template: &str, context: &Value) -> Result<String, Vec
             ));
         } else {
             match lookup(context, reference) {
-                Some(v) => match apply(filter, v) {
+                Some(v) => match apply(filter, v, structured) {
                     Ok(text) => out.push_str(&text),
                     Err(why) => errors.push(err(
                         ErrorKind::TemplateSyntax,
@@ -216,6 +222,20 @@ fn breaking_char(s: &str) -> Option<(usize, char)> {
     })
 }
 
+/// Every string of `v`: itself, or those inside its lists and maps (a
+/// list written as JSON flow is one nginx token up to its first `;`).
+fn strings_of(v: &Value) -> Box<dyn Iterator<Item = &str> + '_> {
+    match v {
+        Value::String(s) => Box::new(std::iter::once(s.as_str())),
+        Value::Array(items) => Box::new(items.iter().flat_map(strings_of)),
+        Value::Object(m) => Box::new(
+            m.iter()
+                .flat_map(|(k, v)| std::iter::once(k.as_str()).chain(strings_of(v))),
+        ),
+        _ => Box::new(std::iter::empty()),
+    }
+}
+
 /// Why `s` cannot be written as one word, said after the value.
 fn not_a_word(s: &str, how: &str) -> Option<String> {
     let (i, c) = breaking_char(s)?;
@@ -228,11 +248,14 @@ fn not_a_word(s: &str, how: &str) -> Option<String> {
 }
 
 /// A filter's output, or why the value has none (said after the value).
-fn apply(filter: Option<&str>, v: &Value) -> Result<String, String> {
+fn apply(filter: Option<&str>, v: &Value, structured: bool) -> Result<String, String> {
     let Some(f) = filter else {
-        if let Value::String(s) = v
-            && let Some(why) = not_a_word(s, "a value written as it is")
-        {
+        let why = match v {
+            Value::String(s) => not_a_word(s, "a value written as it is"),
+            _ if structured => None,
+            _ => strings_of(v).find_map(|s| not_a_word(s, "a string written as it is")),
+        };
+        if let Some(why) = why {
             return Err(why);
         }
         return Ok(scalar(v));
@@ -498,6 +521,15 @@ mod tests {
         );
         assert!(render("t", "{{ v.nginx | words }}", &cx).is_err());
         assert!(render("t", "{{ v.dir | words }}", &cx).is_err());
+        // Inside a list or map written as it is, too.
+        let cx2 = serde_json::json!({"dirs": ["/a", "/x; include /etc/passwd"], "ok": {"url": "redis://h:1", "s": ["a:1"]}});
+        assert!(render("t", "{{ dirs }}", &cx2).is_err());
+        assert_eq!(
+            render("t", "{{ ok }}", &cx2).unwrap(),
+            r#"{"s":["a:1"],"url":"redis://h:1"}"#
+        );
+        // In YAML or JSON, JSON flow quotes its strings.
+        assert!(render("a.yaml.tmpl", "dirs: {{ dirs }}", &cx2).is_ok());
         // A ca_file that would end nginx's directive.
         let cx = serde_json::json!({"r": {"tls": {"ca_file": "/etc/ca.pem\t#"}}});
         assert!(render("t", "{{ r | ca_file }}", &cx).is_err());

@@ -131,6 +131,39 @@ pub(super) fn node(ctx: &mut Ctx<'_>, raw: &raw::Node) -> Node {
         );
     }
     if let Some(i) = &raw.install {
+        // Both reach ssh's command line as `user@host`: neither may read
+        // as an option (`-oProxyCommand=…`) or carry a second `@`.
+        let user_ok = i
+            .user
+            .starts_with(|c: char| c.is_ascii_alphabetic() || c == '_')
+            && i.user
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.'));
+        if !user_ok {
+            let d = ctx.error(
+                "invalid-value",
+                "/install/user",
+                format!(
+                    "`{}` is not a user name ssh can be given: a letter or `_`, then letters, digits, `_`, `-`, `.`",
+                    edgestate::untrusted::escape(&i.user)
+                ),
+            );
+            help(d, "the node's login, e.g. `root` or `deploy`");
+        }
+        if i.ssh.starts_with('-')
+            || i.ssh.chars().any(|c| {
+                c.is_whitespace() || c.is_control() || matches!(c, '@' | '\'' | '"' | '\\')
+            })
+        {
+            ctx.error(
+                "invalid-value",
+                "/install/ssh",
+                format!(
+                    "`{}` is not a host for ssh: `host`, `host:port` or `[v6]:port`",
+                    edgestate::untrusted::escape(&i.ssh)
+                ),
+            );
+        }
         for (field, vars) in [("vars", &i.vars), ("candidate_vars", &i.candidate_vars)] {
             for (name, value) in vars {
                 let why = if value.is_empty() {

@@ -380,6 +380,31 @@ fn the_smoke_listen_must_differ_from_the_live_listen() {
 }
 
 #[test]
+fn an_install_user_or_host_ssh_could_read_as_an_option_is_refused() {
+    for (user, ssh, at) in [
+        (
+            "-oProxyCommand=touch$IFS/tmp/x",
+            "n.example.net:22",
+            "nodes/n.yaml:7:9",
+        ),
+        ("-V", "n.example.net:22", "nodes/n.yaml:7:9"),
+        ("root@evil", "n.example.net:22", "nodes/n.yaml:7:9"),
+        ("root", "-F/etc/passwd", "nodes/n.yaml:6:8"),
+        ("root", "evil@n.example.net", "nodes/n.yaml:6:8"),
+    ] {
+        let c = node_repo(&format!(
+            "name: n\nroles: [ingest]\nregion: eu\nzone: all\ninstall:\n  ssh: \"{ssh}\"\n  user: \"{user}\"\n  root: /srv/edgeform\n  listen: 0.0.0.0:80\n  smoke_listen: 127.0.0.1:8443\n"
+        ));
+        error(&c, "invalid-value", at);
+        assert_eq!(c.diagnostics.len(), 1, "{}", lines(&c));
+    }
+    let c = node_repo(
+        "name: n\nroles: [ingest]\nregion: eu\nzone: all\ninstall:\n  ssh: \"[2001:db8::1]:2222\"\n  user: deploy_1.x\n  root: /srv/edgeform\n  listen: 0.0.0.0:80\n  smoke_listen: 127.0.0.1:8443\n",
+    );
+    assert!(c.is_valid(), "{}", lines(&c));
+}
+
+#[test]
 fn a_secret_in_install_vars_is_refused_and_kept_out_of_the_message() {
     let c = node_repo(
         "name: n\nroles: [ingest]\nregion: eu\nzone: all\ninstall:\n  ssh: n.example.net:22\n  user: root\n  root: /srv/edgeform\n  listen: 0.0.0.0:80\n  smoke_listen: 127.0.0.1:8443\n  vars: {api_token: hunter2, workers: auto}\n",

@@ -284,7 +284,22 @@ pub fn snapshot(store: &dyn Store) -> Result<Snapshot, StoreError> {
     out.last_good = store.last_good()?;
     out.rollouts = store.rollout_state()?;
     for node in store.outbox_nodes()? {
-        let entries: BTreeMap<String, String> = store.outbox(&node)?.into_iter().collect();
+        // An entry whose job edgeform would not queue is never delivered
+        // (`outbox::entries` skips it): left out of the backup, named in
+        // the log, rather than failing the backup of everything else.
+        let entries: BTreeMap<String, String> = store
+            .outbox(&node)?
+            .into_iter()
+            .filter(|(name, text)| {
+                let kept = serde_json::from_str::<crate::outbox::Entry>(text)
+                    .map_err(|e| e.to_string())
+                    .and_then(|e| e.deliverable());
+                if let Err(why) = &kept {
+                    tracing::warn!(%node, entry = %edgestate::untrusted::escape(name), cause = %why, "state export: a purge outbox entry edgeform would never deliver is left out");
+                }
+                kept.is_ok()
+            })
+            .collect();
         if !entries.is_empty() {
             out.outbox.insert(node, entries);
         }

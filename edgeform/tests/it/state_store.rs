@@ -111,9 +111,15 @@ fn contract(s: &dyn Store) {
     // The purge outbox, through the functions that use it.
     assert!(s.outbox_nodes().unwrap().is_empty());
     for id in ["b-1", "a-2", "c-3"] {
-        control::outbox::spool(s, "edge-1", id, &format!("{{\"id\":\"{id}\"}}")).unwrap();
+        control::outbox::spool(
+            s,
+            "edge-1",
+            id,
+            &format!("{{\"id\":\"{id}\",\"key\":\"k\"}}"),
+        )
+        .unwrap();
     }
-    control::outbox::spool(s, "gone-1", "d-4", "{}").unwrap();
+    control::outbox::spool(s, "gone-1", "d-4", r#"{"id":"d-4","key":"k"}"#).unwrap();
     let kept = control::outbox::entries(s, "edge-1").unwrap();
     assert_eq!(
         kept.iter().map(|e| e.id.as_str()).collect::<Vec<_>>(),
