@@ -1294,6 +1294,20 @@ mod tests {
     }
 
     #[test]
+    fn text_from_the_node_is_cut_by_character_and_escaped() {
+        assert_eq!(head12("aaaaaaaaaaaébbbb"), "aaaaaaaaaaaé");
+        assert_eq!(head12("ab"), "ab");
+        assert_eq!(head12("\u{1b}]0;x\u{7}"), "\\u{1b}]0;x\\u{7}");
+        assert_eq!(one_line("ok\n\u{1b}[2J fake\n"), "ok | \\u{1b}[2J fake");
+        let mut first = fail(Step::Restart, "`exit 3`");
+        first.no_previous = true;
+        assert!(
+            outcome_line("edge-4", &Err(first))
+                .ends_with("nothing served before (a first install): this release stays in place")
+        );
+    }
+
+    #[test]
     fn each_node_reports_its_release_or_the_step_that_failed() {
         assert_eq!(
             outcome_line("edge-1", &Ok("installed r1-abc".to_owned())),
