@@ -117,9 +117,7 @@ pub async fn run(
     ));
     let (commands, queue) = tokio::sync::mpsc::unbounded_channel::<Publish>();
     let mut dropped = Dropped::default();
-    // When this agent last said online again on hearing itself offline.
-    let mut reasserted: Option<Instant> = None;
-    let mut reassert_due = false;
+    let mut reassert = Reassert::default();
     tasks.spawn(crate::commands::serve(
         config.clone(),
         mqtt.clone(),
@@ -230,10 +228,8 @@ pub async fn run(
                     continue;
                 }
                 _ = recheck.tick() => {
-                    if reassert_due && connected {
-                        reassert(&client, &status);
-                        reasserted = Some(Instant::now());
-                        reassert_due = false;
+                    if connected {
+                        reassert.tick(&client, &status);
                     }
                     // A new routing table: track its nodes, and ask for the
                     // retained reports and statuses again (the ones of new
@@ -383,18 +379,8 @@ pub async fn run(
                 election.connected(Instant::now());
             }
             Ok(Event::Incoming(Packet::Publish(p))) => {
-                // Its own status said offline while it is connected (a
-                // stale last will, or another client's forgery where the
-                // broker lets anyone write it): say online again, at most
-                // once a second (a forger repeating it gets one answer
-                // each, the last one at the next recheck).
                 if p.topic == status && &p.payload[..] == wire::OFFLINE.as_bytes() {
-                    if reasserted.is_none_or(|t: Instant| t.elapsed() >= Duration::from_secs(1)) {
-                        reassert(&client, &status);
-                        reasserted = Some(Instant::now());
-                    } else {
-                        reassert_due = true;
-                    }
+                    reassert.heard_offline(&client, &status);
                 }
                 if p.topic == cmd_topic {
                     if p.qos == QoS::AtMostOnce || p.payload.len() > wire::COMMAND_MAX_BYTES {
@@ -582,11 +568,37 @@ fn acknowledge_unless_command(
     }
 }
 
-/// Publish this agent's `online` again (retained, QoS 1).
-fn reassert(client: &AsyncClient, status: &str) {
-    tracing::info!("mqtt: heard this node reported offline while connected; said online again");
-    if let Err(e) = client.try_publish(status, QoS::AtLeastOnce, true, wire::ONLINE) {
-        tracing::warn!(cause = %e, "mqtt: cannot queue the online status");
+/// Its own status heard `offline` while connected (a stale last will, or
+/// another client's forgery where the broker lets anyone write it): say
+/// `online` again, at most once a second; a forger repeating it faster
+/// gets the last answer at the next [`Reassert::tick`].
+#[derive(Default)]
+struct Reassert {
+    last: Option<Instant>,
+    due: bool,
+}
+
+impl Reassert {
+    fn heard_offline(&mut self, client: &AsyncClient, status: &str) {
+        self.due = true;
+        if self
+            .last
+            .is_none_or(|t| t.elapsed() >= Duration::from_secs(1))
+        {
+            self.tick(client, status);
+        }
+    }
+
+    /// Say it, if it is owed (connected: the caller's to know).
+    fn tick(&mut self, client: &AsyncClient, status: &str) {
+        if !std::mem::take(&mut self.due) {
+            return;
+        }
+        self.last = Some(Instant::now());
+        tracing::info!("mqtt: heard this node reported offline while connected; said online again");
+        if let Err(e) = client.try_publish(status, QoS::AtLeastOnce, true, wire::ONLINE) {
+            tracing::warn!(cause = %e, "mqtt: cannot queue the online status");
+        }
     }
 }
 

@@ -111,17 +111,19 @@ pub fn check(pattern: &str) -> Result<(), Refusal> {
     .ast(&ast, false, 1)?;
     // Translating as `explain` compiles (bytes, Unicode off) catches what
     // the AST allows but that engine does not.
-    translator()
+    translator(false)
         .translate(pattern, &ast)
         .map_err(|e| Refusal::Syntax(e.kind().to_string()))?;
     Ok(())
 }
 
 /// Translation as `edgestate::edge` compiles a rule: bytes, Unicode off.
-fn translator() -> hir::translate::Translator {
+/// `fold`: read every part case-folded ([`Walk::part`]).
+fn translator(fold: bool) -> hir::translate::Translator {
     hir::translate::TranslatorBuilder::new()
         .unicode(false)
         .utf8(false)
+        .case_insensitive(fold)
         .build()
 }
 
@@ -148,13 +150,7 @@ impl Walk<'_> {
     /// A part of the pattern translated alone, as the whole pattern reads
     /// it (case folded when the pattern folds case anywhere).
     fn part(&self, ast: &Ast) -> Option<hir::Hir> {
-        hir::translate::TranslatorBuilder::new()
-            .unicode(false)
-            .utf8(false)
-            .case_insensitive(self.fold)
-            .build()
-            .translate(self.pattern, ast)
-            .ok()
+        translator(self.fold).translate(self.pattern, ast).ok()
     }
 }
 
@@ -248,13 +244,7 @@ impl Walk<'_> {
             open = if absorbed {
                 open
             } else if nullable(&hir) {
-                match (open, trail) {
-                    (Some(mut o), Some(t)) => {
-                        o.add(&t);
-                        Some(o)
-                    }
-                    (o, t) => o.or(t),
-                }
+                union(open, trail)
             } else {
                 trail
             };
@@ -389,38 +379,35 @@ fn edge_repetition(h: &Hir, from_end: bool) -> Option<Bytes> {
         HirKind::Repetition(r) => edge_repetition(&r.sub, from_end),
         HirKind::Capture(c) => edge_repetition(&c.sub, from_end),
         HirKind::Concat(parts) => {
-            let mut out: Option<Bytes> = None;
-            let mut take = |p: &Hir| {
-                if let Some(b) = edge_repetition(p, from_end) {
-                    out.get_or_insert_with(Bytes::default).add(&b);
-                }
-                nullable(p)
-            };
-            if from_end {
-                for p in parts.iter().rev() {
-                    if !take(p) {
-                        break;
-                    }
-                }
+            let order: Box<dyn Iterator<Item = &Hir>> = if from_end {
+                Box::new(parts.iter().rev())
             } else {
-                for p in parts {
-                    if !take(p) {
-                        break;
-                    }
+                Box::new(parts.iter())
+            };
+            let mut out = None;
+            for p in order {
+                out = union(out, edge_repetition(p, from_end));
+                if !nullable(p) {
+                    break;
                 }
             }
             out
         }
-        HirKind::Alternation(branches) => {
-            let mut out: Option<Bytes> = None;
-            for b in branches {
-                if let Some(set) = edge_repetition(b, from_end) {
-                    out.get_or_insert_with(Bytes::default).add(&set);
-                }
-            }
-            out
-        }
+        HirKind::Alternation(branches) => branches
+            .iter()
+            .fold(None, |out, b| union(out, edge_repetition(b, from_end))),
         _ => None,
+    }
+}
+
+/// The bytes of either (`None` for neither).
+fn union(a: Option<Bytes>, b: Option<Bytes>) -> Option<Bytes> {
+    match (a, b) {
+        (Some(mut a), Some(b)) => {
+            a.add(&b);
+            Some(a)
+        }
+        (a, b) => a.or(b),
     }
 }
 

@@ -41,15 +41,18 @@ pub struct Entry {
 }
 
 impl Entry {
-    /// Whether this is what `edgeform purge` queues: a job the agent
-    /// reads, carrying the entry's own id (its done record is looked up by
-    /// that id).
+    /// An entry from its stored text, when it is what `edgeform purge`
+    /// keeps: an entry whose job the agent reads and carries the entry's
+    /// own id (its done record is looked up by that id). Anything else is
+    /// never delivered (a store that is not ours may hold anything).
     ///
     /// # Errors
-    /// Why not.
-    pub fn deliverable(&self) -> Result<(), String> {
-        match edgestate::purge::Job::parse_bytes(self.job.as_bytes()) {
-            Ok(j) if j.id.as_deref() == Some(self.id.as_str()) => Ok(()),
+    /// Why not (never the job's content).
+    pub fn read(text: &str) -> Result<Entry, String> {
+        let e: Entry =
+            serde_json::from_str(text).map_err(|e| format!("not an outbox entry: {e}"))?;
+        match edgestate::purge::Job::parse_bytes(e.job.as_bytes()) {
+            Ok(j) if j.id.as_deref() == Some(e.id.as_str()) => Ok(e),
             Ok(_) => Err("its job carries another id".to_owned()),
             Err(why) => Err(why),
         }
@@ -157,31 +160,25 @@ fn keep(
     store.set_outbox(node, &name, &text)
 }
 
-/// `node`'s kept jobs, oldest first. A file that does not parse is skipped
-/// (and stays for an operator to see).
+/// `node`'s kept jobs, oldest first. An entry [`Entry::read`] refuses is
+/// skipped (and stays for an operator to see).
 ///
 /// # Errors
 /// The folder unsafe or unreadable.
 pub fn entries(store: &dyn Store, node: &str) -> Result<Vec<Entry>, StoreError> {
     let mut out = Vec::new();
     for (name, text) in store.outbox(node)? {
-        match serde_json::from_str::<Entry>(&text) {
-            Ok(e) if e.deliverable().is_err() => tracing::warn!(
-                node,
-                entry = %edgestate::untrusted::escape(&name),
-                cause = %e.deliverable().err().unwrap_or_default(),
-                "purge outbox: an entry whose job edgeform would not queue is skipped, never delivered (it stays kept for an operator to see)"
-            ),
+        match Entry::read(&text) {
             Ok(mut e) => {
                 e.file = name;
                 out.push(e);
             }
-            Err(e) => tracing::warn!(
+            Err(why) => tracing::warn!(
                 node,
-                entry = %name,
+                entry = %edgestate::untrusted::escape(&name),
                 bytes = text.len(),
-                cause = %e,
-                "purge outbox: an entry that does not parse is skipped (it stays kept for an operator to see)"
+                cause = %why,
+                "purge outbox: an entry edgeform would not deliver is skipped (it stays kept for an operator to see)"
             ),
         }
     }

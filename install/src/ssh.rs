@@ -196,31 +196,8 @@ impl Remote<'_> {
         }
         // Both pipes drained at once (a node filling one must not block
         // on the other), each kept up to OUTPUT_CAP.
-        let capped = |pipe: Option<Box<dyn std::io::Read + Send>>| {
-            std::thread::spawn(move || {
-                let mut kept = Vec::new();
-                if let Some(mut p) = pipe {
-                    let _ = std::io::Read::read_to_end(
-                        &mut std::io::Read::take(&mut p, OUTPUT_CAP),
-                        &mut kept,
-                    );
-                    let _ = std::io::copy(&mut p, &mut std::io::sink());
-                }
-                kept
-            })
-        };
-        let out = capped(
-            child
-                .stdout
-                .take()
-                .map(|p| Box::new(p) as Box<dyn std::io::Read + Send>),
-        );
-        let err = capped(
-            child
-                .stderr
-                .take()
-                .map(|p| Box::new(p) as Box<dyn std::io::Read + Send>),
-        );
+        let out = drain_capped(child.stdout.take());
+        let err = drain_capped(child.stderr.take());
         let status = child.wait().map_err(|e| fail(step, format!("ssh: {e}")))?;
         let stdout = out.join().unwrap_or_default();
         let stderr = String::from_utf8_lossy(&err.join().unwrap_or_default()).into_owned();
@@ -243,6 +220,22 @@ impl Remote<'_> {
             Err(fail(step, one_line(&format!("{out}{err}"))))
         }
     }
+}
+
+/// A thread reading `pipe` to its end, keeping the first [`OUTPUT_CAP`]
+/// bytes (the rest is read and dropped, so the node never blocks on it).
+fn drain_capped<R: std::io::Read + Send + 'static>(
+    pipe: Option<R>,
+) -> std::thread::JoinHandle<Vec<u8>> {
+    std::thread::spawn(move || {
+        let mut kept = Vec::new();
+        if let Some(mut p) = pipe {
+            let _ =
+                std::io::Read::read_to_end(&mut std::io::Read::take(&mut p, OUTPUT_CAP), &mut kept);
+            let _ = std::io::copy(&mut p, &mut std::io::sink());
+        }
+        kept
+    })
 }
 
 /// A node's output on one line, shown safely.

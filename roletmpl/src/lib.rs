@@ -211,15 +211,17 @@ pub const SYSTEM_CA_FILE: &str = "/etc/ssl/certs/ca-certificates.crt";
 /// as it is (no filter) or by `words` must have none: a node's YAML value
 /// is data and must stay one word, whatever template it reaches.
 fn breaking_char(s: &str) -> Option<(usize, char)> {
-    let chars: Vec<char> = s.chars().collect();
-    chars.iter().copied().enumerate().find(|&(i, c)| {
-        c.is_whitespace()
-            || c.is_control()
-            || matches!(c, ';' | '{' | '}' | '#' | '"' | '\'' | '\\' | '`' | '(' | ')' | ',')
-            // Lua's long brackets (`f[[text]]` calls `f`); `[::]:443`
-            // stays a word.
-            || (c == '[' && matches!(chars.get(i + 1), Some('[' | '=')))
-    })
+    s.char_indices()
+        .enumerate()
+        .find(|&(_, (at, c))| {
+            c.is_whitespace()
+                || c.is_control()
+                || matches!(c, ';' | '{' | '}' | '#' | '"' | '\'' | '\\' | '`' | '(' | ')' | ',')
+                // Lua's long brackets (`f[[text]]` calls `f`); `[::]:443`
+                // stays a word.
+                || (c == '[' && s[at + 1..].starts_with(['[', '=']))
+        })
+        .map(|(i, (_, c))| (i, c))
 }
 
 /// Every string of `v`: itself, or those inside its lists and maps (a

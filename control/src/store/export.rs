@@ -240,10 +240,9 @@ impl Snapshot {
                 ));
             }
             for (name, text) in entries {
-                let kept = serde_json::from_str::<crate::outbox::Entry>(text)
-                    .map_err(|e| e.to_string())
-                    .and_then(|e| e.deliverable());
-                if !valid_outbox_name(name) || text.len() > MAX_OUTBOX_ENTRY_BYTES || kept.is_err()
+                if !valid_outbox_name(name)
+                    || text.len() > MAX_OUTBOX_ENTRY_BYTES
+                    || crate::outbox::Entry::read(text).is_err()
                 {
                     return bad(format!(
                         "outbox entry `{}` of {node}",
@@ -291,9 +290,7 @@ pub fn snapshot(store: &dyn Store) -> Result<Snapshot, StoreError> {
             .outbox(&node)?
             .into_iter()
             .filter(|(name, text)| {
-                let kept = serde_json::from_str::<crate::outbox::Entry>(text)
-                    .map_err(|e| e.to_string())
-                    .and_then(|e| e.deliverable());
+                let kept = crate::outbox::Entry::read(text);
                 if let Err(why) = &kept {
                     tracing::warn!(%node, entry = %edgestate::untrusted::escape(name), cause = %why, "state export: a purge outbox entry edgeform would never deliver is left out");
                 }
@@ -549,35 +546,13 @@ mod tests {
     use super::*;
     use crate::store::DirStore;
 
-    /// A self-signed certificate for shop.example.com and its key (PEM).
+    /// A certificate for shop.example.com and its key (PEM), signed by a
+    /// fresh test CA (a fresh key each call).
     fn pair() -> (String, String) {
-        use openssl::{asn1::Asn1Time, bn::BigNum, ec, hash::MessageDigest, nid::Nid, pkey::PKey};
-        let group = ec::EcGroup::from_curve_name(Nid::X9_62_PRIME256V1).unwrap();
-        let key = PKey::from_ec_key(ec::EcKey::generate(&group).unwrap()).unwrap();
-        let mut name = openssl::x509::X509NameBuilder::new().unwrap();
-        name.append_entry_by_text("CN", "shop.example.com").unwrap();
-        let name = name.build();
-        let mut b = openssl::x509::X509::builder().unwrap();
-        b.set_version(2).unwrap();
-        b.set_serial_number(&BigNum::from_u32(1).unwrap().to_asn1_integer().unwrap())
-            .unwrap();
-        b.set_subject_name(&name).unwrap();
-        b.set_issuer_name(&name).unwrap();
-        b.set_pubkey(&key).unwrap();
-        b.set_not_before(&Asn1Time::days_from_now(0).unwrap())
-            .unwrap();
-        b.set_not_after(&Asn1Time::days_from_now(30).unwrap())
-            .unwrap();
-        let san = openssl::x509::extension::SubjectAlternativeName::new()
-            .dns("shop.example.com")
-            .build(&b.x509v3_context(None, None))
-            .unwrap();
-        b.append_extension(san).unwrap();
-        b.sign(&key, MessageDigest::sha256()).unwrap();
-        (
-            String::from_utf8(b.build().to_pem().unwrap()).unwrap(),
-            String::from_utf8(key.private_key_to_pem_pkcs8().unwrap()).unwrap(),
-        )
+        let certs = harness::SiteCerts::new();
+        certs.sign("shop", &["shop.example.com"], 30);
+        let read = |f: &str| std::fs::read_to_string(certs.file(f)).unwrap();
+        (read("shop.chain.pem"), read("shop.key"))
     }
 
     fn filled(root: &Path) -> DirStore {
