@@ -190,8 +190,18 @@ fn health_report_status_and_last_will() {
     );
 }
 
-#[test]
-fn commands_run_only_as_allowed() {
+/// edge-1's agent with [`actions_yaml`], its own Redis, a broker and a
+/// client of it, the agent online (fields drop in the order a test's
+/// locals would: the client and the agent before their servers).
+struct Commanded {
+    m: Mqtt,
+    agent: Agent,
+    dir: tempfile::TempDir,
+    broker: harness::Process,
+    r: harness::Process,
+}
+
+fn commanded() -> Commanded {
     let r = harness::redis(&[]);
     let broker = harness::mosquitto();
     let dir = tempfile::tempdir().unwrap();
@@ -202,6 +212,25 @@ fn commands_run_only_as_allowed() {
     );
     let m = Mqtt::connect(broker.port);
     wait_online(&m, &agent);
+    Commanded {
+        m,
+        agent,
+        dir,
+        broker,
+        r,
+    }
+}
+
+#[test]
+fn commands_run_only_as_allowed() {
+    // Bound whole: a field left out would be dropped (its server stopped) at once.
+    let Commanded {
+        m,
+        agent,
+        dir,
+        broker: _broker,
+        r,
+    } = commanded();
 
     // Allowed, with its argument filling one argv element.
     let res = run(&m, &command("c1", "echo", &[("word", "hello")]), &agent);
@@ -886,16 +915,13 @@ fn broker_acl_confines_each_agent_to_its_own_topics() {
 /// holds its id only until it expires (plus an hour), not for 7 days.
 #[test]
 fn a_burst_of_3000_commands_is_fully_answered() {
-    let r = harness::redis(&[]);
-    let broker = harness::mosquitto();
-    let dir = tempfile::tempdir().unwrap();
-    let agent = Agent::start_with(
-        r.port,
-        &[dir.path().join("cache")],
-        &format!("{}{}", mqtt_yaml(broker.port, ""), actions_yaml()),
-    );
-    let m = Mqtt::connect(broker.port);
-    wait_online(&m, &agent);
+    let Commanded {
+        m,
+        agent,
+        dir: _dir,
+        broker: _broker,
+        r,
+    } = commanded();
     m.subscribe("edgeform/result/edge-1/+");
     let n = 3000;
     for i in 0..n {
@@ -989,16 +1015,13 @@ fn an_agent_hearing_itself_reported_offline_says_online_again() {
 /// counted, and a real command still runs.
 #[test]
 fn a_flood_of_oversized_or_qos0_commands_is_dropped_without_holding_memory() {
-    let r = harness::redis(&[]);
-    let broker = harness::mosquitto();
-    let dir = tempfile::tempdir().unwrap();
-    let agent = Agent::start_with(
-        r.port,
-        &[dir.path().join("cache")],
-        &format!("{}{}", mqtt_yaml(broker.port, ""), actions_yaml()),
-    );
-    let m = Mqtt::connect(broker.port);
-    wait_online(&m, &agent);
+    let Commanded {
+        m,
+        agent,
+        dir: _dir,
+        broker: _broker,
+        r: _r,
+    } = commanded();
     let pid = agent.child.as_ref().unwrap().id();
     let before = crate::util::rss_kib(pid);
     let big = |i: usize, bytes: usize| {
