@@ -1020,10 +1020,30 @@ pub async fn exec(source: &Valid, flags: &BrokerOptions, e: &Exec<'_>) -> Result
             bail!("the broker did not confirm the subscription to {result_topic}");
         }
     }
+    // Only the node's own answer counts: signed for this command with the
+    // key when there is one; anything else on the topic is reported and
+    // ignored, and exec keeps waiting. Watched for from the moment the
+    // command is sent: an agent refusing it at once can answer before the
+    // broker's second acknowledgement arrives.
+    let mut result: Option<CommandResult> = None;
+    let mut heard = |ev: &Event| {
+        if let Event::Incoming(Packet::Publish(p)) = ev
+            && p.topic == result_topic
+            && result.is_none()
+        {
+            match accept_result(&p.payload, &cmd, e.node, &signer) {
+                Ok(r) => result = Some(r),
+                Err(why) => eprintln!("warning: ignored a result on {result_topic}: {why}"),
+            }
+        }
+        result.is_some()
+    };
+    let mut answered = false;
     let sent = send_command(&s, region, e.node, &cmd).await?;
     let mut acks = 0;
     let acked = s
         .pump(Duration::from_secs(5), |ev| {
+            answered |= heard(ev);
             acks += usize::from(matches!(ev, Event::Incoming(Packet::PubAck(_))));
             acks == sent
         })
@@ -1049,30 +1069,7 @@ pub async fn exec(source: &Valid, flags: &BrokerOptions, e: &Exec<'_>) -> Result
         }
         return Ok(0);
     };
-    // Only the node's own answer counts: signed for this command with the
-    // key when there is one; anything else on the topic is
-    // reported and ignored, and exec keeps waiting.
-    let mut result: Option<CommandResult> = None;
-    let got = s
-        .pump(wait, |ev| {
-            let Event::Incoming(Packet::Publish(p)) = ev else {
-                return false;
-            };
-            if p.topic != result_topic {
-                return false;
-            }
-            match accept_result(&p.payload, &cmd, e.node, &signer) {
-                Ok(r) => {
-                    result = Some(r);
-                    true
-                }
-                Err(why) => {
-                    eprintln!("warning: ignored a result on {result_topic}: {why}");
-                    false
-                }
-            }
-        })
-        .await?;
+    let got = answered || s.pump(wait, heard).await?;
     let result = match result.filter(|_| got) {
         Some(r) => r,
         None => match missing(&mut s, &cmd, (region, e.node), &signer, &result_topic).await? {

@@ -131,7 +131,7 @@ fn status_and_exec_through_the_broker() {
     );
     assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
     let r: serde_json::Value = serde_json::from_str(&stdout(&out)).unwrap();
-    assert_eq!(r["status"], "refused");
+    assert_eq!(r["status"], "refused", "{r}\n{}", stderr(&out));
     assert!(r["reason"].as_str().unwrap().contains("never accepted"));
     // No --wait: sent, exit 0.
     let out = edgeform(

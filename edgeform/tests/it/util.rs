@@ -149,6 +149,14 @@ pub struct Agent {
 
 impl Agent {
     pub fn start(yaml: &str) -> Agent {
+        // `RUST_LOG=agent=debug` shows what the in-process agents did
+        // (with the test's output, kept for a failing test).
+        if std::env::var_os("RUST_LOG").is_some() {
+            let _ = tracing_subscriber::fmt()
+                .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+                .with_test_writer()
+                .try_init();
+        }
         let state = tempfile::tempdir().unwrap();
         let yaml = format!("{yaml}\nstate_dir: {}\n", state.path().display());
         let config = std::sync::Arc::new(agent::config::parse("agent.yaml", &yaml).unwrap());
