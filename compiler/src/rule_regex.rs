@@ -24,7 +24,10 @@
 //!   (`a*a*`, `\d+[0-9]*`): the shapes that backtrack exponentially or
 //!   polynomially;
 //! - nested repetition counts multiplying to at most [`MAX_COUNT`]
-//!   (`a{1000}{1000}` is refused), and at most [`MAX_LEN`] bytes.
+//!   (`a{1000}{1000}` is refused), at most [`MAX_LEN`] bytes, and at most
+//!   [`MAX_COMPILED`] bytes compiled by PCRE as [`compiled_size`] estimates
+//!   it (PCRE copies a group once per count: `(?:abcdefghijklmnopqrstuvwxyz){1200}`
+//!   is past the 64 KiB PCRE compiles at most, and the edge could not use it).
 //!
 //! The edge also bounds every match at run time (`lua_regex_match_limit`
 //! in both nginx templates).
@@ -39,6 +42,10 @@ use regex_syntax::hir::{self, Hir, HirKind};
 pub const MAX_LEN: usize = 4096;
 /// The largest product of nested repetition counts.
 pub const MAX_COUNT: u64 = 1000;
+/// The largest compiled PCRE pattern, as [`compiled_size`] estimates it:
+/// half of the 65,536 bytes PCRE1 (link size 2, as Debian builds it)
+/// compiles at most, so that no estimate falls short of it.
+pub const MAX_COMPILED: u64 = 32_768;
 
 /// Why a rule regex is refused.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -79,8 +86,10 @@ impl std::fmt::Display for Refusal {
             ),
             Refusal::TooLarge => write!(
                 f,
-                "too large: nested repetition counts multiply past {MAX_COUNT}, or longer \
-                 than {MAX_LEN} bytes"
+                "too large: nested repetition counts multiply past {MAX_COUNT}, longer than \
+                 {MAX_LEN} bytes, or over {} KiB once the edge's PCRE compiles it (it copies \
+                 a group once per count)",
+                MAX_COMPILED / 1024
             ),
         }
     }
@@ -109,12 +118,75 @@ pub fn check(pattern: &str) -> Result<(), Refusal> {
         fold: folds_case(pattern),
     }
     .ast(&ast, false, 1)?;
+    if compiled_size(&ast) > MAX_COMPILED {
+        return Err(Refusal::TooLarge);
+    }
     // Translating as `explain` compiles (bytes, Unicode off) catches what
     // the AST allows but that engine does not.
     translator(false)
         .translate(pattern, &ast)
         .map_err(|e| Refusal::Syntax(e.kind().to_string()))?;
     Ok(())
+}
+
+/// An upper estimate of the bytes PCRE1 (8-bit, link size 2) compiles
+/// `ast` into, measured against `pcre_compile` (`PCRE_INFO_SIZE`): a
+/// character 2 bytes, a bracketed class 33 (its bitmap), `.`, `\d` and an
+/// assertion 1, a group's brackets 6 (8 capturing), an alternative 3. A
+/// repetition of one item is that item with its counts (6 bytes, 8 at
+/// least); of anything else,
+/// PCRE writes the group out once per count (`(?:ab){3}` is `ab` three
+/// times, `(?:ab){1,3}` three nested optional copies), 7 bytes over each.
+#[must_use]
+pub fn compiled_size(ast: &Ast) -> u64 {
+    const BASE: u64 = 7;
+    BASE.saturating_add(size(ast))
+}
+
+fn size(ast: &Ast) -> u64 {
+    match ast {
+        Ast::Empty(_) | Ast::Flags(_) => 0,
+        Ast::Literal(_) => 2,
+        Ast::Dot(_) | Ast::ClassPerl(_) | Ast::Assertion(_) => 1,
+        // Unicode classes are refused before.
+        Ast::ClassBracketed(_) | Ast::ClassUnicode(_) => 33,
+        Ast::Group(g) => {
+            let brackets = if matches!(g.kind, GroupKind::NonCapturing(_)) {
+                6
+            } else {
+                8
+            };
+            size(&g.ast).saturating_add(brackets)
+        }
+        Ast::Alternation(alt) => alt
+            .asts
+            .iter()
+            .fold(0u64, |sum, a| sum.saturating_add(size(a)).saturating_add(3)),
+        Ast::Concat(c) => c
+            .asts
+            .iter()
+            .fold(0u64, |sum, a| sum.saturating_add(size(a))),
+        Ast::Repetition(rep) => {
+            let sub = size(&rep.ast);
+            if matches!(
+                *rep.ast,
+                Ast::Literal(_) | Ast::Dot(_) | Ast::ClassPerl(_) | Ast::ClassBracketed(_)
+            ) {
+                // One item and its counts (`OP_EXACT` + `OP_UPTO`: 4
+                // bytes each for a character; `OP_CRRANGE`: 5 after a
+                // class).
+                return sub.saturating_add(6).max(8);
+            }
+            let copies = match &rep.op.kind {
+                RepetitionKind::ZeroOrOne => 1,
+                RepetitionKind::ZeroOrMore | RepetitionKind::OneOrMore => 2,
+                RepetitionKind::Range(RepetitionRange::Exactly(n)) => u64::from(*n).max(1),
+                RepetitionKind::Range(RepetitionRange::AtLeast(n)) => u64::from(*n) + 1,
+                RepetitionKind::Range(RepetitionRange::Bounded(_, m)) => u64::from(*m).max(1),
+            };
+            sub.saturating_add(7).saturating_mul(copies)
+        }
+    }
 }
 
 /// Translation as `edgestate::edge` compiles a rule: bytes, Unicode off.
@@ -570,6 +642,11 @@ mod tests {
             (r"^/\d+0\d+$", Refusal::AdjacentRepetition),
             (r"a{1000}{1000}", Refusal::TooLarge),
             (r"(?:a{100}){100}", Refusal::TooLarge),
+            (
+                r"^/(?:abcdefghijklmnopqrstuvwxyz){1000}$",
+                Refusal::TooLarge,
+            ),
+            (r"^/(?:[a-z][0-9]){500}$", Refusal::TooLarge),
         ] {
             assert_eq!(check(pattern), Err(want), "{pattern}");
         }

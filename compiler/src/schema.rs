@@ -239,7 +239,13 @@ both read identically, and what cannot make PCRE backtrack badly.
   where a group or an alternative ends with one and the next begins with
   one (`(a+)(a+)`, `(?:x|a+)(?:x|a+)`, `(?:a+c?)a+`);
 - nested repetition counts multiplying to at most 1000 (`a{1000}{1000}`
-  is refused), and at most 4096 bytes.
+  is refused), at most 4096 bytes, and at most 32 KiB once compiled, as
+  `check` estimates it from above. PCRE compiles a pattern into at most 64
+  KiB and writes a repeated group out once per count:
+  `^/(?:abcdefghijklmnopqrstuvwxyz0123456789){999}$` is past it, so the
+  edge could not use it. A repeated single item is stored once with its
+  counts: `[a-z]{36}` costs one copy, `(?:[a-z]){36}` 36. A test compiles thousands of generated patterns with
+  the edge's own PCRE and checks the estimate is never below its size.
 
 The edge also bounds every match at run time: both nginx templates set
 `lua_regex_match_limit 100000` (PCRE's limit is 10,000,000 by default:

@@ -110,7 +110,13 @@ fn regex_rules_check_refuses_what_the_edge_reads_otherwise_and_bounds_redos() {
     );
 
     // check: every non-portable and catastrophic regex refused, named.
-    for (regex, why) in NOT_PORTABLE.iter().chain(REDOS.iter()) {
+    // Past what the edge's PCRE compiles (64 KiB; it copies a group once
+    // per count), far under the length and count limits.
+    let too_large = [(
+        r"^/(?:abcdefghijklmnopqrstuvwxyz0123456789){999}$",
+        "too large",
+    )];
+    for (regex, why) in NOT_PORTABLE.iter().chain(&REDOS).chain(&too_large) {
         repo.write("sites/re.test.yaml", site_yaml(origin, regex).as_bytes());
         let out = edgeform(repo.path(), &["check"]);
         assert_eq!(out.status.code(), Some(1), "{regex}: {}", stderr(&out));
@@ -248,4 +254,131 @@ fn regex_rules_check_refuses_what_the_edge_reads_otherwise_and_bounds_redos() {
             d.status
         );
     }
+}
+
+/// A generated corpus of patterns (groups, alternations, classes, counted
+/// and unbounded repetitions, nested), compiled by the edge's own PCRE
+/// (`scripts/lua/pcre_size.lua`, LuaJIT's FFI on `libpcre.so.3`): `check`'s
+/// estimate of the compiled size is never below PCRE's, so every pattern
+/// PCRE refuses as too large is refused by `check` as too large.
+#[test]
+fn the_compiled_size_check_estimates_is_never_below_the_edges_pcre() {
+    use compiler::rule_regex::{MAX_COMPILED, compiled_size};
+    let mut seed: u64 = 0x9e37_79b9_7f4a_7c15;
+    let mut next = move |n: u64| {
+        seed = seed
+            .wrapping_mul(6_364_136_223_846_793_005)
+            .wrapping_add(1_442_695_040_888_963_407);
+        (seed >> 33) % n
+    };
+    fn item(depth: u32, next: &mut dyn FnMut(u64) -> u64) -> String {
+        const ATOMS: [&str; 10] = [
+            "a", "ab", "xyz", "[a-z]", r"\d", ".", r"\.", "[^/]", "/", r"\w",
+        ];
+        let item = match if depth == 0 { 0 } else { next(6) } {
+            0..=2 => ATOMS[next(ATOMS.len() as u64) as usize].to_owned(),
+            3 => format!("(?:{})", seq(depth - 1, next)),
+            4 => format!("({})", seq(depth - 1, next)),
+            _ => {
+                let n = 2 + next(3);
+                let branches: Vec<String> = (0..n).map(|_| seq(depth - 1, next)).collect();
+                format!("(?:{})", branches.join("|"))
+            }
+        };
+        let big = |next: &mut dyn FnMut(u64) -> u64| {
+            if next(3) == 0 {
+                100 + next(1100)
+            } else {
+                next(20)
+            }
+        };
+        match next(8) {
+            0 => format!("{item}?"),
+            1 => format!("{item}*"),
+            2 => format!("{item}+"),
+            3 => format!("{item}{{{}}}", big(next)),
+            4 => {
+                let m = big(next);
+                format!("{item}{{{},{m}}}", next(m + 1))
+            }
+            5 => format!("{item}{{{},}}", next(30)),
+            _ => item,
+        }
+    }
+    fn seq(depth: u32, next: &mut dyn FnMut(u64) -> u64) -> String {
+        (0..1 + next(3)).map(|_| item(depth, next)).collect()
+    }
+    let mut patterns = vec![
+        String::new(),
+        r"^/(?:abcdefghijklmnopqrstuvwxyz){1130}$".to_owned(),
+        r"^/(?:abcdefghijklmnopqrstuvwxyz0123456789){999}$".to_owned(),
+        r"^/(?:[a-z][0-9]){999}$".to_owned(),
+        r"^/(?:ab){1,999}$".to_owned(),
+    ];
+    while patterns.len() < 3000 {
+        let p = format!("^/{}", seq(3, &mut next));
+        if p.len() <= compiler::rule_regex::MAX_LEN {
+            patterns.push(p);
+        }
+    }
+    let mut child = std::process::Command::new("luajit")
+        .arg(crate::util::example_repo().join("scripts/lua/pcre_size.lua"))
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let input: String = patterns.iter().map(|p| format!("{p}\n")).collect();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(input.as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let pcre: Vec<String> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(str::to_owned)
+        .collect();
+    assert_eq!(pcre.len(), patterns.len());
+    // PCRE_INFO_SIZE holds a header before the code; the empty pattern's
+    // code is its 7 bytes of brackets and end.
+    let header = pcre[0].parse::<u64>().unwrap() - compiled_size(&parse(""));
+    let (mut compared, mut too_large, mut widest, mut over_refused) = (0, 0, 0f64, 0);
+    for (p, got) in patterns.iter().zip(&pcre) {
+        let Ok(ast) = regex_syntax::ast::parse::Parser::new().parse(p) else {
+            continue;
+        };
+        let estimate = compiled_size(&ast);
+        match got.strip_prefix("! ") {
+            Some("regular expression is too large") => {
+                too_large += 1;
+                assert!(estimate > MAX_COMPILED, "{p}: estimated {estimate}");
+                assert!(compiler::rule_regex::check(p).is_err(), "{p}");
+            }
+            // Refused by PCRE for another reason (`nothing to repeat`).
+            Some(_) => {}
+            None => {
+                let code = got.parse::<u64>().unwrap() - header;
+                assert!(estimate >= code, "{p}: estimated {estimate}, PCRE {code}");
+                compared += 1;
+                widest = widest.max(estimate as f64 / code as f64);
+                over_refused += u64::from(estimate > MAX_COMPILED);
+            }
+        }
+    }
+    eprintln!(
+        "{compared} patterns compiled by PCRE ({over_refused} of them estimated past {MAX_COMPILED} bytes), \
+         {too_large} too large for it; estimate at most {widest:.1}× PCRE's size"
+    );
+    assert!(compared > 1000 && too_large > 10, "{compared} {too_large}");
+}
+
+fn parse(p: &str) -> regex_syntax::ast::Ast {
+    regex_syntax::ast::parse::Parser::new().parse(p).unwrap()
 }
