@@ -232,6 +232,9 @@ pub enum StoreError {
     SecretName(String),
     /// Empty, too long, or with a control character (a line break).
     SecretValue,
+    /// A stored secret that is no secret's value (written into the store
+    /// by something else): never used. Where, and the secret's name.
+    StoredSecret { place: String, name: String },
     /// A certificate name that is not one (`[a-z0-9][a-z0-9._-]*`, at
     /// most 64).
     CertName(String),
@@ -279,6 +282,10 @@ impl fmt::Display for StoreError {
             Self::SecretValue => write!(
                 f,
                 "a secret is one line of at most {MAX_SECRET_BYTES} bytes, not empty, without control characters"
+            ),
+            Self::StoredSecret { place, name } => write!(
+                f,
+                "state store: {place}: the secret {name} is not one line of at most {MAX_SECRET_BYTES} bytes without control characters (written there by something else than `edgeform secrets set`?); not used"
             ),
             Self::CertName(n) => write!(
                 f,
@@ -596,6 +603,19 @@ pub fn valid_secret_value(value: &str) -> bool {
     !value.is_empty() && value.len() <= MAX_SECRET_BYTES && !value.chars().any(char::is_control)
 }
 
+/// A secret read from a store (`place`: where): refused unless
+/// [`valid_secret_value`], so a line break planted in it never reaches a
+/// rendered file or a command line.
+pub(crate) fn stored_secret(place: &str, name: &str, value: &str) -> Result<(), StoreError> {
+    if valid_secret_value(value) {
+        return Ok(());
+    }
+    Err(StoreError::StoredSecret {
+        place: place.to_owned(),
+        name: name.to_owned(),
+    })
+}
+
 /// The state directory.
 #[derive(Debug, Clone)]
 pub struct DirStore {
@@ -818,7 +838,12 @@ impl Store for DirStore {
         if let Ok(m) = std::fs::symlink_metadata(&dir) {
             check_safe(&dir, &m, true)?;
         }
-        self.read(&dir.join(name))
+        let path = dir.join(name);
+        let value = self.read(&path)?;
+        if let Some(v) = &value {
+            stored_secret(&path.display().to_string(), name, v)?;
+        }
+        Ok(value)
     }
 
     fn secrets(&self, node: &str) -> Result<BTreeMap<String, String>, StoreError> {
@@ -841,6 +866,7 @@ impl Store for DirStore {
                 continue;
             }
             if let Some(v) = self.read(&e.path())? {
+                stored_secret(&e.path().display().to_string(), &name, &v)?;
                 out.insert(name, v);
             }
         }

@@ -99,7 +99,13 @@ impl std::error::Error for ExportError {}
 
 impl From<StoreError> for ExportError {
     fn from(e: StoreError) -> Self {
-        ExportError::Store(e)
+        match e {
+            // The store refuses to read it, as import would refuse it.
+            StoreError::StoredSecret { place, name } => {
+                ExportError::Unrestorable(format!("secret {name} in {place}: not one line"))
+            }
+            e => ExportError::Store(e),
+        }
     }
 }
 

@@ -44,8 +44,8 @@ use redis::Value;
 
 use super::{
     MAX_CERT_BYTES, MAX_OUTBOX_ENTRY_BYTES, MAX_RENEWAL_STATE_BYTES, MAX_ROLLOUT_STATE_BYTES,
-    Store, StoreError, StoredCert, kept_commit, valid_cert_name, valid_node, valid_outbox_name,
-    valid_secret_name, valid_secret_value,
+    MAX_SECRET_BYTES, Store, StoreError, StoredCert, kept_commit, stored_secret, valid_cert_name,
+    valid_node, valid_outbox_name, valid_secret_name, valid_secret_value,
 };
 
 /// Every key of the store starts with this.
@@ -87,6 +87,10 @@ const LEASE_TAKE: &str = include_str!("../lua/lease_take.lua");
 const LEASE_RELEASE: &str = include_str!("../lua/lock_release.lua");
 const ROLLOUT_REPLACE: &str = include_str!("../lua/rollout_replace.lua");
 const IMPORT: &str = include_str!("../lua/import.lua");
+const READ_CAPPED: &str = include_str!("../lua/read_capped.lua");
+const HASH_CAPPED: &str = include_str!("../lua/hash_capped.lua");
+/// The longest lease holder or last good commit read (both far shorter).
+const MAX_SHORT_BYTES: usize = 4096;
 
 fn config_err(place: &str, why: impl Into<String>) -> StoreError {
     StoreError::Config {
@@ -316,18 +320,53 @@ impl RedisStore {
         }
     }
 
-    fn string(&self, key: &str) -> Result<Option<String>, StoreError> {
+    /// A string key, at most `cap` + 1 bytes of it (the caller refuses
+    /// what is longer than `cap`): a value planted larger never crosses
+    /// the wire whole.
+    fn string(&self, key: &str, cap: usize) -> Result<Option<String>, StoreError> {
         let v = self
-            .one(redis::cmd("GET").arg(key))
+            .one(redis::cmd("EVAL").arg(READ_CAPPED).arg(1).arg(key).arg(cap))
             .map_err(|e| naming(key, e))?;
-        redis::from_redis_value(v).map_err(|e| self.bad(key, &e))
+        let bytes: Option<Vec<u8>> = redis::from_redis_value(v).map_err(|e| self.bad(key, &e))?;
+        bytes.map(|b| self.text(key, b, cap)).transpose()
     }
 
-    fn hash(&self, key: &str) -> Result<BTreeMap<String, String>, StoreError> {
+    /// A value read at most `cap` + 1 bytes long, as text: one longer than
+    /// `cap` (maybe cut inside a character) stays longer, for the caller
+    /// to refuse; one within it must be UTF-8.
+    fn text(&self, key: &str, bytes: Vec<u8>, cap: usize) -> Result<String, StoreError> {
+        if bytes.len() > cap {
+            // Replacement characters never make it shorter.
+            return Ok(String::from_utf8_lossy(&bytes).into_owned());
+        }
+        String::from_utf8(bytes).map_err(|_| StoreError::Shared {
+            target: self.described.clone(),
+            cause: format!("{key}: unexpected value (not UTF-8)"),
+        })
+    }
+
+    /// [`Self::string`], refused when longer than `cap`.
+    fn whole(&self, key: &str, cap: usize) -> Result<Option<String>, StoreError> {
+        let text = self.string(key, cap)?;
+        if text.as_ref().is_some_and(|t| t.len() > cap) {
+            return Err(StoreError::TooLarge {
+                path: key.into(),
+                cap,
+            });
+        }
+        Ok(text)
+    }
+
+    /// A hash, each value at most `cap` + 1 bytes (as [`Self::string`]).
+    fn hash(&self, key: &str, cap: usize) -> Result<BTreeMap<String, String>, StoreError> {
         let v = self
-            .one(redis::cmd("HGETALL").arg(key))
+            .one(redis::cmd("EVAL").arg(HASH_CAPPED).arg(1).arg(key).arg(cap))
             .map_err(|e| naming(key, e))?;
-        redis::from_redis_value(v).map_err(|e| self.bad(key, &e))
+        let raw: BTreeMap<String, Vec<u8>> =
+            redis::from_redis_value(v).map_err(|e| self.bad(key, &e))?;
+        raw.into_iter()
+            .map(|(field, b)| Ok((field, self.text(key, b, cap)?)))
+            .collect()
     }
 }
 
@@ -447,15 +486,23 @@ impl Store for RedisStore {
         if !valid_secret_name(name) {
             return Err(StoreError::SecretName(name.to_owned()));
         }
-        let key = secrets_key(node);
-        let v = self.one(redis::cmd("HGET").arg(&key).arg(name))?;
-        redis::from_redis_value(v).map_err(|e| self.bad(&key, &e))
+        Ok(self.secrets(node)?.remove(name))
     }
 
     fn secrets(&self, node: &str) -> Result<BTreeMap<String, String>, StoreError> {
         check_node(node)?;
-        let mut all = self.hash(&secrets_key(node))?;
+        let key = secrets_key(node);
+        let mut all = self.hash(&key, MAX_SECRET_BYTES)?;
         all.retain(|k, _| valid_secret_name(k));
+        for (name, value) in &all {
+            if value.len() > MAX_SECRET_BYTES {
+                return Err(StoreError::TooLarge {
+                    path: key.into(),
+                    cap: MAX_SECRET_BYTES,
+                });
+            }
+            stored_secret(&key, name, value)?;
+        }
         Ok(all)
     }
 
@@ -509,7 +556,7 @@ impl Store for RedisStore {
     }
 
     fn last_good(&self) -> Result<Option<String>, StoreError> {
-        self.string(&last_good_key())?
+        self.whole(&last_good_key(), MAX_SHORT_BYTES)?
             .map(|text| kept_commit(&text))
             .transpose()
     }
@@ -525,7 +572,7 @@ impl Store for RedisStore {
             return Err(StoreError::CertName(name.to_owned()));
         }
         let key = cert_key(name);
-        let mut h = self.hash(&key)?;
+        let mut h = self.hash(&key, MAX_CERT_BYTES)?;
         match (h.remove("chain"), h.remove("key")) {
             (Some(chain), Some(key_pem)) => {
                 if chain.len() > MAX_CERT_BYTES || key_pem.len() > MAX_CERT_BYTES {
@@ -583,7 +630,7 @@ impl Store for RedisStore {
     }
 
     fn acme_account(&self) -> Result<Option<String>, StoreError> {
-        self.string(&account_key())
+        self.whole(&account_key(), MAX_SECRET_BYTES)
     }
 
     fn set_acme_account(&self, json: &str) -> Result<(), StoreError> {
@@ -594,7 +641,7 @@ impl Store for RedisStore {
     fn outbox(&self, node: &str) -> Result<Vec<(String, String)>, StoreError> {
         check_node(node)?;
         Ok(self
-            .hash(&outbox_key(node))?
+            .hash(&outbox_key(node), MAX_OUTBOX_ENTRY_BYTES)?
             .into_iter()
             .filter(|(name, _)| valid_outbox_name(name))
             .map(|(name, mut text)| {
@@ -626,7 +673,7 @@ impl Store for RedisStore {
 
     fn renewal_state(&self) -> Result<Option<String>, StoreError> {
         let key = renewal_key();
-        let text = self.string(&key)?;
+        let text = self.string(&key, MAX_RENEWAL_STATE_BYTES)?;
         if text
             .as_ref()
             .is_some_and(|t| t.len() > MAX_RENEWAL_STATE_BYTES)
@@ -646,7 +693,7 @@ impl Store for RedisStore {
 
     fn rollout_state(&self) -> Result<Option<String>, StoreError> {
         let key = rollout_key();
-        let text = self.string(&key)?;
+        let text = self.string(&key, MAX_ROLLOUT_STATE_BYTES)?;
         if text
             .as_ref()
             .is_some_and(|t| t.len() > MAX_ROLLOUT_STATE_BYTES)
@@ -714,7 +761,7 @@ impl Store for RedisStore {
 
     fn lease_holder(&self, name: &str) -> Result<Option<String>, StoreError> {
         super::lease::check(name, None)?;
-        self.string(&lease_key(name))
+        self.whole(&lease_key(name), MAX_SHORT_BYTES)
     }
 
     fn outbox_nodes(&self) -> Result<Vec<String>, StoreError> {

@@ -633,3 +633,117 @@ fn an_import_the_shared_store_refuses_part_way_writes_nothing() {
     export::restore(&store, &snap).unwrap();
     assert_eq!(export::snapshot(&store).unwrap(), snap);
 }
+
+/// Bytes the server on `port` has sent its clients so far.
+fn sent_bytes(port: u16) -> u64 {
+    let info: String = redis::cmd("INFO")
+        .arg("stats")
+        .query(&mut plain(port))
+        .unwrap();
+    info.lines()
+        .find_map(|l| l.strip_prefix("total_net_output_bytes:"))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap()
+}
+
+/// Values planted in the shared store past its caps (20 MB each) are
+/// refused, or left out, without crossing the wire whole; a secret
+/// holding a line break is refused in both stores, never used.
+#[test]
+fn planted_oversized_values_and_secrets_with_line_breaks_are_refused_unread() {
+    let r = harness::redis(&[]);
+    let store = crate::util::plain_store(r.port);
+    let mut con = plain(r.port);
+    let huge = "x".repeat(20 << 20);
+    let set = |con: &mut redis::Connection, key: &str, value: &str| {
+        let _: () = redis::cmd("SET").arg(key).arg(value).query(con).unwrap();
+    };
+    let hset = |con: &mut redis::Connection, key: &str, field: &str, value: &str| {
+        let _: () = redis::cmd("HSET")
+            .arg(key)
+            .arg(field)
+            .arg(value)
+            .query(con)
+            .unwrap();
+    };
+    set(&mut con, "edgeform:state:acme:account", &huge);
+    set(&mut con, "edgeform:state:acme:renewal", &huge);
+    set(&mut con, "edgeform:state:last-good-commit", &huge);
+    hset(&mut con, "edgeform:state:cert:shop", "chain", &huge);
+    hset(&mut con, "edgeform:state:cert:shop", "key", "k");
+    hset(&mut con, "edgeform:state:secrets:edge-1", "BIG", &huge);
+    control::outbox::spool(&store, "edge-1", "a-1", r#"{"id":"a-1","key":"k"}"#).unwrap();
+    hset(&mut con, "edgeform:state:outbox:edge-1", "1-big", &huge);
+    // A value cut at the cap inside a character is still "too large".
+    let cut = format!("{}é", "a".repeat(control::store::MAX_SECRET_BYTES));
+    set(&mut con, "edgeform:state:acme:account", &cut);
+
+    let before = sent_bytes(r.port);
+    assert!(matches!(
+        store.acme_account(),
+        Err(StoreError::TooLarge { .. })
+    ));
+    assert!(matches!(
+        store.renewal_state(),
+        Err(StoreError::RenewalTooLarge(_))
+    ));
+    assert!(store.last_good().is_err());
+    assert!(matches!(
+        store.certificate("shop"),
+        Err(StoreError::CertTooLarge(_))
+    ));
+    assert!(matches!(
+        store.secrets("edge-1"),
+        Err(StoreError::TooLarge { .. })
+    ));
+    // The oversized entry is no job: left out; the real one is kept.
+    let kept = control::outbox::entries(&store, "edge-1").unwrap();
+    assert_eq!(
+        kept.iter().map(|e| e.id.as_str()).collect::<Vec<_>>(),
+        ["a-1"]
+    );
+    // At most each cap and a byte crossed (the renewal state's is 4 MiB).
+    let sent = sent_bytes(r.port) - before;
+    assert!(
+        sent < control::store::MAX_RENEWAL_STATE_BYTES as u64 + (1 << 20),
+        "{sent} bytes sent for 6 reads of 20 MB values"
+    );
+
+    // A line break planted in a secret: refused, naming it, in both stores.
+    let _: () = redis::cmd("DEL")
+        .arg("edgeform:state:secrets:edge-1")
+        .query(&mut con)
+        .unwrap();
+    hset(
+        &mut con,
+        "edgeform:state:secrets:edge-1",
+        "REDIS_PASSWORD",
+        "pw\nrequirepass x",
+    );
+    for got in [
+        store.secret("edge-1", "REDIS_PASSWORD"),
+        store.secrets("edge-1").map(|_| None),
+    ] {
+        match got {
+            Err(e @ StoreError::StoredSecret { .. }) => {
+                assert!(e.to_string().contains("REDIS_PASSWORD"), "{e}");
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+    let d = tempfile::tempdir().unwrap();
+    let dir = DirStore::open(&d.path().join("state")).unwrap();
+    dir.set_secret("edge-1", "REDIS_PASSWORD", "pw").unwrap();
+    let file = d.path().join("state/secrets/edge-1/REDIS_PASSWORD");
+    std::fs::write(&file, "pw\nrequirepass x").unwrap();
+    assert!(matches!(
+        dir.secret("edge-1", "REDIS_PASSWORD"),
+        Err(StoreError::StoredSecret { .. })
+    ));
+    assert!(matches!(
+        dir.secrets("edge-1"),
+        Err(StoreError::StoredSecret { .. })
+    ));
+}
