@@ -513,7 +513,18 @@ pub fn bundle(
     let mut files: BTreeMap<String, BundleFile> = BTreeMap::new();
     let mut errors = Vec::new();
     let mut add = |f: BundleFile, errors: &mut Vec<Error>| {
-        if let Some(other) = files.get(&f.path) {
+        if f.path == MANIFEST {
+            // The release's own manifest is written there, over it.
+            errors.push(Error {
+                kind: ErrorKind::PathConflict,
+                file: f.source.clone(),
+                line: 0,
+                column: 0,
+                message: format!(
+                    "`{MANIFEST}` at a bundle's top is the release's own manifest, written by edgeform: name the file otherwise"
+                ),
+            });
+        } else if let Some(other) = files.get(&f.path) {
             errors.push(Error {
                 kind: ErrorKind::PathConflict,
                 file: f.source.clone(),
@@ -659,6 +670,31 @@ pub fn env_file(secrets: &BTreeMap<String, String>) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_role_file_named_like_the_release_manifest_is_refused() {
+        let mut roles = Roles::default();
+        roles.files.insert(
+            "edge".into(),
+            vec![RoleFile {
+                path: MANIFEST.into(),
+                mode: 0o644,
+                bytes: b"{}".to_vec(),
+            }],
+        );
+        let (live, candidate) = Instance::pair(None);
+        let errors = bundle(
+            "e1",
+            &serde_json::json!({"name": "e1"}),
+            &["edge".to_owned()],
+            &roles,
+            &live,
+            &candidate,
+        )
+        .expect_err("refused");
+        assert_eq!(errors[0].kind, ErrorKind::PathConflict, "{errors:?}");
+        assert!(errors[0].message.contains("manifest"), "{errors:?}");
+    }
 
     #[test]
     fn rebased_paths_never_climb_out_of_the_scratch_root() {

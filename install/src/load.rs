@@ -288,11 +288,75 @@ fn read_smoke(path: &Path, shown: &str) -> Result<Vec<SmokeRequest>, Error> {
         Ok(None) => return Ok(Vec::new()),
         Err(e) => return Err(bad(e.span.line as usize, e.span.column as usize, e.message)),
     };
-    serde_json::from_value(tree.to_json()).map_err(|e| {
+    let requests: Vec<SmokeRequest> = serde_json::from_value(tree.to_json()).map_err(|e| {
         bad(
             0,
             0,
             format!("a list of {{path, host, status, body}} requests: {e}"),
         )
-    })
+    })?;
+    for (i, r) in requests.iter().enumerate() {
+        if let Some(why) = smoke_problem(r) {
+            return Err(bad(0, 0, format!("request {}: {why}", i + 1)));
+        }
+    }
+    Ok(requests)
+}
+
+/// Why a smoke request cannot be sent as written: its path is appended
+/// to the candidate's address (`http://127.0.0.1:8443` + path), so one not
+/// starting with `/` would name another host (`@elsewhere/`); path and
+/// host are one word of printable ASCII.
+fn smoke_problem(r: &SmokeRequest) -> Option<String> {
+    let word = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_graphic());
+    if !r.path.starts_with('/') || !word(&r.path) {
+        return Some(format!(
+            "path `{}` must start with `/` and hold printable ASCII only, no spaces",
+            edgestate::untrusted::escape(&r.path)
+        ));
+    }
+    if let Some(h) = &r.host
+        && (!word(h) || h.contains(['/', '@']))
+    {
+        return Some(format!(
+            "host `{}` must be a host name (printable ASCII, no spaces, `/` or `@`)",
+            edgestate::untrusted::escape(h)
+        ));
+    }
+    if !(100..=599).contains(&r.status) {
+        return Some(format!("status {} is not an HTTP status", r.status));
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_smoke_request_naming_another_host_or_holding_spaces_is_refused() {
+        let d = tempfile::tempdir().unwrap();
+        let file = d.path().join("edge.smoke.yaml");
+        for (yaml, why) in [
+            (
+                "- {path: \"@evil.test/x\", status: 200}\n",
+                "must start with `/`",
+            ),
+            ("- {path: \"x\", status: 200}\n", "must start with `/`"),
+            ("- {path: \"/a b\", status: 200}\n", "no spaces"),
+            ("- {path: /, host: \"a\\r\\nX: y\", status: 200}\n", "host"),
+            ("- {path: /, host: \"u@evil.test\", status: 200}\n", "host"),
+            ("- {path: /, status: 1000}\n", "not an HTTP status"),
+        ] {
+            std::fs::write(&file, yaml).unwrap();
+            let e = read_smoke(&file, "roles/edge.smoke.yaml").expect_err(yaml);
+            assert!(e.message.contains(why), "{yaml}: {}", e.message);
+        }
+        std::fs::write(
+            &file,
+            "- {path: \"/health?x=1&y=2\", host: a.example, status: 200}\n",
+        )
+        .unwrap();
+        assert_eq!(read_smoke(&file, "roles/edge.smoke.yaml").unwrap().len(), 1);
+    }
 }

@@ -591,7 +591,7 @@ fn reload(r: &Remote<'_>, b: &NodeBundle, restart: bool) -> StepResult<()> {
            kill -HUP \"$m\"\n\
            i=0; while [ $i -lt 100 ]; do left=0; for w in $old; do kill -0 \"$w\" 2>/dev/null && left=1; done\n\
              [ $left -eq 0 ] && exit 0; i=$((i+1)); sleep 0.1; done\n\
-           echo \"the live server did not take the new configuration (old workers still serve): see {run}/error.log\"; exit 1\n\
+           echo \"the live server did not take the new configuration (old workers still serve): see \"{run_q}\"/error.log\"; exit 1\n\
          fi\n\
          mkdir -p {run_q}\n{env}\
          setsid nginx -p {cur}/ -c {cur}/nginx.conf </dev/null >{run_q}/nginx.out 2>&1 &\nstarted=$!\n\

@@ -247,6 +247,8 @@ impl Explainer<'_> {
         headers: &Headers,
         tls: Option<&str>,
     ) -> Result<Explained> {
+        // nginx drops the spaces around a header's value (not tabs).
+        let host = host.trim_matches(' ');
         // An absolute request line (`GET http://b.test/x`) names the host
         // itself: nginx serves that host, whatever the Host header says.
         let line_host = url
@@ -417,6 +419,26 @@ impl Explainer<'_> {
                 ],
             };
         }
+        // What nginx refuses in the request line itself, before any of
+        // the above is looked at.
+        if let Some((status, reason, why)) = refused_line(method, url) {
+            decision = edge::Decision {
+                verdict: edge::Verdict::Blocked,
+                status,
+                location: None,
+                cache: edge::Cache {
+                    cached: false,
+                    ttl: None,
+                },
+                origin: None,
+                origin_host: None,
+                fallback_origins: Vec::new(),
+                reason: Some(reason),
+                waf: Vec::new(),
+                site: None,
+                reasons: vec![why],
+            };
+        }
         let mut reasons = pre;
         if let Some(a) = &handshake {
             reasons.extend(a.reasons.iter().map(|r| format!("tls: {r}")));
@@ -452,6 +474,40 @@ impl Explainer<'_> {
 
 /// Whether nginx itself answers `d`, before the edge's Lua runs (so also
 /// on a refused PROXY header, which the Lua refuses first).
+/// `X-Edgeform-Reason` of none: nginx's own 414 for a request line past
+/// its buffer.
+pub const URI_TOO_LONG: &str = "uri-too-long";
+
+/// The longest request line nginx reads, with its CRLF: one of the
+/// `large_client_header_buffers` (the edge keeps nginx's 8k).
+const REQUEST_LINE_MAX: usize = 8192;
+
+/// What nginx answers a request line it refuses (`METHOD URL HTTP/1.1`):
+/// a space or control byte anywhere in the target (400, since nginx
+/// 1.21.1), a line past its buffer (414).
+fn refused_line(method: &str, url: &str) -> Option<(u16, &'static str, String)> {
+    if url.bytes().any(|b| b <= 0x20 || b == 0x7f) {
+        return Some((
+            400,
+            edge::reason::BAD_REQUEST,
+            "nginx refuses a request target holding a space or a control character (400, \
+             before the edge's Lua)"
+                .into(),
+        ));
+    }
+    let line = method.len() + 1 + url.len() + " HTTP/1.1\r\n".len();
+    (line > REQUEST_LINE_MAX).then(|| {
+        (
+            414,
+            URI_TOO_LONG,
+            format!(
+                "the request line is {line} bytes, past nginx's {REQUEST_LINE_MAX}-byte \
+                 buffer (large_client_header_buffers): 414, before the edge's Lua"
+            ),
+        )
+    })
+}
+
 fn answered_by_nginx(d: &edge::Decision) -> bool {
     matches!(
         d.reason,
@@ -913,6 +969,40 @@ mod tests {
         );
         // The caller's text reaches the terminal escaped.
         assert_eq!(shown("a\u{1b}[2Jb\nc\u{7}\n"), "a\\u{1b}[2Jb\nc\\u{7}\n");
+    }
+
+    #[test]
+    fn what_nginx_refuses_in_the_request_line_and_host_is_explained_as_nginx_answers() {
+        let c = compiled();
+        let http = edge::Scheme::Http;
+        let direct = run(&c, "plain.test", "/x", http, None);
+        // A control byte or a space in the query: nginx's 400.
+        for url in ["/x?a=\u{1}", "/x?a b", "/x?\u{7f}"] {
+            let e = run(&c, "plain.test", url, http, None);
+            assert_eq!(
+                (e.decision.status, e.decision.reason),
+                (400, Some(edge::reason::BAD_REQUEST)),
+                "{url:?}"
+            );
+        }
+        // A request line past nginx's 8k buffer: 414; just under it: served.
+        let fits = format!("/x?{}", "a".repeat(8192 - "GET /x? HTTP/1.1\r\n".len()));
+        assert_eq!(
+            run(&c, "plain.test", &fits, http, None).decision.status,
+            direct.decision.status
+        );
+        let long = format!("{fits}a");
+        let e = run(&c, "plain.test", &long, http, None);
+        assert_eq!(
+            (e.decision.status, e.decision.reason),
+            (414, Some(URI_TOO_LONG))
+        );
+        // nginx drops the spaces around the Host's value.
+        let spaced = run(&c, " plain.test ", "/x", http, None);
+        assert_eq!(
+            (spaced.decision.status, spaced.decision.reason),
+            (direct.decision.status, direct.decision.reason)
+        );
     }
 
     #[test]

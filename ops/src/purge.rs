@@ -209,17 +209,36 @@ pub async fn purge(
     let limit = Arc::new(Semaphore::new(PARALLEL));
     // Jobs kept earlier for a node go first: delivered before this one,
     // or this one is kept behind them.
-    let kept: Option<Arc<dyn control::store::Store>> = control::store::open_existing(state_dir)
-        .ok()
-        .flatten()
-        .map(Arc::from);
+    // A store that cannot be read holds no purge back (a purge is
+    // idempotent: order between two of them changes nothing the viewers
+    // see), but says so.
+    let kept: Option<Arc<dyn control::store::Store>> = match control::store::open_existing(
+        state_dir,
+    ) {
+        Ok(s) => s.map(Arc::from),
+        Err(e) => {
+            eprintln!(
+                "warning: the state store cannot be opened ({e}): jobs kept earlier are not delivered first"
+            );
+            None
+        }
+    };
     let mut tasks = JoinSet::new();
     for (i, (node, job)) in jobs.iter().enumerate() {
         let target = Target::of(node)?;
         let (job, channel, limit) = (job.to_json(), channel.clone(), limit.clone());
         let older = kept
             .clone()
-            .filter(|s| control::outbox::has_waiting(&**s, &node.name).unwrap_or(false))
+            .filter(|s| match control::outbox::has_waiting(&**s, &node.name) {
+                Ok(waiting) => waiting,
+                Err(e) => {
+                    eprintln!(
+                        "warning: {}: its kept jobs cannot be read ({e}): this job is not held back for them",
+                        node.name
+                    );
+                    false
+                }
+            })
             .map(|s| (s, (*node).clone()));
         tasks.spawn(async move {
             let _slot = limit.acquire_owned().await;
