@@ -391,25 +391,51 @@ fn worker(target: &RedisTarget, jobs: &mpsc::Receiver<Job>) {
     let mut slot: Option<redis::aio::MultiplexedConnection> = None;
     while let Ok(job) = jobs.recv() {
         let answer = rt.block_on(async {
-            // Every write here is idempotent (SET, HSET, DEL): one retry
-            // on a fresh connection rides over a failover or a restart.
+            // One retry on a fresh connection rides over a failover or a
+            // restart: only when the connection failed or dropped, or a
+            // demoted or loading server said so (every
+            // write here is idempotent: SET, HSET, DEL, and scripts that
+            // write the same again). Never after the server answered an
+            // error, nor after no answer in time: the command may still
+            // be running there (a large import's script), and a second
+            // one would queue behind it.
             let mut last = String::new();
             for _ in 0..2 {
                 let run = async {
                     let con = edgeredis::reuse(target, WHO, &mut slot)
                         .await
-                        .map_err(|e| edgeredis::one_line(&e))?;
-                    job.pipe
-                        .query_async::<Vec<Value>>(con)
-                        .await
-                        .map_err(|e| e.to_string())
+                        .map_err(|e| (edgeredis::one_line(&e), true))?;
+                    job.pipe.query_async::<Vec<Value>>(con).await.map_err(|e| {
+                        let retry = e.is_io_error()
+                            || e.is_connection_dropped()
+                            || e.is_connection_refusal()
+                            || matches!(
+                                e.kind(),
+                                redis::ErrorKind::Server(
+                                    redis::ServerErrorKind::ReadOnly
+                                        | redis::ServerErrorKind::BusyLoading
+                                        | redis::ServerErrorKind::TryAgain
+                                        | redis::ServerErrorKind::MasterDown
+                                )
+                            );
+                        (e.to_string(), retry)
+                    })
                 };
                 match tokio::time::timeout(TIMEOUT, run).await {
                     Ok(Ok(v)) => return Ok(v),
-                    Ok(Err(e)) => last = e,
-                    Err(_) => last = format!("no answer within {}s", TIMEOUT.as_secs()),
+                    Ok(Err((e, retry))) => {
+                        last = e;
+                        slot = None;
+                        if !retry {
+                            break;
+                        }
+                    }
+                    Err(_) => {
+                        slot = None;
+                        last = format!("no answer within {}s", TIMEOUT.as_secs());
+                        break;
+                    }
                 }
-                slot = None;
             }
             Err(last)
         });
