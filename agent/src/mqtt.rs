@@ -117,6 +117,7 @@ pub async fn run(
     ));
     let (commands, queue) = tokio::sync::mpsc::unbounded_channel::<Publish>();
     let mut dropped = Dropped::default();
+    let mut ignored = Ignored::default();
     let mut reassert = Reassert::default();
     tasks.spawn(crate::commands::serve(
         config.clone(),
@@ -418,7 +419,7 @@ pub async fn run(
                             Ok(None) => {}
                             Err(e) => {
                                 metrics.health_ignored.inc();
-                                tracing::debug!(problem = %edgestate::untrusted::escape(&e.to_string()), "mqtt: summary ignored");
+                                ignored.note("summary", &e.to_string());
                             }
                         }
                         continue;
@@ -434,7 +435,7 @@ pub async fn run(
                                 }
                                 Err(e) => {
                                     metrics.health_ignored.inc();
-                                    tracing::debug!(problem = %edgestate::untrusted::escape(&e.to_string()), "mqtt: summary claim ignored");
+                                    ignored.note("summary claim", &e.to_string());
                                 }
                             }
                         }
@@ -493,7 +494,7 @@ pub async fn run(
                     Ok(false) => {}
                     Err(e) => {
                         metrics.health_ignored.inc();
-                        tracing::debug!(problem = %edgestate::untrusted::escape(&e), "mqtt: message ignored");
+                        ignored.note("health or status message", &e);
                     }
                 }
             }
@@ -599,6 +600,37 @@ impl Reassert {
         if let Err(e) = client.try_publish(status, QoS::AtLeastOnce, true, wire::ONLINE) {
             tracing::warn!(cause = %e, "mqtt: cannot queue the online status");
         }
+    }
+}
+
+/// Health messages, summaries and claims refused (malformed, forged,
+/// about a node the table lacks): each at `debug`, and a warning at most
+/// once a minute with how many since the last one (a forger repeating
+/// them must not flood the log; `health_ignored` counts every one).
+#[derive(Default)]
+struct Ignored {
+    logged: Option<Instant>,
+    since: u64,
+}
+
+impl Ignored {
+    fn note(&mut self, what: &str, problem: &str) {
+        let problem = edgestate::untrusted::escape(problem);
+        self.since += 1;
+        if self
+            .logged
+            .is_some_and(|t| t.elapsed() < Duration::from_secs(60))
+        {
+            tracing::debug!(%problem, "mqtt: {what} ignored");
+            return;
+        }
+        tracing::warn!(
+            ignored = self.since,
+            %problem,
+            "mqtt: {what} ignored (with the others since the last warning; at most one warning a minute)"
+        );
+        self.logged = Some(Instant::now());
+        self.since = 0;
     }
 }
 
