@@ -15,7 +15,8 @@
 //! - none of the syntax PCRE reads differently or not at all: the `R`, `u`
 //!   and `x` flags, class set operations (`&&`, `--`, `~~`), nested
 //!   brackets (`[a[bc]]`), the word-boundary forms `\b{start}`, `\<`, `\>`,
-//!   and `\v` (vertical whitespace in PCRE, a tab in Rust);
+//!   `\v` (vertical whitespace in PCRE, a tab in Rust), a repetition of a
+//!   repetition (`a{2}{3}`) and group names PCRE refuses;
 //! - no unbounded repetition (`*`, `+`, `{n,}`) inside a repetition that
 //!   can repeat (`^(a+)+$`, `(a*)*`, `^/(?:a+){12}$`), and no alternation
 //!   inside an unbounded repetition whose branches can start with the same
@@ -24,7 +25,7 @@
 //!   (`a*a*`, `\d+[0-9]*`): the shapes that backtrack exponentially or
 //!   polynomially;
 //! - nested repetition counts multiplying to at most [`MAX_COUNT`]
-//!   (`a{1000}{1000}` is refused), at most [`MAX_LEN`] bytes, and at most
+//!   (`(?:a{1000}){1000}` is refused), at most [`MAX_LEN`] bytes, and at most
 //!   [`MAX_COMPILED`] bytes compiled by PCRE as [`compiled_size`] estimates
 //!   it (PCRE copies a group once per count: `(?:abcdefghijklmnopqrstuvwxyz){1200}`
 //!   is past the 64 KiB PCRE compiles at most, and the edge could not use it).
@@ -189,6 +190,16 @@ fn size(ast: &Ast) -> u64 {
     }
 }
 
+/// A group name PCRE1 takes: `[A-Za-z_][A-Za-z0-9_]{0,31}`.
+fn pcre_group_name(name: &str) -> bool {
+    name.len() <= 32
+        && name
+            .bytes()
+            .next()
+            .is_some_and(|b| b.is_ascii_alphabetic() || b == b'_')
+        && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_')
+}
+
 /// Translation as `edgestate::edge` compiles a rule: bytes, Unicode off.
 /// `fold`: read every part case-folded ([`Walk::part`]).
 fn translator(fold: bool) -> hir::translate::Translator {
@@ -245,6 +256,12 @@ impl Walk<'_> {
                     RepetitionKind::Range(RepetitionRange::AtLeast(n)) => (true, *n),
                     RepetitionKind::Range(RepetitionRange::Bounded(_, m)) => (false, *m),
                 };
+                if matches!(*rep.ast, Ast::Repetition(_)) {
+                    return Err(Refusal::NotPortable(
+                        "a repetition of a repetition (`a{2}{3}`, which PCRE refuses: write \
+                         `(?:a{2}){3}`; `a++`, possessive in PCRE)",
+                    ));
+                }
                 if unbounded && under_unbounded {
                     return Err(Refusal::NestedRepetition);
                 }
@@ -265,8 +282,15 @@ impl Walk<'_> {
                 self.ast(&rep.ast, under_unbounded || unbounded, count)
             }
             Ast::Group(group) => {
-                if let GroupKind::NonCapturing(f) = &group.kind {
-                    flags(f)?;
+                match &group.kind {
+                    GroupKind::NonCapturing(f) => flags(f)?,
+                    GroupKind::CaptureName { name, .. } if !pcre_group_name(&name.name) => {
+                        return Err(Refusal::NotPortable(
+                            "a group name PCRE refuses (a letter or `_`, then letters, digits \
+                             or `_`, at most 32)",
+                        ));
+                    }
+                    _ => {}
                 }
                 self.ast(&group.ast, under_unbounded, count)
             }
@@ -613,8 +637,6 @@ mod tests {
             // Not exponential, but the rule is kept simple: no unbounded
             // repetition inside another.
             (r"(?:/[^/]+)*", Refusal::NestedRepetition),
-            // Possessive in PCRE, `(a+)+` in Rust: refused either way.
-            (r"a++", Refusal::NestedRepetition),
             (r"(a|a)*", Refusal::AmbiguousAlternation),
             (r"^(a|ab)+$", Refusal::AmbiguousAlternation),
             (r"(a|)*", Refusal::AmbiguousAlternation),
@@ -640,7 +662,7 @@ mod tests {
             (r"(?i)^/(?:a|A)+$", Refusal::AmbiguousAlternation),
             (r"^/\w+_\w+_\w+_\w+$", Refusal::AdjacentRepetition),
             (r"^/\d+0\d+$", Refusal::AdjacentRepetition),
-            (r"a{1000}{1000}", Refusal::TooLarge),
+            (r"(?:a{1000}){1000}", Refusal::TooLarge),
             (r"(?:a{100}){100}", Refusal::TooLarge),
             (
                 r"^/(?:abcdefghijklmnopqrstuvwxyz){1000}$",
@@ -669,6 +691,12 @@ mod tests {
             r"é",
             r"(?x)a b",
             r"\v",
+            r"a{2}{3}",
+            // Possessive in PCRE, `(a+)+` in Rust.
+            r"a++",
+            r"(?P<aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa>a)",
+            r"(?P<a.b>x)",
+            r"(?P<a[1]>x)",
         ] {
             assert!(
                 matches!(check(pattern), Err(Refusal::NotPortable(_))),

@@ -223,7 +223,9 @@ both read identically, and what cannot make PCRE backtrack badly.
   spaces inside classes), class set operations (`[a-z&&[^aeiou]]`, `--`,
   `~~`), a class nested in a class (`[a[bc]]`), `\b{start}`/`\<`/`\>` word
   boundaries, `\v` (vertical whitespace in PCRE, a tab in Rust: write
-  `\x0B`);
+  `\x0B`), a repetition of a repetition (`a{2}{3}`: write `(?:a{2}){3}`),
+  a group name PCRE refuses (it takes a letter or `_`, then letters,
+  digits or `_`, at most 32);
 - **no nested repetition** (the `nested repetition` rule): no unbounded
   repetition (`*`, `+`, `{n,}`) inside another (`^(a+)+$`, `(a*)*`, also
   `(?:/[^/]+)*`: write `(?:/[^/]+){0,8}` or `(?:/.*)?`), and no counted
@@ -238,14 +240,15 @@ both read identically, and what cannot make PCRE backtrack badly.
   can match the same character (`a*a*`, `\d+[0-9]*`, `x.*(b)?.*y`), also
   where a group or an alternative ends with one and the next begins with
   one (`(a+)(a+)`, `(?:x|a+)(?:x|a+)`, `(?:a+c?)a+`);
-- nested repetition counts multiplying to at most 1000 (`a{1000}{1000}`
+- nested repetition counts multiplying to at most 1000 (`(?:a{1000}){1000}`
   is refused), at most 4096 bytes, and at most 32 KiB once compiled, as
   `check` estimates it from above. PCRE compiles a pattern into at most 64
   KiB and writes a repeated group out once per count:
   `^/(?:abcdefghijklmnopqrstuvwxyz0123456789){999}$` is past it, so the
   edge could not use it. A repeated single item is stored once with its
-  counts: `[a-z]{36}` costs one copy, `(?:[a-z]){36}` 36. A test compiles thousands of generated patterns with
-  the edge's own PCRE and checks the estimate is never below its size.
+  counts: `[a-z]{36}` costs one copy, `(?:[a-z]){36}` 36. A test
+  compiles thousands of generated patterns with the edge's own PCRE and
+  checks the estimate is never below the size of its code.
 
 The edge also bounds every match at run time: both nginx templates set
 `lua_regex_match_limit 100000` (PCRE's limit is 10,000,000 by default:

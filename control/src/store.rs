@@ -745,6 +745,29 @@ impl DirStore {
         }
     }
 
+    /// `node`'s secret files by name (names a secret can have; temporary
+    /// files of an interrupted write and anything else left out), its
+    /// folder checked safe; their contents unread.
+    fn secret_files(&self, node: &str) -> Result<Vec<(String, PathBuf)>, StoreError> {
+        let dir = self.node_dir(node)?;
+        let entries = match std::fs::read_dir(&dir) {
+            Ok(e) => e,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+            Err(e) => return Err(io(&dir, &e)),
+        };
+        let m = std::fs::symlink_metadata(&dir).map_err(|e| io(&dir, &e))?;
+        check_safe(&dir, &m, true)?;
+        let mut out = Vec::new();
+        for e in entries {
+            let e = e.map_err(|e| io(&dir, &e))?;
+            if let Some(name) = e.file_name().to_str().filter(|n| valid_secret_name(n)) {
+                out.push((name.to_owned(), e.path()));
+            }
+        }
+        out.sort();
+        Ok(out)
+    }
+
     /// A secret or the ACME account: whole, or an error when larger than
     /// [`MAX_SECRET_BYTES`] (never a cut value used as the real one).
     fn read(&self, path: &Path) -> Result<Option<String>, StoreError> {
@@ -847,26 +870,10 @@ impl Store for DirStore {
     }
 
     fn secrets(&self, node: &str) -> Result<BTreeMap<String, String>, StoreError> {
-        let dir = self.node_dir(node)?;
         let mut out = BTreeMap::new();
-        let entries = match std::fs::read_dir(&dir) {
-            Ok(e) => e,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(out),
-            Err(e) => return Err(io(&dir, &e)),
-        };
-        let m = std::fs::symlink_metadata(&dir).map_err(|e| io(&dir, &e))?;
-        check_safe(&dir, &m, true)?;
-        for e in entries {
-            let e = e.map_err(|e| io(&dir, &e))?;
-            let Some(name) = e.file_name().to_str().map(str::to_owned) else {
-                continue;
-            };
-            // Temporary files of an interrupted write, anything else.
-            if !valid_secret_name(&name) {
-                continue;
-            }
-            if let Some(v) = self.read(&e.path())? {
-                stored_secret(&e.path().display().to_string(), &name, &v)?;
+        for (name, path) in self.secret_files(node)? {
+            if let Some(v) = self.read(&path)? {
+                stored_secret(&path.display().to_string(), &name, &v)?;
                 out.insert(name, v);
             }
         }
@@ -913,7 +920,13 @@ impl Store for DirStore {
             if !valid_node(&node) {
                 continue;
             }
-            let names: Vec<String> = self.secrets(&node)?.into_keys().collect();
+            // Names only: a value the store refuses to read (a line break
+            // added by hand) is still listed, so it can be removed.
+            let names: Vec<String> = self
+                .secret_files(&node)?
+                .into_iter()
+                .map(|(name, _)| name)
+                .collect();
             if !names.is_empty() {
                 out.insert(node, names);
             }

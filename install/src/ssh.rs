@@ -522,7 +522,8 @@ fn smoke_command(addr: &str, s: &SmokeRequest) -> String {
         .map(|h| format!("-H {}", q(&format!("Host: {h}"))))
         .unwrap_or_default();
     let url = q(&format!("http://{addr}{}", s.path));
-    format!("curl -sS -m 5 {host} -w '\\n%{{http_code}}' {url} 2>&1\n")
+    // -g: `[` `]` `{` `}` in a path are sent as they are, never globbed.
+    format!("curl -sS -g -m 5 {host} -w '\\n%{{http_code}}' {url} 2>&1\n")
 }
 
 /// How [`smoke_command`]'s output (`out`, `err`) differs from the request's
@@ -1440,7 +1441,7 @@ mod tests {
         };
         assert_eq!(
             smoke_command("127.0.0.1:8443", &s),
-            "curl -sS -m 5 -H 'Host: it'\\''s.example' -w '\\n%{http_code}' 'http://127.0.0.1:8443/health?x=1&y=2' 2>&1\n"
+            "curl -sS -g -m 5 -H 'Host: it'\\''s.example' -w '\\n%{http_code}' 'http://127.0.0.1:8443/health?x=1&y=2' 2>&1\n"
         );
         assert_eq!(smoke_mismatch(&s, "all ok\n200", ""), None);
         assert_eq!(

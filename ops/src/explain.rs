@@ -248,14 +248,14 @@ impl Explainer<'_> {
         tls: Option<&str>,
     ) -> Result<Explained> {
         // nginx drops the spaces around a header's value (not tabs).
-        let host = host.trim_matches(' ');
+        let header_host = host.trim_matches(' ');
         // An absolute request line (`GET http://b.test/x`) names the host
         // itself: nginx serves that host, whatever the Host header says.
-        let line_host = url
+        let target_host = url
             .split_once("://")
-            .map(|(_, rest)| &rest[..rest.find(['/', '?']).unwrap_or(rest.len())])
-            .filter(|h| !h.is_empty() && *h != host);
-        let host = line_host.unwrap_or(host);
+            .map(|(_, rest)| &rest[..rest.find(['/', '?']).unwrap_or(rest.len())]);
+        let line_host = target_host.filter(|h| !h.is_empty() && *h != header_host);
+        let host = line_host.unwrap_or(header_host);
         let norm = edge::normalize_host(host);
         let candidates = edge::lookup_hosts(&norm);
         let carries = |t: &Target| {
@@ -421,7 +421,9 @@ impl Explainer<'_> {
         }
         // What nginx refuses in the request line itself, before any of
         // the above is looked at.
-        if let Some((status, reason, why)) = refused_line(method, url) {
+        let refused = refused_line(method, url, tls.is_none(), headers, header_host)
+            .or_else(|| target_host.and_then(|t| refused_absolute(t, header_host)));
+        if let Some((status, reason, why)) = refused {
             decision = edge::Decision {
                 verdict: edge::Verdict::Blocked,
                 status,
@@ -472,20 +474,28 @@ impl Explainer<'_> {
     }
 }
 
-/// Whether nginx itself answers `d`, before the edge's Lua runs (so also
-/// on a refused PROXY header, which the Lua refuses first).
 /// `X-Edgeform-Reason` of none: nginx's own 414 for a request line past
 /// its buffer.
 pub const URI_TOO_LONG: &str = "uri-too-long";
 
-/// The longest request line nginx reads, with its CRLF: one of the
-/// `large_client_header_buffers` (the edge keeps nginx's 8k).
-const REQUEST_LINE_MAX: usize = 8192;
+/// The longest request line, or header line, nginx reads over HTTP/1.1,
+/// with its CRLF: one of the `large_client_header_buffers` (the edge
+/// keeps nginx's 8k).
+const LINE_MAX: usize = 8192;
 
-/// What nginx answers a request line it refuses (`METHOD URL HTTP/1.1`):
-/// a space or control byte anywhere in the target (400, since nginx
-/// 1.21.1), a line past its buffer (414).
-fn refused_line(method: &str, url: &str) -> Option<(u16, &'static str, String)> {
+/// What nginx answers a request it refuses before the edge's Lua, from
+/// its request line (`METHOD URL HTTP/1.1`) and header lines: a space or
+/// control byte anywhere in the target (400, since nginx 1.21.1); over
+/// plain HTTP/1.1 (`http`), a request line past its buffer (414) or a
+/// header line past it (400). Over HTTPS the edge speaks HTTP/2 too,
+/// whose limits differ: those two are not judged there.
+fn refused_line(
+    method: &str,
+    url: &str,
+    http: bool,
+    headers: &Headers,
+    host: &str,
+) -> Option<(u16, &'static str, String)> {
     if url.bytes().any(|b| b <= 0x20 || b == 0x7f) {
         return Some((
             400,
@@ -495,19 +505,88 @@ fn refused_line(method: &str, url: &str) -> Option<(u16, &'static str, String)> 
                 .into(),
         ));
     }
+    if !http {
+        return None;
+    }
     let line = method.len() + 1 + url.len() + " HTTP/1.1\r\n".len();
-    (line > REQUEST_LINE_MAX).then(|| {
-        (
+    if line > LINE_MAX {
+        return Some((
             414,
             URI_TOO_LONG,
             format!(
-                "the request line is {line} bytes, past nginx's {REQUEST_LINE_MAX}-byte \
-                 buffer (large_client_header_buffers): 414, before the edge's Lua"
+                "the request line is {line} bytes, past nginx's {LINE_MAX}-byte buffer \
+                 (large_client_header_buffers): 414, before the edge's Lua"
             ),
-        )
-    })
+        ));
+    }
+    let header_lines = headers
+        .iter()
+        .flat_map(|(name, values)| values.iter().map(move |v| (name.as_str(), v.len())))
+        .chain([("host", host.len())]);
+    for (name, len) in header_lines {
+        let line = name.len() + ": ".len() + len + "\r\n".len();
+        if line > LINE_MAX {
+            return Some((
+                400,
+                edge::reason::BAD_REQUEST,
+                format!(
+                    "the {name} header line is {line} bytes, past nginx's {LINE_MAX}-byte \
+                     buffer: 400 (Request Header Or Cookie Too Large), before the edge's Lua"
+                ),
+            ));
+        }
+    }
+    None
 }
 
+/// An absolute request line (`GET http://b.test/x`): nginx reads its host
+/// as letters, digits, `.` and `-` (and a port, or a bracketed IPv6
+/// address), and still checks the Host header — empty or malformed, 400.
+fn refused_absolute(target_host: &str, header: &str) -> Option<(u16, &'static str, String)> {
+    let refuse = |why: String| Some((400, edge::reason::BAD_REQUEST, why));
+    let (name, port) = match target_host.strip_prefix('[') {
+        Some(rest) => match rest.split_once(']') {
+            Some((addr, port)) => (addr, port),
+            None => ("", ""),
+        },
+        None => target_host
+            .find(':')
+            .map_or((target_host, ""), |i| target_host.split_at(i)),
+    };
+    let name_ok = if target_host.starts_with('[') {
+        !name.is_empty()
+            && name
+                .bytes()
+                .all(|b| b.is_ascii_hexdigit() || b == b':' || b == b'.')
+    } else {
+        !name.is_empty()
+            && name
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'.' || b == b'-')
+    };
+    let port_ok = port.is_empty()
+        || port
+            .strip_prefix(':')
+            .is_some_and(|p| p.bytes().all(|b| b.is_ascii_digit()));
+    if !name_ok || !port_ok {
+        return refuse(format!(
+            "nginx refuses the host `{}` of the request line: letters, digits, `.` and `-` \
+             only (400, before the edge's Lua)",
+            edgestate::untrusted::escape(target_host)
+        ));
+    }
+    if edge::norm::nginx_host(header).is_none() {
+        return refuse(format!(
+            "nginx refuses the Host header `{}` even when the request line names the host \
+             (400, before the edge's Lua)",
+            edgestate::untrusted::escape(header)
+        ));
+    }
+    None
+}
+
+/// Whether nginx itself answers `d`, before the edge's Lua runs (so also
+/// on a refused PROXY header, which the Lua refuses first).
 fn answered_by_nginx(d: &edge::Decision) -> bool {
     matches!(
         d.reason,
@@ -1003,6 +1082,36 @@ mod tests {
             (spaced.decision.status, spaced.decision.reason),
             (direct.decision.status, direct.decision.reason)
         );
+        // A Host line past the buffer: 400 over HTTP/1.1.
+        let long_host = format!("{}.test", "a".repeat(8192 - "host: .test\r\n".len() + 1));
+        assert_eq!(run(&c, &long_host, "/x", http, None).decision.status, 400);
+        // Over HTTPS (HTTP/2 too) neither line limit is judged.
+        let https = edge::Scheme::Https;
+        assert_ne!(
+            run(&c, "plain.test", &long, https, None).decision.status,
+            414
+        );
+        // An absolute request line: its host is letters, digits, `.`, `-`
+        // and a port; the Host header is still checked.
+        for (host, url, refused) in [
+            ("plain.test", "http://plain.test:80/x", false),
+            ("x.test", "http://plain.test/x", false),
+            ("plain.test", "http://[::1]:80/x", false),
+            ("plain.test", "http://u@plain.test/x", true),
+            ("plain.test", "http://pl_ain.test/x", true),
+            ("plain.test", "http://plain.test:8a/x", true),
+            ("", "http://plain.test/x", true),
+            ("   ", "http://plain.test/x", true),
+            ("bad host", "http://plain.test/x", true),
+        ] {
+            let e = run(&c, host, url, http, None);
+            assert_eq!(
+                e.decision.status == 400,
+                refused,
+                "{host:?} {url}: {:?}",
+                e.decision.reasons
+            );
+        }
     }
 
     #[test]

@@ -523,7 +523,7 @@ impl Store for RedisStore {
         for (name, value) in &all {
             if value.len() > MAX_SECRET_BYTES {
                 return Err(StoreError::TooLarge {
-                    path: key.into(),
+                    path: format!("{key} {name}").into(),
                     cap: MAX_SECRET_BYTES,
                 });
             }

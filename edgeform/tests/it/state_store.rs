@@ -746,4 +746,11 @@ fn planted_oversized_values_and_secrets_with_line_breaks_are_refused_unread() {
         dir.secrets("edge-1"),
         Err(StoreError::StoredSecret { .. })
     ));
+    // Still listed by name, in both stores, so it can be removed.
+    for s in [&dir as &dyn Store, &store] {
+        assert_eq!(
+            s.secret_names().unwrap()["edge-1"],
+            ["REDIS_PASSWORD".to_owned()]
+        );
+    }
 }
