@@ -85,6 +85,9 @@ pub async fn refresh(
     let mut health_mtime: Option<SystemTime> = None;
     let mut warned_redis = false;
     let mut warned_share = false;
+    // The generation whose table was refused: not read again until the
+    // next apply (a bad 200 MB table would be fetched every refresh).
+    let mut refused: Option<u64> = None;
     loop {
         if let Some(path) = &config.routing.health_file {
             refresh_health(path, &mut health_mtime, &state);
@@ -99,7 +102,7 @@ pub async fn refresh(
                 Err(_) => {}
             }
         }
-        match refresh_table(&config, &state, &mut con).await {
+        match refresh_table(&config, &state, &mut con, &mut refused).await {
             Ok(()) => {
                 warned_redis = false;
                 if let Some(g) = state.generation() {
@@ -123,10 +126,15 @@ pub async fn refresh(
     }
 }
 
+/// The largest routing table read (bytes): a node's table is far
+/// smaller (it lists nodes and zones, not sites).
+pub const TABLE_MAX: u64 = 64 << 20;
+
 async fn refresh_table(
     config: &Config,
     state: &State,
     con: &mut Option<redis::aio::MultiplexedConnection>,
+    refused: &mut Option<u64>,
 ) -> anyhow::Result<()> {
     let c = edgeredis::reuse(&config.redis, &config.node, con).await?;
     let generation: Option<u64> = redis::cmd("HGET")
@@ -138,6 +146,21 @@ async fn refresh_table(
     if state.router().is_some() && state.generation() == Some(generation) {
         return Ok(());
     }
+    if *refused == Some(generation) {
+        // Said when it was refused; the last good table keeps serving.
+        return Ok(());
+    }
+    let size: u64 = redis::cmd("STRLEN")
+        .arg(edgestate::keys::ROUTING)
+        .query_async(c)
+        .await?;
+    if size > TABLE_MAX {
+        *refused = Some(generation);
+        anyhow::bail!(
+            "{} is {size} bytes, over {TABLE_MAX}: refused (generation {generation})",
+            edgestate::keys::ROUTING
+        );
+    }
     let text: Option<String> = redis::cmd("GET")
         .arg(edgestate::keys::ROUTING)
         .query_async(c)
@@ -148,8 +171,19 @@ async fn refresh_table(
             edgestate::keys::ROUTING
         );
     };
-    let table: RoutingTable = serde_json::from_str(&text)?;
-    let router = Router::new(table).map_err(|e| anyhow::anyhow!("{e}"))?;
+    let parsed = serde_json::from_str::<RoutingTable>(&text)
+        .map_err(anyhow::Error::from)
+        .and_then(|table| Router::new(table).map_err(|e| anyhow::anyhow!("{e}")));
+    let router = match parsed {
+        Ok(r) => r,
+        Err(e) => {
+            *refused = Some(generation);
+            return Err(e.context(format!(
+                "{} of generation {generation} refused",
+                edgestate::keys::ROUTING
+            )));
+        }
+    };
     state.set_router(router, generation);
     tracing::info!(generation, "routing: table loaded");
     Ok(())

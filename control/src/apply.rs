@@ -43,7 +43,9 @@ pub async fn read_live(con: &mut MultiplexedConnection, desired: &Desired) -> Re
             .query_async(con)
             .await
             .context("reading edgeform:manifest (format 1)")?;
-        let mut live = Live::legacy(manifest_from(manifest)?, meta);
+        let manifest = manifest_from(manifest)?;
+        only_documents(&manifest, keys::MANIFEST, None)?;
+        let mut live = Live::legacy(manifest, meta);
         live.bundle = bundle;
         return Ok(live);
     }
@@ -87,12 +89,15 @@ pub async fn read_live(con: &mut MultiplexedConnection, desired: &Desired) -> Re
     };
     let mut manifest = Manifest::new();
     for (reply, b) in replies.into_iter().zip(&differ) {
+        let name = keys::manifest_bucket(*b);
+        let mut read = Manifest::new();
         if hash_buckets {
-            manifest.extend(manifest_from(reply)?);
+            read = manifest_from(reply)?;
         } else {
-            bucket_from(reply, &mut manifest)
-                .with_context(|| format!("reading {}", keys::manifest_bucket(*b)))?;
+            bucket_from(reply, &mut read).with_context(|| format!("reading {name}"))?;
         }
+        only_documents(&read, &name, Some(*b))?;
+        manifest.extend(read);
     }
     Ok(Live {
         manifest,
@@ -122,6 +127,35 @@ pub fn live_changes(desired: &Desired, live: &Live) -> Changes {
         |k| read[usize::from(keys::bucket(k.as_bytes()))],
         false,
     )
+}
+
+/// A manifest (or one bucket of it, `bucket`, read from `name`) names
+/// only documents edgeform pushes (`keys::is_document`), each in its own
+/// bucket: a record for any other key (the purge queue, the history) was
+/// written by something else, and apply would delete that key as removed.
+///
+/// # Errors
+/// The first such record, naming the key it was read from.
+fn only_documents(manifest: &Manifest, name: &str, bucket: Option<u8>) -> Result<()> {
+    let misplaced = |key: &String| bucket.is_some_and(|b| keys::bucket(key.as_bytes()) != b);
+    // The first in name order: the same error every run.
+    let first = manifest
+        .keys()
+        .filter(|k| !keys::is_document(k) || misplaced(k))
+        .min();
+    if let Some(key) = first {
+        bail!(
+            "{name} holds a record for `{}`, {}: not written by edgeform, so nothing is \
+             written to this target (the record would make apply delete that key)",
+            edgestate::untrusted::escape(key),
+            if misplaced(key) {
+                "which belongs to another bucket"
+            } else {
+                "which is no document edgeform pushes"
+            }
+        );
+    }
+    Ok(())
 }
 
 /// A bucket's `GET` reply (format 3: a string of records; nil: empty)
@@ -193,8 +227,20 @@ pub async fn get_values(
 ) -> Result<Vec<Option<String>>> {
     let mut out = Vec::with_capacity(keys.len());
     for chunk in keys.chunks(BATCH) {
-        let values: Vec<Option<String>> = redis::cmd("MGET").arg(chunk).query_async(con).await?;
-        out.extend(values);
+        let values: Vec<Option<Vec<u8>>> = redis::cmd("MGET").arg(chunk).query_async(con).await?;
+        for (key, v) in chunk.iter().zip(values) {
+            out.push(
+                v.map(|b| {
+                    String::from_utf8(b).map_err(|_| {
+                        anyhow::anyhow!(
+                            "{} holds a value that is not UTF-8",
+                            edgestate::untrusted::escape(key)
+                        )
+                    })
+                })
+                .transpose()?,
+            );
+        }
     }
     Ok(out)
 }
@@ -355,12 +401,16 @@ async fn unchanged_without_lock(
 async fn read_meta(con: &mut MultiplexedConnection) -> Result<(Meta, bool, Bundle)> {
     let (meta, old, bundle): (BTreeMap<String, String>, bool, BTreeMap<String, String>) =
         redis::pipe()
-            .cmd("HGETALL")
-            .arg(keys::META)
+            .add_command(crate::state::hgetall_capped(
+                keys::META,
+                crate::state::EDGE_FIELD_MAX,
+            ))
             .cmd("EXISTS")
             .arg(keys::MANIFEST)
-            .cmd("HGETALL")
-            .arg(keys::BUNDLE)
+            .add_command(crate::state::hgetall_capped(
+                keys::BUNDLE,
+                crate::state::EDGE_FIELD_MAX,
+            ))
             .query_async(con)
             .await
             .context("reading edgeform:meta and edgeform:bundle")?;
@@ -426,7 +476,7 @@ async fn transaction(
                 generation: live.meta.generation,
             });
         }
-        let generation = live.meta.generation + 1;
+        let generation = next_generation(live.meta.generation)?;
         let entry = options.entry(
             &ancestry(live.meta.commit.as_deref()),
             live.meta.commit.as_deref(),
@@ -825,6 +875,19 @@ pub(crate) fn set_meta(
         super::audit::meta_fields(&mut hset, entry);
     }
     pipe.add_command(hset);
+}
+
+/// The generation after `live`'s (`edgeform:meta` `generation`), or an
+/// error when it cannot be raised (a value written by something else).
+///
+/// # Errors
+/// `live` is `u64::MAX`.
+pub(crate) fn next_generation(live: u64) -> Result<u64> {
+    live.checked_add(1).ok_or_else(|| {
+        anyhow::anyhow!(
+            "edgeform:meta generation is {live}: it cannot be raised (written by something else than edgeform?); set it lower by hand"
+        )
+    })
 }
 
 #[cfg(test)]

@@ -161,7 +161,9 @@ fn short(commit: &str) -> String {
     let (id, dirty) = commit
         .strip_suffix("+dirty")
         .map_or((commit, ""), |c| (c, "+dirty"));
-    format!("{}{dirty}", &id[..12.min(id.len())])
+    // The live commit is the edge's text: cut by character, escaped.
+    let id: String = id.chars().take(12).collect();
+    format!("{}{dirty}", edgestate::untrusted::escape(&id))
 }
 
 fn render_plan(out: &mut String, p: &TargetPlan, at: &str) {
@@ -195,22 +197,23 @@ fn render_plan(out: &mut String, p: &TargetPlan, at: &str) {
             .map_or_else(|| "none".into(), short)
     );
     for k in c.added.iter().take(SHOWN) {
-        let _ = writeln!(out, "  + {k}");
+        let _ = writeln!(out, "  + {}", edgestate::untrusted::escape(k));
     }
     if c.added.len() > SHOWN {
         let _ = writeln!(out, "  + … and {} more", c.added.len() - SHOWN);
     }
     for (k, d) in &p.diffs {
-        let _ = writeln!(out, "  ~ {k}");
+        // Keys and values read from the edge: escaped.
+        let _ = writeln!(out, "  ~ {}", edgestate::untrusted::escape(k));
         for line in d.lines() {
-            let _ = writeln!(out, "      {line}");
+            let _ = writeln!(out, "      {}", edgestate::untrusted::escape(line));
         }
     }
     if c.changed.len() > p.diffs.len() {
         let _ = writeln!(out, "  ~ … and {} more", c.changed.len() - p.diffs.len());
     }
     for k in c.removed.iter().take(SHOWN) {
-        let _ = writeln!(out, "  - {k}");
+        let _ = writeln!(out, "  - {}", edgestate::untrusted::escape(k));
     }
     if c.removed.len() > SHOWN {
         let _ = writeln!(out, "  - … and {} more", c.removed.len() - SHOWN);
@@ -587,6 +590,7 @@ pub async fn unlock(config: &Config, node: &str, force: bool) -> Result<u8> {
             Ok(0)
         }
         Unlocked::Removed { holder, dead } => {
+            let holder = edgestate::untrusted::escape(&holder);
             match dead {
                 Some(why) => writeln!(
                     out,
@@ -598,6 +602,7 @@ pub async fn unlock(config: &Config, node: &str, force: bool) -> Result<u8> {
             Ok(0)
         }
         Unlocked::Refused { holder, why } => {
+            let holder = edgestate::untrusted::escape(&holder);
             eprintln!(
                 "{node}: locked by {holder}; {}, so it may be alive. Wait for its lease \
                  (5 minutes), or rerun with --force once that apply is gone",

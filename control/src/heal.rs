@@ -289,8 +289,10 @@ async fn heal_locked(
             .exec_async(con)
             .await?;
         let reply: redis::Value = redis::pipe()
-            .cmd("HGETALL")
-            .arg(keys::META)
+            .add_command(crate::state::hgetall_capped(
+                keys::META,
+                crate::state::EDGE_FIELD_MAX,
+            ))
             .cmd("EXISTS")
             .arg(keys::MANIFEST)
             .query_async(con)
@@ -329,23 +331,18 @@ async fn heal_locked(
             legacy: rewrite,
             ..Live::default()
         };
+        let generation = crate::apply::next_generation(meta.generation)?;
         let entry = options.entry(
             &ancestry(meta.commit.as_deref()),
             meta.commit.as_deref(),
-            meta.generation + 1,
+            generation,
             changes.added.len(),
             changes.changed.len(),
             deletes.len(),
         );
-        let body = Body::new(
-            desired,
-            &changes,
-            &live,
-            &options.commit,
-            meta.generation + 1,
-        )
-        .deleting(deletes)
-        .recording(entry);
+        let body = Body::new(desired, &changes, &live, &options.commit, generation)
+            .deleting(deletes)
+            .recording(entry);
         if multi_exec(con, body).await? {
             healed.drift = sorted(drift);
             return Ok(healed);

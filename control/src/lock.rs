@@ -22,7 +22,7 @@
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
-use anyhow::{Result, bail};
+use anyhow::{Context, Result, bail};
 use redis::aio::MultiplexedConnection;
 
 use edgestate::keys;
@@ -345,7 +345,11 @@ impl Lock {
                 counted(waited);
                 return Ok(Lock { token });
             }
-            let holder: Option<String> = redis::cmd("GET").arg(keys::LOCK).query_async(con).await?;
+            let holder: Option<String> = redis::cmd("GET")
+                .arg(keys::LOCK)
+                .query_async(con)
+                .await
+                .with_context(|| format!("reading {}", keys::LOCK))?;
             if let Some(held) = &holder
                 && judged.as_ref() != Some(held)
             {
@@ -359,7 +363,7 @@ impl Lock {
                         .invoke_async(con)
                         .await?;
                     if took == 1 {
-                        tracing::warn!(holder = %held, reason = why.as_str(), "took over the apply lock of a dead holder");
+                        tracing::warn!(holder = %edgestate::untrusted::escape(held), reason = why.as_str(), "took over the apply lock of a dead holder");
                         counted(waited);
                         return Ok(Lock { token });
                     }
@@ -369,7 +373,8 @@ impl Lock {
                 bail!(
                     "locked by another apply ({}) for more than {:?}; if that apply is gone, \
                      `edgeform unlock --node <node> --force`",
-                    holder.unwrap_or_else(|| "unknown".into()),
+                    // The edge's text: escaped.
+                    holder.map_or_else(|| "unknown".into(), |h| edgestate::untrusted::escape(&h)),
                     wait
                 );
             }
@@ -412,7 +417,11 @@ pub enum Unlocked {
 /// # Errors
 /// Redis errors.
 pub async fn unlock(con: &mut MultiplexedConnection, force: bool) -> Result<Unlocked> {
-    let holder: Option<String> = redis::cmd("GET").arg(keys::LOCK).query_async(con).await?;
+    let holder: Option<String> = redis::cmd("GET")
+        .arg(keys::LOCK)
+        .query_async(con)
+        .await
+        .with_context(|| format!("reading {}", keys::LOCK))?;
     let Some(holder) = holder else {
         return Ok(Unlocked::NoLock);
     };

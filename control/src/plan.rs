@@ -93,7 +93,7 @@ pub fn managed_count(live: &[Option<String>]) -> usize {
     live.iter()
         .flatten()
         .filter_map(|v| v.split_once(' ')?.1.parse::<usize>().ok())
-        .sum()
+        .fold(0, usize::saturating_add)
 }
 
 /// Overrides for the safety checks.
@@ -365,7 +365,8 @@ pub fn allowed(
     }
     let managed = live.managed;
     if managed as u64 >= thresholds.min_keys && managed > 0 {
-        let over = |n: usize, limit: u32| n * 100 > managed * limit as usize;
+        let over =
+            |n: usize, limit: u32| n.saturating_mul(100) > managed.saturating_mul(limit as usize);
         if over(changes.removed.len(), thresholds.max_delete_percent) {
             return Err(Refusal::Deletes {
                 removed: changes.removed.len(),

@@ -24,19 +24,39 @@ where
 {
     let limit = Arc::new(Semaphore::new(parallel.max(1)));
     let mut set = JoinSet::new();
+    // Which job each task runs: a task that panicked is that target's
+    // failure, never a target missing from the results.
+    let mut running = HashMap::new();
     for job in jobs {
         let limit = limit.clone();
         let fut = f(job.clone());
-        set.spawn(async move {
-            let _permit = limit.acquire_owned().await;
-            (job, fut.await)
-        });
+        let id = set
+            .spawn({
+                let job = job.clone();
+                async move {
+                    let _permit = limit.acquire_owned().await;
+                    (job, fut.await)
+                }
+            })
+            .id();
+        running.insert(id, job);
     }
     let mut out = Vec::new();
     while let Some(joined) = set.join_next().await {
         match joined {
             Ok(r) => out.push(r),
-            Err(e) => tracing::error!(cause = %e, "target task failed"),
+            Err(e) => {
+                let why = edgestate::untrusted::escape(&e.to_string());
+                tracing::error!(cause = %why, "target task failed");
+                if let Some(job) = running.remove(&e.id()) {
+                    out.push((
+                        job,
+                        Err(anyhow::anyhow!(
+                            "edgeform failed on this target ({why}), a bug (please report it): what it wrote there before is unknown; run `edgeform plan`"
+                        )),
+                    ));
+                }
+            }
         }
     }
     out.sort_by(|a, b| a.0.node.name.cmp(&b.0.node.name));

@@ -465,13 +465,16 @@ pub struct Meta {
 impl Meta {
     #[must_use]
     pub fn from_hash(h: &BTreeMap<String, String>) -> Meta {
+        // The edge's text, shown in plans, refusals and logs: escaped (a
+        // real commit id or time has no control character to escape).
+        let text = |f: &str| h.get(f).map(|v| edgestate::untrusted::escape(v));
         Meta {
-            commit: h.get("commit").cloned(),
+            commit: text("commit"),
             generation: h
                 .get("generation")
                 .and_then(|g| g.parse().ok())
                 .unwrap_or(0),
-            applied_at: h.get("applied_at").cloned(),
+            applied_at: text("applied_at"),
             format: h.get("format").and_then(|f| f.parse().ok()),
             manifest_digest: h.get("manifest_digest").cloned(),
         }
@@ -546,6 +549,21 @@ impl Live {
             bundle: edgestate::bundle::Bundle::seed(),
         }
     }
+}
+
+/// The longest value read of a field of an edge's `edgeform:meta` or
+/// `edgeform:bundle` (each is a few dozen bytes to a few KiB): one
+/// longer is cut there on the edge's side, so a planted 500 MB field
+/// never crosses the wire.
+pub const EDGE_FIELD_MAX: usize = 64 * 1024;
+
+/// `HGETALL key` with each value cut one byte past `cap` on the server (a
+/// script: the control ACL allows `EVAL`); the reply has HGETALL's shape.
+#[must_use]
+pub fn hgetall_capped(key: &str, cap: usize) -> redis::Cmd {
+    let mut c = redis::cmd("EVAL");
+    c.arg(crate::store::HASH_CAPPED).arg(1).arg(key).arg(cap);
+    c
 }
 
 #[cfg(test)]

@@ -500,6 +500,10 @@ pub trait Store: Send + Sync {
     fn lease_holder(&self, name: &str) -> Result<Option<String>, StoreError>;
 }
 
+/// A hash's fields and values as `HGETALL` gives them, each value cut one
+/// byte past a cap on the server (`lua/hash_capped.lua`).
+pub(crate) const HASH_CAPPED: &str = include_str!("lua/hash_capped.lua");
+
 /// The largest renewal state kept.
 pub const MAX_RENEWAL_STATE_BYTES: usize = 4 << 20;
 /// The largest rollouts' book kept (`rollout.json`).

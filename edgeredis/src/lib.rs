@@ -406,7 +406,9 @@ pub fn one_line(err: &anyhow::Error) -> String {
             out.push_str(part);
         }
     }
-    out
+    // A server's error reply is its own text: no control character of it
+    // reaches a terminal or a log line.
+    edgestate::untrusted::escape(&out)
 }
 
 #[cfg(test)]

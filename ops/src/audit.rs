@@ -28,10 +28,10 @@ pub async fn read_bundles(
         set.spawn(async move {
             let read = tokio::time::timeout(timeout, async {
                 let mut con = control::master(&node).await?;
-                let h: BTreeMap<String, String> = redis::cmd("HGETALL")
-                    .arg(keys::BUNDLE)
-                    .query_async(&mut con)
-                    .await?;
+                let h: BTreeMap<String, String> =
+                    control::state::hgetall_capped(keys::BUNDLE, control::state::EDGE_FIELD_MAX)
+                        .query_async(&mut con)
+                        .await?;
                 anyhow::Ok(h)
             })
             .await;
@@ -148,13 +148,12 @@ type MetaRead = (BTreeMap<String, String>, u64, BTreeMap<String, String>);
 
 async fn read_meta(node: &Node) -> Result<MetaRead> {
     let mut con = control::master(node).await?;
+    let cap = control::state::EDGE_FIELD_MAX;
     let read: MetaRead = redis::pipe()
-        .cmd("HGETALL")
-        .arg(keys::META)
+        .add_command(control::state::hgetall_capped(keys::META, cap))
         .cmd("LLEN")
         .arg(keys::purge_queue(&node.region, &node.name))
-        .cmd("HGETALL")
-        .arg(keys::BUNDLE)
+        .add_command(control::state::hgetall_capped(keys::BUNDLE, cap))
         .query_async(&mut con)
         .await
         .context("reading edgeform:meta")?;

@@ -88,7 +88,7 @@ const LEASE_RELEASE: &str = include_str!("../lua/lock_release.lua");
 const ROLLOUT_REPLACE: &str = include_str!("../lua/rollout_replace.lua");
 const IMPORT: &str = include_str!("../lua/import.lua");
 const READ_CAPPED: &str = include_str!("../lua/read_capped.lua");
-const HASH_CAPPED: &str = include_str!("../lua/hash_capped.lua");
+use super::HASH_CAPPED;
 /// The longest lease holder or last good commit read (both far shorter).
 const MAX_SHORT_BYTES: usize = 4096;
 

@@ -878,3 +878,129 @@ fn crlf_files_show_no_stray_marks() {
     assert!(text.contains("host: a.example.com\n"), "{text}");
     assert!(!text.contains('?'), "{text}");
 }
+
+/// An edge's Redis is hostile: a forged `edgeform:meta` or manifest fails
+/// that target loudly (exit 1, the key named), never a panic, a target
+/// missing from the results, a raw control character on the terminal, or
+/// a key apply never manages deleted as "removed".
+#[test]
+fn a_hostile_edge_meta_or_manifest_fails_that_target_loudly() {
+    let r = harness::redis(&[]);
+    let f = Fixture::with(&[(
+        "nodes/edge-1.yaml",
+        &format!(
+            "name: edge-1\nroles: [edge]\nregion: eu\nlocation: {{lat: 52.0, lon: 4.0}}\n\
+             redis: {{url: \"redis://127.0.0.1:{}\"}}\n",
+            r.port
+        ),
+    )]);
+    let out = edgeform(f.path(), &["apply", "--yes"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let mut con = redis::Client::open(format!("redis://127.0.0.1:{}", r.port))
+        .unwrap()
+        .get_connection()
+        .unwrap();
+    let mut cmd = |args: &[&[u8]]| {
+        let mut c = redis::cmd(std::str::from_utf8(args[0]).unwrap());
+        for a in &args[1..] {
+            c.arg(*a);
+        }
+        let _: redis::Value = c.query(&mut con).unwrap();
+    };
+    // A change to push, so every run below reads the live state.
+    f.write(
+        "sites/b.yaml",
+        b"host: b.example.com\norigin: http://192.0.2.2\n",
+    );
+
+    // A generation that cannot be raised: an error naming it, exit 1.
+    cmd(&[
+        b"HSET",
+        b"edgeform:meta",
+        b"generation",
+        b"18446744073709551615",
+    ]);
+    let out = edgeform(f.path(), &["apply", "--yes"]);
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "{}{}",
+        stdout(&out),
+        stderr(&out)
+    );
+    assert!(
+        all_output(&out).contains("edgeform:meta generation"),
+        "{}",
+        all_output(&out)
+    );
+    cmd(&[b"HSET", b"edgeform:meta", b"generation", b"7"]);
+
+    // A commit with a multi-byte character and an escape sequence: shown
+    // escaped, cut by character.
+    let commit: Option<Vec<u8>> = redis::cmd("HGET")
+        .arg("edgeform:meta")
+        .arg("commit")
+        .query(&mut con)
+        .unwrap();
+    let mut cmd = |args: &[&[u8]]| {
+        let mut c = redis::cmd(std::str::from_utf8(args[0]).unwrap());
+        for a in &args[1..] {
+            c.arg(*a);
+        }
+        let _: redis::Value = c.query(&mut con).unwrap();
+    };
+    cmd(&[
+        b"HSET",
+        b"edgeform:meta",
+        b"commit",
+        b"aaaaaaaaaaa\xc3\xa9\x1b[31mRED",
+    ]);
+    let out = edgeform(f.path(), &["plan"]);
+    assert_ne!(out.status.code(), Some(101), "{}", stderr(&out));
+    assert!(!all_output(&out).contains('\u{1b}'), "{}", all_output(&out));
+    if let Some(c) = &commit {
+        cmd(&[b"HSET", b"edgeform:meta", b"commit", c]);
+    } else {
+        cmd(&[b"HDEL", b"edgeform:meta", b"commit"]);
+    }
+
+    // A manifest record for a key apply never manages (the purge queue):
+    // refused, naming the bucket; the key is left alone.
+    let queue = edgestate::keys::purge_queue("eu", "edge-1");
+    cmd(&[b"RPUSH", queue.as_bytes(), b"{\"id\":\"job-1\"}"]);
+    let bucket = edgestate::keys::bucket(queue.as_bytes());
+    let mut record = Vec::new();
+    edgestate::manifest::push_record(
+        &mut record,
+        queue.as_bytes(),
+        b"a9993e364706816aba3e25717850c26c9cd0d89d",
+    );
+    let name = edgestate::keys::manifest_bucket(bucket);
+    cmd(&[b"APPEND", name.as_bytes(), &record]);
+    // Its digest differs from the desired one, so apply reads the bucket.
+    cmd(&[
+        b"HSET",
+        b"edgeform:manifest:buckets",
+        format!("{bucket:02x}").as_bytes(),
+        b"00000000000000000000000000000000 2",
+    ]);
+    cmd(&[b"HSET", b"edgeform:meta", b"manifest_digest", b"0"]);
+    let out = edgeform(f.path(), &["apply", "--yes"]);
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "{}{}",
+        stdout(&out),
+        stderr(&out)
+    );
+    assert!(
+        all_output(&out).contains("no document edgeform pushes"),
+        "{}",
+        all_output(&out)
+    );
+    let len: usize = redis::cmd("LLEN")
+        .arg(&queue)
+        .query(&mut redis::Client::open(format!("redis://127.0.0.1:{}", r.port)).unwrap())
+        .unwrap();
+    assert_eq!(len, 1, "the purge queue is untouched");
+}
