@@ -513,31 +513,27 @@ pub fn bundle(
     let mut files: BTreeMap<String, BundleFile> = BTreeMap::new();
     let mut errors = Vec::new();
     let mut add = |f: BundleFile, errors: &mut Vec<Error>| {
-        if f.path == MANIFEST {
+        let conflict = if f.path == MANIFEST {
             // The release's own manifest is written there, over it.
-            errors.push(Error {
-                kind: ErrorKind::PathConflict,
-                file: f.source.clone(),
-                line: 0,
-                column: 0,
-                message: format!(
-                    "`{MANIFEST}` at a bundle's top is the release's own manifest, written by edgeform: name the file otherwise"
-                ),
-            });
+            format!(
+                "`{MANIFEST}` at a bundle's top is the release's own manifest, written by edgeform: name the file otherwise"
+            )
         } else if let Some(other) = files.get(&f.path) {
-            errors.push(Error {
-                kind: ErrorKind::PathConflict,
-                file: f.source.clone(),
-                line: 0,
-                column: 0,
-                message: format!(
-                    "node `{node}`: `{}` is also shipped by {}",
-                    f.path, other.source
-                ),
-            });
+            format!(
+                "node `{node}`: `{}` is also shipped by {}",
+                f.path, other.source
+            )
         } else {
             files.insert(f.path.clone(), f);
-        }
+            return;
+        };
+        errors.push(Error {
+            kind: ErrorKind::PathConflict,
+            file: f.source,
+            line: 0,
+            column: 0,
+            message: conflict,
+        });
     };
     for role in &mine {
         for rf in &roles.files[role] {

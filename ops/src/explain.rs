@@ -398,48 +398,20 @@ impl Explainer<'_> {
         // stands; anything else (the path check included) is dropped
         // before the edge answers.
         if client.is_none() && !answered_by_nginx(&decision) {
-            decision = edge::Decision {
-                verdict: edge::Verdict::Blocked,
-                status: 444,
-                location: None,
-                cache: edge::Cache {
-                    cached: false,
-                    ttl: None,
-                },
-                origin: None,
-                origin_host: None,
-                fallback_origins: Vec::new(),
-                reason: Some(PROXY_REFUSED),
-                waf: Vec::new(),
-                site: None,
-                reasons: vec![
-                    "the PROXY header is refused: the edge closes the connection without an \
-                     answer (444)"
-                        .into(),
-                ],
-            };
+            decision = unanswered(
+                444,
+                PROXY_REFUSED,
+                "the PROXY header is refused: the edge closes the connection without an \
+                 answer (444)"
+                    .into(),
+            );
         }
         // What nginx refuses in the request line itself, before any of
         // the above is looked at.
         let refused = refused_line(method, url, tls.is_none(), headers, header_host)
             .or_else(|| target_host.and_then(|t| refused_absolute(t, header_host)));
         if let Some((status, reason, why)) = refused {
-            decision = edge::Decision {
-                verdict: edge::Verdict::Blocked,
-                status,
-                location: None,
-                cache: edge::Cache {
-                    cached: false,
-                    ttl: None,
-                },
-                origin: None,
-                origin_host: None,
-                fallback_origins: Vec::new(),
-                reason: Some(reason),
-                waf: Vec::new(),
-                site: None,
-                reasons: vec![why],
-            };
+            decision = unanswered(status, reason, why);
         }
         let mut reasons = pre;
         if let Some(a) = &handshake {
@@ -471,6 +443,27 @@ impl Explainer<'_> {
             client,
             country,
         })
+    }
+}
+
+/// A request answered before any site is looked at (by nginx, or closed
+/// unanswered): `status`, `reason`, and the one step that says why.
+fn unanswered(status: u16, reason: &'static str, why: String) -> edge::Decision {
+    edge::Decision {
+        verdict: edge::Verdict::Blocked,
+        status,
+        location: None,
+        cache: edge::Cache {
+            cached: false,
+            ttl: None,
+        },
+        origin: None,
+        origin_host: None,
+        fallback_origins: Vec::new(),
+        reason: Some(reason),
+        waf: Vec::new(),
+        site: None,
+        reasons: vec![why],
     }
 }
 
