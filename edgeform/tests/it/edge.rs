@@ -1610,23 +1610,7 @@ fn lua_addresses_parse_as_rust_does() {
          print(b and ip.hex(b) or 'nil') end\n",
         root.display()
     );
-    let mut child = std::process::Command::new("luajit")
-        .args(["-e", &script])
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(inputs.join("\n").as_bytes())
-        .unwrap();
-    let out = child.wait_with_output().unwrap();
-    let lua: Vec<String> = String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .map(str::to_owned)
-        .collect();
+    let lua = crate::util::luajit_lines(&["-e", &script], inputs.join("\n").as_bytes());
     for (i, input) in inputs.iter().enumerate() {
         let rust = match input.parse::<IpAddr>() {
             Ok(IpAddr::V4(a)) => hex(&a.octets()),

@@ -546,29 +546,7 @@ fn the_lua_normaliser_agrees_with_the_vectors_and_rust() {
          end\n",
         root.display()
     );
-    let mut child = std::process::Command::new("luajit")
-        .args(["-e", &script])
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(input.as_bytes())
-        .unwrap();
-    let out = child.wait_with_output().unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let lua: Vec<String> = String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .map(str::to_owned)
-        .collect();
+    let lua = crate::util::luajit_lines(&["-e", &script], input.as_bytes());
     assert_eq!(lua.len(), paths.len() + waf.len());
     for (v, got) in paths.iter().zip(&lua) {
         let path = v["path"].as_str().unwrap();

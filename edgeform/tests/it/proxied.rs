@@ -358,25 +358,9 @@ fn lua_and_rust_take_the_same_last_entry() {
          print(b and ip.hex(b) or 'nil') end\n",
         root.display()
     );
-    let mut child = std::process::Command::new("luajit")
-        .args(["-e", &script])
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
     let hex = |b: &[u8]| b.iter().map(|x| format!("{x:02x}")).collect::<String>();
     let lines: String = inputs.iter().map(|i| format!("{}\n", hex(i))).collect();
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(lines.as_bytes())
-        .unwrap();
-    let out = child.wait_with_output().unwrap();
-    let lua: Vec<String> = String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .map(str::to_owned)
-        .collect();
+    let lua = crate::util::luajit_lines(&["-e", &script], lines.as_bytes());
     assert_eq!(lua.len(), inputs.len(), "{lua:?}");
     for (input, got) in inputs.iter().zip(&lua) {
         let joined = edgestate::route::join_xff([input.as_slice()]).unwrap();

@@ -323,30 +323,9 @@ fn the_compiled_size_check_estimates_is_never_below_the_edges_pcre() {
             patterns.push(p);
         }
     }
-    let mut child = std::process::Command::new("luajit")
-        .arg(crate::util::example_repo().join("scripts/lua/pcre_size.lua"))
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
+    let script = crate::util::example_repo().join("scripts/lua/pcre_size.lua");
     let input: String = patterns.iter().map(|p| format!("{p}\n")).collect();
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(input.as_bytes())
-        .unwrap();
-    let out = child.wait_with_output().unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let pcre: Vec<String> = String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .map(str::to_owned)
-        .collect();
+    let pcre = crate::util::luajit_lines(&[&script.to_string_lossy()], input.as_bytes());
     assert_eq!(pcre.len(), patterns.len());
     // PCRE_INFO_SIZE holds a header before the code (the script leaves
     // the name table out); the empty pattern's code is its 7 bytes of

@@ -303,3 +303,27 @@ pub fn plain_store(port: u16) -> control::store::RedisStore {
     })
     .unwrap()
 }
+
+/// `luajit ARGS` with `input` on its stdin: its stdout's lines (it must
+/// succeed; its stderr is shown otherwise).
+pub fn luajit_lines(args: &[&str], input: &[u8]) -> Vec<String> {
+    use std::io::Write as _;
+    let mut child = Command::new("luajit")
+        .args(args)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("luajit (apt-get install luajit2)");
+    child.stdin.take().unwrap().write_all(input).unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(str::to_owned)
+        .collect()
+}
