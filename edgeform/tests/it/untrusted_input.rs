@@ -879,6 +879,14 @@ fn crlf_files_show_no_stray_marks() {
     assert!(!text.contains('?'), "{text}");
 }
 
+/// `apply` fails (exit 1) and says `what`.
+fn apply_fails_saying(f: &Fixture, what: &str) {
+    let out = edgeform(f.path(), &["apply", "--yes"]);
+    let all = all_output(&out);
+    assert_eq!(out.status.code(), Some(1), "{all}");
+    assert!(all.contains(what), "{all}");
+}
+
 /// An edge's Redis is hostile: a forged `edgeform:meta` or manifest fails
 /// that target loudly (exit 1, the key named), never a panic, a target
 /// missing from the results, a raw control character on the terminal, or
@@ -920,19 +928,7 @@ fn a_hostile_edge_meta_or_manifest_fails_that_target_loudly() {
         b"generation",
         b"18446744073709551615",
     ]);
-    let out = edgeform(f.path(), &["apply", "--yes"]);
-    assert_eq!(
-        out.status.code(),
-        Some(1),
-        "{}{}",
-        stdout(&out),
-        stderr(&out)
-    );
-    assert!(
-        all_output(&out).contains("edgeform:meta generation"),
-        "{}",
-        all_output(&out)
-    );
+    apply_fails_saying(&f, "edgeform:meta generation");
     cmd(&[b"HSET", b"edgeform:meta", b"generation", b"7"]);
 
     // A commit with a multi-byte character and an escape sequence: shown
@@ -985,19 +981,7 @@ fn a_hostile_edge_meta_or_manifest_fails_that_target_loudly() {
         b"00000000000000000000000000000000 2",
     ]);
     cmd(&[b"HSET", b"edgeform:meta", b"manifest_digest", b"0"]);
-    let out = edgeform(f.path(), &["apply", "--yes"]);
-    assert_eq!(
-        out.status.code(),
-        Some(1),
-        "{}{}",
-        stdout(&out),
-        stderr(&out)
-    );
-    assert!(
-        all_output(&out).contains("no document edgeform pushes"),
-        "{}",
-        all_output(&out)
-    );
+    apply_fails_saying(&f, "no document edgeform pushes");
     let len: usize = redis::cmd("LLEN")
         .arg(&queue)
         .query(&mut redis::Client::open(format!("redis://127.0.0.1:{}", r.port)).unwrap())
