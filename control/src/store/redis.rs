@@ -88,7 +88,6 @@ const LEASE_RELEASE: &str = include_str!("../lua/lock_release.lua");
 const ROLLOUT_REPLACE: &str = include_str!("../lua/rollout_replace.lua");
 const IMPORT: &str = include_str!("../lua/import.lua");
 const READ_CAPPED: &str = include_str!("../lua/read_capped.lua");
-use super::HASH_CAPPED;
 /// The longest lease holder or last good commit read (both far shorter).
 const MAX_SHORT_BYTES: usize = 4096;
 
@@ -360,7 +359,7 @@ impl RedisStore {
     /// A hash, each value at most `cap` + 1 bytes (as [`Self::string`]).
     fn hash(&self, key: &str, cap: usize) -> Result<BTreeMap<String, String>, StoreError> {
         let v = self
-            .one(redis::cmd("EVAL").arg(HASH_CAPPED).arg(1).arg(key).arg(cap))
+            .one(&crate::state::hgetall_capped(key, cap))
             .map_err(|e| naming(key, e))?;
         let raw: BTreeMap<String, Vec<u8>> =
             redis::from_redis_value(v).map_err(|e| self.bad(key, &e))?;

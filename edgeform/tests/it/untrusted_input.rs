@@ -908,6 +908,12 @@ fn a_hostile_edge_meta_or_manifest_fails_that_target_loudly() {
         .unwrap()
         .get_connection()
         .unwrap();
+    // The applied commit, put back after the forged one below.
+    let commit: Option<Vec<u8>> = redis::cmd("HGET")
+        .arg("edgeform:meta")
+        .arg("commit")
+        .query(&mut con)
+        .unwrap();
     let mut cmd = |args: &[&[u8]]| {
         let mut c = redis::cmd(std::str::from_utf8(args[0]).unwrap());
         for a in &args[1..] {
@@ -933,18 +939,6 @@ fn a_hostile_edge_meta_or_manifest_fails_that_target_loudly() {
 
     // A commit with a multi-byte character and an escape sequence: shown
     // escaped, cut by character.
-    let commit: Option<Vec<u8>> = redis::cmd("HGET")
-        .arg("edgeform:meta")
-        .arg("commit")
-        .query(&mut con)
-        .unwrap();
-    let mut cmd = |args: &[&[u8]]| {
-        let mut c = redis::cmd(std::str::from_utf8(args[0]).unwrap());
-        for a in &args[1..] {
-            c.arg(*a);
-        }
-        let _: redis::Value = c.query(&mut con).unwrap();
-    };
     cmd(&[
         b"HSET",
         b"edgeform:meta",
@@ -982,9 +976,6 @@ fn a_hostile_edge_meta_or_manifest_fails_that_target_loudly() {
     ]);
     cmd(&[b"HSET", b"edgeform:meta", b"manifest_digest", b"0"]);
     apply_fails_saying(&f, "no document edgeform pushes");
-    let len: usize = redis::cmd("LLEN")
-        .arg(&queue)
-        .query(&mut redis::Client::open(format!("redis://127.0.0.1:{}", r.port)).unwrap())
-        .unwrap();
+    let len: usize = redis::cmd("LLEN").arg(&queue).query(&mut con).unwrap();
     assert_eq!(len, 1, "the purge queue is untouched");
 }
