@@ -112,7 +112,13 @@ pub async fn refresh(
                 }
             }
             Err(e) => {
-                con = None;
+                // A connection Redis failed on is opened again; one that
+                // answered (no table applied yet, a refused table) is kept:
+                // an edge waiting for its first apply would otherwise
+                // connect again every refresh.
+                if redis_failed(&e) {
+                    con = None;
+                }
                 if !warned_redis {
                     tracing::warn!(redis = %edgeredis::describe(&config.redis), cause = %edgeredis::one_line(&e), "routing: cannot read the table from redis; keeping the last good one");
                     warned_redis = true;
@@ -124,6 +130,12 @@ pub async fn refresh(
             () = shutdown.wait() => return,
         }
     }
+}
+
+/// Whether `e` came from Redis (the connection, or a reply it refused),
+/// not from what it answered.
+fn redis_failed(e: &anyhow::Error) -> bool {
+    e.chain().any(|c| c.is::<redis::RedisError>())
 }
 
 /// The largest routing table read (bytes): a node's table is far
@@ -239,5 +251,25 @@ fn refresh_health(path: &PathBuf, mtime: &mut Option<SystemTime>, state: &State)
             *mtime = Some(modified);
             tracing::warn!(file = %path.display(), cause = %e, "routing: bad health file; keeping the last one");
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_a_failure_of_redis_itself_drops_the_routing_connection() {
+        let io = redis::RedisError::from(std::io::Error::from(std::io::ErrorKind::BrokenPipe));
+        assert!(redis_failed(&anyhow::Error::from(io).context("HGET")));
+        let refused =
+            redis::RedisError::from((redis::ErrorKind::UnexpectedReturnType, "WRONGTYPE"));
+        assert!(redis_failed(&anyhow::Error::from(refused)));
+        assert!(!redis_failed(&anyhow::anyhow!(
+            "no edgeform:routing in redis yet (nothing applied to this node)"
+        )));
+        assert!(!redis_failed(
+            &anyhow::anyhow!("bad table").context("edgeform:routing of generation 3 refused")
+        ));
     }
 }
