@@ -20,20 +20,26 @@
 //! TLS (native-tls, i.e. OpenSSL). The server certificate is always
 //! verified — against `tls.ca_file` when given, else the system trust
 //! store; `#insecure` URLs are refused. `cert_file` + `key_file` add a
-//! client certificate. Over Sentinel with TLS the master is resolved here
-//! (`SENTINEL get-master-addr-by-name` over TLS), because the redis crate
-//! passes custom certificates to Sentinels only with rustls.
+//! client certificate.
+//!
+//! The sockets are opened here (TCP, TLS, Unix) and every reply is read
+//! through [`bounded::Bounded`] before the redis crate's parser sees it:
+//! a server that announces or sends a reply past [`bounded::LIMITS`]
+//! fails the connection instead of growing this process. For the same
+//! reason the master is resolved through the Sentinels here
+//! (`SENTINEL MASTER`), with or without TLS.
 
 use std::path::Path;
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 use redis::aio::MultiplexedConnection;
-use redis::sentinel::{Sentinel, SentinelNodeConnectionInfo};
 use redis::{
-    AsyncConnectionConfig, Client, ClientTlsConfig, IntoConnectionInfo, RedisConnectionInfo,
-    TlsCertificates,
+    AsyncConnectionConfig, ClientTlsConfig, ConnectionAddr, IntoConnectionInfo,
+    RedisConnectionInfo, TlsCertificates,
 };
+
+pub mod bounded;
 
 pub use edgestate::target::{
     RedisTarget, TargetError, TlsFiles, describe, is_insecure, redis_url_accepted, url_user,
@@ -65,14 +71,6 @@ pub fn certificates(tls: &TlsFiles) -> Result<TlsCertificates> {
     Ok(TlsCertificates {
         client_tls,
         root_cert,
-    })
-}
-
-/// A client for `url`, with the certificates of `tls` when given.
-fn client(info: redis::ConnectionInfo, tls: Option<&TlsFiles>) -> Result<Client> {
-    Ok(match tls {
-        Some(tls) => Client::build_with_tls(info, certificates(tls)?)?,
-        None => Client::open(info)?,
     })
 }
 
@@ -208,89 +206,309 @@ async fn connect(
     pushes: Option<&Pushes>,
     subscribe: Option<&str>,
 ) -> Result<Master> {
-    let connect = async {
-        match target {
-            RedisTarget::Url {
-                url,
-                username,
-                password_env,
-                tls,
-            } => {
-                if is_insecure(url) {
-                    bail!("{url}: `#insecure` is not allowed, certificates are always verified");
-                }
-                let mut info = url.as_str().into_connection_info()?;
-                let mut redis = info.redis_settings().clone();
-                if let Some(u) = username {
-                    redis = redis.set_username(u.clone());
-                }
-                if let Some(p) = password(password_env.as_deref(), node)? {
-                    redis = redis.set_password(p);
-                }
-                info = info.set_redis_settings(protocol(redis, pushes));
-                let client = client(info, tls.as_ref())?;
-                let con = client
-                    .get_multiplexed_async_connection_with_config(&config(pushes))
-                    .await?;
-                Ok::<_, anyhow::Error>(con)
+    match target {
+        RedisTarget::Url {
+            url,
+            username,
+            password_env,
+            tls,
+        } => {
+            if is_insecure(url) {
+                bail!("{url}: `#insecure` is not allowed, certificates are always verified");
             }
-            RedisTarget::Sentinel {
+            let info = url.as_str().into_connection_info()?;
+            let settings = settings(
+                info.redis_settings().clone(),
+                username.clone(),
+                password(password_env.as_deref(), node)?,
+                pushes,
+            );
+            let certs = tls.as_ref().map(certificates).transpose()?;
+            if certs.is_some() && !matches!(info.addr(), ConnectionAddr::TcpTls { .. }) {
+                bail!("{url}: a `tls` block needs a rediss:// URL");
+            }
+            let con = tokio::time::timeout(
+                CONNECT_TIMEOUT * 3,
+                open(info.addr(), &settings, certs.as_ref(), config(pushes)),
+            )
+            .await
+            .map_err(|_| anyhow::anyhow!("timed out connecting"))??;
+            checked_master(con, target, subscribe).await
+        }
+        RedisTarget::Sentinel {
+            sentinels,
+            master,
+            username,
+            password_env,
+            tls,
+        } => {
+            let settings = settings(
+                RedisConnectionInfo::default(),
+                username.clone(),
+                password(password_env.as_deref(), node)?,
+                pushes,
+            );
+            let certs = tls.as_ref().map(certificates).transpose()?;
+            through_sentinels(
                 sentinels,
                 master,
-                username,
-                password_env,
-                tls: Some(tls),
-            } => {
-                let password = password(password_env.as_deref(), node)?;
-                sentinel_tls(sentinels, master, username.clone(), password, tls, pushes)
-                    .await
-                    .with_context(|| {
-                        format!(
-                            "resolving master `{master}` through {} (TLS)",
-                            sentinels.join(",")
-                        )
-                    })
+                &settings,
+                certs.as_ref(),
+                pushes,
+                subscribe,
+            )
+            .await
+            .with_context(|| {
+                format!(
+                    "resolving master `{master}` through {}{}",
+                    sentinels.join(","),
+                    if tls.is_some() { " (TLS)" } else { "" }
+                )
+            })
+        }
+    }
+}
+
+/// The handshake settings: the ACL user and password when given, RESP3 for
+/// push messages (see [`protocol`]).
+fn settings(
+    mut settings: RedisConnectionInfo,
+    username: Option<String>,
+    password: Option<String>,
+    pushes: Option<&Pushes>,
+) -> RedisConnectionInfo {
+    if let Some(u) = username {
+        settings = settings.set_username(u);
+    }
+    if let Some(p) = password {
+        settings = settings.set_password(p);
+    }
+    protocol(settings, pushes)
+}
+
+/// A connection to the server at `addr` (TCP, TLS with `certs`, or a Unix
+/// socket), every reply read through [`bounded::Bounded`].
+async fn open(
+    addr: &ConnectionAddr,
+    settings: &RedisConnectionInfo,
+    certs: Option<&TlsCertificates>,
+    config: AsyncConnectionConfig,
+) -> Result<MultiplexedConnection> {
+    let tcp = |host: String, port: u16| async move {
+        let s = tokio::time::timeout(
+            CONNECT_TIMEOUT,
+            tokio::net::TcpStream::connect((host.as_str(), port)),
+        )
+        .await
+        .map_err(|_| anyhow::anyhow!("{host}:{port}: no connection in {CONNECT_TIMEOUT:?}"))?
+        .with_context(|| format!("connecting to {host}:{port}"))?;
+        s.set_nodelay(true)?;
+        Ok::<_, anyhow::Error>(s)
+    };
+    match addr {
+        ConnectionAddr::Tcp(host, port) => {
+            let s = tcp(host.clone(), *port).await?;
+            start(settings, s, config).await
+        }
+        ConnectionAddr::TcpTls {
+            host,
+            port,
+            insecure,
+            ..
+        } => {
+            if *insecure {
+                bail!("{host}:{port}: certificates are always verified");
             }
-            RedisTarget::Sentinel {
-                sentinels,
-                master,
-                username,
-                password_env,
-                tls: None,
-            } => {
-                let urls: Vec<String> = sentinels.iter().map(|s| format!("redis://{s}")).collect();
-                let mut sentinel = Sentinel::build(urls)?;
-                let mut settings = RedisConnectionInfo::default();
-                if let Some(u) = username {
-                    settings = settings.set_username(u.clone());
-                }
-                if let Some(p) = password(password_env.as_deref(), node)? {
-                    settings = settings.set_password(p);
-                }
-                let info = SentinelNodeConnectionInfo::default()
-                    .set_redis_connection_info(protocol(settings, pushes));
-                let client = sentinel
-                    .async_master_for(master, Some(&info))
-                    .await
-                    .with_context(|| {
-                        format!(
-                            "resolving master `{master}` through {}",
-                            sentinels.join(",")
-                        )
-                    })?;
-                let con = client
-                    .get_multiplexed_async_connection_with_config(&config(pushes))
-                    .await?;
-                Ok(con)
+            let connector = tls_connector(certs)?;
+            let s = tcp(host.clone(), *port).await?;
+            let s = connector
+                .connect(host, s)
+                .await
+                .with_context(|| format!("TLS with {host}:{port}"))?;
+            start(settings, s, config).await
+        }
+        ConnectionAddr::Unix(path) => {
+            let s = tokio::net::UnixStream::connect(path)
+                .await
+                .with_context(|| format!("connecting to {}", path.display()))?;
+            start(settings, s, config).await
+        }
+        other => bail!("{other}: not a kind of address edgeform connects to"),
+    }
+}
+
+/// The handshake (AUTH, HELLO, SELECT as `settings` say) over `stream`,
+/// its replies bounded, and the connection's driver spawned (it ends with
+/// the last clone of the connection).
+async fn start<S>(
+    settings: &RedisConnectionInfo,
+    stream: S,
+    config: AsyncConnectionConfig,
+) -> Result<MultiplexedConnection>
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    let stream = bounded::Bounded::new(stream, bounded::LIMITS);
+    let (con, driver) = MultiplexedConnection::new_with_config(settings, stream, config).await?;
+    tokio::spawn(driver);
+    Ok(con)
+}
+
+/// A native-tls (OpenSSL) connector verifying with `certs`: their CA file
+/// replaces the system trust store (as the redis crate does), their client
+/// certificate is presented.
+fn tls_connector(certs: Option<&TlsCertificates>) -> Result<tokio_native_tls::TlsConnector> {
+    const PEM_BEGIN: &str = "-----BEGIN CERTIFICATE-----";
+    const PEM_END: &str = "-----END CERTIFICATE-----";
+    let mut builder = native_tls::TlsConnector::builder();
+    if let Some(certs) = certs {
+        if let Some(ca) = &certs.root_cert {
+            let text = std::str::from_utf8(ca).context("the CA file is not PEM text")?;
+            builder.disable_built_in_roots(true);
+            // `from_pem` reads one certificate: a bundle is split first.
+            let mut any = false;
+            for block in text
+                .split_inclusive(PEM_END)
+                .filter_map(|b| b.find(PEM_BEGIN).map(|i| &b[i..]))
+            {
+                builder.add_root_certificate(
+                    native_tls::Certificate::from_pem(block.as_bytes())
+                        .context("a certificate of the CA file")?,
+                );
+                any = true;
+            }
+            if !any {
+                bail!("the CA file holds no PEM certificate");
             }
         }
+        if let Some(client) = &certs.client_tls {
+            builder.identity(
+                native_tls::Identity::from_pkcs8(&client.client_cert, &client.client_key)
+                    .context("the client certificate and key (PEM, PKCS#8 key)")?,
+            );
+        }
+    }
+    Ok(builder.build()?.into())
+}
+
+/// The master `name` as the Sentinels see it: each asked in turn
+/// (`SENTINEL MASTER`); the first whose master is flagged up (neither
+/// `s_down` nor `o_down`) and answers `ROLE` as a master wins, as the redis
+/// crate's Sentinel client decides. Sentinels and master are reached over
+/// TLS with `certs` when given.
+async fn through_sentinels(
+    sentinels: &[String],
+    name: &str,
+    settings: &RedisConnectionInfo,
+    certs: Option<&TlsCertificates>,
+    pushes: Option<&Pushes>,
+    subscribe: Option<&str>,
+) -> Result<Master> {
+    let addr = |host: String, port: u16| match certs {
+        Some(_) => ConnectionAddr::TcpTls {
+            host,
+            port,
+            insecure: false,
+            tls_params: None,
+        },
+        None => ConnectionAddr::Tcp(host, port),
     };
-    let mut con = tokio::time::timeout(CONNECT_TIMEOUT * 3, connect)
-        .await
-        .map_err(|_| anyhow::anyhow!("timed out connecting"))??;
-    // Writing to a replica would fail later and less clearly; check now.
-    // With a channel, its SUBSCRIBE is sent right behind the ROLE on the
-    // same connection (the multiplexer writes both before either reply).
+    let mut last = None;
+    for s in sentinels {
+        let asked = async {
+            let (host, port) = split_host_port(s)?;
+            let sentinel_settings = RedisConnectionInfo::default().set_skip_set_lib_name();
+            let mut con = tokio::time::timeout(
+                CONNECT_TIMEOUT * 2,
+                open(&addr(host, port), &sentinel_settings, certs, config(None)),
+            )
+            .await
+            .map_err(|_| anyhow::anyhow!("timed out connecting"))??;
+            let fields: std::collections::HashMap<String, String> = tokio::time::timeout(
+                CONNECT_TIMEOUT,
+                redis::cmd("SENTINEL")
+                    .arg("MASTER")
+                    .arg(name)
+                    .query_async(&mut con),
+            )
+            .await
+            .map_err(|_| anyhow::anyhow!("no answer to SENTINEL MASTER"))??;
+            master_address(&fields)
+                .ok_or_else(|| anyhow::anyhow!("its master `{name}` is down or has no address"))
+        };
+        let found = match asked.await {
+            Ok(found) => found,
+            Err(e) => {
+                last = Some(e.context(format!("sentinel {s}")));
+                continue;
+            }
+        };
+        let (host, port) = found;
+        let reached = async {
+            let con = tokio::time::timeout(
+                CONNECT_TIMEOUT * 2,
+                open(&addr(host.clone(), port), settings, certs, config(pushes)),
+            )
+            .await
+            .map_err(|_| anyhow::anyhow!("timed out connecting"))??;
+            let at = format!("{host}:{port}");
+            tokio::time::timeout(CONNECT_TIMEOUT, checked_master_at(con, &at, subscribe))
+                .await
+                .map_err(|_| anyhow::anyhow!("{at}: no answer to ROLE"))?
+        };
+        match reached.await {
+            Ok(master) => return Ok(master),
+            Err(e) => {
+                last = Some(e.context(format!("master `{name}` at {host}:{port} (sentinel {s})")));
+            }
+        }
+    }
+    Err(last.unwrap_or_else(|| anyhow::anyhow!("no sentinels")))
+}
+
+/// `host:port` (an IPv6 host in brackets) as a Sentinel is written. Pure.
+fn split_host_port(s: &str) -> Result<(String, u16)> {
+    let (host, port) = s
+        .rsplit_once(':')
+        .with_context(|| format!("`{s}` is not host:port"))?;
+    let host = host
+        .strip_prefix('[')
+        .and_then(|h| h.strip_suffix(']'))
+        .unwrap_or(host);
+    let port = port
+        .parse()
+        .with_context(|| format!("`{s}`: the port is not a number"))?;
+    Ok((host.to_owned(), port))
+}
+
+/// A `SENTINEL MASTER` reply's address, when it flags the master up.
+/// Pure.
+fn master_address(fields: &std::collections::HashMap<String, String>) -> Option<(String, u16)> {
+    let flags = fields.get("flags")?;
+    let up = flags.split(',').any(|f| f == "master")
+        && !flags.split(',').any(|f| f == "s_down" || f == "o_down");
+    let port = fields.get("port")?.parse().ok()?;
+    let ip = fields.get("ip")?.clone();
+    up.then_some((ip, port))
+}
+
+/// `con` checked to be a master: writing to a replica would fail later and
+/// less clearly. With a channel, its SUBSCRIBE is sent right behind the
+/// ROLE on the same connection (the multiplexer writes both before either
+/// reply).
+async fn checked_master(
+    con: MultiplexedConnection,
+    target: &RedisTarget,
+    subscribe: Option<&str>,
+) -> Result<Master> {
+    checked_master_at(con, &describe(target), subscribe).await
+}
+
+async fn checked_master_at(
+    mut con: MultiplexedConnection,
+    at: &str,
+    subscribe: Option<&str>,
+) -> Result<Master> {
     let role = match subscribe {
         None => {
             redis::cmd("ROLE")
@@ -315,7 +533,7 @@ async fn connect(
             replicas: replicas_listed(&role),
         })
     } else {
-        bail!("{} is not a master (ROLE says otherwise)", describe(target))
+        bail!("{at} is not a master (ROLE says otherwise)")
     }
 }
 
@@ -335,56 +553,6 @@ fn is_master(role: &[redis::Value]) -> bool {
         Some(redis::Value::SimpleString(r)) => r == "master",
         _ => false,
     }
-}
-
-/// The master `name` through Sentinels reached over TLS, then the master
-/// over TLS, both verified with `tls`'s certificates: the first Sentinel
-/// that answers with an address wins.
-async fn sentinel_tls(
-    sentinels: &[String],
-    name: &str,
-    username: Option<String>,
-    password: Option<String>,
-    tls: &TlsFiles,
-    pushes: Option<&Pushes>,
-) -> Result<MultiplexedConnection> {
-    let certs = certificates(tls)?;
-    let mut last = None;
-    for s in sentinels {
-        let asked = async {
-            let client = Client::build_with_tls(format!("rediss://{s}"), certs.clone())?;
-            let mut con = client
-                .get_multiplexed_async_connection_with_config(&config(None))
-                .await?;
-            let addr: Option<(String, u16)> = redis::cmd("SENTINEL")
-                .arg("get-master-addr-by-name")
-                .arg(name)
-                .query_async(&mut con)
-                .await?;
-            addr.ok_or_else(|| anyhow::anyhow!("sentinel {s} does not know master `{name}`"))
-        };
-        match asked.await {
-            Ok((host, port)) => {
-                let mut info = format!("rediss://{host}:{port}").into_connection_info()?;
-                let mut redis = info.redis_settings().clone();
-                if let Some(u) = username {
-                    redis = redis.set_username(u);
-                }
-                if let Some(p) = password {
-                    redis = redis.set_password(p);
-                }
-                info = info.set_redis_settings(protocol(redis, pushes));
-                let client = Client::build_with_tls(info, certs)?;
-                let con = client
-                    .get_multiplexed_async_connection_with_config(&config(pushes))
-                    .await
-                    .with_context(|| format!("master `{name}` at rediss://{host}:{port}"))?;
-                return Ok(con);
-            }
-            Err(e) => last = Some(e.context(format!("sentinel rediss://{s}"))),
-        }
-    }
-    Err(last.unwrap_or_else(|| anyhow::anyhow!("no sentinels")))
 }
 
 /// An error and its causes on one line, each cause said once (the redis
@@ -656,6 +824,47 @@ mod tests {
             one_line(&e),
             "connecting to redis://127.0.0.1:1: Connection refused (os error 111)"
         );
+    }
+
+    #[test]
+    fn a_sentinels_master_counts_only_when_flagged_up_with_an_address() {
+        let fields = |flags: &str, ip: Option<&str>, port: &str| {
+            let mut m = std::collections::HashMap::new();
+            m.insert("flags".to_owned(), flags.to_owned());
+            m.insert("port".to_owned(), port.to_owned());
+            if let Some(ip) = ip {
+                m.insert("ip".to_owned(), ip.to_owned());
+            }
+            m
+        };
+        assert_eq!(
+            master_address(&fields("master", Some("10.0.0.1"), "6379")),
+            Some(("10.0.0.1".to_owned(), 6379))
+        );
+        for down in ["master,s_down", "master,o_down", "s_down,master", "slave"] {
+            assert_eq!(
+                master_address(&fields(down, Some("h"), "6379")),
+                None,
+                "{down}"
+            );
+        }
+        assert_eq!(master_address(&fields("master", None, "6379")), None);
+        assert_eq!(master_address(&fields("master", Some("h"), "x")), None);
+        assert_eq!(master_address(&fields("master", Some("h"), "70000")), None);
+    }
+
+    #[test]
+    fn sentinel_addresses_split_with_ipv6_in_brackets() {
+        assert_eq!(
+            split_host_port("127.0.0.1:26379").unwrap(),
+            ("127.0.0.1".to_owned(), 26379)
+        );
+        assert_eq!(
+            split_host_port("[::1]:26379").unwrap(),
+            ("::1".to_owned(), 26379)
+        );
+        assert!(split_host_port("sentinel").is_err());
+        assert!(split_host_port("h:port").is_err());
     }
 
     #[test]

@@ -420,8 +420,8 @@ fn start_redis_conf(
 
 /// Wait (up to 30 s) until the Sentinel at `sentinel` names the server at
 /// `port` as `master_name`'s master and has finished the failover: its
-/// `SENTINEL MASTERS` entry, which the redis crate's Sentinel client reads,
-/// is at `port` and flagged neither down nor failing over
+/// `SENTINEL MASTER` entry, which `edgeredis` resolves masters from, is at
+/// `port` and flagged neither down nor failing over
 /// (`get-master-addr-by-name` names the promoted replica earlier).
 ///
 /// # Panics
