@@ -25,22 +25,37 @@ pub struct Limits {
     /// One line (`+`, `-`, `:`, and every length header): bytes, CRLF
     /// included.
     pub line: u64,
-    /// One whole reply, every nested value counted: bytes.
+    /// One whole reply, every nested value counted: bytes plus
+    /// [`VALUE_COST`] per value (what the redis crate holds for it).
     pub reply: u64,
     /// One whole reply: values, aggregates included.
     pub values: u64,
+    /// The replies still being read, summed over every [`Bounded`] stream
+    /// of this process ([`Limits::reply`]'s measure): several hostile
+    /// servers at once cannot add up past it.
+    pub process: u64,
 }
+
+/// What one value costs the redis crate's parser beyond its bytes (a
+/// `redis::Value` and its place in a `Vec`): 16 million `:1` values, 64 MB
+/// on the wire, held about 1 GB.
+pub const VALUE_COST: u64 = 64;
 
 /// The limits edgeform reads with. A string of 512 MiB is the most a real
 /// Redis stores in one value (its `proto-max-bulk-len` default); the largest
 /// replies edgeform asks for (an `MGET` of 1,000 documents, a manifest
-/// bucket) are far below 1 GiB and 16 million values.
+/// bucket, a format-1 manifest of a million sites) are far below 1 GiB and
+/// 4 million values.
 pub const LIMITS: Limits = Limits {
     string: 512 << 20,
     line: 1 << 20,
     reply: 1 << 30,
-    values: 16 << 20,
+    values: 4 << 20,
+    process: 2 << 30,
 };
+
+/// The cost of the replies being read now, over every [`Bounded`] stream.
+static READING: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
 /// Aggregates nested deeper than this are refused (the redis crate's own
 /// parser refuses depth over 100).
@@ -58,6 +73,9 @@ pub enum Refused {
     Reply,
     /// A reply over [`Limits::values`] values.
     Values,
+    /// The replies this process is reading, over every connection, past
+    /// [`Limits::process`].
+    Process,
     /// Not RESP: an unknown type byte, a length that is not a number, or
     /// aggregates nested deeper than [`DEPTH_MAX`].
     Framing(String),
@@ -73,7 +91,16 @@ impl std::fmt::Display for Refused {
                 l.string
             ),
             Refused::Line => write!(f, "the server sent a line over {} bytes", l.line),
-            Refused::Reply => write!(f, "the server's reply is over {} bytes", l.reply),
+            Refused::Reply => write!(
+                f,
+                "the server's reply is over {} bytes (counting {VALUE_COST} per value)",
+                l.reply
+            ),
+            Refused::Process => write!(
+                f,
+                "the replies this process is reading are over {} bytes in all",
+                l.process
+            ),
             Refused::Values => write!(f, "the server's reply holds over {} values", l.values),
             Refused::Framing(what) => write!(f, "the server's reply is not RESP: {what}"),
         }
@@ -136,6 +163,13 @@ impl Scanner {
         self.replies
     }
 
+    /// What the reply being read costs so far ([`Limits::reply`]'s
+    /// measure); 0 between replies.
+    #[must_use]
+    pub fn held(&self) -> u64 {
+        self.bytes
+    }
+
     /// Take the next bytes of the stream.
     ///
     /// # Errors
@@ -158,7 +192,7 @@ impl Scanner {
                 At::Type => {
                     let kind = data[0];
                     data = &data[1..];
-                    self.count(1)?;
+                    self.count(1 + VALUE_COST)?;
                     self.values += 1;
                     if self.values > self.limits.values {
                         return Err(Refused::Values);
@@ -273,6 +307,13 @@ impl Scanner {
                 if self.values.saturating_add(owed) > self.limits.values {
                     return Err(Refused::Values);
                 }
+                if self
+                    .bytes
+                    .saturating_add(owed.saturating_mul(3 + VALUE_COST))
+                    > self.limits.reply
+                {
+                    return Err(Refused::Reply);
+                }
                 if owed == 0 {
                     self.done();
                 } else if self.open.len() >= DEPTH_MAX {
@@ -313,17 +354,56 @@ impl Scanner {
 /// A stream whose incoming bytes pass a [`Scanner`]: a read that would
 /// break the limits fails with [`io::ErrorKind::InvalidData`], its cause a
 /// [`Refused`].
+///
+/// What its unfinished reply costs is counted in a process-wide sum
+/// ([`Limits::process`]). A refusal is also logged as a warning naming the
+/// server: the redis crate reports a failed pipeline as a closed
+/// connection, without this cause.
 pub struct Bounded<S> {
     inner: S,
     scanner: Scanner,
+    /// Whom it reads from, for the warning.
+    server: String,
+    /// This stream's share of [`READING`].
+    counted: u64,
+    /// Why it was refused: every later read fails the same way.
+    refused: Option<Refused>,
 }
 
 impl<S> Bounded<S> {
-    pub fn new(inner: S, limits: Limits) -> Bounded<S> {
+    pub fn new(inner: S, limits: Limits, server: String) -> Bounded<S> {
         Bounded {
             inner,
             scanner: Scanner::new(limits),
+            server,
+            counted: 0,
+            refused: None,
         }
+    }
+
+    /// Bring this stream's share of the process-wide sum to what its
+    /// scanner holds now.
+    fn account(&mut self) -> Result<(), Refused> {
+        use std::sync::atomic::Ordering::Relaxed;
+        let held = self.scanner.held();
+        if held >= self.counted {
+            let more = held - self.counted;
+            let total = READING.fetch_add(more, Relaxed) + more;
+            self.counted = held;
+            if total > self.scanner.limits.process {
+                return Err(Refused::Process);
+            }
+        } else {
+            READING.fetch_sub(self.counted - held, Relaxed);
+            self.counted = held;
+        }
+        Ok(())
+    }
+}
+
+impl<S> Drop for Bounded<S> {
+    fn drop(&mut self) {
+        READING.fetch_sub(self.counted, std::sync::atomic::Ordering::Relaxed);
     }
 }
 
@@ -335,13 +415,21 @@ impl<S: AsyncRead + Unpin> AsyncRead for Bounded<S> {
     ) -> Poll<io::Result<()>> {
         let before = buf.filled().len();
         let this = &mut *self;
+        if let Some(why) = &this.refused {
+            return Poll::Ready(Err(io::Error::new(io::ErrorKind::InvalidData, why.clone())));
+        }
         match Pin::new(&mut this.inner).poll_read(cx, buf) {
             Poll::Ready(Ok(())) => {
                 let fresh = &buf.filled()[before..];
-                match this.scanner.feed(fresh) {
+                match this.scanner.feed(fresh).and_then(|()| this.account()) {
                     Ok(()) => Poll::Ready(Ok(())),
                     Err(why) => {
                         buf.set_filled(before);
+                        // Nothing more is read: its share is free.
+                        READING.fetch_sub(this.counted, std::sync::atomic::Ordering::Relaxed);
+                        this.counted = 0;
+                        this.refused = Some(why.clone());
+                        tracing::warn!(server = %this.server, cause = %why, "redis: reply refused, connection dropped");
                         Poll::Ready(Err(io::Error::new(io::ErrorKind::InvalidData, why)))
                     }
                 }

@@ -308,7 +308,7 @@ async fn open(
     match addr {
         ConnectionAddr::Tcp(host, port) => {
             let s = tcp(host.clone(), *port).await?;
-            start(settings, s, config).await
+            start(settings, s, config, format!("{host}:{port}")).await
         }
         ConnectionAddr::TcpTls {
             host,
@@ -325,13 +325,13 @@ async fn open(
                 .connect(host, s)
                 .await
                 .with_context(|| format!("TLS with {host}:{port}"))?;
-            start(settings, s, config).await
+            start(settings, s, config, format!("{host}:{port}")).await
         }
         ConnectionAddr::Unix(path) => {
             let s = tokio::net::UnixStream::connect(path)
                 .await
                 .with_context(|| format!("connecting to {}", path.display()))?;
-            start(settings, s, config).await
+            start(settings, s, config, path.display().to_string()).await
         }
         other => bail!("{other}: not a kind of address edgeform connects to"),
     }
@@ -344,11 +344,12 @@ async fn start<S>(
     settings: &RedisConnectionInfo,
     stream: S,
     config: AsyncConnectionConfig,
+    server: String,
 ) -> Result<MultiplexedConnection>
 where
     S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
 {
-    let stream = bounded::Bounded::new(stream, bounded::LIMITS);
+    let stream = bounded::Bounded::new(stream, bounded::LIMITS, server);
     let (con, driver) = MultiplexedConnection::new_with_config(settings, stream, config).await?;
     tokio::spawn(driver);
     Ok(con)
@@ -574,10 +575,23 @@ pub fn one_line(err: &anyhow::Error) -> String {
             out.push_str(part);
         }
     }
-    // A server's error reply is its own text: no control character of it
-    // reaches a terminal or a log line.
+    // A server's error reply (or a value the redis crate quotes in a type
+    // error) is its own text, of any length: cut, and no control
+    // character of it reaches a terminal or a log line.
+    if out.len() > ONE_LINE_MAX {
+        let mut cut = ONE_LINE_MAX;
+        while !out.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        let more = out.len() - cut;
+        out.truncate(cut);
+        out.push_str(&format!("… ({more} more bytes)"));
+    }
     edgestate::untrusted::escape(&out)
 }
+
+/// The longest [`one_line`], in bytes before escaping.
+pub const ONE_LINE_MAX: usize = 2000;
 
 #[cfg(test)]
 mod tests {
@@ -824,6 +838,16 @@ mod tests {
             one_line(&e),
             "connecting to redis://127.0.0.1:1: Connection refused (os error 111)"
         );
+    }
+
+    #[test]
+    fn one_line_cuts_a_servers_endless_text() {
+        let e = anyhow::anyhow!("value was array([{}])", "int(1), ".repeat(100_000));
+        let said = one_line(&e);
+        assert!(said.len() < ONE_LINE_MAX + 40, "{}", said.len());
+        assert!(said.ends_with("more bytes)"), "{said}");
+        let e = anyhow::anyhow!("{}", "é".repeat(ONE_LINE_MAX));
+        assert!(one_line(&e).contains("… ("));
     }
 
     #[test]

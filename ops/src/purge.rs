@@ -21,7 +21,7 @@ use edgestate::purge::{self, Job, Request};
 use redis::aio::MultiplexedConnection;
 use redis::{PushInfo, PushKind};
 use tokio::sync::Semaphore;
-use tokio::sync::mpsc::UnboundedReceiver;
+use tokio::sync::mpsc::Receiver;
 use tokio::task::JoinSet;
 
 use compiler::Config;
@@ -505,6 +505,35 @@ const PARALLEL: usize = 256;
 /// is still heard from, a second late at most.
 const FALLBACK_POLL: Duration = Duration::from_secs(1);
 
+/// Push messages kept per node until its waiter reads them.
+const PUSH_QUEUE: usize = 256;
+
+/// The largest channel message kept (an announcement is a node name and
+/// a count or a short failure).
+const PUSH_MAX: usize = 4096;
+
+/// Whether a push is kept for the waiter: a channel message of the
+/// announcement's shape and size, a subscription confirmation, or the
+/// disconnection; anything else (a flood of odd pushes) is dropped. Pure.
+fn kept_push(push: &PushInfo) -> bool {
+    match push.kind {
+        PushKind::Message => {
+            push.data.len() == 2
+                && push
+                    .data
+                    .iter()
+                    .map(|v| match v {
+                        redis::Value::BulkString(b) => b.len(),
+                        _ => PUSH_MAX + 1,
+                    })
+                    .sum::<usize>()
+                    <= PUSH_MAX
+        }
+        PushKind::Subscribe | PushKind::Disconnection => true,
+        _ => false,
+    }
+}
+
 /// One node to purge, owned by its task.
 struct Target {
     name: String,
@@ -516,7 +545,7 @@ struct Target {
 /// channel, its messages (and a disconnection) arriving in `pushes`.
 struct Link {
     con: MultiplexedConnection,
-    pushes: Option<UnboundedReceiver<PushInfo>>,
+    pushes: Option<Receiver<PushInfo>>,
     /// The replicas the master listed when connected.
     replicas: usize,
 }
@@ -570,7 +599,17 @@ impl Target {
                 edgeredis::master_counted(&self.redis, &self.name).await?,
             ));
         };
-        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        // Bounded: a hostile Redis flooding the channel while the
+        // enqueue waits fills the queue, not this process; what is
+        // dropped is found by the slow poll.
+        let (tx, rx) = tokio::sync::mpsc::channel(PUSH_QUEUE);
+        let tx = move |push: PushInfo| {
+            if kept_push(&push) {
+                tx.try_send(push).map_err(|_| ())
+            } else {
+                Err(())
+            }
+        };
         // ROLE and SUBSCRIBE in one round trip; nothing is written before
         // ROLE said master.
         let master = match edgeredis::master_subscribed(
@@ -767,6 +806,20 @@ mod tests {
             redis::Value::BulkString(b"cdn:purge:done:x".to_vec()),
             redis::Value::BulkString(payload.as_bytes().to_vec()),
         ]
+    }
+
+    #[test]
+    fn only_announcement_shaped_pushes_are_kept_for_the_waiter() {
+        let push = |kind, data| PushInfo { kind, data };
+        assert!(kept_push(&push(PushKind::Message, message("edge-1\t2"))));
+        assert!(kept_push(&push(PushKind::Disconnection, vec![])));
+        let big = "x".repeat(PUSH_MAX);
+        assert!(!kept_push(&push(PushKind::Message, message(&big))));
+        assert!(!kept_push(&push(
+            PushKind::Message,
+            vec![redis::Value::Array(vec![]), redis::Value::Nil]
+        )));
+        assert!(!kept_push(&push(PushKind::Invalidate, vec![])));
     }
 
     // The announcement carries the result.

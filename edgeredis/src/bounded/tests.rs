@@ -152,6 +152,7 @@ fn a_reply_is_bounded_in_bytes_values_lines_and_depth_as_a_whole() {
         line: 32,
         reply: 1_000,
         values: 50,
+        process: u64::MAX,
     };
     // Ten strings of 100 bytes in one array: each fits, the reply does not.
     let mut data = b"*10\r\n".to_vec();
@@ -265,4 +266,50 @@ async fn a_server_announcing_an_endless_reply_fails_the_connection_at_once() {
     tokio::time::sleep(std::time::Duration::from_millis(200)).await;
     let sent = sent.load(std::sync::atomic::Ordering::Relaxed);
     assert!(sent < 64 << 20, "the server sent {sent} bytes");
+}
+
+#[tokio::test]
+async fn replies_being_read_on_every_connection_share_one_budget() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let limits = Limits {
+        process: 4_000_000,
+        ..LIMITS
+    };
+    let reading = |n: usize| {
+        let (mut server, client) = tokio::io::duplex(1 << 16);
+        let mut ours = Bounded::new(client, limits, format!("server-{n}"));
+        async move {
+            // A string of 3 MB announced, 2.5 MB of it sent: unfinished.
+            server.write_all(b"$3000000\r\n").await.unwrap();
+            let chunk = vec![b'x'; 2_500_000];
+            let send = tokio::spawn(async move {
+                let _ = server.write_all(&chunk).await;
+                server
+            });
+            let mut got = 0;
+            let mut buf = vec![0u8; 1 << 16];
+            let end = loop {
+                match ours.read(&mut buf).await {
+                    Ok(n) => {
+                        got += n;
+                        if got >= 2_500_010 {
+                            break Ok(());
+                        }
+                    }
+                    Err(e) => break Err(e),
+                }
+            };
+            (ours, send, end)
+        }
+    };
+    let (first, _s1, end) = reading(1).await;
+    end.expect("one unfinished reply fits the budget");
+    let (_second, _s2, end) = reading(2).await;
+    let e = end.expect_err("a second one would pass the budget");
+    let why = e.get_ref().and_then(|e| e.downcast_ref::<Refused>());
+    assert_eq!(why, Some(&Refused::Process));
+    // The first stream gone, its share is free again.
+    drop(first);
+    let (_third, _s3, end) = reading(3).await;
+    end.expect("the budget came back");
 }
