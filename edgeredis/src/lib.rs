@@ -227,13 +227,15 @@ async fn connect(
             if certs.is_some() && !matches!(info.addr(), ConnectionAddr::TcpTls { .. }) {
                 bail!("{url}: a `tls` block needs a rediss:// URL");
             }
-            let con = tokio::time::timeout(
+            let con = open_within(
                 CONNECT_TIMEOUT * 3,
-                open(info.addr(), &settings, certs.as_ref(), config(pushes)),
+                info.addr(),
+                &settings,
+                certs.as_ref(),
+                config(pushes),
             )
-            .await
-            .map_err(|_| anyhow::anyhow!("timed out connecting"))??;
-            checked_master(con, target, subscribe).await
+            .await?;
+            checked_master(con, &describe(target), subscribe).await
         }
         RedisTarget::Sentinel {
             sentinels,
@@ -284,6 +286,19 @@ fn settings(
         settings = settings.set_password(p);
     }
     protocol(settings, pushes)
+}
+
+/// [`open`], given up after `limit` (TCP connect, TLS and handshake).
+async fn open_within(
+    limit: Duration,
+    addr: &ConnectionAddr,
+    settings: &RedisConnectionInfo,
+    certs: Option<&TlsCertificates>,
+    config: AsyncConnectionConfig,
+) -> Result<MultiplexedConnection> {
+    tokio::time::timeout(limit, open(addr, settings, certs, config))
+        .await
+        .map_err(|_| anyhow::anyhow!("timed out connecting"))?
 }
 
 /// A connection to the server at `addr` (TCP, TLS with `certs`, or a Unix
@@ -417,14 +432,16 @@ async fn through_sentinels(
     let mut last = None;
     for s in sentinels {
         let asked = async {
-            let (host, port) = split_host_port(s)?;
-            let sentinel_settings = RedisConnectionInfo::default().set_skip_set_lib_name();
-            let mut con = tokio::time::timeout(
+            let (host, port) = edgestate::target::sentinel_addr(s)
+                .with_context(|| format!("`{s}` is not host:port"))?;
+            let mut con = open_within(
                 CONNECT_TIMEOUT * 2,
-                open(&addr(host, port), &sentinel_settings, certs, config(None)),
+                &addr(host.to_owned(), port),
+                &protocol(RedisConnectionInfo::default(), None),
+                certs,
+                config(None),
             )
-            .await
-            .map_err(|_| anyhow::anyhow!("timed out connecting"))??;
+            .await?;
             let fields: std::collections::HashMap<String, String> = tokio::time::timeout(
                 CONNECT_TIMEOUT,
                 redis::cmd("SENTINEL")
@@ -446,14 +463,16 @@ async fn through_sentinels(
         };
         let (host, port) = found;
         let reached = async {
-            let con = tokio::time::timeout(
+            let con = open_within(
                 CONNECT_TIMEOUT * 2,
-                open(&addr(host.clone(), port), settings, certs, config(pushes)),
+                &addr(host.clone(), port),
+                settings,
+                certs,
+                config(pushes),
             )
-            .await
-            .map_err(|_| anyhow::anyhow!("timed out connecting"))??;
+            .await?;
             let at = format!("{host}:{port}");
-            tokio::time::timeout(CONNECT_TIMEOUT, checked_master_at(con, &at, subscribe))
+            tokio::time::timeout(CONNECT_TIMEOUT, checked_master(con, &at, subscribe))
                 .await
                 .map_err(|_| anyhow::anyhow!("{at}: no answer to ROLE"))?
         };
@@ -467,21 +486,6 @@ async fn through_sentinels(
     Err(last.unwrap_or_else(|| anyhow::anyhow!("no sentinels")))
 }
 
-/// `host:port` (an IPv6 host in brackets) as a Sentinel is written. Pure.
-fn split_host_port(s: &str) -> Result<(String, u16)> {
-    let (host, port) = s
-        .rsplit_once(':')
-        .with_context(|| format!("`{s}` is not host:port"))?;
-    let host = host
-        .strip_prefix('[')
-        .and_then(|h| h.strip_suffix(']'))
-        .unwrap_or(host);
-    let port = port
-        .parse()
-        .with_context(|| format!("`{s}`: the port is not a number"))?;
-    Ok((host.to_owned(), port))
-}
-
 /// A `SENTINEL MASTER` reply's address, when it flags the master up.
 /// Pure.
 fn master_address(fields: &std::collections::HashMap<String, String>) -> Option<(String, u16)> {
@@ -493,19 +497,11 @@ fn master_address(fields: &std::collections::HashMap<String, String>) -> Option<
     up.then_some((ip, port))
 }
 
-/// `con` checked to be a master: writing to a replica would fail later and
-/// less clearly. With a channel, its SUBSCRIBE is sent right behind the
-/// ROLE on the same connection (the multiplexer writes both before either
-/// reply).
+/// `con` (to the server `at`, for the message) checked to be a master:
+/// writing to a replica would fail later and less clearly. With a
+/// channel, its SUBSCRIBE is sent right behind the ROLE on the same
+/// connection (the multiplexer writes both before either reply).
 async fn checked_master(
-    con: MultiplexedConnection,
-    target: &RedisTarget,
-    subscribe: Option<&str>,
-) -> Result<Master> {
-    checked_master_at(con, &describe(target), subscribe).await
-}
-
-async fn checked_master_at(
     mut con: MultiplexedConnection,
     at: &str,
     subscribe: Option<&str>,
@@ -875,20 +871,6 @@ mod tests {
         assert_eq!(master_address(&fields("master", None, "6379")), None);
         assert_eq!(master_address(&fields("master", Some("h"), "x")), None);
         assert_eq!(master_address(&fields("master", Some("h"), "70000")), None);
-    }
-
-    #[test]
-    fn sentinel_addresses_split_with_ipv6_in_brackets() {
-        assert_eq!(
-            split_host_port("127.0.0.1:26379").unwrap(),
-            ("127.0.0.1".to_owned(), 26379)
-        );
-        assert_eq!(
-            split_host_port("[::1]:26379").unwrap(),
-            ("::1".to_owned(), 26379)
-        );
-        assert!(split_host_port("sentinel").is_err());
-        assert!(split_host_port("h:port").is_err());
     }
 
     #[test]

@@ -194,10 +194,7 @@ impl RedisTarget {
                     errors.push(TargetError::NoSentinels);
                 }
                 for (i, s) in sentinels.iter().enumerate() {
-                    let ok = s.rsplit_once(':').is_some_and(|(host, port)| {
-                        !host.is_empty() && port.parse::<u16>().is_ok()
-                    });
-                    if !ok {
+                    if sentinel_addr(s).is_none() {
                         errors.push(TargetError::Sentinel(i, s.clone()));
                     }
                 }
@@ -491,5 +488,38 @@ pub fn describe(target: &RedisTarget) -> String {
         } => {
             format!("master `{master}` via sentinel {}", sentinels.join(","))
         }
+    }
+}
+
+/// A Sentinel as written, `host:port` (an IPv6 host in brackets): its host,
+/// without the brackets, and port; `None` when the host is empty or the
+/// port is not one. The one reading both the validator and the connection
+/// use. Pure.
+#[must_use]
+pub fn sentinel_addr(s: &str) -> Option<(&str, u16)> {
+    let (host, port) = s.rsplit_once(':')?;
+    if host.is_empty() {
+        return None;
+    }
+    let port = port.parse().ok()?;
+    let host = host
+        .strip_prefix('[')
+        .and_then(|h| h.strip_suffix(']'))
+        .unwrap_or(host);
+    Some((host, port))
+}
+
+#[cfg(test)]
+mod sentinel_addr_tests {
+    use super::sentinel_addr;
+
+    #[test]
+    fn sentinel_addresses_split_with_ipv6_in_brackets() {
+        assert_eq!(sentinel_addr("127.0.0.1:26379"), Some(("127.0.0.1", 26379)));
+        assert_eq!(sentinel_addr("[::1]:26379"), Some(("::1", 26379)));
+        assert_eq!(sentinel_addr("sentinel"), None);
+        assert_eq!(sentinel_addr("h:port"), None);
+        assert_eq!(sentinel_addr(":26379"), None);
+        assert_eq!(sentinel_addr("h:70000"), None);
     }
 }
