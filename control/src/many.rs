@@ -103,7 +103,9 @@ pub(crate) async fn live_commits(nodes: &[compiler::model::resolved::Node]) -> L
                     .context("reading edgeform:meta")?;
                 anyhow::Ok(commit.filter(|c| !c.is_empty()))
             };
-            let r = read.await.map_err(|e| edgeredis::one_line(&e).to_string());
+            let r = read.await.map_err(|e| {
+                edgeredis::one_line(&edgeredis::with_refusal(&node.name, e)).to_string()
+            });
             (node.name.clone(), r)
         });
     }

@@ -382,7 +382,9 @@ pub async fn flush_all(
         return out;
     };
     for node in nodes.iter().filter(|n| kept.contains_key(&n.name)) {
-        let r = flush_within(store, node).await;
+        let r = flush_within(store, node)
+            .await
+            .map_err(|e| edgeredis::with_refusal(&node.name, e));
         match &r {
             Ok(f) => tracing::info!(
                 node = %node.name,

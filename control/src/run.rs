@@ -35,7 +35,9 @@ where
                 let job = job.clone();
                 async move {
                     let _permit = limit.acquire_owned().await;
-                    (job, fut.await)
+                    let done = fut.await;
+                    let done = done.map_err(|e| edgeredis::with_refusal(&job.node.name, e));
+                    (job, done)
                 }
             })
             .id();

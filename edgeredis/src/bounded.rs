@@ -57,6 +57,33 @@ pub const LIMITS: Limits = Limits {
 /// The cost of the replies being read now, over every [`Bounded`] stream.
 static READING: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
+/// The last refusal on each node's connections, with the server that
+/// sent it: the redis crate reports a connection this crate dropped as
+/// `broken pipe`, and [`crate::with_refusal`] puts the cause back.
+/// Forgotten when the node's next connection is opened.
+static REFUSALS: std::sync::Mutex<std::collections::BTreeMap<String, (String, Refused)>> =
+    std::sync::Mutex::new(std::collections::BTreeMap::new());
+
+/// The last refusal on `node`'s connections since its last connect: the
+/// server that sent the reply and why it was refused.
+#[must_use]
+pub fn refused_on(node: &str) -> Option<(String, Refused)> {
+    REFUSALS
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .get(node)
+        .cloned()
+}
+
+/// A new connection to `node` is being opened: an earlier refusal is no
+/// longer the cause of what fails next.
+pub(crate) fn forget(node: &str) {
+    REFUSALS
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .remove(node);
+}
+
 /// Aggregates nested deeper than this are refused (the redis crate's own
 /// parser refuses depth over 100).
 pub const DEPTH_MAX: usize = 128;
@@ -364,6 +391,8 @@ pub struct Bounded<S> {
     scanner: Scanner,
     /// Whom it reads from, for the warning.
     server: String,
+    /// The node it serves, whose refusal is kept for [`refused_on`].
+    node: Option<String>,
     /// This stream's share of [`READING`].
     counted: u64,
     /// Why it was refused: every later read fails the same way.
@@ -376,9 +405,17 @@ impl<S> Bounded<S> {
             inner,
             scanner: Scanner::new(limits),
             server,
+            node: None,
             counted: 0,
             refused: None,
         }
+    }
+
+    /// Keep a refusal of this stream as `node`'s (see [`refused_on`]).
+    #[must_use]
+    pub fn for_node(mut self, node: &str) -> Bounded<S> {
+        self.node = Some(node.to_owned());
+        self
     }
 
     /// Bring this stream's share of the process-wide sum to what its
@@ -430,6 +467,12 @@ impl<S: AsyncRead + Unpin> AsyncRead for Bounded<S> {
                         this.counted = 0;
                         this.refused = Some(why.clone());
                         tracing::warn!(server = %this.server, cause = %why, "redis: reply refused, connection dropped");
+                        if let Some(node) = &this.node {
+                            REFUSALS
+                                .lock()
+                                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                                .insert(node.clone(), (this.server.clone(), why.clone()));
+                        }
                         Poll::Ready(Err(io::Error::new(io::ErrorKind::InvalidData, why)))
                     }
                 }

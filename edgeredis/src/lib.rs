@@ -206,6 +206,7 @@ async fn connect(
     pushes: Option<&Pushes>,
     subscribe: Option<&str>,
 ) -> Result<Master> {
+    bounded::forget(node);
     match target {
         RedisTarget::Url {
             url,
@@ -228,6 +229,7 @@ async fn connect(
                 bail!("{url}: a `tls` block needs a rediss:// URL");
             }
             let con = open_within(
+                node,
                 CONNECT_TIMEOUT * 3,
                 info.addr(),
                 &settings,
@@ -252,6 +254,7 @@ async fn connect(
             );
             let certs = tls.as_ref().map(certificates).transpose()?;
             through_sentinels(
+                node,
                 sentinels,
                 master,
                 &settings,
@@ -290,13 +293,14 @@ fn settings(
 
 /// [`open`], given up after `limit` (TCP connect, TLS and handshake).
 async fn open_within(
+    node: &str,
     limit: Duration,
     addr: &ConnectionAddr,
     settings: &RedisConnectionInfo,
     certs: Option<&TlsCertificates>,
     config: AsyncConnectionConfig,
 ) -> Result<MultiplexedConnection> {
-    tokio::time::timeout(limit, open(addr, settings, certs, config))
+    tokio::time::timeout(limit, open(node, addr, settings, certs, config))
         .await
         .map_err(|_| anyhow::anyhow!("timed out connecting"))?
 }
@@ -304,6 +308,7 @@ async fn open_within(
 /// A connection to the server at `addr` (TCP, TLS with `certs`, or a Unix
 /// socket), every reply read through [`bounded::Bounded`].
 async fn open(
+    node: &str,
     addr: &ConnectionAddr,
     settings: &RedisConnectionInfo,
     certs: Option<&TlsCertificates>,
@@ -323,7 +328,7 @@ async fn open(
     match addr {
         ConnectionAddr::Tcp(host, port) => {
             let s = tcp(host.clone(), *port).await?;
-            start(settings, s, config, format!("{host}:{port}")).await
+            start(node, settings, s, config, format!("{host}:{port}")).await
         }
         ConnectionAddr::TcpTls {
             host,
@@ -340,13 +345,13 @@ async fn open(
                 .connect(host, s)
                 .await
                 .with_context(|| format!("TLS with {host}:{port}"))?;
-            start(settings, s, config, format!("{host}:{port}")).await
+            start(node, settings, s, config, format!("{host}:{port}")).await
         }
         ConnectionAddr::Unix(path) => {
             let s = tokio::net::UnixStream::connect(path)
                 .await
                 .with_context(|| format!("connecting to {}", path.display()))?;
-            start(settings, s, config, path.display().to_string()).await
+            start(node, settings, s, config, path.display().to_string()).await
         }
         other => bail!("{other}: not a kind of address edgeform connects to"),
     }
@@ -356,6 +361,7 @@ async fn open(
 /// its replies bounded, and the connection's driver spawned (it ends with
 /// the last clone of the connection).
 async fn start<S>(
+    node: &str,
     settings: &RedisConnectionInfo,
     stream: S,
     config: AsyncConnectionConfig,
@@ -364,7 +370,7 @@ async fn start<S>(
 where
     S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
 {
-    let stream = bounded::Bounded::new(stream, bounded::LIMITS, server);
+    let stream = bounded::Bounded::new(stream, bounded::LIMITS, server).for_node(node);
     let (con, driver) = MultiplexedConnection::new_with_config(settings, stream, config).await?;
     tokio::spawn(driver);
     Ok(con)
@@ -413,6 +419,7 @@ fn tls_connector(certs: Option<&TlsCertificates>) -> Result<tokio_native_tls::Tl
 /// crate's Sentinel client decides. Sentinels and master are reached over
 /// TLS with `certs` when given.
 async fn through_sentinels(
+    node: &str,
     sentinels: &[String],
     name: &str,
     settings: &RedisConnectionInfo,
@@ -435,6 +442,7 @@ async fn through_sentinels(
             let (host, port) = edgestate::target::sentinel_addr(s)
                 .with_context(|| format!("`{s}` is not host:port"))?;
             let mut con = open_within(
+                node,
                 CONNECT_TIMEOUT * 2,
                 &addr(host.to_owned(), port),
                 &protocol(RedisConnectionInfo::default(), None),
@@ -464,6 +472,7 @@ async fn through_sentinels(
         let (host, port) = found;
         let reached = async {
             let con = open_within(
+                node,
                 CONNECT_TIMEOUT * 2,
                 &addr(host.clone(), port),
                 settings,
@@ -549,6 +558,30 @@ fn is_master(role: &[redis::Value]) -> bool {
         Some(redis::Value::BulkString(r)) => r == b"master",
         Some(redis::Value::SimpleString(r)) => r == "master",
         _ => false,
+    }
+}
+
+/// `e`, from work on `node`'s Redis, with the reason its connection was
+/// dropped when this crate refused a reply on it: the redis crate reports
+/// such a connection only as dropped (`broken pipe`). Unchanged when the
+/// chain holds no dropped connection, or already says why.
+#[must_use]
+pub fn with_refusal(node: &str, e: anyhow::Error) -> anyhow::Error {
+    let dropped = e.chain().any(|c| {
+        c.downcast_ref::<redis::RedisError>()
+            .is_some_and(redis::RedisError::is_connection_dropped)
+    });
+    let said = e.chain().any(|c| {
+        c.downcast_ref::<bounded::Refused>().is_some()
+            || c.downcast_ref::<std::io::Error>()
+                .and_then(std::io::Error::get_ref)
+                .is_some_and(|inner| inner.is::<bounded::Refused>())
+    });
+    match bounded::refused_on(node) {
+        Some((server, why)) if dropped && !said => e.context(format!(
+            "{server} sent a reply past the limits, connection dropped: {why}"
+        )),
+        _ => e,
     }
 }
 

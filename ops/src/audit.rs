@@ -70,12 +70,14 @@ pub async fn status_from_redis(
     for node in targets {
         set.spawn(async move {
             let read = tokio::time::timeout(timeout, read_meta(&node)).await;
-            let read = read.unwrap_or_else(|_| {
-                Err(anyhow::anyhow!(
-                    "no answer within {}s",
-                    timeout.as_secs().max(1)
-                ))
-            });
+            let read = read
+                .unwrap_or_else(|_| {
+                    Err(anyhow::anyhow!(
+                        "no answer within {}s",
+                        timeout.as_secs().max(1)
+                    ))
+                })
+                .map_err(|e| edgeredis::with_refusal(&node.name, e));
             (node, read)
         });
     }

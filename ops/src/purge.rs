@@ -314,6 +314,7 @@ pub async fn purge(
                 queued.push((node, target, link));
             }
             Err(e) => {
+                let e = edgeredis::with_refusal(&node.name, e);
                 // Kept in this host's outbox; delivered by `purge --flush`
                 // and the reconcile daemon.
                 let kept = control::store::open(state_dir)
@@ -353,16 +354,15 @@ pub async fn purge(
     let enqueued = started.elapsed();
     let mut out = std::io::stdout().lock();
     writeln!(out, "{id}")?;
-    eprintln!(
-        "queued for {} on {} node(s): {}",
-        site.host,
-        queued.len(),
-        queued
-            .iter()
-            .map(|(n, _, _)| n.name.as_str())
-            .collect::<Vec<_>>()
-            .join(", ")
-    );
+    let names: Vec<&str> = queued.iter().map(|(n, _, _)| n.name.as_str()).collect();
+    match names.len() {
+        0 => eprintln!("queued for {} on no node", site.host),
+        n => eprintln!(
+            "queued for {} on {n} node(s): {}",
+            site.host,
+            names.join(", ")
+        ),
+    }
     let (Some(secs), Some(channel)) = (wait, channel) else {
         phases(targets.len(), queued.len(), enqueued, &[]);
         return Ok(code(failed));

@@ -313,3 +313,83 @@ async fn replies_being_read_on_every_connection_share_one_budget() {
     let (_third, _s3, end) = reading(3).await;
     end.expect("the budget came back");
 }
+
+/// A server that answers `ROLE` as a master and then every later request
+/// with a string it announces as 20 GB.
+async fn master_then_endless_server() -> u16 {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let mut request = [0u8; 1024];
+                let _ = s.read(&mut request).await;
+                let _ = s.write_all(b"*3\r\n$6\r\nmaster\r\n:0\r\n*0\r\n").await;
+                let _ = s.read(&mut request).await;
+                let _ = s.write_all(b"$20000000000\r\n").await;
+                let chunk = vec![b'x'; 1 << 16];
+                while s.write_all(&chunk).await.is_ok() {}
+            });
+        }
+    });
+    port
+}
+
+#[tokio::test]
+async fn a_refused_reply_is_named_in_the_nodes_error_until_its_next_connect() {
+    let port = master_then_endless_server().await;
+    let target = crate::RedisTarget::Url {
+        url: format!("redis://127.0.0.1:{port}"),
+        username: None,
+        password_env: None,
+        tls: None,
+    };
+    let mut con = crate::master(&target, "edge-refused").await.unwrap();
+    let get = || redis::cmd("GET").arg("k").clone();
+    // The request in flight fails with the cause, and is left as it is ...
+    let first = get()
+        .query_async::<Option<String>>(&mut con)
+        .await
+        .expect_err("a 20 GB reply was taken");
+    let first = crate::one_line(&crate::with_refusal("edge-refused", first.into()));
+    assert_eq!(
+        first.matches("announced a string").count(),
+        1,
+        "said once: {first}"
+    );
+    // ... a later one on the same connection the redis crate reports only
+    // as a connection gone ...
+    let e = get()
+        .query_async::<Option<String>>(&mut con)
+        .await
+        .expect_err("the connection was dropped");
+    let bare = crate::one_line(&anyhow::Error::from(e.clone()));
+    assert!(!bare.contains("announced"), "{bare}");
+    // ... the node's error says why.
+    let said = crate::one_line(&crate::with_refusal(
+        "edge-refused",
+        anyhow::Error::from(e.clone()).context("reading edgeform:meta"),
+    ));
+    assert!(
+        said.starts_with(&format!("127.0.0.1:{port} sent a reply past the limits")),
+        "{said}"
+    );
+    assert!(
+        said.contains("announced a string of 20000000000 bytes"),
+        "{said}"
+    );
+    assert!(said.contains("reading edgeform:meta"), "{said}");
+    // Another node's error, or one not caused by a dropped connection, is
+    // left as it is.
+    let other = crate::one_line(&crate::with_refusal("edge-other", e.into()));
+    assert!(!other.contains("announced"), "{other}");
+    let unrelated = crate::one_line(&crate::with_refusal(
+        "edge-refused",
+        anyhow::anyhow!("no answer within 5s"),
+    ));
+    assert_eq!(unrelated, "no answer within 5s");
+    // The next connect to the node forgets it.
+    let _con = crate::master(&target, "edge-refused").await.unwrap();
+    assert_eq!(refused_on("edge-refused"), None);
+}
