@@ -388,18 +388,39 @@ fn proxy_defaults_body_limit_websocket_and_verified_https_origins() {
     let s = setup();
     let p = s.redis.port;
     let edge = s.edge.process.port;
-    // Over the edge-wide 100m: 413 from the Content-Length alone.
-    let mut c = std::net::TcpStream::connect(("127.0.0.1", edge)).unwrap();
-    c.set_read_timeout(Some(Duration::from_secs(3))).unwrap();
-    c.write_all(b"POST / HTTP/1.1\r\nHost: a.test\r\nContent-Length: 104857601\r\n\r\n")
+    // The answer's head to a POST announcing `length` bytes and sending
+    // none; `None`: no answer within a second (the edge waits for the body).
+    let answer = |host: &str, length: u64| -> Option<String> {
+        let mut c = std::net::TcpStream::connect(("127.0.0.1", edge)).unwrap();
+        c.set_read_timeout(Some(Duration::from_secs(1))).unwrap();
+        c.write_all(
+            format!("POST / HTTP/1.1\r\nHost: {host}\r\nContent-Length: {length}\r\n\r\n")
+                .as_bytes(),
+        )
         .unwrap();
-    let mut buf = [0u8; 64];
-    let n = c.read(&mut buf).unwrap();
-    assert!(
-        String::from_utf8_lossy(&buf[..n]).starts_with("HTTP/1.1 413"),
-        "{}",
-        String::from_utf8_lossy(&buf[..n])
+        let mut buf = [0u8; 1024];
+        let n = c.read(&mut buf).ok()?;
+        Some(String::from_utf8_lossy(&buf[..n]).into_owned())
+    };
+    // Over a site's default 100m: 413 body-too-large from the decision,
+    // from the Content-Length alone.
+    let a = answer("a.test", 104_857_601).expect("answered before the body");
+    assert!(a.starts_with("HTTP/1.1 413"), "{a}");
+    assert!(a.contains("X-Edgeform-Reason: body-too-large"), "{a}");
+    // A site's max_body_size up to the 1g ceiling raises it, as `explain`
+    // says: 200m announced to a 500m site is taken (the edge waits for it).
+    set(
+        p,
+        "site:big.test",
+        &site_doc(&s.origin_url, ",\"max_body_size\":524288000"),
     );
+    bump(p);
+    assert_eq!(answer("big.test", 209_715_200), None, "200m refused");
+    // Over the ceiling: nginx's own 413 (client_max_body_size), before
+    // any Lua, so without a reason.
+    let c = answer("big.test", 1_073_741_825).expect("answered before the body");
+    assert!(c.starts_with("HTTP/1.1 413"), "{c}");
+    assert!(!c.contains("X-Edgeform-Reason"), "{c}");
     // A site's own max_body_size: 413 body-too-large from the decision.
     set(
         p,
