@@ -26,13 +26,20 @@ pub fn moved() -> Option<u64> {
     MOVED.get().map(|_| system())
 }
 
-/// `--now`'s value parser: an RFC 3339 time.
+/// `--now`'s value parser: an RFC 3339 time, or Unix seconds.
 ///
 /// # Errors
 /// Anything else.
 pub fn parse_flag(text: &str) -> Result<u64, String> {
-    parse_rfc3339(text.trim())
-        .ok_or_else(|| format!("`{text}` is not an RFC 3339 time (e.g. 2026-12-24T18:00:00Z)"))
+    let t = text.trim();
+    let secs = if !t.is_empty() && t.bytes().all(|b| b.is_ascii_digit()) {
+        t.parse().ok()
+    } else {
+        parse_rfc3339(t)
+    };
+    secs.ok_or_else(|| {
+        format!("`{text}` is not an RFC 3339 time (e.g. 2026-12-24T18:00:00Z) or Unix seconds")
+    })
 }
 
 fn system() -> u64 {
@@ -177,6 +184,16 @@ pub use edgestate::time::{rfc3339, rfc3339_signed};
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_flag_takes_rfc3339_or_unix_seconds_and_nothing_else() {
+        assert_eq!(parse_flag("2025-12-01T00:00:00Z"), Ok(1_764_547_200));
+        assert_eq!(parse_flag("1764547200"), Ok(1_764_547_200));
+        assert_eq!(parse_flag(" 0 "), Ok(0));
+        for bad in ["", "tomorrow", "-5", "1e9", "99999999999999999999999"] {
+            assert!(parse_flag(bad).is_err(), "{bad}");
+        }
+    }
 
     #[test]
     fn parses_what_rfc3339_writes_and_offsets() {

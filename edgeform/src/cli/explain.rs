@@ -57,10 +57,6 @@ pub struct ExplainArgs {
     /// one JSON decision a line, in order, with the request's `id`.
     #[arg(long, value_name = "FILE", conflicts_with_all = ["host", "url", "ip"])]
     pub batch: Option<PathBuf>,
-    /// Unix time for checking clearance cookies and certificates' expiry
-    /// (default: now).
-    #[arg(long, value_name = "SECS")]
-    pub now: Option<u64>,
     /// How the request reaches the edge: with https, the TLS outcome
     /// (`ok`, `no-certificate`, `expired`, `name-mismatch`) comes first.
     #[arg(long, value_enum, default_value = "http")]
@@ -87,7 +83,9 @@ pub enum Scheme {
 
 impl ExplainArgs {
     /// The library's options.
-    pub fn options(&self) -> ::ops::explain::ExplainOptions {
+    /// The options, clearance cookies and certificates' expiry judged at
+    /// `now` (the global `--now`; default: the system clock).
+    pub fn options(&self, now: Option<u64>) -> ::ops::explain::ExplainOptions {
         ::ops::explain::ExplainOptions {
             host: self.host.clone(),
             url: self.url.clone(),
@@ -102,7 +100,7 @@ impl ExplainArgs {
                 ExplainFormat::Json => ::ops::explain::ExplainFormat::Json,
             },
             batch: self.batch.clone(),
-            now: self.now,
+            now,
             scheme: match self.scheme {
                 Scheme::Http => edgestate::edge::Scheme::Http,
                 Scheme::Https => edgestate::edge::Scheme::Https,

@@ -1,7 +1,8 @@
 //! The `edgeform` command line. Parses flags, runs one command, returns
 //! the process exit code (README, "Exit codes"): 0 success / nothing to
 //! do, 1 error or invalid, 2 changes pending (`diff`, `plan
-//! --detailed-exitcode`) or a flagged prefix (`anycast`), 64 usage error.
+//! --detailed-exitcode`) or a flagged prefix (`anycast`), 3 a purge job
+//! kept in the outbox (`purge`), 64 usage error.
 
 use std::io::{IsTerminal, Write};
 use std::path::{Path, PathBuf};
@@ -57,8 +58,9 @@ pub struct Cli {
         value_name = "FORMAT"
     )]
     pub log_format: LogFormat,
-    /// Drills and tests: run as if it were TIME (RFC 3339) for freeze
-    /// windows and history timestamps. Every history entry written under
+    /// Drills and tests: run as if it were TIME (RFC 3339, or Unix seconds)
+    /// for freeze windows, certificates' expiry, `explain`'s clearance
+    /// cookies and history timestamps. Every history entry written under
     /// it says so (`clock_moved`, with the real time).
     #[arg(long, global = true, help_heading = GLOBAL, value_name = "TIME", value_parser = compiler::clock::parse_flag)]
     pub now: Option<u64>,
@@ -97,7 +99,8 @@ pub enum Command {
     /// Validate the repository: schemas and every semantic rule. Exit 0
     /// valid (warnings allowed), 1 invalid.
     Check {
-        /// Output: human (snippets, on stderr), json (one array on stdout) or
+        /// Output: human (snippets, on stderr), json (`{"diagnostics": […]}`
+        /// on stdout) or
         /// github (workflow annotations on stdout).
         #[arg(long, value_enum, default_value = "human")]
         format: CheckFormat,
@@ -253,10 +256,8 @@ pub enum Command {
         /// The node to read (must have a `redis` block).
         #[arg(long, value_name = "NODE")]
         node: String,
-        /// Where to write sites/*.yaml (existing files are never overwritten
-        /// with other content).
-        /// Where to write the files (created; files a previous build wrote
-        /// there and this one does not are removed, nothing else).
+        /// Where to write sites/*.yaml (created; a file already there with
+        /// other content is never overwritten: nothing is written then).
         #[arg(long, value_name = "DIR")]
         out: PathBuf,
         /// Write what can be imported even when some values cannot be
@@ -425,7 +426,7 @@ pub enum Command {
         /// The node whose agent runs the command.
         #[arg(long, value_name = "NODE")]
         node: String,
-        /// The action, one of the node's agent.yaml `commands` (e.g.
+        /// The action, one of the node's agent.yaml `actions` (e.g.
         /// reload-nginx).
         #[arg(long, value_name = "ACTION")]
         action: String,
@@ -620,8 +621,9 @@ impl From<&GitFlags> for gitsource::remote::GitOptions {
 const AFTER_HELP: &str = "\
 Exit codes: 0 valid / done / no changes; 1 invalid, refused or an error;
 2 changes pending (diff, plan --detailed-exitcode) or a prefix flagged
-(anycast); 64 usage error (an unknown flag, a missing or out-of-range
-value: nothing was done).
+(anycast); 3 a purge job kept in the outbox, not delivered yet (purge,
+purge --flush); 64 usage error (an unknown flag, a missing or
+out-of-range value: nothing was done).
 
 A typical change: edgeform fmt && edgeform check && edgeform diff --base origin/main,
 then after merge edgeform plan && edgeform apply --yes (or the reconciler).
@@ -896,7 +898,7 @@ pub fn run(cli: &Cli) -> Result<u8> {
             };
             ::ops::explain::explain(
                 &compile::compile_with(config, &shown_certificates(cli, config)),
-                &args.options(),
+                &args.options(cli.now),
             )
         }
         Command::Serve(args) => {

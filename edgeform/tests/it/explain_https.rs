@@ -164,3 +164,33 @@ fn explain_https_reports_tls_first_and_decides_with_the_sni() {
         stderr(&out)
     );
 }
+
+/// `explain` judges at the global `--now` like every other command, given
+/// as RFC 3339 or Unix seconds, before or after the command's name.
+#[test]
+fn explain_reads_the_global_now_in_either_spelling() {
+    let f = repo();
+    for now in [
+        &["--now", "2026-12-01T00:00:00Z", "--host", "a.example.com"][..],
+        &["--now", "1764547200", "--host", "a.example.com"][..],
+    ] {
+        let v = json(&f, now);
+        assert_eq!(v["verdict"], "proxy", "{v}");
+    }
+    let out = edgeform(
+        f.path(),
+        &[
+            "--now",
+            "tomorrow",
+            "explain",
+            "--host",
+            "a.example.com",
+            "--url",
+            "/",
+            "--ip",
+            "192.0.2.7",
+        ],
+    );
+    assert_eq!(out.status.code(), Some(64), "{}", stderr(&out));
+    assert!(stderr(&out).contains("or Unix seconds"), "{}", stderr(&out));
+}
