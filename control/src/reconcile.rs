@@ -94,8 +94,11 @@ pub fn pull(root: &Path, spec: &str, auth: &remote::Auth) -> Result<String> {
         .map_err(|_| PullError::NoRemote(name.to_owned()))?;
     let refspec = format!("+refs/heads/{branch}:refs/remotes/{name}/{branch}");
     remote::fetch(&mut r, &refspec, spec, auth)?;
+    // The remote-tracking ref by its full name: a tag or local branch
+    // called `origin/main` (pushed, or left in the clone) never stands in
+    // for what was fetched.
     let id = repo
-        .revparse_single(spec)?
+        .find_reference(&format!("refs/remotes/{name}/{branch}"))?
         .peel_to_commit()?
         .id()
         .to_string();

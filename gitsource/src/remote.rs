@@ -698,6 +698,9 @@ pub fn fetch(
     });
     let mut opts = git2::FetchOptions::new();
     opts.remote_callbacks(cb);
+    // Only the branch asked for: no tag comes along (a pushed tag named
+    // like the remote branch would otherwise be what a short name finds).
+    opts.download_tags(git2::AutotagOption::None);
     let result = remote.fetch(&[refspec], Some(&mut opts), None);
     drop(opts);
     match result {

@@ -214,6 +214,37 @@ fn pull_over_ssh_with_a_key_file_and_known_hosts() {
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
     assert!(origin_of(r.port).unwrap().contains("192.0.2.12"));
     assert_eq!(meta(r.port)["commit"], c2);
+
+    // A tag named like the remote branch, pushed at the live commit, is
+    // not fetched and does not pin the reconciler there ...
+    let bare = remote.bare.to_str().unwrap();
+    git(remote.upstream.path(), &["tag", "origin/main", &c2]);
+    git(
+        remote.upstream.path(),
+        &["push", "-q", bare, "refs/tags/origin/main"],
+    );
+    let c3 = remote.advance("http://192.0.2.13");
+    let pull = with(&["--ssh-key", key, "--known-hosts", known]);
+    let out = run(&remote.clone, &pull, &[]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert_eq!(meta(r.port)["commit"], c3);
+    let tags = Command::new("git")
+        .args(["tag", "--list"])
+        .current_dir(&remote.clone)
+        .output()
+        .unwrap();
+    assert!(
+        tags.stdout.is_empty(),
+        "{}",
+        String::from_utf8_lossy(&tags.stdout)
+    );
+    // ... nor does one left in the clone.
+    git(&remote.clone, &["tag", "origin/main", &c3]);
+    let c4 = remote.advance("http://192.0.2.14");
+    let out = run(&remote.clone, &pull, &[]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert_eq!(meta(r.port)["commit"], c4);
+    assert!(origin_of(r.port).unwrap().contains("192.0.2.14"));
 }
 
 #[test]
