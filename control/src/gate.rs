@@ -11,7 +11,9 @@
 //!   live one; under `--require-signed-by`, every commit between them is
 //!   signed), and no open freeze window (`--break-glass`) — the new
 //!   commit's *or the live commit's*: a commit cannot lift the freeze it
-//!   is applied under by deleting it.
+//!   is applied under by deleting it. Likewise the thresholds are the
+//!   stricter of the new commit's and the live commit's: a commit cannot
+//!   raise the limits it is checked against.
 //! - `apply` itself always passes the checks, as it always did.
 //! - A certificate renewal (`Action::Renew`) never moves a target: it is
 //!   pushed at the target's own live commit, so it is a repair (outside
@@ -23,6 +25,7 @@
 use super::apply::Options;
 use super::plan::{self, Ancestry, Changes, Refusal};
 use super::state::{Desired, Live};
+use compiler::model::resolved::Thresholds;
 
 /// Which command writes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize)]
@@ -65,12 +68,16 @@ pub struct Frozen {
 }
 
 /// What the gate knows of a target's live commit: where the desired
-/// commit stands relative to it, and the freeze window the live commit's
-/// own `cluster.yaml` has open.
+/// commit stands relative to it, and the freeze window and thresholds
+/// the live commit's own `cluster.yaml` sets.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Relation {
     pub ancestry: Ancestry,
     pub frozen: Option<Frozen>,
+    /// The live commit's `apply` thresholds, when its `cluster.yaml` was
+    /// read: a move is checked against the stricter of these and the new
+    /// commit's, so a commit cannot raise its own.
+    pub thresholds: Option<Thresholds>,
 }
 
 impl From<Ancestry> for Relation {
@@ -78,6 +85,7 @@ impl From<Ancestry> for Relation {
         Relation {
             ancestry,
             frozen: None,
+            thresholds: None,
         }
     }
 }
@@ -140,7 +148,9 @@ pub fn decide(
         live,
         changes,
         relation.ancestry,
-        options.thresholds,
+        relation
+            .thresholds
+            .map_or(options.thresholds, |live| options.thresholds.stricter(live)),
         options.overrides,
     )?;
     Ok(if moves { Move::Advance } else { Move::Repair })
@@ -326,6 +336,7 @@ mod tests {
                 window: "final".into(),
                 until: "2026-12-26T06:00:00Z".into(),
             }),
+            thresholds: None,
         };
         for action in [Action::Apply, Action::Sync, Action::Heal] {
             // The new commit has no window (it deleted it): the live one's holds.
@@ -438,6 +449,73 @@ mod tests {
     }
 
     #[test]
+    fn a_commit_cannot_raise_its_own_thresholds() {
+        let d = desired(40);
+        // The new commit allows deleting everything; the live one keeps
+        // the defaults (25 %): a move is refused ...
+        let mut o = options(Action::Sync);
+        o.thresholds = Thresholds {
+            max_delete_percent: 100,
+            max_change_percent: 100,
+            min_keys: 10,
+        };
+        let lax_new = |live: Option<Thresholds>| Relation {
+            ancestry: Ancestry::Forward,
+            frozen: None,
+            thresholds: live,
+        };
+        for action in [Action::Apply, Action::Sync, Action::Heal] {
+            o.action = action;
+            let r = decide(
+                &o,
+                &d,
+                &live("a", 100),
+                &mass_deletion(),
+                lax_new(Some(Thresholds::default())),
+            );
+            assert_eq!(
+                r,
+                Err(Refusal::Deletes {
+                    removed: 60,
+                    managed: 100,
+                    limit: 25
+                }),
+                "{action:?}"
+            );
+        }
+        // ... and goes once the raised limit is the live commit's own, or
+        // with --force.
+        let raised = Some(o.thresholds);
+        assert_eq!(
+            decide(&o, &d, &live("a", 100), &mass_deletion(), lax_new(raised)),
+            Ok(Move::Advance)
+        );
+        o.overrides.force = true;
+        assert_eq!(
+            decide(
+                &o,
+                &d,
+                &live("a", 100),
+                &mass_deletion(),
+                lax_new(Some(Thresholds::default()))
+            ),
+            Ok(Move::Advance)
+        );
+        // A lower limit in the new commit holds at once.
+        o.overrides.force = false;
+        o.thresholds = Thresholds {
+            max_delete_percent: 5,
+            ..Thresholds::default()
+        };
+        let few = Changes {
+            removed: (0..10).map(|i| format!("site:x{i:03}")).collect(),
+            ..Changes::default()
+        };
+        let r = decide(&o, &d, &live("a", 100), &few, lax_new(raised));
+        assert_eq!(r.unwrap_err().kind(), RefusalKind::Deletes);
+    }
+
+    #[test]
     fn the_new_commits_freeze_window_is_named_before_the_live_ones() {
         let mut o = options(Action::Apply);
         let relation = Relation {
@@ -446,6 +524,7 @@ mod tests {
                 window: "live".into(),
                 until: "2026-12-27T00:00:00Z".into(),
             }),
+            thresholds: None,
         };
         assert_eq!(
             in_force(&o, &relation).map(|f| f.window.as_str()),
@@ -490,6 +569,7 @@ mod tests {
         let frozen_live = Relation {
             ancestry: Ancestry::Forward,
             frozen: o.frozen.clone(),
+            thresholds: Some(Thresholds::default()),
         };
         // At the own commit: a repair, over thresholds and in a freeze.
         assert_eq!(

@@ -12,7 +12,7 @@ use tokio::task::JoinSet;
 use super::Job;
 use super::gate::{Frozen, Relation};
 use super::plan::Ancestry;
-use compiler::model::resolved::FreezeWindow;
+use compiler::model::resolved::{FreezeWindow, Thresholds};
 
 /// Run `f` on every job with at most `parallel` at a time; results in job
 /// name order.
@@ -167,6 +167,12 @@ impl Ancestor {
                     .chain(others.iter().map(String::as_str))
                     .find_map(|c| self.live_freeze(repo, c))
             }),
+            thresholds: guard.as_ref().and_then(|repo| {
+                let id = git2::Oid::from_str(&clean(live?)).ok()?;
+                Some(Thresholds::of(
+                    live_apply_at(repo, &self.root, id)?.as_ref(),
+                ))
+            }),
         };
         drop(guard);
         self.known
@@ -227,7 +233,7 @@ impl Ancestor {
     /// (the config repository's folder of that commit).
     fn live_freeze(&self, repo: &git2::Repository, live: &str) -> Option<Frozen> {
         let id = git2::Oid::from_str(&clean(live)).ok()?;
-        let windows = freeze_windows_at(repo, &self.root, id);
+        let windows = freeze_windows(live_apply_at(repo, &self.root, id).flatten());
         FreezeWindow::open_at_any(&windows, &self.instants).map(|w| Frozen {
             window: w.name.clone(),
             until: compiler::clock::rfc3339(w.end),
@@ -239,36 +245,45 @@ fn clean(commit: &str) -> String {
     commit.trim_end_matches("+dirty").to_owned()
 }
 
-/// The `apply.freeze` windows of `cluster.yaml` at commit `id`, in the
-/// folder of the repository that `root` is (none when it has none or it
-/// does not parse: the commit was checked when it was applied).
-fn freeze_windows_at(repo: &git2::Repository, root: &Path, id: git2::Oid) -> Vec<FreezeWindow> {
-    let text = (|| -> Option<String> {
-        let tree = repo.find_commit(id).ok()?.tree().ok()?;
-        let workdir = repo.workdir()?.canonicalize().ok()?;
-        let root = root.canonicalize().ok()?;
-        let prefix = root.strip_prefix(&workdir).unwrap_or(Path::new(""));
-        let entry = tree.get_path(&prefix.join("cluster.yaml")).ok()?;
-        if entry.filemode() != i32::from(git2::FileMode::Blob)
-            && entry.filemode() != i32::from(git2::FileMode::BlobExecutable)
-        {
-            return None;
-        }
-        let blob = repo.find_blob(entry.id()).ok()?;
-        String::from_utf8(blob.content().to_vec()).ok()
-    })();
-    let Some(text) = text else {
-        return Vec::new();
+/// The `apply` block of `cluster.yaml` at commit `id`, in the folder of
+/// the repository that `root` is: `None` when that commit is unknown or
+/// its `cluster.yaml` cannot be read or parsed (the commit was checked
+/// when it was applied), `Some(None)` when it has no `cluster.yaml` or no
+/// `apply` block (every default).
+fn live_apply_at(
+    repo: &git2::Repository,
+    root: &Path,
+    id: git2::Oid,
+) -> Option<Option<compiler::model::raw::Apply>> {
+    let tree = repo.find_commit(id).ok()?.tree().ok()?;
+    let workdir = repo.workdir()?.canonicalize().ok()?;
+    let root = root.canonicalize().ok()?;
+    let prefix = root.strip_prefix(&workdir).unwrap_or(Path::new(""));
+    let Ok(entry) = tree.get_path(&prefix.join("cluster.yaml")) else {
+        // No cluster.yaml: that commit ran with every default.
+        return Some(None);
     };
+    if entry.filemode() != i32::from(git2::FileMode::Blob)
+        && entry.filemode() != i32::from(git2::FileMode::BlobExecutable)
+    {
+        return None;
+    }
+    let blob = repo.find_blob(entry.id()).ok()?;
+    let text = String::from_utf8(blob.content().to_vec()).ok();
     let source = compiler::load::Source {
         kind: compiler::load::Kind::Cluster,
         path: "cluster.yaml".into(),
-        text: Ok(text),
+        text: Ok(text?),
     };
     let Some(compiler::parse::Raw::Cluster(raw)) = compiler::parse::parse_typed(&source).1 else {
-        return Vec::new();
+        return None;
     };
-    raw.apply
+    Some(raw.apply)
+}
+
+/// The freeze windows of an `apply` block (those whose times parse).
+fn freeze_windows(apply: Option<compiler::model::raw::Apply>) -> Vec<FreezeWindow> {
+    apply
         .map(|a| a.freeze)
         .unwrap_or_default()
         .into_iter()

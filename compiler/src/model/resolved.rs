@@ -76,6 +76,31 @@ pub struct Thresholds {
     pub min_keys: u64,
 }
 
+impl Thresholds {
+    /// The thresholds `cluster.yaml`'s `apply` block sets (defaults for
+    /// what it leaves out).
+    #[must_use]
+    pub fn of(apply: Option<&super::raw::Apply>) -> Thresholds {
+        let defaults = Thresholds::default();
+        apply.map_or(defaults, |a| Thresholds {
+            max_delete_percent: a.max_delete_percent.unwrap_or(defaults.max_delete_percent),
+            max_change_percent: a.max_change_percent.unwrap_or(defaults.max_change_percent),
+            min_keys: a.min_keys.unwrap_or(defaults.min_keys),
+        })
+    }
+
+    /// Each threshold at the stricter of the two: the lower percentages,
+    /// and the lower `min_keys` (the checks apply to smaller targets).
+    #[must_use]
+    pub fn stricter(self, other: Thresholds) -> Thresholds {
+        Thresholds {
+            max_delete_percent: self.max_delete_percent.min(other.max_delete_percent),
+            max_change_percent: self.max_change_percent.min(other.max_change_percent),
+            min_keys: self.min_keys.min(other.min_keys),
+        }
+    }
+}
+
 impl Default for Thresholds {
     fn default() -> Self {
         Thresholds {

@@ -29,12 +29,7 @@ pub(super) fn cluster(ctx: &mut Ctx<'_>, raw: &raw::Cluster) -> Cluster {
             topic_prefix: m.topic_prefix.clone().unwrap_or_else(|| "edgeform".into()),
         }
     });
-    let defaults = Thresholds::default();
-    let apply = raw.apply.as_ref().map_or(defaults, |a| Thresholds {
-        max_delete_percent: a.max_delete_percent.unwrap_or(defaults.max_delete_percent),
-        max_change_percent: a.max_change_percent.unwrap_or(defaults.max_change_percent),
-        min_keys: a.min_keys.unwrap_or(defaults.min_keys),
-    });
+    let apply = Thresholds::of(raw.apply.as_ref());
     let freeze = raw
         .apply
         .as_ref()

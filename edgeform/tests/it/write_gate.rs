@@ -164,6 +164,40 @@ fn sync_refuses_a_mass_deletion_as_apply_does_and_force_is_honoured() {
     assert!(stderr(&out).contains("heal: no drift"), "{}", both(&out));
 }
 
+/// A commit cannot raise the thresholds it is checked against: one that
+/// deletes 200 of 300 sites and sets `max_delete_percent: 100` is held
+/// by apply, sync and heal to the live commit's 25 %. Raising the limit
+/// in a commit of its own (it changes no key) and then deleting goes.
+#[test]
+fn a_commit_that_raises_its_own_thresholds_is_held_to_the_live_ones() {
+    let r = harness::redis(&[]);
+    let (f, a) = applied(r.port, 300);
+    let lax = b"name: test\napply: {max_delete_percent: 100, max_change_percent: 100}\n";
+    for i in 100..300 {
+        f.write(&format!("sites/s{i:05}.yaml"), b"");
+    }
+    f.write("cluster.yaml", lax);
+    f.commit("delete 200 sites, and allow it");
+    refused_everywhere(&f, r.port, &a);
+    // The limit raised alone first ...
+    for i in 100..300 {
+        site(&f, i, "http://192.0.2.1");
+    }
+    let raised = f.commit("allow deleting everything");
+    let out = run(f.path(), &["apply", "--yes"]);
+    assert_eq!(out.status.code(), Some(0), "{}", both(&out));
+    assert_eq!(meta(r.port)["commit"], raised);
+    // ... then the deletion is checked against it.
+    for i in 100..300 {
+        f.write(&format!("sites/s{i:05}.yaml"), b"");
+    }
+    let deleted = f.commit("delete 200 sites");
+    let out = run(f.path(), &["reconcile", "--once", "sync"]);
+    assert_eq!(out.status.code(), Some(0), "{}", both(&out));
+    assert_eq!(meta(r.port)["commit"], deleted);
+    assert_eq!(get(r.port, "site:s00299.example.com"), None);
+}
+
 // Repair back to the target's own commit is free.
 #[test]
 fn repair_at_the_own_commit_passes_no_threshold() {
