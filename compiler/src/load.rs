@@ -85,6 +85,14 @@ pub enum Unreadable {
     /// A file or folder name that is not UTF-8: refused, never read (it
     /// could not be named in a diagnostic, a key or a diff).
     NameNotUtf8,
+    /// A committed git submodule (a gitlink, mode 160000): another
+    /// repository's commit, never read. Left unrefused, the files it
+    /// stands for would silently be missing.
+    Submodule,
+    /// A folder where a config file is expected (`cluster.yaml`), or a
+    /// file where a folder of config files is (`sites`, `zones`, …):
+    /// nothing of it is read.
+    WrongKind { folder_expected: bool },
     /// The file could not be opened or read.
     Io(std::io::ErrorKind),
 }
@@ -135,7 +143,10 @@ impl Unreadable {
             Unreadable::NotUtf8 { .. } | Unreadable::NameNotUtf8 => "encoding",
             Unreadable::Link | Unreadable::Special(_) => "not-a-file",
             Unreadable::TooLarge | Unreadable::OverTotal | Unreadable::TooMany => "file-too-large",
-            Unreadable::TooDeep | Unreadable::Repeated => "not-a-file",
+            Unreadable::TooDeep
+            | Unreadable::Repeated
+            | Unreadable::Submodule
+            | Unreadable::WrongKind { .. } => "not-a-file",
             Unreadable::SameAs(_) => "repeated-file",
             Unreadable::Io(_) => "unreadable",
         }
@@ -185,6 +196,16 @@ impl std::fmt::Display for Unreadable {
             Unreadable::NameNotUtf8 => f.write_str(
                 "a name that is not valid UTF-8 (shown with U+FFFD); refused and never read",
             ),
+            Unreadable::Submodule => f.write_str(
+                "a git submodule (gitlink): another repository's commit; refused and never \
+                 read (commit the config files themselves)",
+            ),
+            Unreadable::WrongKind {
+                folder_expected: true,
+            } => f.write_str("a file where a folder of config files is expected; not read"),
+            Unreadable::WrongKind {
+                folder_expected: false,
+            } => f.write_str("a folder where a config file is expected; not read"),
             Unreadable::Io(kind) => write!(f, "cannot be read ({kind})"),
         }
     }
@@ -326,14 +347,28 @@ pub fn files_of_dir(root: &Path) -> Result<Repo> {
             Kind::CLUSTER_FILE.to_owned(),
             Walked::Refused(why),
         )),
-        Entry::Dir | Entry::Absent => {}
+        Entry::Dir => files.push((
+            Kind::Cluster,
+            Kind::CLUSTER_FILE.to_owned(),
+            Walked::Refused(Unreadable::WrongKind {
+                folder_expected: false,
+            }),
+        )),
+        Entry::Absent => {}
     }
     for (folder, kind) in Kind::FOLDERS {
         let dir = root.join(folder);
         match entry_at(&dir) {
             Entry::Dir => walk(&dir, folder, kind, 1, &mut files)?,
             Entry::Refused(why) => files.push((kind, folder.to_owned(), Walked::Refused(why))),
-            Entry::File | Entry::Absent => {}
+            Entry::File => files.push((
+                kind,
+                folder.to_owned(),
+                Walked::Refused(Unreadable::WrongKind {
+                    folder_expected: true,
+                }),
+            )),
+            Entry::Absent => {}
         }
     }
     files.sort_by(|a, b| a.1.cmp(&b.1));
@@ -560,24 +595,36 @@ pub fn from_rev(root: &Path, rev: &str) -> Result<Repo> {
     // Each committed file's blob, by the first path it was read at.
     let mut first_of: std::collections::HashMap<git2::Oid, String> =
         std::collections::HashMap::new();
-    if let Some(entry) = tree.get_name(Kind::CLUSTER_FILE)
-        && entry.kind() == Some(git2::ObjectType::Blob)
-    {
+    if let Some(entry) = tree.get_name(Kind::CLUSTER_FILE) {
         sources.push(Source {
             kind: Kind::Cluster,
             path: Kind::CLUSTER_FILE.into(),
-            text: read(entry.filemode(), entry.id())?,
+            text: match entry.kind() {
+                Some(git2::ObjectType::Blob) => read(entry.filemode(), entry.id())?,
+                Some(git2::ObjectType::Commit) => Err(Unreadable::Submodule),
+                _ => Err(Unreadable::WrongKind {
+                    folder_expected: false,
+                }),
+            },
         });
     }
     for (folder, kind) in Kind::FOLDERS {
         let Some(entry) = tree.get_name(folder) else {
             continue;
         };
-        if entry.filemode() == LINK_MODE {
+        let refused = match entry.kind() {
+            _ if entry.filemode() == LINK_MODE => Some(Unreadable::Link),
+            Some(git2::ObjectType::Tree) => None,
+            Some(git2::ObjectType::Commit) => Some(Unreadable::Submodule),
+            _ => Some(Unreadable::WrongKind {
+                folder_expected: true,
+            }),
+        };
+        if let Some(why) = refused {
             sources.push(Source {
                 kind,
                 path: folder.into(),
-                text: Err(Unreadable::Link),
+                text: Err(why),
             });
             continue;
         }
@@ -635,6 +682,9 @@ pub fn from_rev(root: &Path, rev: &str) -> Result<Repo> {
                         if entry.filemode() == LINK_MODE || is_config_file(name) =>
                     {
                         blobs.push((format!("{dir}{name}"), Ok((entry.filemode(), entry.id()))));
+                    }
+                    Some(git2::ObjectType::Commit) => {
+                        blobs.push((format!("{dir}{name}"), Err(Unreadable::Submodule)));
                     }
                     _ => {}
                 }

@@ -353,6 +353,84 @@ fn committed_links_are_refused_with_rev() {
     let _ = git;
 }
 
+/// A committed git submodule (gitlink) where config is read, and an entry
+/// of the wrong kind (a file named `sites`, a folder named
+/// `cluster.yaml`), are refused by name: never silently left out, which
+/// would drop their sites or fall back to every cluster default.
+#[test]
+fn submodules_and_entries_of_the_wrong_kind_are_refused_by_name() {
+    for gitlink in ["sites/b.yaml", "sites/more", "cluster.yaml"] {
+        let f = Fixture::with(BASE);
+        let first = f.commit("base");
+        git(
+            f.path(),
+            &[
+                "update-index",
+                "--add",
+                "--cacheinfo",
+                &format!("160000,{first},{gitlink}"),
+            ],
+        );
+        git(f.path(), &["commit", "-q", "-m", "a submodule"]);
+        let repo = compiler::load::from_rev(f.path(), "HEAD").unwrap();
+        let checked = compiler::check(&repo);
+        let d = checked
+            .diagnostics
+            .iter()
+            .find(|d| &*d.file == gitlink)
+            .unwrap_or_else(|| panic!("{gitlink}: {:?}", checked.diagnostics));
+        assert_eq!(d.code, "not-a-file", "{gitlink}");
+        assert!(d.message.contains("git submodule"), "{}", d.message);
+        assert!(!checked.is_valid(), "{gitlink}");
+    }
+    // A committed `sites` submodule in place of the folder.
+    let f = Fixture::empty();
+    f.write_all(&BASE[1..]);
+    let first = f.commit("base");
+    git(
+        f.path(),
+        &[
+            "update-index",
+            "--add",
+            "--cacheinfo",
+            &format!("160000,{first},sites"),
+        ],
+    );
+    git(f.path(), &["commit", "-q", "-m", "sites as a submodule"]);
+    let out = run(f.path(), &["check", "--rev", "HEAD"]);
+    assert_eq!(out.status.code(), Some(1), "{}", all_output(&out));
+    assert!(
+        all_output(&out).contains("git submodule"),
+        "{}",
+        all_output(&out)
+    );
+    // The wrong kind, in the working tree and committed.
+    let f = Fixture::empty();
+    f.write_all(&BASE[1..]);
+    f.write("sites", b"host: a.example.com\n");
+    std::fs::create_dir_all(f.path().join("cluster.yaml")).unwrap();
+    std::fs::write(f.path().join("cluster.yaml/x.yaml"), "name: x\n").unwrap();
+    f.commit("wrong kinds");
+    for (repo, how) in [
+        (compiler::load::from_dir(f.path()).unwrap(), "working tree"),
+        (compiler::load::from_rev(f.path(), "HEAD").unwrap(), "--rev"),
+    ] {
+        let checked = compiler::check(&repo);
+        for (file, says) in [
+            ("sites", "a file where a folder"),
+            ("cluster.yaml", "a folder where a config file"),
+        ] {
+            let d = checked
+                .diagnostics
+                .iter()
+                .find(|d| &*d.file == file)
+                .unwrap_or_else(|| panic!("{how}: {file}: {:?}", checked.diagnostics));
+            assert_eq!(d.code, "not-a-file", "{how}: {file}");
+            assert!(d.message.contains(says), "{how}: {}", d.message);
+        }
+    }
+}
+
 #[test]
 fn origins_with_control_characters_are_refused_at_their_position() {
     for (origin, what) in [
