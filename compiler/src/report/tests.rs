@@ -39,6 +39,13 @@ fn a_github_annotation_lands_on_the_file_under_the_prefix_with_help_escaped() {
     // Properties escape `:` and `,` too.
     d[0].file = "sites/a,b:c.yaml".into();
     assert!(diagnostics_github(&d, "").starts_with("::error file=sites/a%2Cb%3Ac.yaml,line=2,"));
+    // A file name's control characters never reach the log raw.
+    d[0].file = "sites/a\u{1b}[31mb\nc.yaml".into();
+    assert!(
+        diagnostics_github(&d, "").starts_with("::error file=sites/a\\u{1b}[31mb\\nc.yaml,line=2,"),
+        "{}",
+        diagnostics_github(&d, "")
+    );
 }
 
 #[test]
