@@ -31,7 +31,7 @@
 //!   is past the 64 KiB PCRE compiles at most, and the edge could not use it).
 //!
 //! The edge also bounds every match at run time (`lua_regex_match_limit`
-//! in both nginx templates).
+//! in the edge's nginx template).
 
 use regex_syntax::ast::{
     self, Assertion, AssertionKind, Ast, ClassSet, ClassSetItem, Flag, FlagsItemKind, GroupKind,

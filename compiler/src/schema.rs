@@ -250,7 +250,7 @@ both read identically, and what cannot make PCRE backtrack badly.
   compiles thousands of generated patterns with the edge's own PCRE and
   checks the estimate is never below the size of its code.
 
-The edge also bounds every match at run time: both nginx templates set
+The edge also bounds every match at run time: the edge's nginx template sets
 `lua_regex_match_limit 100000` (PCRE's limit is 10,000,000 by default:
 25–50 ms of a worker's CPU for `^/(?:a+){12}$` on 30 `a`s). A match past
 the limit, or a document whose regex PCRE cannot compile (written into

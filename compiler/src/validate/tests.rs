@@ -72,6 +72,35 @@ fn warnings_alone_leave_the_repository_valid() {
 // ---- sites ----
 
 #[test]
+fn an_origin_host_is_used_as_written_and_within_dns_lengths() {
+    let long_label = "a".repeat(64);
+    let long_name = format!("{}.com", ["abcdefghij"; 25].join("."));
+    for (origin, says) in [
+        ("http://%41.example.com", "is read as `a.example.com`"),
+        (
+            "http://b\u{fc}cher.example",
+            "is read as `xn--bcher-kva.example`",
+        ),
+        (&format!("http://{long_label}.example.com"), "labels of 64"),
+        (&format!("https://{long_name}"), "278 characters"),
+    ] {
+        let c = site_repo(&format!("host: s.example.com\norigin: \"{origin}\"\n"));
+        let d = error(&c, "invalid-url", "sites/s.yaml:2:9");
+        assert!(d.message.contains(says), "{origin}: {}", d.message);
+    }
+    for origin in [
+        "http://Origin.Example.com:8080",
+        "https://origin.example.com.",
+        "http://[2001:db8::1]:8080",
+        "http://203.0.113.10",
+        "http://origin_1.example.com",
+    ] {
+        let c = site_repo(&format!("host: s.example.com\norigin: \"{origin}\"\n"));
+        assert!(c.is_valid(), "{origin}: {}", lines(&c));
+    }
+}
+
+#[test]
 fn an_origin_with_a_path_is_an_invalid_url_at_its_value() {
     let c = site_repo("host: s.example.com\norigin: http://203.0.113.10/app\n");
     error(&c, "invalid-url", "sites/s.yaml:2:9");

@@ -157,6 +157,10 @@ pub(super) fn check_url(
         );
         return;
     }
+    if let Some(why) = host_as_written(authority, &url) {
+        ctx.error("invalid-url", pointer, format!("`{}`: {why}", shown(text)));
+        return;
+    }
     let rest = &after_scheme[authority.len()..];
     if bare && !rest.is_empty() {
         // The raw text after the authority must be empty: `url` would
@@ -196,6 +200,39 @@ pub(super) fn check_url(
             );
         }
     }
+}
+
+/// Why the host written in `authority` (no user info: refused before) is
+/// not one the edge can use as it is: the URL parser would read the name
+/// as another (percent-encoded, an IDN: what the edge sends is the text
+/// as written), or a name past DNS's lengths (253 characters, labels of 1
+/// to 63), which would also repeat in every document naming it. An IP
+/// address is `non-canonical-address`'s. Pure.
+fn host_as_written(authority: &str, url: &url::Url) -> Option<String> {
+    // An address written in another form is `non-canonical-address`'s.
+    let Some(url::Host::Domain(parsed)) = url.host() else {
+        return None;
+    };
+    let written = if authority.starts_with('[') {
+        authority.find(']').map_or(authority, |i| &authority[..=i])
+    } else {
+        authority.rsplit_once(':').map_or(authority, |(h, _)| h)
+    };
+    if !written.eq_ignore_ascii_case(parsed) {
+        let (w, p) = (shown(written), shown(parsed));
+        return Some(format!(
+            "the host `{w}` is read as `{p}`; write it as `{p}` (the edge uses the text as written)"
+        ));
+    }
+    let name = parsed.strip_suffix('.').unwrap_or(parsed);
+    if name.len() > 253 || name.split('.').any(|l| l.is_empty() || l.len() > 63) {
+        return Some(format!(
+            "the host name is {} characters with labels of {}; DNS allows 253, labels of 1 to 63",
+            name.len(),
+            name.split('.').map(str::len).max().unwrap_or(0)
+        ));
+    }
+    None
 }
 
 /// What kind of internal address `ip` is, if any: where an edge or a
