@@ -32,13 +32,18 @@ pub fn moved() -> Option<u64> {
 /// Anything else.
 pub fn parse_flag(text: &str) -> Result<u64, String> {
     let t = text.trim();
-    let secs = if !t.is_empty() && t.bytes().all(|b| b.is_ascii_digit()) {
+    // Unix seconds have 9 digits or more (since 1973): `20261224` is a
+    // date written without its dashes, not 1970-08-23.
+    let secs = if t.len() >= 9 && t.bytes().all(|b| b.is_ascii_digit()) {
         t.parse().ok()
     } else {
         parse_rfc3339(t)
     };
     secs.ok_or_else(|| {
-        format!("`{text}` is not an RFC 3339 time (e.g. 2026-12-24T18:00:00Z) or Unix seconds")
+        format!(
+            "`{text}` is not an RFC 3339 time (e.g. 2026-12-24T18:00:00Z) or Unix seconds \
+             (9 digits or more)"
+        )
     })
 }
 
@@ -189,8 +194,16 @@ mod tests {
     fn the_flag_takes_rfc3339_or_unix_seconds_and_nothing_else() {
         assert_eq!(parse_flag("2025-12-01T00:00:00Z"), Ok(1_764_547_200));
         assert_eq!(parse_flag("1764547200"), Ok(1_764_547_200));
-        assert_eq!(parse_flag(" 0 "), Ok(0));
-        for bad in ["", "tomorrow", "-5", "1e9", "99999999999999999999999"] {
+        assert_eq!(parse_flag(" 100000000 "), Ok(100_000_000));
+        for bad in [
+            "",
+            "0",
+            "20261224",
+            "tomorrow",
+            "-5",
+            "1e9",
+            "99999999999999999999999",
+        ] {
             assert!(parse_flag(bad).is_err(), "{bad}");
         }
     }

@@ -85,9 +85,10 @@ pub enum Unreadable {
     /// A file or folder name that is not UTF-8: refused, never read (it
     /// could not be named in a diagnostic, a key or a diff).
     NameNotUtf8,
-    /// A committed git submodule (a gitlink, mode 160000): another
-    /// repository's commit, never read. Left unrefused, the files it
-    /// stands for would silently be missing.
+    /// A git submodule: committed, a gitlink (mode 160000); in the working
+    /// tree, a folder holding its own `.git`. Another repository's files,
+    /// never read: left unrefused, the files it stands for would silently
+    /// be missing (`--rev`) or read from elsewhere (working tree).
     Submodule,
     /// A folder where a config file is expected (`cluster.yaml`), or a
     /// file where a folder of config files is (`sites`, `zones`, …):
@@ -197,8 +198,8 @@ impl std::fmt::Display for Unreadable {
                 "a name that is not valid UTF-8 (shown with U+FFFD); refused and never read",
             ),
             Unreadable::Submodule => f.write_str(
-                "a git submodule (gitlink): another repository's commit; refused and never \
-                 read (commit the config files themselves)",
+                "a git submodule (a gitlink, or a folder holding its own `.git`): another \
+                 repository's files; refused and never read (commit the config files themselves)",
             ),
             Unreadable::WrongKind {
                 folder_expected: true,
@@ -359,6 +360,13 @@ pub fn files_of_dir(root: &Path) -> Result<Repo> {
     for (folder, kind) in Kind::FOLDERS {
         let dir = root.join(folder);
         match entry_at(&dir) {
+            Entry::Dir if is_checkout(&dir) => {
+                files.push((
+                    kind,
+                    folder.to_owned(),
+                    Walked::Refused(Unreadable::Submodule),
+                ));
+            }
             Entry::Dir => walk(&dir, folder, kind, 1, &mut files)?,
             Entry::Refused(why) => files.push((kind, folder.to_owned(), Walked::Refused(why))),
             Entry::File => files.push((
@@ -412,6 +420,13 @@ enum Walked {
     Refused(Unreadable),
 }
 
+/// Whether the folder `dir` is another repository's checkout (it holds a
+/// `.git`, as a checked-out submodule does): its files are not this
+/// repository's, as `--rev` sees them.
+fn is_checkout(dir: &Path) -> bool {
+    std::fs::symlink_metadata(dir.join(".git")).is_ok()
+}
+
 /// Collects the config files under `dir`. Links and special files are
 /// refused whatever their name (never followed, never read); hidden
 /// entries are skipped.
@@ -454,6 +469,8 @@ fn walk(
         let path = entry.path();
         if file_type.is_symlink() {
             out.push((kind, child_rel, Walked::Refused(Unreadable::Link)));
+        } else if file_type.is_dir() && is_checkout(&path) {
+            out.push((kind, child_rel, Walked::Refused(Unreadable::Submodule)));
         } else if file_type.is_dir() {
             walk(&path, &child_rel, kind, depth + 1, out)?;
         } else if !file_type.is_file() {

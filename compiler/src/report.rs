@@ -163,11 +163,17 @@ fn excerpt(d: &Diagnostic, text: &str, newlines: &[usize]) -> (Excerpt, (usize, 
     let mut span = (0usize, 0usize);
     let mut primary = (l0 - first, 0isize);
     let mut offset = line_start(first);
-    for (n, line) in text[offset..].split_inclusive('\n').enumerate() {
-        let number = first + n;
-        if number > last {
-            break;
+    // Each line's end from the index too: a 64 MiB one-line file is not
+    // scanned to its end for every diagnostic on it.
+    let lines = (first..=last).map_while(|number| {
+        if number > newlines.len() {
+            return None;
         }
+        let from = line_start(number);
+        let to = newlines.get(number).map_or(text.len(), |&n| n + 1);
+        (from < text.len()).then(|| (number, &text[from..to]))
+    });
+    for (number, line) in lines {
         let (body, newline) = if let Some(b) = line.strip_suffix("\r\n") {
             (b, "\r\n")
         } else {

@@ -100,6 +100,13 @@ pub fn in_force<'a>(options: &'a Options, relation: &'a Relation) -> Option<&'a 
     options.frozen.as_ref().or(relation.frozen.as_ref())
 }
 
+/// The thresholds in force for a move: each the stricter of the new
+/// commit's and the live commit's (a commit cannot raise its own).
+#[must_use]
+pub fn thresholds_in_force(new: Thresholds, relation: &Relation) -> Thresholds {
+    relation.thresholds.map_or(new, |live| new.stricter(live))
+}
+
 /// Whether writing `desired_commit` moves a target whose meta names
 /// `live_commit` to another commit.
 #[must_use]
@@ -147,10 +154,8 @@ pub fn decide(
         desired,
         live,
         changes,
-        relation.ancestry,
-        relation
-            .thresholds
-            .map_or(options.thresholds, |live| options.thresholds.stricter(live)),
+        relation.ancestry.clone(),
+        thresholds_in_force(options.thresholds, &relation),
         options.overrides,
     )?;
     Ok(if moves { Move::Advance } else { Move::Repair })

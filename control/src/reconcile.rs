@@ -84,11 +84,9 @@ impl Once {
 /// failure.
 pub fn pull(root: &Path, spec: &str, auth: &remote::Auth) -> Result<String> {
     use remote::PullError;
-    let (name, branch) = spec
-        .split_once('/')
-        .ok_or_else(|| PullError::Spec(spec.to_owned()))?;
     let repo =
         git2::Repository::discover(root).map_err(|_| PullError::NoRepository(root.to_owned()))?;
+    let (name, branch) = split_spec(spec, &repo)?;
     let mut r = repo
         .find_remote(name)
         .map_err(|_| PullError::NoRemote(name.to_owned()))?;
@@ -103,6 +101,40 @@ pub fn pull(root: &Path, spec: &str, auth: &remote::Auth) -> Result<String> {
         .id()
         .to_string();
     Ok(id)
+}
+
+/// `REMOTE/BRANCH` split where REMOTE names a remote of `repo` (a remote's
+/// name may hold `/` too); the first `/` when none does, for the error.
+fn split_spec<'s>(
+    spec: &'s str,
+    repo: &git2::Repository,
+) -> Result<(&'s str, &'s str), remote::PullError> {
+    let known = repo.remotes().ok();
+    let known: Vec<&str> = known
+        .iter()
+        .flat_map(|r| r.iter().flatten().flatten())
+        .collect();
+    let splits: Vec<(&str, &str)> = spec
+        .match_indices('/')
+        .map(|(i, _)| (&spec[..i], &spec[i + 1..]))
+        .filter(|(r, b)| !r.is_empty() && !b.is_empty())
+        .collect();
+    let existing: Vec<(&str, &str)> = splits
+        .iter()
+        .copied()
+        .filter(|(r, _)| known.contains(r))
+        .collect();
+    match existing.as_slice() {
+        [one] => Ok(*one),
+        [] => splits
+            .first()
+            .copied()
+            .ok_or_else(|| remote::PullError::Spec(spec.to_owned())),
+        many => Err(remote::PullError::Ambiguous {
+            spec: spec.to_owned(),
+            remotes: many.iter().map(|(r, _)| (*r).to_owned()).collect(),
+        }),
+    }
 }
 
 /// A run that could not load its revision: the refused commit, or the
@@ -716,4 +748,31 @@ pub async fn reconcile(
     }
     tracing::info!("reconcile: stopped");
     Ok(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_pull_spec_splits_at_the_remote_that_exists() {
+        let dir = tempfile::tempdir().unwrap();
+        let repo = git2::Repository::init(dir.path()).unwrap();
+        for name in ["origin", "corp", "team/eu"] {
+            repo.remote(name, "https://git.example.net/config.git")
+                .unwrap();
+        }
+        let split = |spec: &'static str| split_spec(spec, &repo).map_err(|e| e.to_string());
+        assert_eq!(split("origin/main"), Ok(("origin", "main")));
+        assert_eq!(split("origin/release/2026"), Ok(("origin", "release/2026")));
+        assert_eq!(split("team/eu/main"), Ok(("team/eu", "main")));
+        // No such remote: the first part, named by the fetch's error.
+        assert_eq!(split("nope/main"), Ok(("nope", "main")));
+        assert!(split("main").unwrap_err().contains("REMOTE/BRANCH"));
+        // Two remotes make it a branch each: refused, naming both.
+        repo.remote("corp/origin", "https://git.example.net/other.git")
+            .unwrap();
+        let e = split("corp/origin/main").unwrap_err();
+        assert!(e.contains("`corp` and `corp/origin`"), "{e}");
+    }
 }

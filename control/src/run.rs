@@ -167,11 +167,19 @@ impl Ancestor {
                     .chain(others.iter().map(String::as_str))
                     .find_map(|c| self.live_freeze(repo, c))
             }),
+            // The stricter over every commit the target is held to (its
+            // live one; without one, the others'); one whose cluster.yaml
+            // cannot be read counts as the defaults, never as no limit.
             thresholds: guard.as_ref().and_then(|repo| {
-                let id = git2::Oid::from_str(&clean(live?)).ok()?;
-                Some(Thresholds::of(
-                    live_apply_at(repo, &self.root, id)?.as_ref(),
-                ))
+                live.into_iter()
+                    .chain(others.iter().map(String::as_str))
+                    .map(|c| {
+                        let apply = git2::Oid::from_str(&clean(c))
+                            .ok()
+                            .and_then(|id| live_apply_at(repo, &self.root, id));
+                        Thresholds::of(apply.flatten().as_ref())
+                    })
+                    .reduce(Thresholds::stricter)
             }),
         };
         drop(guard);

@@ -70,8 +70,8 @@ impl Guard {
             &job.desired,
             live,
             changes,
-            relation.ancestry,
-            self.thresholds,
+            relation.ancestry.clone(),
+            super::gate::thresholds_in_force(self.thresholds, &relation),
             plan::Overrides::default(),
         )
         .err()

@@ -57,31 +57,33 @@ pub const LIMITS: Limits = Limits {
 /// The cost of the replies being read now, over every [`Bounded`] stream.
 static READING: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
-/// The last refusal on each node's connections, with the server that
-/// sent it: the redis crate reports a connection this crate dropped as
-/// `broken pipe`, and [`crate::with_refusal`] puts the cause back.
-/// Forgotten when the node's next connection is opened.
-static REFUSALS: std::sync::Mutex<std::collections::BTreeMap<String, (String, Refused)>> =
+/// A refused reply on a node's master connection, with the server that
+/// sent it and when: the redis crate reports requests on a connection
+/// this crate dropped only as `broken pipe`, and [`crate::with_refusal`]
+/// puts the cause back.
+type Refusal = (String, Refused, std::time::Instant);
+
+/// The last refusal on each node's master connections.
+static REFUSALS: std::sync::Mutex<std::collections::BTreeMap<String, Refusal>> =
     std::sync::Mutex::new(std::collections::BTreeMap::new());
 
-/// The last refusal on `node`'s connections since its last connect: the
-/// server that sent the reply and why it was refused.
+/// How long a refusal explains a dropped connection to its node: the
+/// requests it fails fail within milliseconds; a drop later than this
+/// (a restart, a failover) has another cause. No connect forgets it, so
+/// a side connection to the node (another task's) cannot wipe it.
+pub const REFUSAL_EXPLAINS: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// The refusal on `node`'s master connections in the last
+/// [`REFUSAL_EXPLAINS`]: the server that sent the reply and why it was
+/// refused.
 #[must_use]
 pub fn refused_on(node: &str) -> Option<(String, Refused)> {
     REFUSALS
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner)
         .get(node)
-        .cloned()
-}
-
-/// A new connection to `node` is being opened: an earlier refusal is no
-/// longer the cause of what fails next.
-pub(crate) fn forget(node: &str) {
-    REFUSALS
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
-        .remove(node);
+        .filter(|(_, _, at)| at.elapsed() < REFUSAL_EXPLAINS)
+        .map(|(server, why, _)| (server.clone(), why.clone()))
 }
 
 /// Aggregates nested deeper than this are refused (the redis crate's own
@@ -411,7 +413,9 @@ impl<S> Bounded<S> {
         }
     }
 
-    /// Keep a refusal of this stream as `node`'s (see [`refused_on`]).
+    /// Keep a refusal of this stream as `node`'s (see [`refused_on`]): a
+    /// master connection's. A Sentinel's refused reply fails its
+    /// `SENTINEL MASTER` with the cause already in the error.
     #[must_use]
     pub fn for_node(mut self, node: &str) -> Bounded<S> {
         self.node = Some(node.to_owned());
@@ -471,7 +475,10 @@ impl<S: AsyncRead + Unpin> AsyncRead for Bounded<S> {
                             REFUSALS
                                 .lock()
                                 .unwrap_or_else(std::sync::PoisonError::into_inner)
-                                .insert(node.clone(), (this.server.clone(), why.clone()));
+                                .insert(
+                                    node.clone(),
+                                    (this.server.clone(), why.clone(), std::time::Instant::now()),
+                                );
                         }
                         Poll::Ready(Err(io::Error::new(io::ErrorKind::InvalidData, why)))
                     }

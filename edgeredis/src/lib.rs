@@ -206,7 +206,6 @@ async fn connect(
     pushes: Option<&Pushes>,
     subscribe: Option<&str>,
 ) -> Result<Master> {
-    bounded::forget(node);
     match target {
         RedisTarget::Url {
             url,
@@ -229,7 +228,7 @@ async fn connect(
                 bail!("{url}: a `tls` block needs a rediss:// URL");
             }
             let con = open_within(
-                node,
+                Some(node),
                 CONNECT_TIMEOUT * 3,
                 info.addr(),
                 &settings,
@@ -293,7 +292,7 @@ fn settings(
 
 /// [`open`], given up after `limit` (TCP connect, TLS and handshake).
 async fn open_within(
-    node: &str,
+    node: Option<&str>,
     limit: Duration,
     addr: &ConnectionAddr,
     settings: &RedisConnectionInfo,
@@ -308,7 +307,7 @@ async fn open_within(
 /// A connection to the server at `addr` (TCP, TLS with `certs`, or a Unix
 /// socket), every reply read through [`bounded::Bounded`].
 async fn open(
-    node: &str,
+    node: Option<&str>,
     addr: &ConnectionAddr,
     settings: &RedisConnectionInfo,
     certs: Option<&TlsCertificates>,
@@ -361,7 +360,7 @@ async fn open(
 /// its replies bounded, and the connection's driver spawned (it ends with
 /// the last clone of the connection).
 async fn start<S>(
-    node: &str,
+    node: Option<&str>,
     settings: &RedisConnectionInfo,
     stream: S,
     config: AsyncConnectionConfig,
@@ -370,7 +369,12 @@ async fn start<S>(
 where
     S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
 {
-    let stream = bounded::Bounded::new(stream, bounded::LIMITS, server).for_node(node);
+    let stream = bounded::Bounded::new(stream, bounded::LIMITS, server);
+    // Only a master connection's refusal is kept for its node's errors.
+    let stream = match node {
+        Some(node) => stream.for_node(node),
+        None => stream,
+    };
     let (con, driver) = MultiplexedConnection::new_with_config(settings, stream, config).await?;
     tokio::spawn(driver);
     Ok(con)
@@ -442,7 +446,7 @@ async fn through_sentinels(
             let (host, port) = edgestate::target::sentinel_addr(s)
                 .with_context(|| format!("`{s}` is not host:port"))?;
             let mut con = open_within(
-                node,
+                None,
                 CONNECT_TIMEOUT * 2,
                 &addr(host.to_owned(), port),
                 &protocol(RedisConnectionInfo::default(), None),
@@ -472,7 +476,7 @@ async fn through_sentinels(
         let (host, port) = found;
         let reached = async {
             let con = open_within(
-                node,
+                Some(node),
                 CONNECT_TIMEOUT * 2,
                 &addr(host.clone(), port),
                 settings,

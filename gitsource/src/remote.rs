@@ -93,6 +93,9 @@ pub enum PullError {
     NoRepository(PathBuf),
     /// No such remote.
     NoRemote(String),
+    /// The spec splits into two existing remotes and their branches
+    /// (`corp/origin/main`: remote `corp` or `corp/origin`).
+    Ambiguous { spec: String, remotes: Vec<String> },
     /// The SSH key file cannot be read.
     KeyFile { path: PathBuf, cause: String },
     /// The known_hosts file cannot be read.
@@ -119,6 +122,7 @@ impl PullError {
             Self::Spec(_) => "usage",
             Self::NoRepository(_) => "no_repository",
             Self::NoRemote(_) => "no_remote",
+            Self::Ambiguous { .. } => "usage",
             Self::KeyFile { .. } => "key_file",
             Self::KnownHostsFile { .. } => "known_hosts_file",
             Self::HostKey { .. } => "host_key",
@@ -138,6 +142,15 @@ impl fmt::Display for PullError {
             ),
             Self::NoRepository(p) => write!(f, "--pull needs a git repository ({})", p.display()),
             Self::NoRemote(r) => write!(f, "no remote `{r}`"),
+            Self::Ambiguous { spec, remotes } => write!(
+                f,
+                "--pull {spec}: the remotes {} each make it a branch; rename one",
+                remotes
+                    .iter()
+                    .map(|r| format!("`{r}`"))
+                    .collect::<Vec<_>>()
+                    .join(" and ")
+            ),
             Self::KeyFile { path, cause } => {
                 write!(f, "ssh key {}: cannot read it: {cause}", path.display())
             }

@@ -83,6 +83,7 @@ fn an_origin_host_is_used_as_written_and_within_dns_lengths() {
         ),
         (&format!("http://{long_label}.example.com"), "labels of 64"),
         (&format!("https://{long_name}"), "278 characters"),
+        ("http://a..example.com", "empty label"),
     ] {
         let c = site_repo(&format!("host: s.example.com\norigin: \"{origin}\"\n"));
         let d = error(&c, "invalid-url", "sites/s.yaml:2:9");
@@ -346,6 +347,34 @@ fn addresses_are_canonical_unique_and_not_internal() {
     error(&c, "duplicate-address", "nodes/n.yaml:5:47");
     error(&c, "loopback-target", "nodes/n.yaml:5:58");
     assert_eq!(c.diagnostics.len(), 4, "{}", lines(&c));
+}
+
+#[test]
+fn a_redis_url_host_is_an_ascii_name_as_for_origins() {
+    for (url, says) in [
+        ("redis://%41.example.com:6379", "not an ASCII name"),
+        ("redis://b\u{fc}cher.example:6379", "not an ASCII name"),
+    ] {
+        let c = node_repo(&format!(
+            "name: n\nroles: [edge]\nregion: eu\nzone: all\nlocation: {{lat: 52.37, lon: 4.9}}\n\
+             redis: {{url: \"{url}\"}}\n"
+        ));
+        let d = c
+            .diagnostics
+            .iter()
+            .find(|d| d.code == "invalid-url")
+            .unwrap_or_else(|| panic!("{url}: {}", lines(&c)));
+        assert!(d.message.contains(says), "{url}: {}", d.message);
+    }
+    let c = node_repo(
+        "name: n\nroles: [edge]\nregion: eu\nzone: all\nlocation: {lat: 52.37, lon: 4.9}\n\
+         redis: {url: \"redis://redis-1.Example.net:6379/0\"}\n",
+    );
+    assert!(
+        c.diagnostics.iter().all(|d| d.code != "invalid-url"),
+        "{}",
+        lines(&c)
+    );
 }
 
 #[test]

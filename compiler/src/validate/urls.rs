@@ -218,6 +218,18 @@ fn host_as_written(authority: &str, url: &url::Url) -> Option<String> {
     } else {
         authority.rsplit_once(':').map_or(authority, |(h, _)| h)
     };
+    // A scheme the parser does not know (redis, mqtt) keeps its host
+    // as written, escapes and Unicode included: refused the same.
+    if !parsed
+        .bytes()
+        .all(|b| b.is_ascii_alphanumeric() || b"-._".contains(&b))
+    {
+        return Some(format!(
+            "the host `{}` is not an ASCII name (letters, digits, `-`, `_`, `.`): write a \
+             Unicode name in its `xn--` form, without %-escapes",
+            shown(written)
+        ));
+    }
     if !written.eq_ignore_ascii_case(parsed) {
         let (w, p) = (shown(written), shown(parsed));
         return Some(format!(
@@ -225,7 +237,10 @@ fn host_as_written(authority: &str, url: &url::Url) -> Option<String> {
         ));
     }
     let name = parsed.strip_suffix('.').unwrap_or(parsed);
-    if name.len() > 253 || name.split('.').any(|l| l.is_empty() || l.len() > 63) {
+    if name.split('.').any(str::is_empty) {
+        return Some(format!("the host `{}` has an empty label", shown(written)));
+    }
+    if name.len() > 253 || name.split('.').any(|l| l.len() > 63) {
         return Some(format!(
             "the host name is {} characters with labels of {}; DNS allows 253, labels of 1 to 63",
             name.len(),

@@ -299,7 +299,9 @@ fn thresholds_refuse_mass_deletes_and_changes() {
     assert_eq!(keys(r.port).len(), 24);
     assert_eq!(apply(&f, &["--force"]).status.code(), Some(0));
     assert_eq!(keys(r.port).len(), 18);
-    // 15 managed keys; changing 8 (53 %) is refused; a cluster.yaml limit of 60 % lets it pass.
+    // 15 managed keys; changing 8 (53 %) is refused; a cluster.yaml limit
+    // of 60 % lets it pass once a commit carrying it is live (a change
+    // cannot raise the limit it is checked against).
     for i in 6..14 {
         f.write(
             &format!("sites/s{i:05}.yaml"),
@@ -314,6 +316,27 @@ fn thresholds_refuse_mass_deletes_and_changes() {
         stdout(&out)
     );
     f.write("cluster.yaml", b"apply:\n  max_change_percent: 60\n");
+    let out = apply(&f, &[]);
+    assert_eq!(out.status.code(), Some(1), "{}", stdout(&out));
+    assert!(
+        stdout(&out).contains("refusing to change 8 of 15 managed keys (more than 50 %"),
+        "{}",
+        stdout(&out)
+    );
+    for i in 6..14 {
+        f.write(
+            &format!("sites/s{i:05}.yaml"),
+            site(i, "http://192.0.2.1").as_bytes(),
+        );
+    }
+    f.commit("sixty");
+    assert_eq!(apply(&f, &[]).status.code(), Some(0));
+    for i in 6..14 {
+        f.write(
+            &format!("sites/s{i:05}.yaml"),
+            site(i, "http://192.0.2.2").as_bytes(),
+        );
+    }
     assert_eq!(apply(&f, &[]).status.code(), Some(0));
     // An empty desired state (every site gone) is refused, even with thresholds met.
     let g = repo(0, r.port);

@@ -404,6 +404,28 @@ fn submodules_and_entries_of_the_wrong_kind_are_refused_by_name() {
         "{}",
         all_output(&out)
     );
+    // A checked-out submodule in the working tree: a folder with its own
+    // `.git`, refused as `--rev` refuses the gitlink.
+    let f = Fixture::with(BASE);
+    std::fs::create_dir_all(f.path().join("sites/vendor")).unwrap();
+    std::fs::write(
+        f.path().join("sites/vendor/.git"),
+        "gitdir: ../../.git/modules/v\n",
+    )
+    .unwrap();
+    std::fs::write(
+        f.path().join("sites/vendor/v.yaml"),
+        "host: v.example.com\norigin: http://192.0.2.9\n",
+    )
+    .unwrap();
+    let checked = compiler::check(&compiler::load::from_dir(f.path()).unwrap());
+    let d = checked
+        .diagnostics
+        .iter()
+        .find(|d| &*d.file == "sites/vendor")
+        .unwrap_or_else(|| panic!("{:?}", checked.diagnostics));
+    assert_eq!(d.code, "not-a-file");
+    assert!(d.message.contains("git submodule"), "{}", d.message);
     // The wrong kind, in the working tree and committed.
     let f = Fixture::empty();
     f.write_all(&BASE[1..]);

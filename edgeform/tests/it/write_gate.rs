@@ -179,6 +179,10 @@ fn a_commit_that_raises_its_own_thresholds_is_held_to_the_live_ones() {
     f.write("cluster.yaml", lax);
     f.commit("delete 200 sites, and allow it");
     refused_everywhere(&f, r.port, &a);
+    // plan warns of the same refusal.
+    let out = run(f.path(), &["plan", "--format", "json"]);
+    let v: serde_json::Value = serde_json::from_str(&stdout(&out)).unwrap();
+    assert_eq!(v["targets"][0]["apply_refused_kind"], "deletes", "{v}");
     // The limit raised alone first ...
     for i in 100..300 {
         site(&f, i, "http://192.0.2.1");

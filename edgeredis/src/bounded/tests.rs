@@ -337,7 +337,7 @@ async fn master_then_endless_server() -> u16 {
 }
 
 #[tokio::test]
-async fn a_refused_reply_is_named_in_the_nodes_error_until_its_next_connect() {
+async fn a_refused_reply_is_named_in_the_nodes_error_for_a_few_seconds() {
     let port = master_then_endless_server().await;
     let target = crate::RedisTarget::Url {
         url: format!("redis://127.0.0.1:{port}"),
@@ -389,7 +389,25 @@ async fn a_refused_reply_is_named_in_the_nodes_error_until_its_next_connect() {
         anyhow::anyhow!("no answer within 5s"),
     ));
     assert_eq!(unrelated, "no answer within 5s");
-    // The next connect to the node forgets it.
+    // Another connection to the node (another task's) does not wipe it ...
     let _con = crate::master(&target, "edge-refused").await.unwrap();
+    assert!(refused_on("edge-refused").is_some());
+    // ... time does: a drop seconds later has another cause.
+    let long_ago = std::time::Instant::now()
+        .checked_sub(REFUSAL_EXPLAINS)
+        .expect("the clock is past 5 s");
+    REFUSALS
+        .lock()
+        .unwrap()
+        .get_mut("edge-refused")
+        .expect("kept")
+        .2 = long_ago;
     assert_eq!(refused_on("edge-refused"), None);
+    let later = crate::with_refusal("edge-refused", anyhow::Error::from(e_again()));
+    assert!(!crate::one_line(&later).contains("announced"));
+}
+
+/// A dropped connection's error, as the redis crate makes it.
+fn e_again() -> redis::RedisError {
+    redis::RedisError::from(std::io::Error::from(std::io::ErrorKind::BrokenPipe))
 }
