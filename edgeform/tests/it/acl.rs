@@ -203,10 +203,14 @@ fn acl_users_with_the_documented_least_privilege_run_every_role() {
     assert_eq!(exists, (true, false), "{}", both(&out));
     // The daemon's tracked heal (CLIENT TRACKING on the prefixes).
     let log = tempfile::NamedTempFile::new().unwrap();
+    // Its own state directory: the lease is not the machine's (or another
+    // test's daemon's).
+    let state = tempfile::tempdir().unwrap();
     let mut daemon = Command::new(env!("CARGO_BIN_EXE_edgeform"))
         .args(["reconcile", "--sync-every", "1h", "--heal-every", "1s"])
         .current_dir(f.path())
         .env("NO_COLOR", "1")
+        .env("EDGEFORM_STATE_DIR", state.path().join("state"))
         .env("EDGEFORM_TEST_REDIS_PASSWORD", CONTROL_PASSWORD)
         .stderr(log.reopen().unwrap())
         .spawn()

@@ -286,9 +286,11 @@ fn reconcile_metrics_over_http_and_textfile_and_json_logs() {
 
     // The daemon with --metrics-listen, scraped over HTTP.
     let port = harness::free_port();
+    let daemon_state = tempfile::tempdir().unwrap();
     let mut daemon = std::process::Command::new(env!("CARGO_BIN_EXE_edgeform"))
         .args(["reconcile", "--sync-every", "1h", "--heal-every", "1h"])
         .args(["--metrics-listen", &format!("127.0.0.1:{port}")])
+        .env("EDGEFORM_STATE_DIR", daemon_state.path().join("state"))
         .current_dir(f.path())
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::piped())

@@ -351,10 +351,14 @@ fn the_daemon_re_pushes_at_once_a_target_whose_redis_lost_its_data() {
     }
     repo.commit("sites");
     let log = tempfile::NamedTempFile::new().unwrap();
+    // Its own state directory: the lease is not the machine's (or another
+    // test's daemon's).
+    let state = tempfile::tempdir().unwrap();
     let mut daemon = std::process::Command::new(env!("CARGO_BIN_EXE_edgeform"))
         .args(["reconcile", "--sync-every", "1h", "--heal-every", "1h"])
         .current_dir(repo.path())
         .env("NO_COLOR", "1")
+        .env("EDGEFORM_STATE_DIR", state.path().join("state"))
         .stderr(log.reopen().unwrap())
         .spawn()
         .unwrap();
