@@ -360,13 +360,6 @@ pub fn files_of_dir(root: &Path) -> Result<Repo> {
     for (folder, kind) in Kind::FOLDERS {
         let dir = root.join(folder);
         match entry_at(&dir) {
-            Entry::Dir if is_checkout(&dir) => {
-                files.push((
-                    kind,
-                    folder.to_owned(),
-                    Walked::Refused(Unreadable::Submodule),
-                ));
-            }
             Entry::Dir => walk(&dir, folder, kind, 1, &mut files)?,
             Entry::Refused(why) => files.push((kind, folder.to_owned(), Walked::Refused(why))),
             Entry::File => files.push((
@@ -441,6 +434,10 @@ fn walk(
         out.push((kind, rel.to_owned(), Walked::Refused(Unreadable::TooDeep)));
         return Ok(());
     }
+    if is_checkout(dir) {
+        out.push((kind, rel.to_owned(), Walked::Refused(Unreadable::Submodule)));
+        return Ok(());
+    }
     let entries = std::fs::read_dir(dir).with_context(|| format!("reading {}", dir.display()))?;
     for entry in entries {
         let entry = entry.with_context(|| format!("reading {}", dir.display()))?;
@@ -469,8 +466,6 @@ fn walk(
         let path = entry.path();
         if file_type.is_symlink() {
             out.push((kind, child_rel, Walked::Refused(Unreadable::Link)));
-        } else if file_type.is_dir() && is_checkout(&path) {
-            out.push((kind, child_rel, Walked::Refused(Unreadable::Submodule)));
         } else if file_type.is_dir() {
             walk(&path, &child_rel, kind, depth + 1, out)?;
         } else if !file_type.is_file() {

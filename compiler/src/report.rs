@@ -162,7 +162,6 @@ fn excerpt(d: &Diagnostic, text: &str, newlines: &[usize]) -> (Excerpt, (usize, 
     let mut out = String::new();
     let mut span = (0usize, 0usize);
     let mut primary = (l0 - first, 0isize);
-    let mut offset = line_start(first);
     // Each line's end from the index too: a 64 MiB one-line file is not
     // scanned to its end for every diagnostic on it.
     let lines = (first..=last).map_while(|number| {
@@ -171,16 +170,14 @@ fn excerpt(d: &Diagnostic, text: &str, newlines: &[usize]) -> (Excerpt, (usize, 
         }
         let from = line_start(number);
         let to = newlines.get(number).map_or(text.len(), |&n| n + 1);
-        (from < text.len()).then(|| (number, &text[from..to]))
+        (from < text.len()).then(|| (number, from, &text[from..to]))
     });
-    for (number, line) in lines {
+    for (number, line_start, line) in lines {
         let (body, newline) = if let Some(b) = line.strip_suffix("\r\n") {
             (b, "\r\n")
         } else {
             line.strip_suffix('\n').map_or((line, ""), |b| (b, "\n"))
         };
-        let line_start = offset;
-        offset += line.len();
         let out_start = out.len();
         // At most SNIPPET_LINE_CHARS characters: never count a long line whole.
         let (kept_from, kept_to) = if body.char_indices().nth(SNIPPET_LINE_CHARS).is_none() {

@@ -417,8 +417,8 @@ impl<S> Bounded<S> {
     /// master connection's. A Sentinel's refused reply fails its
     /// `SENTINEL MASTER` with the cause already in the error.
     #[must_use]
-    pub fn for_node(mut self, node: &str) -> Bounded<S> {
-        self.node = Some(node.to_owned());
+    pub fn for_node(mut self, node: Option<&str>) -> Bounded<S> {
+        self.node = node.map(str::to_owned);
         self
     }
 

@@ -369,12 +369,8 @@ async fn start<S>(
 where
     S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
 {
-    let stream = bounded::Bounded::new(stream, bounded::LIMITS, server);
     // Only a master connection's refusal is kept for its node's errors.
-    let stream = match node {
-        Some(node) => stream.for_node(node),
-        None => stream,
-    };
+    let stream = bounded::Bounded::new(stream, bounded::LIMITS, server).for_node(node);
     let (con, driver) = MultiplexedConnection::new_with_config(settings, stream, config).await?;
     tokio::spawn(driver);
     Ok(con)
